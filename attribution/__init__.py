@@ -1,0 +1,1 @@
+"""faultlens central side: the store reader (DuckDB over Parquet) and the attribution engine."""

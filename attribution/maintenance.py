@@ -1,0 +1,122 @@
+"""Store maintenance: compaction of small segments and retention by partition date.
+
+Compaction merges the visible segments of one partition into one `c-` segment whose metadata names the segments
+it replaces, then deletes them. A reader listing at any moment sees each row once: before the merged segment
+appears it reads the small ones; after, it drops the replaced ones even if they are still listed; if one
+disappears under a running query the store reader lists again and retries.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from collectors.layout import (
+    COMPACTED_PREFIX,
+    REPLACES_KEY,
+    StoreLocation,
+    is_segment_name,
+    list_partitions,
+    new_segment_name,
+    replaced_by,
+    resolve_store,
+    write_segment,
+)
+from collectors.schema import TABLE_NAMES, validate
+
+TEMP_MAX_AGE_S = 3600.0
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    table: str
+    partition: str
+    segments_in: int
+    rows: int
+    path: str
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    table: str
+    partition: str
+    segments: int
+
+
+def _partition_files(location: StoreLocation, partition: str) -> tuple[list[str], list[str]]:
+    """(visible segments, temporary files) directly in a partition directory."""
+    try:
+        names = [str(p).rsplit("/", 1)[-1] for p in location.fs.ls(partition, detail=False)]
+    except FileNotFoundError:
+        return [], []
+    segments = sorted(f"{partition}/{n}" for n in names if is_segment_name(n))
+    temps = [f"{partition}/{n}" for n in names if n.startswith(".") and n.endswith(".tmp")]
+    return segments, temps
+
+
+def _remove_leftovers(location: StoreLocation, segments: list[str], temps: list[str], now: float) -> list[str]:
+    """Delete sources that an earlier compaction replaced but could not delete, and stale temp files."""
+    replaced: set[str] = set()
+    for path in segments:
+        directory, name = path.rsplit("/", 1)
+        if name.startswith(COMPACTED_PREFIX):
+            replaced.update(f"{directory}/{old}" for old in replaced_by(location, path))
+    for path in replaced & set(segments):
+        location.fs.rm_file(path)
+    for path in temps:
+        try:
+            modified = location.fs.modified(path).timestamp()
+        except (FileNotFoundError, NotImplementedError):
+            continue
+        if now - modified > TEMP_MAX_AGE_S:
+            location.fs.rm_file(path)
+    return [p for p in segments if p not in replaced]
+
+
+def compact(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES, *, min_segments: int = 2,
+            clock: Callable[[], float] = time.time) -> list[CompactionResult]:
+    """Merge the segments of every partition holding at least `min_segments` of them."""
+    location = resolve_store(store)
+    results = []
+    for table in tables:
+        for partition in list_partitions(location, table):
+            segments, temps = _partition_files(location, partition)
+            segments = _remove_leftovers(location, segments, temps, clock())
+            if len(segments) < max(min_segments, 2):
+                continue
+            parts = []
+            for path in segments:
+                with location.fs.open(path, "rb") as handle:
+                    parts.append(validate(table, pq.read_table(handle)))
+            merged = pa.concat_tables(parts).sort_by("ts")
+            names = ",".join(path.rsplit("/", 1)[-1] for path in segments)
+            merged_path = write_segment(location, partition, merged, name=new_segment_name(COMPACTED_PREFIX),
+                                        metadata={REPLACES_KEY: names.encode()})
+            for path in segments:
+                location.fs.rm_file(path)
+            results.append(CompactionResult(table, partition, len(segments), merged.num_rows, merged_path))
+    return results
+
+
+def retention(store: str | StoreLocation, days: int, tables: Sequence[str] = TABLE_NAMES, *,
+              today: dt.date | None = None) -> list[RetentionResult]:
+    """Delete every partition whose date is more than `days` days before `today` (UTC)."""
+    if days < 0:
+        raise ValueError(f"retention days must be >= 0, got {days}")
+    location = resolve_store(store)
+    today = today or dt.datetime.now(dt.timezone.utc).date()
+    cutoff = (today - dt.timedelta(days=days)).isoformat()
+    results = []
+    for table in tables:
+        for partition in list_partitions(location, table):
+            date = next((p[5:] for p in partition.split("/") if p.startswith("date=")), "")
+            if date and date < cutoff:
+                segments, _ = _partition_files(location, partition)
+                location.fs.rm(partition, recursive=True)
+                results.append(RetentionResult(table, partition, len(segments)))
+    return results

@@ -1,0 +1,1 @@
+"""faultlens node side: signal sources, table schemas, the store layout and the segment sink."""

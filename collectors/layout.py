@@ -1,0 +1,222 @@
+"""The store layout contract (DESIGN.md): where segments live, how they become visible, how readers list them.
+
+    <root>/<table>/job=<job_id or _node>/date=<YYYY-MM-DD>/node=<node>/<ts>-<uuid>.parquet
+
+A segment is written under a hidden temporary name and renamed into place when complete (local filesystems),
+or uploaded with one PUT (object stores), so a reader never sees a partial file. Compaction writes a merged
+segment named `c-<ts>-<uuid>.parquet` whose metadata lists the segments it replaces; readers drop replaced
+segments that are still listed, so a concurrent reader never counts a row twice.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPLACES_KEY = b"faultlens.replaces"
+SEGMENT_SUFFIX = ".parquet"
+COMPACTED_PREFIX = "c-"
+_PART_RE = re.compile(r"^(job|date|node)=(.+)$")
+_SAFE_VALUE_RE = re.compile(r"[^A-Za-z0-9._:@+-]")
+
+
+class StoreError(OSError):
+    """The store cannot be opened, listed or written: the message names the location and the problem."""
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """A store root on some filesystem: `fs` is an fsspec filesystem, `root` a path inside it."""
+
+    url: str
+    fs: fsspec.AbstractFileSystem
+    root: str
+
+    @property
+    def is_local(self) -> bool:
+        return "file" in _protocols(self.fs)
+
+    def join(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def resolve_store(url: str | StoreLocation, *, create: bool = False, **storage_options: object) -> StoreLocation:
+    """Turn a path or URL (`./store`, `file:///x`, `s3://bucket/prefix`, `memory://x`) into a StoreLocation.
+    With create=False a local root that does not exist or is not a readable directory raises StoreError."""
+    if isinstance(url, StoreLocation):
+        return url
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    except (ImportError, ValueError) as exc:
+        raise StoreError(f"store {url!r}: cannot open: {exc}") from None
+    location = StoreLocation(url=url, fs=fs, root=root.rstrip("/") or "/")
+    if location.is_local:
+        if create:
+            try:
+                os.makedirs(location.root, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"store {url!r}: cannot create directory: {exc.strerror or exc}") from None
+        if not os.path.isdir(location.root):
+            raise StoreError(f"store {url!r}: no such directory")
+        if not os.access(location.root, os.R_OK | os.X_OK):
+            raise StoreError(f"store {url!r}: directory is not readable")
+    return location
+
+
+def safe_value(value: str) -> str:
+    """A partition value made safe for a path component."""
+    cleaned = _SAFE_VALUE_RE.sub("_", value)
+    return cleaned or "_"
+
+
+def partition_dir(location: StoreLocation, table: str, job: str, date: str, node: str) -> str:
+    return location.join(table, f"job={safe_value(job)}", f"date={safe_value(date)}", f"node={safe_value(node)}")
+
+
+def new_segment_name(prefix: str = "") -> str:
+    return f"{prefix}{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{SEGMENT_SUFFIX}"
+
+
+def is_segment_name(name: str) -> bool:
+    """Visible segments only: temporary files start with '.' and never end in .parquet."""
+    return name.endswith(SEGMENT_SUFFIX) and not name.startswith((".", "_"))
+
+
+def parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes] | None = None, compression: str = "zstd") -> bytes:
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, compression=compression)
+    return buffer.getvalue()
+
+
+def write_segment(location: StoreLocation, directory: str, table: pa.Table, *, name: str | None = None,
+                  metadata: dict[bytes, bytes] | None = None, compression: str = "zstd") -> str:
+    """Write `table` as one segment in `directory`; it becomes visible only when complete. Returns its path."""
+    name = name or new_segment_name()
+    final = f"{directory}/{name}"
+    if location.is_local:
+        os.makedirs(directory, exist_ok=True)
+        temp = f"{directory}/.{name}.{os.getpid()}.tmp"
+        if metadata:
+            table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+        try:
+            with open(temp, "wb") as handle:
+                pq.write_table(table, handle, compression=compression)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, final)
+        except BaseException:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(directory)
+    else:
+        location.fs.pipe_file(final, parquet_bytes(table, metadata, compression))
+    return final
+
+
+def _fsync_dir(directory: str) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _partition_filter(path_parts: list[str], jobs: set[str] | None, dates: tuple[str | None, str | None],
+                      nodes: set[str] | None) -> bool:
+    values: dict[str, str] = {}
+    for part in path_parts:
+        match = _PART_RE.match(part)
+        if match:
+            values[match.group(1)] = match.group(2)
+    if jobs is not None and values.get("job") not in jobs:
+        return False
+    if nodes is not None and values.get("node") not in nodes:
+        return False
+    date = values.get("date", "")
+    low, high = dates
+    if low is not None and date < low:
+        return False
+    if high is not None and date > high:
+        return False
+    return True
+
+
+def list_partitions(location: StoreLocation, table: str) -> list[str]:
+    """Every leaf partition directory of `table` (job=/date=/node=)."""
+    base = location.join(table)
+    try:
+        found = location.fs.glob(f"{base}/job=*/date=*/node=*")
+    except FileNotFoundError:
+        return []
+    return sorted(str(path) for path in found)
+
+
+def list_segments(location: StoreLocation, table: str, *, jobs: Iterable[str] | None = None,
+                  date_from: str | None = None, date_to: str | None = None,
+                  nodes: Iterable[str] | None = None) -> list[str]:
+    """The visible segments of `table`, pruned by partition, with segments that a compacted segment replaces
+    left out. Paths are sorted (by partition, then by time of writing)."""
+    job_set = {safe_value(j) for j in jobs} if jobs is not None else None
+    node_set = {safe_value(n) for n in nodes} if nodes is not None else None
+    base = location.join(table)
+    try:
+        if location.fs.exists(base):
+            found = location.fs.find(base)
+        else:
+            found = []
+    except FileNotFoundError:
+        found = []
+    segments = []
+    for path in found:
+        path = str(path)
+        relative = path[len(base):].strip("/").split("/")
+        if not is_segment_name(relative[-1]):
+            continue
+        if not _partition_filter(relative[:-1], job_set, (date_from, date_to), node_set):
+            continue
+        segments.append(path)
+    return drop_replaced(location, sorted(segments))
+
+
+def replaced_by(location: StoreLocation, compacted_path: str) -> list[str]:
+    """The segment names a compacted segment replaces (from its Parquet metadata)."""
+    try:
+        with location.fs.open(compacted_path, "rb") as handle:
+            metadata = pq.read_schema(handle).metadata or {}
+    except FileNotFoundError:
+        return []
+    raw = metadata.get(REPLACES_KEY, b"")
+    return [name for name in raw.decode().split(",") if name]
+
+
+def drop_replaced(location: StoreLocation, segments: list[str]) -> list[str]:
+    replaced: set[str] = set()
+    for path in segments:
+        directory, name = path.rsplit("/", 1)
+        if name.startswith(COMPACTED_PREFIX):
+            replaced.update(f"{directory}/{old}" for old in replaced_by(location, path))
+    return [path for path in segments if path not in replaced]

@@ -1,0 +1,315 @@
+"""Arrow schemas of every faultlens table: the contract between collectors, the store and attribution.
+
+Every table starts with the identity columns (DESIGN.md, "Tables"); a column that does not apply to a row is null.
+SCHEMA_VERSION is written into the key-value metadata of every Parquet segment. Columns may be added in later
+versions (readers union by name); a column is never renamed or retyped without a version bump.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+SCHEMA_VERSION = "1"
+METADATA_VERSION_KEY = b"faultlens.schema_version"
+METADATA_TABLE_KEY = b"faultlens.table"
+
+TS = pa.timestamp("ns", tz="UTC")
+INT_LIST = pa.list_(pa.int64())
+STR_LIST = pa.list_(pa.string())
+
+
+class SchemaError(ValueError):
+    """A batch does not fit its table: the message names the table, the column and what was expected."""
+
+
+def _f(name: str, typ: pa.DataType, nullable: bool = True) -> pa.Field:
+    return pa.field(name, typ, nullable=nullable)
+
+
+IDENTITY_FIELDS: tuple[pa.Field, ...] = (
+    _f("ts", TS, nullable=False),
+    _f("cluster", pa.string()),
+    _f("node", pa.string()),
+    _f("job_id", pa.string()),
+    _f("attempt", pa.int32()),
+    _f("rank", pa.int32()),
+    _f("local_rank", pa.int32()),
+    _f("gpu_index", pa.int32()),
+    _f("gpu_uuid", pa.string()),
+    _f("pci_bus_id", pa.string()),
+)
+
+EVIDENCE_TYPE = pa.list_(
+    pa.struct([_f("table", pa.string()), _f("ts", TS), _f("text", pa.string())])
+)
+
+_TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
+    # one rank's placement for one attempt (ts = process start)
+    "ranks": (
+        _f("pid", pa.int64()),
+        _f("world_size", pa.int32()),
+        _f("local_world_size", pa.int32()),
+        _f("hostname", pa.string()),
+        # parallel coordinates, when the training code declares them
+        _f("dp_rank", pa.int32()),
+        _f("pp_rank", pa.int32()),
+        _f("tp_rank", pa.int32()),
+        _f("cp_rank", pa.int32()),
+        _f("ep_rank", pa.int32()),
+        _f("pp_size", pa.int32()),
+    ),
+    # one periodic NVML (or dcgm-exporter) sample of one GPU
+    "gpu_samples": (
+        _f("source", pa.string()),
+        _f("gpu_name", pa.string()),
+        _f("temp_c", pa.float32()),
+        _f("hbm_temp_c", pa.float32()),
+        _f("power_w", pa.float32()),
+        _f("energy_mj", pa.int64()),
+        _f("sm_clock_mhz", pa.int32()),
+        _f("mem_clock_mhz", pa.int32()),
+        _f("gpu_util_pct", pa.float32()),
+        _f("mem_util_pct", pa.float32()),
+        _f("mem_used_bytes", pa.int64()),
+        _f("mem_total_bytes", pa.int64()),
+        _f("clocks_event_reasons", pa.int64()),
+        _f("ecc_sbe_volatile", pa.int64()),
+        _f("ecc_dbe_volatile", pa.int64()),
+        _f("ecc_sbe_aggregate", pa.int64()),
+        _f("ecc_dbe_aggregate", pa.int64()),
+        _f("ecc_dram_corrected", pa.int64()),
+        _f("ecc_dram_uncorrected", pa.int64()),
+        _f("ecc_sram_corrected", pa.int64()),
+        _f("ecc_sram_uncorrected", pa.int64()),
+        _f("retired_pages_sbe", pa.int64()),
+        _f("retired_pages_dbe", pa.int64()),
+        _f("retired_pages_pending", pa.bool_()),
+        _f("remapped_rows_correctable", pa.int64()),
+        _f("remapped_rows_uncorrectable", pa.int64()),
+        _f("remap_pending", pa.bool_()),
+        _f("remap_failure", pa.bool_()),
+        _f("recovery_action", pa.int32()),
+        _f("pcie_replay_count", pa.int64()),
+        _f("nvlink_replay_errors", pa.int64()),
+        _f("nvlink_recovery_errors", pa.int64()),
+        _f("nvlink_crc_errors", pa.int64()),
+    ),
+    # one discrete GPU health event
+    "gpu_events": (
+        _f("source", pa.string()),  # nvml_event, kmsg, dcgm, sample_delta, recorded
+        _f("kind", pa.string()),  # xid, sxid, ecc_dbe, remap_pending, remap_failure, gpu_lost, thermal, ...
+        _f("code", pa.int32()),  # XID number where kind is xid/sxid
+        _f("message", pa.string()),
+        _f("pid", pa.int64()),
+        _f("process_name", pa.string()),
+        _f("raw", pa.string()),  # the original line or record, when there is one
+    ),
+    # one training step of one rank
+    "steps": (
+        _f("step", pa.int64()),
+        _f("phase", pa.string()),  # train, eval, warmup, checkpoint
+        _f("start_ts", TS),
+        _f("end_ts", TS),
+        _f("duration_s", pa.float64()),
+        _f("sections", pa.map_(pa.string(), pa.float64())),  # section name -> seconds (user-defined allowed)
+        _f("tokens", pa.int64()),
+        _f("samples", pa.int64()),
+        _f("loss", pa.float64()),
+    ),
+    # one flight-recorder entry of one rank
+    "collectives": (
+        _f("dump_id", pa.string()),
+        _f("fr_version", pa.string()),
+        _f("comm_lib", pa.string()),
+        _f("pg_id", pa.string()),
+        _f("pg_name", pa.string()),
+        _f("pg_desc", pa.string()),
+        _f("pg_ranks", pa.list_(pa.int32())),
+        _f("pg_last_enqueued", pa.int64()),
+        _f("pg_last_started", pa.int64()),
+        _f("pg_last_completed", pa.int64()),
+        _f("record_id", pa.int64()),
+        _f("collective_seq_id", pa.int64()),
+        _f("p2p_seq_id", pa.int64()),
+        _f("op_id", pa.int64()),
+        _f("op", pa.string()),  # profiling_name, e.g. nccl:all_reduce
+        _f("state", pa.string()),  # scheduled, started, completed
+        _f("is_p2p", pa.bool_()),
+        _f("retired", pa.bool_()),
+        _f("time_created", TS),
+        _f("time_started", TS),
+        _f("time_completed", TS),
+        _f("input_sizes", pa.list_(INT_LIST)),
+        _f("input_dtypes", STR_LIST),
+        _f("output_sizes", pa.list_(INT_LIST)),
+        _f("output_dtypes", STR_LIST),
+        _f("timeout_ms", pa.int64()),
+        _f("frames", STR_LIST),  # top frames, "name (file:line)"
+    ),
+    # one thing that happened to a rank process
+    "process_events": (
+        _f("kind", pa.string()),  # start, exit, signal, exception, watchdog_timeout, comm_error, oom
+        _f("source", pa.string()),  # torchrun_log, error_json, stderr, supervisor
+        _f("pid", pa.int64()),
+        _f("exit_code", pa.int32()),
+        _f("signal", pa.string()),  # SIGKILL, SIGTERM, ...
+        _f("exception_type", pa.string()),
+        _f("message", pa.string()),
+        _f("traceback", pa.string()),
+        _f("fingerprint", pa.string()),
+        _f("is_secondary", pa.bool_()),  # a survivor's echo of someone else's failure
+        _f("step", pa.int64()),
+        _f("error_file", pa.string()),
+    ),
+    # one attributed incident
+    "incidents": (
+        _f("incident_id", pa.string()),
+        _f("class", pa.string()),  # crash, collective_hang, straggler, health
+        _f("cause", pa.string()),  # gpu_hardware, hbm, nvlink, pcie, network, thermal, software, ...
+        _f("culprit_nodes", STR_LIST),
+        _f("culprit_ranks", pa.list_(pa.int32())),
+        _f("culprit_gpus", STR_LIST),
+        _f("first_signal_ts", TS),
+        _f("detected_ts", TS),
+        _f("confidence", pa.float64()),
+        _f("evidence", EVIDENCE_TYPE),
+        _f("rule", pa.string()),
+        _f("summary", pa.string()),
+        _f("fingerprint", pa.string()),
+        _f("step", pa.int64()),
+    ),
+    # one decision for one incident (append-only: a later row with the same decision_id updates delivery)
+    "decisions": (
+        _f("decision_id", pa.string()),
+        _f("incident_id", pa.string()),
+        _f("action", pa.string()),  # failover, escalate, drain
+        _f("class", pa.string()),
+        _f("cause", pa.string()),
+        _f("exclude_nodes", STR_LIST),
+        _f("restore_tier", pa.string()),
+        _f("restore_step", pa.int64()),
+        _f("restore_uri", pa.string()),
+        _f("reason", pa.string()),
+        _f("confidence", pa.float64()),
+        _f("rule", pa.string()),
+        _f("issued_ts", TS),
+        _f("delivery_status", pa.string()),  # pending, delivered, failed
+        _f("hook", pa.string()),
+        _f("document", pa.string()),  # the versioned JSON decision
+    ),
+    # one checkpoint seen in a tier
+    "checkpoints": (
+        _f("tier", pa.string()),  # local, peer, durable
+        _f("step", pa.int64()),
+        _f("uri", pa.string()),
+        _f("layout", pa.string()),  # dcp, shards
+        _f("world_size", pa.int32()),
+        _f("complete", pa.bool_()),
+        _f("bytes", pa.int64()),
+        _f("checksum_status", pa.string()),  # verified, mismatch, unverified, unknown
+    ),
+}
+
+TABLES: dict[str, pa.Schema] = {
+    name: pa.schema(
+        list(IDENTITY_FIELDS) + list(fields),
+        metadata={METADATA_VERSION_KEY: SCHEMA_VERSION.encode(), METADATA_TABLE_KEY: name.encode()},
+    )
+    for name, fields in _TABLE_FIELDS.items()
+}
+TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
+
+
+def schema_for(table: str) -> pa.Schema:
+    """The Arrow schema of `table`, or SchemaError naming the known tables."""
+    try:
+        return TABLES[table]
+    except KeyError:
+        raise SchemaError(f"unknown table {table!r}: expected one of {', '.join(TABLE_NAMES)}") from None
+
+
+def _castable(actual: pa.DataType, expected: pa.DataType) -> bool:
+    """Lossless-in-kind conversions we accept from producers (width and unit changes, null columns)."""
+    if pa.types.is_null(actual):
+        return True
+    if pa.types.is_integer(actual) and (pa.types.is_integer(expected) or pa.types.is_floating(expected)):
+        return True
+    if pa.types.is_floating(actual) and pa.types.is_floating(expected):
+        return True
+    if pa.types.is_timestamp(actual) and pa.types.is_timestamp(expected):
+        return actual.tz is not None and expected.tz is not None
+    if pa.types.is_large_string(actual) and pa.types.is_string(expected):
+        return True
+    return False
+
+
+def validate(table: str, data: pa.RecordBatch | pa.Table) -> pa.Table:
+    """Check `data` against `table`'s schema and return it conformed (column order, types, missing nullable
+    columns filled with nulls). Raises SchemaError naming the table, the column and what was expected."""
+    schema = schema_for(table)
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if not isinstance(data, pa.Table):
+        raise SchemaError(f"table {table!r}: expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
+    unknown = [name for name in data.column_names if schema.get_field_index(name) < 0]
+    if unknown:
+        raise SchemaError(f"table {table!r}: column {unknown[0]!r} is not in the schema (version {SCHEMA_VERSION})")
+    columns = []
+    for field in schema:
+        if field.name not in data.column_names:
+            if not field.nullable:
+                raise SchemaError(f"table {table!r}: column {field.name!r} is required ({field.type}) but missing")
+            columns.append(pa.nulls(data.num_rows, field.type))
+            continue
+        column = data.column(field.name)
+        if not column.type.equals(field.type):
+            if not _castable(column.type, field.type):
+                raise SchemaError(
+                    f"table {table!r}: column {field.name!r}: expected {field.type}, got {column.type}"
+                )
+            try:
+                column = column.cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaError(
+                    f"table {table!r}: column {field.name!r}: expected {field.type}, cannot convert: {exc}"
+                ) from None
+        if not field.nullable and column.null_count:
+            raise SchemaError(f"table {table!r}: column {field.name!r}: expected no nulls, found {column.null_count}")
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]] | Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Build a conforming table from dict rows (missing keys are nulls). A value of the wrong kind raises
+    SchemaError naming the table and the column."""
+    schema = schema_for(table)
+    rows = list(rows)
+    for row in rows:
+        for key in row:
+            if schema.get_field_index(key) < 0:
+                raise SchemaError(f"table {table!r}: column {key!r} is not in the schema (version {SCHEMA_VERSION})")
+    arrays = []
+    for field in schema:
+        values = [row.get(field.name) for row in rows]
+        try:
+            arrays.append(pa.array(values, type=field.type))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            raise SchemaError(f"table {table!r}: column {field.name!r}: expected {field.type}: {exc}") from None
+    return validate(table, pa.Table.from_arrays(arrays, schema=schema))
+
+
+def empty_table(table: str) -> pa.Table:
+    """A zero-row table with `table`'s schema."""
+    return schema_for(table).empty_table()
+
+
+def partition_keys(table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.ChunkedArray]:
+    """The (job, date, node) partition values of every row, as in the store layout of DESIGN.md."""
+    job = pc.fill_null(table.column("job_id"), "_node")
+    date = pc.strftime(table.column("ts"), format="%Y-%m-%d")
+    node = pc.fill_null(table.column("node"), "_unknown")
+    return job, date, node

@@ -1,0 +1,139 @@
+"""The segment sink: per-table buffers flushed into Parquet segments by row count or by age.
+
+`write()` validates and buffers; a buffer becomes segments (one per job/date/node partition) when it holds
+`flush_rows` rows, when its oldest row is `flush_age_s` old (checked on write and by `flush_aged()`), or on
+`flush()` / `close()`. When `flush()` returns, every row written before it is in a visible, complete segment.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from collectors.layout import StoreLocation, partition_dir, resolve_store, write_segment
+from collectors.schema import partition_keys, rows_to_table, validate
+
+
+@dataclass
+class _Buffer:
+    tables: list[pa.Table] = field(default_factory=list)
+    rows: int = 0
+    oldest: float | None = None
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    table: str
+    rows: int
+    paths: tuple[str, ...]
+
+
+class SegmentSink:
+    """Buffers rows per table and writes them as crash-safe Parquet segments in the store layout."""
+
+    def __init__(self, store: str | StoreLocation, *, flush_rows: int = 100_000, flush_age_s: float = 5.0,
+                 compression: str = "zstd", clock: Callable[[], float] = time.monotonic) -> None:
+        self.location = resolve_store(store, create=True)
+        self.flush_rows = flush_rows
+        self.flush_age_s = flush_age_s
+        self.compression = compression
+        self._clock = clock
+        self._buffers: dict[str, _Buffer] = {}
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self.rows_written = 0
+        self.segments_written = 0
+
+    def write(self, table: str, data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> None:
+        """Validate and buffer rows of `table`; flushes that table if its buffer is full or old."""
+        if isinstance(data, (pa.Table, pa.RecordBatch)):
+            conformed = validate(table, data)
+        else:
+            conformed = rows_to_table(table, data)
+        if conformed.num_rows == 0:
+            return
+        with self._lock:
+            buffer = self._buffers.setdefault(table, _Buffer())
+            buffer.tables.append(conformed)
+            buffer.rows += conformed.num_rows
+            if buffer.oldest is None:
+                buffer.oldest = self._clock()
+            due = buffer.rows >= self.flush_rows or self._clock() - buffer.oldest >= self.flush_age_s
+        if due:
+            self.flush(table)
+
+    def pending_rows(self, table: str | None = None) -> int:
+        with self._lock:
+            if table is not None:
+                buffer = self._buffers.get(table)
+                return buffer.rows if buffer else 0
+            return sum(buffer.rows for buffer in self._buffers.values())
+
+    def flush_aged(self) -> list[FlushResult]:
+        """Flush every table whose oldest buffered row is at least flush_age_s old."""
+        now = self._clock()
+        with self._lock:
+            due = [name for name, buf in self._buffers.items()
+                   if buf.oldest is not None and now - buf.oldest >= self.flush_age_s]
+        return [self.flush(name)[0] for name in due]
+
+    def flush(self, table: str | None = None) -> list[FlushResult]:
+        """Write buffered rows (of one table, or all) as segments; returns when they are visible."""
+        with self._lock:
+            names = [table] if table is not None else list(self._buffers)
+            taken = {}
+            for name in names:
+                buffer = self._buffers.pop(name, None)
+                if buffer is not None and buffer.rows:
+                    taken[name] = buffer
+        results = []
+        with self._write_lock:
+            for name in names:
+                buffer = taken.get(name)
+                if buffer is None:
+                    results.append(FlushResult(name, 0, ()))
+                    continue
+                try:
+                    paths = self._write_table(name, pa.concat_tables(buffer.tables))
+                except BaseException:
+                    with self._lock:  # put the rows back so nothing is lost; a later flush retries
+                        current = self._buffers.setdefault(name, _Buffer())
+                        current.tables[:0] = buffer.tables
+                        current.rows += buffer.rows
+                        current.oldest = buffer.oldest
+                    raise
+                self.rows_written += buffer.rows
+                self.segments_written += len(paths)
+                results.append(FlushResult(name, buffer.rows, tuple(paths)))
+        return results
+
+    def _write_table(self, name: str, table: pa.Table) -> list[str]:
+        job, date, node = partition_keys(table)
+        uniques = [pc.unique(column) for column in (job, date, node)]
+        if all(len(u) == 1 for u in uniques):
+            directory = partition_dir(self.location, name, *(u[0].as_py() for u in uniques))
+            return [write_segment(self.location, directory, table, compression=self.compression)]
+        keys = pa.table({"j": job, "d": date, "n": node, "i": pa.array(range(table.num_rows), pa.int64())})
+        groups = keys.group_by(["j", "d", "n"]).aggregate([("i", "list")])
+        paths = []
+        for j, d, n, indices in zip(*(groups.column(c).to_pylist() for c in ("j", "d", "n")),
+                                    groups.column("i_list").to_pylist(), strict=True):
+            directory = partition_dir(self.location, name, j, d, n)
+            part = table.take(pa.array(indices, pa.int64()))
+            paths.append(write_segment(self.location, directory, part, compression=self.compression))
+        return paths
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> SegmentSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""faultlens job-controller side: decision delivery, checkpoint restore, the supervisor and the CLI."""

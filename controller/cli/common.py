@@ -1,0 +1,116 @@
+"""Shared pieces of the CLI: the --store option, the error type, and table/JSON/CSV output."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import decimal
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import pyarrow as pa
+
+DEFAULT_STORE = "./faultlens-store"
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit code `code` (2: bad input or path)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_store_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store",
+        default=os.environ.get("FAULTLENS_STORE", DEFAULT_STORE),
+        help="store directory or URL (default: $FAULTLENS_STORE or %(default)s)",
+    )
+
+
+def add_format_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--json", dest="fmt", action="store_const", const="json", help="JSON output")
+    group.add_argument("--csv", dest="fmt", action="store_const", const="csv", help="CSV output")
+    parser.set_defaults(fmt="table")
+
+
+def json_default(value: Any) -> Any:
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """Map columns come back as lists of (key, value) pairs; show them as dicts. NaN becomes null."""
+    if isinstance(value, list) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+        return {k: _plain(v) for k, v in value}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def records(table: pa.Table) -> list[dict[str, Any]]:
+    return [{k: _plain(v) for k, v in row.items()} for row in table.to_pylist()]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=json_default)
+    if isinstance(value, dt.datetime):
+        return value.isoformat(sep=" ")
+    return str(value)
+
+
+def emit(table: pa.Table | Sequence[dict[str, Any]], fmt: str, out: TextIO | None = None,
+         title: str | None = None) -> None:
+    """Write rows as a rich table (default), JSON (a list of objects) or CSV."""
+    out = out or sys.stdout
+    rows = records(table) if isinstance(table, pa.Table) else [dict(r) for r in table]
+    columns = table.column_names if isinstance(table, pa.Table) else (list(rows[0]) if rows else [])
+    if fmt == "json":
+        json.dump(rows, out, default=json_default, indent=1)
+        out.write("\n")
+        return
+    if fmt == "csv":
+        writer = csv.writer(out)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_cell(row.get(c)) for c in columns])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    rich_table = Table(title=title, show_lines=False)
+    for column in columns:
+        rich_table.add_column(column, overflow="fold")
+    for row in rows:
+        rich_table.add_row(*(_cell(row.get(c)) for c in columns))
+    Console(file=out, width=max(100, min(240, _terminal_width()))).print(rich_table)
+
+
+def _terminal_width() -> int:
+    try:
+        return os.get_terminal_size().columns
+    except OSError:
+        return 160

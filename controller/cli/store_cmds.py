@@ -1,0 +1,92 @@
+"""Store commands: tables, sql, compact, retention."""
+
+from __future__ import annotations
+
+import argparse
+
+from attribution.maintenance import compact, retention
+from attribution.store import QueryError, Store
+from collectors.layout import StoreError, resolve_store
+from collectors.schema import TABLE_NAMES
+from controller.cli.common import CliError, add_format_args, add_store_arg, emit
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    tables = subparsers.add_parser("tables", help="tables in the store: row counts, segments, time range")
+    add_store_arg(tables)
+    add_format_args(tables)
+    tables.set_defaults(func=cmd_tables)
+
+    sql = subparsers.add_parser("sql", help="run a SQL query (DuckDB) over the store's tables")
+    add_store_arg(sql)
+    add_format_args(sql)
+    sql.add_argument("query", help="SQL, e.g. \"SELECT node, count(*) FROM gpu_events GROUP BY node\"")
+    sql.add_argument("--job", action="append", help="only these jobs (partition pruning; repeatable)")
+    sql.add_argument("--node", action="append", help="only these nodes (repeatable)")
+    sql.add_argument("--since", help="first date, YYYY-MM-DD")
+    sql.add_argument("--until", help="last date, YYYY-MM-DD")
+    sql.set_defaults(func=cmd_sql)
+
+    comp = subparsers.add_parser("compact", help="merge the small segments of each partition")
+    add_store_arg(comp)
+    comp.add_argument("--table", action="append", choices=TABLE_NAMES, help="only these tables")
+    comp.add_argument("--min-segments", type=int, default=2, help="merge partitions with at least this many")
+    comp.set_defaults(func=cmd_compact)
+
+    ret = subparsers.add_parser("retention", help="delete partitions older than N days")
+    add_store_arg(ret)
+    ret.add_argument("--days", type=int, required=True, help="keep this many days")
+    ret.add_argument("--table", action="append", choices=TABLE_NAMES, help="only these tables")
+    ret.set_defaults(func=cmd_retention)
+
+
+def open_store(args: argparse.Namespace, **pruning: object) -> Store:
+    try:
+        return Store(args.store, **pruning)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_tables(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        rows = [
+            {"table": s.table, "rows": s.rows, "segments": s.segments, "first_ts": s.ts_min, "last_ts": s.ts_max}
+            for s in store.summary()
+        ]
+    emit(rows, args.fmt, title=f"store {args.store}")
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    with open_store(args, jobs=args.job, nodes=args.node, date_from=args.since, date_to=args.until) as store:
+        try:
+            result = store.query(args.query)
+        except QueryError as exc:
+            raise CliError(f"query failed: {exc}") from None
+    emit(result, args.fmt)
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    try:
+        location = resolve_store(args.store)
+        results = compact(location, args.table or TABLE_NAMES, min_segments=args.min_segments)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    for r in results:
+        print(f"{r.table}: {r.segments_in} segments, {r.rows} rows -> {r.path}")
+    print(f"compacted {len(results)} partitions")
+    return 0
+
+
+def cmd_retention(args: argparse.Namespace) -> int:
+    if args.days < 0:
+        raise CliError(f"--days must be >= 0, got {args.days}")
+    try:
+        results = retention(resolve_store(args.store), args.days, args.table or TABLE_NAMES)
+    except StoreError as exc:
+        raise CliError(str(exc)) from None
+    for r in results:
+        print(f"{r.table}: removed {r.partition} ({r.segments} segments)")
+    print(f"removed {len(results)} partitions older than {args.days} days")
+    return 0
