@@ -109,7 +109,7 @@ def retention(store: str | StoreLocation, days: int, tables: Sequence[str] = TAB
     if days < 0:
         raise ValueError(f"retention days must be >= 0, got {days}")
     location = resolve_store(store)
-    today = today or dt.datetime.now(dt.timezone.utc).date()
+    today = today or dt.datetime.now(dt.UTC).date()
     cutoff = (today - dt.timedelta(days=days)).isoformat()
     results = []
     for table in tables:

@@ -10,6 +10,7 @@ segments that are still listed, so a concurrent reader never counts a row twice.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -121,10 +122,8 @@ def write_segment(location: StoreLocation, directory: str, table: pa.Table, *, n
                 os.fsync(handle.fileno())
             os.replace(temp, final)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(temp)
-            except OSError:
-                pass
             raise
         _fsync_dir(directory)
     else:
@@ -160,9 +159,7 @@ def _partition_filter(path_parts: list[str], jobs: set[str] | None, dates: tuple
     low, high = dates
     if low is not None and date < low:
         return False
-    if high is not None and date > high:
-        return False
-    return True
+    return not (high is not None and date > high)
 
 
 def list_partitions(location: StoreLocation, table: str) -> list[str]:
@@ -184,10 +181,7 @@ def list_segments(location: StoreLocation, table: str, *, jobs: Iterable[str] | 
     node_set = {safe_value(n) for n in nodes} if nodes is not None else None
     base = location.join(table)
     try:
-        if location.fs.exists(base):
-            found = location.fs.find(base)
-        else:
-            found = []
+        found = location.fs.find(base) if location.fs.exists(base) else []
     except FileNotFoundError:
         found = []
     segments = []

@@ -242,9 +242,7 @@ def _castable(actual: pa.DataType, expected: pa.DataType) -> bool:
         return True
     if pa.types.is_timestamp(actual) and pa.types.is_timestamp(expected):
         return actual.tz is not None and expected.tz is not None
-    if pa.types.is_large_string(actual) and pa.types.is_string(expected):
-        return True
-    return False
+    return bool(pa.types.is_large_string(actual) and pa.types.is_string(expected))
 
 
 def validate(table: str, data: pa.RecordBatch | pa.Table) -> pa.Table:

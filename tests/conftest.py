@@ -20,4 +20,4 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def utc_now() -> dt.datetime:
-    return dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
+    return dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
