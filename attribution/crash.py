@@ -101,19 +101,24 @@ def signal_of(row: Any) -> str | None:
     if signal:
         text = str(signal).upper()
         return text if text.startswith("SIG") else f"SIG{text}"
-    code = _get(row, "exit_code")
-    if code is None:
+    return _signal_from_code(_get(row, "exit_code"), _get(row, "kind"))
+
+
+def _matches(text: pd.Series, pattern: re.Pattern[str] | None) -> pd.Series:
+    if pattern is None:
+        return pd.Series(False, index=text.index)
+    return text.map(lambda value: bool(value) and pattern.search(value) is not None).astype(bool)
+
+
+def _signal_from_code(code: Any, kind: Any) -> str | None:
+    if code is None or code != code:
         return None
     code = int(code)
     if code < 0:
         return SIGNALS_BY_NUMBER.get(-code, f"SIG{-code}")
-    if 128 < code < 160 and _get(row, "kind") == "exit":
+    if 128 < code < 160 and kind == "exit":
         return SIGNALS_BY_NUMBER.get(code - 128)
     return None
-
-
-def _text(row: Any) -> str:
-    return "\n".join(str(_get(row, key)) for key in ("message", "traceback") if _get(row, key))
 
 
 def describe_process_event(row: Any) -> str:
@@ -140,97 +145,123 @@ class CrashAttributor:
     def __init__(self, rules: CrashRules, catalog: XidCatalogLike | None) -> None:
         self.rules = rules
         self.catalog = catalog
-        self._secondary = [re.compile(p) for p in rules.secondary_patterns]
-        self._timeout = [re.compile(p) for p in rules.timeout_patterns]
+        self._secondary_re = re.compile("|".join(f"(?:{p})" for p in rules.secondary_patterns)) \
+            if rules.secondary_patterns else None
+        self._timeout_re = re.compile("|".join(f"(?:{p})" for p in rules.timeout_patterns)) \
+            if rules.timeout_patterns else None
 
-    # ------------------------------------------------------------ row level
+    # ------------------------------------------------------------ row level (vectorised)
+
+    def classify(self, events: pd.DataFrame) -> pd.DataFrame:
+        """The failure rows of `events`, with columns _signal, _secondary, _timeout, _text added."""
+        if events.empty:
+            return events.assign(_signal=pd.Series(dtype=object), _secondary=pd.Series(dtype=bool),
+                                 _timeout=pd.Series(dtype=bool), _text=pd.Series(dtype=object))
+        def column(name: str) -> pd.Series:
+            if name in events.columns:
+                values = events[name].astype(object)
+                return values.where(values.notna(), None)
+            return pd.Series(None, index=events.index, dtype=object)
+
+        kind = column("kind")
+        exit_code = pd.to_numeric(column("exit_code"), errors="coerce")
+        named = column("signal").map(lambda s: None if s is None or pd.isna(s) or not str(s) else (
+            str(s).upper() if str(s).upper().startswith("SIG") else f"SIG{str(s).upper()}"))
+        from_code = pd.Series(
+            [_signal_from_code(c, k) for c, k in zip(exit_code.to_numpy(), kind.to_numpy(), strict=True)],
+            index=events.index, dtype=object)
+        signal = named.where(named.notna(), from_code)
+        text = (column("message").fillna("") + "\n" + column("traceback").fillna("")).str.strip()
+        flagged = column("is_secondary").fillna(False).astype(bool)
+        echo = _matches(text, self._secondary_re)
+        secondary = (flagged | (kind == "watchdog_timeout") | echo
+                     | (kind.isin(["exit", "signal"]) & signal.isin(self.rules.termination_signals)))
+        timeout = (kind == "watchdog_timeout") | _matches(text, self._timeout_re)
+        failure = kind.isin(FAILURE_KINDS) & ((kind != "exit") | (exit_code.fillna(0) != 0) | signal.notna())
+        frame = events.assign(_signal=signal, _secondary=secondary.astype(bool), _timeout=timeout.astype(bool),
+                              _text=text)
+        return frame[failure.to_numpy(dtype=bool)]
 
     def is_secondary(self, row: Any) -> bool:
-        if _get(row, "is_secondary") is True:
-            return True
-        kind = _get(row, "kind")
-        if kind == "watchdog_timeout":
-            return True
-        if kind in {"exit", "signal"} and signal_of(row) in self.rules.termination_signals:
-            return True
-        text = _text(row)
-        return bool(text) and any(p.search(text) for p in self._secondary)
-
-    def is_timeout(self, row: Any) -> bool:
-        if _get(row, "kind") == "watchdog_timeout":
-            return True
-        text = _text(row)
-        return bool(text) and any(p.search(text) for p in self._timeout)
-
-    @staticmethod
-    def is_failure(row: Any) -> bool:
-        kind = _get(row, "kind")
-        if kind not in FAILURE_KINDS:
-            return False
-        if kind == "exit":
-            code = _get(row, "exit_code")
-            return bool(code) or signal_of(row) is not None
-        return True
+        return bool(self.classify(pd.DataFrame([dict(row)]))["_secondary"].any())
 
     # ------------------------------------------------------------ rank level
 
-    def rank_failure(self, rows: pd.DataFrame) -> RankFailure:
-        """Condense one rank's failure rows (of one attempt) into what happened to it."""
+    def rank_failures(self, rows: pd.DataFrame) -> list[RankFailure]:
+        """One RankFailure per rank of one attempt's classified failure rows (see classify)."""
         rows = rows.sort_values("ts", kind="stable")
-        secondary = [self.is_secondary(row) for _, row in rows.iterrows()]
-        timeouts = sum(self.is_timeout(row) for _, row in rows.iterrows())
-        primary_rows = rows[[not s for s in secondary]]
-        first = rows.iloc[0]
-        rank = _get(first, "rank")
-        node = next((n for n in rows["node"] if n is not None and n is not pd.NA), None) \
-            if "node" in rows.columns else None
-        signals = [signal_of(row) for _, row in rows.iterrows()]
-        kind = FailureKind.UNKNOWN
-        chosen: Any = None
-        ooms = primary_rows[primary_rows["kind"] == "oom"]
-        exceptions = primary_rows[primary_rows["kind"].isin(["exception", "comm_error"])]
-        killed = [row for (_, row), sig in zip(rows.iterrows(), signals, strict=True)
-                  if sig in self.rules.primary_signals]
-        terminated = any(sig in self.rules.termination_signals for sig in signals)
-        echoes = [row for (_, row), sec in zip(rows.iterrows(), secondary, strict=True) if sec and _text(row)]
-        if not ooms.empty:
-            kind, chosen = FailureKind.OOM, ooms.iloc[0]
-        elif not exceptions.empty:
-            kind, chosen = FailureKind.EXCEPTION, exceptions.iloc[0]
-        elif killed:
-            # SIGKILL after a SIGTERM is the supervisor's; a survivor that echoed a peer's failure and was then
-            # killed is a survivor
-            kind = FailureKind.TERMINATED if terminated else (FailureKind.SECONDARY if echoes else FailureKind.KILLED)
-            chosen = killed[0]
-        elif echoes:
-            kind, chosen = FailureKind.SECONDARY, echoes[0]
-        elif any(secondary):
-            kind, chosen = FailureKind.TERMINATED, rows[secondary].iloc[0]
-        elif not primary_rows.empty:
-            kind, chosen = FailureKind.EXITED, primary_rows.iloc[0]
-        if chosen is None:
-            chosen = first
-        evidence = tuple(Evidence("process_events", as_datetime(row["ts"]), describe_process_event(row))
-                         for _, row in (primary_rows if not primary_rows.empty else rows).head(3).iterrows())
-        # exception details may sit on another row of the same rank (stderr vs error.json): take the richest
-        details = exceptions if not exceptions.empty else (ooms if not ooms.empty else rows)
-        traceback = next((t for t in details["traceback"] if isinstance(t, str) and t), None) \
-            if "traceback" in details.columns else None
-        fingerprint = next((f for f in details["fingerprint"] if isinstance(f, str) and f), None) \
-            if "fingerprint" in details.columns else None
-        step = next((int(s) for s in rows["step"] if s is not None and s is not pd.NA), None) \
-            if "step" in rows.columns else None
-        exit_rows = rows[rows["kind"] == "exit"]
-        exit_code = _get(exit_rows.iloc[0], "exit_code") if not exit_rows.empty else None
-        ts = as_datetime(chosen["ts"]) or as_datetime(first["ts"])
+        rank_key = rows["rank"].astype(object).where(rows["rank"].notna(), -1)
+        kind = rows["kind"].astype(object)
+        primary_row = ~rows["_secondary"]
+        marks = pd.DataFrame({
+            "rank": rank_key,
+            "oom": (kind == "oom") & primary_row,
+            "exception": kind.isin(["exception", "comm_error"]) & primary_row,
+            "killed": rows["_signal"].isin(self.rules.primary_signals),
+            "terminated": rows["_signal"].isin(self.rules.termination_signals),
+            "echo": rows["_secondary"] & (rows["_text"] != ""),
+            "secondary": rows["_secondary"],
+            "primary": primary_row,
+            "timeout": rows["_timeout"],
+        }, index=rows.index)
+        per_rank = marks.groupby("rank", sort=True)
+        anys = per_rank[["oom", "exception", "killed", "terminated", "echo", "secondary", "primary"]].any()
+        counts = per_rank.agg(rows_=("secondary", "size"), secondary_=("secondary", "sum"),
+                              timeout_=("timeout", "sum"))
+        failures = []
+        for rank, flags in anys.iterrows():
+            if flags["oom"]:
+                kind_of, column = FailureKind.OOM, "oom"
+            elif flags["exception"]:
+                kind_of, column = FailureKind.EXCEPTION, "exception"
+            elif flags["killed"]:
+                # SIGKILL after a SIGTERM is the supervisor's; a survivor that echoed a peer's failure and was
+                # then killed is a survivor
+                kind_of = FailureKind.TERMINATED if flags["terminated"] else (
+                    FailureKind.SECONDARY if flags["echo"] else FailureKind.KILLED)
+                column = "killed"
+            elif flags["echo"]:
+                kind_of, column = FailureKind.SECONDARY, "echo"
+            elif flags["secondary"]:
+                kind_of, column = FailureKind.TERMINATED, "secondary"
+            else:
+                kind_of, column = FailureKind.EXITED, "primary"
+            mine = marks["rank"] == rank
+            chosen_index = marks.index[mine & marks[column]][0]
+            failures.append(self._rank_failure(rows, mine, chosen_index, kind_of, counts.loc[rank]))
+        return failures
+
+    def _rank_failure(self, rows: pd.DataFrame, mine: pd.Series, chosen_index: Any, kind: FailureKind,
+                      counts: pd.Series) -> RankFailure:
+        own = rows[mine]
+        chosen = rows.loc[chosen_index]
+        rank = _get(chosen, "rank")
+        node = next((n for n in own["node"] if isinstance(n, str) and n), None) if "node" in own.columns else None
+        details = own[own["kind"].isin(["exception", "comm_error", "oom"]) & ~own["_secondary"]]
+        if details.empty:
+            details = own
+
+        def first(column: str) -> Any:
+            if column not in details.columns:
+                return None
+            return next((v for v in details[column] if isinstance(v, str) and v), None)
+
+        step_values = own["step"].dropna() if "step" in own.columns else pd.Series(dtype=float)
+        exits = own[own["kind"] == "exit"]
+        exit_code = _get(exits.iloc[0], "exit_code") if not exits.empty else None
+        ts = as_datetime(chosen["ts"])
         if ts is None:
             raise ValueError(f"process_events: rank {rank}: a failure row without ts")
+        shown = own[~own["_secondary"]] if kind in (*PRIMARY_KINDS, FailureKind.EXITED) else own
         return RankFailure(
-            rank=int(rank) if rank is not None else None, node=node, kind=kind, ts=ts,
-            signal=signal_of(chosen), exit_code=int(exit_code) if exit_code is not None else None,
-            exception_type=_get(chosen, "exception_type"), message=_get(chosen, "message"), traceback=traceback,
-            fingerprint=fingerprint if kind in (FailureKind.EXCEPTION, FailureKind.OOM) else None, step=step,
-            rows=len(rows), secondary_rows=sum(secondary), timeout_rows=timeouts, evidence=evidence)
+            rank=int(rank) if rank is not None else None, node=node, kind=kind, ts=ts, signal=_get(chosen, "_signal"),
+            exit_code=int(exit_code) if exit_code is not None else None,
+            exception_type=first("exception_type"), message=first("message"), traceback=first("traceback"),
+            fingerprint=first("fingerprint") if kind in (FailureKind.EXCEPTION, FailureKind.OOM) else None,
+            step=int(step_values.iloc[0]) if not step_values.empty else None,
+            rows=int(counts["rows_"]), secondary_rows=int(counts["secondary_"]), timeout_rows=int(counts["timeout_"]),
+            evidence=tuple(Evidence("process_events", as_datetime(row["ts"]), describe_process_event(row))
+                           for _, row in shown.head(3).iterrows()))
 
     def primary(self, failures: list[RankFailure]) -> RankFailure | None:
         """The failure that came first on its own: exceptions/OOMs and deaths by signal (the latter stamped late
@@ -249,22 +280,14 @@ class CrashAttributor:
 
     def attempt_failures(self, events: pd.DataFrame) -> dict[tuple[str | None, int | None], list[RankFailure]]:
         """(job, attempt) -> one RankFailure per rank that has failure rows."""
-        if events.empty:
-            return {}
-        mask = [self.is_failure(row) for _, row in events.iterrows()]
-        failing = events[mask]
+        failing = self.classify(events)
         result: dict[tuple[str | None, int | None], list[RankFailure]] = {}
         if failing.empty:
             return result
-        keys = failing[["job_id", "attempt", "rank"]].astype(object).where(failing[["job_id", "attempt", "rank"]]
-                                                                          .notna(), None)
-        failing = failing.assign(_job=keys["job_id"], _attempt=keys["attempt"], _rank=keys["rank"])
-        for (job, attempt), group in failing.groupby(["_job", "_attempt"], dropna=False, sort=True):
-            job_key = None if job is None or job is pd.NA or (isinstance(job, float) and job != job) else str(job)
-            attempt_key = None if attempt is None or attempt is pd.NA or (
-                isinstance(attempt, float) and attempt != attempt) else int(attempt)
-            ranks = [self.rank_failure(rank_rows) for _, rank_rows in group.groupby("_rank", dropna=False)]
-            result[(job_key, attempt_key)] = ranks
+        job_key = failing["job_id"].astype(object).where(failing["job_id"].notna(), "")
+        attempt_key = failing["attempt"].astype(object).where(failing["attempt"].notna(), -1)
+        for (job, attempt), group in failing.groupby([job_key, attempt_key], sort=True):
+            result[(job or None, None if attempt == -1 else int(attempt))] = self.rank_failures(group)
         return result
 
     def attribute(self, telemetry: Telemetry, now: dt.datetime,
@@ -331,7 +354,8 @@ class CrashAttributor:
             cause = best.cause
             rule = "crash-hardware-same-gpu" if best.same_gpu else "crash-hardware-same-node"
             confidence = self.rules.conf(rule) * min(1.0, best.confidence / 0.9)
-            culprit_gpus = [best.gpu] if best.gpu else culprit_gpus
+            if not (best.same_gpu and culprit_gpus):
+                culprit_gpus = [best.gpu] if best.gpu else culprit_gpus
             first_signal = min(first_signal, best.ts)
         elif repeats:
             cause, rule = Cause.SOFTWARE, "crash-software-repeat-fingerprint"

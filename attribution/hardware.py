@@ -161,5 +161,8 @@ def hardware_findings(gpu_events: pd.DataFrame, node: str | None, at: dt.datetim
             ts=ts, node=node, kind=str(_get(row, "kind")), code=_get(row, "code"), cause=cause,
             confidence=confidence, gpu=_gpu_label(row), same_gpu=_same_gpu(row, placement),
             text=describe_gpu_event(row, info)))
-    findings.sort(key=lambda f: (not f.same_gpu, -f.confidence, abs((f.ts - at).total_seconds())))
+    # own GPU first; then the strongest; an Xid before the event kinds derived from the same line (the catalog's
+    # component is more specific); then the closest in time
+    findings.sort(key=lambda f: (not f.same_gpu, -round(f.confidence, 3), f.kind != "xid",
+                                 abs((f.ts - at).total_seconds())))
     return findings
