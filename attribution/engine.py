@@ -121,11 +121,11 @@ def attribute(store: Store | str | StoreLocation, job: str | None = None, now: d
     opened, owned = _open(store, job)
     try:
         telemetry = load_from_store(opened, job)
+        as_of: dt.datetime | dict[str, dt.datetime] = now if now is not None else telemetry.as_of
+        return engine.run(telemetry, now or utc_now(), as_of)  # GPU samples are read on demand: store open
     finally:
         if owned:
             opened.close()
-    as_of: dt.datetime | dict[str, dt.datetime] = now if now is not None else telemetry.as_of
-    return engine.run(telemetry, now or utc_now(), as_of)
 
 
 def existing_incident_ids(store: Store) -> set[str]:

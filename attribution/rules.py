@@ -183,7 +183,7 @@ class StragglerThresholds(_Strict):
     @model_validator(mode="after")
     def _window(self) -> StragglerThresholds:
         if self.min_window_steps > self.window_steps:
-            raise ValueError("min_window_steps must not exceed window_steps")
+            raise ValueError(f"min_window_steps at most window_steps ({self.window_steps})")
         return self
 
 

@@ -159,6 +159,8 @@ class StragglerDetector:
                 groups.setdefault(stage, []).append(rank)
             if len(groups) >= 2 and all(len(m) >= self.t.min_group_size for m in groups.values()):
                 return groups, "pipeline stage"
+        if len(ranks) < self.t.min_group_size:
+            return {"all": ranks}, "own history"
         return {"all": ranks}, "all ranks"
 
     def _self_scores(self, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -198,10 +200,13 @@ class StragglerDetector:
         any_flag = scores.flagged.any(axis=1).astype(float)
         step_fraction = any_flag.rolling(w, min_periods=1).sum() / valid.any(axis=1).astype(float).rolling(
             w, min_periods=1).sum()
-        distinct = (_rolling_sum(scores.flagged, w) > 0).sum(axis=1)
+        per_rank = _rolling_sum(scores.flagged, w)
+        distinct = (per_rank > 0).sum(axis=1)
         window_count = valid.any(axis=1).astype(float).rolling(w, min_periods=1).sum()
+        # moving: no rank is slow in more than half the share that would make it persistent
+        concentrated = per_rank.max(axis=1) / window_count >= t.persistence / 2
         moving = ((step_fraction >= t.moving_min_step_fraction) & (distinct >= t.moving_min_distinct_ranks)
-                  & ~persistent.any(axis=1) & (window_count >= t.min_window_steps))
+                  & ~persistent.any(axis=1) & ~concentrated & (window_count >= t.min_window_steps))
         if moving.any():
             step = int(moving.index[moving.to_numpy().argmax()])
             position = steps.index(step)
@@ -312,24 +317,30 @@ class StragglerDetector:
             own = self._own_history(rank, window, scores)
             where = f" on {placement[rank].node}" if rank in placement and placement[rank].node else ""
             evidence.append(Evidence(
-                "steps", end, f"rank {rank}{where}: compute {ratio:.2f}x its peers' median ({scores.group_kind}), "
+                "steps", end, f"rank {rank}{where}: compute {ratio:.2f}x "
+                              + ("its own earlier median" if scores.group_kind == "own history"
+                                 else f"its peers' median ({scores.group_kind})") + ", "
                               f"slow in {flagged} of {len(window)} steps ({window[0]}-{window[-1]}){section_text}"
                               f"{own}"))
         return evidence
 
     def _own_history(self, rank: int, window: list[int], scores: StepScores) -> str:
-        column = scores.compute[rank]
-        before = column.loc[column.index < window[0]].dropna().tail(self.t.self_baseline_steps)
+        """Was the rank slow relative to its peers before the window too (slow from the start, e.g. a weaker
+        GPU or a heavier partition) or did it become slow (fail-slow)?"""
+        ratio = scores.ratio[rank]
+        before = ratio.loc[ratio.index < window[0]].dropna().tail(self.t.self_baseline_steps)
         if len(before) < self.t.min_window_steps:
             return "; no earlier history of its own"
-        now = float(column.loc[window].median())
-        then = float(before.median())
-        if then <= 0:
-            return ""
-        change = now / then
-        if change >= self.t.min_ratio:
-            return f"; {change:.2f}x its own earlier median (it became slow)"
-        return f"; {change:.2f}x its own earlier median (slow from the start)"
+        compute = scores.compute[rank]
+        then = float(compute.loc[before.index].median())
+        flagged = scores.flagged.loc[window, rank]
+        now = float(compute.loc[flagged[flagged].index].median()) if flagged.any() else float(
+            compute.loc[window].median())
+        change = now / then if then > 0 else float("nan")
+        earlier = float(before.median())
+        if earlier < 1 + (self.t.min_ratio - 1) / 2:
+            return f"; {change:.2f}x its own earlier median: it became slow (it matched its peers before)"
+        return f"; {earlier:.2f}x its peers already before: slow from the start"
 
     def gpu_cause(self, finding: StragglerFinding, scores: StepScores, placement: dict[int, Placement],
                   telemetry: Telemetry) -> tuple[Cause, float, list[Evidence], list[str], list[str]]:
