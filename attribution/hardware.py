@@ -62,7 +62,7 @@ def as_datetime(value: Any) -> dt.datetime | None:
     if isinstance(value, pd.Timestamp):
         if pd.isna(value):
             return None
-        value = value.to_pydatetime()
+        value = value.to_pydatetime(warn=False)
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
     return None
