@@ -97,6 +97,9 @@ class SegmentTail:
             return table
         newest = pc.max(table.column("ts")).as_py()
         if newest is not None:
+            # relative to the newest row, but never to a row from the future (a skewed clock must not push
+            # everything else out)
+            newest = min(newest, dt.datetime.now(dt.UTC))
             keep = pc.greater_equal(table.column("ts"), pa.scalar(newest - self.retain, table.schema.field("ts").type))
             if not pc.all(keep).as_py():
                 table = table.filter(keep)
