@@ -16,16 +16,17 @@ from tests.conftest import REPO_ROOT
 TRIALS = 50
 
 
-def _run_and_kill(store: str, seed: int, job: str, delay: float) -> int:
+def _run_and_kill(store: str, seed: int, job: str, delay: float, after_first_flush: bool) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "tests.sink_writer", store, str(seed), job], cwd=REPO_ROOT,
                             stdout=subprocess.PIPE, env=env, text=True)
     assert proc.stdout.readline().strip() == "ready"
+    first = proc.stdout.readline().strip() if after_first_flush else ""
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == -signal.SIGKILL
-    committed = [int(line) for line in out.split()]
+    committed = [int(line) for line in (first + "\n" + out).split()]
     return committed[-1] if committed else 0
 
 
@@ -35,7 +36,8 @@ def test_sigkill_never_leaves_partial_visible_files(tmp_path):
     acknowledged = {}
     for trial in range(TRIALS):
         job = f"trial-{trial:02d}"
-        acknowledged[job] = _run_and_kill(str(store), seed=trial, job=job, delay=rng.uniform(0.0, 0.3))
+        acknowledged[job] = _run_and_kill(str(store), seed=trial, job=job, delay=rng.uniform(0.0, 0.3),
+                                        after_first_flush=trial % 2 == 1)
         for path in store.rglob("*"):
             if path.is_file() and not path.name.startswith("."):
                 assert path.suffix == ".parquet", path
