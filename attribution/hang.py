@@ -631,9 +631,15 @@ def _decide(analysis: _Analysis) -> HangReport:
     missing = tuple(sorted(analysis.missing))
     if root_is_mismatch:
         m = first_mismatch
-        confidence = 0.5 if m.tie else (0.95 if len(m.majority) >= 2 * len(m.odd) else 0.8)
+        odd = m.odd
+        confidence = 0.95 if len(m.majority) >= 2 * len(m.odd) else 0.8
+        if m.tie:
+            # no majority: the side the wait-for graph already blames (it lagged: it skipped), else both sides
+            involved = set(m.odd) | set(m.majority)
+            blamed = involved & set(culprits)
+            odd, confidence = (tuple(sorted(blamed)), 0.75) if blamed else (tuple(sorted(involved)), 0.4)
         return HangReport(
-            verdict=m.kind, culprit_ranks=m.odd, pg_id=m.pg_id, pg_name=analysis.group_names[m.group],
+            verdict=m.kind, culprit_ranks=odd, pg_id=m.pg_id, pg_name=analysis.group_names[m.group],
             pg_desc=analysis.group_descs.get(m.group), collective_seq_id=m.seq, op=m.op, never_joined=(),
             stalled=(), missing_dumps=missing,
             reason=m.detail, confidence=confidence, evidence=tuple(evidence))

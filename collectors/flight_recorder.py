@@ -356,7 +356,7 @@ class _Decoder:
         return tuple(values) if k == fast.K_TUPLE else values
 
     def top_level(self, root: int) -> dict[str, Any]:
-        """The root dict without its 'entries' (those are read into columns)."""
+        """The root dict with 'entries' left empty (those are read into columns)."""
         items = self.child[self.offsets[root]:self.offsets[root + 1]]
         out: dict[str, Any] = {}
         for i in range(0, len(items), 2):
@@ -364,8 +364,7 @@ class _Decoder:
             if self.kind[key_node] != fast.K_STR:
                 continue
             key = self.text(key_node)
-            if key != "entries":
-                out[key] = self.value(value_node)
+            out[key] = self.value(value_node) if key != "entries" else []
         return out
 
     def strings(self, nodes: np.ndarray) -> _StrColumn:
@@ -407,7 +406,7 @@ def _dump_fast(buf: np.ndarray, path: Path, max_frames: int) -> _Dump | None:
         return None
     (ints, valid, strs, flags), counts, sizes, dtypes, frames = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, offsets, child)
-    top = _check_top(decoder.top_level(root) | {"entries": []})
+    top = _check_top(decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
