@@ -1,9 +1,9 @@
 """Multi-tier checkpoints: tiers, the catalog and restore choice, and a tiered checkpointer for training loops."""
 
 from controller.checkpoints.catalog import (
-    ChecksumStatus,
     CheckpointCatalog,
     CheckpointEntry,
+    ChecksumStatus,
     Layout,
     RankSource,
     RestoreChoice,
