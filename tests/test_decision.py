@@ -106,7 +106,7 @@ def test_escalation_may_not_carry_a_restore() -> None:
 
 
 def test_from_json_rejects_non_json() -> None:
-    with pytest.raises(DecisionError, match="payload.json: not JSON"):
+    with pytest.raises(DecisionError, match=r"payload\.json: not JSON"):
         Decision.from_json("{not json", source="payload.json")
 
 

@@ -146,9 +146,9 @@ def test_entry_point_hooks_are_found_and_built_with_options(installed_hooks: Pat
 
 
 def test_entry_point_errors_name_the_entry_point(installed_hooks: Path) -> None:
-    with pytest.raises(EntryPointHookError, match="'nope' not found in group faultlens.hooks"):
+    with pytest.raises(EntryPointHookError, match=r"'nope' not found in group faultlens\.hooks"):
         load_entry_point_hook("nope")
-    with pytest.raises(EntryPointHookError, match="'broken'.*cannot load"):
+    with pytest.raises(EntryPointHookError, match=r"'broken'.*cannot load"):
         load_entry_point_hook("broken")
 
 

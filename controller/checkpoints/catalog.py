@@ -148,6 +148,7 @@ class CheckpointCatalog:
 
     def scan_tier(self, tier: Tier) -> list[CheckpointEntry]:
         fs, root = tier.filesystem()
+        fs.invalidate_cache(root)  # object-store listings are cached per filesystem instance: list afresh
         try:
             children = fs.ls(root, detail=True)
         except FileNotFoundError:

@@ -195,6 +195,7 @@ class TieredCheckpointer:
         deadline = time.monotonic() + self.commit_timeout_s
         markers: dict[int, dict[str, Any]] = {}
         while True:
+            fs.invalidate_cache(f"{directory}/{COMMIT_DIR}")
             try:
                 names = [posixpath.basename(p) for p in fs.ls(f"{directory}/{COMMIT_DIR}", detail=False)]
             except FileNotFoundError:
@@ -209,8 +210,6 @@ class TieredCheckpointer:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{target.kind} step {step}: {len(markers)} of {target.expected_ranks} ranks "
                                    f"committed within {self.commit_timeout_s}s; the checkpoint stays incomplete")
-            if hasattr(fs, "invalidate_cache"):
-                fs.invalidate_cache(f"{directory}/{COMMIT_DIR}")
             time.sleep(self.poll_s)
         files = tuple(ShardFile(m["rank"], m["path"], int(m["bytes"]), m["sha256"])
                       for _, m in sorted(markers.items()))
