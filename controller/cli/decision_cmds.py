@@ -102,6 +102,10 @@ def cmd_decisions(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     finally:
         log.close()
+    if args.fmt == "table":  # the full record is in --json / --csv; the table keeps what fits a terminal
+        keep = ("decision_id", "incident_id", "job_id", "action", "cause", "exclude_nodes", "restore", "status",
+                "hooks")
+        rows = [{key: row[key] for key in keep} for row in rows]
     emit(rows, args.fmt, title=f"decisions in {args.store}")
     return 0
 
