@@ -136,6 +136,25 @@ def read_source(uri: str, storage_options: Mapping[str, Any] | None = None) -> b
         return handle.read()
 
 
+def load_rank_state(plan: RestorePlan, rank: int, *, storage_options: Mapping[str, Any] | None = None) -> Any:
+    """In the training script: this rank's saved state from a shard-layout plan, loaded with
+    torch.load(weights_only=True) (never an arbitrary unpickle). A DCP plan is loaded by the caller with
+    torch.distributed.checkpoint.load(state_dict, checkpoint_id=plan.uri), which needs the model's own state dict."""
+    if plan.fresh_start:
+        raise RestoreError(f"restore plan of {plan.decision_id}: no checkpoint survives; start from the beginning")
+    if plan.layout != "shards":
+        raise RestoreError(f"restore plan of {plan.decision_id}: layout {plan.layout!r}: load it with "
+                           f"torch.distributed.checkpoint.load(..., checkpoint_id={plan.uri!r})")
+    source = plan.source_for(rank)
+    if source is None:
+        raise RestoreError(f"restore plan of {plan.decision_id}: no source for rank {rank}")
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(read_source(source, storage_options)), weights_only=True)
+
+
 class RestoreHook:
     """A decision hook: for a failover, make the restore plan and hand it over (to `handoff` and/or `plan_file`).
     Escalations and drains restore nothing. Constructible from hook configuration:

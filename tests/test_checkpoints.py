@@ -26,6 +26,7 @@ from controller.checkpoints.tiered import TieredCheckpointer
 from controller.restore import (
     ENV_RESTORE_PLAN,
     RestoreHook,
+    load_rank_state,
     load_restore_plan,
     plan_restore,
     read_source,
@@ -354,6 +355,9 @@ def test_tiered_checkpointer_with_durable_tier_on_s3(tmp_path: Path, s3: dict) -
     assert plan.source_for(1) == "s3://ckpt/job-1/step-00000004/rank_1.pt"
     state = torch.load(io.BytesIO(read_source(plan.source_for(1), s3)), weights_only=True)
     assert state["step"] == 4 and torch.equal(state["w"], torch.full((3,), 41.0))
+    mixed = plan_restore(_failover(choice.to_restore()), catalog)
+    assert load_rank_state(mixed, 0, storage_options=s3)["step"] == 4  # from node-0's local tier
+    assert torch.equal(load_rank_state(mixed, 1, storage_options=s3)["w"], torch.full((3,), 41.0))  # from S3
 
 
 # --- the tiered checkpointer never exposes an incomplete checkpoint --------------------------------------------
