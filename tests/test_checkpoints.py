@@ -343,7 +343,9 @@ def test_tiered_checkpointer_with_durable_tier_on_s3(tmp_path: Path, s3: dict) -
     durable_steps = sorted(e.step for e in catalog.scan() if e.tier.kind is TierKind.DURABLE and e.complete)
     assert durable_steps == [2, 4]
     local_steps = sorted({e.step for e in catalog.scan() if e.tier.kind is TierKind.LOCAL and e.complete})
-    assert local_steps == [4, 5]  # keep_local=2
+    # keep_local=2 keeps 4 and 5; step 2 goes once its durable copy is committed, which can finish after the
+    # last local prune ran (a step is never pruned while its durable copy may still read it)
+    assert {4, 5} <= set(local_steps) <= {2, 4, 5}
 
     assert catalog.choose().step == 5
     choice = catalog.choose(exclude_nodes=["node-1"])
