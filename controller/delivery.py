@@ -20,9 +20,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from attribution.decision import Decision, DecisionError, DeliveryStatus
-from attribution.store import Store
-from collectors.layout import StoreLocation, resolve_store
+from collectors.layout import StoreError, StoreLocation, list_segments, resolve_store
 from collectors.sink import SegmentSink
 from controller.hooks.base import Hook, PermanentHookError, RetryPolicy
 
@@ -65,15 +67,24 @@ def _utc_now() -> dt.datetime:
 
 
 class DecisionLog:
-    """The decisions table: append rows (each flushed to a visible segment at once) and read the latest state."""
+    """The decisions table: append rows (each flushed to a visible segment at once) and read the latest state.
+
+    Reading is incremental: the log lists the table's segments and reads only those it has not seen (its own
+    appends are merged as they are written), so the cost of a submit does not grow with the table's history.
+    Segments written by other processes are picked up on the next read."""
+
+    _COLUMNS = ("decision_id", "hook", "delivery_status", "delivery_error", "document", "ts")
 
     def __init__(self, store: str | StoreLocation, *, clock: Callable[[], dt.datetime] = _utc_now) -> None:
         self.location = resolve_store(store, create=True)
         self.sink = SegmentSink(self.location, flush_rows=1_000_000, flush_age_s=3600.0)
         self.clock = clock
         self._last_ts: dt.datetime | None = None
-        self._lock = threading.Lock()
-        self._store: Store | None = None
+        self._lock = threading.RLock()
+        self._seen: set[str] = set()
+        self._latest: dict[tuple[str, str | None], dict[str, Any]] = {}  # (decision_id, hook) -> latest row
+        self._documents: dict[str, Decision] = {}
+        self._order: dict[str, dt.datetime] = {}  # decision_id -> first persisted ts
 
     def _ts(self) -> dt.datetime:
         """Row timestamps strictly increase within this log, so 'latest row wins' is well defined."""
@@ -84,27 +95,73 @@ class DecisionLog:
             self._last_ts = now
             return now
 
-    def append(self, rows: Sequence[dict[str, Any]]) -> None:
-        self.sink.write("decisions", list(rows))
-        self.sink.flush("decisions")
+    def _merge(self, row: dict[str, Any]) -> None:
+        decision_id = row["decision_id"]
+        if decision_id is None:
+            return
+        key = (decision_id, row["hook"])
+        current = self._latest.get(key)
+        if current is None or row["ts"] >= current["ts"]:
+            self._latest[key] = {k: row.get(k) for k in self._COLUMNS}
+        if decision_id not in self._documents and row.get("document"):
+            try:
+                self._documents[decision_id] = Decision.from_json(row["document"],
+                                                                  source=f"decisions row {decision_id}")
+            except DecisionError as exc:
+                log.warning("%s", exc)
+        first = self._order.get(decision_id)
+        if first is None or row["ts"] < first:
+            self._order[decision_id] = row["ts"]
 
-    def persist(self, decision: Decision, hook_names: Sequence[str]) -> list[str]:
+    def append(self, rows: Sequence[dict[str, Any]]) -> None:
+        with self._lock:
+            self.sink.write("decisions", list(rows))
+            for result in self.sink.flush("decisions"):
+                self._seen.update(result.paths)
+            for row in rows:
+                self._merge(row)
+
+    def _sync(self) -> None:
+        """Read the segments written since the last read (by anyone)."""
+        try:
+            paths = list_segments(self.location, "decisions")
+        except OSError as exc:
+            raise StoreError(f"store {self.location.url!r}: cannot list decisions: {exc}") from None
+        for path in paths:
+            if path in self._seen:
+                continue
+            try:
+                with self.location.fs.open(path, "rb") as handle:
+                    table = pq.read_table(handle, columns=list(self._COLUMNS))
+            except FileNotFoundError:
+                continue  # compacted away under us: its rows are in the compacted segment
+            except (OSError, pa.ArrowException) as exc:
+                log.warning("decisions segment %s: unreadable, skipped: %s", path, exc)
+                continue
+            for row in table.to_pylist():
+                self._merge(row)
+            self._seen.add(path)
+
+    def persist(self, decision: Decision, hook_names: Sequence[str]) -> tuple[Decision, list[str]]:
         """Write the decision (pending) unless it is already in the table; add a pending row for every hook that
-        has none yet. Returns the hooks still to deliver to (not yet delivered). Flushed before it returns."""
-        existing = self.records([decision.decision_id]).get(decision.decision_id)
-        rows = []
-        if existing is None:
-            rows.append(decision.to_row(status=DeliveryStatus.PENDING, hook=None, ts=self._ts()))
-            known: dict[str, DeliveryStatus] = {}
-        else:
-            decision = existing.decision  # the decision first persisted stays the decision of that incident
-            known = existing.hooks
-        for name in hook_names:
-            if name not in known:
-                rows.append(decision.to_row(status=DeliveryStatus.PENDING, hook=name, ts=self._ts()))
-        if rows:
-            self.append(rows)
-        return [name for name in hook_names if known.get(name) is not DeliveryStatus.DELIVERED]
+        has none yet. Returns the decision as persisted (the first one written for that incident stays its
+        decision) and the hooks still to deliver to. Flushed before it returns."""
+        with self._lock:
+            self._sync()
+            existing = self._record(decision.decision_id)
+            rows = []
+            if existing is None:
+                rows.append(decision.to_row(status=DeliveryStatus.PENDING, hook=None, ts=self._ts()))
+                known: dict[str, DeliveryStatus] = {}
+            else:
+                decision = existing.decision
+                known = existing.hooks
+            for name in hook_names:
+                if name not in known:
+                    rows.append(decision.to_row(status=DeliveryStatus.PENDING, hook=name, ts=self._ts()))
+            if rows:
+                self.append(rows)
+            return decision, [name for name in hook_names if known.get(name) is not DeliveryStatus.DELIVERED]
 
     def record(self, decision: Decision, result: DeliveryResult) -> None:
         row = decision.to_row(status=result.status, hook=result.hook, ts=self._ts())
@@ -112,52 +169,36 @@ class DecisionLog:
         row["delivery_attempts"] = result.attempts
         self.append([row])
 
-    def _open_store(self) -> Store:
-        if self._store is None:
-            self._store = Store(self.location)
-        else:
-            self._store.refresh(("decisions",))
-        return self._store
+    def _record(self, decision_id: str) -> DecisionRecord | None:
+        decision = self._documents.get(decision_id)
+        if decision is None:
+            return None
+        hooks: dict[str, DeliveryStatus] = {}
+        errors: dict[str, str | None] = {}
+        for (row_id, hook), row in self._latest.items():
+            if row_id != decision_id or hook is None:
+                continue
+            try:
+                hooks[hook] = DeliveryStatus(row["delivery_status"])
+            except ValueError:
+                hooks[hook] = DeliveryStatus.UNKNOWN
+            errors[hook] = row["delivery_error"]
+        return DecisionRecord(decision, hooks, errors, self._order.get(decision_id))
 
     def records(self, decision_ids: Sequence[str] | None = None) -> dict[str, DecisionRecord]:
-        """decision_id -> its latest state (from the table)."""
-        store = self._open_store()
-        where, params = "", []
-        if decision_ids is not None:
-            if not decision_ids:
-                return {}
-            where = "WHERE decision_id IN (" + ", ".join("?" for _ in decision_ids) + ")"
-            params = list(decision_ids)
-        rows = store.query(f"""
-            SELECT decision_id, hook, delivery_status, delivery_error, document, ts FROM decisions {where}
-            QUALIFY row_number() OVER (PARTITION BY decision_id, coalesce(hook, '') ORDER BY ts DESC) = 1
-            ORDER BY ts""", params).to_pylist()
-        records: dict[str, DecisionRecord] = {}
-        for row in rows:
-            decision_id = row["decision_id"]
-            if decision_id not in records:
-                try:
-                    decision = Decision.from_json(row["document"], source=f"decisions row {decision_id}")
-                except DecisionError as exc:
-                    log.warning("%s", exc)
-                    continue
-                records[decision_id] = DecisionRecord(decision, {}, {}, None)
-            record = records[decision_id]
-            if row["hook"] is None:
-                records[decision_id] = DecisionRecord(record.decision, record.hooks, record.errors, row["ts"])
-            else:
-                try:
-                    status = DeliveryStatus(row["delivery_status"])
-                except ValueError:
-                    status = DeliveryStatus.UNKNOWN
-                record.hooks[row["hook"]] = status
-                record.errors[row["hook"]] = row["delivery_error"]
-        return records
+        """decision_id -> its latest state, in the order decisions were first persisted."""
+        with self._lock:
+            self._sync()
+            ids = decision_ids if decision_ids is not None else sorted(self._documents, key=lambda i: self._order[i])
+            records = {}
+            for decision_id in ids:
+                record = self._record(decision_id)
+                if record is not None:
+                    records[decision_id] = record
+            return records
 
     def close(self) -> None:
         self.sink.close()
-        if self._store is not None:
-            self._store.close()
 
 
 class Deliverer:
@@ -177,9 +218,7 @@ class Deliverer:
 
     def submit(self, decision: Decision) -> list[DeliveryResult]:
         """Persist `decision` (before anything else), then deliver it to every hook that does not have it."""
-        todo = set(self.log.persist(decision, [hook.name for hook in self.hooks]))
-        record = self.log.records([decision.decision_id]).get(decision.decision_id)
-        persisted = record.decision if record is not None else decision
+        persisted, todo = self.log.persist(decision, [hook.name for hook in self.hooks])
         return [self._deliver(hook, persisted) for hook in self.hooks if hook.name in todo]
 
     def redeliver(self) -> list[DeliveryResult]:
