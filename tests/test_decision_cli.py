@@ -91,3 +91,14 @@ def test_cli_errors_are_one_line_and_nonzero(setup: dict, tmp_path: Path, capsys
     assert "expected local, peer or durable" in capsys.readouterr().err
     assert main(["deliver", "--store", setup["store"], "--hooks", str(tmp_path / "missing.yaml")]) == 2
     assert main(["decisions", "--store", str(tmp_path / "no-store")]) == 2
+
+
+def test_hooks_from_arguments(setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["decide", "--store", setup["store"], "--json"]) == 0
+    capsys.readouterr()
+    drop = tmp_path / "drop"
+    assert main(["deliver", "--store", setup["store"], "--drop-dir", str(drop), "--json"]) == 0
+    assert {(r["hook"], r["status"]) for r in json.loads(capsys.readouterr().out)} == {("file-0", "delivered")}
+    assert len(list(drop.glob("dec-*.json"))) == 2
+    assert main(["deliver", "--store", setup["store"]]) == 2
+    assert "no hooks configured" in capsys.readouterr().err

@@ -223,3 +223,18 @@ def test_decision_persisted_without_hooks_is_delivered_later(tmp_path: Path, sto
                                                                           DeliveryStatus.DELIVERED)]
     deliverer.close()
     assert (spool / f"{decision.decision_id}.json").exists()
+
+
+def test_example_hooks_file_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from attribution.rulefile import validate_against
+    from controller.hooks.config import HOOKS_SCHEMA
+    from tests.conftest import REPO_ROOT
+
+    path = REPO_ROOT / "rules" / "hooks.example.yaml"
+    document = yaml.safe_load(path.read_text())
+    validate_against(document, HOOKS_SCHEMA, str(path))
+    monkeypatch.setenv("FAULTLENS_WEBHOOK_SECRET", "x")
+    built = hooks_from_config([h for h in document["hooks"] if h["type"] != "entry_point"], source=str(path))
+    assert [h.name for h in built] == ["controller", "requeue", "spool"]

@@ -16,7 +16,7 @@ from collectors.layout import StoreError
 from controller.checkpoints import CheckpointCatalog, TierError, parse_tiers
 from controller.cli.common import CliError, add_format_args, add_store_arg, emit
 from controller.delivery import DecisionLog, Deliverer
-from controller.hooks import load_hooks
+from controller.hooks import hooks_from_config, load_hooks
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,8 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_format_args(decide)
     decide.add_argument("--job", help="only this job's incidents")
     decide.add_argument("--policy", help="policy file (default rules/policy.yaml)")
-    decide.add_argument("--hooks", help="hooks YAML file; without it decisions are persisted, delivered later "
+    decide.add_argument("--hooks", help="hooks YAML file; without hooks decisions are persisted, delivered later "
                                         "by `faultlens deliver`")
+    _add_hook_args(decide)
     decide.add_argument("--tiers", nargs="+", metavar="TIER", help="checkpoint tiers for the restore choice: a "
                                                                    "YAML file or KIND[@NODE]=URL ...")
     decide.set_defaults(func=cmd_decide)
@@ -41,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     deliver = subparsers.add_parser("deliver", help="redeliver pending or failed decisions to the hooks")
     add_store_arg(deliver)
     add_format_args(deliver)
-    deliver.add_argument("--hooks", required=True, help="hooks YAML file")
+    deliver.add_argument("--hooks", help="hooks YAML file")
+    _add_hook_args(deliver)
     deliver.set_defaults(func=cmd_deliver)
 
     checkpoints = subparsers.add_parser("checkpoints", help="checkpoints in each tier and the restore that "
@@ -58,6 +60,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     checkpoints.add_argument("--job", help="job id for recorded rows")
     add_store_arg(checkpoints)
     checkpoints.set_defaults(func=cmd_checkpoints)
+
+
+def _add_hook_args(parser: argparse.ArgumentParser) -> None:
+    """Hooks from arguments (added to those of --hooks)."""
+    group = parser.add_argument_group("hooks from arguments")
+    group.add_argument("--webhook", action="append", default=[], metavar="URL",
+                       help="POST each decision here, signed with the secret in --webhook-secret-env")
+    group.add_argument("--webhook-secret-env", default="FAULTLENS_WEBHOOK_SECRET", metavar="VAR",
+                       help="environment variable holding the webhook's HMAC secret (default: %(default)s)")
+    group.add_argument("--command", dest="hook_command", action="append", default=[], metavar="CMD",
+                       help="run CMD with the decision JSON on stdin")
+    group.add_argument("--drop-dir", action="append", default=[], metavar="DIR",
+                       help="write <decision_id>.json into DIR")
+    group.add_argument("--entry-point", action="append", default=[], metavar="NAME",
+                       help="a hook installed in the entry-point group faultlens.hooks")
+
+
+def _hook_items(args: argparse.Namespace) -> list[dict]:
+    items: list[dict] = []
+    for index, url in enumerate(args.webhook):
+        items.append({"type": "webhook", "name": f"webhook-{index}", "url": url,
+                      "secret_env": args.webhook_secret_env})
+    for index, command in enumerate(args.hook_command):
+        items.append({"type": "command", "name": f"command-{index}", "command": command})
+    for index, directory in enumerate(args.drop_dir):
+        items.append({"type": "file", "name": f"file-{index}", "directory": directory})
+    for name in args.entry_point:
+        items.append({"type": "entry_point", "name": name, "entry_point": name})
+    return items
 
 
 def _open_store(url: str) -> Store:
@@ -119,13 +150,16 @@ def _catalog(specs: list[str] | None, job: str | None = None) -> CheckpointCatal
         raise CliError(str(exc)) from None
 
 
-def _hooks(path: str | None) -> list:
-    if path is None:
-        return []
+def _hooks(args: argparse.Namespace) -> list:
     try:
-        return load_hooks(path)
+        hooks = load_hooks(args.hooks) if args.hooks else []
+        hooks += hooks_from_config(_hook_items(args), source="arguments")
     except RuleFileError as exc:
         raise CliError(str(exc)) from None
+    names = [hook.name for hook in hooks]
+    if len(set(names)) != len(names):
+        raise CliError(f"hook names must be unique across --hooks and arguments: {', '.join(names)}")
+    return hooks
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
@@ -133,7 +167,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
         config = load_policy(args.policy)
     except PolicyError as exc:
         raise CliError(str(exc)) from None
-    hooks = _hooks(args.hooks)
+    hooks = _hooks(args)
     catalog = _catalog(args.tiers)
     store = _open_store(args.store)
     deliverer = Deliverer(args.store, hooks)
@@ -169,9 +203,10 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_deliver(args: argparse.Namespace) -> int:
-    hooks = _hooks(args.hooks)
+    hooks = _hooks(args)
     if not hooks:
-        raise CliError(f"{args.hooks}: hooks: no hooks configured, nothing to deliver to")
+        raise CliError("no hooks configured (--hooks FILE, --webhook, --command, --drop-dir, --entry-point): "
+                       "nothing to deliver to")
     _open_store(args.store).close()
     deliverer = Deliverer(args.store, hooks)
     try:
