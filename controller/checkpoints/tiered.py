@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 import fsspec
 
 from controller.checkpoints.catalog import COMMIT_DIR, STEP_DIR_RE
-from controller.checkpoints.fsutil import atomic_write
+from controller.checkpoints.fsutil import atomic_write, is_local
 from controller.checkpoints.manifest import MANIFEST_NAME, Manifest, ShardFile, parse_manifest
 
 log = logging.getLogger(__name__)
@@ -151,10 +151,7 @@ class TieredCheckpointer:
         fs, directory = self._dir(target, step)
         name = shard_name(self.rank)
         fs.makedirs(directory, exist_ok=True)
-        if target.kind == "local":
-            atomic_write(fs, f"{directory}/{name}", data)
-        else:
-            fs.pipe_file(f"{directory}/{name}", data)
+        atomic_write(fs, f"{directory}/{name}", data)
         marker = {"rank": self.rank, "path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                   "node": self.node}
         atomic_write(fs, f"{directory}/{COMMIT_DIR}/rank_{self.rank}.json", json.dumps(marker).encode())
@@ -185,9 +182,20 @@ class TieredCheckpointer:
                 self.errors.append(message)
 
     def _replicate(self, target: _Target, step: int) -> None:
+        """Copy this rank's local shard to `target` (streamed: a multipart upload on object stores), then write
+        its marker with the size and sha256 recorded when the shard was written locally. The copy is verified
+        against that sha256 when a restore reads it."""
         local_fs, local_dir = self._dir(self.local, step)
-        data = local_fs.cat_file(f"{local_dir}/{shard_name(self.rank)}")
-        self._write_shard(target, step, data)
+        name = shard_name(self.rank)
+        source = f"{local_dir}/{name}"
+        marker = json.loads(local_fs.cat_file(f"{local_dir}/{COMMIT_DIR}/rank_{self.rank}.json"))
+        fs, directory = self._dir(target, step)
+        fs.makedirs(directory, exist_ok=True)
+        if is_local(local_fs):
+            fs.put_file(source, f"{directory}/{name}")
+        else:
+            fs.pipe_file(f"{directory}/{name}", local_fs.cat_file(source))
+        atomic_write(fs, f"{directory}/{COMMIT_DIR}/rank_{self.rank}.json", json.dumps(marker).encode())
 
     def _commit(self, target: _Target, step: int) -> None:
         """Wait for every expected rank's marker, then write the manifest (last, atomically)."""
