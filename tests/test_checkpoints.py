@@ -412,3 +412,28 @@ def test_concurrent_observer_never_sees_an_incomplete_checkpoint_as_complete(tmp
     assert all(status is ChecksumStatus.VERIFIED and ranks == frozenset({0, 1}) for _, _, status, ranks in seen)
     final = {(e.tier.name, e.step) for e in catalog.scan() if e.complete}
     assert final == {("local@node-0", s) for s in range(1, 9)} | {("durable", s) for s in (2, 4, 6, 8)}
+
+
+def test_tiered_checkpointer_peer_replicas_survive_a_node_exclusion(tmp_path: Path) -> None:
+    """2 nodes x 2 ranks; each node replicates its shards to the other node's storage every 2 steps."""
+    checkpointers = []
+    for rank in range(4):
+        node, other = (f"node-{rank // 2}", f"node-{1 - rank // 2}")
+        checkpointers.append(TieredCheckpointer(
+            local=str(tmp_path / node / "local"), peer=str(tmp_path / other / f"peer-of-{node}"), rank=rank,
+            world_size=4, local_rank=rank % 2, local_world_size=2, node=node, every_local=1, every_durable=2,
+            keep_local=0, serialize=_bytes_serializer))
+    for step in range(1, 6):
+        for c in checkpointers:
+            c.save(step, {"rank": c.rank, "step": step})
+    for c in checkpointers:
+        c.close(timeout=30)
+    assert [c.errors for c in checkpointers] == [[]] * 4
+    tiers = [Tier(TierKind.LOCAL, str(tmp_path / f"node-{n}" / "local"), f"node-{n}") for n in range(2)]
+    tiers += [Tier(TierKind.PEER, str(tmp_path / f"node-{1 - n}" / f"peer-of-node-{n}"), f"node-{1 - n}")
+              for n in range(2)]
+    catalog = CheckpointCatalog(tiers)
+    assert catalog.choose().step == 5 and catalog.choose().tier == "local"
+    choice = catalog.choose(exclude_nodes=["node-0"])  # node-0's ranks come back from their replica on node-1
+    assert choice.step == 4 and choice.tier == "local+peer"
+    assert {s.rank: s.node for s in choice.sources} == {0: "node-1", 1: "node-1", 2: "node-1", 3: "node-1"}
