@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import tempfile
 import threading
@@ -19,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from attribution.incident import Cause, Evidence, Incident, IncidentClass
 from attribution.policy import DecisionPolicy, load_policy
+from bench.common import emit, machine
 from controller.delivery import Deliverer
 from controller.hooks import RetryPolicy, WebhookHook, sign
 
@@ -75,8 +75,7 @@ def main() -> None:
     for name, values in (("faultlens_persist_then_deliver", durable), ("post_without_persisting", plain)):
         results[name] = {"p50_ms": round(statistics.median(values) * 1000, 2),
                          "p95_ms": round(_pct(values, 0.95) * 1000, 2)}
-    print(json.dumps({"benchmark": "decision_delivery", "decisions": args.decisions, "results": results},
-                     indent=1))
+    emit("decision_delivery", {"decisions": args.decisions, "results": results, "machine": machine()})
 
 
 if __name__ == "__main__":

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from bench.common import emit, machine
 from controller.checkpoints import CheckpointCatalog, Tier, TierKind
 from controller.checkpoints.manifest import Manifest, ShardFile
 
@@ -79,10 +79,10 @@ def main() -> None:
                 elapsed, step = fn(tiers)
                 times.append(elapsed)
             results[name] = {"median_s": round(statistics.median(times), 4), "chosen_step": step}
-    print(json.dumps({"benchmark": "restore_choice", "steps": args.steps, "ranks": args.ranks,
-                      "shard_kib": args.shard_kib, "bytes_in_tiers": total, "results": results,
-                      "speedup": round(results["eager_verify_all"]["median_s"] / results["faultlens_lazy"]["median_s"],
-                                       1)}, indent=1))
+    emit("restore_choice", {"steps": args.steps, "ranks": args.ranks, "shard_kib": args.shard_kib,
+                            "bytes_in_tiers": total, "results": results, "machine": machine(),
+                            "speedup": round(results["eager_verify_all"]["median_s"]
+                                             / results["faultlens_lazy"]["median_s"], 1)})
 
 
 if __name__ == "__main__":
