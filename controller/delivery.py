@@ -132,14 +132,16 @@ class DecisionLog:
                 continue
             try:
                 with self.location.fs.open(path, "rb") as handle:
-                    table = pq.read_table(handle, columns=list(self._COLUMNS))
+                    parquet = pq.ParquetFile(handle)
+                    present = set(parquet.schema_arrow.names)  # a segment of an older schema lacks new columns
+                    table = parquet.read(columns=[c for c in self._COLUMNS if c in present])
             except FileNotFoundError:
                 continue  # compacted away under us: its rows are in the compacted segment
             except (OSError, pa.ArrowException) as exc:
                 log.warning("decisions segment %s: unreadable, skipped: %s", path, exc)
                 continue
             for row in table.to_pylist():
-                self._merge(row)
+                self._merge({column: row.get(column) for column in self._COLUMNS})
             self._seen.add(path)
 
     def persist(self, decision: Decision, hook_names: Sequence[str]) -> tuple[Decision, list[str]]:

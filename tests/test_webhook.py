@@ -222,3 +222,21 @@ def test_payload_is_the_canonical_contract(receiver, store_dir: Path) -> None:
     document = json.loads(state.requests[0]["body"])
     assert document["schema"] == "faultlens.decision/1"
     assert document["decision_id"] == decision.decision_id
+
+
+def test_decisions_written_by_an_older_schema_are_still_read(store_dir: Path) -> None:
+    """A segment without the delivery_error/delivery_attempts columns (schema before they were added)."""
+    import pyarrow as pa
+
+    from collectors.layout import partition_dir, resolve_store, write_segment
+    from collectors.schema import TABLES
+
+    decision = make_decision(11)
+    old_schema = pa.schema([f for f in TABLES["decisions"] if f.name not in ("delivery_error", "delivery_attempts")])
+    row = decision.to_row()
+    table = pa.Table.from_pylist([{f.name: row.get(f.name) for f in old_schema}], schema=old_schema)
+    location = resolve_store(str(store_dir))
+    write_segment(location, partition_dir(location, "decisions", "job-1", "2026-11-30", "node-1"), table)
+    log = DecisionLog(store_dir)
+    assert log.records()[decision.decision_id].decision == decision
+    log.close()
