@@ -437,3 +437,20 @@ def test_tiered_checkpointer_peer_replicas_survive_a_node_exclusion(tmp_path: Pa
     choice = catalog.choose(exclude_nodes=["node-0"])  # node-0's ranks come back from their replica on node-1
     assert choice.step == 4 and choice.tier == "local+peer"
     assert {s.rank: s.node for s in choice.sources} == {0: "node-1", 1: "node-1", 2: "node-1", 3: "node-1"}
+
+
+def test_tiers_yaml_file(tmp_path: Path) -> None:
+    from controller.checkpoints import TierError, parse_tiers
+
+    path = tmp_path / "tiers.yaml"
+    path.write_text("format_version: 1\ntiers:\n  - {kind: local, node: node-0, url: /nvme/ckpt}\n"
+                    "  - {kind: durable, url: 's3://bucket/job', storage_options: {anon: false}}\n")
+    tiers = parse_tiers([str(path)])
+    assert tiers[0] == Tier(TierKind.LOCAL, "/nvme/ckpt", "node-0")
+    assert dict(tiers[1].storage_options) == {"anon": False}
+    path.write_text("format_version: 1\ntiers:\n  - {kind: local, url: /nvme/ckpt}\n")
+    with pytest.raises(TierError, match=r"tiers\[0\].*needs the node"):
+        parse_tiers([str(path)])
+    path.write_text("format_version: 1\ntiers:\n  - {kind: tape, url: /dev/st0}\n")
+    with pytest.raises(TierError, match=r"tiers\.yaml: tiers\[0\]\.kind: 'tape' is not one of"):
+        parse_tiers([str(path)])
