@@ -314,7 +314,8 @@ class CrashAttributor:
         secondary_line = self._secondary_summary(failures, primary)
         if primary is None:
             return self._no_primary(telemetry, job, attempt, failures, placement, secondary_line, now)
-        node = primary.node or (placement[primary.rank].node if primary.rank in placement else None)
+        # the ranks table (the collectors' node names, which GPU events carry too) over a report's host name
+        node = (placement[primary.rank].node if primary.rank in placement else None) or primary.node
         own = placement.get(primary.rank) if primary.rank is not None else None
         step = primary.step if primary.step is not None else _failure_step(telemetry.steps, attempt, primary.rank)
         evidence: list[Evidence] = list(primary.evidence)
@@ -326,7 +327,7 @@ class CrashAttributor:
 
         same = [f for f in failures if f is not primary and f.fingerprint and f.fingerprint == primary.fingerprint
                 and f.kind in (FailureKind.EXCEPTION, FailureKind.OOM)]
-        other_nodes = {f.node or (placement[f.rank].node if f.rank in placement else None) for f in same} - {node}
+        other_nodes = {(placement[f.rank].node if f.rank in placement else None) or f.node for f in same} - {node}
         other_nodes.discard(None)
         repeats = self._repeats(job, attempt, primary, per_attempt, telemetry.steps)
         findings = hardware_findings(telemetry.gpu_events, node, primary.ts, self.rules, self.catalog, own)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_rows import T0, at, event, ranks_rows, steps_rows, write
+from tests.engine_rows import T0, at, event, ranks_rows, steps_rows, write
 
 from attribution.crash import CrashAttributor, FailureKind
 from attribution.engine import Engine, attribute

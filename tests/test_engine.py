@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_rows import at, event, ranks_rows, steps_rows, write
+from tests.engine_rows import at, event, ranks_rows, steps_rows, write
 
 from attribution.engine import Engine, Follower, attribute, write_new_incidents
 from attribution.incident import Cause, IncidentClass

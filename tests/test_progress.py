@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_rows import at, event, ranks_rows, steps_rows, write
+from tests.engine_rows import at, event, ranks_rows, steps_rows, write
 
 from attribution.progress import ProgressMonitor
 from attribution.rules import load_thresholds

@@ -10,7 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
-from engine_rows import at, ranks_rows, steps_rows, write
+from tests.engine_rows import at, ranks_rows, steps_rows, write
 
 from attribution.engine import Engine, attribute
 from attribution.incident import Cause, IncidentClass
