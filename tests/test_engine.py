@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.engine_rows import at, event, ranks_rows, steps_rows, write
 
 from attribution.engine import Engine, Follower, attribute, write_new_incidents
 from attribution.incident import Cause, IncidentClass
@@ -17,6 +16,7 @@ from attribution.store import Store
 from collectors.layout import resolve_store
 from collectors.xid_catalog import load_xid_catalog
 from controller.cli.main import main
+from tests.engine_rows import at, event, ranks_rows, steps_rows, write
 
 CLOSED = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:15242"
 

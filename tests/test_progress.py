@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.engine_rows import at, event, ranks_rows, steps_rows, write
 
 from attribution.progress import ProgressMonitor
 from attribution.rules import load_thresholds
 from attribution.store import Store
 from attribution.telemetry import Telemetry, load_from_store
+from tests.engine_rows import at, event, ranks_rows, steps_rows, write
 
 
 def flat(rank: int, step: int) -> dict[str, float]:

@@ -10,12 +10,12 @@ import random
 from pathlib import Path
 
 import pytest
-from tests.engine_rows import at, ranks_rows, steps_rows, write
 
 from attribution.engine import Engine, attribute
 from attribution.incident import Cause, IncidentClass
 from attribution.rules import RulesError, load_thresholds
 from collectors.xid_catalog import load_xid_catalog
+from tests.engine_rows import at, ranks_rows, steps_rows, write
 
 
 @pytest.fixture(scope="module")
