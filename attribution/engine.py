@@ -260,8 +260,10 @@ class Follower:
         written = write_new_incidents(self.incident_store, found, self.known, self.sink)
         if written:
             written_at = self.wall()
+            jobs = {safe_value(incident.job_id or "_node") for incident in written}
+            triggers = {job: self._unclaimed.pop(job, None) for job in jobs}  # shared by one poll's incidents
             for incident in written:
-                trigger = self._unclaimed.pop(safe_value(incident.job_id or "_node"), None)
+                trigger = triggers[safe_value(incident.job_id or "_node")]
                 self.stats.lag.append(LagRecord(incident.incident_id, trigger.path if trigger else None,
                                                 trigger.landed_at if trigger else None,
                                                 trigger_seen if trigger and (trigger_seen := self._seen_at.get(

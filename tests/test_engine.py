@@ -16,7 +16,7 @@ from attribution.store import Store
 from collectors.layout import resolve_store
 from collectors.xid_catalog import load_xid_catalog
 from controller.cli.main import main
-from tests.engine_rows import at, event, ranks_rows, steps_rows, write
+from tests.engine_rows import at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 CLOSED = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:15242"
 
@@ -166,3 +166,29 @@ def test_now_must_be_a_time(store_dir: Path, capsys: pytest.CaptureFixture[str])
     assert "expected an ISO 8601 time" in capsys.readouterr().err
     assert main(["attribute", "--store", str(store_dir), "--now", "2026-11-30T12:00:00"]) == 0
     assert isinstance(dt.datetime.fromisoformat("2026-11-30T12:00:00"), dt.datetime)
+
+
+def test_follow_on_real_torchrun_artifacts_landing_one_after_the_other(torch_artifacts: dict[str, Path],
+                                                                       tmp_path: Path, engine: Engine) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    follower = Follower(str(live), engine=engine)
+    try:
+        assert follower.poll_once() == []
+        written = []
+        for scenario in ("crash_sigkill", "crash_exception"):
+            ingest_torch_artifacts(torch_artifacts[scenario], live)
+            for _ in range(60):
+                written += follower.poll_once()
+                if len(written) >= (1 if scenario == "crash_sigkill" else 3):
+                    break
+                follower._stop.wait(0.05)
+        for _ in range(5):
+            assert follower.poll_once() == []
+    finally:
+        follower.close()
+    by_job = sorted((i.job_id, i.attempt, i.culprit_ranks) for i in written)
+    assert by_job == [("faultlens-crash-exception", 0, (2,)), ("faultlens-crash-exception", 1, (2,)),
+                      ("faultlens-crash-sigkill", 0, (1,))]
+    assert len(incident_rows(live)) == 3
+    assert all(r.lag_s is not None for r in follower.stats.lag)
