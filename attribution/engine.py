@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from attribution.crash import CrashAttributor, HangTrigger
 from attribution.hardware import XidCatalogLike, default_xid_catalog
-from attribution.incident import Incident
+from attribution.health import HealthMonitor
+from attribution.incident import Incident, IncidentClass
 from attribution.progress import (
     DumpRequester,
     HangAnalyzer,
@@ -64,6 +65,7 @@ class Engine:
         self.progress = ProgressMonitor(self.thresholds.progress)
         self.hang = HangAttributor(self.crash_rules, self.catalog, analyzer, dump_requester)
         self.straggler = StragglerDetector(self.thresholds.straggler)
+        self.health = HealthMonitor(self.thresholds.health, self.crash_rules, self.catalog)
 
     def run_job(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | None, *,
                 settled: Callable[[str | None, int | None], bool] | None = None,
@@ -105,6 +107,8 @@ class Engine:
             job_as_of = as_of.get(job) if isinstance(as_of, dict) else as_of
             for incident in self.run_job(telemetry.for_job(job), now, job_as_of, **options):  # type: ignore[arg-type]
                 found.setdefault(incident.incident_id, incident)
+        for incident in self.health.attribute(telemetry.gpu_events, found.values(), now):
+            found.setdefault(incident.incident_id, incident)
         return sorted(found.values(), key=lambda i: (i.first_signal_ts, i.incident_id))
 
 
@@ -133,6 +137,15 @@ def attribute(store: Store | str | StoreLocation, job: str | None = None, now: d
 def existing_incident_ids(store: Store) -> set[str]:
     table = store.query("SELECT DISTINCT incident_id FROM incidents WHERE incident_id IS NOT NULL")
     return set(table.column("incident_id").to_pylist()) if table.num_rows else set()
+
+
+def existing_failures(store: Store) -> list[Incident]:
+    """Crash and hang incidents already in the store (they explain GPU events: no health incident for those)."""
+    table = store.query("SELECT * FROM incidents WHERE class IN ('crash', 'collective_hang')")
+    seen: dict[str, Incident] = {}
+    for row in table.to_pylist():
+        seen.setdefault(row["incident_id"], Incident.from_row(row))
+    return list(seen.values())
 
 
 def write_new_incidents(store: Store | str | StoreLocation, incidents: Iterable[Incident],
@@ -206,6 +219,8 @@ class Follower:
         self.monotonic = monotonic
         self.wall = wall
         self.known = existing_incident_ids(self.incident_store)
+        self._failures: list[Incident] = existing_failures(self.incident_store)
+        self._last_health = float("-inf")
         self.stats = FollowStats()
         self._arrivals: dict[tuple[str | None, int | None], float] = {}
         self._frames: dict[str, pd.DataFrame] = {}
@@ -238,7 +253,8 @@ class Follower:
         progress_due = tick - self._last_progress >= self.config.progress_check_s or bool(
             {"steps", "process_events", "collectives"} & changed)
         straggler_due = self._steps_changed and tick - self._last_straggler >= self.config.straggler_check_s
-        if not (crash_due or progress_due or straggler_due):
+        health_due = "gpu_events" in changed or tick - self._last_health >= self.config.progress_check_s
+        if not (crash_due or progress_due or straggler_due or health_due):
             return []
         telemetry = self._telemetry()
         now = self.clock()
@@ -247,6 +263,13 @@ class Follower:
             found.extend(self.engine.run_job(
                 telemetry.for_job(job), now, now, settled=self._settled, already=self.known,
                 hangs=progress_due or crash_due, stragglers=straggler_due))
+        self._failures.extend(i for i in found if i.incident_class in (IncidentClass.CRASH,
+                                                                       IncidentClass.COLLECTIVE_HANG))
+        if health_due:
+            self._last_health = tick
+            settle = dt.timedelta(seconds=self.engine.thresholds.health.settle_s)
+            found.extend(self.engine.health.attribute(telemetry.gpu_events, self._failures, now,
+                                                      settled_before=now - settle))
         if crash_due:
             # an attempt whose settle time ends after this evaluation began may have been skipped: look again
             self._arrivals = {key: arrived for key, arrived in self._arrivals.items()

@@ -193,9 +193,10 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     events = to_frame(query(f"SELECT * FROM process_events {where}", params), "process_events")
     collectives = query(f"SELECT * FROM collectives {where}", params)
     nodes = job_nodes(ranks, steps, events)
-    if nodes:
-        job_clause = " OR job_id = ?" if job is not None else ""
-        gpu_events = to_frame(query(f"SELECT * FROM gpu_events WHERE node IN ({_in_list(nodes)}){job_clause}",
+    if job is None:  # every node's events: health incidents concern nodes without a job too
+        gpu_events = to_frame(query("SELECT * FROM gpu_events"), "gpu_events")
+    elif nodes:
+        gpu_events = to_frame(query(f"SELECT * FROM gpu_events WHERE node IN ({_in_list(nodes)}) OR job_id = ?",
                                     params), "gpu_events")
     else:
         gpu_events = to_frame(None, "gpu_events")

@@ -13,7 +13,9 @@ from attribution.engine import Engine, Follower, attribute, write_new_incidents
 from attribution.incident import Cause, IncidentClass
 from attribution.maintenance import compact
 from attribution.store import Store
+from collectors.kmsg import read_kernel_log
 from collectors.layout import resolve_store
+from collectors.source import NodeIdentity
 from collectors.xid_catalog import load_xid_catalog
 from controller.cli.main import main
 from tests.engine_rows import at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
@@ -192,3 +194,44 @@ def test_follow_on_real_torchrun_artifacts_landing_one_after_the_other(torch_art
                       ("faultlens-crash-sigkill", 0, (1,))]
     assert len(incident_rows(live)) == 3
     assert all(r.lag_s is not None for r in follower.stats.lag)
+
+
+def kernel_log(tmp_path: Path, lines: list[str]) -> list[dict]:
+    log = tmp_path / "kern.log"
+    log.write_text("\n".join(lines) + "\n")
+    return read_kernel_log(log, NodeIdentity(node="unused"), host_from_line=True).rows
+
+
+def test_critical_gpu_events_without_a_failure_become_one_health_incident_per_gpu(store_dir: Path, tmp_path: Path,
+                                                                                  engine: Engine) -> None:
+    dbe = ("NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error "
+           "(DBE) has been detected on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1.")
+    write(store_dir, "gpu_events", kernel_log(tmp_path, [
+        f"{at(10).isoformat()} node-07 kernel: {dbe}",
+        f"{at(70).isoformat()} node-07 kernel: {dbe}",  # the same GPU again: the same incident
+        f"{at(20).isoformat()} node-03 kernel: NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from "
+        "0x0 (None) to 0x2 (Node Reboot Required)",
+        f"{at(30).isoformat()} node-05 kernel: NVRM: Xid (PCI:0000:00:07): 13, pid=1, name=python3, Graphics "
+        "SM Warp Exception",  # an application error: the GPU is healthy
+    ]))
+
+    found = {i.culprit_nodes[0]: i for i in attribute(str(store_dir), engine=engine)}
+
+    assert set(found) == {"node-07", "node-03"}
+    assert all(i.incident_class == IncidentClass.HEALTH for i in found.values())
+    assert found["node-07"].cause == Cause.HBM and found["node-07"].culprit_gpus == ("00000000:07:00.0",)
+    assert found["node-07"].first_signal_ts == at(10)
+    assert len([e for e in found["node-07"].evidence if "Xid 48" in e.text]) == 2
+    assert found["node-03"].rule == "health-recovery-action"
+
+
+def test_a_gpu_event_that_a_crash_explains_is_no_health_incident(store_dir: Path, tmp_path: Path,
+                                                                 engine: Engine) -> None:
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
+    write(store_dir, "process_events", crash_rows())
+    write(store_dir, "gpu_events", kernel_log(tmp_path, [
+        f"{at(95).isoformat()} node-00 kernel: NVRM: Xid (PCI:0000:1a:00): 79, GPU has fallen off the bus."]))
+
+    found = attribute(str(store_dir), engine=engine)
+
+    assert [(i.incident_class, i.cause) for i in found] == [(IncidentClass.CRASH, Cause.PCIE)]
