@@ -118,11 +118,10 @@ class StragglerDetector:
         if rows.empty:
             return None
         rows = rows.assign(step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64))
-        compute = rows.pivot_table(index="step", columns="rank", values="_compute", aggfunc="mean").sort_index()
-        section_frames = {
-            c[len(SECTION_PREFIX):]: rows.pivot_table(index="step", columns="rank", values=c, aggfunc="mean")
-            .reindex(index=compute.index, columns=compute.columns)
-            for c in sections if rows[c].notna().any()}
+        matrix = _Matrix(rows["step"].to_numpy(), rows["rank"].to_numpy())
+        compute = matrix.frame(rows["_compute"].to_numpy(dtype=float))
+        section_frames = {c[len(SECTION_PREFIX):]: matrix.frame(rows[c].to_numpy(dtype=float))
+                          for c in sections if rows[c].notna().any()}
         groups, group_kind = self._groups(list(compute.columns), placement)
         ratio = pd.DataFrame(np.nan, index=compute.index, columns=compute.columns)
         flagged = pd.DataFrame(False, index=compute.index, columns=compute.columns)
@@ -438,7 +437,7 @@ class StragglerDetector:
         features = features.loc[:, features.notna().all() & (features.std(ddof=0) > 0)]
         if features.empty or len(features) < max(o.min_nodes, 2 * features.shape[1] + 2):
             return []
-        from scipy.stats import chi2
+        from scipy.special import chdtri  # the chi-square quantile, without importing all of scipy.stats
         from sklearn.covariance import MinCovDet
 
         standardised = (features - features.median()) / (features.quantile(0.75) - features.quantile(0.25) + 1e-9)
@@ -446,7 +445,7 @@ class StragglerDetector:
             warnings.simplefilter("ignore")
             estimate = MinCovDet(random_state=o.random_state).fit(standardised.to_numpy())
         distances = estimate.mahalanobis(standardised.to_numpy())
-        cutoff = chi2.ppf(o.chi2_quantile, df=features.shape[1])
+        cutoff = float(chdtri(features.shape[1], 1.0 - o.chi2_quantile))
         return [str(node) for node, d in zip(features.index, distances, strict=True) if d > cutoff]
 
     # ------------------------------------------------------------ incidents
@@ -519,6 +518,25 @@ class StragglerDetector:
             summary=f"straggler: {who} persistently slower than peers from step {first_step}; cause {cause.value}",
             job_id=job, attempt=attempt, culprit_nodes=tuple(nodes), culprit_ranks=tuple(finding.ranks),
             culprit_gpus=tuple(sorted(set(gpus))), evidence=tuple(evidence[:12]), step=finding.step)
+
+
+class _Matrix:
+    """Scatters per-row values into a (step x rank) frame; a (step, rank) given twice gets the mean."""
+
+    def __init__(self, steps: np.ndarray, ranks: np.ndarray) -> None:
+        self.steps, step_of = np.unique(steps, return_inverse=True)
+        self.ranks, rank_of = np.unique(ranks, return_inverse=True)
+        self.cells = step_of * len(self.ranks) + rank_of
+        self.shape = (len(self.steps), len(self.ranks))
+
+    def frame(self, values: np.ndarray) -> pd.DataFrame:
+        finite = ~np.isnan(values)
+        size = self.shape[0] * self.shape[1]
+        total = np.bincount(self.cells[finite], weights=values[finite], minlength=size)
+        count = np.bincount(self.cells[finite], minlength=size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(count > 0, total / np.maximum(count, 1), np.nan).reshape(self.shape)
+        return pd.DataFrame(mean, index=pd.Index(self.steps, name="step"), columns=pd.Index(self.ranks, name="rank"))
 
 
 def _gpu_key(samples: pd.DataFrame) -> pd.Series:

@@ -54,16 +54,22 @@ def steps_frame(table: pa.Table) -> pd.DataFrame:
     array = sections.combine_chunks() if isinstance(sections, pa.ChunkedArray) else sections
     offsets = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
     start, stop = int(offsets[0]), int(offsets[-1])
-    keys = array.keys.slice(start, stop - start).to_numpy(zero_copy_only=False)
-    values = array.items.slice(start, stop - start).to_numpy(zero_copy_only=False).astype(np.float64)
-    if keys.size == 0:
+    if stop == start:
         return frame
+    encoded = pc.dictionary_encode(array.keys.slice(start, stop - start))
+    names = encoded.dictionary.to_pylist()
+    which = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    values = array.items.slice(start, stop - start).to_numpy(zero_copy_only=False).astype(np.float64)
     row_of_entry = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    long = pd.DataFrame({"row": row_of_entry, "section": keys, "seconds": values})
-    wide = long.pivot_table(index="row", columns="section", values="seconds", aggfunc="sum")
-    wide = wide.reindex(range(table.num_rows))
-    wide.columns = [f"{SECTION_PREFIX}{name}" for name in wide.columns]
-    return pd.concat([frame.reset_index(drop=True), wide.reset_index(drop=True)], axis=1)
+    cells = which * table.num_rows + row_of_entry
+    finite = ~np.isnan(values)
+    size = len(names) * table.num_rows
+    # a section named twice in one row is summed
+    wide = np.bincount(cells[finite], weights=values[finite], minlength=size).reshape(len(names), table.num_rows)
+    present = np.bincount(cells[finite], minlength=size).reshape(len(names), table.num_rows) > 0
+    wide[~present] = np.nan
+    columns = pd.DataFrame({f"{SECTION_PREFIX}{name}": wide[i] for i, name in enumerate(names)})
+    return pd.concat([frame.reset_index(drop=True), columns], axis=1)
 
 
 def section_columns(steps: pd.DataFrame) -> list[str]:
