@@ -48,6 +48,11 @@ _JOB_PART = re.compile(r"/job=([^/]+)/")
 TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
 
 
+def _tail_frame(table: pa.Table, name: str) -> pd.DataFrame:
+    frame = to_frame(table, name)
+    return frame[list(SAMPLE_COLUMNS)] if name == "gpu_samples" else frame
+
+
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -70,7 +75,7 @@ class Engine:
     def run_job(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | None, *,
                 settled: Callable[[str | None, int | None], bool] | None = None,
                 already: set[str] | frozenset[str] = frozenset(), hangs: bool = True,
-                stragglers: bool = True) -> list[Incident]:
+                stragglers: bool = True, straggler_last_steps: int | None = None) -> list[Incident]:
         """Incidents of the telemetry of one job. `already` holds incident ids reported before: their hang
         suspects are not analysed again (no second dump request)."""
         crash = self.crash.attribute(telemetry, now, settled)
@@ -90,7 +95,7 @@ class Engine:
                     continue
                 incidents[incident_id] = self.hang.attribute(suspect, telemetry, now)
         if stragglers:
-            for incident in self.straggler.attribute(telemetry, now):
+            for incident in self.straggler.attribute(telemetry, now, straggler_last_steps):
                 incidents.setdefault(incident.incident_id, incident)
         return list(incidents.values())
 
@@ -214,17 +219,18 @@ class Follower:
         self.incident_store = Store(store) if job is not None else self.store
         self.sink = sink or SegmentSink(self.store.location, flush_rows=1_000_000, flush_age_s=3600.0)
         self.tail = SegmentTail(self.store, TAILED_TABLES, retain_s=self.config.retain_s,
-                                max_rows=self.config.max_rows_per_table)
+                                max_rows=self.config.max_rows_per_table, to_frame=_tail_frame,
+                                arrow_tables=("collectives",))
         self.clock = clock
         self.monotonic = monotonic
         self.wall = wall
         self.known = existing_incident_ids(self.incident_store)
         self._failures: list[Incident] = existing_failures(self.incident_store)
         self._last_health = float("-inf")
+        straggler = self.engine.thresholds.straggler
+        self._straggler_steps = 2 * straggler.window_steps + straggler.self_baseline_steps
         self.stats = FollowStats()
         self._arrivals: dict[tuple[str | None, int | None], float] = {}
-        self._frames: dict[str, pd.DataFrame] = {}
-        self._stale: set[str] = set(TAILED_TABLES)  # tables whose frames must be rebuilt
         self._steps_changed = False
         self._last_progress = float("-inf")
         self._last_straggler = float("-inf")
@@ -245,7 +251,6 @@ class Follower:
         tick = self.monotonic()
         self._remember(arrived, seen_at)
         changed = {segment.table for segment in arrived}
-        self._stale |= changed
         self._steps_changed |= "steps" in changed
         if "process_events" in changed:
             self._note_arrivals(arrived)
@@ -262,7 +267,8 @@ class Follower:
         for job in telemetry.jobs:
             found.extend(self.engine.run_job(
                 telemetry.for_job(job), now, now, settled=self._settled, already=self.known,
-                hangs=progress_due or crash_due, stragglers=straggler_due))
+                hangs=progress_due or crash_due, stragglers=straggler_due,
+                straggler_last_steps=self._straggler_steps))
         self._failures.extend(i for i in found if i.incident_class in (IncidentClass.CRASH,
                                                                        IncidentClass.COLLECTIVE_HANG))
         if health_due:
@@ -308,32 +314,24 @@ class Follower:
                 self._seen_at[segment.path] = seen_at
 
     def _note_arrivals(self, arrived: Sequence[object]) -> None:
-        events = self.tail.table("process_events")
-        if events.num_rows == 0:
+        events = self.tail.frame("process_events")
+        if events.empty:
             return
         tick = self.monotonic()
         new_rows = sum(s.rows for s in arrived if s.table == "process_events")  # type: ignore[attr-defined]
-        recent = events.slice(max(0, events.num_rows - new_rows))
-        jobs = recent.column("job_id").to_pylist()
-        attempts = recent.column("attempt").to_pylist()
-        for key in set(zip(jobs, attempts, strict=True)):
-            self._arrivals[key] = tick
+        recent = events.iloc[max(0, len(events) - new_rows):]
+        jobs = recent["job_id"].astype(object).where(recent["job_id"].notna(), None)
+        attempts = recent["attempt"].astype(object).where(recent["attempt"].notna(), None)
+        for job, attempt in set(zip(jobs, attempts, strict=True)):
+            self._arrivals[(job, None if attempt is None else int(attempt))] = tick
 
     def _settled(self, job: str | None, attempt: int | None) -> bool:
         arrived = self._arrivals.get((job, attempt))
         return arrived is None or self.monotonic() - arrived >= self.config.crash_settle_s
 
     def _telemetry(self) -> Telemetry:
-        for name in TAILED_TABLES:
-            if name == "collectives" or (name not in self._stale and name in self._frames):
-                continue
-            table = self.tail.table(name)
-            if name == "gpu_samples":
-                self._frames[name] = to_frame(table, name)[list(SAMPLE_COLUMNS)]
-            else:
-                self._frames[name] = to_frame(table, name)
-        self._stale.clear()
-        samples = self._frames["gpu_samples"]
+        frames = {name: self.tail.frame(name) for name in TAILED_TABLES if name != "collectives"}
+        samples = frames["gpu_samples"]
 
         def fetch(nodes: Sequence[str], start: dt.datetime, end: dt.datetime) -> pd.DataFrame:
             if samples.empty:
@@ -341,7 +339,6 @@ class Follower:
             mask = samples["node"].isin(list(nodes)) & (samples["ts"] >= start) & (samples["ts"] <= end)
             return samples[mask]
 
-        frames = self._frames
         jobs = tuple(list_jobs(frames["ranks"], frames["steps"], frames["process_events"]))
         if self.job is not None:
             jobs = tuple(j for j in jobs if j == self.job)

@@ -450,12 +450,16 @@ class StragglerDetector:
 
     # ------------------------------------------------------------ incidents
 
-    def attribute(self, telemetry: Telemetry, now: dt.datetime) -> list[Incident]:
+    def attribute(self, telemetry: Telemetry, now: dt.datetime, last_steps: int | None = None) -> list[Incident]:
+        """Straggler incidents of every attempt in `telemetry`; `last_steps` scores only each attempt's most
+        recent steps (live mode: what can still become a new incident)."""
         incidents = []
         steps = telemetry.steps
         if steps.empty or not self.compute_sections(steps):
             return incidents
         for (job, attempt), rows in steps.groupby(["job_id", "attempt"], dropna=False):
+            if last_steps is not None and rows["step"].notna().any():
+                rows = rows[rows["step"] > rows["step"].max() - last_steps]
             job = None if job is None or job is pd.NA or job != job else str(job)
             attempt = None if attempt is None or attempt is pd.NA or attempt != attempt else int(attempt)
             placement = placements(telemetry.ranks, attempt, rows)

@@ -1,9 +1,10 @@
 """Live lag: from a process_events segment landing in the store to its crash incident row being visible.
 
 `faultlens attribute --follow` runs as its own process (as in production) over a store that already holds a
-finished job's telemetry (steps of many ranks, GPU samples); the benchmark then writes, one at a time, the segment
-with a rank's death (SIGKILL, as the supervisor reports it) for a new job, and polls the incidents table from
-outside until that job's incident row appears. Side by side, in the same run, the alternative a user would
+finished job's telemetry (steps of many ranks, GPU samples) while another job keeps landing one step of all its
+ranks per second; the benchmark then writes, one at a time, the segment with a rank's death (SIGKILL, as the
+supervisor reports it) for a new job, and polls the incidents table from outside until that job's incident row
+appears. Side by side, in the same run, the alternative a user would
 otherwise pick: re-running the batch pass (`faultlens attribute`) back to back, which re-reads the whole store
 every time. Target (issue 5): <= 2 s.
 
@@ -21,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +61,31 @@ def background(store: str, ranks: int, steps: int) -> int:
                                        "attempt": 0, "rank": r, "node": f"n{r // 8:03d}", "kind": "exit",
                                        "exit_code": 0, "source": "supervisor"} for r in range(ranks)])
     return rows
+
+
+class StepStream:
+    """A running job beside the measurement: every second one step of `ranks` ranks lands as a segment."""
+
+    def __init__(self, store: str, ranks: int) -> None:
+        self.store = store
+        self.ranks = ranks
+        self.stop = threading.Event()
+        self.steps = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with SegmentSink(self.store, flush_rows=10**9, flush_age_s=3600) as sink:
+            while not self.stop.is_set():
+                end = dt.datetime.now(dt.UTC)
+                start = end - dt.timedelta(seconds=0.9)
+                sink.write("steps", [{"ts": end, "job_id": "running", "attempt": 0, "rank": r,
+                                      "node": f"r{r // 8:03d}", "step": self.steps, "phase": "train",
+                                      "start_ts": start, "end_ts": end, "duration_s": 0.9,
+                                      "sections": {"forward": 0.3, "backward": 0.5, "comm": 0.1}}
+                                     for r in range(self.ranks)])
+                sink.flush()
+                self.steps += 1
+                self.stop.wait(1.0)
 
 
 def land_crash(store: str, job: str) -> float:
@@ -123,14 +150,19 @@ def main() -> None:
         follower = subprocess.Popen([*cli, "attribute", "--store", store, "--follow", "--interval",
                                      str(args.interval)], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True)
+        stream = StepStream(store, args.ranks)
         try:
             assert follower.stderr is not None
             follower.stderr.readline()  # "following ..." once it is listening
             time.sleep(3.0)  # its first poll reads the existing store
+            stream.thread.start()
+            time.sleep(2.0)
             follow = measure(store, args.runs, "follow", timeout_s=30)
         finally:
+            stream.stop.set()
             follower.terminate()
             follower.wait(timeout=30)
+            stream.thread.join(timeout=30)
 
         # the alternative: the batch pass re-run back to back (a cron job with no pause at all)
         stop = False
@@ -143,8 +175,6 @@ def main() -> None:
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
                 batch_runs.append(time.perf_counter() - begun)
 
-        import threading
-
         thread = threading.Thread(target=loop, daemon=True)
         thread.start()
         batch = measure(store, max(3, args.runs // 3), "batch", timeout_s=120)
@@ -155,7 +185,7 @@ def main() -> None:
         "benchmark": "live lag: segment landed -> incident row visible",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "store": {"step_rows": rows, "ranks": args.ranks, "steps": args.steps, "setup_s": round(setup_s, 1)},
-        "follow": {"interval_s": args.interval, **summary(follow)},
+        "follow": {"interval_s": args.interval, "while_streaming_step_rows_per_s": args.ranks, **summary(follow)},
         "batch_rerun_back_to_back": {**summary(batch),
                                      "pass_s_median": round(statistics.median(batch_runs), 2) if batch_runs else None},
         "target_s": 2.0,
