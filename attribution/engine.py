@@ -11,6 +11,7 @@ that completed its evidence became visible, and when the incident row did.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import re
@@ -25,20 +26,21 @@ import pyarrow as pa
 from attribution.crash import CrashAttributor, HangTrigger
 from attribution.hardware import XidCatalogLike, default_xid_catalog
 from attribution.health import HealthMonitor
-from attribution.incident import Incident, IncidentClass
+from attribution.incident import Evidence, Incident, IncidentClass
 from attribution.progress import (
     DumpRequester,
     HangAnalyzer,
     HangAttributor,
     HangSuspect,
     ProgressMonitor,
+    latest_dump_set,
     suspect_from_trigger,
 )
 from attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
 from attribution.store import Store
 from attribution.straggler import StragglerDetector
 from attribution.tail import NewSegment, SegmentTail
-from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, to_frame
+from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
 from collectors.layout import StoreLocation, safe_value
 from collectors.sink import SegmentSink
 
@@ -79,7 +81,8 @@ class Engine:
         """Incidents of the telemetry of one job. `already` holds incident ids reported before: their hang
         suspects are not analysed again (no second dump request)."""
         crash = self.crash.attribute(telemetry, now, settled)
-        incidents: dict[str, Incident] = {i.incident_id: i for i in crash.incidents}
+        incidents: dict[str, Incident] = {i.incident_id: self._with_dump_evidence(i, telemetry)
+                                          for i in crash.incidents if i.incident_id not in already}
         if hangs:
             busy = {(i.job_id, i.attempt) for i in crash.incidents} | set(crash.pending)
             suspects: dict[str, HangSuspect] = {}
@@ -98,6 +101,29 @@ class Engine:
             for incident in self.straggler.attribute(telemetry, now, straggler_last_steps):
                 incidents.setdefault(incident.incident_id, incident)
         return list(incidents.values())
+
+    def _with_dump_evidence(self, incident: Incident, telemetry: Telemetry) -> Incident:
+        """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors' dumps (the dead
+        rank wrote none, or never joined the collective the others waited in) corroborates the culprit."""
+        dumps = latest_dump_set(telemetry.collectives, incident.job_id, incident.attempt)
+        if dumps.num_rows == 0 or not incident.culprit_ranks:
+            return incident
+        placement = placements(telemetry.ranks, incident.attempt, telemetry.steps, telemetry.process_events)
+        try:
+            report = self.hang.analyzer(dumps, sorted(placement) or None)
+        except Exception as exc:  # evidence only: a failing analysis must not lose the crash
+            log.warning("hang analysis of the dumps of %s attempt %s failed: %s", incident.job_id, incident.attempt,
+                        exc)
+            return incident
+        culprits = set(getattr(report, "culprit_ranks", ()) or ())
+        if not culprits & set(incident.culprit_ranks):
+            return incident
+        verdict = getattr(getattr(report, "verdict", None), "value", getattr(report, "verdict", None))
+        reason = getattr(report, "reason", "")
+        line = Evidence("collectives", None, f"flight-recorder dumps agree: {verdict}: {reason}")
+        evidence = (*incident.evidence[: self.crash_rules.evidence_limit - 1], line)
+        confidence = round(min(0.99, incident.confidence + 0.1), 3)
+        return dataclasses.replace(incident, evidence=evidence, confidence=confidence)
 
     @staticmethod
     def _from_trigger(trigger: HangTrigger, telemetry: Telemetry) -> HangSuspect:

@@ -330,3 +330,15 @@ def test_real_sigkill_with_a_real_xid79_line_on_its_node_is_hardware(torch_artif
     assert incident.culprit_nodes == (killed["node"],)
     assert incident.culprit_gpus == ("00000000:2B:00.0",)
     assert incident.first_signal_ts < killed["ts"]
+
+
+def test_real_sigkill_survivors_dumps_corroborate_the_killed_rank(torch_artifacts: dict[str, Path],
+                                                                  store_dir: Path, engine: Engine) -> None:
+    artifact = torch_artifacts["crash_sigkill"]
+    meta = _meta(artifact)
+    ingest_torch_artifacts(artifact, store_dir, dumps="dumps", job=meta["run_id"])  # rank 1 wrote none
+
+    (incident,) = crashes(store_dir, engine)
+
+    assert incident.culprit_ranks == (1,)
+    assert any(e.table == "collectives" and "dumps agree" in e.text for e in incident.evidence)

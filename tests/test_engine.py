@@ -235,3 +235,24 @@ def test_a_gpu_event_that_a_crash_explains_is_no_health_incident(store_dir: Path
     found = attribute(str(store_dir), engine=engine)
 
     assert [(i.incident_class, i.cause) for i in found] == [(IncidentClass.CRASH, Cause.PCIE)]
+
+
+def test_follow_finds_a_straggler_as_its_steps_stream_in(store_dir: Path, engine: Engine) -> None:
+    def sections(rank: int, step: int) -> dict[str, float]:
+        slow = rank == 6 and step >= 20
+        return {"forward": 0.3 * (1.7 if slow else 1.0) + 0.001 * ((rank * 7 + step) % 5), "backward": 0.6}
+
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 16, 8))
+    follower = Follower(str(store_dir), engine=engine, clock=lambda: at(10_000))
+    follower.config = follower.config.model_copy(update={"straggler_check_s": 0.0})
+    found = []
+    try:
+        for first in range(0, 60, 10):  # ten steps per segment, as a timer flushing every few seconds would
+            write(store_dir, "steps", steps_rows("job-1", 0, 16, 8, range(first, first + 10), start=first * 1.3,
+                                                 sections=sections))
+            found += [i for i in follower.poll_once() if i.incident_class == IncidentClass.STRAGGLER]
+    finally:
+        follower.close()
+    (incident,) = found
+    assert incident.culprit_ranks == (6,)
+    assert incident.step < 50  # found while the job ran, not at the end
