@@ -421,7 +421,11 @@ class StepTimer:
             if sink.pending_rows("steps") < self.max_buffered_rows:
                 rows = self._take_rows()
                 if rows:
-                    sink.write("steps", rows)
+                    try:
+                        sink.write("steps", rows)
+                    except Exception:
+                        self.stats.dropped += len(rows)  # refused before buffering: these rows are gone
+                        raise
             flushed = sink.flush()
             self.stats.rows_written += sum(getattr(result, "rows", 0) for result in flushed or ()
                                            if getattr(result, "table", None) == "steps")
