@@ -188,7 +188,9 @@ class FlightRecorderTrigger:
     # -- installation ---------------------------------------------------------------------------------------
     def install(self) -> FlightRecorderTrigger:
         """Block the trigger signal in this (main) thread and start the sigwait and trigger-file threads.
-        Call it before `init_process_group`, so the threads torch starts inherit the blocked mask."""
+        Call it first thing in the process, before `init_process_group` and before starting threads, so every
+        thread inherits the blocked mask (a thread that does not block SIGUSR1 can receive it, and its default
+        action ends the process; the step timer's writer thread blocks it itself)."""
         if self._installed:
             return self
         self._installed = True

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -395,6 +397,10 @@ class StepTimer:
 
     # -- the writer thread ----------------------------------------------------------------------------------
     def _writer_loop(self) -> None:
+        # never the thread a process-directed SIGUSR1/SIGTERM lands on: the flight-recorder trigger waits for them
+        # in its own thread, and a thread started before the trigger's install() would not have them blocked
+        with contextlib.suppress(Exception):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
         while True:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()

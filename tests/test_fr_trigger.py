@@ -115,10 +115,10 @@ def test_json_and_pickle_dumps_agree(torch_artifacts: dict[str, Path]) -> None:
 # --------------------------------------------------------------------------------- the trigger's mechanics
 
 
-def _start_probe(tmp_path: Path, rank: int = 3) -> tuple[subprocess.Popen, Path, Path, Path]:
+def _start_probe(tmp_path: Path, rank: int = 3, *extra: str) -> tuple[subprocess.Popen, Path, Path, Path]:
     dumps, exits, trigger = tmp_path / "dumps", tmp_path / "exit", tmp_path / "trigger"
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    process = subprocess.Popen([sys.executable, str(PROBE), str(dumps), str(exits), str(trigger), str(rank)],
+    process = subprocess.Popen([sys.executable, str(PROBE), str(dumps), str(exits), str(trigger), str(rank), *extra],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "ready"
@@ -164,6 +164,21 @@ def test_sigusr1_and_trigger_file_dump_while_the_main_thread_is_blocked(tmp_path
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_step_timer_started_first_does_not_catch_the_signal(tmp_path: Path) -> None:
+    """SIGUSR1's default action ends the process: a thread that does not block it (one started before install())
+    must not be the one it lands on. The timer's writer thread blocks it itself."""
+    process, dumps, _exits, _trigger = _start_probe(tmp_path, 0, "timer-first")
+    try:
+        for _ in range(5):  # the kernel may pick any thread; several signals make a wrong pick likely to show
+            os.kill(process.pid, signal.SIGUSR1)
+            time.sleep(0.05)
+        assert _wait_for(dumps / "rank_0.pkl")
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
 
 
 def _fake_api(include_stack_traces: bool, only_active: bool) -> tuple[bytes, str]:

@@ -1,10 +1,11 @@
 """A process that installs the flight-recorder trigger and then blocks its main thread in a C-level wait (as a rank
 blocked in a gloo/NCCL wait does), so the signal and trigger-file paths can be exercised without torch.
 
-    python trigger_probe.py DUMP_DIR EXIT_DIR TRIGGER_FILE RANK
+    python trigger_probe.py DUMP_DIR EXIT_DIR TRIGGER_FILE RANK [timer-first]
 
 The dump API and group tables are fixed stand-ins (torch's boundary); it prints 'ready' when installed, and waits
 up to 60 s. A Python-level SIGUSR1 handler is also installed, to show it never runs while the main thread waits.
+With `timer-first`, a step timer (and its writer thread) is started before the trigger is installed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import threading
 
 from collectors.fr_trigger import FlightRecorderTrigger
+from collectors.step_timer import RankIdentity, StepTimer
 
 TRACE = {
     "version": "2.10",
@@ -38,6 +40,7 @@ def group_tables() -> dict[str, dict[str, str]]:
 
 def main() -> None:
     dump_dir, exit_dir, trigger_file, rank = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    timer = StepTimer(None, identity=RankIdentity(rank=rank)) if sys.argv[5:] == ["timer-first"] else None
     trigger = FlightRecorderTrigger(dump_dir, exit_dump_dir=exit_dir, trigger_file=trigger_file, rank=rank,
                                     world_size=4, node="probe-node", dump_on_sigterm=True, poll_interval_s=0.05,
                                     dump_api=dump_api, group_tables=group_tables)
@@ -47,6 +50,8 @@ def main() -> None:
     print("ready", flush=True)
     threading.Event().wait(60)  # a lock wait in C, like a collective's wait
     print(f"python handler ran {len(handled)} times", flush=True)
+    if timer is not None:
+        timer.close()
 
 
 if __name__ == "__main__":
