@@ -48,10 +48,13 @@ def test_live_hang_dumps_show_the_collective_rank_2_never_joined(torch_artifacts
         else:
             assert (last["collective_seq_id"], last["retired"]) == (seq, False)  # enqueued, not completed: live
             assert last["frames"], "the hang scenario dumps with Python stack traces"
-    # after the timeout, the same collective is retired in the dumps written on the way out
-    exit_trace = safe_load(art / "dumps_on_exit" / "rank_0.pkl")
-    assert [e["retired"] for e in exit_trace["entries"] if e["collective_seq_id"] == seq
-            and e["process_group"][1] == "default_pg"] == [True]
+    # on the way out of the timeout (or of the peer's death) every waiting rank wrote a second dump; whether the
+    # failed collective shows as retired there depends on how the wait ended (seen both ways), so only the
+    # live dump above is evidence of the hang
+    for rank in (0, 1, 3):
+        exit_trace = safe_load(art / "dumps_on_exit" / f"rank_{rank}.pkl")
+        world = [e for e in exit_trace["entries"] if e["process_group"][1] == "default_pg"]
+        assert world[-1]["collective_seq_id"] == seq
 
 
 def test_pg_config_is_repaired_from_torchs_group_tables(torch_artifacts: dict[str, Path]) -> None:
