@@ -50,6 +50,7 @@ TABLE = "process_events"
 #: how much of a worker's stderr.log is read (its tail: the end is where the failure is)
 STDERR_TAIL_BYTES = 256 * 1024
 _GLOG_TS_RE = re.compile(r"^\[?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})\b")
+_HAS_PREFIX_RE = re.compile(r"^\[(?:default|rank)\d+\]:")
 _ATTEMPT_DIR_RE = re.compile(r"^attempt_(\d+)$")
 _RUN_SUFFIX_RE = re.compile(r"^(?P<run>.+)_[a-z0-9_]{8}$")
 
@@ -330,7 +331,8 @@ def rows_from_torchrun_output(text: str, context: EventContext | None = None, *,
                               fallback_ts: dt.datetime | int | None = None,
                               rules: ProcessRules | None = None) -> list[dict[str, Any]]:
     """torchrun's stderr: rows for every entry of its failure report(s) (an exit row, and an error row when a
-    traceback was reported) and for the workers' tracebacks and error lines it teed ('[defaultN]:' lines).
+    traceback was reported) and for the workers' tracebacks and error lines it teed ('[defaultN]:' lines). Text
+    with no report and no worker prefix at all is taken as one worker's own stderr (rank unknown).
 
     torchrun's stderr starts at attempt 0 and logs one `failed (exitcode: ...)` line per failed attempt, so the
     teed lines before the k-th such line belong to attempt k, stamped (when they carry no time of their own) with
@@ -353,8 +355,12 @@ def rows_from_torchrun_output(text: str, context: EventContext | None = None, *,
     year = dt.datetime.fromtimestamp(_ns(fallback_ts) / 1e9).year  # type: ignore[operator]
     start = 0
     boundaries = [(a.line_number, _glog_ts(lines[a.line_number - 1], year)) for a in output.agent_failures]
+    plain_worker_output = not output.reports and not output.agent_failures and not any(
+        _HAS_PREFIX_RE.match(line) for line in lines)
     for attempt, (end, seen_at) in enumerate([*boundaries, (len(lines), None)]):
-        streams, _ = split_worker_streams(lines[start:end])
+        streams, unprefixed = split_worker_streams(lines[start:end])
+        if plain_worker_output:  # one process's own stderr, not torchrun's: all of it is that worker's
+            streams = [_Stream(None, None, unprefixed)]
         segment_context = EventContext(context.node, context.cluster, job_id,
                                        context.attempt if context.attempt is not None else attempt, context.tz)
         for stream in streams:

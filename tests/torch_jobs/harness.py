@@ -41,6 +41,7 @@ HASHED_FILES = (
     "tests/torch_jobs/train_scenario.py",
     "tests/torch_jobs/harness.py",
     "collectors/fr_trigger.py",
+    "collectors/safe_pickle.py",
     "collectors/step_timer.py",
     "collectors/sink.py",
     "collectors/schema.py",
