@@ -737,7 +737,13 @@ def _skipped(analysis: _Analysis, rank: int, divergences: list[_Divergence]) -> 
         return None
     seqs, groups_in_order, incomplete_at = history
     if incomplete_at is None:
-        return None
+        # dumps taken after the timeout mark everything retired: the rank waits where it is ahead of its peers,
+        # its latest entry in such a group
+        ahead = {d.group for d in divergences if rank in d.waiters}
+        hits = [i for i, g in enumerate(groups_in_order) if g in ahead]
+        if not hits:
+            return None
+        incomplete_at = hits[-1]
     blocked_group, blocked_seq = groups_in_order[incomplete_at], seqs[incomplete_at]
     for d in divergences:
         if rank not in d.laggards or d.level != "entered" or d.group == blocked_group:

@@ -1012,7 +1012,7 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
     for path, result in zip(primary, results, strict=True):
         if isinstance(result, DumpFileError):
             errors.append(result)
-            log.warning("flight-recorder dump skipped: %s", result)
+            log.info("flight-recorder dump skipped: %s", result)
             continue
         if result.rank in seen_ranks:
             skipped.append(str(result.path))
