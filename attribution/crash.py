@@ -310,7 +310,7 @@ class CrashAttributor:
                            per_attempt: dict[tuple[str | None, int | None], list[RankFailure]],
                            now: dt.datetime) -> Incident | HangTrigger | None:
         primary = self.primary(failures)
-        placement = placements(telemetry.ranks, attempt, telemetry.steps, telemetry.process_events)
+        placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps)
         secondary_line = self._secondary_summary(failures, primary)
         if primary is None:
             return self._no_primary(telemetry, job, attempt, failures, placement, secondary_line, now)

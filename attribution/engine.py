@@ -108,7 +108,7 @@ class Engine:
         dumps = latest_dump_set(telemetry.collectives, incident.job_id, incident.attempt)
         if dumps.num_rows == 0 or not incident.culprit_ranks:
             return incident
-        placement = placements(telemetry.ranks, incident.attempt, telemetry.steps, telemetry.process_events)
+        placement = placements(telemetry.ranks, incident.attempt, telemetry.process_events, telemetry.steps)
         try:
             report = self.hang.analyzer(dumps, sorted(placement) or None)
         except Exception as exc:  # evidence only: a failing analysis must not lose the crash

@@ -157,7 +157,8 @@ def _value(row: pd.Series, column: str) -> object | None:
 
 def placements(ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame) -> dict[int, Placement]:
     """rank -> Placement for one attempt: from the ranks table (latest row per rank), else from the node and
-    local_rank columns of other rows (steps, process events) of that attempt."""
+    local_rank columns of other rows of that attempt (`fallback`, least trusted first: a later frame's values
+    win over an earlier one's)."""
     found: dict[int, Placement] = {}
     for frame in (*fallback, ranks):  # ranks last: it wins
         if frame.empty or "rank" not in frame.columns:
@@ -166,9 +167,14 @@ def placements(ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame
         if attempt is not None and "attempt" in rows.columns:
             same = rows[rows["attempt"] == attempt]
             rows = same if not same.empty else rows
-        if "ts" in rows.columns:
-            rows = rows.sort_values("ts")
-        for _, row in rows.drop_duplicates("rank", keep="last").iterrows():
+        wanted = [c for c in ("rank", "ts", "node", "local_rank", "gpu_index", "gpu_uuid", "pci_bus_id", "pp_rank")
+                  if c in rows.columns]
+        rows = rows[wanted]
+        if rows.empty:
+            continue
+        latest = rows.loc[rows.groupby("rank")["ts"].idxmax()] if "ts" in rows.columns else \
+            rows.drop_duplicates("rank", keep="last")
+        for _, row in latest.iterrows():
             rank = int(row["rank"])
             previous = found.get(rank)
             merged = {}

@@ -222,3 +222,22 @@ def test_real_subgroup_hang_names_the_sub_group_and_its_skipping_rank(torch_arti
     assert incident.culprit_ranks == tuple(meta["culprit_ranks"])
     assert incident.details["pg"] == meta["expected"]["pg_desc"]
     assert "pair_2_3" in incident.summary
+
+
+def test_cli_dump_requester_touches_the_trigger_and_stores_the_dump_set(torch_artifacts: dict[str, Path],
+                                                                        store_dir: Path, tmp_path: Path) -> None:
+    from attribution.progress import HangSuspect
+    from controller.cli.attribution_cmds import DumpRequester
+
+    artifact = torch_artifacts["hang"]
+    trigger = tmp_path / "fr" / "trigger"
+    requester = DumpRequester(str(store_dir), artifact / "dumps", trigger=trigger, wait_s=0.3, host="node-0")
+    suspect = HangSuspect("faultlens-hang", 0, at(0), "progress", 2, 60.0, 30.0, ())
+
+    table = requester(suspect)
+
+    assert trigger.exists()  # the ranks poll its mtime (interface 4)
+    assert sorted(set(table.column("rank").to_pylist())) == [0, 1, 2, 3]
+    with Store(str(store_dir)) as store:
+        stored = store.query("SELECT DISTINCT job_id, attempt, rank FROM collectives ORDER BY rank").to_pylist()
+    assert stored == [{"job_id": "faultlens-hang", "attempt": 0, "rank": r} for r in range(4)]
