@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from attribution.hardware import as_datetime
+from attribution.hardware import as_datetime, row_identifies_gpu, same_gpu
 from attribution.incident import Cause, Evidence, Incident, IncidentClass
 from attribution.rules import StragglerThresholds
 from attribution.telemetry import SECTION_PREFIX, Placement, Telemetry, placements, section_columns
@@ -408,8 +408,14 @@ class StragglerDetector:
         if not events.empty:
             near = events[events["node"].isin(culprit_nodes) & (events["ts"] >= start - dt.timedelta(minutes=5))
                           & (events["ts"] <= end)]
+            culprits = [placement[r] for r in finding.ranks if r in placement]
             for _, row in near.iterrows():
                 kind = str(row["kind"])
+                on_gpu = [p for p in culprits if p.node == row["node"]]
+                identified = row_identifies_gpu(row) and any(p.gpu_index is not None or p.gpu_uuid or p.pci_bus_id
+                                                             for p in on_gpu)
+                if identified and not any(same_gpu(row, p) for p in on_gpu):
+                    continue  # another GPU of the node
                 if kind in {"thermal_slowdown_start", "power_slowdown_start"}:
                     event_cause = Cause.THERMAL if kind.startswith("thermal") else Cause.HOST
                     if cause == Cause.UNKNOWN:

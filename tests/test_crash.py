@@ -342,3 +342,31 @@ def test_real_sigkill_survivors_dumps_corroborate_the_killed_rank(torch_artifact
 
     assert incident.culprit_ranks == (1,)
     assert any(e.table == "collectives" and "dumps agree" in e.text for e in incident.evidence)
+
+
+def test_timeouts_before_the_first_failure_mean_the_job_hung_first(store_dir: Path) -> None:
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
+    write(store_dir, "process_events", [
+        *(event("comm_error", r, 40.0, message=TIMED_OUT, is_secondary=True) for r in (0, 1, 3)),
+        # the stuck rank gives up later with an exception of its own: a consequence of the hang
+        event("exception", 2, 55.0, exception_type="TimeoutError", message="TimeoutError: rank 2 stuck for 15s",
+              fingerprint="fp-stuck")])
+    telemetry = load_from_store_dir(store_dir)
+
+    result = CrashAttributor(load_crash_rules(), load_xid_catalog()).attribute(telemetry, T0)
+
+    assert result.incidents == []
+    (trigger,) = result.hang_triggers
+    assert trigger.ts == at(40.0) and (trigger.job_id, trigger.attempt) == ("job-1", 0)
+    assert "after the timeouts: rank 2" in trigger.evidence[-1].text
+
+
+def test_a_crash_whose_peers_time_out_later_stays_a_crash(store_dir: Path, engine: Engine) -> None:
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
+    write(store_dir, "process_events", [
+        event("exception", 2, 40.0, exception_type="ValueError", message="ValueError: bad batch", fingerprint="f"),
+        *(event("comm_error", r, 640.0, message=TIMED_OUT, is_secondary=True) for r in (0, 1, 3))])
+
+    (incident,) = crashes(store_dir, engine)
+
+    assert incident.culprit_ranks == (2,)

@@ -238,3 +238,42 @@ def test_real_steps_of_ranks_that_are_not_slow_raise_nothing(torch_artifacts: di
     ingest_torch_artifacts(torch_artifacts["mismatch"], store_dir)  # a clean run with no straggler
 
     assert stragglers(store_dir, engine) == []
+
+
+def test_thermal_slowdown_events_on_the_culprits_node_give_cause_thermal(store_dir: Path, engine: Engine) -> None:
+    base = jittered(9)
+
+    def sections(rank: int, step: int) -> dict[str, float]:
+        s = base(rank, step)
+        if rank == 10 and step >= 20:
+            s["backward"] *= 1.5
+        return s
+
+    job(store_dir, 24, 8, sections, steps=60)
+    write(store_dir, "gpu_events", [{"ts": at(6.5), "node": "node-01", "gpu_index": 2, "source": "nvml_sample",
+                                     "kind": "thermal_slowdown_start", "message": "HwThermalSlowdown set"}])
+
+    (incident,) = stragglers(store_dir, engine)
+
+    assert incident.culprit_ranks == (10,)
+    assert incident.cause == Cause.THERMAL
+    assert any(e.table == "gpu_events" and "thermal_slowdown_start" in e.text for e in incident.evidence)
+
+
+def test_thermal_slowdown_of_another_gpu_of_the_node_explains_nothing(store_dir: Path, engine: Engine) -> None:
+    base = jittered(9)
+
+    def sections(rank: int, step: int) -> dict[str, float]:
+        s = base(rank, step)
+        if rank == 10 and step >= 20:
+            s["backward"] *= 1.5
+        return s
+
+    job(store_dir, 24, 8, sections, steps=60)
+    write(store_dir, "gpu_events", [{"ts": at(6.5), "node": "node-01", "gpu_index": 7, "source": "nvml_sample",
+                                     "kind": "thermal_slowdown_start", "message": "HwThermalSlowdown set"}])
+
+    (incident,) = stragglers(store_dir, engine)
+
+    assert incident.culprit_ranks == (10,)
+    assert incident.cause == Cause.UNKNOWN
