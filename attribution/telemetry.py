@@ -213,6 +213,8 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     else:
         gpu_events = to_frame(None, "gpu_events")
     jobs = list_jobs(ranks, steps, events) if job is None else [job]
+    # a replay observes each job up to its own newest row: node telemetry that goes on after a job ended (GPU
+    # samples) does not make a finished job look hung
     as_of = {}
     for name in jobs:
         row = query(
@@ -223,10 +225,6 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
             [name] * 5).to_pylist()[0]
         if row["t"] is not None:
             as_of[name] = row["t"]
-    if nodes:
-        node_row = query(f"SELECT max(ts) AS t FROM gpu_samples WHERE node IN ({_in_list(nodes)})").to_pylist()[0]
-        if node_row["t"] is not None:
-            as_of = {name: max(t, node_row["t"]) for name, t in as_of.items()}
 
     def fetch(sample_nodes: Sequence[str], start: dt.datetime, end: dt.datetime) -> pd.DataFrame:
         if not sample_nodes:
