@@ -77,12 +77,18 @@ class Engine:
     def run_job(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | None, *,
                 settled: Callable[[str | None, int | None], bool] | None = None,
                 already: set[str] | frozenset[str] = frozenset(), hangs: bool = True,
-                stragglers: bool = True, straggler_last_steps: int | None = None) -> list[Incident]:
+                stragglers: bool = True, straggler_last_steps: int | None = None,
+                hung: dict[tuple[str | None, int | None], dt.datetime] | None = None) -> list[Incident]:
         """Incidents of the telemetry of one job. `already` holds incident ids reported before: their hang
-        suspects are not analysed again (no second dump request)."""
+        suspects are not analysed again (no second dump request). `hung`: attempts already reported hung (live
+        mode) and since when; a failure after that is the hang's ending (a watchdog abort, a supervisor's
+        kill), not a new crash."""
         crash = self.crash.attribute(telemetry, now, settled)
+        hung = hung or {}
+        crashes = [i for i in crash.incidents
+                   if not ((i.job_id, i.attempt) in hung and i.first_signal_ts >= hung[(i.job_id, i.attempt)])]
         incidents: dict[str, Incident] = {i.incident_id: self._with_dump_evidence(i, telemetry)
-                                          for i in crash.incidents if i.incident_id not in already}
+                                          for i in crashes if i.incident_id not in already}
         if hangs:
             busy = {(i.job_id, i.attempt) for i in crash.incidents} | set(crash.pending)
             suspects: dict[str, HangSuspect] = {}
@@ -252,6 +258,8 @@ class Follower:
         self.wall = wall
         self.known = existing_incident_ids(self.incident_store)
         self._failures: list[Incident] = existing_failures(self.incident_store)
+        self._hung = {(i.job_id, i.attempt): i.first_signal_ts for i in self._failures
+                      if i.incident_class == IncidentClass.COLLECTIVE_HANG}
         self._last_health = float("-inf")
         straggler = self.engine.thresholds.straggler
         self._straggler_steps = 2 * straggler.window_steps + straggler.self_baseline_steps
@@ -294,9 +302,12 @@ class Follower:
             found.extend(self.engine.run_job(
                 telemetry.for_job(job), now, now, settled=self._settled, already=self.known,
                 hangs=progress_due or crash_due, stragglers=straggler_due,
-                straggler_last_steps=self._straggler_steps))
+                straggler_last_steps=self._straggler_steps, hung=self._hung))
         self._failures.extend(i for i in found if i.incident_class in (IncidentClass.CRASH,
                                                                        IncidentClass.COLLECTIVE_HANG))
+        for incident in found:
+            if incident.incident_class == IncidentClass.COLLECTIVE_HANG:
+                self._hung.setdefault((incident.job_id, incident.attempt), incident.first_signal_ts)
         if health_due:
             self._last_health = tick
             settle = dt.timedelta(seconds=self.engine.thresholds.health.settle_s)

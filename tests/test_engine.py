@@ -131,6 +131,15 @@ def test_follow_detects_a_stall_and_requests_dumps_once(store_dir: Path, engine:
     assert incident.incident_class == IncidentClass.COLLECTIVE_HANG
     assert incident.rule == "hang-no-dumps" and incident.cause == Cause.UNKNOWN
     assert incident.step == 29
+    # the supervisor then kills the hung job: the end of the hang, not a second incident
+    write(store_dir, "process_events", [event("exit", r, 210.0, exit_code=-9, signal="SIGKILL") for r in range(4)])
+    again = Follower(str(store_dir), engine=hang_engine, clock=lambda: at(215))
+    try:
+        for _ in range(10):
+            assert again.poll_once() == []
+            again._stop.wait(0.05)
+    finally:
+        again.close()
 
 
 def test_cli_attribute_and_incidents(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
