@@ -164,7 +164,7 @@ def _run_with_retries(scenario: Scenario, art: Path, attempts: int) -> None:
         if art.exists():
             shutil.rmtree(art)
         try:
-            run_scenario(scenario, art)
+            run_scenario(scenario, art, generation_try=attempt)
             return
         except GenerationError:
             if attempt == attempts:
@@ -184,7 +184,7 @@ def _tail(path: Path, chars: int = 3000) -> str:
         return "<none>"
 
 
-def run_scenario(scenario: Scenario, art: Path) -> Path:
+def run_scenario(scenario: Scenario, art: Path, generation_try: int = 1) -> Path:
     art.mkdir(parents=True)
     started = time.monotonic()
     env = dict(os.environ)
@@ -246,6 +246,7 @@ def run_scenario(scenario: Scenario, art: Path) -> Path:
         "stack_traces": scenario.stack_traces,
         "progress": _read_progress(art),
         "seconds": round(time.monotonic() - started, 2),
+        "generation_try": generation_try,
         "generated_at": dt.datetime.now(dt.UTC).isoformat(),
         "command": command,
     }
