@@ -137,10 +137,16 @@ def cached_artifacts(cache_root: Path | None = None, parallel: int | None = None
 
 
 def default_parallel() -> int:
+    """All scenarios at once (they mostly wait on timeouts; CPU-bound start-up overlaps), as many as memory allows:
+    a scenario is five processes that import torch, about 2 GiB with headroom. $FAULTLENS_TORCH_PARALLEL wins."""
     configured = os.environ.get(ENV_PARALLEL, "").strip()
     if configured.isdigit() and int(configured) > 0:
         return int(configured)
-    return len(SCENARIOS)
+    try:
+        available_gib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError):
+        return 2
+    return max(1, min(len(SCENARIOS), int(available_gib // 2)))
 
 
 def generate(out_dir: Path, scenarios: Iterable[str] | None = None, parallel: int | None = None,
