@@ -115,6 +115,17 @@ def test_watchdog_and_oom_lines(tmp_path: Path) -> None:
     assert (row["kind"], row["is_secondary"], row["rank"]) == ("watchdog_timeout", True, 3)
     assert dt.datetime.fromtimestamp(row["ts"] / 1e9).strftime("%m-%d %H:%M:%S") == "11-30 04:20:25"
 
+    # torch's CUDA allocator message (torch >= 2.1), as a rank's stderr shows it
+    cuda_oom = (
+        "[rank5]: Traceback (most recent call last):\n"
+        '[rank5]:   File "/workspace/train.py", line 88, in forward\n'
+        "[rank5]:     h = self.mlp(x)\n"
+        "[rank5]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 5 has a total "
+        "capacity of 79.10 GiB of which 3.06 MiB is free. Process 3771 has 79.09 GiB memory in use.\n")
+    (row,) = rows_from_torchrun_output(cuda_oom, UTC, fallback_ts=0)
+    assert (row["kind"], row["exception_type"], row["rank"], row["is_secondary"]) == (
+        "oom", "torch.OutOfMemoryError", 5, False)
+
     oom = subprocess.run([sys.executable, "-c", "import torch; torch.empty(2**45, dtype=torch.float64)"],
                          capture_output=True, text=True, timeout=120)
     assert oom.returncode == 1
