@@ -246,9 +246,9 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     group_descs: dict[int, str | None] = {}
     has_desc = (group >= 0) & (desc_codes >= 0)
     if has_desc.any():
-        pairs = np.unique(np.stack([group[has_desc], desc_codes[has_desc].astype(np.int64)]), axis=1)
-        for g, d in pairs.T:
-            group_descs.setdefault(int(g), descs[int(d)])
+        pairs = pa.table({"g": group[has_desc], "d": desc_codes[has_desc]}).group_by("g").aggregate([("d", "min")])
+        for g, d in zip(pairs.column("g").to_pylist(), pairs.column("d_min").to_pylist(), strict=True):
+            group_descs[int(g)] = descs[int(d)]
 
     # -- membership
     configured: dict[int, Counter] = defaultdict(Counter)
@@ -260,11 +260,11 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             for row, value in zip(rows, values, strict=True):
                 if value:
                     configured[int(group[row])][tuple(sorted(int(v) for v in value))] += 1
-    seen_pairs = np.unique(np.stack([group[group >= 0], ranks_all[group >= 0]]), axis=1) if (group >= 0).any() \
-        else np.empty((2, 0), np.int64)
     seen: dict[int, set[int]] = defaultdict(set)
-    for g, r in seen_pairs.T:
-        seen[int(g)].add(int(r))
+    if (group >= 0).any():
+        pairs = pa.table({"g": group[group >= 0], "r": ranks_all[group >= 0]}).group_by(["g", "r"]).aggregate([])
+        for g, r in zip(pairs.column("g").to_pylist(), pairs.column("r").to_pylist(), strict=True):
+            seen[int(g)].add(int(r))
     expected = set(int(r) for r in expected_ranks) if expected_ranks is not None else set()
     if expected_ranks is None:
         for counter in configured.values():
@@ -597,9 +597,11 @@ def _decide(analysis: _Analysis) -> HangReport:
         src, dst, labels = build(set())
         culprits, cyclic = _terminal_ranks(n_ranks, src, dst, labels, rank_nodes)
         laggards = {lag for d in divergences for lag in d.laggards}
-        has_out = {rank_nodes[s] for s in src.tolist() if s < n_ranks}
-        # ranks that lag somewhere while waiting elsewhere: did they skip (root) or are they blocked (follow-on)?
-        candidates = sorted((laggards & has_out) - analysis.missing)[:64]
+        component_size = Counter(labels[:n_ranks].tolist())
+        in_cycle = {rank_nodes[i] for i in range(n_ranks) if component_size[int(labels[i])] > 1}
+        # ranks of a cycle (each lags somewhere while waiting elsewhere): which one skipped (root), which are only
+        # blocked (follow-ons)?
+        candidates = sorted((laggards & in_cycle) - analysis.missing)[:64]
         for rank in candidates:
             verdict = _skipped(analysis, rank, divergences)
             if verdict:
@@ -772,9 +774,11 @@ def _skipped(analysis: _Analysis, rank: int, divergences: list[_Divergence]) -> 
 def _predict(points: list[tuple[int, int]], due_seq: int) -> int | None:
     """K-count at which H seq `due_seq` was due, if the history of (H seq, K count) pairs is periodic."""
     by_seq = dict(points)
-    for period in range(1, 5):
+    for period in range(1, 17):
+        if len(points) < period + 2:
+            break
         diffs = []
-        for h_seq, k in points[-(3 * period):]:
+        for h_seq, k in points[-(8 * period):]:
             before = by_seq.get(h_seq - period)
             if before is None or k < 0 or before < 0:
                 continue
