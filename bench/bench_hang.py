@@ -210,6 +210,7 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
                "out,err=p.communicate(); _,status,ru=os.wait4(p.pid,0) if p.returncode is None else (0,0,None)\n"
                "import resource; ru=resource.getrusage(resource.RUSAGE_CHILDREN)\n"
                "sys.stdout.write(json.dumps({'seconds':time.perf_counter()-t,'rc':p.returncode,"
+               "'cpu':ru.ru_utime+ru.ru_stime,"
                "'maxrss_mb':ru.ru_maxrss/1024,'out':out.decode(errors='replace')[-20000:],"
                "'err':err.decode(errors='replace')[-4000:]}))\n")
     result = _measure([sys.executable, "-c", wrapper, *cmd], timeout)
@@ -219,7 +220,8 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
         inner = json.loads(result["stdout"])
     except (ValueError, TypeError):
         return {"error": str(result.get("stderr"))[-2000:]}
-    return {"seconds": round(inner["seconds"], 2), "exit_code": inner["rc"], "peak_rss_mb": round(inner["maxrss_mb"]),
+    return {"seconds": round(inner["seconds"], 2), "cpu_seconds": round(inner["cpu"], 2), "exit_code": inner["rc"],
+            "peak_rss_mb": round(inner["maxrss_mb"]),
             "stdout": inner["out"], "stderr": inner["err"]}
 
 
@@ -228,7 +230,8 @@ def bench_faultlens(directory: Path, world: int, timeout: float) -> dict[str, ob
     # warm the numba cache once (compilation is a one-time cost per install, reported separately)
     warm = _run_with_rss([sys.executable, "-c", "import collectors.fr_fastpickle, attribution._hang_kernels"], 600)
     result = _run_with_rss(env_cmd, timeout)
-    out: dict[str, object] = {"seconds": result.get("seconds"), "peak_rss_mb": result.get("peak_rss_mb"),
+    out: dict[str, object] = {"seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
+                              "peak_rss_mb": result.get("peak_rss_mb"),
                               "exit_code": result.get("exit_code"), "import_warmup_s": warm.get("seconds")}
     if result.get("timed_out"):
         out["timed_out"] = True
@@ -252,8 +255,8 @@ def bench_torch(directory: Path, world: int, timeout: float) -> dict[str, object
         return {"seconds": result["seconds"], "timed_out": True}
     text = (result.get("stdout") or "") + (result.get("stderr") or "")
     culprit = str(_culprit(world))
-    return {"seconds": result.get("seconds"), "peak_rss_mb": result.get("peak_rss_mb"),
-            "exit_code": result.get("exit_code"),
+    return {"seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
+            "peak_rss_mb": result.get("peak_rss_mb"), "exit_code": result.get("exit_code"),
             "mentions_culprit": culprit in text, "output_lines": text.count("\n"),
             "tail": text.strip().splitlines()[-3:] if text.strip() else []}
 
@@ -340,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
             fl, tt = row["faultlens"].get("seconds"), row["torch"].get("seconds")
             if fl and tt and not row["torch"].get("timed_out"):
                 row["speedup_vs_torch"] = round(tt / fl, 1)
+                fl_cpu, tt_cpu = row["faultlens"].get("cpu_seconds"), row["torch"].get("cpu_seconds")
+                if fl_cpu and tt_cpu:
+                    row["cpu_speedup_vs_torch"] = round(tt_cpu / fl_cpu, 1)
         else:
             row["torch"] = {"skipped": f"over --torch-max-ranks {args.torch_max_ranks} (torch needs ~4 GB at "
                                        "1,024 ranks and cannot hold 16,384 in this machine's memory)"}
@@ -350,14 +356,17 @@ def main(argv: list[str] | None = None) -> int:
         results["ingest"] = bench_ingest(directory, sizes[0], args.naive_ranks)
     print(json.dumps(results, indent=1))
     print()
-    print("| ranks x entries | dumps | faultlens analyze-hang | peak RSS | torch fr_trace | peak RSS | speed-up |")
+    print("| ranks x entries | dumps | faultlens analyze-hang wall (CPU) | peak RSS | torch fr_trace wall (CPU) | "
+          "peak RSS | speed-up wall (CPU) |")
     print("|---|---|---|---|---|---|---|")
     for row in results["sizes"]:
         fl, tt = row["faultlens"], row["torch"]
-        torch_cell = "skipped" if "skipped" in tt else ("timed out" if tt.get("timed_out") else f"{tt['seconds']} s")
+        torch_cell = "skipped" if "skipped" in tt else (
+            "timed out" if tt.get("timed_out") else f"{tt['seconds']} s ({tt.get('cpu_seconds')} s)")
         print(f"| {row['ranks']} x {args.entries} | {row['dump_mb']} MB | {fl.get('seconds')} s "
-              f"({'correct' if fl.get('correct') else 'WRONG'}) | {fl.get('peak_rss_mb')} MB | {torch_cell} | "
-              f"{tt.get('peak_rss_mb', '-')} MB | {row.get('speedup_vs_torch', '-')}x |")
+              f"({fl.get('cpu_seconds')} s) {'correct' if fl.get('correct') else 'WRONG'} | "
+              f"{fl.get('peak_rss_mb')} MB | {torch_cell} | {tt.get('peak_rss_mb', '-')} MB | "
+              f"{row.get('speedup_vs_torch', '-')}x ({row.get('cpu_speedup_vs_torch', '-')}x) |")
     if "ingest" in results:
         ing = results["ingest"]
         print()

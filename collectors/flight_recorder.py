@@ -675,17 +675,20 @@ class _Assembly:
         if n and pg_valid.any():
             local_codes[pg_valid] = np.searchsorted(unique_ids, pg_ids[pg_valid]).astype(np.int32)
         part["pg_id"] = self.strings["pg_id"].remap(id_values, local_codes)
+        # copies of the wanted columns only: the parser's 2-D arrays are released with the dump
         for column, key in _INT_COLUMNS.items():
-            part[column] = dump.ints[key]
+            if column in self.columns:
+                values, valid = dump.ints[key]
+                part[column] = (values.copy(), valid.copy())
         for column, key in _TIME_COLUMNS.items():
             if column not in self.columns and column != "time_created":
                 continue
             values, valid = dump.ints[key]
             if column != "time_created":
                 valid = valid & (values != 0)  # the JSON form writes 0 for "not seen"
-            part[column] = (values, valid)
-        part["is_p2p"] = dump.is_p2p
-        part["retired"] = dump.retired
+            part[column] = (values.copy(), valid.copy())
+        part["is_p2p"] = dump.is_p2p.copy()
+        part["retired"] = dump.retired.copy()
         # pg_status per row, by the entry's local pg id
         status = dump.pg_status
         for column, key in (("pg_last_enqueued", "last_enqueued_collective"),
@@ -702,13 +705,15 @@ class _Assembly:
                     values[rows] = value
                     valid[rows] = True
             part[column] = (values, valid)
-        if "input_sizes" in self.columns or "output_sizes" in self.columns:
-            part["input_sizes"] = dump.sizes["input_sizes"]
-            part["output_sizes"] = dump.sizes["output_sizes"]
+        for key in ("input_sizes", "output_sizes"):
+            if key in self.columns:
+                sizes = dump.sizes[key]
+                part[key] = _SizesColumn(sizes.counts.astype(np.int32), sizes.ndims.astype(np.int32), sizes.dims)
         for key in ("input_dtypes", "output_dtypes"):
             if key in self.columns:
                 column = dump.dtypes[key]
-                part[key] = (column.counts, self.strings[key].remap(column.values or [], column.items))
+                part[key] = (column.counts.astype(np.int32),
+                             self.strings[key].remap(column.values or [], column.items))
         if dump.frames is not None and "frames" in self.columns:
             part["frames"] = (dump.frames.counts, self.strings["frames"].remap(dump.frames.values or [],
                                                                               dump.frames.items))
@@ -801,6 +806,13 @@ class _Assembly:
             return out
 
         wanted = self.columns
+
+        def release(*names: str) -> None:
+            # a column's per-dump pieces are dropped once it is built: peak memory ~ one table, not two
+            for part in self.parts:
+                for name in names:
+                    part.pop(name, None)
+
         if "rank" in wanted:
             ranks = np.empty(total, np.int32)
             pos = 0
@@ -818,9 +830,12 @@ class _Assembly:
                     codes[pos:pos + m] = part[name]
                     pos += m
                 cols[name] = self.strings[name].array(codes, self.dictionary)
-        for name in ("op", "state", "pg_desc"):
+        for name in ("op", "state"):
             if name in wanted:
                 cols[name] = self.strings[name].array(gather_codes(name), self.dictionary)
+            release(name)
+        if "pg_desc" in wanted:
+            cols["pg_desc"] = self.strings["pg_desc"].array(gather_codes("pg_desc"), self.dictionary)
         if "pg_name" in wanted or "pg_id" in wanted:
             names = gather_codes("pg_name")
             ids = gather_codes("pg_id")
@@ -836,6 +851,7 @@ class _Assembly:
                 cols["pg_name"] = self.strings["pg_name"].array(names, self.dictionary)
             if "pg_id" in wanted:
                 cols["pg_id"] = self.strings["pg_id"].array(ids, self.dictionary)
+            release("pg_name", "pg_id")
             if "pg_desc" in wanted:
                 # status rows get their group's desc when the name is known
                 descs = gather_codes("pg_desc")
@@ -846,6 +862,7 @@ class _Assembly:
                 for row in status_rows:
                     descs[row] = desc_of_name.get(int(names[row]), -1)
                 cols["pg_desc"] = self.strings["pg_desc"].array(descs, self.dictionary)
+                release("pg_desc")
         for name in [*_INT_COLUMNS, "pg_last_enqueued", "pg_last_started", "pg_last_completed"]:
             if name in wanted:
                 values, valid = gather_int(name)
@@ -860,6 +877,7 @@ class _Assembly:
                                 valid[pos + n + j] = True
                         pos += n + len(part["status"])
                 cols[name] = pa.array(values, pa.int64(), mask=~valid)
+                release(name)
         for name in _TIME_COLUMNS:
             if name in wanted or (name == "time_created" and "ts" in wanted):
                 values, valid = gather_int(name)
@@ -876,6 +894,7 @@ class _Assembly:
                         ts[pos + n:pos + n + len(part["status"])] = part["dump_ts"]
                         pos += n + len(part["status"])
                     cols["ts"] = pa.array(ts, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+            release(name)
         for name in ("is_p2p", "retired"):
             if name in wanted:
                 flags = np.full(total, -1, np.int8)
@@ -885,12 +904,15 @@ class _Assembly:
                     flags[pos:pos + n] = part[name]
                     pos += n + len(part["status"])
                 cols[name] = pa.array(flags == 1, pa.bool_(), mask=flags < 0)
+                release(name)
         for name in ("input_sizes", "output_sizes"):
             if name in wanted:
                 cols[name] = self._sizes_array(name, total)
+            release(name)
         for name in ("input_dtypes", "output_dtypes", "frames"):
             if name in wanted:
                 cols[name] = self._string_list_array(name, total)
+            release(name)
         if "pg_ranks" in wanted:
             cols["pg_ranks"] = self._pg_ranks_array(total)
         if "node" in wanted:
@@ -911,7 +933,7 @@ class _Assembly:
 
     def _layout(self, name: str, total: int) -> tuple[np.ndarray, list[Any]]:
         """Per-row counts for a list column (status rows null)."""
-        counts = np.full(total, -1, np.int64)
+        counts = np.full(total, -1, np.int32)
         pos = 0
         for part in self.parts:
             n = part["n"]
@@ -937,7 +959,7 @@ class _Assembly:
         return _list_from_counts(counts, values)
 
     def _pg_ranks_array(self, total: int) -> pa.Array:
-        counts = np.full(total, -1, np.int64)
+        counts = np.full(total, -1, np.int32)
         rows = sorted(self.ranks_rows)
         for row, ranks in rows:
             counts[row] = len(ranks)
