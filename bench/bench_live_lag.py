@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from attribution.incident import Incident  # noqa: E402
+from bench.common import emit, machine  # noqa: E402
 from collectors.layout import list_segments, resolve_store  # noqa: E402
 from collectors.sink import SegmentSink  # noqa: E402
 
@@ -181,17 +180,16 @@ def main() -> None:
         stop = True
         thread.join(timeout=300)
 
-    result = {
-        "benchmark": "live lag: segment landed -> incident row visible",
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+    emit("live_lag", {
+        "what": "segment landed -> its crash incident row visible (seconds)",
+        "machine": machine(),
         "store": {"step_rows": rows, "ranks": args.ranks, "steps": args.steps, "setup_s": round(setup_s, 1)},
         "follow": {"interval_s": args.interval, "while_streaming_step_rows_per_s": args.ranks, **summary(follow)},
-        "batch_rerun_back_to_back": {**summary(batch),
-                                     "pass_s_median": round(statistics.median(batch_runs), 2) if batch_runs else None},
+        "batch_rerun_back_to_back": {**summary(batch), "pass_s_median": round(statistics.median(batch_runs), 2)
+                                     if batch_runs else None},
         "target_s": 2.0,
         "command": "PYTHONPATH=. python bench/bench_live_lag.py " + " ".join(sys.argv[1:]),
-    }
-    print(json.dumps(result, indent=1))
+    })
 
 
 if __name__ == "__main__":
