@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from controller.demo.report import print_report
     from controller.demo.schedule import DEMO_FAULTS, demo_fault
-    from controller.supervisor.run import RunConfig, Supervisor
+    from controller.supervisor.run import RunConfig, Supervisor, write_summary
 
     if not 1 <= args.faults <= len(DEMO_FAULTS):
         raise CliError(f"--faults must be between 1 and {len(DEMO_FAULTS)}")
@@ -122,4 +122,5 @@ def cmd_demo(args: argparse.Namespace) -> int:
     finally:
         supervisor.close()
     print_report(result, console, wall_s=time.monotonic() - started, store=args.store)
+    write_summary(result, workdir / "summary.json")
     return 0
