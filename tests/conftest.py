@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -34,3 +35,44 @@ def torch_artifacts() -> dict[str, Path]:
     from tests.torch_jobs.harness import cached_artifacts
 
     return cached_artifacts()
+
+
+class DemoRun(NamedTuple):
+    store: Path
+    workdir: Path
+    output: str
+
+
+@pytest.fixture(scope="session")
+def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """One real `faultlens demo` run (torch DDP over gloo, five injected faults, ~80-110 s on 2 cores) per test
+    session: its store, its workdir and its console output. Under pytest-xdist the workers share one run (the
+    first to take the lock makes it, the others wait and reuse it); a failed run fails every user with its
+    output."""
+    pytest.importorskip("torch")
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    root = shared / "faultlens-demo"
+    with open(shared / "faultlens-demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done, failed = root / "output.txt", root / "failed.txt"
+        if not done.exists() and not failed.exists():
+            root.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+            try:
+                proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "demo", "--store",
+                                       str(root / "store"), "--workdir", str(root / "work")], cwd=root, env=env,
+                                      capture_output=True, text=True, timeout=420)
+                text, ok = proc.stdout[-6000:] + proc.stderr[-6000:], proc.returncode == 0
+                (done if ok else failed).write_text(proc.stdout if ok else text)
+            except subprocess.TimeoutExpired as exc:
+                failed.write_text(f"the demo ran past 420 s: {exc}")
+    if failed.exists():
+        pytest.fail("faultlens demo failed:\n" + failed.read_text())
+    return DemoRun(root / "store", root / "work", done.read_text())

@@ -3,14 +3,10 @@ incident has the right class, culprit and decision, and each restart resumed fro
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from attribution.store import Store
-from tests.conftest import REPO_ROOT
 
 pytest.importorskip("torch")
 
@@ -24,20 +20,8 @@ EXPECTED = [
 ]
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("demo")
-    store, workdir = work / "store", work / "work"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "demo", "--store", str(store),
-                           "--workdir", str(workdir)], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=420)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return store, workdir, proc.stdout
-
-
-def test_every_fault_is_attributed_and_decided(demo_run):
-    store, workdir, output = demo_run
+def test_every_fault_is_attributed_and_decided(demo_store):
+    store, workdir, output = demo_store
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["outcome"] == "escalated"
     assert len(summary["attempts"]) == len(EXPECTED)
@@ -62,8 +46,8 @@ def test_every_fault_is_attributed_and_decided(demo_run):
     assert "4 incidents recovered automatically, 1 escalated to a human" in " ".join(output.split())
 
 
-def test_each_restart_resumed_from_the_chosen_checkpoint(demo_run):
-    store, workdir, _ = demo_run
+def test_each_restart_resumed_from_the_chosen_checkpoint(demo_store):
+    store, workdir, _ = demo_store
     with Store(store) as reader:
         decisions = reader.query("""
             SELECT attempt, restore_step, restore_tier, exclude_nodes FROM decisions

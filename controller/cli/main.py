@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from controller.cli import (
     attribution_cmds,
     decision_cmds,
+    goodput_cmds,
     gpu_cmds,
     hang_cmds,
     ingest_cmds,
@@ -18,7 +19,8 @@ from controller.cli import (
 from controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help.
-COMMAND_MODULES = [run_cmds, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds]
+COMMAND_MODULES = [run_cmds, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds,
+                   goodput_cmds]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import shutil
 import time
@@ -121,6 +122,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         result = supervisor.run()
     finally:
         supervisor.close()
-    print_report(result, console, wall_s=time.monotonic() - started, store=args.store)
+    report = print_report(result, console, wall_s=time.monotonic() - started, store=args.store)
     write_summary(result, workdir / "summary.json")
+    if report is not None:
+        (workdir / "goodput.json").write_text(json.dumps(report.to_dict(), indent=1))
     return 0
