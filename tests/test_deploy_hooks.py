@@ -1,0 +1,221 @@
+"""The example decision receivers of docs/deploy/ do what docs/operations.md says, delivered by the real hooks:
+the Slurm requeue script (through CommandHook; sbatch/squeue/scancel/scontrol are recording stand-ins, since no
+Slurm runs here), the Kubernetes webhook receiver (a real HTTP server reached by the real WebhookHook; kubectl is
+a recording stand-in) and the torchrun wrapper (a real launcher process that fails, then a real file-drop
+decision)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from attribution.decision import Action, Decision, Restore
+from attribution.incident import Cause, Incident, IncidentClass
+from controller.hooks import CommandHook, FileDropHook, PermanentHookError, WebhookHook
+from controller.hooks.base import HookError
+from tests.conftest import REPO_ROOT
+
+DEPLOY = REPO_ROOT / "docs" / "deploy"
+T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+
+
+def decision(n: int, action: Action = Action.FAILOVER, *, job: str = "llm-7b", attempt: int = 0,
+             exclude: tuple[str, ...] = ("node-07",), restore: Restore | None = Restore("durable", 1200,
+                                                                                        "s3://ckpt/llm-7b/step-1200")
+             ) -> Decision:
+    incident = Incident(f"inc-{n}", IncidentClass.CRASH, Cause.GPU_HARDWARE, T0, T0, 0.97, "xid-79", "Xid 79",
+                        job_id=job, attempt=attempt, culprit_nodes=exclude, culprit_ranks=(2,))
+    return Decision.for_incident(incident, action=action, policy_rule="hardware-failover", reason="Xid 79 on node-07",
+                                 issued_at=T0, exclude_nodes=exclude if action is not Action.ESCALATE else (),
+                                 restore=restore if action is Action.FAILOVER else None)
+
+
+# ---------------------------------------------------------------------------------------------- Slurm
+
+SLURM_STANDIN = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    # records how it was called; squeue answers with the running job's id
+    printf '%s' "$(basename "$0")" >> "$SLURM_LOG"; printf ' %q' "$@" >> "$SLURM_LOG"; echo >> "$SLURM_LOG"
+    if [[ $(basename "$0") == squeue ]]; then echo 4242; fi
+""")
+
+
+@pytest.fixture
+def slurm(tmp_path, monkeypatch):
+    if shutil.which("bash") is None or shutil.which("python3") is None:
+        pytest.skip("needs bash and python3")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("sbatch", "squeue", "scancel", "scontrol"):
+        (bin_dir / name).write_text(SLURM_STANDIN)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "slurm.log"
+    log.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_LOG", str(log))
+    hook = CommandHook([str(DEPLOY / "slurm" / "faultlens-requeue.sh")], name="slurm-requeue",
+                       env={"FAULTLENS_SLURM_BATCH": "/shared/train.sbatch",
+                            "FAULTLENS_SLURM_STATE": str(tmp_path / "state")})
+    return hook, log
+
+
+def _calls(log: Path) -> list[str]:
+    return log.read_text().splitlines()
+
+
+def test_slurm_failover_requeues_with_exclude_and_restore(slurm):
+    hook, log = slurm
+    first = decision(1)
+    hook.deliver(first, first.to_json())
+    assert _calls(log) == [
+        "scontrol update NodeName=node-07 State=DRAIN Reason=faultlens\\ " + first.decision_id,
+        "squeue -h --name llm-7b -o %i",
+        "scancel 4242",
+        "sbatch --job-name llm-7b --export ALL\\,FAULTLENS_JOB_ID=llm-7b\\,FAULTLENS_ATTEMPT=1\\,"
+        "FAULTLENS_RESTORE_TIER=durable\\,FAULTLENS_RESTORE_STEP=1200\\,FAULTLENS_RESTORE_URI=s3://ckpt/llm-7b/"
+        "step-1200 --exclude node-07 /shared/train.sbatch"]
+    hook.deliver(first, first.to_json())  # at-least-once: a second delivery does nothing
+    assert len(_calls(log)) == 4
+    second = decision(2, exclude=("node-09",), attempt=1)
+    hook.deliver(second, second.to_json())
+    sbatch = _calls(log)[-1]
+    assert "--exclude node-07\\,node-09" in sbatch and "FAULTLENS_ATTEMPT=2" in sbatch
+
+
+def test_slurm_escalation_and_drain_touch_no_allocation(slurm):
+    hook, log = slurm
+    escalated = decision(3, Action.ESCALATE)
+    hook.deliver(escalated, escalated.to_json())
+    assert [c.split()[0] for c in _calls(log)] == ["squeue", "scontrol"]
+    assert "Comment=faultlens\\ escalated" in _calls(log)[1]
+    drained = decision(4, Action.DRAIN, exclude=("node-11",))
+    hook.deliver(drained, drained.to_json())
+    assert _calls(log)[-1].startswith("scontrol update NodeName=node-11 State=DRAIN")
+    assert not any(c.startswith(("sbatch", "scancel")) for c in _calls(log))
+
+
+def test_slurm_hook_refuses_a_hostile_job_id(slurm):
+    hook, log = slurm
+    bad = decision(5, job="x; rm -rf /")
+    with pytest.raises(HookError, match="exit 2"):
+        hook.deliver(bad, bad.to_json())
+    assert _calls(log) == []
+
+
+# ---------------------------------------------------------------------------------------------- Kubernetes
+
+
+def _receiver_module():
+    spec = importlib.util.spec_from_file_location("webhook_receiver", DEPLOY / "kubernetes" / "webhook_receiver.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def k8s(tmp_path):
+    module = _receiver_module()
+    calls: list[tuple[list[str], str | None]] = []
+    receiver = module.DecisionReceiver("training", kubectl=lambda args, stdin: calls.append((list(args), stdin)),
+                                       state_file=tmp_path / "handled.txt")
+    server = module.make_server(receiver, "s3cret", host="127.0.0.1", port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/faultlens/decisions"
+    yield url, calls, module, tmp_path
+    server.shutdown()
+    server.server_close()
+
+
+def test_k8s_receiver_cordons_records_the_restore_and_restarts_pods(k8s):
+    url, calls, module, tmp_path = k8s
+    hook = WebhookHook(url, secret="s3cret", name="k8s")
+    first = decision(1)
+    hook.deliver(first, first.to_json())
+    assert calls[0] == (["cordon", "node-07"], None)
+    assert calls[1][0] == ["apply", "-f", "-"]
+    configmap = json.loads(calls[1][1])
+    assert configmap["metadata"]["name"] == "llm-7b-faultlens-restore"
+    assert configmap["data"] == {"decision_id": first.decision_id, "attempt": "1", "tier": "durable",
+                                 "uri": "s3://ckpt/llm-7b/step-1200", "step": "1200"}
+    assert calls[2] == (["-n", "training", "delete", "pods", "-l", "faultlens.io/job=llm-7b", "--wait=false"], None)
+    hook.deliver(first, first.to_json())  # a duplicate delivery is acknowledged, nothing runs twice
+    assert len(calls) == 3
+    # the handled ids survive a restart of the receiver
+    again = module.DecisionReceiver("training", kubectl=lambda a, s: calls.append((a, s)),
+                                    state_file=tmp_path / "handled.txt")
+    assert again.handle(json.loads(first.to_json())) == "duplicate"
+
+
+def test_k8s_receiver_rejects_a_bad_signature(k8s):
+    url, calls, _, _ = k8s
+    forged = decision(2)
+    with pytest.raises(PermanentHookError, match="401"):
+        WebhookHook(url, secret="wrong", name="k8s").deliver(forged, forged.to_json())
+    assert calls == []
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+
+LAUNCHER = textwrap.dedent("""\
+    import os, sys
+    # stands in for torchrun's job: attempt 0 dies like a rank lost to Xid 79; later attempts must restore
+    attempt = int(os.environ["FAULTLENS_ATTEMPT"])
+    with open(sys.argv[1], "a") as log:
+        log.write(f"{attempt} {os.environ.get('FAULTLENS_RESTORE_STEP', '-')} {sys.argv[2:]}\\n")
+    sys.exit(1 if attempt == 0 else 0)
+""")
+
+
+def _wrapper(tmp_path: Path, node: str, spool: Path) -> subprocess.Popen:
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    env = {**os.environ, "FAULTLENS_JOB_ID": "llm-7b", "FAULTLENS_DECISION_SPOOL": str(spool),
+           "FAULTLENS_NODE": node, "FAULTLENS_DECISION_WAIT": "30",
+           "FAULTLENS_TORCHRUN": f"{sys.executable} {script} {tmp_path / (node + '.log')}"}
+    return subprocess.Popen([str(DEPLOY / "torchrun" / "faultlens-torchrun.sh"), "--nproc-per-node", "8",
+                             "train.py"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_torchrun_wrapper_restarts_from_the_decision_or_leaves_when_excluded(tmp_path):
+    if shutil.which("bash") is None or shutil.which("python3") is None:
+        pytest.skip("needs bash and python3")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    healthy, excluded = _wrapper(tmp_path, "node-01", spool), _wrapper(tmp_path, "node-07", spool)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all((tmp_path / f"{n}.log").exists() for n in ("node-01", "node-07")):
+        time.sleep(0.05)
+    failover = decision(1)
+    FileDropHook(spool, name="spool").deliver(failover, failover.to_json())
+    out_healthy, err_healthy = healthy.communicate(timeout=30)
+    out_excluded, err_excluded = excluded.communicate(timeout=30)
+    assert healthy.returncode == 0, err_healthy
+    assert (tmp_path / "node-01.log").read_text().splitlines() == [
+        "0 - ['--nproc-per-node', '8', 'train.py']", "1 1200 ['--nproc-per-node', '8', 'train.py']"]
+    assert excluded.returncode == 0 and "excluded" in err_excluded
+    assert (tmp_path / "node-07.log").read_text().splitlines() == ["0 - ['--nproc-per-node', '8', 'train.py']"]
+
+
+def test_torchrun_wrapper_stops_on_escalation(tmp_path):
+    if shutil.which("bash") is None or shutil.which("python3") is None:
+        pytest.skip("needs bash and python3")
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    escalated = decision(2, Action.ESCALATE)
+    FileDropHook(spool, name="spool").deliver(escalated, escalated.to_json())
+    wrapper = _wrapper(tmp_path, "node-01", spool)
+    _, err = wrapper.communicate(timeout=30)
+    assert wrapper.returncode == 1 and "decision escalate; stopping" in err
+    assert len((tmp_path / "node-01.log").read_text().splitlines()) == 1
