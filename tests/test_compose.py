@@ -179,7 +179,8 @@ def test_otel_collector_config_is_consistent(compose):
     assert {e.rsplit(":", 1)[1] for e in endpoints} <= ports
     assert config["exporters"]["prometheus"]["endpoint"].rsplit(":", 1)[1] in ports
     env = compose["services"]["node-agent"]["environment"]
-    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4318") and env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4318")
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
 
 
 def test_daemonset_and_systemd_unit_run_a_real_command():

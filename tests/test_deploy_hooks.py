@@ -30,10 +30,11 @@ DEPLOY = REPO_ROOT / "docs" / "deploy"
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 
 
+RESTORE = Restore("durable", 1200, "s3://ckpt/llm-7b/step-1200")
+
+
 def decision(n: int, action: Action = Action.FAILOVER, *, job: str = "llm-7b", attempt: int = 0,
-             exclude: tuple[str, ...] = ("node-07",), restore: Restore | None = Restore("durable", 1200,
-                                                                                        "s3://ckpt/llm-7b/step-1200")
-             ) -> Decision:
+             exclude: tuple[str, ...] = ("node-07",), restore: Restore | None = RESTORE) -> Decision:
     incident = Incident(f"inc-{n}", IncidentClass.CRASH, Cause.GPU_HARDWARE, T0, T0, 0.97, "xid-79", "Xid 79",
                         job_id=job, attempt=attempt, culprit_nodes=exclude, culprit_ranks=(2,))
     return Decision.for_incident(incident, action=action, policy_rule="hardware-failover", reason="Xid 79 on node-07",
@@ -199,8 +200,8 @@ def test_torchrun_wrapper_restarts_from_the_decision_or_leaves_when_excluded(tmp
         time.sleep(0.05)
     failover = decision(1)
     FileDropHook(spool, name="spool").deliver(failover, failover.to_json())
-    out_healthy, err_healthy = healthy.communicate(timeout=30)
-    out_excluded, err_excluded = excluded.communicate(timeout=30)
+    _, err_healthy = healthy.communicate(timeout=30)
+    _, err_excluded = excluded.communicate(timeout=30)
     assert healthy.returncode == 0, err_healthy
     assert (tmp_path / "node-01.log").read_text().splitlines() == [
         "0 - ['--nproc-per-node', '8', 'train.py']", "1 1200 ['--nproc-per-node', '8', 'train.py']"]
