@@ -25,7 +25,10 @@ ETTR (reference/failures.md 2(b)): productive step time / wall time, productive 
 lineage x their measured duration (median over the ranks of the steps table's duration_s; checkpoint writes
 excluded). The lineage ends at the last step when the job finished, else at the newest complete checkpoint every
 rank can restore (work after it is lost), and is walked back through the attempts (each attempt resumed from the
-step before its first). Lost steps: completed steps (any rank recorded them) not in that lineage.
+step before its first). Lost steps: completed steps (any rank recorded them) not in that lineage. ETTR so defined
+counts a step a straggler slowed at its slowed duration, so the straggler's cost shows instead in
+goodput_at_healthy_step = kept steps x the healthy step time / wall time (healthy step time: the median duration of
+both sides' steps before the first fault, measured in this run) and in kept_steps_per_min.
 """
 
 from __future__ import annotations
@@ -118,6 +121,20 @@ def ettr_figures(attempts: dict[int, AttemptSteps], final_step: int | None, wall
     }
 
 
+def pre_fault_durations(attempts: dict[int, AttemptSteps], first_fault_step: int) -> list[float]:
+    """Durations of the first attempt's steps before the first fault acted (the job's healthy step time)."""
+    first = attempts.get(0)
+    return [] if first is None else [d for step, d in first.durations.items() if step < first_fault_step]
+
+
+def add_goodput(side: dict[str, Any], healthy_step_s: float | None) -> None:
+    """Kept steps at the healthy step time / wall time: unlike ETTR as defined (measured durations), a step a
+    straggler slowed counts only for what it should have cost (reference 2(b): waste = 1 - 1/S)."""
+    wall = side["wall_s"]
+    side["goodput_at_healthy_step"] = (round(side["kept_steps"] * healthy_step_s / wall, 4)
+                                       if healthy_step_s and wall > 0 else None)
+
+
 def bug_markers(paths: Sequence[Path]) -> list[tuple[int, float]]:
     """(attempt, epoch seconds) of every software_bug marker the training script wrote."""
     found = []
@@ -147,7 +164,7 @@ def bug_figures(markers: list[tuple[int, float]], attempts_started: int, stopped
 
 def run_faultlens(workdir: Path, steps: int, timeout_s: float) -> dict[str, Any]:
     from controller.cli.run_cmds import DEMO_THRESHOLDS
-    from controller.demo.faults import Fault
+    from controller.demo.faults import Fault, FaultKind
     from controller.demo.schedule import DEMO_FAULTS, demo_fault
     from controller.supervisor.run import RunConfig, Supervisor
 
@@ -161,7 +178,8 @@ def run_faultlens(workdir: Path, steps: int, timeout_s: float) -> dict[str, Any]
     def faults(attempt: int, nodes: Sequence[str], start_step: int):
         chosen = demo_fault(attempt, nodes, start_step, NPROC)
         fault = Fault.from_json(chosen.env.get("FAULTLENS_DEMO_FAULT"))
-        fault_steps.setdefault(fault.kind.value, fault.step)
+        if fault.kind is not FaultKind.NONE:
+            fault_steps.setdefault(fault.kind.value, fault.step)
         return chosen
 
     supervisor = Supervisor(config, faults=faults, on_event=lambda text: say(f"faultlens: {text}"))
@@ -200,6 +218,7 @@ def run_faultlens(workdir: Path, steps: int, timeout_s: float) -> dict[str, Any]
         **ettr_figures(attempts, final_step, wall_s),
         **bug_figures(markers, len(result.attempts), stopped_epoch),
         "fault_steps": fault_steps,
+        "_pre_fault": pre_fault_durations(attempts, min(fault_steps.values(), default=0)),
         "attempts": per_attempt,
     }
 
@@ -347,6 +366,7 @@ def run_plain(workdir: Path, steps: int, timeout_s: float, max_restarts: int, sc
         "excluded_nodes": [],
         **ettr_figures(attempts, final_step, wall_s),
         **bug_figures(bug_markers([demo_dir]), attempts_started, stopped_epoch),
+        "_pre_fault": pre_fault_durations(attempts, min((f["step"] for f in schedule[0]), default=0)),
         "attempts": per_attempt,
     }
 
@@ -392,6 +412,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             bug_schedule(args.max_restarts, bug_step), "torchrun-bug", deadline_s=240.0)
         say(f"plain bug run: {bug_run['ended_by']} after {bug_run['wall_s']} s")
 
+    pre_fault = faultlens.pop("_pre_fault") + plain.pop("_pre_fault")
+    healthy_step_s = statistics.median(pre_fault) if pre_fault else None
+    for side in (faultlens, plain, bug_run):
+        if side is not None:
+            side.pop("_pre_fault", None)
+            add_goodput(side, healthy_step_s)
     bug_source = plain if plain["software_bug_reached"] or bug_run is None else bug_run
     result = {
         "machine": machine(),
@@ -399,11 +425,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                f"{args.steps}, checkpoints local every 5 / durable every 10 steps",
         "gloo_timeout_s": args.timeout,
         "max_restarts": args.max_restarts,
+        "healthy_step_s": None if healthy_step_s is None else round(healthy_step_s, 4),
+        "healthy_step_samples": len(pre_fault),
         "faultlens": faultlens,
         "torchrun": plain,
         "torchrun_software_bug_alone": bug_run,
         "ratios": {
             "ettr_faultlens_over_torchrun": _ratio(faultlens["ettr"], plain["ettr"]),
+            "goodput_faultlens_over_torchrun": _ratio(faultlens["goodput_at_healthy_step"],
+                                                      plain["goodput_at_healthy_step"]),
+            "kept_steps_per_min_faultlens_over_torchrun": _ratio(faultlens["kept_steps_per_min"],
+                                                                 plain["kept_steps_per_min"]),
             "kept_steps_faultlens_over_torchrun": _ratio(faultlens["kept_steps"], plain["kept_steps"]),
             "lost_steps_torchrun_over_faultlens": _ratio(plain["lost_steps"], faultlens["lost_steps"]),
             "wall_torchrun_over_faultlens": _ratio(plain["wall_s"], faultlens["wall_s"]),
