@@ -290,6 +290,12 @@ def _worker_errors(log_dirs: Sequence[Path], attempt: int) -> list[str]:
     return lines
 
 
+def _attempt_started(logs: Path, attempt: int) -> float | None:
+    """When torchrun started an attempt: the earliest creation of its attempt_N log directory on any node."""
+    times = [path.stat().st_mtime for path in logs.glob(f"*/*/attempt_{attempt}")]  # rank dirs made at start
+    return min(times) if times else None
+
+
 def run_plain(workdir: Path, steps: int, timeout_s: float, max_restarts: int, schedule: list, name: str,
               deadline_s: float) -> dict[str, Any]:
     """Two torchrun agents (one per simulated node) with --max-restarts, no supervisor, until both exit."""
@@ -346,10 +352,14 @@ def run_plain(workdir: Path, steps: int, timeout_s: float, max_restarts: int, sc
         choice = CheckpointCatalog([*tiers, Tier(TierKind.DURABLE, str(workdir / "durable"))]).choose(
             world_size=WORLD)
         final_step = None if choice is None else choice.step
+    starts = [_attempt_started(workdir / "logs", attempt) for attempt in range(attempts_started)]
+    ends = [*starts[1:], stopped_epoch]
     per_attempt = []
     for attempt in range(attempts_started):
         steps_of = attempts.get(attempt)
+        begin, end = starts[attempt], ends[attempt]
         per_attempt.append({"attempt": attempt, "nodes": [node for node, _ in processes],
+                            "seconds": round(end - begin, 1) if begin is not None and end is not None else None,
                             "faults": [f"{f['kind']}@{'+' if f['relative'] else ''}{f['step']}"
                                        for f in (schedule[attempt] if attempt < len(schedule) else [])],
                             "first_step": steps_of.first if steps_of else None,
