@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-INGEST_MODULES: list = []
+from controller.cli import gpu_cmds
+
+INGEST_MODULES: list = [gpu_cmds]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

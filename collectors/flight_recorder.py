@@ -1,0 +1,1040 @@
+"""Flight-recorder dump reader: a directory of per-rank dumps -> rows of the `collectives` table.
+
+Reads what torch's flight recorder writes (NCCL watchdog files `_dump_9`, `comm_lib_trace_rank_9`) and what
+faultlens' trigger writes (`rank_9.pkl`, `rank_9.json`, interface 4): pickle or JSON, NCCL or gloo, format versions
+2.x, one rank or thousands, incomplete sets allowed. The rank is the dump's top-level `rank` key, else the last
+integer in the file name; a rank with both a pickle and a JSON dump is read once, from the pickle (the JSON one is
+the fallback when the pickle is broken).
+
+Pickles never reach `pickle.load`: a compiled scanner (collectors.fr_fastpickle) turns the plain-data opcodes into
+columns directly, and anything it does not accept goes to the restricted unpickler (collectors.safe_pickle), which
+loads plain data or refuses. A truncated, corrupt or hostile dump becomes a DumpFileError naming the file and the
+problem, and every other rank is still read.
+
+Rows, one per entry (`record_id` set). Besides them each dump adds one *status row* per `pg_status` group
+(`record_id` null; `pg_id` the dump's local id, `pg_last_enqueued/started/completed` set), or a single status row
+when it has none, so a dump with no entries (an idle rank in an only-active dump) is still visible as present.
+
+Process groups: `pg_id` is the rank-local id of the entry; `pg_name` / `pg_desc` come from `process_group` and are
+what identifies a group across ranks. `pg_ranks` (global ranks of the group) comes from `pg_config`; when that is
+broken as gloo writes it (keyed '', ranks '[]', groups overwriting each other) it is rebuilt from the entries: the
+ranks whose dumps recorded that group (plus every rank of `world_size` for the default group). To keep dump sets of
+thousands of ranks small, `pg_ranks` is carried on the first row of each group (per distinct membership) in the
+set, and is null on the group's other rows: `SELECT DISTINCT pg_name, pg_ranks ... WHERE pg_ranks IS NOT NULL`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from collectors import fr_fastpickle as fast
+from collectors.safe_pickle import PickleLoadError, safe_loads
+from collectors.schema import TABLES, validate
+from collectors.source import NodeIdentity
+
+log = logging.getLogger(__name__)
+
+TABLE = "collectives"
+SCHEMA = TABLES[TABLE]
+DEFAULT_MAX_FRAMES = 16
+PICKLE_SUFFIXES = (".pkl", ".pickle")
+JSON_SUFFIXES = (".json",)
+_RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?$", re.IGNORECASE)
+_INT_COLUMNS = {
+    "record_id": "record_id",
+    "collective_seq_id": "collective_seq_id",
+    "p2p_seq_id": "p2p_seq_id",
+    "op_id": "op_id",
+    "timeout_ms": "timeout_ms",
+}
+_TIME_COLUMNS = {
+    "time_created": "time_created_ns",
+    "time_started": "time_discovered_started_ns",
+    "time_completed": "time_discovered_completed_ns",
+}
+_STRING_FIELDS = ("op", "state", "pg_name", "pg_desc")
+
+
+class DumpFileError(ValueError):
+    """One dump file cannot be read: the message names the file and the problem."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+class DumpDirError(ValueError):
+    """A dump directory as a whole cannot be read (missing, not a directory, no dumps in it)."""
+
+
+@dataclass(frozen=True)
+class DumpSet:
+    """What read_dump_dir found: the rows, the ranks read, the files used and the per-file errors."""
+
+    table: pa.Table
+    ranks: tuple[int, ...]
+    files: tuple[str, ...]
+    errors: tuple[DumpFileError, ...]
+    world_size: int | None = None
+    skipped: tuple[str, ...] = ()  # files not used (a JSON twin of a pickle, a duplicate rank)
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# per-dump columns, from either parser
+
+
+@dataclass
+class _StrColumn:
+    codes: np.ndarray  # int32, -1 = null
+    values: list[str]
+
+
+@dataclass
+class _ListColumn:
+    counts: np.ndarray  # int64 per entry, -1 = null
+    items: np.ndarray  # int64 per item (ints) or int32 codes into `values` (strings)
+    values: list[str] | None = None
+
+
+@dataclass
+class _SizesColumn:
+    counts: np.ndarray  # tensors per entry, -1 = null
+    ndims: np.ndarray  # dims per tensor
+    dims: np.ndarray  # all dims
+
+
+@dataclass
+class _Dump:
+    path: Path
+    fmt: str
+    rank: int
+    n: int
+    version: str | None
+    world_size: int | None
+    node: str | None
+    comm_lib_version: str | None
+    pg_config: Mapping[str, Any]
+    pg_status: Mapping[str, Any]
+    ints: dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (values int64, valid bool)
+    pg_id: tuple[np.ndarray, np.ndarray]
+    is_p2p: np.ndarray  # int8, -1 null
+    retired: np.ndarray
+    strings: dict[str, _StrColumn]
+    sizes: dict[str, _SizesColumn]
+    dtypes: dict[str, _ListColumn]
+    frames: _ListColumn | None
+    mtime_ns: int = 0
+
+
+class _DumpFormatError(ValueError):
+    pass
+
+
+def _as_int(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise _DumpFormatError(f"{what}: expected an integer, got {type(value).__name__} {value!r:.40}")
+
+
+def _check_top(obj: Any) -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise _DumpFormatError(f"not a flight-recorder dump: top level is a {type(obj).__name__}, expected a dict")
+    if "version" not in obj and "entries" not in obj:
+        keys = ", ".join(sorted(map(str, obj))[:6])
+        raise _DumpFormatError(f"not a flight-recorder dump: no 'version' or 'entries' key (keys: {keys})")
+    version = obj.get("version")
+    if version is not None:
+        text = str(version)
+        if not re.fullmatch(r"2\.\d+(\.\d+)?", text):
+            raise _DumpFormatError(f"unsupported flight-recorder format version {text!r} (expected 2.x)")
+    entries = obj.get("entries", [])
+    if not isinstance(entries, list):
+        raise _DumpFormatError(f"'entries' is a {type(entries).__name__}, expected a list")
+    for key in ("pg_config", "pg_status"):
+        if obj.get(key) is not None and not isinstance(obj.get(key), Mapping):
+            raise _DumpFormatError(f"'{key}' is a {type(obj[key]).__name__}, expected a dict")
+    return obj
+
+
+def _str_column(values: Sequence[Any], what: str) -> _StrColumn:
+    lookup: dict[str, int] = {}
+    uniques: list[str] = []
+    codes = np.empty(len(values), np.int32)
+    for i, value in enumerate(values):
+        if value is None:
+            codes[i] = -1
+            continue
+        if not isinstance(value, str):
+            value = str(value)
+        code = lookup.get(value)
+        if code is None:
+            code = lookup[value] = len(uniques)
+            uniques.append(value)
+        codes[i] = code
+    return _StrColumn(codes, uniques)
+
+
+def _frame_text(frame: Any) -> str:
+    if isinstance(frame, Mapping):
+        return f"{frame.get('name')} ({frame.get('filename')}:{frame.get('line')})"
+    return str(frame)
+
+
+def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int) -> _Dump:
+    """Columns of a dump loaded as Python objects (JSON, or a pickle the fast scanner handed over)."""
+    top = _check_top(obj)
+    entries = top.get("entries") or []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise _DumpFormatError(f"entry {i} is a {type(entry).__name__}, expected a dict")
+    n = len(entries)
+    ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for key in ("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "timeout_ms", "time_created_ns",
+                "time_discovered_started_ns", "time_discovered_completed_ns", "pg_id"):
+        values = np.zeros(n, np.int64)
+        valid = np.zeros(n, bool)
+        for i, entry in enumerate(entries):
+            value = _as_int(entry.get(key), f"entry {i} {key}")
+            if value is not None:
+                if not -(2**63) <= value < 2**63:
+                    raise _DumpFormatError(f"entry {i} {key}: {value} does not fit 64 bits")
+                values[i] = value
+                valid[i] = True
+        ints[key] = (values, valid)
+    pg_id = ints.pop("pg_id")
+
+    def flag(key: str) -> np.ndarray:
+        out = np.full(n, -1, np.int8)
+        for i, entry in enumerate(entries):
+            value = entry.get(key)
+            if value is not None:
+                out[i] = 1 if value else 0
+        return out
+
+    groups = [entry.get("process_group") for entry in entries]
+    names, descs = [], []
+    for i, group in enumerate(groups):
+        if group is None:
+            names.append(None)
+            descs.append(None)
+        elif isinstance(group, (list, tuple)):
+            names.append(group[0] if len(group) > 0 else None)
+            descs.append(group[1] if len(group) > 1 else None)
+        else:
+            raise _DumpFormatError(f"entry {i} process_group: expected (name, desc), got {type(group).__name__}")
+    strings = {
+        "op": _str_column([e.get("profiling_name") for e in entries], "profiling_name"),
+        "state": _str_column([e.get("state") for e in entries], "state"),
+        "pg_name": _str_column(names, "process_group"),
+        "pg_desc": _str_column(descs, "process_group"),
+    }
+    sizes: dict[str, _SizesColumn] = {}
+    for key in ("input_sizes", "output_sizes"):
+        counts = np.full(n, -1, np.int64)
+        ndims: list[int] = []
+        dims: list[int] = []
+        for i, entry in enumerate(entries):
+            value = entry.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, (list, tuple)):
+                raise _DumpFormatError(f"entry {i} {key}: expected a list of shapes")
+            counts[i] = len(value)
+            for shape in value:
+                if not isinstance(shape, (list, tuple)):
+                    raise _DumpFormatError(f"entry {i} {key}: expected a list of shapes")
+                ndims.append(len(shape))
+                dims.extend(_as_int(d, f"entry {i} {key}") for d in shape)
+        sizes[key] = _SizesColumn(counts, np.asarray(ndims, np.int64), np.asarray(dims, np.int64))
+    dtypes: dict[str, _ListColumn] = {}
+    for key in ("input_dtypes", "output_dtypes"):
+        counts = np.full(n, -1, np.int64)
+        flat: list[Any] = []
+        for i, entry in enumerate(entries):
+            value = entry.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, (list, tuple)):
+                raise _DumpFormatError(f"entry {i} {key}: expected a list of dtype names")
+            counts[i] = len(value)
+            flat.extend(value)
+        column = _str_column(flat, key)
+        dtypes[key] = _ListColumn(counts, column.codes, column.values)
+    frames = None
+    if max_frames > 0:
+        counts = np.full(n, -1, np.int64)
+        flat = []
+        for i, entry in enumerate(entries):
+            value = entry.get("frames")
+            if value is None:
+                continue
+            if not isinstance(value, (list, tuple)):
+                raise _DumpFormatError(f"entry {i} frames: expected a list")
+            kept = value[:max_frames]
+            counts[i] = len(kept)
+            flat.extend(_frame_text(f) for f in kept)
+        column = _str_column(flat, "frames")
+        frames = _ListColumn(counts, column.codes, column.values)
+    rank = _as_int(top.get("rank"), "rank")
+    return _Dump(
+        path=path, fmt=fmt, rank=-1 if rank is None else rank, n=n,
+        version=None if top.get("version") is None else str(top.get("version")),
+        world_size=_as_int(top.get("world_size"), "world_size"), node=_opt_str(top.get("node")),
+        comm_lib_version=_opt_str(top.get("comm_lib_version", top.get("nccl_version"))),
+        pg_config=top.get("pg_config") or {}, pg_status=top.get("pg_status") or {},
+        ints=ints, pg_id=pg_id, is_p2p=flag("is_p2p"), retired=flag("retired"), strings=strings, sizes=sizes,
+        dtypes=dtypes, frames=frames,
+    )
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the fast path
+
+
+class _Decoder:
+    """Turns tape nodes into Python values (small parts only) and string nodes into codes."""
+
+    def __init__(self, buf: np.ndarray, kind: np.ndarray, ival: np.ndarray, ilen: np.ndarray,
+                 offsets: np.ndarray, child: np.ndarray) -> None:
+        self.raw = buf.tobytes() if not isinstance(buf, bytes) else buf
+        self.kind, self.ival, self.ilen, self.offsets, self.child = kind, ival, ilen, offsets, child
+
+    def text(self, node: int) -> str:
+        start = int(self.ival[node])
+        return self.raw[start:start + int(self.ilen[node])].decode("utf-8", "replace")
+
+    def value(self, node: int, depth: int = 0) -> Any:
+        if depth > 32:
+            raise _DumpFormatError("nesting too deep")
+        k = int(self.kind[node])
+        if k == fast.K_NONE:
+            return None
+        if k in (fast.K_TRUE, fast.K_FALSE):
+            return k == fast.K_TRUE
+        if k == fast.K_INT:
+            return int(self.ival[node])
+        if k == fast.K_FLOAT:
+            return float(np.array([self.ival[node]], np.int64).view(np.float64)[0])
+        if k == fast.K_STR:
+            return self.text(node)
+        if k == fast.K_BYTES:
+            start = int(self.ival[node])
+            return self.raw[start:start + int(self.ilen[node])]
+        items = self.child[self.offsets[node]:self.offsets[node + 1]]
+        if k == fast.K_DICT:
+            return {self.value(int(items[i]), depth + 1): self.value(int(items[i + 1]), depth + 1)
+                    for i in range(0, len(items), 2)}
+        values = [self.value(int(item), depth + 1) for item in items]
+        return tuple(values) if k == fast.K_TUPLE else values
+
+    def top_level(self, root: int) -> dict[str, Any]:
+        """The root dict without its 'entries' (those are read into columns)."""
+        items = self.child[self.offsets[root]:self.offsets[root + 1]]
+        out: dict[str, Any] = {}
+        for i in range(0, len(items), 2):
+            key_node, value_node = int(items[i]), int(items[i + 1])
+            if self.kind[key_node] != fast.K_STR:
+                continue
+            key = self.text(key_node)
+            if key != "entries":
+                out[key] = self.value(value_node)
+        return out
+
+    def strings(self, nodes: np.ndarray) -> _StrColumn:
+        codes = np.full(nodes.shape[0], -1, np.int32)
+        present = nodes >= 0
+        if not present.any():
+            return _StrColumn(codes, [])
+        unique_nodes, inverse = np.unique(nodes[present], return_inverse=True)
+        lookup: dict[str, int] = {}
+        values: list[str] = []
+        remap = np.empty(unique_nodes.shape[0], np.int32)
+        for i, node in enumerate(unique_nodes):
+            text = self.text(int(node))
+            code = lookup.get(text)
+            if code is None:
+                code = lookup[text] = len(values)
+                values.append(text)
+            remap[i] = code
+        codes[present] = remap[inverse]
+        return _StrColumn(codes, values)
+
+
+_local = threading.local()
+
+
+def _workspace() -> fast.Workspace:
+    ws = getattr(_local, "workspace", None)
+    if ws is None:
+        ws = _local.workspace = fast.Workspace()
+    return ws
+
+
+def _dump_fast(buf: np.ndarray, path: Path, max_frames: int) -> _Dump | None:
+    """Columns straight from the pickle bytes, or None when the scanner declines (then the restricted
+    unpickler decides)."""
+    result = _workspace().parse(buf, max_frames)
+    status, root, kind, ival, ilen, offsets, child = result[:7]
+    if status != fast.OK:
+        return None
+    (ints, valid, strs, flags), counts, sizes, dtypes, frames = result[7:]
+    decoder = _Decoder(buf, kind, ival, ilen, offsets, child)
+    top = _check_top(decoder.top_level(root) | {"entries": []})
+    valid = valid.astype(bool)
+    slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
+    int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
+    strings = {name: decoder.strings(strs[i]) for i, name in enumerate(_STRING_FIELDS)}
+    dtype_columns = {}
+    for i, key in enumerate(("input_dtypes", "output_dtypes")):
+        column = decoder.strings(dtypes[i])
+        dtype_columns[key] = _ListColumn(counts[2 + i], column.codes, column.values)
+    frame_column = None
+    if max_frames > 0:
+        name_nodes, file_nodes, lines = frames
+        names = decoder.strings(name_nodes)
+        files = decoder.strings(file_nodes)
+        keyed: dict[tuple[int, int, int], int] = {}
+        texts: list[str] = []
+        codes = np.empty(lines.shape[0], np.int32)
+        for i in range(lines.shape[0]):
+            key = (int(names.codes[i]), int(files.codes[i]), int(lines[i]))
+            code = keyed.get(key)
+            if code is None:
+                name = names.values[key[0]] if key[0] >= 0 else None
+                file = files.values[key[1]] if key[1] >= 0 else None
+                line = key[2] if key[2] >= 0 else None
+                code = keyed[key] = len(texts)
+                texts.append(f"{name} ({file}:{line})")
+            codes[i] = code
+        frame_column = _ListColumn(counts[4], codes, texts)
+    n = int(ints.shape[1])
+    dump = _Dump(
+        path=path, fmt="pickle", rank=-1, n=n,
+        version=None if top.get("version") is None else str(top.get("version")),
+        world_size=_as_int(top.get("world_size"), "world_size"), node=_opt_str(top.get("node")),
+        comm_lib_version=_opt_str(top.get("comm_lib_version", top.get("nccl_version"))),
+        pg_config=top.get("pg_config") or {}, pg_status=top.get("pg_status") or {},
+        ints=int_columns, pg_id=(ints[slot["pg_id"]], valid[slot["pg_id"]]), is_p2p=flags[0], retired=flags[1],
+        strings=strings,
+        sizes={"input_sizes": _SizesColumn(counts[0], sizes[0], sizes[1]),
+               "output_sizes": _SizesColumn(counts[1], sizes[2], sizes[3])},
+        dtypes=dtype_columns, frames=frame_column,
+    )
+    dump.rank = -1 if top.get("rank") is None else _as_int(top.get("rank"), "rank")
+    return dump
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# files
+
+
+def rank_from_name(path: str | os.PathLike[str]) -> int | None:
+    """The last integer of a dump file name: `_dump_9`, `comm_lib_trace_rank_9`, `rank_9.pkl` -> 9."""
+    match = _RANK_IN_NAME.search(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def _is_candidate(path: Path) -> bool:
+    name = path.name
+    if name.startswith(".") or name.endswith((".tmp", ".partial")) or not path.is_file():
+        return False
+    suffix = path.suffix.lower()
+    if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
+        return True
+    return suffix == "" or name[-1:].isdigit() and rank_from_name(name) is not None
+
+
+def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Dump files in `directory` (not recursive), pickles before their JSON twins; temp names are ignored."""
+    root = Path(directory)
+    if not root.exists():
+        raise DumpDirError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise DumpDirError(f"{root}: not a directory")
+    files = [p for p in root.iterdir() if _is_candidate(p)]
+
+    def order(path: Path) -> tuple[int, int, str]:
+        rank = rank_from_name(path)
+        is_json = path.suffix.lower() in JSON_SUFFIXES
+        return (rank if rank is not None else 1 << 62, int(is_json), path.name)
+
+    return sorted(files, key=order)
+
+
+def _looks_like_json(head: bytes) -> bool:
+    stripped = head.lstrip()
+    return stripped[:1] in (b"{", b"[")
+
+
+def _load_file(path: Path, max_frames: int, fast_path: bool) -> _Dump:
+    try:
+        buf = np.fromfile(path, dtype=np.uint8)
+        mtime_ns = path.stat().st_mtime_ns
+    except OSError as exc:
+        raise DumpFileError(path, f"cannot read: {exc.strerror or exc}") from None
+    if buf.shape[0] == 0:
+        raise DumpFileError(path, "empty file (a dump cut short?)")
+    try:
+        if _looks_like_json(buf[:64].tobytes()):
+            try:
+                obj = json.loads(buf.tobytes())
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise DumpFileError(path, f"not valid JSON (truncated or corrupt?): {exc}") from None
+            dump = _dump_from_object(obj, path, "json", 0)
+        else:
+            dump = _dump_fast(buf, path, max_frames) if fast_path else None
+            if dump is None:
+                try:
+                    obj = safe_loads(buf.tobytes(), source=str(path))
+                except PickleLoadError as exc:
+                    raise DumpFileError(path, str(exc).removeprefix(f"{path}: ")) from None
+                dump = _dump_from_object(obj, path, "pickle", max_frames)
+    except _DumpFormatError as exc:
+        raise DumpFileError(path, str(exc)) from None
+    dump.mtime_ns = mtime_ns
+    if dump.rank < 0:
+        from_name = rank_from_name(path)
+        if from_name is None:
+            raise DumpFileError(path, "cannot tell the rank: no top-level 'rank' and no number in the file name")
+        dump.rank = from_name
+    return dump
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# assembly
+
+
+class _Strings:
+    """One set-wide dictionary for a string column."""
+
+    def __init__(self) -> None:
+        self.lookup: dict[str, int] = {}
+        self.values: list[str] = []
+
+    def remap(self, column_values: Sequence[str], codes: np.ndarray) -> np.ndarray:
+        if not column_values:
+            return codes.astype(np.int32, copy=False)
+        table = np.empty(len(column_values), np.int32)
+        for i, value in enumerate(column_values):
+            code = self.lookup.get(value)
+            if code is None:
+                code = self.lookup[value] = len(self.values)
+                self.values.append(value)
+            table[i] = code
+        out = np.full(codes.shape[0], -1, np.int32)
+        present = codes >= 0
+        out[present] = table[codes[present]]
+        return out
+
+    def array(self, codes: np.ndarray, dictionary: bool) -> pa.Array:
+        indices = pa.array(codes, type=pa.int32(), mask=codes < 0)
+        arr = pa.DictionaryArray.from_arrays(indices, pa.array(self.values, type=pa.string()))
+        return arr if dictionary else arr.cast(pa.string())
+
+
+_RANKS_CACHE: dict[str, tuple[int, ...] | None] = {}
+
+
+def parse_ranks(text: Any) -> tuple[int, ...] | None:
+    """pg_config 'ranks' ('[0, 1, 2]' or a list) -> sorted tuple; None when empty or unreadable."""
+    if isinstance(text, (list, tuple)):
+        try:
+            ranks = tuple(sorted(int(r) for r in text))
+        except (TypeError, ValueError):
+            return None
+        return ranks or None
+    if not isinstance(text, str):
+        return None
+    cached = _RANKS_CACHE.get(text, ...)
+    if cached is not ...:
+        return cached  # type: ignore[return-value]
+    try:
+        value = json.loads(text)
+        ranks = tuple(sorted(int(r) for r in value)) if isinstance(value, list) else None
+    except (ValueError, TypeError):
+        ranks = None
+    if ranks == ():
+        ranks = None
+    if len(_RANKS_CACHE) < 4096:
+        _RANKS_CACHE[text] = ranks
+    return ranks
+
+
+def _config_ranks(pg_config: Mapping[str, Any], name: str | None) -> tuple[int, ...] | None:
+    if name is None or not name:
+        return None
+    entry = pg_config.get(name)
+    if not isinstance(entry, Mapping):
+        return None
+    return parse_ranks(entry.get("ranks"))
+
+
+def _status_value(status: Mapping[str, Any], pg_id: str, key: str) -> int | None:
+    group = status.get(pg_id)
+    if not isinstance(group, Mapping):
+        return None
+    try:
+        return _as_int(group.get(key), key)
+    except _DumpFormatError:
+        return None
+
+
+def _comm_lib(dump: _Dump) -> str | None:
+    ops = dump.strings["op"].values
+    for prefix in ("nccl", "gloo", "ucc", "mpi", "xccl"):
+        if any(op.startswith(prefix + ":") for op in ops):
+            return prefix
+    if dump.comm_lib_version:
+        return "nccl"
+    return "gloo" if dump.comm_lib_version == "" else None
+
+
+@dataclass
+class _Assembly:
+    columns: set[str]
+    dictionary: bool
+    strings: dict[str, _Strings] = field(default_factory=lambda: {
+        k: _Strings() for k in ("op", "state", "pg_name", "pg_desc", "pg_id", "dump_id", "fr_version",
+                                "comm_lib", "node", "input_dtypes", "output_dtypes", "frames")})
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    group_members: dict[str, set[int]] = field(default_factory=dict)  # from entries
+    group_configs: dict[str, set[tuple[int, ...]]] = field(default_factory=dict)
+    group_first_row: dict[str, int] = field(default_factory=dict)
+    group_desc: dict[str, str] = field(default_factory=dict)
+    ranks_rows: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    carried: set[tuple[str, tuple[int, ...]]] = field(default_factory=set)
+    rows: int = 0
+    world_size: int | None = None
+
+    def add(self, dump: _Dump, dump_id: str) -> None:
+        n = dump.n
+        if dump.world_size:
+            self.world_size = max(self.world_size or 0, dump.world_size)
+        part: dict[str, Any] = {"n": n}
+        names = dump.strings["pg_name"]
+        name_codes = self.strings["pg_name"].remap(names.values, names.codes)
+        pg_ids, pg_valid = dump.pg_id
+        # group key: the name, else the local id
+        part["pg_name"] = name_codes
+        for key in ("op", "state", "pg_desc"):
+            column = dump.strings[key]
+            part[key] = self.strings[key].remap(column.values, column.codes)
+        id_values = [str(v) for v in np.unique(pg_ids[pg_valid])] if n else []
+        id_lookup = {int(v): i for i, v in enumerate(id_values)}
+        local_codes = np.full(n, -1, np.int32)
+        if n and pg_valid.any():
+            local_codes[pg_valid] = np.array([id_lookup[int(v)] for v in pg_ids[pg_valid]], np.int32) \
+                if len(id_lookup) > 1 else 0
+        part["pg_id"] = self.strings["pg_id"].remap(id_values, local_codes)
+        for column, key in _INT_COLUMNS.items():
+            part[column] = dump.ints[key]
+        for column, key in _TIME_COLUMNS.items():
+            values, valid = dump.ints[key]
+            if column != "time_created":
+                valid = valid & (values != 0)  # the JSON form writes 0 for "not seen"
+            part[column] = (values, valid)
+        part["is_p2p"] = dump.is_p2p
+        part["retired"] = dump.retired
+        # pg_status per row, by the entry's local pg id
+        status = dump.pg_status
+        for column, key in (("pg_last_enqueued", "last_enqueued_collective"),
+                            ("pg_last_started", "last_started_collective"),
+                            ("pg_last_completed", "last_completed_collective")):
+            values = np.zeros(n, np.int64)
+            valid = np.zeros(n, bool)
+            for i, pid in enumerate(id_values):
+                value = _status_value(status, pid, key)
+                if value is not None:
+                    rows = local_codes == i
+                    values[rows] = value
+                    valid[rows] = True
+            part[column] = (values, valid)
+        if "input_sizes" in self.columns or "output_sizes" in self.columns:
+            part["input_sizes"] = dump.sizes["input_sizes"]
+            part["output_sizes"] = dump.sizes["output_sizes"]
+        for key in ("input_dtypes", "output_dtypes"):
+            column = dump.dtypes[key]
+            part[key] = (column.counts, self.strings[key].remap(column.values or [], column.items))
+        if dump.frames is not None and "frames" in self.columns:
+            part["frames"] = (dump.frames.counts, self.strings["frames"].remap(dump.frames.values or [],
+                                                                              dump.frames.items))
+        # membership: config where it is sound, else the ranks seen in entries
+        base = self.rows
+        names_in_dump = np.unique(name_codes[name_codes >= 0]) if n else np.empty(0, np.int32)
+        for code in names_in_dump:
+            name = self.strings["pg_name"].values[int(code)]
+            self.group_members.setdefault(name, set()).add(dump.rank)
+            first = int(np.argmax(name_codes == code))
+            self.group_first_row.setdefault(name, base + first)
+            desc_code = part["pg_desc"][first]
+            if desc_code >= 0:
+                self.group_desc.setdefault(name, self.strings["pg_desc"].values[int(desc_code)])
+            ranks = _config_ranks(dump.pg_config, name)
+            if ranks is not None:
+                self.group_configs.setdefault(name, set()).add(ranks)
+                if (name, ranks) not in self.carried:
+                    self.carried.add((name, ranks))
+                    self.ranks_rows.append((base + first, ranks))
+        # status rows: one per pg_status group (or one marker)
+        status_ids = [str(k) for k in status] or [None]
+        id_to_name: dict[str, int] = {}
+        for i, pid in enumerate(id_values):
+            hits = np.nonzero(local_codes == i)[0]
+            if hits.shape[0]:
+                id_to_name[pid] = int(name_codes[hits[0]])
+        part["status"] = []
+        for pid in status_ids:
+            part["status"].append((
+                pid, id_to_name.get(pid, -1),
+                None if pid is None else _status_value(status, pid, "last_enqueued_collective"),
+                None if pid is None else _status_value(status, pid, "last_started_collective"),
+                None if pid is None else _status_value(status, pid, "last_completed_collective"),
+            ))
+        part["rank"] = dump.rank
+        part["dump_id"] = self.strings["dump_id"].remap([dump_id], np.zeros(1, np.int32))[0]
+        part["fr_version"] = self.strings["fr_version"].remap([dump.version], np.zeros(1, np.int32))[0] \
+            if dump.version is not None else -1
+        lib = _comm_lib(dump)
+        part["comm_lib"] = self.strings["comm_lib"].remap([lib], np.zeros(1, np.int32))[0] if lib else -1
+        part["node"] = dump.node
+        created, created_valid = dump.ints["time_created_ns"]
+        part["dump_ts"] = int(created[created_valid].max()) if created_valid.any() else dump.mtime_ns
+        self.rows += n + len(status_ids)
+        self.parts.append(part)
+
+    # -- membership rebuilt where the config is broken
+
+    def rebuild_membership(self) -> None:
+        for name, members in self.group_members.items():
+            if name in self.group_configs:
+                continue
+            ranks = set(members)
+            if self.group_desc.get(name) == "default_pg" and self.world_size:
+                ranks |= set(range(self.world_size))
+            rebuilt = tuple(sorted(ranks))
+            if (name, rebuilt) not in self.carried:
+                self.carried.add((name, rebuilt))
+                self.ranks_rows.append((self.group_first_row[name], rebuilt))
+
+    # -- Arrow
+
+    def table(self, identity: NodeIdentity | None) -> pa.Table:
+        self.rebuild_membership()
+        # row layout per part: n entry rows, then its status rows
+        total = self.rows
+        cols: dict[str, Any] = {}
+
+        def gather_int(name: str) -> pa.Array:
+            values = np.zeros(total, np.int64)
+            valid = np.zeros(total, bool)
+            pos = 0
+            for part in self.parts:
+                n = part["n"]
+                v, ok = part[name]
+                values[pos:pos + n] = v
+                valid[pos:pos + n] = ok
+                pos += n + len(part["status"])
+            return values, valid
+
+        def gather_codes(name: str, status_value: Any = None) -> np.ndarray:
+            out = np.full(total, -1, np.int32)
+            pos = 0
+            for part in self.parts:
+                n = part["n"]
+                out[pos:pos + n] = part[name]
+                pos += n + len(part["status"])
+            return out
+
+        wanted = self.columns
+        if "rank" in wanted:
+            ranks = np.empty(total, np.int32)
+            pos = 0
+            for part in self.parts:
+                m = part["n"] + len(part["status"])
+                ranks[pos:pos + m] = part["rank"]
+                pos += m
+            cols["rank"] = pa.array(ranks, pa.int32())
+        for name in ("dump_id", "fr_version", "comm_lib"):
+            if name in wanted:
+                codes = np.empty(total, np.int32)
+                pos = 0
+                for part in self.parts:
+                    m = part["n"] + len(part["status"])
+                    codes[pos:pos + m] = part[name]
+                    pos += m
+                cols[name] = self.strings[name].array(codes, self.dictionary)
+        for name in ("op", "state", "pg_desc"):
+            if name in wanted:
+                cols[name] = self.strings[name].array(gather_codes(name), self.dictionary)
+        if "pg_name" in wanted or "pg_id" in wanted:
+            names = gather_codes("pg_name")
+            ids = gather_codes("pg_id")
+            pos = 0
+            for part in self.parts:
+                n = part["n"]
+                for j, (pid, name_code, *_rest) in enumerate(part["status"]):
+                    names[pos + n + j] = name_code
+                    if pid is not None:
+                        ids[pos + n + j] = self.strings["pg_id"].remap([pid], np.zeros(1, np.int32))[0]
+                pos += n + len(part["status"])
+            if "pg_name" in wanted:
+                cols["pg_name"] = self.strings["pg_name"].array(names, self.dictionary)
+            if "pg_id" in wanted:
+                cols["pg_id"] = self.strings["pg_id"].array(ids, self.dictionary)
+            if "pg_desc" in wanted:
+                # status rows get their group's desc when the name is known
+                descs = gather_codes("pg_desc")
+                desc_of_name = {}
+                for name, desc in self.group_desc.items():
+                    desc_of_name[self.strings["pg_name"].lookup[name]] = self.strings["pg_desc"].lookup[desc]
+                status_rows = np.nonzero((descs < 0) & (names >= 0))[0]
+                for row in status_rows:
+                    descs[row] = desc_of_name.get(int(names[row]), -1)
+                cols["pg_desc"] = self.strings["pg_desc"].array(descs, self.dictionary)
+        for name in list(_INT_COLUMNS) + ["pg_last_enqueued", "pg_last_started", "pg_last_completed"]:
+            if name in wanted:
+                values, valid = gather_int(name)
+                if name.startswith("pg_last_"):
+                    index = {"pg_last_enqueued": 2, "pg_last_started": 3, "pg_last_completed": 4}[name]
+                    pos = 0
+                    for part in self.parts:
+                        n = part["n"]
+                        for j, status in enumerate(part["status"]):
+                            if status[index] is not None:
+                                values[pos + n + j] = status[index]
+                                valid[pos + n + j] = True
+                        pos += n + len(part["status"])
+                cols[name] = pa.array(values, pa.int64(), mask=~valid)
+        for name in _TIME_COLUMNS:
+            if name in wanted or (name == "time_created" and "ts" in wanted):
+                values, valid = gather_int(name)
+                arr = pa.array(values, pa.int64(), mask=~valid).cast(pa.timestamp("ns", tz="UTC"))
+                if name in wanted:
+                    cols[name] = arr
+                if name == "time_created" and "ts" in wanted:
+                    ts = values.copy()
+                    pos = 0
+                    for part in self.parts:
+                        n = part["n"]
+                        block = slice(pos, pos + n)
+                        ts[block] = np.where(valid[block], values[block], part["dump_ts"])
+                        ts[pos + n:pos + n + len(part["status"])] = part["dump_ts"]
+                        pos += n + len(part["status"])
+                    cols["ts"] = pa.array(ts, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+        for name in ("is_p2p", "retired"):
+            if name in wanted:
+                flags = np.full(total, -1, np.int8)
+                pos = 0
+                for part in self.parts:
+                    n = part["n"]
+                    flags[pos:pos + n] = part[name]
+                    pos += n + len(part["status"])
+                cols[name] = pa.array(flags == 1, pa.bool_(), mask=flags < 0)
+        for name in ("input_sizes", "output_sizes"):
+            if name in wanted:
+                cols[name] = self._sizes_array(name, total)
+        for name in ("input_dtypes", "output_dtypes", "frames"):
+            if name in wanted:
+                cols[name] = self._string_list_array(name, total)
+        if "pg_ranks" in wanted:
+            cols["pg_ranks"] = self._pg_ranks_array(total)
+        if "node" in wanted:
+            node_values = []
+            for part in self.parts:
+                node = identity.node if identity and identity.node else part["node"]
+                node_values.append((part["n"] + len(part["status"]), node))
+            cols["node"] = _repeat_strings(node_values, total, self.dictionary)
+        if identity is not None:
+            for name, value in identity.columns().items():
+                if name in wanted and name != "node" and value is not None:
+                    if name == "attempt":
+                        cols[name] = pa.array(np.full(total, int(value), np.int32), pa.int32())
+                    else:
+                        cols[name] = _repeat_strings([(total, str(value))], total, self.dictionary)
+        ordered = [c for c in SCHEMA.names if c in cols]
+        return pa.table({c: cols[c] for c in ordered})
+
+    def _layout(self, name: str, total: int) -> tuple[np.ndarray, list[Any]]:
+        """Per-row counts for a list column (status rows null)."""
+        counts = np.full(total, -1, np.int64)
+        pos = 0
+        for part in self.parts:
+            n = part["n"]
+            value = part.get(name)
+            if value is not None:
+                counts[pos:pos + n] = value.counts if isinstance(value, _SizesColumn) else value[0]
+            pos += n + len(part["status"])
+        return counts, [p.get(name) for p in self.parts]
+
+    def _sizes_array(self, name: str, total: int) -> pa.Array:
+        counts, per_part = self._layout(name, total)
+        ndims = np.concatenate([p.ndims for p in per_part if p is not None] or [np.empty(0, np.int64)])
+        dims = np.concatenate([p.dims for p in per_part if p is not None] or [np.empty(0, np.int64)])
+        inner_offsets = np.zeros(ndims.shape[0] + 1, np.int32)
+        np.cumsum(ndims, out=inner_offsets[1:])
+        inner = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(dims, pa.int64()))
+        return _list_from_counts(counts, inner)
+
+    def _string_list_array(self, name: str, total: int) -> pa.Array:
+        counts, per_part = self._layout(name, total)
+        codes = np.concatenate([p[1] for p in per_part if p is not None] or [np.empty(0, np.int32)])
+        values = self.strings[name].array(codes.astype(np.int32), self.dictionary)
+        return _list_from_counts(counts, values)
+
+    def _pg_ranks_array(self, total: int) -> pa.Array:
+        counts = np.full(total, -1, np.int64)
+        rows = sorted(self.ranks_rows)
+        for row, ranks in rows:
+            counts[row] = len(ranks)
+        values = np.fromiter((r for _, ranks in rows for r in ranks), np.int32,
+                             count=sum(len(r) for _, r in rows))
+        return _list_from_counts(counts, pa.array(values, pa.int32()))
+
+
+def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
+    offsets = np.zeros(counts.shape[0] + 1, np.int32)
+    np.cumsum(np.maximum(counts, 0), out=offsets[1:])
+    null = counts < 0
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values,
+                                    mask=pa.array(null) if null.any() else None)
+
+
+def _repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: bool) -> pa.Array:
+    values: list[str] = []
+    lookup: dict[str, int] = {}
+    codes = np.empty(total, np.int32)
+    pos = 0
+    for count, value in runs:
+        if value is None:
+            code = -1
+        else:
+            code = lookup.setdefault(value, len(values))
+            if code == len(values):
+                values.append(value)
+        codes[pos:pos + count] = code
+        pos += count
+    arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), pa.array(values, pa.string()))
+    return arr if dictionary else arr.cast(pa.string())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# public API
+
+
+def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
+                  columns: Iterable[str] | None = None, max_frames: int = DEFAULT_MAX_FRAMES,
+                  dictionary: bool = False, fast_path: bool = True, workers: int | None = None) -> DumpSet:
+    """Read every dump in `directory` into `collectives` rows.
+
+    columns: the subset of the table's columns to build (default all; analysis needs far fewer).
+    dictionary: keep string columns dictionary-encoded (smaller and faster for analysis); the default gives the
+    table exactly in the schema. fast_path=False loads pickles through the restricted unpickler only (the
+    reference path the fast scanner is tested against). workers: threads (default: CPU count, at most 8).
+    Per-file problems are in DumpSet.errors; DumpDirError when the directory is missing or holds no dump.
+    """
+    started = time.perf_counter()
+    wanted = set(SCHEMA.names if columns is None else columns)
+    unknown = wanted - set(SCHEMA.names)
+    if unknown:
+        raise ValueError(f"unknown collectives column(s): {', '.join(sorted(unknown))}")
+    if "frames" not in wanted:
+        max_frames = 0
+    files = find_dump_files(directory)
+    if not files:
+        raise DumpDirError(f"{directory}: no flight-recorder dumps (expected files like rank_0.pkl, _dump_0, "
+                           "comm_lib_trace_rank_0, rank_0.json)")
+    # a JSON twin of a pickle is read only if the pickle fails
+    primary: list[Path] = []
+    twins: dict[Path, Path] = {}
+    stems: dict[str, Path] = {}
+    for path in files:
+        stem = path.name[: -len(path.suffix)] if path.suffix.lower() in PICKLE_SUFFIXES + JSON_SUFFIXES else path.name
+        if path.suffix.lower() in JSON_SUFFIXES and stem in stems:
+            twins[stems[stem]] = path
+            continue
+        stems.setdefault(stem, path)
+        primary.append(path)
+    workers = workers or min(8, os.cpu_count() or 1)
+
+    def load(path: Path) -> _Dump | DumpFileError:
+        try:
+            return _load_file(path, max_frames, fast_path)
+        except DumpFileError as exc:
+            twin = twins.get(path)
+            if twin is not None:
+                try:
+                    return _load_file(twin, max_frames, fast_path)
+                except DumpFileError:
+                    pass
+            return exc
+
+    if workers > 1 and len(primary) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(load, primary, chunksize=16))
+    else:
+        results = [load(p) for p in primary]
+    dir_name = Path(directory).resolve().name
+    assembly = _Assembly(columns=wanted, dictionary=dictionary)
+    errors: list[DumpFileError] = []
+    skipped = [str(twins[p]) for p in primary if p in twins]
+    used: list[str] = []
+    seen_ranks: dict[int, str] = {}
+    for path, result in zip(primary, results, strict=True):
+        if isinstance(result, DumpFileError):
+            errors.append(result)
+            log.warning("flight-recorder dump skipped: %s", result)
+            continue
+        if result.rank in seen_ranks:
+            skipped.append(str(result.path))
+            errors.append(DumpFileError(result.path, f"second dump for rank {result.rank} (first: "
+                                                     f"{seen_ranks[result.rank]}); ignored"))
+            continue
+        seen_ranks[result.rank] = str(result.path)
+        assembly.add(result, f"{dir_name}/{result.path.name}")
+        used.append(str(result.path))
+        del path
+    if not used:
+        table = SCHEMA.empty_table().select([c for c in SCHEMA.names if c in wanted])
+    else:
+        table = assembly.table(identity)
+    if columns is None and not dictionary:
+        table = validate(TABLE, table)
+    return DumpSet(table=table, ranks=tuple(sorted(seen_ranks)), files=tuple(used), errors=tuple(errors),
+                   world_size=assembly.world_size, skipped=tuple(skipped), seconds=time.perf_counter() - started)
+
+
+def read_dump_file(path: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
+                   max_frames: int = DEFAULT_MAX_FRAMES) -> pa.Table:
+    """One dump file -> conforming `collectives` rows. Raises DumpFileError naming the file."""
+    path = Path(path)
+    dump = _load_file(path, max_frames, True)
+    assembly = _Assembly(columns=set(SCHEMA.names), dictionary=False)
+    assembly.add(dump, f"{path.resolve().parent.name}/{path.name}")
+    return validate(TABLE, assembly.table(identity))

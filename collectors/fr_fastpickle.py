@@ -1,0 +1,588 @@
+"""A compiled, data-only scanner for flight-recorder pickles: entries straight into column arrays.
+
+``pickle.load`` of a 2,000-entry dump builds ~100,000 Python objects, and turning them into rows builds as many
+again; at 16,384 ranks that is minutes. This scanner (numba, no GIL) walks the pickle opcodes once and writes what
+the collectives table needs into NumPy arrays, without creating Python objects for entries.
+
+Safety: it understands only the opcodes that spell plain data (containers, strings, bytes, ints, floats, bools,
+None, the memo). Any other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, text
+protocol-0 forms, sets), any value it cannot hold (an int wider than 64 bits, a memo index out of range), and any
+truncation or inconsistency makes it return a non-zero status, and the caller hands the file to the restricted
+unpickler (collectors.safe_pickle), which loads it or refuses it with the error a user sees. Nothing here calls
+code named by the pickle.
+
+Layout: pass 1 builds a "tape" (node kind, value or string offset/length, and parent->child edges in order, so
+memoized containers shared through BINGET stay one node); pass 2 groups edges by parent (counting sort) and reads
+the fields of every entry dict under the top-level 'entries' key.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+OK = 0
+UNSUPPORTED = 1  # an opcode outside plain data: let the restricted unpickler decide (and refuse)
+CORRUPT = 2  # truncated or inconsistent: let the restricted unpickler produce the error message
+NOT_A_DUMP = 3  # well-formed plain data, but not a dict with an 'entries' list of dicts
+
+K_NONE, K_FALSE, K_TRUE, K_INT, K_FLOAT, K_STR, K_BYTES, K_LIST, K_DICT, K_TUPLE = range(10)
+
+ENTRY_KEYS = (
+    "record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
+    "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
+    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p", "frames",
+    "name", "filename", "line", "entries",
+)
+# int fields of an entry, in the order of the `ints` output rows
+INT_FIELDS = ("record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns",
+              "time_discovered_started_ns", "time_discovered_completed_ns", "timeout_ms")
+_INT_SLOT = {ENTRY_KEYS.index(name): slot for slot, name in enumerate(INT_FIELDS)}
+_KEY_ENTRIES = ENTRY_KEYS.index("entries")
+
+
+def _key_table() -> tuple[np.ndarray, np.ndarray]:
+    raw = [k.encode() for k in ENTRY_KEYS]
+    offsets = np.zeros(len(raw) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(r) for r in raw])
+    return np.frombuffer(b"".join(raw), dtype=np.uint8).copy(), offsets
+
+
+KEY_BYTES, KEY_OFFSETS = _key_table()
+INT_SLOT_OF_KEY = np.full(len(ENTRY_KEYS), -1, dtype=np.int64)
+for _key, _slot in _INT_SLOT.items():
+    INT_SLOT_OF_KEY[_key] = _slot
+
+
+@njit(cache=True, nogil=True)
+def _u32(buf, pos):
+    return (np.int64(buf[pos]) | (np.int64(buf[pos + 1]) << 8) | (np.int64(buf[pos + 2]) << 16)
+            | (np.int64(buf[pos + 3]) << 24))
+
+
+@njit(cache=True, nogil=True)
+def _tape(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
+    """Pass 1 into workspace arrays (capacity >= len(buf) + 2; memo all -1, and left all -1).
+    Returns (status, root, kind, ival, ilen, n_nodes, eparent, echild, n_edges)."""
+    status, root, nn, ne, memo_hi = _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo)
+    for i in range(memo_hi + 1):
+        memo[i] = -1
+    return status, root, kind, ival, ilen, nn, eparent, echild, ne
+
+
+@njit(cache=True, nogil=True)
+def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
+    n = buf.shape[0]
+    memo_cap = memo.shape[0]
+    memo_len = 0
+    memo_hi = -1
+    nn = 0
+    ne = 0
+    sp = 0
+    mp = 0
+    pos = 0
+    root = -1
+    while pos < n:
+        op = buf[pos]
+        pos += 1
+        if op == 0x80:  # PROTO
+            pos += 1
+        elif op == 0x95:  # FRAME
+            pos += 8
+        elif op == 0x7D or op == 0x5D or op == 0x29:  # EMPTY_DICT } EMPTY_LIST ] EMPTY_TUPLE )
+            kind[nn] = K_DICT if op == 0x7D else (K_LIST if op == 0x5D else K_TUPLE)
+            ival[nn] = 0
+            ilen[nn] = 0
+            stack[sp] = nn
+            sp += 1
+            nn += 1
+        elif op == 0x28:  # MARK
+            marks[mp] = sp
+            mp += 1
+        elif op == 0x58 or op == 0x8C or op == 0x8D or op == 0x42 or op == 0x43 or op == 0x8E:
+            # BINUNICODE X, SHORT_BINUNICODE, BINUNICODE8, BINBYTES B, SHORT_BINBYTES C, BINBYTES8
+            if op == 0x8C or op == 0x43:
+                if pos + 1 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                length = np.int64(buf[pos])
+                pos += 1
+            elif op == 0x58 or op == 0x42:
+                if pos + 4 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                length = _u32(buf, pos)
+                pos += 4
+            else:
+                if pos + 8 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                length = _u32(buf, pos) | (_u32(buf, pos + 4) << 32)
+                pos += 8
+            if length < 0 or pos + length > n:
+                return CORRUPT, pos, nn, ne, memo_hi
+            kind[nn] = K_STR if (op == 0x58 or op == 0x8C or op == 0x8D) else K_BYTES
+            ival[nn] = pos
+            ilen[nn] = length
+            pos += length
+            stack[sp] = nn
+            sp += 1
+            nn += 1
+        elif op == 0x4B or op == 0x4D or op == 0x4A:  # BININT1 K, BININT2 M, BININT J
+            if op == 0x4B:
+                if pos + 1 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                value = np.int64(buf[pos])
+                pos += 1
+            elif op == 0x4D:
+                if pos + 2 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                value = np.int64(buf[pos]) | (np.int64(buf[pos + 1]) << 8)
+                pos += 2
+            else:
+                if pos + 4 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                value = _u32(buf, pos)
+                if value >= 2147483648:
+                    value -= 4294967296
+                pos += 4
+            kind[nn] = K_INT
+            ival[nn] = value
+            ilen[nn] = 0
+            stack[sp] = nn
+            sp += 1
+            nn += 1
+        elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
+            if op == 0x8A:
+                if pos + 1 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                length = np.int64(buf[pos])
+                pos += 1
+            else:
+                if pos + 4 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                length = _u32(buf, pos)
+                pos += 4
+            if length > 8:
+                return UNSUPPORTED, pos, nn, ne, memo_hi
+            if pos + length > n:
+                return CORRUPT, pos, nn, ne, memo_hi
+            value = np.int64(0)
+            for i in range(length):
+                value |= np.int64(buf[pos + i]) << (8 * i)
+            if 0 < length < 8 and buf[pos + length - 1] >= 0x80:
+                value -= np.int64(1) << (8 * length)
+            pos += length
+            kind[nn] = K_INT
+            ival[nn] = value
+            ilen[nn] = 0
+            stack[sp] = nn
+            sp += 1
+            nn += 1
+        elif op == 0x47:  # BINFLOAT (big-endian double): keep the raw bits
+            if pos + 8 > n:
+                return CORRUPT, pos, nn, ne, memo_hi
+            bits = np.int64(0)
+            for i in range(8):
+                bits = (bits << 8) | np.int64(buf[pos + i])
+            pos += 8
+            kind[nn] = K_FLOAT
+            ival[nn] = bits
+            ilen[nn] = 0
+            stack[sp] = nn
+            sp += 1
+            nn += 1
+        elif op == 0x4E or op == 0x88 or op == 0x89:  # NONE, NEWTRUE, NEWFALSE
+            kind[nn] = K_NONE if op == 0x4E else (K_TRUE if op == 0x88 else K_FALSE)
+            ival[nn] = 0 if op != 0x88 else 1
+            ilen[nn] = 0
+            stack[sp] = nn
+            sp += 1
+            nn += 1
+        elif op == 0x71 or op == 0x72 or op == 0x94:  # BINPUT q, LONG_BINPUT r, MEMOIZE
+            if sp == 0:
+                return CORRUPT, pos, nn, ne, memo_hi
+            if op == 0x71:
+                if pos + 1 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                idx = np.int64(buf[pos])
+                pos += 1
+            elif op == 0x72:
+                if pos + 4 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                idx = _u32(buf, pos)
+                pos += 4
+            else:
+                idx = np.int64(memo_len)
+            if idx >= memo_cap:
+                return UNSUPPORTED, pos, nn, ne, memo_hi
+            if memo[idx] < 0:
+                memo_len += 1
+            if idx > memo_hi:
+                memo_hi = idx
+            memo[idx] = stack[sp - 1]
+        elif op == 0x68 or op == 0x6A:  # BINGET h, LONG_BINGET j
+            if op == 0x68:
+                if pos + 1 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                idx = np.int64(buf[pos])
+                pos += 1
+            else:
+                if pos + 4 > n:
+                    return CORRUPT, pos, nn, ne, memo_hi
+                idx = _u32(buf, pos)
+                pos += 4
+            if idx >= memo_cap or memo[idx] < 0:
+                return CORRUPT, pos, nn, ne, memo_hi
+            stack[sp] = memo[idx]
+            sp += 1
+        elif op == 0x61:  # APPEND a
+            if sp < 2 or kind[stack[sp - 2]] != K_LIST:
+                return CORRUPT, pos, nn, ne, memo_hi
+            eparent[ne] = stack[sp - 2]
+            echild[ne] = stack[sp - 1]
+            ne += 1
+            sp -= 1
+        elif op == 0x65 or op == 0x75:  # APPENDS e, SETITEMS u
+            if mp == 0:
+                return CORRUPT, pos, nn, ne, memo_hi
+            mp -= 1
+            start = marks[mp]
+            if start < 1 or start > sp:
+                return CORRUPT, pos, nn, ne, memo_hi
+            target = stack[start - 1]
+            if op == 0x65 and kind[target] != K_LIST:
+                return CORRUPT, pos, nn, ne, memo_hi
+            if op == 0x75 and (kind[target] != K_DICT or (sp - start) % 2 != 0):
+                return CORRUPT, pos, nn, ne, memo_hi
+            for i in range(start, sp):
+                eparent[ne] = target
+                echild[ne] = stack[i]
+                ne += 1
+            sp = start
+        elif op == 0x73:  # SETITEM s
+            if sp < 3 or kind[stack[sp - 3]] != K_DICT:
+                return CORRUPT, pos, nn, ne, memo_hi
+            target = stack[sp - 3]
+            eparent[ne] = target
+            echild[ne] = stack[sp - 2]
+            ne += 1
+            eparent[ne] = target
+            echild[ne] = stack[sp - 1]
+            ne += 1
+            sp -= 2
+        elif op == 0x74 or op == 0x6C or op == 0x64:  # TUPLE t, LIST l, DICT d: from the items since MARK
+            if mp == 0:
+                return CORRUPT, pos, nn, ne, memo_hi
+            mp -= 1
+            start = marks[mp]
+            if start > sp or (op == 0x64 and (sp - start) % 2 != 0):
+                return CORRUPT, pos, nn, ne, memo_hi
+            kind[nn] = K_TUPLE if op == 0x74 else (K_LIST if op == 0x6C else K_DICT)
+            ival[nn] = 0
+            ilen[nn] = 0
+            for i in range(start, sp):
+                eparent[ne] = nn
+                echild[ne] = stack[i]
+                ne += 1
+            sp = start
+            stack[sp] = nn
+            sp += 1
+            nn += 1
+        elif op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1, TUPLE2, TUPLE3
+            count = 1 if op == 0x85 else (2 if op == 0x86 else 3)
+            if sp < count:
+                return CORRUPT, pos, nn, ne, memo_hi
+            kind[nn] = K_TUPLE
+            ival[nn] = 0
+            ilen[nn] = 0
+            for i in range(sp - count, sp):
+                eparent[ne] = nn
+                echild[ne] = stack[i]
+                ne += 1
+            sp -= count
+            stack[sp] = nn
+            sp += 1
+            nn += 1
+        elif op == 0x30:  # POP
+            if sp == 0:
+                return CORRUPT, pos, nn, ne, memo_hi
+            sp -= 1
+        elif op == 0x31:  # POP_MARK
+            if mp == 0:
+                return CORRUPT, pos, nn, ne, memo_hi
+            mp -= 1
+            sp = marks[mp]
+        elif op == 0x32:  # DUP
+            if sp == 0:
+                return CORRUPT, pos, nn, ne, memo_hi
+            stack[sp] = stack[sp - 1]
+            sp += 1
+        elif op == 0x2E:  # STOP
+            if sp != 1 or mp != 0:
+                return CORRUPT, pos, nn, ne, memo_hi
+            root = stack[0]
+            break
+        else:
+            return UNSUPPORTED, pos, nn, ne, memo_hi
+    if root < 0:
+        return CORRUPT, pos, nn, ne, memo_hi
+    if pos != n:
+        return CORRUPT, pos, nn, ne, memo_hi
+    return OK, root, nn, ne, memo_hi
+
+
+@njit(cache=True, nogil=True)
+def _children(nn, eparent, echild, ne, offsets, fill, child):
+    """Counting sort of the edges by parent, keeping their order: children of node p are
+    child[offsets[p]:offsets[p + 1]]."""
+    for i in range(nn + 1):
+        offsets[i] = 0
+    for i in range(ne):
+        offsets[eparent[i] + 1] += 1
+    for i in range(nn):
+        offsets[i + 1] += offsets[i]
+    for i in range(nn):
+        fill[i] = offsets[i]
+    for i in range(ne):
+        p = eparent[i]
+        child[fill[p]] = echild[i]
+        fill[p] += 1
+
+
+@njit(cache=True, nogil=True)
+def _key_of(node, buf, kind, ival, ilen, key_bytes, key_offsets, cache):
+    """Index of a str node in the key table (-1 if none), cached per node."""
+    if kind[node] != K_STR:
+        return -1
+    cached = cache[node]
+    if cached != -2:
+        return cached
+    found = -1
+    start = ival[node]
+    length = ilen[node]
+    for k in range(key_offsets.shape[0] - 1):
+        ks = key_offsets[k]
+        kl = key_offsets[k + 1] - ks
+        if kl != length:
+            continue
+        same = True
+        for i in range(kl):
+            if buf[start + i] != key_bytes[ks + i]:
+                same = False
+                break
+        if same:
+            found = k
+            break
+    cache[node] = found
+    return found
+
+
+@njit(cache=True, nogil=True)
+def _extract(buf, root, kind, ival, ilen, nn, offsets, child, key_bytes, key_offsets, int_slot_of_key,
+             max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line):
+    """Pass 2: the fields of every entry. Returns status and the column arrays (see parse_dump)."""
+    for i in range(nn):
+        cache[i] = -2
+    entries = -1
+    status = OK
+    n_ent = 0
+    if kind[root] != K_DICT:
+        status = NOT_A_DUMP
+    else:
+        for j in range(offsets[root], offsets[root + 1], 2):
+            if _key_of(child[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache) == 22:  # 'entries'
+                entries = child[j + 1]
+        if entries >= 0:
+            if kind[entries] != K_LIST:
+                status = NOT_A_DUMP
+            else:
+                n_ent = offsets[entries + 1] - offsets[entries]
+    # ints[slot, e] with valid[slot, e]; flags rows: 0 is_p2p, 1 retired (-1 null)
+    ints = np.zeros((9, n_ent), np.int64)
+    valid = np.zeros((9, n_ent), np.int8)
+    flags = np.full((2, n_ent), -1, np.int8)
+    # string node ids per entry: 0 op, 1 state, 2 pg name, 3 pg desc (-1 null)
+    strs = np.full((4, n_ent), -1, np.int64)
+    # list columns: per entry counts for input_sizes(0), output_sizes(1), input_dtypes(2), output_dtypes(3),
+    # frames(4); -1 = null
+    counts = np.full((5, n_ent), -1, np.int64)
+    # workspace: tensor_dims/dims/dtype_nodes are (2, capacity), frame_* (capacity,)
+    n_tensors = np.zeros(2, np.int64)
+    n_dims = np.zeros(2, np.int64)
+    n_dtype = np.zeros(2, np.int64)
+    n_frames = 0
+    for e in range(n_ent):
+        entry = child[offsets[entries] + e]
+        if kind[entry] != K_DICT:
+            status = NOT_A_DUMP
+            break
+        for j in range(offsets[entry], offsets[entry + 1], 2):
+            key = _key_of(child[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+            if key < 0:
+                continue
+            value = child[j + 1]
+            vk = kind[value]
+            slot = int_slot_of_key[key]
+            if slot >= 0:
+                if vk == K_INT or vk == K_TRUE or vk == K_FALSE:
+                    ints[slot, e] = ival[value]
+                    valid[slot, e] = 1
+                elif vk == K_NONE:
+                    valid[slot, e] = 0
+                else:
+                    status = UNSUPPORTED
+            elif key == 17 or key == 15:  # is_p2p, retired
+                row = 0 if key == 17 else 1
+                if vk == K_TRUE or vk == K_FALSE or vk == K_INT:
+                    flags[row, e] = 1 if ival[value] != 0 else 0
+                elif vk == K_NONE:
+                    flags[row, e] = -1
+                else:
+                    status = UNSUPPORTED
+            elif key == 6 or key == 12:  # profiling_name, state
+                row = 0 if key == 6 else 1
+                if vk == K_STR:
+                    strs[row, e] = value
+                elif vk != K_NONE:
+                    status = UNSUPPORTED
+            elif key == 2:  # process_group: (name, desc)
+                if vk == K_TUPLE or vk == K_LIST:
+                    m = offsets[value + 1] - offsets[value]
+                    for i in range(min(m, 2)):
+                        item = child[offsets[value] + i]
+                        if kind[item] == K_STR:
+                            strs[2 + i, e] = item
+                        elif kind[item] != K_NONE:
+                            status = UNSUPPORTED
+                elif vk != K_NONE:
+                    status = UNSUPPORTED
+            elif key == 8 or key == 10:  # input_sizes, output_sizes: list of lists of ints
+                side = 0 if key == 8 else 1
+                if vk == K_LIST or vk == K_TUPLE:
+                    m = offsets[value + 1] - offsets[value]
+                    counts[side, e] = m
+                    for i in range(m):
+                        tensor = child[offsets[value] + i]
+                        tk = kind[tensor]
+                        if tk != K_LIST and tk != K_TUPLE:
+                            status = UNSUPPORTED
+                            break
+                        d = offsets[tensor + 1] - offsets[tensor]
+                        tensor_dims[side, n_tensors[side]] = d
+                        n_tensors[side] += 1
+                        for q in range(d):
+                            dim = child[offsets[tensor] + q]
+                            if kind[dim] != K_INT:
+                                status = UNSUPPORTED
+                                break
+                            dims[side, n_dims[side]] = ival[dim]
+                            n_dims[side] += 1
+                elif vk != K_NONE:
+                    status = UNSUPPORTED
+            elif key == 9 or key == 11:  # input_dtypes, output_dtypes: list of str
+                side = 0 if key == 9 else 1
+                if vk == K_LIST or vk == K_TUPLE:
+                    m = offsets[value + 1] - offsets[value]
+                    counts[2 + side, e] = m
+                    for i in range(m):
+                        item = child[offsets[value] + i]
+                        if kind[item] != K_STR:
+                            status = UNSUPPORTED
+                            break
+                        dtype_nodes[side, n_dtype[side]] = item
+                        n_dtype[side] += 1
+                elif vk != K_NONE:
+                    status = UNSUPPORTED
+            elif key == 18 and max_frames > 0:  # frames: list of {name, filename, line}
+                if vk == K_LIST or vk == K_TUPLE:
+                    m = offsets[value + 1] - offsets[value]
+                    kept = min(m, max_frames)
+                    counts[4, e] = kept
+                    for i in range(kept):
+                        frame = child[offsets[value] + i]
+                        frame_name[n_frames] = -1
+                        frame_file[n_frames] = -1
+                        frame_line[n_frames] = -1
+                        if kind[frame] == K_DICT:
+                            for f in range(offsets[frame], offsets[frame + 1], 2):
+                                fk = _key_of(child[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+                                fv = child[f + 1]
+                                if fk == 19 and kind[fv] == K_STR:
+                                    frame_name[n_frames] = fv
+                                elif fk == 20 and kind[fv] == K_STR:
+                                    frame_file[n_frames] = fv
+                                elif fk == 21 and kind[fv] == K_INT:
+                                    frame_line[n_frames] = ival[fv]
+                        n_frames += 1
+                elif vk != K_NONE:
+                    status = UNSUPPORTED
+            if status != OK:
+                break
+        if status != OK:
+            break
+    sizes = (tensor_dims[0, :n_tensors[0]].copy(), dims[0, :n_dims[0]].copy(),
+             tensor_dims[1, :n_tensors[1]].copy(), dims[1, :n_dims[1]].copy())
+    dtypes = (dtype_nodes[0, :n_dtype[0]].copy(), dtype_nodes[1, :n_dtype[1]].copy())
+    frames = (frame_name[:n_frames].copy(), frame_file[:n_frames].copy(), frame_line[:n_frames].copy())
+    return status, entries, (ints, valid, strs, flags), counts, sizes, dtypes, frames
+
+
+class Workspace:
+    """Scratch arrays reused across files by one thread (allocating them per file costs more than parsing)."""
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self.capacity = 0
+        self.ensure(capacity)
+
+    def ensure(self, size: int) -> None:
+        need = size + 16
+        if need <= self.capacity:
+            return
+        cap = max(need, int(self.capacity * 1.5))
+        self.kind = np.empty(cap, np.int8)
+        self.ival = np.empty(cap, np.int64)
+        self.ilen = np.empty(cap, np.int64)
+        self.eparent = np.empty(cap, np.int64)
+        self.echild = np.empty(cap, np.int64)
+        self.stack = np.empty(cap, np.int64)
+        self.marks = np.empty(cap, np.int64)
+        self.memo = np.full(cap, -1, np.int64)
+        self.offsets = np.empty(cap + 1, np.int64)
+        self.fill = np.empty(cap, np.int64)
+        self.child = np.empty(cap, np.int64)
+        self.cache = np.empty(cap, np.int64)
+        self.tensor_dims = np.empty((2, cap), np.int64)
+        self.dims = np.empty((2, cap), np.int64)
+        self.dtype_nodes = np.empty((2, cap), np.int64)
+        self.frame_name = np.empty(cap, np.int64)
+        self.frame_file = np.empty(cap, np.int64)
+        self.frame_line = np.empty(cap, np.int64)
+        self.capacity = cap
+
+    def parse(self, buf: np.ndarray, max_frames: int) -> tuple:
+        """parse_dump of `buf` (uint8) with this workspace."""
+        self.ensure(int(buf.shape[0]))
+        return parse_dump(buf, max_frames, self.kind, self.ival, self.ilen, self.eparent, self.echild, self.stack,
+                          self.marks, self.memo, self.offsets, self.fill, self.child, self.cache, self.tensor_dims,
+                          self.dims, self.dtype_nodes, self.frame_name, self.frame_file, self.frame_line)
+
+
+@njit(cache=True, nogil=True)
+def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks, memo, offsets, fill, child, cache,
+               tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line):
+    """Both passes. Returns (status, root, kind, ival, ilen, offsets, child, (ints, valid, strs, flags), counts,
+    sizes, dtypes, frames); the tape arrays are the workspace's (valid until its next parse)."""
+    status, root, kind, ival, ilen, nn, eparent, echild, ne = _tape(buf, kind, ival, ilen, eparent, echild, stack,
+                                                                  marks, memo)
+    if status != OK:
+        nn = 0
+        ne = 0
+    _children(nn, eparent, echild, ne, offsets, fill, child)
+    if status != OK:
+        empty = np.empty(0, np.int64)
+        return (status, root, kind, ival, ilen, offsets, child,
+                (np.empty((9, 0), np.int64), np.empty((9, 0), np.int8), np.empty((4, 0), np.int64),
+                 np.empty((2, 0), np.int8)),
+                np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty))
+    result = _extract(buf, root, kind, ival, ilen, nn, offsets, child, KEY_BYTES, KEY_OFFSETS, INT_SLOT_OF_KEY,
+                      max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line)
+    return (result[0], root, kind, ival, ilen, offsets, child, result[2], result[3], result[4], result[5],
+            result[6])

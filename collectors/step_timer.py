@@ -1,0 +1,483 @@
+"""Step and section timing for training loops: one `steps` row per step, one `ranks` row at start.
+
+    timer = StepTimer.from_env(store="s3://bucket/faultlens")      # identity from torchrun's environment
+    for n, batch in enumerate(loader):
+        with timer.step(n) as step:
+            with timer.section("data"):
+                batch = move(batch)
+            with timer.section("forward"):
+                with timer.section("attention"):      # nested: recorded as "forward/attention"
+                    ...
+            step.loss = loss.item()
+
+Section durations are wall-clock seconds on the training thread, keyed by the nesting path; a name entered twice in
+a step adds up. Rows are buffered in a bounded queue and written off the training thread by a daemon writer
+through a SegmentSink; when the store is slow or gone the oldest rows are dropped and counted (`stats.dropped`),
+so memory stays bounded. Nothing here raises into the training loop: errors are logged and counted.
+
+With `cuda_events=True` and torch with CUDA, every section also records a pair of CUDA events; the writer thread
+resolves them (never the training thread) and adds `cuda/<path>` entries (GPU seconds) to the row's sections.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+
+
+class Phase(StrEnum):
+    TRAIN = "train"
+    EVAL = "eval"
+    WARMUP = "warmup"
+    CHECKPOINT = "checkpoint"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, value: str | Phase) -> Phase:
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+class RowSink(Protocol):
+    """What the timer writes through: collectors.sink.SegmentSink, or any object with these methods."""
+
+    def write(self, table: str, data: Any) -> None: ...
+
+    def flush(self, table: str | None = None) -> Any: ...
+
+    def pending_rows(self, table: str | None = None) -> int: ...
+
+
+def _env_int(environ: Mapping[str, str], name: str) -> int | None:
+    value = environ.get(name, "").strip()
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Who this training process is, as torchrun's environment tells it."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    node: str | None = None
+    hostname: str | None = None
+    job_id: str | None = None
+    attempt: int | None = None
+    cluster: str | None = None
+    pid: int | None = None
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    pci_bus_id: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RankIdentity:
+        """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID (or FAULTLENS_JOB_ID),
+        TORCHELASTIC_RESTART_COUNT, node from FAULTLENS_NODE or the hostname, FAULTLENS_CLUSTER."""
+        env = os.environ if environ is None else environ
+        hostname = socket.gethostname()
+        values: dict[str, Any] = {
+            "rank": _env_int(env, "RANK"),
+            "local_rank": _env_int(env, "LOCAL_RANK"),
+            "world_size": _env_int(env, "WORLD_SIZE"),
+            "local_world_size": _env_int(env, "LOCAL_WORLD_SIZE"),
+            "node": env.get("FAULTLENS_NODE") or hostname,
+            "hostname": hostname,
+            "job_id": env.get("FAULTLENS_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or None,
+            "attempt": _env_int(env, "TORCHELASTIC_RESTART_COUNT"),
+            "cluster": env.get("FAULTLENS_CLUSTER") or None,
+            "pid": os.getpid(),
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def columns(self) -> dict[str, Any]:
+        """The identity columns every row carries."""
+        return {
+            "cluster": self.cluster, "node": self.node, "job_id": self.job_id, "attempt": self.attempt,
+            "rank": self.rank, "local_rank": self.local_rank, "gpu_index": self.gpu_index,
+            "gpu_uuid": self.gpu_uuid, "pci_bus_id": self.pci_bus_id,
+        }
+
+
+@dataclass(frozen=True)
+class ParallelCoords:
+    """This rank's place in the parallel layout, when the training code declares it (straggler analysis uses it to
+    tell one slow worker from a slow pipeline stage)."""
+
+    dp_rank: int | None = None
+    pp_rank: int | None = None
+    tp_rank: int | None = None
+    cp_rank: int | None = None
+    ep_rank: int | None = None
+    pp_size: int | None = None
+
+
+@dataclass
+class TimerStats:
+    steps: int = 0
+    rows_written: int = 0
+    dropped: int = 0
+    write_failures: int = 0
+    errors: int = 0
+    sections_outside_step: int = 0
+    unknown_phases: int = 0
+    last_error: str | None = None
+
+
+class _Step:
+    """The context of one step; `loss`, `tokens`, `samples` may be set inside the block."""
+
+    __slots__ = ("_timer", "loss", "number", "phase", "samples", "tokens")
+
+    def __init__(self, timer: StepTimer, number: int, phase: Phase, tokens: int | None, samples: int | None):
+        self._timer = timer
+        self.number = number
+        self.phase = phase
+        self.tokens = tokens
+        self.samples = samples
+        self.loss: float | None = None
+
+    def __enter__(self) -> _Step:
+        self._timer._begin_step(self)
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+        self._timer._end_step(self, failed=exc_type is not None)
+        return False
+
+
+class _Section:
+    """Reusable per name; the timing state lives on the timer's stack, so nesting and reuse are safe."""
+
+    __slots__ = ("_name", "_timer")
+
+    def __init__(self, timer: StepTimer, name: str) -> None:
+        self._timer = timer
+        self._name = name
+
+    def __enter__(self) -> _Section:
+        timer = self._timer
+        stack = timer._stack
+        stack.append((f"{stack[-1][0]}/{self._name}" if stack else self._name, timer._clock()))
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+        timer = self._timer
+        end = timer._clock()
+        try:
+            path, start = timer._stack.pop()
+            if timer._step is None:
+                timer.stats.sections_outside_step += 1
+                return False
+            sections = timer._sections
+            sections[path] = sections.get(path, 0) + (end - start)
+        except Exception as exc:  # an unbalanced stack (a section exited twice): count it, never raise
+            timer._error("section", exc)
+        return False
+
+
+class _CudaSection(_Section):
+    """A section that also records CUDA events around the block (resolved later by the writer thread)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _CudaSection:
+        super().__enter__()
+        try:
+            self._timer._cuda_open.append(self._timer._new_event())
+        except Exception as exc:
+            self._timer._cuda_open.append(None)
+            self._timer._error("cuda event", exc)
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+        timer = self._timer
+        path = timer._stack[-1][0] if timer._stack else self._name
+        try:
+            start_event = timer._cuda_open.pop()
+            if start_event is not None and timer._step is not None:
+                end_event = timer._new_event()
+                timer._cuda_pairs.append((path, start_event, end_event))
+        except Exception as exc:
+            timer._error("cuda event", exc)
+        return super().__exit__(exc_type, exc, tb)
+
+
+def _torch_cuda_event_factory() -> Callable[[], Any] | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+
+    def new_event() -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    return new_event
+
+
+class StepTimer:
+    """Times steps and named sections of one training thread and writes them to the store off that thread."""
+
+    def __init__(self, sink: RowSink | None, *, identity: RankIdentity | None = None,
+                 parallel: ParallelCoords | None = None, max_buffered_rows: int = 4096,
+                 flush_interval_s: float = 2.0, cuda_events: bool = False,
+                 clock: Clock = time.perf_counter_ns, wall_clock: Clock = time.time_ns,
+                 cuda_event_factory: Callable[[], Any] | None = None, start: bool = True) -> None:
+        self.sink = sink
+        self.identity = identity or RankIdentity.from_env()
+        self.parallel = parallel or ParallelCoords()
+        self.max_buffered_rows = max(1, int(max_buffered_rows))
+        self.flush_interval_s = flush_interval_s
+        self.stats = TimerStats()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._identity_columns = self.identity.columns()
+        self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.max_buffered_rows)
+        self._pending_ranks: list[dict[str, Any]] = []
+        self._section_cache: dict[str, _Section] = {}
+        self._stack: list[tuple[str, int]] = []
+        self._sections: dict[str, int] = {}
+        self._step: _Step | None = None
+        self._step_start = 0
+        self._step_wall_start = 0
+        self._new_event = cuda_event_factory or (_torch_cuda_event_factory() if cuda_events else None)
+        self._section_class: type[_Section] = _CudaSection if self._new_event is not None else _Section
+        self._cuda_open: list[Any] = []
+        self._cuda_pairs: list[tuple[str, Any, Any]] = []
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._write_lock = threading.Lock()
+        self._closed = False
+        if start:
+            self.start()
+
+    @classmethod
+    def from_env(cls, store: str | None = None, *, flush_rows: int = 10_000, **kwargs: Any) -> StepTimer:
+        """A timer writing to `store` (else $FAULTLENS_STORE; no store: rows are counted and dropped). A store
+        that cannot be opened is logged, never raised."""
+        url = store or os.environ.get("FAULTLENS_STORE")
+        sink = None
+        if url:
+            try:
+                from collectors.sink import SegmentSink
+
+                sink = SegmentSink(url, flush_rows=flush_rows, flush_age_s=3600.0)
+            except Exception as exc:
+                log.warning("step_timer: store %r cannot be opened (%s); steps will be counted, not stored", url, exc)
+        return cls(sink, **kwargs)
+
+    @property
+    def cuda_events(self) -> bool:
+        return self._new_event is not None
+
+    # -- the training-thread API ----------------------------------------------------------------------------
+    def step(self, number: int, phase: str | Phase = Phase.TRAIN, *, tokens: int | None = None,
+             samples: int | None = None) -> _Step:
+        """Context manager timing step `number` (phase train, eval, warmup or checkpoint)."""
+        parsed = phase if isinstance(phase, Phase) else Phase.parse(phase)
+        if parsed is Phase.UNKNOWN and phase != Phase.UNKNOWN:
+            self.stats.unknown_phases += 1
+        return _Step(self, number, parsed, tokens, samples)
+
+    def section(self, name: str) -> _Section:
+        """Context manager timing a named section of the current step (nesting gives 'outer/inner')."""
+        section = self._section_cache.get(name)
+        if section is None:
+            section = self._section_cache[name] = self._section_class(self, str(name))
+        return section
+
+    def _begin_step(self, step: _Step) -> None:
+        if self._step is not None:  # a step inside a step: close the outer one's sections into it first
+            self.stats.errors += 1
+        self._step = step
+        self._sections = {}
+        self._cuda_pairs = []
+        self._step_wall_start = self._wall_clock()
+        self._step_start = self._clock()
+
+    def _end_step(self, step: _Step, failed: bool) -> None:
+        end = self._clock()
+        try:
+            if self._step is not step:
+                return
+            self._step = None
+            if failed:
+                return  # an exception left the step: it did not complete, there is no duration to report
+            duration_ns = end - self._step_start
+            start_wall = self._step_wall_start
+            row = dict(self._identity_columns)
+            row.update(
+                ts=start_wall + duration_ns, step=step.number, phase=step.phase.value, start_ts=start_wall,
+                end_ts=start_wall + duration_ns, duration_s=duration_ns / 1e9,
+                sections={path: ns / 1e9 for path, ns in self._sections.items()},
+                tokens=step.tokens, samples=step.samples, loss=_float_or_none(step.loss),
+            )
+            if self._cuda_pairs:
+                row["_cuda"] = self._cuda_pairs
+                self._cuda_pairs = []
+            queue = self._queue
+            if len(queue) == self.max_buffered_rows:
+                self.stats.dropped += 1
+            queue.append(row)
+            self.stats.steps += 1
+        except Exception as exc:
+            self._error("step", exc)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Queue the ranks row and start the writer thread."""
+        if self._writer is not None:
+            return
+        try:
+            row = dict(self._identity_columns)
+            row.update(ts=self._wall_clock(), pid=self.identity.pid, world_size=self.identity.world_size,
+                       local_world_size=self.identity.local_world_size, hostname=self.identity.hostname,
+                       **asdict(self.parallel))
+            self._pending_ranks.append(row)
+            self._writer = threading.Thread(target=self._writer_loop, name="faultlens-step-timer", daemon=True)
+            self._writer.start()
+            atexit.register(_close_if_alive, weakref.ref(self))
+        except Exception as exc:
+            self._error("start", exc)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Write what is queued now (from the calling thread); False if the store refused it."""
+        acquired = self._write_lock.acquire(timeout=-1 if timeout_s is None else timeout_s)
+        if not acquired:
+            return False
+        try:
+            return self._drain()
+        finally:
+            self._write_lock.release()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the writer after a last flush (bounded by timeout_s when the store hangs)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopped.set()
+        self._wake.set()
+        writer = self._writer
+        if writer is not None and writer is not threading.current_thread():
+            writer.join(timeout_s)
+
+    def __enter__(self) -> StepTimer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the writer thread ----------------------------------------------------------------------------------
+    def _writer_loop(self) -> None:
+        while True:
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            stopping = self._stopped.is_set()
+            with self._write_lock:
+                self._drain()
+            if stopping:
+                return
+
+    def _drain(self) -> bool:
+        """Move queued rows into the sink and flush it. Bounded: rows stay queued (oldest dropped) while the
+        sink still holds a failed batch of max_buffered_rows."""
+        sink = self.sink
+        if sink is None:
+            dropped = len(self._queue) + len(self._pending_ranks)
+            self._queue.clear()
+            self._pending_ranks.clear()
+            self.stats.dropped += dropped
+            return dropped == 0
+        try:
+            if self._pending_ranks:
+                sink.write("ranks", list(self._pending_ranks))
+                self._pending_ranks.clear()
+            if sink.pending_rows("steps") < self.max_buffered_rows:
+                rows = self._take_rows()
+                if rows:
+                    sink.write("steps", rows)
+            flushed = sink.flush()
+            self.stats.rows_written += sum(getattr(result, "rows", 0) for result in flushed or ()
+                                           if getattr(result, "table", None) == "steps")
+            return True
+        except Exception as exc:
+            self.stats.write_failures += 1
+            self._error("write", exc)
+            return False
+
+    def _take_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        queue = self._queue
+        while queue:
+            try:
+                row = queue.popleft()
+            except IndexError:
+                break
+            pairs = row.pop("_cuda", None)
+            if pairs:
+                row["sections"] = {**row["sections"], **_resolve_cuda(pairs, self)}
+            rows.append(row)
+        return rows
+
+    def _error(self, what: str, exc: BaseException) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{what}: {type(exc).__name__}: {exc}"
+        if self.stats.errors <= 10 or self.stats.errors % 1000 == 0:
+            log.warning("step_timer: %s (%d errors so far)", self.stats.last_error, self.stats.errors)
+
+
+def _resolve_cuda(pairs: list[tuple[str, Any, Any]], timer: StepTimer) -> dict[str, float]:
+    """GPU seconds per section path from recorded CUDA event pairs (waits for the events on the writer thread)."""
+    seconds: dict[str, float] = {}
+    for path, start_event, end_event in pairs:
+        try:
+            end_event.synchronize()
+            key = f"cuda/{path}"
+            seconds[key] = seconds.get(key, 0.0) + start_event.elapsed_time(end_event) / 1e3
+        except Exception as exc:
+            timer._error("cuda timing", exc)
+    return seconds
+
+
+def _float_or_none(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _close_if_alive(ref: weakref.ref[StepTimer]) -> None:
+    timer = ref()
+    if timer is not None:
+        timer.close()
+
+
+__all__ = ["ParallelCoords", "Phase", "RankIdentity", "RowSink", "StepTimer", "TimerStats"]

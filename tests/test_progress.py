@@ -1,0 +1,133 @@
+"""Hang detection from progress (steps) and from collective-timeout reports, then the dump request and the hang
+analysis of the dump set, mapped to nodes and GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from engine_rows import at, event, ranks_rows, steps_rows, write
+
+from attribution.progress import ProgressMonitor
+from attribution.rules import load_thresholds
+from attribution.store import Store
+from attribution.telemetry import Telemetry, load_from_store
+
+
+def flat(rank: int, step: int) -> dict[str, float]:
+    return {"forward": 0.3, "backward": 0.6, "optimizer": 0.1}
+
+
+@pytest.fixture
+def monitor() -> ProgressMonitor:
+    return ProgressMonitor(load_thresholds().progress)
+
+
+def telemetry_of(store_dir: Path) -> Telemetry:
+    with Store(str(store_dir)) as store:
+        return load_from_store(store)
+
+
+def training(store_dir: Path, steps: range, *, phase=None, attempt: int = 0, start: float = 0.0,
+             sections=flat, step_gap: float = 0.0) -> float:
+    """Writes 8 ranks x steps (1.01 s each + step_gap); returns when the last one completed (seconds from T0)."""
+    rows = steps_rows("job-1", attempt, 8, 4, steps, start=start, sections=sections, phase=phase, step_gap=step_gap)
+    write(store_dir, "ranks", ranks_rows("job-1", attempt, 8, 4, start=start))
+    write(store_dir, "steps", rows)
+    return max(r["end_ts"] for r in rows).timestamp() - at(0).timestamp()
+
+
+def test_stall_longer_than_k_times_recent_step_time_is_a_suspect(store_dir: Path, monitor: ProgressMonitor) -> None:
+    # 1.01 s steps with 10 s of data loading between them: recent step time ~11 s, threshold 5 x 11 = 55 s
+    last = training(store_dir, range(50), step_gap=10.0)
+    telemetry = telemetry_of(store_dir)
+
+    assert monitor.suspects(telemetry, at(last + 40)) == []
+    (suspect,) = monitor.suspects(telemetry, at(last + 70))
+
+    assert suspect.job_id == "job-1" and suspect.attempt == 0
+    assert suspect.last_step == 49
+    assert suspect.since == at(last)
+    assert 54 < suspect.threshold_s < 57
+    assert "8 of 8 ranks finished step 49" in suspect.evidence[0].text
+
+
+def test_floor_keeps_fast_jobs_from_alarming_on_short_pauses(store_dir: Path, monitor: ProgressMonitor) -> None:
+    last = training(store_dir, range(50))  # 1 s steps: 5 x 1 s = 5 s, but the floor is 30 s
+
+    assert monitor.suspects(telemetry_of(store_dir), at(last + 20)) == []
+    assert len(monitor.suspects(telemetry_of(store_dir), at(last + 31))) == 1
+
+
+def test_warm_up_without_a_baseline_uses_the_startup_floor(store_dir: Path, monitor: ProgressMonitor) -> None:
+    def slow_start(rank: int, step: int) -> dict[str, float]:
+        return {"forward": 90.0 if step < 2 else 0.3}  # compilation and autotuning in the first steps
+
+    last = training(store_dir, range(3), sections=slow_start)
+
+    assert monitor.suspects(telemetry_of(store_dir), at(last + 300)) == []
+    assert len(monitor.suspects(telemetry_of(store_dir), at(last + 601))) == 1
+
+
+def test_warm_up_steps_stay_out_of_the_baseline(store_dir: Path, monitor: ProgressMonitor) -> None:
+    def slow_start(rank: int, step: int) -> dict[str, float]:
+        return {"forward": 200.0 if step < 3 else 1.0}
+
+    last = training(store_dir, range(30), sections=slow_start)
+    baseline = monitor.baseline(telemetry_of(store_dir).steps)
+
+    assert baseline.baseline_s == pytest.approx(1.01, abs=0.01)
+    assert monitor.suspects(telemetry_of(store_dir), at(last + 35)) != []
+
+
+def test_periodic_evaluation_is_allowed_when_it_is_due(store_dir: Path, monitor: ProgressMonitor) -> None:
+    def sections(rank: int, step: int) -> dict[str, float]:
+        return {"forward": 60.0} if step % 20 == 19 else flat(rank, step)
+
+    # evaluation runs after every 20th step (steps 19, 39, 59 are eval and take 60 s)
+    last = training(store_dir, range(59), sections=sections,
+                    phase=lambda step: "eval" if step % 20 == 19 else "train")
+    (suspect_check,) = [monitor.baseline(telemetry_of(store_dir).steps)]
+
+    # step 59 (evaluation) is due next: a 90 s pause is fine, 2 x 60 s = 120 s is the allowance
+    assert "eval steps take up to" in suspect_check.reason
+    assert monitor.suspects(telemetry_of(store_dir), at(last + 90)) == []
+    assert len(monitor.suspects(telemetry_of(store_dir), at(last + 125))) == 1
+
+
+def test_evaluation_not_due_does_not_widen_the_allowance(store_dir: Path, monitor: ProgressMonitor) -> None:
+    def sections(rank: int, step: int) -> dict[str, float]:
+        return {"forward": 60.0} if step % 20 == 19 else flat(rank, step)
+
+    last = training(store_dir, range(45), sections=sections,
+                    phase=lambda step: "eval" if step % 20 == 19 else "train")
+
+    assert len(monitor.suspects(telemetry_of(store_dir), at(last + 40))) == 1
+
+
+def test_a_checkpoint_seen_once_may_come_at_any_step(store_dir: Path, monitor: ProgressMonitor) -> None:
+    def sections(rank: int, step: int) -> dict[str, float]:
+        return {"checkpoint": 100.0} if step == 10 else flat(rank, step)
+
+    last = training(store_dir, range(30), sections=sections,
+                    phase=lambda step: "checkpoint" if step == 10 else "train")
+
+    assert monitor.suspects(telemetry_of(store_dir), at(last + 150)) == []
+    assert len(monitor.suspects(telemetry_of(store_dir), at(last + 201))) == 1
+
+
+def test_a_finished_job_is_not_hung(store_dir: Path, monitor: ProgressMonitor) -> None:
+    last = training(store_dir, range(20))
+    write(store_dir, "process_events", [event("exit", r, last + 1, exit_code=0) for r in range(8)])
+
+    assert monitor.suspects(telemetry_of(store_dir), at(last + 3600)) == []
+
+
+def test_an_earlier_attempt_that_stalled_before_the_restart_is_a_suspect(store_dir: Path,
+                                                                          monitor: ProgressMonitor) -> None:
+    last = training(store_dir, range(20), attempt=0)
+    training(store_dir, range(20, 40), attempt=1, start=last + 300)  # restarted 300 s after progress stopped
+
+    suspects = monitor.suspects(telemetry_of(store_dir), at(last + 330))  # attempt 1 is still running
+
+    assert [(s.attempt, s.last_step) for s in suspects] == [(0, 19)]
