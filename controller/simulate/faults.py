@@ -110,7 +110,8 @@ def add_xid(world: World, rng: np.random.Generator, t: int, node, gpu_index: int
             nvml: bool = True) -> None:
     gpu = node.gpus[gpu_index]
     attempt = world.current.number
-    world.add("gpu_events", world.xid.kmsg_xid(t, node, gpu, attempt, line))
+    for row in world.xid.kmsg_xid(t, node, gpu, attempt, line):
+        world.add("gpu_events", row)
     if nvml:
         world.add("gpu_events", world.xid.nvml_xid(t + int(rng.integers(1_000_000, 400_000_000)), node, gpu, attempt,
                                                    line.code))
@@ -266,12 +267,14 @@ def _gpu_crash(world: World, rng: np.random.Generator, kind: FaultKind, target: 
     for i, line in enumerate(lines):
         add_xid(world, rng, t + i * int(rng.uniform(0.001, 0.05) * NS), node, g, line)
     if kmsg_fallen:
-        world.add("gpu_events", world.xid.kmsg_fallen_off_bus(t, node, node.gpus[g], world.current.number))
+        for row in world.xid.kmsg_fallen_off_bus(t, node, node.gpus[g], world.current.number):
+            world.add("gpu_events", row)
     if lost:
         world.effects.gpu_stop[(node.name, g)] = t
-        world.add("gpu_events", world.xid.sample_event(t + int(rng.uniform(0.1, world.cfg.sample_seconds) * NS), node,
-                                                       node.gpus[g], world.current.number, "gpu_lost", None,
-                                                       "GPU is lost (NVML_ERROR_GPU_IS_LOST)"))
+        world.add("gpu_events", world.xid.sample_event(
+            t + int(rng.uniform(0.1, world.cfg.sample_seconds) * NS), node, node.gpus[g], world.current.number,
+            "gpu_lost", None, "GPU is lost: fallen off the bus or otherwise inaccessible; reboot the node to recover "
+            "this GPU"))
     for name, delta, value in changes:
         world.effects.changes.append(CounterChange(node.name, g, t, name, delta=delta, value=value))
     if recovery is not None:

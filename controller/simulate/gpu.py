@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from collectors.gpu_deltas import sample_changes
 from collectors.schema import TABLES
 from controller.simulate.cluster import GPU_NAME, MEM_TOTAL_BYTES, Node
 from controller.simulate.xid import GpuEventFactory
@@ -39,6 +40,9 @@ COUNTERS = ("ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_db
             "remapped_rows_uncorrectable", "pcie_replay_count", "nvlink_replay_errors", "nvlink_recovery_errors",
             "nvlink_crc_errors")
 LEVELS = ("remap_pending", "remap_failure", "recovery_action")
+# counters whose change the NVML source turns into events (a corrected-error trickle does not move these)
+DELTA_COUNTERS = ("ecc_dbe_volatile", "ecc_dbe_aggregate", "ecc_dram_uncorrected", "ecc_sram_uncorrected",
+                  "nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors", "pcie_replay_count")
 
 
 @dataclass(frozen=True)
@@ -232,42 +236,42 @@ class GpuSampler:
             data[name] = pa.array(col(values))
         schema = TABLES["gpu_samples"]
         table = pa.table({f.name: data.get(f.name, pa.nulls(rows, f.type)) for f in schema}, schema=schema)
-        events = self._derived_events(node, ticks, attempt, alive, reasons, counters, levels)
+        events = self._derived_events(node, ticks, attempt, alive, reasons, counters, levels, temp)
         return table, events
 
     def _derived_events(self, node: Node, ticks: np.ndarray, attempt: np.ndarray, alive: np.ndarray,
-                        reasons: np.ndarray, counters: dict[str, np.ndarray],
-                        levels: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-        """What the collector makes of consecutive samples of one GPU."""
+                        reasons: np.ndarray, counters: dict[str, np.ndarray], levels: dict[str, np.ndarray],
+                        temp: np.ndarray) -> list[dict[str, Any]]:
+        """What the NVML source makes of consecutive samples of one GPU: its own sample_changes() on every pair of
+        samples where a watched value moved (and on the first sample)."""
         rows: list[dict[str, Any]] = []
+        watched = {**{name: counters[name] for name in DELTA_COUNTERS}, **levels,
+                   "slowdown_bits": reasons & (THERMAL_BITS | POWER_BITS)}
         for g, gpu in enumerate(node.gpus):
             idx = np.flatnonzero(alive[g])
-            if len(idx) < 2:
+            if len(idx) == 0:
                 continue
-            prev, cur = idx[:-1], idx[1:]
-            contiguous = (ticks[cur] - ticks[prev]) <= self.sample_ns * 1.5
-
-            def emit(where: np.ndarray, kind: str, message: str, code: Any = None, cur=cur, contiguous=contiguous,
-                     gpu=gpu) -> None:
-                for i in np.flatnonzero(where & contiguous):
-                    at = cur[i]
-                    value = code(at) if callable(code) else code
-                    rows.append(self.events.sample_event(int(ticks[at]), node, gpu, int(attempt[at]), kind, value,
-                                                         message))
-
-            thermal = (reasons[g] & THERMAL_BITS) != 0
-            emit(thermal[cur] & ~thermal[prev], "thermal_slowdown_start", "clocks event: thermal slowdown")
-            emit(~thermal[cur] & thermal[prev], "thermal_slowdown_end", "clocks event: thermal slowdown ended")
-            power = (reasons[g] & POWER_BITS) != 0
-            emit(power[cur] & ~power[prev], "power_slowdown_start", "clocks event: power brake slowdown")
-            emit(~power[cur] & power[prev], "power_slowdown_end", "clocks event: power brake slowdown ended")
-            dbe = counters["ecc_dbe_volatile"][g]
-            emit(dbe[cur] > dbe[prev], "ecc_dbe", "volatile uncorrectable ECC count increased")
-            pending = levels["remap_pending"][g]
-            emit(pending[cur] & ~pending[prev], "remap_pending", "row remapping pending")
-            failure = levels["remap_failure"][g]
-            emit(failure[cur] & ~failure[prev], "remap_failure", "row remapping failure")
-            action = levels["recovery_action"][g]
-            emit((action[cur] != action[prev]) & (action[cur] != 0), "recovery_action", "GPU recovery action changed",
-                 code=lambda at, a=action: int(a[at]))
+            moved = np.zeros(len(idx), dtype=bool)
+            moved[0] = True
+            for values in watched.values():
+                series = values[g][idx]
+                moved[1:] |= series[1:] != series[:-1]
+            for j in np.flatnonzero(moved):
+                at = idx[j]
+                cur = self._reading(at, g, reasons, counters, levels, temp)
+                prev = self._reading(idx[j - 1], g, reasons, counters, levels, temp) if j > 0 else None
+                elapsed = (ticks[at] - ticks[idx[j - 1]]) / 1e9 if j > 0 else None
+                for change in sample_changes(prev, cur, elapsed):
+                    rows.append(self.events.sample_event(int(ticks[at]), node, gpu, int(attempt[at]), change.kind,
+                                                         change.code, change.message))
         return rows
+
+    @staticmethod
+    def _reading(at: int, g: int, reasons: np.ndarray, counters: dict[str, np.ndarray],
+                 levels: dict[str, np.ndarray], temp: np.ndarray) -> dict[str, Any]:
+        reading: dict[str, Any] = {name: int(values[g][at]) for name, values in counters.items()}
+        reading.update({name: values[g][at].item() for name, values in levels.items()})
+        reading["clocks_event_reasons"] = int(reasons[g][at])
+        reading["temp_c"] = float(round(temp[g][at]))
+        reading["retired_pages_pending"] = False
+        return reading

@@ -129,22 +129,11 @@ def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) 
                 health.append((cursor, candidate))
         stop = min(t_fault, end) if t_fault is not None else end
 
-        # background events that fall into this attempt (or the downtime before it)
-        while bg_pos < len(background) and background[bg_pos][0] < stop:
-            when, what, which = background[bg_pos]
-            bg_pos += 1
-            if what == "benign":
-                label = inject_benign(world, rng_noise, which, when, running=when >= first)
-                if label is not None:
-                    world.labels.append(label)
-                continue
-            if when < first:
-                when = first + int(rng_noise.uniform(60, 600) * NS)
-                if when >= stop:
-                    continue
-            target = pick_target(world, rng_noise, when)
-            target.until = stop
-            world.labels.append(which.strike(world, rng_noise, which, target).label)
+        # background events that fall into this attempt (or the downtime before it). A replayed software bug
+        # ends its attempt at a step, not at a known time: its timing noise is left out and only the noise
+        # that does not touch step timing (application Xids) is injected once the end is known.
+        if repeat is None:
+            bg_pos = _background(world, rng_noise, background, bg_pos, first, stop, timing=True)
         for when, which in health:
             if when < stop:
                 world.labels.append(which.strike(world, rng_faults, which, pick_target(world, rng_faults, when)).label)
@@ -163,6 +152,9 @@ def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) 
                 t_fault = None
             else:
                 target = Target(t_fault, repeat.node, repeat.gpu, repeat.rank, extra=repeat.extra)
+        if repeat is not None:
+            bg_pos = _background(world, rng_noise, background, bg_pos, first,
+                                 min(t_fault, end) if t_fault is not None else end, timing=False)
         busy.append((first, min(stop, t_fault) if t_fault is not None else stop))
         for ck_step, ck_end in attempt.steps.checkpoints:
             local_ts = ck_end + int(rng_misc.uniform(0.5, 3.0) * NS)
@@ -223,6 +215,31 @@ def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) 
     return SimulationResult(store=str(store), labels_path=labels_out, labels=labels, rows=rows_by_table,
                             attempts=number + 1, elapsed_s=time.perf_counter() - began,
                             faults_by_kind=dict(sorted(counts.items())), benign_by_kind=dict(sorted(benign.items())))
+
+
+def _background(world: World, rng: np.random.Generator, background: list[tuple[int, str, Any]], pos: int,
+                first: int, stop: int, *, timing: bool) -> int:
+    """Inject the background events before `stop`; returns the position of the first one not taken."""
+    while pos < len(background) and background[pos][0] < stop:
+        when, what, which = background[pos]
+        pos += 1
+        if what == "benign":
+            if not timing and which != "benign_app_xid":
+                continue
+            label = inject_benign(world, rng, which, when, running=when >= first)
+            if label is not None:
+                world.labels.append(label)
+            continue
+        if not timing:
+            continue
+        if when < first:
+            when = first + int(rng.uniform(60, 600) * NS)
+            if when >= stop:
+                continue
+        target = pick_target(world, rng, when)
+        target.until = stop
+        world.labels.append(which.strike(world, rng, which, target).label)
+    return pos
 
 
 def _checkpoint_rows(world: World, placement: Placement, step: int, local_ts: int, durable_ts: int,

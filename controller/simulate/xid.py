@@ -1,17 +1,34 @@
 """gpu_events rows as the GPU collectors write them (interface 2 of the helper brief).
 
-Kernel-log Xid lines are printed in the driver's own format (kernel_rc.c) and stored the way the kmsg source
-parses them: the raw line, the Xid number, pid and process name when the driver printed them, the message after
-them, and the PCI address converted to NVML's bus-id form so events join samples. NVML's XID event carries only
-the number and the device (no pid, no text), so the same fault usually lands twice, once from each source.
+Kernel-log Xid lines are printed in the driver's own format (kernel_rc.c), as a syslog line of the node, and go
+through the kmsg collector's own parser (collectors.kmsg): the Xid row (number, pid and process name when the
+driver printed them, message, PCI address in NVML's bus-id form) plus the condition rows the parser derives from
+the same line (48 -> ecc_dbe, 63 -> remap_pending, 64 -> remap_failure, 79 -> gpu_lost, 154 -> recovery_action).
+NVML's Xid event carries only the number and the device (no pid, no text), in the NVML source's wording, so the
+same fault usually lands twice, once from each source.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.gpu_backend import GpuDevice
+from collectors.kmsg import KernelLogParser, events_to_rows
+from collectors.source import NodeIdentity
 from controller.simulate.cluster import Gpu, Node
+
+
+class KmsgParseError(RuntimeError):
+    """A kernel-log line the simulator wrote is not understood by the kmsg collector (a simulator bug)."""
+
+
+def syslog_line(ts_ns: int, host: str, message: str) -> str:
+    """The line as rsyslog writes kernel messages with RFC 3339 high-precision timestamps."""
+    moment = dt.datetime.fromtimestamp(ts_ns // 1_000_000_000, tz=dt.UTC).replace(
+        microsecond=(ts_ns % 1_000_000_000) // 1000)
+    return f"{moment.isoformat()} {host} kernel: {message}"
 
 
 @dataclass(frozen=True)
@@ -43,19 +60,26 @@ class GpuEventFactory:
         return {"ts": ts, "cluster": self.cluster, "node": node.name, "job_id": self.job_id, "attempt": attempt,
                 "gpu_index": gpu.index, "gpu_uuid": gpu.uuid, "pci_bus_id": gpu.pci_bus_id}
 
-    def kmsg_xid(self, ts: int, node: Node, gpu: Gpu, attempt: int | None, line: XidLine) -> dict[str, Any]:
-        return {**self._base(ts, node, gpu, attempt), "source": "kmsg", "kind": "xid", "code": line.code,
-                "message": line.message, "pid": None if line.unknown_process else line.pid,
-                "process_name": None if line.unknown_process else line.process_name, "raw": line.render(gpu)}
+    def kernel_log(self, ts: int, node: Node, attempt: int | None, message: str) -> list[dict[str, Any]]:
+        """The rows the kmsg source writes for one kernel message of `node` printed at `ts`."""
+        line = syslog_line(ts, node.name, message)
+        parser = KernelLogParser(tz=dt.UTC)
+        events = parser.feed(line)
+        if not events:
+            raise KmsgParseError(f"the kmsg parser found no GPU event in {line!r}")
+        devices = {g.pci_bus_id: GpuDevice(index=g.index, uuid=g.uuid, pci_bus_id=g.pci_bus_id) for g in node.gpus}
+        identity = NodeIdentity(node=node.name, cluster=self.cluster, job_id=self.job_id, attempt=attempt)
+        return events_to_rows(events, identity, devices=devices, default_ts_ns=ts)
+
+    def kmsg_xid(self, ts: int, node: Node, gpu: Gpu, attempt: int | None, line: XidLine) -> list[dict[str, Any]]:
+        return self.kernel_log(ts, node, attempt, line.render(gpu))
 
     def nvml_xid(self, ts: int, node: Node, gpu: Gpu, attempt: int | None, code: int) -> dict[str, Any]:
         return {**self._base(ts, node, gpu, attempt), "source": "nvml_event", "kind": "xid", "code": code,
-                "message": f"Xid {code}", "raw": None}
+                "message": f"NVML Xid event {code}"}
 
-    def kmsg_fallen_off_bus(self, ts: int, node: Node, gpu: Gpu, attempt: int | None) -> dict[str, Any]:
-        raw = f"NVRM: GPU {gpu.kmsg_pci}.0: GPU has fallen off the bus."
-        return {**self._base(ts, node, gpu, attempt), "source": "kmsg", "kind": "gpu_lost", "code": None,
-                "message": "GPU has fallen off the bus.", "raw": raw}
+    def kmsg_fallen_off_bus(self, ts: int, node: Node, gpu: Gpu, attempt: int | None) -> list[dict[str, Any]]:
+        return self.kernel_log(ts, node, attempt, f"NVRM: GPU {gpu.kmsg_pci}.0: GPU has fallen off the bus.")
 
     def sample_event(self, ts: int, node: Node, gpu: Gpu, attempt: int | None, kind: str, code: int | None,
                      message: str) -> dict[str, Any]:
