@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -20,8 +21,6 @@ from controller.cli.main import main as cli
 from controller.simulate import ConfigError, SimConfig, simulate
 from controller.simulate.cluster import Placement, make_nodes
 from controller.simulate.collectives import HangSpec, build_groups, resolve, step_program
-
-import numpy as np
 
 # a busy small cluster: many faults in a few simulated hours (this seed draws hangs, a health event and stragglers)
 SEED = 5
@@ -303,7 +302,7 @@ def test_benign_noise_is_present_and_unlabelled_in_the_store(sim) -> None:
 def test_hang_resolution_follows_the_step_program() -> None:
     rng = np.random.default_rng(0)
     placement = Placement(tuple(make_nodes(8, 8, rng)), 8, 4)
-    groups, member_of = build_groups(placement)
+    _groups, member_of = build_groups(placement)
     healthy = HangSpec(stuck={}, dead=frozenset(), broken_groups=frozenset())
     posted, done = resolve(placement, 7, healthy, member_of)
     assert all(done[r] == len(posted[r]) for r in posted)  # a healthy step finishes everything
