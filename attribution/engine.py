@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -35,13 +36,14 @@ from attribution.progress import (
 from attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
 from attribution.store import Store
 from attribution.straggler import StragglerDetector
-from attribution.tail import SegmentTail
+from attribution.tail import NewSegment, SegmentTail
 from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, to_frame
-from collectors.layout import StoreLocation
+from collectors.layout import StoreLocation, safe_value
 from collectors.sink import SegmentSink
 
 log = logging.getLogger(__name__)
 
+_JOB_PART = re.compile(r"/job=([^/]+)/")
 TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
 
 
@@ -135,11 +137,11 @@ def existing_incident_ids(store: Store) -> set[str]:
 
 def write_new_incidents(store: Store | str | StoreLocation, incidents: Iterable[Incident],
                         known: set[str] | None = None, sink: SegmentSink | None = None) -> list[Incident]:
-    """Write the incidents whose ids are not in the incidents table (or in `known`) yet; returns those written.
-    They are visible when this returns."""
+    """Write the incidents whose ids are not in the incidents table (or in `known`, which gets the new ids) yet;
+    returns those written. They are visible when this returns."""
     opened, owned = _open(store, None)
     try:
-        known = set(known) if known is not None else existing_incident_ids(opened)
+        known = known if known is not None else existing_incident_ids(opened)  # updated in place
         fresh = []
         for incident in incidents:
             if incident.incident_id not in known:
@@ -213,6 +215,8 @@ class Follower:
         self._last_straggler = float("-inf")
         self._pending_crash = False
         self._stop = threading.Event()
+        self._unclaimed: dict[str, NewSegment] = {}
+        self._seen_at: dict[str, float] = {}
 
     # ------------------------------------------------------------ one poll
 
@@ -224,6 +228,7 @@ class Follower:
         self.stats.rows_read += sum(s.rows for s in arrived)
         seen_at = self.wall()
         tick = self.monotonic()
+        self._remember(arrived, seen_at)
         changed = {segment.table for segment in arrived}
         self._stale |= changed
         self._steps_changed |= "steps" in changed
@@ -242,8 +247,11 @@ class Follower:
             found.extend(self.engine.run_job(
                 telemetry.for_job(job), now, now, settled=self._settled, already=self.known,
                 hangs=progress_due or crash_due, stragglers=straggler_due))
-        self._pending_crash = bool(self._arrivals) and any(
-            not self._settled(job, attempt) for job, attempt in self._arrivals)
+        if crash_due:
+            # an attempt whose settle time ends after this evaluation began may have been skipped: look again
+            self._arrivals = {key: arrived for key, arrived in self._arrivals.items()
+                              if arrived + self.config.crash_settle_s >= tick}
+            self._pending_crash = bool(self._arrivals)
         if progress_due:
             self._last_progress = tick
         if straggler_due:
@@ -252,13 +260,27 @@ class Follower:
         written = write_new_incidents(self.incident_store, found, self.known, self.sink)
         if written:
             written_at = self.wall()
-            trigger = max((s for s in arrived if s.landed_at is not None), key=lambda s: s.landed_at or 0.0,
-                          default=None)
             for incident in written:
+                trigger = self._unclaimed.pop(safe_value(incident.job_id or "_node"), None)
                 self.stats.lag.append(LagRecord(incident.incident_id, trigger.path if trigger else None,
-                                                trigger.landed_at if trigger else None, seen_at, written_at))
+                                                trigger.landed_at if trigger else None,
+                                                trigger_seen if trigger and (trigger_seen := self._seen_at.get(
+                                                    trigger.path)) else seen_at, written_at))
             self.stats.incidents_written += len(written)
         return written
+
+    def _remember(self, arrived: Sequence[NewSegment], seen_at: float) -> None:
+        """The newest segment of each job not yet followed by an incident: what an incident's lag is measured
+        from (an incident found by the passing of time, a hang, has none unless data of its job just landed)."""
+        for segment in arrived:
+            if segment.table == "gpu_samples" or segment.landed_at is None:
+                continue
+            match = _JOB_PART.search(segment.path)
+            job = match.group(1) if match else "_node"
+            current = self._unclaimed.get(job)
+            if current is None or (current.landed_at or 0.0) <= segment.landed_at:
+                self._unclaimed[job] = segment
+                self._seen_at[segment.path] = seen_at
 
     def _note_arrivals(self, arrived: Sequence[object]) -> None:
         events = self.tail.table("process_events")
