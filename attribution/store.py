@@ -43,8 +43,9 @@ class Store:
 
     def __init__(self, store: str | StoreLocation, *, jobs: Iterable[str] | None = None,
                  date_from: str | None = None, date_to: str | None = None,
-                 nodes: Iterable[str] | None = None, threads: int | None = None) -> None:
-        self.location = resolve_store(store)
+                 nodes: Iterable[str] | None = None, threads: int | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        self.location = resolve_store(store, **(storage_options or {}))
         self.jobs = list(jobs) if jobs is not None else None
         self.nodes = list(nodes) if nodes is not None else None
         self.date_from = date_from
@@ -62,13 +63,20 @@ class Store:
     def refresh(self, tables: Sequence[str] = TABLE_NAMES) -> None:
         """List the store again and point every view at the segments visible now."""
         for table in tables:
-            try:
-                segments = list_segments(self.location, table, jobs=self.jobs, date_from=self.date_from,
-                                         date_to=self.date_to, nodes=self.nodes)
-            except OSError as exc:
-                raise StoreError(f"store {self.location.url!r}: cannot list {table}: {exc}") from None
-            self._segments[table] = segments
-            self._define_view(table, segments)
+            for attempt in range(5):
+                try:
+                    segments = list_segments(self.location, table, jobs=self.jobs, date_from=self.date_from,
+                                             date_to=self.date_to, nodes=self.nodes)
+                except OSError as exc:
+                    raise StoreError(f"store {self.location.url!r}: cannot list {table}: {exc}") from None
+                try:
+                    self._define_view(table, segments)
+                except (duckdb.IOException, FileNotFoundError):
+                    if attempt == 4:  # segments keep vanishing under us (compaction/retention): give up loudly
+                        raise
+                    continue  # a listed segment was replaced (compaction) or expired before binding: list again
+                self._segments[table] = segments
+                break
 
     def _define_view(self, table: str, segments: list[str]) -> None:
         empty_name = f"_empty_{table}"
@@ -79,7 +87,7 @@ class Store:
             return
         if self.location.is_local:
             files = ", ".join(_sql_string(path) for path in segments)
-            source = f"read_parquet([{files}], union_by_name=true)"
+            source = f"read_parquet([{files}], union_by_name=true, hive_partitioning=false)"
         else:
             dataset = ds.dataset(segments, schema=schema_for(table), format="parquet",
                                  filesystem=PyFileSystem(FSSpecHandler(self.location.fs)))

@@ -18,7 +18,8 @@ when it has none, so a dump with no entries (an idle rank in an only-active dump
 Process groups: `pg_id` is the rank-local id of the entry; `pg_name` / `pg_desc` come from `process_group` and are
 what identifies a group across ranks. `pg_ranks` (global ranks of the group) comes from `pg_config`; when that is
 broken as gloo writes it (keyed '', ranks '[]', groups overwriting each other) it is rebuilt from the entries: the
-ranks whose dumps recorded that group (plus every rank of `world_size` for the default group). To keep dump sets of
+ranks whose dumps recorded that group (plus every rank of `world_size`, else 0..highest rank read, for the default
+group). To keep dump sets of
 thousands of ranks small, `pg_ranks` is carried on the first row of each group (per distinct membership) in the
 set, and is null on the group's other rows: `SELECT DISTINCT pg_name, pg_ranks ... WHERE pg_ranks IS NOT NULL`.
 """
@@ -355,7 +356,7 @@ class _Decoder:
         return tuple(values) if k == fast.K_TUPLE else values
 
     def top_level(self, root: int) -> dict[str, Any]:
-        """The root dict without its 'entries' (those are read into columns)."""
+        """The root dict with 'entries' left empty (those are read into columns)."""
         items = self.child[self.offsets[root]:self.offsets[root + 1]]
         out: dict[str, Any] = {}
         for i in range(0, len(items), 2):
@@ -363,8 +364,7 @@ class _Decoder:
             if self.kind[key_node] != fast.K_STR:
                 continue
             key = self.text(key_node)
-            if key != "entries":
-                out[key] = self.value(value_node)
+            out[key] = self.value(value_node) if key != "entries" else []
         return out
 
     def strings(self, nodes: np.ndarray) -> _StrColumn:
@@ -406,7 +406,7 @@ def _dump_fast(buf: np.ndarray, path: Path, max_frames: int) -> _Dump | None:
         return None
     (ints, valid, strs, flags), counts, sizes, dtypes, frames = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, offsets, child)
-    top = _check_top(decoder.top_level(root) | {"entries": []})
+    top = _check_top(decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
@@ -468,7 +468,7 @@ def _is_candidate(path: Path) -> bool:
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
         return True
-    return suffix == "" or name[-1:].isdigit() and rank_from_name(name) is not None
+    return suffix == "" or (name[-1:].isdigit() and rank_from_name(name) is not None)
 
 
 def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -632,9 +632,11 @@ class _Assembly:
     carried: set[tuple[str, tuple[int, ...]]] = field(default_factory=set)
     rows: int = 0
     world_size: int | None = None
+    all_ranks: set[int] = field(default_factory=set)
 
     def add(self, dump: _Dump, dump_id: str) -> None:
         n = dump.n
+        self.all_ranks.add(dump.rank)
         if dump.world_size:
             self.world_size = max(self.world_size or 0, dump.world_size)
         part: dict[str, Any] = {"n": n}
@@ -736,8 +738,9 @@ class _Assembly:
             if name in self.group_configs:
                 continue
             ranks = set(members)
-            if self.group_desc.get(name) == "default_pg" and self.world_size:
-                ranks |= set(range(self.world_size))
+            if self.group_desc.get(name) == "default_pg":
+                # the default group holds every rank: world_size when a dump says it, else 0..highest rank read
+                ranks |= set(range(self.world_size or max(self.all_ranks, default=-1) + 1))
             rebuilt = tuple(sorted(ranks))
             if (name, rebuilt) not in self.carried:
                 self.carried.add((name, rebuilt))
@@ -818,7 +821,7 @@ class _Assembly:
                 for row in status_rows:
                     descs[row] = desc_of_name.get(int(names[row]), -1)
                 cols["pg_desc"] = self.strings["pg_desc"].array(descs, self.dictionary)
-        for name in list(_INT_COLUMNS) + ["pg_last_enqueued", "pg_last_started", "pg_last_completed"]:
+        for name in [*_INT_COLUMNS, "pg_last_enqueued", "pg_last_started", "pg_last_completed"]:
             if name in wanted:
                 values, valid = gather_int(name)
                 if name.startswith("pg_last_"):

@@ -16,6 +16,7 @@ memoized containers shared through BINGET stay one node); pass 2 groups edges by
 the fields of every entry dict under the top-level 'entries' key.
 """
 
+# ruff: noqa: SIM109  (explicit == chains keep the numba hot loop free of tuple membership tests)
 from __future__ import annotations
 
 import numpy as np

@@ -71,8 +71,10 @@ def resolve_store(url: str | StoreLocation, *, create: bool = False, **storage_o
                 os.makedirs(location.root, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"store {url!r}: cannot create directory: {exc.strerror or exc}") from None
-        if not os.path.isdir(location.root):
+        if not os.path.exists(location.root):
             raise StoreError(f"store {url!r}: no such directory")
+        if not os.path.isdir(location.root):
+            raise StoreError(f"store {url!r}: not a directory")
         if not os.access(location.root, os.R_OK | os.X_OK):
             raise StoreError(f"store {url!r}: directory is not readable")
     return location
@@ -165,6 +167,7 @@ def _partition_filter(path_parts: list[str], jobs: set[str] | None, dates: tuple
 def list_partitions(location: StoreLocation, table: str) -> list[str]:
     """Every leaf partition directory of `table` (job=/date=/node=)."""
     base = location.join(table)
+    location.fs.invalidate_cache()
     try:
         found = location.fs.glob(f"{base}/job=*/date=*/node=*")
     except FileNotFoundError:
@@ -180,6 +183,7 @@ def list_segments(location: StoreLocation, table: str, *, jobs: Iterable[str] | 
     job_set = {safe_value(j) for j in jobs} if jobs is not None else None
     node_set = {safe_value(n) for n in nodes} if nodes is not None else None
     base = location.join(table)
+    location.fs.invalidate_cache()  # object-store listings are cached; a reader must see new segments
     try:
         found = location.fs.find(base) if location.fs.exists(base) else []
     except FileNotFoundError:

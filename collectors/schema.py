@@ -305,9 +305,19 @@ def empty_table(table: str) -> pa.Table:
     return schema_for(table).empty_table()
 
 
+NS_PER_DAY = 86_400 * 1_000_000_000
+
+
 def partition_keys(table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.ChunkedArray]:
-    """The (job, date, node) partition values of every row, as in the store layout of DESIGN.md."""
+    """The (job, day number since epoch, node) partition values of every row, as in the store layout of
+    DESIGN.md; `partition_date(day)` turns a day number into the YYYY-MM-DD of the path."""
     job = pc.fill_null(table.column("job_id"), "_node")
-    date = pc.strftime(table.column("ts"), format="%Y-%m-%d")
+    day = pc.divide(table.column("ts").cast(pa.int64()), NS_PER_DAY)
     node = pc.fill_null(table.column("node"), "_unknown")
-    return job, date, node
+    return job, day, node
+
+
+def partition_date(day: int) -> str:
+    import datetime as dt
+
+    return (dt.date(1970, 1, 1) + dt.timedelta(days=int(day))).isoformat()

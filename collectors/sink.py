@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from collectors.layout import StoreLocation, partition_dir, resolve_store, write_segment
-from collectors.schema import partition_keys, rows_to_table, validate
+from collectors.schema import partition_date, partition_keys, rows_to_table, validate
 
 
 @dataclass
@@ -38,8 +38,9 @@ class SegmentSink:
     """Buffers rows per table and writes them as crash-safe Parquet segments in the store layout."""
 
     def __init__(self, store: str | StoreLocation, *, flush_rows: int = 100_000, flush_age_s: float = 5.0,
-                 compression: str = "zstd", clock: Callable[[], float] = time.monotonic) -> None:
-        self.location = resolve_store(store, create=True)
+                 compression: str = "zstd", clock: Callable[[], float] = time.monotonic,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self.location = resolve_store(store, create=True, **dict(storage_options or {}))
         self.flush_rows = flush_rows
         self.flush_age_s = flush_age_s
         self.compression = compression
@@ -114,19 +115,31 @@ class SegmentSink:
         return results
 
     def _write_table(self, name: str, table: pa.Table) -> list[str]:
-        job, date, node = partition_keys(table)
-        uniques = [pc.unique(column) for column in (job, date, node)]
+        """One segment per (job, date, node) partition: rows are sorted by partition once, then sliced."""
+        job, day, node = partition_keys(table)
+        uniques = [pc.unique(column) for column in (job, day, node)]
         if all(len(u) == 1 for u in uniques):
-            directory = partition_dir(self.location, name, *(u[0].as_py() for u in uniques))
+            directory = partition_dir(self.location, name, uniques[0][0].as_py(),
+                                      partition_date(uniques[1][0].as_py()), uniques[2][0].as_py())
             return [write_segment(self.location, directory, table, compression=self.compression)]
-        keys = pa.table({"j": job, "d": date, "n": node, "i": pa.array(range(table.num_rows), pa.int64())})
-        groups = keys.group_by(["j", "d", "n"]).aggregate([("i", "list")])
+        # sort by small integer codes (dictionary indices), not by the strings themselves
+        job_codes = job.combine_chunks().dictionary_encode()
+        node_codes = node.combine_chunks().dictionary_encode()
+        keys = pa.table({"j": job_codes.indices, "d": day.combine_chunks(), "n": node_codes.indices})
+        order = pc.sort_indices(keys, sort_keys=[("j", "ascending"), ("d", "ascending"), ("n", "ascending")])
+        table = table.combine_chunks().take(order)
+        groups = keys.take(order).group_by(["j", "d", "n"], use_threads=False).aggregate([([], "count_all")])
+        job_names = job_codes.dictionary.to_pylist()
+        node_names = node_codes.dictionary.to_pylist()
         paths = []
-        for j, d, n, indices in zip(*(groups.column(c).to_pylist() for c in ("j", "d", "n")),
-                                    groups.column("i_list").to_pylist(), strict=True):
-            directory = partition_dir(self.location, name, j, d, n)
-            part = table.take(pa.array(indices, pa.int64()))
-            paths.append(write_segment(self.location, directory, part, compression=self.compression))
+        offset = 0
+        for j_code, d, n_code, count in zip(*(groups.column(c).to_pylist() for c in ("j", "d", "n", "count_all")),
+                                            strict=True):
+            j, n = job_names[j_code], node_names[n_code]
+            directory = partition_dir(self.location, name, j, partition_date(d), n)
+            paths.append(write_segment(self.location, directory, table.slice(offset, count),
+                                       compression=self.compression))
+            offset += count
         return paths
 
     def close(self) -> None:

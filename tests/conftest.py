@@ -31,6 +31,6 @@ def torch_artifacts() -> dict[str, Path]:
     key (a hash of the scripts, collectors and torch version) under a file lock, so pytest-xdist workers share
     it; $FAULTLENS_TORCH_ARTIFACTS moves the cache (default: $TMPDIR/faultlens-torch-artifacts-<uid>)."""
     pytest.importorskip("torch")
-    from torch_jobs.harness import cached_artifacts
+    from tests.torch_jobs.harness import cached_artifacts
 
     return cached_artifacts()

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import argparse
 
+<<<<<<< HEAD
 from controller.cli import gpu_cmds
 
 INGEST_MODULES: list = [gpu_cmds]
+=======
+from controller.cli import hang_cmds
+
+INGEST_MODULES: list = [hang_cmds]
+>>>>>>> hang
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -126,16 +126,12 @@ def cached_artifacts(cache_root: Path | None = None, parallel: int | None = None
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (final / "COMPLETE").exists():
-            staging = Path(tempfile.mkdtemp(prefix=f"{key}.staging-", dir=root))
-            try:
-                generate(staging, parallel=parallel)
-                (staging / "COMPLETE").write_text(dt.datetime.now(dt.UTC).isoformat())
-                if final.exists():
-                    shutil.rmtree(final)
-                os.replace(staging, final)
-            finally:
-                if staging.exists():
-                    shutil.rmtree(staging, ignore_errors=True)
+            # generated in place (torchrun's report names files by absolute path); COMPLETE is written last, so a
+            # generation that died half-way is removed and done again by the next holder of the lock
+            if final.exists():
+                shutil.rmtree(final)
+            generate(final, parallel=parallel)
+            (final / "COMPLETE").write_text(dt.datetime.now(dt.UTC).isoformat())
     return {name: final / name for name in SCENARIOS}
 
 
@@ -212,8 +208,8 @@ def run_scenario(scenario: Scenario, art: Path) -> Path:
     port = _free_port()
     command = [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", str(WORLD_SIZE), "--node-rank", "0",
-        "--master-addr", "127.0.0.1", "--master-port", str(port), "--rdzv-id", run_id,
+        "--nnodes", "1", "--nproc-per-node", str(WORLD_SIZE),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
         "--max-restarts", str(scenario.max_restarts), "--monitor-interval", str(scenario.monitor_interval_s),
         "--log-dir", str(art / "logdir"), "--tee", "3",
         str(SCRIPT), scenario.name, str(art),
@@ -335,6 +331,11 @@ def _check_outputs(scenario: Scenario, art: Path, returncode: int) -> None:
         need = set(scenario.culprit_ranks)
     if not need <= have:
         problems.append(f"dumps missing for ranks {sorted(need - have)}")
+    if scenario.name == "crash_exception":
+        for attempt in range(scenario.max_restarts + 1):
+            files = list((art / "logdir").glob(f"*/attempt_{attempt}/2/error.json"))
+            if not files or "ValueError" not in files[0].read_text(errors="replace"):
+                problems.append(f"attempt {attempt}: rank 2 did not fail with the injected ValueError")
     if scenario.name != "crash_sigkill" and not (art / "store" / "steps").exists():
         problems.append("no steps rows in the store")  # crash_sigkill's ranks may all die before a flush
     if problems:

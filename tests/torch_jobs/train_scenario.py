@@ -175,7 +175,16 @@ def main() -> None:
         raise SystemExit("FAULTLENS_FR_DIR is not set")
     trigger.install()  # before init_process_group: the threads torch starts inherit the blocked SIGUSR1
     timeout_s = float(os.environ.get("FAULTLENS_SCENARIO_TIMEOUT_S", "5"))
-    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=timeout_s))
+    timeout = dt.timedelta(seconds=timeout_s)
+    if attempt == 0:
+        dist.init_process_group("gloo", timeout=timeout)
+    else:
+        # torchrun (2.13) keeps one agent store across restarts and gloo finds the dead attempt's addresses in
+        # it ("connectFullMesh failed ... Connection refused"); a per-attempt key prefix avoids them
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt_{attempt}", store), timeout=timeout,
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     with trigger.dump_on_exception():
         job = Job(scenario, artifacts)
         try:
