@@ -144,6 +144,7 @@ class KernelLogParser:
         self._pending_pci: str | None = None
         self._pending_left = 0
         self._lost_reported: dict[str, int] = {}
+        self._line_no: int | None = None
 
     # -- envelope (prefixes) -------------------------------------------------------------------------------------
     def _local(self, year: int, month: int, day: int, hms: str, frac: str | None) -> int:
@@ -249,7 +250,7 @@ class KernelLogParser:
         caused = CAUSED_BY_RE.search(message)
         event = KernelGpuEvent(
             kind="xid", code=code, pci_bus_id=pci, message=message, raw=raw, pid=pid, process_name=name,
-            ts_ns=env.ts_ns, host=env.host, gpu_uuid=self.uuids.get(pci),
+            ts_ns=env.ts_ns, host=env.host, gpu_uuid=self.uuids.get(pci), line_no=self._line_no,
             gpu_instance_id=int(match.group("gi")) if match.group("gi") else None,
             compute_instance_id=int(match.group("ci")) if match.group("ci") else None,
             caused_by_xid=int(caused.group("code")) if caused else None,
@@ -288,7 +289,7 @@ class KernelLogParser:
         if rest.startswith(("Severity ", "Data {", "Data{")):
             return []  # continuation lines of the SXid just reported
         return [KernelGpuEvent(kind="sxid", code=int(match.group("code")), pci_bus_id=pci, message=rest, raw=raw,
-                               ts_ns=env.ts_ns, host=env.host, device=match.group("dev"))]
+                               ts_ns=env.ts_ns, host=env.host, device=match.group("dev"), line_no=self._line_no)]
 
     def _fallen(self, pci: str | None, env: _Envelope, raw: str, message: str) -> list[KernelGpuEvent]:
         if pci is not None:
@@ -298,7 +299,7 @@ class KernelLogParser:
             self._lost_reported[pci] = self.stats.lines
         text = message.split("NVRM:", 1)[-1].strip()
         return [KernelGpuEvent(kind="gpu_lost", code=None, pci_bus_id=pci, message=text, raw=raw, ts_ns=env.ts_ns,
-                               host=env.host, gpu_uuid=self.uuids.get(pci) if pci else None)]
+                               host=env.host, gpu_uuid=self.uuids.get(pci) if pci else None, line_no=self._line_no)]
 
     def _message(self, env: _Envelope, raw: str) -> list[KernelGpuEvent] | None:
         """Events of one message; None when the message is not a GPU line."""
@@ -341,6 +342,7 @@ class KernelLogParser:
     def feed(self, line: str | bytes, line_no: int | None = None) -> list[KernelGpuEvent]:
         """Parse one line; returns its events ([] for most lines). Never raises."""
         self.stats.lines += 1
+        self._line_no = line_no
         try:
             if isinstance(line, bytes):
                 line = line.decode("utf-8", "replace")
@@ -367,8 +369,6 @@ class KernelLogParser:
         if events is None:
             self.stats.ignored += 1
             return []
-        if line_no is not None:
-            events = [replace(event, line_no=line_no) for event in events]
         self.stats.events += len(events)
         return events
 

@@ -48,6 +48,8 @@ GPU_METRICS: dict[str, tuple[str, str, str]] = {
     "ecc_dbe_volatile": ("gpu.ecc.dbe.volatile", "{error}", "double-bit ECC errors since reset"),
     "ecc_sbe_aggregate": ("gpu.ecc.sbe.aggregate", "{error}", "single-bit ECC errors, lifetime"),
     "ecc_dbe_aggregate": ("gpu.ecc.dbe.aggregate", "{error}", "double-bit ECC errors, lifetime"),
+    "ecc_dram_corrected": ("gpu.ecc.dram.corrected", "{error}", "corrected DRAM ECC errors"),
+    "ecc_sram_corrected": ("gpu.ecc.sram.corrected", "{error}", "corrected SRAM ECC errors"),
     "ecc_dram_uncorrected": ("gpu.ecc.dram.uncorrected", "{error}", "uncorrected DRAM ECC errors"),
     "ecc_sram_uncorrected": ("gpu.ecc.sram.uncorrected", "{error}", "uncorrected SRAM ECC errors"),
     "retired_pages_sbe": ("gpu.retired_pages.sbe", "{page}", "pages retired for single-bit errors"),

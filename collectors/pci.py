@@ -7,6 +7,7 @@ The kernel log prints `domain:bus:device` (`PCI:0000:2b:00`, very old drivers wi
 
 from __future__ import annotations
 
+import functools
 import re
 
 _PCI_RE = re.compile(
@@ -22,6 +23,11 @@ def normalize_pci_bus_id(text: str | bytes | None) -> str | None:
         return None
     if isinstance(text, bytes):
         text = text.decode("ascii", "replace")
+    return _normalize(text)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalize(text: str) -> str | None:
     match = _PCI_RE.match(text)
     if match is None:
         return None

@@ -53,7 +53,7 @@ def test_events_old_names():
     _, events, _ = read_scrape(str(OLD), IDENTITY)
     assert sorted((e["gpu_index"], e["kind"], e["code"]) for e in events) == [
         (2, "ecc_dbe", None), (2, "xid", 48), (3, "thermal_slowdown_start", None)]
-    xid = [e for e in events if e["kind"] == "xid"][0]
+    xid = next(e for e in events if e["kind"] == "xid")
     assert xid["message"] == "Double Bit ECC Error" and xid["source"] == "dcgm"
 
 
@@ -145,7 +145,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     body = b""
     status = 200
 
-    def do_GET(self):  # noqa: N802 - http.server's API
+    def do_GET(self):
         self.send_response(self.status)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         self.send_header("Content-Length", str(len(self.body)))

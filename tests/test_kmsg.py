@@ -321,13 +321,13 @@ def test_cli_ingest_kmsg_then_query_the_store(store_dir, tmp_path):
     rows = Store(store_dir).query("SELECT node, kind, code, pci_bus_id, gpu_uuid, pid, process_name, ts "
                                   "FROM gpu_events ORDER BY ts, kind").to_pylist()
     assert {r["node"] for r in rows} == {"gpu-node-07"}
-    lost = [r for r in rows if r["code"] == 79][0]
+    lost = next(r for r in rows if r["code"] == 79)
     assert lost["pci_bus_id"] == "00000000:5D:00.0"
     assert lost["gpu_uuid"] == "GPU-19ab5f62-e3c7-4d08-a54b-6f2c8e0d7b04"
-    assert lost["ts"] == dt.datetime(dt.datetime.now(UTC).year if (11, 30) <= (dt.datetime.now(UTC).month,
-                                                                                 dt.datetime.now(UTC).day)
-                                     else dt.datetime.now(UTC).year - 1, 11, 30, 11, 56, 3, tzinfo=UTC)
-    remap = [r for r in rows if r["code"] == 63][0]
+    today = dt.datetime.now(UTC)
+    year = today.year if (today.month, today.day) >= (11, 30) else today.year - 1  # syslog lines carry no year
+    assert lost["ts"] == dt.datetime(year, 11, 30, 11, 56, 3, tzinfo=UTC)
+    remap = next(r for r in rows if r["code"] == 63)
     assert (remap["pid"], remap["process_name"]) == (48213, "pt_main_thread")
 
 

@@ -28,7 +28,7 @@ def catalog():
 
 
 def test_default_path_is_the_repository_rules_file():
-    assert DEFAULT_XID_PATH == Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
+    assert Path(__file__).resolve().parents[1] / "rules" / "xid.yaml" == DEFAULT_XID_PATH
 
 
 def test_every_reference_xid_is_listed(catalog):
@@ -83,7 +83,8 @@ def _good() -> dict:
     (lambda d: d["xids"][1].update(code="31"), ["xids[1].code", "'31' is not of type 'integer'"]),
     (lambda d: d.update(format_version=2), ["format_version", "1 was expected"]),
     (lambda d: d["xids"][2].update(colour="red"), ["xids[2] (code 43)", "'colour' was unexpected"]),
-    (lambda d: d["xids"].append(dict(d["xids"][0])), ["xids[34].code", "expected a unique Xid, 13 is already at xids[0]"]),
+    (lambda d: d["xids"].append(dict(d["xids"][0])),
+     ["xids[34].code", "expected a unique Xid, 13 is already at xids[0]"]),
 ])
 def test_bad_catalog_names_file_key_and_expectation(tmp_path, mutate, expected):
     document = _good()
