@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-<<<<<<< HEAD
-from controller.cli import gpu_cmds
+from controller.cli import gpu_cmds, hang_cmds
 
-INGEST_MODULES: list = [gpu_cmds]
-=======
-from controller.cli import hang_cmds
-
-INGEST_MODULES: list = [hang_cmds]
->>>>>>> hang
+INGEST_MODULES: list = [gpu_cmds, hang_cmds]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
