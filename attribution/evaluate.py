@@ -1,7 +1,8 @@
 """Scoring attribution against ground truth: incidents (from the store or the engine) versus fault labels.
 
-Matching: an incident can stand for a labelled fault when it belongs to the same job and its first signal or its
-detection falls inside the fault's window (from its onset to the end of its effect, with a little slack). Pairs
+Matching: an incident can stand for a labelled fault when it belongs to the same job and its span (first signal to
+newest evidence) or its detection falls inside the fault's window (from its onset to the end of its effect, with a
+little slack). Pairs
 are assigned greedily, best first (same class, overlapping culprit nodes, compatible cause, closeness in time);
 each incident stands for at most one fault. An unassigned incident inside a matched fault's window that agrees
 with it (same class or overlapping nodes) is a *duplicate* (reported, not a false alarm); any other unassigned
@@ -20,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from attribution.incident import Cause, Incident, IncidentClass
 
 BEFORE_SLACK = dt.timedelta(seconds=30)
 AFTER_SLACK = dt.timedelta(seconds=300)
+STRAGGLER_LEAD = dt.timedelta(seconds=300)
 
 HARDWARE = {"gpu_hardware", "hbm", "nvlink", "pcie", "network", "thermal", "host"}
 SOFTWARE = {"software", "oom"}
@@ -104,12 +106,28 @@ class Match:
     incident: Incident | None
     decision: DecisionView | None = None
     duplicates: tuple[Incident, ...] = ()
+    replay_detected_at: dt.datetime | None = None  # from a live replay (attribution.replay), when one ran
+
+    @property
+    def detected_at(self) -> dt.datetime | None:
+        if self.replay_detected_at is not None:
+            return self.replay_detected_at
+        return self.incident.detected_ts if self.incident is not None else None
 
     @property
     def latency_s(self) -> float | None:
-        if self.incident is None:
+        """Detection time minus the fault's onset (its first symptom; the injection time for most faults)."""
+        detected = self.detected_at
+        return None if detected is None else (detected - self.label.window_start).total_seconds()
+
+    @property
+    def latency_after_progress_stop_s(self) -> float | None:
+        """Detection time minus the end of the last step completed before the fault (hangs: 'progress stops')."""
+        detected = self.detected_at
+        stopped = self.label.extra.get("last_step_end_ts")
+        if detected is None or not stopped:
             return None
-        return (self.incident.detected_ts - self.label.injected_ts).total_seconds()
+        return (detected - dt.datetime.fromisoformat(stopped)).total_seconds()
 
 
 @dataclass(frozen=True)
@@ -172,11 +190,19 @@ def _window(label: FaultLabel) -> tuple[dt.datetime, dt.datetime]:
     return label.window_start - BEFORE_SLACK, label.effect_end_ts + AFTER_SLACK
 
 
+def _span(incident: Incident) -> tuple[dt.datetime, dt.datetime]:
+    """From the incident's first signal to its newest evidence (a straggler's first signal is the start of the
+    scoring window, which can begin before the slowdown; its evidence lies inside it)."""
+    stamps = [e.ts for e in incident.evidence if e.ts is not None and e.ts >= incident.first_signal_ts]
+    return incident.first_signal_ts, max([incident.first_signal_ts, *stamps])
+
+
 def _in_window(incident: Incident, label: FaultLabel) -> bool:
     if label.job_id and incident.job_id and label.job_id != incident.job_id:
         return False
     low, high = _window(label)
-    return low <= incident.first_signal_ts <= high or low <= incident.detected_ts <= high
+    first, last = _span(incident)
+    return (first <= high and last >= low) or low <= incident.detected_ts <= high
 
 
 def _jaccard(a: Iterable[str], b: Iterable[str]) -> float:
@@ -195,6 +221,20 @@ def _pair_score(label: FaultLabel, incident: Incident) -> float:
         score += 1.0
     gap = abs((incident.first_signal_ts - label.window_start).total_seconds())
     return score - min(gap, 3600.0) / 3600.0
+
+
+def stands_for(incident: Incident, label: FaultLabel) -> bool:
+    """Whether an incident reported during a live replay is the system's report of a labelled fault: it started
+    in the fault's window (a straggler's scoring window may begin a few minutes before the slowdown) and, when both
+    name nodes, they share one."""
+    if label.job_id and incident.job_id and label.job_id != incident.job_id:
+        return False
+    before = STRAGGLER_LEAD if label.label_class is LabelClass.STRAGGLER else BEFORE_SLACK
+    if not label.window_start - before <= incident.first_signal_ts <= label.effect_end_ts + AFTER_SLACK:
+        return False
+    if label.culprit_nodes and incident.culprit_nodes:
+        return bool(set(incident.culprit_nodes) & set(label.culprit_nodes))
+    return True
 
 
 def match(labels: Sequence[FaultLabel], incidents: Sequence[Incident]) -> tuple[list[Match], list[FalseAlarm]]:
@@ -251,12 +291,16 @@ def _latency_stats(values: list[float]) -> dict[str, Any]:
 
 
 def evaluate(labels: Sequence[FaultLabel], incidents: Sequence[Incident], *, decide: DecideFn | None = None,
-             decisions_source: str = "design-rules") -> EvalReport:
+             decisions_source: str = "design-rules",
+             replay: Mapping[str, dt.datetime | None] | None = None) -> EvalReport:
     """Score `incidents` against `labels`. `decide` gives the decision for an incident (default: DESIGN.md
-    rules); `decisions_source` names where decisions come from, for the report."""
+    rules); `decisions_source` names where decisions come from, for the report. `replay` (fault id -> simulated
+    detection time from attribution.replay) replaces the incidents' detected_ts for latency."""
     decide = decide or design_rules
     matches, false_alarms = match(labels, incidents)
-    matches = [Match(m.label, m.incident, decide(m.incident) if m.incident else None, m.duplicates) for m in matches]
+    replay_times = replay or {}
+    matches = [Match(m.label, m.incident, decide(m.incident) if m.incident else None, m.duplicates,
+                     replay_times.get(m.label.fault_id)) for m in matches]
     false_alarms = [FalseAlarm(fa.incident, fa.benign_kind, decide(fa.incident)) for fa in false_alarms]
 
     classes = [c.value for c in (LabelClass.CRASH, LabelClass.COLLECTIVE_HANG, LabelClass.STRAGGLER,
@@ -327,9 +371,22 @@ def evaluate(labels: Sequence[FaultLabel], incidents: Sequence[Incident], *, dec
     handled_auto = (sum(1 for m in automatable if handled(m)) / len(automatable)) if automatable else None
 
     latency: dict[str, dict[str, Any]] = {}
+    timed = [m for m in matches if m.replay_detected_at is not None] if replay is not None else matched
     for cls in classes:
-        values = [m.latency_s for m in matched if m.label.label_class.value == cls and m.latency_s is not None]
+        values = [m.latency_s for m in timed if m.label.label_class.value == cls and m.latency_s is not None]
         latency[cls] = _latency_stats(values)
+    stops = [m.latency_after_progress_stop_s for m in timed if m.label.label_class is LabelClass.COLLECTIVE_HANG
+             and m.latency_after_progress_stop_s is not None]
+    latency["collective_hang after progress stops"] = _latency_stats(stops)
+    if replay is not None:
+        basis = "live replay (engine Follower on the simulated clock)"
+        latency["basis"] = {"source": basis, "replayed": len(replay_times),
+                            "detected": sum(1 for v in replay_times.values() if v is not None)}
+    else:
+        values = [m.latency_s for m in matched if m.latency_s is not None]
+        plausible = all(-60 <= v <= 7 * 86400 for v in values)
+        latency["basis"] = {"source": "incident detected_ts" + ("" if plausible else
+                            " (not in simulated time: the engine stamped the wall clock; run eval --replay)")}
 
     by_kind: dict[str, dict[str, Any]] = {}
     for kind in sorted({m.label.kind for m in matches}):
@@ -367,9 +424,11 @@ def report_rows(report: EvalReport) -> dict[str, list[dict[str, Any]]]:
                    "value": report.nodes_named_for_no_culprit_faults},
                   {"metric": "false alarms", "value": len(report.false_alarms)}]
     latency = [{"class": k, **{key: v.get(key) for key in ("n", "median", "p90", "min", "max")}}
-               for k, v in report.latency.items()]
+               for k, v in report.latency.items() if k != "basis"]
     kinds = [{"kind": k, **v} for k, v in report.by_kind.items()]
-    return {"scores": scores, "decisions": decisions, "latency (s, simulated)": latency, "by fault kind": kinds}
+    basis = report.latency.get("basis", {}).get("source", "")
+    return {"scores": scores, "decisions": decisions, f"detection latency (s, simulated) from {basis}": latency,
+            "by fault kind": kinds}
 
 
 def incidents_from_rows(rows: Iterable[dict[str, Any]]) -> list[Incident]:

@@ -157,3 +157,27 @@ def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
     found = [m for m in crashes if m.incident and set(m.incident.culprit_nodes) == set(m.label.culprit_nodes)]
     assert found, [m.label.kind for m in crashes]
     assert report.software_failovers == 0
+
+
+def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> None:
+    pytest.importorskip("attribution.hang", reason="the hang analysis has not landed on this branch")
+    from attribution.evaluate import stands_for
+    from attribution.fault_labels import read_labels
+    from attribution.replay import replay_fault
+    from attribution.store import Store
+    from controller.simulate import SimConfig, simulate
+
+    store = tmp_path / "store"
+    result = simulate(SimConfig(nodes=4, hours=3.0, seed=3, faults_per_day=60.0, stragglers_per_day=0.0,
+                                benign_per_day=0.0), str(store))
+    crash = next(label for label in read_labels(result.labels_path)
+                 if label.kind in ("gpu_xid79", "hbm_dbe", "gpu_xid94", "gpu_xid109", "gpu_xid62", "sram_xid95"))
+    with Store(str(store)) as opened:
+        detection = replay_fault(opened, crash, stands_for, workdir=tmp_path, history_s=600.0)
+    assert detection.incident is not None and detection.detected_at is not None
+    assert set(detection.incident.culprit_nodes) == set(crash.culprit_nodes)
+    latency = (detection.detected_at - crash.injected_ts).total_seconds()
+    assert 0 < latency < 60  # detected after the fault, within the crash cascade, on the simulated clock
+    report = evaluate([crash], [detection.incident], replay={crash.fault_id: detection.detected_at})
+    assert report.latency["crash"]["median"] == pytest.approx(latency)
+    assert report.latency["basis"]["detected"] == 1

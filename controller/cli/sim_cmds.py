@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--labels", required=True, help="labels file written by `faultlens simulate`")
     ev.add_argument("--job", default=None, help="only this job")
     ev.add_argument("--rerun", action="store_true", help="run the engine even if the store has incidents")
+    ev.add_argument("--replay", action="store_true",
+                    help="measure detection latency by replaying each fault's telemetry through the live engine "
+                    "on the simulated clock (slower: a few seconds per fault)")
     ev.add_argument("--json", action="store_true", help="JSON output")
     ev.set_defaults(func=run_eval)
 
@@ -89,6 +92,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay_progress(detection) -> None:
+    when = detection.detected_at.isoformat() if detection.detected_at else "not detected"
+    print(f"replayed {detection.fault_id}: {when} ({detection.polls} polls)", file=sys.stderr)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from attribution.evaluate import EvalError, evaluate, load_decider, load_incidents, report_rows
     from attribution.fault_labels import LabelError, read_labels
@@ -111,7 +119,15 @@ def run_eval(args: argparse.Namespace) -> int:
         decide, decisions_source = load_decider(store)
         if args.job:
             labels = [label for label in labels if label.job_id in (None, args.job)]
-        report = evaluate(labels, incidents, decide=decide, decisions_source=decisions_source)
+        replay = None
+        if args.replay:
+            from attribution.evaluate import stands_for
+            from attribution.replay import replay_faults
+
+            detections = replay_faults(store, labels, stands_for,
+                                       progress=None if args.json else _replay_progress)
+            replay = {fault_id: d.detected_at for fault_id, d in detections.items()}
+        report = evaluate(labels, incidents, decide=decide, decisions_source=decisions_source, replay=replay)
     data = report.to_json()
     data["incidents_from"] = origin
     if args.json:

@@ -34,7 +34,7 @@ class SimConfig:
     # job behaviour
     checkpoint_every_steps: int = 500
     eval_every_steps: int = 1000
-    warmup_steps: int = 20
+    warmup_steps: int = 5  # slow steps after every (re)start: compilation, autotuning, allocator warm-up
     nccl_timeout_s: float = 600.0  # NCCL watchdog timeout: how long a hang lasts before the ranks abort
     hang_dump_after_steps: float = 2.0  # a dump request arrives when no step completed for k x step time
     # fault and noise rates (events per simulated day, whole cluster)

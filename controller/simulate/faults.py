@@ -93,6 +93,11 @@ def make_label(world: World, kind: FaultKind, target: Target, *, nodes: tuple[st
                extra: dict[str, Any] | None = None) -> FaultLabel:
     attempt = world.current
     gpu = target.node.gpus[target.gpu]
+    extra = dict(extra or {})
+    if kind.mode in (Mode.CRASH, Mode.HANG):
+        last = attempt.steps.last_end_before(target.t)
+        if last is not None:  # progress stopped here: the reference point for hang detection latency
+            extra["last_step_end_ts"] = to_datetime(last).isoformat()
     return FaultLabel(
         fault_id=world.next_fault_id(), kind=kind.kind, category=kind.category, label_class=kind.label_class,
         cause=kind.cause, expected_action=kind.action, injected_ts=to_datetime(target.t),
@@ -102,7 +107,7 @@ def make_label(world: World, kind: FaultKind, target: Target, *, nodes: tuple[st
         culprit_ranks=(target.rank,) if ranks is None else ranks,
         culprit_gpus=(gpu.uuid,) if gpus is None else gpus,
         repeat_of=repeat_of, onset_ts=to_datetime(target.onset) if target.onset is not None else None,
-        notes=notes, extra=extra or {},
+        notes=notes, extra=extra,
     )
 
 
@@ -161,11 +166,13 @@ def crash(world: World, rng: np.random.Generator, t: int, primaries: list[tuple[
             continue
         place = placement.place(rank)
         pid = attempt.pid(rank)
+        # torchrun (monitor interval 0.1 s): the failed node's agent stops its workers at once and re-enters the
+        # rendezvous; the other agents see a node waiting on their next tick and stop theirs
         if place.node.name in primary_nodes:
-            ts = first_exit + int(rng.uniform(0.05, 2.0) * NS)
+            ts = first_exit + int(rng.uniform(0.05, 1.0) * NS)
         else:
             if rank in peers and rng.random() < 0.7:
-                err_ts = first_exit + int(rng.uniform(0.2, 20.0) * NS)
+                err_ts = first_exit + int(rng.uniform(0.1, 5.0) * NS)
                 peer_ip = ips[int(rng.integers(0, len(ips)))]
                 if echo == "gloo":
                     text = proc.gloo_closed_by_peer(peer_ip, int(rng.integers(20000, 60000)))
@@ -174,7 +181,7 @@ def crash(world: World, rng: np.random.Generator, t: int, primaries: list[tuple[
                                                   place.local_rank)
                 world.add("process_events", world.proc.comm_error(err_ts, place, attempt.number, pid, text,
                                                                   secondary=True, step=step))
-            ts = first_exit + int(rng.uniform(2.0, 35.0) * NS)
+            ts = first_exit + int(rng.uniform(1.0, 6.0) * NS)
         world.add("process_events", world.proc.exit(ts, place, attempt.number, pid, exit_code=-15, signal="SIGTERM",
                                                     secondary=True, step=step))
         if xid43_left and place.node.name not in primary_nodes and rng.random() < 0.05:
