@@ -200,6 +200,8 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("delivery_status", pa.string()),  # pending, delivered, failed
         _f("hook", pa.string()),
         _f("document", pa.string()),  # the versioned JSON decision
+        _f("delivery_error", pa.string()),  # why the last attempt of this hook failed
+        _f("delivery_attempts", pa.int32()),  # attempts made by this hook in this pass
     ),
     # one checkpoint seen in a tier
     "checkpoints": (
