@@ -164,6 +164,7 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("is_secondary", pa.bool_()),  # a survivor's echo of someone else's failure
         _f("step", pa.int64()),
         _f("error_file", pa.string()),
+        _f("reported_root_cause", pa.bool_()),  # torchrun named this failure its "Root Cause" (may be a survivor)
     ),
     # one attributed incident
     "incidents": (
