@@ -137,35 +137,63 @@ def communicating_peers(world: World, ranks: set[int]) -> set[int]:
     return peers - ranks
 
 
+@dataclass
+class Exit:
+    """One rank process ending, as its node's torchrun agent reports it."""
+
+    rank: int
+    ts: int
+    exit_code: int
+    signal: str | None
+    spec: proc.ExceptionSpec | None = None
+
+
+def report_exits(world: World, exits: list[Exit]) -> None:
+    """Each node's torchrun failure report: its ranks' exits, the earliest one named the Root Cause."""
+    attempt = world.current
+    placement = attempt.placement
+    by_node: dict[str, list[Exit]] = {}
+    for item in exits:
+        by_node.setdefault(placement.place(item.rank).node.name, []).append(item)
+    for items in by_node.values():
+        root = min(items, key=lambda e: (proc.whole_seconds(e.ts), e.rank))
+        for item in items:
+            place = placement.place(item.rank)
+            for row in world.proc.report(item.ts, place, attempt.number, attempt.pid(item.rank),
+                                         exit_code=item.exit_code, signal=item.signal, spec=item.spec,
+                                         root_cause=item is root):
+                world.add("process_events", row)
+
+
+def log_stderr(world: World, ts: int, rank: int, text: str) -> None:
+    attempt = world.current
+    for row in world.proc.stderr(ts, attempt.placement.place(rank), attempt.number, text):
+        world.add("process_events", row)
+
+
 def crash(world: World, rng: np.random.Generator, t: int, primaries: list[tuple[int, proc.ExceptionSpec, int]],
-          *, echo: str | None = None, culprit_ips: tuple[str, ...] = (), extra_rows: int = 0) -> int:
+          *, echo: str | None = None, culprit_ips: tuple[str, ...] = ()) -> int:
     """The end of an attempt after primary exceptions on `primaries` (rank, spec, ts). Survivors on the primaries'
     nodes are stopped by their agent; the others echo (NCCL remote error or gloo "Connection closed by peer")
     and get SIGTERM when the rendezvous restarts. Returns when the last process was gone."""
     attempt = world.current
     placement = attempt.placement
-    step = attempt.steps.step_at(t)
     primary_ranks = {r for r, _, _ in primaries}
-    exits = []
+    exits: list[Exit] = []
     for rank, spec, ts in primaries:
         place = placement.place(rank)
-        world.add("process_events", world.proc.exception(ts, place, attempt.number, attempt.pid(rank), spec, step))
-        exit_ts = ts + int(rng.uniform(0.2, 1.5) * NS)
-        exits.append(exit_ts)
-        world.add("process_events", world.proc.exit(exit_ts, place, attempt.number, attempt.pid(rank), exit_code=1,
-                                                    signal=None, secondary=False, step=step))
-    first_exit = min(exits)
+        world.add("process_events", world.proc.exception(ts, place, attempt.number, attempt.pid(rank), spec))
+        exits.append(Exit(rank, ts + int(rng.uniform(0.2, 1.5) * NS), 1, None, spec))
+    first_exit = min(e.ts for e in exits)
     primary_nodes = {placement.place(r).node.name for r in primary_ranks}
     ips = culprit_ips or tuple(sorted({placement.place(r).node.ip for r in primary_ranks}))
     peers = communicating_peers(world, primary_ranks)
     echo = echo or ("gloo" if rng.random() < 0.3 else "nccl")
-    last = first_exit
     xid43_left = int(rng.integers(1, 3)) if rng.random() < 0.25 else 0
     for rank in range(placement.world_size):
         if rank in primary_ranks:
             continue
         place = placement.place(rank)
-        pid = attempt.pid(rank)
         # torchrun (monitor interval 0.1 s): the failed node's agent stops its workers at once and re-enters the
         # rendezvous; the other agents see a node waiting on their next tick and stop theirs
         if place.node.name in primary_nodes:
@@ -179,17 +207,15 @@ def crash(world: World, rng: np.random.Generator, t: int, primaries: list[tuple[
                 else:
                     text = proc.nccl_remote_error(peer_ip, int(rng.integers(30000, 60000)), place.node.ip,
                                                   place.local_rank)
-                world.add("process_events", world.proc.comm_error(err_ts, place, attempt.number, pid, text,
-                                                                  secondary=True, step=step))
+                log_stderr(world, err_ts, rank, text)
             ts = first_exit + int(rng.uniform(1.0, 6.0) * NS)
-        world.add("process_events", world.proc.exit(ts, place, attempt.number, pid, exit_code=-15, signal="SIGTERM",
-                                                    secondary=True, step=step))
+        exits.append(Exit(rank, ts, -15, "SIGTERM"))
         if xid43_left and place.node.name not in primary_nodes and rng.random() < 0.05:
             add_xid(world, rng, ts + int(rng.uniform(0.1, 1.0) * NS), place.node, place.local_rank,
-                    xids.xid43(pid, "python3"))
+                    xids.xid43(attempt.pid(rank), "python3"))
             xid43_left -= 1
-        last = max(last, ts)
-    return last
+    report_exits(world, exits)
+    return max(e.ts for e in exits)
 
 
 def hang(world: World, rng: np.random.Generator, t: int, spec: HangSpec, *, no_dump: set[int] | frozenset = frozenset(),
@@ -232,33 +258,27 @@ def hang(world: World, rng: np.random.Generator, t: int, spec: HangSpec, *, no_d
             place = placement.place(rank)
             err_ts = t + int(rng.uniform(25.0, 45.0) * NS)
             peer_ip = link_errors_from[int(rng.integers(0, len(link_errors_from)))]
-            text = proc.nccl_remote_error(peer_ip, int(rng.integers(30000, 60000)), place.node.ip, place.local_rank)
-            world.add("process_events", world.proc.comm_error(err_ts, place, attempt.number, attempt.pid(rank), text,
-                                                              secondary=True, step=step))
+            log_stderr(world, err_ts, rank, proc.nccl_remote_error(peer_ip, int(rng.integers(30000, 60000)),
+                                                                   place.node.ip, place.local_rank))
             aborts[rank] = err_ts + int(rng.uniform(0.1, 1.0) * NS)
     for rank, op in stuck_ops.items():
         if op is None or rank in aborts:
             continue
-        place = placement.place(rank)
         wd_ts = step_start + timeout_ns + int(rng.uniform(0.05, 3.0) * NS)
         seq = op_seq(rank, step, op, attempt.first_step, placement, attempt.member_of)
-        world.add("process_events", world.proc.watchdog(wd_ts, place, attempt.number, attempt.pid(rank), seq=seq,
-                                                        op=op_type(op), numel=op.numel,
-                                                        timeout_ms=int(cfg.nccl_timeout_s * 1000),
-                                                        ran_ms=int((wd_ts - step_start) / 1e6)))
+        log_stderr(world, wd_ts, rank, world.proc.watchdog_line(rank, seq=seq, op=op_type(op), numel=op.numel,
+                                                                timeout_ms=int(cfg.nccl_timeout_s * 1000),
+                                                                ran_ms=int((wd_ts - step_start) / 1e6)))
         aborts[rank] = wd_ts + int(rng.uniform(0.1, 1.0) * NS)
     first_abort = min(aborts.values()) if aborts else t + timeout_ns
-    last = first_abort
+    exits = []
     for rank in sorted(live):
-        place = placement.place(rank)
         if rank in aborts:
-            ts, code, sig = aborts[rank], -6, "SIGABRT"
+            exits.append(Exit(rank, aborts[rank], -6, "SIGABRT"))
         else:
-            ts, code, sig = first_abort + int(rng.uniform(1.0, 10.0) * NS), -15, "SIGTERM"
-        world.add("process_events", world.proc.exit(ts, place, attempt.number, attempt.pid(rank), exit_code=code,
-                                                    signal=sig, secondary=True, step=step))
-        last = max(last, ts)
-    return last
+            exits.append(Exit(rank, first_abort + int(rng.uniform(1.0, 10.0) * NS), -15, "SIGTERM"))
+    report_exits(world, exits)
+    return max(e.ts for e in exits)
 
 
 def hw_restart_delay(rng: np.random.Generator) -> float:
@@ -438,10 +458,9 @@ def _link_crash(world, rng, kind, target, event: str) -> Outcome:
     attempt = world.current
     place = attempt.placement.place(target.rank)
     t = target.t
-    world.add("process_events", world.proc.comm_error(t + int(rng.uniform(0.0, 0.5) * NS), place, attempt.number,
-                                                      attempt.pid(target.rank),
-                                                      proc.nccl_async_event(place.local_rank, event),
-                                                      secondary=False, step=attempt.steps.step_at(t)))
+    # NCCL's WARN line about the HCA event goes to stderr (the stderr scanner keeps only lines it recognises)
+    log_stderr(world, t + int(rng.uniform(0.0, 0.5) * NS), target.rank,
+               proc.nccl_async_event(place.local_rank, event))
     peer = sorted(communicating_peers(world, {target.rank}))
     peer_ip = attempt.placement.place(peer[0]).node.ip if peer else place.node.ip
     spec = proc.nccl_error("unhandled system error", "ncclSystemError",
@@ -597,7 +616,7 @@ def strike_oom(world, rng, kind, target):
         f"{79.11 - free:.2f} GiB memory in use. Of the allocated memory {rng.uniform(68, 74):.2f} GiB is allocated by "
         "PyTorch, and 3.10 GiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large "
         "try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.",
-        proc.TRAIN_FRAMES + proc.FORWARD_FRAMES, kind="oom")
+        proc.TRAIN_FRAMES + proc.FORWARD_FRAMES)
     out = _software(world, rng, kind, target, [target.rank], spec, notes="out of memory on one rank",
                     label_ranks=(target.rank,))
     out.repeat = None

@@ -1,17 +1,27 @@
-"""process_events rows as the job-side collectors write them (interface 3 of the helper brief): exceptions from
-error.json with tracebacks and fingerprints, exits from torchrun's report (exit code, signal), and the survivors'
-secondary echoes (NCCL remote errors, gloo "Connection closed by peer" and timeouts, NCCL watchdog timeouts,
-SIGTERM from torchrun), marked is_secondary the way the collector's classifier marks them.
+"""process_events rows as the job-side collectors write them (interface 3 of the helper brief), built by the
+process source's own functions (collectors.process_events) so classification, secondary marking and fingerprints
+are exactly the collector's:
+
+- an exception: one error.json row (torch's @record; its timestamp has whole seconds) and, from the node's
+  torchrun failure report, an exit row and an error row (the report's `time` has whole seconds too; the failure with
+  the earliest time on that node is its "Root Cause", which may be a survivor);
+- a survivor stopped by torchrun: an exit row with SIGTERM (secondary, as the report parser marks it);
+- a rank killed by the NCCL watchdog: the watchdog line on stderr (glog time, microseconds) and an exit with
+  SIGABRT;
+- error lines on stderr (NCCL errors, gloo "Connection closed by peer", gloo timeouts) as the stderr scanner keeps
+  them; lines it does not recognise are not recorded.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.fingerprint import fingerprint, parse_traceback
+from collectors.process_events import EventContext, Source, error_row, exit_row, rows_from_stream, start_row
+from collectors.process_rules import load_process_rules
 from controller.simulate.cluster import RankPlace
 
 NCCL_VERSION = "2.21.5"
@@ -72,24 +82,11 @@ def format_traceback(frames: Sequence[tuple[str, int, str, str]], exc_line: str)
     return "\n".join(lines)
 
 
-_NUMBER_RE = re.compile(r"0x[0-9a-fA-F]+|\d+")
-_LINE_RE = re.compile(r'File "([^"]+)", line \d+, in (\S+)')
-
-
-def fingerprint(exception_type: str, traceback: str) -> str:
-    """Stable across ranks, nodes and attempts: the exception type and the frames (file and function, no line
-    numbers, no addresses), not the message values that differ per rank."""
-    frames = ";".join(f"{file}:{func}" for file, func in _LINE_RE.findall(traceback or ""))
-    text = f"{exception_type}|{frames}"
-    return hashlib.sha1(_NUMBER_RE.sub("N", text).encode()).hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class ExceptionSpec:
     exception_type: str
     message: str
     frames: tuple[tuple[str, int, str, str], ...]
-    kind: str = "exception"  # or "oom"
 
     @property
     def traceback(self) -> str:
@@ -97,7 +94,9 @@ class ExceptionSpec:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.exception_type, self.traceback)
+        """What the process source computes for this exception's error.json row."""
+        parsed = parse_traceback(self.traceback)
+        return fingerprint(self.exception_type, self.message, parsed.frames if parsed is not None else ())
 
 
 def cuda_error(text: str, frames: Sequence[tuple[str, int, str, str]] = TRAIN_FRAMES + FORWARD_FRAMES) -> ExceptionSpec:
@@ -111,55 +110,74 @@ def nccl_error(reason: str, nccl_error_name: str, detail: str, last_error: str) 
     return ExceptionSpec("torch.distributed.DistBackendError", message, TRAIN_FRAMES + COMM_FRAMES)
 
 
+NS = 1_000_000_000
+
+
+def whole_seconds(ts: int) -> int:
+    """torchrun's report `time` and error.json `timestamp` carry whole seconds."""
+    return ts - ts % NS
+
+
 class RowFactory:
-    """Builds process_events rows with the identity columns of one job attempt."""
+    """Builds process_events rows of one job with the process source's row functions."""
 
     def __init__(self, cluster: str, job_id: str) -> None:
         self.cluster = cluster
         self.job_id = job_id
+        self.rules = load_process_rules()
 
-    def _base(self, ts: int, place: RankPlace, attempt: int, pid: int) -> dict[str, Any]:
-        return {"ts": ts, "cluster": self.cluster, "node": place.node.name, "job_id": self.job_id,
-                "attempt": attempt, "rank": place.rank, "local_rank": place.local_rank,
-                "gpu_index": place.gpu.index, "gpu_uuid": place.gpu.uuid, "pci_bus_id": place.gpu.pci_bus_id,
-                "pid": pid}
+    def _context(self, place: RankPlace, attempt: int) -> EventContext:
+        return EventContext(node=place.node.name, cluster=self.cluster, job_id=self.job_id, attempt=attempt)
 
     def start(self, ts: int, place: RankPlace, attempt: int, pid: int) -> dict[str, Any]:
-        return {**self._base(ts, place, attempt, pid), "kind": "start", "source": "supervisor",
-                "is_secondary": False}
-
-    def exception(self, ts: int, place: RankPlace, attempt: int, pid: int, spec: ExceptionSpec, step: int | None,
-                  error_file: str | None = None) -> dict[str, Any]:
-        return {**self._base(ts, place, attempt, pid), "kind": spec.kind, "source": "error_json",
-                "exception_type": spec.exception_type, "message": spec.message, "traceback": spec.traceback,
-                "fingerprint": spec.fingerprint, "is_secondary": False, "step": step,
-                "error_file": error_file or self.error_file(place, attempt)}
+        return start_row(self._context(place, attempt), ts, source=Source.SUPERVISOR, rank=place.rank,
+                         local_rank=place.local_rank, pid=pid)
 
     def error_file(self, place: RankPlace, attempt: int) -> str:
-        return f"/var/log/torchelastic/{self.job_id}/attempt_{attempt}/{place.local_rank}/error.json"
+        return f"/var/log/torchelastic/{self.job_id}_r7x2k9qa/attempt_{attempt}/{place.local_rank}/error.json"
 
-    def exit(self, ts: int, place: RankPlace, attempt: int, pid: int, *, exit_code: int, signal: str | None,
-             secondary: bool, step: int | None = None) -> dict[str, Any]:
-        if signal:
-            message = f"Signal {-exit_code} ({signal}) received by PID {pid}"
+    def exception(self, ts: int, place: RankPlace, attempt: int, pid: int, spec: ExceptionSpec) -> dict[str, Any]:
+        """The error.json row of a rank that raised."""
+        parsed = parse_traceback(spec.traceback)
+        return error_row(self._context(place, attempt), whole_seconds(ts), source=Source.ERROR_JSON,
+                         exception_type=spec.exception_type, message=spec.message, traceback=spec.traceback,
+                         parsed=parsed, rules=self.rules, rank=place.rank, local_rank=place.local_rank,
+                         error_file=self.error_file(place, attempt))
+
+    def report(self, ts: int, place: RankPlace, attempt: int, pid: int, *, exit_code: int, signal: str | None,
+               spec: ExceptionSpec | None, root_cause: bool) -> list[dict[str, Any]]:
+        """The rows of one failure in the node's torchrun report: the exit, and the error when it has a traceback."""
+        common = {"rank": place.rank, "local_rank": place.local_rank, "pid": pid, "reported_root_cause": root_cause,
+                  "error_file": self.error_file(place, attempt) if spec is not None else None}
+        context = self._context(place, attempt)
+        when = whole_seconds(ts)
+        if spec is not None:
+            last_line = spec.traceback.strip().splitlines()[-1].strip()
         else:
-            message = f"exitcode: {exit_code} (pid: {pid})"
-        return {**self._base(ts, place, attempt, pid), "kind": "exit", "source": "torchrun_report",
-                "exit_code": exit_code, "signal": signal, "message": message, "is_secondary": secondary,
-                "step": step, "error_file": None if signal else self.error_file(place, attempt)}
+            last_line = f"Signal {-exit_code} ({signal}) received by PID {pid}"
+        rows = [exit_row(context, when, source=Source.TORCHRUN_REPORT, exit_code=exit_code, signal=signal,
+                         is_secondary=signal == "SIGTERM", message=last_line, **common)]
+        if spec is not None:
+            parsed = parse_traceback(spec.traceback)
+            rows.append(error_row(context, when, source=Source.TORCHRUN_REPORT, exception_type=parsed.exception_type,
+                                  message=parsed.message, traceback=spec.traceback, parsed=parsed, rules=self.rules,
+                                  **common))
+        return rows
 
-    def comm_error(self, ts: int, place: RankPlace, attempt: int, pid: int, message: str, *, secondary: bool,
-                   source: str = "stderr", step: int | None = None) -> dict[str, Any]:
-        return {**self._base(ts, place, attempt, pid), "kind": "comm_error", "source": source,
-                "message": message, "is_secondary": secondary, "step": step}
+    def stderr(self, ts: int, place: RankPlace, attempt: int, text: str,
+               origin: str = "ProcessGroupNCCL.cpp:1640") -> list[dict[str, Any]]:
+        """A message on the rank's stderr (glog-stamped first line, in the node's local time, continuation lines
+        bare), as the process source's stderr scanner turns it into rows (none when it recognises nothing)."""
+        moment = dt.datetime.fromtimestamp(ts / NS).astimezone()
+        head, *rest = text.splitlines()
+        stamp = f"E{moment:%m%d %H:%M:%S}.{moment.microsecond:06d} {1000 + place.local_rank} {origin}] "
+        return rows_from_stream([stamp + head, *rest], self._context(place, attempt), rank=place.rank,
+                                local_rank=place.local_rank, fallback_ts=ts, rules=self.rules)
 
-    def watchdog(self, ts: int, place: RankPlace, attempt: int, pid: int, *, seq: int, op: str, numel: int,
-                 timeout_ms: int, ran_ms: int) -> dict[str, Any]:
-        message = (f"[Rank {place.rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, "
-                   f"OpType={op}, NumelIn={numel}, NumelOut={numel}, Timeout(ms)={timeout_ms}) ran for {ran_ms} "
-                   "milliseconds before timing out.")
-        return {**self._base(ts, place, attempt, pid), "kind": "watchdog_timeout", "source": "stderr",
-                "message": message, "is_secondary": True}
+    def watchdog_line(self, rank: int, *, seq: int, op: str, numel: int, timeout_ms: int, ran_ms: int) -> str:
+        return (f"[PG ID 0 PG GUID 0(default_pg) Rank {rank}] Watchdog caught collective operation timeout: "
+                f"WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={numel}, Timeout(ms)={timeout_ms}) "
+                f"ran for {ran_ms} milliseconds before timing out.")
 
 
 def gloo_closed_by_peer(peer_ip: str, port: int) -> str:
@@ -173,7 +191,8 @@ def gloo_timeout(ms: int, op: str = "recv") -> str:
 
 
 def nccl_remote_error(peer_ip: str, port: int, my_ip: str, hca: int) -> str:
-    return (f"NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, remote process exited "
+    """What a survivor's NCCL watchdog thread logs when a peer's connection fails."""
+    return (f"Process group watchdog thread terminated with exception: NCCL error: remote process exited "
             f"or there was a network error, NCCL version {NCCL_VERSION}\nncclRemoteError: A call failed possibly due "
             "to a network error or a remote process exiting prematurely.\nLast error:\n"
             f"NET/IB : Got completion from peer {peer_ip}<{port}> with status=12 opcode=0 len=0 vendor err 129 "
