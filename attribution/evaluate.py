@@ -52,6 +52,7 @@ class DecisionView:
 
     action: str  # failover, escalate, drain, none
     exclude_nodes: tuple[str, ...] = ()
+    rule: str = ""  # the policy rule that chose it, when known
 
 
 DecideFn = Callable[[Incident], DecisionView]
@@ -62,12 +63,12 @@ def design_rules(incident: Incident) -> DecisionView:
     escalate software-side causes and anything without exactly one culprit node; drain on health events; fail
     over otherwise (excluding the culprit node)."""
     if incident.incident_class is IncidentClass.HEALTH:
-        return DecisionView("drain", tuple(incident.culprit_nodes))
+        return DecisionView("drain", tuple(incident.culprit_nodes), "design-health")
     if incident.cause in (Cause.SOFTWARE, Cause.OOM, Cause.WORKLOAD_IMBALANCE):
-        return DecisionView("escalate")
+        return DecisionView("escalate", (), "design-software")
     if len(set(incident.culprit_nodes)) == 1:
-        return DecisionView("failover", tuple(incident.culprit_nodes))
-    return DecisionView("escalate")
+        return DecisionView("failover", tuple(incident.culprit_nodes), "design-one-node")
+    return DecisionView("escalate", (), "design-no-single-culprit")
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ class EvalReport:
     by_kind: dict[str, dict[str, Any]]
     false_alarms_by_cause: dict[str, int] = field(default_factory=dict)
     incidents_total: int = 0
+    decision_rules: dict[str, int] = field(default_factory=dict)  # "action: policy rule" -> count
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,6 +178,7 @@ class EvalReport:
                 "escalation_rate": _round(self.escalation_rate),
                 "handled_without_human": _round(self.handled_without_human),
                 "handled_without_human_non_software": _round(self.handled_without_human_non_software),
+                "by_rule": self.decision_rules,
             },
             "latency_s": self.latency,
             "by_kind": self.by_kind,
@@ -401,6 +404,7 @@ def evaluate(labels: Sequence[FaultLabel], incidents: Sequence[Incident], *, dec
             "action_ok": sum(1 for m in got if m.decision and m.decision.action == m.label.expected_action.value),
         }
     fa_causes = Counter(fa.benign_kind or "no labelled noise" for fa in false_alarms)
+    decision_rules = Counter(f"{d.action}: {d.rule or '?'}" for d in decisions)
     return EvalReport(matches=matches, false_alarms=false_alarms, per_class=per_class, detection=detection,
                       culprit_nodes=culprit_nodes, nodes_named_for_no_culprit_faults=named_for_none,
                       cause_exact=cause_exact, cause_family=cause_fam, decisions_source=decisions_source,
@@ -408,7 +412,7 @@ def evaluate(labels: Sequence[FaultLabel], incidents: Sequence[Incident], *, dec
                       healthy_exclusion_incidents=healthy_incidents, escalation_rate=escalation_rate,
                       handled_without_human=handled_all, handled_without_human_non_software=handled_auto,
                       latency=latency, by_kind=by_kind, false_alarms_by_cause=dict(sorted(fa_causes.items())),
-                      incidents_total=len(incidents))
+                      incidents_total=len(incidents), decision_rules=dict(sorted(decision_rules.items())))
 
 
 def report_rows(report: EvalReport) -> dict[str, list[dict[str, Any]]]:
@@ -417,7 +421,8 @@ def report_rows(report: EvalReport) -> dict[str, list[dict[str, Any]]]:
               [*((f"class {k}", v) for k, v in report.per_class.items()), ("detection (any class)", report.detection),
                ("culprit node", report.culprit_nodes)]]
     data = report.to_json()
-    decisions = [{"metric": k, "value": v} for k, v in data["decisions"].items()]
+    decisions = [{"metric": k, "value": v} for k, v in data["decisions"].items() if k != "by_rule"]
+    decisions += [{"metric": f"decisions {rule}", "value": n} for rule, n in report.decision_rules.items()]
     decisions += [{"metric": "cause accuracy (exact)", "value": data["cause_accuracy"]["exact"]},
                   {"metric": "cause accuracy (family)", "value": data["cause_accuracy"]["family"]},
                   {"metric": "nodes named for faults without a culprit node",
@@ -455,12 +460,14 @@ def load_incidents(store: Any, *, job: str | None = None, rerun: bool = False) -
     return list(attribute(store, job=job)), "engine run"
 
 
-def load_decider(store: Any) -> tuple[DecideFn, str]:
+def load_decider(store: Any, incidents: Sequence[Incident] = ()) -> tuple[DecideFn, str]:
     """Decisions for incidents: the decisions table when it holds some, else the decision policy
-    (attribution.policy), else the DESIGN.md rules."""
-    table = store.query('SELECT incident_id, action, exclude_nodes FROM "decisions" ORDER BY ts')
+    (attribution.policy.DecisionPolicy with rules/policy.yaml, applied to the incidents in the order they began,
+    each seeing the ones before it as the job's history), else the DESIGN.md rules."""
+    table = store.query('SELECT incident_id, action, exclude_nodes, rule FROM "decisions" ORDER BY ts')
     if table.num_rows:
-        recorded = {row["incident_id"]: DecisionView(row["action"], tuple(row["exclude_nodes"] or ()))
+        recorded = {row["incident_id"]: DecisionView(row["action"], tuple(row["exclude_nodes"] or ()),
+                                                     row["rule"] or "")
                     for row in table.to_pylist()}
 
         def from_table(incident: Incident) -> DecisionView:
@@ -468,24 +475,44 @@ def load_decider(store: Any) -> tuple[DecideFn, str]:
 
         return from_table, "decisions table"
     try:
-        from attribution import policy
+        from attribution.policy import DecisionPolicy
     except ImportError:
         return design_rules, "design-rules (no decision policy available)"
-    adapter = _policy_adapter(policy, store)
-    if adapter is None:
-        return design_rules, "design-rules (attribution.policy has no usable decide function)"
-    return adapter, "attribution.policy"
+    decided = decide_in_order(DecisionPolicy, incidents)
+    return (lambda incident: decided.get(incident.incident_id, DecisionView("none"))), "attribution.policy"
 
 
-def _policy_adapter(policy: Any, store: Any) -> DecideFn | None:
-    decide = getattr(policy, "decide", None)
-    if decide is None:
-        return None
+class _EvalHistory:
+    """The PolicyHistory a live policy would have had: the incidents decided before, and their failovers."""
 
-    def adapted(incident: Incident) -> DecisionView:
-        decision = decide(incident)
-        action = getattr(decision, "action", "none")
-        action = getattr(action, "value", action)
-        return DecisionView(str(action), tuple(getattr(decision, "exclude_nodes", ()) or ()))
+    def __init__(self) -> None:
+        self.seen: list[tuple[Incident, str]] = []  # (incident, action), in decision order
 
-    return adapted
+    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str) -> int:
+        return sum(1 for incident, action in self.seen if incident.job_id == job_id and incident.cause == cause
+                   and action == "failover" and incident.incident_id != exclude_incident_id)
+
+    def job_incidents(self, job_id: str | None, exclude_incident_id: str) -> list[Incident]:
+        return [i for i, _ in self.seen if i.job_id == job_id and i.incident_id != exclude_incident_id]
+
+    def lemon_nodes(self, rule: Any, now: dt.datetime) -> list[Any]:
+        return []  # one simulated job: no cross-job history
+
+    def job_nodes(self, job_id: str | None) -> set[str]:
+        return set()
+
+
+def decide_in_order(policy_type: Any, incidents: Sequence[Incident]) -> dict[str, DecisionView]:
+    """Apply a DecisionPolicy to incidents in the order they began, each seeing the earlier ones as history."""
+    history = _EvalHistory()
+    current = {"now": dt.datetime.now(dt.UTC)}
+    policy = policy_type(history=history, clock=lambda: current["now"])
+    decided: dict[str, DecisionView] = {}
+    for incident in sorted(incidents, key=lambda i: (i.first_signal_ts, i.incident_id)):
+        current["now"] = incident.first_signal_ts
+        decision = policy.decide(incident)
+        action = getattr(decision.action, "value", str(decision.action))
+        decided[incident.incident_id] = DecisionView(action, tuple(decision.exclude_nodes),
+                                                     getattr(decision, "policy_rule", ""))
+        history.seen.append((incident, action))
+    return decided

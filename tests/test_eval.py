@@ -181,3 +181,19 @@ def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> N
     report = evaluate([crash], [detection.incident], replay={crash.fault_id: detection.detected_at})
     assert report.latency["crash"]["median"] == pytest.approx(latency)
     assert report.latency["basis"]["detected"] == 1
+
+
+def test_decisions_from_the_real_policy_in_incident_order() -> None:
+    from attribution.evaluate import decide_in_order
+    from attribution.policy import DecisionPolicy
+
+    decided = decide_in_order(DecisionPolicy, INCIDENTS)
+    assert decided["I1"].action == "failover" and decided["I1"].exclude_nodes == ("node-1",)
+    assert decided["I4"].action == "failover"  # the policy trusts the engine's hardware cause
+    assert decided["I5"].action == "drain"
+    report = evaluate(LABELS, INCIDENTS, decide=lambda i: decided[i.incident_id], decisions_source="policy")
+    assert report.software_failovers == 1
+    # I3 names two nodes with a hardware cause: the policy fails both over, one of them healthy
+    assert decided["I3"].action == "failover" and set(decided["I3"].exclude_nodes) == {"node-2", "node-6"}
+    assert report.healthy_nodes_excluded == 3  # node-6, node-7 and node-5 (the false alarm)
+    assert sum(report.decision_rules.values()) == 5

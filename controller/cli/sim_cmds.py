@@ -116,7 +116,7 @@ def run_eval(args: argparse.Namespace) -> int:
             incidents, origin = load_incidents(store, job=args.job, rerun=args.rerun)
         except EvalError as exc:
             raise CliError(str(exc)) from None
-        decide, decisions_source = load_decider(store)
+        decide, decisions_source = load_decider(store, incidents)
         if args.job:
             labels = [label for label in labels if label.job_id in (None, args.job)]
         replay = None
