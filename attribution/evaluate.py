@@ -184,7 +184,26 @@ class EvalReport:
             "by_kind": self.by_kind,
             "false_alarms": {"total": len(self.false_alarms), "by_cause": self.false_alarms_by_cause},
             "missed": sorted(m.label.fault_id for m in self.matches if m.incident is None),
+            "faults": [_fault_json(m) for m in self.matches],
         }
+
+
+def _fault_json(m: Match) -> dict[str, Any]:
+    incident = m.incident
+    return {
+        "fault_id": m.label.fault_id, "kind": m.label.kind, "class": m.label.label_class.value,
+        "cause": m.label.cause, "culprit_nodes": list(m.label.culprit_nodes),
+        "expected_action": m.label.expected_action.value, "injected_ts": m.label.injected_ts.isoformat(),
+        "incident": None if incident is None else {
+            "incident_id": incident.incident_id, "class": incident.incident_class.value,
+            "cause": incident.cause.value, "culprit_nodes": list(incident.culprit_nodes), "rule": incident.rule},
+        "decision": None if m.decision is None else {"action": m.decision.action,
+                                                     "exclude_nodes": list(m.decision.exclude_nodes),
+                                                     "rule": m.decision.rule},
+        "duplicates": len(m.duplicates),
+        "latency_s": _round(m.latency_s, 3),
+        "replay_detected_ts": m.replay_detected_at.isoformat() if m.replay_detected_at else None,
+    }
 
 
 # --- matching -------------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from collectors.layout import partition_dir, resolve_store, write_segment
 REPLAY_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
 # (seconds after the fault's onset, poll increment): fine-grained first, coarser while waiting for stragglers
 DEFAULT_SCHEDULE: tuple[tuple[float, float], ...] = ((20.0, 1.0), (60.0, 2.0), (600.0, 10.0), (float("inf"), 30.0))
+HISTORY_GUARD = dt.timedelta(seconds=2)
 
 
 @dataclass(frozen=True)
@@ -84,21 +85,24 @@ def replay_fault(source: Store, label: FaultLabel, stands_for: Callable[[Inciden
     scratch = Path(tempfile.mkdtemp(prefix=f"replay-{label.fault_id}-", dir=workdir))
     try:
         location = resolve_store(str(scratch), create=True)
-        onset_ns = _ns(onset)
+        # the history ends a little before the onset: torchrun reports and error.json files stamp whole seconds,
+        # so a fault's first rows can carry a time up to a second before it happened
+        history_end = onset - HISTORY_GUARD
+        history_ns = _ns(history_end)
         day = onset.strftime("%Y-%m-%d")
         for name, rows in tables.items():
-            _land(location, name, _time_slice(rows, None, onset_ns), job, day)
-        now = {"t": onset}
+            _land(location, name, _time_slice(rows, None, history_ns), job, day)
+        now = {"t": history_end}
         follower = Follower(str(scratch), job=job, clock=lambda: now["t"],
                             monotonic=lambda: now["t"].timestamp(), wall=lambda: now["t"].timestamp())
         polls = 0
         try:
             # what the history alone says (an earlier fault, reported once its cascade settled) is not this fault
             follower.poll_once()
-            now["t"] = onset + dt.timedelta(seconds=0.5)
+            now["t"] = history_end + dt.timedelta(seconds=0.5)
             follower.poll_once()
             polls += 2
-            previous = onset_ns
+            previous = history_ns
             elapsed = 0.0
             while True:
                 step = next(inc for until, inc in schedule if elapsed < until)
