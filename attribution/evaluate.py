@@ -184,7 +184,7 @@ class EvalReport:
             "by_kind": self.by_kind,
             "false_alarms": {"total": len(self.false_alarms), "by_cause": self.false_alarms_by_cause},
             "missed": sorted(m.label.fault_id for m in self.matches if m.incident is None),
-            "faults": [_fault_json(m) for m in self.matches],
+            "fault_details": [_fault_json(m) for m in self.matches],
         }
 
 
