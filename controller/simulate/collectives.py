@@ -11,6 +11,7 @@ scheduled (queued behind it). Nothing in a row says who is to blame: the analysi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,7 @@ def step_program(rank: int, step: int, placement: Placement, member_of: dict[int
     stage = (rank // tp_size) // dp_size
     groups = member_of[rank]
     act = (SEQ // tp_size, MICRO, HIDDEN)
-    numel_act = int(np.prod(act))
+    numel_act = math.prod(act)
     ops: list[Op] = []
     prev_rank = rank - tp_size * dp_size
     next_rank = rank + tp_size * dp_size
@@ -88,7 +89,7 @@ def step_program(rank: int, step: int, placement: Placement, member_of: dict[int
     def tp(i: int, gather: bool) -> Op:
         label = "nccl:_all_gather_base" if gather else "nccl:_reduce_scatter_base"
         sizes = act if gather else (SEQ, MICRO, HIDDEN)
-        return Op(groups["tp"], "collective", label, ("tp", groups["tp"], step, i), sizes, int(np.prod(sizes)))
+        return Op(groups["tp"], "collective", label, ("tp", groups["tp"], step, i), sizes, math.prod(sizes))
 
     def p2p(direction: str, peer: int, send: bool) -> Op:
         src, dst = (rank, peer) if send else (peer, rank)
