@@ -219,10 +219,12 @@ def crash(world: World, rng: np.random.Generator, t: int, primaries: list[tuple[
 
 
 def hang(world: World, rng: np.random.Generator, t: int, spec: HangSpec, *, no_dump: set[int] | frozenset = frozenset(),
-         link_errors_from: tuple[str, ...] = ()) -> int:
+         link_errors_from: tuple[str, ...] = (), gloo_barrier: bool = False) -> int:
     """The end of an attempt whose progress stopped at t: flight-recorder dumps when the stall is noticed, the
     NCCL watchdog's timeouts and aborts on the ranks stalled in a collective, SIGTERM for the rest. With
-    `link_errors_from` (IPs of a dead node), ranks stalled on it see IB retry errors well before the watchdog."""
+    `link_errors_from` (IPs of a dead node), ranks stalled on it see IB retry errors well before the watchdog;
+    with `gloo_barrier` the survivors were waiting in a CPU-side gloo barrier instead (a checkpoint save) and raise
+    gloo's timeout when the group timeout expires."""
     cfg = world.cfg
     attempt = world.current
     placement = attempt.placement
@@ -247,7 +249,17 @@ def hang(world: World, rng: np.random.Generator, t: int, spec: HangSpec, *, no_d
     stuck_ops = first_incomplete(placement, step, spec, attempt.member_of)
     timeout_ns = int(cfg.nccl_timeout_s * NS)
     aborts: dict[int, int] = {}
-    if link_errors_from:
+    failed: dict[int, proc.ExceptionSpec] = {}
+    if gloo_barrier:
+        spec_timeout = proc.ExceptionSpec("RuntimeError", proc.gloo_timeout(int(cfg.nccl_timeout_s * 1000)).split(
+            ": ", 1)[1], proc.CKPT_FRAMES[:1] + proc.BARRIER_FRAMES)
+        for rank in sorted(live):
+            err_ts = t + timeout_ns + int(rng.uniform(0.0, 2.0) * NS)
+            world.add("process_events", world.proc.exception(err_ts, placement.place(rank), attempt.number,
+                                                             attempt.pid(rank), spec_timeout))
+            aborts[rank] = err_ts + int(rng.uniform(0.2, 1.0) * NS)
+            failed[rank] = spec_timeout
+    elif link_errors_from:
         dead = set(spec.dead)
         for rank, op in stuck_ops.items():
             if op is None:
@@ -273,7 +285,9 @@ def hang(world: World, rng: np.random.Generator, t: int, spec: HangSpec, *, no_d
     first_abort = min(aborts.values()) if aborts else t + timeout_ns
     exits = []
     for rank in sorted(live):
-        if rank in aborts:
+        if rank in failed:
+            exits.append(Exit(rank, aborts[rank], 1, None, failed[rank]))
+        elif rank in aborts:
             exits.append(Exit(rank, aborts[rank], -6, "SIGABRT"))
         else:
             exits.append(Exit(rank, first_abort + int(rng.uniform(1.0, 10.0) * NS), -15, "SIGTERM"))
@@ -497,7 +511,7 @@ def strike_host_down(world, rng, kind, target):
     dead = frozenset(attempt.placement.ranks_of_node(node.name))
     world.effects.leave(node.name, target.t)
     spec = HangSpec(stuck={}, dead=dead, broken_groups=frozenset())
-    down = hang(world, rng, target.t, spec, link_errors_from=(node.ip,))
+    down = hang(world, rng, target.t, spec, link_errors_from=(node.ip,), gloo_barrier=rng.random() < 0.3)
     return Outcome(make_label(world, kind, target, ranks=tuple(sorted(dead)), gpus=tuple(g.uuid for g in node.gpus),
                               end=down, step=attempt.steps.step_at(target.t)),
                    down_ts=down, exclude=node.name, restart_delay_s=float(rng.uniform(300, 900)))

@@ -59,6 +59,12 @@ CKPT_FRAMES = (
     (f"{_TORCH}/distributed/checkpoint/filesystem.py", 470, "_write_files_from_queue",
      'with create_stream(file_name, "wb") as stream:'),
 )
+BARRIER_FRAMES = (
+    (f"{PREFIX}/megatron/training/checkpointing.py", 397, "save_checkpoint",
+     "torch.distributed.barrier(group=mpu.get_data_parallel_group_gloo())"),
+    (f"{_TORCH}/distributed/c10d_logger.py", 81, "wrapper", "return func(*args, **kwargs)"),
+    (f"{_TORCH}/distributed/distributed_c10d.py", 4635, "barrier", "work.wait()"),
+)
 DATA_FRAMES = (
     (f"{PREFIX}/megatron/training/training.py", 1389, "train", "train_step(forward_step_func,"),
     (f"{PREFIX}/pretrain_gpt.py", 180, "get_batch", "batch = get_batch_on_this_tp_rank(data_iterator)"),
