@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="interruptions per simulated day, whole cluster (default %(default)s)")
     sim.add_argument("--stragglers-per-day", type=float, default=4.0)
     sim.add_argument("--benign-per-day", type=float, default=40.0)
+    sim.add_argument("--kinds", default="",
+                     help="comma-separated fault kinds to inject in this order, cycling, instead of the Llama 3 mix "
+                     "(see docs/simulator.md)")
     sim.add_argument("--pp", type=int, default=None, help="pipeline stages (default: 4, 2 or 1 by node count)")
     sim.add_argument("--job", default=None, help="job id (default: pretrain-<seed>)")
     sim.add_argument("--start", default="2026-01-05T00:00:00+00:00", help="simulated start time (ISO, with zone)")
@@ -73,7 +76,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         cfg = SimConfig(nodes=args.nodes, gpus_per_node=args.gpus_per_node, hours=args.hours, seed=args.seed,
                         start=start, job_id=args.job, pp_size=args.pp, step_seconds=args.step_seconds,
                         sample_seconds=args.sample_seconds, faults_per_day=args.faults_per_day,
-                        stragglers_per_day=args.stragglers_per_day, benign_per_day=args.benign_per_day)
+                        stragglers_per_day=args.stragglers_per_day, benign_per_day=args.benign_per_day,
+                        fault_sequence=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     result = simulate(cfg, store, args.labels)

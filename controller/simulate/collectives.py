@@ -32,6 +32,8 @@ FRAMES = {
     "dp": ["all_reduce (torch/distributed/distributed_c10d.py:2806)",
            "start_grad_sync (megatron/core/distributed/param_and_grad_buffer.py:368)",
            "finish_grad_sync (megatron/core/distributed/distributed_data_parallel.py:410)"],
+    "world": ["barrier (torch/distributed/distributed_c10d.py:4630)",
+              "initialize_model_parallel (megatron/core/parallel_state.py:591)"],
     "pp": ["_batch_p2p_ops (megatron/core/pipeline_parallel/p2p_communication.py:118)",
            "_communicate (megatron/core/pipeline_parallel/p2p_communication.py:342)",
            "forward_backward_pipelining_without_interleaving (megatron/core/pipeline_parallel/schedules.py:1390)"],
@@ -56,10 +58,13 @@ class Op:
     numel: int
 
 
+INIT_BARRIER = Op("0", "collective", "nccl:all_reduce", ("world", "init"), (1,), 1)
+
+
 def build_groups(placement: Placement) -> tuple[dict[str, Group], dict[int, dict[str, str]]]:
     """Megatron-style process groups; names are creation-order counters, as torch assigns them."""
-    groups: dict[str, Group] = {}
-    member_of: dict[int, dict[str, str]] = {r: {} for r in range(placement.world_size)}
+    groups: dict[str, Group] = {"0": Group("0", "default_pg", tuple(range(placement.world_size)), "world")}
+    member_of: dict[int, dict[str, str]] = {r: {"world": "0"} for r in range(placement.world_size)}
     counter = 1
     for kind, desc, ranks_list in (("tp", "TENSOR_MODEL_PARALLEL_GROUP", placement.tp_groups()),
                                    ("dp", "DATA_PARALLEL_GROUP", placement.dp_groups()),
@@ -166,7 +171,10 @@ def dump_rows(*, placement: Placement, groups: dict[str, Group], member_of: dict
         if r in spec.dead:
             continue
         entries: list[tuple[Op, int, str]] = []  # (op, step, state)
-        for s in range(max(attempt_first_step, step - history_steps), step):
+        first_history = max(attempt_first_step, step - history_steps)
+        if first_history == attempt_first_step:  # the start-up barrier of the attempt is still in the ring buffer
+            entries.append((INIT_BARRIER, attempt_first_step, "completed"))
+        for s in range(first_history, step):
             entries += [(op, s, "completed") for op in step_program(r, s, placement, member_of)]
         for i, op in enumerate(posted[r]):
             state = "completed" if i < done[r] else ("started" if i == done[r] else "scheduled")

@@ -41,6 +41,8 @@ class SimConfig:
     faults_per_day: float = 24.0
     stragglers_per_day: float = 4.0
     benign_per_day: float = 40.0
+    # inject these fault kinds in this order (cycling) at faults_per_day instead of drawing from the Llama 3 mix
+    fault_sequence: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         def positive(name: str, value: float) -> None:
@@ -64,6 +66,13 @@ class SimConfig:
             raise ConfigError(f"pp_size: expected a divisor of nodes ({self.nodes}), got {self.pp_size}")
         if self.start.tzinfo is None:
             raise ConfigError("start: expected a timestamp with a time zone")
+        if self.fault_sequence:
+            from controller.simulate.faults import BY_KIND
+
+            unknown = [k for k in self.fault_sequence if k not in BY_KIND]
+            if unknown:
+                raise ConfigError(f"fault_sequence: unknown fault kind {unknown[0]!r}; expected one of "
+                                  f"{', '.join(sorted(BY_KIND))}")
         if self.dump_entries_per_rank < 4:
             raise ConfigError(f"dump_entries_per_rank: expected at least 4, got {self.dump_entries_per_rank}")
 

@@ -17,7 +17,7 @@ from collectors.schema import rows_to_table
 from collectors.sink import SegmentSink
 from controller.simulate.cluster import Placement, make_nodes
 from controller.simulate.config import SimConfig
-from controller.simulate.faults import FAULTS, STRAGGLERS, FaultKind, Mode, Target, draw, pick_target
+from controller.simulate.faults import BY_KIND, FAULTS, STRAGGLERS, FaultKind, Mode, Target, draw, pick_target
 from controller.simulate.gpu import GpuSampler
 from controller.simulate.noise import BENIGN_KINDS, inject_benign
 from controller.simulate.timing import StepTimer
@@ -89,6 +89,8 @@ def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) 
     bg_pos = 0
 
     mean_gap_ns = 86400 * NS / cfg.faults_per_day if cfg.faults_per_day > 0 else None
+    sequence = [BY_KIND[name] for name in cfg.fault_sequence]
+    drawn = 0
     busy: list[tuple[int, int]] = []
     attempt_starts: list[int] = []
     checkpoints: list[tuple[int, int, int]] = []  # (step, local_ts, durable_ts)
@@ -113,7 +115,7 @@ def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) 
             world.add("process_events", world.proc.start(ts, place, number, pid))
         first = attempt.first_step_start
 
-        # the next fault from the mix; health events from the mix do not end the attempt
+        # the next fault from the mix (or the given sequence); health events and stragglers do not end the attempt
         health: list[tuple[int, FaultKind]] = []
         if repeat is not None and repeat_kind is not None:
             kind, t_fault = repeat_kind, None
@@ -122,8 +124,12 @@ def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) 
             cursor = first
             while mean_gap_ns is not None:
                 cursor += int(rng_faults.exponential(mean_gap_ns))
-                candidate = draw(FAULTS, rng_faults)
-                if cursor >= end or candidate.mode is not Mode.HEALTH:
+                if sequence:
+                    candidate = sequence[drawn % len(sequence)]
+                    drawn += 1
+                else:
+                    candidate = draw(FAULTS, rng_faults)
+                if cursor >= end or candidate.mode in (Mode.CRASH, Mode.HANG):
                     kind, t_fault = candidate, cursor
                     break
                 health.append((cursor, candidate))
@@ -136,7 +142,9 @@ def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) 
             bg_pos = _background(world, rng_noise, background, bg_pos, first, stop, timing=True)
         for when, which in health:
             if when < stop:
-                world.labels.append(which.strike(world, rng_faults, which, pick_target(world, rng_faults, when)).label)
+                background_target = pick_target(world, rng_faults, when)
+                background_target.until = stop
+                world.labels.append(which.strike(world, rng_faults, which, background_target).label)
 
         target = None
         if kind is not None and t_fault is not None and t_fault < end:
