@@ -100,3 +100,12 @@ def row_signatures(sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None
             codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         dtype_sig = _flat_hash(rows, _validity(array), array.offsets.to_numpy().astype(np.int64), codes)
     return size_sig, dtype_sig
+
+
+@njit(cache=True, nogil=True)
+def combine_signatures(a, b, c):
+    """One uint64 per row from three (op, sizes, dtypes), for a single group-by."""
+    out = np.empty(a.shape[0], np.uint64)
+    for i in range(a.shape[0]):
+        out[i] = _mix(_mix(_mix(np.uint64(0x452821E638D01377), a[i]), b[i]), c[i])
+    return out

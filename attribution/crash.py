@@ -68,6 +68,7 @@ class RankFailure:
     rows: int = 0
     secondary_rows: int = 0
     timeout_rows: int = 0
+    first_timeout: dt.datetime | None = None  # when this rank first reported a collective timeout
     evidence: tuple[Evidence, ...] = ()
 
 
@@ -253,6 +254,7 @@ class CrashAttributor:
         if ts is None:
             raise ValueError(f"process_events: rank {rank}: a failure row without ts")
         shown = own[~own["_secondary"]] if kind in (*PRIMARY_KINDS, FailureKind.EXITED) else own
+        timeouts = own.loc[own["_timeout"], "ts"]
         return RankFailure(
             rank=int(rank) if rank is not None else None, node=node, kind=kind, ts=ts, signal=_get(chosen, "_signal"),
             exit_code=int(exit_code) if exit_code is not None else None,
@@ -260,6 +262,7 @@ class CrashAttributor:
             fingerprint=first("fingerprint") if kind in (FailureKind.EXCEPTION, FailureKind.OOM) else None,
             step=int(step_values.iloc[0]) if not step_values.empty else None,
             rows=int(counts["rows_"]), secondary_rows=int(counts["secondary_"]), timeout_rows=int(counts["timeout_"]),
+            first_timeout=as_datetime(timeouts.min()) if not timeouts.empty else None,
             evidence=tuple(Evidence("process_events", as_datetime(row["ts"]), describe_process_event(row))
                            for _, row in shown.head(3).iterrows()))
 
@@ -310,11 +313,15 @@ class CrashAttributor:
                            per_attempt: dict[tuple[str | None, int | None], list[RankFailure]],
                            now: dt.datetime) -> Incident | HangTrigger | None:
         primary = self.primary(failures)
-        placement = placements(telemetry.ranks, attempt, telemetry.steps, telemetry.process_events)
+        placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps)
         secondary_line = self._secondary_summary(failures, primary)
         if primary is None:
             return self._no_primary(telemetry, job, attempt, failures, placement, secondary_line, now)
-        node = primary.node or (placement[primary.rank].node if primary.rank in placement else None)
+        hang = self._hang_before(job, attempt, primary, failures)
+        if hang is not None:
+            return hang
+        # the ranks table (the collectors' node names, which GPU events carry too) over a report's host name
+        node = (placement[primary.rank].node if primary.rank in placement else None) or primary.node
         own = placement.get(primary.rank) if primary.rank is not None else None
         step = primary.step if primary.step is not None else _failure_step(telemetry.steps, attempt, primary.rank)
         evidence: list[Evidence] = list(primary.evidence)
@@ -326,7 +333,7 @@ class CrashAttributor:
 
         same = [f for f in failures if f is not primary and f.fingerprint and f.fingerprint == primary.fingerprint
                 and f.kind in (FailureKind.EXCEPTION, FailureKind.OOM)]
-        other_nodes = {f.node or (placement[f.rank].node if f.rank in placement else None) for f in same} - {node}
+        other_nodes = {(placement[f.rank].node if f.rank in placement else None) or f.node for f in same} - {node}
         other_nodes.discard(None)
         repeats = self._repeats(job, attempt, primary, per_attempt, telemetry.steps)
         findings = hardware_findings(telemetry.gpu_events, node, primary.ts, self.rules, self.catalog, own)
@@ -389,6 +396,21 @@ class CrashAttributor:
             evidence=tuple(evidence), fingerprint=primary.fingerprint, step=step,
             details={"primary_kind": primary.kind.value, "failures": len(failures),
                      "secondary_rows": sum(f.secondary_rows for f in failures)})
+
+    def _hang_before(self, job: str | None, attempt: int | None, primary: RankFailure,
+                     failures: list[RankFailure]) -> HangTrigger | None:
+        """Collective timeouts reported before the first failure: the job hung first, and the failure came out
+        of the hang (a stuck rank giving up, a supervisor's kill). A dead rank makes its peers time out only
+        after their timeout, so a crash never looks like this."""
+        effective = primary.ts - dt.timedelta(seconds=self.rules.signal_notice_slack_s) \
+            if primary.kind == FailureKind.KILLED else primary.ts
+        timeouts = sorted((f for f in failures if f.first_timeout is not None), key=lambda f: f.first_timeout)
+        if not timeouts or timeouts[0].first_timeout >= effective:  # type: ignore[operator]
+            return None
+        evidence = [e for f in timeouts[:3] for e in f.evidence[:1]]
+        evidence.append(Evidence("process_events", primary.ts, "after the timeouts: " + (
+            primary.evidence[0].text if primary.evidence else f"rank {primary.rank} failed")))
+        return HangTrigger(job, attempt, timeouts[0].first_timeout, tuple(evidence))  # type: ignore[arg-type]
 
     def _default_cause(self, primary: RankFailure) -> tuple[Cause, str, float]:
         if primary.kind == FailureKind.OOM:

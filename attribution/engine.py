@@ -11,6 +11,7 @@ that completed its evidence became visible, and when the incident row did.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import re
@@ -24,20 +25,22 @@ import pyarrow as pa
 
 from attribution.crash import CrashAttributor, HangTrigger
 from attribution.hardware import XidCatalogLike, default_xid_catalog
-from attribution.incident import Incident
+from attribution.health import HealthMonitor
+from attribution.incident import Evidence, Incident, IncidentClass
 from attribution.progress import (
     DumpRequester,
     HangAnalyzer,
     HangAttributor,
     HangSuspect,
     ProgressMonitor,
+    latest_dump_set,
     suspect_from_trigger,
 )
 from attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
 from attribution.store import Store
 from attribution.straggler import StragglerDetector
 from attribution.tail import NewSegment, SegmentTail
-from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, to_frame
+from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
 from collectors.layout import StoreLocation, safe_value
 from collectors.sink import SegmentSink
 
@@ -45,6 +48,11 @@ log = logging.getLogger(__name__)
 
 _JOB_PART = re.compile(r"/job=([^/]+)/")
 TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
+
+
+def _tail_frame(table: pa.Table, name: str) -> pd.DataFrame:
+    frame = to_frame(table, name)
+    return frame[list(SAMPLE_COLUMNS)] if name == "gpu_samples" else frame
 
 
 def utc_now() -> dt.datetime:
@@ -64,15 +72,23 @@ class Engine:
         self.progress = ProgressMonitor(self.thresholds.progress)
         self.hang = HangAttributor(self.crash_rules, self.catalog, analyzer, dump_requester)
         self.straggler = StragglerDetector(self.thresholds.straggler)
+        self.health = HealthMonitor(self.thresholds.health, self.crash_rules, self.catalog)
 
     def run_job(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | None, *,
                 settled: Callable[[str | None, int | None], bool] | None = None,
                 already: set[str] | frozenset[str] = frozenset(), hangs: bool = True,
-                stragglers: bool = True) -> list[Incident]:
+                stragglers: bool = True, straggler_last_steps: int | None = None,
+                hung: dict[tuple[str | None, int | None], dt.datetime] | None = None) -> list[Incident]:
         """Incidents of the telemetry of one job. `already` holds incident ids reported before: their hang
-        suspects are not analysed again (no second dump request)."""
+        suspects are not analysed again (no second dump request). `hung`: attempts already reported hung (live
+        mode) and since when; a failure after that is the hang's ending (a watchdog abort, a supervisor's
+        kill), not a new crash."""
         crash = self.crash.attribute(telemetry, now, settled)
-        incidents: dict[str, Incident] = {i.incident_id: i for i in crash.incidents}
+        hung = hung or {}
+        crashes = [i for i in crash.incidents
+                   if not ((i.job_id, i.attempt) in hung and i.first_signal_ts >= hung[(i.job_id, i.attempt)])]
+        incidents: dict[str, Incident] = {i.incident_id: self._with_dump_evidence(i, telemetry)
+                                          for i in crashes if i.incident_id not in already}
         if hangs:
             busy = {(i.job_id, i.attempt) for i in crash.incidents} | set(crash.pending)
             suspects: dict[str, HangSuspect] = {}
@@ -88,9 +104,32 @@ class Engine:
                     continue
                 incidents[incident_id] = self.hang.attribute(suspect, telemetry, now)
         if stragglers:
-            for incident in self.straggler.attribute(telemetry, now):
+            for incident in self.straggler.attribute(telemetry, now, straggler_last_steps):
                 incidents.setdefault(incident.incident_id, incident)
         return list(incidents.values())
+
+    def _with_dump_evidence(self, incident: Incident, telemetry: Telemetry) -> Incident:
+        """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors' dumps (the dead
+        rank wrote none, or never joined the collective the others waited in) corroborates the culprit."""
+        dumps = latest_dump_set(telemetry.collectives, incident.job_id, incident.attempt)
+        if dumps.num_rows == 0 or not incident.culprit_ranks:
+            return incident
+        placement = placements(telemetry.ranks, incident.attempt, telemetry.process_events, telemetry.steps)
+        try:
+            report = self.hang.analyzer(dumps, sorted(placement) or None)
+        except Exception as exc:  # evidence only: a failing analysis must not lose the crash
+            log.warning("hang analysis of the dumps of %s attempt %s failed: %s", incident.job_id, incident.attempt,
+                        exc)
+            return incident
+        culprits = set(getattr(report, "culprit_ranks", ()) or ())
+        if not culprits & set(incident.culprit_ranks):
+            return incident
+        verdict = getattr(getattr(report, "verdict", None), "value", getattr(report, "verdict", None))
+        reason = getattr(report, "reason", "")
+        line = Evidence("collectives", None, f"flight-recorder dumps agree: {verdict}: {reason}")
+        evidence = (*incident.evidence[: self.crash_rules.evidence_limit - 1], line)
+        confidence = round(min(0.99, incident.confidence + 0.1), 3)
+        return dataclasses.replace(incident, evidence=evidence, confidence=confidence)
 
     @staticmethod
     def _from_trigger(trigger: HangTrigger, telemetry: Telemetry) -> HangSuspect:
@@ -105,6 +144,8 @@ class Engine:
             job_as_of = as_of.get(job) if isinstance(as_of, dict) else as_of
             for incident in self.run_job(telemetry.for_job(job), now, job_as_of, **options):  # type: ignore[arg-type]
                 found.setdefault(incident.incident_id, incident)
+        for incident in self.health.attribute(telemetry.gpu_events, found.values(), now):
+            found.setdefault(incident.incident_id, incident)
         return sorted(found.values(), key=lambda i: (i.first_signal_ts, i.incident_id))
 
 
@@ -133,6 +174,15 @@ def attribute(store: Store | str | StoreLocation, job: str | None = None, now: d
 def existing_incident_ids(store: Store) -> set[str]:
     table = store.query("SELECT DISTINCT incident_id FROM incidents WHERE incident_id IS NOT NULL")
     return set(table.column("incident_id").to_pylist()) if table.num_rows else set()
+
+
+def existing_failures(store: Store) -> list[Incident]:
+    """Crash and hang incidents already in the store (they explain GPU events: no health incident for those)."""
+    table = store.query("SELECT * FROM incidents WHERE class IN ('crash', 'collective_hang')")
+    seen: dict[str, Incident] = {}
+    for row in table.to_pylist():
+        seen.setdefault(row["incident_id"], Incident.from_row(row))
+    return list(seen.values())
 
 
 def write_new_incidents(store: Store | str | StoreLocation, incidents: Iterable[Incident],
@@ -201,15 +251,20 @@ class Follower:
         self.incident_store = Store(store) if job is not None else self.store
         self.sink = sink or SegmentSink(self.store.location, flush_rows=1_000_000, flush_age_s=3600.0)
         self.tail = SegmentTail(self.store, TAILED_TABLES, retain_s=self.config.retain_s,
-                                max_rows=self.config.max_rows_per_table)
+                                max_rows=self.config.max_rows_per_table, to_frame=_tail_frame,
+                                arrow_tables=("collectives",))
         self.clock = clock
         self.monotonic = monotonic
         self.wall = wall
         self.known = existing_incident_ids(self.incident_store)
+        self._failures: list[Incident] = existing_failures(self.incident_store)
+        self._hung = {(i.job_id, i.attempt): i.first_signal_ts for i in self._failures
+                      if i.incident_class == IncidentClass.COLLECTIVE_HANG}
+        self._last_health = float("-inf")
+        straggler = self.engine.thresholds.straggler
+        self._straggler_steps = 2 * straggler.window_steps + straggler.self_baseline_steps
         self.stats = FollowStats()
         self._arrivals: dict[tuple[str | None, int | None], float] = {}
-        self._frames: dict[str, pd.DataFrame] = {}
-        self._stale: set[str] = set(TAILED_TABLES)  # tables whose frames must be rebuilt
         self._steps_changed = False
         self._last_progress = float("-inf")
         self._last_straggler = float("-inf")
@@ -230,7 +285,6 @@ class Follower:
         tick = self.monotonic()
         self._remember(arrived, seen_at)
         changed = {segment.table for segment in arrived}
-        self._stale |= changed
         self._steps_changed |= "steps" in changed
         if "process_events" in changed:
             self._note_arrivals(arrived)
@@ -238,7 +292,8 @@ class Follower:
         progress_due = tick - self._last_progress >= self.config.progress_check_s or bool(
             {"steps", "process_events", "collectives"} & changed)
         straggler_due = self._steps_changed and tick - self._last_straggler >= self.config.straggler_check_s
-        if not (crash_due or progress_due or straggler_due):
+        health_due = "gpu_events" in changed or tick - self._last_health >= self.config.progress_check_s
+        if not (crash_due or progress_due or straggler_due or health_due):
             return []
         telemetry = self._telemetry()
         now = self.clock()
@@ -246,7 +301,18 @@ class Follower:
         for job in telemetry.jobs:
             found.extend(self.engine.run_job(
                 telemetry.for_job(job), now, now, settled=self._settled, already=self.known,
-                hangs=progress_due or crash_due, stragglers=straggler_due))
+                hangs=progress_due or crash_due, stragglers=straggler_due,
+                straggler_last_steps=self._straggler_steps, hung=self._hung))
+        self._failures.extend(i for i in found if i.incident_class in (IncidentClass.CRASH,
+                                                                       IncidentClass.COLLECTIVE_HANG))
+        for incident in found:
+            if incident.incident_class == IncidentClass.COLLECTIVE_HANG:
+                self._hung.setdefault((incident.job_id, incident.attempt), incident.first_signal_ts)
+        if health_due:
+            self._last_health = tick
+            settle = dt.timedelta(seconds=self.engine.thresholds.health.settle_s)
+            found.extend(self.engine.health.attribute(telemetry.gpu_events, self._failures, now,
+                                                      settled_before=now - settle))
         if crash_due:
             # an attempt whose settle time ends after this evaluation began may have been skipped: look again
             self._arrivals = {key: arrived for key, arrived in self._arrivals.items()
@@ -260,8 +326,10 @@ class Follower:
         written = write_new_incidents(self.incident_store, found, self.known, self.sink)
         if written:
             written_at = self.wall()
+            jobs = {safe_value(incident.job_id or "_node") for incident in written}
+            triggers = {job: self._unclaimed.pop(job, None) for job in jobs}  # shared by one poll's incidents
             for incident in written:
-                trigger = self._unclaimed.pop(safe_value(incident.job_id or "_node"), None)
+                trigger = triggers[safe_value(incident.job_id or "_node")]
                 self.stats.lag.append(LagRecord(incident.incident_id, trigger.path if trigger else None,
                                                 trigger.landed_at if trigger else None,
                                                 trigger_seen if trigger and (trigger_seen := self._seen_at.get(
@@ -283,32 +351,24 @@ class Follower:
                 self._seen_at[segment.path] = seen_at
 
     def _note_arrivals(self, arrived: Sequence[object]) -> None:
-        events = self.tail.table("process_events")
-        if events.num_rows == 0:
+        events = self.tail.frame("process_events")
+        if events.empty:
             return
         tick = self.monotonic()
         new_rows = sum(s.rows for s in arrived if s.table == "process_events")  # type: ignore[attr-defined]
-        recent = events.slice(max(0, events.num_rows - new_rows))
-        jobs = recent.column("job_id").to_pylist()
-        attempts = recent.column("attempt").to_pylist()
-        for key in set(zip(jobs, attempts, strict=True)):
-            self._arrivals[key] = tick
+        recent = events.iloc[max(0, len(events) - new_rows):]
+        jobs = recent["job_id"].astype(object).where(recent["job_id"].notna(), None)
+        attempts = recent["attempt"].astype(object).where(recent["attempt"].notna(), None)
+        for job, attempt in set(zip(jobs, attempts, strict=True)):
+            self._arrivals[(job, None if attempt is None else int(attempt))] = tick
 
     def _settled(self, job: str | None, attempt: int | None) -> bool:
         arrived = self._arrivals.get((job, attempt))
         return arrived is None or self.monotonic() - arrived >= self.config.crash_settle_s
 
     def _telemetry(self) -> Telemetry:
-        for name in TAILED_TABLES:
-            if name == "collectives" or (name not in self._stale and name in self._frames):
-                continue
-            table = self.tail.table(name)
-            if name == "gpu_samples":
-                self._frames[name] = to_frame(table, name)[list(SAMPLE_COLUMNS)]
-            else:
-                self._frames[name] = to_frame(table, name)
-        self._stale.clear()
-        samples = self._frames["gpu_samples"]
+        frames = {name: self.tail.frame(name) for name in TAILED_TABLES if name != "collectives"}
+        samples = frames["gpu_samples"]
 
         def fetch(nodes: Sequence[str], start: dt.datetime, end: dt.datetime) -> pd.DataFrame:
             if samples.empty:
@@ -316,7 +376,6 @@ class Follower:
             mask = samples["node"].isin(list(nodes)) & (samples["ts"] >= start) & (samples["ts"] <= end)
             return samples[mask]
 
-        frames = self._frames
         jobs = tuple(list_jobs(frames["ranks"], frames["steps"], frames["process_events"]))
         if self.job is not None:
             jobs = tuple(j for j in jobs if j == self.job)

@@ -58,7 +58,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from attribution._hang_kernels import row_signatures
+from attribution._hang_kernels import combine_signatures, row_signatures
 
 
 class HangVerdict(StrEnum):
@@ -131,6 +131,20 @@ def _ints(column: pa.ChunkedArray, fill: int = -1) -> tuple[np.ndarray, np.ndarr
     valid = ~array.is_null().to_numpy(zero_copy_only=False) if array.null_count else np.ones(len(array), bool)
     values = array.fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     return values, valid
+
+
+class _Lazy:
+    """An int64 column read only at the rows asked for (time_created, record_id: needed for a few rows; a full
+    copy of 33 M rows would cost 260 MB each)."""
+
+    def __init__(self, table: pa.Table, name: str) -> None:
+        self.column = table.column(name) if name in table.column_names else None
+
+    def at(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.asarray(rows, np.int64)
+        if self.column is None or rows.shape[0] == 0:
+            return np.zeros(rows.shape[0], np.int64), np.zeros(rows.shape[0], bool)
+        return _ints(self.column.take(pa.array(rows)))
 
 
 def _bools(column: pa.ChunkedArray | None, n: int) -> np.ndarray:
@@ -218,7 +232,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         raise ValueError(f"collectives table lacks column(s) {', '.join(missing_columns)}")
     table = collectives
     n = table.num_rows
-    ranks_all = table.column("rank").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    ranks_all = table.column("rank").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
     dumped = {int(r) for r in np.unique(ranks_all) if r >= 0}
     if not dumped:
         return _report_empty(expected_ranks)
@@ -236,7 +250,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     empty_name = np.array([not x for x in names] + [True], bool)  # index -1 -> True
     use_id = (name_codes < 0) | empty_name[name_codes]
     group_names = list(names) + [f"pg_id {x}" for x in ids]
-    group = np.where(use_id, np.where(id_codes >= 0, len(names) + id_codes, -1), name_codes).astype(np.int64)
+    group = np.where(use_id, np.where(id_codes >= 0, len(names) + id_codes, -1), name_codes).astype(np.int32)
     if "record_id" in table.column_names:
         # status rows (pg_status, record_id null) count only where the dump named their group
         status_row = table.column("record_id").is_null().to_numpy(zero_copy_only=False)
@@ -246,9 +260,9 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     group_descs: dict[int, str | None] = {}
     has_desc = (group >= 0) & (desc_codes >= 0)
     if has_desc.any():
-        pairs = np.unique(np.stack([group[has_desc], desc_codes[has_desc].astype(np.int64)]), axis=1)
-        for g, d in pairs.T:
-            group_descs.setdefault(int(g), descs[int(d)])
+        pairs = pa.table({"g": group[has_desc], "d": desc_codes[has_desc]}).group_by("g").aggregate([("d", "min")])
+        for g, d in zip(pairs.column("g").to_pylist(), pairs.column("d_min").to_pylist(), strict=True):
+            group_descs[int(g)] = descs[int(d)]
 
     # -- membership
     configured: dict[int, Counter] = defaultdict(Counter)
@@ -260,11 +274,11 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             for row, value in zip(rows, values, strict=True):
                 if value:
                     configured[int(group[row])][tuple(sorted(int(v) for v in value))] += 1
-    seen_pairs = np.unique(np.stack([group[group >= 0], ranks_all[group >= 0]]), axis=1) if (group >= 0).any() \
-        else np.empty((2, 0), np.int64)
     seen: dict[int, set[int]] = defaultdict(set)
-    for g, r in seen_pairs.T:
-        seen[int(g)].add(int(r))
+    if (group >= 0).any():
+        pairs = pa.table({"g": group[group >= 0], "r": ranks_all[group >= 0]}).group_by(["g", "r"]).aggregate([])
+        for g, r in zip(pairs.column("g").to_pylist(), pairs.column("r").to_pylist(), strict=True):
+            seen[int(g)].add(int(r))
     expected = set(int(r) for r in expected_ranks) if expected_ranks is not None else set()
     if expected_ranks is None:
         for counter in configured.values():
@@ -314,26 +328,22 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     retired = _bools(table.column("retired") if "retired" in table.column_names else None, n)
     complete = (state_rank == 2) | retired
     started = state_rank >= 1
-    created, created_valid = (_ints(table.column("time_created")) if "time_created" in table.column_names
-                              else (np.zeros(n, np.int64), np.zeros(n, bool)))
-    order, _ = (_ints(table.column("record_id")) if "record_id" in table.column_names
-                else (np.arange(n, dtype=np.int64), None))
+    times = _Lazy(table, "time_created")
+    order = _Lazy(table, "record_id")
 
     coll = is_entry & seq_valid & ~is_p2p & (group >= 0)
     rows = np.nonzero(coll)[0]
     c_group, c_rank, c_seq = group[rows], ranks_all[rows], seq[rows]
-    c_complete, c_started, c_time = complete[rows], started[rows], created[rows]
-    c_time_valid = created_valid[rows]
+    c_complete, c_started = complete[rows], started[rows]
 
     # per (group, rank): E, C, S
     per = pa.table({
         "g": c_group, "r": c_rank, "s": c_seq,
         "s_incomplete": pa.array(c_seq, mask=c_complete),
         "s_started": pa.array(c_seq, mask=~c_started),
-        "t": pa.array(c_time, mask=~c_time_valid),
     })
-    agg = per.group_by(["g", "r"]).aggregate([("s", "max"), ("s", "min"), ("s_incomplete", "min"),
-                                               ("s_started", "max"), ("t", "max")])
+    agg = per.group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_started", "max")])
+    del per
     g_arr = agg.column("g").to_numpy()
     r_arr = agg.column("r").to_numpy()
     e_arr = agg.column("s_max").to_numpy()
@@ -354,8 +364,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         hits = rows[mask]
         if hits.shape[0] == 0:
             return np.iinfo(np.int64).max, None, None
-        valid_hits = hits[created_valid[hits]]
-        t = int(created[valid_hits].min()) if valid_hits.shape[0] else np.iinfo(np.int64).max
+        created, created_valid = times.at(hits)
+        t = int(created[created_valid].min()) if created_valid.any() else np.iinfo(np.int64).max
         op = Counter(int(op_codes[h]) for h in hits[:64]).most_common(1)[0][0]
         pid = Counter(int(id_codes[h]) for h in hits[:64]).most_common(1)[0][0]
         return t, (ops[op] if op >= 0 else None), (str(ids[pid]) if pid >= 0 else None)
@@ -415,18 +425,16 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
                     f"that needs rank(s) {_ranks_text(absent_missing)}, which wrote no dump"))
 
     # -- p2p, per pair of peers
-    _p2p_divergences(analysis, is_entry, is_p2p, group, ranks_all, op_codes, ops, table, complete, created,
-                     created_valid, id_codes, ids)
+    _p2p_divergences(analysis, is_entry, is_p2p, group, ranks_all, op_codes, ops, table, complete, times)
 
     # -- mismatches
-    _find_mismatches(analysis, table, rows, c_group, c_rank, c_seq, op_codes, ops, created, created_valid,
-                     id_codes, ids)
+    _find_mismatches(analysis, table, rows, c_group, c_rank, c_seq, op_codes, ops, times, id_codes, ids)
 
     def history(rank: int) -> tuple[list[int], list[int], int | None] | None:
         mine = np.nonzero(c_rank == rank)[0]
         if mine.shape[0] == 0:
             return None
-        mine = mine[np.argsort(order[rows[mine]], kind="stable")]
+        mine = mine[np.argsort(order.at(rows[mine])[0], kind="stable")]
         incomplete = np.nonzero(~c_complete[mine])[0]
         return (c_seq[mine].tolist(), c_group[mine].tolist(),
                 int(incomplete[0]) if incomplete.shape[0] else None)
@@ -437,14 +445,14 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
 
 def _p2p_divergences(analysis: _Analysis, is_entry: np.ndarray, is_p2p: np.ndarray, group: np.ndarray,
                      ranks_all: np.ndarray, op_codes: np.ndarray, ops: list[Any], table: pa.Table,
-                     complete: np.ndarray, created: np.ndarray, created_valid: np.ndarray, id_codes: np.ndarray,
-                     ids: list[Any]) -> None:
+                     complete: np.ndarray, times: _Lazy) -> None:
     if "p2p_seq_id" not in table.column_names:
         return
     rows = np.nonzero(is_entry & is_p2p & (group >= 0))[0]
     if rows.shape[0] == 0:
         return
-    p2p_seq, p2p_valid = _ints(table.column("p2p_seq_id"))
+    p2p_seq, p2p_valid = _ints(table.column("p2p_seq_id").take(pa.array(rows)))
+    created, created_valid = times.at(rows)
     parsed: dict[int, tuple[int, int] | None] = {}
     for code in np.unique(op_codes[rows]):
         match = _P2P_OP.search(str(ops[code])) if code >= 0 else None
@@ -457,9 +465,9 @@ def _p2p_divergences(analysis: _Analysis, is_entry: np.ndarray, is_p2p: np.ndarr
         parsed[int(code)] = (a, b)
     best: dict[tuple[int, int, int], tuple[int, bool, int]] = {}
     peers: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for row in rows.tolist():
+    for i, row in enumerate(rows.tolist()):
         pair = parsed.get(int(op_codes[row]))
-        if pair is None or not p2p_valid[row]:
+        if pair is None or not p2p_valid[i]:
             continue
         g = int(group[row])
         members = analysis.members.get(g, ())
@@ -470,7 +478,7 @@ def _p2p_divergences(analysis: _Analysis, is_entry: np.ndarray, is_p2p: np.ndarr
         rank = int(ranks_all[row])
         peers[(g, rank)].add(peer)
         key = (g, rank, peer)
-        value = (int(p2p_seq[row]), bool(complete[row]), int(created[row]) if created_valid[row] else 0)
+        value = (int(p2p_seq[i]), bool(complete[row]), int(created[i]) if created_valid[i] else 0)
         if key not in best or value[0] > best[key][0]:
             best[key] = (value[0], value[1] and best.get(key, (0, True, 0))[1], value[2])
         elif not value[1]:
@@ -495,7 +503,7 @@ def _p2p_divergences(analysis: _Analysis, is_entry: np.ndarray, is_p2p: np.ndarr
 
 def _find_mismatches(analysis: _Analysis, table: pa.Table, rows: np.ndarray, c_group: np.ndarray,
                      c_rank: np.ndarray, c_seq: np.ndarray, op_codes: np.ndarray, ops: list[Any],
-                     created: np.ndarray, created_valid: np.ndarray, id_codes: np.ndarray, ids: list[Any]) -> None:
+                     times: _Lazy, id_codes: np.ndarray, ids: list[Any]) -> None:
     if rows.shape[0] == 0:
         return
     shape_ops = np.array([bool(_SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
@@ -503,15 +511,13 @@ def _find_mismatches(analysis: _Analysis, table: pa.Table, rows: np.ndarray, c_g
     sizes = table.column("input_sizes") if "input_sizes" in table.column_names else None
     dtypes = table.column("input_dtypes") if "input_dtypes" in table.column_names else None
     size_sig, dtype_sig = row_signatures(sizes, dtypes, rows)
-    size_sig = np.where(shape_ops[c_ops], size_sig, 0)
+    size_sig = np.where(shape_ops[c_ops], size_sig, np.uint64(0))
     op_sig = c_ops.astype(np.uint64)
-    keyed = pa.table({"g": c_group, "s": c_seq, "op": op_sig, "size": size_sig, "dtype": dtype_sig})
-    agg = keyed.group_by(["g", "s"]).aggregate([("op", "min"), ("op", "max"), ("size", "min"), ("size", "max"),
-                                                  ("dtype", "min"), ("dtype", "max")])
-    differ = (pc.not_equal(agg.column("op_min"), agg.column("op_max"))
-              .to_numpy(zero_copy_only=False)
-              | pc.not_equal(agg.column("size_min"), agg.column("size_max")).to_numpy(zero_copy_only=False)
-              | pc.not_equal(agg.column("dtype_min"), agg.column("dtype_max")).to_numpy(zero_copy_only=False))
+    combined = combine_signatures(op_sig, size_sig, dtype_sig)
+    keyed = pa.table({"g": c_group, "s": c_seq, "sig": combined})
+    agg = keyed.group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")])
+    del keyed, combined
+    differ = pc.not_equal(agg.column("sig_min"), agg.column("sig_max")).to_numpy(zero_copy_only=False)
     if not differ.any():
         return
     bad_g = agg.column("g").to_numpy()[differ]
@@ -533,8 +539,8 @@ def _find_mismatches(analysis: _Analysis, table: pa.Table, rows: np.ndarray, c_g
         ops_seen = {v[0] for v in signature.values()}
         kind = HangVerdict.OP_MISMATCH if len(ops_seen) > 1 else HangVerdict.SIZE_MISMATCH
         rows_hit = rows[hit]
-        valid = rows_hit[created_valid[rows_hit]]
-        t = int(created[valid].min()) if valid.shape[0] else np.iinfo(np.int64).max
+        created, created_valid = times.at(rows_hit)
+        t = int(created[created_valid].min()) if created_valid.any() else np.iinfo(np.int64).max
         describe = _describe_entries(table, rows_hit, c_rank[hit], ops, op_codes)
         op = ops[majority_sig[0]] if majority_sig[0] < len(ops) else None
         pid_counter = Counter(int(id_codes[r]) for r in rows_hit[:64])
@@ -597,9 +603,11 @@ def _decide(analysis: _Analysis) -> HangReport:
         src, dst, labels = build(set())
         culprits, cyclic = _terminal_ranks(n_ranks, src, dst, labels, rank_nodes)
         laggards = {lag for d in divergences for lag in d.laggards}
-        has_out = {rank_nodes[s] for s in src.tolist() if s < n_ranks}
-        # ranks that lag somewhere while waiting elsewhere: did they skip (root) or are they blocked (follow-on)?
-        candidates = sorted((laggards & has_out) - analysis.missing)[:64]
+        component_size = Counter(labels[:n_ranks].tolist())
+        in_cycle = {rank_nodes[i] for i in range(n_ranks) if component_size[int(labels[i])] > 1}
+        # ranks of a cycle (each lags somewhere while waiting elsewhere): which one skipped (root), which are only
+        # blocked (follow-ons)?
+        candidates = sorted((laggards & in_cycle) - analysis.missing)[:64]
         for rank in candidates:
             verdict = _skipped(analysis, rank, divergences)
             if verdict:
@@ -737,7 +745,13 @@ def _skipped(analysis: _Analysis, rank: int, divergences: list[_Divergence]) -> 
         return None
     seqs, groups_in_order, incomplete_at = history
     if incomplete_at is None:
-        return None
+        # dumps taken after the timeout mark everything retired: the rank waits where it is ahead of its peers,
+        # its latest entry in such a group
+        ahead = {d.group for d in divergences if rank in d.waiters}
+        hits = [i for i, g in enumerate(groups_in_order) if g in ahead]
+        if not hits:
+            return None
+        incomplete_at = hits[-1]
     blocked_group, blocked_seq = groups_in_order[incomplete_at], seqs[incomplete_at]
     for d in divergences:
         if rank not in d.laggards or d.level != "entered" or d.group == blocked_group:
@@ -766,9 +780,11 @@ def _skipped(analysis: _Analysis, rank: int, divergences: list[_Divergence]) -> 
 def _predict(points: list[tuple[int, int]], due_seq: int) -> int | None:
     """K-count at which H seq `due_seq` was due, if the history of (H seq, K count) pairs is periodic."""
     by_seq = dict(points)
-    for period in range(1, 5):
+    for period in range(1, 17):
+        if len(points) < period + 2:
+            break
         diffs = []
-        for h_seq, k in points[-(3 * period):]:
+        for h_seq, k in points[-(8 * period):]:
             before = by_seq.get(h_seq - period)
             if before is None or k < 0 or before < 0:
                 continue

@@ -87,7 +87,8 @@ def _gpu_label(row: pd.Series) -> str | None:
     return f"{node}:gpu{int(index)}" if index is not None and node else None
 
 
-def _same_gpu(row: pd.Series, placement: Placement | None) -> bool:
+def same_gpu(row: pd.Series, placement: Placement | None) -> bool:
+    """Whether a gpu_events/gpu_samples row is about the GPU of `placement` (uuid, else PCI bus id, else index)."""
     if placement is None:
         return False
     for column, mine in (("gpu_uuid", placement.gpu_uuid), ("pci_bus_id", placement.pci_bus_id)):
@@ -96,6 +97,10 @@ def _same_gpu(row: pd.Series, placement: Placement | None) -> bool:
             return str(mine).upper() == str(theirs).upper()
     theirs_index = _get(row, "gpu_index")
     return placement.gpu_index is not None and theirs_index is not None and int(theirs_index) == placement.gpu_index
+
+
+def row_identifies_gpu(row: pd.Series) -> bool:
+    return any(_get(row, c) is not None for c in ("gpu_uuid", "pci_bus_id", "gpu_index"))
 
 
 def describe_gpu_event(row: pd.Series, xid: XidInfoLike | None = None) -> str:
@@ -159,7 +164,7 @@ def hardware_findings(gpu_events: pd.DataFrame, node: str | None, at: dt.datetim
             continue
         findings.append(HardwareFinding(
             ts=ts, node=node, kind=str(_get(row, "kind")), code=_get(row, "code"), cause=cause,
-            confidence=confidence, gpu=_gpu_label(row), same_gpu=_same_gpu(row, placement),
+            confidence=confidence, gpu=_gpu_label(row), same_gpu=same_gpu(row, placement),
             text=describe_gpu_event(row, info)))
     # own GPU first; then the strongest; an Xid before the event kinds derived from the same line (the catalog's
     # component is more specific); then the closest in time

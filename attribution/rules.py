@@ -187,6 +187,14 @@ class StragglerThresholds(_Strict):
         return self
 
 
+class HealthThresholds(_Strict):
+    kinds: tuple[str, ...]
+    recovery_actions: tuple[int, ...]
+    leave_xid_kinds: tuple[str, ...]
+    leave_scopes: tuple[Literal["gpu", "node"], ...]
+    settle_s: float = Field(ge=0.0)
+
+
 class EngineThresholds(_Strict):
     poll_interval_s: float = Field(gt=0.0)
     crash_settle_s: float = Field(ge=0.0)
@@ -200,6 +208,7 @@ class Thresholds(_Strict):
     format_version: int
     progress: ProgressThresholds
     straggler: StragglerThresholds
+    health: HealthThresholds
     engine: EngineThresholds
 
 

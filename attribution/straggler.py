@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from attribution.hardware import as_datetime
+from attribution.hardware import as_datetime, row_identifies_gpu, same_gpu
 from attribution.incident import Cause, Evidence, Incident, IncidentClass
 from attribution.rules import StragglerThresholds
 from attribution.telemetry import SECTION_PREFIX, Placement, Telemetry, placements, section_columns
@@ -118,11 +118,10 @@ class StragglerDetector:
         if rows.empty:
             return None
         rows = rows.assign(step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64))
-        compute = rows.pivot_table(index="step", columns="rank", values="_compute", aggfunc="mean").sort_index()
-        section_frames = {
-            c[len(SECTION_PREFIX):]: rows.pivot_table(index="step", columns="rank", values=c, aggfunc="mean")
-            .reindex(index=compute.index, columns=compute.columns)
-            for c in sections if rows[c].notna().any()}
+        matrix = _Matrix(rows["step"].to_numpy(), rows["rank"].to_numpy())
+        compute = matrix.frame(rows["_compute"].to_numpy(dtype=float))
+        section_frames = {c[len(SECTION_PREFIX):]: matrix.frame(rows[c].to_numpy(dtype=float))
+                          for c in sections if rows[c].notna().any()}
         groups, group_kind = self._groups(list(compute.columns), placement)
         ratio = pd.DataFrame(np.nan, index=compute.index, columns=compute.columns)
         flagged = pd.DataFrame(False, index=compute.index, columns=compute.columns)
@@ -409,8 +408,14 @@ class StragglerDetector:
         if not events.empty:
             near = events[events["node"].isin(culprit_nodes) & (events["ts"] >= start - dt.timedelta(minutes=5))
                           & (events["ts"] <= end)]
+            culprits = [placement[r] for r in finding.ranks if r in placement]
             for _, row in near.iterrows():
                 kind = str(row["kind"])
+                on_gpu = [p for p in culprits if p.node == row["node"]]
+                identified = row_identifies_gpu(row) and any(p.gpu_index is not None or p.gpu_uuid or p.pci_bus_id
+                                                             for p in on_gpu)
+                if identified and not any(same_gpu(row, p) for p in on_gpu):
+                    continue  # another GPU of the node
                 if kind in {"thermal_slowdown_start", "power_slowdown_start"}:
                     event_cause = Cause.THERMAL if kind.startswith("thermal") else Cause.HOST
                     if cause == Cause.UNKNOWN:
@@ -438,7 +443,7 @@ class StragglerDetector:
         features = features.loc[:, features.notna().all() & (features.std(ddof=0) > 0)]
         if features.empty or len(features) < max(o.min_nodes, 2 * features.shape[1] + 2):
             return []
-        from scipy.stats import chi2
+        from scipy.special import chdtri  # the chi-square quantile, without importing all of scipy.stats
         from sklearn.covariance import MinCovDet
 
         standardised = (features - features.median()) / (features.quantile(0.75) - features.quantile(0.25) + 1e-9)
@@ -446,17 +451,21 @@ class StragglerDetector:
             warnings.simplefilter("ignore")
             estimate = MinCovDet(random_state=o.random_state).fit(standardised.to_numpy())
         distances = estimate.mahalanobis(standardised.to_numpy())
-        cutoff = chi2.ppf(o.chi2_quantile, df=features.shape[1])
+        cutoff = float(chdtri(features.shape[1], 1.0 - o.chi2_quantile))
         return [str(node) for node, d in zip(features.index, distances, strict=True) if d > cutoff]
 
     # ------------------------------------------------------------ incidents
 
-    def attribute(self, telemetry: Telemetry, now: dt.datetime) -> list[Incident]:
+    def attribute(self, telemetry: Telemetry, now: dt.datetime, last_steps: int | None = None) -> list[Incident]:
+        """Straggler incidents of every attempt in `telemetry`; `last_steps` scores only each attempt's most
+        recent steps (live mode: what can still become a new incident)."""
         incidents = []
         steps = telemetry.steps
         if steps.empty or not self.compute_sections(steps):
             return incidents
         for (job, attempt), rows in steps.groupby(["job_id", "attempt"], dropna=False):
+            if last_steps is not None and rows["step"].notna().any():
+                rows = rows[rows["step"] > rows["step"].max() - last_steps]
             job = None if job is None or job is pd.NA or job != job else str(job)
             attempt = None if attempt is None or attempt is pd.NA or attempt != attempt else int(attempt)
             placement = placements(telemetry.ranks, attempt, rows)
@@ -519,6 +528,25 @@ class StragglerDetector:
             summary=f"straggler: {who} persistently slower than peers from step {first_step}; cause {cause.value}",
             job_id=job, attempt=attempt, culprit_nodes=tuple(nodes), culprit_ranks=tuple(finding.ranks),
             culprit_gpus=tuple(sorted(set(gpus))), evidence=tuple(evidence[:12]), step=finding.step)
+
+
+class _Matrix:
+    """Scatters per-row values into a (step x rank) frame; a (step, rank) given twice gets the mean."""
+
+    def __init__(self, steps: np.ndarray, ranks: np.ndarray) -> None:
+        self.steps, step_of = np.unique(steps, return_inverse=True)
+        self.ranks, rank_of = np.unique(ranks, return_inverse=True)
+        self.cells = step_of * len(self.ranks) + rank_of
+        self.shape = (len(self.steps), len(self.ranks))
+
+    def frame(self, values: np.ndarray) -> pd.DataFrame:
+        finite = ~np.isnan(values)
+        size = self.shape[0] * self.shape[1]
+        total = np.bincount(self.cells[finite], weights=values[finite], minlength=size)
+        count = np.bincount(self.cells[finite], minlength=size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(count > 0, total / np.maximum(count, 1), np.nan).reshape(self.shape)
+        return pd.DataFrame(mean, index=pd.Index(self.steps, name="step"), columns=pd.Index(self.ranks, name="rank"))
 
 
 def _gpu_key(samples: pd.DataFrame) -> pd.Series:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -34,23 +35,35 @@ class NewSegment:
 
 @dataclass
 class TailState:
-    tables: dict[str, pa.Table] = field(default_factory=dict)
+    tables: dict[str, pa.Table] = field(default_factory=dict)  # tables kept as Arrow
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)  # tables kept as pandas frames
     seen: dict[str, set[str]] = field(default_factory=dict)
     unreadable: int = 0
 
 
 class SegmentTail:
-    """Reads new segments of some tables of a Store and keeps their rows (bounded) in memory."""
+    """Reads new segments of some tables of a Store and keeps their rows (bounded) in memory: as pandas frames
+    (converted once per segment, by `to_frame`), or as Arrow for the tables named in `arrow_tables`."""
 
-    def __init__(self, store: object, tables: Sequence[str], *, retain_s: float, max_rows: int) -> None:
+    def __init__(self, store: object, tables: Sequence[str], *, retain_s: float, max_rows: int,
+                 to_frame: Callable[[pa.Table, str], pd.DataFrame],
+                 arrow_tables: Sequence[str] = ()) -> None:
         self.store = store
         self.tables = list(tables)
         self.retain = dt.timedelta(seconds=retain_s)
         self.max_rows = max_rows
-        self.state = TailState(tables={t: empty_table(t) for t in self.tables}, seen={t: set() for t in self.tables})
+        self.to_frame = to_frame
+        self.arrow_tables = set(arrow_tables)
+        self.state = TailState(
+            tables={t: empty_table(t) for t in self.tables if t in self.arrow_tables},
+            frames={t: to_frame(empty_table(t), t) for t in self.tables if t not in self.arrow_tables},
+            seen={t: set() for t in self.tables})
 
     def table(self, name: str) -> pa.Table:
         return self.state.tables[name]
+
+    def frame(self, name: str) -> pd.DataFrame:
+        return self.state.frames[name]
 
     def poll(self) -> list[NewSegment]:
         """List the store again and read the segments that appeared since the last poll."""
@@ -75,8 +88,17 @@ class SegmentTail:
                     continue
                 parts.append(table)
                 arrived.append(NewSegment(name, path, table.num_rows, _mtime(location, path)))
-            if parts:
+            if not parts:
+                continue
+            if name in self.arrow_tables:
                 self.state.tables[name] = self._trim(pa.concat_tables([self.state.tables[name], *parts]))
+            else:
+                new = [self.to_frame(part, name) for part in parts]
+                current = self.state.frames[name]
+                frames = [f for f in (current, *new) if not f.empty]
+                merged = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames
+                                                                                     else current)
+                self.state.frames[name] = self._trim_frame(merged)
         return arrived
 
     def _read(self, location: object, name: str, path: str) -> pa.Table | None:
@@ -95,14 +117,32 @@ class SegmentTail:
     def _trim(self, table: pa.Table) -> pa.Table:
         if table.num_rows == 0:
             return table
-        newest = pc.max(table.column("ts")).as_py()
-        if newest is not None:
-            keep = pc.greater_equal(table.column("ts"), pa.scalar(newest - self.retain, table.schema.field("ts").type))
+        cutoff = self._cutoff(pc.max(table.column("ts")).as_py())
+        if cutoff is not None:
+            keep = pc.greater_equal(table.column("ts"), pa.scalar(cutoff, table.schema.field("ts").type))
             if not pc.all(keep).as_py():
                 table = table.filter(keep)
         if table.num_rows > self.max_rows:
             table = table.slice(table.num_rows - self.max_rows)
         return table.combine_chunks() if table.column(0).num_chunks > 64 else table
+
+
+    def _cutoff(self, newest: dt.datetime | None) -> dt.datetime | None:
+        if newest is None:
+            return None
+        # relative to the newest row, but never to a row from the future (a skewed clock must not push
+        # everything else out)
+        return min(newest, dt.datetime.now(dt.UTC)) - self.retain
+
+    def _trim_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        if frame.empty:
+            return frame
+        cutoff = self._cutoff(frame["ts"].max())
+        if cutoff is not None and frame["ts"].min() < cutoff:
+            frame = frame[frame["ts"] >= cutoff]
+        if len(frame) > self.max_rows:
+            frame = frame.iloc[len(frame) - self.max_rows:]
+        return frame.reset_index(drop=True)
 
 
 def _mtime(location: object, path: str) -> float | None:

@@ -54,16 +54,22 @@ def steps_frame(table: pa.Table) -> pd.DataFrame:
     array = sections.combine_chunks() if isinstance(sections, pa.ChunkedArray) else sections
     offsets = np.asarray(array.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
     start, stop = int(offsets[0]), int(offsets[-1])
-    keys = array.keys.slice(start, stop - start).to_numpy(zero_copy_only=False)
-    values = array.items.slice(start, stop - start).to_numpy(zero_copy_only=False).astype(np.float64)
-    if keys.size == 0:
+    if stop == start:
         return frame
+    encoded = pc.dictionary_encode(array.keys.slice(start, stop - start))
+    names = encoded.dictionary.to_pylist()
+    which = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    values = array.items.slice(start, stop - start).to_numpy(zero_copy_only=False).astype(np.float64)
     row_of_entry = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    long = pd.DataFrame({"row": row_of_entry, "section": keys, "seconds": values})
-    wide = long.pivot_table(index="row", columns="section", values="seconds", aggfunc="sum")
-    wide = wide.reindex(range(table.num_rows))
-    wide.columns = [f"{SECTION_PREFIX}{name}" for name in wide.columns]
-    return pd.concat([frame.reset_index(drop=True), wide.reset_index(drop=True)], axis=1)
+    cells = which * table.num_rows + row_of_entry
+    finite = ~np.isnan(values)
+    size = len(names) * table.num_rows
+    # a section named twice in one row is summed
+    wide = np.bincount(cells[finite], weights=values[finite], minlength=size).reshape(len(names), table.num_rows)
+    present = np.bincount(cells[finite], minlength=size).reshape(len(names), table.num_rows) > 0
+    wide[~present] = np.nan
+    columns = pd.DataFrame({f"{SECTION_PREFIX}{name}": wide[i] for i, name in enumerate(names)})
+    return pd.concat([frame.reset_index(drop=True), columns], axis=1)
 
 
 def section_columns(steps: pd.DataFrame) -> list[str]:
@@ -151,7 +157,8 @@ def _value(row: pd.Series, column: str) -> object | None:
 
 def placements(ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame) -> dict[int, Placement]:
     """rank -> Placement for one attempt: from the ranks table (latest row per rank), else from the node and
-    local_rank columns of other rows (steps, process events) of that attempt."""
+    local_rank columns of other rows of that attempt (`fallback`, least trusted first: a later frame's values
+    win over an earlier one's)."""
     found: dict[int, Placement] = {}
     for frame in (*fallback, ranks):  # ranks last: it wins
         if frame.empty or "rank" not in frame.columns:
@@ -160,9 +167,14 @@ def placements(ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame
         if attempt is not None and "attempt" in rows.columns:
             same = rows[rows["attempt"] == attempt]
             rows = same if not same.empty else rows
-        if "ts" in rows.columns:
-            rows = rows.sort_values("ts")
-        for _, row in rows.drop_duplicates("rank", keep="last").iterrows():
+        wanted = [c for c in ("rank", "ts", "node", "local_rank", "gpu_index", "gpu_uuid", "pci_bus_id", "pp_rank")
+                  if c in rows.columns]
+        rows = rows[wanted]
+        if rows.empty:
+            continue
+        latest = rows.loc[rows.groupby("rank")["ts"].idxmax()] if "ts" in rows.columns else \
+            rows.drop_duplicates("rank", keep="last")
+        for _, row in latest.iterrows():
             rank = int(row["rank"])
             previous = found.get(rank)
             merged = {}
@@ -193,13 +205,16 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     events = to_frame(query(f"SELECT * FROM process_events {where}", params), "process_events")
     collectives = query(f"SELECT * FROM collectives {where}", params)
     nodes = job_nodes(ranks, steps, events)
-    if nodes:
-        job_clause = " OR job_id = ?" if job is not None else ""
-        gpu_events = to_frame(query(f"SELECT * FROM gpu_events WHERE node IN ({_in_list(nodes)}){job_clause}",
+    if job is None:  # every node's events: health incidents concern nodes without a job too
+        gpu_events = to_frame(query("SELECT * FROM gpu_events"), "gpu_events")
+    elif nodes:
+        gpu_events = to_frame(query(f"SELECT * FROM gpu_events WHERE node IN ({_in_list(nodes)}) OR job_id = ?",
                                     params), "gpu_events")
     else:
         gpu_events = to_frame(None, "gpu_events")
     jobs = list_jobs(ranks, steps, events) if job is None else [job]
+    # a replay observes each job up to its own newest row: node telemetry that goes on after a job ended (GPU
+    # samples) does not make a finished job look hung
     as_of = {}
     for name in jobs:
         row = query(
@@ -210,10 +225,6 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
             [name] * 5).to_pylist()[0]
         if row["t"] is not None:
             as_of[name] = row["t"]
-    if nodes:
-        node_row = query(f"SELECT max(ts) AS t FROM gpu_samples WHERE node IN ({_in_list(nodes)})").to_pylist()[0]
-        if node_row["t"] is not None:
-            as_of = {name: max(t, node_row["t"]) for name, t in as_of.items()}
 
     def fetch(sample_nodes: Sequence[str], start: dt.datetime, end: dt.datetime) -> pd.DataFrame:
         if not sample_nodes:

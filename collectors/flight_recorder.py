@@ -323,13 +323,25 @@ class _Decoder:
     """Turns tape nodes into Python values (small parts only) and string nodes into codes."""
 
     def __init__(self, buf: np.ndarray, kind: np.ndarray, ival: np.ndarray, ilen: np.ndarray,
-                 offsets: np.ndarray, child: np.ndarray) -> None:
-        self.raw = buf.tobytes() if not isinstance(buf, bytes) else buf
-        self.kind, self.ival, self.ilen, self.offsets, self.child = kind, ival, ilen, offsets, child
+                 links: tuple[np.ndarray, ...]) -> None:
+        self.buf = buf
+        self.kind, self.ival, self.ilen = kind, ival, ilen
+        self.head, self.run_start, self.run_end, self.run_next, self.echild = links
+
+    def children(self, node: int) -> list[int]:
+        out: list[int] = []
+        run = int(self.head[node])
+        while run >= 0:
+            out.extend(self.echild[self.run_start[run]:self.run_end[run]].tolist())
+            run = int(self.run_next[run])
+        return out
+
+    def raw(self, node: int) -> bytes:
+        start = int(self.ival[node])
+        return self.buf[start:start + int(self.ilen[node])].tobytes()
 
     def text(self, node: int) -> str:
-        start = int(self.ival[node])
-        return self.raw[start:start + int(self.ilen[node])].decode("utf-8", "replace")
+        return self.raw(node).decode("utf-8", "replace")
 
     def value(self, node: int, depth: int = 0) -> Any:
         if depth > 32:
@@ -346,9 +358,8 @@ class _Decoder:
         if k == fast.K_STR:
             return self.text(node)
         if k == fast.K_BYTES:
-            start = int(self.ival[node])
-            return self.raw[start:start + int(self.ilen[node])]
-        items = self.child[self.offsets[node]:self.offsets[node + 1]]
+            return self.raw(node)
+        items = self.children(node)
         if k == fast.K_DICT:
             return {self.value(int(items[i]), depth + 1): self.value(int(items[i + 1]), depth + 1)
                     for i in range(0, len(items), 2)}
@@ -357,7 +368,7 @@ class _Decoder:
 
     def top_level(self, root: int) -> dict[str, Any]:
         """The root dict with 'entries' left empty (those are read into columns)."""
-        items = self.child[self.offsets[root]:self.offsets[root + 1]]
+        items = self.children(root)
         out: dict[str, Any] = {}
         for i in range(0, len(items), 2):
             key_node, value_node = int(items[i]), int(items[i + 1])
@@ -367,24 +378,25 @@ class _Decoder:
             out[key] = self.value(value_node) if key != "entries" else []
         return out
 
-    def strings(self, nodes: np.ndarray) -> _StrColumn:
-        codes = np.full(nodes.shape[0], -1, np.int32)
-        present = nodes >= 0
-        if not present.any():
-            return _StrColumn(codes, [])
-        unique_nodes, inverse = np.unique(nodes[present], return_inverse=True)
+    def strings(self, nodes: np.ndarray, workspace: fast.Workspace) -> _StrColumn:
+        codes, distinct = workspace.intern(nodes)
+        texts = [self.text(node) for node in distinct.tolist()]
+        if len(set(texts)) == len(texts):
+            return _StrColumn(codes, texts)
+        # the same text in several (unmemoized) string nodes: one code per text
         lookup: dict[str, int] = {}
         values: list[str] = []
-        remap = np.empty(unique_nodes.shape[0], np.int32)
-        for i, node in enumerate(unique_nodes):
-            text = self.text(int(node))
+        remap = np.empty(len(texts), np.int32)
+        for i, text in enumerate(texts):
             code = lookup.get(text)
             if code is None:
                 code = lookup[text] = len(values)
                 values.append(text)
             remap[i] = code
-        codes[present] = remap[inverse]
-        return _StrColumn(codes, values)
+        out = np.full(codes.shape[0], -1, np.int32)
+        present = codes >= 0
+        out[present] = remap[codes[present]]
+        return _StrColumn(out, values)
 
 
 _local = threading.local()
@@ -400,26 +412,35 @@ def _workspace() -> fast.Workspace:
 def _dump_fast(buf: np.ndarray, path: Path, max_frames: int) -> _Dump | None:
     """Columns straight from the pickle bytes, or None when the scanner declines (then the restricted
     unpickler decides)."""
-    result = _workspace().parse(buf, max_frames)
-    status, root, kind, ival, ilen, offsets, child = result[:7]
+    workspace = _workspace()
+    try:
+        result = workspace.parse(buf, max_frames)
+        return _dump_from_tape(workspace, result, buf, path, max_frames)
+    finally:
+        workspace.release()
+
+
+def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, path: Path,
+                    max_frames: int) -> _Dump | None:
+    status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
     (ints, valid, strs, flags), counts, sizes, dtypes, frames = result[7:]
-    decoder = _Decoder(buf, kind, ival, ilen, offsets, child)
+    decoder = _Decoder(buf, kind, ival, ilen, links)
     top = _check_top(decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
-    strings = {name: decoder.strings(strs[i]) for i, name in enumerate(_STRING_FIELDS)}
+    strings = {name: decoder.strings(strs[i], workspace) for i, name in enumerate(_STRING_FIELDS)}
     dtype_columns = {}
     for i, key in enumerate(("input_dtypes", "output_dtypes")):
-        column = decoder.strings(dtypes[i])
+        column = decoder.strings(dtypes[i], workspace)
         dtype_columns[key] = _ListColumn(counts[2 + i], column.codes, column.values)
     frame_column = None
     if max_frames > 0:
         name_nodes, file_nodes, lines = frames
-        names = decoder.strings(name_nodes)
-        files = decoder.strings(file_nodes)
+        names = decoder.strings(name_nodes, workspace)
+        files = decoder.strings(file_nodes, workspace)
         keyed: dict[tuple[int, int, int], int] = {}
         texts: list[str] = []
         codes = np.empty(lines.shape[0], np.int32)
@@ -648,27 +669,33 @@ class _Assembly:
         for key in ("op", "state", "pg_desc"):
             column = dump.strings[key]
             part[key] = self.strings[key].remap(column.values, column.codes)
-        id_values = [str(v) for v in np.unique(pg_ids[pg_valid])] if n else []
-        id_lookup = {int(v): i for i, v in enumerate(id_values)}
+        unique_ids = np.unique(pg_ids[pg_valid]) if n else np.empty(0, np.int64)
+        id_values = [str(v) for v in unique_ids.tolist()]
         local_codes = np.full(n, -1, np.int32)
         if n and pg_valid.any():
-            local_codes[pg_valid] = np.array([id_lookup[int(v)] for v in pg_ids[pg_valid]], np.int32) \
-                if len(id_lookup) > 1 else 0
+            local_codes[pg_valid] = np.searchsorted(unique_ids, pg_ids[pg_valid]).astype(np.int32)
         part["pg_id"] = self.strings["pg_id"].remap(id_values, local_codes)
+        # copies of the wanted columns only: the parser's 2-D arrays are released with the dump
         for column, key in _INT_COLUMNS.items():
-            part[column] = dump.ints[key]
+            if column in self.columns:
+                values, valid = dump.ints[key]
+                part[column] = (values.copy(), valid.copy())
         for column, key in _TIME_COLUMNS.items():
+            if column not in self.columns and column != "time_created":
+                continue
             values, valid = dump.ints[key]
             if column != "time_created":
                 valid = valid & (values != 0)  # the JSON form writes 0 for "not seen"
-            part[column] = (values, valid)
-        part["is_p2p"] = dump.is_p2p
-        part["retired"] = dump.retired
+            part[column] = (values.copy(), valid.copy())
+        part["is_p2p"] = dump.is_p2p.copy()
+        part["retired"] = dump.retired.copy()
         # pg_status per row, by the entry's local pg id
         status = dump.pg_status
         for column, key in (("pg_last_enqueued", "last_enqueued_collective"),
                             ("pg_last_started", "last_started_collective"),
                             ("pg_last_completed", "last_completed_collective")):
+            if column not in self.columns:
+                continue
             values = np.zeros(n, np.int64)
             valid = np.zeros(n, bool)
             for i, pid in enumerate(id_values):
@@ -678,12 +705,15 @@ class _Assembly:
                     values[rows] = value
                     valid[rows] = True
             part[column] = (values, valid)
-        if "input_sizes" in self.columns or "output_sizes" in self.columns:
-            part["input_sizes"] = dump.sizes["input_sizes"]
-            part["output_sizes"] = dump.sizes["output_sizes"]
+        for key in ("input_sizes", "output_sizes"):
+            if key in self.columns:
+                sizes = dump.sizes[key]
+                part[key] = _SizesColumn(sizes.counts.astype(np.int32), sizes.ndims.astype(np.int32), sizes.dims)
         for key in ("input_dtypes", "output_dtypes"):
-            column = dump.dtypes[key]
-            part[key] = (column.counts, self.strings[key].remap(column.values or [], column.items))
+            if key in self.columns:
+                column = dump.dtypes[key]
+                part[key] = (column.counts.astype(np.int32),
+                             self.strings[key].remap(column.values or [], column.items))
         if dump.frames is not None and "frames" in self.columns:
             part["frames"] = (dump.frames.counts, self.strings["frames"].remap(dump.frames.values or [],
                                                                               dump.frames.items))
@@ -776,6 +806,13 @@ class _Assembly:
             return out
 
         wanted = self.columns
+
+        def release(*names: str) -> None:
+            # a column's per-dump pieces are dropped once it is built: peak memory ~ one table, not two
+            for part in self.parts:
+                for name in names:
+                    part.pop(name, None)
+
         if "rank" in wanted:
             ranks = np.empty(total, np.int32)
             pos = 0
@@ -793,9 +830,12 @@ class _Assembly:
                     codes[pos:pos + m] = part[name]
                     pos += m
                 cols[name] = self.strings[name].array(codes, self.dictionary)
-        for name in ("op", "state", "pg_desc"):
+        for name in ("op", "state"):
             if name in wanted:
                 cols[name] = self.strings[name].array(gather_codes(name), self.dictionary)
+            release(name)
+        if "pg_desc" in wanted:
+            cols["pg_desc"] = self.strings["pg_desc"].array(gather_codes("pg_desc"), self.dictionary)
         if "pg_name" in wanted or "pg_id" in wanted:
             names = gather_codes("pg_name")
             ids = gather_codes("pg_id")
@@ -811,6 +851,7 @@ class _Assembly:
                 cols["pg_name"] = self.strings["pg_name"].array(names, self.dictionary)
             if "pg_id" in wanted:
                 cols["pg_id"] = self.strings["pg_id"].array(ids, self.dictionary)
+            release("pg_name", "pg_id")
             if "pg_desc" in wanted:
                 # status rows get their group's desc when the name is known
                 descs = gather_codes("pg_desc")
@@ -821,6 +862,7 @@ class _Assembly:
                 for row in status_rows:
                     descs[row] = desc_of_name.get(int(names[row]), -1)
                 cols["pg_desc"] = self.strings["pg_desc"].array(descs, self.dictionary)
+                release("pg_desc")
         for name in [*_INT_COLUMNS, "pg_last_enqueued", "pg_last_started", "pg_last_completed"]:
             if name in wanted:
                 values, valid = gather_int(name)
@@ -835,6 +877,7 @@ class _Assembly:
                                 valid[pos + n + j] = True
                         pos += n + len(part["status"])
                 cols[name] = pa.array(values, pa.int64(), mask=~valid)
+                release(name)
         for name in _TIME_COLUMNS:
             if name in wanted or (name == "time_created" and "ts" in wanted):
                 values, valid = gather_int(name)
@@ -851,6 +894,7 @@ class _Assembly:
                         ts[pos + n:pos + n + len(part["status"])] = part["dump_ts"]
                         pos += n + len(part["status"])
                     cols["ts"] = pa.array(ts, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+            release(name)
         for name in ("is_p2p", "retired"):
             if name in wanted:
                 flags = np.full(total, -1, np.int8)
@@ -860,12 +904,15 @@ class _Assembly:
                     flags[pos:pos + n] = part[name]
                     pos += n + len(part["status"])
                 cols[name] = pa.array(flags == 1, pa.bool_(), mask=flags < 0)
+                release(name)
         for name in ("input_sizes", "output_sizes"):
             if name in wanted:
                 cols[name] = self._sizes_array(name, total)
+            release(name)
         for name in ("input_dtypes", "output_dtypes", "frames"):
             if name in wanted:
                 cols[name] = self._string_list_array(name, total)
+            release(name)
         if "pg_ranks" in wanted:
             cols["pg_ranks"] = self._pg_ranks_array(total)
         if "node" in wanted:
@@ -886,7 +933,7 @@ class _Assembly:
 
     def _layout(self, name: str, total: int) -> tuple[np.ndarray, list[Any]]:
         """Per-row counts for a list column (status rows null)."""
-        counts = np.full(total, -1, np.int64)
+        counts = np.full(total, -1, np.int32)
         pos = 0
         for part in self.parts:
             n = part["n"]
@@ -912,7 +959,7 @@ class _Assembly:
         return _list_from_counts(counts, values)
 
     def _pg_ranks_array(self, total: int) -> pa.Array:
-        counts = np.full(total, -1, np.int64)
+        counts = np.full(total, -1, np.int32)
         rows = sorted(self.ranks_rows)
         for row, ranks in rows:
             counts[row] = len(ranks)
@@ -1012,7 +1059,7 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
     for path, result in zip(primary, results, strict=True):
         if isinstance(result, DumpFileError):
             errors.append(result)
-            log.warning("flight-recorder dump skipped: %s", result)
+            log.info("flight-recorder dump skipped: %s", result)
             continue
         if result.rank in seen_ranks:
             skipped.append(str(result.path))

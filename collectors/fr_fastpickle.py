@@ -62,18 +62,41 @@ def _u32(buf, pos):
 
 
 @njit(cache=True, nogil=True)
-def _tape(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
-    """Pass 1 into workspace arrays (capacity >= len(buf) + 2; memo all -1, and left all -1).
-    Returns (status, root, kind, ival, ilen, n_nodes, eparent, echild, n_edges)."""
-    status, root, nn, ne, memo_hi = _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo)
+def _tape(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next):
+    """Pass 1 into workspace arrays (capacity >= len(buf) + 2; memo and head all -1, and left all -1 but for the
+    heads of this tape's nodes, which the caller resets after reading them).
+    Returns (status, root, kind, ival, ilen, n_nodes, eparent, echild, n_edges, n_runs)."""
+    status, root, nn, ne, memo_hi, nr = _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo,
+                                                    head, tail, run_start, run_end, run_next)
     for i in range(memo_hi + 1):
         memo[i] = -1
-    return status, root, kind, ival, ilen, nn, eparent, echild, ne
+    return status, root, kind, ival, ilen, nn, eparent, echild, ne, nr
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_run(node, start, end, head, tail, run_start, run_end, run_next, nr, ilen):
+    """Children echild[start:end] of `node`: extends its last run when contiguous, else links a new run."""
+    if head[node] >= 0 and run_end[tail[node]] == start:
+        run_end[tail[node]] = end
+    else:
+        run_start[nr] = start
+        run_end[nr] = end
+        run_next[nr] = -1
+        if head[node] < 0:
+            head[node] = nr
+        else:
+            run_next[tail[node]] = nr
+        tail[node] = nr
+        nr += 1
+    ilen[node] += end - start
+    return nr
 
 
 @njit(cache=True, nogil=True)
-def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
+def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end,
+                run_next):
     n = buf.shape[0]
+    nr = 0
     memo_cap = memo.shape[0]
     memo_len = 0
     memo_hi = -1
@@ -104,21 +127,21 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
             # BINUNICODE X, SHORT_BINUNICODE, BINUNICODE8, BINBYTES B, SHORT_BINBYTES C, BINBYTES8
             if op == 0x8C or op == 0x43:
                 if pos + 1 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = np.int64(buf[pos])
                 pos += 1
             elif op == 0x58 or op == 0x42:
                 if pos + 4 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = _u32(buf, pos)
                 pos += 4
             else:
                 if pos + 8 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = _u32(buf, pos) | (_u32(buf, pos + 4) << 32)
                 pos += 8
             if length < 0 or pos + length > n:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             kind[nn] = K_STR if (op == 0x58 or op == 0x8C or op == 0x8D) else K_BYTES
             ival[nn] = pos
             ilen[nn] = length
@@ -129,17 +152,17 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
         elif op == 0x4B or op == 0x4D or op == 0x4A:  # BININT1 K, BININT2 M, BININT J
             if op == 0x4B:
                 if pos + 1 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 value = np.int64(buf[pos])
                 pos += 1
             elif op == 0x4D:
                 if pos + 2 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 value = np.int64(buf[pos]) | (np.int64(buf[pos + 1]) << 8)
                 pos += 2
             else:
                 if pos + 4 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 value = _u32(buf, pos)
                 if value >= 2147483648:
                     value -= 4294967296
@@ -153,18 +176,18 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
         elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
             if op == 0x8A:
                 if pos + 1 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = np.int64(buf[pos])
                 pos += 1
             else:
                 if pos + 4 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = _u32(buf, pos)
                 pos += 4
             if length > 8:
-                return UNSUPPORTED, pos, nn, ne, memo_hi
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             if pos + length > n:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             value = np.int64(0)
             for i in range(length):
                 value |= np.int64(buf[pos + i]) << (8 * i)
@@ -179,7 +202,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
             nn += 1
         elif op == 0x47:  # BINFLOAT (big-endian double): keep the raw bits
             if pos + 8 > n:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             bits = np.int64(0)
             for i in range(8):
                 bits = (bits << 8) | np.int64(buf[pos + i])
@@ -199,21 +222,21 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
             nn += 1
         elif op == 0x71 or op == 0x72 or op == 0x94:  # BINPUT q, LONG_BINPUT r, MEMOIZE
             if sp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             if op == 0x71:
                 if pos + 1 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 idx = np.int64(buf[pos])
                 pos += 1
             elif op == 0x72:
                 if pos + 4 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 idx = _u32(buf, pos)
                 pos += 4
             else:
                 idx = np.int64(memo_len)
             if idx >= memo_cap:
-                return UNSUPPORTED, pos, nn, ne, memo_hi
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             if memo[idx] < 0:
                 memo_len += 1
             if idx > memo_hi:
@@ -222,67 +245,69 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
         elif op == 0x68 or op == 0x6A:  # BINGET h, LONG_BINGET j
             if op == 0x68:
                 if pos + 1 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 idx = np.int64(buf[pos])
                 pos += 1
             else:
                 if pos + 4 > n:
-                    return CORRUPT, pos, nn, ne, memo_hi
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
                 idx = _u32(buf, pos)
                 pos += 4
             if idx >= memo_cap or memo[idx] < 0:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             stack[sp] = memo[idx]
             sp += 1
         elif op == 0x61:  # APPEND a
             if sp < 2 or kind[stack[sp - 2]] != K_LIST:
-                return CORRUPT, pos, nn, ne, memo_hi
-            eparent[ne] = stack[sp - 2]
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             echild[ne] = stack[sp - 1]
+            nr = _add_run(stack[sp - 2], ne, ne + 1, head, tail, run_start, run_end, run_next, nr, ilen)
             ne += 1
             sp -= 1
         elif op == 0x65 or op == 0x75:  # APPENDS e, SETITEMS u
             if mp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
             start = marks[mp]
             if start < 1 or start > sp:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             target = stack[start - 1]
             if op == 0x65 and kind[target] != K_LIST:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             if op == 0x75 and (kind[target] != K_DICT or (sp - start) % 2 != 0):
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
+            first = ne
             for i in range(start, sp):
-                eparent[ne] = target
                 echild[ne] = stack[i]
                 ne += 1
+            if ne > first:
+                nr = _add_run(target, first, ne, head, tail, run_start, run_end, run_next, nr, ilen)
             sp = start
         elif op == 0x73:  # SETITEM s
             if sp < 3 or kind[stack[sp - 3]] != K_DICT:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             target = stack[sp - 3]
-            eparent[ne] = target
             echild[ne] = stack[sp - 2]
-            ne += 1
-            eparent[ne] = target
-            echild[ne] = stack[sp - 1]
-            ne += 1
+            echild[ne + 1] = stack[sp - 1]
+            nr = _add_run(target, ne, ne + 2, head, tail, run_start, run_end, run_next, nr, ilen)
+            ne += 2
             sp -= 2
         elif op == 0x74 or op == 0x6C or op == 0x64:  # TUPLE t, LIST l, DICT d: from the items since MARK
             if mp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
             start = marks[mp]
             if start > sp or (op == 0x64 and (sp - start) % 2 != 0):
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             kind[nn] = K_TUPLE if op == 0x74 else (K_LIST if op == 0x6C else K_DICT)
             ival[nn] = 0
             ilen[nn] = 0
+            first = ne
             for i in range(start, sp):
-                eparent[ne] = nn
                 echild[ne] = stack[i]
                 ne += 1
+            if ne > first:
+                nr = _add_run(nn, first, ne, head, tail, run_start, run_end, run_next, nr, ilen)
             sp = start
             stack[sp] = nn
             sp += 1
@@ -290,62 +315,63 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo):
         elif op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1, TUPLE2, TUPLE3
             count = 1 if op == 0x85 else (2 if op == 0x86 else 3)
             if sp < count:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             kind[nn] = K_TUPLE
             ival[nn] = 0
             ilen[nn] = 0
+            first = ne
             for i in range(sp - count, sp):
-                eparent[ne] = nn
                 echild[ne] = stack[i]
                 ne += 1
+            nr = _add_run(nn, first, ne, head, tail, run_start, run_end, run_next, nr, ilen)
             sp -= count
             stack[sp] = nn
             sp += 1
             nn += 1
         elif op == 0x30:  # POP
             if sp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             sp -= 1
         elif op == 0x31:  # POP_MARK
             if mp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
             sp = marks[mp]
         elif op == 0x32:  # DUP
             if sp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             stack[sp] = stack[sp - 1]
             sp += 1
         elif op == 0x2E:  # STOP
             if sp != 1 or mp != 0:
-                return CORRUPT, pos, nn, ne, memo_hi
+                return CORRUPT, pos, nn, ne, memo_hi, nr
             root = stack[0]
             break
         else:
-            return UNSUPPORTED, pos, nn, ne, memo_hi
+            return UNSUPPORTED, pos, nn, ne, memo_hi, nr
     if root < 0:
-        return CORRUPT, pos, nn, ne, memo_hi
+        return CORRUPT, pos, nn, ne, memo_hi, nr
     if pos != n:
-        return CORRUPT, pos, nn, ne, memo_hi
-    return OK, root, nn, ne, memo_hi
+        return CORRUPT, pos, nn, ne, memo_hi, nr
+    return OK, root, nn, ne, memo_hi, nr
 
 
-@njit(cache=True, nogil=True)
-def _children(nn, eparent, echild, ne, offsets, fill, child):
-    """Counting sort of the edges by parent, keeping their order: children of node p are
-    child[offsets[p]:offsets[p + 1]]."""
-    for i in range(nn + 1):
-        offsets[i] = 0
-    for i in range(ne):
-        offsets[eparent[i] + 1] += 1
-    for i in range(nn):
-        offsets[i + 1] += offsets[i]
-    for i in range(nn):
-        fill[i] = offsets[i]
-    for i in range(ne):
-        p = eparent[i]
-        child[fill[p]] = echild[i]
-        fill[p] += 1
+@njit(cache=True, nogil=True, inline="always")
+def _kids(node, head, run_start, run_end, run_next, echild, scratch):
+    """(array, first, count): the children of `node` are array[first:first + count]. A node filled in one batch
+    (nearly all) is a slice of echild; one filled in several (a long list) is copied into scratch."""
+    r = head[node]
+    if r < 0:
+        return echild, 0, 0
+    if run_next[r] < 0:
+        return echild, run_start[r], run_end[r] - run_start[r]
+    count = 0
+    while r >= 0:
+        for j in range(run_start[r], run_end[r]):
+            scratch[count] = echild[j]
+            count += 1
+        r = run_next[r]
+    return scratch, 0, count
 
 
 @njit(cache=True, nogil=True)
@@ -377,25 +403,29 @@ def _key_of(node, buf, kind, ival, ilen, key_bytes, key_offsets, cache):
 
 
 @njit(cache=True, nogil=True)
-def _extract(buf, root, kind, ival, ilen, nn, offsets, child, key_bytes, key_offsets, int_slot_of_key,
-             max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line):
+def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, key_bytes, key_offsets,
+             int_slot_of_key, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line,
+             scratch_a, scratch_b, scratch_c):
     """Pass 2: the fields of every entry. Returns status and the column arrays (see parse_dump)."""
     for i in range(nn):
         cache[i] = -2
     entries = -1
     status = OK
     n_ent = 0
+    earr = echild
+    efirst = 0
     if kind[root] != K_DICT:
         status = NOT_A_DUMP
     else:
-        for j in range(offsets[root], offsets[root + 1], 2):
-            if _key_of(child[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache) == 22:  # 'entries'
-                entries = child[j + 1]
+        arr, first, count = _kids(root, head, run_start, run_end, run_next, echild, scratch_b)
+        for j in range(first, first + count, 2):
+            if _key_of(arr[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache) == 22:  # 'entries'
+                entries = arr[j + 1]
         if entries >= 0:
             if kind[entries] != K_LIST:
                 status = NOT_A_DUMP
             else:
-                n_ent = offsets[entries + 1] - offsets[entries]
+                earr, efirst, n_ent = _kids(entries, head, run_start, run_end, run_next, echild, scratch_a)
     # ints[slot, e] with valid[slot, e]; flags rows: 0 is_p2p, 1 retired (-1 null)
     ints = np.zeros((9, n_ent), np.int64)
     valid = np.zeros((9, n_ent), np.int8)
@@ -411,15 +441,19 @@ def _extract(buf, root, kind, ival, ilen, nn, offsets, child, key_bytes, key_off
     n_dtype = np.zeros(2, np.int64)
     n_frames = 0
     for e in range(n_ent):
-        entry = child[offsets[entries] + e]
+        entry = earr[efirst + e]
         if kind[entry] != K_DICT:
             status = NOT_A_DUMP
             break
-        for j in range(offsets[entry], offsets[entry + 1], 2):
-            key = _key_of(child[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+        darr, dfirst, dcount = _kids(entry, head, run_start, run_end, run_next, echild, scratch_b)
+        for j in range(dfirst, dfirst + dcount, 2):
+            key_node = darr[j]
+            key = cache[key_node] if kind[key_node] == K_STR else -1
+            if key == -2:  # first time this key string is seen (calls cost array reference counting: rare here)
+                key = _key_of(key_node, buf, kind, ival, ilen, key_bytes, key_offsets, cache)
             if key < 0:
                 continue
-            value = child[j + 1]
+            value = darr[j + 1]
             vk = kind[value]
             slot = int_slot_of_key[key]
             if slot >= 0:
@@ -446,9 +480,9 @@ def _extract(buf, root, kind, ival, ilen, nn, offsets, child, key_bytes, key_off
                     status = UNSUPPORTED
             elif key == 2:  # process_group: (name, desc)
                 if vk == K_TUPLE or vk == K_LIST:
-                    m = offsets[value + 1] - offsets[value]
-                    for i in range(min(m, 2)):
-                        item = child[offsets[value] + i]
+                    garr, gfirst, gcount = _kids(value, head, run_start, run_end, run_next, echild, scratch_c)
+                    for i in range(min(gcount, 2)):
+                        item = garr[gfirst + i]
                         if kind[item] == K_STR:
                             strs[2 + i, e] = item
                         elif kind[item] != K_NONE:
@@ -458,33 +492,36 @@ def _extract(buf, root, kind, ival, ilen, nn, offsets, child, key_bytes, key_off
             elif key == 8 or key == 10:  # input_sizes, output_sizes: list of lists of ints
                 side = 0 if key == 8 else 1
                 if vk == K_LIST or vk == K_TUPLE:
-                    m = offsets[value + 1] - offsets[value]
+                    larr, lfirst, m = _kids(value, head, run_start, run_end, run_next, echild, scratch_c)
                     counts[side, e] = m
                     for i in range(m):
-                        tensor = child[offsets[value] + i]
+                        tensor = larr[lfirst + i]
                         tk = kind[tensor]
                         if tk != K_LIST and tk != K_TUPLE:
                             status = UNSUPPORTED
                             break
-                        d = offsets[tensor + 1] - offsets[tensor]
+                        r = head[tensor]
+                        d = ilen[tensor]
                         tensor_dims[side, n_tensors[side]] = d
                         n_tensors[side] += 1
-                        for q in range(d):
-                            dim = child[offsets[tensor] + q]
-                            if kind[dim] != K_INT:
-                                status = UNSUPPORTED
-                                break
-                            dims[side, n_dims[side]] = ival[dim]
-                            n_dims[side] += 1
+                        while r >= 0:  # dims, run by run (no scratch: the outer list may be in one)
+                            for q in range(run_start[r], run_end[r]):
+                                dim = echild[q]
+                                if kind[dim] != K_INT:
+                                    status = UNSUPPORTED
+                                    break
+                                dims[side, n_dims[side]] = ival[dim]
+                                n_dims[side] += 1
+                            r = run_next[r]
                 elif vk != K_NONE:
                     status = UNSUPPORTED
             elif key == 9 or key == 11:  # input_dtypes, output_dtypes: list of str
                 side = 0 if key == 9 else 1
                 if vk == K_LIST or vk == K_TUPLE:
-                    m = offsets[value + 1] - offsets[value]
+                    larr, lfirst, m = _kids(value, head, run_start, run_end, run_next, echild, scratch_c)
                     counts[2 + side, e] = m
                     for i in range(m):
-                        item = child[offsets[value] + i]
+                        item = larr[lfirst + i]
                         if kind[item] != K_STR:
                             status = UNSUPPORTED
                             break
@@ -494,24 +531,30 @@ def _extract(buf, root, kind, ival, ilen, nn, offsets, child, key_bytes, key_off
                     status = UNSUPPORTED
             elif key == 18 and max_frames > 0:  # frames: list of {name, filename, line}
                 if vk == K_LIST or vk == K_TUPLE:
-                    m = offsets[value + 1] - offsets[value]
+                    larr, lfirst, m = _kids(value, head, run_start, run_end, run_next, echild, scratch_c)
                     kept = min(m, max_frames)
                     counts[4, e] = kept
                     for i in range(kept):
-                        frame = child[offsets[value] + i]
+                        frame = larr[lfirst + i]
                         frame_name[n_frames] = -1
                         frame_file[n_frames] = -1
                         frame_line[n_frames] = -1
                         if kind[frame] == K_DICT:
-                            for f in range(offsets[frame], offsets[frame + 1], 2):
-                                fk = _key_of(child[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
-                                fv = child[f + 1]
-                                if fk == 19 and kind[fv] == K_STR:
-                                    frame_name[n_frames] = fv
-                                elif fk == 20 and kind[fv] == K_STR:
-                                    frame_file[n_frames] = fv
-                                elif fk == 21 and kind[fv] == K_INT:
-                                    frame_line[n_frames] = ival[fv]
+                            r = head[frame]
+                            while r >= 0:
+                                for f in range(run_start[r], run_end[r], 2):
+                                    fnode = echild[f]
+                                    fk = cache[fnode] if kind[fnode] == K_STR else -1
+                                    if fk == -2:
+                                        fk = _key_of(fnode, buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+                                    fv = echild[f + 1]
+                                    if fk == 19 and kind[fv] == K_STR:
+                                        frame_name[n_frames] = fv
+                                    elif fk == 20 and kind[fv] == K_STR:
+                                        frame_file[n_frames] = fv
+                                    elif fk == 21 and kind[fv] == K_INT:
+                                        frame_line[n_frames] = ival[fv]
+                                r = run_next[r]
                         n_frames += 1
                 elif vk != K_NONE:
                     status = UNSUPPORTED
@@ -546,9 +589,14 @@ class Workspace:
         self.stack = np.empty(cap, np.int64)
         self.marks = np.empty(cap, np.int64)
         self.memo = np.full(cap, -1, np.int64)
-        self.offsets = np.empty(cap + 1, np.int64)
-        self.fill = np.empty(cap, np.int64)
-        self.child = np.empty(cap, np.int64)
+        self.head = np.full(cap, -1, np.int64)
+        self.tail = np.empty(cap, np.int64)
+        self.run_start = np.empty(cap, np.int64)
+        self.run_end = np.empty(cap, np.int64)
+        self.run_next = np.empty(cap, np.int64)
+        self.scratch_a = np.empty(cap, np.int64)
+        self.scratch_b = np.empty(cap, np.int64)
+        self.scratch_c = np.empty(cap, np.int64)
         self.cache = np.empty(cap, np.int64)
         self.tensor_dims = np.empty((2, cap), np.int64)
         self.dims = np.empty((2, cap), np.int64)
@@ -556,34 +604,71 @@ class Workspace:
         self.frame_name = np.empty(cap, np.int64)
         self.frame_file = np.empty(cap, np.int64)
         self.frame_line = np.empty(cap, np.int64)
+        self.intern_table = np.full(cap, -1, np.int64)
+        self.intern_order = np.empty(cap, np.int64)
         self.capacity = cap
 
+    def intern(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Dense codes (int32, -1 null) for node ids and the distinct nodes in first-seen order (after a parse)."""
+        return intern(np.ascontiguousarray(nodes), self.intern_table, self.intern_order)
+
     def parse(self, buf: np.ndarray, max_frames: int) -> tuple:
-        """parse_dump of `buf` (uint8) with this workspace."""
+        """parse_dump of `buf` (uint8) with this workspace; call release() when done with the tape."""
         self.ensure(int(buf.shape[0]))
-        return parse_dump(buf, max_frames, self.kind, self.ival, self.ilen, self.eparent, self.echild, self.stack,
-                          self.marks, self.memo, self.offsets, self.fill, self.child, self.cache, self.tensor_dims,
-                          self.dims, self.dtype_nodes, self.frame_name, self.frame_file, self.frame_line)
+        result = parse_dump(buf, max_frames, self.kind, self.ival, self.ilen, self.eparent, self.echild, self.stack,
+                            self.marks, self.memo, self.head, self.tail, self.run_start, self.run_end,
+                            self.run_next, self.cache, self.tensor_dims, self.dims, self.dtype_nodes,
+                            self.frame_name, self.frame_file, self.frame_line, self.scratch_a, self.scratch_b,
+                            self.scratch_c)
+        self._used = int(result[6])
+        return result
+
+    def release(self) -> None:
+        """Reset the node heads the last parse set (the workspace's invariant: all -1 between parses)."""
+        self.head[: getattr(self, "_used", 0)] = -1
+        self._used = 0
 
 
 @njit(cache=True, nogil=True)
-def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks, memo, offsets, fill, child, cache,
-               tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line):
-    """Both passes. Returns (status, root, kind, ival, ilen, offsets, child, (ints, valid, strs, flags), counts,
-    sizes, dtypes, frames); the tape arrays are the workspace's (valid until its next parse)."""
-    status, root, kind, ival, ilen, nn, eparent, echild, ne = _tape(buf, kind, ival, ilen, eparent, echild, stack,
-                                                                  marks, memo)
-    if status != OK:
-        nn = 0
-        ne = 0
-    _children(nn, eparent, echild, ne, offsets, fill, child)
+def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start,
+               run_end, run_next, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line,
+               scratch_a, scratch_b, scratch_c):
+    """Both passes. Returns (status, root, kind, ival, ilen, (head, run_start, run_end, run_next, echild), n_nodes,
+    (ints, valid, strs, flags), counts, sizes, dtypes, frames); the tape arrays are the workspace's (valid until
+    its next parse)."""
+    status, root, kind, ival, ilen, nn, eparent, echild, _ne, _nr = _tape(
+        buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next)
+    links = (head, run_start, run_end, run_next, echild)
     if status != OK:
         empty = np.empty(0, np.int64)
-        return (status, root, kind, ival, ilen, offsets, child,
+        return (status, root, kind, ival, ilen, links, nn,
                 (np.empty((9, 0), np.int64), np.empty((9, 0), np.int8), np.empty((4, 0), np.int64),
                  np.empty((2, 0), np.int8)),
                 np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty))
-    result = _extract(buf, root, kind, ival, ilen, nn, offsets, child, KEY_BYTES, KEY_OFFSETS, INT_SLOT_OF_KEY,
-                      max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line)
-    return (result[0], root, kind, ival, ilen, offsets, child, result[2], result[3], result[4], result[5],
-            result[6])
+    result = _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, KEY_BYTES,
+                      KEY_OFFSETS, INT_SLOT_OF_KEY, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name,
+                      frame_file, frame_line, scratch_a, scratch_b, scratch_c)
+    return (result[0], root, kind, ival, ilen, links, nn, result[2], result[3], result[4], result[5], result[6])
+
+
+@njit(cache=True, nogil=True)
+def intern(nodes, table, order):
+    """Codes for node ids without sorting: table (all -1 on entry and on exit) maps node -> code."""
+    codes = np.empty(nodes.shape[0], np.int32)
+    count = 0
+    for i in range(nodes.shape[0]):
+        node = nodes[i]
+        if node < 0:
+            codes[i] = -1
+            continue
+        code = table[node]
+        if code < 0:
+            code = count
+            table[node] = code
+            order[count] = node
+            count += 1
+        codes[i] = code
+    distinct = order[:count].copy()
+    for j in range(count):
+        table[distinct[j]] = -1
+    return codes, distinct

@@ -81,3 +81,31 @@ def event(kind: str, rank: int | None, seconds: float, *, job: str = "job-1", at
         row["local_rank"] = rank % per_node
     row.update(columns)
     return row
+
+
+def ingest_torch_artifacts(artifact: Path, store: Path, *, dumps: str | None = None,
+                           job: str | None = None) -> None:
+    """Put what a real torchrun scenario (interface 6) left into a store, through the producers' own readers:
+    its step timer's store, its torchrun --log-dir tree and stderr report (the process source), and optionally a
+    flight-recorder dump directory (the dump reader)."""
+    import shutil
+
+    from collectors.flight_recorder import read_dump_dir
+    from collectors.process_events import collect_paths
+
+    if (artifact / "store").is_dir():
+        shutil.copytree(artifact / "store", store, dirs_exist_ok=True)
+    inputs = [p for p in (artifact / "logdir", artifact / "torchrun_stderr.txt") if p.exists()]
+    collected = collect_paths(inputs)
+    if collected.errors:
+        raise AssertionError(f"process source could not read {artifact}: {collected.errors}")
+    if collected.rows:
+        with SegmentSink(str(store), flush_rows=10_000_000, flush_age_s=3600) as sink:
+            sink.write("process_events", collected.table())
+    if dumps is not None:
+        from collectors.source import NodeIdentity
+
+        identity = NodeIdentity(node=None, job_id=job) if job else None  # type: ignore[arg-type]
+        dump_set = read_dump_dir(artifact / dumps, identity=identity)
+        with SegmentSink(str(store), flush_rows=10_000_000, flush_age_s=3600) as sink:
+            sink.write("collectives", dump_set.table)

@@ -5,19 +5,22 @@ by the gpu helper's real kernel-log parser from the reference's real Xid lines) 
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from pathlib import Path
 
 import pytest
-from engine_rows import T0, at, event, ranks_rows, steps_rows, write
 
 from attribution.crash import CrashAttributor, FailureKind
 from attribution.engine import Engine, attribute
 from attribution.incident import Cause, IncidentClass
 from attribution.rules import RulesError, load_crash_rules
+from attribution.store import Store
 from attribution.telemetry import load_from_store
 from collectors.kmsg import read_kernel_log
 from collectors.source import NodeIdentity
 from collectors.xid_catalog import load_xid_catalog
+from tests.engine_rows import T0, at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 CLOSED = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
           "[127.0.0.1]:15242. This is typically caused by a remote worker crashing.")
@@ -265,7 +268,105 @@ def test_bad_crash_rules_name_file_key_and_expectation(tmp_path: Path) -> None:
 
 
 def load_from_store_dir(store_dir: Path):
-    from attribution.store import Store
-
     with Store(str(store_dir)) as store:
         return load_from_store(store).for_job("job-1")
+
+
+# ---------------------------------------------------------------- real torchrun artifacts (interface 6)
+
+
+def _meta(artifact: Path) -> dict:
+    return json.loads((artifact / "meta.json").read_text())
+
+
+def test_real_torchrun_exception_crash_blames_the_raising_rank_in_both_attempts(
+        torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine) -> None:
+    artifact = torch_artifacts["crash_exception"]
+    ingest_torch_artifacts(artifact, store_dir)
+    meta = _meta(artifact)
+
+    found = {i.attempt: i for i in crashes(store_dir, engine)}
+
+    assert set(found) == {0, 1}  # one incident per attempt, whatever the number of lines
+    for incident in found.values():
+        assert incident.culprit_ranks == tuple(meta["culprit_ranks"])
+        assert incident.step == meta["expected"]["step"]
+        assert incident.summary.startswith(f"crash: rank {meta['culprit_ranks'][0]}")
+        assert any("folded into this incident" in e.text for e in incident.evidence)
+    assert found[0].cause == Cause.SOFTWARE and found[0].rule == "crash-exception"
+    # the restart failed the same way at the same step: a deterministic bug, nothing to fail over
+    assert found[1].rule == "crash-software-repeat-same-step" and found[1].culprit_nodes == ()
+
+
+def test_real_torchrun_sigkill_crash_blames_the_killed_rank(torch_artifacts: dict[str, Path], store_dir: Path,
+                                                             engine: Engine) -> None:
+    artifact = torch_artifacts["crash_sigkill"]
+    ingest_torch_artifacts(artifact, store_dir)
+
+    (incident,) = crashes(store_dir, engine)
+
+    assert incident.culprit_ranks == tuple(_meta(artifact)["culprit_ranks"])
+    assert incident.rule == "crash-killed-by-signal"
+    assert "SIGKILL" in incident.summary
+
+
+def test_real_sigkill_with_a_real_xid79_line_on_its_node_is_hardware(torch_artifacts: dict[str, Path],
+                                                                     store_dir: Path, tmp_path: Path,
+                                                                     engine: Engine) -> None:
+    artifact = torch_artifacts["crash_sigkill"]
+    ingest_torch_artifacts(artifact, store_dir)
+    with Store(str(store_dir)) as store:
+        killed = store.query("SELECT ts, node FROM process_events WHERE signal = 'SIGKILL'").to_pylist()[0]
+    # the node's kernel log: the GPU fell off the bus 20 s before torchrun noticed the dead rank
+    log = tmp_path / "kern.log"
+    when = (killed["ts"] - dt.timedelta(seconds=20)).isoformat()
+    log.write_text(f"{when} {killed['node']} kernel: NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.\n")
+    write(store_dir, "gpu_events", read_kernel_log(log, NodeIdentity(node="other"), host_from_line=True).rows)
+
+    (incident,) = crashes(store_dir, engine)
+
+    assert incident.culprit_ranks == (1,)
+    assert incident.cause == Cause.PCIE
+    assert incident.culprit_nodes == (killed["node"],)
+    assert incident.culprit_gpus == ("00000000:2B:00.0",)
+    assert incident.first_signal_ts < killed["ts"]
+
+
+def test_real_sigkill_survivors_dumps_corroborate_the_killed_rank(torch_artifacts: dict[str, Path],
+                                                                  store_dir: Path, engine: Engine) -> None:
+    artifact = torch_artifacts["crash_sigkill"]
+    meta = _meta(artifact)
+    ingest_torch_artifacts(artifact, store_dir, dumps="dumps", job=meta["run_id"])  # rank 1 wrote none
+
+    (incident,) = crashes(store_dir, engine)
+
+    assert incident.culprit_ranks == (1,)
+    assert any(e.table == "collectives" and "dumps agree" in e.text for e in incident.evidence)
+
+
+def test_timeouts_before_the_first_failure_mean_the_job_hung_first(store_dir: Path) -> None:
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
+    write(store_dir, "process_events", [
+        *(event("comm_error", r, 40.0, message=TIMED_OUT, is_secondary=True) for r in (0, 1, 3)),
+        # the stuck rank gives up later with an exception of its own: a consequence of the hang
+        event("exception", 2, 55.0, exception_type="TimeoutError", message="TimeoutError: rank 2 stuck for 15s",
+              fingerprint="fp-stuck")])
+    telemetry = load_from_store_dir(store_dir)
+
+    result = CrashAttributor(load_crash_rules(), load_xid_catalog()).attribute(telemetry, T0)
+
+    assert result.incidents == []
+    (trigger,) = result.hang_triggers
+    assert trigger.ts == at(40.0) and (trigger.job_id, trigger.attempt) == ("job-1", 0)
+    assert "after the timeouts: rank 2" in trigger.evidence[-1].text
+
+
+def test_a_crash_whose_peers_time_out_later_stays_a_crash(store_dir: Path, engine: Engine) -> None:
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
+    write(store_dir, "process_events", [
+        event("exception", 2, 40.0, exception_type="ValueError", message="ValueError: bad batch", fingerprint="f"),
+        *(event("comm_error", r, 640.0, message=TIMED_OUT, is_secondary=True) for r in (0, 1, 3))])
+
+    (incident,) = crashes(store_dir, engine)
+
+    assert incident.culprit_ranks == (2,)

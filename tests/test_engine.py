@@ -8,15 +8,17 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_rows import at, event, ranks_rows, steps_rows, write
 
 from attribution.engine import Engine, Follower, attribute, write_new_incidents
 from attribution.incident import Cause, IncidentClass
 from attribution.maintenance import compact
 from attribution.store import Store
+from collectors.kmsg import read_kernel_log
 from collectors.layout import resolve_store
+from collectors.source import NodeIdentity
 from collectors.xid_catalog import load_xid_catalog
 from controller.cli.main import main
+from tests.engine_rows import at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 CLOSED = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:15242"
 
@@ -129,6 +131,15 @@ def test_follow_detects_a_stall_and_requests_dumps_once(store_dir: Path, engine:
     assert incident.incident_class == IncidentClass.COLLECTIVE_HANG
     assert incident.rule == "hang-no-dumps" and incident.cause == Cause.UNKNOWN
     assert incident.step == 29
+    # the supervisor then kills the hung job: the end of the hang, not a second incident
+    write(store_dir, "process_events", [event("exit", r, 210.0, exit_code=-9, signal="SIGKILL") for r in range(4)])
+    again = Follower(str(store_dir), engine=hang_engine, clock=lambda: at(215))
+    try:
+        for _ in range(10):
+            assert again.poll_once() == []
+            again._stop.wait(0.05)
+    finally:
+        again.close()
 
 
 def test_cli_attribute_and_incidents(store_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,3 +177,91 @@ def test_now_must_be_a_time(store_dir: Path, capsys: pytest.CaptureFixture[str])
     assert "expected an ISO 8601 time" in capsys.readouterr().err
     assert main(["attribute", "--store", str(store_dir), "--now", "2026-11-30T12:00:00"]) == 0
     assert isinstance(dt.datetime.fromisoformat("2026-11-30T12:00:00"), dt.datetime)
+
+
+def test_follow_on_real_torchrun_artifacts_landing_one_after_the_other(torch_artifacts: dict[str, Path],
+                                                                       tmp_path: Path, engine: Engine) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    follower = Follower(str(live), engine=engine)
+    try:
+        assert follower.poll_once() == []
+        written = []
+        for scenario in ("crash_sigkill", "crash_exception"):
+            ingest_torch_artifacts(torch_artifacts[scenario], live)
+            for _ in range(60):
+                written += follower.poll_once()
+                if len(written) >= (1 if scenario == "crash_sigkill" else 3):
+                    break
+                follower._stop.wait(0.05)
+        for _ in range(5):
+            assert follower.poll_once() == []
+    finally:
+        follower.close()
+    by_job = sorted((i.job_id, i.attempt, i.culprit_ranks) for i in written)
+    assert by_job == [("faultlens-crash-exception", 0, (2,)), ("faultlens-crash-exception", 1, (2,)),
+                      ("faultlens-crash-sigkill", 0, (1,))]
+    assert len(incident_rows(live)) == 3
+    assert all(r.lag_s is not None for r in follower.stats.lag)
+
+
+def kernel_log(tmp_path: Path, lines: list[str]) -> list[dict]:
+    log = tmp_path / "kern.log"
+    log.write_text("\n".join(lines) + "\n")
+    return read_kernel_log(log, NodeIdentity(node="unused"), host_from_line=True).rows
+
+
+def test_critical_gpu_events_without_a_failure_become_one_health_incident_per_gpu(store_dir: Path, tmp_path: Path,
+                                                                                  engine: Engine) -> None:
+    dbe = ("NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error "
+           "(DBE) has been detected on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1.")
+    write(store_dir, "gpu_events", kernel_log(tmp_path, [
+        f"{at(10).isoformat()} node-07 kernel: {dbe}",
+        f"{at(70).isoformat()} node-07 kernel: {dbe}",  # the same GPU again: the same incident
+        f"{at(20).isoformat()} node-03 kernel: NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from "
+        "0x0 (None) to 0x2 (Node Reboot Required)",
+        f"{at(30).isoformat()} node-05 kernel: NVRM: Xid (PCI:0000:00:07): 13, pid=1, name=python3, Graphics "
+        "SM Warp Exception",  # an application error: the GPU is healthy
+    ]))
+
+    found = {i.culprit_nodes[0]: i for i in attribute(str(store_dir), engine=engine)}
+
+    assert set(found) == {"node-07", "node-03"}
+    assert all(i.incident_class == IncidentClass.HEALTH for i in found.values())
+    assert found["node-07"].cause == Cause.HBM and found["node-07"].culprit_gpus == ("00000000:07:00.0",)
+    assert found["node-07"].first_signal_ts == at(10)
+    assert len([e for e in found["node-07"].evidence if "Xid 48" in e.text]) == 2
+    assert found["node-03"].rule == "health-recovery-action"
+
+
+def test_a_gpu_event_that_a_crash_explains_is_no_health_incident(store_dir: Path, tmp_path: Path,
+                                                                 engine: Engine) -> None:
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
+    write(store_dir, "process_events", crash_rows())
+    write(store_dir, "gpu_events", kernel_log(tmp_path, [
+        f"{at(95).isoformat()} node-00 kernel: NVRM: Xid (PCI:0000:1a:00): 79, GPU has fallen off the bus."]))
+
+    found = attribute(str(store_dir), engine=engine)
+
+    assert [(i.incident_class, i.cause) for i in found] == [(IncidentClass.CRASH, Cause.PCIE)]
+
+
+def test_follow_finds_a_straggler_as_its_steps_stream_in(store_dir: Path, engine: Engine) -> None:
+    def sections(rank: int, step: int) -> dict[str, float]:
+        slow = rank == 6 and step >= 20
+        return {"forward": 0.3 * (1.7 if slow else 1.0) + 0.001 * ((rank * 7 + step) % 5), "backward": 0.6}
+
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 16, 8))
+    follower = Follower(str(store_dir), engine=engine, clock=lambda: at(10_000))
+    follower.config = follower.config.model_copy(update={"straggler_check_s": 0.0})
+    found = []
+    try:
+        for first in range(0, 60, 10):  # ten steps per segment, as a timer flushing every few seconds would
+            write(store_dir, "steps", steps_rows("job-1", 0, 16, 8, range(first, first + 10), start=first * 1.3,
+                                                 sections=sections))
+            found += [i for i in follower.poll_once() if i.incident_class == IncidentClass.STRAGGLER]
+    finally:
+        follower.close()
+    (incident,) = found
+    assert incident.culprit_ranks == (6,)
+    assert incident.step < 50  # found while the job ran, not at the end

@@ -6,16 +6,17 @@ compute; the others wait in `comm`), so the step wall time alone never points at
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
 import pytest
-from engine_rows import at, ranks_rows, steps_rows, write
 
 from attribution.engine import Engine, attribute
 from attribution.incident import Cause, IncidentClass
 from attribution.rules import RulesError, load_thresholds
 from collectors.xid_catalog import load_xid_catalog
+from tests.engine_rows import at, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +216,64 @@ def test_bad_thresholds_name_file_key_and_expectation(tmp_path: Path) -> None:
     bad.write_text(good.replace("  peer_z: 3.5\n", "  peer_z: 3.5\n  peer_zz: 1\n"))
     with pytest.raises(RulesError, match=r"straggler\.peer_zz: unknown key"):
         load_thresholds(bad)
+
+
+def test_real_straggler_steps_blame_the_slow_rank_and_its_section(torch_artifacts: dict[str, Path],
+                                                                 store_dir: Path, engine: Engine) -> None:
+    artifact = torch_artifacts["straggler"]
+    meta = json.loads((artifact / "meta.json").read_text())
+    ingest_torch_artifacts(artifact, store_dir)
+
+    found = attribute(str(store_dir), engine=engine)
+
+    assert [i.incident_class for i in found] == [IncidentClass.STRAGGLER]  # a clean run: nothing else
+    (incident,) = found
+    assert incident.culprit_ranks == tuple(meta["culprit_ranks"])
+    assert incident.culprit_nodes == (meta["node"],)
+    assert f"slowest section {meta['expected']['section']}" in incident.evidence[0].text
+
+
+def test_real_steps_of_ranks_that_are_not_slow_raise_nothing(torch_artifacts: dict[str, Path],
+                                                            store_dir: Path, engine: Engine) -> None:
+    ingest_torch_artifacts(torch_artifacts["mismatch"], store_dir)  # a clean run with no straggler
+
+    assert stragglers(store_dir, engine) == []
+
+
+def test_thermal_slowdown_events_on_the_culprits_node_give_cause_thermal(store_dir: Path, engine: Engine) -> None:
+    base = jittered(9)
+
+    def sections(rank: int, step: int) -> dict[str, float]:
+        s = base(rank, step)
+        if rank == 10 and step >= 20:
+            s["backward"] *= 1.5
+        return s
+
+    job(store_dir, 24, 8, sections, steps=60)
+    write(store_dir, "gpu_events", [{"ts": at(6.5), "node": "node-01", "gpu_index": 2, "source": "nvml_sample",
+                                     "kind": "thermal_slowdown_start", "message": "HwThermalSlowdown set"}])
+
+    (incident,) = stragglers(store_dir, engine)
+
+    assert incident.culprit_ranks == (10,)
+    assert incident.cause == Cause.THERMAL
+    assert any(e.table == "gpu_events" and "thermal_slowdown_start" in e.text for e in incident.evidence)
+
+
+def test_thermal_slowdown_of_another_gpu_of_the_node_explains_nothing(store_dir: Path, engine: Engine) -> None:
+    base = jittered(9)
+
+    def sections(rank: int, step: int) -> dict[str, float]:
+        s = base(rank, step)
+        if rank == 10 and step >= 20:
+            s["backward"] *= 1.5
+        return s
+
+    job(store_dir, 24, 8, sections, steps=60)
+    write(store_dir, "gpu_events", [{"ts": at(6.5), "node": "node-01", "gpu_index": 7, "source": "nvml_sample",
+                                     "kind": "thermal_slowdown_start", "message": "HwThermalSlowdown set"}])
+
+    (incident,) = stragglers(store_dir, engine)
+
+    assert incident.culprit_ranks == (10,)
+    assert incident.cause == Cause.UNKNOWN

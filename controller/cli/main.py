@@ -19,7 +19,7 @@ from controller.cli import (
 from controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help.
-COMMAND_MODULES = [demo_cmd, store_cmds, ingest_cmds, gpu_cmds, attribution_cmds, hang_cmds, decision_cmds, sim_cmds]
+COMMAND_MODULES = [demo_cmd, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds, sim_cmds]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,381 @@
+"""Hang analysis at scale, side by side with torch's own analyzer, and dump ingest rate beside pickle.load.
+
+    python bench/bench_hang.py                       # 1,024 ranks (default)
+    python bench/bench_hang.py --ranks 1024,4096,16384 --entries 2000 --torch-max-ranks 1024
+
+Synthetic dump sets (cached under --cache, default bench/out/fr-dumps, git-ignored): a Megatron-like job with
+tensor (8), pipeline (4) and data parallel groups plus the default group, 2,000 entries per rank (pickle protocol 2,
+NCCL format 2.10, two stack frames per entry, ~230 bytes an entry), written as `_dump_<rank>`. A hang is injected:
+one rank stops before a tensor-parallel all_reduce; its TP peers enter it and wait, its DP peers wait in their next
+data-parallel all_reduce, every other rank waits one step later (follow-ons in every group).
+
+Measured, each in its own subprocess (wall time, peak RSS from wait4):
+- faultlens: `faultlens analyze-hang DIR --json` (reading + analysis); the culprit it reports is checked;
+- torch: `python -m torch.distributed.flight_recorder.fr_trace DIR -p _dump_` where it can finish (at most
+  --torch-max-ranks ranks; at 1,024 it needs ~4 GB and ~90 s here, and cannot reach 16,384 in memory);
+- ingest rate at the smallest size: faultlens' reader building the full collectives table, beside plain
+  pickle.load of every dump into Python objects, and the naive path (restricted unpickler + row dicts + Arrow
+  table, on the first --naive-ranks dumps, reported per dump).
+Prints a JSON document and a markdown table. Mind the machine: the sizes run one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CACHE = REPO_ROOT / "bench" / "out" / "fr-dumps"
+TP, PP = 8, 4
+T0 = 1_790_000_000_000_000_000
+FORMAT = "2"  # bump when the generator changes: old caches are regenerated
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# synthetic job
+
+
+def _layout(world: int) -> dict[str, object]:
+    tp = min(TP, world)
+    pp = PP if world >= tp * PP else 1
+    dp = world // (tp * pp)
+    if tp * pp * dp != world:
+        raise SystemExit(f"--ranks {world}: must be a multiple of {tp * pp}")
+    return {"tp": tp, "pp": pp, "dp": dp}
+
+
+def _groups_of(rank: int, world: int) -> dict[str, tuple[str, str, list[int]]]:
+    """kind -> (name, desc, ranks) for the groups `rank` is in (Megatron order: tp fastest, then dp, then pp)."""
+    lay = _layout(world)
+    tp, dp, pp = lay["tp"], lay["dp"], lay["pp"]
+    stage, rest = divmod(rank, tp * dp)
+    d, t = divmod(rest, tp)
+    tp_ranks = [stage * tp * dp + d * tp + i for i in range(tp)]
+    dp_ranks = [stage * tp * dp + j * tp + t for j in range(dp)]
+    pp_ranks = [s * tp * dp + d * tp + t for s in range(pp)]
+    n_tp = pp * dp
+    return {
+        "world": ("0", "default_pg", list(range(world))),
+        "tp": (str(1 + stage * dp + d), "TENSOR_MODEL_PARALLEL_GROUP", tp_ranks),
+        "dp": (str(1 + n_tp + stage * tp + t), "DATA_PARALLEL_GROUP", dp_ranks),
+        "pp": (str(1 + n_tp + pp * tp + d * tp + t), "PIPELINE_MODEL_PARALLEL_GROUP", pp_ranks),
+    }
+
+
+# per step: (kind, op, input sizes, output sizes)
+_STEP = (
+    ("tp", "nccl:_all_gather_base", [[2048, 1, 5120]], [[16384, 1, 5120]]),
+    ("tp", "nccl:_reduce_scatter_base", [[16384, 1, 5120]], [[2048, 1, 5120]]),
+    ("tp", "nccl:all_reduce", [[2048, 5120]], [[2048, 5120]]),
+    ("tp", "nccl:_all_gather_base", [[2048, 5120]], [[16384, 5120]]),
+    ("tp", "nccl:_reduce_scatter_base", [[16384, 5120]], [[2048, 5120]]),
+    ("pp", "nccl:all_reduce", [[1]], [[1]]),
+    ("tp", "nccl:all_reduce", [[2048, 5120]], [[2048, 5120]]),
+    ("dp", "nccl:all_reduce", [[52428800]], [[52428800]]),
+    ("world", "nccl:all_reduce", [[4]], [[4]]),
+)
+_FAULT_INDEX = 2  # the culprit stops before its step's third op (a TP all_reduce)
+
+
+def _culprit(world: int) -> int:
+    return world // 3 + 5
+
+
+def make_dump(rank: int, world: int, entries: int) -> dict:
+    """One rank's dump dict (shared string objects, so the pickler memoizes them like torch's does)."""
+    groups = _groups_of(rank, world)
+    culprit = _culprit(world)
+    fault_step = -(-entries // len(_STEP))  # enough steps that every rank's ring buffer is full
+    culprit_groups = _groups_of(culprit, world)
+    # how far this rank gets: (step, index) of the first op it does NOT enter
+    # synchronous semantics: a rank waits in the first op whose group holds a rank that never gets there
+    if rank == culprit:
+        stop = (fault_step, _FAULT_INDEX)
+    elif rank in culprit_groups["tp"][2]:
+        stop = (fault_step, _FAULT_INDEX + 1)  # entered the TP all_reduce the culprit never joins
+    elif rank in culprit_groups["pp"][2]:
+        stop = (fault_step, 6)  # waits in the pipeline all_reduce
+    elif rank in culprit_groups["dp"][2]:
+        stop = (fault_step, 8)  # waits in the data-parallel all_reduce
+    else:
+        stop = (fault_step, 9)  # waits in the world all_reduce (follow-on)
+    seq = {kind: 0 for kind in groups}
+    local_id = {"world": 0, "tp": 1, "dp": 2, "pp": 3}
+    records = []
+    frame_a = {"name": "all_reduce", "filename": "/usr/lib/python3/torch/distributed/distributed_c10d.py",
+               "line": 3245}
+    frames_b = [{"name": "forward", "filename": "/workspace/megatron/core/transformer/layer.py", "line": 300 + i}
+                for i in range(len(_STEP))]
+    dtype = ["BFloat16"]
+    total_steps = fault_step + 1
+    record_id = 0
+    for step in range(total_steps):
+        for index, (kind, op, in_sizes, out_sizes) in enumerate(_STEP):
+            if (step, index) >= stop:
+                break
+            seq[kind] += 1
+            name, desc, _ = groups[kind]
+            incomplete = (step, index) >= (stop[0], stop[1] - 1) and step >= fault_step
+            t = T0 + (step * len(_STEP) + index) * 1_000_000 + rank
+            records.append({
+                "record_id": record_id, "pg_id": local_id[kind], "process_group": (name, desc),
+                "thread_name": "pt_autograd_0", "thread_id": "140000000000001", "collective_seq_id": seq[kind],
+                "p2p_seq_id": 0, "op_id": seq[kind], "profiling_name": op, "time_created_ns": t,
+                # fresh lists per entry: torch's pickler memoizes strings, not lists
+                "input_sizes": [list(x) for x in in_sizes], "input_dtypes": list(dtype),
+                "output_sizes": [list(x) for x in out_sizes], "output_dtypes": list(dtype),
+                "state": "scheduled" if incomplete else "completed",
+                "time_discovered_started_ns": None if incomplete else t + 10_000,
+                "time_discovered_completed_ns": None if incomplete else t + 90_000,
+                "retired": not incomplete, "timeout_ms": 600_000, "is_p2p": False,
+                "frames": [dict(frame_a), dict(frames_b[index])],
+            })
+            record_id += 1
+        else:
+            continue
+        break
+    records = records[-entries:]  # the ring buffer keeps the last `entries`
+    config = {name: {"name": name, "desc": desc, "ranks": str(ranks)} for name, desc, ranks in groups.values()}
+    status = {}
+    for kind, (name, _, _) in groups.items():
+        mine = [r for r in records if r["process_group"][0] == name]
+        if mine:
+            done = [r["collective_seq_id"] for r in mine if r["retired"]]
+            status[str(local_id[kind])] = {"last_enqueued_collective": mine[-1]["collective_seq_id"],
+                                           "last_started_collective": -1,
+                                           "last_completed_collective": max(done) if done else -1}
+    return {"version": "2.10", "pg_config": config, "pg_status": status, "nccl_version": "2.27.3",
+            "entries": records}
+
+
+def _write_one(args: tuple[str, int, int, int]) -> int:
+    directory, rank, world, entries = args
+    path = Path(directory) / f"_dump_{rank}"
+    data = pickle.dumps(make_dump(rank, world, entries), protocol=2)
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_bytes(data)
+    os.replace(temp, path)
+    return len(data)
+
+
+def ensure_set(cache: Path, world: int, entries: int, workers: int) -> tuple[Path, float]:
+    directory = cache / f"ranks{world}-entries{entries}-v{FORMAT}"
+    marker = directory / "COMPLETE"
+    if marker.exists():
+        return directory, 0.0
+    directory.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    todo = [(str(directory), r, world, entries) for r in range(world) if not (directory / f"_dump_{r}").exists()]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(_write_one, todo, chunksize=32):
+            pass
+    marker.write_text(json.dumps({"ranks": world, "entries": entries, "culprit": _culprit(world)}))
+    return directory, time.perf_counter() - started
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# measuring
+
+
+def _measure(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, object]:
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
+                            env=env or os.environ.copy())
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        return {"seconds": round(time.perf_counter() - started, 2), "timed_out": True}
+    seconds = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"seconds": round(seconds, 2), "exit_code": proc.returncode, "stdout": out.decode(errors="replace"),
+            "stderr": err.decode(errors="replace"), "children_maxrss_mb": round(usage.ru_maxrss / 1024, 1)}
+
+
+def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
+    """Run `cmd` in a wrapper that reports the child's own peak RSS (wait4), so sizes do not mix."""
+    wrapper = ("import os,sys,time,json,subprocess\n"
+               "t=time.perf_counter(); p=subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, "
+               "stderr=subprocess.PIPE)\n"
+               "out,err=p.communicate(); _,status,ru=os.wait4(p.pid,0) if p.returncode is None else (0,0,None)\n"
+               "import resource; ru=resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+               "sys.stdout.write(json.dumps({'seconds':time.perf_counter()-t,'rc':p.returncode,"
+               "'cpu':ru.ru_utime+ru.ru_stime,"
+               "'maxrss_mb':ru.ru_maxrss/1024,'out':out.decode(errors='replace')[-20000:],"
+               "'err':err.decode(errors='replace')[-4000:]}))\n")
+    result = _measure([sys.executable, "-c", wrapper, *cmd], timeout)
+    if result.get("timed_out"):
+        return result
+    try:
+        inner = json.loads(result["stdout"])
+    except (ValueError, TypeError):
+        return {"error": str(result.get("stderr"))[-2000:]}
+    return {"seconds": round(inner["seconds"], 2), "cpu_seconds": round(inner["cpu"], 2), "exit_code": inner["rc"],
+            "peak_rss_mb": round(inner["maxrss_mb"]),
+            "stdout": inner["out"], "stderr": inner["err"]}
+
+
+def bench_faultlens(directory: Path, world: int, timeout: float) -> dict[str, object]:
+    env_cmd = [sys.executable, "-m", "controller.cli.main", "analyze-hang", str(directory), "--json"]
+    # warm the numba cache once (compilation is a one-time cost per install, reported separately)
+    warm = _run_with_rss([sys.executable, "-c", "import collectors.fr_fastpickle, attribution._hang_kernels"], 600)
+    result = _run_with_rss(env_cmd, timeout)
+    out: dict[str, object] = {"seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
+                              "peak_rss_mb": result.get("peak_rss_mb"),
+                              "exit_code": result.get("exit_code"), "import_warmup_s": warm.get("seconds")}
+    if result.get("timed_out"):
+        out["timed_out"] = True
+        return out
+    try:
+        report = json.loads(result["stdout"])
+        out["culprit_ranks"] = report["culprit_ranks"]
+        out["verdict"] = report["verdict"]
+        out["correct"] = report["culprit_ranks"] == [_culprit(world)]
+        out["read_seconds"] = report["dumps"]["read_seconds"]
+        out["in_process_seconds"] = report["dumps"]["seconds"]
+    except (ValueError, KeyError, TypeError):
+        out["error"] = (result.get("stderr") or "")[-1500:]
+    return out
+
+
+def bench_torch(directory: Path, world: int, timeout: float) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(directory), "-p", "_dump_"]
+    result = _run_with_rss(cmd, timeout)
+    if result.get("timed_out"):
+        return {"seconds": result["seconds"], "timed_out": True}
+    text = (result.get("stdout") or "") + (result.get("stderr") or "")
+    culprit = str(_culprit(world))
+    return {"seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
+            "peak_rss_mb": result.get("peak_rss_mb"), "exit_code": result.get("exit_code"),
+            "mentions_culprit": culprit in text, "output_lines": text.count("\n"),
+            "tail": text.strip().splitlines()[-3:] if text.strip() else []}
+
+
+def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, object]:
+    sys.path.insert(0, str(REPO_ROOT))
+    from collectors.flight_recorder import read_dump_dir
+    from collectors.safe_pickle import safe_load
+    from collectors.schema import rows_to_table
+
+    files = sorted(directory.glob("_dump_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+    started = time.perf_counter()
+    table = read_dump_dir(directory).table
+    faultlens_s = time.perf_counter() - started
+    rows = table.num_rows
+    del table
+    started = time.perf_counter()
+    loaded = 0
+    for path in files:
+        with open(path, "rb") as handle:
+            loaded += len(pickle.load(handle)["entries"])  # our own synthetic files: the unsafe baseline
+    pickle_s = time.perf_counter() - started
+    naive = files[:naive_ranks]
+    started = time.perf_counter()
+    naive_rows = []
+    for path in naive:
+        dump = safe_load(path)
+        rank = int(path.name.rsplit("_", 1)[1])
+        for e in dump["entries"]:
+            name, desc = e["process_group"]
+            naive_rows.append({
+                "ts": e["time_created_ns"], "rank": rank, "dump_id": path.name, "fr_version": dump["version"],
+                "pg_id": str(e["pg_id"]), "pg_name": name, "pg_desc": desc, "record_id": e["record_id"],
+                "collective_seq_id": e["collective_seq_id"], "p2p_seq_id": e["p2p_seq_id"], "op_id": e["op_id"],
+                "op": e["profiling_name"], "state": e["state"], "is_p2p": e["is_p2p"], "retired": e["retired"],
+                "time_created": e["time_created_ns"], "time_started": e["time_discovered_started_ns"],
+                "time_completed": e["time_discovered_completed_ns"], "input_sizes": e["input_sizes"],
+                "input_dtypes": e["input_dtypes"], "output_sizes": e["output_sizes"],
+                "output_dtypes": e["output_dtypes"], "timeout_ms": e["timeout_ms"],
+                "frames": [f"{f['name']} ({f['filename']}:{f['line']})" for f in e.get("frames", [])],
+            })
+    for row in naive_rows:
+        for key in ("ts", "time_created", "time_started", "time_completed"):
+            if row[key] is not None:
+                row[key] = dt.datetime.fromtimestamp(row[key] / 1e9, dt.UTC)
+    rows_to_table("collectives", naive_rows)
+    naive_s = time.perf_counter() - started
+    per_dump_naive = naive_s / max(len(naive), 1)
+    return {
+        "ranks": world, "rows": rows,
+        "faultlens_reader_s": round(faultlens_s, 2), "faultlens_dumps_per_s": round(world / faultlens_s, 1),
+        "pickle_load_s": round(pickle_s, 2), "pickle_load_dumps_per_s": round(world / pickle_s, 1),
+        "naive_rows_dumps_measured": len(naive), "naive_rows_dumps_per_s": round(1 / per_dump_naive, 1),
+        "naive_rows_projected_s": round(per_dump_naive * world, 1),
+        "speedup_vs_pickle_load": round(pickle_s / faultlens_s, 1),
+        "speedup_vs_naive": round(per_dump_naive * world / faultlens_s, 1),
+        "entries_loaded_by_pickle": loaded,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="1024", help="comma-separated dump set sizes (default 1024)")
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--torch-max-ranks", type=int, default=1024,
+                        help="run torch's analyzer up to this size (it needs ~4 GB at 1,024)")
+    parser.add_argument("--torch-timeout", type=float, default=900)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--no-ingest", action="store_true", help="skip the ingest-rate comparison")
+    parser.add_argument("--naive-ranks", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="generator processes")
+    args = parser.parse_args(argv)
+    sizes = [int(x) for x in args.ranks.split(",") if x.strip()]
+    results: dict[str, object] = {"entries_per_rank": args.entries, "cpu_count": os.cpu_count(), "sizes": []}
+    for world in sizes:
+        directory, gen_s = ensure_set(args.cache, world, args.entries, args.workers)
+        size_mb = sum(p.stat().st_size for p in directory.glob("_dump_*")) / 1e6
+        row: dict[str, object] = {"ranks": world, "dump_mb": round(size_mb), "generated_s": round(gen_s, 1),
+                                  "culprit": _culprit(world)}
+        row["faultlens"] = bench_faultlens(directory, world, args.timeout)
+        if world <= args.torch_max_ranks:
+            row["torch"] = bench_torch(directory, world, args.torch_timeout)
+            fl, tt = row["faultlens"].get("seconds"), row["torch"].get("seconds")
+            if fl and tt and not row["torch"].get("timed_out"):
+                row["speedup_vs_torch"] = round(tt / fl, 1)
+                fl_cpu, tt_cpu = row["faultlens"].get("cpu_seconds"), row["torch"].get("cpu_seconds")
+                if fl_cpu and tt_cpu:
+                    row["cpu_speedup_vs_torch"] = round(tt_cpu / fl_cpu, 1)
+        else:
+            row["torch"] = {"skipped": f"over --torch-max-ranks {args.torch_max_ranks} (torch needs ~4 GB at "
+                                       "1,024 ranks and cannot hold 16,384 in this machine's memory)"}
+        results["sizes"].append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    if not args.no_ingest and sizes:
+        directory, _ = ensure_set(args.cache, sizes[0], args.entries, args.workers)
+        results["ingest"] = bench_ingest(directory, sizes[0], args.naive_ranks)
+    print(json.dumps(results, indent=1))
+    print()
+    print("| ranks x entries | dumps | faultlens analyze-hang wall (CPU) | peak RSS | torch fr_trace wall (CPU) | "
+          "peak RSS | speed-up wall (CPU) |")
+    print("|---|---|---|---|---|---|---|")
+    for row in results["sizes"]:
+        fl, tt = row["faultlens"], row["torch"]
+        torch_cell = "skipped" if "skipped" in tt else (
+            "timed out" if tt.get("timed_out") else f"{tt['seconds']} s ({tt.get('cpu_seconds')} s)")
+        print(f"| {row['ranks']} x {args.entries} | {row['dump_mb']} MB | {fl.get('seconds')} s "
+              f"({fl.get('cpu_seconds')} s) {'correct' if fl.get('correct') else 'WRONG'} | "
+              f"{fl.get('peak_rss_mb')} MB | {torch_cell} | {tt.get('peak_rss_mb', '-')} MB | "
+              f"{row.get('speedup_vs_torch', '-')}x ({row.get('cpu_speedup_vs_torch', '-')}x) |")
+    if "ingest" in results:
+        ing = results["ingest"]
+        print()
+        print(f"ingest {ing['ranks']} dumps: faultlens {ing['faultlens_dumps_per_s']} dumps/s "
+              f"({ing['faultlens_reader_s']} s, full table) vs pickle.load {ing['pickle_load_dumps_per_s']} dumps/s "
+              f"({ing['speedup_vs_pickle_load']}x) vs naive rows {ing['naive_rows_dumps_per_s']} dumps/s "
+              f"({ing['speedup_vs_naive']}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
