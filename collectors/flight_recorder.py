@@ -490,7 +490,7 @@ def _is_candidate(path: Path) -> bool:
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
         return True
-    return suffix == "" or (name[-1:].isdigit() and rank_from_name(name) is not None)
+    return name[-1:].isdigit() and rank_from_name(name) is not None
 
 
 def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
