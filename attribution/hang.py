@@ -29,7 +29,9 @@ How the answer is reached
    loops interleave their groups periodically, so from a rank's own history the point where its next collective
    of group H was due (relative to its sequence in group K) is predicted; a rank that entered K beyond that point
    without H skipped H (root cause); one that is blocked in K before that point lags in H only because of K
-   (follow-on). Its out-edges are dropped and the components recomputed.
+   (follow-on). Only ranks inside a cycle are put to this test, and only when their history is periodic over a
+   window of several periods; the skipper's out-edges are dropped and the components recomputed. A cycle no
+   history can order is reported whole, with low confidence.
 4. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name, dtypes and, for
    ops whose shapes must agree (all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier), the input
    sizes. The ranks outside the majority are the odd ones (gloo even completes an all_reduce of equal element count
@@ -42,7 +44,14 @@ in TENSOR_MODEL_PARALLEL_GROUP '37' ranks 8, 10, 11 entered up to 87771 while ra
 completed 87749 onwards, which its peers did); '38' shows the same for rank 14; the expert, data and context groups
 spanning ranks 8-15 show 9 and 14 behind as well; pipeline p2p shows stage-0 ranks (1, 6) ahead of 9 and 14.
 Ranks 0-7 wait only through p2p and lag nowhere; ranks 8, 10-13, 15 lag nowhere. The terminal components are {9}
-and {14}: exactly the two faulty ranks, never the ranks that merely wait on them.
+and {14}: exactly the two faulty ranks, never the ranks that merely wait on them. On the real gloo sub-group hang
+(tests: torch_artifacts 'subgroup_hang'), rank 2 waits for rank 3 in the pair group while ranks 0, 1, 3 wait for
+rank 2 in the world group: a cycle {2, 3}; rank 3's history (pair collective k after world collective k) shows it
+entered world seq 5 where pair seq 4 was due, so rank 3 is the skipper and rank 2 a follow-on.
+
+Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and per-(group, seq)
+signature extremes, pass 2 fetches the rows of the few keys that need detail. 16,384 ranks x 2,000 entries is
+~33 M rows; see bench/bench_hang.py.
 """
 
 from __future__ import annotations
