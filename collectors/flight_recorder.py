@@ -367,6 +367,27 @@ class _Decoder:
         values = [self.value(int(item), depth + 1) for item in items]
         return tuple(values) if k == fast.K_TUPLE else values
 
+    def _opt(self, node: int) -> Any:
+        return None if node < 0 else self.value(node)
+
+    def top_fields(self, small: tuple) -> dict[str, Any]:
+        """The root's small fields from the scanner's _top (no generic walk)."""
+        _ok, top, cfg, status = small
+        out: dict[str, Any] = {"entries": []} if top[8] >= 0 else {}
+        for i, name in enumerate(fast.TOP_FIELDS):
+            if name not in ("pg_config", "pg_status") and top[i] >= 0:
+                out[name] = self.value(int(top[i]))
+        out["pg_config"] = {
+            self.text(int(key)) if self.kind[key] == fast.K_STR else self.value(int(key)):
+                {"name": self._opt(int(name)), "desc": self._opt(int(desc)), "ranks": self._opt(int(ranks))}
+            for key, name, desc, ranks in cfg.tolist()}
+        keys = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+        out["pg_status"] = {
+            (self.text(int(row[0])) if self.kind[row[0]] == fast.K_STR else self.value(int(row[0]))):
+                dict(zip(keys, row[1:], strict=True))
+            for row in status.tolist()}
+        return out
+
     def top_level(self, root: int) -> dict[str, Any]:
         """The root dict with 'entries' left empty (those are read into columns)."""
         items = self.children(root)
@@ -426,9 +447,9 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
-    (ints, valid, strs, flags), counts, sizes, dtypes, frames = result[7:]
+    (ints, valid, strs, flags), counts, sizes, dtypes, frames, small = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links)
-    top = _check_top(decoder.top_level(root))
+    top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}

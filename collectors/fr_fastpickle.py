@@ -34,7 +34,11 @@ ENTRY_KEYS = (
     "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
     "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p", "frames",
     "name", "filename", "line", "entries",
+    # top level, pg_config and pg_status (read by _top)
+    "version", "pg_config", "pg_status", "rank", "world_size", "node", "comm_lib_version", "nccl_version", "desc",
+    "ranks", "last_enqueued_collective", "last_started_collective", "last_completed_collective",
 )
+TOP_FIELDS = ("version", "pg_config", "pg_status", "rank", "world_size", "node", "comm_lib_version", "nccl_version")
 # int fields of an entry, in the order of the `ints` output rows
 INT_FIELDS = ("record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns",
               "time_discovered_started_ns", "time_discovered_completed_ns", "timeout_ms")
@@ -733,6 +737,79 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
     return status, entries, (ints, valid, strs, flags), counts, sizes, dtypes, frames
 
 
+@njit(cache=True, nogil=True)
+def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, key_bytes, key_offsets, cache):
+    """The root's small fields without Python objects: value nodes of TOP_FIELDS (-1 absent); pg_config rows
+    (key, name, desc, ranks nodes); pg_status rows (key node, enqueued, started, completed; -1 absent). ok is
+    False when a shape is unexpected (the caller then walks the tape generically)."""
+    top = np.full(9, -1, np.int64)  # TOP_FIELDS, then 'entries'
+    ok = True
+    r = head[root]
+    while r >= 0:
+        for j in range(run_start[r], run_end[r], 2):
+            k = _key_of(echild[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+            if 23 <= k <= 30:
+                top[k - 23] = echild[j + 1]
+            elif k == 22:
+                top[8] = echild[j + 1]
+        r = run_next[r]
+    config = top[1]
+    n_cfg = ilen[config] // 2 if config >= 0 and kind[config] == K_DICT else 0
+    cfg = np.full((n_cfg, 4), -1, np.int64)
+    if config >= 0 and kind[config] != K_DICT and kind[config] != K_NONE:
+        ok = False
+    i = 0
+    r = head[config] if n_cfg > 0 else -1
+    while r >= 0:
+        for j in range(run_start[r], run_end[r], 2):
+            cfg[i, 0] = echild[j]
+            value = echild[j + 1]
+            if kind[value] == K_DICT:
+                q = head[value]
+                while q >= 0:
+                    for f in range(run_start[q], run_end[q], 2):
+                        k = _key_of(echild[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+                        if k == 19:
+                            cfg[i, 1] = echild[f + 1]
+                        elif k == 31:
+                            cfg[i, 2] = echild[f + 1]
+                        elif k == 32:
+                            cfg[i, 3] = echild[f + 1]
+                    q = run_next[q]
+            else:
+                ok = False
+            i += 1
+        r = run_next[r]
+    status = top[2]
+    n_st = ilen[status] // 2 if status >= 0 and kind[status] == K_DICT else 0
+    if status >= 0 and kind[status] != K_DICT and kind[status] != K_NONE:
+        ok = False
+    st = np.full((n_st, 4), -1, np.int64)
+    i = 0
+    r = head[status] if n_st > 0 else -1
+    while r >= 0:
+        for j in range(run_start[r], run_end[r], 2):
+            st[i, 0] = echild[j]
+            value = echild[j + 1]
+            if kind[value] == K_DICT:
+                q = head[value]
+                while q >= 0:
+                    for f in range(run_start[q], run_end[q], 2):
+                        k = _key_of(echild[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+                        v = echild[f + 1]
+                        if 33 <= k <= 35:
+                            if kind[v] == K_INT:
+                                st[i, k - 32] = ival[v]
+                            else:
+                                ok = False
+                    q = run_next[q]
+            else:
+                ok = False
+            i += 1
+        r = run_next[r]
+    return ok, top, cfg, st
+
+
 class Workspace:
     """Scratch arrays reused across files by one thread (allocating them per file costs more than parsing)."""
 
@@ -808,11 +885,16 @@ def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks,
         return (status, root, kind, ival, ilen, links, nn,
                 (np.empty((9, 0), np.int64), np.empty((9, 0), np.int8), np.empty((4, 0), np.int64),
                  np.empty((2, 0), np.int8)),
-                np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty))
+                np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty),
+                (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64), np.empty((0, 4), np.int64)))
     result = _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, KEY_BYTES,
                       KEY_OFFSETS, INT_SLOT_OF_KEY, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name,
                       frame_file, frame_line, scratch_a, scratch_b, scratch_c)
-    return (result[0], root, kind, ival, ilen, links, nn, result[2], result[3], result[4], result[5], result[6])
+    top = _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, KEY_BYTES, KEY_OFFSETS,
+               cache) if result[0] == OK else (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64),
+                                               np.empty((0, 4), np.int64))
+    return (result[0], root, kind, ival, ilen, links, nn, result[2], result[3], result[4], result[5], result[6],
+            top)
 
 
 @njit(cache=True, nogil=True)
