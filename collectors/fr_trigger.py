@@ -26,7 +26,6 @@ Never raises into training: every failure is logged and counted in `stats`.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import os
@@ -40,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors.safe_pickle import safe_loads
+
 log = logging.getLogger(__name__)
 
 ENV_DUMP_DIR = "FAULTLENS_FR_DIR"
@@ -52,17 +53,6 @@ ENV_DUMP_ON_SIGTERM = "FAULTLENS_FR_DUMP_ON_SIGTERM"
 DumpApi = Callable[[bool, bool], tuple[bytes, str]]
 #: what a group-table reader returns: {pg name: {'name', 'desc', 'ranks': '[0, 1]'}}
 GroupTables = Callable[[], dict[str, dict[str, str]]]
-
-
-class _BuiltinsOnlyUnpickler(pickle.Unpickler):
-    """torch's own dump is plain containers and scalars; refuse anything that would construct an object."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"flight-recorder dump refers to {module}.{name}: only builtins are allowed")
-
-
-def loads_builtin_pickle(data: bytes) -> Any:
-    return _BuiltinsOnlyUnpickler(io.BytesIO(data)).load()
 
 
 def torch_dump_api(include_stack_traces: bool, only_active: bool) -> tuple[bytes, str]:
@@ -198,7 +188,9 @@ class FlightRecorderTrigger:
     # -- installation ---------------------------------------------------------------------------------------
     def install(self) -> FlightRecorderTrigger:
         """Block the trigger signal in this (main) thread and start the sigwait and trigger-file threads.
-        Call it before `init_process_group`, so the threads torch starts inherit the blocked mask."""
+        Call it first thing in the process, before `init_process_group` and before starting threads, so every
+        thread inherits the blocked mask (a thread that does not block SIGUSR1 can receive it, and its default
+        action ends the process; the step timer's writer thread blocks it itself)."""
         if self._installed:
             return self
         self._installed = True
@@ -288,7 +280,7 @@ class FlightRecorderTrigger:
         rank, world_size = self.rank, self.world_size
         extra = {"rank": rank, "world_size": world_size, "node": self.node}
 
-        trace = loads_builtin_pickle(raw_pickle)
+        trace = safe_loads(raw_pickle, source="torch._dump_fr_trace")
         if not isinstance(trace, dict):
             raise TypeError(f"flight-recorder dump is a {type(trace).__name__}, expected a dict")
         trace["pg_config"] = repair_pg_config(trace.get("pg_config") or {}, tables)

@@ -164,6 +164,7 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("is_secondary", pa.bool_()),  # a survivor's echo of someone else's failure
         _f("step", pa.int64()),
         _f("error_file", pa.string()),
+        _f("reported_root_cause", pa.bool_()),  # torchrun named this failure its "Root Cause" (may be a survivor)
     ),
     # one attributed incident
     "incidents": (
@@ -200,6 +201,8 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("delivery_status", pa.string()),  # pending, delivered, failed
         _f("hook", pa.string()),
         _f("document", pa.string()),  # the versioned JSON decision
+        _f("delivery_error", pa.string()),  # why the last attempt of this hook failed
+        _f("delivery_attempts", pa.int32()),  # attempts made by this hook in this pass
     ),
     # one checkpoint seen in a tier
     "checkpoints": (

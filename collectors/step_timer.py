@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -395,6 +397,10 @@ class StepTimer:
 
     # -- the writer thread ----------------------------------------------------------------------------------
     def _writer_loop(self) -> None:
+        # never the thread a process-directed SIGUSR1/SIGTERM lands on: the flight-recorder trigger waits for them
+        # in its own thread, and a thread started before the trigger's install() would not have them blocked
+        with contextlib.suppress(Exception):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
         while True:
             self._wake.wait(self.flush_interval_s)
             self._wake.clear()
@@ -421,7 +427,11 @@ class StepTimer:
             if sink.pending_rows("steps") < self.max_buffered_rows:
                 rows = self._take_rows()
                 if rows:
-                    sink.write("steps", rows)
+                    try:
+                        sink.write("steps", rows)
+                    except Exception:
+                        self.stats.dropped += len(rows)  # refused before buffering: these rows are gone
+                        raise
             flushed = sink.flush()
             self.stats.rows_written += sum(getattr(result, "rows", 0) for result in flushed or ()
                                            if getattr(result, "table", None) == "steps")

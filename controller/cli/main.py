@@ -6,11 +6,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller.cli import demo_cmd, hang_cmds, ingest_cmds, store_cmds
+from controller.cli import (
+    attribution_cmds,
+    decision_cmds,
+    demo_cmd,
+    gpu_cmds,
+    hang_cmds,
+    ingest_cmds,
+    store_cmds,
+)
 from controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help.
-COMMAND_MODULES = [demo_cmd, store_cmds, ingest_cmds, hang_cmds]
+COMMAND_MODULES = [demo_cmd, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,6 +41,7 @@ HASHED_FILES = (
     "tests/torch_jobs/train_scenario.py",
     "tests/torch_jobs/harness.py",
     "collectors/fr_trigger.py",
+    "collectors/safe_pickle.py",
     "collectors/step_timer.py",
     "collectors/sink.py",
     "collectors/schema.py",
@@ -136,10 +137,16 @@ def cached_artifacts(cache_root: Path | None = None, parallel: int | None = None
 
 
 def default_parallel() -> int:
+    """All scenarios at once (they mostly wait on timeouts; CPU-bound start-up overlaps), as many as memory allows:
+    a scenario is five processes that import torch, about 2 GiB with headroom. $FAULTLENS_TORCH_PARALLEL wins."""
     configured = os.environ.get(ENV_PARALLEL, "").strip()
     if configured.isdigit() and int(configured) > 0:
         return int(configured)
-    return len(SCENARIOS)
+    try:
+        available_gib = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError):
+        return 2
+    return max(1, min(len(SCENARIOS), int(available_gib // 2)))
 
 
 def generate(out_dir: Path, scenarios: Iterable[str] | None = None, parallel: int | None = None,
@@ -163,7 +170,7 @@ def _run_with_retries(scenario: Scenario, art: Path, attempts: int) -> None:
         if art.exists():
             shutil.rmtree(art)
         try:
-            run_scenario(scenario, art)
+            run_scenario(scenario, art, generation_try=attempt)
             return
         except GenerationError:
             if attempt == attempts:
@@ -183,7 +190,7 @@ def _tail(path: Path, chars: int = 3000) -> str:
         return "<none>"
 
 
-def run_scenario(scenario: Scenario, art: Path) -> Path:
+def run_scenario(scenario: Scenario, art: Path, generation_try: int = 1) -> Path:
     art.mkdir(parents=True)
     started = time.monotonic()
     env = dict(os.environ)
@@ -245,6 +252,7 @@ def run_scenario(scenario: Scenario, art: Path) -> Path:
         "stack_traces": scenario.stack_traces,
         "progress": _read_progress(art),
         "seconds": round(time.monotonic() - started, 2),
+        "generation_try": generation_try,
         "generated_at": dt.datetime.now(dt.UTC).isoformat(),
         "command": command,
     }

@@ -1,0 +1,513 @@
+"""Crash attribution: the primary failure of an attempt among all the ranks' error signals, and its cause.
+
+One attempt of a job ends in one crash incident, however many lines its ranks wrote: the survivors' echoes
+("Connection closed by peer", collective timeouts, SIGTERM from torchrun) are folded into it as a count. The
+primary failure is the rank that failed first on its own (an exception or OOM that is not an echo, a death by
+signal, else an unexplained non-zero exit), never a survivor, even when torchrun's Root Cause names one. Its cause:
+
+1. the same traceback fingerprint on ranks of different nodes -> software;
+2. the same fingerprint at the same step in an earlier attempt -> software (deterministic repeat);
+3. hardware GPU events on the culprit's node near the failure (XID by catalog component, DBE, GPU lost, ...);
+4. the same fingerprint in an earlier attempt at another step -> software;
+5. a known signature in rules/crash.yaml (CUDA OOM, ECC error text, NCCL network error, ...);
+6. otherwise: an exception -> software (low confidence); a signal or bare exit -> unknown.
+
+An attempt whose only error signals are collective timeouts has no crash: it is handed to hang analysis.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import pandas as pd
+
+from attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
+from attribution.incident import Cause, Evidence, Incident, IncidentClass
+from attribution.rules import CrashRules
+from attribution.telemetry import Placement, Telemetry, placements
+
+FAILURE_KINDS = {"exit", "exception", "oom", "comm_error", "watchdog_timeout", "signal"}
+SIGNALS_BY_NUMBER = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
+                     11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+
+
+class FailureKind(StrEnum):
+    OOM = "oom"
+    EXCEPTION = "exception"
+    KILLED = "killed"  # died of a signal nobody in the job sent (SIGKILL, SIGSEGV, ...)
+    EXITED = "exited"  # non-zero exit with no explanation
+    TERMINATED = "terminated"  # stopped by the supervisor (SIGTERM, ...)
+    SECONDARY = "secondary"  # echoed someone else's failure
+    UNKNOWN = "unknown"
+
+
+PRIMARY_KINDS = (FailureKind.OOM, FailureKind.EXCEPTION, FailureKind.KILLED)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What one rank of one attempt went through, condensed from its process_events rows."""
+
+    rank: int | None
+    node: str | None
+    kind: FailureKind
+    ts: dt.datetime
+    signal: str | None = None
+    exit_code: int | None = None
+    exception_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    fingerprint: str | None = None
+    step: int | None = None
+    rows: int = 0
+    secondary_rows: int = 0
+    timeout_rows: int = 0
+    first_timeout: dt.datetime | None = None  # when this rank first reported a collective timeout
+    evidence: tuple[Evidence, ...] = ()
+
+
+@dataclass(frozen=True)
+class HangTrigger:
+    """An attempt whose error signals say a collective timed out, with no primary failure: a hang to analyse."""
+
+    job_id: str | None
+    attempt: int | None
+    ts: dt.datetime
+    evidence: tuple[Evidence, ...]
+
+
+@dataclass
+class CrashResult:
+    incidents: list[Incident] = field(default_factory=list)
+    hang_triggers: list[HangTrigger] = field(default_factory=list)
+    pending: list[tuple[str | None, int | None]] = field(default_factory=list)  # attempts not settled yet
+
+
+def _get(row: Any, key: str) -> Any:
+    value = row.get(key) if isinstance(row, dict) else (row[key] if key in row.index else None)
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return None
+    return value
+
+
+def signal_of(row: Any) -> str | None:
+    """The signal that ended a process: the row's `signal`, or decoded from exit codes -N and 128+N."""
+    signal = _get(row, "signal")
+    if signal:
+        text = str(signal).upper()
+        return text if text.startswith("SIG") else f"SIG{text}"
+    return _signal_from_code(_get(row, "exit_code"), _get(row, "kind"))
+
+
+def _matches(text: pd.Series, pattern: re.Pattern[str] | None) -> pd.Series:
+    if pattern is None:
+        return pd.Series(False, index=text.index)
+    return text.map(lambda value: bool(value) and pattern.search(value) is not None).astype(bool)
+
+
+def _signal_from_code(code: Any, kind: Any) -> str | None:
+    if code is None or code != code:
+        return None
+    code = int(code)
+    if code < 0:
+        return SIGNALS_BY_NUMBER.get(-code, f"SIG{-code}")
+    if 128 < code < 160 and kind == "exit":
+        return SIGNALS_BY_NUMBER.get(code - 128)
+    return None
+
+
+def describe_process_event(row: Any) -> str:
+    rank = _get(row, "rank")
+    node = _get(row, "node")
+    who = f"rank {int(rank)}" if rank is not None else "a process"
+    if node:
+        who += f" on {node}"
+    kind = _get(row, "kind")
+    if kind == "exit":
+        signal = signal_of(row)
+        what = f"exited with code {_get(row, 'exit_code')}" + (f" ({signal})" if signal else "")
+    else:
+        first = (_get(row, "message") or "").strip().splitlines()
+        what = f"{kind}: " + (f"{_get(row, 'exception_type')}: " if _get(row, "exception_type") and not (
+            first and first[0].startswith(str(_get(row, "exception_type")))) else "") + (first[0] if first else "")
+    source = _get(row, "source")
+    return f"{who} {what.strip()}" + (f" [{source}]" if source else "")
+
+
+class CrashAttributor:
+    """Finds the primary failure of each failed attempt and attributes its cause."""
+
+    def __init__(self, rules: CrashRules, catalog: XidCatalogLike | None) -> None:
+        self.rules = rules
+        self.catalog = catalog
+        self._secondary_re = re.compile("|".join(f"(?:{p})" for p in rules.secondary_patterns)) \
+            if rules.secondary_patterns else None
+        self._timeout_re = re.compile("|".join(f"(?:{p})" for p in rules.timeout_patterns)) \
+            if rules.timeout_patterns else None
+
+    # ------------------------------------------------------------ row level (vectorised)
+
+    def classify(self, events: pd.DataFrame) -> pd.DataFrame:
+        """The failure rows of `events`, with columns _signal, _secondary, _timeout, _text added."""
+        if events.empty:
+            return events.assign(_signal=pd.Series(dtype=object), _secondary=pd.Series(dtype=bool),
+                                 _timeout=pd.Series(dtype=bool), _text=pd.Series(dtype=object))
+        def column(name: str) -> pd.Series:
+            if name in events.columns:
+                values = events[name].astype(object)
+                return values.where(values.notna(), None)
+            return pd.Series(None, index=events.index, dtype=object)
+
+        kind = column("kind")
+        exit_code = pd.to_numeric(column("exit_code"), errors="coerce")
+        named = column("signal").map(lambda s: None if s is None or pd.isna(s) or not str(s) else (
+            str(s).upper() if str(s).upper().startswith("SIG") else f"SIG{str(s).upper()}"))
+        from_code = pd.Series(
+            [_signal_from_code(c, k) for c, k in zip(exit_code.to_numpy(), kind.to_numpy(), strict=True)],
+            index=events.index, dtype=object)
+        signal = named.where(named.notna(), from_code)
+        text = (column("message").fillna("") + "\n" + column("traceback").fillna("")).str.strip()
+        flagged = column("is_secondary").fillna(False).astype(bool)
+        echo = _matches(text, self._secondary_re)
+        secondary = (flagged | (kind == "watchdog_timeout") | echo
+                     | (kind.isin(["exit", "signal"]) & signal.isin(self.rules.termination_signals)))
+        timeout = (kind == "watchdog_timeout") | _matches(text, self._timeout_re)
+        failure = kind.isin(FAILURE_KINDS) & ((kind != "exit") | (exit_code.fillna(0) != 0) | signal.notna())
+        frame = events.assign(_signal=signal, _secondary=secondary.astype(bool), _timeout=timeout.astype(bool),
+                              _text=text)
+        return frame[failure.to_numpy(dtype=bool)]
+
+    def is_secondary(self, row: Any) -> bool:
+        return bool(self.classify(pd.DataFrame([dict(row)]))["_secondary"].any())
+
+    # ------------------------------------------------------------ rank level
+
+    def rank_failures(self, rows: pd.DataFrame) -> list[RankFailure]:
+        """One RankFailure per rank of one attempt's classified failure rows (see classify)."""
+        rows = rows.sort_values("ts", kind="stable")
+        rank_key = rows["rank"].astype(object).where(rows["rank"].notna(), -1)
+        kind = rows["kind"].astype(object)
+        primary_row = ~rows["_secondary"]
+        marks = pd.DataFrame({
+            "rank": rank_key,
+            "oom": (kind == "oom") & primary_row,
+            "exception": kind.isin(["exception", "comm_error"]) & primary_row,
+            "killed": rows["_signal"].isin(self.rules.primary_signals),
+            "terminated": rows["_signal"].isin(self.rules.termination_signals),
+            "echo": rows["_secondary"] & (rows["_text"] != ""),
+            "secondary": rows["_secondary"],
+            "primary": primary_row,
+            "timeout": rows["_timeout"],
+        }, index=rows.index)
+        per_rank = marks.groupby("rank", sort=True)
+        anys = per_rank[["oom", "exception", "killed", "terminated", "echo", "secondary", "primary"]].any()
+        counts = per_rank.agg(rows_=("secondary", "size"), secondary_=("secondary", "sum"),
+                              timeout_=("timeout", "sum"))
+        failures = []
+        for rank, flags in anys.iterrows():
+            if flags["oom"]:
+                kind_of, column = FailureKind.OOM, "oom"
+            elif flags["exception"]:
+                kind_of, column = FailureKind.EXCEPTION, "exception"
+            elif flags["killed"]:
+                # SIGKILL after a SIGTERM is the supervisor's; a survivor that echoed a peer's failure and was
+                # then killed is a survivor
+                kind_of = FailureKind.TERMINATED if flags["terminated"] else (
+                    FailureKind.SECONDARY if flags["echo"] else FailureKind.KILLED)
+                column = "killed"
+            elif flags["echo"]:
+                kind_of, column = FailureKind.SECONDARY, "echo"
+            elif flags["secondary"]:
+                kind_of, column = FailureKind.TERMINATED, "secondary"
+            else:
+                kind_of, column = FailureKind.EXITED, "primary"
+            mine = marks["rank"] == rank
+            chosen_index = marks.index[mine & marks[column]][0]
+            failures.append(self._rank_failure(rows, mine, chosen_index, kind_of, counts.loc[rank]))
+        return failures
+
+    def _rank_failure(self, rows: pd.DataFrame, mine: pd.Series, chosen_index: Any, kind: FailureKind,
+                      counts: pd.Series) -> RankFailure:
+        own = rows[mine]
+        chosen = rows.loc[chosen_index]
+        rank = _get(chosen, "rank")
+        node = next((n for n in own["node"] if isinstance(n, str) and n), None) if "node" in own.columns else None
+        details = own[own["kind"].isin(["exception", "comm_error", "oom"]) & ~own["_secondary"]]
+        if details.empty:
+            details = own
+
+        def first(column: str) -> Any:
+            if column not in details.columns:
+                return None
+            return next((v for v in details[column] if isinstance(v, str) and v), None)
+
+        step_values = own["step"].dropna() if "step" in own.columns else pd.Series(dtype=float)
+        exits = own[own["kind"] == "exit"]
+        exit_code = _get(exits.iloc[0], "exit_code") if not exits.empty else None
+        ts = as_datetime(chosen["ts"])
+        if ts is None:
+            raise ValueError(f"process_events: rank {rank}: a failure row without ts")
+        shown = own[~own["_secondary"]] if kind in (*PRIMARY_KINDS, FailureKind.EXITED) else own
+        timeouts = own.loc[own["_timeout"], "ts"]
+        return RankFailure(
+            rank=int(rank) if rank is not None else None, node=node, kind=kind, ts=ts, signal=_get(chosen, "_signal"),
+            exit_code=int(exit_code) if exit_code is not None else None,
+            exception_type=first("exception_type"), message=first("message"), traceback=first("traceback"),
+            fingerprint=first("fingerprint") if kind in (FailureKind.EXCEPTION, FailureKind.OOM) else None,
+            step=int(step_values.iloc[0]) if not step_values.empty else None,
+            rows=int(counts["rows_"]), secondary_rows=int(counts["secondary_"]), timeout_rows=int(counts["timeout_"]),
+            first_timeout=as_datetime(timeouts.min()) if not timeouts.empty else None,
+            evidence=tuple(Evidence("process_events", as_datetime(row["ts"]), describe_process_event(row))
+                           for _, row in shown.head(3).iterrows()))
+
+    def primary(self, failures: list[RankFailure]) -> RankFailure | None:
+        """The failure that came first on its own: exceptions/OOMs and deaths by signal (the latter stamped late
+        by the supervisor, so moved earlier by the notice slack), else an unexplained non-zero exit."""
+        slack = dt.timedelta(seconds=self.rules.signal_notice_slack_s)
+        strong = [f for f in failures if f.kind in PRIMARY_KINDS]
+        if strong:
+            return min(strong, key=lambda f: (f.ts - slack if f.kind == FailureKind.KILLED else f.ts,
+                                              f.rank if f.rank is not None else -1))
+        weak = [f for f in failures if f.kind == FailureKind.EXITED]
+        if weak:
+            return min(weak, key=lambda f: (f.ts, f.rank if f.rank is not None else -1))
+        return None
+
+    # ------------------------------------------------------------ attempt level
+
+    def attempt_failures(self, events: pd.DataFrame) -> dict[tuple[str | None, int | None], list[RankFailure]]:
+        """(job, attempt) -> one RankFailure per rank that has failure rows."""
+        failing = self.classify(events)
+        result: dict[tuple[str | None, int | None], list[RankFailure]] = {}
+        if failing.empty:
+            return result
+        job_key = failing["job_id"].astype(object).where(failing["job_id"].notna(), "")
+        attempt_key = failing["attempt"].astype(object).where(failing["attempt"].notna(), -1)
+        for (job, attempt), group in failing.groupby([job_key, attempt_key], sort=True):
+            result[(job or None, None if attempt == -1 else int(attempt))] = self.rank_failures(group)
+        return result
+
+    def attribute(self, telemetry: Telemetry, now: dt.datetime,
+                  settled: Callable[[str | None, int | None], bool] | None = None) -> CrashResult:
+        result = CrashResult()
+        per_attempt = self.attempt_failures(telemetry.process_events)
+        for (job, attempt), failures in per_attempt.items():
+            if settled is not None and not settled(job, attempt):
+                result.pending.append((job, attempt))
+                continue
+            outcome = self._attribute_attempt(telemetry, job, attempt, failures, per_attempt, now)
+            if isinstance(outcome, Incident):
+                result.incidents.append(outcome)
+            elif isinstance(outcome, HangTrigger):
+                result.hang_triggers.append(outcome)
+        return result
+
+    def _attribute_attempt(self, telemetry: Telemetry, job: str | None, attempt: int | None,
+                           failures: list[RankFailure],
+                           per_attempt: dict[tuple[str | None, int | None], list[RankFailure]],
+                           now: dt.datetime) -> Incident | HangTrigger | None:
+        primary = self.primary(failures)
+        placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps)
+        secondary_line = self._secondary_summary(failures, primary)
+        if primary is None:
+            return self._no_primary(telemetry, job, attempt, failures, placement, secondary_line, now)
+        hang = self._hang_before(job, attempt, primary, failures)
+        if hang is not None:
+            return hang
+        # the ranks table (the collectors' node names, which GPU events carry too) over a report's host name
+        node = (placement[primary.rank].node if primary.rank in placement else None) or primary.node
+        own = placement.get(primary.rank) if primary.rank is not None else None
+        step = primary.step if primary.step is not None else _failure_step(telemetry.steps, attempt, primary.rank)
+        evidence: list[Evidence] = list(primary.evidence)
+        culprit_ranks = [primary.rank] if primary.rank is not None else []
+        culprit_nodes = [node] if node else []
+        culprit_gpus = [own.gpu_label] if own is not None and own.gpu_label else []
+        first_signal = primary.ts
+        cause, rule, confidence = self._default_cause(primary)
+
+        same = [f for f in failures if f is not primary and f.fingerprint and f.fingerprint == primary.fingerprint
+                and f.kind in (FailureKind.EXCEPTION, FailureKind.OOM)]
+        other_nodes = {(placement[f.rank].node if f.rank in placement else None) or f.node for f in same} - {node}
+        other_nodes.discard(None)
+        repeats = self._repeats(job, attempt, primary, per_attempt, telemetry.steps)
+        findings = hardware_findings(telemetry.gpu_events, node, primary.ts, self.rules, self.catalog, own)
+        signature = next((s for s in self.rules.signatures
+                          if s.matches(primary.exception_type, primary.message, primary.traceback)), None)
+
+        if same:
+            culprit_ranks = sorted({primary.rank, *(f.rank for f in same)} - {None})
+            evidence.append(Evidence("process_events", same[0].ts,
+                                     f"same fingerprint {primary.fingerprint} on {len(same)} more rank(s)"
+                                     + (f" on {len(other_nodes)} other node(s): {', '.join(sorted(other_nodes))}"
+                                        if other_nodes else " of the same node")))
+        if same and other_nodes:
+            cause = Cause.OOM if signature is not None and signature.cause == Cause.OOM else Cause.SOFTWARE
+            rule = "crash-software-same-fingerprint-multi-node"
+            confidence = self.rules.conf(rule)
+            culprit_nodes = []
+            culprit_gpus = []
+        elif repeats and any(r[2] for r in repeats):
+            cause, rule = Cause.SOFTWARE, "crash-software-repeat-same-step"
+            confidence = self.rules.conf(rule)
+            culprit_nodes, culprit_gpus = [], []
+        elif findings:
+            best = findings[0]
+            cause = best.cause
+            rule = "crash-hardware-same-gpu" if best.same_gpu else "crash-hardware-same-node"
+            confidence = self.rules.conf(rule) * min(1.0, best.confidence / 0.9)
+            if not (best.same_gpu and culprit_gpus):
+                culprit_gpus = [best.gpu] if best.gpu else culprit_gpus
+            first_signal = min(first_signal, best.ts)
+        elif repeats:
+            cause, rule = Cause.SOFTWARE, "crash-software-repeat-fingerprint"
+            confidence = self.rules.conf(rule)
+            culprit_nodes, culprit_gpus = [], []
+        elif signature is not None:
+            cause, rule, confidence = signature.cause, signature.id, signature.confidence
+        for previous_attempt, previous, same_step in repeats[:3]:
+            evidence.append(Evidence("process_events", previous.ts,
+                                     f"same fingerprint in attempt {previous_attempt} (rank {previous.rank}"
+                                     f"{', same step ' + str(step) if same_step else ''})"))
+        evidence.extend(f.evidence() for f in findings[:3])
+        if signature is not None and rule != signature.id:
+            evidence.append(Evidence("process_events", primary.ts, f"matches signature {signature.id}: "
+                                     f"{signature.description or signature.cause}"))
+        if secondary_line:
+            evidence.append(secondary_line)
+        evidence = evidence[: self.rules.evidence_limit]
+        what = {FailureKind.KILLED: f"killed by {primary.signal}", FailureKind.OOM: "ran out of memory",
+                FailureKind.EXCEPTION: f"raised {primary.exception_type or 'an exception'}",
+                FailureKind.EXITED: f"exited with code {primary.exit_code}"}.get(primary.kind, str(primary.kind))
+        summary = (f"crash: rank {primary.rank}" + (f" on {node}" if node else "") + f" {what}"
+                   + (f" at step {step}" if step is not None else "") + f"; cause {cause.value} ({rule})")
+        if len(culprit_ranks) > 1:
+            summary += f"; {len(culprit_ranks)} ranks failed the same way"
+        return Incident(
+            incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH, cause=cause,
+            first_signal_ts=first_signal, detected_ts=now, confidence=round(float(confidence), 3), rule=rule,
+            summary=summary, job_id=job, attempt=attempt, culprit_nodes=tuple(culprit_nodes),
+            culprit_ranks=tuple(int(r) for r in culprit_ranks), culprit_gpus=tuple(culprit_gpus),
+            evidence=tuple(evidence), fingerprint=primary.fingerprint, step=step,
+            details={"primary_kind": primary.kind.value, "failures": len(failures),
+                     "secondary_rows": sum(f.secondary_rows for f in failures)})
+
+    def _hang_before(self, job: str | None, attempt: int | None, primary: RankFailure,
+                     failures: list[RankFailure]) -> HangTrigger | None:
+        """Collective timeouts reported before the first failure: the job hung first, and the failure came out
+        of the hang (a stuck rank giving up, a supervisor's kill). A dead rank makes its peers time out only
+        after their timeout, so a crash never looks like this."""
+        effective = primary.ts - dt.timedelta(seconds=self.rules.signal_notice_slack_s) \
+            if primary.kind == FailureKind.KILLED else primary.ts
+        timeouts = sorted((f for f in failures if f.first_timeout is not None), key=lambda f: f.first_timeout)
+        if not timeouts or timeouts[0].first_timeout >= effective:  # type: ignore[operator]
+            return None
+        evidence = [e for f in timeouts[:3] for e in f.evidence[:1]]
+        evidence.append(Evidence("process_events", primary.ts, "after the timeouts: " + (
+            primary.evidence[0].text if primary.evidence else f"rank {primary.rank} failed")))
+        return HangTrigger(job, attempt, timeouts[0].first_timeout, tuple(evidence))  # type: ignore[arg-type]
+
+    def _default_cause(self, primary: RankFailure) -> tuple[Cause, str, float]:
+        if primary.kind == FailureKind.OOM:
+            return Cause.OOM, "crash-oom", self.rules.conf("crash-oom", 0.9)
+        if primary.kind == FailureKind.EXCEPTION:
+            return Cause.SOFTWARE, "crash-exception", self.rules.conf("crash-exception")
+        if primary.kind == FailureKind.KILLED:
+            return Cause.UNKNOWN, "crash-killed-by-signal", self.rules.conf("crash-killed-by-signal")
+        return Cause.UNKNOWN, "crash-nonzero-exit", self.rules.conf("crash-nonzero-exit")
+
+    def _repeats(self, job: str | None, attempt: int | None, primary: RankFailure,
+                 per_attempt: dict[tuple[str | None, int | None], list[RankFailure]],
+                 steps: pd.DataFrame) -> list[tuple[int | None, RankFailure, bool]]:
+        """Earlier attempts of the same job whose primary failure had the same fingerprint: (attempt, failure,
+        same step)."""
+        if not primary.fingerprint or attempt is None:
+            return []
+        step = primary.step if primary.step is not None else _failure_step(steps, attempt, primary.rank)
+        found = []
+        for (other_job, other_attempt), failures in per_attempt.items():
+            if other_job != job or other_attempt is None or other_attempt >= attempt:
+                continue
+            previous = self.primary(failures)
+            if previous is None or previous.fingerprint != primary.fingerprint:
+                continue
+            previous_step = previous.step if previous.step is not None else _failure_step(
+                steps, other_attempt, previous.rank)
+            found.append((other_attempt, previous, step is not None and previous_step == step))
+        return sorted(found, key=lambda item: -(item[0] or 0))
+
+    def _secondary_summary(self, failures: list[RankFailure], primary: RankFailure | None) -> Evidence | None:
+        others = [f for f in failures if f is not primary]
+        rows = sum(f.rows for f in others)
+        if not others:
+            return None
+        kinds = Counter(f.kind.value for f in others)
+        first = min(f.ts for f in others)
+        parts = ", ".join(f"{kind} x{count}" for kind, count in kinds.most_common())
+        return Evidence("process_events", first, f"{rows} more error signal(s) from {len(others)} other rank(s), "
+                                                 f"folded into this incident ({parts})")
+
+    def _no_primary(self, telemetry: Telemetry, job: str | None, attempt: int | None,
+                    failures: list[RankFailure], placement: dict[int, Placement], secondary_line: Evidence | None,
+                    now: dt.datetime) -> Incident | HangTrigger | None:
+        first = min(f.ts for f in failures)
+        # a node whose ranks said nothing while the others echoed a failure, or whose GPU reported hardware errors
+        reported = {f.rank for f in failures}
+        silent = sorted(r for r in placement if r not in reported)
+        nodes = sorted({p.node for p in placement.values() if p.node})
+        node_findings = {node: hardware_findings(telemetry.gpu_events, node, first, self.rules, self.catalog)
+                         for node in nodes}
+        node_findings = {n: f for n, f in node_findings.items() if f}
+        if len(node_findings) == 1:
+            node, findings = next(iter(node_findings.items()))
+            best = findings[0]
+            ranks = sorted(r for r, p in placement.items() if p.node == node)
+            rule = "crash-hardware-node-no-report"
+            evidence = [best.evidence(), *(f.evidence() for f in findings[1:3])]
+            if secondary_line:
+                evidence.append(secondary_line)
+            return Incident(
+                incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
+                cause=best.cause, first_signal_ts=min(best.ts, first), detected_ts=now,
+                confidence=min(self.rules.conf(rule), best.confidence), rule=rule,
+                summary=f"crash: {node} reported {best.kind} and its peers lost contact; cause {best.cause.value}",
+                job_id=job, attempt=attempt, culprit_nodes=(node,), culprit_ranks=tuple(ranks),
+                culprit_gpus=(best.gpu,) if best.gpu else (), evidence=tuple(evidence[: self.rules.evidence_limit]))
+        if all(f.kind == FailureKind.TERMINATED for f in failures):
+            return None  # stopped from outside (cancelled, preempted): not a crash to attribute
+        timeouts = [f for f in failures if f.timeout_rows]
+        if timeouts:
+            evidence = [e for f in sorted(timeouts, key=lambda f: f.ts)[:3] for e in f.evidence[:1]]
+            return HangTrigger(job, attempt, min(f.ts for f in timeouts), tuple(evidence))
+        silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
+                              - {f.node for f in failures if f.node})
+        rule = "crash-no-primary"
+        evidence = [e for f in sorted(failures, key=lambda f: f.ts)[:3] for e in f.evidence[:1]]
+        if silent:
+            evidence.insert(0, Evidence("process_events", first, f"ranks {silent} reported no failure while "
+                                                                 f"{len(failures)} others echoed one"))
+        return Incident(
+            incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
+            cause=Cause.UNKNOWN, first_signal_ts=first, detected_ts=now, confidence=self.rules.conf(rule),
+            rule=rule, summary="crash: every failing rank echoed another's failure; the primary one was not seen"
+            + (f" (silent ranks {silent} on {', '.join(silent_nodes) or 'unknown nodes'})" if silent else ""),
+            job_id=job, attempt=attempt, culprit_nodes=tuple(silent_nodes) if len(silent_nodes) == 1 else (),
+            culprit_ranks=tuple(silent) if silent_nodes and len(silent_nodes) == 1 else (),
+            evidence=tuple(evidence[: self.rules.evidence_limit]))
+
+
+def _failure_step(steps: pd.DataFrame, attempt: int | None, rank: int | None) -> int | None:
+    """The step a rank was in when it failed: one past its last completed step of that attempt."""
+    if steps.empty or rank is None or "step" not in steps.columns:
+        return None
+    rows = steps[steps["rank"] == rank]
+    if attempt is not None and "attempt" in rows.columns:
+        rows = rows[rows["attempt"] == attempt]
+    if rows.empty or rows["step"].dropna().empty:
+        return None
+    return int(rows["step"].max()) + 1

@@ -1,0 +1,411 @@
+"""The attribution engine: telemetry -> incidents, as a batch pass over a store or live, tailing new segments.
+
+`attribute(store, job=None, now=None)` reads a store and returns every incident its telemetry supports (crashes,
+collective hangs, stragglers); `write_new_incidents` adds the ones not in the incidents table yet. `Follower`
+tails a store: each poll lists it again (Store.refresh), reads only the new segments, runs the detectors over a
+bounded in-memory window, and writes each new incident once through a SegmentSink. Incident ids are deterministic
+(Incident.make_id over what identifies the failure), so a batch re-run, a restarted follower and a follower racing
+a batch pass all agree on what was already reported. Every written incident gets a LagRecord: when the segment
+that completed its evidence became visible, and when the incident row did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pyarrow as pa
+
+from attribution.crash import CrashAttributor, HangTrigger
+from attribution.hardware import XidCatalogLike, default_xid_catalog
+from attribution.health import HealthMonitor
+from attribution.incident import Evidence, Incident, IncidentClass
+from attribution.progress import (
+    DumpRequester,
+    HangAnalyzer,
+    HangAttributor,
+    HangSuspect,
+    ProgressMonitor,
+    latest_dump_set,
+    suspect_from_trigger,
+)
+from attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
+from attribution.store import Store
+from attribution.straggler import StragglerDetector
+from attribution.tail import NewSegment, SegmentTail
+from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
+from collectors.layout import StoreLocation, safe_value
+from collectors.sink import SegmentSink
+
+log = logging.getLogger(__name__)
+
+_JOB_PART = re.compile(r"/job=([^/]+)/")
+TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
+
+
+def _tail_frame(table: pa.Table, name: str) -> pd.DataFrame:
+    frame = to_frame(table, name)
+    return frame[list(SAMPLE_COLUMNS)] if name == "gpu_samples" else frame
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Engine:
+    """The detectors together: crash first (a crashed attempt is not also a hang), then hangs, then stragglers."""
+
+    def __init__(self, *, crash_rules: CrashRules | None = None, thresholds: Thresholds | None = None,
+                 catalog: XidCatalogLike | None = None, analyzer: HangAnalyzer | None = None,
+                 dump_requester: DumpRequester | None = None) -> None:
+        self.crash_rules = crash_rules or load_crash_rules()
+        self.thresholds = thresholds or load_thresholds()
+        self.catalog = catalog if catalog is not None else default_xid_catalog()
+        self.crash = CrashAttributor(self.crash_rules, self.catalog)
+        self.progress = ProgressMonitor(self.thresholds.progress)
+        self.hang = HangAttributor(self.crash_rules, self.catalog, analyzer, dump_requester)
+        self.straggler = StragglerDetector(self.thresholds.straggler)
+        self.health = HealthMonitor(self.thresholds.health, self.crash_rules, self.catalog)
+
+    def run_job(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | None, *,
+                settled: Callable[[str | None, int | None], bool] | None = None,
+                already: set[str] | frozenset[str] = frozenset(), hangs: bool = True,
+                stragglers: bool = True, straggler_last_steps: int | None = None,
+                hung: dict[tuple[str | None, int | None], dt.datetime] | None = None) -> list[Incident]:
+        """Incidents of the telemetry of one job. `already` holds incident ids reported before: their hang
+        suspects are not analysed again (no second dump request). `hung`: attempts already reported hung (live
+        mode) and since when; a failure after that is the hang's ending (a watchdog abort, a supervisor's
+        kill), not a new crash."""
+        crash = self.crash.attribute(telemetry, now, settled)
+        hung = hung or {}
+        crashes = [i for i in crash.incidents
+                   if not ((i.job_id, i.attempt) in hung and i.first_signal_ts >= hung[(i.job_id, i.attempt)])]
+        incidents: dict[str, Incident] = {i.incident_id: self._with_dump_evidence(i, telemetry)
+                                          for i in crashes if i.incident_id not in already}
+        if hangs:
+            busy = {(i.job_id, i.attempt) for i in crash.incidents} | set(crash.pending)
+            suspects: dict[str, HangSuspect] = {}
+            for trigger in crash.hang_triggers:
+                suspect = self._from_trigger(trigger, telemetry)
+                suspects.setdefault(suspect.incident_id, suspect)
+            if as_of is not None:
+                for suspect in self.progress.suspects(telemetry, as_of):
+                    if (suspect.job_id, suspect.attempt) not in busy:
+                        suspects.setdefault(suspect.incident_id, suspect)
+            for incident_id, suspect in suspects.items():
+                if incident_id in already or incident_id in incidents:
+                    continue
+                incidents[incident_id] = self.hang.attribute(suspect, telemetry, now)
+        if stragglers:
+            for incident in self.straggler.attribute(telemetry, now, straggler_last_steps):
+                incidents.setdefault(incident.incident_id, incident)
+        return list(incidents.values())
+
+    def _with_dump_evidence(self, incident: Incident, telemetry: Telemetry) -> Incident:
+        """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors' dumps (the dead
+        rank wrote none, or never joined the collective the others waited in) corroborates the culprit."""
+        dumps = latest_dump_set(telemetry.collectives, incident.job_id, incident.attempt)
+        if dumps.num_rows == 0 or not incident.culprit_ranks:
+            return incident
+        placement = placements(telemetry.ranks, incident.attempt, telemetry.process_events, telemetry.steps)
+        try:
+            report = self.hang.analyzer(dumps, sorted(placement) or None)
+        except Exception as exc:  # evidence only: a failing analysis must not lose the crash
+            log.warning("hang analysis of the dumps of %s attempt %s failed: %s", incident.job_id, incident.attempt,
+                        exc)
+            return incident
+        culprits = set(getattr(report, "culprit_ranks", ()) or ())
+        if not culprits & set(incident.culprit_ranks):
+            return incident
+        verdict = getattr(getattr(report, "verdict", None), "value", getattr(report, "verdict", None))
+        reason = getattr(report, "reason", "")
+        line = Evidence("collectives", None, f"flight-recorder dumps agree: {verdict}: {reason}")
+        evidence = (*incident.evidence[: self.crash_rules.evidence_limit - 1], line)
+        confidence = round(min(0.99, incident.confidence + 0.1), 3)
+        return dataclasses.replace(incident, evidence=evidence, confidence=confidence)
+
+    @staticmethod
+    def _from_trigger(trigger: HangTrigger, telemetry: Telemetry) -> HangSuspect:
+        return suspect_from_trigger(trigger.job_id, trigger.attempt, trigger.ts, trigger.evidence, telemetry.steps)
+
+    def run(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | dict[str, dt.datetime] | None = None,
+            **options: object) -> list[Incident]:
+        """Incidents of every job in `telemetry` (each job on its own rows)."""
+        jobs = telemetry.jobs or tuple(list_jobs(telemetry.ranks, telemetry.steps, telemetry.process_events))
+        found: dict[str, Incident] = {}
+        for job in jobs:
+            job_as_of = as_of.get(job) if isinstance(as_of, dict) else as_of
+            for incident in self.run_job(telemetry.for_job(job), now, job_as_of, **options):  # type: ignore[arg-type]
+                found.setdefault(incident.incident_id, incident)
+        for incident in self.health.attribute(telemetry.gpu_events, found.values(), now):
+            found.setdefault(incident.incident_id, incident)
+        return sorted(found.values(), key=lambda i: (i.first_signal_ts, i.incident_id))
+
+
+def _open(store: Store | str | StoreLocation, job: str | None) -> tuple[Store, bool]:
+    if isinstance(store, Store):
+        return store, False
+    return Store(store, jobs=[job] if job is not None else None), True
+
+
+def attribute(store: Store | str | StoreLocation, job: str | None = None, now: dt.datetime | None = None, *,
+              engine: Engine | None = None) -> list[Incident]:
+    """A batch pass: every incident the store's telemetry supports. `now` is the time of the pass (detection
+    time and the end of the observation for hang detection); by default each job is observed up to its newest
+    telemetry (a replay), and detection time is the wall clock."""
+    engine = engine or Engine()
+    opened, owned = _open(store, job)
+    try:
+        telemetry = load_from_store(opened, job)
+        as_of: dt.datetime | dict[str, dt.datetime] = now if now is not None else telemetry.as_of
+        return engine.run(telemetry, now or utc_now(), as_of)  # GPU samples are read on demand: store open
+    finally:
+        if owned:
+            opened.close()
+
+
+def existing_incident_ids(store: Store) -> set[str]:
+    table = store.query("SELECT DISTINCT incident_id FROM incidents WHERE incident_id IS NOT NULL")
+    return set(table.column("incident_id").to_pylist()) if table.num_rows else set()
+
+
+def existing_failures(store: Store) -> list[Incident]:
+    """Crash and hang incidents already in the store (they explain GPU events: no health incident for those)."""
+    table = store.query("SELECT * FROM incidents WHERE class IN ('crash', 'collective_hang')")
+    seen: dict[str, Incident] = {}
+    for row in table.to_pylist():
+        seen.setdefault(row["incident_id"], Incident.from_row(row))
+    return list(seen.values())
+
+
+def write_new_incidents(store: Store | str | StoreLocation, incidents: Iterable[Incident],
+                        known: set[str] | None = None, sink: SegmentSink | None = None) -> list[Incident]:
+    """Write the incidents whose ids are not in the incidents table (or in `known`, which gets the new ids) yet;
+    returns those written. They are visible when this returns."""
+    opened, owned = _open(store, None)
+    try:
+        known = known if known is not None else existing_incident_ids(opened)  # updated in place
+        fresh = []
+        for incident in incidents:
+            if incident.incident_id not in known:
+                known.add(incident.incident_id)
+                fresh.append(incident)
+        if fresh:
+            own_sink = sink is None
+            sink = sink or SegmentSink(opened.location, flush_rows=1_000_000, flush_age_s=3600.0)
+            sink.write("incidents", [i.to_row() for i in fresh])
+            sink.flush("incidents")
+            if own_sink:
+                sink.close()
+        return fresh
+    finally:
+        if owned:
+            opened.close()
+
+
+# ---------------------------------------------------------------- follow mode
+
+
+@dataclass(frozen=True)
+class LagRecord:
+    """How long one incident took: from the segment that completed its evidence becoming visible to the
+    incident row becoming visible (wall-clock seconds)."""
+
+    incident_id: str
+    segment: str | None
+    landed_at: float | None
+    seen_at: float
+    written_at: float
+
+    @property
+    def lag_s(self) -> float | None:
+        return None if self.landed_at is None else self.written_at - self.landed_at
+
+
+@dataclass
+class FollowStats:
+    polls: int = 0
+    segments_read: int = 0
+    rows_read: int = 0
+    incidents_written: int = 0
+    lag: list[LagRecord] = field(default_factory=list)
+
+
+class Follower:
+    """Live attribution: tails new segments and writes each new incident exactly once."""
+
+    def __init__(self, store: str | StoreLocation, *, job: str | None = None, engine: Engine | None = None,
+                 sink: SegmentSink | None = None, clock: Callable[[], dt.datetime] = utc_now,
+                 monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+        self.engine = engine or Engine()
+        self.config = self.engine.thresholds.engine
+        self.job = job
+        self.store = Store(store, jobs=[job] if job is not None else None)
+        self.incident_store = Store(store) if job is not None else self.store
+        self.sink = sink or SegmentSink(self.store.location, flush_rows=1_000_000, flush_age_s=3600.0)
+        self.tail = SegmentTail(self.store, TAILED_TABLES, retain_s=self.config.retain_s,
+                                max_rows=self.config.max_rows_per_table, to_frame=_tail_frame,
+                                arrow_tables=("collectives",))
+        self.clock = clock
+        self.monotonic = monotonic
+        self.wall = wall
+        self.known = existing_incident_ids(self.incident_store)
+        self._failures: list[Incident] = existing_failures(self.incident_store)
+        self._hung = {(i.job_id, i.attempt): i.first_signal_ts for i in self._failures
+                      if i.incident_class == IncidentClass.COLLECTIVE_HANG}
+        self._last_health = float("-inf")
+        straggler = self.engine.thresholds.straggler
+        self._straggler_steps = 2 * straggler.window_steps + straggler.self_baseline_steps
+        self.stats = FollowStats()
+        self._arrivals: dict[tuple[str | None, int | None], float] = {}
+        self._steps_changed = False
+        self._last_progress = float("-inf")
+        self._last_straggler = float("-inf")
+        self._pending_crash = False
+        self._stop = threading.Event()
+        self._unclaimed: dict[str, NewSegment] = {}
+        self._seen_at: dict[str, float] = {}
+
+    # ------------------------------------------------------------ one poll
+
+    def poll_once(self) -> list[Incident]:
+        """Read new segments, attribute, write new incidents; returns the incidents written by this poll."""
+        arrived = self.tail.poll()
+        self.stats.polls += 1
+        self.stats.segments_read += len(arrived)
+        self.stats.rows_read += sum(s.rows for s in arrived)
+        seen_at = self.wall()
+        tick = self.monotonic()
+        self._remember(arrived, seen_at)
+        changed = {segment.table for segment in arrived}
+        self._steps_changed |= "steps" in changed
+        if "process_events" in changed:
+            self._note_arrivals(arrived)
+        crash_due = bool({"process_events", "gpu_events"} & changed) or self._pending_crash
+        progress_due = tick - self._last_progress >= self.config.progress_check_s or bool(
+            {"steps", "process_events", "collectives"} & changed)
+        straggler_due = self._steps_changed and tick - self._last_straggler >= self.config.straggler_check_s
+        health_due = "gpu_events" in changed or tick - self._last_health >= self.config.progress_check_s
+        if not (crash_due or progress_due or straggler_due or health_due):
+            return []
+        telemetry = self._telemetry()
+        now = self.clock()
+        found: list[Incident] = []
+        for job in telemetry.jobs:
+            found.extend(self.engine.run_job(
+                telemetry.for_job(job), now, now, settled=self._settled, already=self.known,
+                hangs=progress_due or crash_due, stragglers=straggler_due,
+                straggler_last_steps=self._straggler_steps, hung=self._hung))
+        self._failures.extend(i for i in found if i.incident_class in (IncidentClass.CRASH,
+                                                                       IncidentClass.COLLECTIVE_HANG))
+        for incident in found:
+            if incident.incident_class == IncidentClass.COLLECTIVE_HANG:
+                self._hung.setdefault((incident.job_id, incident.attempt), incident.first_signal_ts)
+        if health_due:
+            self._last_health = tick
+            settle = dt.timedelta(seconds=self.engine.thresholds.health.settle_s)
+            found.extend(self.engine.health.attribute(telemetry.gpu_events, self._failures, now,
+                                                      settled_before=now - settle))
+        if crash_due:
+            # an attempt whose settle time ends after this evaluation began may have been skipped: look again
+            self._arrivals = {key: arrived for key, arrived in self._arrivals.items()
+                              if arrived + self.config.crash_settle_s >= tick}
+            self._pending_crash = bool(self._arrivals)
+        if progress_due:
+            self._last_progress = tick
+        if straggler_due:
+            self._last_straggler = tick
+            self._steps_changed = False
+        written = write_new_incidents(self.incident_store, found, self.known, self.sink)
+        if written:
+            written_at = self.wall()
+            jobs = {safe_value(incident.job_id or "_node") for incident in written}
+            triggers = {job: self._unclaimed.pop(job, None) for job in jobs}  # shared by one poll's incidents
+            for incident in written:
+                trigger = triggers[safe_value(incident.job_id or "_node")]
+                self.stats.lag.append(LagRecord(incident.incident_id, trigger.path if trigger else None,
+                                                trigger.landed_at if trigger else None,
+                                                trigger_seen if trigger and (trigger_seen := self._seen_at.get(
+                                                    trigger.path)) else seen_at, written_at))
+            self.stats.incidents_written += len(written)
+        return written
+
+    def _remember(self, arrived: Sequence[NewSegment], seen_at: float) -> None:
+        """The newest segment of each job not yet followed by an incident: what an incident's lag is measured
+        from (an incident found by the passing of time, a hang, has none unless data of its job just landed)."""
+        for segment in arrived:
+            if segment.table == "gpu_samples" or segment.landed_at is None:
+                continue
+            match = _JOB_PART.search(segment.path)
+            job = match.group(1) if match else "_node"
+            current = self._unclaimed.get(job)
+            if current is None or (current.landed_at or 0.0) <= segment.landed_at:
+                self._unclaimed[job] = segment
+                self._seen_at[segment.path] = seen_at
+
+    def _note_arrivals(self, arrived: Sequence[object]) -> None:
+        events = self.tail.frame("process_events")
+        if events.empty:
+            return
+        tick = self.monotonic()
+        new_rows = sum(s.rows for s in arrived if s.table == "process_events")  # type: ignore[attr-defined]
+        recent = events.iloc[max(0, len(events) - new_rows):]
+        jobs = recent["job_id"].astype(object).where(recent["job_id"].notna(), None)
+        attempts = recent["attempt"].astype(object).where(recent["attempt"].notna(), None)
+        for job, attempt in set(zip(jobs, attempts, strict=True)):
+            self._arrivals[(job, None if attempt is None else int(attempt))] = tick
+
+    def _settled(self, job: str | None, attempt: int | None) -> bool:
+        arrived = self._arrivals.get((job, attempt))
+        return arrived is None or self.monotonic() - arrived >= self.config.crash_settle_s
+
+    def _telemetry(self) -> Telemetry:
+        frames = {name: self.tail.frame(name) for name in TAILED_TABLES if name != "collectives"}
+        samples = frames["gpu_samples"]
+
+        def fetch(nodes: Sequence[str], start: dt.datetime, end: dt.datetime) -> pd.DataFrame:
+            if samples.empty:
+                return samples
+            mask = samples["node"].isin(list(nodes)) & (samples["ts"] >= start) & (samples["ts"] <= end)
+            return samples[mask]
+
+        jobs = tuple(list_jobs(frames["ranks"], frames["steps"], frames["process_events"]))
+        if self.job is not None:
+            jobs = tuple(j for j in jobs if j == self.job)
+        collectives: pa.Table = self.tail.table("collectives")
+        return Telemetry(ranks=frames["ranks"], steps=frames["steps"], process_events=frames["process_events"],
+                         gpu_events=frames["gpu_events"], collectives=collectives, fetch_samples=fetch, jobs=jobs)
+
+    # ------------------------------------------------------------ loop
+
+    def run(self, *, interval: float | None = None, on_incident: Callable[[Incident], None] | None = None,
+            max_polls: int | None = None) -> None:
+        """Poll until stop() (or max_polls); `on_incident` sees each written incident."""
+        interval = interval if interval is not None else self.config.poll_interval_s
+        polls = 0
+        while not self._stop.is_set():
+            started = self.monotonic()
+            for incident in self.poll_once():
+                if on_incident is not None:
+                    on_incident(incident)
+            polls += 1
+            if max_polls is not None and polls >= max_polls:
+                break
+            self._stop.wait(max(0.0, interval - (self.monotonic() - started)))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self.stop()
+        self.sink.close()
+        self.store.close()
+        if self.incident_store is not self.store:
+            self.incident_store.close()

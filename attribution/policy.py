@@ -1,0 +1,455 @@
+"""The decision policy: one incident -> exactly one decision (failover, escalate or drain), by the rules of
+rules/policy.yaml (DESIGN.md "Decision policy").
+
+Order of evaluation:
+1. software repeats found in the job's history (the same fingerprint on other nodes, or again at the same step
+   after a restart) -> escalate as software;
+2. no certain culprit (no culprit node, or confidence below the threshold) -> escalate;
+3. the first matching rule gives the action;
+4. a failover must pass the hard guards: never for a never-failover cause (a software bug is never restarted in a
+   loop), never more nodes than max_exclude_nodes, and the job's retry budget for the root cause must not be spent;
+   the job's lemon nodes are excluded along with the culprits; the restore is chosen by the checkpoint catalog
+   (a RestoreChooser) given the exclusions and, for corruption causes, the time and step of the first signal.
+
+The store's history comes in through the PolicyHistory protocol (StoreHistory reads the incidents, decisions and
+ranks tables); the restore choice through the RestoreChooser callable (controller/checkpoints implements it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from attribution.decision import Action, Decision, Restore
+from attribution.incident import Cause, Incident, IncidentClass
+from attribution.rulefile import RuleFileError, load_yaml_file
+
+DEFAULT_POLICY_PATH = Path(__file__).resolve().parents[1] / "rules" / "policy.yaml"
+
+
+class PolicyError(RuleFileError):
+    """rules/policy.yaml is unreadable or invalid: `<file>: <key>: <expectation>`."""
+
+
+_CAUSES = [c.value for c in Cause]
+_CLASSES = [c.value for c in IncidentClass]
+_CAUSE_LIST = {"type": "array", "items": {"enum": _CAUSES}, "uniqueItems": True}
+_COUNT = {"type": "integer", "minimum": 0}
+_FRACTION = {"type": "number", "minimum": 0, "maximum": 1}
+
+POLICY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["format_version", "confidence_threshold", "never_failover_causes", "retry_budget", "rules"],
+    "properties": {
+        "format_version": {"const": 1},
+        "confidence_threshold": _FRACTION,
+        "confidence_by_class": {"type": "object", "propertyNames": {"enum": _CLASSES},
+                                "additionalProperties": _FRACTION},
+        "never_failover_causes": _CAUSE_LIST,
+        "software_repeat": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"same_fingerprint_on_other_nodes": {"type": "boolean"},
+                           "same_step_after_restart": {"type": "boolean"},
+                           "applies_to_causes": _CAUSE_LIST},
+        },
+        "retry_budget": {
+            "type": "object", "additionalProperties": False, "required": ["default"],
+            "properties": {"default": _COUNT,
+                           "by_cause": {"type": "object", "propertyNames": {"enum": _CAUSES},
+                                        "additionalProperties": _COUNT}},
+        },
+        "lemon": {
+            "type": "object", "additionalProperties": False,
+            "required": ["min_incidents", "min_jobs", "window_days"],
+            "properties": {"min_incidents": {"type": "integer", "minimum": 1},
+                           "min_jobs": {"type": "integer", "minimum": 1},
+                           "window_days": {"type": "number", "exclusiveMinimum": 0},
+                           "causes": _CAUSE_LIST},
+        },
+        "corruption_causes": _CAUSE_LIST,
+        "max_exclude_nodes": {"type": "integer", "minimum": 1},
+        "rules": {
+            "type": "array", "minItems": 1,
+            "items": {
+                "type": "object", "additionalProperties": False, "required": ["id", "when", "action"],
+                "properties": {
+                    "id": {"type": "string", "pattern": r"^[a-z0-9][a-z0-9_.-]*$"},
+                    "when": {
+                        "type": "object", "additionalProperties": False,
+                        "properties": {
+                            "class": {"type": "array", "items": {"enum": _CLASSES}, "minItems": 1},
+                            "cause": {"type": "array", "items": {"enum": _CAUSES}, "minItems": 1},
+                            "culprit_nodes": {"type": "object", "additionalProperties": False,
+                                              "properties": {"min": _COUNT, "max": _COUNT}},
+                        },
+                    },
+                    "action": {"enum": [Action.FAILOVER.value, Action.ESCALATE.value, Action.DRAIN.value]},
+                    "reason": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class PolicyRule:
+    id: str
+    action: Action
+    reason: str
+    classes: frozenset[IncidentClass] | None = None
+    causes: frozenset[Cause] | None = None
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+
+    def matches(self, incident: Incident) -> bool:
+        if self.classes is not None and incident.incident_class not in self.classes:
+            return False
+        if self.causes is not None and incident.cause not in self.causes:
+            return False
+        nodes = len(set(incident.culprit_nodes))
+        if self.min_nodes is not None and nodes < self.min_nodes:
+            return False
+        return not (self.max_nodes is not None and nodes > self.max_nodes)
+
+
+@dataclass(frozen=True)
+class SoftwareRepeatRule:
+    same_fingerprint_on_other_nodes: bool = True
+    same_step_after_restart: bool = True
+    applies_to_causes: frozenset[Cause] = frozenset({Cause.UNKNOWN, Cause.SOFTWARE, Cause.OOM})
+
+
+@dataclass(frozen=True)
+class LemonRule:
+    min_incidents: int = 3
+    min_jobs: int = 2
+    window_days: float = 30.0
+    causes: frozenset[Cause] | None = None
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    source: str
+    confidence_threshold: float
+    never_failover_causes: frozenset[Cause]
+    retry_budget_default: int
+    rules: tuple[PolicyRule, ...]
+    confidence_by_class: Mapping[IncidentClass, float] | None = None
+    retry_budget_by_cause: Mapping[Cause, int] | None = None
+    software_repeat: SoftwareRepeatRule = SoftwareRepeatRule()
+    lemon: LemonRule | None = None
+    corruption_causes: frozenset[Cause] = frozenset({Cause.DATA_CORRUPTION})
+    max_exclude_nodes: int = 2
+
+    def threshold_for(self, incident_class: IncidentClass) -> float:
+        return (self.confidence_by_class or {}).get(incident_class, self.confidence_threshold)
+
+    def retry_budget(self, cause: Cause) -> int:
+        return (self.retry_budget_by_cause or {}).get(cause, self.retry_budget_default)
+
+
+def load_policy(path: str | Path | None = None) -> PolicyConfig:
+    """Load and validate a policy file (default rules/policy.yaml). Raises PolicyError naming file, key and
+    expectation."""
+    path = Path(path) if path is not None else DEFAULT_POLICY_PATH
+    try:
+        document = load_yaml_file(path, POLICY_SCHEMA)
+    except RuleFileError as exc:
+        raise PolicyError(str(exc)) from None
+    return policy_from_document(document, source=str(path))
+
+
+def policy_from_document(document: Mapping[str, Any], *, source: str) -> PolicyConfig:
+    never = frozenset(Cause(c) for c in document["never_failover_causes"])
+    rules = []
+    ids: set[str] = set()
+    for index, raw in enumerate(document["rules"]):
+        when = raw["when"]
+        rule = PolicyRule(
+            id=raw["id"],
+            action=Action(raw["action"]),
+            reason=raw.get("reason", raw["id"]),
+            classes=frozenset(IncidentClass(c) for c in when["class"]) if "class" in when else None,
+            causes=frozenset(Cause(c) for c in when["cause"]) if "cause" in when else None,
+            min_nodes=when.get("culprit_nodes", {}).get("min"),
+            max_nodes=when.get("culprit_nodes", {}).get("max"),
+        )
+        if rule.id in ids:
+            raise PolicyError(f"{source}: rules[{index}].id: expected a unique id, {rule.id!r} is used twice")
+        ids.add(rule.id)
+        if rule.action is Action.FAILOVER and rule.causes is not None and rule.causes & never:
+            bad = ", ".join(sorted(c.value for c in rule.causes & never))
+            raise PolicyError(f"{source}: rules[{index}].when.cause: a failover rule may not match a "
+                              f"never_failover cause ({bad})")
+        rules.append(rule)
+    if not any(not r.classes and not r.causes and r.min_nodes is None and r.max_nodes is None for r in rules):
+        raise PolicyError(f"{source}: rules: expected a last catch-all rule (`when: {{}}`) so every incident gets "
+                          "exactly one decision")
+    repeat = document.get("software_repeat", {})
+    lemon = document.get("lemon")
+    budget = document["retry_budget"]
+    return PolicyConfig(
+        source=source,
+        confidence_threshold=float(document["confidence_threshold"]),
+        confidence_by_class={IncidentClass(k): float(v) for k, v in document.get("confidence_by_class", {}).items()},
+        never_failover_causes=never,
+        retry_budget_default=int(budget["default"]),
+        retry_budget_by_cause={Cause(k): int(v) for k, v in budget.get("by_cause", {}).items()},
+        rules=tuple(rules),
+        software_repeat=SoftwareRepeatRule(
+            same_fingerprint_on_other_nodes=repeat.get("same_fingerprint_on_other_nodes", True),
+            same_step_after_restart=repeat.get("same_step_after_restart", True),
+            applies_to_causes=frozenset(Cause(c) for c in repeat.get("applies_to_causes",
+                                                                      ["unknown", "software", "oom"])),
+        ),
+        lemon=None if lemon is None else LemonRule(
+            min_incidents=int(lemon["min_incidents"]), min_jobs=int(lemon["min_jobs"]),
+            window_days=float(lemon["window_days"]),
+            causes=frozenset(Cause(c) for c in lemon["causes"]) if "causes" in lemon else None),
+        corruption_causes=frozenset(Cause(c) for c in document.get("corruption_causes", ["data_corruption"])),
+        max_exclude_nodes=int(document.get("max_exclude_nodes", 2)),
+    )
+
+
+# --- the boundaries: history and restore choice ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LemonNode:
+    node: str
+    incidents: int
+    jobs: int
+
+
+class PolicyHistory(Protocol):
+    """What the policy needs to know about the past."""
+
+    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str) -> int:
+        """Failover decisions already issued for this job with this root cause (other incidents)."""
+        ...
+
+    def job_incidents(self, job_id: str | None, exclude_incident_id: str) -> list[Incident]:
+        """Other incidents of the same job (every attempt)."""
+        ...
+
+    def lemon_nodes(self, rule: LemonRule, now: dt.datetime) -> list[LemonNode]:
+        """Nodes implicated repeatedly across jobs within the rule's window."""
+        ...
+
+    def job_nodes(self, job_id: str | None) -> set[str]:
+        """Nodes the job runs on (from the ranks table)."""
+        ...
+
+
+class NoHistory:
+    """A policy history with nothing in it (a first incident, no store)."""
+
+    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str) -> int:
+        return 0
+
+    def job_incidents(self, job_id: str | None, exclude_incident_id: str) -> list[Incident]:
+        return []
+
+    def lemon_nodes(self, rule: LemonRule, now: dt.datetime) -> list[LemonNode]:
+        return []
+
+    def job_nodes(self, job_id: str | None) -> set[str]:
+        return set()
+
+
+class StoreHistory:
+    """PolicyHistory over a faultlens store (attribution.store.Store): incidents, decisions and ranks tables.
+    Every call refreshes the listing of the tables it reads, so a live policy sees rows written since."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def _query(self, tables: Iterable[str], sql: str, params: list[Any]) -> list[dict[str, Any]]:
+        self.store.refresh(tuple(tables))
+        return self.store.query(sql, params).to_pylist()
+
+    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str) -> int:
+        if job_id is None:
+            return 0
+        rows = self._query(["decisions"], """
+            SELECT count(DISTINCT decision_id) AS n FROM decisions
+            WHERE job_id = ? AND action = 'failover' AND cause = ? AND incident_id <> ?""",
+                           [job_id, cause.value, exclude_incident_id])
+        return int(rows[0]["n"]) if rows else 0
+
+    def job_incidents(self, job_id: str | None, exclude_incident_id: str) -> list[Incident]:
+        if job_id is None:
+            return []
+        rows = self._query(["incidents"], """
+            SELECT * FROM incidents WHERE job_id = ? AND incident_id <> ?
+            QUALIFY row_number() OVER (PARTITION BY incident_id ORDER BY ts DESC) = 1
+            ORDER BY ts""", [job_id, exclude_incident_id])
+        return [Incident.from_row(row) for row in rows]
+
+    def lemon_nodes(self, rule: LemonRule, now: dt.datetime) -> list[LemonNode]:
+        since = now - dt.timedelta(days=rule.window_days)
+        causes = sorted(c.value for c in rule.causes) if rule.causes is not None else _CAUSES
+        placeholders = ", ".join("?" for _ in causes)
+        rows = self._query(["incidents"], f"""
+            WITH implicated AS (
+                SELECT DISTINCT incident_id, job_id, unnest(culprit_nodes) AS node FROM incidents
+                WHERE ts >= ? AND cause IN ({placeholders}) AND class <> 'health')
+            SELECT node, count(DISTINCT incident_id) AS incidents, count(DISTINCT job_id) AS jobs
+            FROM implicated WHERE node IS NOT NULL GROUP BY node
+            HAVING count(DISTINCT incident_id) >= ? AND count(DISTINCT job_id) >= ?
+            ORDER BY node""", [since, *causes, rule.min_incidents, rule.min_jobs])
+        return [LemonNode(r["node"], int(r["incidents"]), int(r["jobs"])) for r in rows]
+
+    def job_nodes(self, job_id: str | None) -> set[str]:
+        if job_id is None:
+            return set()
+        rows = self._query(["ranks"], "SELECT DISTINCT node FROM ranks WHERE job_id = ? AND node IS NOT NULL",
+                           [job_id])
+        return {r["node"] for r in rows}
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """What the checkpoint catalog needs to choose a restore: the nodes that leave (their local tiers are gone)
+    and, when the cause suggests corruption, a bound the checkpoint must be older than."""
+
+    job_id: str | None
+    exclude_nodes: tuple[str, ...]
+    before_ts: dt.datetime | None = None
+    before_step: int | None = None
+
+
+RestoreChooser = Callable[[RestoreRequest], Restore | None]
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class DecisionPolicy:
+    """Apply a PolicyConfig to incidents. History and restore choice are constructor arguments."""
+
+    def __init__(self, config: PolicyConfig | None = None, *, history: PolicyHistory | None = None,
+                 restore_chooser: RestoreChooser | None = None,
+                 clock: Callable[[], dt.datetime] = _utc_now) -> None:
+        self.config = config or load_policy()
+        self.history = history or NoHistory()
+        self.restore_chooser = restore_chooser
+        self.clock = clock
+
+    def lemon_nodes(self) -> list[LemonNode]:
+        """Nodes to keep out of any job now (the supervisor may exclude them at start)."""
+        if self.config.lemon is None:
+            return []
+        return self.history.lemon_nodes(self.config.lemon, self.clock())
+
+    def decide(self, incident: Incident, *, job_nodes: Iterable[str] | None = None) -> Decision:
+        """Exactly one decision for `incident`."""
+        now = self.clock()
+        config = self.config
+        nodes = tuple(dict.fromkeys(incident.culprit_nodes))
+
+        def escalate(policy_rule: str, reason: str, cause: Cause | None = None) -> Decision:
+            return Decision.for_incident(incident, action=Action.ESCALATE, policy_rule=policy_rule, reason=reason,
+                                         issued_at=now, cause=cause)
+
+        # 1. the policy's own software check over the job's history
+        repeat = self._software_repeat(incident)
+        if repeat is not None:
+            return escalate("software-repeat", repeat, Cause.SOFTWARE)
+
+        # 2. no certain culprit
+        threshold = config.threshold_for(incident.incident_class)
+        if not nodes:
+            return escalate("no-culprit", "no culprit node identified; a human must look")
+        if incident.confidence < threshold:
+            return escalate("low-confidence", f"culprit not certain: confidence {incident.confidence:.2f} < "
+                                              f"{threshold:.2f}")
+
+        # 3. the first matching rule
+        rule = next(r for r in config.rules if r.matches(incident))  # the last rule is a catch-all (loader checks)
+        if rule.action is Action.ESCALATE:
+            return escalate(rule.id, rule.reason)
+        if rule.action is Action.DRAIN:
+            return Decision.for_incident(incident, action=Action.DRAIN, policy_rule=rule.id,
+                                         reason=f"{rule.reason}: drain {', '.join(nodes)}", issued_at=now,
+                                         exclude_nodes=nodes)
+
+        # 4. failover guards
+        if incident.cause in config.never_failover_causes:
+            return escalate(f"{rule.id}:never-failover", f"cause {incident.cause.value} is never failed over "
+                                                         "(a restart would repeat it)")
+        if len(nodes) > config.max_exclude_nodes:
+            return escalate(f"{rule.id}:too-many-nodes", f"{len(nodes)} culprit nodes exceed max_exclude_nodes "
+                                                         f"{config.max_exclude_nodes}: systemic, not one node")
+        budget = config.retry_budget(incident.cause)
+        used = self.history.prior_failovers(incident.job_id, incident.cause, incident.incident_id)
+        if used >= budget:
+            return escalate(f"{rule.id}:retry-budget-spent",
+                            f"retry budget for cause {incident.cause.value} spent: {used} failovers of {budget}")
+
+        exclude = list(nodes)
+        reasons = [f"{rule.reason}: exclude {', '.join(nodes)}"]
+        lemons = self._job_lemons(incident, job_nodes, nodes)
+        if lemons:
+            exclude.extend(lemon.node for lemon in lemons)
+            reasons.append("lemon node(s) excluded proactively: " + ", ".join(
+                f"{lemon.node} ({lemon.incidents} incidents in {lemon.jobs} jobs)" for lemon in lemons))
+        restore = None
+        if self.restore_chooser is not None:
+            corrupt = incident.cause in config.corruption_causes
+            request = RestoreRequest(job_id=incident.job_id, exclude_nodes=tuple(exclude),
+                                     before_ts=incident.first_signal_ts if corrupt else None,
+                                     before_step=incident.step if corrupt else None)
+            restore = self.restore_chooser(request)
+            if restore is None:
+                reasons.append("no usable checkpoint survives the exclusion: restart from the beginning")
+            else:
+                where = f"{restore.tier} step {restore.step}"
+                reasons.append(f"restore {where}" + (" (older than the incident: corruption suspected)"
+                                                     if corrupt else ""))
+        return Decision.for_incident(incident, action=Action.FAILOVER, policy_rule=rule.id,
+                                     reason="; ".join(reasons), issued_at=now, exclude_nodes=tuple(exclude),
+                                     restore=restore)
+
+    def _software_repeat(self, incident: Incident) -> str | None:
+        rule = self.config.software_repeat
+        if incident.cause not in rule.applies_to_causes:
+            return None
+        if not (rule.same_fingerprint_on_other_nodes or rule.same_step_after_restart):
+            return None
+        nodes = set(incident.culprit_nodes)
+        if rule.same_fingerprint_on_other_nodes and incident.fingerprint and len(nodes) > 1:
+            return (f"the same failure (fingerprint {incident.fingerprint}) on {len(nodes)} nodes "
+                    f"({', '.join(sorted(nodes))}): software")
+        others = self.history.job_incidents(incident.job_id, incident.incident_id)
+        for other in others:
+            if other.cause not in rule.applies_to_causes:
+                continue
+            if (rule.same_fingerprint_on_other_nodes and incident.fingerprint
+                    and other.fingerprint == incident.fingerprint and set(other.culprit_nodes) - nodes):
+                return (f"the same failure (fingerprint {incident.fingerprint}) seen before on "
+                        f"{', '.join(sorted(set(other.culprit_nodes) - nodes))} (incident {other.incident_id}): "
+                        "software")
+            if (rule.same_step_after_restart and incident.step is not None and other.step == incident.step
+                    and other.incident_class == incident.incident_class
+                    and incident.attempt is not None and other.attempt is not None
+                    and other.attempt < incident.attempt):
+                return (f"the job failed again at step {incident.step} after a restart (attempt {other.attempt} "
+                        f"-> {incident.attempt}, incident {other.incident_id}): a deterministic repeat, software")
+        return None
+
+    def _job_lemons(self, incident: Incident, job_nodes: Iterable[str] | None,
+                    culprits: tuple[str, ...]) -> list[LemonNode]:
+        if self.config.lemon is None:
+            return []
+        lemons = self.history.lemon_nodes(self.config.lemon, self.clock())
+        if not lemons:
+            return []
+        members = set(job_nodes) if job_nodes is not None else self.history.job_nodes(incident.job_id)
+        return [lemon for lemon in lemons if lemon.node in members and lemon.node not in culprits]

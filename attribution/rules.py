@@ -1,0 +1,288 @@
+"""Loading and validating the engine's rule files (rules/crash.yaml, rules/thresholds.yaml).
+
+Rules are data: every file carries `format_version`, is validated with pydantic, and a bad file fails fast with a
+RulesError naming the file, the key inside it and what was expected. The models here are the only place the
+engine learns its thresholds and signatures from.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from attribution.incident import Cause
+
+RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
+CRASH_RULES_PATH = RULES_DIR / "crash.yaml"
+THRESHOLDS_PATH = RULES_DIR / "thresholds.yaml"
+SUPPORTED_FORMAT_VERSIONS = (1,)
+
+
+class RulesError(ValueError):
+    """A rule file is missing, unreadable or invalid: the message names the file, the key and the expectation."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"a valid regular expression ({exc})") from None
+    return value
+
+
+# ---------------------------------------------------------------- crash.yaml
+
+
+class CrashSignature(_Strict):
+    """A known failure text: any of the regexes matching the primary failure gives `cause` with `confidence`."""
+
+    id: str = Field(min_length=1)
+    cause: Cause
+    confidence: float = Field(ge=0.0, le=1.0)
+    description: str = ""
+    exception_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+
+    @field_validator("exception_type", "message", "traceback")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        return None if value is None else _check_regex(value)
+
+    @model_validator(mode="after")
+    def _has_pattern(self) -> CrashSignature:
+        if not (self.exception_type or self.message or self.traceback):
+            raise ValueError("at least one of exception_type, message, traceback")
+        return self
+
+    def matches(self, exception_type: str | None, message: str | None, traceback: str | None) -> bool:
+        for pattern, text in ((self.exception_type, exception_type), (self.message, message),
+                              (self.traceback, traceback)):
+            if pattern and text and re.search(pattern, text):
+                return True
+        return False
+
+
+class HardwareWindow(_Strict):
+    before_s: float = Field(ge=0.0)
+    after_s: float = Field(ge=0.0)
+
+
+class HardwareEventKind(_Strict):
+    """A gpu_events kind that implicates hardware; for xid/sxid the XID catalog's component decides the cause."""
+
+    kind: str = Field(min_length=1)
+    cause: Cause | Literal["from_xid_catalog"]
+    confidence: float = Field(ge=0.0, le=1.0)
+
+
+class CrashRules(_Strict):
+    format_version: int
+    hardware_window: HardwareWindow
+    hardware_event_kinds: tuple[HardwareEventKind, ...]
+    xid_component_causes: dict[str, Cause | Literal["not_hardware"]]
+    primary_signals: tuple[str, ...]
+    termination_signals: tuple[str, ...]
+    signal_notice_slack_s: float = Field(ge=0.0)
+    secondary_patterns: tuple[str, ...]
+    timeout_patterns: tuple[str, ...]
+    signatures: tuple[CrashSignature, ...]
+    confidence: dict[str, float]
+    evidence_limit: int = Field(ge=1)
+
+    @field_validator("secondary_patterns", "timeout_patterns")
+    @classmethod
+    def _regexes(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            _check_regex(value)
+        return values
+
+    @field_validator("confidence")
+    @classmethod
+    def _confidences(cls, values: dict[str, float]) -> dict[str, float]:
+        for key, value in values.items():
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"confidence {key!r}: a number in [0, 1], got {value}")
+        return values
+
+    @model_validator(mode="after")
+    def _unique_signature_ids(self) -> CrashRules:
+        seen: set[str] = set()
+        for signature in self.signatures:
+            if signature.id in seen:
+                raise ValueError(f"signature ids must be unique: {signature.id!r} appears twice")
+            seen.add(signature.id)
+        return self
+
+    def conf(self, key: str, default: float = 0.5) -> float:
+        return self.confidence.get(key, default)
+
+
+# ---------------------------------------------------------------- thresholds.yaml
+
+
+class ProgressThresholds(_Strict):
+    k: float = Field(gt=1.0)
+    floor_s: float = Field(ge=0.0)
+    startup_floor_s: float = Field(ge=0.0)
+    recent_steps: int = Field(ge=1)
+    min_baseline_steps: int = Field(ge=1)
+    warmup_steps: int = Field(ge=0)
+    baseline_phases: tuple[str, ...]
+    slow_phases: tuple[str, ...]
+    slow_phase_k: float = Field(gt=0.0)
+
+
+class ClockEventBit(_Strict):
+    mask: int = Field(gt=0)
+    name: str
+    cause: Cause
+
+
+class StragglerGpuThresholds(_Strict):
+    clock_event_bits: tuple[ClockEventBit, ...]
+    min_event_fraction: float = Field(ge=0.0, le=1.0)
+    hot_temp_c: float
+    temp_delta_c: float = Field(ge=0.0)
+    clock_drop_ratio: float = Field(gt=0.0, le=1.0)
+
+
+class OutlierThresholds(_Strict):
+    min_nodes: int = Field(ge=4)
+    chi2_quantile: float = Field(gt=0.5, lt=1.0)
+    random_state: int = 0
+
+
+class StragglerThresholds(_Strict):
+    phases: tuple[str, ...]
+    exclude_sections: tuple[str, ...]
+    warmup_steps: int = Field(ge=0)
+    window_steps: int = Field(ge=2)
+    min_window_steps: int = Field(ge=2)
+    persistence: float = Field(gt=0.0, le=1.0)
+    peer_z: float = Field(gt=0.0)
+    min_ratio: float = Field(gt=1.0)
+    mad_floor_frac: float = Field(gt=0.0)
+    min_group_size: int = Field(ge=2)
+    self_baseline_steps: int = Field(ge=2)
+    node_fraction: float = Field(gt=0.0, le=1.0)
+    moving_min_step_fraction: float = Field(gt=0.0, le=1.0)
+    moving_min_distinct_ranks: int = Field(ge=2)
+    stage_min_ratio: float = Field(gt=1.0)
+    gpu: StragglerGpuThresholds
+    outliers: OutlierThresholds
+
+    @model_validator(mode="after")
+    def _window(self) -> StragglerThresholds:
+        if self.min_window_steps > self.window_steps:
+            raise ValueError(f"min_window_steps at most window_steps ({self.window_steps})")
+        return self
+
+
+class HealthThresholds(_Strict):
+    kinds: tuple[str, ...]
+    recovery_actions: tuple[int, ...]
+    leave_xid_kinds: tuple[str, ...]
+    leave_scopes: tuple[Literal["gpu", "node"], ...]
+    settle_s: float = Field(ge=0.0)
+
+
+class EngineThresholds(_Strict):
+    poll_interval_s: float = Field(gt=0.0)
+    crash_settle_s: float = Field(ge=0.0)
+    progress_check_s: float = Field(gt=0.0)
+    straggler_check_s: float = Field(gt=0.0)
+    retain_s: float = Field(gt=0.0)
+    max_rows_per_table: int = Field(ge=1000)
+
+
+class Thresholds(_Strict):
+    format_version: int
+    progress: ProgressThresholds
+    straggler: StragglerThresholds
+    health: HealthThresholds
+    engine: EngineThresholds
+
+
+# ---------------------------------------------------------------- loading
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _format_location(loc: tuple[Any, ...]) -> str:
+    parts = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "<top level>"
+
+
+def load_rules_file(path: str | Path, model: type[_M]) -> _M:
+    """Read YAML at `path` and validate it against `model`; RulesError names the file, key and expectation."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RulesError(f"{path}: cannot read rule file: {exc.strerror or exc}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise RulesError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(document, dict):
+        raise RulesError(f"{path}: <top level>: expected a mapping, got {type(document).__name__}")
+    version = document.get("format_version")
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        raise RulesError(f"{path}: format_version: expected one of {list(SUPPORTED_FORMAT_VERSIONS)}, "
+                         f"got {version!r}")
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+        raise RulesError(f"{path}: {_format_location(tuple(error['loc']))}: {_expectation(error)}"
+                         f"{_input_note(error)}{more}") from None
+
+
+def _expectation(error: dict[str, Any]) -> str:
+    """pydantic's message phrased as what was expected."""
+    if error.get("type") == "missing":
+        return "required key is missing"
+    if error.get("type") == "extra_forbidden":
+        return "unknown key (not allowed here)"
+    message = str(error.get("msg", "invalid"))
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if message.startswith(prefix):
+            message = message[len(prefix):]
+    if message.startswith("Input should be "):
+        message = message[len("Input should be "):]
+    return f"expected {message}"
+
+
+def _input_note(error: dict[str, Any]) -> str:
+    if error.get("type") in {"missing", "extra_forbidden"}:
+        return ""
+    value = error.get("input")
+    text = repr(value)
+    return f", got {text[:80]}" if not isinstance(value, dict) else ""
+
+
+def load_crash_rules(path: str | Path | None = None) -> CrashRules:
+    """rules/crash.yaml (or `path`), validated."""
+    return load_rules_file(path or CRASH_RULES_PATH, CrashRules)
+
+
+def load_thresholds(path: str | Path | None = None) -> Thresholds:
+    """rules/thresholds.yaml (or `path`), validated."""
+    return load_rules_file(path or THRESHOLDS_PATH, Thresholds)

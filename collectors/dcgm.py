@@ -1,0 +1,414 @@
+"""dcgm-exporter scrapes (Prometheus text, from a file or an HTTP URL) -> gpu_samples and gpu_events.
+
+Metric names: both DCGM's old and new field names are accepted (DCGM 4.6 renamed XID_ERRORS -> XID_ERROR,
+ROW_REMAP_FAILURE -> ROW_REMAP_FAILED, RETIRED_* -> PAGE_RETIRED_*, CLOCK_THROTTLE_REASONS -> CLOCKS_EVENT_REASONS).
+Labels: `gpu` (index), `UUID` (or `uuid` in the old namespace), `pci_bus_id`, `modelName`, `hostname` or
+`Hostname` (renamed in May 2026), MIG labels ignored for device fields. Values >= 9223372036854775792 are DCGM's
+blank sentinels: no data (null). Events: XID_ERRORS (a gauge holding the last Xid: reported when it changes),
+DCGM_EXP_XID_ERRORS_COUNT (per-Xid count in a window: reported when it rises), DCGM_EXP_GPU_HEALTH_STATUS (WARN/FAIL
+with a DCGM_FR_* code mapped to a gpu_events kind), and changes between scrapes of the same GPU (gpu_deltas).
+
+Lines are parsed with prometheus_client's parser; a scrape that does not parse as a whole is parsed line by line,
+bad lines counted and skipped. Nothing raises into the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
+
+from collectors.batches import rows_to_batch
+from collectors.gpu_deltas import DeltaThresholds, sample_changes
+from collectors.pci import normalize_pci_bus_id
+from collectors.source import NodeIdentity
+
+log = logging.getLogger("faultlens.collectors.dcgm")
+
+DCGM_BLANK_MIN = 9223372036854775792  # DCGM_INT64_BLANK and the NOT_FOUND / NOT_SUPPORTED / ... sentinels above it
+MIB = 1024 * 1024
+
+# metric name (without the DCGM_FI_DEV_ prefix) -> (gpu_samples column, scale)
+SAMPLE_METRICS: dict[str, tuple[str, float]] = {
+    "GPU_TEMP": ("temp_c", 1), "MEMORY_TEMP": ("hbm_temp_c", 1), "POWER_USAGE": ("power_w", 1),
+    "TOTAL_ENERGY_CONSUMPTION": ("energy_mj", 1), "SM_CLOCK": ("sm_clock_mhz", 1),
+    "MEM_CLOCK": ("mem_clock_mhz", 1), "GPU_UTIL": ("gpu_util_pct", 1), "MEM_COPY_UTIL": ("mem_util_pct", 1),
+    "FB_USED": ("mem_used_bytes", MIB), "FB_TOTAL": ("mem_total_bytes", MIB),
+    "CLOCK_THROTTLE_REASONS": ("clocks_event_reasons", 1), "CLOCKS_EVENT_REASONS": ("clocks_event_reasons", 1),
+    "ECC_SBE_VOL_TOTAL": ("ecc_sbe_volatile", 1), "ECC_DBE_VOL_TOTAL": ("ecc_dbe_volatile", 1),
+    "ECC_SBE_AGG_TOTAL": ("ecc_sbe_aggregate", 1), "ECC_DBE_AGG_TOTAL": ("ecc_dbe_aggregate", 1),
+    "RETIRED_SBE": ("retired_pages_sbe", 1), "PAGE_RETIRED_SBE": ("retired_pages_sbe", 1),
+    "RETIRED_DBE": ("retired_pages_dbe", 1), "PAGE_RETIRED_DBE": ("retired_pages_dbe", 1),
+    "RETIRED_PENDING": ("retired_pages_pending", 1), "PAGE_RETIRED_PENDING": ("retired_pages_pending", 1),
+    "CORRECTABLE_REMAPPED_ROWS": ("remapped_rows_correctable", 1),
+    "UNCORRECTABLE_REMAPPED_ROWS": ("remapped_rows_uncorrectable", 1),
+    "ROW_REMAP_PENDING": ("remap_pending", 1), "ROW_REMAP_FAILURE": ("remap_failure", 1),
+    "ROW_REMAP_FAILED": ("remap_failure", 1), "GET_GPU_RECOVERY_ACTION": ("recovery_action", 1),
+    "PCIE_REPLAY_COUNTER": ("pcie_replay_count", 1),
+    "NVLINK_REPLAY_ERROR_COUNT_TOTAL": ("nvlink_replay_errors", 1),
+    "NVLINK_RECOVERY_ERROR_COUNT_TOTAL": ("nvlink_recovery_errors", 1),
+    "NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": ("nvlink_crc_errors", 1),
+    "NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": ("nvlink_crc_errors", 1),  # added to the flit count
+}
+_ADDITIVE = {"nvlink_crc_errors"}
+_BOOLEAN = {"retired_pages_pending", "remap_pending", "remap_failure"}
+_INTEGER = {"energy_mj", "sm_clock_mhz", "mem_clock_mhz", "mem_used_bytes", "mem_total_bytes",
+            "clocks_event_reasons", "ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate",
+            "retired_pages_sbe", "retired_pages_dbe", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+            "recovery_action", "pcie_replay_count", "nvlink_replay_errors", "nvlink_recovery_errors",
+            "nvlink_crc_errors"}
+XID_LAST_METRICS = ("XID_ERRORS", "XID_ERROR")
+XID_COUNT_METRIC = "DCGM_EXP_XID_ERRORS_COUNT"
+HEALTH_METRIC = "DCGM_EXP_GPU_HEALTH_STATUS"
+
+# DCGM_FR_* health error codes -> (gpu_events kind, code)
+HEALTH_KINDS: dict[str, tuple[str, int | None]] = {
+    "DCGM_FR_VOLATILE_DBE_DETECTED": ("ecc_dbe", None), "DCGM_FR_DBE_VIOLATION": ("ecc_dbe", None),
+    "DCGM_FR_VOLATILE_SBE_DETECTED": ("ecc_sbe_storm", None),
+    "DCGM_FR_PENDING_PAGE_RETIREMENTS": ("retired_page_pending", None),
+    "DCGM_FR_DBE_PENDING_PAGE_RETIREMENTS": ("retired_page_pending", None),
+    "DCGM_FR_PENDING_ROW_REMAP": ("remap_pending", None), "DCGM_FR_ROW_REMAP_FAILURE": ("remap_failure", None),
+    "DCGM_FR_FALLEN_OFF_BUS": ("gpu_lost", None), "DCGM_FR_UNCONTAINED_ERROR": ("xid", 95),
+    "DCGM_FR_XID_ERROR": ("xid", None), "DCGM_FR_SXID_ERROR": ("sxid", None),
+    "DCGM_FR_NVLINK_ERROR_THRESHOLD": ("nvlink_error", None), "DCGM_FR_NVLINK_ERROR_CRITICAL": ("nvlink_error", None),
+    "DCGM_FR_NVLINK_CRC_ERROR_THRESHOLD": ("nvlink_error", None), "DCGM_FR_NVLINK_DOWN": ("nvlink_error", None),
+    "DCGM_FR_PCI_REPLAY_RATE": ("pcie_replay", None),
+    "DCGM_FR_CLOCK_THROTTLE_THERMAL": ("thermal_slowdown_start", None),
+    "DCGM_FR_CLOCKS_EVENT_THERMAL": ("thermal_slowdown_start", None),
+    "DCGM_FR_CLOCK_THROTTLE_POWER": ("power_slowdown_start", None),
+    "DCGM_FR_CLOCKS_EVENT_POWER": ("power_slowdown_start", None),
+    "DCGM_FR_GPU_RECOVERY_RESET": ("recovery_action", 1), "DCGM_FR_GPU_RECOVERY_REBOOT": ("recovery_action", 2),
+    "DCGM_FR_GPU_RECOVERY_DRAIN_P2P": ("recovery_action", 3),
+    "DCGM_FR_GPU_RECOVERY_DRAIN_RESET": ("recovery_action", 4),
+}
+HEALTH_WORDS = {10: "WARN", 20: "FAIL"}
+
+
+class DcgmFetchError(OSError):
+    """A scrape cannot be fetched or read: the message names the file or URL."""
+
+
+@dataclass
+class DcgmStats:
+    scrapes: int = 0
+    lines: int = 0
+    samples_read: int = 0
+    bad_lines: int = 0
+    blank_values: int = 0
+    unmapped: int = 0
+    bad_examples: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Sample:
+    name: str
+    labels: Mapping[str, str]
+    value: float
+    timestamp: float | None
+
+
+def _no_data(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        if isinstance(value, float) and math.isnan(value):
+            return True
+        return value >= DCGM_BLANK_MIN
+    except TypeError:
+        return True
+
+
+def _short(name: str) -> str:
+    if name.endswith("_total"):  # prometheus_client adds _total to the samples of a counter family
+        name = name[: -len("_total")]
+    for prefix in ("DCGM_FI_DEV_", "DCGM_FI_"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+class DcgmParser:
+    """Parses scrapes; keeps what it saw per GPU between scrapes to report changes only once."""
+
+    def __init__(self, *, thresholds: DeltaThresholds | None = None) -> None:
+        self.stats = DcgmStats()
+        self._thresholds = thresholds or DeltaThresholds()
+        self._previous: dict[tuple[str | None, str | None], tuple[dict[str, Any], float]] = {}
+        self._last_xid: dict[tuple[str | None, str | None], tuple[Any, ...]] = {}
+        self._xid_counts: dict[tuple[Any, ...], float] = {}
+        self._health: dict[tuple[Any, ...], float] = {}
+
+    def _bad(self, line_no: int, reason: str) -> None:
+        self.stats.bad_lines += 1
+        if len(self.stats.bad_examples) < 10:
+            self.stats.bad_examples.append((line_no, reason))
+
+    def _samples(self, text: str) -> list[_Sample]:
+        lines = text.splitlines()
+        self.stats.lines += len(lines)
+        try:
+            return [_Sample(s.name, s.labels, s.value, s.timestamp)
+                    for family in text_string_to_metric_families(text) for s in family.samples]
+        except Exception:
+            pass
+        samples = []
+        for number, line in enumerate(lines, start=1):
+            stripped = line.strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            try:
+                for family in text_string_to_metric_families(stripped + "\n"):
+                    samples.extend(_Sample(s.name, s.labels, s.value, s.timestamp) for s in family.samples)
+            except Exception as exc:
+                self._bad(number, f"{type(exc).__name__}: {str(exc)[:120]}")
+        return samples
+
+    def parse(self, text: str, identity: NodeIdentity, *, ts_ns: int | None = None, monotonic: float | None = None,
+              host_from_labels: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(gpu_samples rows, gpu_events rows) of one scrape. Never raises."""
+        self.stats.scrapes += 1
+        now_ns = ts_ns if ts_ns is not None else time.time_ns()
+        now_mono = monotonic if monotonic is not None else time.monotonic()
+        try:
+            samples = self._samples(text)
+        except Exception as exc:
+            self._bad(0, f"{type(exc).__name__}: {exc}")
+            return [], []
+        gpus: dict[tuple[str | None, str | None], dict[str, Any]] = {}
+        events: list[dict[str, Any]] = []
+        for sample in samples:
+            self.stats.samples_read += 1
+            try:
+                self._one(sample, gpus, events, identity, now_ns, host_from_labels)
+            except Exception as exc:
+                self._bad(0, f"{sample.name}: {type(exc).__name__}: {exc}")
+        rows = []
+        for key, row in gpus.items():
+            values = row.pop("_values")
+            free, reserved = row.pop("_fb_free", None), row.pop("_fb_reserved", None)
+            if values.get("mem_total_bytes") is None and free is not None and values.get("mem_used_bytes") is not None:
+                values["mem_total_bytes"] = int(values["mem_used_bytes"] + free * MIB + (reserved or 0) * MIB)
+            row.update(values)
+            rows.append(row)
+            previous = self._previous.get(key)
+            elapsed = now_mono - previous[1] if previous else None
+            for change in sample_changes(previous[0] if previous else None, values, elapsed, self._thresholds):
+                events.append(self._event(row, change.kind, change.code, change.message, row["ts"]))
+            self._previous[key] = (dict(values), now_mono)
+        return rows, events
+
+    def _identity(self, labels: Mapping[str, str], identity: NodeIdentity, ts_ns: int,
+                  host_from_labels: bool) -> dict[str, Any]:
+        columns = identity.columns()
+        host = labels.get("hostname") or labels.get("Hostname")
+        if host_from_labels and host:
+            columns["node"] = host
+        index = labels.get("gpu")
+        return {"ts": ts_ns, **columns, "gpu_index": int(index) if index and index.isdigit() else None,
+                "gpu_uuid": labels.get("UUID") or labels.get("uuid") or None,
+                "pci_bus_id": normalize_pci_bus_id(labels.get("pci_bus_id"))}
+
+    @staticmethod
+    def _event(base: Mapping[str, Any], kind: str, code: int | None, message: str, ts_ns: int,
+               raw: str | None = None) -> dict[str, Any]:
+        keys = ("cluster", "node", "job_id", "attempt", "gpu_index", "gpu_uuid", "pci_bus_id")
+        return {"ts": ts_ns, **{k: base.get(k) for k in keys}, "source": "dcgm", "kind": kind, "code": code,
+                "message": message, "raw": raw}
+
+    def _one(self, sample: _Sample, gpus: dict[Any, dict[str, Any]], events: list[dict[str, Any]],
+             identity: NodeIdentity, now_ns: int, host_from_labels: bool) -> None:
+        labels = sample.labels
+        ts = int(sample.timestamp * 1e9) if sample.timestamp else now_ns
+        base = self._identity(labels, identity, ts, host_from_labels)
+        key = (base["gpu_uuid"] or base["pci_bus_id"] or (str(base["gpu_index"]) if base["gpu_index"] is not None
+                                                            else None), base["node"])
+        raw = f"{sample.name}{dict(labels)} {sample.value}"
+        if sample.name == XID_COUNT_METRIC:
+            self._xid_count(sample, base, key, events, ts, raw)
+            return
+        if sample.name == HEALTH_METRIC:
+            self._health_status(sample, base, key, events, ts, raw)
+            return
+        short = _short(sample.name)
+        if short in XID_LAST_METRICS:
+            self._xid_last(sample, base, key, events, ts, raw)
+            return
+        if short in ("FB_FREE", "FB_RESERVED"):
+            if not _no_data(sample.value):
+                row = self._row(gpus, key, base, labels)
+                row["_fb_free" if short == "FB_FREE" else "_fb_reserved"] = float(sample.value)
+            return
+        mapped = SAMPLE_METRICS.get(short)
+        if mapped is None:
+            self.stats.unmapped += 1
+            return
+        column, scale = mapped
+        row = self._row(gpus, key, base, labels)
+        values = row["_values"]
+        if _no_data(sample.value):
+            self.stats.blank_values += 1
+            values.setdefault(column, None)
+            return
+        value: Any = sample.value * scale
+        if column in _BOOLEAN:
+            value = bool(value)
+        elif column in _INTEGER:
+            value = int(value)
+        else:
+            value = float(value)
+        if column in _ADDITIVE and values.get(column) is not None:
+            value += values[column]
+        values[column] = value
+
+    def _row(self, gpus: dict[Any, dict[str, Any]], key: Any, base: Mapping[str, Any],
+             labels: Mapping[str, str]) -> dict[str, Any]:
+        row = gpus.get(key)
+        if row is None:
+            row = {**base, "source": "dcgm", "gpu_name": labels.get("modelName") or None, "_values": {}}
+            gpus[key] = row
+        return row
+
+    def _xid_last(self, sample: _Sample, base: Mapping[str, Any], key: Any, events: list[dict[str, Any]], ts: int,
+                  raw: str) -> None:
+        if _no_data(sample.value) or sample.value <= 0:
+            return
+        code = int(sample.labels.get("err_code") or sample.value)
+        state = (code, sample.labels.get("err_msg"), sample.timestamp)
+        if self._last_xid.get(key) == state:
+            return
+        self._last_xid[key] = state
+        message = sample.labels.get("err_msg") or "last Xid reported by DCGM"
+        events.append(self._event(base, "xid", code, message, ts, raw))
+
+    def _xid_count(self, sample: _Sample, base: Mapping[str, Any], key: Any, events: list[dict[str, Any]], ts: int,
+                   raw: str) -> None:
+        xid = sample.labels.get("xid")
+        if _no_data(sample.value) or not xid or not xid.isdigit():
+            return
+        count_key = (key, xid, sample.labels.get("window_size_in_ms"))
+        before = self._xid_counts.get(count_key, 0.0)
+        self._xid_counts[count_key] = sample.value
+        if sample.value > before:
+            window = sample.labels.get("window_size_in_ms")
+            events.append(self._event(base, "xid", int(xid),
+                                      f"{int(sample.value - before)} Xid {xid} in the last {window} ms (DCGM count)",
+                                      ts, raw))
+
+    def _health_status(self, sample: _Sample, base: Mapping[str, Any], key: Any, events: list[dict[str, Any]],
+                       ts: int, raw: str) -> None:
+        if _no_data(sample.value):
+            return
+        error = sample.labels.get("health_error_code") or ""
+        watch = sample.labels.get("health_watch") or "?"
+        health_key = (key, watch, error)
+        before = self._health.get(health_key, 0.0)
+        self._health[health_key] = sample.value
+        if sample.value <= 0 or sample.value == before:
+            return
+        mapped = HEALTH_KINDS.get(error)
+        if mapped is None:
+            self.stats.unmapped += 1
+            return
+        kind, code = mapped
+        word = HEALTH_WORDS.get(int(sample.value), str(sample.value))
+        events.append(self._event(base, kind, code, f"DCGM health {watch} {word}: {error}", ts, raw))
+
+
+def fetch_scrape(location: str, *, timeout_s: float = 5.0) -> str:
+    """The text of a scrape: an http(s) URL is fetched, anything else is read as a file. Raises DcgmFetchError."""
+    if location.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(location, timeout=timeout_s) as response:
+                body = response.read(64 * 1024 * 1024)
+                charset = response.headers.get_content_charset() or "utf-8"
+        except urllib.error.HTTPError as exc:
+            raise DcgmFetchError(f"dcgm {location}: HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise DcgmFetchError(f"dcgm {location}: cannot fetch: {reason}") from None
+        try:
+            return body.decode(charset, "strict")
+        except (UnicodeDecodeError, LookupError):
+            raise DcgmFetchError(f"dcgm {location}: the response is not {charset} text") from None
+    file = Path(location)
+    try:
+        data = file.read_bytes()
+    except IsADirectoryError:
+        raise DcgmFetchError(f"dcgm {file}: is a directory, expected a scrape file") from None
+    except OSError as exc:
+        raise DcgmFetchError(f"dcgm {file}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DcgmFetchError(f"dcgm {file}: not UTF-8 text (byte {exc.start})") from None
+
+
+class DcgmSource:
+    """Source of gpu_samples/gpu_events from a dcgm-exporter endpoint (or a file rewritten by something else)."""
+
+    name = "dcgm"
+
+    def __init__(self, identity: NodeIdentity, location: str = "http://127.0.0.1:9400/metrics", *,
+                 timeout_s: float = 2.0, clock_ns: Callable[[], int] = time.time_ns,
+                 monotonic: Callable[[], float] = time.monotonic, host_from_labels: bool = False,
+                 logger: logging.Logger | None = None) -> None:
+        self.identity = identity
+        self.location = location
+        self.parser = DcgmParser()
+        self._timeout = timeout_s
+        self._clock_ns = clock_ns
+        self._monotonic = monotonic
+        self._host_from_labels = host_from_labels
+        self._log = logger or log
+        self._failing: str | None = None
+
+    def poll(self) -> Mapping[str, pa.RecordBatch]:
+        try:
+            try:
+                text = fetch_scrape(self.location, timeout_s=self._timeout)
+            except DcgmFetchError as exc:
+                if self._failing != str(exc):
+                    self._log.warning("%s", exc)
+                self._failing = str(exc)
+                return {}
+            if self._failing is not None:
+                self._log.info("dcgm %s: reachable again", self.location)
+                self._failing = None
+            samples, events = self.parser.parse(text, self.identity, ts_ns=self._clock_ns(),
+                                                monotonic=self._monotonic(), host_from_labels=self._host_from_labels)
+            result: dict[str, pa.RecordBatch] = {}
+            if samples:
+                result["gpu_samples"] = rows_to_batch("gpu_samples", samples)
+            if events:
+                result["gpu_events"] = rows_to_batch("gpu_events", events)
+            return result
+        except Exception as exc:  # never raise into the agent
+            self._log.warning("dcgm source: %s: %s", type(exc).__name__, exc)
+            return {}
+
+    def close(self) -> None:
+        return None
+
+
+def read_scrape(location: str, identity: NodeIdentity, *, host_from_labels: bool = True,
+                timeout_s: float = 5.0) -> tuple[list[dict[str, Any]], list[dict[str, Any]], DcgmStats]:
+    """One-shot import of a scrape. Raises DcgmFetchError when it cannot be read or holds no dcgm metric."""
+    text = fetch_scrape(location, timeout_s=timeout_s)
+    parser = DcgmParser()
+    samples, events = parser.parse(text, identity, host_from_labels=host_from_labels)
+    if not samples and not events:
+        stats = parser.stats
+        detail = (f"{stats.bad_lines} bad line(s), first at line {stats.bad_examples[0][0]}: "
+                  f"{stats.bad_examples[0][1]}") if stats.bad_examples else "no DCGM_FI_* / DCGM_EXP_* GPU metric"
+        raise DcgmFetchError(f"dcgm {location}: not a dcgm-exporter scrape: {detail}")
+    return samples, events, parser.stats
+

@@ -1,0 +1,175 @@
+"""The XID catalog (interface 1 of the helper brief): what each Xid means, NVIDIA's immediate action, and what must
+leave the job. Loaded from rules/xid.yaml, validated with jsonschema; a bad file fails with the file, the key and
+what was expected. attribution may import this module (the catalog is a contract, like the schema)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
+FORMAT_VERSION = 1
+
+
+class XidComponent(StrEnum):
+    GPU = "gpu"
+    HBM = "hbm"
+    SRAM = "sram"
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    GSP = "gsp"
+    DRIVER = "driver"
+    APPLICATION = "application"
+    UNKNOWN = "unknown"
+
+
+class XidScope(StrEnum):
+    """What must leave the job."""
+
+    NONE = "none"
+    GPU = "gpu"
+    NODE = "node"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class XidInfo:
+    code: int
+    name: str
+    component: XidComponent
+    action: str
+    leave: XidScope
+
+
+class XidCatalogError(ValueError):
+    """rules/xid.yaml cannot be used: the message names the file, the key and what was expected."""
+
+
+_ENTRY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["code", "name", "component", "action", "leave"],
+    "additionalProperties": False,
+    "properties": {
+        "code": {"type": "integer", "minimum": 0, "maximum": 65535},
+        "name": {"type": "string", "minLength": 1, "pattern": r"^[A-Z0-9_]+$"},
+        "component": {"enum": [c.value for c in XidComponent]},
+        "action": {"type": "string", "minLength": 1},
+        "investigatory": {"type": "string", "minLength": 1},
+        "leave": {"enum": [s.value for s in XidScope]},
+        "old_causes": {"type": "array", "items": {"enum": ["all", "H", "D", "A", "S", "B", "T", "F"]}},
+        "app_error": {"type": "boolean"},
+        "note": {"type": "string"},
+    },
+}
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["format_version", "xids"],
+    "additionalProperties": False,
+    "properties": {
+        "format_version": {"const": FORMAT_VERSION},
+        "catalog_revision": {"type": "string"},
+        "xids": {"type": "array", "minItems": 1, "items": _ENTRY_SCHEMA},
+    },
+}
+
+
+def _unknown(code: int) -> XidInfo:
+    return XidInfo(code=code, name=f"XID_{code}", component=XidComponent.UNKNOWN, action="UNKNOWN",
+                   leave=XidScope.UNKNOWN)
+
+
+class XidCatalog:
+    """Lookup by Xid number; an unlisted code gives component UNKNOWN and leave UNKNOWN."""
+
+    def __init__(self, entries: Mapping[int, XidInfo], *, app_errors: frozenset[int] = frozenset(),
+                 revision: str | None = None, path: str | None = None) -> None:
+        self._entries = dict(entries)
+        self.app_errors = app_errors
+        self.revision = revision
+        self.path = path
+
+    def get(self, code: int) -> XidInfo:
+        return self._entries.get(int(code)) or _unknown(int(code))
+
+    def __contains__(self, code: object) -> bool:
+        return code in self._entries
+
+    def __iter__(self) -> Iterator[XidInfo]:
+        return iter(sorted(self._entries.values(), key=lambda info: info.code))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def is_application_error(self, code: int) -> bool:
+        """True where NVIDIA's k8s-device-plugin keeps the GPU healthy for this Xid."""
+        return int(code) in self.app_errors
+
+
+def _key_path(path: list[Any] | tuple[Any, ...], document: Any) -> str:
+    parts: list[str] = []
+    node = document
+    for element in path:
+        if isinstance(element, int):
+            label = f"[{element}]"
+            try:
+                node = node[element]
+                if isinstance(node, dict) and isinstance(node.get("code"), int):
+                    label = f"[{element}] (code {node['code']})"
+            except (IndexError, KeyError, TypeError):
+                node = None
+            parts.append(label)
+        else:
+            parts.append(("." if parts else "") + str(element))
+            node = node.get(element) if isinstance(node, dict) else None
+    return "".join(parts) or "<top level>"
+
+
+def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
+    """Validate a loaded YAML document and build the catalog."""
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    errors = sorted(validator.iter_errors(document), key=lambda e: (len(e.absolute_path), list(map(str, e.path))))
+    if errors:
+        error = errors[0]
+        raise XidCatalogError(f"{source}: {_key_path(list(error.absolute_path), document)}: {error.message}")
+    entries: dict[int, XidInfo] = {}
+    positions: dict[int, int] = {}
+    app_errors = set()
+    for position, raw in enumerate(document["xids"]):
+        code = raw["code"]
+        if code in entries:
+            raise XidCatalogError(
+                f"{source}: xids[{position}].code: expected a unique Xid, {code} is already at xids[{positions[code]}]"
+            )
+        positions[code] = position
+        entries[code] = XidInfo(code=code, name=raw["name"], component=XidComponent(raw["component"]),
+                                action=raw["action"], leave=XidScope(raw["leave"]))
+        if raw.get("app_error"):
+            app_errors.add(code)
+    return XidCatalog(entries, app_errors=frozenset(app_errors), revision=document.get("catalog_revision"),
+                      path=source)
+
+
+def load_xid_catalog(path: str | Path | None = None) -> XidCatalog:
+    """Load and validate the catalog (default: <repo>/rules/xid.yaml). Raises XidCatalogError."""
+    file = Path(path) if path is not None else DEFAULT_XID_PATH
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise XidCatalogError(f"{file}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise XidCatalogError(f"{file}: not UTF-8 text: {exc.reason}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise XidCatalogError(f"{file}: not valid YAML{where}: {problem}") from None
+    return parse_xid_catalog(document, str(file))

@@ -1,0 +1,391 @@
+"""The checkpoint catalog: every checkpoint in every tier, whether it is complete and verified, and the restore
+choice of DESIGN.md:
+
+    the newest checkpoint that is complete, verified, present for every rank in tiers that survive the exclusion
+    (a local or peer tier on an excluded node is gone), and older than the incident when the incident suggests
+    corruption.
+
+Ranks may come from different tiers (a node's own ranks from its local tier, the excluded node's ranks from their
+peer replica); the fastest tier is preferred per rank (local, then peer, then durable). Checksums are verified
+lazily, only for the files a restore would read, newest step first, and cached.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import posixpath
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import fsspec
+
+from attribution.decision import Restore
+from attribution.policy import RestoreRequest
+from controller.checkpoints.dcp import METADATA_NAME, inspect_dcp
+from controller.checkpoints.fsutil import uri_of
+from controller.checkpoints.manifest import MANIFEST_NAME, ManifestError, ShardFile, parse_manifest
+from controller.checkpoints.tiers import TIER_ORDER, Tier, TierKind
+
+log = logging.getLogger(__name__)
+
+STEP_DIR_RE = re.compile(r"^(?:step|global_step|checkpoint|ckpt)[-_]?(\d+)$")
+COMMIT_DIR = "_commit"
+
+
+class Layout(StrEnum):
+    SHARDS = "shards"
+    DCP = "dcp"
+    UNKNOWN = "unknown"
+
+
+class ChecksumStatus(StrEnum):
+    VERIFIED = "verified"  # every file's sha256 matches the manifest
+    MISMATCH = "mismatch"  # a file differs from the manifest: never restored
+    UNVERIFIED = "unverified"  # not checked yet, or the layout has no checksums (plain DCP)
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One checkpoint directory in one tier."""
+
+    tier: Tier
+    step: int
+    path: str  # inside the tier's filesystem
+    uri: str
+    layout: Layout
+    complete: bool
+    world_size: int | None
+    ranks: frozenset[int] | None  # the ranks it holds; None: any rank (a DCP checkpoint reshards)
+    files: tuple[ShardFile, ...]  # with checksums (from the manifest); empty for a plain DCP directory
+    bytes: int
+    created_at: dt.datetime | None
+    checksum_status: ChecksumStatus
+    problem: str | None = None
+
+    def covers(self, rank: int) -> bool:
+        return self.ranks is None or rank in self.ranks
+
+    def file_for(self, rank: int) -> ShardFile | None:
+        return next((f for f in self.files if f.rank == rank), None)
+
+
+@dataclass(frozen=True)
+class RankSource:
+    rank: int
+    uri: str  # the shard file, or the DCP directory
+    tier: TierKind
+    node: str | None
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class RestoreChoice:
+    step: int
+    layout: Layout
+    tiers: tuple[TierKind, ...]  # the tier kinds used, fastest first
+    uri: str | None  # the checkpoint directory when one directory serves every rank
+    world_size: int | None
+    sources: tuple[RankSource, ...]
+    entries: tuple[CheckpointEntry, ...]
+
+    @property
+    def tier(self) -> str:
+        return "+".join(kind.value for kind in self.tiers)
+
+    def to_restore(self) -> Restore:
+        return Restore(tier=self.tier, step=self.step, uri=self.uri)
+
+
+def _utc(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    if isinstance(value, (int, float)):
+        return dt.datetime.fromtimestamp(float(value), dt.UTC)
+    if isinstance(value, str):
+        try:
+            return _utc(dt.datetime.fromisoformat(value))
+        except ValueError:
+            return None
+    return None
+
+
+def _mtime(info: dict[str, Any]) -> dt.datetime | None:
+    for key in ("mtime", "LastModified", "last_modified", "created"):
+        if key in info:
+            return _utc(info[key])
+    return None
+
+
+class CheckpointCatalog:
+    """Checkpoints over a set of tiers. Usable as the policy's RestoreChooser (call it with a RestoreRequest)."""
+
+    def __init__(self, tiers: Sequence[Tier], *, job_id: str | None = None, cluster: str | None = None,
+                 use_torch: bool | None = None, clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+                 ) -> None:
+        self.tiers = list(tiers)
+        self.job_id = job_id
+        self.cluster = cluster
+        self.use_torch = use_torch
+        self.clock = clock
+        self._verified: dict[tuple[str, int, str], bool] = {}
+        self._lock = threading.Lock()
+
+    # --- scanning ----------------------------------------------------------------------------------------------
+
+    def scan(self) -> list[CheckpointEntry]:
+        """Every checkpoint directory of every tier, complete or not, newest step first."""
+        entries = []
+        for tier in self.tiers:
+            entries.extend(self.scan_tier(tier))
+        tier_rank = {kind: i for i, kind in enumerate(TIER_ORDER)}
+        return sorted(entries, key=lambda e: (-e.step, tier_rank.get(e.tier.kind, 9), e.tier.node or "", e.uri))
+
+    def scan_tier(self, tier: Tier) -> list[CheckpointEntry]:
+        fs, root = tier.filesystem()
+        fs.invalidate_cache(root)  # object-store listings are cached per filesystem instance: list afresh
+        try:
+            children = fs.ls(root, detail=True)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            log.warning("checkpoint tier %s (%s): cannot list: %s", tier.name, tier.url, exc)
+            return []
+        entries = []
+        for child in children:
+            if child.get("type") != "directory":
+                continue
+            name = posixpath.basename(child["name"].rstrip("/"))
+            match = STEP_DIR_RE.match(name)
+            if match:
+                entries.append(self.inspect(tier, fs, child["name"].rstrip("/"), int(match.group(1))))
+        return entries
+
+    def inspect(self, tier: Tier, fs: fsspec.AbstractFileSystem, path: str, step: int) -> CheckpointEntry:
+        """Completeness of one checkpoint directory from its listing, its manifest and/or DCP metadata."""
+        uri = uri_of(fs, path)
+        try:
+            found = fs.find(path, detail=True)
+        except OSError as exc:
+            return self._incomplete(tier, step, path, uri, Layout.UNKNOWN, f"cannot list: {exc}")
+        listing: dict[str, int] = {}
+        infos: dict[str, dict[str, Any]] = {}
+        prefix = path.rstrip("/") + "/"
+        for full, info in found.items():
+            relative = full[len(prefix):] if full.startswith(prefix) else posixpath.basename(full)
+            if relative.startswith(COMMIT_DIR + "/") or posixpath.basename(relative).startswith(".tmp-"):
+                continue
+            listing[relative] = int(info.get("size") or 0)
+            infos[relative] = info
+        has_dcp_data = any(name.endswith(".distcp") for name in listing)
+        layout = Layout.DCP if METADATA_NAME in listing or has_dcp_data else Layout.SHARDS
+
+        if MANIFEST_NAME in listing:
+            try:
+                manifest = parse_manifest(fs.cat_file(f"{prefix}{MANIFEST_NAME}"), f"{uri}/{MANIFEST_NAME}")
+            except (ManifestError, OSError) as exc:
+                return self._incomplete(tier, step, path, uri, layout, str(exc))
+            layout = Layout(manifest.layout)
+            created = manifest.created_at or _mtime(infos[MANIFEST_NAME])
+            total = sum(f.bytes for f in manifest.files)
+            for entry in manifest.files:
+                if entry.path not in listing:
+                    return self._incomplete(tier, step, path, uri, layout, f"{entry.path} (rank {entry.rank}) "
+                                            "missing", manifest.world_size, created, total)
+                if listing[entry.path] != entry.bytes:
+                    return self._incomplete(tier, step, path, uri, layout,
+                                            f"{entry.path}: {listing[entry.path]} bytes, manifest says "
+                                            f"{entry.bytes}", manifest.world_size, created, total)
+            ranks: frozenset[int] | None = manifest.ranks
+            if layout is Layout.DCP:
+                inspection = inspect_dcp(listing, self._cat(fs, prefix + METADATA_NAME, listing), uri,
+                                         self.use_torch)
+                if not inspection.complete:
+                    return self._incomplete(tier, step, path, uri, layout, inspection.problem,
+                                            manifest.world_size, created, total)
+                ranks = None
+            if manifest.step != step:
+                return self._incomplete(tier, step, path, uri, layout,
+                                        f"manifest step {manifest.step} != directory step {step}",
+                                        manifest.world_size, created, total)
+            status = self._cached_status(uri, manifest.files)
+            return CheckpointEntry(tier, step, path, uri, layout, True, manifest.world_size, ranks,
+                                   manifest.files, total, created, status)
+
+        if layout is Layout.DCP:
+            inspection = inspect_dcp(listing, self._cat(fs, prefix + METADATA_NAME, listing), uri, self.use_torch)
+            total = sum(listing.values())
+            created = _mtime(infos[METADATA_NAME]) if METADATA_NAME in infos else None
+            world = len(inspection.writer_ranks) or None
+            if not inspection.complete:
+                return self._incomplete(tier, step, path, uri, layout, inspection.problem, world, created, total)
+            return CheckpointEntry(tier, step, path, uri, Layout.DCP, True, world, None, (), total, created,
+                                   ChecksumStatus.UNVERIFIED)
+        return self._incomplete(tier, step, path, uri, Layout.SHARDS, f"no {MANIFEST_NAME} (not committed)",
+                                None, None, sum(listing.values()))
+
+    @staticmethod
+    def _cat(fs: fsspec.AbstractFileSystem, path: str, listing: dict[str, int]) -> bytes | None:
+        if posixpath.basename(path) not in listing:
+            return None
+        try:
+            return fs.cat_file(path)
+        except OSError:
+            return None
+
+    @staticmethod
+    def _incomplete(tier: Tier, step: int, path: str, uri: str, layout: Layout, problem: str | None,
+                    world_size: int | None = None, created: dt.datetime | None = None,
+                    total: int = 0) -> CheckpointEntry:
+        return CheckpointEntry(tier, step, path, uri, layout, False, world_size, frozenset(), (), total, created,
+                               ChecksumStatus.UNKNOWN, problem)
+
+    # --- verification ------------------------------------------------------------------------------------------
+
+    def _cached_status(self, uri: str, files: Iterable[ShardFile]) -> ChecksumStatus:
+        results = [self._verified.get((uri, f.bytes, f.path + f.sha256)) for f in files]
+        if any(r is False for r in results):
+            return ChecksumStatus.MISMATCH
+        if results and all(results):
+            return ChecksumStatus.VERIFIED
+        return ChecksumStatus.UNVERIFIED
+
+    def verify_file(self, entry: CheckpointEntry, shard: ShardFile) -> bool:
+        """sha256 of one file against the manifest (cached per checkpoint, file and expected digest)."""
+        key = (entry.uri, shard.bytes, shard.path + shard.sha256)
+        with self._lock:
+            if key in self._verified:
+                return self._verified[key]
+        fs, _ = entry.tier.filesystem()
+        import hashlib
+
+        digest = hashlib.sha256()
+        try:
+            with fs.open(f"{entry.path}/{shard.path}", "rb") as handle:
+                while chunk := handle.read(8 << 20):
+                    digest.update(chunk)
+            ok = digest.hexdigest() == shard.sha256
+        except OSError as exc:
+            log.warning("checkpoint %s: cannot read %s: %s", entry.uri, shard.path, exc)
+            return False  # not cached: a transient read error is not a checksum mismatch
+        if not ok:
+            log.warning("checkpoint %s: %s does not match its sha256 in the manifest", entry.uri, shard.path)
+        with self._lock:
+            self._verified[key] = ok
+        return ok
+
+    def verify(self, entry: CheckpointEntry) -> ChecksumStatus:
+        """Verify every file of `entry` that has a checksum."""
+        if not entry.complete:
+            return ChecksumStatus.UNKNOWN
+        if not entry.files:
+            return ChecksumStatus.UNVERIFIED
+        ok = all([self.verify_file(entry, shard) for shard in entry.files])
+        return ChecksumStatus.VERIFIED if ok else ChecksumStatus.MISMATCH
+
+    def _usable_for(self, entry: CheckpointEntry, rank: int | None) -> bool:
+        """A complete entry whose files for `rank` (all files for DCP or rank None) verify."""
+        if entry.layout is Layout.DCP or rank is None:
+            return all([self.verify_file(entry, shard) for shard in entry.files])
+        shard = entry.file_for(rank)
+        return shard is not None and self.verify_file(entry, shard)
+
+    # --- the restore choice ------------------------------------------------------------------------------------
+
+    def choose(self, exclude_nodes: Iterable[str] = (), *, before_ts: dt.datetime | None = None,
+               before_step: int | None = None, world_size: int | None = None, step: int | None = None,
+               entries: Sequence[CheckpointEntry] | None = None) -> RestoreChoice | None:
+        """The restore per DESIGN.md, or None when no checkpoint qualifies. `step` pins the step (used to rebuild
+        the per-rank sources of a decision already made)."""
+        exclude = set(exclude_nodes)
+        entries = list(entries) if entries is not None else self.scan()
+        usable = [e for e in entries if e.complete and e.tier.survives(exclude)
+                  and e.checksum_status is not ChecksumStatus.MISMATCH]
+        if before_step is not None:
+            usable = [e for e in usable if e.step < before_step]
+        if before_ts is not None:
+            # when corruption is suspected the checkpoint must provably predate the first signal
+            usable = [e for e in usable if e.created_at is not None and e.created_at < before_ts]
+        if step is not None:
+            usable = [e for e in usable if e.step == step]
+        tier_rank = {kind: i for i, kind in enumerate(TIER_ORDER)}
+        for candidate_step in sorted({e.step for e in usable}, reverse=True):
+            group = sorted((e for e in usable if e.step == candidate_step),
+                           key=lambda e: (tier_rank.get(e.tier.kind, 9), e.tier.node or "", e.uri))
+            choice = self._choose_step(candidate_step, group, world_size)
+            if choice is not None:
+                return choice
+        return None
+
+    def _choose_step(self, step: int, group: list[CheckpointEntry], world_size: int | None) -> RestoreChoice | None:
+        for entry in group:  # a complete DCP checkpoint serves every rank by itself
+            if entry.layout is Layout.DCP and self._usable_for(entry, None):
+                ranks = range(world_size) if world_size else ()
+                sources = tuple(RankSource(r, entry.uri, entry.tier.kind, entry.tier.node, Layout.DCP) for r in ranks)
+                return RestoreChoice(step, Layout.DCP, (entry.tier.kind,), entry.uri, world_size or entry.world_size,
+                                     sources, (entry,))
+        shards = [e for e in group if e.layout is Layout.SHARDS]
+        sizes = {e.world_size for e in shards if e.world_size}
+        world = world_size or (max(sizes) if sizes else None)
+        if not world:
+            return None
+        shards = [e for e in shards if e.world_size == world]
+        sources: list[RankSource] = []
+        used: list[CheckpointEntry] = []
+        for rank in range(world):
+            entry = next((e for e in shards if e.covers(rank) and self._usable_for(e, rank)), None)
+            if entry is None:
+                return None
+            shard = entry.file_for(rank)
+            sources.append(RankSource(rank, f"{entry.uri}/{shard.path}", entry.tier.kind, entry.tier.node,
+                                      Layout.SHARDS))
+            if entry not in used:
+                used.append(entry)
+        tier_rank = {kind: i for i, kind in enumerate(TIER_ORDER)}
+        kinds = tuple(sorted({e.tier.kind for e in used}, key=lambda k: tier_rank.get(k, 9)))
+        return RestoreChoice(step, Layout.SHARDS, kinds, used[0].uri if len(used) == 1 else None, world,
+                             tuple(sources), tuple(used))
+
+    def __call__(self, request: RestoreRequest) -> Restore | None:
+        """The policy's RestoreChooser."""
+        choice = self.choose(request.exclude_nodes, before_ts=request.before_ts, before_step=request.before_step)
+        return None if choice is None else choice.to_restore()
+
+    # --- checkpoints table -------------------------------------------------------------------------------------
+
+    def rows(self, entries: Sequence[CheckpointEntry] | None = None) -> list[dict[str, Any]]:
+        """checkpoints-table rows, one per checkpoint directory and tier."""
+        now = self.clock()
+        entries = entries if entries is not None else self.scan()
+        return [{
+            "ts": entry.created_at or now,
+            "cluster": self.cluster,
+            "node": entry.tier.node,
+            "job_id": self.job_id,
+            "tier": entry.tier.kind.value,
+            "step": entry.step,
+            "uri": entry.uri,
+            "layout": entry.layout.value,
+            "world_size": entry.world_size,
+            "complete": entry.complete,
+            "bytes": entry.bytes,
+            "checksum_status": self.status_of(entry).value,
+        } for entry in entries]
+
+    def status_of(self, entry: CheckpointEntry) -> ChecksumStatus:
+        """The entry's checksum status including verifications done since it was scanned."""
+        if not entry.complete:
+            return ChecksumStatus.UNKNOWN
+        return self._cached_status(entry.uri, entry.files) if entry.files else entry.checksum_status
+
+    def record(self, sink: Any, entries: Sequence[CheckpointEntry] | None = None) -> int:
+        """Write the catalog into a SegmentSink's checkpoints table; returns the row count."""
+        rows = self.rows(entries)
+        if rows:
+            sink.write("checkpoints", rows)
+        return len(rows)
