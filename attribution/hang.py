@@ -56,6 +56,7 @@ signature extremes, pass 2 fetches the rows of the few keys that need detail. 16
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
@@ -354,8 +355,16 @@ class _Decoder:
                         complete, state >= 1)
 
     def slices(self) -> Iterator[_Decoded]:
-        for start in range(0, self.table.num_rows, SLICE_ROWS):
-            yield self.decode(start, min(SLICE_ROWS, self.table.num_rows - start))
+        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows."""
+        bounds = [0]
+        for chunk in self.table.column("rank").chunks:
+            end = bounds[-1] + len(chunk)
+            while end - bounds[-1] > SLICE_ROWS:
+                bounds.append(bounds[-1] + SLICE_ROWS)
+            if end > bounds[-1]:
+                bounds.append(end)
+        for start, stop in itertools.pairwise(bounds):
+            yield self.decode(start, stop - start)
 
 
 def _group_max(tables: list[pa.Table], keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
@@ -381,7 +390,6 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     progress_parts: list[pa.Table] = []
     signature_parts: list[pa.Table] = []
     seen_parts: list[pa.Table] = []
-    desc_parts: list[pa.Table] = []
     configured: dict[int, Counter] = defaultdict(Counter)
     p2p_rows: list[np.ndarray] = []
     sizes_column = table.column("input_sizes") if "input_sizes" in table.column_names else None
@@ -389,13 +397,14 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     for part in decoder.slices():
         dumped.update(int(r) for r in np.unique(part.rank) if r >= 0)
         named = part.group >= 0
-        seen_parts.append(pa.table({"g": part.group[named], "r": part.rank[named]}).group_by(["g", "r"])
-                          .aggregate([]))
         desc = decoder.descs.codes(table.column("pg_desc").slice(part.start, len(part.rank)), len(part.rank)) \
             if "pg_desc" in table.column_names else np.full(len(part.rank), -1, np.int32)
-        has_desc = named & (desc >= 0)
-        desc_parts.append(pa.table({"g": part.group[has_desc], "d": desc[has_desc]}).group_by("g")
-                          .aggregate([("d", "min")]))
+        # members seen and group descriptions: collective rows come with the progress aggregate below, the few
+        # other named rows (status rows, p2p entries) here
+        other = np.nonzero(named & ~part.coll)[0]
+        seen_parts.append(pa.table({"g": part.group[other], "r": part.rank[other],
+                                    "d": pa.array(desc[other], mask=desc[other] < 0)})
+                          .group_by(["g", "r"]).aggregate([("d", "min")]))
         if "pg_ranks" in table.column_names:
             pg_ranks = table.column("pg_ranks").slice(part.start, len(part.rank))
             rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & named)[0]
@@ -406,24 +415,33 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
         rows = np.nonzero(part.coll)[0]
         c_seq = part.seq[rows]
+        c_desc = desc[rows]
         progress_parts.append(pa.table({
             "g": part.group[rows], "r": part.rank[rows], "s": c_seq,
             "s_incomplete": pa.array(c_seq, mask=part.complete[rows]),
             "s_started": pa.array(c_seq, mask=~part.started[rows]),
-        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_started", "max")]))
+            "d": pa.array(c_desc, mask=c_desc < 0),
+        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_started", "max"),
+                                           ("d", "min")]))
         signature_parts.append(_signatures(part, rows, sizes_column, dtypes_column, decoder.ops.values)
                                .group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")]))
     if not dumped:
         return _report_empty(expected_ranks)
     group_names = decoder.labels()
+    agg = _group_max(progress_parts, ["g", "r"], [("s_max", "max"), ("s_incomplete_min", "min"),
+                                                  ("s_started_max", "max"), ("d_min", "min")])
+    seen_table = _group_max(seen_parts, ["g", "r"], [("d_min", "min")])
     group_descs: dict[int, str | None] = {}
-    desc_table = _group_max(desc_parts, ["g"], [("d_min", "min")])
-    for g, d in zip(desc_table.column("g").to_pylist(), desc_table.column("d_min_min").to_pylist(), strict=True):
-        group_descs[int(g)] = decoder.descs.values[int(d)]
     seen: dict[int, set[int]] = defaultdict(set)
-    seen_table = _group_max(seen_parts, ["g", "r"], [])
-    for g, r in zip(seen_table.column("g").to_pylist(), seen_table.column("r").to_pylist(), strict=True):
-        seen[int(g)].add(int(r))
+    for keys in (seen_table, agg):
+        groups_col, ranks_col = keys.column("g").to_numpy(), keys.column("r").to_numpy()
+        descs_col = keys.column("d_min_min").fill_null(-1).to_numpy()
+        for g in np.unique(groups_col).tolist():
+            mine = groups_col == g
+            seen[int(g)].update(ranks_col[mine].tolist())
+            d = descs_col[mine].max()
+            if d >= 0 and int(g) not in group_descs:
+                group_descs[int(g)] = decoder.descs.values[int(d)]
 
     # -- membership
     expected = set(int(r) for r in expected_ranks) if expected_ranks is not None else set()
@@ -454,8 +472,6 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         analysis.evidence.append(f"no dump from rank(s) {_ranks_text(sorted(missing))} (expected "
                                  f"{len(expected)} ranks, read {len(dumped)})")
 
-    agg = _group_max(progress_parts, ["g", "r"], [("s_max", "max"), ("s_incomplete_min", "min"),
-                                                  ("s_started_max", "max")])
     big = np.iinfo(np.int64).max
     e_arr = agg.column("s_max_max").to_numpy()
     first_inc = agg.column("s_incomplete_min_min").fill_null(big).to_numpy()
@@ -608,7 +624,9 @@ class _KeyDetails:
         all_rows = np.concatenate(list(rows_of.values())) if rows_of else np.empty(0, np.int64)
         index = {int(r): i for i, r in enumerate(all_rows.tolist())}
         self.index = index
-        taken = table.take(pa.array(all_rows)) if all_rows.shape[0] else table.slice(0, 0)
+        needed = [c for c in ("rank", "op", "pg_id", "input_sizes", "input_dtypes") if c in table.column_names]
+        small = table.select(needed)
+        taken = small.take(pa.array(all_rows)) if all_rows.shape[0] else small.slice(0, 0)
         self.rank = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
         self.time, self.time_valid = times.at(all_rows)
         n = taken.num_rows
