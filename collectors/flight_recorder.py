@@ -11,6 +11,11 @@ columns directly, and anything it does not accept goes to the restricted unpickl
 loads plain data or refuses. A truncated, corrupt or hostile dump becomes a DumpFileError naming the file and the
 problem, and every other rank is still read.
 
+Speed and memory: files are parsed a window at a time by a few threads (the scanner releases the GIL) and their
+columns are assembled into Arrow chunks of CHUNK_ROWS rows as they come, with set-wide string dictionaries, so a
+16,384-rank set is never held twice. `columns=` builds only what a caller needs and `dictionary=True` keeps strings
+dictionary-encoded (what the hang analysis uses); the defaults give the table exactly in the schema.
+
 Rows, one per entry (`record_id` set). Besides them each dump adds one *status row* per `pg_status` group
 (`record_id` null; `pg_id` the dump's local id, `pg_last_enqueued/started/completed` set), or a single status row
 when it has none, so a dump with no entries (an idle rank in an only-active dump) is still visible as present.

@@ -11,9 +11,13 @@ truncation or inconsistency makes it return a non-zero status, and the caller ha
 unpickler (collectors.safe_pickle), which loads it or refuses it with the error a user sees. Nothing here calls
 code named by the pickle.
 
-Layout: pass 1 builds a "tape" (node kind, value or string offset/length, and parent->child edges in order, so
-memoized containers shared through BINGET stay one node); pass 2 groups edges by parent (counting sort) and reads
-the fields of every entry dict under the top-level 'entries' key.
+Layout: pass 1 builds a "tape": node kind, value or string offset/length, and each container's children as runs
+of a child array (a container filled by one APPENDS/SETITEMS/TUPLE is one run; a long list appended in batches is
+a chain of runs), so memoized containers shared through BINGET stay one node. Pass 2 reads the fields of every
+entry dict under the top-level 'entries' key, and the top-level fields, pg_config and pg_status, into arrays.
+Workspace arrays are reused across files by each thread (allocating them per file costs more than parsing).
+numba did not inline helper functions taking arrays here (each call paid reference counting), so the hot loops
+are written out by hand.
 """
 
 # ruff: noqa: SIM109  (explicit == chains keep the numba hot loop free of tuple membership tests)
@@ -825,7 +829,7 @@ class Workspace:
         self.kind = np.empty(cap, np.int8)
         self.ival = np.empty(cap, np.int64)
         self.ilen = np.empty(cap, np.int64)
-        self.eparent = np.empty(cap, np.int64)
+        self.eparent = np.empty(1, np.int64)  # unused by the tape now (kept in the kernel signature)
         self.echild = np.empty(cap, np.int64)
         self.stack = np.empty(cap, np.int64)
         self.marks = np.empty(cap, np.int64)
