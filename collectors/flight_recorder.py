@@ -11,6 +11,11 @@ columns directly, and anything it does not accept goes to the restricted unpickl
 loads plain data or refuses. A truncated, corrupt or hostile dump becomes a DumpFileError naming the file and the
 problem, and every other rank is still read.
 
+Speed and memory: files are parsed a window at a time by a few threads (the scanner releases the GIL) and their
+columns are assembled into Arrow chunks of CHUNK_ROWS rows as they come, with set-wide string dictionaries, so a
+16,384-rank set is never held twice. `columns=` builds only what a caller needs and `dictionary=True` keeps strings
+dictionary-encoded (what the hang analysis uses); the defaults give the table exactly in the schema.
+
 Rows, one per entry (`record_id` set). Besides them each dump adds one *status row* per `pg_status` group
 (`record_id` null; `pg_id` the dump's local id, `pg_last_enqueued/started/completed` set), or a single status row
 when it has none, so a dump with no entries (an idle rank in an only-active dump) is still visible as present.
@@ -32,7 +37,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +56,7 @@ log = logging.getLogger(__name__)
 TABLE = "collectives"
 SCHEMA = TABLES[TABLE]
 DEFAULT_MAX_FRAMES = 16
+CHUNK_ROWS = 1 << 20  # rows per Arrow chunk while reading (bounds the per-dump pieces held at once)
 PICKLE_SUFFIXES = (".pkl", ".pickle")
 JSON_SUFFIXES = (".json",)
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?$", re.IGNORECASE)
@@ -366,6 +372,27 @@ class _Decoder:
         values = [self.value(int(item), depth + 1) for item in items]
         return tuple(values) if k == fast.K_TUPLE else values
 
+    def _opt(self, node: int) -> Any:
+        return None if node < 0 else self.value(node)
+
+    def top_fields(self, small: tuple) -> dict[str, Any]:
+        """The root's small fields from the scanner's _top (no generic walk)."""
+        _ok, top, cfg, status = small
+        out: dict[str, Any] = {"entries": []} if top[8] >= 0 else {}
+        for i, name in enumerate(fast.TOP_FIELDS):
+            if name not in ("pg_config", "pg_status") and top[i] >= 0:
+                out[name] = self.value(int(top[i]))
+        out["pg_config"] = {
+            self.text(int(key)) if self.kind[key] == fast.K_STR else self.value(int(key)):
+                {"name": self._opt(int(name)), "desc": self._opt(int(desc)), "ranks": self._opt(int(ranks))}
+            for key, name, desc, ranks in cfg.tolist()}
+        keys = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+        out["pg_status"] = {
+            (self.text(int(row[0])) if self.kind[row[0]] == fast.K_STR else self.value(int(row[0]))):
+                dict(zip(keys, row[1:], strict=True))
+            for row in status.tolist()}
+        return out
+
     def top_level(self, root: int) -> dict[str, Any]:
         """The root dict with 'entries' left empty (those are read into columns)."""
         items = self.children(root)
@@ -425,9 +452,9 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
-    (ints, valid, strs, flags), counts, sizes, dtypes, frames = result[7:]
+    (ints, valid, strs, flags), counts, sizes, dtypes, frames, small = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links)
-    top = _check_top(decoder.top_level(root))
+    top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
@@ -489,7 +516,7 @@ def _is_candidate(path: Path) -> bool:
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
         return True
-    return suffix == "" or (name[-1:].isdigit() and rank_from_name(name) is not None)
+    return name[-1:].isdigit() and rank_from_name(name) is not None
 
 
 def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -651,7 +678,9 @@ class _Assembly:
     group_desc: dict[str, str] = field(default_factory=dict)
     ranks_rows: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     carried: set[tuple[str, tuple[int, ...]]] = field(default_factory=set)
-    rows: int = 0
+    rows: int = 0  # rows so far in the whole set (row indices below are set-wide)
+    chunk_rows: int = 0  # rows of the parts not yet built into a chunk
+    chunks: list[pa.Table] = field(default_factory=list)
     world_size: int | None = None
     all_ranks: set[int] = field(default_factory=set)
 
@@ -759,6 +788,7 @@ class _Assembly:
         created, created_valid = dump.ints["time_created_ns"]
         part["dump_ts"] = int(created[created_valid].max()) if created_valid.any() else dump.mtime_ns
         self.rows += n + len(status_ids)
+        self.chunk_rows += n + len(status_ids)
         self.parts.append(part)
 
     # -- membership rebuilt where the config is broken
@@ -778,10 +808,39 @@ class _Assembly:
 
     # -- Arrow
 
+    def flush_chunk(self, identity: NodeIdentity | None) -> None:
+        """Build the parts so far into one Arrow chunk and drop them (memory: one chunk of parts at a time)."""
+        if self.parts:
+            self.chunks.append(self._chunk_table(identity))
+            self.parts = []
+            self.chunk_rows = 0
+
     def table(self, identity: NodeIdentity | None) -> pa.Table:
+        """The whole set: the chunks (dictionaries rewrapped with the final, set-wide values) plus pg_ranks."""
+        self.flush_chunk(identity)
         self.rebuild_membership()
+        columns: dict[str, pa.ChunkedArray] = {}
+        for name in self.chunks[0].column_names:
+            pieces = [_with_dictionary(chunk.column(name).chunk(0), self.strings.get(name), self.dictionary)
+                      for chunk in self.chunks]
+            columns[name] = pa.chunked_array(pieces, type=pieces[0].type)
+        self.chunks = []
+        if "pg_ranks" in self.columns:
+            columns["pg_ranks"] = pa.chunked_array([self._pg_ranks_array(self.rows)])
+        if identity is not None:
+            for name, value in identity.columns().items():
+                if name in self.columns and name != "node" and value is not None:
+                    if name == "attempt":
+                        columns[name] = pa.chunked_array([pa.array(np.full(self.rows, int(value), np.int32))])
+                    else:
+                        columns[name] = pa.chunked_array([_repeat_strings([(self.rows, str(value))], self.rows,
+                                                                          self.dictionary)])
+        ordered = [c for c in SCHEMA.names if c in columns]
+        return pa.table({c: columns[c] for c in ordered})
+
+    def _chunk_table(self, identity: NodeIdentity | None) -> pa.Table:
         # row layout per part: n entry rows, then its status rows
-        total = self.rows
+        total = self.chunk_rows
         cols: dict[str, Any] = {}
 
         def gather_int(name: str) -> pa.Array:
@@ -829,13 +888,13 @@ class _Assembly:
                     m = part["n"] + len(part["status"])
                     codes[pos:pos + m] = part[name]
                     pos += m
-                cols[name] = self.strings[name].array(codes, self.dictionary)
+                cols[name] = self.strings[name].array(codes, True)
         for name in ("op", "state"):
             if name in wanted:
-                cols[name] = self.strings[name].array(gather_codes(name), self.dictionary)
+                cols[name] = self.strings[name].array(gather_codes(name), True)
             release(name)
         if "pg_desc" in wanted:
-            cols["pg_desc"] = self.strings["pg_desc"].array(gather_codes("pg_desc"), self.dictionary)
+            cols["pg_desc"] = self.strings["pg_desc"].array(gather_codes("pg_desc"), True)
         if "pg_name" in wanted or "pg_id" in wanted:
             names = gather_codes("pg_name")
             ids = gather_codes("pg_id")
@@ -848,9 +907,9 @@ class _Assembly:
                         ids[pos + n + j] = self.strings["pg_id"].remap([pid], np.zeros(1, np.int32))[0]
                 pos += n + len(part["status"])
             if "pg_name" in wanted:
-                cols["pg_name"] = self.strings["pg_name"].array(names, self.dictionary)
+                cols["pg_name"] = self.strings["pg_name"].array(names, True)
             if "pg_id" in wanted:
-                cols["pg_id"] = self.strings["pg_id"].array(ids, self.dictionary)
+                cols["pg_id"] = self.strings["pg_id"].array(ids, True)
             release("pg_name", "pg_id")
             if "pg_desc" in wanted:
                 # status rows get their group's desc when the name is known
@@ -861,7 +920,7 @@ class _Assembly:
                 status_rows = np.nonzero((descs < 0) & (names >= 0))[0]
                 for row in status_rows:
                     descs[row] = desc_of_name.get(int(names[row]), -1)
-                cols["pg_desc"] = self.strings["pg_desc"].array(descs, self.dictionary)
+                cols["pg_desc"] = self.strings["pg_desc"].array(descs, True)
                 release("pg_desc")
         for name in [*_INT_COLUMNS, "pg_last_enqueued", "pg_last_started", "pg_last_completed"]:
             if name in wanted:
@@ -913,23 +972,16 @@ class _Assembly:
             if name in wanted:
                 cols[name] = self._string_list_array(name, total)
             release(name)
-        if "pg_ranks" in wanted:
-            cols["pg_ranks"] = self._pg_ranks_array(total)
         if "node" in wanted:
-            node_values = []
+            codes = np.empty(total, np.int32)
+            pos = 0
             for part in self.parts:
                 node = identity.node if identity and identity.node else part["node"]
-                node_values.append((part["n"] + len(part["status"]), node))
-            cols["node"] = _repeat_strings(node_values, total, self.dictionary)
-        if identity is not None:
-            for name, value in identity.columns().items():
-                if name in wanted and name != "node" and value is not None:
-                    if name == "attempt":
-                        cols[name] = pa.array(np.full(total, int(value), np.int32), pa.int32())
-                    else:
-                        cols[name] = _repeat_strings([(total, str(value))], total, self.dictionary)
-        ordered = [c for c in SCHEMA.names if c in cols]
-        return pa.table({c: cols[c] for c in ordered})
+                m = part["n"] + len(part["status"])
+                codes[pos:pos + m] = self.strings["node"].remap([node], np.zeros(1, np.int32))[0] if node else -1
+                pos += m
+            cols["node"] = self.strings["node"].array(codes, True)
+        return pa.table(cols)
 
     def _layout(self, name: str, total: int) -> tuple[np.ndarray, list[Any]]:
         """Per-row counts for a list column (status rows null)."""
@@ -955,7 +1007,7 @@ class _Assembly:
     def _string_list_array(self, name: str, total: int) -> pa.Array:
         counts, per_part = self._layout(name, total)
         codes = np.concatenate([p[1] for p in per_part if p is not None] or [np.empty(0, np.int32)])
-        values = self.strings[name].array(codes.astype(np.int32), self.dictionary)
+        values = self.strings[name].array(codes.astype(np.int32), True)
         return _list_from_counts(counts, values)
 
     def _pg_ranks_array(self, total: int) -> pa.Array:
@@ -966,6 +1018,24 @@ class _Assembly:
         values = np.fromiter((r for _, ranks in rows for r in ranks), np.int32,
                              count=sum(len(r) for _, r in rows))
         return _list_from_counts(counts, pa.array(values, pa.int32()))
+
+
+def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool) -> pa.Array:
+    """A chunk's dictionary column (or list of dictionary) with the set's final dictionary, or cast to plain
+    strings. Dictionaries only grow by appending, so a chunk's indices are valid in the final one."""
+    if strings is None:
+        return array
+    final = pa.array(strings.values, type=pa.string())
+    if pa.types.is_dictionary(array.type):
+        out = pa.DictionaryArray.from_arrays(array.indices, final)
+        return out if dictionary else out.cast(pa.string())
+    if pa.types.is_list(array.type) and pa.types.is_dictionary(array.type.value_type):
+        values = pa.DictionaryArray.from_arrays(array.values.indices, final)
+        if not dictionary:
+            values = values.cast(pa.string())
+        return pa.ListArray.from_arrays(array.offsets, values,
+                                        mask=array.is_null() if array.null_count else None)
+    return array
 
 
 def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
@@ -1045,18 +1115,30 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
                     pass
             return exc
 
-    if workers > 1 and len(primary) > 1:
+    def loaded() -> Iterator[_Dump | DumpFileError]:
+        """Dumps in file order, parsed a window at a time (parsing releases the GIL), so that only a window of
+        parsed dumps waits for assembly."""
+        if workers <= 1 or len(primary) <= 1:
+            yield from map(load, primary)
+            return
+        window = 8 * workers
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(load, primary, chunksize=16))
-    else:
-        results = [load(p) for p in primary]
+            pending = [pool.submit(load, p) for p in primary[:window]]
+            next_index = window
+            while pending:
+                result = pending.pop(0).result()
+                if next_index < len(primary):
+                    pending.append(pool.submit(load, primary[next_index]))
+                    next_index += 1
+                yield result
+
     dir_name = Path(directory).resolve().name
     assembly = _Assembly(columns=wanted, dictionary=dictionary)
     errors: list[DumpFileError] = []
     skipped = [str(twins[p]) for p in primary if p in twins]
     used: list[str] = []
     seen_ranks: dict[int, str] = {}
-    for path, result in zip(primary, results, strict=True):
+    for result in loaded():
         if isinstance(result, DumpFileError):
             errors.append(result)
             log.info("flight-recorder dump skipped: %s", result)
@@ -1069,7 +1151,8 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
         seen_ranks[result.rank] = str(result.path)
         assembly.add(result, f"{dir_name}/{result.path.name}")
         used.append(str(result.path))
-        del path
+        if assembly.chunk_rows >= CHUNK_ROWS:
+            assembly.flush_chunk(identity)
     if not used:
         table = SCHEMA.empty_table().select([c for c in SCHEMA.names if c in wanted])
     else:
