@@ -507,8 +507,10 @@ class _EvalHistory:
     def __init__(self) -> None:
         self.seen: list[tuple[Incident, str]] = []  # (incident, action), in decision order
 
-    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str) -> int:
+    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str,
+                        incident_class: IncidentClass | None = None) -> int:
         return sum(1 for incident, action in self.seen if incident.job_id == job_id and incident.cause == cause
+                   and (incident_class is None or incident.incident_class == incident_class)
                    and action == "failover" and incident.incident_id != exclude_incident_id)
 
     def job_incidents(self, job_id: str | None, exclude_incident_id: str) -> list[Incident]:
