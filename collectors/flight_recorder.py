@@ -630,7 +630,7 @@ def parse_ranks(text: Any) -> tuple[int, ...] | None:
         ranks = None
     if ranks == ():
         ranks = None
-    if len(_RANKS_CACHE) < 4096:
+    if len(_RANKS_CACHE) < 65536:
         _RANKS_CACHE[text] = ranks
     return ranks
 
@@ -674,10 +674,11 @@ class _Assembly:
     parts: list[dict[str, Any]] = field(default_factory=list)
     group_members: dict[str, set[int]] = field(default_factory=dict)  # from entries
     group_configs: dict[str, set[tuple[int, ...]]] = field(default_factory=dict)
+    config_objects: list[tuple[int, ...]] = field(default_factory=list)
     group_first_row: dict[str, int] = field(default_factory=dict)
     group_desc: dict[str, str] = field(default_factory=dict)
     ranks_rows: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
-    carried: set[tuple[str, tuple[int, ...]]] = field(default_factory=set)
+    carried: set[tuple[str, int]] = field(default_factory=set)  # (group, id of the cached ranks tuple)
     rows: int = 0  # rows so far in the whole set (row indices below are set-wide)
     chunk_rows: int = 0  # rows of the parts not yet built into a chunk
     chunks: list[pa.Table] = field(default_factory=list)
@@ -759,9 +760,12 @@ class _Assembly:
                 self.group_desc.setdefault(name, self.strings["pg_desc"].values[int(desc_code)])
             ranks = _config_ranks(dump.pg_config, name)
             if ranks is not None:
-                self.group_configs.setdefault(name, set()).add(ranks)
-                if (name, ranks) not in self.carried:
-                    self.carried.add((name, ranks))
+                # keyed by the cached tuple's identity: hashing a 16,384-rank tuple for every dump costs seconds
+                key = (name, id(ranks))
+                if key not in self.carried:
+                    self.carried.add(key)
+                    self.config_objects.append(ranks)  # keeps id() unique while the assembly lives
+                    self.group_configs.setdefault(name, set()).add(ranks)
                     self.ranks_rows.append((base + first, ranks))
         # status rows: one per pg_status group (or one marker)
         status_ids = [str(k) for k in status] or [None]
@@ -802,9 +806,7 @@ class _Assembly:
                 # the default group holds every rank: world_size when a dump says it, else 0..highest rank read
                 ranks |= set(range(self.world_size or max(self.all_ranks, default=-1) + 1))
             rebuilt = tuple(sorted(ranks))
-            if (name, rebuilt) not in self.carried:
-                self.carried.add((name, rebuilt))
-                self.ranks_rows.append((self.group_first_row[name], rebuilt))
+            self.ranks_rows.append((self.group_first_row[name], rebuilt))
 
     # -- Arrow
 
