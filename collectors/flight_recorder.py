@@ -630,7 +630,7 @@ def parse_ranks(text: Any) -> tuple[int, ...] | None:
         ranks = None
     if ranks == ():
         ranks = None
-    if len(_RANKS_CACHE) < 4096:
+    if len(_RANKS_CACHE) < 65536:
         _RANKS_CACHE[text] = ranks
     return ranks
 
@@ -674,10 +674,12 @@ class _Assembly:
     parts: list[dict[str, Any]] = field(default_factory=list)
     group_members: dict[str, set[int]] = field(default_factory=dict)  # from entries
     group_configs: dict[str, set[tuple[int, ...]]] = field(default_factory=dict)
+    config_objects: list[tuple[int, ...]] = field(default_factory=list)
+    row_group: dict[int, str] = field(default_factory=dict)  # rows carrying pg_ranks -> their group
     group_first_row: dict[str, int] = field(default_factory=dict)
     group_desc: dict[str, str] = field(default_factory=dict)
     ranks_rows: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
-    carried: set[tuple[str, tuple[int, ...]]] = field(default_factory=set)
+    carried: set[tuple[str, int]] = field(default_factory=set)  # (group, id of the cached ranks tuple)
     rows: int = 0  # rows so far in the whole set (row indices below are set-wide)
     chunk_rows: int = 0  # rows of the parts not yet built into a chunk
     chunks: list[pa.Table] = field(default_factory=list)
@@ -759,10 +761,14 @@ class _Assembly:
                 self.group_desc.setdefault(name, self.strings["pg_desc"].values[int(desc_code)])
             ranks = _config_ranks(dump.pg_config, name)
             if ranks is not None:
-                self.group_configs.setdefault(name, set()).add(ranks)
-                if (name, ranks) not in self.carried:
-                    self.carried.add((name, ranks))
+                # keyed by the cached tuple's identity: hashing a 16,384-rank tuple for every dump costs seconds
+                key = (name, id(ranks))
+                if key not in self.carried:
+                    self.carried.add(key)
+                    self.config_objects.append(ranks)  # keeps id() unique while the assembly lives
+                    self.group_configs.setdefault(name, set()).add(ranks)
                     self.ranks_rows.append((base + first, ranks))
+                    self.row_group[base + first] = name
         # status rows: one per pg_status group (or one marker)
         status_ids = [str(k) for k in status] or [None]
         id_to_name: dict[str, int] = {}
@@ -802,9 +808,8 @@ class _Assembly:
                 # the default group holds every rank: world_size when a dump says it, else 0..highest rank read
                 ranks |= set(range(self.world_size or max(self.all_ranks, default=-1) + 1))
             rebuilt = tuple(sorted(ranks))
-            if (name, rebuilt) not in self.carried:
-                self.carried.add((name, rebuilt))
-                self.ranks_rows.append((self.group_first_row[name], rebuilt))
+            self.ranks_rows.append((self.group_first_row[name], rebuilt))
+            self.row_group[self.group_first_row[name]] = name
 
     # -- Arrow
 
@@ -1068,41 +1073,21 @@ def _repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: 
 # public API
 
 
-def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
-                  columns: Iterable[str] | None = None, max_frames: int = DEFAULT_MAX_FRAMES,
-                  dictionary: bool = False, fast_path: bool = True, workers: int | None = None) -> DumpSet:
-    """Read every dump in `directory` into `collectives` rows.
+PROCESS_MIN_FILES = 1024  # below this, threads in one process; above, the files are split over processes
 
-    columns: the subset of the table's columns to build (default all; analysis needs far fewer).
-    dictionary: keep string columns dictionary-encoded (smaller and faster for analysis); the default gives the
-    table exactly in the schema. fast_path=False loads pickles through the restricted unpickler only (the
-    reference path the fast scanner is tested against). workers: threads (default: CPU count, at most 8).
-    Per-file problems are in DumpSet.errors; DumpDirError when the directory is missing or holds no dump.
-    """
-    started = time.perf_counter()
-    wanted = set(SCHEMA.names if columns is None else columns)
-    unknown = wanted - set(SCHEMA.names)
-    if unknown:
-        raise ValueError(f"unknown collectives column(s): {', '.join(sorted(unknown))}")
-    if "frames" not in wanted:
-        max_frames = 0
-    files = find_dump_files(directory)
-    if not files:
-        raise DumpDirError(f"{directory}: no flight-recorder dumps (expected files like rank_0.pkl, _dump_0, "
-                           "comm_lib_trace_rank_0, rank_0.json)")
-    # a JSON twin of a pickle is read only if the pickle fails
-    primary: list[Path] = []
-    twins: dict[Path, Path] = {}
-    stems: dict[str, Path] = {}
-    for path in files:
-        stem = path.name[: -len(path.suffix)] if path.suffix.lower() in PICKLE_SUFFIXES + JSON_SUFFIXES else path.name
-        if path.suffix.lower() in JSON_SUFFIXES and stem in stems:
-            twins[stems[stem]] = path
-            continue
-        stems.setdefault(stem, path)
-        primary.append(path)
-    workers = workers or min(8, os.cpu_count() or 1)
 
+@dataclass
+class _Part:
+    """What one reader (a process, or the caller) assembled from a contiguous range of files."""
+
+    assembly: _Assembly
+    errors: list[tuple[str, str]]
+    seen: list[tuple[int, str]]
+    skipped: list[str]
+
+
+def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool, max_frames: int,
+               fast_path: bool, workers: int, dir_name: str, identity: NodeIdentity | None) -> _Part:
     def load(path: Path) -> _Dump | DumpFileError:
         try:
             return _load_file(path, max_frames, fast_path)
@@ -1132,35 +1117,175 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
                     next_index += 1
                 yield result
 
-    dir_name = Path(directory).resolve().name
     assembly = _Assembly(columns=wanted, dictionary=dictionary)
-    errors: list[DumpFileError] = []
-    skipped = [str(twins[p]) for p in primary if p in twins]
-    used: list[str] = []
+    part = _Part(assembly, [], [], [])
     seen_ranks: dict[int, str] = {}
     for result in loaded():
         if isinstance(result, DumpFileError):
-            errors.append(result)
+            part.errors.append((result.path, result.problem))
             log.info("flight-recorder dump skipped: %s", result)
             continue
         if result.rank in seen_ranks:
-            skipped.append(str(result.path))
-            errors.append(DumpFileError(result.path, f"second dump for rank {result.rank} (first: "
-                                                     f"{seen_ranks[result.rank]}); ignored"))
+            part.skipped.append(str(result.path))
+            part.errors.append((str(result.path), f"second dump for rank {result.rank} (first: "
+                                                  f"{seen_ranks[result.rank]}); ignored"))
             continue
         seen_ranks[result.rank] = str(result.path)
+        part.seen.append((result.rank, str(result.path)))
         assembly.add(result, f"{dir_name}/{result.path.name}")
-        used.append(str(result.path))
         if assembly.chunk_rows >= CHUNK_ROWS:
             assembly.flush_chunk(identity)
-    if not used:
+    assembly.flush_chunk(identity)
+    return part
+
+
+def _read_part_in_process(args: tuple) -> _Part:
+    """Process-pool entry: the part, with its chunks' dictionaries made final so the caller can read them."""
+    part = _read_part(*args)
+    assembly = part.assembly
+    assembly.chunks = [
+        pa.table({name: _with_dictionary(chunk.column(name).chunk(0), assembly.strings.get(name), True)
+                  for name in chunk.column_names})
+        for chunk in assembly.chunks]
+    return part
+
+
+def _merge_parts(parts: list[_Part], wanted: set[str], dictionary: bool) -> _Assembly:
+    """One assembly from parts read by separate processes: dictionary indices remapped to set-wide codes, row
+    numbers offset, membership evidence merged."""
+    merged = _Assembly(columns=wanted, dictionary=dictionary)
+    for part in parts:
+        other = part.assembly
+        offset = merged.rows
+        for chunk in other.chunks:
+            columns = {}
+            for name in chunk.column_names:
+                array = chunk.column(name).chunk(0)
+                strings = merged.strings.get(name)
+                if strings is not None and pa.types.is_dictionary(array.type):
+                    codes = strings.remap(array.dictionary.to_pylist(),
+                                          array.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+                    array = strings.array(codes, True)
+                elif strings is not None and pa.types.is_list(array.type) \
+                        and pa.types.is_dictionary(array.type.value_type):
+                    values = array.values
+                    codes = strings.remap(values.dictionary.to_pylist(),
+                                          values.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+                    array = pa.ListArray.from_arrays(array.offsets, strings.array(codes, True),
+                                                     mask=array.is_null() if array.null_count else None)
+                columns[name] = array
+            merged.chunks.append(pa.table(columns))
+        for name, members in other.group_members.items():
+            merged.group_members.setdefault(name, set()).update(members)
+        for name, configs in other.group_configs.items():
+            merged.group_configs.setdefault(name, set()).update(configs)
+        for name, row in other.group_first_row.items():
+            merged.group_first_row.setdefault(name, offset + row)
+        for name, desc in other.group_desc.items():
+            merged.group_desc.setdefault(name, desc)
+        carried = {(merged_name(merged, row), ranks) for row, ranks in merged.ranks_rows}
+        for row, ranks in other.ranks_rows:
+            key = (merged_name(other, row), ranks)
+            if key not in carried:
+                carried.add(key)
+                merged.ranks_rows.append((offset + row, ranks))
+                merged.row_group[offset + row] = key[0]
+        if other.world_size:
+            merged.world_size = max(merged.world_size or 0, other.world_size)
+        merged.all_ranks.update(other.all_ranks)
+        merged.rows += other.rows
+    return merged
+
+
+def merged_name(assembly: _Assembly, row: int) -> str:
+    return assembly.row_group.get(row, "")
+
+
+def auto_processes(directory: str | os.PathLike[str]) -> int:
+    """Processes worth starting for a directory: the CPU count (at most 8) from PROCESS_MIN_FILES files on, else 1
+    (a process costs ~1 s of start-up: imports and the compiled scanner)."""
+    try:
+        count = sum(1 for _ in os.scandir(directory))
+    except OSError:
+        return 1
+    cpus = os.cpu_count() or 1
+    # with few cores the reader's threads already keep them busy (the scanner releases the GIL); measured on 2
+    # cores, 2 processes were slower than 1 process with 2 threads
+    return min(8, cpus // 2) if count >= PROCESS_MIN_FILES and cpus >= 4 else 1
+
+
+def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
+                  columns: Iterable[str] | None = None, max_frames: int = DEFAULT_MAX_FRAMES,
+                  dictionary: bool = False, fast_path: bool = True, workers: int | None = None,
+                  processes: int | None = None) -> DumpSet:
+    """Read every dump in `directory` into `collectives` rows.
+
+    columns: the subset of the table's columns to build (default all; analysis needs far fewer).
+    dictionary: keep string columns dictionary-encoded (smaller and faster for analysis); the default gives the
+    table exactly in the schema. fast_path=False loads pickles through the restricted unpickler only (the
+    reference path the fast scanner is tested against). workers: threads per process (default: CPU count, at most
+    8). processes: split the files over this many processes (spawned: a calling script needs the usual
+    `if __name__ == "__main__":` guard); default 1; auto_processes() suggests a count for a directory.
+    Per-file problems are in DumpSet.errors; DumpDirError when the directory is missing or holds no dump.
+    """
+    started = time.perf_counter()
+    wanted = set(SCHEMA.names if columns is None else columns)
+    unknown = wanted - set(SCHEMA.names)
+    if unknown:
+        raise ValueError(f"unknown collectives column(s): {', '.join(sorted(unknown))}")
+    if "frames" not in wanted:
+        max_frames = 0
+    files = find_dump_files(directory)
+    if not files:
+        raise DumpDirError(f"{directory}: no flight-recorder dumps (expected files like rank_0.pkl, _dump_0, "
+                           "comm_lib_trace_rank_0, rank_0.json)")
+    # a JSON twin of a pickle is read only if the pickle fails
+    primary: list[Path] = []
+    twins: dict[Path, Path] = {}
+    stems: dict[str, Path] = {}
+    for path in files:
+        stem = path.name[: -len(path.suffix)] if path.suffix.lower() in PICKLE_SUFFIXES + JSON_SUFFIXES else path.name
+        if path.suffix.lower() in JSON_SUFFIXES and stem in stems:
+            twins[stems[stem]] = path
+            continue
+        stems.setdefault(stem, path)
+        primary.append(path)
+    cpus = os.cpu_count() or 1
+    workers = workers or min(8, cpus)
+    processes = processes or 1
+    dir_name = Path(directory).resolve().name
+    if processes > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        size = -(-len(primary) // processes)
+        ranges = [primary[i:i + size] for i in range(0, len(primary), size)]
+        args = [(paths, {p: twins[p] for p in paths if p in twins}, wanted, True, max_frames, fast_path,
+                 max(1, workers // processes), dir_name, identity) for paths in ranges]
+        with ProcessPoolExecutor(max_workers=len(ranges), mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = list(pool.map(_read_part_in_process, args))
+        seen_all = [rank for part in parts for rank, _ in part.seen]
+        if len(seen_all) != len(set(seen_all)):
+            # the same rank in two ranges (two names for one rank): read in one process, which keeps the first
+            processes = 1
+        else:
+            assembly = _merge_parts(parts, wanted, dictionary)
+    if processes <= 1:
+        parts = [_read_part(primary, twins, wanted, dictionary, max_frames, fast_path, workers, dir_name,
+                            identity)]
+        assembly = parts[0].assembly
+    errors = [DumpFileError(path, problem) for part in parts for path, problem in part.errors]
+    skipped = [str(twins[p]) for p in primary if p in twins] + [s for part in parts for s in part.skipped]
+    seen = [(rank, path) for part in parts for rank, path in part.seen]
+    if not seen:
         table = SCHEMA.empty_table().select([c for c in SCHEMA.names if c in wanted])
     else:
         table = assembly.table(identity)
     if columns is None and not dictionary:
         table = validate(TABLE, table)
-    return DumpSet(table=table, ranks=tuple(sorted(seen_ranks)), files=tuple(used), errors=tuple(errors),
-                   world_size=assembly.world_size, skipped=tuple(skipped), seconds=time.perf_counter() - started)
+    return DumpSet(table=table, ranks=tuple(sorted(rank for rank, _ in seen)), files=tuple(p for _, p in seen),
+                   errors=tuple(errors), world_size=assembly.world_size, skipped=tuple(skipped),
+                   seconds=time.perf_counter() - started)
 
 
 def read_dump_file(path: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
