@@ -121,7 +121,7 @@ def test_kernel_log_rows_are_what_the_kmsg_collector_parses(sim) -> None:
 
 
 def test_deterministic_by_seed(tmp_path: Path) -> None:
-    config = dict(nodes=4, hours=3.0, faults_per_day=80.0, benign_per_day=80.0, stragglers_per_day=16.0)
+    config = dict(nodes=4, hours=2.0, faults_per_day=100.0, benign_per_day=100.0, stragglers_per_day=24.0)
 
     def run(seed: int, name: str) -> tuple[dict[str, list], str]:
         store = tmp_path / name
