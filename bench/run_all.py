@@ -61,8 +61,8 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def _sink(r: dict[str, Any]) -> list[str]:
-    return [f"faultlens sink: **{_fmt(r['sink_rows_per_s'])} rows/s** ({_fmt(r['sink_rows_per_cpu_s'])} per CPU-second, "
-            f"{r['sink_segments']} crash-safe segments in the store layout); pandas `to_parquet` per batch: "
+    return [f"faultlens sink: **{_fmt(r['sink_rows_per_s'])} rows/s** ({_fmt(r['sink_rows_per_cpu_s'])} per "
+            f"CPU-second, {r['sink_segments']} crash-safe segments); pandas `to_parquet` per batch: "
             f"{_fmt(r['pandas_rows_per_s'])} rows/s (one plain file per batch, no partitioning, no atomic visibility)",
             f"ratio faultlens / pandas: **{r['ratio_sink_over_pandas']}x**; target >= 1,000,000 rows/s per core"]
 
