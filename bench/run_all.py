@@ -111,10 +111,11 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("delivery", "Decision delivery", "persist-then-deliver (at least once) vs a bare POST",
               ("bench/bench_decision_delivery.py",), ("bench/bench_decision_delivery.py", "--decisions", "20")),
     Benchmark("eval", "Attribution accuracy on the simulated cluster", "faultlens eval on faultlens simulate",
-              ("-m", "bench.bench_eval"), ("-m", "bench.bench_eval", "--quick")),
+              ("-m", "bench.bench_eval", "--seed", "1", "--replay"),
+              ("-m", "bench.bench_eval", "--nodes", "4", "--hours", "4")),
     Benchmark("demo_vs_torchrun", "The demo's faults: faultlens vs plain torchrun --max-restarts 3",
               "ETTR, lost steps, restarts of the software bug", ("-m", "bench.bench_demo_vs_torchrun"),
-              ("-m", "bench.bench_demo_vs_torchrun", "--quick")),
+              ("-m", "bench.bench_demo_vs_torchrun", "--no-bug-run")),
 )
 
 
