@@ -29,7 +29,9 @@ How the answer is reached
    loops interleave their groups periodically, so from a rank's own history the point where its next collective
    of group H was due (relative to its sequence in group K) is predicted; a rank that entered K beyond that point
    without H skipped H (root cause); one that is blocked in K before that point lags in H only because of K
-   (follow-on). Its out-edges are dropped and the components recomputed.
+   (follow-on). Only ranks inside a cycle are put to this test, and only when their history is periodic over a
+   window of several periods; the skipper's out-edges are dropped and the components recomputed. A cycle no
+   history can order is reported whole, with low confidence.
 4. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name, dtypes and, for
    ops whose shapes must agree (all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier), the input
    sizes. The ranks outside the majority are the odd ones (gloo even completes an all_reduce of equal element count
@@ -42,14 +44,22 @@ in TENSOR_MODEL_PARALLEL_GROUP '37' ranks 8, 10, 11 entered up to 87771 while ra
 completed 87749 onwards, which its peers did); '38' shows the same for rank 14; the expert, data and context groups
 spanning ranks 8-15 show 9 and 14 behind as well; pipeline p2p shows stage-0 ranks (1, 6) ahead of 9 and 14.
 Ranks 0-7 wait only through p2p and lag nowhere; ranks 8, 10-13, 15 lag nowhere. The terminal components are {9}
-and {14}: exactly the two faulty ranks, never the ranks that merely wait on them.
+and {14}: exactly the two faulty ranks, never the ranks that merely wait on them. On the real gloo sub-group hang
+(tests: torch_artifacts 'subgroup_hang'), rank 2 waits for rank 3 in the pair group while ranks 0, 1, 3 wait for
+rank 2 in the world group: a cycle {2, 3}; rank 3's history (pair collective k after world collective k) shows it
+entered world seq 5 where pair seq 4 was due, so rank 3 is the skipper and rank 2 a follow-on.
+
+Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and per-(group, seq)
+signature extremes, pass 2 fetches the rows of the few keys that need detail. 16,384 ranks x 2,000 entries is
+~33 M rows; see bench/bench_hang.py.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -225,60 +235,215 @@ def _strongly_connected(n_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.nd
 # analysis
 
 
+SLICE_ROWS = 1 << 22  # rows decoded at a time: bounds the analysis' own memory on 33 M-row sets
+
+
+class _GlobalCodes:
+    """One code space for a string column across slices and chunks (dictionary-encoded or plain)."""
+
+    def __init__(self) -> None:
+        self.lookup: dict[Any, int] = {}
+        self.values: list[Any] = []
+        self._cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def _remap(self, dictionary: pa.Array) -> np.ndarray:
+        key = (dictionary.buffers()[1].address if dictionary.buffers()[1] is not None else 0, len(dictionary))
+        cached = self._cache.get(key)
+        if cached is not None and len(cached) == len(dictionary):
+            return cached
+        table = np.empty(len(dictionary) + 1, np.int32)
+        for i, value in enumerate(dictionary.to_pylist()):
+            code = self.lookup.get(value)
+            if code is None:
+                code = self.lookup[value] = len(self.values)
+                self.values.append(value)
+            table[i] = code
+        table[-1] = -1  # index -1 (null) stays -1
+        self._cache[key] = table
+        return table
+
+    def codes(self, column: pa.ChunkedArray | None, n: int) -> np.ndarray:
+        if column is None:
+            return np.full(n, -1, np.int32)
+        pieces = []
+        for chunk in column.chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = pc.dictionary_encode(chunk)
+            indices = chunk.indices
+            local = indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+            pieces.append(self._remap(chunk.dictionary)[local])
+        return np.concatenate(pieces) if pieces else np.empty(0, np.int32)
+
+
+@dataclass
+class _Decoded:
+    """The columns of one slice the analysis needs, as NumPy arrays (global codes)."""
+
+    start: int
+    rank: np.ndarray
+    group: np.ndarray
+    is_entry: np.ndarray
+    seq: np.ndarray
+    coll: np.ndarray  # an entry of a collective (not p2p) with a sequence id and a group
+    p2p: np.ndarray
+    op: np.ndarray
+    pg_id: np.ndarray
+    complete: np.ndarray
+    started: np.ndarray
+
+
+_STATES = {"scheduled": 0, "started": 1, "completed": 2}
+
+
+class _Decoder:
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.names = _GlobalCodes()
+        self.ids = _GlobalCodes()
+        self.descs = _GlobalCodes()
+        self.ops = _GlobalCodes()
+        self.states = _GlobalCodes()
+        self.group_of: dict[tuple[str, Any], int] = {}
+        self.group_names: list[str] = []
+
+    def column(self, part: pa.Table, name: str) -> pa.ChunkedArray | None:
+        return part.column(name) if name in part.column_names else None
+
+    def _groups(self, name_codes: np.ndarray, id_codes: np.ndarray) -> np.ndarray:
+        names = np.empty(len(self.names.values) + 1, np.int32)
+        for code, value in enumerate(self.names.values):
+            if value:
+                names[code] = self.group_of.setdefault(("name", value), len(self.group_of))
+            else:
+                names[code] = -1
+        names[-1] = -1
+        ids = np.empty(len(self.ids.values) + 1, np.int32)
+        for code, value in enumerate(self.ids.values):
+            ids[code] = self.group_of.setdefault(("id", value), len(self.group_of))
+        ids[-1] = -1
+        by_name = names[name_codes]
+        return np.where(by_name >= 0, by_name, ids[id_codes]).astype(np.int32)
+
+    def labels(self) -> list[str]:
+        out = [""] * len(self.group_of)
+        for (kind, value), code in self.group_of.items():
+            out[code] = str(value) if kind == "name" else f"pg_id {value}"
+        return out
+
+    def decode(self, start: int, length: int) -> _Decoded:
+        part = self.table.slice(start, length)
+        n = part.num_rows
+        rank = part.column("rank").fill_null(-1).to_numpy().astype(np.int32, copy=False)
+        name_codes = self.names.codes(self.column(part, "pg_name"), n)
+        id_codes = self.ids.codes(self.column(part, "pg_id"), n)
+        group = self._groups(name_codes, id_codes)
+        record = self.column(part, "record_id")
+        is_entry = ~record.is_null().to_numpy(zero_copy_only=False) if record is not None else np.ones(n, bool)
+        # status rows (pg_status, record_id null) count only where the dump named their group
+        unnamed = (name_codes < 0) | np.array([not v for v in self.names.values] + [True], bool)[name_codes]
+        group[~is_entry & unnamed] = -1
+        seq, seq_valid = _ints(part.column("collective_seq_id"))
+        op = self.ops.codes(self.column(part, "op"), n)
+        p2p_op = np.array([bool(_P2P_OP.search(str(o))) for o in self.ops.values] + [False], bool)
+        p2p = _bools(self.column(part, "is_p2p"), n) | p2p_op[op]
+        state_codes = self.states.codes(self.column(part, "state"), n)
+        state_rank = np.array([_STATES.get(str(v), 0) for v in self.states.values] + [0], np.int8)
+        state = state_rank[state_codes]
+        complete = (state == 2) | _bools(self.column(part, "retired"), n)
+        coll = is_entry & seq_valid & ~p2p & (group >= 0)
+        return _Decoded(start, rank, group, is_entry, seq, coll, p2p & is_entry & (group >= 0), op, id_codes,
+                        complete, state >= 1)
+
+    def slices(self) -> Iterator[_Decoded]:
+        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows."""
+        bounds = [0]
+        for chunk in self.table.column("rank").chunks:
+            end = bounds[-1] + len(chunk)
+            while end - bounds[-1] > SLICE_ROWS:
+                bounds.append(bounds[-1] + SLICE_ROWS)
+            if end > bounds[-1]:
+                bounds.append(end)
+        for start, stop in itertools.pairwise(bounds):
+            yield self.decode(start, stop - start)
+
+
+def _group_max(tables: list[pa.Table], keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
+    merged = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    return merged.group_by(keys).aggregate(aggregations)
+
+
 def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None) -> HangReport:
-    """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring."""
+    """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
+
+    The table may hold only the columns the analysis reads (COLUMNS) and may keep strings dictionary-encoded;
+    it is read in slices of SLICE_ROWS, so the analysis' own memory stays bounded on very large sets."""
     missing_columns = [c for c in ("rank", "collective_seq_id") if c not in collectives.column_names]
     if missing_columns:
         raise ValueError(f"collectives table lacks column(s) {', '.join(missing_columns)}")
     table = collectives
-    n = table.num_rows
-    ranks_all = table.column("rank").fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)
-    dumped = {int(r) for r in np.unique(ranks_all) if r >= 0}
+    if table.num_rows == 0:
+        return _report_empty(expected_ranks)
+    decoder = _Decoder(table)
+
+    # -- pass 1: progress per (group, rank), signatures per (group, seq), membership evidence
+    dumped: set[int] = set()
+    progress_parts: list[pa.Table] = []
+    signature_parts: list[pa.Table] = []
+    seen_parts: list[pa.Table] = []
+    configured: dict[int, Counter] = defaultdict(Counter)
+    p2p_rows: list[np.ndarray] = []
+    sizes_column = table.column("input_sizes") if "input_sizes" in table.column_names else None
+    dtypes_column = table.column("input_dtypes") if "input_dtypes" in table.column_names else None
+    for part in decoder.slices():
+        dumped.update(int(r) for r in np.unique(part.rank) if r >= 0)
+        named = part.group >= 0
+        desc = decoder.descs.codes(table.column("pg_desc").slice(part.start, len(part.rank)), len(part.rank)) \
+            if "pg_desc" in table.column_names else np.full(len(part.rank), -1, np.int32)
+        # members seen and group descriptions: collective rows come with the progress aggregate below, the few
+        # other named rows (status rows, p2p entries) here
+        other = np.nonzero(named & ~part.coll)[0]
+        seen_parts.append(pa.table({"g": part.group[other], "r": part.rank[other],
+                                    "d": pa.array(desc[other], mask=desc[other] < 0)})
+                          .group_by(["g", "r"]).aggregate([("d", "min")]))
+        if "pg_ranks" in table.column_names:
+            pg_ranks = table.column("pg_ranks").slice(part.start, len(part.rank))
+            rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & named)[0]
+            if rows.shape[0]:
+                for row, value in zip(rows, pg_ranks.take(pa.array(rows)).to_pylist(), strict=True):
+                    if value:
+                        configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
+        p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
+        rows = np.nonzero(part.coll)[0]
+        c_seq = part.seq[rows]
+        c_desc = desc[rows]
+        progress_parts.append(pa.table({
+            "g": part.group[rows], "r": part.rank[rows], "s": c_seq,
+            "s_incomplete": pa.array(c_seq, mask=part.complete[rows]),
+            "s_started": pa.array(c_seq, mask=~part.started[rows]),
+            "d": pa.array(c_desc, mask=c_desc < 0),
+        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_started", "max"),
+                                           ("d", "min")]))
+        signature_parts.append(_signatures(part, rows, sizes_column, dtypes_column, decoder.ops.values)
+                               .group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")]))
     if not dumped:
         return _report_empty(expected_ranks)
-
-    # -- groups
-    if "pg_name" in table.column_names:
-        name_codes, names = _codes(table.column("pg_name"))
-    else:
-        name_codes, names = np.full(n, -1, np.int32), []
-    if "pg_id" in table.column_names:
-        id_codes, ids = _codes(table.column("pg_id"))
-    else:
-        id_codes, ids = np.full(n, -1, np.int32), []
-    names = [str(x) if x is not None else "" for x in names]
-    empty_name = np.array([not x for x in names] + [True], bool)  # index -1 -> True
-    use_id = (name_codes < 0) | empty_name[name_codes]
-    group_names = list(names) + [f"pg_id {x}" for x in ids]
-    group = np.where(use_id, np.where(id_codes >= 0, len(names) + id_codes, -1), name_codes).astype(np.int32)
-    if "record_id" in table.column_names:
-        # status rows (pg_status, record_id null) count only where the dump named their group
-        status_row = table.column("record_id").is_null().to_numpy(zero_copy_only=False)
-        group[status_row & use_id] = -1
-    desc_codes, descs = (_codes(table.column("pg_desc")) if "pg_desc" in table.column_names
-                         else (np.full(n, -1, np.int32), []))
+    group_names = decoder.labels()
+    agg = _group_max(progress_parts, ["g", "r"], [("s_max", "max"), ("s_incomplete_min", "min"),
+                                                  ("s_started_max", "max"), ("d_min", "min")])
+    seen_table = _group_max(seen_parts, ["g", "r"], [("d_min", "min")])
     group_descs: dict[int, str | None] = {}
-    has_desc = (group >= 0) & (desc_codes >= 0)
-    if has_desc.any():
-        pairs = pa.table({"g": group[has_desc], "d": desc_codes[has_desc]}).group_by("g").aggregate([("d", "min")])
-        for g, d in zip(pairs.column("g").to_pylist(), pairs.column("d_min").to_pylist(), strict=True):
-            group_descs[int(g)] = descs[int(d)]
+    seen: dict[int, set[int]] = defaultdict(set)
+    for keys in (seen_table, agg):
+        groups_col, ranks_col = keys.column("g").to_numpy(), keys.column("r").to_numpy()
+        descs_col = keys.column("d_min_min").fill_null(-1).to_numpy()
+        for g in np.unique(groups_col).tolist():
+            mine = groups_col == g
+            seen[int(g)].update(ranks_col[mine].tolist())
+            d = descs_col[mine].max()
+            if d >= 0 and int(g) not in group_descs:
+                group_descs[int(g)] = decoder.descs.values[int(d)]
 
     # -- membership
-    configured: dict[int, Counter] = defaultdict(Counter)
-    if "pg_ranks" in table.column_names:
-        pg_ranks = table.column("pg_ranks")
-        rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & (group >= 0))[0]
-        if rows.shape[0]:
-            values = pg_ranks.take(pa.array(rows)).to_pylist()
-            for row, value in zip(rows, values, strict=True):
-                if value:
-                    configured[int(group[row])][tuple(sorted(int(v) for v in value))] += 1
-    seen: dict[int, set[int]] = defaultdict(set)
-    if (group >= 0).any():
-        pairs = pa.table({"g": group[group >= 0], "r": ranks_all[group >= 0]}).group_by(["g", "r"]).aggregate([])
-        for g, r in zip(pairs.column("g").to_pylist(), pairs.column("r").to_pylist(), strict=True):
-            seen[int(g)].add(int(r))
     expected = set(int(r) for r in expected_ranks) if expected_ranks is not None else set()
     if expected_ranks is None:
         for counter in configured.values():
@@ -288,19 +453,15 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     members: dict[int, tuple[int, ...]] = {}
     rebuilt: set[int] = set()
     for g in set(seen) | set(configured):
+        ranks = set(seen[g])
         if configured.get(g):
-            ranks = set()
             for value in configured[g]:
                 ranks.update(value)
-            if group_descs.get(g) == "default_pg":
-                ranks |= expected
-            members[g] = tuple(sorted(ranks | seen[g]))
         else:
-            ranks = set(seen[g])
-            if group_descs.get(g) == "default_pg":
-                ranks |= expected
-            members[g] = tuple(sorted(ranks))
             rebuilt.add(g)
+        if group_descs.get(g) == "default_pg":
+            ranks |= expected
+        members[g] = tuple(sorted(ranks))
     missing = expected - dumped
     analysis = _Analysis(group_names, group_descs, members, rebuilt, dumped, expected, missing)
     if rebuilt:
@@ -311,66 +472,19 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         analysis.evidence.append(f"no dump from rank(s) {_ranks_text(sorted(missing))} (expected "
                                  f"{len(expected)} ranks, read {len(dumped)})")
 
-    # -- entry rows
-    if "record_id" in table.column_names:
-        is_entry = ~table.column("record_id").is_null().to_numpy(zero_copy_only=False)
-    else:
-        is_entry = np.ones(n, bool)
-    seq, seq_valid = _ints(table.column("collective_seq_id"))
-    is_p2p = _bools(table.column("is_p2p") if "is_p2p" in table.column_names else None, n)
-    op_codes, ops = (_codes(table.column("op")) if "op" in table.column_names else (np.full(n, -1, np.int32), []))
-    p2p_op = np.array([bool(_P2P_OP.search(str(o))) for o in ops] + [False], bool)
-    is_p2p = is_p2p | p2p_op[op_codes]
-    state_codes, states = (_codes(table.column("state")) if "state" in table.column_names
-                           else (np.full(n, -1, np.int32), []))
-    state_rank = np.array([{"scheduled": 0, "started": 1, "completed": 2}.get(str(s), 0) for s in states] + [0],
-                          np.int8)[state_codes]
-    retired = _bools(table.column("retired") if "retired" in table.column_names else None, n)
-    complete = (state_rank == 2) | retired
-    started = state_rank >= 1
-    times = _Lazy(table, "time_created")
-    order = _Lazy(table, "record_id")
-
-    coll = is_entry & seq_valid & ~is_p2p & (group >= 0)
-    rows = np.nonzero(coll)[0]
-    c_group, c_rank, c_seq = group[rows], ranks_all[rows], seq[rows]
-    c_complete, c_started = complete[rows], started[rows]
-
-    # per (group, rank): E, C, S
-    per = pa.table({
-        "g": c_group, "r": c_rank, "s": c_seq,
-        "s_incomplete": pa.array(c_seq, mask=c_complete),
-        "s_started": pa.array(c_seq, mask=~c_started),
-    })
-    agg = per.group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_started", "max")])
-    del per
-    g_arr = agg.column("g").to_numpy()
-    r_arr = agg.column("r").to_numpy()
-    e_arr = agg.column("s_max").to_numpy()
-    first_inc = agg.column("s_incomplete_min").fill_null(np.iinfo(np.int64).max).to_numpy()
-    c_arr = np.where(first_inc == np.iinfo(np.int64).max, e_arr, first_inc - 1)
-    s_arr = agg.column("s_started_max").fill_null(-1).to_numpy()
-    has_incomplete = first_inc != np.iinfo(np.int64).max
+    big = np.iinfo(np.int64).max
+    e_arr = agg.column("s_max_max").to_numpy()
+    first_inc = agg.column("s_incomplete_min_min").fill_null(big).to_numpy()
+    c_arr = np.where(first_inc == big, e_arr, first_inc - 1)
+    s_arr = agg.column("s_started_max_max").fill_null(-1).to_numpy()
     progress: dict[int, dict[int, tuple[int, int, int, bool]]] = defaultdict(dict)
-    for g, r, e, c, s, inc in zip(g_arr.tolist(), r_arr.tolist(), e_arr.tolist(), c_arr.tolist(), s_arr.tolist(),
-                                  has_incomplete.tolist(), strict=True):
-        progress[g][r] = (e, c, s, inc)
+    for g, r, e, c, st, inc in zip(agg.column("g").to_pylist(), agg.column("r").to_pylist(), e_arr.tolist(),
+                                   c_arr.tolist(), s_arr.tolist(), (first_inc != big).tolist(), strict=True):
+        progress[g][r] = (e, c, st, inc)
 
-    # time of (group, seq) collectives, to order anomalies; built lazily for the few keys needed
-    def seq_time(g: int, s: int, among: Sequence[int] | None = None) -> tuple[int, str | None, str | None]:
-        mask = (c_group == g) & (c_seq == s)
-        if among is not None:
-            mask &= np.isin(c_rank, np.asarray(among))
-        hits = rows[mask]
-        if hits.shape[0] == 0:
-            return np.iinfo(np.int64).max, None, None
-        created, created_valid = times.at(hits)
-        t = int(created[created_valid].min()) if created_valid.any() else np.iinfo(np.int64).max
-        op = Counter(int(op_codes[h]) for h in hits[:64]).most_common(1)[0][0]
-        pid = Counter(int(id_codes[h]) for h in hits[:64]).most_common(1)[0][0]
-        return t, (ops[op] if op >= 0 else None), (str(ids[pid]) if pid >= 0 else None)
-
-    # -- divergences per group
+    # -- divergences per group (times and ops filled in by pass 2)
+    pending: list[tuple[_Divergence, tuple[int, ...] | None, str]] = []
+    stuck_pending: list[tuple[int, int, tuple[int, ...]]] = []
     for g, by_rank in progress.items():
         group_members = members.get(g, tuple(by_rank))
         present = [r for r in group_members if r in by_rank]
@@ -381,16 +495,14 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         e_values = {r: by_rank[r][0] for r in present}
         for r in absent_dumped:
             # a dumped member with no entry of this group: it has not entered anything the dump still holds
-            e_values[r] = min(e_values.values()) - 1 if len(present) else -1
+            e_values[r] = min(e_values.values()) - 1
         e_min, e_max = min(e_values.values()), max(e_values.values())
         if e_min < e_max:
             laggards = tuple(sorted(r for r, e in e_values.items() if e == e_min))
             waiters = tuple(sorted(r for r, e in e_values.items() if e > e_min))
-            t, op, pid = seq_time(g, e_min + 1, waiters)
-            analysis.divergences.append(_Divergence(
-                g, "entered", e_min + 1, laggards, waiters, t, op, pid,
-                f"{analysis.label(g)} seq {e_min + 1} {op or ''}: rank(s) {_ranks_text(waiters)} entered it, "
-                f"rank(s) {_ranks_text(laggards)} never did (last entered: {e_min})"))
+            pending.append((_Divergence(g, "entered", e_min + 1, laggards, waiters, 0), waiters,
+                            f"rank(s) {_ranks_text(waiters)} entered it, rank(s) {_ranks_text(laggards)} never did "
+                            f"(last entered: {e_min})"))
         else:
             c_values = {r: by_rank[r][1] for r in present}
             c_min, c_max = min(c_values.values()), max(c_values.values())
@@ -399,86 +511,221 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             if c_min < c_max:
                 laggards = tuple(sorted(r for r, c in c_values.items() if c == c_min))
                 waiters = tuple(sorted(r for r, c in c_values.items() if c > c_min))
-                t, op, pid = seq_time(g, c_min + 1)
-                analysis.divergences.append(_Divergence(
-                    g, "completed", c_min + 1, laggards, waiters, t, op, pid,
-                    f"{analysis.label(g)} seq {c_min + 1} {op or ''}: rank(s) {_ranks_text(laggards)} entered it "
-                    f"but never completed it; rank(s) {_ranks_text(waiters)} did"))
+                pending.append((_Divergence(g, "completed", c_min + 1, laggards, waiters, 0), None,
+                                f"rank(s) {_ranks_text(laggards)} entered it but never completed it; rank(s) "
+                                f"{_ranks_text(waiters)} did"))
             elif s_min < s_max and s_min < e_max:
-                laggards = tuple(sorted(r for r, s in s_values.items() if s == s_min))
-                waiters = tuple(sorted(r for r, s in s_values.items() if s > s_min))
-                t, op, pid = seq_time(g, s_min + 1)
-                analysis.divergences.append(_Divergence(
-                    g, "started", s_min + 1, laggards, waiters, t, op, pid,
-                    f"{analysis.label(g)} seq {s_min + 1} {op or ''}: started on rank(s) {_ranks_text(waiters)}, "
-                    f"not on rank(s) {_ranks_text(laggards)}"))
+                laggards = tuple(sorted(r for r, st in s_values.items() if st == s_min))
+                waiters = tuple(sorted(r for r, st in s_values.items() if st > s_min))
+                pending.append((_Divergence(g, "started", s_min + 1, laggards, waiters, 0), None,
+                                f"started on rank(s) {_ranks_text(waiters)}, not on rank(s) {_ranks_text(laggards)}"))
             elif any(by_rank[r][3] for r in present) and not absent_missing:
-                stuck = tuple(sorted(r for r in present if by_rank[r][3]))
-                analysis.stuck_groups.append((g, c_min + 1, stuck, int(seq_time(g, c_min + 1)[0])))
+                stuck_pending.append((g, c_min + 1, tuple(sorted(r for r in present if by_rank[r][3]))))
         if absent_missing:
             waiting = tuple(sorted(r for r in present if by_rank[r][3]))
             if waiting:
-                t, op, pid = seq_time(g, min(by_rank[r][1] for r in waiting) + 1, waiting)
-                analysis.divergences.append(_Divergence(
-                    g, "missing", min(by_rank[r][1] for r in waiting) + 1, tuple(absent_missing), waiting, t, op,
-                    pid, f"{analysis.label(g)}: rank(s) {_ranks_text(waiting)} wait in {op or 'a collective'} "
-                    f"that needs rank(s) {_ranks_text(absent_missing)}, which wrote no dump"))
+                seq = min(by_rank[r][1] for r in waiting) + 1
+                pending.append((_Divergence(g, "missing", seq, tuple(absent_missing), waiting, 0), waiting,
+                                f"rank(s) {_ranks_text(waiting)} wait in it; it needs rank(s) "
+                                f"{_ranks_text(absent_missing)}, which wrote no dump"))
+
+    # -- mismatching (group, seq) keys
+    sig = _group_max(signature_parts, ["g", "s"], [("sig_min", "min"), ("sig_max", "max")])
+    differ = pc.not_equal(sig.column("sig_min_min"), sig.column("sig_max_max")).to_numpy(zero_copy_only=False)
+    bad_keys = list(zip(sig.column("g").to_numpy()[differ].tolist(), sig.column("s").to_numpy()[differ].tolist(),
+                        strict=True))[:256]
+    del sig, signature_parts, progress_parts
+
+    # -- pass 2: the rows of the keys that need detail (divergent collectives, mismatches)
+    wanted = {(d.group, d.seq) for d, _, _ in pending} | {(g, s) for g, s, _ in stuck_pending} | set(bad_keys)
+    rows_of = _rows_for_keys(decoder, wanted)
+    times = _Lazy(table, "time_created")
+    details = _KeyDetails(table, rows_of, times, decoder)
+    for d, among, text in pending:
+        d.time, d.op, d.pg_id = details.time_op(d.group, d.seq, among)
+        d.detail = f"{analysis.label(d.group)} seq {d.seq} {d.op or ''}: {text}"
+        analysis.divergences.append(d)
+    for g, seq, stuck in stuck_pending:
+        analysis.stuck_groups.append((g, seq, stuck, details.time_op(g, seq, None)[0]))
+    for g, s in bad_keys:
+        mismatch = _mismatch(analysis, table, details, g, s, sizes_column, dtypes_column)
+        if mismatch is not None:
+            analysis.mismatches.append(mismatch)
 
     # -- p2p, per pair of peers
-    _p2p_divergences(analysis, is_entry, is_p2p, group, ranks_all, op_codes, ops, table, complete, times)
-
-    # -- mismatches
-    _find_mismatches(analysis, table, rows, c_group, c_rank, c_seq, op_codes, ops, times, id_codes, ids)
+    p2p_all = np.concatenate(p2p_rows) if p2p_rows else np.empty(0, np.int64)
+    _p2p_divergences(analysis, table, p2p_all, decoder, times)
 
     def history(rank: int) -> tuple[list[int], list[int], int | None] | None:
-        mine = np.nonzero(c_rank == rank)[0]
-        if mine.shape[0] == 0:
+        rows = _rows_for_rank(decoder, rank)
+        if rows is None:
             return None
-        mine = mine[np.argsort(order.at(rows[mine])[0], kind="stable")]
-        incomplete = np.nonzero(~c_complete[mine])[0]
-        return (c_seq[mine].tolist(), c_group[mine].tolist(),
-                int(incomplete[0]) if incomplete.shape[0] else None)
+        seqs, groups, complete, order = rows
+        sort = np.argsort(order, kind="stable")
+        incomplete = np.nonzero(~complete[sort])[0]
+        return seqs[sort].tolist(), groups[sort].tolist(), int(incomplete[0]) if incomplete.shape[0] else None
 
     analysis.history = history
     return _decide(analysis)
 
 
-def _p2p_divergences(analysis: _Analysis, is_entry: np.ndarray, is_p2p: np.ndarray, group: np.ndarray,
-                     ranks_all: np.ndarray, op_codes: np.ndarray, ops: list[Any], table: pa.Table,
-                     complete: np.ndarray, times: _Lazy) -> None:
-    if "p2p_seq_id" not in table.column_names:
-        return
-    rows = np.nonzero(is_entry & is_p2p & (group >= 0))[0]
-    if rows.shape[0] == 0:
-        return
-    p2p_seq, p2p_valid = _ints(table.column("p2p_seq_id").take(pa.array(rows)))
-    created, created_valid = times.at(rows)
-    parsed: dict[int, tuple[int, int] | None] = {}
-    for code in np.unique(op_codes[rows]):
-        match = _P2P_OP.search(str(ops[code])) if code >= 0 else None
-        if not match:
-            parsed[int(code)] = None
+def _signatures(part: _Decoded, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
+                ops: list[Any]) -> pa.Table:
+    """(group, seq, signature of op + sizes (for shape-bound ops) + dtypes) of a slice's collective rows."""
+    shape_ops = np.array([bool(_SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+    c_ops = part.op[rows]
+    length = len(part.rank)
+    size_sig, dtype_sig = row_signatures(sizes.slice(part.start, length) if sizes is not None else None,
+                                         dtypes.slice(part.start, length) if dtypes is not None else None, rows)
+    size_sig = np.where(shape_ops[c_ops], size_sig, np.uint64(0))
+    combined = combine_signatures(c_ops.astype(np.uint64), size_sig, dtype_sig)
+    return pa.table({"g": part.group[rows], "s": part.seq[rows], "sig": combined})
+
+
+def _rows_for_keys(decoder: _Decoder, keys: set[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+    """Global row indices of the collective entries of each (group, seq) key, in one pass."""
+    out: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
+    if not keys:
+        return {}
+    wanted = np.array(sorted(g * (1 << 40) + s for g, s in keys if s >= 0), np.int64)
+    for part in decoder.slices():
+        rows = np.nonzero(part.coll)[0]
+        combined = part.group[rows].astype(np.int64) * (1 << 40) + part.seq[rows]
+        hit = rows[np.isin(combined, wanted)]
+        if hit.shape[0] == 0:
             continue
-        kind, a, arrow, b = match.group(1), int(match.group(2)), match.group(3), int(match.group(4))
+        for key, row in zip((part.group[hit].astype(np.int64) * (1 << 40) + part.seq[hit]).tolist(), hit.tolist(),
+                            strict=True):
+            out[(key >> 40, key & ((1 << 40) - 1))].append(row + part.start)
+    return {key: np.asarray(rows, np.int64) for key, rows in out.items()}
+
+
+def _rows_for_rank(decoder: _Decoder, rank: int) -> tuple[np.ndarray, ...] | None:
+    seqs, groups, complete, rows_all = [], [], [], []
+    for part in decoder.slices():
+        hit = np.nonzero(part.coll & (part.rank == rank))[0]
+        seqs.append(part.seq[hit])
+        groups.append(part.group[hit])
+        complete.append(part.complete[hit])
+        rows_all.append(hit + part.start)
+    rows = np.concatenate(rows_all)
+    if rows.shape[0] == 0:
+        return None
+    order = _Lazy(decoder.table, "record_id").at(rows)[0]
+    return np.concatenate(seqs), np.concatenate(groups), np.concatenate(complete), order
+
+
+class _KeyDetails:
+    """Per (group, seq): the ranks, times, ops and local pg ids of its rows."""
+
+    def __init__(self, table: pa.Table, rows_of: dict[tuple[int, int], np.ndarray], times: _Lazy,
+                 decoder: _Decoder) -> None:
+        self.rows_of = rows_of
+        all_rows = np.concatenate(list(rows_of.values())) if rows_of else np.empty(0, np.int64)
+        index = {int(r): i for i, r in enumerate(all_rows.tolist())}
+        self.index = index
+        needed = [c for c in ("rank", "op", "pg_id", "input_sizes", "input_dtypes") if c in table.column_names]
+        small = table.select(needed)
+        taken = small.take(pa.array(all_rows)) if all_rows.shape[0] else small.slice(0, 0)
+        self.rank = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
+        self.time, self.time_valid = times.at(all_rows)
+        n = taken.num_rows
+        self.op = decoder.ops.codes(taken.column("op") if "op" in taken.column_names else None, n)
+        self.pg_id = decoder.ids.codes(taken.column("pg_id") if "pg_id" in taken.column_names else None, n)
+        self.decoder = decoder
+        self.taken = taken
+
+    def positions(self, g: int, s: int) -> np.ndarray:
+        rows = self.rows_of.get((g, s))
+        if rows is None:
+            return np.empty(0, np.int64)
+        return np.array([self.index[int(r)] for r in rows.tolist()], np.int64)
+
+    def time_op(self, g: int, s: int, among: Sequence[int] | None) -> tuple[int, str | None, str | None]:
+        pos = self.positions(g, s)
+        if among is not None and pos.shape[0]:
+            pos = pos[np.isin(self.rank[pos], np.asarray(among))]
+        if pos.shape[0] == 0:
+            return np.iinfo(np.int64).max, None, None
+        valid = self.time_valid[pos]
+        t = int(self.time[pos][valid].min()) if valid.any() else np.iinfo(np.int64).max
+        op = Counter(int(c) for c in self.op[pos[:64]]).most_common(1)[0][0]
+        pid = Counter(int(c) for c in self.pg_id[pos[:64]]).most_common(1)[0][0]
+        return (t, self.decoder.ops.values[op] if op >= 0 else None,
+                str(self.decoder.ids.values[pid]) if pid >= 0 else None)
+
+
+def _mismatch(analysis: _Analysis, table: pa.Table, details: _KeyDetails, g: int, s: int,
+              sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None) -> _Mismatch | None:
+    pos = details.positions(g, s)
+    if pos.shape[0] == 0:
+        return None
+    taken = details.taken.take(pa.array(pos))
+    ops = details.decoder.ops.values
+    op_codes = details.op[pos]
+    shape_ops = np.array([bool(_SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+    local = np.arange(taken.num_rows, dtype=np.int64)
+    size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in taken.column_names
+                                         else None,
+                                         taken.column("input_dtypes") if "input_dtypes" in taken.column_names
+                                         else None, local)
+    size_sig = np.where(shape_ops[op_codes], size_sig, np.uint64(0))
+    ranks = details.rank[pos]
+    signature: dict[int, tuple[int, int, int]] = {}
+    for i in range(len(pos)):
+        signature.setdefault(int(ranks[i]), (int(op_codes[i]), int(size_sig[i]), int(dtype_sig[i])))
+    ranked = Counter(signature.values()).most_common()
+    if len(ranked) < 2:
+        return None
+    top = ranked[0][1]
+    tie = ranked[1][1] == top
+    majority_sig = ranked[0][0] if not tie else min(
+        (sig for sig, c in ranked if c == top), key=lambda sig: min(r for r, v in signature.items() if v == sig))
+    odd = tuple(sorted(r for r, v in signature.items() if v != majority_sig))
+    majority = tuple(sorted(r for r, v in signature.items() if v == majority_sig))
+    kind = HangVerdict.OP_MISMATCH if len({v[0] for v in signature.values()}) > 1 else HangVerdict.SIZE_MISMATCH
+    valid = details.time_valid[pos]
+    t = int(details.time[pos][valid].min()) if valid.any() else np.iinfo(np.int64).max
+    describe = _describe_entries(taken, ranks, [ops[c] if c >= 0 else None for c in op_codes])
+    op = ops[majority_sig[0]] if 0 <= majority_sig[0] < len(ops) else None
+    pid = Counter(int(c) for c in details.pg_id[pos[:64]]).most_common(1)[0][0]
+    what = "op" if kind == HangVerdict.OP_MISMATCH else "size/dtype"
+    detail = (f"{analysis.label(g)} seq {s}: {what} mismatch, rank(s) {_ranks_text(odd)} differ from "
+              f"rank(s) {_ranks_text(majority)}{' (a tie)' if tie else ''}: {describe}")
+    return _Mismatch(g, s, kind, odd, majority, tie, t, detail, op,
+                     str(details.decoder.ids.values[pid]) if pid >= 0 else None)
+
+
+def _p2p_divergences(analysis: _Analysis, table: pa.Table, rows: np.ndarray, decoder: _Decoder,
+                     times: _Lazy) -> None:
+    if "p2p_seq_id" not in table.column_names or rows.shape[0] == 0:
+        return
+    taken = table.take(pa.array(rows))
+    part = _Decoder.decode(_replace_table(decoder, taken), 0, taken.num_rows)
+    p2p_seq, p2p_valid = _ints(taken.column("p2p_seq_id"))
+    created, created_valid = times.at(rows)
+    ops = decoder.ops.values
+    parsed: dict[int, tuple[int, int] | None] = {}
+    for code in np.unique(part.op):
+        match = _P2P_OP.search(str(ops[code])) if code >= 0 else None
         # 'send 0->1': self 0, peer 1; 'recv 1<-0': self 1, peer 0 (group-local ranks)
-        del kind, arrow
-        parsed[int(code)] = (a, b)
+        parsed[int(code)] = (int(match.group(2)), int(match.group(4))) if match else None
     best: dict[tuple[int, int, int], tuple[int, bool, int]] = {}
     peers: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for i, row in enumerate(rows.tolist()):
-        pair = parsed.get(int(op_codes[row]))
-        if pair is None or not p2p_valid[i]:
+    for i in range(taken.num_rows):
+        pair = parsed.get(int(part.op[i]))
+        if pair is None or not p2p_valid[i] or part.group[i] < 0:
             continue
-        g = int(group[row])
+        g = int(part.group[i])
         members = analysis.members.get(g, ())
-        _self_local, peer_local = pair
+        peer_local = pair[1]
         if peer_local >= len(members):
             continue
         peer = members[peer_local]
-        rank = int(ranks_all[row])
+        rank = int(part.rank[i])
         peers[(g, rank)].add(peer)
         key = (g, rank, peer)
-        value = (int(p2p_seq[i]), bool(complete[row]), int(created[i]) if created_valid[i] else 0)
+        value = (int(p2p_seq[i]), bool(part.complete[i]), int(created[i]) if created_valid[i] else 0)
         if key not in best or value[0] > best[key][0]:
             best[key] = (value[0], value[1] and best.get(key, (0, True, 0))[1], value[2])
         elif not value[1]:
@@ -501,68 +748,22 @@ def _p2p_divergences(analysis: _Analysis, is_entry: np.ndarray, is_p2p: np.ndarr
                 f"{analysis.label(g)} p2p: rank {a} posted p2p op {seq_a} with rank {b}, which is at {seq_b}"))
 
 
-def _find_mismatches(analysis: _Analysis, table: pa.Table, rows: np.ndarray, c_group: np.ndarray,
-                     c_rank: np.ndarray, c_seq: np.ndarray, op_codes: np.ndarray, ops: list[Any],
-                     times: _Lazy, id_codes: np.ndarray, ids: list[Any]) -> None:
-    if rows.shape[0] == 0:
-        return
-    shape_ops = np.array([bool(_SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
-    c_ops = op_codes[rows]
-    sizes = table.column("input_sizes") if "input_sizes" in table.column_names else None
-    dtypes = table.column("input_dtypes") if "input_dtypes" in table.column_names else None
-    size_sig, dtype_sig = row_signatures(sizes, dtypes, rows)
-    size_sig = np.where(shape_ops[c_ops], size_sig, np.uint64(0))
-    op_sig = c_ops.astype(np.uint64)
-    combined = combine_signatures(op_sig, size_sig, dtype_sig)
-    keyed = pa.table({"g": c_group, "s": c_seq, "sig": combined})
-    agg = keyed.group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")])
-    del keyed, combined
-    differ = pc.not_equal(agg.column("sig_min"), agg.column("sig_max")).to_numpy(zero_copy_only=False)
-    if not differ.any():
-        return
-    bad_g = agg.column("g").to_numpy()[differ]
-    bad_s = agg.column("s").to_numpy()[differ]
-    for g, s in list(zip(bad_g.tolist(), bad_s.tolist(), strict=True))[:256]:
-        hit = np.nonzero((c_group == g) & (c_seq == s))[0]
-        signature: dict[int, tuple[int, int, int]] = {}
-        for h in hit.tolist():
-            signature.setdefault(int(c_rank[h]), (int(op_sig[h]), int(size_sig[h]), int(dtype_sig[h])))
-        counts = Counter(signature.values())
-        ranked = counts.most_common()
-        top = ranked[0][1]
-        tie = len(ranked) > 1 and ranked[1][1] == top
-        majority_sig = ranked[0][0] if not tie else min(
-            (sig for sig, c in ranked if c == top),
-            key=lambda sig: min(r for r, v in signature.items() if v == sig))
-        odd = tuple(sorted(r for r, v in signature.items() if v != majority_sig))
-        majority = tuple(sorted(r for r, v in signature.items() if v == majority_sig))
-        ops_seen = {v[0] for v in signature.values()}
-        kind = HangVerdict.OP_MISMATCH if len(ops_seen) > 1 else HangVerdict.SIZE_MISMATCH
-        rows_hit = rows[hit]
-        created, created_valid = times.at(rows_hit)
-        t = int(created[created_valid].min()) if created_valid.any() else np.iinfo(np.int64).max
-        describe = _describe_entries(table, rows_hit, c_rank[hit], ops, op_codes)
-        op = ops[majority_sig[0]] if majority_sig[0] < len(ops) else None
-        pid_counter = Counter(int(id_codes[r]) for r in rows_hit[:64])
-        pid_code = pid_counter.most_common(1)[0][0]
-        what = "op" if kind == HangVerdict.OP_MISMATCH else "size/dtype"
-        detail = (f"{analysis.label(g)} seq {s}: {what} mismatch, rank(s) {_ranks_text(odd)} differ from "
-                  f"rank(s) {_ranks_text(majority)}{' (a tie)' if tie else ''}: {describe}")
-        analysis.mismatches.append(_Mismatch(g, s, kind, odd, majority, tie, t, detail, op,
-                                             str(ids[pid_code]) if pid_code >= 0 else None))
+def _replace_table(decoder: _Decoder, table: pa.Table) -> _Decoder:
+    """The decoder's code spaces over another table (the taken p2p rows)."""
+    clone = _Decoder.__new__(_Decoder)
+    clone.__dict__.update(decoder.__dict__)
+    clone.table = table
+    return clone
 
 
-def _describe_entries(table: pa.Table, rows: np.ndarray, ranks: np.ndarray, ops: list[Any],
-                      op_codes: np.ndarray) -> str:
+def _describe_entries(taken: pa.Table, ranks: np.ndarray, ops: list[Any]) -> str:
     parts = []
     shown: dict[tuple[Any, Any], list[int]] = defaultdict(list)
-    sizes = table.column("input_sizes").take(pa.array(rows)).to_pylist() if "input_sizes" in table.column_names \
-        else [None] * len(rows)
-    dtypes = table.column("input_dtypes").take(pa.array(rows)).to_pylist() \
-        if "input_dtypes" in table.column_names else [None] * len(rows)
-    for i, row in enumerate(rows.tolist()):
-        op = ops[op_codes[row]] if op_codes[row] >= 0 else None
-        shown[(op, repr(sizes[i]) + " " + repr(dtypes[i]))].append(int(ranks[i]))
+    sizes = taken.column("input_sizes").to_pylist() if "input_sizes" in taken.column_names else [None] * len(ranks)
+    dtypes = taken.column("input_dtypes").to_pylist() if "input_dtypes" in taken.column_names \
+        else [None] * len(ranks)
+    for i in range(len(ranks)):
+        shown[(ops[i], repr(sizes[i]) + " " + repr(dtypes[i]))].append(int(ranks[i]))
     for (op, what), who in list(shown.items())[:4]:
         parts.append(f"{op} {what} on rank(s) {_ranks_text(sorted(set(who)), 6)}")
     return "; ".join(parts)

@@ -34,6 +34,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.common import emit, machine  # noqa: E402
+
 DEFAULT_CACHE = REPO_ROOT / "bench" / "out" / "fr-dumps"
 TP, PP = 8, 4
 T0 = 1_790_000_000_000_000_000
@@ -225,14 +230,36 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
             "stdout": inner["out"], "stderr": inner["err"]}
 
 
-def bench_faultlens(directory: Path, world: int, timeout: float) -> dict[str, object]:
-    env_cmd = [sys.executable, "-m", "controller.cli.main", "analyze-hang", str(directory), "--json"]
-    # warm the numba cache once (compilation is a one-time cost per install, reported separately)
-    warm = _run_with_rss([sys.executable, "-c", "import collectors.fr_fastpickle, attribution._hang_kernels"], 600)
-    result = _run_with_rss(env_cmd, timeout)
+_LIBRARY_RUN = """
+import json, sys, time
+t = time.perf_counter()
+from attribution.hang import COLUMNS, analyze_collectives
+from collectors.flight_recorder import read_dump_dir
+dumps = read_dump_dir(sys.argv[1], columns=COLUMNS, dictionary=True, max_frames=0)
+read_s = time.perf_counter() - t
+report = analyze_collectives(dumps.table)
+print(json.dumps(report.to_dict() | {"dumps": {"read_seconds": read_s, "seconds": time.perf_counter() - t,
+                                               "rows": dumps.table.num_rows}}))
+"""
+
+
+def bench_faultlens(directory: Path, world: int, timeout: float, cli: bool) -> dict[str, object]:
+    """Reading + analysis in a fresh process: the library calls (imports of faultlens' reader and analysis
+    only), and, when `cli`, the `faultlens analyze-hang --json` command (which also imports every other command
+    module of the CLI)."""
+    library_cmd = [sys.executable, "-c", _LIBRARY_RUN, str(directory)]
+    cli_cmd = [sys.executable, "-m", "controller.cli.main", "analyze-hang", str(directory), "--json"]
+    # compile the numba kernels once into their on-disk cache (a one-time cost per install, reported separately):
+    # the small real NCCL set exercises every kernel the big run uses
+    warm = _run_with_rss([sys.executable, "-m", "controller.cli.main", "analyze-hang",
+                          str(REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"), "--json"], 600)
+    result = _run_with_rss(library_cmd, timeout)
     out: dict[str, object] = {"seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
                               "peak_rss_mb": result.get("peak_rss_mb"),
-                              "exit_code": result.get("exit_code"), "import_warmup_s": warm.get("seconds")}
+                              "exit_code": result.get("exit_code"), "compile_warmup_s": warm.get("seconds")}
+    if cli:
+        cli_result = _run_with_rss(cli_cmd, timeout)
+        out["cli"] = {key: cli_result.get(key) for key in ("seconds", "cpu_seconds", "peak_rss_mb", "exit_code")}
     if result.get("timed_out"):
         out["timed_out"] = True
         return out
@@ -241,8 +268,8 @@ def bench_faultlens(directory: Path, world: int, timeout: float) -> dict[str, ob
         out["culprit_ranks"] = report["culprit_ranks"]
         out["verdict"] = report["verdict"]
         out["correct"] = report["culprit_ranks"] == [_culprit(world)]
-        out["read_seconds"] = report["dumps"]["read_seconds"]
-        out["in_process_seconds"] = report["dumps"]["seconds"]
+        out["read_seconds"] = round(report["dumps"]["read_seconds"], 2)
+        out["in_process_seconds"] = round(report["dumps"]["seconds"], 2)
     except (ValueError, KeyError, TypeError):
         out["error"] = (result.get("stderr") or "")[-1500:]
     return out
@@ -327,17 +354,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch-timeout", type=float, default=900)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--no-ingest", action="store_true", help="skip the ingest-rate comparison")
+    parser.add_argument("--cli-max-ranks", type=int, default=4096,
+                        help="also time `faultlens analyze-hang` (the CLI) up to this size")
     parser.add_argument("--naive-ranks", type=int, default=64)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="generator processes")
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.ranks.split(",") if x.strip()]
-    results: dict[str, object] = {"entries_per_rank": args.entries, "cpu_count": os.cpu_count(), "sizes": []}
+    results: dict[str, object] = {"entries_per_rank": args.entries, "machine": machine(),
+                                  "load_average_at_start": os.getloadavg(), "sizes": []}
     for world in sizes:
         directory, gen_s = ensure_set(args.cache, world, args.entries, args.workers)
         size_mb = sum(p.stat().st_size for p in directory.glob("_dump_*")) / 1e6
         row: dict[str, object] = {"ranks": world, "dump_mb": round(size_mb), "generated_s": round(gen_s, 1),
                                   "culprit": _culprit(world)}
-        row["faultlens"] = bench_faultlens(directory, world, args.timeout)
+        row["faultlens"] = bench_faultlens(directory, world, args.timeout, cli=world <= args.cli_max_ranks)
         if world <= args.torch_max_ranks:
             row["torch"] = bench_torch(directory, world, args.torch_timeout)
             fl, tt = row["faultlens"].get("seconds"), row["torch"].get("seconds")
@@ -354,9 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_ingest and sizes:
         directory, _ = ensure_set(args.cache, sizes[0], args.entries, args.workers)
         results["ingest"] = bench_ingest(directory, sizes[0], args.naive_ranks)
-    print(json.dumps(results, indent=1))
+    emit("hang", results)
     print()
-    print("| ranks x entries | dumps | faultlens analyze-hang wall (CPU) | peak RSS | torch fr_trace wall (CPU) | "
+    print("| ranks x entries | dumps | faultlens read + analysis wall (CPU) | peak RSS | torch fr_trace wall (CPU) | "
           "peak RSS | speed-up wall (CPU) |")
     print("|---|---|---|---|---|---|---|")
     for row in results["sizes"]:

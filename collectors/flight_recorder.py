@@ -11,6 +11,11 @@ columns directly, and anything it does not accept goes to the restricted unpickl
 loads plain data or refuses. A truncated, corrupt or hostile dump becomes a DumpFileError naming the file and the
 problem, and every other rank is still read.
 
+Speed and memory: files are parsed a window at a time by a few threads (the scanner releases the GIL) and their
+columns are assembled into Arrow chunks of CHUNK_ROWS rows as they come, with set-wide string dictionaries, so a
+16,384-rank set is never held twice. `columns=` builds only what a caller needs and `dictionary=True` keeps strings
+dictionary-encoded (what the hang analysis uses); the defaults give the table exactly in the schema.
+
 Rows, one per entry (`record_id` set). Besides them each dump adds one *status row* per `pg_status` group
 (`record_id` null; `pg_id` the dump's local id, `pg_last_enqueued/started/completed` set), or a single status row
 when it has none, so a dump with no entries (an idle rank in an only-active dump) is still visible as present.
@@ -32,7 +37,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +56,7 @@ log = logging.getLogger(__name__)
 TABLE = "collectives"
 SCHEMA = TABLES[TABLE]
 DEFAULT_MAX_FRAMES = 16
+CHUNK_ROWS = 1 << 20  # rows per Arrow chunk while reading (bounds the per-dump pieces held at once)
 PICKLE_SUFFIXES = (".pkl", ".pickle")
 JSON_SUFFIXES = (".json",)
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?$", re.IGNORECASE)
@@ -366,6 +372,27 @@ class _Decoder:
         values = [self.value(int(item), depth + 1) for item in items]
         return tuple(values) if k == fast.K_TUPLE else values
 
+    def _opt(self, node: int) -> Any:
+        return None if node < 0 else self.value(node)
+
+    def top_fields(self, small: tuple) -> dict[str, Any]:
+        """The root's small fields from the scanner's _top (no generic walk)."""
+        _ok, top, cfg, status = small
+        out: dict[str, Any] = {"entries": []} if top[8] >= 0 else {}
+        for i, name in enumerate(fast.TOP_FIELDS):
+            if name not in ("pg_config", "pg_status") and top[i] >= 0:
+                out[name] = self.value(int(top[i]))
+        out["pg_config"] = {
+            self.text(int(key)) if self.kind[key] == fast.K_STR else self.value(int(key)):
+                {"name": self._opt(int(name)), "desc": self._opt(int(desc)), "ranks": self._opt(int(ranks))}
+            for key, name, desc, ranks in cfg.tolist()}
+        keys = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+        out["pg_status"] = {
+            (self.text(int(row[0])) if self.kind[row[0]] == fast.K_STR else self.value(int(row[0]))):
+                dict(zip(keys, row[1:], strict=True))
+            for row in status.tolist()}
+        return out
+
     def top_level(self, root: int) -> dict[str, Any]:
         """The root dict with 'entries' left empty (those are read into columns)."""
         items = self.children(root)
@@ -425,9 +452,9 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
-    (ints, valid, strs, flags), counts, sizes, dtypes, frames = result[7:]
+    (ints, valid, strs, flags), counts, sizes, dtypes, frames, small = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links)
-    top = _check_top(decoder.top_level(root))
+    top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
@@ -489,7 +516,7 @@ def _is_candidate(path: Path) -> bool:
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
         return True
-    return suffix == "" or (name[-1:].isdigit() and rank_from_name(name) is not None)
+    return name[-1:].isdigit() and rank_from_name(name) is not None
 
 
 def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -603,7 +630,7 @@ def parse_ranks(text: Any) -> tuple[int, ...] | None:
         ranks = None
     if ranks == ():
         ranks = None
-    if len(_RANKS_CACHE) < 4096:
+    if len(_RANKS_CACHE) < 65536:
         _RANKS_CACHE[text] = ranks
     return ranks
 
@@ -647,11 +674,15 @@ class _Assembly:
     parts: list[dict[str, Any]] = field(default_factory=list)
     group_members: dict[str, set[int]] = field(default_factory=dict)  # from entries
     group_configs: dict[str, set[tuple[int, ...]]] = field(default_factory=dict)
+    config_objects: list[tuple[int, ...]] = field(default_factory=list)
+    row_group: dict[int, str] = field(default_factory=dict)  # rows carrying pg_ranks -> their group
     group_first_row: dict[str, int] = field(default_factory=dict)
     group_desc: dict[str, str] = field(default_factory=dict)
     ranks_rows: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
-    carried: set[tuple[str, tuple[int, ...]]] = field(default_factory=set)
-    rows: int = 0
+    carried: set[tuple[str, int]] = field(default_factory=set)  # (group, id of the cached ranks tuple)
+    rows: int = 0  # rows so far in the whole set (row indices below are set-wide)
+    chunk_rows: int = 0  # rows of the parts not yet built into a chunk
+    chunks: list[pa.Table] = field(default_factory=list)
     world_size: int | None = None
     all_ranks: set[int] = field(default_factory=set)
 
@@ -730,10 +761,14 @@ class _Assembly:
                 self.group_desc.setdefault(name, self.strings["pg_desc"].values[int(desc_code)])
             ranks = _config_ranks(dump.pg_config, name)
             if ranks is not None:
-                self.group_configs.setdefault(name, set()).add(ranks)
-                if (name, ranks) not in self.carried:
-                    self.carried.add((name, ranks))
+                # keyed by the cached tuple's identity: hashing a 16,384-rank tuple for every dump costs seconds
+                key = (name, id(ranks))
+                if key not in self.carried:
+                    self.carried.add(key)
+                    self.config_objects.append(ranks)  # keeps id() unique while the assembly lives
+                    self.group_configs.setdefault(name, set()).add(ranks)
                     self.ranks_rows.append((base + first, ranks))
+                    self.row_group[base + first] = name
         # status rows: one per pg_status group (or one marker)
         status_ids = [str(k) for k in status] or [None]
         id_to_name: dict[str, int] = {}
@@ -759,6 +794,7 @@ class _Assembly:
         created, created_valid = dump.ints["time_created_ns"]
         part["dump_ts"] = int(created[created_valid].max()) if created_valid.any() else dump.mtime_ns
         self.rows += n + len(status_ids)
+        self.chunk_rows += n + len(status_ids)
         self.parts.append(part)
 
     # -- membership rebuilt where the config is broken
@@ -772,16 +808,44 @@ class _Assembly:
                 # the default group holds every rank: world_size when a dump says it, else 0..highest rank read
                 ranks |= set(range(self.world_size or max(self.all_ranks, default=-1) + 1))
             rebuilt = tuple(sorted(ranks))
-            if (name, rebuilt) not in self.carried:
-                self.carried.add((name, rebuilt))
-                self.ranks_rows.append((self.group_first_row[name], rebuilt))
+            self.ranks_rows.append((self.group_first_row[name], rebuilt))
+            self.row_group[self.group_first_row[name]] = name
 
     # -- Arrow
 
+    def flush_chunk(self, identity: NodeIdentity | None) -> None:
+        """Build the parts so far into one Arrow chunk and drop them (memory: one chunk of parts at a time)."""
+        if self.parts:
+            self.chunks.append(self._chunk_table(identity))
+            self.parts = []
+            self.chunk_rows = 0
+
     def table(self, identity: NodeIdentity | None) -> pa.Table:
+        """The whole set: the chunks (dictionaries rewrapped with the final, set-wide values) plus pg_ranks."""
+        self.flush_chunk(identity)
         self.rebuild_membership()
+        columns: dict[str, pa.ChunkedArray] = {}
+        for name in self.chunks[0].column_names:
+            pieces = [_with_dictionary(chunk.column(name).chunk(0), self.strings.get(name), self.dictionary)
+                      for chunk in self.chunks]
+            columns[name] = pa.chunked_array(pieces, type=pieces[0].type)
+        self.chunks = []
+        if "pg_ranks" in self.columns:
+            columns["pg_ranks"] = pa.chunked_array([self._pg_ranks_array(self.rows)])
+        if identity is not None:
+            for name, value in identity.columns().items():
+                if name in self.columns and name != "node" and value is not None:
+                    if name == "attempt":
+                        columns[name] = pa.chunked_array([pa.array(np.full(self.rows, int(value), np.int32))])
+                    else:
+                        columns[name] = pa.chunked_array([_repeat_strings([(self.rows, str(value))], self.rows,
+                                                                          self.dictionary)])
+        ordered = [c for c in SCHEMA.names if c in columns]
+        return pa.table({c: columns[c] for c in ordered})
+
+    def _chunk_table(self, identity: NodeIdentity | None) -> pa.Table:
         # row layout per part: n entry rows, then its status rows
-        total = self.rows
+        total = self.chunk_rows
         cols: dict[str, Any] = {}
 
         def gather_int(name: str) -> pa.Array:
@@ -829,13 +893,13 @@ class _Assembly:
                     m = part["n"] + len(part["status"])
                     codes[pos:pos + m] = part[name]
                     pos += m
-                cols[name] = self.strings[name].array(codes, self.dictionary)
+                cols[name] = self.strings[name].array(codes, True)
         for name in ("op", "state"):
             if name in wanted:
-                cols[name] = self.strings[name].array(gather_codes(name), self.dictionary)
+                cols[name] = self.strings[name].array(gather_codes(name), True)
             release(name)
         if "pg_desc" in wanted:
-            cols["pg_desc"] = self.strings["pg_desc"].array(gather_codes("pg_desc"), self.dictionary)
+            cols["pg_desc"] = self.strings["pg_desc"].array(gather_codes("pg_desc"), True)
         if "pg_name" in wanted or "pg_id" in wanted:
             names = gather_codes("pg_name")
             ids = gather_codes("pg_id")
@@ -848,9 +912,9 @@ class _Assembly:
                         ids[pos + n + j] = self.strings["pg_id"].remap([pid], np.zeros(1, np.int32))[0]
                 pos += n + len(part["status"])
             if "pg_name" in wanted:
-                cols["pg_name"] = self.strings["pg_name"].array(names, self.dictionary)
+                cols["pg_name"] = self.strings["pg_name"].array(names, True)
             if "pg_id" in wanted:
-                cols["pg_id"] = self.strings["pg_id"].array(ids, self.dictionary)
+                cols["pg_id"] = self.strings["pg_id"].array(ids, True)
             release("pg_name", "pg_id")
             if "pg_desc" in wanted:
                 # status rows get their group's desc when the name is known
@@ -861,7 +925,7 @@ class _Assembly:
                 status_rows = np.nonzero((descs < 0) & (names >= 0))[0]
                 for row in status_rows:
                     descs[row] = desc_of_name.get(int(names[row]), -1)
-                cols["pg_desc"] = self.strings["pg_desc"].array(descs, self.dictionary)
+                cols["pg_desc"] = self.strings["pg_desc"].array(descs, True)
                 release("pg_desc")
         for name in [*_INT_COLUMNS, "pg_last_enqueued", "pg_last_started", "pg_last_completed"]:
             if name in wanted:
@@ -913,23 +977,16 @@ class _Assembly:
             if name in wanted:
                 cols[name] = self._string_list_array(name, total)
             release(name)
-        if "pg_ranks" in wanted:
-            cols["pg_ranks"] = self._pg_ranks_array(total)
         if "node" in wanted:
-            node_values = []
+            codes = np.empty(total, np.int32)
+            pos = 0
             for part in self.parts:
                 node = identity.node if identity and identity.node else part["node"]
-                node_values.append((part["n"] + len(part["status"]), node))
-            cols["node"] = _repeat_strings(node_values, total, self.dictionary)
-        if identity is not None:
-            for name, value in identity.columns().items():
-                if name in wanted and name != "node" and value is not None:
-                    if name == "attempt":
-                        cols[name] = pa.array(np.full(total, int(value), np.int32), pa.int32())
-                    else:
-                        cols[name] = _repeat_strings([(total, str(value))], total, self.dictionary)
-        ordered = [c for c in SCHEMA.names if c in cols]
-        return pa.table({c: cols[c] for c in ordered})
+                m = part["n"] + len(part["status"])
+                codes[pos:pos + m] = self.strings["node"].remap([node], np.zeros(1, np.int32))[0] if node else -1
+                pos += m
+            cols["node"] = self.strings["node"].array(codes, True)
+        return pa.table(cols)
 
     def _layout(self, name: str, total: int) -> tuple[np.ndarray, list[Any]]:
         """Per-row counts for a list column (status rows null)."""
@@ -955,7 +1012,7 @@ class _Assembly:
     def _string_list_array(self, name: str, total: int) -> pa.Array:
         counts, per_part = self._layout(name, total)
         codes = np.concatenate([p[1] for p in per_part if p is not None] or [np.empty(0, np.int32)])
-        values = self.strings[name].array(codes.astype(np.int32), self.dictionary)
+        values = self.strings[name].array(codes.astype(np.int32), True)
         return _list_from_counts(counts, values)
 
     def _pg_ranks_array(self, total: int) -> pa.Array:
@@ -966,6 +1023,24 @@ class _Assembly:
         values = np.fromiter((r for _, ranks in rows for r in ranks), np.int32,
                              count=sum(len(r) for _, r in rows))
         return _list_from_counts(counts, pa.array(values, pa.int32()))
+
+
+def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool) -> pa.Array:
+    """A chunk's dictionary column (or list of dictionary) with the set's final dictionary, or cast to plain
+    strings. Dictionaries only grow by appending, so a chunk's indices are valid in the final one."""
+    if strings is None:
+        return array
+    final = pa.array(strings.values, type=pa.string())
+    if pa.types.is_dictionary(array.type):
+        out = pa.DictionaryArray.from_arrays(array.indices, final)
+        return out if dictionary else out.cast(pa.string())
+    if pa.types.is_list(array.type) and pa.types.is_dictionary(array.type.value_type):
+        values = pa.DictionaryArray.from_arrays(array.values.indices, final)
+        if not dictionary:
+            values = values.cast(pa.string())
+        return pa.ListArray.from_arrays(array.offsets, values,
+                                        mask=array.is_null() if array.null_count else None)
+    return array
 
 
 def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
@@ -998,15 +1073,159 @@ def _repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: 
 # public API
 
 
+PROCESS_MIN_FILES = 1024  # below this, threads in one process; above, the files are split over processes
+
+
+@dataclass
+class _Part:
+    """What one reader (a process, or the caller) assembled from a contiguous range of files."""
+
+    assembly: _Assembly
+    errors: list[tuple[str, str]]
+    seen: list[tuple[int, str]]
+    skipped: list[str]
+
+
+def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool, max_frames: int,
+               fast_path: bool, workers: int, dir_name: str, identity: NodeIdentity | None) -> _Part:
+    def load(path: Path) -> _Dump | DumpFileError:
+        try:
+            return _load_file(path, max_frames, fast_path)
+        except DumpFileError as exc:
+            twin = twins.get(path)
+            if twin is not None:
+                try:
+                    return _load_file(twin, max_frames, fast_path)
+                except DumpFileError:
+                    pass
+            return exc
+
+    def loaded() -> Iterator[_Dump | DumpFileError]:
+        """Dumps in file order, parsed a window at a time (parsing releases the GIL), so that only a window of
+        parsed dumps waits for assembly."""
+        if workers <= 1 or len(primary) <= 1:
+            yield from map(load, primary)
+            return
+        window = 8 * workers
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            pending = [pool.submit(load, p) for p in primary[:window]]
+            next_index = window
+            while pending:
+                result = pending.pop(0).result()
+                if next_index < len(primary):
+                    pending.append(pool.submit(load, primary[next_index]))
+                    next_index += 1
+                yield result
+
+    assembly = _Assembly(columns=wanted, dictionary=dictionary)
+    part = _Part(assembly, [], [], [])
+    seen_ranks: dict[int, str] = {}
+    for result in loaded():
+        if isinstance(result, DumpFileError):
+            part.errors.append((result.path, result.problem))
+            log.info("flight-recorder dump skipped: %s", result)
+            continue
+        if result.rank in seen_ranks:
+            part.skipped.append(str(result.path))
+            part.errors.append((str(result.path), f"second dump for rank {result.rank} (first: "
+                                                  f"{seen_ranks[result.rank]}); ignored"))
+            continue
+        seen_ranks[result.rank] = str(result.path)
+        part.seen.append((result.rank, str(result.path)))
+        assembly.add(result, f"{dir_name}/{result.path.name}")
+        if assembly.chunk_rows >= CHUNK_ROWS:
+            assembly.flush_chunk(identity)
+    assembly.flush_chunk(identity)
+    return part
+
+
+def _read_part_in_process(args: tuple) -> _Part:
+    """Process-pool entry: the part, with its chunks' dictionaries made final so the caller can read them."""
+    part = _read_part(*args)
+    assembly = part.assembly
+    assembly.chunks = [
+        pa.table({name: _with_dictionary(chunk.column(name).chunk(0), assembly.strings.get(name), True)
+                  for name in chunk.column_names})
+        for chunk in assembly.chunks]
+    return part
+
+
+def _merge_parts(parts: list[_Part], wanted: set[str], dictionary: bool) -> _Assembly:
+    """One assembly from parts read by separate processes: dictionary indices remapped to set-wide codes, row
+    numbers offset, membership evidence merged."""
+    merged = _Assembly(columns=wanted, dictionary=dictionary)
+    for part in parts:
+        other = part.assembly
+        offset = merged.rows
+        for chunk in other.chunks:
+            columns = {}
+            for name in chunk.column_names:
+                array = chunk.column(name).chunk(0)
+                strings = merged.strings.get(name)
+                if strings is not None and pa.types.is_dictionary(array.type):
+                    codes = strings.remap(array.dictionary.to_pylist(),
+                                          array.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+                    array = strings.array(codes, True)
+                elif strings is not None and pa.types.is_list(array.type) \
+                        and pa.types.is_dictionary(array.type.value_type):
+                    values = array.values
+                    codes = strings.remap(values.dictionary.to_pylist(),
+                                          values.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+                    array = pa.ListArray.from_arrays(array.offsets, strings.array(codes, True),
+                                                     mask=array.is_null() if array.null_count else None)
+                columns[name] = array
+            merged.chunks.append(pa.table(columns))
+        for name, members in other.group_members.items():
+            merged.group_members.setdefault(name, set()).update(members)
+        for name, configs in other.group_configs.items():
+            merged.group_configs.setdefault(name, set()).update(configs)
+        for name, row in other.group_first_row.items():
+            merged.group_first_row.setdefault(name, offset + row)
+        for name, desc in other.group_desc.items():
+            merged.group_desc.setdefault(name, desc)
+        carried = {(merged_name(merged, row), ranks) for row, ranks in merged.ranks_rows}
+        for row, ranks in other.ranks_rows:
+            key = (merged_name(other, row), ranks)
+            if key not in carried:
+                carried.add(key)
+                merged.ranks_rows.append((offset + row, ranks))
+                merged.row_group[offset + row] = key[0]
+        if other.world_size:
+            merged.world_size = max(merged.world_size or 0, other.world_size)
+        merged.all_ranks.update(other.all_ranks)
+        merged.rows += other.rows
+    return merged
+
+
+def merged_name(assembly: _Assembly, row: int) -> str:
+    return assembly.row_group.get(row, "")
+
+
+def auto_processes(directory: str | os.PathLike[str]) -> int:
+    """Processes worth starting for a directory: the CPU count (at most 8) from PROCESS_MIN_FILES files on, else 1
+    (a process costs ~1 s of start-up: imports and the compiled scanner)."""
+    try:
+        count = sum(1 for _ in os.scandir(directory))
+    except OSError:
+        return 1
+    cpus = os.cpu_count() or 1
+    # with few cores the reader's threads already keep them busy (the scanner releases the GIL); measured on 2
+    # cores, 2 processes were slower than 1 process with 2 threads
+    return min(8, cpus // 2) if count >= PROCESS_MIN_FILES and cpus >= 4 else 1
+
+
 def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
                   columns: Iterable[str] | None = None, max_frames: int = DEFAULT_MAX_FRAMES,
-                  dictionary: bool = False, fast_path: bool = True, workers: int | None = None) -> DumpSet:
+                  dictionary: bool = False, fast_path: bool = True, workers: int | None = None,
+                  processes: int | None = None) -> DumpSet:
     """Read every dump in `directory` into `collectives` rows.
 
     columns: the subset of the table's columns to build (default all; analysis needs far fewer).
     dictionary: keep string columns dictionary-encoded (smaller and faster for analysis); the default gives the
     table exactly in the schema. fast_path=False loads pickles through the restricted unpickler only (the
-    reference path the fast scanner is tested against). workers: threads (default: CPU count, at most 8).
+    reference path the fast scanner is tested against). workers: threads per process (default: CPU count, at most
+    8). processes: split the files over this many processes (spawned: a calling script needs the usual
+    `if __name__ == "__main__":` guard); default 1; auto_processes() suggests a count for a directory.
     Per-file problems are in DumpSet.errors; DumpDirError when the directory is missing or holds no dump.
     """
     started = time.perf_counter()
@@ -1031,53 +1250,42 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
             continue
         stems.setdefault(stem, path)
         primary.append(path)
-    workers = workers or min(8, os.cpu_count() or 1)
-
-    def load(path: Path) -> _Dump | DumpFileError:
-        try:
-            return _load_file(path, max_frames, fast_path)
-        except DumpFileError as exc:
-            twin = twins.get(path)
-            if twin is not None:
-                try:
-                    return _load_file(twin, max_frames, fast_path)
-                except DumpFileError:
-                    pass
-            return exc
-
-    if workers > 1 and len(primary) > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(load, primary, chunksize=16))
-    else:
-        results = [load(p) for p in primary]
+    cpus = os.cpu_count() or 1
+    workers = workers or min(8, cpus)
+    processes = processes or 1
     dir_name = Path(directory).resolve().name
-    assembly = _Assembly(columns=wanted, dictionary=dictionary)
-    errors: list[DumpFileError] = []
-    skipped = [str(twins[p]) for p in primary if p in twins]
-    used: list[str] = []
-    seen_ranks: dict[int, str] = {}
-    for path, result in zip(primary, results, strict=True):
-        if isinstance(result, DumpFileError):
-            errors.append(result)
-            log.info("flight-recorder dump skipped: %s", result)
-            continue
-        if result.rank in seen_ranks:
-            skipped.append(str(result.path))
-            errors.append(DumpFileError(result.path, f"second dump for rank {result.rank} (first: "
-                                                     f"{seen_ranks[result.rank]}); ignored"))
-            continue
-        seen_ranks[result.rank] = str(result.path)
-        assembly.add(result, f"{dir_name}/{result.path.name}")
-        used.append(str(result.path))
-        del path
-    if not used:
+    if processes > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        size = -(-len(primary) // processes)
+        ranges = [primary[i:i + size] for i in range(0, len(primary), size)]
+        args = [(paths, {p: twins[p] for p in paths if p in twins}, wanted, True, max_frames, fast_path,
+                 max(1, workers // processes), dir_name, identity) for paths in ranges]
+        with ProcessPoolExecutor(max_workers=len(ranges), mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = list(pool.map(_read_part_in_process, args))
+        seen_all = [rank for part in parts for rank, _ in part.seen]
+        if len(seen_all) != len(set(seen_all)):
+            # the same rank in two ranges (two names for one rank): read in one process, which keeps the first
+            processes = 1
+        else:
+            assembly = _merge_parts(parts, wanted, dictionary)
+    if processes <= 1:
+        parts = [_read_part(primary, twins, wanted, dictionary, max_frames, fast_path, workers, dir_name,
+                            identity)]
+        assembly = parts[0].assembly
+    errors = [DumpFileError(path, problem) for part in parts for path, problem in part.errors]
+    skipped = [str(twins[p]) for p in primary if p in twins] + [s for part in parts for s in part.skipped]
+    seen = [(rank, path) for part in parts for rank, path in part.seen]
+    if not seen:
         table = SCHEMA.empty_table().select([c for c in SCHEMA.names if c in wanted])
     else:
         table = assembly.table(identity)
     if columns is None and not dictionary:
         table = validate(TABLE, table)
-    return DumpSet(table=table, ranks=tuple(sorted(seen_ranks)), files=tuple(used), errors=tuple(errors),
-                   world_size=assembly.world_size, skipped=tuple(skipped), seconds=time.perf_counter() - started)
+    return DumpSet(table=table, ranks=tuple(sorted(rank for rank, _ in seen)), files=tuple(p for _, p in seen),
+                   errors=tuple(errors), world_size=assembly.world_size, skipped=tuple(skipped),
+                   seconds=time.perf_counter() - started)
 
 
 def read_dump_file(path: str | os.PathLike[str], *, identity: NodeIdentity | None = None,

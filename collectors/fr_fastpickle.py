@@ -11,9 +11,13 @@ truncation or inconsistency makes it return a non-zero status, and the caller ha
 unpickler (collectors.safe_pickle), which loads it or refuses it with the error a user sees. Nothing here calls
 code named by the pickle.
 
-Layout: pass 1 builds a "tape" (node kind, value or string offset/length, and parent->child edges in order, so
-memoized containers shared through BINGET stay one node); pass 2 groups edges by parent (counting sort) and reads
-the fields of every entry dict under the top-level 'entries' key.
+Layout: pass 1 builds a "tape": node kind, value or string offset/length, and each container's children as runs
+of a child array (a container filled by one APPENDS/SETITEMS/TUPLE is one run; a long list appended in batches is
+a chain of runs), so memoized containers shared through BINGET stay one node. Pass 2 reads the fields of every
+entry dict under the top-level 'entries' key, and the top-level fields, pg_config and pg_status, into arrays.
+Workspace arrays are reused across files by each thread (allocating them per file costs more than parsing).
+numba did not inline helper functions taking arrays here (each call paid reference counting), so the hot loops
+are written out by hand.
 """
 
 # ruff: noqa: SIM109  (explicit == chains keep the numba hot loop free of tuple membership tests)
@@ -34,7 +38,11 @@ ENTRY_KEYS = (
     "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
     "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p", "frames",
     "name", "filename", "line", "entries",
+    # top level, pg_config and pg_status (read by _top)
+    "version", "pg_config", "pg_status", "rank", "world_size", "node", "comm_lib_version", "nccl_version", "desc",
+    "ranks", "last_enqueued_collective", "last_started_collective", "last_completed_collective",
 )
+TOP_FIELDS = ("version", "pg_config", "pg_status", "rank", "world_size", "node", "comm_lib_version", "nccl_version")
 # int fields of an entry, in the order of the `ints` output rows
 INT_FIELDS = ("record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns",
               "time_discovered_started_ns", "time_discovered_completed_ns", "timeout_ms")
@@ -71,25 +79,6 @@ def _tape(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail
     for i in range(memo_hi + 1):
         memo[i] = -1
     return status, root, kind, ival, ilen, nn, eparent, echild, ne, nr
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _add_run(node, start, end, head, tail, run_start, run_end, run_next, nr, ilen):
-    """Children echild[start:end] of `node`: extends its last run when contiguous, else links a new run."""
-    if head[node] >= 0 and run_end[tail[node]] == start:
-        run_end[tail[node]] = end
-    else:
-        run_start[nr] = start
-        run_end[nr] = end
-        run_next[nr] = -1
-        if head[node] < 0:
-            head[node] = nr
-        else:
-            run_next[tail[node]] = nr
-        tail[node] = nr
-        nr += 1
-    ilen[node] += end - start
-    return nr
 
 
 @njit(cache=True, nogil=True)
@@ -261,7 +250,22 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if sp < 2 or kind[stack[sp - 2]] != K_LIST:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             echild[ne] = stack[sp - 1]
-            nr = _add_run(stack[sp - 2], ne, ne + 1, head, tail, run_start, run_end, run_next, nr, ilen)
+            # children echild[ne:ne + 1] of stack[sp - 2]: extend its last run when contiguous, else link a new run
+            _target = stack[sp - 2]
+            _t = tail[_target]
+            if head[_target] >= 0 and run_end[_t] == ne:
+                run_end[_t] = ne + 1
+            else:
+                run_start[nr] = ne
+                run_end[nr] = ne + 1
+                run_next[nr] = -1
+                if head[_target] < 0:
+                    head[_target] = nr
+                else:
+                    run_next[_t] = nr
+                tail[_target] = nr
+                nr += 1
+            ilen[_target] += ne + 1 - (ne)
             ne += 1
             sp -= 1
         elif op == 0x65 or op == 0x75:  # APPENDS e, SETITEMS u
@@ -281,7 +285,22 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                 echild[ne] = stack[i]
                 ne += 1
             if ne > first:
-                nr = _add_run(target, first, ne, head, tail, run_start, run_end, run_next, nr, ilen)
+                # children echild[first:ne] of target: extend its last run when contiguous, else link a new run
+                _target = target
+                _t = tail[_target]
+                if head[_target] >= 0 and run_end[_t] == first:
+                    run_end[_t] = ne
+                else:
+                    run_start[nr] = first
+                    run_end[nr] = ne
+                    run_next[nr] = -1
+                    if head[_target] < 0:
+                        head[_target] = nr
+                    else:
+                        run_next[_t] = nr
+                    tail[_target] = nr
+                    nr += 1
+                ilen[_target] += ne - (first)
             sp = start
         elif op == 0x73:  # SETITEM s
             if sp < 3 or kind[stack[sp - 3]] != K_DICT:
@@ -289,7 +308,22 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             target = stack[sp - 3]
             echild[ne] = stack[sp - 2]
             echild[ne + 1] = stack[sp - 1]
-            nr = _add_run(target, ne, ne + 2, head, tail, run_start, run_end, run_next, nr, ilen)
+            # children echild[ne:ne + 2] of target: extend its last run when contiguous, else link a new run
+            _target = target
+            _t = tail[_target]
+            if head[_target] >= 0 and run_end[_t] == ne:
+                run_end[_t] = ne + 2
+            else:
+                run_start[nr] = ne
+                run_end[nr] = ne + 2
+                run_next[nr] = -1
+                if head[_target] < 0:
+                    head[_target] = nr
+                else:
+                    run_next[_t] = nr
+                tail[_target] = nr
+                nr += 1
+            ilen[_target] += ne + 2 - (ne)
             ne += 2
             sp -= 2
         elif op == 0x74 or op == 0x6C or op == 0x64:  # TUPLE t, LIST l, DICT d: from the items since MARK
@@ -307,7 +341,22 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                 echild[ne] = stack[i]
                 ne += 1
             if ne > first:
-                nr = _add_run(nn, first, ne, head, tail, run_start, run_end, run_next, nr, ilen)
+                # children echild[first:ne] of nn: extend its last run when contiguous, else link a new run
+                _target = nn
+                _t = tail[_target]
+                if head[_target] >= 0 and run_end[_t] == first:
+                    run_end[_t] = ne
+                else:
+                    run_start[nr] = first
+                    run_end[nr] = ne
+                    run_next[nr] = -1
+                    if head[_target] < 0:
+                        head[_target] = nr
+                    else:
+                        run_next[_t] = nr
+                    tail[_target] = nr
+                    nr += 1
+                ilen[_target] += ne - (first)
             sp = start
             stack[sp] = nn
             sp += 1
@@ -323,7 +372,22 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             for i in range(sp - count, sp):
                 echild[ne] = stack[i]
                 ne += 1
-            nr = _add_run(nn, first, ne, head, tail, run_start, run_end, run_next, nr, ilen)
+            # children echild[first:ne] of nn: extend its last run when contiguous, else link a new run
+            _target = nn
+            _t = tail[_target]
+            if head[_target] >= 0 and run_end[_t] == first:
+                run_end[_t] = ne
+            else:
+                run_start[nr] = first
+                run_end[nr] = ne
+                run_next[nr] = -1
+                if head[_target] < 0:
+                    head[_target] = nr
+                else:
+                    run_next[_t] = nr
+                tail[_target] = nr
+                nr += 1
+            ilen[_target] += ne - (first)
             sp -= count
             stack[sp] = nn
             sp += 1
@@ -354,24 +418,6 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
     if pos != n:
         return CORRUPT, pos, nn, ne, memo_hi, nr
     return OK, root, nn, ne, memo_hi, nr
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _kids(node, head, run_start, run_end, run_next, echild, scratch):
-    """(array, first, count): the children of `node` are array[first:first + count]. A node filled in one batch
-    (nearly all) is a slice of echild; one filled in several (a long list) is copied into scratch."""
-    r = head[node]
-    if r < 0:
-        return echild, 0, 0
-    if run_next[r] < 0:
-        return echild, run_start[r], run_end[r] - run_start[r]
-    count = 0
-    while r >= 0:
-        for j in range(run_start[r], run_end[r]):
-            scratch[count] = echild[j]
-            count += 1
-        r = run_next[r]
-    return scratch, 0, count
 
 
 @njit(cache=True, nogil=True)
@@ -417,7 +463,25 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
     if kind[root] != K_DICT:
         status = NOT_A_DUMP
     else:
-        arr, first, count = _kids(root, head, run_start, run_end, run_next, echild, scratch_b)
+        # children of root (one batch: a slice of echild; several: copied into scratch_b)
+        _r = head[root]
+        if _r < 0:
+            arr = echild
+            first = 0
+            count = 0
+        elif run_next[_r] < 0:
+            arr = echild
+            first = run_start[_r]
+            count = run_end[_r] - run_start[_r]
+        else:
+            count = 0
+            while _r >= 0:
+                for _j in range(run_start[_r], run_end[_r]):
+                    scratch_b[count] = echild[_j]
+                    count += 1
+                _r = run_next[_r]
+            arr = scratch_b
+            first = 0
         for j in range(first, first + count, 2):
             if _key_of(arr[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache) == 22:  # 'entries'
                 entries = arr[j + 1]
@@ -425,7 +489,25 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
             if kind[entries] != K_LIST:
                 status = NOT_A_DUMP
             else:
-                earr, efirst, n_ent = _kids(entries, head, run_start, run_end, run_next, echild, scratch_a)
+                # children of entries (one batch: a slice of echild; several: copied into scratch_a)
+                _r = head[entries]
+                if _r < 0:
+                    earr = echild
+                    efirst = 0
+                    n_ent = 0
+                elif run_next[_r] < 0:
+                    earr = echild
+                    efirst = run_start[_r]
+                    n_ent = run_end[_r] - run_start[_r]
+                else:
+                    n_ent = 0
+                    while _r >= 0:
+                        for _j in range(run_start[_r], run_end[_r]):
+                            scratch_a[n_ent] = echild[_j]
+                            n_ent += 1
+                        _r = run_next[_r]
+                    earr = scratch_a
+                    efirst = 0
     # ints[slot, e] with valid[slot, e]; flags rows: 0 is_p2p, 1 retired (-1 null)
     ints = np.zeros((9, n_ent), np.int64)
     valid = np.zeros((9, n_ent), np.int8)
@@ -445,7 +527,25 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
         if kind[entry] != K_DICT:
             status = NOT_A_DUMP
             break
-        darr, dfirst, dcount = _kids(entry, head, run_start, run_end, run_next, echild, scratch_b)
+        # children of entry (one batch: a slice of echild; several: copied into scratch_b)
+        _r = head[entry]
+        if _r < 0:
+            darr = echild
+            dfirst = 0
+            dcount = 0
+        elif run_next[_r] < 0:
+            darr = echild
+            dfirst = run_start[_r]
+            dcount = run_end[_r] - run_start[_r]
+        else:
+            dcount = 0
+            while _r >= 0:
+                for _j in range(run_start[_r], run_end[_r]):
+                    scratch_b[dcount] = echild[_j]
+                    dcount += 1
+                _r = run_next[_r]
+            darr = scratch_b
+            dfirst = 0
         for j in range(dfirst, dfirst + dcount, 2):
             key_node = darr[j]
             key = cache[key_node] if kind[key_node] == K_STR else -1
@@ -480,7 +580,25 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                     status = UNSUPPORTED
             elif key == 2:  # process_group: (name, desc)
                 if vk == K_TUPLE or vk == K_LIST:
-                    garr, gfirst, gcount = _kids(value, head, run_start, run_end, run_next, echild, scratch_c)
+                    # children of value (one batch: a slice of echild; several: copied into scratch_c)
+                    _r = head[value]
+                    if _r < 0:
+                        garr = echild
+                        gfirst = 0
+                        gcount = 0
+                    elif run_next[_r] < 0:
+                        garr = echild
+                        gfirst = run_start[_r]
+                        gcount = run_end[_r] - run_start[_r]
+                    else:
+                        gcount = 0
+                        while _r >= 0:
+                            for _j in range(run_start[_r], run_end[_r]):
+                                scratch_c[gcount] = echild[_j]
+                                gcount += 1
+                            _r = run_next[_r]
+                        garr = scratch_c
+                        gfirst = 0
                     for i in range(min(gcount, 2)):
                         item = garr[gfirst + i]
                         if kind[item] == K_STR:
@@ -492,7 +610,25 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
             elif key == 8 or key == 10:  # input_sizes, output_sizes: list of lists of ints
                 side = 0 if key == 8 else 1
                 if vk == K_LIST or vk == K_TUPLE:
-                    larr, lfirst, m = _kids(value, head, run_start, run_end, run_next, echild, scratch_c)
+                    # children of value (one batch: a slice of echild; several: copied into scratch_c)
+                    _r = head[value]
+                    if _r < 0:
+                        larr = echild
+                        lfirst = 0
+                        m = 0
+                    elif run_next[_r] < 0:
+                        larr = echild
+                        lfirst = run_start[_r]
+                        m = run_end[_r] - run_start[_r]
+                    else:
+                        m = 0
+                        while _r >= 0:
+                            for _j in range(run_start[_r], run_end[_r]):
+                                scratch_c[m] = echild[_j]
+                                m += 1
+                            _r = run_next[_r]
+                        larr = scratch_c
+                        lfirst = 0
                     counts[side, e] = m
                     for i in range(m):
                         tensor = larr[lfirst + i]
@@ -518,7 +654,25 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
             elif key == 9 or key == 11:  # input_dtypes, output_dtypes: list of str
                 side = 0 if key == 9 else 1
                 if vk == K_LIST or vk == K_TUPLE:
-                    larr, lfirst, m = _kids(value, head, run_start, run_end, run_next, echild, scratch_c)
+                    # children of value (one batch: a slice of echild; several: copied into scratch_c)
+                    _r = head[value]
+                    if _r < 0:
+                        larr = echild
+                        lfirst = 0
+                        m = 0
+                    elif run_next[_r] < 0:
+                        larr = echild
+                        lfirst = run_start[_r]
+                        m = run_end[_r] - run_start[_r]
+                    else:
+                        m = 0
+                        while _r >= 0:
+                            for _j in range(run_start[_r], run_end[_r]):
+                                scratch_c[m] = echild[_j]
+                                m += 1
+                            _r = run_next[_r]
+                        larr = scratch_c
+                        lfirst = 0
                     counts[2 + side, e] = m
                     for i in range(m):
                         item = larr[lfirst + i]
@@ -531,7 +685,25 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                     status = UNSUPPORTED
             elif key == 18 and max_frames > 0:  # frames: list of {name, filename, line}
                 if vk == K_LIST or vk == K_TUPLE:
-                    larr, lfirst, m = _kids(value, head, run_start, run_end, run_next, echild, scratch_c)
+                    # children of value (one batch: a slice of echild; several: copied into scratch_c)
+                    _r = head[value]
+                    if _r < 0:
+                        larr = echild
+                        lfirst = 0
+                        m = 0
+                    elif run_next[_r] < 0:
+                        larr = echild
+                        lfirst = run_start[_r]
+                        m = run_end[_r] - run_start[_r]
+                    else:
+                        m = 0
+                        while _r >= 0:
+                            for _j in range(run_start[_r], run_end[_r]):
+                                scratch_c[m] = echild[_j]
+                                m += 1
+                            _r = run_next[_r]
+                        larr = scratch_c
+                        lfirst = 0
                     kept = min(m, max_frames)
                     counts[4, e] = kept
                     for i in range(kept):
@@ -569,6 +741,79 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
     return status, entries, (ints, valid, strs, flags), counts, sizes, dtypes, frames
 
 
+@njit(cache=True, nogil=True)
+def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, key_bytes, key_offsets, cache):
+    """The root's small fields without Python objects: value nodes of TOP_FIELDS (-1 absent); pg_config rows
+    (key, name, desc, ranks nodes); pg_status rows (key node, enqueued, started, completed; -1 absent). ok is
+    False when a shape is unexpected (the caller then walks the tape generically)."""
+    top = np.full(9, -1, np.int64)  # TOP_FIELDS, then 'entries'
+    ok = True
+    r = head[root]
+    while r >= 0:
+        for j in range(run_start[r], run_end[r], 2):
+            k = _key_of(echild[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+            if 23 <= k <= 30:
+                top[k - 23] = echild[j + 1]
+            elif k == 22:
+                top[8] = echild[j + 1]
+        r = run_next[r]
+    config = top[1]
+    n_cfg = ilen[config] // 2 if config >= 0 and kind[config] == K_DICT else 0
+    cfg = np.full((n_cfg, 4), -1, np.int64)
+    if config >= 0 and kind[config] != K_DICT and kind[config] != K_NONE:
+        ok = False
+    i = 0
+    r = head[config] if n_cfg > 0 else -1
+    while r >= 0:
+        for j in range(run_start[r], run_end[r], 2):
+            cfg[i, 0] = echild[j]
+            value = echild[j + 1]
+            if kind[value] == K_DICT:
+                q = head[value]
+                while q >= 0:
+                    for f in range(run_start[q], run_end[q], 2):
+                        k = _key_of(echild[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+                        if k == 19:
+                            cfg[i, 1] = echild[f + 1]
+                        elif k == 31:
+                            cfg[i, 2] = echild[f + 1]
+                        elif k == 32:
+                            cfg[i, 3] = echild[f + 1]
+                    q = run_next[q]
+            else:
+                ok = False
+            i += 1
+        r = run_next[r]
+    status = top[2]
+    n_st = ilen[status] // 2 if status >= 0 and kind[status] == K_DICT else 0
+    if status >= 0 and kind[status] != K_DICT and kind[status] != K_NONE:
+        ok = False
+    st = np.full((n_st, 4), -1, np.int64)
+    i = 0
+    r = head[status] if n_st > 0 else -1
+    while r >= 0:
+        for j in range(run_start[r], run_end[r], 2):
+            st[i, 0] = echild[j]
+            value = echild[j + 1]
+            if kind[value] == K_DICT:
+                q = head[value]
+                while q >= 0:
+                    for f in range(run_start[q], run_end[q], 2):
+                        k = _key_of(echild[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+                        v = echild[f + 1]
+                        if 33 <= k <= 35:
+                            if kind[v] == K_INT:
+                                st[i, k - 32] = ival[v]
+                            else:
+                                ok = False
+                    q = run_next[q]
+            else:
+                ok = False
+            i += 1
+        r = run_next[r]
+    return ok, top, cfg, st
+
+
 class Workspace:
     """Scratch arrays reused across files by one thread (allocating them per file costs more than parsing)."""
 
@@ -584,7 +829,7 @@ class Workspace:
         self.kind = np.empty(cap, np.int8)
         self.ival = np.empty(cap, np.int64)
         self.ilen = np.empty(cap, np.int64)
-        self.eparent = np.empty(cap, np.int64)
+        self.eparent = np.empty(1, np.int64)  # unused by the tape now (kept in the kernel signature)
         self.echild = np.empty(cap, np.int64)
         self.stack = np.empty(cap, np.int64)
         self.marks = np.empty(cap, np.int64)
@@ -644,11 +889,16 @@ def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks,
         return (status, root, kind, ival, ilen, links, nn,
                 (np.empty((9, 0), np.int64), np.empty((9, 0), np.int8), np.empty((4, 0), np.int64),
                  np.empty((2, 0), np.int8)),
-                np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty))
+                np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty),
+                (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64), np.empty((0, 4), np.int64)))
     result = _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, KEY_BYTES,
                       KEY_OFFSETS, INT_SLOT_OF_KEY, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name,
                       frame_file, frame_line, scratch_a, scratch_b, scratch_c)
-    return (result[0], root, kind, ival, ilen, links, nn, result[2], result[3], result[4], result[5], result[6])
+    top = _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, KEY_BYTES, KEY_OFFSETS,
+               cache) if result[0] == OK else (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64),
+                                               np.empty((0, 4), np.int64))
+    return (result[0], root, kind, ival, ilen, links, nn, result[2], result[3], result[4], result[5], result[6],
+            top)
 
 
 @njit(cache=True, nogil=True)

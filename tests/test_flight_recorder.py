@@ -306,3 +306,9 @@ def test_cli_ingest_fr_bad_directory_is_one_line_and_non_zero(tmp_path: Path, st
     result = _cli("ingest", "fr", str(tmp_path / "missing"), "--store", str(store_dir))
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "no such directory" in result.stderr
+
+
+def test_reading_in_several_processes_gives_the_same_rows() -> None:
+    one = read_dump_dir(NCCL_SET).table
+    several = read_dump_dir(NCCL_SET, processes=3).table
+    assert several.equals(one)

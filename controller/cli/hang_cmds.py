@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from attribution.hang import COLUMNS, HangReport, analyze_collectives
-from collectors.flight_recorder import DumpDirError, DumpSet, read_dump_dir
+from collectors.flight_recorder import DumpDirError, DumpSet, auto_processes, read_dump_dir
 from collectors.sink import SegmentSink
 from collectors.source import NodeIdentity
 from controller.cli.common import CliError, add_store_arg, json_default
@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="JSON output")
     parser.add_argument("--expected-ranks", type=int, metavar="N", default=None,
                         help="world size: ranks 0..N-1 should each have a dump (default: from the dumps)")
+    parser.add_argument("--processes", type=int, default=None, metavar="P",
+                        help="reader processes (default: one per CPU, at most 8, from 1,024 dumps on)")
     parser.set_defaults(func=run_analyze)
 
 
@@ -52,7 +54,10 @@ def run_analyze(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.expected_ranks is not None and args.expected_ranks <= 0:
         raise CliError("--expected-ranks must be a positive world size")
-    dumps = _read(args.directory, columns=COLUMNS, dictionary=True, max_frames=0)
+    if args.processes is not None and args.processes <= 0:
+        raise CliError("--processes must be positive")
+    processes = args.processes or auto_processes(args.directory)
+    dumps = _read(args.directory, columns=COLUMNS, dictionary=True, max_frames=0, processes=processes)
     expected = range(args.expected_ranks) if args.expected_ranks is not None else None
     if expected is None and dumps.world_size:
         expected = range(dumps.world_size)

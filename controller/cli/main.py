@@ -14,12 +14,13 @@ from controller.cli import (
     hang_cmds,
     ingest_cmds,
     run_cmds,
+    sim_cmds,
     store_cmds,
 )
 from controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help.
-COMMAND_MODULES = [run_cmds, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds,
+COMMAND_MODULES = [run_cmds, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds, sim_cmds,
                    goodput_cmds]
 
 

@@ -6,6 +6,11 @@ Every rank installs the flight-recorder trigger before init_process_group, times
 backward, comm, optimizer sections) into the store, checkpoints through the tiered checkpointer (local every
 `--ckpt-every` steps, durable every `--durable-every`), resumes from the restore plan the supervisor hands it
 (FAULTLENS_RESTORE_PLAN), and applies the fault it was given for this attempt (FAULTLENS_DEMO_FAULT).
+
+Without a supervisor, under plain `torchrun --max-restarts N`: FAULTLENS_RESUME_LATEST=1 makes it resume by itself
+from the newest complete checkpoint every rank can load (its node's local tier or the durable tier), and
+FAULTLENS_DEMO_FAULTS gives the faults per torchrun restart (controller/demo/faults.py). A restarted attempt joins
+the process group through a per-attempt key prefix in torchrun's store.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import datetime as dt
 import os
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -24,8 +30,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from collectors.fr_trigger import FlightRecorderTrigger
 from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
+from controller.checkpoints.catalog import CheckpointCatalog
 from controller.checkpoints.tiered import TieredCheckpointer
-from controller.demo.faults import Fault, FaultKind
+from controller.demo.faults import ENV_RESTART_COUNT, Fault, FaultKind, faults_from_env
+from controller.demo.resume import ENV_RESUME_LATEST, rank_tiers, resume_latest
 from controller.restore import load_rank_state, load_restore_plan
 
 STUCK_S = 600.0
@@ -48,9 +56,8 @@ def _model() -> torch.nn.Module:
 
 
 class DemoJob:
-    def __init__(self, args: argparse.Namespace, fault: Fault) -> None:
+    def __init__(self, args: argparse.Namespace, fault: Fault | Sequence[Fault]) -> None:
         self.args = args
-        self.fault = fault
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -72,13 +79,32 @@ class DemoJob:
             self.model.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.start_step = int(state["step"]) + 1
+        elif plan is None and os.environ.get(ENV_RESUME_LATEST) == "1":
+            self._resume_latest()
+        faults = (fault,) if isinstance(fault, Fault) else tuple(fault)
+        self.faults = tuple(f.resolved(self.start_step) for f in faults)
         self.data = torch.Generator().manual_seed(1000 + self.rank)
+
+    def _resume_latest(self) -> None:
+        """No supervisor: the newest complete checkpoint every rank can read by itself (own node's local tier or
+        the durable tier), as a training script under plain torchrun does."""
+        catalog = CheckpointCatalog(rank_tiers(os.environ.get("FAULTLENS_CKPT_LOCAL"),
+                                               os.environ.get("FAULTLENS_CKPT_DURABLE"), self.node),
+                                    job_id=os.environ.get("FAULTLENS_JOB_ID"))
+        step, state = resume_latest(catalog, self.rank)
+        if step is not None:
+            self.model.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.start_step = int(state["step"]) + 1
 
     def _state(self, step: int) -> dict:
         return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(), "step": step}
 
     def _inject_before_forward(self, step: int) -> None:
-        fault = self.fault
+        for fault in self.faults:
+            self._inject(fault, step)
+
+    def _inject(self, fault: Fault, step: int) -> None:
         if step < fault.step:
             return
         if fault.kind is FaultKind.STRAGGLER and self.rank == fault.rank:
@@ -98,6 +124,9 @@ class DemoJob:
             raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors might be asynchronously "
                                "reported at some other API call, so the stacktrace below might be incorrect.")
         if fault.kind is FaultKind.SOFTWARE:
+            attempt = os.environ.get("FAULTLENS_ATTEMPT") or os.environ.get(ENV_RESTART_COUNT, "0")
+            marker = Path(os.environ.get("FAULTLENS_DEMO_DIR", ".")) / f"software_bug-a{attempt}-r{self.rank}"
+            marker.write_text(repr(time.time()))
             batch = {"inputs": None}
             _ = batch["labels"]  # the bug: the data pipeline no longer yields labels
 
@@ -124,7 +153,7 @@ class DemoJob:
                     self.checkpointer.save(step, self._state(step))
 
     def _average_loss(self, loss: torch.Tensor, step: int) -> None:
-        if self.fault.kind is FaultKind.HANG and step == self.fault.step and self.rank == self.fault.rank:
+        if any(f.kind is FaultKind.HANG and step == f.step and self.rank == f.rank for f in self.faults):
             # the bug: this rank skips the all_reduce and is stuck outside any collective
             time.sleep(STUCK_S)
         dist.all_reduce(loss)
@@ -134,15 +163,28 @@ class DemoJob:
         self.timer.close()
 
 
+def _init_process_group(timeout: dt.timedelta) -> None:
+    restart = int(os.environ.get(ENV_RESTART_COUNT, "0"))
+    if restart == 0:
+        dist.init_process_group("gloo", timeout=timeout)
+        return
+    # torchrun (2.13) keeps one agent store across restarts and gloo finds the dead attempt's addresses in it
+    # ("connectFullMesh failed ... Connection refused"); a per-attempt key prefix avoids them
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                          is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt_{restart}", store), timeout=timeout,
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+
 @record
 def main() -> None:
     args = _args()
-    fault = Fault.from_json(os.environ.get("FAULTLENS_DEMO_FAULT"))
+    faults = faults_from_env()
     trigger = FlightRecorderTrigger.from_env()
     if trigger is not None:
         trigger.install()  # before init_process_group, so torch's threads inherit the blocked signal
-    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=args.timeout))
-    job = DemoJob(args, fault)
+    _init_process_group(dt.timedelta(seconds=args.timeout))
+    job = DemoJob(args, faults)
     try:
         job.run()
         dist.barrier()
