@@ -18,6 +18,12 @@ Facts read from the store (one job; rows with a null attempt count as attempt 0)
 - An incident is one `incident_id` of the `incidents` table (first_signal_ts, detected_ts: earliest over its rows);
   a decision is one `decision_id` of the `decisions` table (issued_ts: its earliest row). A decision belongs to
   the attempt on its row, else its incident's.
+- Only *live* incidents and decisions shape the timeline: detected (issued) no later than the start of the next
+  attempt after theirs, or, for the last attempt, within `live_grace_s` (default 600 s) of the job's last
+  telemetry. The others come from a batch pass over old telemetry (`faultlens attribute` after the fact, a
+  simulated store): their detection and decision times say when the pass ran, not what the job waited for. They
+  are listed in `offline`, still charged in the per-incident costs, and the time they would have covered is
+  whatever else covers it (often `unknown`).
 
 Buckets (seconds), in priority order:
 
@@ -42,7 +48,8 @@ Buckets (seconds), in priority order:
   before the first attempt's start when the window starts earlier, anything no rule above covers.
 
 The window is [since, until] when given, else [earliest attempt start, latest activity], where the latest
-activity is the latest of: a step's end, a process event, a ranks row, an incident's detection, a decision.
+activity is the latest of: a step's end, a process event, a ranks row, a live incident's detection, a live
+decision.
 
 Over the bucket timeline: ETTR = productive / wall; sliding-window ETTR = productive seconds in (t - W, t] / W for
 sample times t from start + W to end (W defaults to a tenth of the wall clock); the longest unproductive stretch is
@@ -129,7 +136,7 @@ class JobFacts:
     observed_starts: Mapping[int, int]  # attempt -> start (ns) as the store shows it
     incidents: tuple[IncidentFact, ...]
     decisions: tuple[DecisionFact, ...]
-    last_activity_ns: int | None
+    last_telemetry_ns: int | None  # the job's latest step end, process event or ranks row
 
 
 def _ns(value: Any) -> int | None:
@@ -180,8 +187,7 @@ def load_job_facts(store: Store, job_id: str) -> JobFacts:
     last = store.query(
         "SELECT max(t) AS t FROM (SELECT max(end_ts) AS t FROM steps WHERE job_id = $1 "
         "UNION ALL SELECT max(ts) FROM process_events WHERE job_id = $1 UNION ALL SELECT max(ts) FROM ranks "
-        "WHERE job_id = $1 UNION ALL SELECT max(detected_ts) FROM incidents WHERE job_id = $1 "
-        "UNION ALL SELECT max(issued_ts) FROM decisions WHERE job_id = $1)", [job_id])
+        "WHERE job_id = $1)", [job_id])
     if not steps.num_rows and not starts.num_rows and not last.column(0)[0].is_valid:
         raise GoodputError(f"job {job_id!r}: no steps, ranks or process events in store {store.location.url!r}")
     observed = dict(zip(starts.column("attempt").to_pylist(), _scalar_ns(starts, "ts"), strict=True))
@@ -202,7 +208,7 @@ def load_job_facts(store: Store, job_id: str) -> JobFacts:
         step_is_checkpoint=steps.column("is_checkpoint").to_numpy(zero_copy_only=False).astype(bool),
         step_start_ns=_column_ns(steps, "start_ts"), step_end_ns=_column_ns(steps, "end_ts"),
         observed_starts=observed, incidents=incident_facts, decisions=decision_facts,
-        last_activity_ns=_scalar_ns(last, "t")[0])
+        last_telemetry_ns=_scalar_ns(last, "t")[0])
 
 
 # ---------------------------------------------------------------------------------------------- the timeline
@@ -338,6 +344,7 @@ class AttemptAccount:
 class IncidentCost:
     incident_id: str
     attempt: int | None
+    live: bool  # its decision was issued while the job ran (else: a batch pass afterwards)
     incident_class: str | None
     cause: str | None
     action: str | None
@@ -366,6 +373,7 @@ class GoodputReport:
     longest_unproductive: Stretch | None
     attempts: tuple[AttemptAccount, ...]
     incidents: tuple[IncidentCost, ...]
+    offline: tuple[str, ...]  # incident and decision ids from a batch pass after the fact: not on the timeline
     timeline: Timeline = field(repr=False)
 
     def cumulative_ettr(self, points: int = 200) -> list[tuple[dt.datetime, float]]:
@@ -400,9 +408,11 @@ class GoodputReport:
                 "incident_id": a.incident_id, "class": a.incident_class, "cause": a.cause, "action": a.action,
                 "seconds": buckets(a.seconds)} for a in self.attempts],
             "incidents": [{
-                "incident_id": c.incident_id, "attempt": c.attempt, "class": c.incident_class, "cause": c.cause,
+                "incident_id": c.incident_id, "attempt": c.attempt, "live": c.live, "class": c.incident_class,
+                "cause": c.cause,
                 "action": c.action, "lost_work_s": round(c.lost_work_s, 6), "downtime_s": round(c.downtime_s, 6),
                 "total_s": round(c.total_s, 6)} for c in self.incidents],
+            "offline": list(self.offline),
         }
         if include_timeline:
             result["timeline"] = [{"start": iso(_dt(s)), "end": iso(_dt(e)), "bucket": str(b)}
@@ -515,9 +525,39 @@ def _longest_unproductive(timeline: Timeline) -> Stretch | None:
     return Stretch(_dt(best[0]), _dt(best[1]), (best[1] - best[0]) / _NS, spent)
 
 
+def _live(facts: JobFacts, starts: Mapping[int, int], last_ns: int | None, grace_s: float) -> JobFacts:
+    """The facts with only the incidents and decisions that happened while the job ran (see the module doc)."""
+    attempts = sorted(starts)
+    by_incident = {x.incident_id: x for x in facts.incidents}
+
+    def bound(attempt: int | None, after_ns: int | None) -> int | None:
+        if attempt is not None:
+            later = [starts[a] for a in attempts if a > attempt]
+        else:
+            later = [t for t in starts.values() if after_ns is not None and t > after_ns]
+        if later:
+            return min(later)
+        return None if last_ns is None else last_ns + round(grace_s * _NS)
+
+    incidents = tuple(x for x in facts.incidents if x.detected_ns is not None
+                      and (b := bound(x.attempt, x.first_signal_ns)) is not None and x.detected_ns <= b)
+    decisions = []
+    for decision in facts.decisions:
+        incident = by_incident.get(decision.incident_id or "")
+        attempt = decision.attempt if decision.attempt is not None else (incident.attempt if incident else None)
+        limit = bound(attempt, decision.issued_ns if attempt is None else None)
+        if limit is not None and decision.issued_ns <= limit:
+            decisions.append(decision)
+    return JobFacts(
+        job_id=facts.job_id, step_attempt=facts.step_attempt, step_number=facts.step_number,
+        step_is_checkpoint=facts.step_is_checkpoint, step_start_ns=facts.step_start_ns,
+        step_end_ns=facts.step_end_ns, observed_starts=facts.observed_starts, incidents=incidents,
+        decisions=tuple(decisions), last_telemetry_ns=facts.last_telemetry_ns)
+
+
 def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.datetime | None = None,
             window_s: float | None = None, attempt_starts: Mapping[int, dt.datetime] | None = None,
-            max_points: int = 2000) -> GoodputReport:
+            live_grace_s: float = 600.0, max_points: int = 2000) -> GoodputReport:
     """The goodput report of one job's facts (see the module docstring for every definition)."""
     starts: dict[int, int] = {int(a): int(t) for a, t in facts.observed_starts.items() if t is not None}
     for attempt in np.unique(facts.step_attempt).tolist():
@@ -528,14 +568,21 @@ def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.date
         if ns is not None:
             starts[int(attempt)] = min(starts.get(int(attempt), ns), ns)
     start_ns = _ns(since) if since is not None else (min(starts.values()) if starts else None)
-    candidates = [t for t in (facts.last_activity_ns, *(starts.values())) if t is not None]
-    end_ns = _ns(until) if until is not None else (max(candidates) if candidates else None)
+    telemetry = [t for t in (facts.last_telemetry_ns, *(starts.values())) if t is not None]
+    last_ns = max(telemetry) if telemetry else None
+    live = _live(facts, starts, last_ns, live_grace_s)
+    if until is not None:
+        end_ns = _ns(until)
+    else:
+        candidates = [*telemetry, *(x.detected_ns for x in live.incidents if x.detected_ns is not None),
+                      *(d.issued_ns for d in live.decisions)]
+        end_ns = max(candidates) if candidates else None
     if start_ns is None or end_ns is None:
         raise GoodputError(f"job {facts.job_id!r}: no attempt start or activity to bound the window")
     if end_ns <= start_ns:
         raise GoodputError(f"job {facts.job_id!r}: empty window {_dt(start_ns).isoformat()} .. "
                            f"{_dt(end_ns).isoformat()}")
-    intervals, lost, resume = _intervals(facts, starts, end_ns)
+    intervals, lost, resume = _intervals(live, starts, end_ns)
     timeline = build_timeline(intervals, start_ns, end_ns)
     totals = timeline.seconds()
     wall_s = (end_ns - start_ns) / _NS
@@ -583,7 +630,7 @@ def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.date
             down_to = nxt_first[0] if nxt_first else end_ns
             spent = timeline.between(max(down_from, start_ns), down_to)
             costs.append(IncidentCost(
-                incident_id=decision.incident_id, attempt=attempt,
+                incident_id=decision.incident_id, attempt=attempt, live=decision in live.decisions,
                 incident_class=None if incident is None else incident.incident_class,
                 cause=None if incident is None else incident.cause, action=decision.action,
                 lost_work_s=accounts[-1].seconds[Bucket.LOST_WORK],
@@ -596,18 +643,22 @@ def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.date
         steps_lost=sum(a.steps_lost for a in accounts), window_s=window_ns / _NS, sliding=sliding,
         min_sliding_ettr=min((p.ettr for p in sliding), default=None),
         longest_unproductive=_longest_unproductive(timeline), attempts=tuple(accounts), incidents=tuple(costs),
+        offline=tuple([x.incident_id for x in facts.incidents if x not in live.incidents]
+                      + [d.decision_id for d in facts.decisions if d not in live.decisions]),
         timeline=timeline)
 
 
 def goodput(store: Store | str, job_id: str, *, since: dt.datetime | None = None, until: dt.datetime | None = None,
-            window_s: float | None = None, attempt_starts: Mapping[int, dt.datetime] | None = None) -> GoodputReport:
+            window_s: float | None = None, attempt_starts: Mapping[int, dt.datetime] | None = None,
+            live_grace_s: float = 600.0) -> GoodputReport:
     """ETTR and badput by cause of `job_id` from a store (a Store or its URL)."""
     if isinstance(store, Store):
         facts = load_job_facts(store, job_id)
     else:
         with Store(store, jobs=[job_id]) as reader:
             facts = load_job_facts(reader, job_id)
-    return account(facts, since=since, until=until, window_s=window_s, attempt_starts=attempt_starts)
+    return account(facts, since=since, until=until, window_s=window_s, attempt_starts=attempt_starts,
+                   live_grace_s=live_grace_s)
 
 
 def expected_ettr(nodes: int, failures_per_node_s: float, restart_s: float, interval_s: float,

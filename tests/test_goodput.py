@@ -167,6 +167,37 @@ def test_overlaps_take_the_bucket_of_higher_priority(store_dir):
     assert report.incidents[1].downtime_s == pytest.approx(0.5 + 1.5 + 1.0 + 3.0)  # 14..20
 
 
+def test_incidents_attributed_after_the_fact_do_not_shape_the_timeline(store_dir):
+    """A batch pass months later (faultlens attribute/decide over old telemetry, or a simulated store): detection
+    and decision times say when the pass ran. Attempt 0: steps [1,5]; a crash at 5.5 s; attempt 1 starts at 9 s,
+    steps [10,12]; the incident of attempt 0 and its decision are stamped 200 days later."""
+    later = 200 * 86_400.0
+    write(store_dir, "steps", [*_step(0, 0, 1, 3), *_step(0, 1, 3, 5), *_step(1, 1, 10, 12)])
+    write(store_dir, "ranks", [*_ranks(0, 0.0), *_ranks(1, 9.0)])
+    write(store_dir, "incidents", [_incident("inc-old", 0, 5.5, later)])
+    write(store_dir, "decisions", [_decision("dec-old", "inc-old", 0, later + 2)])
+    report = goodput(str(store_dir), JOB)
+    assert report.end == at(12) and report.wall_s == pytest.approx(12.0)  # not 200 days
+    assert report.badput[Bucket.DETECTION] == report.badput[Bucket.DECISION] == report.badput[Bucket.RESTART] == 0
+    assert report.badput[Bucket.UNKNOWN] == pytest.approx(4.0)  # 5..9: down, by what nobody recorded live
+    assert report.badput[Bucket.LOST_WORK] == pytest.approx(2.0)  # step 1 of attempt 0, recomputed
+    assert set(report.offline) == {"inc-old", "dec-old"}
+    (cost,) = report.incidents
+    assert not cost.live and cost.lost_work_s == pytest.approx(2.0) and cost.downtime_s == pytest.approx(5.0)
+    # the same store with the incident detected live (before attempt 1 started) puts it back on the timeline
+    write(store_dir, "incidents", [_incident("inc-live", 0, 5.5, 7.0)])
+    write(store_dir, "decisions", [_decision("dec-live", "inc-live", 0, 8.0)])
+    again = goodput(str(store_dir), JOB)
+    assert again.badput[Bucket.DETECTION] == pytest.approx(1.5) and again.badput[Bucket.RESTART] == pytest.approx(1.0)
+    # a last attempt's escalation shortly after the last telemetry is live and extends the window
+    write(store_dir, "incidents", [_incident("inc-end", 1, 12.5, 14.0)])
+    write(store_dir, "decisions", [_decision("dec-end", "inc-end", 1, 15.0, action="escalate")])
+    final = goodput(str(store_dir), JOB)
+    assert final.end == at(15) and final.badput[Bucket.DECISION] == pytest.approx(1.0 + 1.0)
+    assert "inc-end" not in final.offline
+    assert "dec-end" in goodput(str(store_dir), JOB, live_grace_s=1.0).offline
+
+
 def test_other_jobs_are_ignored_and_a_missing_job_is_an_error(one_failover):
     write(one_failover, "steps", _step(0, 0, 0, 100, job="other"))
     assert goodput(str(one_failover), JOB).wall_s == pytest.approx(17.5)

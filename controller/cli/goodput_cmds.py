@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                                         "first attempt's start)")
     parser.add_argument("--until", metavar="TIME", help="window end, ISO 8601 with a timezone, or 'now' (default: "
                                                         "the job's latest activity)")
+    parser.add_argument("--live-grace", type=float, default=600.0, metavar="SECONDS",
+                        help="an incident or decision of the last attempt counts as live when it came at most this "
+                             "long after the job's last telemetry (default %(default)s)")
     parser.add_argument("--timeline", action="store_true", help="with --json: include every bucket run")
     parser.set_defaults(func=cmd_goodput)
 
@@ -63,10 +66,13 @@ def _largest(seconds: Mapping[Bucket, float]) -> str:
 def cmd_goodput(args: argparse.Namespace) -> int:
     if args.window is not None and args.window <= 0:
         raise CliError("--window must be a positive number of seconds")
+    if args.live_grace < 0:
+        raise CliError("--live-grace must be >= 0 seconds")
     since, until = _when(args.since, "--since"), _when(args.until, "--until")
     try:
         with Store(args.store, jobs=[args.job]) as reader:
-            report = goodput(reader, args.job, since=since, until=until, window_s=args.window)
+            report = goodput(reader, args.job, since=since, until=until, window_s=args.window,
+                             live_grace_s=args.live_grace)
     except (GoodputError, QueryError, StoreError) as exc:
         raise CliError(str(exc)) from None
     if args.fmt == "json":
@@ -88,6 +94,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         spent = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(stretch.buckets.items(), key=lambda kv: -kv[1]))
         out.write(f"longest unproductive stretch: {stretch.seconds:.1f} s from {stretch.start.isoformat()} "
                   f"({spent})\n")
+    if report.offline:
+        out.write(f"{len(report.offline)} incident(s)/decision(s) came from a batch pass after the fact (not live): "
+                  "they are charged below but do not define detection, decision or restart time\n")
     emit(summary_rows(report), "table", title="badput by cause")
     emit([{"attempt": a.attempt, "steps": "-" if a.first_step is None else f"{a.first_step}..{a.last_step}",
            "kept": a.steps_kept, "lost": a.steps_lost,
@@ -98,7 +107,8 @@ def cmd_goodput(args: argparse.Namespace) -> int:
            "largest badput": _largest(a.seconds)} for a in report.attempts],
          "table", title="per attempt (from its start to the next attempt's start)")
     if report.incidents:
-        emit([{"incident": c.incident_id, "attempt": c.attempt, "class": c.incident_class, "cause": c.cause,
+        emit([{"incident": c.incident_id + ("" if c.live else " (offline)"), "attempt": c.attempt,
+               "class": c.incident_class, "cause": c.cause,
                "action": c.action, "lost work s": round(c.lost_work_s, 2), "downtime s": round(c.downtime_s, 2),
                "total s": round(c.total_s, 2)} for c in report.incidents],
              "table", title="what each attempt-stopping incident cost")
