@@ -8,7 +8,7 @@ from bench.telemetry_volume import main
 
 
 def test_volume_bench_measures_real_segments_and_scales(tmp_path, capsys):
-    result = main(["--gpus", "1024", "--sample-seconds", "30", "--steps", "24", "--events-per-gpu-hour", "2",
+    result = main(["--gpus", "1024", "--sample-seconds", "30", "--steps", "12", "--events-per-gpu-hour", "0.25",
                    "--json", str(tmp_path / "volume.json")])
     measured = result["measured"]
     samples = measured["gpu_samples"]
