@@ -247,7 +247,7 @@ class Follower:
         self.engine = engine or Engine()
         self.config = self.engine.thresholds.engine
         self.job = job
-        self.store = Store(store, jobs=[job] if job is not None else None)
+        self.store = Store(store, jobs=[job, "_node"] if job is not None else None)
         self.incident_store = Store(store) if job is not None else self.store
         self.sink = sink or SegmentSink(self.store.location, flush_rows=1_000_000, flush_age_s=3600.0)
         self.tail = SegmentTail(self.store, TAILED_TABLES, retain_s=self.config.retain_s,

@@ -116,6 +116,10 @@ class PolicyRule:
             return False
         return not (self.max_nodes is not None and nodes > self.max_nodes)
 
+    def when_cause_matched(self, incident: Incident) -> bool:
+        """The rule names causes and this incident's cause is one of them (not a catch-all match)."""
+        return self.causes is not None and incident.cause in self.causes
+
 
 @dataclass(frozen=True)
 class SoftwareRepeatRule:
@@ -229,7 +233,8 @@ class LemonNode:
 class PolicyHistory(Protocol):
     """What the policy needs to know about the past."""
 
-    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str) -> int:
+    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str,
+                        incident_class: IncidentClass | None = None) -> int:
         """Failover decisions already issued for this job with this root cause (other incidents)."""
         ...
 
@@ -249,7 +254,8 @@ class PolicyHistory(Protocol):
 class NoHistory:
     """A policy history with nothing in it (a first incident, no store)."""
 
-    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str) -> int:
+    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str,
+                        incident_class: IncidentClass | None = None) -> int:
         return 0
 
     def job_incidents(self, job_id: str | None, exclude_incident_id: str) -> list[Incident]:
@@ -273,13 +279,16 @@ class StoreHistory:
         self.store.refresh(tuple(tables))
         return self.store.query(sql, params).to_pylist()
 
-    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str) -> int:
+    def prior_failovers(self, job_id: str | None, cause: Cause, exclude_incident_id: str,
+                        incident_class: IncidentClass | None = None) -> int:
         if job_id is None:
             return 0
         rows = self._query(["decisions"], """
             SELECT count(DISTINCT decision_id) AS n FROM decisions
-            WHERE job_id = ? AND action = 'failover' AND cause = ? AND incident_id <> ?""",
-                           [job_id, cause.value, exclude_incident_id])
+            WHERE job_id = ? AND action = 'failover' AND cause = ? AND incident_id <> ?
+              AND (? IS NULL OR "class" = ?)""",
+                           [job_id, cause.value, exclude_incident_id,
+                            *(2 * [incident_class.value if incident_class is not None else None])])
         return int(rows[0]["n"]) if rows else 0
 
     def job_incidents(self, job_id: str | None, exclude_incident_id: str) -> list[Incident]:
@@ -363,7 +372,13 @@ class DecisionPolicy:
         if repeat is not None:
             return escalate("software-repeat", repeat, Cause.SOFTWARE)
 
-        # 2. no certain culprit
+        # 2. an escalation the evidence itself asks for (software, systemic imbalance) needs no culprit node:
+        #    say why, rather than "no culprit"
+        rule = next(r for r in config.rules if r.matches(incident))  # the last rule is a catch-all (loader checks)
+        if rule.action is Action.ESCALATE and rule.when_cause_matched(incident):
+            return escalate(rule.id, rule.reason)
+
+        # 3. no certain culprit
         threshold = config.threshold_for(incident.incident_class)
         if not nodes:
             return escalate("no-culprit", "no culprit node identified; a human must look")
@@ -371,8 +386,7 @@ class DecisionPolicy:
             return escalate("low-confidence", f"culprit not certain: confidence {incident.confidence:.2f} < "
                                               f"{threshold:.2f}")
 
-        # 3. the first matching rule
-        rule = next(r for r in config.rules if r.matches(incident))  # the last rule is a catch-all (loader checks)
+        # 4. the first matching rule
         if rule.action is Action.ESCALATE:
             return escalate(rule.id, rule.reason)
         if rule.action is Action.DRAIN:
@@ -380,7 +394,7 @@ class DecisionPolicy:
                                          reason=f"{rule.reason}: drain {', '.join(nodes)}", issued_at=now,
                                          exclude_nodes=nodes)
 
-        # 4. failover guards
+        # 5. failover guards
         if incident.cause in config.never_failover_causes:
             return escalate(f"{rule.id}:never-failover", f"cause {incident.cause.value} is never failed over "
                                                          "(a restart would repeat it)")
@@ -388,7 +402,9 @@ class DecisionPolicy:
             return escalate(f"{rule.id}:too-many-nodes", f"{len(nodes)} culprit nodes exceed max_exclude_nodes "
                                                          f"{config.max_exclude_nodes}: systemic, not one node")
         budget = config.retry_budget(incident.cause)
-        used = self.history.prior_failovers(incident.job_id, incident.cause, incident.incident_id)
+        # the root cause is the kind of failure and its cause: a straggler and a crash of unknown cause are two
+        used = self.history.prior_failovers(incident.job_id, incident.cause, incident.incident_id,
+                                            incident.incident_class)
         if used >= budget:
             return escalate(f"{rule.id}:retry-budget-spent",
                             f"retry budget for cause {incident.cause.value} spent: {used} failovers of {budget}")

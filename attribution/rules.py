@@ -242,6 +242,7 @@ def load_rules_file(path: str | Path, model: type[_M]) -> _M:
         raise RulesError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(document, dict):
         raise RulesError(f"{path}: <top level>: expected a mapping, got {type(document).__name__}")
+    document = _with_base(path, document)
     version = document.get("format_version")
     if version not in SUPPORTED_FORMAT_VERSIONS:
         raise RulesError(f"{path}: format_version: expected one of {list(SUPPORTED_FORMAT_VERSIONS)}, "
@@ -253,6 +254,34 @@ def load_rules_file(path: str | Path, model: type[_M]) -> _M:
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
         raise RulesError(f"{path}: {_format_location(tuple(error['loc']))}: {_expectation(error)}"
                          f"{_input_note(error)}{more}") from None
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _with_base(path: Path, document: dict[str, Any], depth: int = 0) -> dict[str, Any]:
+    """`extends: other.yaml` (relative to this file): this document's keys override the base document's, deeply,
+    so a variant (the demo's short hang floor, say) states only what differs."""
+    base_name = document.pop("extends", None)
+    if base_name is None:
+        return document
+    if not isinstance(base_name, str) or depth > 4:
+        raise RulesError(f"{path}: extends: expected the name of one rule file, got {base_name!r}")
+    base_path = path.parent / base_name
+    try:
+        base = yaml.safe_load(base_path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise RulesError(f"{path}: extends: cannot read {base_path}: {exc}") from None
+    if not isinstance(base, dict):
+        raise RulesError(f"{base_path}: <top level>: expected a mapping, got {type(base).__name__}")
+    return _merge(_with_base(base_path, base, depth + 1), document)
 
 
 def _expectation(error: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """Step rows per second into Parquet: the faultlens segment sink vs pandas DataFrame.to_parquet per batch.
 
-    python -m bench.bench_sink [--rows 2000000] [--batch 20000]
+    python -m bench.bench_sink [--rows 2000000] [--batch 20000] [--nodes 1,128]
 
 Both write the same Arrow batches of steps rows (identity columns, step, phase, timestamps, a sections map) to a
 temporary directory; the sink buffers and writes crash-safe segments in the store layout, pandas writes one file
@@ -25,7 +25,7 @@ from collectors.sink import SegmentSink
 SECTIONS = ["data", "forward", "backward", "optimizer", "comm"]
 
 
-def make_batches(rows: int, batch: int, ranks: int = 1024, seed: int = 0) -> list[pa.Table]:
+def make_batches(rows: int, batch: int, ranks: int = 1024, seed: int = 0, nodes: int = 128) -> list[pa.Table]:
     rng = np.random.default_rng(seed)
     base = np.datetime64(dt.datetime(2026, 11, 30, 0, 0), "ns").astype(np.int64)
     batches = []
@@ -41,7 +41,7 @@ def make_batches(rows: int, batch: int, ranks: int = 1024, seed: int = 0) -> lis
         sections = pa.MapArray.from_arrays(offsets, keys, pa.array(durations.ravel()))
         table = pa.table({
             "ts": pa.array(end, pa.timestamp("ns", tz="UTC")),
-            "node": pa.array([f"node-{r // 8:04d}" for r in rank]).dictionary_encode().cast(pa.string()),
+            "node": pa.array([f"node-{(r // 8) % nodes:04d}" for r in rank]).dictionary_encode().cast(pa.string()),
             "job_id": pa.array(["bench"] * n),
             "attempt": pa.array(np.zeros(n, dtype=np.int32)),
             "rank": pa.array(rank.astype(np.int32)),
@@ -67,10 +67,10 @@ def _as_pandas_frame(table: pa.Table):
     return frame
 
 
-def run(rows: int, batch: int) -> dict:
+def run(rows: int, batch: int, nodes: int) -> dict:
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
-    batches = make_batches(rows, batch)
+    batches = make_batches(rows, batch, nodes=nodes)
     frames = [_as_pandas_frame(b) for b in batches]
     work = Path(tempfile.mkdtemp(prefix="faultlens-bench-sink-"))
     try:
@@ -92,7 +92,7 @@ def run(rows: int, batch: int) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
-        "rows": rows, "batch_rows": batch, "sink_segments": segments,
+        "rows": rows, "batch_rows": batch, "nodes": nodes, "sink_segments": segments,
         "sink_rows_per_s": round(rows / sink_t.wall_s), "sink_rows_per_cpu_s": round(rows / sink_t.cpu_s),
         "pandas_rows_per_s": round(rows / pandas_t.wall_s), "pandas_rows_per_cpu_s": round(rows / pandas_t.cpu_s),
         "ratio_sink_over_pandas": round(pandas_t.wall_s / sink_t.wall_s, 2),
@@ -104,8 +104,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--batch", type=int, default=20_000)
+    parser.add_argument("--nodes", default="1,128",
+                        help="comma-separated: how many nodes the rows come from (1 = a node agent's own sink, "
+                             "128 = one sink for a whole 1,024-rank job, one segment per node per flush)")
     args = parser.parse_args()
-    emit("sink_ingest", run(args.rows, args.batch))
+    results = [run(args.rows, args.batch, int(n)) for n in args.nodes.split(",")]
+    emit("sink_ingest", {"runs": results})
 
 
 if __name__ == "__main__":

@@ -665,6 +665,8 @@ class ProcessSource:
             stats = [path.stat()] + ([p.stat() for p in path.rglob("*") if p.is_file()] if path.is_dir() else [])
         except OSError:
             return False
+        if path.is_dir() and len(stats) == 1:
+            return False  # a watched log dir torchrun has not filled yet: nothing to read, nothing wrong
         signature = (sum(s.st_size for s in stats), max(s.st_mtime_ns for s in stats))
         key = str(path)
         if self._seen_files.get(key) == signature:

@@ -39,7 +39,7 @@ class NodeIdentity:
     @classmethod
     def from_env(cls, node: str | None = None) -> NodeIdentity:
         """Node name from FAULTLENS_NODE or the hostname; job and attempt from torchrun's environment."""
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        attempt = os.environ.get("FAULTLENS_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT")
         return cls(
             node=node or os.environ.get("FAULTLENS_NODE") or socket.gethostname(),
             cluster=os.environ.get("FAULTLENS_CLUSTER"),

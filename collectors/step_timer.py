@@ -95,7 +95,8 @@ class RankIdentity:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RankIdentity:
         """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID (or FAULTLENS_JOB_ID),
-        TORCHELASTIC_RESTART_COUNT, node from FAULTLENS_NODE or the hostname, FAULTLENS_CLUSTER."""
+        FAULTLENS_ATTEMPT (a supervisor that restarts torchrun itself) or TORCHELASTIC_RESTART_COUNT, node from
+        FAULTLENS_NODE or the hostname, FAULTLENS_CLUSTER."""
         env = os.environ if environ is None else environ
         hostname = socket.gethostname()
         values: dict[str, Any] = {
@@ -106,7 +107,8 @@ class RankIdentity:
             "node": env.get("FAULTLENS_NODE") or hostname,
             "hostname": hostname,
             "job_id": env.get("FAULTLENS_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or None,
-            "attempt": _env_int(env, "TORCHELASTIC_RESTART_COUNT"),
+            "attempt": _env_int(env, "FAULTLENS_ATTEMPT") if env.get("FAULTLENS_ATTEMPT") else _env_int(
+                env, "TORCHELASTIC_RESTART_COUNT"),
             "cluster": env.get("FAULTLENS_CLUSTER") or None,
             "pid": os.getpid(),
         }

@@ -115,10 +115,10 @@ def test_follow_detects_a_stall_and_requests_dumps_once(store_dir: Path, engine:
         return None  # the job could not be reached: no dumps
 
     hang_engine = Engine(catalog=load_xid_catalog(), dump_requester=requester)
-    clock = {"now": at(40)}
+    clock = {"now": at(34)}
     follower = Follower(str(store_dir), engine=hang_engine, clock=lambda: clock["now"])
     try:
-        assert follower.poll_once() == []  # 40 s: last step ended at ~27 s, floor 30 s
+        assert follower.poll_once() == []  # 34 s: last step ended at ~27 s, floor 10 s
         clock["now"] = at(90)
         follower._last_progress = float("-inf")
         (incident,) = follower.poll_once()

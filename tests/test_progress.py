@@ -61,10 +61,10 @@ def test_stall_longer_than_k_times_recent_step_time_is_a_suspect(store_dir: Path
 
 
 def test_floor_keeps_fast_jobs_from_alarming_on_short_pauses(store_dir: Path, monitor: ProgressMonitor) -> None:
-    last = training(store_dir, range(50))  # 1 s steps: 5 x 1 s = 5 s, but the floor is 30 s
+    last = training(store_dir, range(50))  # 1 s steps: 5 x 1 s = 5 s, but the floor is 10 s
 
-    assert monitor.suspects(telemetry_of(store_dir), at(last + 20)) == []
-    assert len(monitor.suspects(telemetry_of(store_dir), at(last + 31))) == 1
+    assert monitor.suspects(telemetry_of(store_dir), at(last + 8)) == []
+    assert len(monitor.suspects(telemetry_of(store_dir), at(last + 11))) == 1
 
 
 def test_warm_up_without_a_baseline_uses_the_startup_floor(store_dir: Path, monitor: ProgressMonitor) -> None:

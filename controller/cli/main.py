@@ -9,16 +9,17 @@ from collections.abc import Sequence
 from controller.cli import (
     attribution_cmds,
     decision_cmds,
-    demo_cmd,
     gpu_cmds,
     hang_cmds,
     ingest_cmds,
+    run_cmds,
+    sim_cmds,
     store_cmds,
 )
 from controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help.
-COMMAND_MODULES = [demo_cmd, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds]
+COMMAND_MODULES = [run_cmds, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds, sim_cmds]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,212 @@
+"""Run every benchmark of the project, one after the other, and write docs/benchmarks.md.
+
+    python -m bench.run_all [--quick] [--only sink,query,...] [--out docs/benchmarks.md]
+
+Each benchmark runs in its own process (so its peak memory is its own) and prints its result as JSON; the runner
+keeps the raw results in bench/out/results.json and renders one section per benchmark: what was compared, the
+headline figures and ratios, the command that reproduces it, and the raw result. --quick uses small sizes (for a
+smoke run); the published file is made without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    key: str
+    title: str
+    compares: str
+    full: tuple[str, ...]
+    quick: tuple[str, ...]
+    headline: Callable[[dict[str, Any]], list[str]] = field(default=lambda r: [])
+    timeout_s: float = 1800.0
+
+    def command(self, quick: bool) -> list[str]:
+        return [sys.executable, *(self.quick if quick else self.full)]
+
+
+def _get(result: dict[str, Any], *path: str, default: Any = None) -> Any:
+    value: Any = result
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return default
+        value = value[key]
+    return value
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if isinstance(value, float):
+        if value >= 100:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _sink(r: dict[str, Any]) -> list[str]:
+    lines = []
+    for run in r["runs"]:
+        lines.append(f"{run['nodes']} node(s): faultlens sink **{_fmt(run['sink_rows_per_s'])} rows/s** "
+                     f"({_fmt(run['sink_rows_per_cpu_s'])} per CPU-second, {run['sink_segments']} crash-safe segments)"
+                     f" vs pandas `to_parquet` per batch {_fmt(run['pandas_rows_per_s'])} rows/s (one plain file per "
+                     f"batch, no partitioning, no atomic visibility): **{run['ratio_sink_over_pandas']}x**")
+    lines.append("target: >= 1,000,000 rows/s per core")
+    return lines
+
+
+def _query(r: dict[str, Any]) -> list[str]:
+    duck, pand = r.get("duckdb", {}), r.get("pandas", {})
+    lines = [f"{_fmt(r['rows'])} step rows, {r['ranks']} ranks, 1 thread each side"]
+    if "q1_s" in pand:
+        lines.append(f"Q1 per-rank profile: DuckDB {_fmt(duck['q1_s'])} s vs pandas {_fmt(pand['q1_s'])} s "
+                     f"(**{r.get('ratio_q1')}x**); Q2 slowest nodes: DuckDB {_fmt(duck['q2_s'])} s vs pandas "
+                     f"{_fmt(pand['q2_s'])} s (**{r.get('ratio_q2')}x**); same answers: {r.get('same_answer')}")
+        lines.append(f"peak RSS: DuckDB {_fmt(duck.get('peak_rss_mb'))} MB, pandas {_fmt(pand.get('peak_rss_mb'))} MB")
+    else:
+        lines.append(f"DuckDB Q1 {_fmt(duck.get('q1_s'))} s, Q2 {_fmt(duck.get('q2_s'))} s; pandas failed: "
+                     f"{pand.get('error')}")
+    return lines
+
+
+def _generic(r: dict[str, Any]) -> list[str]:
+    return []
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("sink", "Store ingest: step rows into Parquet", "faultlens SegmentSink vs pandas DataFrame.to_parquet "
+              "per batch", ("-m", "bench.bench_sink", "--rows", "2000000"),
+              ("-m", "bench.bench_sink", "--rows", "200000"), _sink),
+    Benchmark("query", "Queries over the steps table", "DuckDB views over the Parquet layout vs pandas "
+              "(read_parquet of the needed columns)", ("-m", "bench.bench_query", "--rows", "100000000"),
+              ("-m", "bench.bench_query", "--rows", "2000000", "--ranks", "64"), _query, 3600.0),
+    Benchmark("timer", "Step timer overhead on the training thread", "faultlens StepTimer vs a contextmanager + "
+              "list of dicts + pandas", ("-m", "bench.bench_timer"),
+              ("-m", "bench.bench_timer", "--steps", "2000", "--repeat", "2")),
+    Benchmark("gpu", "GPU collector costs", "NVML source sample per GPU and kernel-log parsing vs naive shapes",
+              ("bench/bench_gpu.py",), ("bench/bench_gpu.py", "--quick")),
+    Benchmark("hang", "Hang analysis at scale", "faultlens analyze-hang vs torch's flight-recorder analyzer on the "
+              "same dumps", ("-m", "bench.bench_hang", "--ranks", "1024,4096,16384"),
+              ("-m", "bench.bench_hang", "--ranks", "64"), timeout_s=5400.0),
+    Benchmark("live_lag", "Live lag: segment landing -> incident row", "attribute --follow vs re-running the batch "
+              "pass", ("bench/bench_live_lag.py",), ("bench/bench_live_lag.py", "--runs", "3", "--ranks", "64")),
+    Benchmark("restore", "Restore choice", "lazy verification vs verifying every checkpoint first",
+              ("bench/bench_restore_choice.py",), ("bench/bench_restore_choice.py", "--steps", "4", "--ranks", "8")),
+    Benchmark("delivery", "Decision delivery", "persist-then-deliver (at least once) vs a bare POST",
+              ("bench/bench_decision_delivery.py",), ("bench/bench_decision_delivery.py", "--decisions", "20")),
+    Benchmark("eval", "Attribution accuracy on the simulated cluster", "faultlens eval on faultlens simulate",
+              ("-m", "bench.bench_eval", "--seed", "1", "--replay"),
+              ("-m", "bench.bench_eval", "--nodes", "4", "--hours", "4")),
+    Benchmark("demo_vs_torchrun", "The demo's faults: faultlens vs plain torchrun --max-restarts 3",
+              "ETTR, lost steps, restarts of the software bug", ("-m", "bench.bench_demo_vs_torchrun"),
+              ("-m", "bench.bench_demo_vs_torchrun", "--no-bug-run")),
+)
+
+
+def run_one(bench: Benchmark, quick: bool) -> dict[str, Any]:
+    command = bench.command(quick)
+    if not (ROOT / command[1]).exists() and command[1] == "-m" and not (
+            ROOT / (command[2].replace(".", "/") + ".py")).exists():
+        return {"error": f"{command[2]} is not in this checkout"}
+    if command[1] != "-m" and not (ROOT / command[1]).exists():
+        return {"error": f"{command[1]} is not in this checkout"}
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=bench.timeout_s,
+                              env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {bench.timeout_s:.0f} s"}
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {proc.returncode}: " + " | ".join(tail), "seconds": seconds}
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"benchmark"')]
+    if not results:
+        try:
+            results = [json.loads(proc.stdout)]
+        except json.JSONDecodeError:
+            start = proc.stdout.find("{")
+            results = [json.loads(proc.stdout[start:])] if start >= 0 else []
+    if not results:
+        return {"error": "no JSON result printed", "seconds": seconds}
+    result = results[0] if len(results) == 1 else {"results": results}
+    result["_seconds"] = round(seconds, 1)
+    return result
+
+
+def render(results: dict[str, dict[str, Any]], quick: bool, argv: list[str]) -> str:
+    info = machine()
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Made by `python -m bench.run_all {' '.join(argv)}`".rstrip() + f" on {dt.date.today().isoformat()}, "
+        f"{info['cpu']}, {info['cores']} cores, Python {info['python']} (no GPU).",
+        "Each benchmark ran in its own process, one after the other, each side of a comparison in the same run. "
+        "Speed targets are measured here, never asserted in tests. Rerun one with the command under its heading.",
+        "",
+    ]
+    if quick:
+        lines += ["**Smoke run (--quick): small sizes, not the published figures.**", ""]
+    for bench in BENCHMARKS:
+        result = results.get(bench.key)
+        if result is None:
+            continue
+        lines += [f"## {bench.title}", "", f"Compares: {bench.compares}.", "",
+                  f"    PYTHONPATH=. python {' '.join(bench.quick if quick else bench.full)}", ""]
+        if "error" in result:
+            lines += [f"Not measured: {result['error']}", ""]
+            continue
+        try:
+            headline = bench.headline(result)
+        except (KeyError, TypeError, ValueError):
+            headline = []
+        lines += [f"- {line}" for line in headline]
+        if headline:
+            lines.append("")
+        raw = {k: v for k, v in result.items() if k not in ("machine",)}
+        lines += ["<details><summary>raw result</summary>", "", "```json", json.dumps(raw, indent=1, default=str),
+                  "```", "", "</details>", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="run every benchmark and write docs/benchmarks.md")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", help="comma-separated keys: " + ",".join(b.key for b in BENCHMARKS))
+    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    parser.add_argument("--merge", action="store_true", help="keep earlier results of benchmarks not run now")
+    args = parser.parse_args()
+    wanted = set(args.only.split(",")) if args.only else {b.key for b in BENCHMARKS}
+    OUT.mkdir(parents=True, exist_ok=True)
+    store = OUT / ("results-quick.json" if args.quick else "results.json")
+    results: dict[str, dict[str, Any]] = json.loads(store.read_text()) if args.merge and store.exists() else {}
+    for bench in BENCHMARKS:
+        if bench.key not in wanted:
+            continue
+        print(f"running {bench.key} ...", file=sys.stderr, flush=True)
+        results[bench.key] = run_one(bench, args.quick)
+        print(f"  {bench.key}: {'error: ' + results[bench.key]['error'] if 'error' in results[bench.key] else 'ok'}",
+              file=sys.stderr, flush=True)
+        store.write_text(json.dumps(results, indent=1, default=str))
+    Path(args.out).write_text(render(results, args.quick, sys.argv[1:]))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

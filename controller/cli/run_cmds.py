@@ -1,0 +1,126 @@
+"""`faultlens run` (the reference supervisor) and `faultlens demo` (the supervisor on the demo job with faults)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import shutil
+import time
+from pathlib import Path
+
+from controller.cli.common import CliError, add_store_arg, emit
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEMO_THRESHOLDS = REPO_ROOT / "rules" / "thresholds-demo.yaml"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    demo = subparsers.add_parser("demo", help="run the end-to-end demo: a real CPU torch job with injected faults")
+    add_store_arg(demo)
+    demo.add_argument("--workdir", default="./faultlens-demo", help="checkpoints, logs and dumps (default %(default)s)")
+    demo.add_argument("--steps", type=int, default=400, help="training steps of the job")
+    demo.add_argument("--faults", type=int, default=5, help="how many faults of the schedule to inject (1-5)")
+    demo.add_argument("--keep", action="store_true", help="keep an existing workdir instead of starting clean")
+    demo.set_defaults(func=cmd_demo)
+
+    run = subparsers.add_parser("run", help="supervise a torchrun job on simulated nodes: attribute, fail over")
+    add_store_arg(run)
+    run.add_argument("--nnodes", type=int, required=True)
+    run.add_argument("--nproc-per-node", type=int, required=True)
+    run.add_argument("--spares", type=int, default=0)
+    run.add_argument("--workdir", default="./faultlens-run")
+    run.add_argument("--job", help="job id (default: generated)")
+    run.add_argument("--policy", help="policy YAML (default rules/policy.yaml)")
+    run.add_argument("--thresholds", help="thresholds YAML (default rules/thresholds.yaml)")
+    run.add_argument("--hooks", help="hooks YAML: where decisions are delivered besides the supervisor")
+    run.add_argument("--max-attempts", type=int, default=8)
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- train.py ARGS (or -m module ARGS)")
+    run.set_defaults(func=cmd_run)
+
+
+def _hooks(path: str | None) -> list:
+    if not path:
+        return []
+    from controller.hooks.config import load_hooks
+
+    try:
+        return list(load_hooks(path))
+    except Exception as exc:
+        raise CliError(f"{path}: {exc}") from None
+
+
+def _printer():
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        console.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {text}")
+
+    return console, say
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from controller.supervisor.run import RunConfig, Supervisor, summary_rows
+
+    command = [c for c in args.command if c != "--"] if args.command else []
+    if not command:
+        raise CliError("give the training command after --, e.g. faultlens run --nnodes 2 --nproc-per-node 2 -- "
+                       "train.py")
+    if args.nnodes < 1 or args.nproc_per_node < 1 or args.spares < 0:
+        raise CliError("--nnodes and --nproc-per-node must be >= 1, --spares >= 0")
+    config = RunConfig(script=tuple(command), nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+                       spares=args.spares, store=args.store, workdir=Path(args.workdir),
+                       job_id=args.job or f"job-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}",
+                       max_attempts=args.max_attempts, policy_path=Path(args.policy) if args.policy else None,
+                       thresholds_path=Path(args.thresholds) if args.thresholds else None)
+    _, say = _printer()
+    supervisor = Supervisor(config, hooks=_hooks(args.hooks), on_event=say)
+    try:
+        result = supervisor.run()
+    finally:
+        supervisor.close()
+    emit(summary_rows(result), "table", title=f"{result.job_id}: {result.outcome.value}")
+    return 0 if result.outcome.value == "completed" else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from controller.demo.report import print_report
+    from controller.demo.schedule import DEMO_FAULTS, demo_fault
+    from controller.supervisor.run import RunConfig, Supervisor, write_summary
+
+    if not 1 <= args.faults <= len(DEMO_FAULTS):
+        raise CliError(f"--faults must be between 1 and {len(DEMO_FAULTS)}")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise CliError("the demo runs a real torch job: pip install -e '.[torch]' torch==2.13.0") from None
+    workdir = Path(args.workdir)
+    if workdir.exists() and not args.keep:
+        shutil.rmtree(workdir)
+    os.makedirs(args.store, exist_ok=True) if "://" not in args.store else None
+    nnodes, nproc = 2, 2
+    config = RunConfig(script=("-m", "controller.demo.train", "--steps", str(args.steps)), nnodes=nnodes,
+                       nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,
+                       job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
+                       thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0)
+    console, say = _printer()
+    say(f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, CPU), 4 spare nodes, "
+        f"store {args.store}")
+
+    def faults(attempt: int, nodes: list[str], start_step: int):
+        if attempt >= args.faults:
+            return demo_fault(len(DEMO_FAULTS), nodes, start_step, nproc)
+        return demo_fault(attempt, nodes, start_step, nproc)
+
+    supervisor = Supervisor(config, faults=faults, on_event=say)
+    started = time.monotonic()
+    try:
+        result = supervisor.run()
+    finally:
+        supervisor.close()
+    print_report(result, console, wall_s=time.monotonic() - started, store=args.store)
+    write_summary(result, workdir / "summary.json")
+    return 0

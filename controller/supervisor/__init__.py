@@ -1,0 +1,1 @@
+"""The reference supervisor for torchrun jobs (faultlens run)."""

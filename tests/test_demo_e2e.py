@@ -1,0 +1,86 @@
+"""End to end: `faultlens demo` runs a real DDP/gloo CPU job under the supervisor with its five faults; every
+incident has the right class, culprit and decision, and each restart resumed from the checkpoint the policy chose.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attribution.store import Store
+from tests.conftest import REPO_ROOT
+
+pytest.importorskip("torch")
+
+# attempt -> (injected fault, incident class, culprit node, culprit rank, cause check, action, excluded node)
+EXPECTED = [
+    ("straggler", "straggler", "node-1", 3, {"thermal"}, "failover", "node-1"),
+    ("hang", "collective_hang", "node-0", 1, None, "failover", "node-0"),
+    ("sigkill", "crash", "node-3", 2, None, "failover", "node-3"),
+    ("gpu_lost", "crash", "node-4", 2, {"pcie", "gpu_hardware"}, "failover", "node-4"),
+    ("software", "crash", None, None, {"software"}, "escalate", None),
+]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    work = tmp_path_factory.mktemp("demo")
+    store, workdir = work / "store", work / "work"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "demo", "--store", str(store),
+                           "--workdir", str(workdir)], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return store, workdir, proc.stdout
+
+
+def test_every_fault_is_attributed_and_decided(demo_run):
+    store, workdir, output = demo_run
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert summary["outcome"] == "escalated"
+    assert len(summary["attempts"]) == len(EXPECTED)
+    with Store(store) as reader:
+        decisions = reader.query("""
+            SELECT attempt, "class", cause, action, exclude_nodes, restore_step, restore_tier, document
+            FROM decisions QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts) = 1
+            ORDER BY attempt""").to_pylist()
+        incidents = {row["incident_id"]: row for row in reader.query("SELECT * FROM incidents").to_pylist()}
+    assert [d["attempt"] for d in decisions] == list(range(len(EXPECTED)))
+    for decision, (fault, cls, node, rank, causes, action, excluded) in zip(decisions, EXPECTED, strict=True):
+        document = json.loads(decision["document"])
+        incident = incidents[document["incident_id"]]
+        assert incident["class"] == cls, (fault, incident)
+        if node is not None:
+            assert incident["culprit_nodes"] == [node], (fault, incident["culprit_nodes"])
+            assert incident["culprit_ranks"] == [rank], (fault, incident["culprit_ranks"])
+        if causes is not None:
+            assert incident["cause"] in causes, (fault, incident["cause"])
+        assert decision["action"] == action, (fault, decision)
+        assert decision["exclude_nodes"] == ([excluded] if excluded else []), (fault, decision)
+    assert "4 incidents recovered automatically, 1 escalated to a human" in " ".join(output.split())
+
+
+def test_each_restart_resumed_from_the_chosen_checkpoint(demo_run):
+    store, workdir, _ = demo_run
+    with Store(store) as reader:
+        decisions = reader.query("""
+            SELECT attempt, restore_step, restore_tier, exclude_nodes FROM decisions
+            WHERE action = 'failover' QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts) = 1
+            ORDER BY attempt""").to_pylist()
+        first_steps = {row["attempt"]: row["first"] for row in reader.query(
+            "SELECT attempt, min(step) AS first FROM steps WHERE phase = 'train' GROUP BY attempt").to_pylist()}
+        ranks = reader.query("SELECT DISTINCT attempt, node FROM ranks").to_pylist()
+    assert first_steps[0] == 0
+    for decision in decisions:
+        nxt = decision["attempt"] + 1
+        plan = json.loads((workdir / f"restore-plan-{nxt}.json").read_text())
+        assert plan["step"] == decision["restore_step"] is not None
+        assert first_steps[nxt] == decision["restore_step"] + 1, (decision, first_steps)
+        # never restored from the local tier of a node this decision excluded
+        for source in plan["sources"]:
+            assert source["node"] not in decision["exclude_nodes"], (plan, decision)
+        # and the excluded node never came back
+        later = {r["node"] for r in ranks if r["attempt"] >= nxt}
+        assert not later & set(decision["exclude_nodes"])
