@@ -52,6 +52,8 @@ def build_store(rows: int, ranks: int) -> Path:
         duration = sections.sum(axis=1)
         start = base + step * 800_000_000
         offsets = pa.array(np.arange(0, (n + 1) * len(SECTIONS), len(SECTIONS), dtype=np.int32))
+        keys = pa.DictionaryArray.from_arrays(pa.array(np.tile(np.arange(len(SECTIONS), dtype=np.int32), n)),
+                                              pa.array(SECTIONS)).cast(pa.string())
         table = pa.table({
             "ts": pa.array(start + (duration * 1e9).astype(np.int64), pa.timestamp("ns", tz="UTC")),
             "node": pa.array(np.full(n, f"node-{node:04d}")),
@@ -62,7 +64,7 @@ def build_store(rows: int, ranks: int) -> Path:
             "step": pa.array(step),
             "phase": pa.array(np.where(step % 500 == 0, "eval", "train")),
             "duration_s": pa.array(duration),
-            "sections": pa.MapArray.from_arrays(offsets, pa.array(np.tile(SECTIONS, n)), pa.array(sections.ravel())),
+            "sections": pa.MapArray.from_arrays(offsets, keys, pa.array(sections.ravel())),
         })
         columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(n, f.type) for f in schema]
         table = pa.Table.from_arrays(columns, schema=schema)
