@@ -121,19 +121,6 @@ MAX_EVIDENCE = 24
 # columns
 
 
-def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[Any]]:
-    """Dictionary codes (int32, -1 for null) and the dictionary values of a string-like column."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-    if not pa.types.is_dictionary(column.type):
-        column = pc.dictionary_encode(column)
-    indices = column.indices
-    codes = indices.to_numpy(zero_copy_only=False)
-    if indices.null_count:
-        codes = np.where(indices.is_null().to_numpy(zero_copy_only=False), -1, codes)
-    return codes.astype(np.int32, copy=False), column.dictionary.to_pylist()
-
-
 def _ints(column: pa.ChunkedArray, fill: int = -1) -> tuple[np.ndarray, np.ndarray]:
     if pa.types.is_timestamp(column.type):
         column = column.cast(pa.int64())

@@ -468,20 +468,20 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
         name_nodes, file_nodes, lines = frames
         names = decoder.strings(name_nodes, workspace)
         files = decoder.strings(file_nodes, workspace)
-        keyed: dict[tuple[int, int, int], int] = {}
-        texts: list[str] = []
-        codes = np.empty(lines.shape[0], np.int32)
-        for i in range(lines.shape[0]):
-            key = (int(names.codes[i]), int(files.codes[i]), int(lines[i]))
-            code = keyed.get(key)
-            if code is None:
-                name = names.values[key[0]] if key[0] >= 0 else None
-                file = files.values[key[1]] if key[1] >= 0 else None
-                line = key[2] if key[2] >= 0 else None
-                code = keyed[key] = len(texts)
-                texts.append(f"{name} ({file}:{line})")
-            codes[i] = code
-        frame_column = _ListColumn(counts[4], codes, texts)
+        # one text per distinct (name, file, line): vectorised, frames repeat across thousands of entries
+        n_files = len(files.values) + 1
+        n_lines = int(lines.max()) + 2 if lines.shape[0] else 1
+        keys = ((names.codes.astype(np.int64) + 1) * n_files + files.codes + 1) * n_lines + lines + 1
+        unique, inverse = np.unique(keys, return_inverse=True)
+        texts = []
+        for key in unique.tolist():
+            rest, line = divmod(key, n_lines)
+            name_code, file_code = divmod(rest, n_files)
+            name_code, file_code, line = name_code - 1, file_code - 1, line - 1
+            name = names.values[name_code] if name_code >= 0 else None
+            file = files.values[file_code] if file_code >= 0 else None
+            texts.append(f"{name} ({file}:{line if line >= 0 else None})")
+        frame_column = _ListColumn(counts[4], inverse.reshape(-1).astype(np.int32), texts)
     n = int(ints.shape[1])
     dump = _Dump(
         path=path, fmt="pickle", rank=-1, n=n,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +56,12 @@ def test_real_nccl_set_torch_analyzer_lists_follow_ons(tmp_path: Path) -> None:
                              "-p", "_dump_"], capture_output=True, text=True, timeout=300)
     text = result.stdout + result.stderr
     assert result.returncode == 0  # it exits 0 whatever it finds
-    assert "mismatch" in text.lower() or "not" in text.lower()
+    named = set()
+    for found in re.findall(r"missing ranks: \{([0-9, ]+)\}", text):
+        named.update(int(r) for r in found.split(","))
+    assert {9, 14} <= named
+    assert named - {9, 14}, "torch lists follow-on ranks (e.g. pipeline peers of 9 and 14) as missing too"
+    assert _analyze(NCCL_SET).culprit_ranks == (9, 14)
 
 
 # -- built multi-group jobs: root cause vs follow-ons
