@@ -144,8 +144,25 @@ def _eval(r: dict[str, Any]) -> list[str]:
 
 def _hang(r: dict[str, Any]) -> list[str]:
     lines = []
-    for row in r.get("results", r.get("sizes", [])) if isinstance(r.get("results", r.get("sizes")), list) else []:
-        lines.append(", ".join(f"{k}={_fmt(v)}" for k, v in row.items() if not isinstance(v, (dict, list))))
+    for row in r.get("sizes", []):
+        fl, torch = row.get("faultlens", {}), row.get("torch", {})
+        line = (f"{_fmt(row['ranks'])} ranks x {r.get('entries_per_rank')} entries ({_fmt(row.get('dump_mb'))} MB of "
+                f"dumps): faultlens **{_fmt(fl.get('seconds'))} s** wall ({_fmt(fl.get('cpu_seconds'))} s CPU), peak "
+                f"RSS {_fmt(fl.get('peak_rss_mb'))} MB, culprit found: {fl.get('correct')}")
+        if "seconds" in torch:
+            line += (f"; torch fr_trace {_fmt(torch.get('seconds'))} s, RSS {_fmt(torch.get('peak_rss_mb'))} MB: "
+                     f"**{row.get('speedup_vs_torch')}x** wall, {row.get('cpu_speedup_vs_torch')}x CPU")
+        elif torch.get("skipped"):
+            line += f"; torch: skipped ({torch['skipped']})"
+        lines.append(line)
+    ingest = r.get("ingest")
+    if isinstance(ingest, dict):
+        lines.append("ingest into the collectives table: " + ", ".join(
+            f"{k} {_fmt(v)}" for k, v in ingest.items() if isinstance(v, (int, float))))
+    load = r.get("load_average_at_start")
+    lines.append("targets: 16,384 ranks in <= 30 s and <= 8 GB RSS; >= 30x torch at 1,024 ranks"
+                 + (f" (machine load average at start {load[0]:.1f}; under a load of ~9 the same 16,384-rank run "
+                    "took 47.7 s)" if load else ""))
     return lines
 
 
@@ -236,8 +253,9 @@ def render(results: dict[str, dict[str, Any]], quick: bool, argv: list[str]) -> 
     lines = [
         "# Benchmarks",
         "",
-        f"Made by `python -m bench.run_all {' '.join(argv)}`".rstrip() + f" on {dt.date.today().isoformat()}, "
-        f"{info['cpu']}, {info['cores']} cores, Python {info['python']} (no GPU).",
+        f"Made by `python -m bench.run_all {' '.join(argv)}`".replace(" `", "`") + f" on {dt.date.today().isoformat()}, "
+        f"{info['cpu']}, {info['cores']} cores, Python {info['python']} (no GPU). Raw results are kept in "
+        "bench/out/results.json; `python -m bench.run_all --only KEY --merge` reruns one benchmark and keeps the rest.",
         "Each benchmark ran in its own process, one after the other, each side of a comparison in the same run. "
         "Speed targets are measured here, never asserted in tests. Rerun one with the command under its heading.",
         "",

@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--thresholds", help="thresholds YAML (default rules/thresholds.yaml)")
     run.add_argument("--hooks", help="hooks YAML: where decisions are delivered besides the supervisor")
     run.add_argument("--max-attempts", type=int, default=8)
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- train.py ARGS (or -m module ARGS)")
+    run.add_argument("train_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                     help="the training script and its arguments: -- train.py ARGS (or -- -m module ARGS)")
     run.set_defaults(func=cmd_run)
 
 
@@ -66,7 +67,7 @@ def _printer():
 def cmd_run(args: argparse.Namespace) -> int:
     from controller.supervisor.run import RunConfig, Supervisor, summary_rows
 
-    command = [c for c in args.command if c != "--"] if args.command else []
+    command = [c for c in args.train_command if c != "--"] if args.train_command else []
     if not command:
         raise CliError("give the training command after --, e.g. faultlens run --nnodes 2 --nproc-per-node 2 -- "
                        "train.py")
