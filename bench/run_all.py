@@ -253,7 +253,7 @@ def render(results: dict[str, dict[str, Any]], quick: bool, argv: list[str]) -> 
     lines = [
         "# Benchmarks",
         "",
-        f"Made by `python -m bench.run_all {' '.join(argv)}`".replace(" `", "`") + f" on {dt.date.today().isoformat()}, "
+        f"Made by `{' '.join(['python -m bench.run_all', *argv])}` on {dt.date.today().isoformat()}, "
         f"{info['cpu']}, {info['cores']} cores, Python {info['python']} (no GPU). Raw results are kept in "
         "bench/out/results.json; `python -m bench.run_all --only KEY --merge` reruns one benchmark and keeps the rest.",
         "Each benchmark ran in its own process, one after the other, each side of a comparison in the same run. "
