@@ -56,7 +56,11 @@ def test_each_restart_resumed_from_the_chosen_checkpoint(demo_store):
         first_steps = {row["attempt"]: row["first"] for row in reader.query(
             "SELECT attempt, min(step) AS first FROM steps WHERE phase = 'train' GROUP BY attempt").to_pylist()}
         ranks = reader.query("SELECT DISTINCT attempt, node FROM ranks").to_pylist()
+        launches = reader.query("SELECT attempt, count(DISTINCT node) AS nodes FROM process_events "
+                                "WHERE kind = 'start' GROUP BY attempt ORDER BY attempt").to_pylist()
     assert first_steps[0] == 0
+    # the supervisor records each node's launch (goodput counts start-up from it)
+    assert launches == [{"attempt": a, "nodes": 2} for a in range(len(decisions) + 1)]
     for decision in decisions:
         nxt = decision["attempt"] + 1
         plan = json.loads((workdir / f"restore-plan-{nxt}.json").read_text())

@@ -220,8 +220,10 @@ class Supervisor:
             self.gpu_markers[node] = attempt_dir / f"gpu_{fault.gpu_fault}-{node}" if faulty else None
             backend = recorded_backend(self.pool.index(node), self.config.nproc_per_node, clock,
                                        fault.gpu_local_rank if faulty else None, fault.gpu_fault if faulty else None)
-            sources = [ProcessSource(identity, paths=[agent.stderr_path, agent.log_dir]),
-                       NvmlSource(backend, NodeIdentity(node=node))]
+            process_source = ProcessSource(identity, paths=[agent.stderr_path, agent.log_dir])
+            # the launch itself is telemetry: goodput counts an attempt's start-up from this row
+            process_source.record_start(rank=None, local_rank=None, pid=agent.process.pid, attempt=attempt)
+            sources = [process_source, NvmlSource(backend, NodeIdentity(node=node))]
             collectors.append(CollectorAgent(sources, self.sink, interval_s=self.config.poll_s))
         return agents, collectors, attempt_dir
 
