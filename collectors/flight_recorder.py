@@ -1214,16 +1214,30 @@ def auto_processes(directory: str | os.PathLike[str]) -> int:
     return min(8, cpus // 2) if count >= PROCESS_MIN_FILES and cpus >= 4 else 1
 
 
+#: dump sets smaller than this are read through the restricted unpickler (no numba compile on a first use)
+FAST_PATH_MIN_BYTES = 32 * 1024 * 1024
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
                   columns: Iterable[str] | None = None, max_frames: int = DEFAULT_MAX_FRAMES,
-                  dictionary: bool = False, fast_path: bool = True, workers: int | None = None,
+                  dictionary: bool = False, fast_path: bool | None = None, workers: int | None = None,
                   processes: int | None = None) -> DumpSet:
     """Read every dump in `directory` into `collectives` rows.
 
     columns: the subset of the table's columns to build (default all; analysis needs far fewer).
     dictionary: keep string columns dictionary-encoded (smaller and faster for analysis); the default gives the
     table exactly in the schema. fast_path=False loads pickles through the restricted unpickler only (the
-    reference path the fast scanner is tested against). workers: threads per process (default: CPU count, at most
+    reference path the fast scanner is tested against); True uses the compiled scanner; None (default) uses it
+    when the dump set holds at least FAST_PATH_MIN_BYTES, since its first use after install compiles the numba
+    kernels (10-20 s), which a small set — a live hang of a small job — must not wait for.
+    workers: threads per process (default: CPU count, at most
     8). processes: split the files over this many processes (spawned: a calling script needs the usual
     `if __name__ == "__main__":` guard); default 1; auto_processes() suggests a count for a directory.
     Per-file problems are in DumpSet.errors; DumpDirError when the directory is missing or holds no dump.
@@ -1250,6 +1264,8 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
             continue
         stems.setdefault(stem, path)
         primary.append(path)
+    if fast_path is None:
+        fast_path = sum(_size(p) for p in primary) >= FAST_PATH_MIN_BYTES
     cpus = os.cpu_count() or 1
     workers = workers or min(8, cpus)
     processes = processes or 1

@@ -76,7 +76,7 @@ def test_real_nccl_set_reads_every_rank_and_every_entry() -> None:
 
 
 def test_fast_scanner_and_restricted_unpickler_give_the_same_rows() -> None:
-    fast = read_dump_dir(NCCL_SET).table
+    fast = read_dump_dir(NCCL_SET, fast_path=True).table
     slow = read_dump_dir(NCCL_SET, fast_path=False).table
     assert fast.equals(slow)
 
@@ -103,7 +103,7 @@ def test_pickle_and_json_forms_give_the_same_rows(tmp_path: Path) -> None:
 def test_every_pickle_protocol_reads_the_same(tmp_path: Path, protocol: int) -> None:
     dumps = _small_set()
     reference = read_dump_dir(fb.write_set(tmp_path / "ref", dumps), fast_path=False).table
-    table = read_dump_dir(fb.write_set(tmp_path / "p", dumps, protocol=protocol)).table
+    table = read_dump_dir(fb.write_set(tmp_path / "p", dumps, protocol=protocol), fast_path=True).table
     assert table.drop_columns(["dump_id"]).equals(reference.drop_columns(["dump_id"]))
 
 
@@ -147,7 +147,9 @@ def test_top_level_rank_wins_over_the_file_name(tmp_path: Path) -> None:
     assert read_dump_dir(tmp_path).ranks == (7,)
 
 
-def test_truncated_corrupt_and_hostile_dumps_are_named_and_the_rest_still_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_truncated_corrupt_and_hostile_dumps_are_named_and_the_rest_still_read(tmp_path: Path,
+                                                                               fast_path: bool) -> None:
     sets = {rank: fb.dump([fb.entry(record_id=0, seq=1)], fb.pg_config({"0": ("default_pg", range(6))}))
             for rank in range(6)}
     fb.write_set(tmp_path, sets)
@@ -156,7 +158,7 @@ def test_truncated_corrupt_and_hostile_dumps_are_named_and_the_rest_still_read(t
     (tmp_path / "_dump_2").write_bytes(b"\x80\x02}q\x00(X\x07\x00\x00\x00entr")  # cut inside a string
     (tmp_path / "_dump_3").write_bytes(b"cos\nsystem\n(S'touch " + str(tmp_path / "pwned").encode() + b"'\ntR.")
     (tmp_path / "_dump_4").write_bytes(pickle.dumps({"something": "else"}, protocol=2))  # not a dump
-    dumps = read_dump_dir(tmp_path)
+    dumps = read_dump_dir(tmp_path, fast_path=fast_path)
     assert dumps.ranks == (0, 5)
     messages = {Path(e.path).name: e.problem for e in dumps.errors}
     assert set(messages) == {"_dump_1", "_dump_2", "_dump_3", "_dump_4"}
@@ -275,7 +277,7 @@ def test_scanner_matches_the_unpickler_on_generated_dumps(tmp_path: Path, extra:
     top = fb.dump(entries, fb.pg_config({"0": ("default_pg", [0])}), rank=0) | {"note": extra}
     directory = tmp_path / f"d{protocol}-{len(seqs)}-{abs(hash(str(extra))) % 10**6}"
     fb.write_set(directory, {0: top}, protocol=protocol)
-    fast = read_dump_dir(directory, workers=1).table
+    fast = read_dump_dir(directory, workers=1, fast_path=True).table
     slow = read_dump_dir(directory, workers=1, fast_path=False).table
     assert fast.equals(slow)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -102,7 +101,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     if workdir.exists() and not args.keep:
         shutil.rmtree(workdir)
-    os.makedirs(args.store, exist_ok=True) if "://" not in args.store else None
     nnodes, nproc = 2, 2
     config = RunConfig(script=("-m", "controller.demo.train", "--steps", str(args.steps)), nnodes=nnodes,
                        nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,

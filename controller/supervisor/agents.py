@@ -27,7 +27,7 @@ def free_port() -> int:
 
 
 @dataclass
-class NodeAgent:
+class TorchrunAgent:
     """A running torchrun agent for one simulated node."""
 
     node: str
@@ -69,7 +69,7 @@ def torchrun_command(spec: LaunchSpec, node_rank: int, log_dir: Path) -> list[st
             "--tee=3", *spec.script]
 
 
-def start_agent(spec: LaunchSpec, node: str, node_rank: int, node_env: Mapping[str, str]) -> NodeAgent:
+def start_agent(spec: LaunchSpec, node: str, node_rank: int, node_env: Mapping[str, str]) -> TorchrunAgent:
     log_dir = spec.workdir / "logs" / node
     log_dir.mkdir(parents=True, exist_ok=True)
     stderr_path = spec.workdir / f"torchrun-{node}.stderr"
@@ -77,10 +77,10 @@ def start_agent(spec: LaunchSpec, node: str, node_rank: int, node_env: Mapping[s
     with open(stderr_path, "wb") as stderr, open(spec.workdir / f"torchrun-{node}.stdout", "wb") as stdout:
         process = subprocess.Popen(torchrun_command(spec, node_rank, log_dir), env=env, stdout=stdout,
                                    stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True)
-    return NodeAgent(node, node_rank, process, stderr_path, log_dir, time.monotonic())
+    return TorchrunAgent(node, node_rank, process, stderr_path, log_dir, time.monotonic())
 
 
-def stop_agents(agents: Sequence[NodeAgent], grace_s: float = 5.0) -> None:
+def stop_agents(agents: Sequence[TorchrunAgent], grace_s: float = 5.0) -> None:
     """SIGTERM every agent's process group (torchrun forwards it to its workers), then SIGKILL stragglers."""
     for agent in agents:
         if agent.poll() is None:

@@ -43,7 +43,7 @@ from controller.checkpoints.tiers import Tier, TierKind
 from controller.delivery import Deliverer
 from controller.hooks.base import Hook
 from controller.restore import plan_restore, write_plan
-from controller.supervisor.agents import LaunchSpec, NodeAgent, free_port, start_agent, stop_agents
+from controller.supervisor.agents import LaunchSpec, TorchrunAgent, free_port, start_agent, stop_agents
 from controller.supervisor.gpus import FaultClock, recorded_backend
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class Supervisor:
             time.sleep(0.1)
         time.sleep(0.2)  # let a rank finishing its rename land
         try:
-            dumps = read_dump_dir(self._current_dump_dir, fast_path=False, identity=NodeIdentity(
+            dumps = read_dump_dir(self._current_dump_dir, identity=NodeIdentity(
                 node=None, job_id=self.config.job_id, attempt=self._current_attempt))
         except Exception as exc:  # the analysis goes on with what the store has
             self.say(f"cannot read the dumps: {exc}")
@@ -188,7 +188,7 @@ class Supervisor:
         return healthy[: self.config.nnodes]
 
     def _start_attempt(self, attempt: int, nodes: Sequence[str], plan_path: Path | None,
-                       fault: AttemptFault) -> tuple[list[NodeAgent], list[CollectorAgent], Path]:
+                       fault: AttemptFault) -> tuple[list[TorchrunAgent], list[CollectorAgent], Path]:
         attempt_dir = self.workdir / f"attempt-{attempt}"
         if attempt_dir.exists():
             shutil.rmtree(attempt_dir)
@@ -298,7 +298,7 @@ class Supervisor:
                 plan_path, restored = None, (None, None)
         return RunResult(Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store)
 
-    def _watch(self, agents: list[NodeAgent], collectors: list[CollectorAgent], attempt_dir: Path,
+    def _watch(self, agents: list[TorchrunAgent], collectors: list[CollectorAgent], attempt_dir: Path,
                record: AttemptRecord) -> Incident | None:
         stop = threading.Event()
 
