@@ -30,6 +30,7 @@ class DecisionError(ValueError):
 class Action(StrEnum):
     FAILOVER = "failover"  # exclude the culprit node(s), restart from the chosen checkpoint
     ESCALATE = "escalate"  # stop and hand it to a human
+    NOTIFY = "notify"  # tell a human; the job keeps running (slowdowns: a running job is never stopped for one)
     DRAIN = "drain"  # proactive: take the node out of service before it fails a job
     UNKNOWN = "unknown"
 
@@ -37,6 +38,7 @@ class Action(StrEnum):
 class DeliveryStatus(StrEnum):
     PENDING = "pending"
     DELIVERED = "delivered"
+    APPLIED = "applied"  # the supervisor that issued it carried it out itself: never delivered again
     FAILED = "failed"
     UNKNOWN = "unknown"
 
@@ -289,7 +291,7 @@ DECISION_JSON_SCHEMA: dict[str, Any] = {
         # a failover names what to leave out; an escalation changes nothing by itself
         {"if": {"properties": {"action": {"enum": ["failover", "drain"]}}},
          "then": {"properties": {"exclude_nodes": {"minItems": 1}}}},
-        {"if": {"properties": {"action": {"enum": ["escalate", "drain"]}}},
+        {"if": {"properties": {"action": {"enum": ["escalate", "notify", "drain"]}}},
          "then": {"properties": {"restore": {"type": "null"}}}},
     ],
 }

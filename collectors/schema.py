@@ -198,7 +198,7 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("confidence", pa.float64()),
         _f("rule", pa.string()),
         _f("issued_ts", TS),
-        _f("delivery_status", pa.string()),  # pending, delivered, failed
+        _f("delivery_status", pa.string()),  # pending, delivered, applied, failed
         _f("hook", pa.string()),
         _f("document", pa.string()),  # the versioned JSON decision
         _f("delivery_error", pa.string()),  # why the last attempt of this hook failed
