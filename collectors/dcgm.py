@@ -27,9 +27,9 @@ from typing import Any
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.batches import rows_to_batch
 from collectors.gpu_deltas import DeltaThresholds, sample_changes
 from collectors.pci import normalize_pci_bus_id
+from collectors.row_guard import guarded_batch
 from collectors.source import NodeIdentity
 
 log = logging.getLogger("faultlens.collectors.dcgm")
@@ -91,6 +91,40 @@ HEALTH_KINDS: dict[str, tuple[str, int | None]] = {
     "DCGM_FR_GPU_RECOVERY_DRAIN_RESET": ("recovery_action", 4),
 }
 HEALTH_WORDS = {10: "WARN", 20: "FAIL"}
+_INT32_COLUMNS = {"sm_clock_mhz", "mem_clock_mhz", "recovery_action"}
+_INT32_MAX, _INT64_MAX, _FLOAT32_MAX = 2**31 - 1, 2**63 - 1, 3.4e38
+_MAX_TS_NS = 2**63 - 1
+
+
+class _BadValue(ValueError):
+    """A sample value its column cannot hold (3e9 MHz in an int32, -1e303 MiB): the sample is left out."""
+
+
+def _column_value(column: str, value: float | int) -> Any:
+    """`value` (already scaled) as `column` stores it, or _BadValue."""
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, int):
+        if column in _BOOLEAN:
+            return bool(value)
+        limit = _INT32_MAX if column in _INT32_COLUMNS else _INT64_MAX
+        if column in _INTEGER and not -limit <= value <= limit:
+            raise _BadValue(f"{column}: {value} is out of range")
+        if column not in _INTEGER and abs(value) > _FLOAT32_MAX:
+            raise _BadValue(f"{column}: {value} is out of range")
+        return value if column in _INTEGER else float(value)
+    if not math.isfinite(value):
+        raise _BadValue(f"{column}: {value} is not a finite number")
+    if column in _BOOLEAN:
+        return bool(value)
+    if column in _INTEGER:
+        limit = _INT32_MAX if column in _INT32_COLUMNS else _INT64_MAX
+        if not -limit <= value <= limit:
+            raise _BadValue(f"{column}: {value:g} is out of range")
+        return int(value)
+    if abs(value) > _FLOAT32_MAX:
+        raise _BadValue(f"{column}: {value:g} is out of range")
+    return float(value)
 
 
 class DcgmFetchError(OSError):
@@ -174,7 +208,26 @@ class DcgmParser:
 
     def parse(self, text: str, identity: NodeIdentity, *, ts_ns: int | None = None, monotonic: float | None = None,
               host_from_labels: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(gpu_samples rows, gpu_events rows) of one scrape. Never raises."""
+        """(gpu_samples rows, gpu_events rows) of one scrape. Never raises: a sample that cannot be used is counted
+        in stats.bad_lines (with its line number) and left out; the rest of the scrape is kept."""
+        try:
+            return self._parse(text, identity, ts_ns=ts_ns, monotonic=monotonic, host_from_labels=host_from_labels)
+        except Exception as exc:  # a parser bug must not cost the agent its loop
+            self._bad(0, f"{type(exc).__name__}: {str(exc)[:120]}")
+            return [], []
+
+    def _line_of(self, text: str, sample: _Sample) -> int:
+        """The line number of a sample (looked up only for bad ones): the first line with its name and labels."""
+        values = [f'"{value}"' for value in sample.labels.values()]
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.startswith(sample.name) and all(value in line for value in values):
+                return number
+        return 0
+
+    def _parse(self, text: str, identity: NodeIdentity, *, ts_ns: int | None, monotonic: float | None,
+               host_from_labels: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        if not isinstance(text, str):
+            raise TypeError(f"expected the scrape's text, got {type(text).__name__}")
         self.stats.scrapes += 1
         now_ns = ts_ns if ts_ns is not None else time.time_ns()
         now_mono = monotonic if monotonic is not None else time.monotonic()
@@ -189,14 +242,20 @@ class DcgmParser:
             self.stats.samples_read += 1
             try:
                 self._one(sample, gpus, events, identity, now_ns, host_from_labels)
+            except _BadValue as exc:
+                self._bad(self._line_of(text, sample), f"{sample.name}: {exc}")
             except Exception as exc:
-                self._bad(0, f"{sample.name}: {type(exc).__name__}: {exc}")
+                self._bad(self._line_of(text, sample), f"{sample.name}: {type(exc).__name__}: {str(exc)[:120]}")
         rows = []
         for key, row in gpus.items():
             values = row.pop("_values")
             free, reserved = row.pop("_fb_free", None), row.pop("_fb_reserved", None)
             if values.get("mem_total_bytes") is None and free is not None and values.get("mem_used_bytes") is not None:
-                values["mem_total_bytes"] = int(values["mem_used_bytes"] + free * MIB + (reserved or 0) * MIB)
+                total = values["mem_used_bytes"] + free * MIB + (reserved or 0) * MIB
+                try:
+                    values["mem_total_bytes"] = _column_value("mem_total_bytes", total)
+                except _BadValue as exc:
+                    self._bad(0, f"FB_USED + FB_FREE + FB_RESERVED: {exc}")
             row.update(values)
             rows.append(row)
             previous = self._previous.get(key)
@@ -213,7 +272,8 @@ class DcgmParser:
         if host_from_labels and host:
             columns["node"] = host
         index = labels.get("gpu")
-        return {"ts": ts_ns, **columns, "gpu_index": int(index) if index and index.isdigit() else None,
+        gpu_index = int(index) if index and index.isdigit() and len(index) <= 6 else None
+        return {"ts": ts_ns, **columns, "gpu_index": gpu_index,
                 "gpu_uuid": labels.get("UUID") or labels.get("uuid") or None,
                 "pci_bus_id": normalize_pci_bus_id(labels.get("pci_bus_id"))}
 
@@ -227,7 +287,12 @@ class DcgmParser:
     def _one(self, sample: _Sample, gpus: dict[Any, dict[str, Any]], events: list[dict[str, Any]],
              identity: NodeIdentity, now_ns: int, host_from_labels: bool) -> None:
         labels = sample.labels
-        ts = int(sample.timestamp * 1e9) if sample.timestamp else now_ns
+        ts = now_ns
+        if sample.timestamp:
+            stamp = float(sample.timestamp) * 1e9
+            if not (math.isfinite(stamp) and 0 <= stamp <= _MAX_TS_NS):
+                raise _BadValue(f"timestamp {sample.timestamp} is out of range")
+            ts = int(stamp)
         base = self._identity(labels, identity, ts, host_from_labels)
         key = (base["gpu_uuid"] or base["pci_bus_id"] or (str(base["gpu_index"]) if base["gpu_index"] is not None
                                                             else None), base["node"])
@@ -244,30 +309,26 @@ class DcgmParser:
             return
         if short in ("FB_FREE", "FB_RESERVED"):
             if not _no_data(sample.value):
+                value = float(sample.value)
+                if not (math.isfinite(value) and abs(value) * MIB <= _INT64_MAX):
+                    raise _BadValue(f"{short}: {value:g} MiB is out of range")
                 row = self._row(gpus, key, base, labels)
-                row["_fb_free" if short == "FB_FREE" else "_fb_reserved"] = float(sample.value)
+                row["_fb_free" if short == "FB_FREE" else "_fb_reserved"] = value
             return
         mapped = SAMPLE_METRICS.get(short)
         if mapped is None:
             self.stats.unmapped += 1
             return
         column, scale = mapped
-        row = self._row(gpus, key, base, labels)
-        values = row["_values"]
+        values = self._row(gpus, key, base, labels)["_values"]
         if _no_data(sample.value):
             self.stats.blank_values += 1
             values.setdefault(column, None)
             return
-        value: Any = sample.value * scale
-        if column in _BOOLEAN:
-            value = bool(value)
-        elif column in _INTEGER:
-            value = int(value)
-        else:
-            value = float(value)
+        value: Any = _column_value(column, sample.value * scale)
         if column in _ADDITIVE and values.get(column) is not None:
-            value += values[column]
-        values[column] = value
+            value = _column_value(column, value + values[column])
+        self._row(gpus, key, base, labels)["_values"][column] = value
 
     def _row(self, gpus: dict[Any, dict[str, Any]], key: Any, base: Mapping[str, Any],
              labels: Mapping[str, str]) -> dict[str, Any]:
@@ -281,7 +342,12 @@ class DcgmParser:
                   raw: str) -> None:
         if _no_data(sample.value) or sample.value <= 0:
             return
-        code = int(sample.labels.get("err_code") or sample.value)
+        code_text = sample.labels.get("err_code")
+        code = int(code_text) if code_text and code_text.isdigit() and len(code_text) <= 9 else None
+        if code is None:
+            if code_text or not (math.isfinite(sample.value) and sample.value <= _INT32_MAX):
+                raise _BadValue(f"Xid {code_text or sample.value!r} is not an Xid number")
+            code = int(sample.value)
         state = (code, sample.labels.get("err_msg"), sample.timestamp)
         if self._last_xid.get(key) == state:
             return
@@ -294,6 +360,8 @@ class DcgmParser:
         xid = sample.labels.get("xid")
         if _no_data(sample.value) or not xid or not xid.isdigit():
             return
+        if len(xid) > 9:
+            raise _BadValue(f"xid label {xid[:20]!r} is not an Xid number")
         count_key = (key, xid, sample.labels.get("window_size_in_ms"))
         before = self._xid_counts.get(count_key, 0.0)
         self._xid_counts[count_key] = sample.value
@@ -370,6 +438,9 @@ class DcgmSource:
         self._host_from_labels = host_from_labels
         self._log = logger or log
         self._failing: str | None = None
+        self._bad_reported = 0
+        self._bad_logged_at: float | None = None
+        self.bad_log_interval_s = 60.0
 
     def poll(self) -> Mapping[str, pa.RecordBatch]:
         try:
@@ -386,10 +457,21 @@ class DcgmSource:
             samples, events = self.parser.parse(text, self.identity, ts_ns=self._clock_ns(),
                                                 monotonic=self._monotonic(), host_from_labels=self._host_from_labels)
             result: dict[str, pa.RecordBatch] = {}
-            if samples:
-                result["gpu_samples"] = rows_to_batch("gpu_samples", samples)
-            if events:
-                result["gpu_events"] = rows_to_batch("gpu_events", events)
+            for table, rows in (("gpu_samples", samples), ("gpu_events", events)):
+                batch, rejected = guarded_batch(table, rows)
+                for row in rejected:
+                    self.parser._bad(0, f"{table} row refused: {row.reason}")
+                if batch is not None:
+                    result[table] = batch
+            bad = self.parser.stats.bad_lines - self._bad_reported
+            if bad > 0:
+                now = self._monotonic()
+                if self._bad_logged_at is None or now - self._bad_logged_at >= self.bad_log_interval_s:
+                    line_no, reason = self.parser.stats.bad_examples[-1] if self.parser.stats.bad_examples else (0, "")
+                    self._log.warning("dcgm %s: skipped %d bad sample(s) (%d in all), e.g. line %s: %s",
+                                      self.location, bad, self.parser.stats.bad_lines, line_no, reason)
+                    self._bad_reported = self.parser.stats.bad_lines
+                    self._bad_logged_at = now
             return result
         except Exception as exc:  # never raise into the agent
             self._log.warning("dcgm source: %s: %s", type(exc).__name__, exc)
@@ -405,6 +487,14 @@ def read_scrape(location: str, identity: NodeIdentity, *, host_from_labels: bool
     text = fetch_scrape(location, timeout_s=timeout_s)
     parser = DcgmParser()
     samples, events = parser.parse(text, identity, host_from_labels=host_from_labels)
+    kept = {}
+    for table, rows in (("gpu_samples", samples), ("gpu_events", events)):
+        _, rejected = guarded_batch(table, rows)
+        for row in rejected:
+            parser._bad(0, f"{table} row refused: {row.reason}")
+        refused = {row.index for row in rejected}
+        kept[table] = [row for index, row in enumerate(rows) if index not in refused]
+    samples, events = kept["gpu_samples"], kept["gpu_events"]
     if not samples and not events:
         stats = parser.stats
         detail = (f"{stats.bad_lines} bad line(s), first at line {stats.bad_examples[0][0]}: "

@@ -41,27 +41,31 @@ from typing import Any
 
 import pyarrow as pa
 
-from collectors.batches import rows_to_batch
 from collectors.gpu_backend import GpuDevice
 from collectors.pci import normalize_pci_bus_id
+from collectors.row_guard import guarded_batch
 from collectors.source import NodeIdentity
 
 log = logging.getLogger("faultlens.collectors.kmsg")
 
 _PCI = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>" + _PCI + r")(?:\s+GPU-I:(?P<gi>\d+))?(?:\s+GPU-CI:(?P<ci>\d+))?\):\s*"
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>" + _PCI + r")(?:\s+GPU-I:(?P<gi>\d{1,4}))?(?:\s+GPU-CI:(?P<ci>\d{1,4}))?\):\s*"
     r"(?P<code>\d{1,6})\s*(?:,\s*(?P<rest>.*))?$"
 )
 SXID_RE = re.compile(
     r"(?P<dev>nvidia-nvswitch\d+): SXid \((?:PCI:)?(?P<pci>" + _PCI + r")\):\s*(?P<code>\d{1,6})\s*"
     r"(?:,\s*(?P<rest>.*))?$"
 )
-PID_RE = re.compile(r"^pid=(?P<pid>'<unknown>'|<unknown>|'?\d+'?)\s*(?:,\s*|$)")
-NAME_RE = re.compile(r"^name=(?P<name>[^,]*?)\s*(?:,\s*|$)")
-CAUSED_BY_RE = re.compile(r"caused by previous Xid (?P<code>\d+)\s*\.?\s*$")
-RECOVERY_RE = re.compile(r"recovery action changed from (?P<from>0x[0-9A-Fa-f]+|\d+)(?:\s*\((?P<from_name>[^)]*)\))?"
-                         r"\s+to\s+(?P<to>0x[0-9A-Fa-f]+|\d+)(?:\s*\((?P<to_name>[^)]*)\))?")
+# Every pattern below runs in time linear in the line's length: no two adjacent quantifiers can share characters
+# unboundedly (the old `name=[^,]*?\s*` and `\d+\s*\.?\s*$` forms backtracked quadratically: 169 s for a 64 KB
+# line), and the parts that repeat inside a message (`recovery action changed ...`) have bounded quantifiers.
+PID_RE = re.compile(r"^pid=(?P<pid>'<unknown>'|<unknown>|'?\d{1,24}'?)[ \t]*(?:,[ \t]*|$)")
+CAUSED_BY_RE = re.compile(r"caused by previous Xid (?P<code>\d{1,10})\Z")
+RECOVERY_RE = re.compile(r"recovery action changed from (?P<from>0x[0-9A-Fa-f]{1,16}|\d{1,10})"
+                         r"(?:[ \t]{0,8}\((?P<from_name>[^)]{0,120})\))?"
+                         r"[ \t]{1,8}to[ \t]{1,8}(?P<to>0x[0-9A-Fa-f]{1,16}|\d{1,10})"
+                         r"(?:[ \t]{0,8}\((?P<to_name>[^)]{0,120})\))?")
 UUID_RE = re.compile(r"NVRM: GPU at PCI:(?P<pci>" + _PCI + r"):\s*(?P<uuid>GPU-[0-9A-Fa-f-]+)")
 FALLEN_RE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r"):?\s*GPU has fallen off the bus")
 THE_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r")")
@@ -79,6 +83,8 @@ KERNEL_TAG_RE = re.compile(r"^kernel:\s*(?:\[\s*\d+\.\d+\]\s*)?")
 _MONTHS = {name: number for number, name in enumerate(calendar.month_abbr) if name}
 _MULTILINE_WINDOW = 4  # lines after "The NVIDIA GPU <pci>" in which "fallen off the bus" belongs to it
 _MAX_LINE = 64 * 1024
+_MAX_PID = 2**31 - 1  # Linux pids are at most 2^22 (PID_MAX_LIMIT); anything past int32 is not a pid
+_MIN_TS_NS, _MAX_TS_NS = 0, 2**63 - 1  # what the store's timestamp[ns] column holds (1970 .. 2262)
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,43 @@ class _Envelope:
 
 class _BadLine(ValueError):
     pass
+
+
+def _split_name(rest: str) -> tuple[str | None, str]:
+    """`name=<process>, <message>` -> (process name or None, message): the name runs to the first comma."""
+    body = rest[len("name="):]
+    comma = body.find(",")
+    name, after = (body, "") if comma < 0 else (body[:comma], body[comma + 1:])
+    name = name.strip()
+    return (None if not name or name == "<unknown>" else name), after.lstrip()
+
+
+def _caused_by(message: str) -> int | None:
+    """The Xid of a trailing `caused by previous Xid <n>` (optionally followed by one '.')."""
+    tail = message.rstrip()
+    if tail.endswith("."):
+        tail = tail[:-1].rstrip()
+    match = CAUSED_BY_RE.search(tail[-48:])
+    return int(match.group("code")) if match else None
+
+
+def _check_text(what: str, value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _BadLine(f"{what} is not valid text ({exc.reason} at character {exc.start})") from None
+
+
+def _check_event(event: KernelGpuEvent) -> None:
+    """Refuse an event the store cannot hold (so that one bad line never fails the whole poll's batch)."""
+    if event.ts_ns is not None and not _MIN_TS_NS <= event.ts_ns <= _MAX_TS_NS:
+        raise _BadLine("time out of range (the store holds 1970..2262)")
+    if event.pid is not None and not 0 <= event.pid <= _MAX_PID:
+        raise _BadLine(f"pid out of range: {event.pid}")
+    for what in ("message", "raw", "process_name", "host", "gpu_uuid", "device"):
+        _check_text(what, getattr(event, what))
 
 
 def _interesting(text: str) -> bool:
@@ -237,23 +280,21 @@ class KernelLogParser:
         if pid_match:
             value = pid_match.group("pid").strip("'")
             pid = int(value) if value.isdigit() else None
+            if pid is not None and pid > _MAX_PID:
+                raise _BadLine(f"Xid line with a pid out of range: {value[:24]}")
             rest = rest[pid_match.end():]
-            name_match = NAME_RE.match(rest)
-            if name_match:
-                name = name_match.group("name").strip() or None
-                if name == "<unknown>":
-                    name = None
-                rest = rest[name_match.end():]
+            if rest.startswith("name="):
+                name, rest = _split_name(rest)
         elif rest.startswith("pid="):
             raise _BadLine("Xid line with an unreadable pid")
         message = rest.strip()
-        caused = CAUSED_BY_RE.search(message)
+        caused = _caused_by(message)
         event = KernelGpuEvent(
             kind="xid", code=code, pci_bus_id=pci, message=message, raw=raw, pid=pid, process_name=name,
             ts_ns=env.ts_ns, host=env.host, gpu_uuid=self.uuids.get(pci), line_no=self._line_no,
             gpu_instance_id=int(match.group("gi")) if match.group("gi") else None,
             compute_instance_id=int(match.group("ci")) if match.group("ci") else None,
-            caused_by_xid=int(caused.group("code")) if caused else None,
+            caused_by_xid=caused,
         )
         return [event, *self._derived(event)]
 
@@ -360,6 +401,8 @@ class KernelLogParser:
                 self.stats.ignored += 1
                 return []
             events = self._message(env, line)
+            for event in events or ():
+                _check_event(event)
         except _BadLine as exc:
             self._bad(line_no, str(exc))
             return []
@@ -371,6 +414,11 @@ class KernelLogParser:
             return []
         self.stats.events += len(events)
         return events
+
+    def reject(self, event: KernelGpuEvent, reason: str) -> None:
+        """Count an event the store refused as a bad line (its line number and why)."""
+        self.stats.events -= 1
+        self._bad(event.line_no, reason)
 
     def _bad(self, line_no: int | None, reason: str) -> None:
         self.stats.bad_lines += 1
@@ -443,6 +491,10 @@ class KmsgSource:
         self._is_device = False
         self._unavailable: str | None = None
         self._opened_once = False
+        self._line_no = 0  # lines read since the file (or device) was opened: the line number of bad-line reports
+        self._bad_reported = 0
+        self._bad_logged_at: float | None = None
+        self.bad_log_interval_s = 60.0
 
     def set_devices(self, devices: Iterable[GpuDevice]) -> None:
         """GPUs of this node (from NVML), so kernel-log rows carry gpu_index and uuid."""
@@ -505,6 +557,7 @@ class KmsgSource:
             # rotated or truncated: finish nothing more from the old file, start the new one from its beginning
             self._close_handles()
             self.from_start = True
+            self._line_no = 0
             if not self._open():
                 return []
             handle = self._file
@@ -525,14 +578,34 @@ class KmsgSource:
                 return {}
             events = []
             for raw in raw_lines:
-                events.extend(self.parser.feed(raw))
-            if not events:
-                return {}
-            rows = events_to_rows(events, self.identity, devices=self._devices, default_ts_ns=self._clock_ns())
-            return {"gpu_events": rows_to_batch("gpu_events", rows)}
+                self._line_no += 1
+                events.extend(self.parser.feed(raw, self._line_no))
+            batch = None
+            if events:
+                rows = events_to_rows(events, self.identity, devices=self._devices, default_ts_ns=self._clock_ns())
+                batch, rejected = guarded_batch("gpu_events", rows, [event.line_no for event in events])
+                for row in rejected:
+                    self.parser.reject(events[row.index], row.reason)
+            self._report_bad()
+            return {"gpu_events": batch} if batch is not None else {}
         except Exception as exc:  # never raise into the agent
             self._log.warning("kmsg source: %s: %s", type(exc).__name__, exc)
             return {}
+
+    def _report_bad(self) -> None:
+        """Log skipped lines: at most once per bad_log_interval_s, with how many since the last report."""
+        stats = self.parser.stats
+        new = stats.bad_lines - self._bad_reported
+        if new <= 0:
+            return
+        now = time.monotonic()
+        if self._bad_logged_at is not None and now - self._bad_logged_at < self.bad_log_interval_s:
+            return
+        line_no, reason = stats.bad_examples[-1] if stats.bad_examples else (None, "?")
+        self._log.warning("kernel log %s: skipped %d bad line(s) (%d in all), e.g. line %s: %s", self.path, new,
+                          stats.bad_lines, line_no, reason)
+        self._bad_reported = stats.bad_lines
+        self._bad_logged_at = now
 
     def _close_handles(self) -> None:
         if self._fd is not None:
@@ -575,10 +648,16 @@ def read_kernel_log(path: str | Path, identity: NodeIdentity, *, host_from_line:
         raise KernelLogFileError(f"kmsg {file}: binary data (NUL bytes), expected a text or JSON kernel log")
     parser = KernelLogParser(boot_time_ns=boot_time, tz=tz)
     events = parser.feed_lines(data.splitlines())
+    rows = events_to_rows(events, identity, devices=device_directory(devices), host_from_line=host_from_line)
+    _, rejected = guarded_batch("gpu_events", rows, [event.line_no for event in events])
+    if rejected:
+        for row in rejected:
+            parser.reject(events[row.index], row.reason)
+        refused = {row.index for row in rejected}
+        rows = [row for index, row in enumerate(rows) if index not in refused]
     stats = parser.stats
-    if stats.bad_lines and not events:
+    if stats.bad_lines and not rows:
         line_no, reason = stats.bad_examples[0]
         raise KernelLogFileError(f"kmsg {file}: no GPU event could be read: {stats.bad_lines} bad line(s), "
                                  f"first at line {line_no}: {reason}")
-    rows = events_to_rows(events, identity, devices=device_directory(devices), host_from_line=host_from_line)
     return KernelLogImport(rows=rows, stats=stats)
