@@ -220,7 +220,15 @@ class DcgmParser:
         """The line number of a sample (looked up only for bad ones): the first line with its name and labels."""
         values = [f'"{value}"' for value in sample.labels.values()]
         for number, line in enumerate(text.splitlines(), start=1):
-            if line.startswith(sample.name) and all(value in line for value in values):
+            if not (line.startswith(sample.name) and all(value in line for value in values)):
+                continue
+            try:
+                parsed = [s for family in text_string_to_metric_families(line + "\n") for s in family.samples]
+            except Exception:
+                continue
+            same = [s for s in parsed if s.labels == sample.labels and s.timestamp == sample.timestamp
+                    and (s.value == sample.value or (s.value != s.value and sample.value != sample.value))]
+            if same:
                 return number
         return 0
 
