@@ -8,7 +8,9 @@ disappears under a running query the store reader lists again and retries.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from attribution.segment_check import check_segment
 from collectors.layout import (
     COMPACTED_PREFIX,
     REPLACES_KEY,
@@ -26,10 +29,12 @@ from collectors.layout import (
     replaced_by,
     resolve_store,
     write_segment,
+    writer_is_gone,
 )
 from collectors.schema import TABLE_NAMES, validate
 
-TEMP_MAX_AGE_S = 3600.0
+log = logging.getLogger("faultlens.maintenance")
+TEMP_MAX_AGE_S = 3600.0  # a temporary file older than this is removed whoever wrote it (a write takes seconds)
 
 
 @dataclass(frozen=True)
@@ -68,14 +73,44 @@ def _remove_leftovers(location: StoreLocation, segments: list[str], temps: list[
             replaced.update(f"{directory}/{old}" for old in replaced_by(location, path))
     for path in replaced & set(segments):
         location.fs.rm_file(path)
-    for path in temps:
-        try:
-            modified = location.fs.modified(path).timestamp()
-        except (FileNotFoundError, NotImplementedError):
-            continue
-        if now - modified > TEMP_MAX_AGE_S:
+    for path in stale_temps(location, temps, now):
+        with contextlib.suppress(FileNotFoundError):
             location.fs.rm_file(path)
     return [p for p in segments if p not in replaced]
+
+
+def stale_temps(location: StoreLocation, temps: list[str], now: float) -> list[str]:
+    """Temporary files no writer will finish: their writer (this host, by pid) is dead, or they are older than
+    TEMP_MAX_AGE_S. A temp file of a live writer is left alone."""
+    stale = []
+    for path in temps:
+        if writer_is_gone(path.rsplit("/", 1)[-1], local=location.is_local):
+            stale.append(path)
+            continue
+        try:
+            modified = location.fs.modified(path).timestamp()
+        except (FileNotFoundError, NotImplementedError, OSError):
+            continue
+        if now - modified > TEMP_MAX_AGE_S:
+            stale.append(path)
+    return stale
+
+
+def _read_for_compaction(location: StoreLocation, table: str, path: str) -> pa.Table | None:
+    """The segment's rows, or None (with a warning) when it is broken: a broken segment is never merged nor
+    deleted by compaction; `faultlens doctor --quarantine` moves it aside."""
+    reason = check_segment(location, table, path)
+    if reason is None:
+        try:
+            with location.fs.open(path, "rb") as handle:
+                return validate(table, pq.read_table(handle))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            reason = f"unreadable data: {text[0][:200] if text else type(exc).__name__}"
+    log.warning("compact: leaving %s segment %s out: %s (see faultlens doctor)", table, path, reason)
+    return None
 
 
 def compact(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES, *, min_segments: int = 2,
@@ -89,10 +124,15 @@ def compact(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES, *, 
             segments = _remove_leftovers(location, segments, temps, clock())
             if len(segments) < max(min_segments, 2):
                 continue
-            parts = []
+            parts, merged_sources = [], []
             for path in segments:
-                with location.fs.open(path, "rb") as handle:
-                    parts.append(validate(table, pq.read_table(handle)))
+                part = _read_for_compaction(location, table, path)
+                if part is not None:
+                    parts.append(part)
+                    merged_sources.append(path)
+            segments = merged_sources
+            if len(segments) < max(min_segments, 2):
+                continue
             merged = pa.concat_tables(parts).sort_by("ts")
             names = ",".join(path.rsplit("/", 1)[-1] for path in segments)
             merged_path = write_segment(location, partition, merged, name=new_segment_name(COMPACTED_PREFIX),

@@ -8,6 +8,8 @@ in the new columns (union by name). Partition pruning (job, date range, node) ha
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +19,12 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-from collectors.layout import StoreError, StoreLocation, list_segments, resolve_store
+from attribution.segment_check import BadSegment, check_segment, deep_check
+from collectors.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
 from collectors.schema import TABLE_NAMES, empty_table, schema_for
+
+log = logging.getLogger("faultlens.store")
+_MAX_BAD_PER_QUERY = 64  # segments found broken while a query reads them (footer fine, data pages not)
 
 
 class QueryError(ValueError):
@@ -32,10 +38,26 @@ class TableSummary:
     segments: int
     ts_min: Any
     ts_max: Any
+    bad_segments: int = 0  # listed segments skipped because they cannot be read (see `faultlens doctor`)
 
 
 def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
+
+
+_USER_ERRORS = tuple(getattr(duckdb, name) for name in ("ParserException", "BinderException", "CatalogException",
+                                                           "SyntaxException", "ConversionException")
+                     if hasattr(duckdb, name))
+
+
+def _data_error(exc: BaseException, text: str) -> bool:
+    """An error that may come from a segment's bytes (not from the SQL itself)."""
+    return not isinstance(exc, _USER_ERRORS) and not _vanished(exc, text)
+
+
+def _vanished(exc: BaseException, text: str) -> bool:
+    """A segment that is gone (compaction, retention) rather than broken."""
+    return isinstance(exc, FileNotFoundError) or "No such file" in text or "No files found" in text
 
 
 class Store:
@@ -46,6 +68,7 @@ class Store:
                  nodes: Iterable[str] | None = None, threads: int | None = None,
                  storage_options: dict[str, Any] | None = None) -> None:
         self.location = resolve_store(store, **(storage_options or {}))
+        probe_store(self.location)  # an unreachable object store is an error, never an empty store
         self.jobs = list(jobs) if jobs is not None else None
         self.nodes = list(nodes) if nodes is not None else None
         self.date_from = date_from
@@ -55,10 +78,49 @@ class Store:
         if threads:
             self.con.execute(f"SET threads={int(threads)}")
         self._segments: dict[str, list[str]] = {}
+        self._checked: dict[tuple[str, str], tuple[Any, str | None]] = {}  # (table, path) -> (stamp, reason)
+        self._bad: dict[str, BadSegment] = {}
+        self._read_ok: set[str] = set()  # segments read through without error by a deep scan
         self.refresh()
 
     def segments(self, table: str) -> list[str]:
         return list(self._segments.get(table, []))
+
+    def bad_segments(self, table: str | None = None) -> list[BadSegment]:
+        """Listed segments the reader skips (unreadable, wrong schema), each named once in a warning."""
+        return [bad for bad in self._bad.values() if table is None or bad.table == table]
+
+    def _stamp(self, path: str) -> Any:
+        if not self.location.is_local:
+            return None  # object-store segments are written once (one PUT) and never change
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        return (info.st_size, info.st_mtime_ns)
+
+    def _mark_bad(self, table: str, path: str, reason: str) -> None:
+        if path not in self._bad:
+            log.warning("store %s: skipping %s segment %s: %s", self.location.url, table, path, reason)
+        self._bad[path] = BadSegment(table, path, reason)
+
+    def _usable(self, table: str, segments: list[str]) -> list[str]:
+        """The listed segments without those that cannot be read as `table` (checked once per segment)."""
+        usable = []
+        for path in segments:
+            stamp = self._stamp(path)
+            cached = self._checked.get((table, path))
+            if cached is not None and cached[0] == stamp:
+                reason = cached[1]
+            else:
+                reason = check_segment(self.location, table, path)
+                self._checked[(table, path)] = (stamp, reason)
+            if reason is None:
+                self._bad.pop(path, None)
+                usable.append(path)
+            else:
+                self._mark_bad(table, path, reason)
+        return usable
 
     def refresh(self, tables: Sequence[str] = TABLE_NAMES) -> None:
         """List the store again and point every view at the segments visible now."""
@@ -69,14 +131,36 @@ class Store:
                                              date_to=self.date_to, nodes=self.nodes)
                 except OSError as exc:
                     raise StoreError(f"store {self.location.url!r}: cannot list {table}: {exc}") from None
+                listed = set(segments)
+                for path in [p for p, bad in self._bad.items() if bad.table == table and p not in listed]:
+                    del self._bad[path]  # quarantined or removed since
+                segments = self._usable(table, segments)
                 try:
-                    self._define_view(table, segments)
+                    segments = self._define_view_skipping(table, segments)
                 except (duckdb.IOException, FileNotFoundError):
                     if attempt == 4:  # segments keep vanishing under us (compaction/retention): give up loudly
                         raise
                     continue  # a listed segment was replaced (compaction) or expired before binding: list again
                 self._segments[table] = segments
                 break
+
+    def _define_view_skipping(self, table: str, segments: list[str]) -> list[str]:
+        """Define the view; a segment DuckDB cannot bind (its error names it) is skipped, the rest kept."""
+        for _ in range(_MAX_BAD_PER_QUERY):
+            try:
+                self._define_view(table, segments)
+                return segments
+            except duckdb.Error as exc:
+                text = str(exc)
+                named = next((path for path in segments if path in text), None)
+                if named is None or _vanished(exc, text):
+                    raise
+                reason = f"unreadable: {text.splitlines()[0][:200]}"
+                self._mark_bad(table, named, reason)
+                self._checked[(table, named)] = (self._stamp(named), reason)
+                segments = [path for path in segments if path != named]
+        self._define_view(table, segments)
+        return segments
 
     def _define_view(self, table: str, segments: list[str]) -> None:
         empty_name = f"_empty_{table}"
@@ -100,28 +184,69 @@ class Store:
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         """Run SQL over the views and return an Arrow table. A segment removed under us (compaction,
-        retention) triggers one refresh and retry."""
-        for attempt in range(3):
+        retention) triggers a refresh and retry; a segment whose data turns out unreadable while the query reads
+        it is skipped from then on (one warning naming it) and the query runs again without it."""
+        retries = 0
+        found_bad = 0
+        while True:
             try:
                 relation = self.con.sql(sql, params=params) if params else self.con.sql(sql)
                 if relation is None:
                     return pa.table({})
                 return relation.to_arrow_table()
-            except duckdb.IOException as exc:
-                if attempt == 2:
-                    raise QueryError(str(exc).splitlines()[0]) from None
-                self.refresh()
-            except duckdb.Error as exc:
+            except (duckdb.Error, FileNotFoundError, pa.ArrowException) as exc:
                 text = str(exc)
-                if attempt < 2 and ("No such file" in text or "No files found" in text):
-                    self.refresh()
+                first = text.splitlines()[0] if text else type(exc).__name__
+                broken = self._broken_segment(text)
+                if broken is not None and found_bad < _MAX_BAD_PER_QUERY and not _vanished(exc, text):
+                    found_bad += 1
+                    self._skip(*broken, f"unreadable data: {first[:200]}")
                     continue
-                raise QueryError(text.splitlines()[0] if text else type(exc).__name__) from None
-            except (FileNotFoundError, pa.ArrowIOError) as exc:
-                if attempt == 2:
-                    raise QueryError(str(exc).splitlines()[0]) from None
+                if broken is None and found_bad < _MAX_BAD_PER_QUERY and _data_error(exc, text):
+                    # the error names no file (DuckDB: "TProtocolException: Invalid data"): read the segments
+                    # of the tables the query names to find the broken ones
+                    found = self._deep_scan(sql)
+                    if found:
+                        found_bad += found
+                        continue
+                vanished = isinstance(exc, (duckdb.IOException, FileNotFoundError, pa.ArrowIOError)) or \
+                    "No such file" in text or "No files found" in text
+                if not vanished or retries >= 2:
+                    raise QueryError(first) from None
+                retries += 1
                 self.refresh()
-        raise QueryError("query failed after retries")  # pragma: no cover - loop always returns or raises
+
+    def _deep_scan(self, sql: str) -> int:
+        """Read every not yet fully read segment of the tables `sql` mentions (all tables when it names none);
+        skip those whose data cannot be read. Returns how many were found."""
+        named = [t for t in self._segments if t in sql] or list(self._segments)
+        found = 0
+        for table in named:
+            for path in list(self._segments.get(table, [])):
+                if path in self._read_ok:
+                    continue
+                reason = deep_check(self.location, table, path)
+                if reason is None:
+                    self._read_ok.add(path)
+                    continue
+                self._skip(table, path, reason)
+                found += 1
+        return found
+
+    def _broken_segment(self, text: str) -> tuple[str, str] | None:
+        """The (table, segment) an error message names, when it names one of the listed segments."""
+        for table, segments in self._segments.items():
+            for path in segments:
+                if path in text:
+                    return table, path
+        return None
+
+    def _skip(self, table: str, path: str, reason: str) -> None:
+        self._mark_bad(table, path, reason)
+        self._checked[(table, path)] = (self._stamp(path), reason)
+        remaining = [p for p in self._segments.get(table, []) if p != path]
+        self._define_view(table, remaining)
+        self._segments[table] = remaining
 
     def read_table(self, table: str, where: str | None = None, params: Sequence[Any] | None = None) -> pa.Table:
         schema_for(table)
@@ -133,7 +258,8 @@ class Store:
         result = []
         for table in TABLE_NAMES:
             row = self.query(f'SELECT count(*) AS n, min(ts) AS lo, max(ts) AS hi FROM "{table}"').to_pylist()[0]
-            result.append(TableSummary(table, row["n"], len(self._segments.get(table, [])), row["lo"], row["hi"]))
+            result.append(TableSummary(table, row["n"], len(self._segments.get(table, [])), row["lo"], row["hi"],
+                                       len(self.bad_segments(table))))
         return result
 
     def close(self) -> None:

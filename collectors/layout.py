@@ -14,6 +14,7 @@ import contextlib
 import io
 import os
 import re
+import socket
 import time
 import uuid
 from collections.abc import Iterable
@@ -80,6 +81,22 @@ def resolve_store(url: str | StoreLocation, *, create: bool = False, **storage_o
     return location
 
 
+def probe_store(location: StoreLocation) -> None:
+    """Raise StoreError when an object store cannot be reached (connection refused, DNS, credentials): a reader
+    must not take an unreachable store for an empty one. A root that does not exist yet is fine (empty store)."""
+    if location.is_local:
+        return
+    try:
+        location.fs.invalidate_cache()
+        location.fs.ls(location.root, detail=False)
+    except FileNotFoundError:
+        return
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        raise StoreError(f"store {location.url!r}: cannot reach: {text[0] if text else type(exc).__name__}") \
+            from None
+
+
 def safe_value(value: str) -> str:
     """A partition value made safe for a path component."""
     cleaned = _SAFE_VALUE_RE.sub("_", value)
@@ -92,6 +109,49 @@ def partition_dir(location: StoreLocation, table: str, job: str, date: str, node
 
 def new_segment_name(prefix: str = "") -> str:
     return f"{prefix}{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{SEGMENT_SUFFIX}"
+
+
+TEMP_SUFFIX = ".tmp"
+
+
+def _host_tag() -> str:
+    return safe_value(socket.gethostname()).replace("@", "_")
+
+
+def temp_name(name: str) -> str:
+    """The hidden name a segment is written under: `.<name>.<pid>@<host>.tmp` (who wrote it, so that compaction
+    can tell a dead writer's leftover from a segment being written now)."""
+    return f".{name}.{os.getpid()}@{_host_tag()}{TEMP_SUFFIX}"
+
+
+def temp_writer(name: str) -> tuple[int | None, str | None]:
+    """(pid, host) of a temporary file's writer; host None for the older `.<name>.<pid>.tmp` form."""
+    if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+        return None, None
+    body = name[1:-len(TEMP_SUFFIX)]
+    host = None
+    if "@" in body:
+        body, host = body.rsplit("@", 1)
+    pid_text = body.rsplit(".", 1)[-1]
+    return (int(pid_text) if pid_text.isdigit() and len(pid_text) <= 10 else None), host
+
+
+def writer_is_gone(name: str, *, local: bool) -> bool:
+    """True when the temporary file's writer ran on this host and is no longer running."""
+    pid, host = temp_writer(name)
+    if pid is None or pid <= 0:
+        return False
+    if host is None and not local:
+        return False  # older form on a shared object store: the writer may be on another host
+    if host is not None and host != _host_tag():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OSError):
+        return False
+    return False
 
 
 def is_segment_name(name: str) -> bool:
@@ -114,7 +174,7 @@ def write_segment(location: StoreLocation, directory: str, table: pa.Table, *, n
     final = f"{directory}/{name}"
     if location.is_local:
         os.makedirs(directory, exist_ok=True)
-        temp = f"{directory}/.{name}.{os.getpid()}.tmp"
+        temp = f"{directory}/{temp_name(name)}"
         if metadata:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
         try:
@@ -185,7 +245,7 @@ def list_segments(location: StoreLocation, table: str, *, jobs: Iterable[str] | 
     base = location.join(table)
     location.fs.invalidate_cache()  # object-store listings are cached; a reader must see new segments
     try:
-        found = location.fs.find(base) if location.fs.exists(base) else []
+        found = location.fs.find(base)
     except FileNotFoundError:
         found = []
     segments = []
@@ -207,6 +267,8 @@ def replaced_by(location: StoreLocation, compacted_path: str) -> list[str]:
             metadata = pq.read_schema(handle).metadata or {}
     except FileNotFoundError:
         return []
+    except (OSError, pa.ArrowException, ValueError):
+        return []  # a broken compacted segment replaces nothing: the reader skips it, doctor names it
     raw = metadata.get(REPLACES_KEY, b"")
     return [name for name in raw.decode().split(",") if name]
 

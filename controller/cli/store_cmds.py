@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from attribution.maintenance import compact, retention
 from attribution.store import QueryError, Store
@@ -50,10 +51,15 @@ def open_store(args: argparse.Namespace, **pruning: object) -> Store:
 def cmd_tables(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         rows = [
-            {"table": s.table, "rows": s.rows, "segments": s.segments, "first_ts": s.ts_min, "last_ts": s.ts_max}
+            {"table": s.table, "rows": s.rows, "segments": s.segments, "first_ts": s.ts_min, "last_ts": s.ts_max,
+             "bad_segments": s.bad_segments}
             for s in store.summary()
         ]
     emit(rows, args.fmt, title=f"store {args.store}")
+    bad = sum(row["bad_segments"] for row in rows)
+    if bad:
+        print(f"faultlens tables: warning: {bad} unreadable segment(s) skipped; `faultlens doctor --store "
+              f"{args.store}` lists them, --quarantine sets them aside", file=sys.stderr)
     return 0
 
 
