@@ -139,6 +139,9 @@ class ParallelCoords:
 
 @dataclass
 class TimerStats:
+    """What the timer did. Every completed step is written or counted: once close() has returned,
+    steps == rows_written + dropped; dropped is the sum of the dropped_* counts and lost_at_close."""
+
     steps: int = 0
     rows_written: int = 0
     dropped: int = 0
@@ -147,6 +150,11 @@ class TimerStats:
     sections_outside_step: int = 0
     unknown_phases: int = 0
     last_error: str | None = None
+    dropped_queue_full: int = 0  # the oldest queued rows pushed out by new ones while the store was slow
+    dropped_refused: int = 0  # rows the sink refused (never buffered)
+    dropped_no_store: int = 0  # rows of a timer without a store
+    lost_at_close: int = 0  # rows still queued or in the sink's buffer when close() gave up (store slow or failing)
+    ranks_dropped: int = 0  # ranks rows (one per start) not written
 
 
 class _Step:
@@ -278,6 +286,13 @@ class StepTimer:
         self._writer: threading.Thread | None = None
         self._write_lock = threading.Lock()
         self._closed = False
+        self._account = threading.Lock()  # the writer's and close()'s bookkeeping of rows taken from the queue
+        self._handed = 0  # step rows taken from the queue, not yet confirmed written (or counted as dropped)
+        self._gave_up = False  # close() counted the handed rows as lost; a later confirmation takes them back
+        self._late = 0  # of those, rows the writer had handed to the sink (it may still write them)
+        self._drops_reported = 0
+        self._drops_logged_at: float | None = None
+        self.drop_log_interval_s = 30.0  # at most one "rows not written" warning per this many seconds
         if start:
             self.start()
 
@@ -346,8 +361,14 @@ class StepTimer:
                 row["_cuda"] = self._cuda_pairs
                 self._cuda_pairs = []
             queue = self._queue
+            if self._closed:  # after close() nothing writes the queue any more
+                self.stats.steps += 1
+                self.stats.dropped += 1
+                self.stats.lost_at_close += 1
+                return
             if len(queue) == self.max_buffered_rows:
                 self.stats.dropped += 1
+                self.stats.dropped_queue_full += 1
             queue.append(row)
             self.stats.steps += 1
         except Exception as exc:
@@ -381,7 +402,8 @@ class StepTimer:
             self._write_lock.release()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the writer after a last flush (bounded by timeout_s when the store hangs)."""
+        """Stop the writer after a last flush (bounded by timeout_s when the store hangs). Rows it could not
+        write by then (still queued, or in the sink's buffer) are counted in stats.lost_at_close and logged."""
         if self._closed:
             return
         self._closed = True
@@ -390,6 +412,25 @@ class StepTimer:
         writer = self._writer
         if writer is not None and writer is not threading.current_thread():
             writer.join(timeout_s)
+        try:
+            self._count_unwritten_at_close()
+        except Exception as exc:  # never raise into training (close runs at exit too)
+            self._error("close", exc)
+
+    def _count_unwritten_at_close(self) -> None:
+        with self._account:
+            queued = len(self._queue)
+            self._queue.clear()
+            lost = queued + self._handed
+            self._late = self._handed  # the stuck writer may still get these into the store
+            self._handed = 0
+            self._gave_up = True
+            ranks = len(self._pending_ranks)
+            self._pending_ranks.clear()
+            self.stats.lost_at_close += lost
+            self.stats.dropped += lost
+            self.stats.ranks_dropped += ranks
+        self._report_drops(force=True)
 
     def __enter__(self) -> StepTimer:
         return self
@@ -409,19 +450,42 @@ class StepTimer:
             stopping = self._stopped.is_set()
             with self._write_lock:
                 self._drain()
+            with contextlib.suppress(Exception):
+                self._report_drops()
             if stopping:
                 return
+
+    def _report_drops(self, force: bool = False) -> None:
+        """One warning for the rows not written since the last one, at most every drop_log_interval_s."""
+        stats = self.stats
+        new = stats.dropped - self._drops_reported
+        if new <= 0 and not (force and stats.ranks_dropped):
+            return
+        now = time.monotonic()
+        if not force and self._drops_logged_at is not None and now - self._drops_logged_at < self.drop_log_interval_s:
+            return
+        log.warning("step_timer: %d step row(s) not written since the last report (%d of %d in all: %d pushed out "
+                    "of the full queue, %d refused by the store, %d without a store, %d left at close)%s", new,
+                    stats.dropped, stats.steps, stats.dropped_queue_full, stats.dropped_refused,
+                    stats.dropped_no_store, stats.lost_at_close,
+                    f"; {stats.ranks_dropped} ranks row(s) not written" if stats.ranks_dropped else "")
+        self._drops_reported = stats.dropped
+        self._drops_logged_at = now
 
     def _drain(self) -> bool:
         """Move queued rows into the sink and flush it. Bounded: rows stay queued (oldest dropped) while the
         sink still holds a failed batch of max_buffered_rows."""
         sink = self.sink
         if sink is None:
-            dropped = len(self._queue) + len(self._pending_ranks)
-            self._queue.clear()
-            self._pending_ranks.clear()
-            self.stats.dropped += dropped
-            return dropped == 0
+            with self._account:
+                dropped = len(self._queue)
+                ranks = len(self._pending_ranks)
+                self._queue.clear()
+                self._pending_ranks.clear()
+                self.stats.dropped += dropped
+                self.stats.dropped_no_store += dropped
+                self.stats.ranks_dropped += ranks
+            return dropped + ranks == 0
         try:
             if self._pending_ranks:
                 sink.write("ranks", list(self._pending_ranks))
@@ -429,14 +493,16 @@ class StepTimer:
             if sink.pending_rows("steps") < self.max_buffered_rows:
                 rows = self._take_rows()
                 if rows:
+                    before = _pending(sink)
                     try:
                         sink.write("steps", rows)
                     except Exception:
-                        self.stats.dropped += len(rows)  # refused before buffering: these rows are gone
-                        raise
-            flushed = sink.flush()
-            self.stats.rows_written += sum(getattr(result, "rows", 0) for result in flushed or ()
-                                           if getattr(result, "table", None) == "steps")
+                        after = _pending(sink)
+                        if before is None or after is None or after - before < len(rows):
+                            self._forget(len(rows), refused=True)  # refused before buffering: these rows are gone
+                        raise  # (else the sink kept them buffered: a later flush writes them)
+            sink.flush()
+            self._confirm()
             return True
         except Exception as exc:
             self.stats.write_failures += 1
@@ -446,22 +512,55 @@ class StepTimer:
     def _take_rows(self) -> list[dict[str, Any]]:
         rows = []
         queue = self._queue
-        while queue:
-            try:
-                row = queue.popleft()
-            except IndexError:
-                break
+        with self._account:  # taken rows are counted as handed at once, so close() never misses them
+            while queue:
+                try:
+                    rows.append(queue.popleft())
+                except IndexError:
+                    break
+            self._handed += len(rows)
+        for row in rows:
             pairs = row.pop("_cuda", None)
             if pairs:
                 row["sections"] = {**row["sections"], **_resolve_cuda(pairs, self)}
-            rows.append(row)
         return rows
+
+    def _forget(self, count: int, *, refused: bool) -> None:
+        """`count` handed rows are gone (the sink refused them)."""
+        with self._account:
+            if self._gave_up:  # close() has counted them as lost already
+                self._late = max(0, self._late - count)
+                return
+            self._handed -= count
+            self.stats.dropped += count
+            if refused:
+                self.stats.dropped_refused += count
+
+    def _confirm(self) -> None:
+        """The sink flushed: every handed row is written."""
+        with self._account:
+            if self._gave_up:  # close() counted the handed rows as lost; they made it after all
+                late = min(self._late, self.stats.lost_at_close)
+                self.stats.lost_at_close -= late
+                self.stats.dropped -= late
+                self.stats.rows_written += late
+                self._late = 0
+                return
+            self.stats.rows_written += self._handed
+            self._handed = 0
 
     def _error(self, what: str, exc: BaseException) -> None:
         self.stats.errors += 1
         self.stats.last_error = f"{what}: {type(exc).__name__}: {exc}"
         if self.stats.errors <= 10 or self.stats.errors % 1000 == 0:
             log.warning("step_timer: %s (%d errors so far)", self.stats.last_error, self.stats.errors)
+
+
+def _pending(sink: Any) -> int | None:
+    try:
+        return int(sink.pending_rows("steps"))
+    except Exception:
+        return None
 
 
 def _resolve_cuda(pairs: list[tuple[str, Any, Any]], timer: StepTimer) -> dict[str, float]:
