@@ -1,18 +1,25 @@
 """HTTP webhook hook: POST the decision JSON, signed with HMAC-SHA256.
 
 Headers: `X-Faultlens-Signature: sha256=<hex HMAC-SHA256 of the body with the shared secret>`,
-`X-Faultlens-Decision-Id` (a receiver recognises a duplicate delivery by it: deliveries are at-least-once),
-`X-Faultlens-Delivery-Attempt`, `Content-Type: application/json`. 2xx is delivered; 408, 425, 429 and 5xx or a
+`X-Faultlens-Timestamp: <unix seconds when sent>` and `X-Faultlens-Signature-V2: sha256=<hex HMAC-SHA256 of
+"<timestamp>." + body>` (a receiver refuses a signed timestamp outside its window, so a captured request cannot be
+replayed later), `X-Faultlens-Decision-Id` (a receiver recognises a duplicate delivery by it: deliveries are
+at-least-once), `X-Faultlens-Delivery-Attempt` (1, 2, ... for each decision, counted per decision by this hook
+object), `Content-Type: application/json`. 2xx is delivered; 408, 425, 429 and 5xx or a
 connection error are retried with backoff; other 4xx are permanent for this pass.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import os
+import threading
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 from attribution.decision import Decision
 from controller.hooks.base import HookError, PermanentHookError, RetryPolicy
@@ -20,7 +27,11 @@ from controller.hooks.base import HookError, PermanentHookError, RetryPolicy
 SIGNATURE_HEADER = "X-Faultlens-Signature"
 DECISION_ID_HEADER = "X-Faultlens-Decision-Id"
 ATTEMPT_HEADER = "X-Faultlens-Delivery-Attempt"
+TIMESTAMP_HEADER = "X-Faultlens-Timestamp"
+SIGNATURE_V2_HEADER = "X-Faultlens-Signature-V2"
 RETRYABLE_STATUS = {408, 425, 429}
+DEFAULT_WINDOW_S = 300.0  # how far a signed timestamp may be from the receiver's clock
+_ATTEMPTS_REMEMBERED = 10_000  # decisions whose attempt count a hook object keeps (oldest forgotten first)
 
 
 def sign(secret: bytes | str, body: bytes) -> str:
@@ -29,16 +40,44 @@ def sign(secret: bytes | str, body: bytes) -> str:
 
 
 def verify_signature(secret: bytes | str, body: bytes, header: str | None) -> bool:
-    """For receivers: does `header` (X-Faultlens-Signature) sign `body` with `secret`? Constant-time compare."""
-    if not header:
+    """For receivers: does `header` (X-Faultlens-Signature) sign `body` with `secret`? Constant-time compare.
+    A header that is not ASCII is simply not a signature (never an exception)."""
+    if not header or not isinstance(header, str) or not header.isascii():
         return False
-    return hmac.compare_digest(sign(secret, body), header.strip())
+    return hmac.compare_digest(sign(secret, body).encode(), header.strip().encode())
+
+
+def sign_timestamped(secret: bytes | str, timestamp: int, body: bytes) -> str:
+    """X-Faultlens-Signature-V2: HMAC-SHA256 of `<timestamp>.` + body."""
+    key = secret.encode() if isinstance(secret, str) else secret
+    return "sha256=" + hmac.new(key, str(int(timestamp)).encode() + b"." + body, hashlib.sha256).hexdigest()
+
+
+def verify_timestamped(secret: bytes | str, body: bytes, timestamp: str | None, signature: str | None, *,
+                       now: float | None = None, window_s: float = DEFAULT_WINDOW_S) -> str | None:
+    """For receivers: None when X-Faultlens-Signature-V2 signs `<timestamp>.body` and the timestamp is within
+    `window_s` of `now`; else the reason to refuse (one line). Never raises on hostile headers."""
+    if not timestamp or not signature:
+        return "missing signed timestamp"
+    if not (isinstance(timestamp, str) and timestamp.isascii() and timestamp.strip().isdigit()
+            and len(timestamp.strip()) <= 12):
+        return "timestamp is not unix seconds"
+    if not isinstance(signature, str) or not signature.isascii():
+        return "bad signature"
+    value = int(timestamp.strip())
+    expected = sign_timestamped(secret, value, body)
+    if not hmac.compare_digest(expected.encode(), signature.strip().encode()):
+        return "bad signature"
+    skew = abs((time.time() if now is None else now) - value)
+    if skew > window_s:
+        return f"timestamp outside the {window_s:g} s window (off by {skew:.0f} s): a replay or a wrong clock"
+    return None
 
 
 class WebhookHook:
     def __init__(self, url: str, *, secret: str | bytes | None = None, secret_env: str | None = None,
                  name: str = "webhook", timeout_s: float = 10.0, headers: dict[str, str] | None = None,
-                 retry: RetryPolicy | None = None) -> None:
+                 retry: RetryPolicy | None = None, clock: Callable[[], float] = time.time) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"webhook {name}: url {url!r}: expected http:// or https://")
         if secret is None and secret_env:
@@ -53,18 +92,38 @@ class WebhookHook:
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
         self.retry = retry
-        self.attempts = 0
+        self.attempts = 0  # deliveries made by this hook object, all decisions together
+        self._clock = clock
+        self._per_decision: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def attempt_of(self, decision_id: str) -> int:
+        """How many deliveries of this decision this hook object has made."""
+        with self._lock:
+            return self._per_decision.get(decision_id, 0)
+
+    def _next_attempt(self, decision_id: str) -> int:
+        with self._lock:
+            self.attempts += 1
+            attempt = self._per_decision.pop(decision_id, 0) + 1
+            self._per_decision[decision_id] = attempt
+            while len(self._per_decision) > _ATTEMPTS_REMEMBERED:
+                self._per_decision.popitem(last=False)
+            return attempt
 
     def deliver(self, decision: Decision, document: str) -> None:
         body = document.encode()
-        self.attempts += 1
+        attempt = self._next_attempt(decision.decision_id)
+        timestamp = int(self._clock())
         headers = {
             **self.headers,
             "Content-Type": "application/json",
             "User-Agent": "faultlens-webhook/1",
             SIGNATURE_HEADER: sign(self.secret, body),
+            TIMESTAMP_HEADER: str(timestamp),
+            SIGNATURE_V2_HEADER: sign_timestamped(self.secret, timestamp, body),
             DECISION_ID_HEADER: decision.decision_id,
-            ATTEMPT_HEADER: str(self.attempts),
+            ATTEMPT_HEADER: str(attempt),
         }
         request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
         try:
