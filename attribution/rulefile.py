@@ -10,6 +10,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from collectors.yaml_guard import read_yaml_text, safe_load_text
+
 
 class RuleFileError(ValueError):
     """A rules or config file is unreadable or does not fit its schema: `<file>: <key>: <expectation>`."""
@@ -35,17 +37,19 @@ def load_yaml_file(path: str | Path, schema: Mapping[str, Any], *, versions: tup
     """Read `path` as YAML, check `format_version` is one of `versions`, validate against `schema`."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_yaml_text(path)
     except OSError as exc:
         raise RuleFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise RuleFileError(f"{path}: not UTF-8 text: {exc}") from None
+        raise RuleFileError(f"{path}: not UTF-8 text: {exc.reason} (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise RuleFileError(f"{path}: {exc}") from None
     return load_yaml_text(text, schema, source=str(path), versions=versions)
 
 
 def load_yaml_text(text: str, schema: Mapping[str, Any], *, source: str, versions: tuple[int, ...] = (1,)) -> dict:
     try:
-        document = yaml.safe_load(text)
+        document = safe_load_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""

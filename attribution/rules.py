@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from attribution.incident import Cause
+from collectors.yaml_guard import load_yaml_path, read_yaml_text, safe_load_text
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 CRASH_RULES_PATH = RULES_DIR / "crash.yaml"
@@ -231,11 +232,15 @@ def load_rules_file(path: str | Path, model: type[_M]) -> _M:
     """Read YAML at `path` and validate it against `model`; RulesError names the file, key and expectation."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_yaml_text(path)
     except OSError as exc:
         raise RulesError(f"{path}: cannot read rule file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RulesError(f"{path}: not UTF-8 text: {exc.reason} (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise RulesError(f"{path}: {exc}") from None
     try:
-        document = yaml.safe_load(text)
+        document = safe_load_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -276,8 +281,8 @@ def _with_base(path: Path, document: dict[str, Any], depth: int = 0) -> dict[str
         raise RulesError(f"{path}: extends: expected the name of one rule file, got {base_name!r}")
     base_path = path.parent / base_name
     try:
-        base = yaml.safe_load(base_path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        base = load_yaml_path(base_path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise RulesError(f"{path}: extends: cannot read {base_path}: {exc}") from None
     if not isinstance(base, dict):
         raise RulesError(f"{base_path}: <top level>: expected a mapping, got {type(base).__name__}")

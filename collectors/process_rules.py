@@ -16,6 +16,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from collectors.yaml_guard import YamlLimitError, load_yaml_path
+
 DEFAULT_RULES_PATH = Path(__file__).resolve().parents[1] / "rules" / "process_errors.yaml"
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
@@ -109,12 +111,18 @@ def load_process_rules(path: str | Path | None = None) -> ProcessRules:
 @lru_cache(maxsize=8)
 def _load(path: str) -> ProcessRules:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
+        data = load_yaml_path(path)
     except OSError as exc:
         raise ProcessRulesError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ProcessRulesError(f"{path}: not UTF-8 text: {exc.reason} (byte {exc.start})") from None
+    except YamlLimitError as exc:
+        raise ProcessRulesError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ProcessRulesError(f"{path}: not valid YAML: {exc}") from None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ProcessRulesError(f"{path}{where}: not valid YAML: {problem}") from None
     try:
         parsed = _RulesFile.model_validate(data)
     except ValidationError as exc:

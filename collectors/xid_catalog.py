@@ -4,6 +4,7 @@ what was expected. attribution may import this module (the catalog is a contract
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -13,7 +14,10 @@ from typing import Any
 import jsonschema
 import yaml
 
+from collectors.yaml_guard import read_yaml_text, safe_load_text
+
 DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
+XID_CATALOG_ENV = "FAULTLENS_XID_CATALOG"  # a user's copy of rules/xid.yaml replaces the shipped one
 FORMAT_VERSION = 1
 
 
@@ -157,16 +161,21 @@ def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
 
 
 def load_xid_catalog(path: str | Path | None = None) -> XidCatalog:
-    """Load and validate the catalog (default: <repo>/rules/xid.yaml). Raises XidCatalogError."""
+    """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else <repo>/rules/xid.yaml.
+    Raises XidCatalogError."""
+    if path is None and os.environ.get(XID_CATALOG_ENV):
+        path = os.environ[XID_CATALOG_ENV]
     file = Path(path) if path is not None else DEFAULT_XID_PATH
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_yaml_text(file)
     except OSError as exc:
         raise XidCatalogError(f"{file}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise XidCatalogError(f"{file}: not UTF-8 text: {exc.reason}") from None
+    except yaml.YAMLError as exc:
+        raise XidCatalogError(f"{file}: {exc}") from None
     try:
-        document = yaml.safe_load(text)
+        document = safe_load_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""

@@ -26,6 +26,7 @@ from attribution.rules import RulesError, load_crash_rules, load_thresholds
 from attribution.store import QueryError, Store
 from collectors.layout import StoreError
 from collectors.sink import SegmentSink
+from collectors.xid_catalog import load_xid_catalog
 from controller.cli.common import CliError, add_format_args, add_store_arg, emit
 
 INCIDENT_COLUMNS = ("detected_ts", "incident_id", "job_id", "attempt", "class", "cause", "culprit_nodes",
@@ -45,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--dry-run", action="store_true", help="batch: show incidents, write nothing")
     run.add_argument("--rules", type=Path, help="crash rules file (default rules/crash.yaml)")
     run.add_argument("--thresholds", type=Path, help="thresholds file (default rules/thresholds.yaml)")
+    run.add_argument("--xid-catalog", type=Path, help="XID catalog (default $FAULTLENS_XID_CATALOG, else "
+                                                      "rules/xid.yaml)")
     run.add_argument("--fr-dump-dir", type=Path,
                      help="--follow: where the job's ranks write flight-recorder dumps (FAULTLENS_FR_DIR)")
     run.add_argument("--fr-trigger", type=Path,
@@ -75,7 +78,8 @@ def _engine(args: argparse.Namespace, store_url: str | None = None) -> Engine:
         requester = DumpRequester(store_url or args.store, args.fr_dump_dir, trigger=args.fr_trigger,
                                   use_signal=args.fr_signal, wait_s=args.fr_wait)
     try:
-        return Engine(crash_rules=crash_rules, thresholds=thresholds, dump_requester=requester)
+        catalog = load_xid_catalog(args.xid_catalog) if getattr(args, "xid_catalog", None) else None
+        return Engine(crash_rules=crash_rules, thresholds=thresholds, dump_requester=requester, catalog=catalog)
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot load the XID catalog: {exc}") from None
 
