@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 import urllib.error
 import urllib.request
@@ -36,6 +37,9 @@ log = logging.getLogger("faultlens.collectors.dcgm")
 
 DCGM_BLANK_MIN = 9223372036854775792  # DCGM_INT64_BLANK and the NOT_FOUND / NOT_SUPPORTED / ... sentinels above it
 MIB = 1024 * 1024
+MAX_SCRAPE_CHARS = 64 * MIB  # what fetch_scrape reads of a response; a real scrape is ~100 KB per node
+MAX_LINE_CHARS = 4096  # a dcgm-exporter line is a few hundred characters (labels included)
+_WHITESPACE_RUN = re.compile(r"\s+")
 
 # metric name (without the DCGM_FI_DEV_ prefix) -> (gpu_samples column, scale)
 SAMPLE_METRICS: dict[str, tuple[str, float]] = {
@@ -180,6 +184,8 @@ class DcgmParser:
         self._last_xid: dict[tuple[str | None, str | None], tuple[Any, ...]] = {}
         self._xid_counts: dict[tuple[Any, ...], float] = {}
         self._health: dict[tuple[Any, ...], float] = {}
+        self._lines: list[str] | None = None  # the scrape's lines, split only when a bad sample needs its number
+        self._cursor = 0
 
     def _bad(self, line_no: int, reason: str) -> None:
         self.stats.bad_lines += 1
@@ -187,8 +193,24 @@ class DcgmParser:
             self.stats.bad_examples.append((line_no, reason))
 
     def _samples(self, text: str) -> list[_Sample]:
-        lines = text.splitlines()
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
         self.stats.lines += len(lines)
+        # prometheus_client's text parser is quadratic in the whitespace-separated tokens of a line: a 30 KB comment
+        # line of tabs takes seconds. Lines longer than a real exporter writes are bad lines; comment lines keep one
+        # space between words. Everything after this is linear in the scrape.
+        cleaned = False
+        for index, line in enumerate(lines):
+            if len(line) > MAX_LINE_CHARS:
+                self._bad(index + 1, f"line longer than {MAX_LINE_CHARS} characters")
+                lines[index] = ""
+                cleaned = True
+            elif line.startswith("#") and ("  " in line or "\t" in line):
+                lines[index] = _WHITESPACE_RUN.sub(" ", line)
+                cleaned = True
+        if cleaned:
+            text = "\n".join(lines) + "\n"
         try:
             return [_Sample(s.name, s.labels, s.value, s.timestamp)
                     for family in text_string_to_metric_families(text) for s in family.samples]
@@ -217,9 +239,17 @@ class DcgmParser:
             return [], []
 
     def _line_of(self, text: str, sample: _Sample) -> int:
-        """The line number of a sample (looked up only for bad ones): the first line with its name and labels."""
+        """The line number of a sample (looked up only for bad ones): the next line, from where the last lookup
+        stopped (samples come in text order, so all lookups of a scrape together read it about once), that holds
+        its name, labels and value."""
+        if self._lines is None:
+            self._lines = text.splitlines()
+        lines = self._lines
         values = [f'"{value}"' for value in sample.labels.values()]
-        for number, line in enumerate(text.splitlines(), start=1):
+        order = list(range(self._cursor, len(lines))) + list(range(0, min(self._cursor, len(lines))))
+        for index in order:
+            line = lines[index]
+            number = index + 1
             if not (line.startswith(sample.name) and all(value in line for value in values)):
                 continue
             try:
@@ -229,6 +259,7 @@ class DcgmParser:
             same = [s for s in parsed if s.labels == sample.labels and s.timestamp == sample.timestamp
                     and (s.value == sample.value or (s.value != s.value and sample.value != sample.value))]
             if same:
+                self._cursor = index + 1
                 return number
         return 0
 
@@ -237,6 +268,11 @@ class DcgmParser:
         if not isinstance(text, str):
             raise TypeError(f"expected the scrape's text, got {type(text).__name__}")
         self.stats.scrapes += 1
+        self._lines = None
+        self._cursor = 0
+        if len(text) > MAX_SCRAPE_CHARS:
+            self._bad(0, f"scrape larger than {MAX_SCRAPE_CHARS // MIB} MiB: not read")
+            return [], []
         now_ns = ts_ns if ts_ns is not None else time.time_ns()
         now_mono = monotonic if monotonic is not None else time.monotonic()
         try:
@@ -295,6 +331,12 @@ class DcgmParser:
     def _one(self, sample: _Sample, gpus: dict[Any, dict[str, Any]], events: list[dict[str, Any]],
              identity: NodeIdentity, now_ns: int, host_from_labels: bool) -> None:
         labels = sample.labels
+        for name, value in labels.items():
+            if not (name + value).isascii():
+                try:
+                    (name + value).encode("utf-8")
+                except UnicodeEncodeError:
+                    raise _BadValue(f"label {name[:40]!r} is not valid text") from None
         ts = now_ns
         if sample.timestamp:
             stamp = float(sample.timestamp) * 1e9
@@ -404,7 +446,7 @@ def fetch_scrape(location: str, *, timeout_s: float = 5.0) -> str:
     if location.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(location, timeout=timeout_s) as response:
-                body = response.read(64 * 1024 * 1024)
+                body = response.read(MAX_SCRAPE_CHARS)
                 charset = response.headers.get_content_charset() or "utf-8"
         except urllib.error.HTTPError as exc:
             raise DcgmFetchError(f"dcgm {location}: HTTP {exc.code} {exc.reason}") from None
@@ -417,11 +459,14 @@ def fetch_scrape(location: str, *, timeout_s: float = 5.0) -> str:
             raise DcgmFetchError(f"dcgm {location}: the response is not {charset} text") from None
     file = Path(location)
     try:
-        data = file.read_bytes()
+        with file.open("rb") as handle:
+            data = handle.read(MAX_SCRAPE_CHARS + 1)
     except IsADirectoryError:
         raise DcgmFetchError(f"dcgm {file}: is a directory, expected a scrape file") from None
     except OSError as exc:
         raise DcgmFetchError(f"dcgm {file}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > MAX_SCRAPE_CHARS:
+        raise DcgmFetchError(f"dcgm {file}: larger than {MAX_SCRAPE_CHARS // MIB} MiB, not a scrape")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

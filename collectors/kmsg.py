@@ -318,6 +318,8 @@ class KernelLogParser:
                 return []
             kind = "recovery_action"
             derived_code = int(recovery.group("to"), 0)
+            if derived_code > _MAX_PID:  # an int32 column; the driver's actions are 0..4
+                raise _BadLine(f"recovery action out of range: {recovery.group('to')}")
         if kind is None:
             return []
         return [replace(event, kind=kind, code=derived_code, message=f"Xid {code}: {text}")]
