@@ -70,7 +70,7 @@ def test_queue_overflow_with_a_slow_sink_is_logged_and_counted(store_dir, caplog
 def test_close_that_gives_up_counts_rows_in_the_queue_and_the_sink_buffer(store_dir, caplog, rows):
     gate = threading.Event()
     sink = SlowSink(store_dir, gate=gate)
-    timer = StepTimer(sink, identity=IDENTITY, max_buffered_rows=4096, flush_interval_s=0.001)
+    timer = StepTimer(sink, identity=IDENTITY, max_buffered_rows=10_000, flush_interval_s=0.001)
     _run(timer, rows)
     time.sleep(0.05)  # the writer takes some rows and hangs in the store
     _run_more = rows // 2
