@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,15 +107,19 @@ class Store:
 
     def _usable(self, table: str, segments: list[str]) -> list[str]:
         """The listed segments without those that cannot be read as `table` (checked once per segment)."""
+        stamps = {path: self._stamp(path) for path in segments}
+        todo = [path for path in segments
+                if (cached := self._checked.get((table, path))) is None or cached[0] != stamps[path]]
+        if len(todo) > 8:  # footers of many new segments (object stores: one request each): read them in parallel
+            with ThreadPoolExecutor(max_workers=16 if not self.location.is_local else 4) as pool:
+                reasons = list(pool.map(lambda path: check_segment(self.location, table, path), todo))
+        else:
+            reasons = [check_segment(self.location, table, path) for path in todo]
+        for path, reason in zip(todo, reasons, strict=True):
+            self._checked[(table, path)] = (stamps[path], reason)
         usable = []
         for path in segments:
-            stamp = self._stamp(path)
-            cached = self._checked.get((table, path))
-            if cached is not None and cached[0] == stamp:
-                reason = cached[1]
-            else:
-                reason = check_segment(self.location, table, path)
-                self._checked[(table, path)] = (stamp, reason)
+            reason = self._checked[(table, path)][1]
             if reason is None:
                 self._bad.pop(path, None)
                 usable.append(path)
