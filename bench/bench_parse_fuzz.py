@@ -18,6 +18,7 @@ import argparse
 import json
 import random
 import re
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -238,6 +239,10 @@ def _measure(inputs: Iterator[Any], run: Callable[[Any], tuple[int, int]],
         slowest.append((elapsed_ms, size, item))
         if size >= 1024:
             slowest_per_kb.append((elapsed_ms / (size / 1024), size, item))
+        if count % 10_000 == 0:  # progress (stderr): what a run cut short has shown so far
+            print(json.dumps({"progress": count, "crashes": crashes, "rows_refused_by_batch": refused,
+                              "seconds": round(time.perf_counter() - started, 1),
+                              "peak_rss_mb": round(peak_rss_mb(), 1)}), file=sys.stderr, flush=True)
         if len(slowest) > 200:
             slowest = sorted(slowest, key=lambda entry: entry[0], reverse=True)[:20]
         if len(slowest_per_kb) > 200:
