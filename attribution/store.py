@@ -46,14 +46,17 @@ def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-_USER_ERRORS = tuple(getattr(duckdb, name) for name in ("ParserException", "BinderException", "CatalogException",
-                                                           "SyntaxException", "ConversionException")
+_DATA_ERRORS = tuple(getattr(duckdb, name) for name in ("IOException", "InvalidInputException", "InternalException")
                      if hasattr(duckdb, name))
+_DATA_WORDS = ("parquet", "thrift", "tprotocol", "corrupt", "magic bytes", "snappy", "zstd", "decompress")
 
 
 def _data_error(exc: BaseException, text: str) -> bool:
-    """An error that may come from a segment's bytes (not from the SQL itself)."""
-    return not isinstance(exc, _USER_ERRORS) and not _vanished(exc, text)
+    """An error that may come from a segment's bytes (not from the SQL itself, nor memory or an interrupt)."""
+    if _vanished(exc, text):
+        return False
+    lowered = text.lower()
+    return isinstance(exc, (*_DATA_ERRORS, pa.ArrowException)) or any(word in lowered for word in _DATA_WORDS)
 
 
 def _vanished(exc: BaseException, text: str) -> bool:
