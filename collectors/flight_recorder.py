@@ -666,6 +666,35 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
         raise DumpFileError(path, "empty file (a dump cut short?)")
     if buf.shape[0] > limits.max_file_bytes:
         raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)")
+    dump = _load_buffer(buf, path, max_frames, fast_path, limits)
+    dump.mtime_ns = mtime_ns
+    return dump
+
+
+def load_dump_bytes(data: bytes, name: str = "rank_0.pkl", *, fast_path: bool = False,
+                    max_frames: int = DEFAULT_MAX_FRAMES, limits: DumpLimits | None = None) -> _Dump:
+    """One dump from bytes, as the reader would read a file called `name` (tests and the fuzz bench compare the
+    two pickle paths with it). Raises DumpFileError naming `name`, and nothing else."""
+    limits = limits or default_limits()
+    path = Path(name)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    try:
+        if buf.shape[0] == 0:
+            raise DumpFileError(path, "empty file (a dump cut short?)")
+        if buf.shape[0] > limits.max_file_bytes:
+            raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)")
+        return _load_buffer(buf, path, max_frames, fast_path, limits)
+    except DumpFileError:
+        raise
+    except RecursionError:
+        raise DumpFileError(path, "nested too deep") from None
+    except MemoryError:
+        raise DumpFileError(path, "out of memory while reading it") from None
+    except Exception as exc:
+        raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _load_buffer(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
     size = int(buf.shape[0])
     try:
         if _looks_like_json(buf[:64].tobytes()):
@@ -686,7 +715,6 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
                 dump = _dump_from_object(obj, path, "pickle", max_frames, limits, size)
     except _DumpFormatError as exc:
         raise DumpFileError(path, str(exc)) from None
-    dump.mtime_ns = mtime_ns
     world = limits.max_world_size
     if dump.world_size is not None and not 0 <= dump.world_size <= world:
         raise DumpFileError(path, f"world_size {dump.world_size} is not a job's (limit {world}, "

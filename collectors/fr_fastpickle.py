@@ -632,6 +632,7 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                 _r = run_next[_r]
             darr = scratch_b
             dfirst = 0
+        seen_keys = np.int64(0)
         for j in range(dfirst, dfirst + dcount, 2):
             key_node = darr[j]
             key = cache[key_node] if kind[key_node] == K_STR else -1
@@ -639,6 +640,11 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                 key = _key_of(key_node, buf, kind, ival, ilen, key_bytes, key_offsets, cache)
             if key < 0:
                 continue
+            bit = np.int64(1) << key
+            if seen_keys & bit:  # a key twice in one entry: the reference keeps the last, whole; leave it to it
+                status = UNSUPPORTED
+                break
+            seen_keys |= bit
             value = darr[j + 1]
             vk = kind[value]
             slot = int_slot_of_key[key]
@@ -917,17 +923,21 @@ def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild
             st[i, 0] = echild[j]
             value = echild[j + 1]
             if kind[value] == K_DICT:
+                found = 0
                 q = head[value]
                 while q >= 0:
                     for f in range(run_start[q], run_end[q], 2):
                         k = _key_of(echild[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
                         v = echild[f + 1]
                         if 33 <= k <= 35:
+                            found += 1
                             if kind[v] == K_INT:
                                 st[i, k - 32] = ival[v]
                             else:
                                 ok = False
                     q = run_next[q]
+                if found != 3 or ilen[value] != 6:  # exactly the three keys, else the generic walk (absent != -1)
+                    ok = False
             else:
                 ok = False
             i += 1
