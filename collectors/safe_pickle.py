@@ -47,15 +47,23 @@ class UnsafePickleError(PickleLoadError):
     """The pickle asked for something other than builtin containers and scalars (a global, a call, an object)."""
 
 
-def _make_set(items: Any = ()) -> set:
+_SET_HASH_BUDGET = 1 << 20  # items a set's construction may visit hashing tuples (shared tuples count each time)
+
+
+def _check_items(items: Any, what: str) -> None:
     if not isinstance(items, (list, tuple, set, frozenset)):
-        raise UnsafePickleError(f"set() argument must be a list or tuple, got {type(items).__name__}")
+        raise UnsafePickleError(f"{what}() argument must be a list or tuple, got {type(items).__name__}")
+    if _tuple_weight(list(items), _SET_HASH_BUDGET) > _SET_HASH_BUDGET:  # (a set argument is never deep)
+        raise PickleLoadError(f"{what}() of tuples that would cost more than {_SET_HASH_BUDGET} steps to hash")
+
+
+def _make_set(items: Any = ()) -> set:
+    _check_items(items, "set")
     return set(items)
 
 
 def _make_frozenset(items: Any = ()) -> frozenset:
-    if not isinstance(items, (list, tuple, set, frozenset)):
-        raise UnsafePickleError(f"frozenset() argument must be a list or tuple, got {type(items).__name__}")
+    _check_items(items, "frozenset")
     return frozenset(items)
 
 
@@ -127,7 +135,7 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 # runs of opcodes that need no check (their arguments cannot allocate) are skipped at C speed: fixed-size ones,
 # LONG1 up to 8 bytes, and LONG_BINPUT with an index that the data's size admits (see _fixed_run)
-_FIXED_BODY = (rb"[()012NR\]adelstu}\x85-\x89\x8f-\x91\x94]|[Khq].|M..|[Jj]....|G.{8}|\x8a(?:"
+_FIXED_BODY = (rb"[(012NR\]adelsu}\x88\x89\x8f-\x91\x94]|[Khq].|M..|[Jj]....|G.{8}|\x8a(?:"
                + b"|".join(re.escape(bytes([k])) + b"." * k for k in range(9)) + b")")
 _FIXED_RUNS = [
     (1 << 24, re.compile(b"(?:" + _FIXED_BODY + rb"|r...\x00)*", re.DOTALL)),
@@ -168,6 +176,7 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
     pos = 0
     skip = _fixed_run(n)
     walk = False
+    tuples = 0
     max_string = limits.max_string_bytes
     max_int = limits.max_int_bytes
     while True:
@@ -176,8 +185,14 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
             raise PickleLoadError("truncated (ran out of input)")
         op = data[pos]
         if op == 0x2E:  # STOP: the unpickler reads nothing after it
+            if tuples:
+                _check_hashing(data, pos, limits)
             return walk
         arg = pos + 1
+        if op in _TUPLE_OPS:
+            tuples += 1
+            pos = arg
+            continue
         sized = _SIZED_OPS.get(op)
         if sized is not None:
             width, signed, what = sized
@@ -256,6 +271,155 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
             raise PickleLoadError("truncated (ran out of input)")
         else:
             raise PickleLoadError(f"invalid opcode 0x{op:02x} at offset {pos}")
+
+
+_TUPLE_OPS = frozenset(b")t\x85\x86\x87")  # EMPTY_TUPLE, TUPLE, TUPLE1-3
+# ints, floats, None, bools, EMPTY_LIST / DICT / SET: opcode -> its size with the argument
+_SIMPLE_PUSH = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, ord("N"): 1, 0x88: 1, 0x89: 1, ord("]"): 1,
+                ord("}"): 1, 0x8F: 1}
+_ARG_WIDTH = {**{op: 1 for op in b"Khq\x80"}, **{op: 2 for op in b"M"}, **{op: 4 for op in b"Jjr"},
+              **{op: 8 for op in b"G\x95"}}
+
+
+def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
+    """A tuple's hash is not cached and visits every item, so a few shared tuples used as dict keys or set items
+    ("billion laughs" of tuples) would make the C unpickler hash for hours inside one opcode. This second pass
+    (only for pickles with tuples: their weights are tracked through the stack and the memo) bounds what the
+    keys and set items of the pickle cost to hash: refused beyond limits.element_budget(size). The first pass
+    has checked every length, so arguments can be skipped without checks."""
+    budget = limits.element_budget(len(data))
+    stack: list[int] = []  # per stack item: its weight if it is a tuple (items a hash visits), else 0
+    push = stack.append
+    marks: list[int] = []
+    memo: dict[int, int] = {}
+    hashed = 0
+    pos = 0
+    simple = _SIMPLE_PUSH
+    while pos < end:
+        op = data[pos]
+        width = simple.get(op)
+        if width is not None:  # a value that is not a tuple, with a fixed-size argument
+            push(0)
+            pos += width
+            continue
+        if op == 0x68:  # BINGET
+            push(memo.get(data[pos + 1], 0))
+            pos += 2
+        elif op == 0x71:  # BINPUT
+            if stack:
+                memo[data[pos + 1]] = stack[-1]
+            pos += 2
+        elif op == 0x72 or op == 0x6A:  # LONG_BINPUT, LONG_BINGET
+            index = int.from_bytes(data[pos + 1:pos + 5], "little")
+            if op == 0x72:
+                if stack:
+                    memo[index] = stack[-1]
+            else:
+                push(memo.get(index, 0))
+            pos += 5
+        elif op == 0x28:  # MARK
+            marks.append(len(stack))
+            pos += 1
+        elif op == 0x58 or op == 0x42 or op == 0x54:  # BINUNICODE, BINBYTES, BINSTRING
+            push(0)
+            pos += 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+        elif op == 0x8C or op == 0x43 or op == 0x55 or op == 0x8A:  # short strings / bytes, LONG1
+            push(0)
+            pos += 2 + data[pos + 1]
+        elif op == 0x8D or op == 0x8E or op == 0x96:  # 8-byte lengths
+            push(0)
+            pos += 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
+        elif op == 0x8B:  # LONG4
+            push(0)
+            pos += 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+        elif op == 0x29:  # EMPTY_TUPLE
+            push(1)
+            pos += 1
+        elif op == 0x85 or op == 0x86 or op == 0x87 or op == 0x74:  # TUPLE1-3, TUPLE
+            start = len(stack) - (op - 0x84) if op != 0x74 else (marks.pop() if marks else 0)
+            start = max(start, 0)
+            weight = 1 + sum(stack[start:])
+            del stack[start:]
+            push(weight)
+            pos += 1
+        elif op == 0x61:  # APPEND
+            del stack[-1:]
+            pos += 1
+        elif op == 0x65 or op == 0x31:  # APPENDS, POP_MARK
+            del stack[marks.pop() if marks else 0:]
+            pos += 1
+        elif op == 0x6C:  # LIST
+            del stack[marks.pop() if marks else 0:]
+            push(0)
+            pos += 1
+        elif op == 0x73:  # SETITEM: the key is hashed
+            if len(stack) >= 2:
+                hashed += stack[-2]
+            del stack[-2:]
+            pos += 1
+            if hashed > budget:
+                break
+        elif op == 0x75 or op == 0x64 or op == 0x90 or op == 0x91:  # SETITEMS, DICT, ADDITEMS, FROZENSET
+            start = marks.pop() if marks else 0
+            items = stack[start:]
+            hashed += sum(items[::2]) if op in (0x75, 0x64) else sum(items)
+            del stack[start:]
+            if op == 0x64 or op == 0x91:
+                push(0)
+            pos += 1
+            if hashed > budget:
+                break
+        elif op == 0x94:  # MEMOIZE
+            if stack:
+                memo[len(memo)] = stack[-1]
+            pos += 1
+        elif op == 0x32:  # DUP
+            push(stack[-1] if stack else 0)
+            pos += 1
+        elif op == 0x30:  # POP (of the MARK itself when nothing is above it, as the C unpickler does)
+            if marks and marks[-1] == len(stack):
+                marks.pop()
+            else:
+                del stack[-1:]
+            pos += 1
+        elif op == 0x52:  # REDUCE (an admitted helper: it bounds its own argument)
+            del stack[-2:]
+            push(0)
+            pos += 1
+        elif op == 0x80 or op == 0x95:  # PROTO, FRAME
+            pos += 1 + _ARG_WIDTH[op]
+        elif op == 0x63:  # GLOBAL
+            pos = data.index(b"\n", data.index(b"\n", pos + 1) + 1) + 1
+            push(0)
+        elif op in _TEXT_OPS:  # text arguments: a value, or a memo index
+            stop = data.index(b"\n", pos + 1)
+            if op == 0x70:  # PUT
+                if stack:
+                    memo[int(data[pos + 1:stop])] = stack[-1]
+            elif op == 0x67:  # GET
+                push(memo.get(int(data[pos + 1:stop]), 0))
+            else:
+                push(0)
+            pos = stop + 1
+        else:
+            raise PickleLoadError(f"invalid opcode 0x{op:02x} at offset {pos}")
+    if hashed > budget:
+        raise PickleLoadError(f"tuples used as keys or set items would cost more than {budget} steps to hash "
+                              "(shared references?)")
+
+
+def _tuple_weight(value: Any, limit: int) -> int:
+    """Items a hash of `value` visits, counting shared tuples each time, up to limit + 1."""
+    total = 0
+    stack = list(value) if isinstance(value, list) else [value]
+    while stack:
+        item = stack.pop()
+        total += 1
+        if total > limit:
+            return total
+        if isinstance(item, tuple):
+            stack.extend(item)
+    return total
 
 
 # an encoded surrogate (U+D800..U+DFFF): what 'surrogatepass' lets through
