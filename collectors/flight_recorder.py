@@ -621,7 +621,10 @@ def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
         raise DumpDirError(f"{root}: no such directory")
     if not root.is_dir():
         raise DumpDirError(f"{root}: not a directory")
-    files = [p for p in root.iterdir() if _is_candidate(p)]
+    try:
+        files = [p for p in root.iterdir() if _is_candidate(p)]
+    except OSError as exc:
+        raise DumpDirError(f"{root}: cannot list: {exc.strerror or exc}") from None
 
     def order(path: Path) -> tuple[int, int, str]:
         rank = rank_from_name(path)
