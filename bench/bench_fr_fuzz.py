@@ -100,6 +100,29 @@ def _nest(depth: int) -> Any:
     return value
 
 
+def _u(text: str) -> bytes:
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def _raw_top(pairs: bytes) -> bytes:
+    """A protocol-2 dump {'version': '2.9', 'entries': [], <pairs>} written opcode by opcode (for shapes the
+    pickler cannot write: nesting deeper than its recursion limit, shared tuples as keys)."""
+    return b"\x80\x02}(" + _u("version") + _u("2.9") + _u("entries") + b"]" + pairs + b"u."
+
+
+def _raw_nest(depth: int) -> bytes:
+    return b"]" * depth + b"a" * (depth - 1)
+
+
+def _raw_tuple_laughs(depth: int) -> bytes:
+    """A tuple of two references to a tuple of two references to ... (depth levels, memo indices 0..depth)."""
+    out = _u("x") + _u("y") + b"\x86q\x00"
+    for level in range(depth):
+        out += b"0h" + bytes([level]) + b"h" + bytes([level]) + b"\x86q" + bytes([level + 1])
+    return out
+
+
 def hostile_pickles() -> dict[str, bytes]:
     """Named attacks and breakages (the cases of issue 16 among them); tests use them too."""
     shape = [7] * 1000
@@ -122,9 +145,11 @@ def hostile_pickles() -> dict[str, bytes]:
         "billion_laughs_version": pickle.dumps(_top([], version=_laughs(30, 2)), protocol=2),
         "billion_laughs_node": pickle.dumps(_top([_entry(0)], node=_laughs(30, 2)), protocol=2),
         "billion_laughs_pg": pickle.dumps(_top([_entry(0, process_group=(_laughs(30, 2), "x"))]), protocol=2),
-        "billion_laughs_status_key": pickle.dumps(_top([_entry(0)], pg_status={_tuple_laughs(30): {}}), protocol=2),
-        "deep_nesting_field": pickle.dumps(_top([_entry(0)], extra=_nest(100000)), protocol=2),
-        "deep_nesting_node": pickle.dumps(_top([_entry(0)], node=_nest(5000)), protocol=2),
+        "tuple_laughs_status_key": _raw_top(_u("pg_status") + b"}" + _raw_tuple_laughs(40) + b"}s"),
+        "tuple_laughs_dict_key": _raw_top(_u("x") + b"}" + _raw_tuple_laughs(60) + b"Ns"),
+        "tuple_laughs_in_set": b"\x80\x02c__builtin__\nset\n]" + _raw_tuple_laughs(40) + b"a\x85R.",
+        "deep_nesting_field": _raw_top(_u("extra") + _raw_nest(100000)),
+        "deep_nesting_node": _raw_top(_u("node") + _raw_nest(5000)),
         "int_5000_digit_string": pickle.dumps(_top([_entry(0, collective_seq_id="1" * 5000)]), protocol=2),
         "int_huge_long4": pickle.dumps(_top([_entry(0, op_id=1 << 40000)]), protocol=2),
         "dim_2_63": pickle.dumps(_top([_entry(0, input_sizes=[[2**63]])]), protocol=2),
@@ -154,13 +179,6 @@ def hostile_pickles() -> dict[str, bytes]:
         "empty": b"",
     }
     return out
-
-
-def _tuple_laughs(depth: int) -> Any:
-    value: Any = ("x", "y")
-    for _ in range(depth):
-        value = (value, value)
-    return value
 
 
 def hostile_jsons() -> dict[str, bytes]:

@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from collectors import fr_fastpickle as fast
 from collectors.fr_limits import DumpLimits, default_limits
-from collectors.safe_pickle import PickleLoadError, safe_loads
+from collectors.safe_pickle import PickleLoadError, _has_surrogate, safe_loads
 from collectors.schema import TABLES, validate
 from collectors.source import NodeIdentity
 
@@ -74,6 +74,7 @@ _TIME_COLUMNS = {
     "time_completed": "time_discovered_completed_ns",
 }
 _STRING_FIELDS = ("op", "state", "pg_name", "pg_desc")
+_JSON_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape (an unpaired one is refused)
 
 
 class DumpFileError(ValueError):
@@ -707,6 +708,8 @@ def _load_buffer(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool, 
                 raise DumpFileError(path, "not a usable JSON dump: nested deeper than the parser's limit") from None
             except (ValueError, UnicodeDecodeError) as exc:
                 raise DumpFileError(path, f"not valid JSON (truncated or corrupt?): {str(exc)[:200]}") from None
+            if _JSON_SURROGATE.search(buf.tobytes()) and _has_surrogate(obj):
+                raise DumpFileError(path, "not a usable JSON dump: a string holds a lone surrogate (\\ud800-\\udfff)")
             dump = _dump_from_object(obj, path, "json", 0, limits, size)
         else:
             dump = _dump_fast(buf, path, max_frames, limits) if fast_path else None

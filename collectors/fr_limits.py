@@ -15,11 +15,11 @@ per process with the environment variables named below (``FAULTLENS_FR_MAX_WORLD
   that are read (ids, sizes, times, ranks) must fit 64 bits, and an integer written as a string at most 20 digits.
 - memo: a memo index must be below the file's size (a real pickler numbers its memo 0, 1, 2, ... and each entry
   costs at least two bytes), so the memo never outgrows the file.
-- ``elements_per_byte`` / ``min_elements`` / ``max_elements`` (1.0 / 65,536 / 2^26): what one dump expands to
+- ``elements_per_byte`` / ``min_elements`` / ``max_elements`` (1.0 / 4,096 / 2^26): what one dump expands to
   (entries + tensor shapes + dims + dtypes + stack frames kept). Plain data costs at least a byte per element, so
   only shared references ("billion laughs": one memoized list referenced by every entry) can go beyond.
-- ``bytes_per_entry`` (16): entries may not be cheaper than this (a real entry is ~100-2,000 bytes; a shared entry
-  repeated by DUP costs one).
+- ``bytes_per_entry`` / ``min_entries`` (16 / 256): entries may not be cheaper than this (a real entry is ~100-2,000
+  bytes; a shared entry repeated by DUP costs one).
 - ``max_depth`` (64): nesting of the values that are decoded (top-level fields; FR dumps nest ~5 deep). JSON dumps
   nested deeper than the interpreter can parse are refused the same way.
 """
@@ -54,10 +54,10 @@ class DumpLimits:
     max_int_digits: int = 40
     max_field_digits: int = 20
     elements_per_byte: float = 1.0
-    min_elements: int = 65_536
+    min_elements: int = 4096
     max_elements: int = 1 << 26
     bytes_per_entry: int = 16
-    min_entries: int = 1024
+    min_entries: int = 256
     max_depth: int = 64
 
     def element_budget(self, file_bytes: int) -> int:

@@ -47,7 +47,7 @@ class UnsafePickleError(PickleLoadError):
     """The pickle asked for something other than builtin containers and scalars (a global, a call, an object)."""
 
 
-_SET_HASH_BUDGET = 1 << 20  # items a set's construction may visit hashing tuples (shared tuples count each time)
+_SET_HASH_BUDGET = 1 << 16  # items a set's construction may visit hashing tuples (shared tuples count each time)
 
 
 def _check_items(items: Any, what: str) -> None:
@@ -477,6 +477,8 @@ def safe_loads(data: bytes | bytearray | memoryview, source: str = "<bytes>", li
         value = unpickler.load()
     except UnsafePickleError as exc:
         raise UnsafePickleError(f"{source}: {exc}") from None
+    except PickleLoadError as exc:
+        raise PickleLoadError(f"{source}: not a valid pickle: {exc}") from None
     except (AttributeError, TypeError) as exc:
         # NEWOBJ / OBJ applied to a builtin, or a call on a non-callable: the pickle wanted an object.
         raise UnsafePickleError(f"{source}: refused: the pickle tried to build or call something "
