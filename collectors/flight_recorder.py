@@ -47,7 +47,8 @@ import numpy as np
 import pyarrow as pa
 
 from collectors import fr_fastpickle as fast
-from collectors.safe_pickle import PickleLoadError, safe_loads
+from collectors.fr_limits import DumpLimits, default_limits
+from collectors.safe_pickle import PickleLoadError, _has_surrogate, safe_loads
 from collectors.schema import TABLES, validate
 from collectors.source import NodeIdentity
 
@@ -73,6 +74,7 @@ _TIME_COLUMNS = {
     "time_completed": "time_discovered_completed_ns",
 }
 _STRING_FIELDS = ("op", "state", "pg_name", "pg_desc")
+_JSON_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape (an unpaired one is refused)
 
 
 class DumpFileError(ValueError):
@@ -152,37 +154,100 @@ class _DumpFormatError(ValueError):
     pass
 
 
+class _Decline(Exception):
+    """The fast path leaves this dump to the reference path (which loads it or says why not)."""
+
+
+_SCALARS = (str, int, float, bool, bytes, type(None))
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_DIGIT_TEXT = re.compile(r"-?\d+")
+
+
+def _show(value: Any) -> str:
+    """A short, bounded description of a value for an error message (never the repr of a container or of a huge
+    integer: those can cost unbounded time)."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return str(value) if -(10**20) < value < 10**20 else f"a {value.bit_length()}-bit integer"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (str, bytes)):
+        return repr(value[:40]) + ("..." if len(value) > 40 else "")
+    return f"a {type(value).__name__}"
+
+
 def _as_int(value: Any, what: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise _DumpFormatError(f"{what}: {_show(value)} does not fit 64 bits")
         return value
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if _DIGIT_TEXT.fullmatch(text):
+            if len(text) > 20:
+                raise _DumpFormatError(f"{what}: an integer of {len(text)} digits does not fit 64 bits")
+            return _as_int(int(text), what)
     if isinstance(value, float) and value.is_integer():
-        return int(value)
-    raise _DumpFormatError(f"{what}: expected an integer, got {type(value).__name__} {value!r:.40}")
+        return _as_int(int(value), what)
+    raise _DumpFormatError(f"{what}: expected an integer, got {type(value).__name__} {_show(value)}")
+
+
+def _text(value: Any, what: str) -> str | None:
+    """A string field: None, a string, or a scalar written as one; a container is refused."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, _SCALARS):
+        return str(value)
+    raise _DumpFormatError(f"{what}: expected a string, got a {type(value).__name__}")
+
+
+class _Budget:
+    """Elements (entries + shapes + dims + dtypes + frames kept) one dump may expand to (fr_limits), counted the
+    same way by both readers."""
+
+    def __init__(self, limits: DumpLimits, file_bytes: int) -> None:
+        self.left = limits.element_budget(file_bytes)
+        self.limit = self.left
+        self.entries = limits.entry_budget(file_bytes)
+        self.file_bytes = file_bytes
+
+    def take(self, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise _DumpFormatError(f"expands to more than {self.limit} elements (entries, shapes, dims, dtypes, "
+                                   f"frames) from {self.file_bytes} bytes: shared references? (limit: "
+                                   "fr_limits elements_per_byte)")
 
 
 def _check_top(obj: Any) -> Mapping[str, Any]:
     if not isinstance(obj, Mapping):
         raise _DumpFormatError(f"not a flight-recorder dump: top level is a {type(obj).__name__}, expected a dict")
     if "version" not in obj and "entries" not in obj:
-        keys = ", ".join(sorted(map(str, obj))[:6])
+        keys = ", ".join(sorted(_show(k) if not isinstance(k, str) else k[:40] for k in list(obj)[:64])[:6])
         raise _DumpFormatError(f"not a flight-recorder dump: no 'version' or 'entries' key (keys: {keys})")
     version = obj.get("version")
     if version is not None:
-        text = str(version)
-        if not re.fullmatch(r"2\.\d+(\.\d+)?", text):
-            raise _DumpFormatError(f"unsupported flight-recorder format version {text!r} (expected 2.x)")
+        if not isinstance(version, (str, int, float)) or isinstance(version, bool):
+            raise _DumpFormatError(f"unsupported flight-recorder format version {_show(version)} (expected 2.x)")
+        text = str(version) if not isinstance(version, str) else version
+        if not re.fullmatch(r"2\.\d{1,6}(\.\d{1,6})?", text):
+            raise _DumpFormatError(f"unsupported flight-recorder format version {_show(text)} (expected 2.x)")
     entries = obj.get("entries", [])
     if not isinstance(entries, list):
         raise _DumpFormatError(f"'entries' is a {type(entries).__name__}, expected a list")
     for key in ("pg_config", "pg_status"):
         if obj.get(key) is not None and not isinstance(obj.get(key), Mapping):
             raise _DumpFormatError(f"'{key}' is a {type(obj[key]).__name__}, expected a dict")
+    for key in obj.get("pg_status") or ():
+        if not isinstance(key, (str, int)):
+            raise _DumpFormatError(f"'pg_status' key {_show(key)}: expected a process group id")
+    for key in ("node", "comm_lib_version", "nccl_version"):
+        _text(obj.get(key), key)
     return obj
 
 
@@ -195,7 +260,7 @@ def _str_column(values: Sequence[Any], what: str) -> _StrColumn:
             codes[i] = -1
             continue
         if not isinstance(value, str):
-            value = str(value)
+            value = _text(value, what)
         code = lookup.get(value)
         if code is None:
             code = lookup[value] = len(uniques)
@@ -206,14 +271,26 @@ def _str_column(values: Sequence[Any], what: str) -> _StrColumn:
 
 def _frame_text(frame: Any) -> str:
     if isinstance(frame, Mapping):
-        return f"{frame.get('name')} ({frame.get('filename')}:{frame.get('line')})"
-    return str(frame)
+        name = _text(frame.get("name"), "frame name")
+        filename = _text(frame.get("filename"), "frame filename")
+        line = frame.get("line")
+        if not isinstance(line, _SCALARS):
+            raise _DumpFormatError(f"frame line: expected an integer, got a {type(line).__name__}")
+        return f"{name} ({filename}:{line})"
+    return _text(frame, "frame")
 
 
-def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int) -> _Dump:
-    """Columns of a dump loaded as Python objects (JSON, or a pickle the fast scanner handed over)."""
+def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int, limits: DumpLimits | None = None,
+                      file_bytes: int = 0) -> _Dump:
+    """Columns of a dump loaded as Python objects (JSON, or a pickle the fast scanner handed over). This is the
+    reference: the fast scanner reads a file only where it gives exactly this."""
+    budget = _Budget(limits or default_limits(), file_bytes)
     top = _check_top(obj)
     entries = top.get("entries") or []
+    if len(entries) > budget.entries:
+        raise _DumpFormatError(f"{len(entries)} entries in {file_bytes} bytes: more than {budget.entries} "
+                               "(limit: fr_limits bytes_per_entry)")
+    budget.take(len(entries))
     for i, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
             raise _DumpFormatError(f"entry {i} is a {type(entry).__name__}, expected a dict")
@@ -226,8 +303,6 @@ def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int) -> _Dump:
         for i, entry in enumerate(entries):
             value = _as_int(entry.get(key), f"entry {i} {key}")
             if value is not None:
-                if not -(2**63) <= value < 2**63:
-                    raise _DumpFormatError(f"entry {i} {key}: {value} does not fit 64 bits")
                 values[i] = value
                 valid[i] = True
         ints[key] = (values, valid)
@@ -248,8 +323,8 @@ def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int) -> _Dump:
             names.append(None)
             descs.append(None)
         elif isinstance(group, (list, tuple)):
-            names.append(group[0] if len(group) > 0 else None)
-            descs.append(group[1] if len(group) > 1 else None)
+            names.append(_text(group[0], f"entry {i} process_group") if len(group) > 0 else None)
+            descs.append(_text(group[1], f"entry {i} process_group") if len(group) > 1 else None)
         else:
             raise _DumpFormatError(f"entry {i} process_group: expected (name, desc), got {type(group).__name__}")
     strings = {
@@ -270,11 +345,17 @@ def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int) -> _Dump:
             if not isinstance(value, (list, tuple)):
                 raise _DumpFormatError(f"entry {i} {key}: expected a list of shapes")
             counts[i] = len(value)
+            budget.take(len(value))
             for shape in value:
                 if not isinstance(shape, (list, tuple)):
                     raise _DumpFormatError(f"entry {i} {key}: expected a list of shapes")
+                budget.take(len(shape))
                 ndims.append(len(shape))
-                dims.extend(_as_int(d, f"entry {i} {key}") for d in shape)
+                for d in shape:
+                    dim = _as_int(d, f"entry {i} {key}")
+                    if dim is None:
+                        raise _DumpFormatError(f"entry {i} {key}: a dimension is None")
+                    dims.append(dim)
         sizes[key] = _SizesColumn(counts, np.asarray(ndims, np.int64), np.asarray(dims, np.int64))
     dtypes: dict[str, _ListColumn] = {}
     for key in ("input_dtypes", "output_dtypes"):
@@ -287,6 +368,7 @@ def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int) -> _Dump:
             if not isinstance(value, (list, tuple)):
                 raise _DumpFormatError(f"entry {i} {key}: expected a list of dtype names")
             counts[i] = len(value)
+            budget.take(len(value))
             flat.extend(value)
         column = _str_column(flat, key)
         dtypes[key] = _ListColumn(counts, column.codes, column.values)
@@ -302,6 +384,7 @@ def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int) -> _Dump:
                 raise _DumpFormatError(f"entry {i} frames: expected a list")
             kept = value[:max_frames]
             counts[i] = len(kept)
+            budget.take(len(kept))
             flat.extend(_frame_text(f) for f in kept)
         column = _str_column(flat, "frames")
         frames = _ListColumn(counts, column.codes, column.values)
@@ -309,16 +392,12 @@ def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int) -> _Dump:
     return _Dump(
         path=path, fmt=fmt, rank=-1 if rank is None else rank, n=n,
         version=None if top.get("version") is None else str(top.get("version")),
-        world_size=_as_int(top.get("world_size"), "world_size"), node=_opt_str(top.get("node")),
-        comm_lib_version=_opt_str(top.get("comm_lib_version", top.get("nccl_version"))),
+        world_size=_as_int(top.get("world_size"), "world_size"), node=_text(top.get("node"), "node"),
+        comm_lib_version=_text(top.get("comm_lib_version", top.get("nccl_version")), "comm_lib_version"),
         pg_config=top.get("pg_config") or {}, pg_status=top.get("pg_status") or {},
         ints=ints, pg_id=pg_id, is_p2p=flag("is_p2p"), retired=flag("retired"), strings=strings, sizes=sizes,
         dtypes=dtypes, frames=frames,
     )
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -329,7 +408,10 @@ class _Decoder:
     """Turns tape nodes into Python values (small parts only) and string nodes into codes."""
 
     def __init__(self, buf: np.ndarray, kind: np.ndarray, ival: np.ndarray, ilen: np.ndarray,
-                 links: tuple[np.ndarray, ...]) -> None:
+                 links: tuple[np.ndarray, ...], limits: DumpLimits | None = None) -> None:
+        limits = limits or default_limits()
+        self.left = limits.element_budget(int(buf.shape[0]))  # values decoded (shared references count each time)
+        self.max_depth = limits.max_depth
         self.buf = buf
         self.kind, self.ival, self.ilen = kind, ival, ilen
         self.head, self.run_start, self.run_end, self.run_next, self.echild = links
@@ -350,8 +432,9 @@ class _Decoder:
         return self.raw(node).decode("utf-8", "replace")
 
     def value(self, node: int, depth: int = 0) -> Any:
-        if depth > 32:
-            raise _DumpFormatError("nesting too deep")
+        self.left -= 1
+        if depth > self.max_depth or self.left < 0:
+            raise _Decline("nesting or expansion beyond the limits")
         k = int(self.kind[node])
         if k == fast.K_NONE:
             return None
@@ -436,24 +519,30 @@ def _workspace() -> fast.Workspace:
     return ws
 
 
-def _dump_fast(buf: np.ndarray, path: Path, max_frames: int) -> _Dump | None:
+def _dump_fast(buf: np.ndarray, path: Path, max_frames: int, limits: DumpLimits | None = None) -> _Dump | None:
     """Columns straight from the pickle bytes, or None when the scanner declines (then the restricted
-    unpickler decides)."""
+    unpickler decides: it is the reference, and gives the error message of a bad file)."""
+    limits = limits or default_limits()
+    size = int(buf.shape[0])
+    bounds = np.array([limits.max_string_bytes, limits.element_budget(size), limits.entry_budget(size)], np.int64)
     workspace = _workspace()
     try:
-        result = workspace.parse(buf, max_frames)
-        return _dump_from_tape(workspace, result, buf, path, max_frames)
+        result = workspace.parse(buf, max_frames, bounds)
+        return _dump_from_tape(workspace, result, buf, path, max_frames, limits)
+    except Exception:  # any doubt: the reference decides (and words the error)
+        log.debug("fast path declined %s", path, exc_info=True)
+        return None
     finally:
         workspace.release()
 
 
 def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, path: Path,
-                    max_frames: int) -> _Dump | None:
+                    max_frames: int, limits: DumpLimits | None = None) -> _Dump | None:
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
     (ints, valid, strs, flags), counts, sizes, dtypes, frames, small = result[7:]
-    decoder = _Decoder(buf, kind, ival, ilen, links)
+    decoder = _Decoder(buf, kind, ival, ilen, links, limits)
     top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
@@ -468,16 +557,20 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
         name_nodes, file_nodes, lines = frames
         names = decoder.strings(name_nodes, workspace)
         files = decoder.strings(file_nodes, workspace)
-        # one text per distinct (name, file, line): vectorised, frames repeat across thousands of entries
+        # one text per distinct (name, file, line): vectorised, frames repeat across thousands of entries; keys
+        # are composed from dense codes two at a time, so they stay below (frames + 1)^2 (no int64 overflow)
         n_files = len(files.values) + 1
-        n_lines = int(lines.max()) + 2 if lines.shape[0] else 1
-        keys = ((names.codes.astype(np.int64) + 1) * n_files + files.codes + 1) * n_lines + lines + 1
+        pair_keys = (names.codes.astype(np.int64) + 1) * n_files + files.codes + 1
+        pairs, pair_codes = np.unique(pair_keys, return_inverse=True)
+        line_values, line_codes = np.unique(lines, return_inverse=True)
+        n_line_values = max(1, line_values.shape[0])
+        keys = pair_codes.reshape(-1).astype(np.int64) * n_line_values + line_codes.reshape(-1)
         unique, inverse = np.unique(keys, return_inverse=True)
         texts = []
         for key in unique.tolist():
-            rest, line = divmod(key, n_lines)
-            name_code, file_code = divmod(rest, n_files)
-            name_code, file_code, line = name_code - 1, file_code - 1, line - 1
+            pair_code, line_code = divmod(key, n_line_values)
+            name_code, file_code = divmod(int(pairs[pair_code]), n_files)
+            name_code, file_code, line = name_code - 1, file_code - 1, int(line_values[line_code])
             name = names.values[name_code] if name_code >= 0 else None
             file = files.values[file_code] if file_code >= 0 else None
             texts.append(f"{name} ({file}:{line if line >= 0 else None})")
@@ -486,8 +579,8 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     dump = _Dump(
         path=path, fmt="pickle", rank=-1, n=n,
         version=None if top.get("version") is None else str(top.get("version")),
-        world_size=_as_int(top.get("world_size"), "world_size"), node=_opt_str(top.get("node")),
-        comm_lib_version=_opt_str(top.get("comm_lib_version", top.get("nccl_version"))),
+        world_size=_as_int(top.get("world_size"), "world_size"), node=_text(top.get("node"), "node"),
+        comm_lib_version=_text(top.get("comm_lib_version", top.get("nccl_version")), "comm_lib_version"),
         pg_config=top.get("pg_config") or {}, pg_status=top.get("pg_status") or {},
         ints=int_columns, pg_id=(ints[slot["pg_id"]], valid[slot["pg_id"]]), is_p2p=flags[0], retired=flags[1],
         strings=strings,
@@ -504,9 +597,12 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
 
 
 def rank_from_name(path: str | os.PathLike[str]) -> int | None:
-    """The last integer of a dump file name: `_dump_9`, `comm_lib_trace_rank_9`, `rank_9.pkl` -> 9."""
+    """The last integer of a dump file name: `_dump_9`, `comm_lib_trace_rank_9`, `rank_9.pkl` -> 9 (a number of
+    more than 18 digits is no rank: None)."""
     match = _RANK_IN_NAME.search(Path(path).name)
-    return int(match.group(1)) if match else None
+    if not match or len(match.group(1)) > 18:
+        return None
+    return int(match.group(1))
 
 
 def _is_candidate(path: Path) -> bool:
@@ -526,7 +622,10 @@ def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
         raise DumpDirError(f"{root}: no such directory")
     if not root.is_dir():
         raise DumpDirError(f"{root}: not a directory")
-    files = [p for p in root.iterdir() if _is_candidate(p)]
+    try:
+        files = [p for p in root.iterdir() if _is_candidate(p)]
+    except OSError as exc:
+        raise DumpDirError(f"{root}: cannot list: {exc.strerror or exc}") from None
 
     def order(path: Path) -> tuple[int, int, str]:
         rank = rank_from_name(path)
@@ -541,36 +640,100 @@ def _looks_like_json(head: bytes) -> bool:
     return stripped[:1] in (b"{", b"[")
 
 
-def _load_file(path: Path, max_frames: int, fast_path: bool) -> _Dump:
+def _load_file(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits | None = None) -> _Dump:
+    """One dump, or DumpFileError naming the file: whatever the file holds, no other exception leaves here."""
+    limits = limits or default_limits()
     try:
-        buf = np.fromfile(path, dtype=np.uint8)
+        return _load_file_checked(path, max_frames, fast_path, limits)
+    except DumpFileError:
+        raise
+    except RecursionError:
+        raise DumpFileError(path, "nested too deep") from None
+    except MemoryError:
+        raise DumpFileError(path, "out of memory while reading it") from None
+    except Exception as exc:  # a bad file is this file's problem, never the set's (the message says what it was)
+        log.debug("unexpected error reading %s", path, exc_info=True)
+        raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
+    try:
+        size = path.stat().st_size
+        if size > limits.max_file_bytes:
+            raise DumpFileError(path, f"{size} bytes: larger than any real dump (limit {limits.max_file_bytes}, "
+                                      "FAULTLENS_FR_MAX_FILE_BYTES)")
+        buf = np.fromfile(path, dtype=np.uint8, count=limits.max_file_bytes + 1)
         mtime_ns = path.stat().st_mtime_ns
     except OSError as exc:
         raise DumpFileError(path, f"cannot read: {exc.strerror or exc}") from None
     if buf.shape[0] == 0:
         raise DumpFileError(path, "empty file (a dump cut short?)")
+    if buf.shape[0] > limits.max_file_bytes:
+        raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)")
+    dump = _load_buffer(buf, path, max_frames, fast_path, limits)
+    dump.mtime_ns = mtime_ns
+    return dump
+
+
+def load_dump_bytes(data: bytes, name: str = "rank_0.pkl", *, fast_path: bool = False,
+                    max_frames: int = DEFAULT_MAX_FRAMES, limits: DumpLimits | None = None) -> _Dump:
+    """One dump from bytes, as the reader would read a file called `name` (tests and the fuzz bench compare the
+    two pickle paths with it). Raises DumpFileError naming `name`, and nothing else."""
+    limits = limits or default_limits()
+    path = Path(name)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    try:
+        if buf.shape[0] == 0:
+            raise DumpFileError(path, "empty file (a dump cut short?)")
+        if buf.shape[0] > limits.max_file_bytes:
+            raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)")
+        return _load_buffer(buf, path, max_frames, fast_path, limits)
+    except DumpFileError:
+        raise
+    except RecursionError:
+        raise DumpFileError(path, "nested too deep") from None
+    except MemoryError:
+        raise DumpFileError(path, "out of memory while reading it") from None
+    except Exception as exc:
+        raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _load_buffer(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
+    size = int(buf.shape[0])
     try:
         if _looks_like_json(buf[:64].tobytes()):
             try:
                 obj = json.loads(buf.tobytes())
+            except RecursionError:
+                raise DumpFileError(path, "not a usable JSON dump: nested deeper than the parser's limit") from None
             except (ValueError, UnicodeDecodeError) as exc:
-                raise DumpFileError(path, f"not valid JSON (truncated or corrupt?): {exc}") from None
-            dump = _dump_from_object(obj, path, "json", 0)
+                raise DumpFileError(path, f"not valid JSON (truncated or corrupt?): {str(exc)[:200]}") from None
+            if _JSON_SURROGATE.search(buf.tobytes()) and _has_surrogate(obj):
+                raise DumpFileError(path, "not a usable JSON dump: a string holds a lone surrogate (\\ud800-\\udfff)")
+            dump = _dump_from_object(obj, path, "json", 0, limits, size)
         else:
-            dump = _dump_fast(buf, path, max_frames) if fast_path else None
+            dump = _dump_fast(buf, path, max_frames, limits) if fast_path else None
             if dump is None:
                 try:
-                    obj = safe_loads(buf.tobytes(), source=str(path))
+                    obj = safe_loads(buf.tobytes(), source=str(path), limits=limits)
                 except PickleLoadError as exc:
                     raise DumpFileError(path, str(exc).removeprefix(f"{path}: ")) from None
-                dump = _dump_from_object(obj, path, "pickle", max_frames)
+                dump = _dump_from_object(obj, path, "pickle", max_frames, limits, size)
     except _DumpFormatError as exc:
         raise DumpFileError(path, str(exc)) from None
-    dump.mtime_ns = mtime_ns
+    world = limits.max_world_size
+    if dump.world_size is not None and not 0 <= dump.world_size <= world:
+        raise DumpFileError(path, f"world_size {dump.world_size} is not a job's (limit {world}, "
+                                  "FAULTLENS_FR_MAX_WORLD_SIZE)")
+    if dump.rank >= world:
+        raise DumpFileError(path, f"rank {dump.rank} is not a job's (limit {world}, FAULTLENS_FR_MAX_WORLD_SIZE)")
     if dump.rank < 0:
         from_name = rank_from_name(path)
         if from_name is None:
             raise DumpFileError(path, "cannot tell the rank: no top-level 'rank' and no number in the file name")
+        if from_name >= world:
+            raise DumpFileError(path, f"rank {from_name} (from the file name) is not a job's (limit {world}, "
+                                      "FAULTLENS_FR_MAX_WORLD_SIZE)")
         dump.rank = from_name
     return dump
 
@@ -607,41 +770,50 @@ class _Strings:
         return arr if dictionary else arr.cast(pa.string())
 
 
-_RANKS_CACHE: dict[str, tuple[int, ...] | None] = {}
+_RANKS_CACHE: dict[tuple[str, int], tuple[int, ...] | None] = {}
 
 
-def parse_ranks(text: Any) -> tuple[int, ...] | None:
-    """pg_config 'ranks' ('[0, 1, 2]' or a list) -> sorted tuple; None when empty or unreadable."""
-    if isinstance(text, (list, tuple)):
-        try:
-            ranks = tuple(sorted(int(r) for r in text))
-        except (TypeError, ValueError):
+def _rank_list(values: Any, world: int) -> tuple[int, ...] | None:
+    if not isinstance(values, (list, tuple)) or len(values) > world:
+        return None
+    ranks = []
+    for r in values:
+        if isinstance(r, str) and 0 < len(r.strip()) <= 10 and r.strip().isdigit():
+            r = int(r.strip())
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world:
             return None
-        return ranks or None
+        ranks.append(r)
+    return tuple(sorted(ranks)) or None
+
+
+def parse_ranks(text: Any, max_world_size: int | None = None) -> tuple[int, ...] | None:
+    """pg_config 'ranks' ('[0, 1, 2]' or a list) -> sorted tuple; None when empty or unreadable, or when a rank is
+    not one of a real job (outside 0..max_world_size-1: fr_limits)."""
+    world = max_world_size or default_limits().max_world_size
+    if isinstance(text, (list, tuple)):
+        return _rank_list(text, world)
     if not isinstance(text, str):
         return None
-    cached = _RANKS_CACHE.get(text, ...)
+    cached = _RANKS_CACHE.get((text, world), ...)
     if cached is not ...:
         return cached  # type: ignore[return-value]
     try:
-        value = json.loads(text)
-        ranks = tuple(sorted(int(r) for r in value)) if isinstance(value, list) else None
-    except (ValueError, TypeError):
-        ranks = None
-    if ranks == ():
+        ranks = _rank_list(json.loads(text), world) if len(text) <= 16 * world + 2 else None
+    except (ValueError, TypeError, RecursionError):
         ranks = None
     if len(_RANKS_CACHE) < 65536:
-        _RANKS_CACHE[text] = ranks
+        _RANKS_CACHE[(text, world)] = ranks
     return ranks
 
 
-def _config_ranks(pg_config: Mapping[str, Any], name: str | None) -> tuple[int, ...] | None:
+def _config_ranks(pg_config: Mapping[str, Any], name: str | None,
+                  max_world_size: int | None = None) -> tuple[int, ...] | None:
     if name is None or not name:
         return None
     entry = pg_config.get(name)
     if not isinstance(entry, Mapping):
         return None
-    return parse_ranks(entry.get("ranks"))
+    return parse_ranks(entry.get("ranks"), max_world_size)
 
 
 def _status_value(status: Mapping[str, Any], pg_id: str, key: str) -> int | None:
@@ -1087,15 +1259,18 @@ class _Part:
 
 
 def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool, max_frames: int,
-               fast_path: bool, workers: int, dir_name: str, identity: NodeIdentity | None) -> _Part:
+               fast_path: bool, workers: int, dir_name: str, identity: NodeIdentity | None,
+               limits: DumpLimits | None = None) -> _Part:
+    limits = limits or default_limits()
+
     def load(path: Path) -> _Dump | DumpFileError:
         try:
-            return _load_file(path, max_frames, fast_path)
+            return _load_file(path, max_frames, fast_path, limits)
         except DumpFileError as exc:
             twin = twins.get(path)
             if twin is not None:
                 try:
-                    return _load_file(twin, max_frames, fast_path)
+                    return _load_file(twin, max_frames, fast_path, limits)
                 except DumpFileError:
                     pass
             return exc
@@ -1130,9 +1305,14 @@ def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], d
             part.errors.append((str(result.path), f"second dump for rank {result.rank} (first: "
                                                   f"{seen_ranks[result.rank]}); ignored"))
             continue
+        try:
+            assembly.add(result, f"{dir_name}/{result.path.name}")
+        except Exception as exc:  # a dump the readers accepted but the assembly cannot take: this file's problem
+            log.debug("dump not assembled: %s", result.path, exc_info=True)
+            part.errors.append((str(result.path), f"unusable ({type(exc).__name__}: {str(exc)[:200]})"))
+            continue
         seen_ranks[result.rank] = str(result.path)
         part.seen.append((result.rank, str(result.path)))
-        assembly.add(result, f"{dir_name}/{result.path.name}")
         if assembly.chunk_rows >= CHUNK_ROWS:
             assembly.flush_chunk(identity)
     assembly.flush_chunk(identity)
@@ -1214,8 +1394,10 @@ def auto_processes(directory: str | os.PathLike[str]) -> int:
     return min(8, cpus // 2) if count >= PROCESS_MIN_FILES and cpus >= 4 else 1
 
 
-#: dump sets smaller than this are read through the restricted unpickler (no numba compile on a first use)
-FAST_PATH_MIN_BYTES = 32 * 1024 * 1024
+#: dump sets smaller than this are read through the restricted unpickler (no numba compile on a first use); its
+#: opcode pre-passes (safe_pickle.check_opcodes: limits, tuple hashing) cost ~3x the load, so above 16 MiB the
+#: compiled scanner (which checks the same limits in its one pass) is the faster way
+FAST_PATH_MIN_BYTES = 16 * 1024 * 1024
 
 
 def _size(path: Path) -> int:
@@ -1228,7 +1410,7 @@ def _size(path: Path) -> int:
 def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
                   columns: Iterable[str] | None = None, max_frames: int = DEFAULT_MAX_FRAMES,
                   dictionary: bool = False, fast_path: bool | None = None, workers: int | None = None,
-                  processes: int | None = None) -> DumpSet:
+                  processes: int | None = None, limits: DumpLimits | None = None) -> DumpSet:
     """Read every dump in `directory` into `collectives` rows.
 
     columns: the subset of the table's columns to build (default all; analysis needs far fewer).
@@ -1240,8 +1422,12 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
     workers: threads per process (default: CPU count, at most
     8). processes: split the files over this many processes (spawned: a calling script needs the usual
     `if __name__ == "__main__":` guard); default 1; auto_processes() suggests a count for a directory.
-    Per-file problems are in DumpSet.errors; DumpDirError when the directory is missing or holds no dump.
+    limits: resource limits on each dump (collectors.fr_limits; default: its defaults with the FAULTLENS_FR_*
+    environment overrides); a dump beyond one is a per-file error.
+    Per-file problems are in DumpSet.errors (whatever a file holds, it never ends the set); DumpDirError when the
+    directory is missing or holds no dump.
     """
+    limits = limits or default_limits()
     started = time.perf_counter()
     wanted = set(SCHEMA.names if columns is None else columns)
     unknown = wanted - set(SCHEMA.names)
@@ -1277,7 +1463,7 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
         size = -(-len(primary) // processes)
         ranges = [primary[i:i + size] for i in range(0, len(primary), size)]
         args = [(paths, {p: twins[p] for p in paths if p in twins}, wanted, True, max_frames, fast_path,
-                 max(1, workers // processes), dir_name, identity) for paths in ranges]
+                 max(1, workers // processes), dir_name, identity, limits) for paths in ranges]
         with ProcessPoolExecutor(max_workers=len(ranges), mp_context=multiprocessing.get_context("spawn")) as pool:
             parts = list(pool.map(_read_part_in_process, args))
         seen_all = [rank for part in parts for rank, _ in part.seen]
@@ -1288,7 +1474,7 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
             assembly = _merge_parts(parts, wanted, dictionary)
     if processes <= 1:
         parts = [_read_part(primary, twins, wanted, dictionary, max_frames, fast_path, workers, dir_name,
-                            identity)]
+                            identity, limits)]
         assembly = parts[0].assembly
     errors = [DumpFileError(path, problem) for part in parts for path, problem in part.errors]
     skipped = [str(twins[p]) for p in primary if p in twins] + [s for part in parts for s in part.skipped]
@@ -1305,10 +1491,10 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
 
 
 def read_dump_file(path: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
-                   max_frames: int = DEFAULT_MAX_FRAMES) -> pa.Table:
+                   max_frames: int = DEFAULT_MAX_FRAMES, limits: DumpLimits | None = None) -> pa.Table:
     """One dump file -> conforming `collectives` rows. Raises DumpFileError naming the file."""
     path = Path(path)
-    dump = _load_file(path, max_frames, True)
+    dump = _load_file(path, max_frames, True, limits)
     assembly = _Assembly(columns=set(SCHEMA.names), dictionary=False)
     assembly.add(dump, f"{path.resolve().parent.name}/{path.name}")
     return validate(TABLE, assembly.table(identity))

@@ -30,6 +30,12 @@ OK = 0
 UNSUPPORTED = 1  # an opcode outside plain data: let the restricted unpickler decide (and refuse)
 CORRUPT = 2  # truncated or inconsistent: let the restricted unpickler produce the error message
 NOT_A_DUMP = 3  # well-formed plain data, but not a dict with an 'entries' list of dicts
+LIMIT = 4  # more than the output arrays or the element budget hold: the restricted path applies the limits
+
+# Contract with the restricted unpickler (the reference): the scanner returns OK only for input that the reference
+# loads to the same value; everything else (any doubt) is declined with a non-zero status and the reference
+# decides. So both readers accept and refuse exactly the same files. Every read of `buf` is preceded by a bounds
+# check written without overflow (`length > n - pos`), and every write to a workspace array by a capacity check.
 
 K_NONE, K_FALSE, K_TRUE, K_INT, K_FLOAT, K_STR, K_BYTES, K_LIST, K_DICT, K_TUPLE = range(10)
 
@@ -70,12 +76,13 @@ def _u32(buf, pos):
 
 
 @njit(cache=True, nogil=True)
-def _tape(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next):
+def _tape(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next,
+          max_string):
     """Pass 1 into workspace arrays (capacity >= len(buf) + 2; memo and head all -1, and left all -1 but for the
     heads of this tape's nodes, which the caller resets after reading them).
     Returns (status, root, kind, ival, ilen, n_nodes, eparent, echild, n_edges, n_runs)."""
     status, root, nn, ne, memo_hi, nr = _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo,
-                                                    head, tail, run_start, run_end, run_next)
+                                                    head, tail, run_start, run_end, run_next, max_string)
     for i in range(memo_hi + 1):
         memo[i] = -1
     return status, root, kind, ival, ilen, nn, eparent, echild, ne, nr
@@ -83,8 +90,14 @@ def _tape(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail
 
 @njit(cache=True, nogil=True)
 def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end,
-                run_next):
+                run_next, max_string):
     n = buf.shape[0]
+    cap = kind.shape[0]
+    if (n + 2 > cap or echild.shape[0] < cap or stack.shape[0] < cap or marks.shape[0] < cap or memo.shape[0] < cap
+            or head.shape[0] < cap or tail.shape[0] < cap or run_start.shape[0] < cap or run_end.shape[0] < cap
+            or run_next.shape[0] < cap or ival.shape[0] < cap or ilen.shape[0] < cap):
+        return LIMIT, -1, 0, 0, -1, 0
+    frame_end = -1
     nr = 0
     memo_cap = memo.shape[0]
     memo_len = 0
@@ -96,12 +109,29 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
     pos = 0
     root = -1
     while pos < n:
+        # (every opcode pushes at most one stack item, node, child or run, so n + 2 entries always suffice)
+        if frame_end >= 0:  # inside a FRAME: an opcode straddling its end is left to the reference
+            if pos > frame_end:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+            if pos == frame_end:
+                frame_end = -1
+        fence = marks[mp - 1] if mp > 0 else 0  # stack items below the last MARK cannot be popped
         op = buf[pos]
         pos += 1
         if op == 0x80:  # PROTO
+            if pos >= n:
+                return CORRUPT, pos, nn, ne, memo_hi, nr
+            if buf[pos] > 5:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             pos += 1
         elif op == 0x95:  # FRAME
+            if frame_end >= 0 or n - pos < 8:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+            length = _u32(buf, pos) | (_u32(buf, pos + 4) << 32)
             pos += 8
+            if length < 0 or length > n - pos:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+            frame_end = pos + length
         elif op == 0x7D or op == 0x5D or op == 0x29:  # EMPTY_DICT } EMPTY_LIST ] EMPTY_TUPLE )
             kind[nn] = K_DICT if op == 0x7D else (K_LIST if op == 0x5D else K_TUPLE)
             ival[nn] = 0
@@ -115,23 +145,56 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
         elif op == 0x58 or op == 0x8C or op == 0x8D or op == 0x42 or op == 0x43 or op == 0x8E:
             # BINUNICODE X, SHORT_BINUNICODE, BINUNICODE8, BINBYTES B, SHORT_BINBYTES C, BINBYTES8
             if op == 0x8C or op == 0x43:
-                if pos + 1 > n:
+                if n - pos < 1:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = np.int64(buf[pos])
                 pos += 1
             elif op == 0x58 or op == 0x42:
-                if pos + 4 > n:
+                if n - pos < 4:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = _u32(buf, pos)
                 pos += 4
             else:
-                if pos + 8 > n:
+                if n - pos < 8:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = _u32(buf, pos) | (_u32(buf, pos + 4) << 32)
                 pos += 8
-            if length < 0 or pos + length > n:
+            # compared without forming pos + length (a length near 2^63 would wrap)
+            if length < 0 or length > n - pos:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
-            kind[nn] = K_STR if (op == 0x58 or op == 0x8C or op == 0x8D) else K_BYTES
+            if length > max_string:
+                return LIMIT, pos, nn, ne, memo_hi, nr
+            is_str = op == 0x58 or op == 0x8C or op == 0x8D
+            if is_str:
+                # strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF), as the reference requires
+                i = pos
+                end = pos + length
+                while i < end:
+                    c = buf[i]
+                    if c < 0x80:
+                        i += 1
+                        continue
+                    if c < 0xC2 or c > 0xF4:
+                        return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+                    if c < 0xE0:
+                        need = 1
+                    elif c < 0xF0:
+                        need = 2
+                    else:
+                        need = 3
+                    if need > end - i - 1:
+                        return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+                    c1 = buf[i + 1]
+                    if (c1 & 0xC0) != 0x80:
+                        return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+                    if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 >= 0xA0) or (c == 0xF0 and c1 < 0x90) \
+                            or (c == 0xF4 and c1 >= 0x90):
+                        return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+                    for k in range(2, need + 1):
+                        if (buf[i + k] & 0xC0) != 0x80:
+                            return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+                    i += need + 1
+            kind[nn] = K_STR if is_str else K_BYTES
             ival[nn] = pos
             ilen[nn] = length
             pos += length
@@ -140,17 +203,17 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             nn += 1
         elif op == 0x4B or op == 0x4D or op == 0x4A:  # BININT1 K, BININT2 M, BININT J
             if op == 0x4B:
-                if pos + 1 > n:
+                if n - pos < 1:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 value = np.int64(buf[pos])
                 pos += 1
             elif op == 0x4D:
-                if pos + 2 > n:
+                if n - pos < 2:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 value = np.int64(buf[pos]) | (np.int64(buf[pos + 1]) << 8)
                 pos += 2
             else:
-                if pos + 4 > n:
+                if n - pos < 4:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 value = _u32(buf, pos)
                 if value >= 2147483648:
@@ -164,18 +227,18 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             nn += 1
         elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
             if op == 0x8A:
-                if pos + 1 > n:
+                if n - pos < 1:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = np.int64(buf[pos])
                 pos += 1
             else:
-                if pos + 4 > n:
+                if n - pos < 4:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 length = _u32(buf, pos)
                 pos += 4
             if length > 8:
                 return UNSUPPORTED, pos, nn, ne, memo_hi, nr
-            if pos + length > n:
+            if length > n - pos:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             value = np.int64(0)
             for i in range(length):
@@ -190,7 +253,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             sp += 1
             nn += 1
         elif op == 0x47:  # BINFLOAT (big-endian double): keep the raw bits
-            if pos + 8 > n:
+            if n - pos < 8:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             bits = np.int64(0)
             for i in range(8):
@@ -210,21 +273,21 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             sp += 1
             nn += 1
         elif op == 0x71 or op == 0x72 or op == 0x94:  # BINPUT q, LONG_BINPUT r, MEMOIZE
-            if sp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi, nr
+            if sp <= fence:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             if op == 0x71:
-                if pos + 1 > n:
+                if n - pos < 1:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 idx = np.int64(buf[pos])
                 pos += 1
             elif op == 0x72:
-                if pos + 4 > n:
+                if n - pos < 4:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 idx = _u32(buf, pos)
                 pos += 4
             else:
                 idx = np.int64(memo_len)
-            if idx >= memo_cap:
+            if idx >= memo_cap or (op == 0x72 and idx >= n):  # the reference bounds a memo index by the size
                 return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             if memo[idx] < 0:
                 memo_len += 1
@@ -233,12 +296,12 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             memo[idx] = stack[sp - 1]
         elif op == 0x68 or op == 0x6A:  # BINGET h, LONG_BINGET j
             if op == 0x68:
-                if pos + 1 > n:
+                if n - pos < 1:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 idx = np.int64(buf[pos])
                 pos += 1
             else:
-                if pos + 4 > n:
+                if n - pos < 4:
                     return CORRUPT, pos, nn, ne, memo_hi, nr
                 idx = _u32(buf, pos)
                 pos += 4
@@ -247,7 +310,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             stack[sp] = memo[idx]
             sp += 1
         elif op == 0x61:  # APPEND a
-            if sp < 2 or kind[stack[sp - 2]] != K_LIST:
+            if sp - 2 < fence or sp < 2 or kind[stack[sp - 2]] != K_LIST:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             echild[ne] = stack[sp - 1]
             # children echild[ne:ne + 1] of stack[sp - 2]: extend its last run when contiguous, else link a new run
@@ -275,11 +338,18 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             start = marks[mp]
             if start < 1 or start > sp:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
+            if start - 1 < (marks[mp - 1] if mp > 0 else 0):  # the target is below the enclosing MARK
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             target = stack[start - 1]
             if op == 0x65 and kind[target] != K_LIST:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             if op == 0x75 and (kind[target] != K_DICT or (sp - start) % 2 != 0):
                 return CORRUPT, pos, nn, ne, memo_hi, nr
+            if op == 0x75:
+                for i in range(start, sp, 2):
+                    kk = kind[stack[i]]
+                    if kk == K_LIST or kk == K_DICT or kk == K_TUPLE or kk == K_FLOAT:  # unhashable or odd keys
+                        return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             first = ne
             for i in range(start, sp):
                 echild[ne] = stack[i]
@@ -303,8 +373,11 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                 ilen[_target] += ne - (first)
             sp = start
         elif op == 0x73:  # SETITEM s
-            if sp < 3 or kind[stack[sp - 3]] != K_DICT:
-                return CORRUPT, pos, nn, ne, memo_hi, nr
+            if sp - 3 < fence or sp < 3 or kind[stack[sp - 3]] != K_DICT:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+            kk = kind[stack[sp - 2]]
+            if kk == K_LIST or kk == K_DICT or kk == K_TUPLE or kk == K_FLOAT:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             target = stack[sp - 3]
             echild[ne] = stack[sp - 2]
             echild[ne + 1] = stack[sp - 1]
@@ -333,6 +406,11 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             start = marks[mp]
             if start > sp or (op == 0x64 and (sp - start) % 2 != 0):
                 return CORRUPT, pos, nn, ne, memo_hi, nr
+            if op == 0x64:
+                for i in range(start, sp, 2):
+                    kk = kind[stack[i]]
+                    if kk == K_LIST or kk == K_DICT or kk == K_TUPLE or kk == K_FLOAT:
+                        return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             kind[nn] = K_TUPLE if op == 0x74 else (K_LIST if op == 0x6C else K_DICT)
             ival[nn] = 0
             ilen[nn] = 0
@@ -363,8 +441,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             nn += 1
         elif op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1, TUPLE2, TUPLE3
             count = 1 if op == 0x85 else (2 if op == 0x86 else 3)
-            if sp < count:
-                return CORRUPT, pos, nn, ne, memo_hi, nr
+            if sp - count < fence or sp < count:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             kind[nn] = K_TUPLE
             ival[nn] = 0
             ilen[nn] = 0
@@ -392,9 +470,9 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             stack[sp] = nn
             sp += 1
             nn += 1
-        elif op == 0x30:  # POP
-            if sp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi, nr
+        elif op == 0x30:  # POP (the reference pops the MARK itself when nothing is above it)
+            if sp <= fence or sp == 0:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             sp -= 1
         elif op == 0x31:  # POP_MARK
             if mp == 0:
@@ -402,8 +480,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             mp -= 1
             sp = marks[mp]
         elif op == 0x32:  # DUP
-            if sp == 0:
-                return CORRUPT, pos, nn, ne, memo_hi, nr
+            if sp <= fence or sp == 0:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             stack[sp] = stack[sp - 1]
             sp += 1
         elif op == 0x2E:  # STOP
@@ -451,8 +529,12 @@ def _key_of(node, buf, kind, ival, ilen, key_bytes, key_offsets, cache):
 @njit(cache=True, nogil=True)
 def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, key_bytes, key_offsets,
              int_slot_of_key, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line,
-             scratch_a, scratch_b, scratch_c):
-    """Pass 2: the fields of every entry. Returns status and the column arrays (see parse_dump)."""
+             scratch_a, scratch_b, scratch_c, budget, entry_budget):
+    """Pass 2: the fields of every entry. Returns status and the column arrays (see parse_dump). Elements
+    (entries + shapes + dims + dtypes + frames kept, counted as the reference counts them) beyond `budget`, entries
+    beyond `entry_budget`, or output beyond the workspace's arrays: LIMIT (the reference then applies the limits)."""
+    out_cap = min(tensor_dims.shape[1], dims.shape[1], dtype_nodes.shape[1])
+    frame_cap = min(frame_name.shape[0], frame_file.shape[0], frame_line.shape[0])
     for i in range(nn):
         cache[i] = -2
     entries = -1
@@ -522,6 +604,10 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
     n_dims = np.zeros(2, np.int64)
     n_dtype = np.zeros(2, np.int64)
     n_frames = 0
+    total = n_ent
+    if n_ent > entry_budget or total > budget:
+        status = LIMIT
+        n_ent = 0
     for e in range(n_ent):
         entry = earr[efirst + e]
         if kind[entry] != K_DICT:
@@ -546,6 +632,7 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                 _r = run_next[_r]
             darr = scratch_b
             dfirst = 0
+        seen_keys = np.int64(0)
         for j in range(dfirst, dfirst + dcount, 2):
             key_node = darr[j]
             key = cache[key_node] if kind[key_node] == K_STR else -1
@@ -553,6 +640,11 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                 key = _key_of(key_node, buf, kind, ival, ilen, key_bytes, key_offsets, cache)
             if key < 0:
                 continue
+            bit = np.int64(1) << key
+            if seen_keys & bit:  # a key twice in one entry: the reference keeps the last, whole; leave it to it
+                status = UNSUPPORTED
+                break
+            seen_keys |= bit
             value = darr[j + 1]
             vk = kind[value]
             slot = int_slot_of_key[key]
@@ -630,6 +722,10 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                         larr = scratch_c
                         lfirst = 0
                     counts[side, e] = m
+                    total += m
+                    if total > budget or n_tensors[side] + m > out_cap:
+                        status = LIMIT
+                        m = 0
                     for i in range(m):
                         tensor = larr[lfirst + i]
                         tk = kind[tensor]
@@ -638,6 +734,10 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                             break
                         r = head[tensor]
                         d = ilen[tensor]
+                        total += d
+                        if total > budget or n_dims[side] + d > out_cap:
+                            status = LIMIT
+                            break
                         tensor_dims[side, n_tensors[side]] = d
                         n_tensors[side] += 1
                         while r >= 0:  # dims, run by run (no scratch: the outer list may be in one)
@@ -674,6 +774,10 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                         larr = scratch_c
                         lfirst = 0
                     counts[2 + side, e] = m
+                    total += m
+                    if total > budget or n_dtype[side] + m > out_cap:
+                        status = LIMIT
+                        m = 0
                     for i in range(m):
                         item = larr[lfirst + i]
                         if kind[item] != K_STR:
@@ -706,28 +810,51 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                         lfirst = 0
                     kept = min(m, max_frames)
                     counts[4, e] = kept
+                    total += kept
+                    if total > budget or n_frames + kept > frame_cap:
+                        status = LIMIT
+                        kept = 0
                     for i in range(kept):
                         frame = larr[lfirst + i]
                         frame_name[n_frames] = -1
                         frame_file[n_frames] = -1
                         frame_line[n_frames] = -1
-                        if kind[frame] == K_DICT:
-                            r = head[frame]
-                            while r >= 0:
-                                for f in range(run_start[r], run_end[r], 2):
-                                    fnode = echild[f]
-                                    fk = cache[fnode] if kind[fnode] == K_STR else -1
-                                    if fk == -2:
-                                        fk = _key_of(fnode, buf, kind, ival, ilen, key_bytes, key_offsets, cache)
-                                    fv = echild[f + 1]
-                                    if fk == 19 and kind[fv] == K_STR:
-                                        frame_name[n_frames] = fv
-                                    elif fk == 20 and kind[fv] == K_STR:
-                                        frame_file[n_frames] = fv
-                                    elif fk == 21 and kind[fv] == K_INT:
+                        if kind[frame] != K_DICT:
+                            status = UNSUPPORTED
+                            break
+                        r = head[frame]
+                        while r >= 0:
+                            for f in range(run_start[r], run_end[r], 2):
+                                fnode = echild[f]
+                                fk = cache[fnode] if kind[fnode] == K_STR else -1
+                                if fk == -2:
+                                    fk = _key_of(fnode, buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+                                fv = echild[f + 1]
+                                fvk = kind[fv]
+                                if fk == 19 or fk == 20:
+                                    if fvk == K_STR:
+                                        if fk == 19:
+                                            frame_name[n_frames] = fv
+                                        else:
+                                            frame_file[n_frames] = fv
+                                    elif fvk == K_NONE:
+                                        if fk == 19:
+                                            frame_name[n_frames] = -1
+                                        else:
+                                            frame_file[n_frames] = -1
+                                    else:
+                                        status = UNSUPPORTED
+                                elif fk == 21:
+                                    if fvk == K_INT and ival[fv] >= 0:
                                         frame_line[n_frames] = ival[fv]
-                                r = run_next[r]
+                                    elif fvk == K_NONE:
+                                        frame_line[n_frames] = -1
+                                    else:
+                                        status = UNSUPPORTED
+                            r = run_next[r]
                         n_frames += 1
+                        if status != OK:
+                            break
                 elif vk != K_NONE:
                     status = UNSUPPORTED
             if status != OK:
@@ -796,17 +923,21 @@ def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild
             st[i, 0] = echild[j]
             value = echild[j + 1]
             if kind[value] == K_DICT:
+                found = 0
                 q = head[value]
                 while q >= 0:
                     for f in range(run_start[q], run_end[q], 2):
                         k = _key_of(echild[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
                         v = echild[f + 1]
                         if 33 <= k <= 35:
+                            found += 1
                             if kind[v] == K_INT:
                                 st[i, k - 32] = ival[v]
                             else:
                                 ok = False
                     q = run_next[q]
+                if found != 3 or ilen[value] != 6:  # exactly the three keys, else the generic walk (absent != -1)
+                    ok = False
             else:
                 ok = False
             i += 1
@@ -857,14 +988,17 @@ class Workspace:
         """Dense codes (int32, -1 null) for node ids and the distinct nodes in first-seen order (after a parse)."""
         return intern(np.ascontiguousarray(nodes), self.intern_table, self.intern_order)
 
-    def parse(self, buf: np.ndarray, max_frames: int) -> tuple:
-        """parse_dump of `buf` (uint8) with this workspace; call release() when done with the tape."""
+    def parse(self, buf: np.ndarray, max_frames: int, bounds: np.ndarray | None = None) -> tuple:
+        """parse_dump of `buf` (uint8) with this workspace; call release() when done with the tape. bounds: int64
+        (max string bytes, element budget, entry budget); default: no limit beyond the workspace's arrays."""
         self.ensure(int(buf.shape[0]))
+        if bounds is None:
+            bounds = np.array([1 << 62, 1 << 62, 1 << 62], np.int64)
         result = parse_dump(buf, max_frames, self.kind, self.ival, self.ilen, self.eparent, self.echild, self.stack,
                             self.marks, self.memo, self.head, self.tail, self.run_start, self.run_end,
                             self.run_next, self.cache, self.tensor_dims, self.dims, self.dtype_nodes,
                             self.frame_name, self.frame_file, self.frame_line, self.scratch_a, self.scratch_b,
-                            self.scratch_c)
+                            self.scratch_c, bounds)
         self._used = int(result[6])
         return result
 
@@ -877,12 +1011,14 @@ class Workspace:
 @njit(cache=True, nogil=True)
 def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start,
                run_end, run_next, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line,
-               scratch_a, scratch_b, scratch_c):
+               scratch_a, scratch_b, scratch_c, bounds):
     """Both passes. Returns (status, root, kind, ival, ilen, (head, run_start, run_end, run_next, echild), n_nodes,
     (ints, valid, strs, flags), counts, sizes, dtypes, frames); the tape arrays are the workspace's (valid until
     its next parse)."""
+    # bounds: (max string bytes, element budget, entry budget) from collectors.fr_limits
     status, root, kind, ival, ilen, nn, eparent, echild, _ne, _nr = _tape(
-        buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next)
+        buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next,
+        bounds[0])
     links = (head, run_start, run_end, run_next, echild)
     if status != OK:
         empty = np.empty(0, np.int64)
@@ -893,7 +1029,7 @@ def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks,
                 (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64), np.empty((0, 4), np.int64)))
     result = _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, KEY_BYTES,
                       KEY_OFFSETS, INT_SLOT_OF_KEY, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name,
-                      frame_file, frame_line, scratch_a, scratch_b, scratch_c)
+                      frame_file, frame_line, scratch_a, scratch_b, scratch_c, bounds[1], bounds[2])
     top = _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, KEY_BYTES, KEY_OFFSETS,
                cache) if result[0] == OK else (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64),
                                                np.empty((0, 4), np.int64))

@@ -1,28 +1,39 @@
-"""A restricted unpickler: only builtin containers and scalars come out of a pickle, and no code runs.
+"""A restricted unpickler: only builtin containers and scalars come out of a pickle, no code runs, and a tiny
+file cannot make it allocate or compute much.
 
 Flight-recorder dumps are pickles of plain data (dict, list, tuple, str, int, float, bool, None). A pickle can
 name any importable callable (GLOBAL / STACK_GLOBAL / INST / EXT*) and call it (REDUCE / OBJ / NEWOBJ / BUILD), so
-an unrestricted ``pickle.load`` of a dump found on disk is arbitrary code execution. Here every global lookup goes
-through ``find_class``, which admits only what protocols 0-2 need to spell builtin values:
+an unrestricted ``pickle.load`` of a dump found on disk is arbitrary code execution. Here:
 
-- ``set`` / ``frozenset`` (protocol < 4 writes a set as ``builtins.set`` + REDUCE of a list),
-- ``bytes`` (protocol < 3 writes bytes as ``_codecs.encode(text, 'latin1')``, or ``builtins.bytes()`` when empty).
+1. A pre-pass (``check_opcodes``) walks the opcodes before the C unpickler sees them and refuses BUILD, INST, OBJ,
+   NEWOBJ(_EX), STACK_GLOBAL, EXT*, persistent ids and out-of-band buffers outright, any length past the end of the
+   data (a BINUNICODE8 length of 2^63 would make the unpickler try to allocate it), a memo index at or beyond the
+   data's size (one 9-byte LONG_BINPUT would make it allocate gigabytes), strings and integers beyond the limits of
+   collectors.fr_limits, and unknown opcodes. A regular expression skips runs of fixed-size opcodes, so the pass
+   costs a fraction of the load.
+2. Every global lookup goes through ``find_class``, which admits only what protocols 0-2 need to spell builtin
+   values: ``set`` / ``frozenset`` (``builtins.set`` + REDUCE of a list) and ``bytes`` (``_codecs.encode(text,
+   'latin1')`` or ``builtins.bytes()``). Each lookup gets a fresh checking callable (not the type, so NEWOBJ is
+   refused; its attributes cannot be set, so nothing a pickle does outlives the load), and a callable that ends up in
+   the loaded value instead of being called is refused. Everything else (``os.system``, ``builtins.eval``, any class)
+   raises :class:`UnsafePickleError` before it is imported or called.
+3. Strings must be valid UTF-8: the unpickler decodes with ``surrogatepass``, so a value holding an encoded
+   surrogate (which could not be written anywhere as text) is refused too; the compiled scanner
+   (collectors.fr_fastpickle) applies the same rule, so both readers accept and refuse the same files.
 
-Each is handed back as a small checking function, not the type itself, so NEWOBJ (which needs a type) is refused and
-REDUCE cannot reach ``bytes(10**12)`` or a codec other than latin-1. Everything else (``os.system``, ``builtins.eval``,
-any class) raises :class:`UnsafePickleError` before it is imported or called; persistent ids are refused too. BUILD
-on a builtin container fails inside the unpickler (builtins have no ``__setstate__`` or ``__dict__``) and is reported
-as refused. With no global resolvable, the opcodes can only produce the builtin values themselves (protocol 5's
-BYTEARRAY8 gives a bytearray; out-of-band buffers are refused since none are passed), so the loaded value is not
-walked again (that walk would cost four times the load).
+Every exception the unpickler can raise on bad data becomes a :class:`PickleLoadError` naming the source.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import re
+import sys
 from pathlib import Path
 from typing import Any
+
+from collectors.fr_limits import DumpLimits, default_limits
 
 ADMITTED_TYPES: tuple[type, ...] = (dict, list, tuple, set, frozenset, str, bytes, bytearray, int, float, bool,
                                     type(None))
@@ -36,15 +47,23 @@ class UnsafePickleError(PickleLoadError):
     """The pickle asked for something other than builtin containers and scalars (a global, a call, an object)."""
 
 
-def _make_set(items: Any = ()) -> set:
+_SET_HASH_BUDGET = 1 << 16  # items a set's construction may visit hashing tuples (shared tuples count each time)
+
+
+def _check_items(items: Any, what: str) -> None:
     if not isinstance(items, (list, tuple, set, frozenset)):
-        raise UnsafePickleError(f"set() argument must be a list or tuple, got {type(items).__name__}")
+        raise UnsafePickleError(f"{what}() argument must be a list or tuple, got {type(items).__name__}")
+    if _tuple_weight(list(items), _SET_HASH_BUDGET) > _SET_HASH_BUDGET:  # (a set argument is never deep)
+        raise PickleLoadError(f"{what}() of tuples that would cost more than {_SET_HASH_BUDGET} steps to hash")
+
+
+def _make_set(items: Any = ()) -> set:
+    _check_items(items, "set")
     return set(items)
 
 
 def _make_frozenset(items: Any = ()) -> frozenset:
-    if not isinstance(items, (list, tuple, set, frozenset)):
-        raise UnsafePickleError(f"frozenset() argument must be a list or tuple, got {type(items).__name__}")
+    _check_items(items, "frozenset")
     return frozenset(items)
 
 
@@ -62,6 +81,25 @@ def _latin1_encode(text: Any, encoding: Any = "utf-8", *rest: Any) -> bytes:
     return text.encode("latin-1")
 
 
+class _Helper:
+    """One admitted global, as a callable whose attributes cannot be set (BUILD on it fails; a fresh one per lookup,
+    so nothing a pickle does to it outlives the load)."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Any) -> None:
+        object.__setattr__(self, "_fn", fn)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise UnsafePickleError("refused: the pickle tried to set an attribute on an admitted global")
+
+    def __reduce__(self) -> Any:
+        raise TypeError("not picklable")
+
+
 _ADMITTED_GLOBALS: dict[tuple[str, str], Any] = {}
 for _module in ("builtins", "__builtin__"):
     _ADMITTED_GLOBALS[(_module, "set")] = _make_set
@@ -71,52 +109,405 @@ _ADMITTED_GLOBALS[("_codecs", "encode")] = _latin1_encode
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """pickle.Unpickler that resolves no global beyond the builtin-value helpers above."""
+    """pickle.Unpickler that resolves no global beyond the builtin-value helpers above (a fresh helper each time,
+    kept in ``issued`` so the caller can check that none escaped into the value)."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self.issued: list[_Helper] = []
 
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return _ADMITTED_GLOBALS[(module, name)]
+            fn = _ADMITTED_GLOBALS[(module, name)]
         except KeyError:
-            raise UnsafePickleError(f"refused global {module}.{name}: only builtin containers and scalars are "
-                                    "admitted") from None
+            raise UnsafePickleError(f"refused global {str(module)[:80]}.{str(name)[:80]}: only builtin containers "
+                                    "and scalars are admitted") from None
+        helper = _Helper(fn)
+        self.issued.append(helper)
+        return helper
 
     def persistent_load(self, pid: Any) -> Any:
         raise UnsafePickleError("refused persistent id: only builtin containers and scalars are admitted")
 
 
-def safe_loads(data: bytes | bytearray | memoryview, source: str = "<bytes>") -> Any:
+# ---------------------------------------------------------------------------------------------------------------
+# the opcode pre-pass
+
+# runs of opcodes that need no check (their arguments cannot allocate) are skipped at C speed: fixed-size ones,
+# LONG1 up to 8 bytes, and LONG_BINPUT with an index that the data's size admits (see _fixed_run)
+_FIXED_BODY = (rb"[(012NR\]adelsu}\x88\x89\x8f-\x91\x94]|[Khq].|M..|[Jj]....|G.{8}|\x8a(?:"
+               + b"|".join(re.escape(bytes([k])) + b"." * k for k in range(9)) + b")")
+_FIXED_RUNS = [
+    (1 << 24, re.compile(b"(?:" + _FIXED_BODY + rb"|r...\x00)*", re.DOTALL)),
+    (1 << 16, re.compile(b"(?:" + _FIXED_BODY + rb"|r..\x00\x00)*", re.DOTALL)),
+    (1 << 8, re.compile(b"(?:" + _FIXED_BODY + rb"|r.\x00\x00\x00)*", re.DOTALL)),
+    (0, re.compile(b"(?:" + _FIXED_BODY + b")*", re.DOTALL)),
+]
+
+
+def _fixed_run(n: int) -> Any:
+    """The skipping expression for data of n bytes: LONG_BINPUT indices it skips are below n."""
+    return next(pattern for floor, pattern in _FIXED_RUNS if n >= floor).match
+
+
+_FIXED_OPS = frozenset(b"()012NR]adelstu}\x85\x86\x87\x88\x89\x8f\x90\x91\x94KhqMJjG")
+_REFUSED_OPS = {
+    ord("b"): "BUILD", ord("i"): "INST", ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x93: "STACK_GLOBAL",
+    0x82: "EXT1", 0x83: "EXT2", 0x84: "EXT4", ord("P"): "PERSID", ord("Q"): "BINPERSID", 0x97: "NEXT_BUFFER",
+    0x98: "READONLY_BUFFER",
+}
+# length-prefixed data: opcode -> (length bytes, signed, what)
+_SIZED_OPS = {
+    ord("X"): (4, False, "string"), 0x8C: (1, False, "string"), 0x8D: (8, False, "string"),
+    ord("B"): (4, False, "bytes"), ord("C"): (1, False, "bytes"), 0x8E: (8, False, "bytes"),
+    0x96: (8, False, "bytes"), ord("T"): (4, True, "bytes"), ord("U"): (1, False, "bytes"),
+    0x8A: (1, False, "int"), 0x8B: (4, True, "int"),
+}
+_TEXT_OPS = {ord("I"), ord("L"), ord("F"), ord("g"), ord("p"), ord("S"), ord("V")}
+_DIGITS = re.compile(rb"-?\d+L?")
+
+
+def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
+    """Walk the opcodes up to the first STOP; raise UnsafePickleError / PickleLoadError (no source prefix) for what
+    the module docstring lists. Linear in the data, allocates nothing the size of an argument. Returns whether the
+    loaded value must still be checked for surrogates (protocol 0 text with \\u escapes)."""
+    limits = limits or default_limits()
+    n = len(data)
+    pos = 0
+    skip = _fixed_run(n)
+    walk = False
+    tuples = 0
+    max_string = limits.max_string_bytes
+    max_int = limits.max_int_bytes
+    while True:
+        pos = skip(data, pos).end()
+        if pos >= n:
+            raise PickleLoadError("truncated (ran out of input)")
+        op = data[pos]
+        if op == 0x2E:  # STOP: the unpickler reads nothing after it
+            if tuples:
+                _check_hashing(data, pos, limits)
+            return walk
+        arg = pos + 1
+        if op in _TUPLE_OPS:
+            tuples += 1
+            pos = arg
+            continue
+        sized = _SIZED_OPS.get(op)
+        if sized is not None:
+            width, signed, what = sized
+            if arg + width > n:
+                raise PickleLoadError("truncated (ran out of input)")
+            length = int.from_bytes(data[arg:arg + width], "little", signed=signed)
+            start = arg + width
+            if length < 0:
+                raise PickleLoadError(f"negative {what} length at offset {pos}")
+            if what == "int" and length > max_int:
+                raise PickleLoadError(f"integer of {length} bytes at offset {pos} (limit {max_int})")
+            if length > n - start:
+                raise PickleLoadError(f"truncated: a {what} of {length} bytes at offset {pos} runs past the end")
+            if length > max_string:
+                raise PickleLoadError(f"{what} of {length} bytes at offset {pos} (limit {max_string})")
+            if what == "string" and _SURROGATE_BYTES.search(data, start, start + length):
+                raise PickleLoadError(f"string at offset {pos} is not valid UTF-8 (an encoded surrogate)")
+            pos = start + length
+        elif op == 0x72:  # LONG_BINPUT
+            if arg + 4 > n:
+                raise PickleLoadError("truncated (ran out of input)")
+            index = int.from_bytes(data[arg:arg + 4], "little")
+            if index >= n:
+                raise PickleLoadError(f"memo index {index} at offset {pos} beyond the data's {n} bytes")
+            pos = arg + 4
+        elif op == 0x80:  # PROTO
+            if arg >= n:
+                raise PickleLoadError("truncated (ran out of input)")
+            if data[arg] > pickle.HIGHEST_PROTOCOL:
+                raise PickleLoadError(f"unsupported pickle protocol: {data[arg]}")
+            pos = arg + 1
+        elif op == 0x95:  # FRAME
+            if arg + 8 > n:
+                raise PickleLoadError("truncated (ran out of input)")
+            length = int.from_bytes(data[arg:arg + 8], "little")
+            if length > n - arg - 8:
+                raise PickleLoadError(f"truncated: a frame of {length} bytes at offset {pos} runs past the end")
+            pos = arg + 8
+        elif op in _TEXT_OPS or op == 0x63:  # text arguments (protocol 0), GLOBAL: newline-terminated
+            lines = 2 if op == 0x63 else 1
+            end = arg
+            names = []
+            for _ in range(lines):
+                stop = data.find(b"\n", end)
+                if stop < 0:
+                    raise PickleLoadError("truncated (ran out of input)")
+                if op in (ord("S"), ord("V")):
+                    if op == ord("V") and (data.find(b"\\u", end, stop) >= 0 or data.find(b"\\U", end, stop) >= 0):
+                        walk = True  # raw-unicode-escape can spell a surrogate: checked after the load
+                    if stop - end > 4 * max_string:
+                        raise PickleLoadError(f"string of {stop - end} bytes at offset {pos} (limit {max_string})")
+                elif op == 0x63:
+                    if stop - end > 256:
+                        raise UnsafePickleError(f"refused global of {stop - end} bytes at offset {pos}")
+                    names.append(bytes(data[end:stop]).decode("latin-1"))
+                else:
+                    text = bytes(data[end:stop])
+                    if len(text) > limits.max_int_digits + 2:
+                        raise PickleLoadError(f"number of {len(text)} characters at offset {pos} "
+                                              f"(limit {limits.max_int_digits})")
+                    if op in (ord("g"), ord("p")):
+                        if not _DIGITS.fullmatch(text) or text.startswith(b"-"):
+                            raise PickleLoadError(f"bad memo index at offset {pos}")
+                        if op == ord("p") and int(text) >= n:
+                            raise PickleLoadError(f"memo index {int(text)} at offset {pos} beyond the data's {n} "
+                                                  "bytes")
+                end = stop + 1
+            if op == 0x63 and tuple(names) not in _ADMITTED_GLOBALS:
+                raise UnsafePickleError(f"refused global {names[0][:80]}.{names[1][:80]}: only builtin containers "
+                                        "and scalars are admitted")
+            pos = end
+        elif op in _REFUSED_OPS:
+            raise UnsafePickleError(f"refused opcode {_REFUSED_OPS[op]} at offset {pos}: only builtin containers "
+                                    "and scalars are admitted")
+        elif op in _FIXED_OPS:
+            raise PickleLoadError("truncated (ran out of input)")
+        else:
+            raise PickleLoadError(f"invalid opcode 0x{op:02x} at offset {pos}")
+
+
+_TUPLE_OPS = frozenset(b")t\x85\x86\x87")  # EMPTY_TUPLE, TUPLE, TUPLE1-3
+# ints, floats, None, bools, EMPTY_LIST / DICT / SET: opcode -> its size with the argument
+_SIMPLE_PUSH = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, ord("N"): 1, 0x88: 1, 0x89: 1, ord("]"): 1,
+                ord("}"): 1, 0x8F: 1}
+_ARG_WIDTH = {**{op: 1 for op in b"Khq\x80"}, **{op: 2 for op in b"M"}, **{op: 4 for op in b"Jjr"},
+              **{op: 8 for op in b"G\x95"}}
+
+
+def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
+    """A tuple's hash is not cached and visits every item, so a few shared tuples used as dict keys or set items
+    ("billion laughs" of tuples) would make the C unpickler hash for hours inside one opcode. This second pass
+    (only for pickles with tuples: their weights are tracked through the stack and the memo) bounds what the
+    keys and set items of the pickle cost to hash: refused beyond limits.element_budget(size). The first pass
+    has checked every length, so arguments can be skipped without checks."""
+    budget = limits.element_budget(len(data))
+    stack: list[int] = []  # per stack item: its weight if it is a tuple (items a hash visits), else 0
+    push = stack.append
+    marks: list[int] = []
+    memo: dict[int, int] = {}
+    hashed = 0
+    pos = 0
+    simple = _SIMPLE_PUSH
+    while pos < end:
+        op = data[pos]
+        width = simple.get(op)
+        if width is not None:  # a value that is not a tuple, with a fixed-size argument
+            push(0)
+            pos += width
+            continue
+        if op == 0x68:  # BINGET
+            push(memo.get(data[pos + 1], 0))
+            pos += 2
+        elif op == 0x71:  # BINPUT
+            if stack:
+                memo[data[pos + 1]] = stack[-1]
+            pos += 2
+        elif op == 0x72 or op == 0x6A:  # LONG_BINPUT, LONG_BINGET
+            index = int.from_bytes(data[pos + 1:pos + 5], "little")
+            if op == 0x72:
+                if stack:
+                    memo[index] = stack[-1]
+            else:
+                push(memo.get(index, 0))
+            pos += 5
+        elif op == 0x28:  # MARK
+            marks.append(len(stack))
+            pos += 1
+        elif op == 0x58 or op == 0x42 or op == 0x54:  # BINUNICODE, BINBYTES, BINSTRING
+            push(0)
+            pos += 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+        elif op == 0x8C or op == 0x43 or op == 0x55 or op == 0x8A:  # short strings / bytes, LONG1
+            push(0)
+            pos += 2 + data[pos + 1]
+        elif op == 0x8D or op == 0x8E or op == 0x96:  # 8-byte lengths
+            push(0)
+            pos += 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
+        elif op == 0x8B:  # LONG4
+            push(0)
+            pos += 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+        elif op == 0x29:  # EMPTY_TUPLE
+            push(1)
+            pos += 1
+        elif op == 0x85 or op == 0x86 or op == 0x87 or op == 0x74:  # TUPLE1-3, TUPLE
+            start = len(stack) - (op - 0x84) if op != 0x74 else (marks.pop() if marks else 0)
+            start = max(start, 0)
+            weight = 1 + sum(stack[start:])
+            del stack[start:]
+            push(weight)
+            pos += 1
+        elif op == 0x61:  # APPEND
+            del stack[-1:]
+            pos += 1
+        elif op == 0x65 or op == 0x31:  # APPENDS, POP_MARK
+            del stack[marks.pop() if marks else 0:]
+            pos += 1
+        elif op == 0x6C:  # LIST
+            del stack[marks.pop() if marks else 0:]
+            push(0)
+            pos += 1
+        elif op == 0x73:  # SETITEM: the key is hashed
+            if len(stack) >= 2:
+                hashed += stack[-2]
+            del stack[-2:]
+            pos += 1
+            if hashed > budget:
+                break
+        elif op == 0x75 or op == 0x64 or op == 0x90 or op == 0x91:  # SETITEMS, DICT, ADDITEMS, FROZENSET
+            start = marks.pop() if marks else 0
+            items = stack[start:]
+            hashed += sum(items[::2]) if op in (0x75, 0x64) else sum(items)
+            del stack[start:]
+            if op == 0x64 or op == 0x91:
+                push(0)
+            pos += 1
+            if hashed > budget:
+                break
+        elif op == 0x94:  # MEMOIZE
+            if stack:
+                memo[len(memo)] = stack[-1]
+            pos += 1
+        elif op == 0x32:  # DUP
+            push(stack[-1] if stack else 0)
+            pos += 1
+        elif op == 0x30:  # POP (of the MARK itself when nothing is above it, as the C unpickler does)
+            if marks and marks[-1] == len(stack):
+                marks.pop()
+            else:
+                del stack[-1:]
+            pos += 1
+        elif op == 0x52:  # REDUCE (an admitted helper: it bounds its own argument)
+            del stack[-2:]
+            push(0)
+            pos += 1
+        elif op == 0x80 or op == 0x95:  # PROTO, FRAME
+            pos += 1 + _ARG_WIDTH[op]
+        elif op == 0x63:  # GLOBAL
+            pos = data.index(b"\n", data.index(b"\n", pos + 1) + 1) + 1
+            push(0)
+        elif op in _TEXT_OPS:  # text arguments: a value, or a memo index
+            stop = data.index(b"\n", pos + 1)
+            if op == 0x70:  # PUT
+                if stack:
+                    memo[int(data[pos + 1:stop])] = stack[-1]
+            elif op == 0x67:  # GET
+                push(memo.get(int(data[pos + 1:stop]), 0))
+            else:
+                push(0)
+            pos = stop + 1
+        else:
+            raise PickleLoadError(f"invalid opcode 0x{op:02x} at offset {pos}")
+    if hashed > budget:
+        raise PickleLoadError(f"tuples used as keys or set items would cost more than {budget} steps to hash "
+                              "(shared references?)")
+
+
+def _tuple_weight(value: Any, limit: int) -> int:
+    """Items a hash of `value` visits, counting shared tuples each time, up to limit + 1."""
+    total = 0
+    stack = list(value) if isinstance(value, list) else [value]
+    while stack:
+        item = stack.pop()
+        total += 1
+        if total > limit:
+            return total
+        if isinstance(item, tuple):
+            stack.extend(item)
+    return total
+
+
+# an encoded surrogate (U+D800..U+DFFF): what 'surrogatepass' lets through
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
+
+
+def _has_surrogate(value: Any) -> bool:
+    """Whether any string in `value` (keys included) holds a surrogate. Iterative, each container once."""
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(item, (list, tuple, dict, set, frozenset)):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            if isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            else:
+                stack.extend(item)
+    return False
+
+
+def _escaped(issued: list[_Helper]) -> bool:
+    """Whether a helper is referenced from anywhere but `issued` (after the unpickler and its memo are gone)."""
+    # references: the list, the loop variable, getrefcount's argument
+    return any(sys.getrefcount(helper) > 3 for helper in issued)
+
+
+def safe_loads(data: bytes | bytearray | memoryview, source: str = "<bytes>", limits: DumpLimits | None = None) -> Any:
     """Unpickle `data` admitting only builtin containers and scalars. Raises UnsafePickleError for anything that
-    would import or call code, PickleLoadError for a truncated or corrupt pickle; both name `source`."""
+    would import, call or build code, PickleLoadError for a truncated, corrupt or over-limit pickle; both name
+    `source`."""
+    data = bytes(data)
+    limits = limits or default_limits()
+    if len(data) > limits.max_file_bytes:
+        raise PickleLoadError(f"{source}: {len(data)} bytes (limit {limits.max_file_bytes})")
+    try:
+        walk = check_opcodes(data, limits)
+    except PickleLoadError as exc:
+        raise type(exc)(f"{source}: " + ("" if isinstance(exc, UnsafePickleError) else "not a valid pickle: ")
+                        + str(exc)) from None
     # A BufferedReader lets the C unpickler prefetch through peek() instead of one read() call per opcode
     # (protocol 2 has no frames): as fast as pickle.loads.
-    unpickler = RestrictedUnpickler(io.BufferedReader(io.BytesIO(bytes(data))))
+    unpickler = RestrictedUnpickler(io.BufferedReader(io.BytesIO(data)))
+    issued = unpickler.issued
     try:
         value = unpickler.load()
     except UnsafePickleError as exc:
         raise UnsafePickleError(f"{source}: {exc}") from None
+    except PickleLoadError as exc:
+        raise PickleLoadError(f"{source}: not a valid pickle: {exc}") from None
     except (AttributeError, TypeError) as exc:
-        # BUILD / NEWOBJ / OBJ applied to a builtin, or a call on a non-callable: the pickle wanted an object.
-        raise UnsafePickleError(f"{source}: refused: the pickle tried to build or call something ({exc})") from None
+        # NEWOBJ / OBJ applied to a builtin, or a call on a non-callable: the pickle wanted an object.
+        raise UnsafePickleError(f"{source}: refused: the pickle tried to build or call something "
+                                f"({str(exc)[:200]})") from None
     except RecursionError:
         raise UnsafePickleError(f"{source}: nesting too deep") from None
     except pickle.UnpicklingError as exc:
         if any(word in str(exc) for word in ("NEWOBJ", "class argument", "persistent", "extension")):
-            raise UnsafePickleError(f"{source}: refused: {exc}") from None
-        raise PickleLoadError(f"{source}: not a valid pickle: {exc}") from None
-    except (EOFError, ValueError, IndexError, KeyError, MemoryError, OverflowError,
-            UnicodeDecodeError) as exc:
-        detail = str(exc) or type(exc).__name__
-        if isinstance(exc, EOFError):
-            detail = "truncated (ran out of input)"
-        raise PickleLoadError(f"{source}: not a valid pickle: {detail}") from None
+            raise UnsafePickleError(f"{source}: refused: {str(exc)[:200]}") from None
+        raise PickleLoadError(f"{source}: not a valid pickle: {str(exc)[:200]}") from None
+    except EOFError:
+        raise PickleLoadError(f"{source}: not a valid pickle: truncated (ran out of input)") from None
+    except Exception as exc:  # every error a pickle can cause is this file's problem
+        detail = str(exc)[:200] or type(exc).__name__
+        raise PickleLoadError(f"{source}: not a valid pickle: {type(exc).__name__}: {detail}") from None
+    finally:
+        del unpickler
+    if issued and _escaped(issued):
+        raise UnsafePickleError(f"{source}: refused: the pickle returns a callable instead of calling it")
+    if walk and _has_surrogate(value):
+        raise PickleLoadError(f"{source}: not a valid pickle: a string is not valid UTF-8 (encoded surrogate)")
     return value
 
 
-def safe_load(path: str | Path) -> Any:
+def safe_load(path: str | Path, limits: DumpLimits | None = None) -> Any:
     """safe_loads of a file's contents; errors name the file."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise PickleLoadError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return safe_loads(data, source=str(path))
+    return safe_loads(data, source=str(path), limits=limits)

@@ -10,6 +10,7 @@ from typing import Any
 
 from attribution.hang import COLUMNS, HangReport, analyze_collectives
 from collectors.flight_recorder import DumpDirError, DumpSet, auto_processes, read_dump_dir
+from collectors.fr_limits import default_limits
 from collectors.sink import SegmentSink
 from collectors.source import NodeIdentity
 from controller.cli.common import CliError, add_store_arg, json_default
@@ -54,6 +55,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.expected_ranks is not None and args.expected_ranks <= 0:
         raise CliError("--expected-ranks must be a positive world size")
+    if args.expected_ranks is not None and args.expected_ranks > default_limits().max_world_size:
+        raise CliError(f"--expected-ranks {args.expected_ranks}: larger than any job (limit "
+                       f"{default_limits().max_world_size}, FAULTLENS_FR_MAX_WORLD_SIZE)")
     if args.processes is not None and args.processes <= 0:
         raise CliError("--processes must be positive")
     processes = args.processes or auto_processes(args.directory)
