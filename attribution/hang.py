@@ -59,7 +59,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -78,7 +78,42 @@ class HangVerdict(StrEnum):
     SIZE_MISMATCH = "size_mismatch"
     OP_MISMATCH = "op_mismatch"
     MISSING_DUMPS = "missing_dumps"
+    STUCK_OUTSIDE = "stuck_outside"  # never joined, and inside no collective at all (a root's kind only)
+    SKIPPED = "skipped"  # left the collective out and went on (a root's kind only)
+    CYCLE = "cycle"  # waits on the others of a cycle nothing could order (a root's kind only)
     UNKNOWN = "unknown"
+
+
+#: the coarse report-level family of each root kind (report.verdict keeps the families the decision rules know)
+_FAMILY = {HangVerdict.STUCK_OUTSIDE: HangVerdict.NEVER_JOINED, HangVerdict.SKIPPED: HangVerdict.NEVER_JOINED,
+           HangVerdict.CYCLE: HangVerdict.NEVER_JOINED}
+
+
+@dataclass(frozen=True)
+class HangRoot:
+    """One independent root cause: the ranks that others wait on (directly or through other ranks), what they
+    did, where, and who waits on them."""
+
+    kind: HangVerdict
+    ranks: tuple[int, ...]
+    kinds: tuple[tuple[int, str], ...]  # per rank: its own kind (a root of two ranks may mix them)
+    pg_id: str | None
+    pg_name: str | None
+    pg_desc: str | None
+    collective_seq_id: int | None
+    op: str | None
+    waiting_ranks: tuple[int, ...]  # every rank whose lag is explained by waiting on this root
+    where: tuple[str, ...]  # per rank, where its Python stack says it is (when stacks were given)
+    confidence: float
+    reason: str
+    evidence: tuple[str, ...]  # the chain: the root's own divergences first, then the ranks waiting on it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "ranks": list(self.ranks), "kinds": {str(r): k for r, k in self.kinds},
+                "pg_id": self.pg_id, "pg_name": self.pg_name, "pg_desc": self.pg_desc,
+                "collective_seq_id": self.collective_seq_id, "op": self.op,
+                "waiting_ranks": list(self.waiting_ranks), "where": list(self.where),
+                "confidence": self.confidence, "reason": self.reason, "evidence": list(self.evidence)}
 
 
 @dataclass(frozen=True)
@@ -96,6 +131,9 @@ class HangReport:
     reason: str
     confidence: float
     evidence: tuple[str, ...]
+    roots: tuple[HangRoot, ...] = ()  # every independent root; the fields above describe roots[0] (the headline)
+    follow_ons: tuple[int, ...] = ()  # ranks whose lag is explained by waiting on a root
+    unresolved_cycle: bool = False  # a cycle no information could order was reported whole (low confidence)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,7 +141,8 @@ class HangReport:
             "pg_name": self.pg_name, "pg_desc": self.pg_desc, "collective_seq_id": self.collective_seq_id,
             "op": self.op, "never_joined": list(self.never_joined), "stalled": list(self.stalled),
             "missing_dumps": list(self.missing_dumps), "reason": self.reason, "confidence": self.confidence,
-            "evidence": list(self.evidence),
+            "evidence": list(self.evidence), "roots": [r.to_dict() for r in self.roots],
+            "follow_ons": list(self.follow_ons), "unresolved_cycle": self.unresolved_cycle,
         }
 
 
@@ -195,8 +234,13 @@ class _Analysis:
     stuck_groups: list[tuple[int, int, tuple[int, ...], int]] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     history: Any = None  # rank -> (seqs, groups, index of first incomplete) in record order
+    incomplete: set[int] = field(default_factory=set)  # ranks with an entry not completed (inside a collective)
+    where: dict[int, Any] = field(default_factory=dict)  # rank -> collectors.pystack.Whereabouts, from stacks
+    key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
 
     def label(self, group: int) -> str:
+        if not 0 <= group < len(self.group_names):
+            return "p2p"
         name = self.group_names[group]
         desc = self.group_descs.get(group)
         return f"group {name!r}" + (f" ({desc})" if desc and desc != name else "")
@@ -354,13 +398,53 @@ class _Decoder:
             yield self.decode(start, stop - start)
 
 
+STACKS_METADATA_KEY = b"faultlens.stacks"
+
+
+def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
+    """The table with the ranks' Python stacks (collectors.pystack.ProcessStack) in its schema metadata, so that a
+    dump requester can hand them to the analysis together with the rows."""
+    import json
+
+    from collectors.pystack import stack_to_json
+
+    if not stacks:
+        return table
+    metadata = dict(table.schema.metadata or {})
+    metadata[STACKS_METADATA_KEY] = json.dumps({str(int(r)): stack_to_json(s) for r, s in stacks.items()}).encode()
+    return table.replace_schema_metadata(metadata)
+
+
+def stacks_from_metadata(table: pa.Table) -> dict[int, Any]:
+    import json
+
+    from collectors.pystack import parse_py_spy
+
+    raw = (table.schema.metadata or {}).get(STACKS_METADATA_KEY)
+    if not raw:
+        return {}
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(document, dict):
+        return {}
+    return {int(r): parse_py_spy(v, source=f"stack of rank {r}") for r, v in document.items()
+            if str(r).lstrip("-").isdigit()}
+
+
 def _group_max(tables: list[pa.Table], keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
     merged = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     return merged.group_by(keys).aggregate(aggregations)
 
 
-def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None) -> HangReport:
+def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
+                        stacks: Mapping[int, Any] | None = None) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
+
+    stacks: rank -> collectors.pystack.ProcessStack (py-spy), where taken; default: the table's schema metadata
+    `faultlens.stacks` (attach_stacks), else none. They name where a culprit that never joined is, and give the
+    send/recv waits that gloo does not record.
 
     The table may hold only the columns the analysis reads (COLUMNS) and may keep strings dictionary-encoded;
     it is read in slices of SLICE_ROWS, so the analysis' own memory stays bounded on very large sets."""
@@ -370,6 +454,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     table = collectives
     if table.num_rows == 0:
         return _report_empty(expected_ranks)
+    if stacks is None:
+        stacks = stacks_from_metadata(table)
     decoder = _Decoder(table)
 
     # -- pass 1: progress per (group, rank), signatures per (group, seq), membership evidence
@@ -480,9 +566,10 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         if not present:
             continue
         e_values = {r: by_rank[r][0] for r in present}
+        below = min(e_values.values()) - 1
         for r in absent_dumped:
             # a dumped member with no entry of this group: it has not entered anything the dump still holds
-            e_values[r] = min(e_values.values()) - 1
+            e_values[r] = below
         e_min, e_max = min(e_values.values()), max(e_values.values())
         if e_min < e_max:
             laggards = tuple(sorted(r for r, e in e_values.items() if e == e_min))
@@ -509,7 +596,10 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             elif any(by_rank[r][3] for r in present) and not absent_missing:
                 stuck_pending.append((g, c_min + 1, tuple(sorted(r for r in present if by_rank[r][3]))))
         if absent_missing:
-            waiting = tuple(sorted(r for r in present if by_rank[r][3]))
+            # those inside the group's latest collective wait on the missing ranks; so do those that left it with
+            # an error (a dump on the way out marks it retired): every member at the group's highest entry
+            top = max(by_rank[r][0] for r in present)
+            waiting = tuple(sorted(r for r in present if by_rank[r][3] or by_rank[r][0] == top))
             if waiting:
                 seq = min(by_rank[r][1] for r in waiting) + 1
                 pending.append((_Divergence(g, "missing", seq, tuple(absent_missing), waiting, 0), waiting,
@@ -553,7 +643,79 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         return seqs[sort].tolist(), groups[sort].tolist(), int(incomplete[0]) if incomplete.shape[0] else None
 
     analysis.history = history
+    analysis.incomplete = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
+    analysis.key_rows = lambda due_roles, due_seqs, roles, seqs: _key_orders(
+        analysis, decoder, (due_roles[0], due_seqs[0]), list(zip(roles, seqs, strict=True)))
+    if stacks:
+        _stack_edges(analysis, stacks)
     return _decide(analysis)
+
+
+def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
+                others: list[tuple[tuple, int]]) -> dict[tuple, dict[int, tuple[int, int]]]:
+    """For the collective `due` (role, seq) and each of `others`: per rank that entered both (in its own group of
+    each role), the record ids of the two entries (its own order)."""
+    by_role: dict[tuple, list[int]] = defaultdict(list)
+    for g in analysis.members:
+        by_role[_role(analysis, g)].append(g)
+    wanted = {(g, due[1]) for g in by_role.get(due[0], ())}
+    for role, seq in others:
+        wanted |= {(g, seq) for g in by_role.get(role, ())}
+    if len(wanted) > 200_000:
+        return {}
+    rows_of = _rows_for_keys(decoder, wanted)
+    if not rows_of:
+        return {}
+    all_rows = np.concatenate(list(rows_of.values()))
+    ranks = decoder.table.column("rank").take(pa.array(all_rows)).to_numpy(zero_copy_only=False)
+    records, _ = _Lazy(decoder.table, "record_id").at(all_rows)
+    position: dict[tuple[int, int, int], int] = {}
+    i = 0
+    for (g, seq), rows in rows_of.items():
+        for _ in range(len(rows)):
+            position.setdefault((g, seq, int(ranks[i])), int(records[i]))
+            i += 1
+
+    def positions(role: tuple, seq: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for g in by_role.get(role, ()):
+            for r in analysis.members.get(g, ()):
+                rec = position.get((g, seq, r))
+                if rec is not None:
+                    out.setdefault(r, rec)
+        return out
+
+    due_pos = positions(*due)
+    result: dict[tuple, dict[int, tuple[int, int]]] = {}
+    for role, seq in others:
+        other_pos = positions(role, seq)
+        result[(role, seq)] = {r: (due_pos[r], p) for r, p in other_pos.items() if r in due_pos}
+    return result
+
+
+def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
+    """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not record) waits on
+    its peer: an edge of the wait-for graph the trace alone cannot show."""
+    from collectors.pystack import StackPlace, where
+
+    for rank, stack in stacks.items():
+        rank = int(rank)
+        if rank not in analysis.dumped:
+            continue
+        place = where(stack)
+        if place.kind == StackPlace.UNKNOWN:
+            if getattr(stack, "error", None):
+                analysis.evidence.append(f"rank {rank}: no Python stack ({stack.error})")
+            continue
+        analysis.where[rank] = place
+        peer = place.peer
+        if place.kind != StackPlace.IN_P2P or peer is None or peer == rank or peer not in analysis.expected:
+            continue
+        shared = [g for g, m in analysis.members.items() if rank in m and peer in m]
+        group = min(shared, key=lambda g: len(analysis.members[g])) if shared else -1
+        analysis.divergences.append(_Divergence(
+            group, "stack", None, (peer,), (rank,), _BIG, place.op, None,
+            f"{analysis.label(group)} p2p: {place.text(rank)}: it waits on rank {peer}"))
 
 
 def _signatures(part: _Decoded, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
@@ -760,10 +922,23 @@ def _describe_entries(taken: pa.Table, ranks: np.ndarray, ops: list[Any]) -> str
 # deciding
 
 
+_BIG = np.iinfo(np.int64).max
+_LEVEL_RANK = {"entered": 0, "completed": 1, "started": 2, "missing": 3, "p2p": 4, "stack": 5}
+
+
+@dataclass
+class _Root:
+    ranks: list[int]
+    divergences: list[_Divergence] = field(default_factory=list)
+    mismatches: list[_Mismatch] = field(default_factory=list)
+    cyclic: bool = False
+    waiting: set[int] = field(default_factory=set)
+
+
 def _decide(analysis: _Analysis) -> HangReport:
+    """The wait-for graph's independent roots (see the module docstring), each with its own kind and chain."""
     divergences = analysis.divergences
     evidence = list(analysis.evidence)
-    # wait-for graph: rank nodes, then one node per divergence
     rank_nodes = sorted(analysis.dumped | analysis.missing)
     node_of = {r: i for i, r in enumerate(rank_nodes)}
     n_ranks = len(rank_nodes)
@@ -774,101 +949,144 @@ def _decide(analysis: _Analysis) -> HangReport:
         for i, d in enumerate(divergences):
             hub = n_ranks + i
             for w in d.waiters:
-                if w not in dropped:
+                if w not in dropped and w in node_of:
                     src.append(node_of[w])
                     dst.append(hub)
             for lag in d.laggards:
-                src.append(hub)
-                dst.append(node_of[lag])
+                if lag in node_of:
+                    src.append(hub)
+                    dst.append(node_of[lag])
         src_a, dst_a = np.asarray(src, np.int64), np.asarray(dst, np.int64)
         labels = _strongly_connected(n_ranks + len(divergences), src_a, dst_a)
         return src_a, dst_a, labels
 
+    # -- terminal components; cycles broken by each rank's own order (consensus of the others), then history
     skippers: dict[int, str] = {}
-    culprits: list[int] = []
-    unresolved_cycle = False
+    components: list[list[int]] = []
+    src = dst = np.empty(0, np.int64)
     if divergences:
-        src, dst, labels = build(set())
-        culprits, cyclic = _terminal_ranks(n_ranks, src, dst, labels, rank_nodes)
         laggards = {lag for d in divergences for lag in d.laggards}
-        component_size = Counter(labels[:n_ranks].tolist())
-        in_cycle = {rank_nodes[i] for i in range(n_ranks) if component_size[int(labels[i])] > 1}
-        # ranks of a cycle (each lags somewhere while waiting elsewhere): which one skipped (root), which are only
-        # blocked (follow-ons)?
-        candidates = sorted((laggards & in_cycle) - analysis.missing)[:64]
-        for rank in candidates:
-            verdict = _skipped(analysis, rank, divergences)
-            if verdict:
-                skippers[rank] = verdict
-        if skippers:
+        for _ in range(4):
             src, dst, labels = build(set(skippers))
-            culprits, cyclic = _terminal_ranks(n_ranks, src, dst, labels, rank_nodes)
-            evidence.extend(skippers.values())
-        unresolved_cycle = cyclic
+            components = _terminal_components(n_ranks, src, dst, labels, rank_nodes)
+            found: dict[int, str] = {}
+            for comp in components:
+                if len(comp) < 2:
+                    continue
+                for rank in sorted((set(comp) & laggards) - analysis.missing - set(skippers))[:64]:
+                    verdict = _skipped_by_consensus(analysis, rank, set(comp), divergences) \
+                        or _skipped(analysis, rank, divergences)
+                    if verdict:
+                        found[rank] = verdict
+            if not found:
+                break
+            skippers.update(found)
+    dropped = set(skippers)
 
-    # the root anomaly: earliest of the culprits' divergences and the mismatches
-    culprit_divs = [d for d in divergences if set(d.laggards) & set(culprits)]
-    level_rank = {"entered": 0, "completed": 1, "started": 2, "missing": 3, "p2p": 4}
-    # headline: a collective (not p2p) divergence, covering the most culprits, earliest
-    first_div = min(culprit_divs, key=lambda d: (d.level == "p2p", -len(set(d.laggards) & set(culprits)), d.time,
-                                                 level_rank[d.level]), default=None)
-    first_mismatch = min(analysis.mismatches, key=lambda m: (m.time, m.tie), default=None)
-    root_is_mismatch = first_mismatch is not None and (first_div is None or first_mismatch.time <= first_div.time)
+    # -- who waits on each component (reverse reachability over the graph without the skippers' out-edges)
+    reverse: dict[int, list[int]] = defaultdict(list)
+    for a, b in zip(src.tolist(), dst.tolist(), strict=True):
+        reverse[b].append(a)
+    roots: list[_Root] = []
+    for comp in components:
+        root = _Root(sorted(comp), cyclic=len(comp) > 1 and not (set(comp) & dropped))
+        seen = {node_of[r] for r in comp}
+        stack = list(seen)
+        while stack:
+            node = stack.pop()
+            for prev in reverse.get(node, ()):
+                if prev not in seen:
+                    seen.add(prev)
+                    stack.append(prev)
+        root.waiting = {rank_nodes[n] for n in seen if n < n_ranks} - set(comp)
+        root.divergences = [d for d in divergences if set(d.laggards) & set(comp)]
+        roots.append(root)
+    # ranks stuck in one collective together (two_in_one_group) are one root, not two
+    merged: dict[tuple, _Root] = {}
+    for root in roots:
+        head = _headline(root)
+        key = (head.group, head.seq, head.level) if head is not None and not root.cyclic else ("own", *root.ranks)
+        if key in merged:
+            other = merged[key]
+            other.ranks = sorted(set(other.ranks) | set(root.ranks))
+            other.waiting = (other.waiting | root.waiting) - set(other.ranks)
+            other.divergences += [d for d in root.divergences if d not in other.divergences]
+        else:
+            merged[key] = root
+    roots = list(merged.values())
 
-    follow_ons = [d for d in divergences if d not in culprit_divs]
-    for d in sorted(culprit_divs, key=lambda d: d.time)[:MAX_EVIDENCE]:
-        evidence.append(d.detail)
-    for d in sorted(follow_ons, key=lambda d: d.time)[:MAX_EVIDENCE]:
-        evidence.append("follow-on: " + d.detail)
-    for m in sorted(analysis.mismatches, key=lambda m: m.time)[:MAX_EVIDENCE]:
-        prefix = "" if root_is_mismatch and m is first_mismatch else "follow-on: "
-        evidence.append(prefix + m.detail)
-
-    missing = tuple(sorted(analysis.missing))
-    if root_is_mismatch:
-        m = first_mismatch
-        odd = m.odd
-        confidence = 0.95 if len(m.majority) >= 2 * len(m.odd) else 0.8
+    # -- mismatches: a root of their own, evidence of a root they belong to, or follow-ons
+    culprit_ranks = {r for root in roots for r in root.ranks}
+    waiting_all = {w for root in roots for w in root.waiting} - culprit_ranks
+    follow_on_mismatches: list[_Mismatch] = []
+    for m in sorted(analysis.mismatches, key=lambda m: (m.time, m.tie)):
+        odd = set(m.odd)
         if m.tie:
-            # no majority: the side the wait-for graph already blames (it lagged: it skipped), else both sides
             involved = set(m.odd) | set(m.majority)
-            blamed = involved & set(culprits)
-            odd, confidence = (tuple(sorted(blamed)), 0.75) if blamed else (tuple(sorted(involved)), 0.4)
+            blamed = involved & culprit_ranks
+            if blamed:
+                odd = blamed
+            elif involved <= waiting_all:
+                follow_on_mismatches.append(m)
+                continue
+            else:
+                odd = involved
+        owners = [root for root in roots if odd & set(root.ranks)]
+        if owners:
+            for root in owners:
+                root.mismatches.append(m)
+            continue
+        # a mismatch is a follow-on only where its odd ranks were already waiting on a root when they made it
+        # (an error path's extra collective); one made before (a completed all_reduce of another shape) is a root
+        waits_since = [d.time for d in divergences if odd & set(d.waiters)]
+        if odd <= waiting_all and waits_since and min(waits_since) < m.time:
+            follow_on_mismatches.append(m)
+            continue
+        roots.append(_Root(sorted(odd), mismatches=[m]))
+        culprit_ranks |= odd
+
+    built = [_describe_root(analysis, root, skippers) for root in roots]
+    built.sort(key=lambda b: (-len(b[0].waiting_ranks), b[1], b[0].ranks))
+    hang_roots = tuple(b[0] for b in built)
+    culprits = sorted({r for root in hang_roots for r in root.ranks})
+    waiting = sorted({w for root in hang_roots for w in root.waiting_ranks} - set(culprits))
+    missing = tuple(sorted(analysis.missing))
+    unresolved = any(root.kind == HangVerdict.CYCLE for root in hang_roots)
+
+    if hang_roots:
+        head = hang_roots[0]
+        summary = [f"root {i + 1} of {len(hang_roots)}: {root.reason}" for i, root in enumerate(hang_roots)] \
+            if len(hang_roots) > 1 else [head.reason]
+        lines = [*summary]
+        for root in hang_roots:
+            lines.extend(root.where)
+        for root in hang_roots:
+            lines.extend(e for e in root.evidence if e not in lines)
+        lines.extend(skippers.values())
+        explained = [d for d in divergences if not any(d in r.divergences for r in roots)]
+        lines.extend("follow-on: " + d.detail for d in sorted(explained, key=lambda d: d.time)[:MAX_EVIDENCE])
+        lines.extend("follow-on: " + m.detail for m in follow_on_mismatches[:MAX_EVIDENCE])
+        kinds = {r: k for root in hang_roots for r, k in root.kinds}
+        never = tuple(r for r in culprits if kinds.get(r) in (HangVerdict.NEVER_JOINED.value,
+                                                               HangVerdict.STUCK_OUTSIDE.value,
+                                                               HangVerdict.SKIPPED.value, HangVerdict.CYCLE.value))
+        stalled = tuple(r for r in culprits if kinds.get(r) == HangVerdict.STALLED.value)
+        reason = head.reason if len(hang_roots) == 1 else (
+            f"{len(hang_roots)} independent roots: " + "; ".join(
+                f"rank(s) {_ranks_text(r.ranks)} {r.kind.value}" + (f" in {r.pg_desc or r.pg_name} seq "
+                                                                  f"{r.collective_seq_id}" if r.pg_name else "")
+                for r in hang_roots))
+        if waiting:
+            reason += f"; {len(waiting)} other rank(s) wait on them (follow-ons)"
+        if unresolved:
+            reason += "; the ranks of a cycle wait on each other and nothing could order them"
         return HangReport(
-            verdict=m.kind, culprit_ranks=odd, pg_id=m.pg_id, pg_name=analysis.group_names[m.group],
-            pg_desc=analysis.group_descs.get(m.group), collective_seq_id=m.seq, op=m.op, never_joined=(),
-            stalled=(), missing_dumps=missing,
-            reason=m.detail, confidence=confidence, evidence=tuple(evidence))
-    if culprits:
-        d = first_div
-        culprit_set = set(culprits)
-        never = sorted(r for r in culprits if any(r in x.laggards and x.level in ("entered", "p2p", "missing")
-                                                  for x in culprit_divs))
-        stalled = sorted(r for r in culprits if r not in never and r not in analysis.missing)
-        if culprit_set & analysis.missing:
-            verdict = HangVerdict.MISSING_DUMPS
-        elif never:
-            verdict = HangVerdict.NEVER_JOINED
-        else:
-            verdict = HangVerdict.STALLED
-        groups_per_culprit = Counter(r for x in culprit_divs for r in set(x.laggards) & culprit_set)
-        if unresolved_cycle:
-            confidence = 0.5
-        elif skippers:
-            confidence = 0.8
-        else:
-            confidence = 0.95 if min(groups_per_culprit.values()) >= 2 else 0.85
-        waiting = sorted({w for x in divergences for w in x.waiters} - culprit_set)
-        reason = (f"rank(s) {_ranks_text(culprits)} {_verdict_phrase(verdict)}: {d.detail}"
-                  + (f"; {len(waiting)} other rank(s) wait on them (follow-ons)" if waiting else ""))
-        if unresolved_cycle:
-            reason += "; the ranks wait on each other (a cycle no history could order)"
-        return HangReport(
-            verdict=verdict, culprit_ranks=tuple(culprits), pg_id=d.pg_id, pg_name=analysis.group_names[d.group],
-            pg_desc=analysis.group_descs.get(d.group), collective_seq_id=d.seq, op=d.op,
-            never_joined=tuple(r for r in never if r not in analysis.missing),
-            stalled=tuple(stalled), missing_dumps=missing, reason=reason, confidence=confidence,
-            evidence=tuple(evidence))
+            verdict=_FAMILY.get(head.kind, head.kind), culprit_ranks=tuple(culprits), pg_id=head.pg_id,
+            pg_name=head.pg_name, pg_desc=head.pg_desc, collective_seq_id=head.collective_seq_id, op=head.op,
+            never_joined=never, stalled=stalled, missing_dumps=missing, reason=reason,
+            confidence=round(min(root.confidence for root in hang_roots), 3),
+            evidence=tuple(evidence + lines), roots=hang_roots, follow_ons=tuple(waiting),
+            unresolved_cycle=unresolved)
     if missing:
         return HangReport(
             verdict=HangVerdict.MISSING_DUMPS, culprit_ranks=missing, pg_id=None, pg_name=None, pg_desc=None,
@@ -894,35 +1112,173 @@ def _decide(analysis: _Analysis) -> HangReport:
         confidence=0.8, evidence=tuple(evidence))
 
 
+def _headline(root: _Root) -> _Divergence | None:
+    """The divergence that best says what a root did: a collective (not p2p) one, covering most of its ranks,
+    earliest."""
+    ranks = set(root.ranks)
+    return min(root.divergences, key=lambda d: (d.level in ("p2p", "stack"), -len(set(d.laggards) & ranks), d.time,
+                                                _LEVEL_RANK[d.level]), default=None)
+
+
+def _rank_kind(analysis: _Analysis, rank: int, root: _Root, skippers: dict[int, str]) -> HangVerdict:
+    if rank in analysis.missing:
+        return HangVerdict.MISSING_DUMPS
+    if rank in skippers:
+        return HangVerdict.SKIPPED
+    if root.cyclic:
+        return HangVerdict.CYCLE
+    levels = {d.level for d in root.divergences if rank in d.laggards}
+    if not levels and root.mismatches:
+        return root.mismatches[0].kind
+    if levels and levels <= {"completed", "started"}:
+        return HangVerdict.STALLED
+    place = analysis.where.get(rank)
+    if place is not None and place.kind.value == "outside_collectives":
+        return HangVerdict.STUCK_OUTSIDE
+    if rank in analysis.dumped and rank not in analysis.incomplete and (place is None or place.kind.value
+                                                                        == "unknown"):
+        return HangVerdict.STUCK_OUTSIDE  # every entry it recorded completed: it is inside no collective
+    return HangVerdict.NEVER_JOINED
+
+
+def _describe_root(analysis: _Analysis, root: _Root, skippers: dict[int, str]) -> tuple[HangRoot, int]:
+    head = _headline(root)
+    mismatch = min(root.mismatches, key=lambda m: m.time, default=None)
+    kinds = {r: _rank_kind(analysis, r, root, skippers) for r in root.ranks}
+    use_mismatch = mismatch is not None and (head is None or mismatch.time <= head.time)
+    if use_mismatch:
+        kind = mismatch.kind
+        kinds = {r: (mismatch.kind if r in mismatch.odd or mismatch.tie else k) for r, k in kinds.items()}
+    else:
+        kind = Counter(kinds.values()).most_common(1)[0][0]
+    where = tuple(analysis.where[r].text(r) for r in root.ranks if r in analysis.where
+                  and analysis.where[r].kind.value != "unknown")
+    chain = []
+    if use_mismatch:
+        chain.append(mismatch.detail)
+    for d in sorted(root.divergences, key=lambda d: (d is not head, d.time))[:MAX_EVIDENCE]:
+        chain.append(d.detail)
+    for m in root.mismatches:
+        if m is not mismatch or not use_mismatch:
+            chain.append("follow-on: " + m.detail)
+    # confidence
+    if kind == HangVerdict.CYCLE:
+        confidence = 0.5
+    elif use_mismatch:
+        confidence = 0.95 if len(mismatch.majority) >= 2 * len(mismatch.odd) else 0.8
+        if mismatch.tie:
+            confidence = 0.75 if head is not None or set(root.ranks) != set(mismatch.odd) | set(mismatch.majority) \
+                else 0.4
+    elif kind == HangVerdict.SKIPPED:
+        confidence = 0.8
+    else:
+        groups = Counter(r for d in root.divergences for r in set(d.laggards) & set(root.ranks))
+        located = any(analysis.where.get(r) is not None and analysis.where[r].kind.value == "outside_collectives"
+                      for r in root.ranks)
+        confidence = 0.95 if (groups and min(groups.values()) >= 2) or located else 0.85
+    if use_mismatch:
+        group, seq, op, pg_id, t = mismatch.group, mismatch.seq, mismatch.op, mismatch.pg_id, mismatch.time
+        what = mismatch.detail
+    elif head is not None:
+        group, seq, op, pg_id, t = head.group, head.seq, head.op, head.pg_id, head.time
+        what = head.detail
+    else:
+        group, seq, op, pg_id, t, what = -1, None, None, None, _BIG, ""
+    phrase = {HangVerdict.STUCK_OUTSIDE: "never joined the collective their peers wait in and are inside no "
+                                         "collective (stuck outside)",
+              HangVerdict.SKIPPED: "left a collective out and went on (their peers wait in it)",
+              HangVerdict.CYCLE: "wait on each other in a cycle nothing could order",
+              }.get(kind) or _verdict_phrase(kind)
+    reason = f"rank(s) {_ranks_text(root.ranks)} {phrase}: {what}"
+    skip_text = [skippers[r] for r in root.ranks if r in skippers]
+    if skip_text:
+        reason += f" ({skip_text[0]})"
+    if where:
+        reason += f"; {where[0]}"
+    if root.waiting:
+        reason += f"; rank(s) {_ranks_text(sorted(root.waiting))} wait on them"
+    valid = 0 <= group < len(analysis.group_names)
+    return HangRoot(
+        kind=kind, ranks=tuple(root.ranks), kinds=tuple((r, k.value) for r, k in sorted(kinds.items())),
+        pg_id=pg_id, pg_name=analysis.group_names[group] if valid else None,
+        pg_desc=analysis.group_descs.get(group) if valid else None, collective_seq_id=seq, op=op,
+        waiting_ranks=tuple(sorted(root.waiting)), where=where, confidence=confidence, reason=reason,
+        evidence=tuple(chain)), t
+
+
+def _role(analysis: _Analysis, group: int) -> tuple:
+    """Groups that play the same part in the program (one desc, one size: Megatron's TP groups) are compared by
+    sequence id across ranks; a group without a usable desc plays only its own part."""
+    desc = analysis.group_descs.get(group)
+    if desc and desc not in ("undefined", "default_pg"):
+        return ("desc", desc, len(analysis.members.get(group, ())))
+    return ("group", group)
+
+
+def _skipped_by_consensus(analysis: _Analysis, rank: int, cycle: set[int],
+                          divergences: list[_Divergence]) -> str | None:
+    """Did `rank` go past a collective it lags in? Its own cross-group entry order says which collectives it
+    entered after its last one of the lagging group; the ranks outside the cycle that entered both (in groups of
+    the same part: the other TP groups for a TP collective) say which comes first in the program. No periodic
+    history is needed: one step of the others' order is enough."""
+    history = analysis.history(rank) if analysis.history else None
+    if history is None or analysis.key_rows is None:
+        return None
+    seqs, groups_in_order, _incomplete = history
+    for d in divergences:
+        if rank not in d.laggards or d.level != "entered" or d.seq is None:
+            continue
+        last = max((i for i, g in enumerate(groups_in_order) if g == d.group), default=-1)
+        after = [(groups_in_order[i], seqs[i]) for i in range(last + 1, len(seqs))
+                 if groups_in_order[i] != d.group][:8]
+        if not after:
+            continue
+        due = (_role(analysis, d.group), d.seq)
+        later = [(_role(analysis, g), s, g, s) for g, s in after]
+        orders = analysis.key_rows([due[0]], [due[1]], [k[0] for k in later], [k[1] for k in later])
+        for role, s, g, s_own in later:
+            pro = con = 0
+            example = None
+            for w, (pos_due, pos_other) in orders.get((role, s), {}).items():
+                if w in cycle or w == rank:
+                    continue
+                if pos_due < pos_other:
+                    pro += 1
+                    example = example if example is not None else w
+                else:
+                    con += 1
+            if pro and pro > con:
+                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) outside the cycle "
+                        f"(e.g. rank {example}) entered that collective before {analysis.label(g)} seq {s_own}'s "
+                        f"counterpart, and rank {rank} entered {analysis.group_names[g]!r} seq {s_own} without it")
+    return None
+
+
 def _verdict_phrase(verdict: HangVerdict) -> str:
     return {HangVerdict.NEVER_JOINED: "never joined the collective their peers wait in",
             HangVerdict.STALLED: "joined the collective but did not complete it while their peers did",
-            HangVerdict.MISSING_DUMPS: "wrote no dump and their peers wait on them"}.get(verdict, "lag")
+            HangVerdict.MISSING_DUMPS: "wrote no dump and their peers wait on them",
+            HangVerdict.SIZE_MISMATCH: "called a collective with other sizes/dtypes than their peers",
+            HangVerdict.OP_MISMATCH: "called another collective than their peers"}.get(verdict, "lag")
 
 
-def _terminal_ranks(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray,
-                    rank_nodes: list[int]) -> tuple[list[int], bool]:
-    """Ranks in terminal strongly-connected components that someone waits on; and whether such a component holds
-    more than one rank (a cycle)."""
+def _terminal_components(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray,
+                         rank_nodes: list[int]) -> list[list[int]]:
+    """The ranks of each terminal strongly-connected component (nothing it waits on) that someone waits on."""
     if src.shape[0] == 0:
-        return [], False
+        return []
     crossing = labels[src] != labels[dst]
     has_exit = set(labels[src[crossing]].tolist())
     waited_on = set(dst[dst < n_ranks].tolist())
     members_of: dict[int, list[int]] = defaultdict(list)
     for node in range(n_ranks):
         members_of[int(labels[node])].append(node)
-    culprits: list[int] = []
-    cyclic = False
+    out = []
     for label, nodes in members_of.items():
-        if label in has_exit:
+        if label in has_exit or not any(node in waited_on for node in nodes):
             continue
-        if not any(node in waited_on for node in nodes):
-            continue
-        if len(nodes) > 1:
-            cyclic = True
-        culprits.extend(rank_nodes[node] for node in nodes)
-    return sorted(culprits), cyclic
+        out.append(sorted(rank_nodes[node] for node in nodes))
+    return sorted(out)
 
 
 def _skipped(analysis: _Analysis, rank: int, divergences: list[_Divergence]) -> str | None:
