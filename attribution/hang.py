@@ -493,16 +493,18 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             "g": part.group[rows], "r": part.rank[rows], "s": c_seq,
             "s_incomplete": pa.array(c_seq, mask=part.complete[rows]),
             "s_started": pa.array(c_seq, mask=~part.started[rows]),
+            "s_complete": pa.array(c_seq, mask=~part.complete[rows]),
             "d": pa.array(c_desc, mask=c_desc < 0),
-        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_started", "max"),
-                                           ("d", "min")]))
+        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_incomplete", "max"),
+                                           ("s_started", "max"), ("s_complete", "max"), ("d", "min")]))
         signature_parts.append(_signatures(part, rows, sizes_column, dtypes_column, decoder.ops.values)
                                .group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")]))
     if not dumped:
         return _report_empty(expected_ranks)
     group_names = decoder.labels()
     agg = _group_max(progress_parts, ["g", "r"], [("s_max", "max"), ("s_incomplete_min", "min"),
-                                                  ("s_started_max", "max"), ("d_min", "min")])
+                                                  ("s_incomplete_max", "max"), ("s_started_max", "max"),
+                                                  ("s_complete_max", "max"), ("d_min", "min")])
     seen_table = _group_max(seen_parts, ["g", "r"], [("d_min", "min")])
     group_descs: dict[int, str | None] = {}
     seen: dict[int, set[int]] = defaultdict(set)
@@ -548,11 +550,16 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     big = np.iinfo(np.int64).max
     e_arr = agg.column("s_max_max").to_numpy()
     first_inc = agg.column("s_incomplete_min_min").fill_null(big).to_numpy()
-    c_arr = np.where(first_inc == big, e_arr, first_inc - 1)
-    s_arr = agg.column("s_started_max_max").fill_null(-1).to_numpy()
+    last_inc = agg.column("s_incomplete_max_max").fill_null(-1).to_numpy()
+    last_done = agg.column("s_complete_max_max").fill_null(-1).to_numpy()
+    # collectives of one group complete in order: a completed entry means every earlier one completed too (gloo
+    # leaves some entries unretired that did complete, e.g. an async all_reduce right after a send)
+    c_arr = np.maximum(np.where(first_inc == big, e_arr, first_inc - 1), last_done)
+    has_inc = last_inc > last_done
+    s_arr = np.maximum(agg.column("s_started_max_max").fill_null(-1).to_numpy(), last_done)
     progress: dict[int, dict[int, tuple[int, int, int, bool]]] = defaultdict(dict)
     for g, r, e, c, st, inc in zip(agg.column("g").to_pylist(), agg.column("r").to_pylist(), e_arr.tolist(),
-                                   c_arr.tolist(), s_arr.tolist(), (first_inc != big).tolist(), strict=True):
+                                   c_arr.tolist(), s_arr.tolist(), has_inc.tolist(), strict=True):
         progress[g][r] = (e, c, st, inc)
 
     # -- divergences per group (times and ops filled in by pass 2)
@@ -703,16 +710,14 @@ def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
         if rank not in analysis.dumped:
             continue
         place = where(stack)
-        if place.kind == StackPlace.UNKNOWN:
-            if getattr(stack, "error", None):
-                analysis.evidence.append(f"rank {rank}: no Python stack ({stack.error})")
-            continue
         analysis.where[rank] = place
+        if place.kind == StackPlace.UNKNOWN:
+            continue
         peer = place.peer
         if place.kind != StackPlace.IN_P2P or peer is None or peer == rank or peer not in analysis.expected:
             continue
-        shared = [g for g, m in analysis.members.items() if rank in m and peer in m]
-        group = min(shared, key=lambda g: len(analysis.members[g])) if shared else -1
+        shared = [g for g, m in analysis.members.items() if rank in m and peer in m and len(m) == 2]
+        group = shared[0] if shared else -1
         analysis.divergences.append(_Divergence(
             group, "stack", None, (peer,), (rank,), _BIG, place.op, None,
             f"{analysis.label(group)} p2p: {place.text(rank)}: it waits on rank {peer}"))
@@ -964,10 +969,13 @@ def _decide(analysis: _Analysis) -> HangReport:
     skippers: dict[int, str] = {}
     components: list[list[int]] = []
     src = dst = np.empty(0, np.int64)
+    # a rank that joined a collective its own group's peers completed is stuck inside it, whatever it (or its
+    # enqueued later work) waits on elsewhere: a culprit in its own right
+    stalled = {lag for d in divergences if d.level in ("completed", "started") for lag in d.laggards}
     if divergences:
         laggards = {lag for d in divergences for lag in d.laggards}
         for _ in range(4):
-            src, dst, labels = build(set(skippers))
+            src, dst, labels = build(set(skippers) | stalled)
             components = _terminal_components(n_ranks, src, dst, labels, rank_nodes)
             found: dict[int, str] = {}
             for comp in components:
@@ -981,7 +989,7 @@ def _decide(analysis: _Analysis) -> HangReport:
             if not found:
                 break
             skippers.update(found)
-    dropped = set(skippers)
+    dropped = set(skippers) | stalled
 
     # -- who waits on each component (reverse reachability over the graph without the skippers' out-edges)
     reverse: dict[int, list[int]] = defaultdict(list)
@@ -1135,9 +1143,10 @@ def _rank_kind(analysis: _Analysis, rank: int, root: _Root, skippers: dict[int, 
     place = analysis.where.get(rank)
     if place is not None and place.kind.value == "outside_collectives":
         return HangVerdict.STUCK_OUTSIDE
-    if rank in analysis.dumped and rank not in analysis.incomplete and (place is None or place.kind.value
-                                                                        == "unknown"):
+    if place is None and rank in analysis.dumped and rank not in analysis.incomplete:
         return HangVerdict.STUCK_OUTSIDE  # every entry it recorded completed: it is inside no collective
+    # a stack was taken and shows no thread of it (the process or thread is gone: crashed), or it is blocked in
+    # something the trace does not explain
     return HangVerdict.NEVER_JOINED
 
 
@@ -1151,8 +1160,7 @@ def _describe_root(analysis: _Analysis, root: _Root, skippers: dict[int, str]) -
         kinds = {r: (mismatch.kind if r in mismatch.odd or mismatch.tie else k) for r, k in kinds.items()}
     else:
         kind = Counter(kinds.values()).most_common(1)[0][0]
-    where = tuple(analysis.where[r].text(r) for r in root.ranks if r in analysis.where
-                  and analysis.where[r].kind.value != "unknown")
+    where = tuple(analysis.where[r].text(r) for r in root.ranks if r in analysis.where)
     chain = []
     if use_mismatch:
         chain.append(mismatch.detail)
@@ -1215,6 +1223,11 @@ def _role(analysis: _Analysis, group: int) -> tuple:
     return ("group", group)
 
 
+def _role_text(analysis: _Analysis, group: int) -> str:
+    role = _role(analysis, group)
+    return str(role[1]) if role[0] == "desc" else f"group {analysis.group_names[group]!r}"
+
+
 def _skipped_by_consensus(analysis: _Analysis, rank: int, cycle: set[int],
                           divergences: list[_Divergence]) -> str | None:
     """Did `rank` go past a collective it lags in? Its own cross-group entry order says which collectives it
@@ -1249,8 +1262,8 @@ def _skipped_by_consensus(analysis: _Analysis, rank: int, cycle: set[int],
                     con += 1
             if pro and pro > con:
                 return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) outside the cycle "
-                        f"(e.g. rank {example}) entered that collective before {analysis.label(g)} seq {s_own}'s "
-                        f"counterpart, and rank {rank} entered {analysis.group_names[g]!r} seq {s_own} without it")
+                        f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq {d.seq} before "
+                        f"their {_role_text(analysis, g)} seq {s_own}, which rank {rank} entered without it")
     return None
 
 

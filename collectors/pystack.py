@@ -83,7 +83,8 @@ class Whereabouts:
             return f"rank {rank} is blocked in {self.op}{peer} (Python stack: {self.frame})"
         if self.kind == StackPlace.IN_COLLECTIVE:
             return f"rank {rank} is blocked in torch.distributed.{self.op} (Python stack: {self.frame})"
-        return f"rank {rank}: no usable Python stack"
+        return (f"rank {rank}: no Python stack of it ({self.frame})" if self.frame
+                else f"rank {rank}: its stack shows no training thread (the process or thread is gone: crashed?)")
 
 
 def py_spy_path() -> str | None:
@@ -173,8 +174,10 @@ def _peer(frame: Frame, key: str) -> int | None:
 def where(stack: ProcessStack | None, thread_ids: Iterable[int] | None = None) -> Whereabouts:
     """Where the training thread of a process is (the thread that recorded the rank's collectives where its id is
     known, else one inside torch.distributed, else MainThread)."""
-    if stack is None or stack.error:
+    if stack is None:
         return Whereabouts(StackPlace.UNKNOWN, None, None, None, None)
+    if stack.error:
+        return Whereabouts(StackPlace.UNKNOWN, stack.error, None, None, None)
     thread = _thread(stack, thread_ids)
     if thread is None:
         return Whereabouts(StackPlace.UNKNOWN, None, None, None, None)
@@ -255,3 +258,15 @@ def dump_pids(directory: str | os.PathLike[str]) -> dict[int, int]:
         if isinstance(data, dict) and isinstance(data.get("pid"), int) and isinstance(data.get("rank"), int):
             out[data["rank"]] = data["pid"]
     return out
+
+
+def capture_dump_dir_stacks(dump_dir: str | os.PathLike[str], **kwargs: Any) -> dict[int, ProcessStack]:
+    """The stacks of the ranks whose dumps are in `dump_dir` (pids from the dumps), written to dump_dir/stacks/;
+    {} where py-spy is not installed. Never raises."""
+    if py_spy_path() is None and "tool" not in kwargs:
+        return {}
+    try:
+        pids = dump_pids(dump_dir)
+        return capture_ranks(pids, Path(dump_dir) / "stacks", **kwargs)
+    except OSError:
+        return {}

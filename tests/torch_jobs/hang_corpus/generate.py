@@ -37,7 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = Path(__file__).resolve().parent
 HASHED = ("scenarios.py", "worker.py", "generate.py")
 ENV_DIR = "FAULTLENS_HANG_CORPUS"
-QUIET_S = 2.5
+QUIET_S = 5.0  # generous: a loaded machine must not pass for a settled hang
 START_TIMEOUT_S = 240.0
 SETTLE_TIMEOUT_S = 120.0
 
@@ -166,7 +166,34 @@ def _write_stacks(out: Path, phase: int, stacks: dict[int, list | None]) -> None
             path.write_text(json.dumps(mine))
 
 
-def generate(out: Path) -> dict[str, Path]:
+def _check_faults(statuses: dict[str, dict[str, str]]) -> None:
+    """Every fault happened where the scenario puts it (else the truth would not hold)."""
+    problems = []
+    for s in sc.SCENARIOS:
+        final = statuses.get(s.name, {})
+        for f in s.faults:
+            state = final.get(str(f.rank), "")
+            want = {"stuck": "stuck", "checkpoint": "stuck", "crash": "error: RuntimeError: injected",
+                    "kill": "killed"}.get(f.kind)
+            if want and not state.startswith(want):
+                problems.append(f"{s.name}: rank {f.rank} should be {want!r}, is {state!r}")
+    if problems:
+        raise CorpusError("; ".join(problems))
+
+
+def generate(out: Path, attempts: int = 2) -> dict[str, Path]:
+    """Generate the corpus into `out`; a generation whose faults did not all happen is run once more."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return _generate(out)
+        except CorpusError:
+            if attempt == attempts:
+                raise
+            shutil.rmtree(out, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _generate(out: Path) -> dict[str, Path]:
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     control = out / ".control"
@@ -215,6 +242,7 @@ def generate(out: Path) -> dict[str, Path]:
             p.wait()
     import torch
 
+    _check_faults(statuses)
     for s in sc.SCENARIOS:
         truth = s.to_truth() | {"final_state": statuses.get(s.name, {}), "torch": torch.__version__,
                                 "stacks": bool(py_spy()), "generated_at": dt.datetime.now(dt.UTC).isoformat()}
