@@ -1138,8 +1138,8 @@ def _rank_kind(analysis: _Analysis, rank: int, root: _Root, skippers: dict[int, 
     levels = {d.level for d in root.divergences if rank in d.laggards}
     if not levels and root.mismatches:
         return root.mismatches[0].kind
-    if levels and levels <= {"completed", "started"}:
-        return HangVerdict.STALLED
+    if levels & {"completed", "started"}:
+        return HangVerdict.STALLED  # stuck inside a collective its peers completed: that explains the rest
     place = analysis.where.get(rank)
     if place is not None and place.kind.value == "outside_collectives":
         return HangVerdict.STUCK_OUTSIDE
