@@ -8,7 +8,8 @@ times (minutes of CPU); here 8 processes import it once. Each scenario's groups 
 rank calls new_group for every group in the same order, so names agree), and each scenario runs in a thread named
 "scenario:<name>". The flight recorder is per process: a scenario's dump is this rank's torch dump
 (`_dump_fr_trace`) restricted to that scenario's groups (entries, pg_status, and pg_config written from torch's own
-group tables, as collectors/fr_trigger.py repairs gloo's), with the top-level rank, world_size and pid added.
+group tables, as collectors/fr_trigger.py repairs gloo's), its record ids renumbered 0, 1, ... in their order (as
+a process running one job numbers them), with the top-level rank, world_size and pid added.
 
 Control files (OUT_DIR/.control): the worker writes status_rank_<r>.json (each scenario's progress counter and
 state) every 0.2 s; the generator touches dump_<phase> to ask for dumps, go_2 to start phase 2; the worker answers
@@ -147,6 +148,9 @@ class Runner:
 def _scenario_dump(trace: dict, groups: Groups, rank: int) -> dict:
     names = set(groups.names)
     entries = [e for e in trace.get("entries", []) if str(e.get("process_group", ("",))[0]) in names]
+    # record ids count this process' entries of every scenario; a process running one job would number its own
+    # 0, 1, 2, ... in the same order (torch's analyzer relies on that), so they are renumbered, order kept
+    entries = [dict(e, record_id=i) for i, e in enumerate(sorted(entries, key=lambda e: e.get("record_id", 0)))]
     pg_ids = {str(e.get("pg_id")) for e in entries} | names
     status = {k: v for k, v in (trace.get("pg_status") or {}).items() if str(k) in pg_ids}
     config = {name: {"name": name, "desc": desc, "ranks": str(list(ranks))}
