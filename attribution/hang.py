@@ -19,25 +19,35 @@ How the answer is reached
    - else every member entered the same last collective: none completed -> the whole group is stuck together.
    Each divergence is an edge "waiter -> laggard" of a wait-for graph over ranks (through one node per divergence,
    so a 16,384-rank group costs 16,384 edges, not 16,384^2).
-3. **Causality across groups (root cause vs follow-ons).** In a job with tensor/data/expert/pipeline groups one
-   stuck rank makes its peers wait in the group they share, and those peers make *their* peers wait in other
-   groups, and so on. Each of those shows up as a divergence, but only ranks that wait on *nobody* are root
-   causes: the culprits are the terminal strongly-connected components of the wait-for graph (nothing they wait
-   on) that others wait on. A rank that lags in one group because it is itself waiting in another is a follow-on.
-   A cycle (rank 2 waits for rank 3 in a sub-group while rank 3 waits for rank 2 in the world group) arises when
-   one rank *skipped* a collective and went on to the next one. It is broken by program-order precedent: training
-   loops interleave their groups periodically, so from a rank's own history the point where its next collective
-   of group H was due (relative to its sequence in group K) is predicted; a rank that entered K beyond that point
-   without H skipped H (root cause); one that is blocked in K before that point lags in H only because of K
-   (follow-on). Only ranks inside a cycle are put to this test, and only when their history is periodic over a
-   window of several periods; the skipper's out-edges are dropped and the components recomputed. A cycle no
-   history can order is reported whole, with low confidence.
-4. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name, dtypes and, for
+3. **Independent roots (root causes vs follow-ons).** In a job with tensor/data/expert/pipeline groups one stuck
+   rank makes its peers wait in the group they share, and those peers make *their* peers wait in other groups.
+   Each of those shows up as a divergence, but only ranks that wait on *nobody* are root causes: every terminal
+   strongly-connected component of the wait-for graph (nothing it waits on) that others wait on is a root, with
+   its own group, collective, evidence chain and the ranks that wait on it (reverse reachability), however far
+   apart in time the roots are. Follow-ons are exactly the ranks that reach a root. A rank that joined a
+   collective its own group's peers completed (stalled inside it) is a root whatever it waits on elsewhere (its
+   later, enqueued work waits behind the stall); its out-edges are dropped.
+   Stacks (collectors/pystack.py, py-spy): a rank blocked in a send/recv gloo does not record waits on its peer:
+   one more edge. A stuck rank's frame is evidence ("rank 3 is in DataLoader.__next__").
+4. **Cycles.** A cycle (rank 2 waits for rank 3 in a sub-group while rank 3 waits for rank 2 in the world group)
+   arises when one rank *skipped* a collective, or ran two in another order. Broken first by each rank's own
+   cross-group entry order (record order): for a cycle member that lags in group G at seq k, the collectives it
+   entered after its last G entry are compared with the order in which the ranks outside the cycle entered the
+   same collectives (in the groups of the same part: same desc and size, e.g. the other TP groups): if they
+   entered G's seq k first, the member went past it - it skipped (root). No periodic history is needed. Then by
+   program-order prediction where the member's own history is periodic (the point where its next collective of
+   group H was due relative to its sequence in group K). A skipper's out-edges are dropped and the components
+   recomputed. A cycle nothing can order is reported whole, kind `cycle`, confidence 0.5 (below the policy's
+   threshold: never a failover).
+5. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name, dtypes and, for
    ops whose shapes must agree (all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier), the input
    sizes. The ranks outside the majority are the odd ones (gloo even completes an all_reduce of equal element count
-   but different shape; only the trace shows it).
-5. **Root anomaly.** Among the culprits' divergences and the mismatches, the earliest in time (`time_created` of
-   the collective) is the root cause; later ones are reported as follow-on evidence, never as culprits.
+   but different shape; only the trace shows it). A mismatch is its own root, or evidence of the root its odd
+   ranks belong to (the root's headline when earlier than its divergence); a tie is decided by the roots the graph
+   found; a follow-on only when its odd ranks were already waiting on a root when they made it.
+6. **Kinds** (HangRoot.kind; the report's `verdict` keeps the coarse family): never_joined, stuck_outside (never
+   joined and inside no collective: every entry it recorded completed, or its stack is in user code), skipped,
+   stalled, size_mismatch, op_mismatch, missing_dumps, cycle. Confidence: the lowest of the roots'.
 
 On the real NCCL set (tests/data/nccl-fr-gpu_error_2nd: 16 ranks, TP/DP/EP/PP groups, GPU errors on ranks 9 and 14):
 in TENSOR_MODEL_PARALLEL_GROUP '37' ranks 8, 10, 11 entered up to 87771 while rank 9 stopped at 87760 (and never
@@ -47,7 +57,8 @@ Ranks 0-7 wait only through p2p and lag nowhere; ranks 8, 10-13, 15 lag nowhere.
 and {14}: exactly the two faulty ranks, never the ranks that merely wait on them. On the real gloo sub-group hang
 (tests: torch_artifacts 'subgroup_hang'), rank 2 waits for rank 3 in the pair group while ranks 0, 1, 3 wait for
 rank 2 in the world group: a cycle {2, 3}; rank 3's history (pair collective k after world collective k) shows it
-entered world seq 5 where pair seq 4 was due, so rank 3 is the skipper and rank 2 a follow-on.
+entered world seq 5 where pair seq 4 was due, so rank 3 is the skipper and rank 2 a follow-on. The hang corpus
+(tests/torch_jobs/hang_corpus: 23 real 8-rank gloo dump sets) and bench/bench_hang_accuracy.py measure the rest.
 
 Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and per-(group, seq)
 signature extremes, pass 2 fetches the rows of the few keys that need detail. 16,384 ranks x 2,000 entries is
@@ -563,6 +574,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         progress[g][r] = (e, c, st, inc)
 
     # -- divergences per group (times and ops filled in by pass 2)
+    blocked_somewhere = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
     pending: list[tuple[_Divergence, tuple[int, ...] | None, str]] = []
     stuck_pending: list[tuple[int, int, tuple[int, ...]]] = []
     for g, by_rank in progress.items():
@@ -606,7 +618,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             # those inside the group's latest collective wait on the missing ranks; so do those that left it with
             # an error (a dump on the way out marks it retired): every member at the group's highest entry
             top = max(by_rank[r][0] for r in present)
-            waiting = tuple(sorted(r for r in present if by_rank[r][3] or by_rank[r][0] == top))
+            waiting = tuple(sorted(r for r in present
+                                   if by_rank[r][3] or (by_rank[r][0] == top and r not in blocked_somewhere)))
             if waiting:
                 seq = min(by_rank[r][1] for r in waiting) + 1
                 pending.append((_Divergence(g, "missing", seq, tuple(absent_missing), waiting, 0), waiting,
@@ -713,6 +726,12 @@ def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
         analysis.where[rank] = place
         if place.kind == StackPlace.UNKNOWN:
             continue
+        if place.kind == StackPlace.OUTSIDE:
+            # stuck in its own code, it waits on nobody: not even on a member without a dump whose group it
+            # last completed
+            for d in analysis.divergences:
+                if d.level == "missing" and rank in d.waiters:
+                    d.waiters = tuple(w for w in d.waiters if w != rank)
         peer = place.peer
         if place.kind != StackPlace.IN_P2P or peer is None or peer == rank or peer not in analysis.expected:
             continue
@@ -953,10 +972,12 @@ def _decide(analysis: _Analysis) -> HangReport:
         dst: list[int] = []
         for i, d in enumerate(divergences):
             hub = n_ranks + i
-            for w in d.waiters:
-                if w not in dropped and w in node_of:
-                    src.append(node_of[w])
-                    dst.append(hub)
+            live = [w for w in d.waiters if w not in dropped and w in node_of]
+            if not live:
+                continue  # nobody (left) waits here: its laggards are not waited on through it
+            for w in live:
+                src.append(node_of[w])
+                dst.append(hub)
             for lag in d.laggards:
                 if lag in node_of:
                     src.append(hub)

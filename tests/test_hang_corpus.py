@@ -153,3 +153,33 @@ def test_a_skip_before_any_history_is_ordered_by_the_others_entry_order(hang_cor
     report = _analyze(hang_corpus[name], stacks=False)
     assert not report.unresolved_cycle and report.confidence >= _threshold()
     assert any("outside the cycle" in e and "skipped" in e for e in report.evidence)
+
+
+def test_hostile_and_truncated_dumps_are_named_and_the_rest_analysed(hang_corpus: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    source = hang_corpus["two_independent_apart"]
+    dumps = tmp_path / "dumps"
+    shutil.copytree(source / "dumps", dumps)
+    if (source / "stacks").is_dir():  # where the ranks were: rank 2 in its data loader waits on nobody
+        shutil.copytree(source / "stacks", tmp_path / "stacks")
+    (dumps / "rank_0.pkl").write_bytes(b"\x80\x02cos\nsystem\n(S'touch /tmp/pwned'\ntR.")  # hostile
+    full = (dumps / "rank_4.pkl").read_bytes()
+    (dumps / "rank_4.pkl").write_bytes(full[: len(full) // 2])  # truncated
+    result = subprocess.run([sys.executable, "-m", "controller.cli.main", "analyze-hang", str(dumps), "--json",
+                             "--expected-ranks", "8"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 2
+    assert any("rank_0.pkl" in w for w in warnings) and any("rank_4.pkl" in w for w in warnings)
+    document = json.loads(result.stdout)
+    assert document["dumps"]["ranks_read"] == 6
+    assert set(document["missing_dumps"]) == {0, 4}
+    if py_spy_path() is not None:
+        # both real roots still found from the other six dumps; the unreadable ones are not blamed for them
+        assert set(document["culprit_ranks"]) == {2, 7}
+    else:
+        assert 7 in document["culprit_ranks"]
