@@ -248,6 +248,7 @@ class _Analysis:
     incomplete: set[int] = field(default_factory=set)  # ranks with an entry not completed (inside a collective)
     where: dict[int, Any] = field(default_factory=dict)  # rank -> collectors.pystack.Whereabouts, from stacks
     key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
+    device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
 
     def label(self, group: int) -> str:
         if not 0 <= group < len(self.group_names):
@@ -574,6 +575,10 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         progress[g][r] = (e, c, st, inc)
 
     # -- divergences per group (times and ops filled in by pass 2)
+    # completion is evidence only where entries carry device states (NCCL's 'started'/'completed'); gloo's are
+    # always 'scheduled' and `retired` depends on when each rank dumped (a rank that dumped at the end of a run
+    # before its last barrier was retired is no stalled rank), so there only entering is compared
+    device_states = any(str(v) in ("started", "completed") for v in decoder.states.values)
     blocked_somewhere = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
     pending: list[tuple[_Divergence, tuple[int, ...] | None, str]] = []
     stuck_pending: list[tuple[int, int, tuple[int, ...]]] = []
@@ -601,13 +606,13 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             c_min, c_max = min(c_values.values()), max(c_values.values())
             s_values = {r: by_rank[r][2] for r in present}
             s_min, s_max = min(s_values.values()), max(s_values.values())
-            if c_min < c_max:
+            if c_min < c_max and device_states:
                 laggards = tuple(sorted(r for r, c in c_values.items() if c == c_min))
                 waiters = tuple(sorted(r for r, c in c_values.items() if c > c_min))
                 pending.append((_Divergence(g, "completed", c_min + 1, laggards, waiters, 0), None,
                                 f"rank(s) {_ranks_text(laggards)} entered it but never completed it; rank(s) "
                                 f"{_ranks_text(waiters)} did"))
-            elif s_min < s_max and s_min < e_max:
+            elif s_min < s_max and s_min < e_max and device_states:
                 laggards = tuple(sorted(r for r, st in s_values.items() if st == s_min))
                 waiters = tuple(sorted(r for r, st in s_values.items() if st > s_min))
                 pending.append((_Divergence(g, "started", s_min + 1, laggards, waiters, 0), None,
@@ -663,6 +668,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         return seqs[sort].tolist(), groups[sort].tolist(), int(incomplete[0]) if incomplete.shape[0] else None
 
     analysis.history = history
+    analysis.device_states = device_states
     analysis.incomplete = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
     analysis.key_rows = lambda due_roles, due_seqs, roles, seqs: _key_orders(
         analysis, decoder, (due_roles[0], due_seqs[0]), list(zip(roles, seqs, strict=True)))
@@ -992,7 +998,10 @@ def _decide(analysis: _Analysis) -> HangReport:
     src = dst = np.empty(0, np.int64)
     # a rank that joined a collective its own group's peers completed is stuck inside it, whatever it (or its
     # enqueued later work) waits on elsewhere: a culprit in its own right
-    stalled = {lag for d in divergences if d.level in ("completed", "started") for lag in d.laggards}
+    # (only where the dumps carry device states, as NCCL's do: gloo's entries are always 'scheduled' and
+    # `retired` depends on when each rank dumped, so there a last unretired entry is no evidence of a stall)
+    stalled = {lag for d in divergences if d.level in ("completed", "started") for lag in d.laggards} \
+        if analysis.device_states else set()
     if divergences:
         laggards = {lag for d in divergences for lag in d.laggards}
         for _ in range(4):
@@ -1028,7 +1037,8 @@ def _decide(analysis: _Analysis) -> HangReport:
                     seen.add(prev)
                     stack.append(prev)
         root.waiting = {rank_nodes[n] for n in seen if n < n_ranks} - set(comp)
-        root.divergences = [d for d in divergences if set(d.laggards) & set(comp)]
+        members = set(comp)
+        root.divergences = [d for d in divergences if not members.isdisjoint(d.laggards)]
         roots.append(root)
     # ranks stuck in one collective together (two_in_one_group) are one root, not two
     merged: dict[tuple, _Root] = {}
@@ -1039,7 +1049,8 @@ def _decide(analysis: _Analysis) -> HangReport:
             other = merged[key]
             other.ranks = sorted(set(other.ranks) | set(root.ranks))
             other.waiting = (other.waiting | root.waiting) - set(other.ranks)
-            other.divergences += [d for d in root.divergences if d not in other.divergences]
+            have = {id(d) for d in other.divergences}
+            other.divergences += [d for d in root.divergences if id(d) not in have]
         else:
             merged[key] = root
     roots = list(merged.values())
@@ -1092,7 +1103,8 @@ def _decide(analysis: _Analysis) -> HangReport:
         for root in hang_roots:
             lines.extend(e for e in root.evidence if e not in lines)
         lines.extend(skippers.values())
-        explained = [d for d in divergences if not any(d in r.divergences for r in roots)]
+        own = {id(d) for r in roots for d in r.divergences}
+        explained = [d for d in divergences if id(d) not in own]
         lines.extend("follow-on: " + d.detail for d in sorted(explained, key=lambda d: d.time)[:MAX_EVIDENCE])
         lines.extend("follow-on: " + m.detail for m in follow_on_mismatches[:MAX_EVIDENCE])
         kinds = {r: k for root in hang_roots for r, k in root.kinds}
