@@ -617,7 +617,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
                 waiters = tuple(sorted(r for r, st in s_values.items() if st > s_min))
                 pending.append((_Divergence(g, "started", s_min + 1, laggards, waiters, 0), None,
                                 f"started on rank(s) {_ranks_text(waiters)}, not on rank(s) {_ranks_text(laggards)}"))
-            elif any(by_rank[r][3] for r in present) and not absent_missing:
+            elif (any if device_states else all)(by_rank[r][3] for r in present) and not absent_missing:
                 stuck_pending.append((g, c_min + 1, tuple(sorted(r for r in present if by_rank[r][3]))))
         if absent_missing:
             # those inside the group's latest collective wait on the missing ranks; so do those that left it with
