@@ -1059,6 +1059,12 @@ def _decide(analysis: _Analysis) -> HangReport:
     culprit_ranks = {r for root in roots for r in root.ranks}
     waiting_all = {w for root in roots for w in root.waiting} - culprit_ranks
     follow_on_mismatches: list[_Mismatch] = []
+    first_wait: dict[int, int] = {}  # rank -> when it first waited on anyone (time of that collective)
+    if analysis.mismatches:
+        for d in divergences:
+            for w in d.waiters:
+                if d.time < first_wait.get(w, _BIG):
+                    first_wait[w] = d.time
     for m in sorted(analysis.mismatches, key=lambda m: (m.time, m.tie)):
         odd = set(m.odd)
         if m.tie:
@@ -1078,7 +1084,7 @@ def _decide(analysis: _Analysis) -> HangReport:
             continue
         # a mismatch is a follow-on only where its odd ranks were already waiting on a root when they made it
         # (an error path's extra collective); one made before (a completed all_reduce of another shape) is a root
-        waits_since = [d.time for d in divergences if odd & set(d.waiters)]
+        waits_since = [first_wait[r] for r in odd if r in first_wait]
         if odd <= waiting_all and waits_since and min(waits_since) < m.time:
             follow_on_mismatches.append(m)
             continue
