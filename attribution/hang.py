@@ -19,25 +19,35 @@ How the answer is reached
    - else every member entered the same last collective: none completed -> the whole group is stuck together.
    Each divergence is an edge "waiter -> laggard" of a wait-for graph over ranks (through one node per divergence,
    so a 16,384-rank group costs 16,384 edges, not 16,384^2).
-3. **Causality across groups (root cause vs follow-ons).** In a job with tensor/data/expert/pipeline groups one
-   stuck rank makes its peers wait in the group they share, and those peers make *their* peers wait in other
-   groups, and so on. Each of those shows up as a divergence, but only ranks that wait on *nobody* are root
-   causes: the culprits are the terminal strongly-connected components of the wait-for graph (nothing they wait
-   on) that others wait on. A rank that lags in one group because it is itself waiting in another is a follow-on.
-   A cycle (rank 2 waits for rank 3 in a sub-group while rank 3 waits for rank 2 in the world group) arises when
-   one rank *skipped* a collective and went on to the next one. It is broken by program-order precedent: training
-   loops interleave their groups periodically, so from a rank's own history the point where its next collective
-   of group H was due (relative to its sequence in group K) is predicted; a rank that entered K beyond that point
-   without H skipped H (root cause); one that is blocked in K before that point lags in H only because of K
-   (follow-on). Only ranks inside a cycle are put to this test, and only when their history is periodic over a
-   window of several periods; the skipper's out-edges are dropped and the components recomputed. A cycle no
-   history can order is reported whole, with low confidence.
-4. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name, dtypes and, for
+3. **Independent roots (root causes vs follow-ons).** In a job with tensor/data/expert/pipeline groups one stuck
+   rank makes its peers wait in the group they share, and those peers make *their* peers wait in other groups.
+   Each of those shows up as a divergence, but only ranks that wait on *nobody* are root causes: every terminal
+   strongly-connected component of the wait-for graph (nothing it waits on) that others wait on is a root, with
+   its own group, collective, evidence chain and the ranks that wait on it (reverse reachability), however far
+   apart in time the roots are. Follow-ons are exactly the ranks that reach a root. A rank that joined a
+   collective its own group's peers completed (stalled inside it) is a root whatever it waits on elsewhere (its
+   later, enqueued work waits behind the stall); its out-edges are dropped.
+   Stacks (collectors/pystack.py, py-spy): a rank blocked in a send/recv gloo does not record waits on its peer:
+   one more edge. A stuck rank's frame is evidence ("rank 3 is in DataLoader.__next__").
+4. **Cycles.** A cycle (rank 2 waits for rank 3 in a sub-group while rank 3 waits for rank 2 in the world group)
+   arises when one rank *skipped* a collective, or ran two in another order. Broken first by each rank's own
+   cross-group entry order (record order): for a cycle member that lags in group G at seq k, the collectives it
+   entered after its last G entry are compared with the order in which the ranks outside the cycle entered the
+   same collectives (in the groups of the same part: same desc and size, e.g. the other TP groups): if they
+   entered G's seq k first, the member went past it - it skipped (root). No periodic history is needed. Then by
+   program-order prediction where the member's own history is periodic (the point where its next collective of
+   group H was due relative to its sequence in group K). A skipper's out-edges are dropped and the components
+   recomputed. A cycle nothing can order is reported whole, kind `cycle`, confidence 0.5 (below the policy's
+   threshold: never a failover).
+5. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name, dtypes and, for
    ops whose shapes must agree (all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier), the input
    sizes. The ranks outside the majority are the odd ones (gloo even completes an all_reduce of equal element count
-   but different shape; only the trace shows it).
-5. **Root anomaly.** Among the culprits' divergences and the mismatches, the earliest in time (`time_created` of
-   the collective) is the root cause; later ones are reported as follow-on evidence, never as culprits.
+   but different shape; only the trace shows it). A mismatch is its own root, or evidence of the root its odd
+   ranks belong to (the root's headline when earlier than its divergence); a tie is decided by the roots the graph
+   found; a follow-on only when its odd ranks were already waiting on a root when they made it.
+6. **Kinds** (HangRoot.kind; the report's `verdict` keeps the coarse family): never_joined, stuck_outside (never
+   joined and inside no collective: every entry it recorded completed, or its stack is in user code), skipped,
+   stalled, size_mismatch, op_mismatch, missing_dumps, cycle. Confidence: the lowest of the roots'.
 
 On the real NCCL set (tests/data/nccl-fr-gpu_error_2nd: 16 ranks, TP/DP/EP/PP groups, GPU errors on ranks 9 and 14):
 in TENSOR_MODEL_PARALLEL_GROUP '37' ranks 8, 10, 11 entered up to 87771 while rank 9 stopped at 87760 (and never
@@ -47,7 +57,8 @@ Ranks 0-7 wait only through p2p and lag nowhere; ranks 8, 10-13, 15 lag nowhere.
 and {14}: exactly the two faulty ranks, never the ranks that merely wait on them. On the real gloo sub-group hang
 (tests: torch_artifacts 'subgroup_hang'), rank 2 waits for rank 3 in the pair group while ranks 0, 1, 3 wait for
 rank 2 in the world group: a cycle {2, 3}; rank 3's history (pair collective k after world collective k) shows it
-entered world seq 5 where pair seq 4 was due, so rank 3 is the skipper and rank 2 a follow-on.
+entered world seq 5 where pair seq 4 was due, so rank 3 is the skipper and rank 2 a follow-on. The hang corpus
+(tests/torch_jobs/hang_corpus: 23 real 8-rank gloo dump sets) and bench/bench_hang_accuracy.py measure the rest.
 
 Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and per-(group, seq)
 signature extremes, pass 2 fetches the rows of the few keys that need detail. 16,384 ranks x 2,000 entries is
@@ -59,7 +70,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -78,7 +89,42 @@ class HangVerdict(StrEnum):
     SIZE_MISMATCH = "size_mismatch"
     OP_MISMATCH = "op_mismatch"
     MISSING_DUMPS = "missing_dumps"
+    STUCK_OUTSIDE = "stuck_outside"  # never joined, and inside no collective at all (a root's kind only)
+    SKIPPED = "skipped"  # left the collective out and went on (a root's kind only)
+    CYCLE = "cycle"  # waits on the others of a cycle nothing could order (a root's kind only)
     UNKNOWN = "unknown"
+
+
+#: the coarse report-level family of each root kind (report.verdict keeps the families the decision rules know)
+_FAMILY = {HangVerdict.STUCK_OUTSIDE: HangVerdict.NEVER_JOINED, HangVerdict.SKIPPED: HangVerdict.NEVER_JOINED,
+           HangVerdict.CYCLE: HangVerdict.NEVER_JOINED}
+
+
+@dataclass(frozen=True)
+class HangRoot:
+    """One independent root cause: the ranks that others wait on (directly or through other ranks), what they
+    did, where, and who waits on them."""
+
+    kind: HangVerdict
+    ranks: tuple[int, ...]
+    kinds: tuple[tuple[int, str], ...]  # per rank: its own kind (a root of two ranks may mix them)
+    pg_id: str | None
+    pg_name: str | None
+    pg_desc: str | None
+    collective_seq_id: int | None
+    op: str | None
+    waiting_ranks: tuple[int, ...]  # every rank whose lag is explained by waiting on this root
+    where: tuple[str, ...]  # per rank, where its Python stack says it is (when stacks were given)
+    confidence: float
+    reason: str
+    evidence: tuple[str, ...]  # the chain: the root's own divergences first, then the ranks waiting on it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "ranks": list(self.ranks), "kinds": {str(r): k for r, k in self.kinds},
+                "pg_id": self.pg_id, "pg_name": self.pg_name, "pg_desc": self.pg_desc,
+                "collective_seq_id": self.collective_seq_id, "op": self.op,
+                "waiting_ranks": list(self.waiting_ranks), "where": list(self.where),
+                "confidence": self.confidence, "reason": self.reason, "evidence": list(self.evidence)}
 
 
 @dataclass(frozen=True)
@@ -96,6 +142,9 @@ class HangReport:
     reason: str
     confidence: float
     evidence: tuple[str, ...]
+    roots: tuple[HangRoot, ...] = ()  # every independent root; the fields above describe roots[0] (the headline)
+    follow_ons: tuple[int, ...] = ()  # ranks whose lag is explained by waiting on a root
+    unresolved_cycle: bool = False  # a cycle no information could order was reported whole (low confidence)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,7 +152,8 @@ class HangReport:
             "pg_name": self.pg_name, "pg_desc": self.pg_desc, "collective_seq_id": self.collective_seq_id,
             "op": self.op, "never_joined": list(self.never_joined), "stalled": list(self.stalled),
             "missing_dumps": list(self.missing_dumps), "reason": self.reason, "confidence": self.confidence,
-            "evidence": list(self.evidence),
+            "evidence": list(self.evidence), "roots": [r.to_dict() for r in self.roots],
+            "follow_ons": list(self.follow_ons), "unresolved_cycle": self.unresolved_cycle,
         }
 
 
@@ -195,8 +245,14 @@ class _Analysis:
     stuck_groups: list[tuple[int, int, tuple[int, ...], int]] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     history: Any = None  # rank -> (seqs, groups, index of first incomplete) in record order
+    incomplete: set[int] = field(default_factory=set)  # ranks with an entry not completed (inside a collective)
+    where: dict[int, Any] = field(default_factory=dict)  # rank -> collectors.pystack.Whereabouts, from stacks
+    key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
+    device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
 
     def label(self, group: int) -> str:
+        if not 0 <= group < len(self.group_names):
+            return "p2p"
         name = self.group_names[group]
         desc = self.group_descs.get(group)
         return f"group {name!r}" + (f" ({desc})" if desc and desc != name else "")
@@ -354,13 +410,53 @@ class _Decoder:
             yield self.decode(start, stop - start)
 
 
+STACKS_METADATA_KEY = b"faultlens.stacks"
+
+
+def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
+    """The table with the ranks' Python stacks (collectors.pystack.ProcessStack) in its schema metadata, so that a
+    dump requester can hand them to the analysis together with the rows."""
+    import json
+
+    from collectors.pystack import stack_to_json
+
+    if not stacks:
+        return table
+    metadata = dict(table.schema.metadata or {})
+    metadata[STACKS_METADATA_KEY] = json.dumps({str(int(r)): stack_to_json(s) for r, s in stacks.items()}).encode()
+    return table.replace_schema_metadata(metadata)
+
+
+def stacks_from_metadata(table: pa.Table) -> dict[int, Any]:
+    import json
+
+    from collectors.pystack import parse_py_spy
+
+    raw = (table.schema.metadata or {}).get(STACKS_METADATA_KEY)
+    if not raw:
+        return {}
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(document, dict):
+        return {}
+    return {int(r): parse_py_spy(v, source=f"stack of rank {r}") for r, v in document.items()
+            if str(r).lstrip("-").isdigit()}
+
+
 def _group_max(tables: list[pa.Table], keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
     merged = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
     return merged.group_by(keys).aggregate(aggregations)
 
 
-def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None) -> HangReport:
+def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
+                        stacks: Mapping[int, Any] | None = None) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
+
+    stacks: rank -> collectors.pystack.ProcessStack (py-spy), where taken; default: the table's schema metadata
+    `faultlens.stacks` (attach_stacks), else none. They name where a culprit that never joined is, and give the
+    send/recv waits that gloo does not record.
 
     The table may hold only the columns the analysis reads (COLUMNS) and may keep strings dictionary-encoded;
     it is read in slices of SLICE_ROWS, so the analysis' own memory stays bounded on very large sets."""
@@ -370,6 +466,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     table = collectives
     if table.num_rows == 0:
         return _report_empty(expected_ranks)
+    if stacks is None:
+        stacks = stacks_from_metadata(table)
     decoder = _Decoder(table)
 
     # -- pass 1: progress per (group, rank), signatures per (group, seq), membership evidence
@@ -407,16 +505,18 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             "g": part.group[rows], "r": part.rank[rows], "s": c_seq,
             "s_incomplete": pa.array(c_seq, mask=part.complete[rows]),
             "s_started": pa.array(c_seq, mask=~part.started[rows]),
+            "s_complete": pa.array(c_seq, mask=~part.complete[rows]),
             "d": pa.array(c_desc, mask=c_desc < 0),
-        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_started", "max"),
-                                           ("d", "min")]))
+        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_incomplete", "max"),
+                                           ("s_started", "max"), ("s_complete", "max"), ("d", "min")]))
         signature_parts.append(_signatures(part, rows, sizes_column, dtypes_column, decoder.ops.values)
                                .group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")]))
     if not dumped:
         return _report_empty(expected_ranks)
     group_names = decoder.labels()
     agg = _group_max(progress_parts, ["g", "r"], [("s_max", "max"), ("s_incomplete_min", "min"),
-                                                  ("s_started_max", "max"), ("d_min", "min")])
+                                                  ("s_incomplete_max", "max"), ("s_started_max", "max"),
+                                                  ("s_complete_max", "max"), ("d_min", "min")])
     seen_table = _group_max(seen_parts, ["g", "r"], [("d_min", "min")])
     group_descs: dict[int, str | None] = {}
     seen: dict[int, set[int]] = defaultdict(set)
@@ -462,14 +562,24 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     big = np.iinfo(np.int64).max
     e_arr = agg.column("s_max_max").to_numpy()
     first_inc = agg.column("s_incomplete_min_min").fill_null(big).to_numpy()
-    c_arr = np.where(first_inc == big, e_arr, first_inc - 1)
-    s_arr = agg.column("s_started_max_max").fill_null(-1).to_numpy()
+    last_inc = agg.column("s_incomplete_max_max").fill_null(-1).to_numpy()
+    last_done = agg.column("s_complete_max_max").fill_null(-1).to_numpy()
+    # collectives of one group complete in order: a completed entry means every earlier one completed too (gloo
+    # leaves some entries unretired that did complete, e.g. an async all_reduce right after a send)
+    c_arr = np.maximum(np.where(first_inc == big, e_arr, first_inc - 1), last_done)
+    has_inc = last_inc > last_done
+    s_arr = np.maximum(agg.column("s_started_max_max").fill_null(-1).to_numpy(), last_done)
     progress: dict[int, dict[int, tuple[int, int, int, bool]]] = defaultdict(dict)
     for g, r, e, c, st, inc in zip(agg.column("g").to_pylist(), agg.column("r").to_pylist(), e_arr.tolist(),
-                                   c_arr.tolist(), s_arr.tolist(), (first_inc != big).tolist(), strict=True):
+                                   c_arr.tolist(), s_arr.tolist(), has_inc.tolist(), strict=True):
         progress[g][r] = (e, c, st, inc)
 
     # -- divergences per group (times and ops filled in by pass 2)
+    # completion is evidence only where entries carry device states (NCCL's 'started'/'completed'); gloo's are
+    # always 'scheduled' and `retired` depends on when each rank dumped (a rank that dumped at the end of a run
+    # before its last barrier was retired is no stalled rank), so there only entering is compared
+    device_states = any(str(v) in ("started", "completed") for v in decoder.states.values)
+    blocked_somewhere = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
     pending: list[tuple[_Divergence, tuple[int, ...] | None, str]] = []
     stuck_pending: list[tuple[int, int, tuple[int, ...]]] = []
     for g, by_rank in progress.items():
@@ -480,9 +590,10 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         if not present:
             continue
         e_values = {r: by_rank[r][0] for r in present}
+        below = min(e_values.values()) - 1
         for r in absent_dumped:
             # a dumped member with no entry of this group: it has not entered anything the dump still holds
-            e_values[r] = min(e_values.values()) - 1
+            e_values[r] = below
         e_min, e_max = min(e_values.values()), max(e_values.values())
         if e_min < e_max:
             laggards = tuple(sorted(r for r, e in e_values.items() if e == e_min))
@@ -495,21 +606,25 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
             c_min, c_max = min(c_values.values()), max(c_values.values())
             s_values = {r: by_rank[r][2] for r in present}
             s_min, s_max = min(s_values.values()), max(s_values.values())
-            if c_min < c_max:
+            if c_min < c_max and device_states:
                 laggards = tuple(sorted(r for r, c in c_values.items() if c == c_min))
                 waiters = tuple(sorted(r for r, c in c_values.items() if c > c_min))
                 pending.append((_Divergence(g, "completed", c_min + 1, laggards, waiters, 0), None,
                                 f"rank(s) {_ranks_text(laggards)} entered it but never completed it; rank(s) "
                                 f"{_ranks_text(waiters)} did"))
-            elif s_min < s_max and s_min < e_max:
+            elif s_min < s_max and s_min < e_max and device_states:
                 laggards = tuple(sorted(r for r, st in s_values.items() if st == s_min))
                 waiters = tuple(sorted(r for r, st in s_values.items() if st > s_min))
                 pending.append((_Divergence(g, "started", s_min + 1, laggards, waiters, 0), None,
                                 f"started on rank(s) {_ranks_text(waiters)}, not on rank(s) {_ranks_text(laggards)}"))
-            elif any(by_rank[r][3] for r in present) and not absent_missing:
+            elif (any if device_states else all)(by_rank[r][3] for r in present) and not absent_missing:
                 stuck_pending.append((g, c_min + 1, tuple(sorted(r for r in present if by_rank[r][3]))))
         if absent_missing:
-            waiting = tuple(sorted(r for r in present if by_rank[r][3]))
+            # those inside the group's latest collective wait on the missing ranks; so do those that left it with
+            # an error (a dump on the way out marks it retired): every member at the group's highest entry
+            top = max(by_rank[r][0] for r in present)
+            waiting = tuple(sorted(r for r in present
+                                   if by_rank[r][3] or (by_rank[r][0] == top and r not in blocked_somewhere)))
             if waiting:
                 seq = min(by_rank[r][1] for r in waiting) + 1
                 pending.append((_Divergence(g, "missing", seq, tuple(absent_missing), waiting, 0), waiting,
@@ -553,7 +668,84 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         return seqs[sort].tolist(), groups[sort].tolist(), int(incomplete[0]) if incomplete.shape[0] else None
 
     analysis.history = history
+    analysis.device_states = device_states
+    analysis.incomplete = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
+    analysis.key_rows = lambda due_roles, due_seqs, roles, seqs: _key_orders(
+        analysis, decoder, (due_roles[0], due_seqs[0]), list(zip(roles, seqs, strict=True)))
+    if stacks:
+        _stack_edges(analysis, stacks)
     return _decide(analysis)
+
+
+def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
+                others: list[tuple[tuple, int]]) -> dict[tuple, dict[int, tuple[int, int]]]:
+    """For the collective `due` (role, seq) and each of `others`: per rank that entered both (in its own group of
+    each role), the record ids of the two entries (its own order)."""
+    by_role: dict[tuple, list[int]] = defaultdict(list)
+    for g in analysis.members:
+        by_role[_role(analysis, g)].append(g)
+    wanted = {(g, due[1]) for g in by_role.get(due[0], ())}
+    for role, seq in others:
+        wanted |= {(g, seq) for g in by_role.get(role, ())}
+    if len(wanted) > 200_000:
+        return {}
+    rows_of = _rows_for_keys(decoder, wanted)
+    if not rows_of:
+        return {}
+    all_rows = np.concatenate(list(rows_of.values()))
+    ranks = decoder.table.column("rank").take(pa.array(all_rows)).to_numpy(zero_copy_only=False)
+    records, _ = _Lazy(decoder.table, "record_id").at(all_rows)
+    position: dict[tuple[int, int, int], int] = {}
+    i = 0
+    for (g, seq), rows in rows_of.items():
+        for _ in range(len(rows)):
+            position.setdefault((g, seq, int(ranks[i])), int(records[i]))
+            i += 1
+
+    def positions(role: tuple, seq: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for g in by_role.get(role, ()):
+            for r in analysis.members.get(g, ()):
+                rec = position.get((g, seq, r))
+                if rec is not None:
+                    out.setdefault(r, rec)
+        return out
+
+    due_pos = positions(*due)
+    result: dict[tuple, dict[int, tuple[int, int]]] = {}
+    for role, seq in others:
+        other_pos = positions(role, seq)
+        result[(role, seq)] = {r: (due_pos[r], p) for r, p in other_pos.items() if r in due_pos}
+    return result
+
+
+def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
+    """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not record) waits on
+    its peer: an edge of the wait-for graph the trace alone cannot show."""
+    from collectors.pystack import StackPlace, where
+
+    for rank, stack in stacks.items():
+        rank = int(rank)
+        if rank not in analysis.dumped:
+            continue
+        place = where(stack)
+        analysis.where[rank] = place
+        if place.kind == StackPlace.UNKNOWN:
+            continue
+        if place.kind == StackPlace.OUTSIDE:
+            # stuck in its own code, it waits on nobody: not even on a member without a dump whose group it
+            # last completed
+            for d in analysis.divergences:
+                if d.level == "missing" and rank in d.waiters:
+                    d.waiters = tuple(w for w in d.waiters if w != rank)
+        peer = place.peer
+        if place.kind != StackPlace.IN_P2P or peer is None or peer == rank or peer not in analysis.expected:
+            continue
+        shared = [g for g, m in analysis.members.items() if rank in m and peer in m and len(m) == 2]
+        group = shared[0] if shared else -1
+        analysis.divergences.append(_Divergence(
+            group, "stack", None, (peer,), (rank,), _BIG, place.op, None,
+            f"{analysis.label(group)} p2p: {place.text(rank)}: it waits on rank {peer}"))
 
 
 def _signatures(part: _Decoded, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
@@ -760,10 +952,23 @@ def _describe_entries(taken: pa.Table, ranks: np.ndarray, ops: list[Any]) -> str
 # deciding
 
 
+_BIG = np.iinfo(np.int64).max
+_LEVEL_RANK = {"entered": 0, "completed": 1, "started": 2, "missing": 3, "p2p": 4, "stack": 5}
+
+
+@dataclass
+class _Root:
+    ranks: list[int]
+    divergences: list[_Divergence] = field(default_factory=list)
+    mismatches: list[_Mismatch] = field(default_factory=list)
+    cyclic: bool = False
+    waiting: set[int] = field(default_factory=set)
+
+
 def _decide(analysis: _Analysis) -> HangReport:
+    """The wait-for graph's independent roots (see the module docstring), each with its own kind and chain."""
     divergences = analysis.divergences
     evidence = list(analysis.evidence)
-    # wait-for graph: rank nodes, then one node per divergence
     rank_nodes = sorted(analysis.dumped | analysis.missing)
     node_of = {r: i for i, r in enumerate(rank_nodes)}
     n_ranks = len(rank_nodes)
@@ -773,102 +978,162 @@ def _decide(analysis: _Analysis) -> HangReport:
         dst: list[int] = []
         for i, d in enumerate(divergences):
             hub = n_ranks + i
-            for w in d.waiters:
-                if w not in dropped:
-                    src.append(node_of[w])
-                    dst.append(hub)
+            live = [w for w in d.waiters if w not in dropped and w in node_of]
+            if not live:
+                continue  # nobody (left) waits here: its laggards are not waited on through it
+            for w in live:
+                src.append(node_of[w])
+                dst.append(hub)
             for lag in d.laggards:
-                src.append(hub)
-                dst.append(node_of[lag])
+                if lag in node_of:
+                    src.append(hub)
+                    dst.append(node_of[lag])
         src_a, dst_a = np.asarray(src, np.int64), np.asarray(dst, np.int64)
         labels = _strongly_connected(n_ranks + len(divergences), src_a, dst_a)
         return src_a, dst_a, labels
 
+    # -- terminal components; cycles broken by each rank's own order (consensus of the others), then history
     skippers: dict[int, str] = {}
-    culprits: list[int] = []
-    unresolved_cycle = False
+    components: list[list[int]] = []
+    src = dst = np.empty(0, np.int64)
+    # a rank that joined a collective its own group's peers completed is stuck inside it, whatever it (or its
+    # enqueued later work) waits on elsewhere: a culprit in its own right
+    # (only where the dumps carry device states, as NCCL's do: gloo's entries are always 'scheduled' and
+    # `retired` depends on when each rank dumped, so there a last unretired entry is no evidence of a stall)
+    stalled = {lag for d in divergences if d.level in ("completed", "started") for lag in d.laggards} \
+        if analysis.device_states else set()
     if divergences:
-        src, dst, labels = build(set())
-        culprits, cyclic = _terminal_ranks(n_ranks, src, dst, labels, rank_nodes)
         laggards = {lag for d in divergences for lag in d.laggards}
-        component_size = Counter(labels[:n_ranks].tolist())
-        in_cycle = {rank_nodes[i] for i in range(n_ranks) if component_size[int(labels[i])] > 1}
-        # ranks of a cycle (each lags somewhere while waiting elsewhere): which one skipped (root), which are only
-        # blocked (follow-ons)?
-        candidates = sorted((laggards & in_cycle) - analysis.missing)[:64]
-        for rank in candidates:
-            verdict = _skipped(analysis, rank, divergences)
-            if verdict:
-                skippers[rank] = verdict
-        if skippers:
-            src, dst, labels = build(set(skippers))
-            culprits, cyclic = _terminal_ranks(n_ranks, src, dst, labels, rank_nodes)
-            evidence.extend(skippers.values())
-        unresolved_cycle = cyclic
+        for _ in range(4):
+            src, dst, labels = build(set(skippers) | stalled)
+            components = _terminal_components(n_ranks, src, dst, labels, rank_nodes)
+            found: dict[int, str] = {}
+            for comp in components:
+                if len(comp) < 2:
+                    continue
+                for rank in sorted((set(comp) & laggards) - analysis.missing - set(skippers))[:64]:
+                    verdict = _skipped_by_consensus(analysis, rank, set(comp), divergences) \
+                        or _skipped(analysis, rank, divergences)
+                    if verdict:
+                        found[rank] = verdict
+            if not found:
+                break
+            skippers.update(found)
+    dropped = set(skippers) | stalled
 
-    # the root anomaly: earliest of the culprits' divergences and the mismatches
-    culprit_divs = [d for d in divergences if set(d.laggards) & set(culprits)]
-    level_rank = {"entered": 0, "completed": 1, "started": 2, "missing": 3, "p2p": 4}
-    # headline: a collective (not p2p) divergence, covering the most culprits, earliest
-    first_div = min(culprit_divs, key=lambda d: (d.level == "p2p", -len(set(d.laggards) & set(culprits)), d.time,
-                                                 level_rank[d.level]), default=None)
-    first_mismatch = min(analysis.mismatches, key=lambda m: (m.time, m.tie), default=None)
-    root_is_mismatch = first_mismatch is not None and (first_div is None or first_mismatch.time <= first_div.time)
+    # -- who waits on each component (reverse reachability over the graph without the skippers' out-edges)
+    reverse: dict[int, list[int]] = defaultdict(list)
+    for a, b in zip(src.tolist(), dst.tolist(), strict=True):
+        reverse[b].append(a)
+    roots: list[_Root] = []
+    for comp in components:
+        root = _Root(sorted(comp), cyclic=len(comp) > 1 and not (set(comp) & dropped))
+        seen = {node_of[r] for r in comp}
+        stack = list(seen)
+        while stack:
+            node = stack.pop()
+            for prev in reverse.get(node, ()):
+                if prev not in seen:
+                    seen.add(prev)
+                    stack.append(prev)
+        root.waiting = {rank_nodes[n] for n in seen if n < n_ranks} - set(comp)
+        members = set(comp)
+        root.divergences = [d for d in divergences if not members.isdisjoint(d.laggards)]
+        roots.append(root)
+    # ranks stuck in one collective together (two_in_one_group) are one root, not two
+    merged: dict[tuple, _Root] = {}
+    for root in roots:
+        head = _headline(root)
+        key = (head.group, head.seq, head.level) if head is not None and not root.cyclic else ("own", *root.ranks)
+        if key in merged:
+            other = merged[key]
+            other.ranks = sorted(set(other.ranks) | set(root.ranks))
+            other.waiting = (other.waiting | root.waiting) - set(other.ranks)
+            have = {id(d) for d in other.divergences}
+            other.divergences += [d for d in root.divergences if id(d) not in have]
+        else:
+            merged[key] = root
+    roots = list(merged.values())
 
-    follow_ons = [d for d in divergences if d not in culprit_divs]
-    for d in sorted(culprit_divs, key=lambda d: d.time)[:MAX_EVIDENCE]:
-        evidence.append(d.detail)
-    for d in sorted(follow_ons, key=lambda d: d.time)[:MAX_EVIDENCE]:
-        evidence.append("follow-on: " + d.detail)
-    for m in sorted(analysis.mismatches, key=lambda m: m.time)[:MAX_EVIDENCE]:
-        prefix = "" if root_is_mismatch and m is first_mismatch else "follow-on: "
-        evidence.append(prefix + m.detail)
-
-    missing = tuple(sorted(analysis.missing))
-    if root_is_mismatch:
-        m = first_mismatch
-        odd = m.odd
-        confidence = 0.95 if len(m.majority) >= 2 * len(m.odd) else 0.8
+    # -- mismatches: a root of their own, evidence of a root they belong to, or follow-ons
+    culprit_ranks = {r for root in roots for r in root.ranks}
+    waiting_all = {w for root in roots for w in root.waiting} - culprit_ranks
+    follow_on_mismatches: list[_Mismatch] = []
+    first_wait: dict[int, int] = {}  # rank -> when it first waited on anyone (time of that collective)
+    if analysis.mismatches:
+        for d in divergences:
+            for w in d.waiters:
+                if d.time < first_wait.get(w, _BIG):
+                    first_wait[w] = d.time
+    for m in sorted(analysis.mismatches, key=lambda m: (m.time, m.tie)):
+        odd = set(m.odd)
         if m.tie:
-            # no majority: the side the wait-for graph already blames (it lagged: it skipped), else both sides
             involved = set(m.odd) | set(m.majority)
-            blamed = involved & set(culprits)
-            odd, confidence = (tuple(sorted(blamed)), 0.75) if blamed else (tuple(sorted(involved)), 0.4)
+            blamed = involved & culprit_ranks
+            if blamed:
+                odd = blamed
+            elif involved <= waiting_all:
+                follow_on_mismatches.append(m)
+                continue
+            else:
+                odd = involved
+        owners = [root for root in roots if odd & set(root.ranks)]
+        if owners:
+            for root in owners:
+                root.mismatches.append(m)
+            continue
+        # a mismatch is a follow-on only where its odd ranks were already waiting on a root when they made it
+        # (an error path's extra collective); one made before (a completed all_reduce of another shape) is a root
+        waits_since = [first_wait[r] for r in odd if r in first_wait]
+        if odd <= waiting_all and waits_since and min(waits_since) < m.time:
+            follow_on_mismatches.append(m)
+            continue
+        roots.append(_Root(sorted(odd), mismatches=[m]))
+        culprit_ranks |= odd
+
+    built = [_describe_root(analysis, root, skippers) for root in roots]
+    built.sort(key=lambda b: (-len(b[0].waiting_ranks), b[1], b[0].ranks))
+    hang_roots = tuple(b[0] for b in built)
+    culprits = sorted({r for root in hang_roots for r in root.ranks})
+    waiting = sorted({w for root in hang_roots for w in root.waiting_ranks} - set(culprits))
+    missing = tuple(sorted(analysis.missing))
+    unresolved = any(root.kind == HangVerdict.CYCLE for root in hang_roots)
+
+    if hang_roots:
+        head = hang_roots[0]
+        summary = [f"root {i + 1} of {len(hang_roots)}: {root.reason}" for i, root in enumerate(hang_roots)] \
+            if len(hang_roots) > 1 else [head.reason]
+        lines = [*summary]
+        for root in hang_roots:
+            lines.extend(root.where)
+        for root in hang_roots:
+            lines.extend(e for e in root.evidence if e not in lines)
+        lines.extend(skippers.values())
+        own = {id(d) for r in roots for d in r.divergences}
+        explained = [d for d in divergences if id(d) not in own]
+        lines.extend("follow-on: " + d.detail for d in sorted(explained, key=lambda d: d.time)[:MAX_EVIDENCE])
+        lines.extend("follow-on: " + m.detail for m in follow_on_mismatches[:MAX_EVIDENCE])
+        kinds = {r: k for root in hang_roots for r, k in root.kinds}
+        never = tuple(r for r in culprits if kinds.get(r) in (HangVerdict.NEVER_JOINED.value,
+                                                               HangVerdict.STUCK_OUTSIDE.value,
+                                                               HangVerdict.SKIPPED.value, HangVerdict.CYCLE.value))
+        stalled = tuple(r for r in culprits if kinds.get(r) == HangVerdict.STALLED.value)
+        reason = head.reason if len(hang_roots) == 1 else (
+            f"{len(hang_roots)} independent roots: " + "; ".join(
+                f"rank(s) {_ranks_text(r.ranks)} {r.kind.value}" + (f" in {r.pg_desc or r.pg_name} seq "
+                                                                  f"{r.collective_seq_id}" if r.pg_name else "")
+                for r in hang_roots))
+        if waiting:
+            reason += f"; {len(waiting)} other rank(s) wait on them (follow-ons)"
+        if unresolved:
+            reason += "; the ranks of a cycle wait on each other and nothing could order them"
         return HangReport(
-            verdict=m.kind, culprit_ranks=odd, pg_id=m.pg_id, pg_name=analysis.group_names[m.group],
-            pg_desc=analysis.group_descs.get(m.group), collective_seq_id=m.seq, op=m.op, never_joined=(),
-            stalled=(), missing_dumps=missing,
-            reason=m.detail, confidence=confidence, evidence=tuple(evidence))
-    if culprits:
-        d = first_div
-        culprit_set = set(culprits)
-        never = sorted(r for r in culprits if any(r in x.laggards and x.level in ("entered", "p2p", "missing")
-                                                  for x in culprit_divs))
-        stalled = sorted(r for r in culprits if r not in never and r not in analysis.missing)
-        if culprit_set & analysis.missing:
-            verdict = HangVerdict.MISSING_DUMPS
-        elif never:
-            verdict = HangVerdict.NEVER_JOINED
-        else:
-            verdict = HangVerdict.STALLED
-        groups_per_culprit = Counter(r for x in culprit_divs for r in set(x.laggards) & culprit_set)
-        if unresolved_cycle:
-            confidence = 0.5
-        elif skippers:
-            confidence = 0.8
-        else:
-            confidence = 0.95 if min(groups_per_culprit.values()) >= 2 else 0.85
-        waiting = sorted({w for x in divergences for w in x.waiters} - culprit_set)
-        reason = (f"rank(s) {_ranks_text(culprits)} {_verdict_phrase(verdict)}: {d.detail}"
-                  + (f"; {len(waiting)} other rank(s) wait on them (follow-ons)" if waiting else ""))
-        if unresolved_cycle:
-            reason += "; the ranks wait on each other (a cycle no history could order)"
-        return HangReport(
-            verdict=verdict, culprit_ranks=tuple(culprits), pg_id=d.pg_id, pg_name=analysis.group_names[d.group],
-            pg_desc=analysis.group_descs.get(d.group), collective_seq_id=d.seq, op=d.op,
-            never_joined=tuple(r for r in never if r not in analysis.missing),
-            stalled=tuple(stalled), missing_dumps=missing, reason=reason, confidence=confidence,
-            evidence=tuple(evidence))
+            verdict=_FAMILY.get(head.kind, head.kind), culprit_ranks=tuple(culprits), pg_id=head.pg_id,
+            pg_name=head.pg_name, pg_desc=head.pg_desc, collective_seq_id=head.collective_seq_id, op=head.op,
+            never_joined=never, stalled=stalled, missing_dumps=missing, reason=reason,
+            confidence=round(min(root.confidence for root in hang_roots), 3),
+            evidence=tuple(evidence + lines), roots=hang_roots, follow_ons=tuple(waiting),
+            unresolved_cycle=unresolved)
     if missing:
         return HangReport(
             verdict=HangVerdict.MISSING_DUMPS, culprit_ranks=missing, pg_id=None, pg_name=None, pg_desc=None,
@@ -894,35 +1159,178 @@ def _decide(analysis: _Analysis) -> HangReport:
         confidence=0.8, evidence=tuple(evidence))
 
 
+def _headline(root: _Root) -> _Divergence | None:
+    """The divergence that best says what a root did: a collective (not p2p) one, covering most of its ranks,
+    earliest."""
+    ranks = set(root.ranks)
+    return min(root.divergences, key=lambda d: (d.level in ("p2p", "stack"), -len(set(d.laggards) & ranks), d.time,
+                                                _LEVEL_RANK[d.level]), default=None)
+
+
+def _rank_kind(analysis: _Analysis, rank: int, root: _Root, skippers: dict[int, str]) -> HangVerdict:
+    if rank in analysis.missing:
+        return HangVerdict.MISSING_DUMPS
+    if rank in skippers:
+        return HangVerdict.SKIPPED
+    if root.cyclic:
+        return HangVerdict.CYCLE
+    levels = {d.level for d in root.divergences if rank in d.laggards}
+    if not levels and root.mismatches:
+        return root.mismatches[0].kind
+    if levels & {"completed", "started"}:
+        return HangVerdict.STALLED  # stuck inside a collective its peers completed: that explains the rest
+    place = analysis.where.get(rank)
+    if place is not None and place.kind.value == "outside_collectives":
+        return HangVerdict.STUCK_OUTSIDE
+    if place is None and rank in analysis.dumped and rank not in analysis.incomplete:
+        return HangVerdict.STUCK_OUTSIDE  # every entry it recorded completed: it is inside no collective
+    # a stack was taken and shows no thread of it (the process or thread is gone: crashed), or it is blocked in
+    # something the trace does not explain
+    return HangVerdict.NEVER_JOINED
+
+
+def _describe_root(analysis: _Analysis, root: _Root, skippers: dict[int, str]) -> tuple[HangRoot, int]:
+    head = _headline(root)
+    mismatch = min(root.mismatches, key=lambda m: m.time, default=None)
+    kinds = {r: _rank_kind(analysis, r, root, skippers) for r in root.ranks}
+    use_mismatch = mismatch is not None and (head is None or mismatch.time <= head.time)
+    if use_mismatch:
+        kind = mismatch.kind
+        kinds = {r: (mismatch.kind if r in mismatch.odd or mismatch.tie else k) for r, k in kinds.items()}
+    else:
+        kind = Counter(kinds.values()).most_common(1)[0][0]
+    where = tuple(analysis.where[r].text(r) for r in root.ranks if r in analysis.where)
+    chain = []
+    if use_mismatch:
+        chain.append(mismatch.detail)
+    for d in sorted(root.divergences, key=lambda d: (d is not head, d.time))[:MAX_EVIDENCE]:
+        chain.append(d.detail)
+    for m in root.mismatches:
+        if m is not mismatch or not use_mismatch:
+            chain.append("follow-on: " + m.detail)
+    # confidence
+    if kind == HangVerdict.CYCLE:
+        confidence = 0.5
+    elif use_mismatch:
+        confidence = 0.95 if len(mismatch.majority) >= 2 * len(mismatch.odd) else 0.8
+        if mismatch.tie:
+            confidence = 0.75 if head is not None or set(root.ranks) != set(mismatch.odd) | set(mismatch.majority) \
+                else 0.4
+    elif kind == HangVerdict.SKIPPED:
+        confidence = 0.8
+    else:
+        groups = Counter(r for d in root.divergences for r in set(d.laggards) & set(root.ranks))
+        located = any(analysis.where.get(r) is not None and analysis.where[r].kind.value == "outside_collectives"
+                      for r in root.ranks)
+        confidence = 0.95 if (groups and min(groups.values()) >= 2) or located else 0.85
+    if use_mismatch:
+        group, seq, op, pg_id, t = mismatch.group, mismatch.seq, mismatch.op, mismatch.pg_id, mismatch.time
+        what = mismatch.detail
+    elif head is not None:
+        group, seq, op, pg_id, t = head.group, head.seq, head.op, head.pg_id, head.time
+        what = head.detail
+    else:
+        group, seq, op, pg_id, t, what = -1, None, None, None, _BIG, ""
+    phrase = {HangVerdict.STUCK_OUTSIDE: "never joined the collective their peers wait in and are inside no "
+                                         "collective (stuck outside)",
+              HangVerdict.SKIPPED: "left a collective out and went on (their peers wait in it)",
+              HangVerdict.CYCLE: "wait on each other in a cycle nothing could order",
+              }.get(kind) or _verdict_phrase(kind)
+    reason = f"rank(s) {_ranks_text(root.ranks)} {phrase}: {what}"
+    skip_text = [skippers[r] for r in root.ranks if r in skippers]
+    if skip_text:
+        reason += f" ({skip_text[0]})"
+    if where:
+        reason += f"; {where[0]}"
+    if root.waiting:
+        reason += f"; rank(s) {_ranks_text(sorted(root.waiting))} wait on them"
+    valid = 0 <= group < len(analysis.group_names)
+    return HangRoot(
+        kind=kind, ranks=tuple(root.ranks), kinds=tuple((r, k.value) for r, k in sorted(kinds.items())),
+        pg_id=pg_id, pg_name=analysis.group_names[group] if valid else None,
+        pg_desc=analysis.group_descs.get(group) if valid else None, collective_seq_id=seq, op=op,
+        waiting_ranks=tuple(sorted(root.waiting)), where=where, confidence=confidence, reason=reason,
+        evidence=tuple(chain)), t
+
+
+def _role(analysis: _Analysis, group: int) -> tuple:
+    """Groups that play the same part in the program (one desc, one size: Megatron's TP groups) are compared by
+    sequence id across ranks; a group without a usable desc plays only its own part."""
+    desc = analysis.group_descs.get(group)
+    if desc and desc not in ("undefined", "default_pg"):
+        return ("desc", desc, len(analysis.members.get(group, ())))
+    return ("group", group)
+
+
+def _role_text(analysis: _Analysis, group: int) -> str:
+    role = _role(analysis, group)
+    return str(role[1]) if role[0] == "desc" else f"group {analysis.group_names[group]!r}"
+
+
+def _skipped_by_consensus(analysis: _Analysis, rank: int, cycle: set[int],
+                          divergences: list[_Divergence]) -> str | None:
+    """Did `rank` go past a collective it lags in? Its own cross-group entry order says which collectives it
+    entered after its last one of the lagging group; the ranks outside the cycle that entered both (in groups of
+    the same part: the other TP groups for a TP collective) say which comes first in the program. No periodic
+    history is needed: one step of the others' order is enough."""
+    history = analysis.history(rank) if analysis.history else None
+    if history is None or analysis.key_rows is None:
+        return None
+    seqs, groups_in_order, _incomplete = history
+    for d in divergences:
+        if rank not in d.laggards or d.level != "entered" or d.seq is None:
+            continue
+        last = max((i for i, g in enumerate(groups_in_order) if g == d.group), default=-1)
+        after = [(groups_in_order[i], seqs[i]) for i in range(last + 1, len(seqs))
+                 if groups_in_order[i] != d.group][:8]
+        if not after:
+            continue
+        due = (_role(analysis, d.group), d.seq)
+        later = [(_role(analysis, g), s, g, s) for g, s in after]
+        orders = analysis.key_rows([due[0]], [due[1]], [k[0] for k in later], [k[1] for k in later])
+        for role, s, g, s_own in later:
+            pro = con = 0
+            example = None
+            for w, (pos_due, pos_other) in orders.get((role, s), {}).items():
+                if w in cycle or w == rank:
+                    continue
+                if pos_due < pos_other:
+                    pro += 1
+                    example = example if example is not None else w
+                else:
+                    con += 1
+            if pro and pro > con:
+                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) outside the cycle "
+                        f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq {d.seq} before "
+                        f"their {_role_text(analysis, g)} seq {s_own}, which rank {rank} entered without it")
+    return None
+
+
 def _verdict_phrase(verdict: HangVerdict) -> str:
     return {HangVerdict.NEVER_JOINED: "never joined the collective their peers wait in",
             HangVerdict.STALLED: "joined the collective but did not complete it while their peers did",
-            HangVerdict.MISSING_DUMPS: "wrote no dump and their peers wait on them"}.get(verdict, "lag")
+            HangVerdict.MISSING_DUMPS: "wrote no dump and their peers wait on them",
+            HangVerdict.SIZE_MISMATCH: "called a collective with other sizes/dtypes than their peers",
+            HangVerdict.OP_MISMATCH: "called another collective than their peers"}.get(verdict, "lag")
 
 
-def _terminal_ranks(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray,
-                    rank_nodes: list[int]) -> tuple[list[int], bool]:
-    """Ranks in terminal strongly-connected components that someone waits on; and whether such a component holds
-    more than one rank (a cycle)."""
+def _terminal_components(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray,
+                         rank_nodes: list[int]) -> list[list[int]]:
+    """The ranks of each terminal strongly-connected component (nothing it waits on) that someone waits on."""
     if src.shape[0] == 0:
-        return [], False
+        return []
     crossing = labels[src] != labels[dst]
     has_exit = set(labels[src[crossing]].tolist())
     waited_on = set(dst[dst < n_ranks].tolist())
     members_of: dict[int, list[int]] = defaultdict(list)
     for node in range(n_ranks):
         members_of[int(labels[node])].append(node)
-    culprits: list[int] = []
-    cyclic = False
+    out = []
     for label, nodes in members_of.items():
-        if label in has_exit:
+        if label in has_exit or not any(node in waited_on for node in nodes):
             continue
-        if not any(node in waited_on for node in nodes):
-            continue
-        if len(nodes) > 1:
-            cyclic = True
-        culprits.extend(rank_nodes[node] for node in nodes)
-    return sorted(culprits), cyclic
+        out.append(sorted(rank_nodes[node] for node in nodes))
+    return sorted(out)
 
 
 def _skipped(analysis: _Analysis, rank: int, divergences: list[_Divergence]) -> str | None:

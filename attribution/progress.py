@@ -334,6 +334,9 @@ class HangAttributor:
                    + f"; cause {cause.value}")
         incident = self._incident(suspect, now, cause, rule, confidence, culprits, placement, evidence, summary)
         incident.details.update({"verdict": verdict, "pg": group, "op": op, "collective_seq_id": seq})
+        roots = getattr(report, "roots", ())
+        if roots:  # every independent root with its own kind (stuck_outside, skipped, stalled, ...), group, waiters
+            incident.details["roots"] = [root.to_dict() for root in roots]
         return incident
 
     def _incident(self, suspect: HangSuspect, now: dt.datetime, cause: Cause, rule: str, confidence: float,

@@ -278,7 +278,7 @@ class FlightRecorderTrigger:
             self._failed("group tables", exc)
             tables = {}
         rank, world_size = self.rank, self.world_size
-        extra = {"rank": rank, "world_size": world_size, "node": self.node}
+        extra = {"rank": rank, "world_size": world_size, "node": self.node, "pid": os.getpid()}
 
         trace = safe_loads(raw_pickle, source="torch._dump_fr_trace")
         if not isinstance(trace, dict):

@@ -6,11 +6,13 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from attribution.hang import COLUMNS, HangReport, analyze_collectives
 from collectors.flight_recorder import DumpDirError, DumpSet, auto_processes, read_dump_dir
 from collectors.fr_limits import default_limits
+from collectors.pystack import load_stack_dir
 from collectors.sink import SegmentSink
 from collectors.source import NodeIdentity
 from controller.cli.common import CliError, add_store_arg, json_default
@@ -27,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="world size: ranks 0..N-1 should each have a dump (default: from the dumps)")
     parser.add_argument("--processes", type=int, default=None, metavar="P",
                         help="reader processes (default: one per CPU, at most 8, from 1,024 dumps on)")
+    parser.add_argument("--stacks", metavar="SDIR", default=None,
+                        help="the ranks' Python stacks (py-spy JSON, rank_<N>.json) taken during the hang "
+                        "(default: DIR/stacks or DIR/../stacks where present)")
     parser.set_defaults(func=run_analyze)
 
 
@@ -65,7 +70,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     expected = range(args.expected_ranks) if args.expected_ranks is not None else None
     if expected is None and dumps.world_size:
         expected = range(dumps.world_size)
-    report = analyze_collectives(dumps.table, expected_ranks=expected)
+    stacks_dir = _stacks_dir(args.directory, args.stacks)
+    stacks = load_stack_dir(stacks_dir) if stacks_dir is not None else {}
+    report = analyze_collectives(dumps.table, expected_ranks=expected, stacks=stacks)
     seconds = time.perf_counter() - started
     if args.json:
         document = report.to_dict() | {"dumps": {
@@ -79,6 +86,17 @@ def run_analyze(args: argparse.Namespace) -> int:
     for error in dumps.errors:
         print(f"faultlens analyze-hang: warning: {error}", file=sys.stderr)
     return 0
+
+
+def _stacks_dir(directory: str, given: str | None) -> Path | None:
+    if given is not None:
+        if not Path(given).is_dir():
+            raise CliError(f"{given}: no such directory (--stacks)")
+        return Path(given)
+    for candidate in (Path(directory) / "stacks", Path(directory).parent / "stacks"):
+        if candidate.is_dir():
+            return candidate
+    return None
 
 
 def _print_report(report: HangReport, dumps: DumpSet, seconds: float) -> None:
@@ -95,6 +113,15 @@ def _print_report(report: HangReport, dumps: DumpSet, seconds: float) -> None:
         if ranks:
             out.write(f"{label}: {', '.join(map(str, ranks))}\n")
     out.write(f"why: {report.reason}\n")
+    if len(report.roots) > 1 or any(root.where for root in report.roots):
+        out.write(f"independent roots: {len(report.roots)}\n")
+        for i, root in enumerate(report.roots, 1):
+            group = root.pg_desc or root.pg_name or "-"
+            out.write(f"  {i}. rank(s) {', '.join(map(str, root.ranks))}: {root.kind.value} in {group}"
+                      + (f" seq {root.collective_seq_id}" if root.collective_seq_id is not None else "")
+                      + f"; {len(root.waiting_ranks)} rank(s) wait on it; confidence {root.confidence:.2f}\n")
+            for line in root.where:
+                out.write(f"     {line}\n")
     if report.evidence:
         out.write("evidence:\n")
         for line in report.evidence:

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from attribution.decision import Action, Decision
 from attribution.engine import Engine, Follower
+from attribution.hang import attach_stacks
 from attribution.incident import Incident
 from attribution.policy import DecisionPolicy, StoreHistory, load_policy
 from attribution.progress import HangSuspect
@@ -36,6 +37,7 @@ from collectors.agent import NodeAgent as CollectorAgent
 from collectors.flight_recorder import read_dump_dir
 from collectors.nvml_source import NvmlSource
 from collectors.process_events import ProcessSource
+from collectors.pystack import capture_dump_dir_stacks
 from collectors.sink import SegmentSink
 from collectors.source import NodeIdentity
 from controller.checkpoints.catalog import CheckpointCatalog
@@ -177,6 +179,8 @@ class Supervisor:
         if table is not None and table.num_rows:
             self.sink.write("collectives", table)
             self.sink.flush("collectives")
+            # where each rank is while the hang is live (py-spy, when installed): names a stuck rank's frame
+            table = attach_stacks(table, capture_dump_dir_stacks(self._current_dump_dir))
         return table
 
     # ------------------------------------------------------------------ one attempt

@@ -1,0 +1,220 @@
+"""Hang culprits, side by side: faultlens, torch's flight-recorder analyzer and NVIDIA's CollectiveAnalyzer on the
+hang corpus (real dump sets of an 8-rank gloo job, tests/torch_jobs/hang_corpus, truth beside each) and on the
+real NCCL set (tests/data/nccl-fr-gpu_error_2nd, the same files as /work/shared/data; truth ranks 9 and 14).
+
+    python -m bench.bench_hang_accuracy [--nvrx-python PATH] [--json OUT]
+
+Per set and analyzer: the ranks it names as culprits, whether that is exactly the truth, and its false ranks
+(named, not culprits: victims) and missed ranks. How each analyzer's answer is read:
+- faultlens: analyze_collectives' culprit_ranks, with the py-spy stacks the corpus took (as the supervisor does),
+  and once more from the trace alone;
+- torch: `python -m torch.distributed.flight_recorder.fr_trace DIR -p _dump_` (with --allow-incomplete-ranks where
+  a dump is missing), on a copy of the dumps named `_dump_<rank>` (its file-name rule); the ranks it names are
+  every "missing ranks: {...}" and "Culprit rank N" it prints;
+- NVIDIA: nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution.CollectiveAnalyzer run in the Python
+  given by --nvrx-python (its own venv), its "hanging ranks"; where it cannot be imported the table says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.common import emit, machine  # noqa: E402
+
+NCCL_SET = REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"
+NCCL_TRUTH = (9, 14)
+NVRX_MODULE = "nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution"
+NVRX_ADAPTER = r"""
+import argparse, asyncio, json, re, sys
+from nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution import CollectiveAnalyzer
+args = argparse.Namespace(fr_path=sys.argv[1], pattern="_dump_*", verbose=False, model=None, llm_analyze=False,
+                          health_check=False)
+analyzer = CollectiveAnalyzer(args)
+text = asyncio.run(analyzer.preprocess_FR_dumps())
+result, _ = asyncio.run(analyzer.print_output(text))
+print(json.dumps({"text": text, "result": result}))
+"""
+
+
+def _faultlens(directory: Path, dumps: Path, stacks: bool) -> tuple[tuple[int, ...], float]:
+    from attribution.hang import analyze_collectives
+    from collectors.flight_recorder import read_dump_dir
+    from collectors.pystack import load_stack_dir
+
+    started = time.perf_counter()
+    table = read_dump_dir(dumps).table
+    world = _world(dumps)
+    report = analyze_collectives(table, expected_ranks=range(world),
+                                 stacks=load_stack_dir(directory / "stacks") if stacks else {})
+    return tuple(report.culprit_ranks), time.perf_counter() - started
+
+
+def _world(dumps: Path) -> int:
+    truth = dumps.parent / "truth.json"
+    if truth.exists():
+        return int(json.loads(truth.read_text())["world_size"])
+    return len(list(dumps.glob("_dump_*")))
+
+
+def _as_torch_names(dumps: Path, out: Path) -> Path:
+    out.mkdir(parents=True)
+    for path in sorted(dumps.iterdir()):
+        match = re.match(r"^(?:rank_|_dump_)(\d+)(?:\.pkl)?$", path.name)
+        if match:
+            shutil.copyfile(path, out / f"_dump_{match.group(1)}")
+    return out
+
+
+def _named_by_torch(text: str) -> set[int]:
+    named: set[int] = set()
+    for found in re.findall(r"missing ranks: \{([0-9, ]*)\}", text):
+        named.update(int(r) for r in found.split(",") if r.strip())
+    named.update(int(r) for r in re.findall(r"Culprit rank (\d+)", text))
+    return named
+
+
+def _torch(dumps: Path, missing: bool) -> tuple[tuple[int, ...] | None, str]:
+    with tempfile.TemporaryDirectory(prefix="fr-trace-") as temp:
+        copy = _as_torch_names(dumps, Path(temp) / "dumps")
+        cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(copy), "-p", "_dump_"]
+        if missing:
+            cmd.append("--allow-incomplete-ranks")
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            return None, "timed out"
+    text = result.stdout + result.stderr
+    if result.returncode != 0:
+        last = [line for line in text.strip().splitlines() if line.strip()][-1:] or ["?"]
+        return None, f"failed: {last[0][:120]}"
+    return tuple(sorted(_named_by_torch(text))), ""
+
+
+def nvrx_status(python: str | None) -> str | None:
+    """None when NVIDIA's analyzer can be imported by `python`, else why not."""
+    if not python:
+        return "no --nvrx-python given"
+    probe = subprocess.run([python, "-c", f"import {NVRX_MODULE}"], capture_output=True, text=True, timeout=300)
+    if probe.returncode == 0:
+        return None
+    version = subprocess.run([python, "-m", "pip", "show", "nvidia-resiliency-ext"], capture_output=True, text=True,
+                             timeout=120).stdout
+    have = re.search(r"^Version: (\S+)", version, re.M)
+    last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+    return (f"nvidia-resiliency-ext {have.group(1) if have else '(not installed)'} from PyPI has no {NVRX_MODULE} "
+            f"({last})")
+
+
+def _nvrx(python: str, dumps: Path) -> tuple[tuple[int, ...] | None, str]:
+    with tempfile.TemporaryDirectory(prefix="nvrx-") as temp:
+        copy = _as_torch_names(dumps, Path(temp) / "dumps")
+        result = subprocess.run([python, "-c", NVRX_ADAPTER, str(copy)], capture_output=True, text=True,
+                                timeout=600)
+    if result.returncode != 0:
+        return None, f"failed: {(result.stderr.strip().splitlines() or ['?'])[-1][:120]}"
+    found = re.search(r"hanging ranks: \[([^\]]*)\]", json.loads(result.stdout.splitlines()[-1])["result"])
+    ranks = {int(r) for r in re.findall(r"\d+", found.group(1))} if found else set()
+    return tuple(sorted(ranks)), ""
+
+
+def _score(named: tuple[int, ...] | None, truth: tuple[int, ...]) -> dict[str, object]:
+    if named is None:
+        return {"named": None, "exact": False, "false": None, "missed": None}
+    return {"named": list(named), "exact": set(named) == set(truth), "false": sorted(set(named) - set(truth)),
+            "missed": sorted(set(truth) - set(named))}
+
+
+def sets() -> list[tuple[str, Path, Path, tuple[int, ...]]]:
+    """(name, directory, dumps directory, truth)."""
+    from tests.torch_jobs.hang_corpus.generate import corpus
+
+    out = []
+    for name, directory in corpus().items():
+        truth = json.loads((directory / "truth.json").read_text())
+        out.append((name, directory, directory / "dumps", tuple(truth["culprits"])))
+    out.append(("real NCCL set (gpu_error_2nd, 16 ranks)", NCCL_SET, NCCL_SET, NCCL_TRUTH))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nvrx-python", default=None, help="a Python whose environment has nvidia-resiliency-ext")
+    parser.add_argument("--json", default=None, help="also write the JSON document here")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    nvrx_missing = nvrx_status(args.nvrx_python)
+    rows = []
+    for name, directory, dumps, truth in sets():
+        world = _world(dumps)
+        have = len([p for p in dumps.iterdir() if re.match(r"^(rank_|_dump_)\d+", p.name)])
+        with_stacks, seconds = _faultlens(directory, dumps, stacks=True)
+        alone, _ = _faultlens(directory, dumps, stacks=False)
+        torch_named, torch_note = _torch(dumps, missing=have < world)
+        if nvrx_missing is None:
+            nvrx_named, nvrx_note = _nvrx(args.nvrx_python, dumps)
+        else:
+            nvrx_named, nvrx_note = None, "unavailable"
+        rows.append({"set": name, "truth": list(truth), "faultlens": _score(with_stacks, truth),
+                     "faultlens_seconds": round(seconds, 3), "faultlens_trace_only": _score(alone, truth),
+                     "torch": _score(torch_named, truth) | {"note": torch_note},
+                     "nvidia": _score(nvrx_named, truth) | {"note": nvrx_note}})
+    totals = {}
+    for key in ("faultlens", "faultlens_trace_only", "torch", "nvidia"):
+        scored = [r[key] for r in rows]
+        totals[key] = {"exact": sum(1 for s in scored if s["exact"]), "sets": len(rows),
+                       "false_ranks": sum(len(s["false"] or ()) for s in scored),
+                       "missed_ranks": sum(len(s["missed"] or ()) for s in scored),
+                       "no_answer": sum(1 for s in scored if s["named"] is None)}
+    document = {"machine": machine(), "nvidia_unavailable": nvrx_missing,
+                "seconds": round(time.perf_counter() - started, 1), "totals": totals, "rows": rows}
+    if args.json:
+        Path(args.json).write_text(json.dumps(document, indent=1))
+    emit("hang_accuracy", document)
+    print()
+    print(markdown(document))
+    return 0
+
+
+def _cell(score: dict) -> str:
+    if score["named"] is None:
+        return "no answer" + (f" ({score.get('note')})" if score.get("note") not in (None, "", "unavailable") else "")
+    named = ", ".join(map(str, score["named"])) or "none"
+    mark = "exact" if score["exact"] else "wrong"
+    extra = []
+    if score["false"]:
+        extra.append(f"false {', '.join(map(str, score['false']))}")
+    if score["missed"]:
+        extra.append(f"missed {', '.join(map(str, score['missed']))}")
+    return f"{mark}: {named}" + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def markdown(document: dict) -> str:
+    lines = ["| set | truth | faultlens (trace + stacks) | faultlens (trace only) | torch fr_trace | NVIDIA |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in document["rows"]:
+        lines.append(f"| {r['set']} | {', '.join(map(str, r['truth'])) or 'none'} | {_cell(r['faultlens'])} | "
+                     f"{_cell(r['faultlens_trace_only'])} | {_cell(r['torch'])} | {_cell(r['nvidia'])} |")
+    t = document["totals"]
+    lines.append("| **exact sets / false ranks / missed ranks** | | "
+                 + " | ".join(f"**{t[k]['exact']}/{t[k]['sets']}** / {t[k]['false_ranks']} / {t[k]['missed_ranks']}"
+                              for k in ("faultlens", "faultlens_trace_only", "torch", "nvidia")) + " |")
+    if document.get("nvidia_unavailable"):
+        lines.append("")
+        lines.append(f"NVIDIA's CollectiveAnalyzer: not run: {document['nvidia_unavailable']}.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
