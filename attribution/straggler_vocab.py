@@ -142,11 +142,21 @@ def load_vocabulary(extra: Sequence[str | Path] = ()) -> Vocabulary:
     paths = [DEFAULT_VOCABULARY, *(Path(p) for p in extra)]
     env = os.environ.get(ENV_VOCABULARY, "")
     paths += [Path(p) for p in env.split(os.pathsep) if p.strip()]
-    return _load(tuple(str(p) for p in paths))
+    return _load(tuple((str(p), _stamp(p)) for p in paths))
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return (0, 0)  # the loader names the file it cannot read
+    return (stat.st_mtime_ns, stat.st_size)
 
 
 @lru_cache(maxsize=8)
-def _load(paths: tuple[str, ...]) -> Vocabulary:
+def _load(stamped: tuple[tuple[str, tuple[int, int]], ...]) -> Vocabulary:
+    """Cached per (path, mtime, size): an edited file is read again."""
+    paths = [p for p, _ in stamped]
     entries: list[_Entry] = []
     for path in reversed(paths):
         try:

@@ -77,7 +77,7 @@ def main() -> None:
                         with timer.section("forward-send"):
                             dist.send(out.detach(), dst=next_rank)
                 weight.grad = None
-                for act, out in reversed(saved):
+                for _act, out in reversed(saved):
                     grad = torch.ones(4, WIDTH)
                     if next_rank is not None:
                         with timer.section("backward-recv"):
