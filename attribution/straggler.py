@@ -358,9 +358,12 @@ class StragglerDetector:
         distinct = (per_rank > 0).sum(axis=1)
         # moving: no rank is slow in more than half the share that would make it persistent
         concentrated = per_rank.max(axis=1) / window_count >= t.persistence / 2
-        moving = ((step_fraction >= t.moving_min_step_fraction) & (distinct >= t.moving_min_distinct_ranks)
-                  & ~pd.Series(persistent.any(axis=1), index=flagged_frame.index) & ~concentrated
-                  & (window_count >= t.min_window_steps))
+        pattern = ((step_fraction >= t.moving_min_step_fraction) & (distinct >= t.moving_min_distinct_ranks)
+                   & ~pd.Series(persistent.any(axis=1), index=flagged_frame.index) & ~concentrated
+                   & (window_count >= t.min_window_steps)).astype(float)
+        # the pattern itself must last (a load spike or a few noisy steps make it for a moment): held at
+        # `persistence` of a full window of positions
+        moving = pattern.rolling(w, min_periods=w).sum() >= t.persistence * w
         if not moving.any():
             return None
         step = int(moving.index[moving.to_numpy().argmax()])

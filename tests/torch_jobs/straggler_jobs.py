@@ -1,12 +1,13 @@
 """Real pipeline-parallel torch jobs (8 ranks, gloo, CPU) made slow in chosen places, run once per cache key.
 
-    python tests/torch_jobs/straggler_jobs.py OUT_DIR [CASE ...]      # generate into OUT_DIR
+    python tests/torch_jobs/straggler_jobs.py [--sequential] OUT_DIR [CASE ...]      # generate into OUT_DIR
     straggler_artifacts()                                            # what the pytest fixture calls
 
 Two layouts: 2 replicas x 4 stages and 4 replicas x 2 stages (rank r = replica r // P, stage r % P, two ranks per
 simulated node). Cases: healthy; one slow worker (from step 10); one slow stage in every
 replica (from step 10); one slow replica (every stage of it, from step 10); and the healthy job with a CPU
-hog beside it. Each case directory holds store/ (the step timer's steps and ranks rows) and meta.json (layout, the
+hog beside it. Each case directory holds store/ (the step timer's steps and ranks rows), timings/ (the raw per-section
+timer log each rank exported, and the placement) and meta.json (layout, the
 injected slowness, and the measured median step time of the train steps in and outside the slow period).
 
 The cache is keyed by the torch version and a hash of these scripts and the collectors they run, under a file
@@ -15,6 +16,7 @@ lock (the directory of tests/torch_jobs/harness.py's cache), so a test session g
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime as dt
 import fcntl
@@ -37,7 +39,7 @@ SCRIPT = Path(__file__).resolve().parent / "train_pipeline.py"
 HASHED_FILES = ("tests/torch_jobs/train_pipeline.py", "tests/torch_jobs/straggler_jobs.py",
                 "collectors/step_timer.py", "collectors/sink.py", "collectors/schema.py", "collectors/layout.py")
 WORLD_SIZE = 8
-STEPS = 32
+STEPS = 28
 ONSET = 10
 MICROBATCHES = 4
 BASE_S = 0.01
@@ -108,21 +110,31 @@ def straggler_artifacts(cache_root: Path | None = None) -> dict[str, Path]:
     return {name: final / name for name in CASES}
 
 
-def generate(out_dir: Path, names: list[str] | None = None, attempts: int = 2) -> dict[str, Path]:
-    """One case at a time (timing is what they measure)."""
+def generate(out_dir: Path, names: list[str] | None = None, attempts: int = 2, parallel: int = 2) -> dict[str, Path]:
+    """`parallel` cases at a time (their device work is sleep, so two overlap without changing what they
+    measure; start-up is what costs CPU), the CPU-hog case alone at the end."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in names or list(CASES):
-        for attempt in range(1, attempts + 1):
-            art = out_dir / name
-            if art.exists():
-                shutil.rmtree(art)
-            try:
-                run_case(CASES[name], art)
-                break
-            except GenerationError:
-                if attempt == attempts:
-                    raise
-    return {name: out_dir / name for name in names or CASES}
+    names = list(names or CASES)
+    quiet = [n for n in names if not CASES[n].hog]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        for future in [pool.submit(_run_with_retries, CASES[n], out_dir / n, attempts) for n in quiet]:
+            future.result()
+    for name in names:
+        if CASES[name].hog:
+            _run_with_retries(CASES[name], out_dir / name, attempts)
+    return {name: out_dir / name for name in names}
+
+
+def _run_with_retries(case: Case, art: Path, attempts: int) -> None:
+    for attempt in range(1, attempts + 1):
+        if art.exists():
+            shutil.rmtree(art)
+        try:
+            run_case(case, art)
+            return
+        except GenerationError:
+            if attempt == attempts:
+                raise
 
 
 def _free_port() -> int:
@@ -140,7 +152,8 @@ def _hog() -> list[subprocess.Popen]:
 def run_case(case: Case, art: Path) -> Path:
     art.mkdir(parents=True)
     started = time.monotonic()
-    config = {"store": str(art / "store"), "replicas": case.replicas, "stages": case.stages,
+    config = {"store": str(art / "store"), "timings": str(art / "timings"), "replicas": case.replicas,
+              "stages": case.stages,
               "microbatches": MICROBATCHES, "steps": STEPS, "ranks_per_node": 2, "base_s": BASE_S,
               "slow": list(case.slow)}
     env = dict(os.environ)
@@ -204,9 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print(__doc__)
         return 2
+    parallel = 1 if "--sequential" in args else 2
+    args = [a for a in args if a != "--sequential"]
     out, names = Path(args[0]), args[1:] or list(CASES)
     began = time.monotonic()
-    generate(out, names)
+    generate(out, names, parallel=parallel)
     for name in names:
         meta = json.loads((out / name / "meta.json").read_text())
         print(name, meta["seconds"], "s", meta["step_time"])
