@@ -38,12 +38,8 @@ def base(seed: int, names: tuple[str, str] = ("forward", "backward")):
     return sections
 
 
-def job(store: Path, world: int, per_node: int, sections, *, pp: int | None, steps: int = 80,
-        comm: str = "comm") -> None:
+def job(store: Path, world: int, per_node: int, sections, *, pp: int | None, steps: int = 80) -> None:
     rows = steps_rows("job-1", 0, world, per_node, range(steps), start=1.0, sections=sections)
-    if comm != "comm":
-        for row in rows:
-            row["sections"][comm] = row["sections"].pop("comm")
     write(store, "ranks", ranks_rows("job-1", 0, world, per_node, pp_size=pp))
     write(store, "steps", rows)
 
@@ -173,13 +169,14 @@ def test_slow_ranks_one_per_node_on_many_nodes_are_systemic(store_dir: Path, eng
     assert incident.rule == "straggler-systemic"
 
 
-@pytest.mark.parametrize("comm", ["all-grads-sync", "params-all-gather", "reduce-scatter", "forward-send",
-                                  "backward-recv", "send", "recv", "nccl:_allgather_base",
-                                  "ncclDevKernel_AllReduce_Sum_f32_RING_LL"])
+@pytest.mark.parametrize("comm", ["params-all-gather", "reduce-scatter", "forward-send", "backward-recv", "send",
+                                  "recv", "forward-send-backward-recv", "nccl:_allgather_base",
+                                  "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclDevKernel_SendRecv"])
 def test_waiting_under_common_communication_names_is_not_compute(store_dir: Path, engine: Engine,
                                                                  comm: str) -> None:
-    """Issue 13: timer names like all-grads-sync slipped through as compute, so the healthy ranks that wait
-    longest for the slow one were blamed (whole replicas)."""
+    """Issue 13: timer names like params-all-gather or forward-send slipped through as compute, so the healthy
+    ranks that wait for the slow one (its replica's other stages, in pipeline send/recv) were blamed with it.
+    Here the slow worker's replica waits in `comm`, the other replicas in all-grads-sync."""
     sections0 = base(7, ("forward-compute", "backward-compute"))
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -188,11 +185,17 @@ def test_waiting_under_common_communication_names_is_not_compute(store_dir: Path
             s["forward-compute"] *= 2.0
         return s
 
-    job(store_dir, 8, 2, sections, pp=4, comm=comm)
+    # 4 replicas x 2 stages, one rank per node: rank 5 is replica 2, stage 1; rank 4 (stage 0 of its replica)
+    # waits for it in pipeline traffic
+    rows = steps_rows("job-1", 0, 8, 1, range(80), start=1.0, sections=sections)
+    for row in rows:
+        row["sections"][comm if row["rank"] // 2 == 2 else "all-grads-sync"] = row["sections"].pop("comm")
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 8, 1, pp_size=2))
+    write(store_dir, "steps", rows)
 
     (incident,) = stragglers(store_dir, engine)
 
-    assert incident.culprit_ranks == (5,)
+    assert incident.culprit_ranks == (5,) and incident.culprit_nodes == ("node-05",)
 
 
 def test_a_section_of_unknown_kind_is_reported_never_scored(store_dir: Path, engine: Engine) -> None:
