@@ -34,7 +34,7 @@ import pandas as pd
 from attribution.hardware import as_datetime, row_identifies_gpu, same_gpu
 from attribution.incident import Cause, Evidence, Incident, IncidentClass
 from attribution.rules import StragglerThresholds
-from attribution.straggler_decompose import Decomposition, decompose, nanmedian, robust_z
+from attribution.straggler_decompose import Decomposition, decompose, nanmedian, robust_z, rolling_sum
 from attribution.straggler_layout import Layout, build_layout
 from attribution.straggler_vocab import SectionKind, Vocabulary, load_vocabulary
 from attribution.straggler_whatif import StepModel, WhatIf, what_if
@@ -82,10 +82,6 @@ class StragglerFinding:
     where: dict = field(default_factory=dict)  # stage / replica / nodes of a systemic finding
 
 
-def _rolling_sum(frame: pd.DataFrame, window: int) -> pd.DataFrame:
-    return frame.astype(float).rolling(window, min_periods=1).sum()
-
-
 def _ranks_text(ranks: list[int]) -> str:
     return f"{ranks[:8]}{'...' if len(ranks) > 8 else ''}"
 
@@ -119,18 +115,23 @@ class StragglerDetector:
         sections, comm, unknown = self.classify_sections(attempt_steps)
         if not sections or attempt_steps.empty:
             return None
-        rows = attempt_steps[attempt_steps["step"].notna() & attempt_steps["rank"].notna()]
-        phase = rows["phase"].astype(object).where(rows["phase"].notna(), "train") if "phase" in rows.columns \
-            else pd.Series("train", index=rows.index)
-        rows = rows[phase.isin(t.phases)]
-        if rows.empty:
+        wanted = [c for c in ("step", "rank", "phase", "ts", "start_ts", "end_ts", "duration_s")
+                  if c in attempt_steps.columns]
+        rows = attempt_steps[wanted + sections + [SECTION_PREFIX + n for n in unknown]]
+        keep = (rows["step"].notna() & rows["rank"].notna()).to_numpy().copy()
+        if "phase" in rows.columns:
+            phase = rows["phase"].astype(object)
+            keep &= phase.where(phase.notna(), "train").isin(t.phases).to_numpy()
+        if not keep.any():
             return None
-        rows = rows[rows["step"] >= rows["step"].min() + t.warmup_steps]
-        values = rows[sections].astype(float)
-        rows = rows.assign(_compute=values.sum(axis=1, min_count=1))
-        rows = rows[rows["_compute"].notna()]
-        if rows.empty:
+        step_values = rows["step"].to_numpy(dtype=float, na_value=np.nan)
+        keep &= step_values >= np.nanmin(step_values[keep]) + t.warmup_steps
+        own = rows[sections].to_numpy(dtype=float, na_value=np.nan)
+        total_compute = np.where(np.isfinite(own).any(axis=1), np.nansum(own, axis=1), np.nan)
+        keep &= np.isfinite(total_compute)
+        if not keep.any():
             return None
+        rows = rows[keep].assign(_compute=total_compute[keep])
         rows = rows.assign(step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64))
         matrix = _Matrix(rows["step"].to_numpy(), rows["rank"].to_numpy())
         compute = matrix.frame(rows["_compute"].to_numpy(dtype=float))
@@ -166,11 +167,11 @@ class StragglerDetector:
     def _persistent(self, flags: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """steps x k: persistent at step s (flagged in >= persistence of the last window_steps valid steps)."""
         w = self.t.window_steps
-        flag_frame = pd.DataFrame(flags.astype(float))
-        valid_frame = pd.DataFrame(np.broadcast_to(valid[:, None], flags.shape).astype(float))
-        counts = valid_frame.rolling(w, min_periods=1).sum()
-        fraction = flag_frame.rolling(w, min_periods=1).sum() / counts.where(counts > 0)
-        return ((fraction >= self.t.persistence) & (counts >= self.t.min_window_steps)).to_numpy()
+        counts = rolling_sum(valid.astype(float)[:, None], w)
+        hits = rolling_sum(flags & valid[:, None], w)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fraction = np.where(counts > 0, hits / np.maximum(counts, 1), 0.0)
+        return (fraction >= self.t.persistence) & (counts >= self.t.min_window_steps)
 
     def _window(self, steps: list[int], step: int) -> list[int]:
         position = steps.index(step)
@@ -350,23 +351,23 @@ class StragglerDetector:
         w = t.window_steps
         steps = list(scores.compute.index)
         flagged_frame = scores.flagged
-        valid_series = pd.Series(valid.astype(float), index=flagged_frame.index)
-        any_flag = flagged_frame.any(axis=1).astype(float)
-        window_count = valid_series.rolling(w, min_periods=1).sum()
-        step_fraction = any_flag.rolling(w, min_periods=1).sum() / window_count
-        per_rank = _rolling_sum(flagged_frame, w)
-        distinct = (per_rank > 0).sum(axis=1)
-        # moving: no rank is slow in more than half the share that would make it persistent
-        concentrated = per_rank.max(axis=1) / window_count >= t.persistence / 2
+        flags = flagged_frame.to_numpy()
+        window_count = rolling_sum(valid.astype(float), w)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            step_fraction = rolling_sum(flags.any(axis=1).astype(float), w) / window_count
+            per_rank = rolling_sum(flags, w)
+            distinct = (per_rank > 0).sum(axis=1)
+            # moving: no rank is slow in more than half the share that would make it persistent
+            concentrated = per_rank.max(axis=1) / window_count >= t.persistence / 2
         pattern = ((step_fraction >= t.moving_min_step_fraction) & (distinct >= t.moving_min_distinct_ranks)
-                   & ~pd.Series(persistent.any(axis=1), index=flagged_frame.index) & ~concentrated
-                   & (window_count >= t.min_window_steps)).astype(float)
+                   & ~persistent.any(axis=1) & ~concentrated & (window_count >= t.min_window_steps))
         # the pattern itself must last (a load spike or a few noisy steps make it for a moment): held at
         # `persistence` of a full window of positions
-        moving = pattern.rolling(w, min_periods=w).sum() >= t.persistence * w
+        held = rolling_sum(pattern.astype(float), w)
+        moving = (held >= t.persistence * w) & (np.arange(len(held)) >= w - 1)
         if not moving.any():
             return None
-        step = int(moving.index[moving.to_numpy().argmax()])
+        step = int(flagged_frame.index[int(moving.argmax())])
         window = self._window(steps, step)
         flagged = flagged_frame.loc[window]
         ranks = sorted(int(r) for r in flagged.columns[flagged.any(axis=0)])
@@ -721,8 +722,16 @@ class _Matrix:
         self.ranks, rank_of = np.unique(ranks, return_inverse=True)
         self.cells = step_of * len(self.ranks) + rank_of
         self.shape = (len(self.steps), len(self.ranks))
+        self.unique: bool | None = None
 
     def frame(self, values: np.ndarray) -> pd.DataFrame:
+        if self.unique is None:
+            self.unique = int(np.bincount(self.cells, minlength=1).max()) <= 1
+        if self.unique:  # one row per (step, rank): scatter directly
+            out = np.full(self.shape[0] * self.shape[1], np.nan)
+            out[self.cells] = values
+            return pd.DataFrame(out.reshape(self.shape), index=pd.Index(self.steps, name="step"),
+                                columns=pd.Index(self.ranks, name="rank"))
         finite = ~np.isnan(values)
         size = self.shape[0] * self.shape[1]
         total = np.bincount(self.cells[finite], weights=values[finite], minlength=size)

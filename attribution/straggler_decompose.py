@@ -28,9 +28,32 @@ MAD_SCALE = 1.4826
 
 
 def nanmedian(values: np.ndarray, axis: int) -> np.ndarray:
+    """np.nanmedian, with numpy's fast median when there is no NaN (nanmedian goes through masked arrays)."""
+    if values.size and not np.isnan(values).any():
+        return np.median(values, axis=axis)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmedian(values, axis=axis)
+
+
+def group_median(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the median of each group of columns: (steps x groups) and the sorted group ids. Groups of equal
+    size go through one median call."""
+    ids, counts = np.unique(groups, return_counts=True)
+    if len(ids) and (counts == counts[0]).all():
+        order = np.argsort(groups, kind="stable").reshape(len(ids), counts[0])
+        return nanmedian(values[:, order], axis=2), ids
+    return np.column_stack([nanmedian(values[:, groups == g], axis=1) for g in ids]), ids
+
+
+def rolling_sum(values: np.ndarray, window: int) -> np.ndarray:
+    """Sum over the last `window` rows (fewer at the start), column-wise; NaN counts as 0."""
+    data = np.nan_to_num(np.asarray(values, dtype=float), nan=0.0)
+    total = np.cumsum(data, axis=0)
+    out = total.copy()
+    if len(data) > window:
+        out[window:] = total[window:] - total[:-window]
+    return out
 
 
 def robust_z(values: np.ndarray, floor_frac: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -52,8 +75,6 @@ class Decomposition:
     peer_ref: np.ndarray  # steps x ranks: the same place in the other replicas (NaN with one replica)
     worker_ratio: np.ndarray  # steps x ranks: compute / peer_ref (or / own history with one replica)
     worker_flag: np.ndarray  # steps x ranks bool
-    own_ref: np.ndarray  # steps x ranks: median of the rank's own earlier steps
-    own_ratio: np.ndarray  # steps x ranks
     stage_level: np.ndarray  # steps x P
     stage_ratio: np.ndarray  # steps x P
     stage_flag: np.ndarray  # steps x P bool
@@ -94,17 +115,32 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
               t: StragglerThresholds) -> Decomposition:
     steps = compute.shape[0]
     D, P = layout.replicas, layout.stages
-    own_ref = own_baseline(compute, t)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        own_ratio = compute / own_ref
-    _, _, own_slow = _own_history(compute, t)
 
     # worker effect against the same place in the other replicas
     peer_ref = np.full_like(compute, np.nan)
     worker_flag = np.zeros_like(compute, dtype=bool)
     section_refs = {name: np.full_like(compute, np.nan) for name in sections}
-    if D >= 2:
-        for key in np.unique(layout.peer_key):
+    ids, counts = np.unique(layout.peer_key, return_counts=True)
+    if D >= 2 and len(ids) and (counts == counts[0]).all() and counts[0] >= 3:
+        # every place has the same number of replicas: all peer groups at once, (steps x groups x replicas)
+        order = np.argsort(layout.peer_key, kind="stable").reshape(len(ids), counts[0])
+        block = compute[:, order]
+        median = nanmedian(block, axis=2)[:, :, None]
+        mad = nanmedian(np.abs(block - median), axis=2)[:, :, None]
+        scale = MAD_SCALE * np.maximum(mad, t.mad_floor_frac * np.abs(median))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = (block - median) / np.where(scale > 0, scale, np.nan)
+            ref = np.broadcast_to(median, block.shape)
+            slow = (z >= t.peer_z) & (block / ref >= t.min_ratio)
+            for name, values in sections.items():
+                part = values[:, order]
+                sref = np.broadcast_to(nanmedian(part, axis=2)[:, :, None], part.shape)
+                section_refs[name][:, order] = sref
+                slow |= (part - sref) >= (t.min_ratio - 1.0) * ref
+        peer_ref[:, order] = ref
+        worker_flag[:, order] = slow
+    elif D >= 2:
+        for key in ids:
             cols = np.flatnonzero(layout.peer_key == key)
             block = compute[:, cols]
             if len(cols) >= 3:
@@ -127,27 +163,31 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
                 with np.errstate(invalid="ignore"):
                     slow |= (part - sref) >= (t.min_ratio - 1.0) * ref
             worker_flag[:, cols] = np.nan_to_num(slow.astype(float), nan=0.0).astype(bool)
+    if D >= 2:
         with np.errstate(invalid="ignore", divide="ignore"):
             worker_ratio = compute / peer_ref
         comparison = ("the same stage in the other replicas" if P > 1 else "the other replicas") + (
             " (pairwise, 2 replicas)" if D == 2 else f" (median of {D})")
     else:
-        worker_ratio = own_ratio
+        # one replica: each rank against its own history only
+        peer_ref = own_baseline(compute, t)
+        _, worker_ratio, own_slow = _own_history(compute, t)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            worker_ratio = compute / peer_ref
         worker_flag = np.nan_to_num(own_slow.astype(float), nan=0.0).astype(bool)
         for name, values in sections.items():
             section_refs[name] = own_baseline(values, t)
-        peer_ref = own_ref
         comparison = "its own earlier median (1 replica)"
 
     # unit times (replica, stage): the median of the unit's ranks
-    units = np.full((steps, D, P), np.nan)
-    unit_ratio = np.full((steps, D, P), np.nan)
-    for d in range(D):
-        for p in range(P):
-            cols = np.flatnonzero((layout.replica == d) & (layout.stage == p))
-            if len(cols):
-                units[:, d, p] = nanmedian(compute[:, cols], axis=1)
-                unit_ratio[:, d, p] = nanmedian(worker_ratio[:, cols], axis=1)
+    units = np.full((steps, D * P), np.nan)
+    unit_ratio = np.full((steps, D * P), np.nan)
+    unit_of = layout.replica * P + layout.stage
+    medians, ids = group_median(compute, unit_of)
+    units[:, ids] = medians
+    medians, ids = group_median(worker_ratio, unit_of)
+    unit_ratio[:, ids] = medians
+    units, unit_ratio = units.reshape(steps, D, P), unit_ratio.reshape(steps, D, P)
 
     # stage effect
     stage_level = np.full((steps, P), np.nan)
@@ -176,5 +216,5 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
         with np.errstate(invalid="ignore", divide="ignore"):
             beyond = worker_ratio / replica_ratio[:, layout.replica] >= t.min_ratio
         worker_flag = np.where(in_slow, worker_flag & beyond, worker_flag)
-    return Decomposition(peer_ref, worker_ratio, worker_flag, own_ref, own_ratio, stage_level, stage_ratio,
-                         stage_flag, replica_ratio, replica_flag, section_refs, comparison)
+    return Decomposition(peer_ref, worker_ratio, worker_flag, stage_level, stage_ratio, stage_flag, replica_ratio,
+                         replica_flag, section_refs, comparison)
