@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from attribution.decision import Action, Decision, Restore
 from attribution.incident import Cause, Incident, IncidentClass
 from attribution.rulefile import RuleFileError, load_yaml_file
+from attribution.straggler_policy import SLOWDOWN_SCHEMA, SlowdownPolicy, slowdown_action, slowdown_gate
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parents[1] / "rules" / "policy.yaml"
 
@@ -72,6 +73,7 @@ POLICY_SCHEMA: dict[str, Any] = {
         },
         "corruption_causes": _CAUSE_LIST,
         "max_exclude_nodes": {"type": "integer", "minimum": 1},
+        "straggler": SLOWDOWN_SCHEMA,
         "rules": {
             "type": "array", "minItems": 1,
             "items": {
@@ -150,6 +152,7 @@ class PolicyConfig:
     lemon: LemonRule | None = None
     corruption_causes: frozenset[Cause] = frozenset({Cause.DATA_CORRUPTION})
     max_exclude_nodes: int = 2
+    straggler: SlowdownPolicy = field(default_factory=SlowdownPolicy)
 
     def threshold_for(self, incident_class: IncidentClass) -> float:
         return (self.confidence_by_class or {}).get(incident_class, self.confidence_threshold)
@@ -218,6 +221,7 @@ def policy_from_document(document: Mapping[str, Any], *, source: str) -> PolicyC
             causes=frozenset(Cause(c) for c in lemon["causes"]) if "causes" in lemon else None),
         corruption_causes=frozenset(Cause(c) for c in document.get("corruption_causes", ["data_corruption"])),
         max_exclude_nodes=int(document.get("max_exclude_nodes", 2)),
+        straggler=SlowdownPolicy.from_document(document.get("straggler")),
     )
 
 
@@ -365,8 +369,14 @@ class DecisionPolicy:
         nodes = tuple(dict.fromkeys(incident.culprit_nodes))
 
         def escalate(policy_rule: str, reason: str, cause: Cause | None = None) -> Decision:
-            return Decision.for_incident(incident, action=Action.ESCALATE, policy_rule=policy_rule, reason=reason,
-                                         issued_at=now, cause=cause)
+            return Decision.for_incident(incident, action=slowdown_action(incident, Action.ESCALATE),
+                                         policy_rule=policy_rule, reason=reason, issued_at=now, cause=cause)
+
+        # 0. slowdowns (attribution/straggler_policy.py): never stopped; systemic, several nodes at once, uncertain
+        #    or not worth a restart -> notify
+        gated = slowdown_gate(self, incident)
+        if gated is not None:
+            return gated
 
         # 1. the policy's own software check over the job's history
         repeat = self._software_repeat(incident)
@@ -378,6 +388,9 @@ class DecisionPolicy:
         rule = next(r for r in config.rules if r.matches(incident))  # the last rule is a catch-all (loader checks)
         if rule.action is Action.ESCALATE and rule.when_cause_matched(incident):
             return escalate(rule.id, rule.reason)
+        if rule.action is Action.NOTIFY and rule.when_cause_matched(incident):
+            return Decision.for_incident(incident, action=Action.NOTIFY, policy_rule=rule.id, reason=rule.reason,
+                                         issued_at=now)
 
         # 3. no certain culprit
         threshold = config.threshold_for(incident.incident_class)

@@ -162,9 +162,18 @@ class OutlierThresholds(_Strict):
     random_state: int = 0
 
 
+class WhatIfThresholds(_Strict):
+    microbatches: int | None = Field(default=None, ge=1)  # None: inferred from the step timings
+
+
 class StragglerThresholds(_Strict):
     phases: tuple[str, ...]
-    exclude_sections: tuple[str, ...]
+    exclude_sections: tuple[str, ...] = ()
+    vocabulary_files: tuple[str, ...] = ()
+    replica_min_fraction: float = Field(default=0.75, gt=0.0, le=1.0)
+    min_step_slowdown: float = Field(default=1.05, ge=1.0)
+    moving_min_step_slowdown: float = Field(default=1.1, ge=1.0)
+    whatif: WhatIfThresholds = WhatIfThresholds()
     warmup_steps: int = Field(ge=0)
     window_steps: int = Field(ge=2)
     min_window_steps: int = Field(ge=2)

@@ -1,22 +1,25 @@
-"""Straggler detection from per-rank compute-section timings, joined with GPU clocks-event reasons.
+"""Straggler detection from per-rank compute-section timings, decomposed over the job's parallel coordinates, with
+the what-if cost of each slowdown and the GPU signals that explain a slow GPU.
 
-Synchronous training makes every rank's step wall time the same, so only the compute sections (the steps table's
-`sections` map, less the sections that measure waiting: comm, sync, ...) say who is slow. For every step each rank
-is scored against its peers with robust statistics (median and MAD), per section and in total; a (rank, step) is
-slow when it is `peer_z` robust z-scores above its peers AND the excess is material (`min_ratio`). Peers are the
-rank's pipeline stage (ranks.pp_rank) when stages are declared, since stages differ by design. A straggler is
-persistent: slow in at least `persistence` of a window of steps; one-off slow steps and evaluation steps never
-count. Ranks too few to compare (fewer than min_group_size peers) are scored against their own history instead.
-
-What is slow decides what to blame:
-- one rank (or a node's ranks) persistently slow -> that node/GPU; the cause from its GPU samples (thermal bits
-  0x20/0x40, power brake 0x80, hot, clocks down relative to peers) or gpu_events, else unknown;
-- a whole pipeline stage slower than the others -> workload_imbalance, no node to blame;
-- slow outliers that move between ranks from step to step (data-dependent imbalance), or persistent slow ranks
-  spread over many nodes with no GPU reason -> workload_imbalance, no node to blame.
-Per-node multi-metric vectors (compute ratio, SM clock, temperature, power, throttle share) are scored with a
-robust covariance estimate (scikit-learn MinCovDet) when the job spans enough nodes: a culprit node that is also a
-multivariate outlier gets that as evidence.
+Synchronous training makes every rank's step wall time the same, so only a rank's own work (the sections the
+vocabulary of rules/comm_ops.yaml calls compute or data; communication is waiting, unknown sections are reported
+and never scored) says who is slow. Per step, compute is decomposed (attribution/straggler_decompose.py) into
+- a stage effect: a pipeline stage slow in every replica -> one systemic incident (workload_imbalance: layers or
+  a loss head), notified, no node excluded;
+- a replica effect: every stage of one replica slow -> the replica, and what it shares (its node when it holds
+  one, else the switch or network its nodes share);
+- a worker effect: a rank slow against the same place in the other replicas (or its own history with one
+  replica) -> that rank's node (or the whole node when most of its ranks are slow); the cause from its GPU samples
+  (thermal bits 0x20/0x40, power brake 0x80, hot, clocks down relative to peers) or gpu_events, else unknown;
+- slow workers on many nodes, or slow outliers that move between ranks from step to step (data-dependent
+  imbalance) -> workload_imbalance, no node to blame.
+A finding is persistent: slow in at least `persistence` of a window of steps; one-off slow steps and evaluation
+steps never count. Every finding carries its what-if (attribution/straggler_whatif.py): the step time if the
+culprit ran at its peers' speed, "fixing this saves N% of step time"; a finding that would save less than
+min_step_slowdown raises nothing. Evidence cites only the tables that hold it, and confidence counts only what
+was used. Per-node multi-metric vectors (compute ratio, and SM clock, temperature, power, throttle share where
+GPU samples exist) are scored with a robust covariance estimate (scikit-learn MinCovDet) when the job spans enough
+nodes.
 """
 
 from __future__ import annotations
@@ -31,266 +34,354 @@ import pandas as pd
 from attribution.hardware import as_datetime, row_identifies_gpu, same_gpu
 from attribution.incident import Cause, Evidence, Incident, IncidentClass
 from attribution.rules import StragglerThresholds
+from attribution.straggler_decompose import Decomposition, decompose, nanmedian, robust_z, rolling_sum
+from attribution.straggler_layout import Layout, build_layout
+from attribution.straggler_vocab import SectionKind, Vocabulary, load_vocabulary
+from attribution.straggler_whatif import StepModel, WhatIf, what_if
 from attribution.telemetry import SECTION_PREFIX, Placement, Telemetry, placements, section_columns
 
-MAD_SCALE = 1.4826
 SYSTEMIC_MIN_NODES = 3
 MAX_PEER_NODES = 63  # peers whose GPU samples are compared with the culprit's
+UNKNOWN_SHARE_REPORTED = 0.02  # unknown sections holding at least this share of step time are named
+
+__all__ = ["StepScores", "StragglerDetector", "StragglerFinding", "robust_z"]
 
 
 @dataclass(frozen=True)
 class StepScores:
-    """Per-step, per-rank scores of one attempt (index: step, columns: rank)."""
+    """Per-step, per-rank scores of one attempt (frames: index step, columns rank)."""
 
-    compute: pd.DataFrame  # compute seconds
-    ratio: pd.DataFrame  # compute / peer median
-    flagged: pd.DataFrame  # slow this step (bool)
-    sections: dict[str, pd.DataFrame]  # section -> seconds
-    groups: dict[object, list[int]]
-    group_kind: str  # "pipeline stage" or "all ranks"
+    compute: pd.DataFrame  # own-work seconds
+    ratio: pd.DataFrame  # worker ratio: compute / the same place in the other replicas (or own history)
+    flagged: pd.DataFrame  # worker slow this step (bool)
+    sections: dict[str, pd.DataFrame]  # own-work section -> seconds
+    layout: Layout
+    parts: Decomposition
+    step_s: np.ndarray  # observed step time per step (median over ranks)
     start_ts: pd.Series  # per step: earliest start
     end_ts: pd.Series  # per step: latest end
+    comm_sections: dict[str, str] = field(default_factory=dict)  # comm section -> collective kind
+    unknown_sections: dict[str, float] = field(default_factory=dict)  # unknown section -> share of step time
+
+    @property
+    def group_kind(self) -> str:
+        return self.parts.comparison
 
 
 @dataclass
 class StragglerFinding:
     """One detected slowdown before it becomes an incident."""
 
-    kind: str  # rank, stage, moving, systemic
+    kind: str  # rank, stage, replica, moving, systemic
     step: int  # the step at which it was first persistent
     ranks: list[int]
     key: str
     window: list[int] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
+    whatif: WhatIf | None = None
+    where: dict = field(default_factory=dict)  # stage / replica / nodes of a systemic finding
 
 
-def _nanmedian(values: np.ndarray, axis: int) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(values, axis=axis)
-
-
-def robust_z(values: np.ndarray, floor_frac: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Row-wise robust z-scores: (x - median) / (1.4826 * MAD), MAD floored at floor_frac x median.
-    Returns (z, median, scale) with NaN where a row has no values."""
-    median = _nanmedian(values, axis=1)
-    mad = _nanmedian(np.abs(values - median[:, None]), axis=1)
-    scale = MAD_SCALE * np.maximum(mad, floor_frac * np.abs(median))
-    scale = np.where(scale > 0, scale, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        z = (values - median[:, None]) / scale[:, None]
-    return z, median, scale
-
-
-def _rolling_sum(frame: pd.DataFrame, window: int) -> pd.DataFrame:
-    return frame.astype(float).rolling(window, min_periods=1).sum()
+def _ranks_text(ranks: list[int]) -> str:
+    return f"{ranks[:8]}{'...' if len(ranks) > 8 else ''}"
 
 
 class StragglerDetector:
     """Scores per-rank section timings and turns persistent slowness into straggler incidents."""
 
-    def __init__(self, thresholds: StragglerThresholds) -> None:
+    def __init__(self, thresholds: StragglerThresholds, vocabulary: Vocabulary | None = None) -> None:
         self.t = thresholds
+        self.vocabulary = vocabulary or load_vocabulary(thresholds.vocabulary_files)
 
     # ------------------------------------------------------------ scoring
 
-    def compute_sections(self, steps: pd.DataFrame) -> list[str]:
+    def classify_sections(self, steps: pd.DataFrame) -> tuple[list[str], dict[str, str], list[str]]:
+        """(own-work section columns, comm section -> collective kind, unknown section names)."""
+        names = [c[len(SECTION_PREFIX):] for c in section_columns(steps)]
         excluded = [e.lower() for e in self.t.exclude_sections]
-        return [c for c in section_columns(steps)
-                if not any(e in c[len(SECTION_PREFIX):].lower() for e in excluded)]
+        names = [n for n in names if not any(e in n.lower() for e in excluded)]
+        chosen, classes = self.vocabulary.scored(names)
+        comm = {n: c.op or "other" for n, c in classes.items() if c.kind is SectionKind.COMM}
+        unknown = [n for n, c in classes.items() if c.kind is SectionKind.UNKNOWN]
+        return [SECTION_PREFIX + n for n in chosen], comm, unknown
 
-    def scores(self, attempt_steps: pd.DataFrame, placement: dict[int, Placement]) -> StepScores | None:
-        """Score one attempt's steps; None when there is nothing to score (no sections, too few steps)."""
+    def compute_sections(self, steps: pd.DataFrame) -> list[str]:
+        return self.classify_sections(steps)[0]
+
+    def scores(self, attempt_steps: pd.DataFrame, placement: dict[int, Placement],
+               ranks_table: pd.DataFrame | None = None, attempt: int | None = None) -> StepScores | None:
+        """Score one attempt's steps; None when there is nothing to score (no own-work sections, no steps)."""
         t = self.t
-        sections = self.compute_sections(attempt_steps)
+        sections, comm, unknown = self.classify_sections(attempt_steps)
         if not sections or attempt_steps.empty:
             return None
-        rows = attempt_steps[attempt_steps["step"].notna() & attempt_steps["rank"].notna()]
-        phase = rows["phase"].astype(object).where(rows["phase"].notna(), "train") if "phase" in rows.columns \
-            else pd.Series("train", index=rows.index)
-        rows = rows[phase.isin(t.phases)]
-        if rows.empty:
+        wanted = [c for c in ("step", "rank", "phase", "ts", "start_ts", "end_ts", "duration_s")
+                  if c in attempt_steps.columns]
+        rows = attempt_steps[wanted + sections + [SECTION_PREFIX + n for n in unknown]]
+        keep = (rows["step"].notna() & rows["rank"].notna()).to_numpy().copy()
+        if "phase" in rows.columns:
+            phase = rows["phase"].astype(object)
+            keep &= phase.where(phase.notna(), "train").isin(t.phases).to_numpy()
+        if not keep.any():
             return None
-        rows = rows[rows["step"] >= rows["step"].min() + t.warmup_steps]
-        values = rows[sections].astype(float)
-        rows = rows.assign(_compute=values.sum(axis=1, min_count=1))
-        rows = rows[rows["_compute"].notna()]
-        if rows.empty:
+        step_values = rows["step"].to_numpy(dtype=float, na_value=np.nan)
+        keep &= step_values >= np.nanmin(step_values[keep]) + t.warmup_steps
+        own = rows[sections].to_numpy(dtype=float, na_value=np.nan)
+        total_compute = np.where(np.isfinite(own).any(axis=1), np.nansum(own, axis=1), np.nan)
+        keep &= np.isfinite(total_compute)
+        if not keep.any():
             return None
+        rows = rows[keep].assign(_compute=total_compute[keep])
         rows = rows.assign(step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64))
         matrix = _Matrix(rows["step"].to_numpy(), rows["rank"].to_numpy())
         compute = matrix.frame(rows["_compute"].to_numpy(dtype=float))
         section_frames = {c[len(SECTION_PREFIX):]: matrix.frame(rows[c].to_numpy(dtype=float))
                           for c in sections if rows[c].notna().any()}
-        groups, group_kind = self._groups(list(compute.columns), placement)
-        ratio = pd.DataFrame(np.nan, index=compute.index, columns=compute.columns)
-        flagged = pd.DataFrame(False, index=compute.index, columns=compute.columns)
-        for members in groups.values():
-            cols = [compute.columns.get_loc(r) for r in members]
-            block = compute.iloc[:, cols].to_numpy(dtype=float)
-            if len(members) >= t.min_group_size:
-                z, median, _ = robust_z(block, t.mad_floor_frac)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    block_ratio = block / median[:, None]
-                slow = (z >= t.peer_z) & (block_ratio >= t.min_ratio)
-                # a single section can be the slow one while waiting hides it in the total (DDP overlaps the
-                # gradient all-reduce with backward): flag it when its excess alone is material
-                for frame in section_frames.values():
-                    part = frame.iloc[:, cols].to_numpy(dtype=float)
-                    sz, smedian, _ = robust_z(part, t.mad_floor_frac)
-                    excess = part - smedian[:, None]
-                    slow |= (sz >= t.peer_z) & (excess >= (t.min_ratio - 1.0) * median[:, None])
-            else:
-                block_ratio, slow = self._self_scores(block)
-            ratio.iloc[:, cols] = block_ratio
-            flagged.iloc[:, cols] = np.nan_to_num(slow.astype(float), nan=0.0).astype(bool)
         done = rows["end_ts"].where(rows["end_ts"].notna(), rows["ts"]) if "end_ts" in rows.columns else rows["ts"]
         begun = rows["start_ts"].where(rows["start_ts"].notna(), done) if "start_ts" in rows.columns else done
+        duration = rows["duration_s"].astype(float) if "duration_s" in rows.columns else \
+            pd.Series(np.nan, index=rows.index)
+        duration = duration.where(duration.notna(), (done - begun).dt.total_seconds())
+        step_s = matrix.frame(duration.to_numpy(dtype=float)).median(axis=1).to_numpy(dtype=float)
         start_ts = begun.groupby(rows["step"]).min().reindex(compute.index)
         end_ts = done.groupby(rows["step"]).max().reindex(compute.index)
-        return StepScores(compute, ratio, flagged, section_frames, groups, group_kind, start_ts, end_ts)
-
-    def _groups(self, ranks: list[int], placement: dict[int, Placement]) -> tuple[dict[object, list[int]], str]:
-        stages = {r: placement[r].pp_rank if r in placement else None for r in ranks}
-        if all(s is not None for s in stages.values()):
-            groups: dict[object, list[int]] = {}
-            for rank, stage in stages.items():
-                groups.setdefault(stage, []).append(rank)
-            if len(groups) >= 2 and all(len(m) >= self.t.min_group_size for m in groups.values()):
-                return groups, "pipeline stage"
-        if len(ranks) < self.t.min_group_size:
-            return {"all": ranks}, "own history"
-        return {"all": ranks}, "all ranks"
-
-    def _self_scores(self, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Too few peers: each rank against the median of its own previous steps."""
-        frame = pd.DataFrame(block)
-        history = frame.shift(1).rolling(self.t.self_baseline_steps, min_periods=self.t.min_window_steps)
-        median = history.median().to_numpy()
-        mad = (frame.shift(1) - history.median()).abs().rolling(
-            self.t.self_baseline_steps, min_periods=self.t.min_window_steps).median().to_numpy()
-        scale = MAD_SCALE * np.maximum(mad, self.t.mad_floor_frac * np.abs(median))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = block / median
-            z = (block - median) / scale
-        return ratio, (z >= self.t.peer_z) & (ratio >= self.t.min_ratio)
+        layout = build_layout(list(compute.columns), ranks_table if ranks_table is not None else pd.DataFrame(),
+                              attempt, placement)
+        parts = decompose(compute.to_numpy(dtype=float),
+                          {k: v.to_numpy(dtype=float) for k, v in section_frames.items()}, layout, t)
+        ratio = pd.DataFrame(parts.worker_ratio, index=compute.index, columns=compute.columns)
+        flagged = pd.DataFrame(parts.worker_flag, index=compute.index, columns=compute.columns)
+        shares = {}
+        total = float(np.nansum(duration.to_numpy(dtype=float)))
+        for name in unknown:
+            column = SECTION_PREFIX + name
+            if column in rows.columns and total > 0:
+                share = float(rows[column].astype(float).sum()) / total
+                if share >= UNKNOWN_SHARE_REPORTED:
+                    shares[name] = share
+        return StepScores(compute, ratio, flagged, section_frames, layout, parts, step_s, start_ts, end_ts,
+                          {n: op for n, op in comm.items() if SECTION_PREFIX + n in rows.columns}, shares)
 
     # ------------------------------------------------------------ findings
 
-    def findings(self, scores: StepScores, placement: dict[int, Placement]) -> list[StragglerFinding]:
-        t = self.t
-        w = t.window_steps
-        valid = scores.compute.notna()
-        counts = _rolling_sum(valid, w)
-        fraction = _rolling_sum(scores.flagged, w) / counts.where(counts > 0)
-        persistent = (fraction >= t.persistence) & (counts >= t.min_window_steps)
-        steps = list(scores.compute.index)
-        found: list[StragglerFinding] = []
+    def _persistent(self, flags: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """steps x k: persistent at step s (flagged in >= persistence of the last window_steps valid steps)."""
+        w = self.t.window_steps
+        counts = rolling_sum(valid.astype(float)[:, None], w)
+        hits = rolling_sum(flags & valid[:, None], w)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            fraction = np.where(counts > 0, hits / np.maximum(counts, 1), 0.0)
+        return (fraction >= self.t.persistence) & (counts >= self.t.min_window_steps)
 
-        first_persistent = {int(rank): int(persistent.index[persistent[rank].to_numpy().argmax()])
-                            for rank in persistent.columns if persistent[rank].any()}
+    def _window(self, steps: list[int], step: int) -> list[int]:
+        position = steps.index(step)
+        return steps[max(0, position - self.t.window_steps + 1): position + 1]
+
+    def findings(self, scores: StepScores, placement: dict[int, Placement]) -> list[StragglerFinding]:
+        layout, parts = scores.layout, scores.parts
+        steps = list(scores.compute.index)
+        compute = scores.compute.to_numpy(dtype=float)
+        valid = np.isfinite(compute).any(axis=1)
+        found: list[StragglerFinding] = []
+        claimed: set[int] = set()
+
+        worker_persistent = self._persistent(parts.worker_flag, valid)
+        persistent_ranks = {int(layout.ranks[j]) for j in np.flatnonzero(worker_persistent.any(axis=0))}
+
+        # stage effect: slow in every replica; with one replica only when it did not become slow (own history)
+        if layout.stages >= 2:
+            stage_persistent = self._persistent(parts.stage_flag, valid)
+            slow_stages = []
+            for p in np.flatnonzero(stage_persistent.any(axis=0)):
+                members = layout.columns(layout.stage == p)
+                if layout.replicas == 1 and set(members) <= persistent_ranks:
+                    continue  # one replica: the stage's worker became slow, a worker finding
+                slow_stages.append(int(p))
+            if slow_stages:
+                first = min(int(np.flatnonzero(stage_persistent[:, p])[0]) for p in slow_stages)
+                step = steps[first]
+                ranks = sorted(r for p in slow_stages for r in layout.columns(layout.stage == p))
+                window = self._window(steps, step)
+                rows = np.isin(scores.compute.index, window)
+                ratios = ", ".join(f"stage {p} {float(np.nanmedian(parts.stage_ratio[rows, p])):.2f}x"
+                                   for p in slow_stages)
+                evidence = [Evidence("steps", as_datetime(scores.end_ts.get(step)),
+                                     f"pipeline stage {', '.join(map(str, slow_stages))} (ranks {_ranks_text(ranks)}) "
+                                     f"computes slower than the other stages' median in every replica "
+                                     f"({layout.describe()}; {ratios}) over steps {window[0]}-{window[-1]}: a "
+                                     f"pipeline imbalance (more layers, a heavier loss head) or a configuration, "
+                                     f"no node to blame")]
+                fixed = compute.copy()
+                for p in slow_stages:
+                    cols = layout.stage == p
+                    factor = np.clip(np.nan_to_num(parts.stage_ratio[:, p], nan=1.0), 1.0, None)
+                    fixed[:, cols] = compute[:, cols] / factor[:, None]
+                since = self._since(steps, window[0], parts.stage_flag[:, slow_stages].any(axis=1))
+                whatif = self._what_if(scores, fixed, since, np.isin(layout.ranks, ranks)[None, :],
+                                       self._stage_section_refs(scores, slow_stages))
+                found.append(StragglerFinding("stage", step, ranks, "stage:" + ",".join(map(str, slow_stages)),
+                                              window, evidence, whatif, {"stages": slow_stages}))
+                if layout.replicas == 1:
+                    claimed.update(ranks)
+
+        # replica effect: every stage of one replica
+        if layout.replicas >= 2 and layout.stages >= 2:
+            replica_persistent = self._persistent(parts.replica_flag, valid)
+            for d in np.flatnonzero(replica_persistent.any(axis=0)):
+                d = int(d)
+                first = int(np.flatnonzero(replica_persistent[:, d])[0])
+                step = steps[first]
+                window = self._window(steps, step)
+                ranks = layout.columns(layout.replica == d)
+                claimed.update(ranks)
+                nodes = sorted({n for n, r in zip(layout.nodes, layout.ranks, strict=True)
+                                if n and int(r) in ranks})
+                rows = np.isin(scores.compute.index, window)
+                ratio = float(np.nanmedian(parts.replica_ratio[rows, d]))
+                shared = (f"its node {nodes[0]}" if len(nodes) == 1 else
+                          f"what its nodes {', '.join(nodes)} share (a switch, the network, storage)" if nodes
+                          else "a resource its ranks share")
+                evidence = [Evidence("steps", as_datetime(scores.end_ts.get(step)),
+                                     f"replica {d} (ranks {_ranks_text(ranks)}) computes {ratio:.2f}x the same stages "
+                                     f"of the other replicas in every stage ({layout.describe()}) over steps "
+                                     f"{window[0]}-{window[-1]}: the slowness is the replica's, pointing at "
+                                     f"{shared}")]
+                cols = layout.replica == d
+                fixed = compute.copy()
+                fixed[:, cols] = np.minimum(compute[:, cols], parts.peer_ref[:, cols])
+                since = self._since(steps, window[0], parts.replica_flag[:, d])
+                whatif = self._what_if(scores, fixed, since, cols[None, :])
+                found.append(StragglerFinding("replica", step, ranks, f"replica:{d}", window, evidence, whatif,
+                                              {"replica": d, "nodes": nodes}))
+
+        # worker effect
+        first_persistent = {}
+        for j in np.flatnonzero(worker_persistent.any(axis=0)):
+            rank = int(layout.ranks[j])
+            if rank not in claimed:
+                first_persistent[rank] = steps[int(np.flatnonzero(worker_persistent[:, j])[0])]
         if first_persistent:
             found.extend(self._persistent_findings(first_persistent, placement, scores))
 
-        stage = self._stage_finding(scores)
-        if stage is not None:
-            found.append(stage)
+        moving = self._moving_finding(scores, worker_persistent, valid)
+        if moving is not None:
+            found.append(moving)
+        return [f for f in found if self._material(f)]
 
-        any_flag = scores.flagged.any(axis=1).astype(float)
-        step_fraction = any_flag.rolling(w, min_periods=1).sum() / valid.any(axis=1).astype(float).rolling(
-            w, min_periods=1).sum()
-        per_rank = _rolling_sum(scores.flagged, w)
-        distinct = (per_rank > 0).sum(axis=1)
-        window_count = valid.any(axis=1).astype(float).rolling(w, min_periods=1).sum()
-        # moving: no rank is slow in more than half the share that would make it persistent
-        concentrated = per_rank.max(axis=1) / window_count >= t.persistence / 2
-        moving = ((step_fraction >= t.moving_min_step_fraction) & (distinct >= t.moving_min_distinct_ranks)
-                  & ~persistent.any(axis=1) & ~concentrated & (window_count >= t.min_window_steps))
-        if moving.any():
-            step = int(moving.index[moving.to_numpy().argmax()])
-            position = steps.index(step)
-            window = steps[max(0, position - w + 1): position + 1]
-            flagged = scores.flagged.loc[window]
-            ranks = sorted(int(r) for r in flagged.columns[flagged.any(axis=0)])
-            per_rank = flagged.sum(axis=0)
-            found.append(StragglerFinding(
-                "moving", step, ranks, "moving", window, [Evidence(
-                    "steps", as_datetime(scores.end_ts.get(step)),
-                    f"slow outliers in {int(flagged.any(axis=1).sum())} of {len(window)} steps "
-                    f"({window[0]}-{window[-1]}), spread over {len(ranks)} ranks, none slow in more than "
-                    f"{int(per_rank.max())} of them: the imbalance moves with the data")]))
-        return found
+    def _material(self, finding: StragglerFinding) -> bool:
+        """Worth an incident: fixing it would save at least min_step_slowdown of step time (no what-if: kept)."""
+        if finding.whatif is None:
+            return True
+        needed = self.t.moving_min_step_slowdown if finding.kind == "moving" else self.t.min_step_slowdown
+        return finding.whatif.slowdown >= needed
+
+    @staticmethod
+    def _since(steps: list[int], first: int, flagged: np.ndarray) -> np.ndarray:
+        """The rows from `first` on where the culprit is flagged (the slowdown as it is now)."""
+        return (np.asarray(steps) >= first) & np.asarray(flagged, dtype=bool)
+
+    @staticmethod
+    def _stage_section_refs(scores: StepScores, stages: list[int]) -> dict[str, np.ndarray]:
+        """Per section, the other stages' level for the ranks of the slow stages (an op kind of a slow stage is
+        compared with the same op kind of the other stages, not with its own stage in other replicas)."""
+        layout = scores.layout
+        refs = {}
+        for name, frame in scores.sections.items():
+            values = frame.to_numpy(dtype=float)
+            levels = np.column_stack([nanmedian(values[:, layout.stage == p], axis=1)
+                                      for p in range(layout.stages)])
+            ref = np.full_like(values, np.nan)
+            for p in stages:
+                others = nanmedian(np.delete(levels, p, axis=1), axis=1)
+                ref[:, layout.stage == p] = others[:, None]
+            refs[name] = ref
+        return refs
+
+    def _what_if(self, scores: StepScores, fixed: np.ndarray, rows: np.ndarray, mask: np.ndarray,
+                 section_refs: dict[str, np.ndarray] | None = None) -> WhatIf | None:
+        if not rows.any():
+            return None
+        compute = scores.compute.to_numpy(dtype=float)[rows]
+        sections = {k: v.to_numpy(dtype=float)[rows] for k, v in scores.sections.items()}
+        refs = {k: v[rows] for k, v in (section_refs or scores.parts.section_refs).items()}
+        cells = np.broadcast_to(mask, scores.compute.shape)[rows]
+        return what_if(StepModel(scores.layout), compute, fixed[rows], scores.step_s[rows],
+                       self.t.whatif.microbatches, sections, refs, cells)
 
     def _persistent_findings(self, first: dict[int, int], placement: dict[int, Placement],
                              scores: StepScores) -> list[StragglerFinding]:
-        t = self.t
         steps = list(scores.compute.index)
+        layout, parts = scores.layout, scores.parts
+        compute = scores.compute.to_numpy(dtype=float)
         by_node: dict[str, list[int]] = {}
         for rank in first:
             node = placement[rank].node if rank in placement and placement[rank].node else f"rank-{rank}"
             by_node.setdefault(node, []).append(rank)
-        if self._spread(by_node, placement):
+
+        def fixed_for(ranks: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            cols = np.isin(layout.ranks, ranks)
+            fixed = compute.copy()
+            fixed[:, cols] = np.minimum(compute[:, cols], np.nan_to_num(parts.peer_ref[:, cols], nan=np.inf))
+            flagged = scores.flagged.loc[:, ranks].to_numpy().any(axis=1)
+            return fixed, flagged, cols
+
+        if len(by_node) >= SYSTEMIC_MIN_NODES:
             step = min(first.values())
-            position = steps.index(step)
-            window = steps[max(0, position - t.window_steps + 1): position + 1]
+            window = self._window(steps, step)
             ranks = sorted(first)
+            fixed, flagged, cols = fixed_for(ranks)
+            whatif = self._what_if(scores, fixed, self._since(steps, window[0], flagged), cols[None, :])
             return [StragglerFinding("systemic", step, ranks, "systemic", window, [Evidence(
                 "steps", as_datetime(scores.end_ts.get(step)),
-                f"{len(ranks)} ranks on {len(by_node)} nodes persistently slower than their peers from step "
-                f"{step}: a systemic imbalance, not one node")])]
+                f"{len(ranks)} ranks on {len(by_node)} nodes persistently slower than {scores.group_kind} from "
+                f"step {step}, in no one stage or replica: a systemic imbalance, not one node")], whatif,
+                {"nodes": sorted(by_node)})]
         found = []
         for node, ranks in sorted(by_node.items()):
             step = min(first[r] for r in ranks)
-            position = steps.index(step)
-            window = steps[max(0, position - t.window_steps + 1): position + 1]
-            found.append(StragglerFinding("rank", step, sorted(ranks), f"node:{node}", window))
+            window = self._window(steps, step)
+            fixed, flagged, cols = fixed_for(sorted(ranks))
+            whatif = self._what_if(scores, fixed, self._since(steps, window[0], flagged), cols[None, :])
+            found.append(StragglerFinding("rank", step, sorted(ranks), f"node:{node}", window, [], whatif))
         return found
 
-    def _spread(self, by_node: dict[str, list[int]], placement: dict[int, Placement]) -> bool:
-        """Persistent ranks spread over many nodes, each holding only a minority of its node's ranks."""
-        node_sizes: dict[str, int] = {}
-        for p in placement.values():
-            if p.node:
-                node_sizes[p.node] = node_sizes.get(p.node, 0) + 1
-        minority = [n for n, ranks in by_node.items()
-                    if len(ranks) < self.t.node_fraction * node_sizes.get(n, len(ranks))]
-        return len(minority) >= SYSTEMIC_MIN_NODES
-
-    def _stage_finding(self, scores: StepScores) -> StragglerFinding | None:
+    def _moving_finding(self, scores: StepScores, persistent: np.ndarray, valid: np.ndarray) \
+            -> StragglerFinding | None:
         t = self.t
-        if scores.group_kind != "pipeline stage" or len(scores.groups) < 2:
+        w = t.window_steps
+        steps = list(scores.compute.index)
+        flagged_frame = scores.flagged
+        flags = flagged_frame.to_numpy()
+        window_count = rolling_sum(valid.astype(float), w)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            step_fraction = rolling_sum(flags.any(axis=1).astype(float), w) / window_count
+            per_rank = rolling_sum(flags, w)
+            distinct = (per_rank > 0).sum(axis=1)
+            # moving: no rank is slow in more than half the share that would make it persistent
+            concentrated = per_rank.max(axis=1) / window_count >= t.persistence / 2
+        pattern = ((step_fraction >= t.moving_min_step_fraction) & (distinct >= t.moving_min_distinct_ranks)
+                   & ~persistent.any(axis=1) & ~concentrated & (window_count >= t.min_window_steps))
+        # the pattern itself must last (a load spike or a few noisy steps make it for a moment): held at
+        # `persistence` of a full window of positions
+        held = rolling_sum(pattern.astype(float), w)
+        moving = (held >= t.persistence * w) & (np.arange(len(held)) >= w - 1)
+        if not moving.any():
             return None
-        names = list(scores.groups)
-        medians = np.column_stack([
-            _nanmedian(scores.compute[members].to_numpy(dtype=float), axis=1) for members in scores.groups.values()])
-        flags = np.zeros_like(medians, dtype=bool)
-        ratios = np.full_like(medians, np.nan)
-        for j in range(len(names)):
-            others = np.delete(medians, j, axis=1)
-            reference = _nanmedian(others, axis=1)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                ratios[:, j] = medians[:, j] / reference
-            flags[:, j] = ratios[:, j] >= t.stage_min_ratio
-        frame = pd.DataFrame(flags, index=scores.compute.index, columns=names)
-        counts = pd.Series(1.0, index=frame.index).rolling(t.window_steps, min_periods=1).sum()
-        persistent = frame.astype(float).rolling(t.window_steps, min_periods=1).sum().div(counts, axis=0)
-        persistent = (persistent >= t.persistence) & (counts >= t.min_window_steps).to_numpy()[:, None]
-        if not persistent.to_numpy().any():
-            return None
-        hit = persistent.to_numpy()
-        row = int(hit.any(axis=1).argmax())
-        column = int(hit[row].argmax())
-        stage = names[column]
-        step = int(frame.index[row])
-        steps = list(frame.index)
-        window = steps[max(0, row - t.window_steps + 1): row + 1]
-        window_ratio = float(np.nanmedian(ratios[max(0, row - t.window_steps + 1): row + 1, column]))
-        ranks = sorted(int(r) for r in scores.groups[stage])
-        return StragglerFinding("stage", step, ranks, f"stage:{stage}", window, [Evidence(
+        step = int(flagged_frame.index[int(moving.argmax())])
+        window = self._window(steps, step)
+        flagged = flagged_frame.loc[window]
+        ranks = sorted(int(r) for r in flagged.columns[flagged.any(axis=0)])
+        counts = flagged.sum(axis=0)
+        rows = np.isin(flagged_frame.index, window)
+        compute = scores.compute.to_numpy(dtype=float)
+        cells = flagged_frame.to_numpy()
+        fixed = np.where(cells, np.minimum(compute, np.nan_to_num(scores.parts.peer_ref, nan=np.inf)), compute)
+        whatif = self._what_if(scores, fixed, rows, cells)
+        return StragglerFinding("moving", step, ranks, "moving", window, [Evidence(
             "steps", as_datetime(scores.end_ts.get(step)),
-            f"pipeline stage {stage} (ranks {ranks[:8]}{'...' if len(ranks) > 8 else ''}) computes "
-            f"{window_ratio:.2f}x the other stages' median over steps {window[0]}-{window[-1]}: "
-            f"a pipeline imbalance, no node to blame")])
+            f"slow outliers in {int(flagged.any(axis=1).sum())} of {len(window)} steps ({window[0]}-{window[-1]}), "
+            f"spread over {len(ranks)} ranks, none slow in more than {int(counts.max())} of them: the imbalance "
+            "moves with the data")], whatif)
 
     # ------------------------------------------------------------ evidence and cause
 
@@ -299,59 +390,70 @@ class StragglerDetector:
         window = finding.window
         evidence = []
         end = as_datetime(scores.end_ts.get(finding.step))
+        layout, parts = scores.layout, scores.parts
+        rows = np.isin(scores.compute.index, window)
         for rank in finding.ranks[:4]:
+            j = int(np.searchsorted(layout.ranks, rank))
             flagged = int(scores.flagged.loc[window, rank].sum())
-            ratio = float(np.nanmedian(scores.ratio.loc[window, rank].to_numpy(dtype=float)))
+            hit = rows & scores.flagged[rank].to_numpy()
+            use = hit if hit.any() else rows
+            ratio = float(np.nanmedian(parts.worker_ratio[use, j]))
             section_text = ""
             ratios = {}
             for name, frame in scores.sections.items():
-                peers = _nanmedian(frame.loc[window].to_numpy(dtype=float), axis=1)
-                mine = frame.loc[window, rank].to_numpy(dtype=float)
+                mine = frame[rank].to_numpy(dtype=float)[use]
+                ref = parts.section_refs[name][use, j]
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    ratios[name] = float(np.nanmedian(mine / peers)) if np.isfinite(mine).any() else np.nan
+                    ratios[name] = float(np.nanmedian(mine / ref)) if np.isfinite(mine).any() else np.nan
             finite = {k: v for k, v in ratios.items() if np.isfinite(v)}
             if finite:
                 worst = max(finite, key=lambda k: finite[k])
-                section_text = f"; slowest section {worst} {finite[worst]:.2f}x peers"
-            own = self._own_history(rank, window, scores)
+                section_text = f"; slowest section {worst} {finite[worst]:.2f}x"
+            own = self._own_history(rank, j, window, scores)
             where = f" on {placement[rank].node}" if rank in placement and placement[rank].node else ""
+            coords = (f" (replica {int(layout.replica[j])}, stage {int(layout.stage[j])})"
+                      if layout.stages > 1 or "dp_rank" in layout.declared else "")
             evidence.append(Evidence(
-                "steps", end, f"rank {rank}{where}: compute {ratio:.2f}x "
-                              + ("its own earlier median" if scores.group_kind == "own history"
-                                 else f"its peers' median ({scores.group_kind})") + ", "
-                              f"slow in {flagged} of {len(window)} steps ({window[0]}-{window[-1]}){section_text}"
-                              f"{own}"))
+                "steps", end, f"rank {rank}{where}{coords}: compute {ratio:.2f}x {scores.group_kind}, slow in "
+                              f"{flagged} of {len(window)} steps ({window[0]}-{window[-1]}){section_text}{own}"))
         return evidence
 
-    def _own_history(self, rank: int, window: list[int], scores: StepScores) -> str:
-        """Was the rank slow relative to its peers before the window too (slow from the start, e.g. a weaker
-        GPU or a heavier partition) or did it become slow (fail-slow)?"""
-        ratio = scores.ratio[rank]
-        before = ratio.loc[ratio.index < window[0]].dropna().tail(self.t.self_baseline_steps)
-        if len(before) < self.t.min_window_steps:
+    def _own_history(self, rank: int, column: int, window: list[int], scores: StepScores) -> str:
+        """Was the rank slow from the start (a weaker GPU, a heavier partition) or did it become slow (fail-slow)?
+        From its own steps: the strongest change point of its compute (median after / median before)."""
+        compute = scores.compute[rank].dropna()
+        values = compute.to_numpy(dtype=float)
+        least = max(3, self.t.min_window_steps // 2)
+        if len(values) < 2 * least:
             return "; no earlier history of its own"
-        compute = scores.compute[rank]
-        then = float(compute.loc[before.index].median())
-        flagged = scores.flagged.loc[window, rank]
-        now = float(compute.loc[flagged[flagged].index].median()) if flagged.any() else float(
-            compute.loc[window].median())
-        change = now / then if then > 0 else float("nan")
-        earlier = float(before.median())
-        if earlier < 1 + (self.t.min_ratio - 1) / 2:
-            return f"; {change:.2f}x its own earlier median: it became slow (it matched its peers before)"
-        return f"; {earlier:.2f}x its peers already before: slow from the start"
+        best, at = 0.0, None
+        for k in range(least, len(values) - least + 1):
+            before = float(np.median(values[max(0, k - self.t.self_baseline_steps):k]))
+            after = float(np.median(values[k:]))
+            if before > 0 and after / before > best:
+                best, at = after / before, int(compute.index[k])
+        if at is not None and best >= 1 + (self.t.min_ratio - 1) / 2:
+            return f"; {best:.2f}x its own earlier median from step {at}: it became slow"
+        if scores.layout.replicas >= 2:
+            earlier = float(scores.ratio[rank].loc[compute.index[:least]].median())
+            return f"; {earlier:.2f}x its peers already in its first steps: slow from the start"
+        return f"; {best:.2f}x its own earlier median"
+
+    def became_slow(self, finding: StragglerFinding, scores: StepScores) -> bool:
+        return any("became slow" in self._own_history(r, int(np.searchsorted(scores.layout.ranks, r)),
+                                                      finding.window, scores) for r in finding.ranks[:4])
 
     def gpu_cause(self, finding: StragglerFinding, scores: StepScores, placement: dict[int, Placement],
-                  telemetry: Telemetry) -> tuple[Cause, float, list[Evidence], list[str], list[str]]:
+                  telemetry: Telemetry) -> tuple[Cause, float, list[Evidence], list[str], pd.DataFrame | None]:
         """Cause from the culprits' GPU samples (and gpu_events) in the window, compared with their peers'.
-        Returns (cause, confidence bonus, evidence, culprit GPUs, outlier nodes)."""
+        Returns (cause, confidence bonus, evidence, culprit GPUs, the window's samples or None)."""
         g = self.t.gpu
         start = as_datetime(scores.start_ts.loc[finding.window].min())
         end = as_datetime(scores.end_ts.loc[finding.window].max())
         nodes = sorted({p.node for p in placement.values() if p.node})
         culprit_nodes = sorted({placement[r].node for r in finding.ranks if r in placement and placement[r].node})
         if start is None or end is None or not culprit_nodes:
-            return Cause.UNKNOWN, 0.0, [], [], []
+            return Cause.UNKNOWN, 0.0, [], [], None
         peers_to_fetch = [n for n in nodes if n not in culprit_nodes][:MAX_PEER_NODES]
         samples = telemetry.fetch_samples(culprit_nodes + peers_to_fetch, start, end)
         evidence: list[Evidence] = []
@@ -421,17 +523,17 @@ class StragglerDetector:
                     if cause == Cause.UNKNOWN:
                         cause, bonus = event_cause, 0.2
                     evidence.append(Evidence("gpu_events", as_datetime(row["ts"]), f"{kind} on {row['node']}"))
-        outliers = self.node_outliers(scores, placement, samples)
-        return cause, bonus, evidence[:4], gpus, outliers
+        return cause, bonus, evidence[:4], gpus, samples if not samples.empty else None
 
     def node_outliers(self, scores: StepScores, placement: dict[int, Placement],
-                      samples: pd.DataFrame | None) -> list[str]:
-        """Nodes whose multi-metric vector (compute ratio, SM clock, temperature, power, throttle share) is an
-        outlier under a robust covariance estimate (MinCovDet); empty when the job spans too few nodes."""
+                      samples: pd.DataFrame | None) -> tuple[list[str], list[str]]:
+        """Nodes whose multi-metric vector (compute ratio, and SM clock, temperature, power, throttle share where
+        GPU samples exist) is an outlier under a robust covariance estimate (MinCovDet); empty when the job spans
+        too few nodes. Returns (outlier nodes, the features used)."""
         o = self.t.outliers
         node_of = {r: p.node for r, p in placement.items() if p.node}
         if len(set(node_of.values())) < o.min_nodes:
-            return []
+            return [], []
         ratio = scores.ratio.median(axis=0)
         features = pd.DataFrame({"compute_ratio": ratio.groupby(ratio.index.map(node_of)).median()})
         if samples is not None and not samples.empty:
@@ -442,7 +544,7 @@ class StragglerDetector:
         features = features.astype(float)
         features = features.loc[:, features.notna().all() & (features.std(ddof=0) > 0)]
         if features.empty or len(features) < max(o.min_nodes, 2 * features.shape[1] + 2):
-            return []
+            return [], []
         from scipy.special import chdtri  # the chi-square quantile, without importing all of scipy.stats
         from sklearn.covariance import MinCovDet
 
@@ -452,7 +554,10 @@ class StragglerDetector:
             estimate = MinCovDet(random_state=o.random_state).fit(standardised.to_numpy())
         distances = estimate.mahalanobis(standardised.to_numpy())
         cutoff = float(chdtri(features.shape[1], 1.0 - o.chi2_quantile))
-        return [str(node) for node, d in zip(features.index, distances, strict=True) if d > cutoff]
+        names = {"compute_ratio": "compute ratio", "sm_clock": "SM clock", "temp": "temperature", "power": "power",
+                 "throttle": "throttling"}
+        return ([str(node) for node, d in zip(features.index, distances, strict=True) if d > cutoff],
+                [names.get(c, c) for c in features.columns])
 
     # ------------------------------------------------------------ incidents
 
@@ -469,50 +574,85 @@ class StragglerDetector:
             job = None if job is None or job is pd.NA or job != job else str(job)
             attempt = None if attempt is None or attempt is pd.NA or attempt != attempt else int(attempt)
             placement = placements(telemetry.ranks, attempt, rows)
-            scores = self.scores(rows, placement)
+            ranks_table = telemetry.ranks
+            if job is not None and not ranks_table.empty and "job_id" in ranks_table.columns:
+                ranks_table = ranks_table[ranks_table["job_id"] == job]
+            scores = self.scores(rows, placement, ranks_table, attempt)
             if scores is None:
                 continue
             for finding in self.findings(scores, placement):
                 incidents.append(self._incident(finding, scores, placement, telemetry, job, attempt, now))
         return incidents
 
+    def _common_evidence(self, finding: StragglerFinding, scores: StepScores, what: str) -> list[Evidence]:
+        evidence = []
+        end = as_datetime(scores.end_ts.get(finding.step))
+        if finding.whatif is not None:
+            evidence.append(Evidence("steps", end, finding.whatif.text(what)))
+        if scores.unknown_sections:
+            names = ", ".join(f"{n} ({s:.0%} of step time)" for n, s in sorted(
+                scores.unknown_sections.items(), key=lambda kv: -kv[1])[:4])
+            evidence.append(Evidence("steps", end, f"sections of unknown kind, not scored (neither compute nor "
+                                                   f"communication in the vocabulary): {names}"))
+        return evidence
+
+    def _details(self, finding: StragglerFinding, scores: StepScores) -> dict:
+        details: dict = {"ranks": finding.ranks, "kind": finding.kind, "layout": scores.layout.describe(),
+                         "comparison": scores.group_kind, **finding.where}
+        if finding.whatif is not None:
+            details["whatif"] = finding.whatif.details()
+            details["saving_fraction"] = round(finding.whatif.saving_fraction, 4)
+        return details
+
     def _incident(self, finding: StragglerFinding, scores: StepScores, placement: dict[int, Placement],
                   telemetry: Telemetry, job: str | None, attempt: int | None, now: dt.datetime) -> Incident:
         first_step = next((s for s in finding.window if scores.flagged.loc[s, finding.ranks].any()),
-                          finding.window[0]) if finding.ranks else finding.window[0]
+                          finding.window[0]) if finding.kind in {"rank", "systemic"} else finding.window[0]
         first_signal = as_datetime(scores.start_ts.get(first_step)) or now
         evidence = list(finding.evidence)
+        saving = (f"; fixing it saves {finding.whatif.saving_fraction:.0%} of step time"
+                  if finding.whatif is not None else "")
+        incident_id = Incident.make_id("straggler", job, attempt, finding.key)
         if finding.kind in {"stage", "moving", "systemic"}:
-            cause, rule = Cause.WORKLOAD_IMBALANCE, {"stage": "straggler-pipeline-stage",
-                                                     "moving": "straggler-moving-imbalance",
-                                                     "systemic": "straggler-systemic"}[finding.kind]
+            what = {"stage": "the slow stage", "moving": "every slow outlier", "systemic": "the slow ranks"}
+            evidence.extend(self._common_evidence(finding, scores, what[finding.kind]))
+            rule = {"stage": "straggler-pipeline-stage", "moving": "straggler-moving-imbalance",
+                    "systemic": "straggler-systemic"}[finding.kind]
             confidence = 0.8 if finding.kind == "stage" else 0.65
-            summary = {"stage": "straggler: a pipeline stage is slower than the others",
+            summary = {"stage": f"straggler: pipeline stage {', '.join(map(str, finding.where.get('stages', [])))} "
+                                "is slower than the others in every replica",
                        "moving": "straggler: data-dependent imbalance moving between ranks",
                        "systemic": "straggler: many ranks on many nodes slow"}[finding.kind]
-            summary += "; cause workload_imbalance, no node to blame"
+            summary += f"; cause workload_imbalance, no node to blame{saving}"
             return Incident(
-                incident_id=Incident.make_id("straggler", job, attempt, finding.key), incident_class=IncidentClass
-                .STRAGGLER, cause=cause, first_signal_ts=first_signal, detected_ts=now, confidence=confidence,
-                rule=rule, summary=summary, job_id=job, attempt=attempt, evidence=tuple(evidence[:12]),
-                step=finding.step, details={"ranks": finding.ranks})
+                incident_id=incident_id, incident_class=IncidentClass.STRAGGLER, cause=Cause.WORKLOAD_IMBALANCE,
+                first_signal_ts=first_signal, detected_ts=now, confidence=confidence, rule=rule, summary=summary,
+                job_id=job, attempt=attempt, evidence=tuple(evidence[:12]), step=finding.step,
+                details=self._details(finding, scores))
+        if finding.kind == "replica":
+            return self._replica_incident(finding, scores, placement, telemetry, job, attempt, now, first_signal,
+                                          incident_id, saving)
         evidence.extend(self.describe_ranks(finding, scores, placement))
-        cause, bonus, gpu_evidence, gpus, outliers = self.gpu_cause(finding, scores, placement, telemetry)
+        evidence.extend(self._common_evidence(finding, scores, f"rank{'s' if len(finding.ranks) > 1 else ''} "
+                                                               f"{', '.join(map(str, finding.ranks[:4]))}"))
+        cause, bonus, gpu_evidence, gpus, samples = self.gpu_cause(finding, scores, placement, telemetry)
+        had_samples = samples is not None
         evidence.extend(gpu_evidence)
         nodes = sorted({placement[r].node for r in finding.ranks if r in placement and placement[r].node})
         node_sizes = {n: sum(1 for p in placement.values() if p.node == n) for n in nodes}
         node_level = any(sum(1 for r in finding.ranks if r in placement and placement[r].node == n)
                          >= max(2, self.t.node_fraction * node_sizes[n]) for n in nodes)
-        if outliers:
-            hit = sorted(set(outliers) & set(nodes))
-            if hit:
-                evidence.append(Evidence("gpu_samples", first_signal, f"node(s) {', '.join(hit)} stand out of "
-                                         f"{len({p.node for p in placement.values()})} nodes on compute, clocks, "
-                                         "temperature, power and throttling together (robust covariance)"))
+        outliers, features = self.node_outliers(scores, placement, samples)
+        hit = sorted(set(outliers) & set(nodes))
+        if hit:
+            gpu_features = [f for f in features if f != "compute ratio"]
+            evidence.append(Evidence("gpu_samples" if gpu_features else "steps", first_signal,
+                                     f"node(s) {', '.join(hit)} stand out of "
+                                     f"{len({p.node for p in placement.values()})} nodes on {', '.join(features)} "
+                                     f"together (robust covariance)"))
+            if gpu_features:
                 bonus += 0.05
-        window_flags = scores.flagged.loc[finding.window, finding.ranks]
-        persistence = float(window_flags.mean(axis=0).max()) if not window_flags.empty else 0.0
-        confidence = min(0.97, 0.55 + 0.2 * persistence + bonus)
+        confidence = self._worker_confidence(finding, scores, bonus)
         if not gpus:
             gpus = [placement[r].gpu_label for r in finding.ranks if r in placement and placement[r].gpu_label]
         rule = "straggler-node" if node_level else "straggler-single-rank"
@@ -521,13 +661,57 @@ class StragglerDetector:
         who = (f"node {nodes[0]} ({len(finding.ranks)} ranks)" if node_level and nodes else
                f"rank{'s' if len(finding.ranks) > 1 else ''} {', '.join(map(str, finding.ranks))}"
                + (f" on {', '.join(nodes)}" if nodes else ""))
+        why = "" if cause != Cause.UNKNOWN else (" (GPU samples show nothing that explains it)" if had_samples
+                                                else " (no GPU samples in the store: timing evidence only)")
         return Incident(
-            incident_id=Incident.make_id("straggler", job, attempt, finding.key),
-            incident_class=IncidentClass.STRAGGLER, cause=cause, first_signal_ts=first_signal, detected_ts=now,
-            confidence=round(confidence, 3), rule=rule,
-            summary=f"straggler: {who} persistently slower than peers from step {first_step}; cause {cause.value}",
+            incident_id=incident_id, incident_class=IncidentClass.STRAGGLER, cause=cause,
+            first_signal_ts=first_signal, detected_ts=now, confidence=round(confidence, 3), rule=rule,
+            summary=f"straggler: {who} persistently slower than {scores.group_kind} from step {first_step}; "
+                    f"cause {cause.value}{why}{saving}",
             job_id=job, attempt=attempt, culprit_nodes=tuple(nodes), culprit_ranks=tuple(finding.ranks),
-            culprit_gpus=tuple(sorted(set(gpus))), evidence=tuple(evidence[:12]), step=finding.step)
+            culprit_gpus=tuple(sorted(set(gpus))), evidence=tuple(evidence[:12]), step=finding.step,
+            details=self._details(finding, scores))
+
+    def _worker_confidence(self, finding: StragglerFinding, scores: StepScores, bonus: float) -> float:
+        """What was used: persistence and strength of the timing evidence, how it was compared (peers in other
+        replicas, a change against its own history), and GPU evidence (the bonus)."""
+        t = self.t
+        window_flags = scores.flagged.loc[finding.window, finding.ranks]
+        persistence = float(window_flags.mean(axis=0).max()) if not window_flags.empty else 0.0
+        rows = np.isin(scores.compute.index, finding.window)
+        cols = np.isin(scores.layout.ranks, finding.ranks)
+        hit = rows[:, None] & scores.flagged.to_numpy() & cols[None, :]
+        ratio = float(np.nanmedian(scores.parts.worker_ratio[hit])) if hit.any() else 1.0
+        strength = float(np.clip((ratio - 1.0) / (3.0 * (t.min_ratio - 1.0)), 0.0, 1.0))
+        comparison = 0.0
+        if scores.layout.replicas >= 3 or (scores.layout.replicas == 2 and self.became_slow(finding, scores)):
+            comparison = 0.05
+        return min(0.97, 0.45 + 0.2 * persistence + 0.2 * strength + comparison + bonus)
+
+    def _replica_incident(self, finding: StragglerFinding, scores: StepScores, placement: dict[int, Placement],
+                          telemetry: Telemetry, job: str | None, attempt: int | None, now: dt.datetime,
+                          first_signal: dt.datetime, incident_id: str, saving: str) -> Incident:
+        replica = finding.where["replica"]
+        nodes = finding.where.get("nodes", [])
+        evidence = list(finding.evidence)
+        evidence.extend(self._common_evidence(finding, scores, f"replica {replica}"))
+        one_node = len(nodes) == 1
+        cause, gpu_evidence, gpus = Cause.UNKNOWN, [], []
+        if one_node:
+            cause, _, gpu_evidence, gpus, _ = self.gpu_cause(finding, scores, placement, telemetry)
+            evidence.extend(gpu_evidence)
+        where = (f"on node {nodes[0]}" if one_node else
+                 f"on {', '.join(nodes)}: a resource they share (switch, network, storage), not one node" if nodes
+                 else "")
+        return Incident(
+            incident_id=incident_id, incident_class=IncidentClass.STRAGGLER, cause=cause,
+            first_signal_ts=first_signal, detected_ts=now, confidence=0.75,
+            rule="straggler-replica-node" if one_node else "straggler-replica",
+            summary=f"straggler: replica {replica} (ranks {_ranks_text(finding.ranks)}) is slower in every stage "
+                    f"{where}; cause {cause.value}{saving}",
+            job_id=job, attempt=attempt, culprit_nodes=tuple(nodes) if one_node else (),
+            culprit_ranks=tuple(finding.ranks), culprit_gpus=tuple(sorted(set(gpus))),
+            evidence=tuple(evidence[:12]), step=finding.step, details=self._details(finding, scores))
 
 
 class _Matrix:
@@ -538,8 +722,16 @@ class _Matrix:
         self.ranks, rank_of = np.unique(ranks, return_inverse=True)
         self.cells = step_of * len(self.ranks) + rank_of
         self.shape = (len(self.steps), len(self.ranks))
+        self.unique: bool | None = None
 
     def frame(self, values: np.ndarray) -> pd.DataFrame:
+        if self.unique is None:
+            self.unique = int(np.bincount(self.cells, minlength=1).max()) <= 1
+        if self.unique:  # one row per (step, rank): scatter directly
+            out = np.full(self.shape[0] * self.shape[1], np.nan)
+            out[self.cells] = values
+            return pd.DataFrame(out.reshape(self.shape), index=pd.Index(self.steps, name="step"),
+                                columns=pd.Index(self.ranks, name="rank"))
         finite = ~np.isnan(values)
         size = self.shape[0] * self.shape[1]
         total = np.bincount(self.cells[finite], weights=values[finite], minlength=size)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from controller.cli import gpu_cmds, hang_cmds, job_cmds
+from controller.cli import gpu_cmds, hang_cmds, job_cmds, steps_cmds
 
-INGEST_MODULES: list = [gpu_cmds, hang_cmds, job_cmds]
+INGEST_MODULES: list = [gpu_cmds, hang_cmds, job_cmds, steps_cmds]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -1,0 +1,167 @@
+"""What a timed section measures: own work (compute, data), waiting for others (communication, by collective kind),
+a wrapper of other sections, a phase that is not training compute, or unknown. The names are data
+(rules/comm_ops.yaml, extendable by the user); see that file for the matching rules.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from attribution.rulefile import RuleFileError, load_yaml_file
+
+DEFAULT_VOCABULARY = Path(__file__).resolve().parents[1] / "rules" / "comm_ops.yaml"
+ENV_VOCABULARY = "FAULTLENS_SECTION_VOCABULARY"
+CUDA_PREFIX = "cuda/"
+
+
+class SectionKind(StrEnum):
+    COMPUTE = "compute"
+    DATA = "data"
+    COMM = "comm"
+    WRAPPER = "wrapper"
+    EXCLUDED = "excluded"
+    UNKNOWN = "unknown"
+
+    @property
+    def own_work(self) -> bool:
+        return self in (SectionKind.COMPUTE, SectionKind.DATA)
+
+
+_NAMES = {"type": "array", "items": {"type": "string", "minLength": 1}}
+VOCABULARY_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["format_version", "kinds"],
+    "properties": {
+        "format_version": {"const": 1},
+        "kinds": {"type": "array", "items": {
+            "type": "object", "additionalProperties": False, "required": ["kind"],
+            "properties": {"kind": {"enum": [k.value for k in SectionKind if k is not SectionKind.UNKNOWN]},
+                           "op": {"type": "string", "minLength": 1}, "exact": _NAMES, "prefixes": _NAMES,
+                           "patterns": _NAMES}}},
+    },
+}
+
+
+class VocabularyError(RuleFileError):
+    """A vocabulary file is unreadable or invalid: `<file>: <key>: <expectation>`."""
+
+
+@dataclass(frozen=True)
+class SectionClass:
+    kind: SectionKind
+    op: str | None = None  # the collective kind of a comm section (all_reduce, p2p, ...)
+
+
+UNKNOWN_SECTION = SectionClass(SectionKind.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    cls: SectionClass
+    exact: frozenset[str]
+    prefixes: tuple[str, ...]
+    patterns: tuple[re.Pattern[str], ...]
+
+
+class Vocabulary:
+    """Classifies section names; entries of later files are tried first (a user's file overrides the default)."""
+
+    def __init__(self, entries: Sequence[_Entry], sources: Sequence[str]) -> None:
+        self.entries = tuple(entries)
+        self.sources = tuple(sources)
+        self._cache: dict[str, SectionClass] = {}
+
+    def classify(self, name: str) -> SectionClass:
+        found = self._cache.get(name)
+        if found is None:
+            found = self._cache[name] = self._classify(name)
+        return found
+
+    def _classify(self, name: str) -> SectionClass:
+        leaf = name.lower().strip()
+        if leaf.startswith(CUDA_PREFIX):
+            leaf = leaf[len(CUDA_PREFIX):]
+        leaf = leaf.rsplit("/", 1)[-1]
+        for entry in self.entries:
+            if leaf in entry.exact:
+                return entry.cls
+        for entry in self.entries:
+            if leaf.startswith(entry.prefixes):
+                return entry.cls
+        for entry in self.entries:
+            if any(p.fullmatch(leaf) for p in entry.patterns):
+                return entry.cls
+        return UNKNOWN_SECTION
+
+    def scored(self, names: Iterable[str]) -> tuple[list[str], dict[str, SectionClass]]:
+        """The sections to score as own work, and the class of every name. A nested section whose parent is
+        present is left out (the parent holds its time); a host-side section with a `cuda/` twin is replaced by
+        the twin (GPU seconds)."""
+        names = list(names)
+        present = set(names)
+        classes = {n: self.classify(n) for n in names}
+        chosen = []
+        for name in names:
+            if not classes[name].kind.own_work:
+                continue
+            path = name[len(CUDA_PREFIX):] if name.startswith(CUDA_PREFIX) else name
+            parent = path.rsplit("/", 1)[0] if "/" in path else None
+            if parent is not None and (parent in present or CUDA_PREFIX + parent in present):
+                continue
+            if not name.startswith(CUDA_PREFIX) and CUDA_PREFIX + name in present:
+                continue
+            chosen.append(name)
+        return chosen, classes
+
+
+def _entries(document: dict[str, Any], source: str) -> list[_Entry]:
+    entries = []
+    for index, raw in enumerate(document["kinds"]):
+        patterns = []
+        for j, text in enumerate(raw.get("patterns", [])):
+            try:
+                patterns.append(re.compile(text.lower()))
+            except re.error as exc:
+                raise VocabularyError(f"{source}: kinds[{index}].patterns[{j}]: expected a regular expression "
+                                      f"({exc})") from None
+        entries.append(_Entry(SectionClass(SectionKind(raw["kind"]), raw.get("op")),
+                              frozenset(n.lower() for n in raw.get("exact", [])),
+                              tuple(n.lower() for n in raw.get("prefixes", [])), tuple(patterns)))
+    return entries
+
+
+def load_vocabulary(extra: Sequence[str | Path] = ()) -> Vocabulary:
+    """The default vocabulary, then each extra file (and $FAULTLENS_SECTION_VOCABULARY, os.pathsep-separated)
+    in order; later files win."""
+    paths = [DEFAULT_VOCABULARY, *(Path(p) for p in extra)]
+    env = os.environ.get(ENV_VOCABULARY, "")
+    paths += [Path(p) for p in env.split(os.pathsep) if p.strip()]
+    return _load(tuple((str(p), _stamp(p)) for p in paths))
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return (0, 0)  # the loader names the file it cannot read
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=8)
+def _load(stamped: tuple[tuple[str, tuple[int, int]], ...]) -> Vocabulary:
+    """Cached per (path, mtime, size): an edited file is read again."""
+    paths = [p for p, _ in stamped]
+    entries: list[_Entry] = []
+    for path in reversed(paths):
+        try:
+            document = load_yaml_file(Path(path), VOCABULARY_SCHEMA)
+        except RuleFileError as exc:
+            raise VocabularyError(str(exc)) from None
+        entries.extend(_entries(document, path))
+    return Vocabulary(entries, paths)

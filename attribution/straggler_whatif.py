@@ -1,0 +1,144 @@
+"""What-if impact of a slowdown, after ByteDance's straggler study (OSDI '25, arXiv 2505.05713): from the
+dependencies of one step, estimate the step time if the flagged worker, stage, replica or op kind ran at its peers'
+speed; S = T_actual / T_ideal, and "fixing this saves 1 - 1/S of step time".
+
+The step model. A pipeline unit is one (replica, stage): its ranks (tensor/context/expert peers) wait for each
+other inside compute, so the unit takes its slowest rank's compute. A replica runs its stages as a pipeline of M
+microbatches (GPipe or 1F1B, same bubble): T_d = sum_p u_p / M + (M - 1) / M * max_p u_p. The data-parallel sync
+waits for the slowest replica: T = max_d T_d. Pure data parallelism (one stage) is T = max over units.
+
+M is taken from the thresholds when set, else inferred from the step: in the bottleneck stage b of a replica the
+idle time T - u_b is the other stages' time for one microbatch, sum_{p != b} u_p / M (in the critical replica,
+the one the others wait for).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from attribution.straggler_layout import Layout
+
+MAX_MICROBATCHES = 64
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The estimated effect of bringing some ranks' compute to a reference over a window of steps."""
+
+    step_s: float  # observed median step time over the window
+    ideal_s: float  # estimated step time with the fix
+    microbatches: float
+    inferred: bool  # microbatches inferred from the timings (else configured)
+    op_kind: str | None = None  # the section whose fix saves most
+    op_saving: float | None = None  # fraction of step time the op kind alone saves
+
+    @property
+    def saving_s(self) -> float:
+        return max(0.0, self.step_s - self.ideal_s)
+
+    @property
+    def saving_fraction(self) -> float:
+        return self.saving_s / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def slowdown(self) -> float:
+        """S = T_actual / T_ideal."""
+        return self.step_s / self.ideal_s if self.ideal_s > 0 else float("inf")
+
+    def text(self, what: str) -> str:
+        source = "inferred from the step timings" if self.inferred else "configured"
+        op = (f"; {self.op_kind} alone saves {self.op_saving:.1%}" if self.op_kind and self.op_saving else "")
+        return (f"what-if: with {what} at its peers' speed the step would take {self.ideal_s:.3f} s instead of "
+                f"{self.step_s:.3f} s: fixing this saves {self.saving_fraction:.1%} of step time "
+                f"(S = {self.slowdown:.2f}; pipeline model, {self.microbatches:.0f} microbatches {source}){op}")
+
+    def details(self) -> dict[str, float | str | bool | None]:
+        return {"step_s": round(self.step_s, 6), "ideal_s": round(self.ideal_s, 6),
+                "saving_fraction": round(self.saving_fraction, 4), "slowdown": round(self.slowdown, 4),
+                "microbatches": round(self.microbatches, 2), "microbatches_inferred": self.inferred,
+                "op_kind": self.op_kind, "op_saving": None if self.op_saving is None else round(self.op_saving, 4)}
+
+
+class StepModel:
+    """The dependency model of one attempt's steps over its layout."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.D, self.P = layout.replicas, layout.stages
+        self.unit = layout.replica * self.P + layout.stage  # column -> unit id
+
+    def units(self, compute: np.ndarray) -> np.ndarray:
+        """(steps x ranks) compute -> (steps x D x P) unit times (slowest rank of the unit)."""
+        steps = compute.shape[0]
+        out = np.full((steps, self.D * self.P), np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for unit in np.unique(self.unit):
+                out[:, unit] = np.nanmax(compute[:, self.unit == unit], axis=1)
+        return out.reshape(steps, self.D, self.P)
+
+    def step_time(self, compute: np.ndarray, microbatches: np.ndarray | float) -> np.ndarray:
+        u = self.units(compute)
+        m = np.broadcast_to(np.asarray(microbatches, dtype=float), (u.shape[0],))[:, None]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            per_replica = np.nansum(u, axis=2) / m + (m - 1) / m * np.nanmax(u, axis=2)
+            return np.nanmax(per_replica, axis=1)
+
+    def infer_microbatches(self, compute: np.ndarray, observed: np.ndarray) -> float:
+        """The microbatch count that explains the bottleneck stage's idle time (median over steps and replicas)."""
+        if self.P < 2:
+            return 1.0
+        u = self.units(compute)
+        with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            bottleneck = np.nanmax(u, axis=2)
+            total = np.nansum(u, axis=2)
+            # the critical replica (the others wait for it in the data-parallel sync): the largest sum + max
+            critical = np.argmax(np.nan_to_num(total + bottleneck, nan=-np.inf), axis=1)
+            rows = np.arange(u.shape[0])
+            others = total[rows, critical] - bottleneck[rows, critical]
+            idle = observed - bottleneck[rows, critical]
+            estimate = np.where(idle > 0, others / idle, MAX_MICROBATCHES)
+            value = float(np.nanmedian(estimate))
+        if not np.isfinite(value):
+            return float(MAX_MICROBATCHES)
+        return float(np.clip(value, 1.0, MAX_MICROBATCHES))
+
+
+def what_if(model: StepModel, compute: np.ndarray, fixed: np.ndarray, observed: np.ndarray,
+            microbatches: float | None, sections: dict[str, np.ndarray] | None = None,
+            section_refs: dict[str, np.ndarray] | None = None, mask: np.ndarray | None = None) -> WhatIf | None:
+    """Window rows only. compute/fixed: (steps x ranks) actual compute and compute with the fix; observed: the
+    step times. With sections (name -> steps x ranks seconds), their peer references and the mask of fixed cells,
+    the op kind whose fix alone saves most is named."""
+    finite = np.isfinite(observed)
+    if not finite.any():
+        return None
+    compute, fixed, observed = compute[finite], fixed[finite], observed[finite]
+    inferred = microbatches is None
+    m = model.infer_microbatches(compute, observed) if inferred else float(microbatches)
+    actual = model.step_time(compute, m)
+    ideal = model.step_time(fixed, m)
+    delta = np.clip(actual - ideal, 0.0, None)
+    step_s = float(np.median(observed))
+    saving = float(np.nanmedian(delta)) if np.isfinite(delta).any() else 0.0
+    op_kind, op_saving = None, None
+    if sections and section_refs and mask is not None:
+        best = 0.0
+        cells = mask[finite]
+        for name, values in sections.items():
+            ref = section_refs.get(name)
+            if ref is None:
+                continue
+            excess = np.where(cells, np.clip(np.nan_to_num(values[finite] - ref[finite]), 0.0, None), 0.0)
+            if not excess.any():
+                continue
+            part = float(np.nanmedian(np.clip(actual - model.step_time(compute - excess, m), 0.0, None)))
+            if part > best:
+                best, op_kind = part, name
+        op_saving = best / step_s if op_kind and step_s > 0 else None
+    return WhatIf(step_s, max(step_s - saving, 1e-9), m, inferred, op_kind, op_saving)

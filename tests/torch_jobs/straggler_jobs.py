@@ -1,0 +1,233 @@
+"""Real pipeline-parallel torch jobs (8 ranks, gloo, CPU) made slow in chosen places, run once per cache key.
+
+    python tests/torch_jobs/straggler_jobs.py [--sequential] OUT_DIR [CASE ...]      # generate into OUT_DIR
+    straggler_artifacts()                                            # what the pytest fixture calls
+
+Two layouts: 2 replicas x 4 stages and 4 replicas x 2 stages (rank r = replica r // P, stage r % P, two ranks per
+simulated node). Cases: healthy; one slow worker (from step 10); one slow stage in every
+replica (from step 10); one slow replica (every stage of it, from step 10); and the healthy job with a CPU
+hog beside it. Each case directory holds store/ (the step timer's steps and ranks rows), timings/ (the raw per-section
+timer log each rank exported, and the placement) and meta.json (layout, the
+injected slowness, and the measured median step time of the train steps in and outside the slow period).
+
+The cache is keyed by the torch version and a hash of these scripts and the collectors they run, under a file
+lock (the directory of tests/torch_jobs/harness.py's cache), so a test session generates it once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.torch_jobs.harness import GenerationError, default_cache_root
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "train_pipeline.py"
+HASHED_FILES = ("tests/torch_jobs/train_pipeline.py", "tests/torch_jobs/straggler_jobs.py",
+                "collectors/step_timer.py", "collectors/sink.py", "collectors/schema.py", "collectors/layout.py")
+WORLD_SIZE = 8
+STEPS = 28
+ONSET = 10
+MICROBATCHES = 4
+BASE_S = 0.01
+EXTRA_S = 0.03
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    replicas: int
+    stages: int
+    slow: tuple[dict, ...] = ()
+    hog: bool = False
+    expected: dict = field(default_factory=dict)
+
+
+def _cases() -> dict[str, Case]:
+    cases = []
+    for replicas, stages in ((2, 4), (4, 2)):
+        tag = f"{replicas}x{stages}"
+        worker_stage = stages // 2
+        cases += [
+            Case(f"worker_{tag}", replicas, stages,
+                 ({"replica": 1, "stage": worker_stage, "section": "forward-compute", "extra_s": EXTRA_S,
+                   "from_step": ONSET},),
+                 expected={"kind": "worker", "ranks": [1 * stages + worker_stage]}),
+            Case(f"stage_{tag}", replicas, stages,
+                 ({"replica": None, "stage": stages - 1, "section": "forward-compute", "extra_s": EXTRA_S,
+                   "from_step": ONSET},),
+                 expected={"kind": "stage", "stage": stages - 1}),
+            Case(f"replica_{tag}", replicas, stages,
+                 ({"replica": 1, "stage": None, "section": "backward-compute", "extra_s": EXTRA_S,
+                   "from_step": ONSET},),
+                 expected={"kind": "replica", "replica": 1, "ranks": list(range(stages, 2 * stages))}),
+        ]
+    cases.append(Case("hog_2x4", 2, 4, hog=True, expected={"kind": "none"}))
+    return {c.name: c for c in cases}
+
+
+CASES = _cases()
+
+
+def cache_key() -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    for relative in HASHED_FILES:
+        digest.update(relative.encode())
+        digest.update((REPO_ROOT / relative).read_bytes())
+    digest.update(torch.__version__.encode())
+    digest.update(sys.version.encode())
+    return digest.hexdigest()[:16]
+
+
+def straggler_artifacts(cache_root: Path | None = None) -> dict[str, Path]:
+    """The artifact directory of every case, generated once per cache key under a file lock."""
+    root = (cache_root or default_cache_root()) / "stragglers"
+    root.mkdir(parents=True, exist_ok=True)
+    key = cache_key()
+    final = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final / "COMPLETE").exists():
+            if final.exists():
+                shutil.rmtree(final)
+            generate(final)
+            (final / "COMPLETE").write_text(dt.datetime.now(dt.UTC).isoformat())
+    return {name: final / name for name in CASES}
+
+
+def generate(out_dir: Path, names: list[str] | None = None, attempts: int = 2, parallel: int = 2) -> dict[str, Path]:
+    """`parallel` cases at a time (their device work is sleep, so two overlap without changing what they
+    measure; start-up is what costs CPU), the CPU-hog case alone at the end."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = list(names or CASES)
+    quiet = [n for n in names if not CASES[n].hog]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        for future in [pool.submit(_run_with_retries, CASES[n], out_dir / n, attempts) for n in quiet]:
+            future.result()
+    for name in names:
+        if CASES[name].hog:
+            _run_with_retries(CASES[name], out_dir / name, attempts)
+    return {name: out_dir / name for name in names}
+
+
+def _run_with_retries(case: Case, art: Path, attempts: int) -> None:
+    for attempt in range(1, attempts + 1):
+        if art.exists():
+            shutil.rmtree(art)
+        try:
+            run_case(case, art)
+            return
+        except GenerationError:
+            if attempt == attempts:
+                raise
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _hog() -> list[subprocess.Popen]:
+    """A CPU hog beside the job: one busy process per core."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            for _ in range(os.cpu_count() or 2)]
+
+
+def run_case(case: Case, art: Path) -> Path:
+    art.mkdir(parents=True)
+    started = time.monotonic()
+    config = {"store": str(art / "store"), "timings": str(art / "timings"), "replicas": case.replicas,
+              "stages": case.stages,
+              "microbatches": MICROBATCHES, "steps": STEPS, "ranks_per_node": 2, "base_s": BASE_S,
+              "slow": list(case.slow)}
+    env = dict(os.environ)
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", FAULTLENS_JOB_ID=f"strag-{case.name}")
+    env.pop("FAULTLENS_STORE", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(WORLD_SIZE),
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+               "--rdzv-id", f"strag-{case.name}", "--max-restarts", "0", "--log-dir", str(art / "logdir"),
+               str(SCRIPT), json.dumps(config)]
+    hogs = _hog() if case.hog else []
+    try:
+        with open(art / "torchrun_stdout.txt", "wb") as out, open(art / "torchrun_stderr.txt", "wb") as err:
+            process = subprocess.Popen(command, cwd=art, env=env, stdout=out, stderr=err, start_new_session=True)
+            try:
+                returncode = process.wait(timeout=240)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise
+    finally:
+        for hog in hogs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(hog.pid, signal.SIGKILL)
+            hog.wait()
+    if returncode != 0 or not (art / "store" / "steps").exists():
+        tail = (art / "torchrun_stderr.txt").read_text(errors="replace")[-3000:]
+        raise GenerationError(f"{case.name}: torchrun exit {returncode} or no steps rows; stderr tail:\n{tail}")
+    meta = {"case": case.name, "replicas": case.replicas, "stages": case.stages, "microbatches": MICROBATCHES,
+            "steps": STEPS, "onset": min((int(s.get("from_step", 0)) for s in case.slow), default=None),
+            "slow": list(case.slow), "hog": case.hog, "expected": dict(case.expected),
+            "step_time": measured_step_time(art / "store", case), "seconds": round(time.monotonic() - started, 2),
+            "generated_at": dt.datetime.now(dt.UTC).isoformat()}
+    (art / "meta.json").write_text(json.dumps(meta, indent=1))
+    return art
+
+
+def measured_step_time(store: Path, case: Case) -> dict:
+    """Median step period (seconds between a rank's successive step ends, median over ranks) in and outside
+    the slow period, from the steps rows the ranks wrote."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(str(store / "steps"), format="parquet", partitioning="hive").to_table(
+        columns=["rank", "step", "end_ts"])
+    frame = table.to_pandas()
+    # a rank's step period: from its previous step's end to this step's end (what throughput pays)
+    frame = frame.sort_values(["rank", "step"])
+    frame["period"] = frame.groupby("rank")["end_ts"].diff().dt.total_seconds()
+    seconds = frame[frame["step"] >= 3].groupby("step")["period"].median()
+    onset = min((int(s.get("from_step", 0)) for s in case.slow), default=None)
+    result = {"all": float(seconds.median())}
+    if onset:
+        result["before"] = float(seconds[seconds.index < onset].median())
+        result["slow"] = float(seconds[seconds.index >= onset + 2].median())
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print(__doc__)
+        return 2
+    parallel = 1 if "--sequential" in args else 2
+    args = [a for a in args if a != "--sequential"]
+    out, names = Path(args[0]), args[1:] or list(CASES)
+    began = time.monotonic()
+    generate(out, names, parallel=parallel)
+    for name in names:
+        meta = json.loads((out / name / "meta.json").read_text())
+        print(name, meta["seconds"], "s", meta["step_time"])
+    print(f"generated {len(names)} cases in {time.monotonic() - began:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
