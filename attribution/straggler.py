@@ -371,7 +371,7 @@ class StragglerDetector:
             peers = samples[~mine_mask & ~samples["node"].isin(culprit_nodes)]
             if peers.empty:
                 peers = samples[~mine_mask]
-            gpus = sorted({str(k) for k in mine["_gpu"].dropna().unique()})
+            gpus = sorted({str(k) for k in _gpu_key(mine, label=True).dropna().unique()})
             reasons = mine["clocks_event_reasons"].fillna(0).astype(np.int64) if not mine.empty else None
             peer_reasons = peers["clocks_event_reasons"].fillna(0).astype(np.int64) if not peers.empty else None
             for bit in g.clock_event_bits:
@@ -549,10 +549,13 @@ class _Matrix:
         return pd.DataFrame(mean, index=pd.Index(self.steps, name="step"), columns=pd.Index(self.ranks, name="rank"))
 
 
-def _gpu_key(samples: pd.DataFrame) -> pd.Series:
+def _gpu_key(samples: pd.DataFrame, label: bool = False) -> pd.Series:
+    """Which GPU a sample is about: UUID, else PCI bus id, else node+index (a key; `label`: the bare index, for
+    culprit_gpus, which holds only real identifiers or indices)."""
     key = samples["gpu_uuid"].astype(object)
     key = key.where(key.notna(), samples["pci_bus_id"].astype(object))
-    fallback = samples["node"].astype(str) + ":gpu" + samples["gpu_index"].astype(str)
+    fallback = (samples["gpu_index"].astype("Int64").astype(str) if label
+                else samples["node"].astype(str) + ":gpu" + samples["gpu_index"].astype(str))
     return key.where(key.notna(), fallback)
 
 

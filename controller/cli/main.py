@@ -16,12 +16,14 @@ from controller.cli import (
     run_cmds,
     sim_cmds,
     store_cmds,
+    view_cmds,
 )
 from controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help.
 COMMAND_MODULES = [run_cmds, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds, sim_cmds,
-                   goodput_cmds]
+                   goodput_cmds,
+                   view_cmds]
 
 
 def build_parser() -> argparse.ArgumentParser:

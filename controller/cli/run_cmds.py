@@ -52,15 +52,17 @@ def _hooks(path: str | None) -> list:
 
 
 def _printer():
-    from rich.console import Console
+    """Timestamped event lines, literal (no markup from the text), folded under the timestamp."""
+    import sys
 
-    console = Console(highlight=False)
+    from controller.cli.render import render_text
+
     started = time.monotonic()
 
     def say(text: str) -> None:
-        console.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {text}")
+        render_text(f"{time.monotonic() - started:6.1f}s {text}", out=sys.stdout, hanging=" " * 8)
 
-    return console, say
+    return sys.stdout, say
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -106,7 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,
                        job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
                        thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0)
-    console, say = _printer()
+    out, say = _printer()
     say(f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, CPU), 4 spare nodes, "
         f"store {args.store}")
 
@@ -121,7 +123,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         result = supervisor.run()
     finally:
         supervisor.close()
-    report = print_report(result, console, wall_s=time.monotonic() - started, store=args.store)
+    report = print_report(result, out, wall_s=time.monotonic() - started, store=args.store)
     write_summary(result, workdir / "summary.json")
     if report is not None:
         (workdir / "goodput.json").write_text(json.dumps(report.to_dict(), indent=1))
