@@ -22,7 +22,20 @@ from collectors.schema import TABLE_NAMES, empty_table, schema_for
 
 
 class QueryError(ValueError):
-    """A SQL query failed: the message is DuckDB's, first line only."""
+    """A SQL query failed: the message is DuckDB's on one line, with its hints ("Did you mean ...")."""
+
+
+def _duckdb_message(text: str) -> str:
+    """DuckDB's error on one line: the error, then its hint lines (Did you mean, Candidate bindings), without the
+    echoed query and caret."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("LINE ") or not line.strip() or set(line.strip()) <= {"^"}:
+            if line.startswith("LINE "):
+                break
+            continue
+        kept.append(line.strip())
+    return " ".join(kept) or text.splitlines()[0]
 
 
 @dataclass(frozen=True)
@@ -116,7 +129,7 @@ class Store:
                 if attempt < 2 and ("No such file" in text or "No files found" in text):
                     self.refresh()
                     continue
-                raise QueryError(text.splitlines()[0] if text else type(exc).__name__) from None
+                raise QueryError(_duckdb_message(text) if text else type(exc).__name__) from None
             except (FileNotFoundError, pa.ArrowIOError) as exc:
                 if attempt == 2:
                     raise QueryError(str(exc).splitlines()[0]) from None

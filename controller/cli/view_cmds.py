@@ -61,8 +61,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     table = [{"job": r.job_id, "attempts": r.attempts, "state": r.state, "incidents": r.incidents,
-              "decisions": r.decisions, "ETTR": "-" if r.ettr is None else f"{r.ettr:.0%}",
-              "last seen": "-" if r.last_ts is None else r.last_ts.strftime("%Y-%m-%d %H:%M")} for r in rows]
+              "decisions": r.decisions, "ETTR": "-" if r.ettr is None else f"{r.ettr:.0%}"} for r in rows]
     render_table(table, title=f"{len(rows)} job(s) in {args.store}")
     if rows:
         print(f"one job's incidents: faultlens incidents --store {args.store} --job {rows[-1].job_id}")
@@ -70,12 +69,12 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def _clock(value: dt.datetime | None) -> str:
-    return "-" if value is None else value.astimezone(dt.UTC).strftime("%H:%M:%S.%f")[:-4]
+    return "(no time)" if value is None else value.astimezone(dt.UTC).strftime("%H:%M:%S.%f")[:-4]
 
 
 def _offset(value: dt.datetime | None, origin: dt.datetime | None) -> str:
     if value is None or origin is None:
-        return "     "
+        return "  "
     seconds = (value - origin).total_seconds()
     return f"{seconds:+.1f}s"
 
@@ -104,11 +103,13 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
     if not incident.get("decisions"):
         lines.append(("decision", "none yet (faultlens decide applies the policy)"))
     for decision in incident.get("decisions") or []:
-        text = f"{decision['action']} by policy rule {decision.get('rule')}"
-        if decision.get("reason"):
-            text += f": {decision['reason']}"
-        if decision.get("exclude_nodes"):
-            text += f"; exclude {','.join(decision['exclude_nodes'])}"
+        text = f"{decision['action']} (policy rule {decision.get('policy_rule') or '?'})"
+        reason = decision.get("reason") or ""
+        if reason:
+            text += f": {reason}"
+        excluded = ",".join(decision.get("exclude_nodes") or [])
+        if excluded and excluded not in reason:
+            text += f"; exclude {excluded}"
         if decision.get("issued_ts") and detected:
             text += f"; issued {(decision['issued_ts'] - detected).total_seconds():.1f} s after detection"
         lines.append(("decision", text))
@@ -155,7 +156,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     output = Path(args.output or f"report-{args.job}.html")
     try:
-        with _store(args, jobs=[args.job]) as store:
+        with _store(args) as store:  # not pruned to the job: GPU samples carry no job id
             path = write_report(store, args.job, output)
     except (ViewError, QueryError) as exc:
         raise CliError(str(exc)) from None

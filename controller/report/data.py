@@ -37,7 +37,6 @@ def job_ids(store: Store) -> list[dict[str, Any]]:
         WITH t AS (
             SELECT job_id, attempt, ts FROM ranks UNION ALL SELECT job_id, attempt, end_ts FROM steps
             UNION ALL SELECT job_id, attempt, ts FROM process_events
-            UNION ALL SELECT job_id, attempt, detected_ts FROM incidents
         )
         SELECT job_id, count(DISTINCT coalesce(attempt, 0)) AS attempts, max(coalesce(attempt, 0)) AS last_attempt,
                min(ts) AS first_ts, max(ts) AS last_ts
@@ -130,11 +129,23 @@ def load_incident(store: Store, incident_id: str) -> dict[str, Any]:
     deliveries = _latest_rows(store, "decisions", "decision_id, coalesce(hook, '')", "WHERE incident_id = ?",
                               [incident_id])
     for decision in decisions:
+        decision["policy_rule"] = _policy_rule(decision)
         decision["deliveries"] = [{"hook": d["hook"], "status": d["delivery_status"], "error": d["delivery_error"],
                                    "attempts": d["delivery_attempts"]}
                                   for d in deliveries if d["decision_id"] == decision["decision_id"] and d["hook"]]
     incident["decisions"] = decisions
     return incident
+
+
+def _policy_rule(decision: dict[str, Any]) -> str | None:
+    """The policy rule that chose the action: in the decision's JSON document (the row's `rule` is the
+    attribution rule)."""
+    import json
+
+    try:
+        return json.loads(decision.get("document") or "{}").get("policy_rule")
+    except (ValueError, AttributeError):
+        return None
 
 
 def job_goodput(store: Store, job_id: str) -> GoodputReport | None:
@@ -160,9 +171,13 @@ def job_data(store: Store, job_id: str) -> dict[str, Any]:
            FROM t GROUP BY 1 ORDER BY 1""", params * 3).to_pylist()
     incidents = _first_rows(store, "incidents", "incident_id", "WHERE job_id = ?", params, order="detected_ts")
     decisions = _first_rows(store, "decisions", "decision_id", "WHERE job_id = ?", params, order="issued_ts")
+    for decision in decisions:
+        decision["policy_rule"] = _policy_rule(decision)
     steps = _step_grid(store, job_id)
     job_nodes = sorted({n for a in attempts for n in (a["nodes"] or [])})
-    around = [_gpu_around(store, incident, job_nodes) for incident in incidents]
+    starts = {a["attempt"]: a["start"] for a in attempts}
+    around = [_gpu_around(store, incident, job_nodes, starts.get(incident.get("attempt") or 0))
+              for incident in incidents]
     report = job_goodput(store, job_id)
     return {"job_id": job_id, "attempts": attempts, "incidents": incidents, "decisions": decisions,
             "steps": steps, "gpu_around": around,
@@ -196,18 +211,22 @@ def _step_grid(store: Store, job_id: str) -> dict[str, Any]:
     return {"step_bucket": step_bucket, "rank_bucket": rank_bucket, "cells": cells}
 
 
-def _gpu_around(store: Store, incident: dict[str, Any], job_nodes: list[str]) -> dict[str, Any]:
+def _gpu_around(store: Store, incident: dict[str, Any], job_nodes: list[str],
+                attempt_start: dt.datetime | None = None) -> dict[str, Any]:
     """GPU samples and events of the incident's culprit nodes (else the job's first nodes) from GPU_BEFORE_S
-    before its first signal to GPU_AFTER_S after its detection."""
+    before its first signal (at the earliest its attempt's start) to GPU_AFTER_S after its detection."""
     nodes = list(incident.get("culprit_nodes") or []) or job_nodes[:GPU_NODES]
     first = incident.get("first_signal_ts") or incident.get("detected_ts")
     last = incident.get("detected_ts") or first
     if not nodes or first is None:
         return {"incident_id": incident["incident_id"], "nodes": nodes, "samples": [], "events": []}
     lo, hi = first - dt.timedelta(seconds=GPU_BEFORE_S), last + dt.timedelta(seconds=GPU_AFTER_S)
+    if attempt_start is not None and attempt_start < first:
+        lo = max(lo, attempt_start - dt.timedelta(seconds=5))
     marks = ", ".join("?" for _ in nodes)
     samples = store.query(
-        f"""SELECT ts, node, gpu_index, gpu_uuid, temp_c, power_w, sm_clock_mhz, gpu_util_pct FROM gpu_samples
+        f"""SELECT ts, node, gpu_index, gpu_uuid, source, temp_c, power_w, sm_clock_mhz, gpu_util_pct
+            FROM gpu_samples
             WHERE node IN ({marks}) AND ts BETWEEN ? AND ? ORDER BY ts LIMIT 20000""", [*nodes, lo, hi]).to_pylist()
     events = store.query(
         f"""SELECT ts, node, gpu_index, kind, code, message FROM gpu_events
