@@ -175,7 +175,9 @@ def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
 
     share = (width - frame) // len(columns)
     cut_any = False
-    table = Table(title=Text(title) if title else None, title_justify="left", expand=False)
+    if title:
+        render_text(title, out=out, width=width)
+    table = Table(expand=False)
     for column, minimum in zip(columns, minimums, strict=True):
         table.add_column(Text(str(column)), overflow="fold", min_width=minimum)
     for row_texts in texts:

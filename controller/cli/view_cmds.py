@@ -48,7 +48,7 @@ def _store(args: argparse.Namespace, jobs: list[str] | None = None):
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     from attribution.store import QueryError
-    from controller.cli.render import render_table
+    from controller.cli.render import render_table, render_text
     from controller.report.data import list_jobs
 
     try:
@@ -64,7 +64,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
               "decisions": r.decisions, "ETTR": "-" if r.ettr is None else f"{r.ettr:.0%}"} for r in rows]
     render_table(table, title=f"{len(rows)} job(s) in {args.store}")
     if rows:
-        print(f"one job's incidents: faultlens incidents --store {args.store} --job {rows[-1].job_id}")
+        render_text(f"incidents of a job: faultlens incidents --store {args.store} --job {rows[-1].job_id}",
+                    hanging="  ")
     return 0
 
 
