@@ -65,6 +65,13 @@ def _printer():
     return sys.stdout, say
 
 
+def _gpu_note() -> str:
+    """The supervisor's simulated nodes report GPU samples from a recorded NVML backend, never this machine's."""
+    has_gpu = Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+    return ("GPU samples are simulated (a recorded NVML backend per simulated node): "
+            + ("this machine's GPUs are not read" if has_gpu else "this machine has no NVIDIA GPU (a CPU-only job)"))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from controller.supervisor.run import RunConfig, Supervisor, summary_rows
 
@@ -80,13 +87,38 @@ def cmd_run(args: argparse.Namespace) -> int:
                        max_attempts=args.max_attempts, policy_path=Path(args.policy) if args.policy else None,
                        thresholds_path=Path(args.thresholds) if args.thresholds else None)
     _, say = _printer()
+    say(_gpu_note())
     supervisor = Supervisor(config, hooks=_hooks(args.hooks), on_event=say)
     try:
         result = supervisor.run()
     finally:
         supervisor.close()
     emit(summary_rows(result), "table", title=f"{result.job_id}: {result.outcome.value}")
+    last = result.attempts[-1] if result.attempts else None
+    if last is not None and last.last_step is None and result.outcome.value != "completed":
+        from controller.cli.render import render_text
+        from controller.cli.startup import start_failure_lines
+
+        cause, *where = start_failure_lines(Path(args.workdir), last.attempt)
+        render_text(cause, hanging="    ")
+        for line in where:
+            print(line)  # a path: never folded
     return 0 if result.outcome.value == "completed" else 1
+
+
+def _write_html(store: str, job_id: str, path: Path) -> Path | None:
+    """The job's HTML report (faultlens report); None, with the reason on stderr, when it cannot be written."""
+    import sys
+
+    from attribution.store import Store
+    from controller.report.html import write_report
+
+    try:
+        with Store(store) as reader:
+            return write_report(reader, job_id, path)
+    except Exception as exc:  # the demo's result stands without its report
+        print(f"faultlens demo: cannot write the HTML report: {exc}", file=sys.stderr)
+        return None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -123,7 +155,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         result = supervisor.run()
     finally:
         supervisor.close()
-    report = print_report(result, out, wall_s=time.monotonic() - started, store=args.store)
+    html = _write_html(args.store, result.job_id, workdir / "report.html")
+    report = print_report(result, out, wall_s=time.monotonic() - started, store=args.store, html=html)
     write_summary(result, workdir / "summary.json")
     if report is not None:
         (workdir / "goodput.json").write_text(json.dumps(report.to_dict(), indent=1))
