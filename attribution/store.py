@@ -14,8 +14,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
-from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from collectors.layout import StoreError, StoreLocation, list_segments, resolve_store
 from collectors.schema import TABLE_NAMES, empty_table, schema_for
@@ -102,6 +100,9 @@ class Store:
             files = ", ".join(_sql_string(path) for path in segments)
             source = f"read_parquet([{files}], union_by_name=true, hive_partitioning=false)"
         else:
+            import pyarrow.dataset as ds  # here, not at import: it pulls in pandas (slow CLI start-up)
+            from pyarrow.fs import FSSpecHandler, PyFileSystem
+
             dataset = ds.dataset(segments, schema=schema_for(table), format="parquet",
                                  filesystem=PyFileSystem(FSSpecHandler(self.location.fs)))
             dataset_name = f"_dataset_{table}"

@@ -120,3 +120,22 @@ def test_sql_errors_keep_duckdb_hints(events_store, capsys, query, hint):
 def test_json_output_is_untouched(events_store, capsys):
     assert main(["sql", "--store", str(events_store), "--json", "SELECT message FROM process_events"]) == 0
     assert [r["message"] for r in json.loads(capsys.readouterr().out)] == MARKUP_FAMILY
+
+
+def test_help_and_sql_import_no_heavy_library(events_store):
+    """`faultlens --help` and `faultlens sql` import only what they run (the start-up bench measures the time)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    heavy = ("torch", "sklearn", "numba", "opentelemetry", "pandas", "scipy")
+    probe = ("import runpy, sys; sys.argv = ['faultlens', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('controller.cli.main', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             f"print('LOADED', [m for m in {heavy!r} if m in sys.modules], file=sys.stderr)")
+    for argv in (["--help"], ["sql", "--store", str(events_store), "SELECT count(*) FROM process_events"]):
+        proc = subprocess.run([sys.executable, "-c", probe, *argv], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=120, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"})
+        assert "LOADED []" in proc.stderr, (argv, proc.stderr[-2000:])
+        assert proc.stdout.strip()
