@@ -315,10 +315,16 @@ class StragglerDetector:
                 section_text = f"; slowest section {worst} {finite[worst]:.2f}x peers"
             own = self._own_history(rank, window, scores)
             where = f" on {placement[rank].node}" if rank in placement and placement[rank].node else ""
+            base = ("its own earlier median" if scores.group_kind == "own history"
+                    else f"its peers' median ({scores.group_kind})")
+            lead = f"compute {ratio:.2f}x {base}"
+            if finite and scores.group_kind != "own history" and finite[worst] > 1.1 * max(ratio, 1.0):
+                # the total hides the slow section (peers wait for the rank inside theirs): lead with the section
+                lead = (f"slowest section {worst} {finite[worst]:.2f}x peers, while its compute sections together "
+                        f"are {ratio:.2f}x {base} (its peers wait for it inside theirs)")
+                section_text = ""
             evidence.append(Evidence(
-                "steps", end, f"rank {rank}{where}: compute {ratio:.2f}x "
-                              + ("its own earlier median" if scores.group_kind == "own history"
-                                 else f"its peers' median ({scores.group_kind})") + ", "
+                "steps", end, f"rank {rank}{where}: {lead}, "
                               f"slow in {flagged} of {len(window)} steps ({window[0]}-{window[-1]}){section_text}"
                               f"{own}"))
         return evidence
