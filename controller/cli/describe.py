@@ -4,6 +4,7 @@ jobs`, `faultlens incident` and the HTML report)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 # causes where the code, not a machine, is to blame: no node is a culprit
 CODE_CAUSES = {"software", "oom", "workload_imbalance"}
@@ -39,6 +40,14 @@ def culprit_text(nodes: Sequence[str] | None, ranks: Sequence[int] | None, gpus:
     if gpus:
         text += " (GPU " + ", ".join(gpus) + ")"
     return text
+
+
+def short_path(path: str | Path) -> str:
+    """A path relative to the working directory when it lies below it (shorter, still copy-pasteable)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
 
 
 def restore_text(step: int | None, tier: str | None) -> str:

@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from controller.cli.common import CliError, add_store_arg, emit
+from controller.cli.common import CliError, add_store_arg
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_THRESHOLDS = REPO_ROOT / "rules" / "thresholds-demo.yaml"
@@ -73,7 +73,7 @@ def _gpu_note() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from controller.supervisor.run import RunConfig, Supervisor, summary_rows
+    from controller.supervisor.run import RunConfig, Supervisor
 
     command = [c for c in args.train_command if c != "--"] if args.train_command else []
     if not command:
@@ -93,7 +93,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = supervisor.run()
     finally:
         supervisor.close()
-    emit(summary_rows(result), "table", title=f"{result.job_id}: {result.outcome.value}")
+    import sys
+
+    from controller.demo.report import print_attempts
+
+    print_attempts(result, sys.stdout)
     last = result.attempts[-1] if result.attempts else None
     if last is not None and last.last_step is None and result.outcome.value != "completed":
         from controller.cli.render import render_text

@@ -62,12 +62,6 @@ def start_failure_lines(workdir: Path, attempt: int) -> list[str]:
     if found is None:
         logs = attempt_dir / "logs"
         return [f"attempt {attempt} ended before its first step; its logs: {logs if logs.exists() else attempt_dir}"]
-    return [f"attempt {attempt} failed to start: {found.line}", f"  in {_short(found.path)}"]
+    from controller.cli.describe import short_path
 
-
-def _short(path: Path) -> str:
-    """The path relative to the working directory when it lies below it (shorter, still copy-pasteable)."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    return [f"attempt {attempt} failed to start: {found.line}", f"  in {short_path(found.path)}"]

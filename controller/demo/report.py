@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TextIO
 
 from attribution.goodput import GoodputError, GoodputReport, goodput
-from controller.cli.describe import culprit_text, restore_text, seconds_text
+from controller.cli.describe import culprit_text, restore_text, seconds_text, short_path
 from controller.cli.render import output_width, render_text
 from controller.supervisor.run import RunResult
 
@@ -57,6 +57,19 @@ def attempt_lines(result: RunResult, lost: dict[int, int]) -> list[tuple[str, st
     return lines
 
 
+def print_attempts(result: RunResult, out: TextIO, lost: dict[int, int] | None = None,
+                   title: str | None = None) -> None:
+    """The per-attempt blocks (shared with `faultlens run`)."""
+    width = output_width(out)
+    render_text(title or f"job {result.job_id}: {result.outcome.value} after {len(result.attempts)} attempt(s)",
+                out=out, width=width)
+    for label, text in attempt_lines(result, lost or {}):
+        if not label:
+            render_text(text, out=out, width=width)
+        else:
+            render_text(f"  {label:<9} {text}", out=out, width=width, hanging=" " * 12)
+
+
 def print_report(result: RunResult, out: TextIO, *, wall_s: float, store: str,
                  html: Path | None = None) -> GoodputReport | None:
     """Print the closing report; returns the goodput report it used (None when the store had nothing)."""
@@ -64,13 +77,8 @@ def print_report(result: RunResult, out: TextIO, *, wall_s: float, store: str,
     report = run_goodput(result)
     lost = {a.attempt: a.steps_lost for a in report.attempts} if report is not None else {}
     out.write("\n")
-    render_text(f"faultlens demo: job {result.job_id}, {result.outcome.value} after {len(result.attempts)} "
-                f"attempt(s)", out=out, width=width)
-    for label, text in attempt_lines(result, lost):
-        if not label:
-            render_text(text, out=out, width=width)
-        else:
-            render_text(f"  {label:<9} {text}", out=out, width=width, hanging=" " * 12)
+    print_attempts(result, out, lost, title=f"faultlens demo: job {result.job_id}, {result.outcome.value} after "
+                                            f"{len(result.attempts)} attempt(s)")
     out.write("\n")
     if report is not None:
         badput = ", ".join(f"{bucket} {seconds:.1f} s" for bucket, seconds
@@ -97,7 +105,7 @@ def print_report(result: RunResult, out: TextIO, *, wall_s: float, store: str,
     render_text(f"goodput:   faultlens goodput --store {store} --job {result.job_id}", out=out, width=width,
                 hanging=" " * 11)
     if html is not None:
-        render_text(f"report:    {html}", out=out, width=width, hanging=" " * 11)
+        out.write(f"report:    {short_path(html)}\n")  # a path: never folded
     render_text(f'SQL:       faultlens sql --store {store} "SELECT ts, class, cause, culprit_nodes, culprit_ranks, '
                 f'rule FROM incidents ORDER BY ts"', out=out, width=width, hanging=" " * 11)
     return report
