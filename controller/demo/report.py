@@ -35,7 +35,8 @@ def attempt_lines(result: RunResult, lost: dict[int, int]) -> list[tuple[str, st
         head = (f"attempt {record.attempt} on {','.join(record.nodes)}, "
                 f"{restore_text(record.restored_step, record.restored_tier)}, {seconds_text(seconds)}")
         if record.attempt in lost:
-            head += f", {lost[record.attempt]} steps thrown away"
+            n = lost[record.attempt]
+            head += f", {n} step{'' if n == 1 else 's'} thrown away"
         lines.append(("", head))
         lines.append(("injected", record.fault or "nothing"))
         incident, decision = record.incident, record.decision
@@ -47,12 +48,14 @@ def attempt_lines(result: RunResult, lost: dict[int, int]) -> list[tuple[str, st
             lines.append(("found", f"{incident.incident_class.value} / {incident.cause.value}: {culprit} "
                                    f"({incident.rule}, confidence {incident.confidence:.2f}) {incident.incident_id}"))
         if decision is not None:
-            text = decision.action.value
-            if decision.exclude_nodes:
-                text += f", exclude {','.join(decision.exclude_nodes)}"
-            if decision.restore is not None and decision.action.value == "failover":
-                text += f", resume {restore_text(decision.restore.step, decision.restore.tier)}"
-            text += f" ({decision.policy_rule}: {decision.reason})"
+            reason = decision.reason or ""
+            text = f"{decision.action.value} ({decision.policy_rule})" + (f": {reason}" if reason else "")
+            excluded = ",".join(decision.exclude_nodes)
+            if excluded and excluded not in reason:
+                text += f"; exclude {excluded}"
+            if decision.restore is not None and decision.action.value == "failover" \
+                    and f"step {decision.restore.step}" not in reason:
+                text += f"; resume {restore_text(decision.restore.step, decision.restore.tier)}"
             lines.append(("decision", text))
     return lines
 
