@@ -75,7 +75,7 @@ def _clock(value: dt.datetime | None) -> str:
 
 def _offset(value: dt.datetime | None, origin: dt.datetime | None) -> str:
     if value is None or origin is None:
-        return "  "
+        return ""
     seconds = (value - origin).total_seconds()
     return f"{seconds:+.1f}s"
 
@@ -99,8 +99,8 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
                   + (f", fingerprint {incident['fingerprint']}" if incident.get("fingerprint") else "")))
     evidence = sorted(incident.get("evidence") or [], key=lambda e: (e["ts"] is None, e["ts"] or first))
     for item in evidence:
-        lines.append(("evidence", f"{_offset(item['ts'], first)} {_clock(item['ts'])} [{item['table']}] "
-                                  f"{item['text']}"))
+        when = " ".join(p for p in (_offset(item["ts"], first), _clock(item["ts"])) if p)
+        lines.append(("evidence", f"{when} [{item['table']}] {item['text']}"))
     if not incident.get("decisions"):
         lines.append(("decision", "none yet (faultlens decide applies the policy)"))
     for decision in incident.get("decisions") or []:

@@ -98,7 +98,7 @@ def _timeline(data: dict[str, Any]) -> str:
     starts, ends = [s for s in starts if s], [e for e in ends if e]
     if not starts:
         return '<p class="muted">no telemetry with times for this job</p>'
-    axis = _Axis(min(starts), max(ends + starts), 150, WIDTH - 20)
+    axis = _Axis(min(starts), max(ends + starts), 150, WIDTH - 50)
     rows = 1 + len(attempts)
     height = 30 + 26 * rows + 30
     parts = [f'<svg width="{WIDTH}" height="{height}" role="img" aria-label="timeline">']
