@@ -70,11 +70,11 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
             try:
                 proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "demo", "--store",
                                        str(root / "store"), "--workdir", str(root / "work")], cwd=root, env=env,
-                                      capture_output=True, text=True, timeout=420)
+                                      capture_output=True, text=True, timeout=900)
                 text, ok = proc.stdout[-6000:] + proc.stderr[-6000:], proc.returncode == 0
                 (done if ok else failed).write_text(proc.stdout if ok else text)
             except subprocess.TimeoutExpired as exc:
-                failed.write_text(f"the demo ran past 420 s: {exc}")
+                failed.write_text(f"the demo ran past 900 s: {exc}")
     if failed.exists():
         pytest.fail("faultlens demo failed:\n" + failed.read_text())
     return DemoRun(root / "store", root / "work", done.read_text())

@@ -94,14 +94,16 @@ def _console(out: TextIO, width: int):
 
 
 def render_text(text: str, *, out: TextIO | None = None, width: int | None = None, indent: str = "",
-                hanging: str = "") -> None:
-    """Write a paragraph literally, folded at word boundaries to the width (`hanging` indents the folded lines)."""
+                hanging: str = "", break_words: bool = True) -> None:
+    """Write a paragraph literally, folded at word boundaries to the width (`hanging` indents the folded lines;
+    `break_words=False` keeps a word longer than the width whole, e.g. a path to copy)."""
     out = out or sys.stdout
     width = width or output_width(out)
     for i, line in enumerate(text.splitlines() or [""]):
         first = indent if i == 0 else indent + hanging
         folded = textwrap.wrap(line, width=max(20, width), initial_indent=first,
-                               subsequent_indent=indent + hanging, break_long_words=True, break_on_hyphens=False)
+                               subsequent_indent=indent + hanging, break_long_words=break_words,
+                               break_on_hyphens=False)
         out.write("\n".join(folded or [first]) + "\n")
     out.flush()
 

@@ -104,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from controller.cli.startup import start_failure_lines
 
         cause, *where = start_failure_lines(Path(args.workdir), last.attempt)
-        render_text(cause, hanging="    ")
+        render_text(cause, hanging="    ", break_words=False)  # paths in it stay whole
         for line in where:
             print(line)  # a path: never folded
     return 0 if result.outcome.value == "completed" else 1

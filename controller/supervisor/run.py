@@ -323,7 +323,8 @@ class Supervisor:
                     if found.attempt in (None, record.attempt) and found.job_id == self.config.job_id:
                         incident = incident or found
                         self.say(f"incident: {found.incident_class.value} / {found.cause.value} on "
-                                 f"{', '.join(found.culprit_nodes) or '?'} ranks {list(found.culprit_ranks)} "
+                                 f"{', '.join(found.culprit_nodes) or 'no single node:'} "
+                                 f"ranks {list(found.culprit_ranks)} "
                                  f"({found.rule}, confidence {found.confidence:.2f})")
                 if incident is not None:
                     break
