@@ -502,12 +502,16 @@ class CrashAttributor:
 
 
 def _failure_step(steps: pd.DataFrame, attempt: int | None, rank: int | None) -> int | None:
-    """The step a rank was in when it failed: one past its last completed step of that attempt."""
+    """The step a rank was in when it failed: one past the last step any rank of the attempt completed (synchronous
+    training: no rank completes a step the failed one never finished; the failed rank's own last rows may never
+    have been flushed, a SIGKILL loses its step timer's buffer)."""
     if steps.empty or rank is None or "step" not in steps.columns:
         return None
-    rows = steps[steps["rank"] == rank]
+    rows = steps
     if attempt is not None and "attempt" in rows.columns:
         rows = rows[rows["attempt"] == attempt]
+    if "phase" in rows.columns:
+        rows = rows[rows["phase"].astype(object).fillna("train") != "checkpoint"]
     if rows.empty or rows["step"].dropna().empty:
         return None
     return int(rows["step"].max()) + 1

@@ -84,7 +84,7 @@ def _gpu_label(row: pd.Series) -> str | None:
         return str(bus)
     index = _get(row, "gpu_index")
     node = _get(row, "node")
-    return f"{node}:gpu{int(index)}" if index is not None and node else None
+    return str(int(index)) if index is not None and node else None  # an index, never an invented name
 
 
 def same_gpu(row: pd.Series, placement: Placement | None) -> bool:

@@ -144,8 +144,9 @@ def compact(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES, *, 
 
 
 def retention(store: str | StoreLocation, days: int, tables: Sequence[str] = TABLE_NAMES, *,
-              today: dt.date | None = None) -> list[RetentionResult]:
-    """Delete every partition whose date is more than `days` days before `today` (UTC)."""
+              today: dt.date | None = None, dry_run: bool = False) -> list[RetentionResult]:
+    """Delete every partition whose date is more than `days` days before `today` (UTC); `dry_run`: only say
+    which."""
     if days < 0:
         raise ValueError(f"retention days must be >= 0, got {days}")
     location = resolve_store(store)
@@ -157,6 +158,7 @@ def retention(store: str | StoreLocation, days: int, tables: Sequence[str] = TAB
             date = next((p[5:] for p in partition.split("/") if p.startswith("date=")), "")
             if date and date < cutoff:
                 segments, _ = _partition_files(location, partition)
-                location.fs.rm(partition, recursive=True)
+                if not dry_run:
+                    location.fs.rm(partition, recursive=True)
                 results.append(RetentionResult(table, partition, len(segments)))
     return results

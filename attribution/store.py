@@ -17,8 +17,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
-from pyarrow.fs import FSSpecHandler, PyFileSystem
 
 from attribution.segment_check import BadSegment, check_segment, deep_check
 from collectors.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
@@ -29,7 +27,20 @@ _MAX_BAD_PER_QUERY = 64  # segments found broken while a query reads them (foote
 
 
 class QueryError(ValueError):
-    """A SQL query failed: the message is DuckDB's, first line only."""
+    """A SQL query failed: the message is DuckDB's on one line, with its hints ("Did you mean ...")."""
+
+
+def _duckdb_message(text: str) -> str:
+    """DuckDB's error on one line: the error, then its hint lines (Did you mean, Candidate bindings), without the
+    echoed query and caret."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("LINE ") or not line.strip() or set(line.strip()) <= {"^"}:
+            if line.startswith("LINE "):
+                break
+            continue
+        kept.append(line.strip())
+    return " ".join(kept) or text.splitlines()[0]
 
 
 @dataclass(frozen=True)
@@ -181,6 +192,9 @@ class Store:
             files = ", ".join(_sql_string(path) for path in segments)
             source = f"read_parquet([{files}], union_by_name=true, hive_partitioning=false)"
         else:
+            import pyarrow.dataset as ds  # here, not at import: it pulls in pandas (slow CLI start-up)
+            from pyarrow.fs import FSSpecHandler, PyFileSystem
+
             dataset = ds.dataset(segments, schema=schema_for(table), format="parquet",
                                  filesystem=PyFileSystem(FSSpecHandler(self.location.fs)))
             dataset_name = f"_dataset_{table}"
@@ -220,7 +234,7 @@ class Store:
                 vanished = isinstance(exc, (duckdb.IOException, FileNotFoundError, pa.ArrowIOError)) or \
                     "No such file" in text or "No files found" in text
                 if not vanished or retries >= 2:
-                    raise QueryError(first) from None
+                    raise QueryError(_duckdb_message(text) if text else first) from None
                 retries += 1
                 self.refresh()
 

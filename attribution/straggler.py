@@ -413,9 +413,18 @@ class StragglerDetector:
             where = f" on {placement[rank].node}" if rank in placement and placement[rank].node else ""
             coords = (f" (replica {int(layout.replica[j])}, stage {int(layout.stage[j])})"
                       if layout.stages > 1 or "dp_rank" in layout.declared else "")
+            base = ("its own earlier median" if scores.group_kind == "own history"
+                    else f"its peers' median ({scores.group_kind})")
+            lead = f"compute {ratio:.2f}x {base}"
+            if finite and scores.group_kind != "own history" and finite[worst] > 1.1 * max(ratio, 1.0):
+                # the total hides the slow section (peers wait for the rank inside theirs): lead with the section
+                lead = (f"slowest section {worst} {finite[worst]:.2f}x peers, while its compute sections together "
+                        f"are {ratio:.2f}x {base} (its peers wait for it inside theirs)")
+                section_text = ""
             evidence.append(Evidence(
-                "steps", end, f"rank {rank}{where}{coords}: compute {ratio:.2f}x {scores.group_kind}, slow in "
-                              f"{flagged} of {len(window)} steps ({window[0]}-{window[-1]}){section_text}{own}"))
+                "steps", end, f"rank {rank}{where}{coords}: {lead}, "
+                              f"slow in {flagged} of {len(window)} steps ({window[0]}-{window[-1]}){section_text}"
+                              f"{own}"))
         return evidence
 
     def _own_history(self, rank: int, column: int, window: list[int], scores: StepScores) -> str:
@@ -473,7 +482,7 @@ class StragglerDetector:
             peers = samples[~mine_mask & ~samples["node"].isin(culprit_nodes)]
             if peers.empty:
                 peers = samples[~mine_mask]
-            gpus = sorted({str(k) for k in mine["_gpu"].dropna().unique()})
+            gpus = sorted({str(k) for k in _gpu_key(mine, label=True).dropna().unique()})
             reasons = mine["clocks_event_reasons"].fillna(0).astype(np.int64) if not mine.empty else None
             peer_reasons = peers["clocks_event_reasons"].fillna(0).astype(np.int64) if not peers.empty else None
             for bit in g.clock_event_bits:
@@ -741,10 +750,13 @@ class _Matrix:
         return pd.DataFrame(mean, index=pd.Index(self.steps, name="step"), columns=pd.Index(self.ranks, name="rank"))
 
 
-def _gpu_key(samples: pd.DataFrame) -> pd.Series:
+def _gpu_key(samples: pd.DataFrame, label: bool = False) -> pd.Series:
+    """Which GPU a sample is about: UUID, else PCI bus id, else node+index (a key; `label`: the bare index, for
+    culprit_gpus, which holds only real identifiers or indices)."""
     key = samples["gpu_uuid"].astype(object)
     key = key.where(key.notna(), samples["pci_bus_id"].astype(object))
-    fallback = samples["node"].astype(str) + ":gpu" + samples["gpu_index"].astype(str)
+    fallback = (samples["gpu_index"].astype("Int64").astype(str) if label
+                else samples["node"].astype(str) + ":gpu" + samples["gpu_index"].astype(str))
     return key.where(key.notna(), fallback)
 
 

@@ -143,7 +143,7 @@ class Placement:
     @property
     def gpu_label(self) -> str | None:
         return self.gpu_uuid or self.pci_bus_id or (
-            f"{self.node}:gpu{self.gpu_index}" if self.gpu_index is not None and self.node else None)
+            str(self.gpu_index) if self.gpu_index is not None else None)  # an index, never an invented name
 
 
 def _value(row: pd.Series, column: str) -> object | None:

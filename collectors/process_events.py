@@ -390,13 +390,16 @@ def _report_rows(failure: TorchrunFailure, report_attempt: int | None, job_id: s
     terminated_by_torchrun = failure.signal == "SIGTERM"  # torchrun SIGTERMs the survivors of a failure
     common = {"rank": failure.rank, "local_rank": failure.local_rank, "pid": failure.pid,
               "error_file": failure.error_file, "reported_root_cause": failure.is_root_cause}
-    rows = [exit_row(row_context, ts, source=Source.TORCHRUN_REPORT, exit_code=failure.exit_code,
-                     signal=failure.signal, is_secondary=terminated_by_torchrun, message=last_line, **common)]
+    errors = []
     if parsed is not None and (parsed.exception_type or parsed.message):
-        rows.append(error_row(row_context, ts, source=Source.TORCHRUN_REPORT, exception_type=parsed.exception_type,
-                              message=parsed.message, traceback=failure.traceback, parsed=parsed, rules=rules,
-                              **common))
-    return rows
+        errors.append(error_row(row_context, ts, source=Source.TORCHRUN_REPORT, exception_type=parsed.exception_type,
+                                message=parsed.message, traceback=failure.traceback, parsed=parsed, rules=rules,
+                                **common))
+    # a survivor's exit is an echo too when what it died of is (a peer's death seen as a closed connection or a
+    # receive timeout), whatever error torch printed
+    echoed = terminated_by_torchrun or any(row.get("is_secondary") for row in errors)
+    return [exit_row(row_context, ts, source=Source.TORCHRUN_REPORT, exit_code=failure.exit_code,
+                     signal=failure.signal, is_secondary=echoed, message=last_line, **common), *errors]
 
 
 # ---------------------------------------------------------------------------------------------- log dirs

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 SCHEMA_VERSION = "1"
 METADATA_VERSION_KEY = b"faultlens.schema_version"
@@ -304,8 +303,10 @@ def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]] | Iterable[Mappi
 
 
 def empty_table(table: str) -> pa.Table:
-    """A zero-row table with `table`'s schema."""
-    return schema_for(table).empty_table()
+    """A zero-row table with `table`'s schema (built from null arrays: Schema.empty_table() and pa.array() import
+    pandas, a second of CLI start-up)."""
+    schema = schema_for(table)
+    return pa.Table.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
 
 
 NS_PER_DAY = 86_400 * 1_000_000_000
@@ -314,6 +315,8 @@ NS_PER_DAY = 86_400 * 1_000_000_000
 def partition_keys(table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.ChunkedArray]:
     """The (job, day number since epoch, node) partition values of every row, as in the store layout of
     DESIGN.md; `partition_date(day)` turns a day number into the YYYY-MM-DD of the path."""
+    import pyarrow.compute as pc  # here, not at import: a third of `faultlens sql`'s start-up
+
     job = pc.fill_null(table.column("job_id"), "_node")
     day = pc.divide(table.column("ts").cast(pa.int64()), NS_PER_DAY)
     node = pc.fill_null(table.column("node"), "_unknown")

@@ -29,8 +29,10 @@ def torch_artifacts() -> dict[str, Path]:
     """Artifacts written by real torchrun jobs (torch, gloo, 4 ranks) for the scenarios of interface 6: 'hang',
     'mismatch', 'subgroup_hang', 'crash_exception', 'crash_sigkill', 'straggler' -> their directory (dumps/,
     logdir/, torchrun_stderr.txt, store/, meta.json; see tests/torch_jobs/harness.py). Generated once per cache
-    key (a hash of the scripts, collectors and torch version) under a file lock, so pytest-xdist workers share
-    it; $FAULTLENS_TORCH_ARTIFACTS moves the cache (default: $TMPDIR/faultlens-torch-artifacts-<uid>)."""
+    key (a hash of the harness, the scripts and collectors it runs, and the torch version) under a file lock, so
+    pytest-xdist workers share it; every use checks each scenario's outcome again and regenerates the ones that
+    are not the expected one; $FAULTLENS_TORCH_ARTIFACTS moves the cache (default:
+    $TMPDIR/faultlens-torch-artifacts-<uid>)."""
     pytest.importorskip("torch")
     from tests.torch_jobs.harness import cached_artifacts
 
@@ -64,15 +66,15 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
         done, failed = root / "output.txt", root / "failed.txt"
         if not done.exists() and not failed.exists():
             root.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+            env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80"}  # as in a log file
             try:
                 proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "demo", "--store",
                                        str(root / "store"), "--workdir", str(root / "work")], cwd=root, env=env,
-                                      capture_output=True, text=True, timeout=420)
+                                      capture_output=True, text=True, timeout=900)
                 text, ok = proc.stdout[-6000:] + proc.stderr[-6000:], proc.returncode == 0
                 (done if ok else failed).write_text(proc.stdout if ok else text)
             except subprocess.TimeoutExpired as exc:
-                failed.write_text(f"the demo ran past 420 s: {exc}")
+                failed.write_text(f"the demo ran past 900 s: {exc}")
     if failed.exists():
         pytest.fail("faultlens demo failed:\n" + failed.read_text())
     return DemoRun(root / "store", root / "work", done.read_text())

@@ -9,11 +9,29 @@ from pathlib import Path
 
 import pytest
 
+from collectors.process_events import EventContext, collect_paths
 from collectors.torchrun_report import TorchrunOutput, TorchrunReportError, parse_report_time, parse_torchrun_output
 
 
 def _output(art: Path) -> TorchrunOutput:
     return parse_torchrun_output((art / "torchrun_stderr.txt").read_text(), source=str(art), tz=dt.UTC)
+
+
+def _assert_survivors_secondary(art: Path, output: TorchrunOutput, survivors: list, primary_rank: int) -> None:
+    """What the product must get right about the survivors, whatever error torch made them print (closed by peer,
+    a receive timeout, SIGTERM from torchrun, ...): each is in the report, failed after the primary, and the
+    process_events rows read from this run class every one of them secondary and the primary not."""
+    for survivor in survivors:
+        if survivor.signal == "SIGTERM":
+            assert survivor.pid in output.sigterm_pids and survivor.exit_code == -15
+        else:
+            assert survivor.exit_code != 0 and survivor.traceback  # any secondary error text
+    rows = collect_paths([art / "torchrun_stderr.txt", art / "logdir"], EventContext(tz=dt.UTC)).rows
+    failures = [r for r in rows if r["kind"] != "start" and r["rank"] is not None]
+    others = [r for r in failures if r["rank"] != primary_rank]
+    assert others and all(r["is_secondary"] for r in others), [
+        (r["rank"], r["kind"], r["message"]) for r in others if not r["is_secondary"]]
+    assert not any(r["is_secondary"] for r in failures if r["rank"] == primary_rank and r["kind"] != "comm_error")
 
 
 def test_sigkill_report(torch_artifacts: dict[str, Path]) -> None:
@@ -25,12 +43,8 @@ def test_sigkill_report(torch_artifacts: dict[str, Path]) -> None:
     assert (killed.local_rank, killed.exit_code, killed.signal, killed.error_file) == (1, -9, "SIGKILL", None)
     assert killed.traceback == f"Signal 9 (SIGKILL) received by PID {killed.pid}"
     assert [(a.exit_code, a.local_rank, a.pid) for a in output.agent_failures] == [(-9, 1, killed.pid)]
-    for survivor in (f for f in report.failures if f.rank != 1):
-        # SIGTERMed by torchrun (it says so), or failed on its own with the peer's death ("closed by peer")
-        if survivor.signal == "SIGTERM":
-            assert survivor.pid in output.sigterm_pids and survivor.exit_code == -15
-        else:
-            assert survivor.exit_code == 1 and "by peer" in survivor.traceback
+    _assert_survivors_secondary(torch_artifacts["crash_sigkill"], output,
+                                [f for f in report.failures if f.rank != 1], primary_rank=1)
     # the root cause is the earliest time torchrun saw: the SIGKILLed rank is stamped when torchrun noticed it,
     # so a survivor that wrote its error file first can be named instead (recorded as torchrun said it)
     root = report.root_cause
@@ -57,7 +71,7 @@ def test_exception_report_with_a_restart(torch_artifacts: dict[str, Path]) -> No
     assert root is not None and root.time == bug.time
     survivors = [f for f in report.failures if f.rank != 2]
     assert {f.rank for f in survivors} == {0, 1, 3}
-    assert all(f.signal == "SIGTERM" or "by peer" in f.traceback for f in survivors)
+    _assert_survivors_secondary(art, output, survivors, primary_rank=2)
 
 
 def test_hang_report_names_a_survivor_as_root_cause(torch_artifacts: dict[str, Path]) -> None:

@@ -106,8 +106,11 @@ def cmd_attribute(args: argparse.Namespace) -> int:
             raise CliError(f"--now {args.now!r}: expected an ISO 8601 time, e.g. 2026-11-30T12:00:00+00:00") from None
         now = now if now.tzinfo else now.replace(tzinfo=dt.UTC)
     engine = _engine(args)
+    from controller.cli.progress import progress
+
     try:
-        with Store(args.store, jobs=[args.job] if args.job else None) as store:
+        with Store(args.store, jobs=[args.job] if args.job else None) as store, \
+                progress("attributing " + (f"job {args.job}" if args.job else "every job in the store")):
             incidents = attribute(store, args.job, now, engine=engine)
         written = set() if args.dry_run else {i.incident_id for i in write_new_incidents(args.store, incidents)}
     except (StoreError, QueryError) as exc:

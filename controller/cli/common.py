@@ -11,9 +11,10 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 DEFAULT_STORE = "./faultlens-store"
 
@@ -73,21 +74,19 @@ def records(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, default=json_default)
-    if isinstance(value, dt.datetime):
-        return value.isoformat(sep=" ")
-    return str(value)
+    from controller.cli.render import cell_text
+
+    return cell_text(value)
 
 
 def emit(table: pa.Table | Sequence[dict[str, Any]], fmt: str, out: TextIO | None = None,
          title: str | None = None) -> None:
-    """Write rows as a rich table (default), JSON (a list of objects) or CSV."""
+    """Write rows as a table (default: controller.cli.render.render_table, literal text fitted to the width),
+    JSON (a list of objects) or CSV."""
     out = out or sys.stdout
-    rows = records(table) if isinstance(table, pa.Table) else [dict(r) for r in table]
-    columns = table.column_names if isinstance(table, pa.Table) else (list(rows[0]) if rows else [])
+    is_arrow = hasattr(table, "column_names") and hasattr(table, "to_pylist")
+    rows = records(table) if is_arrow else [dict(r) for r in table]
+    columns = table.column_names if is_arrow else (list(rows[0]) if rows else [])
     if fmt == "json":
         json.dump(rows, out, default=json_default, indent=1)
         out.write("\n")
@@ -98,19 +97,6 @@ def emit(table: pa.Table | Sequence[dict[str, Any]], fmt: str, out: TextIO | Non
         for row in rows:
             writer.writerow([_cell(row.get(c)) for c in columns])
         return
-    from rich.console import Console
-    from rich.table import Table
+    from controller.cli.render import render_table
 
-    rich_table = Table(title=title, show_lines=False)
-    for column in columns:
-        rich_table.add_column(column, overflow="fold")
-    for row in rows:
-        rich_table.add_row(*(_cell(row.get(c)) for c in columns))
-    Console(file=out, width=max(100, min(240, _terminal_width()))).print(rich_table)
-
-
-def _terminal_width() -> int:
-    try:
-        return os.get_terminal_size().columns
-    except OSError:
-        return 160
+    render_table(rows, columns, title=title, out=out)

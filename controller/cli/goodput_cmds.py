@@ -82,21 +82,25 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     if args.fmt == "csv":
         emit(summary_rows(report), "csv")
         return 0
-    out = sys.stdout
-    out.write(f"job {report.job_id}: {report.start.isoformat()} .. {report.end.isoformat()} "
-              f"({report.wall_s:.1f} s wall clock)\n")
-    out.write(f"ETTR {report.ettr:.1%}: {report.productive_s:.1f} s productive; steps kept {report.steps_kept}, "
-              f"steps thrown away {report.steps_lost}\n")
+    from controller.cli.render import render_text
+
+    def say(text: str) -> None:
+        render_text(text, hanging="  ")
+
+    say(f"job {report.job_id}: {report.start.isoformat()} .. {report.end.isoformat()} "
+        f"({report.wall_s:.1f} s wall clock)")
+    say(f"ETTR {report.ettr:.1%}: {report.productive_s:.1f} s productive; steps kept {report.steps_kept}, "
+        f"steps thrown away {report.steps_lost}")
     if report.min_sliding_ettr is not None:
-        out.write(f"sliding ETTR over {report.window_s:.1f} s windows: lowest {report.min_sliding_ettr:.1%}\n")
+        say(f"sliding ETTR over {report.window_s:.1f} s windows: lowest {report.min_sliding_ettr:.1%}")
     stretch = report.longest_unproductive
     if stretch is not None:
         spent = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(stretch.buckets.items(), key=lambda kv: -kv[1]))
-        out.write(f"longest unproductive stretch: {stretch.seconds:.1f} s from {stretch.start.isoformat()} "
-                  f"({spent})\n")
+        say(f"longest unproductive stretch: {stretch.seconds:.1f} s from {stretch.start.isoformat()} "
+            f"({spent})")
     if report.offline:
-        out.write(f"{len(report.offline)} incident(s)/decision(s) came from a batch pass after the fact (not live): "
-                  "they are charged below but do not define detection, decision or restart time\n")
+        say(f"{len(report.offline)} incident(s)/decision(s) came from a batch pass after the fact (not live): "
+            "they are charged below but do not define detection, decision or restart time")
     emit(summary_rows(report), "table", title="badput by cause")
     emit([{"attempt": a.attempt, "steps": "-" if a.first_step is None else f"{a.first_step}..{a.last_step}",
            "kept": a.steps_kept, "lost": a.steps_lost,

@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from controller.cli import (
-    attribution_cmds,
-    decision_cmds,
-    doctor_cmds,
-    goodput_cmds,
-    gpu_cmds,
-    hang_cmds,
-    ingest_cmds,
-    run_cmds,
-    sim_cmds,
-    store_cmds,
-)
 from controller.cli.common import CliError
 
-# Each module adds its subcommands with register(subparsers); the order here is the order in --help.
-COMMAND_MODULES = [run_cmds, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds, sim_cmds,
-                   goodput_cmds, doctor_cmds]
+# Each module adds its subcommands with register(subparsers); the order here is the order in --help. Entries are
+# module names under controller.cli (imported only when one of their commands runs; see controller/cli/lazy.py)
+# or module objects (imported up front).
+COMMAND_MODULES: list = ["run_cmds", "store_cmds", "ingest_cmds", "gpu_cmds", "decision_cmds", "hang_cmds",
+                         "attribution_cmds", "sim_cmds", "goodput_cmds",
+                         "doctor_cmds", "view_cmds"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _module(entry):
+    return importlib.import_module(f"controller.cli.{entry}") if isinstance(entry, str) else entry
+
+
+def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The whole CLI; `lazy`: modules whose commands do not include `command` are listed from their source
+    (names and help only) instead of imported."""
+    from controller.cli.lazy import listed_commands
+
     parser = argparse.ArgumentParser(
         prog="faultlens",
         description="Fault attribution for large distributed training jobs: crash, hang or straggler; "
@@ -33,13 +33,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for module in COMMAND_MODULES:
-        module.register(subparsers)
+    for entry in COMMAND_MODULES:
+        listed = listed_commands(entry) if lazy and isinstance(entry, str) else None
+        if listed is not None and command not in {name for name, _ in listed}:
+            for name, text in listed:
+                subparsers.add_parser(name, help=text)
+            continue
+        _module(entry).register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv and not argv[0].startswith("-") else None
+    parser = build_parser(command, lazy=True)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from controller.cli.common import CliError, add_store_arg, emit
+from controller.cli.common import CliError, add_store_arg
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_THRESHOLDS = REPO_ROOT / "rules" / "thresholds-demo.yaml"
@@ -52,19 +52,28 @@ def _hooks(path: str | None) -> list:
 
 
 def _printer():
-    from rich.console import Console
+    """Timestamped event lines, literal (no markup from the text), folded under the timestamp."""
+    import sys
 
-    console = Console(highlight=False)
+    from controller.cli.render import render_text
+
     started = time.monotonic()
 
     def say(text: str) -> None:
-        console.print(f"[dim]{time.monotonic() - started:6.1f}s[/dim] {text}")
+        render_text(f"{time.monotonic() - started:6.1f}s {text}", out=sys.stdout, hanging=" " * 8)
 
-    return console, say
+    return sys.stdout, say
+
+
+def _gpu_note() -> str:
+    """The supervisor's simulated nodes report GPU samples from a recorded NVML backend, never this machine's."""
+    has_gpu = Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
+    return ("GPU samples are simulated (a recorded NVML backend per simulated node): "
+            + ("this machine's GPUs are not read" if has_gpu else "this machine has no NVIDIA GPU (a CPU-only job)"))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from controller.supervisor.run import RunConfig, Supervisor, summary_rows
+    from controller.supervisor.run import RunConfig, Supervisor
 
     command = [c for c in args.train_command if c != "--"] if args.train_command else []
     if not command:
@@ -78,13 +87,42 @@ def cmd_run(args: argparse.Namespace) -> int:
                        max_attempts=args.max_attempts, policy_path=Path(args.policy) if args.policy else None,
                        thresholds_path=Path(args.thresholds) if args.thresholds else None)
     _, say = _printer()
+    say(_gpu_note())
     supervisor = Supervisor(config, hooks=_hooks(args.hooks), on_event=say)
     try:
         result = supervisor.run()
     finally:
         supervisor.close()
-    emit(summary_rows(result), "table", title=f"{result.job_id}: {result.outcome.value}")
+    import sys
+
+    from controller.demo.report import print_attempts
+
+    print_attempts(result, sys.stdout)
+    last = result.attempts[-1] if result.attempts else None
+    if last is not None and last.last_step is None and result.outcome.value != "completed":
+        from controller.cli.render import render_text
+        from controller.cli.startup import start_failure_lines
+
+        cause, *where = start_failure_lines(Path(args.workdir), last.attempt)
+        render_text(cause, hanging="    ", break_words=False)  # paths in it stay whole
+        for line in where:
+            print(line)  # a path: never folded
     return 0 if result.outcome.value == "completed" else 1
+
+
+def _write_html(store: str, job_id: str, path: Path) -> Path | None:
+    """The job's HTML report (faultlens report); None, with the reason on stderr, when it cannot be written."""
+    import sys
+
+    from attribution.store import Store
+    from controller.report.html import write_report
+
+    try:
+        with Store(store) as reader:
+            return write_report(reader, job_id, path)
+    except Exception as exc:  # the demo's result stands without its report
+        print(f"faultlens demo: cannot write the HTML report: {exc}", file=sys.stderr)
+        return None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -106,7 +144,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,
                        job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
                        thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0)
-    console, say = _printer()
+    out, say = _printer()
     say(f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, CPU), 4 spare nodes, "
         f"store {args.store}")
 
@@ -121,7 +159,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         result = supervisor.run()
     finally:
         supervisor.close()
-    report = print_report(result, console, wall_s=time.monotonic() - started, store=args.store)
+    html = _write_html(args.store, result.job_id, workdir / "report.html")
+    report = print_report(result, out, wall_s=time.monotonic() - started, store=args.store, html=html)
     write_summary(result, workdir / "summary.json")
     if report is not None:
         (workdir / "goodput.json").write_text(json.dumps(report.to_dict(), indent=1))

@@ -80,7 +80,10 @@ def run_simulate(args: argparse.Namespace) -> int:
                         fault_sequence=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
     except ConfigError as exc:
         raise CliError(str(exc)) from None
-    result = simulate(cfg, store, args.labels)
+    from controller.cli.progress import progress
+
+    with progress(f"simulating {cfg.hours:g} h on {cfg.nodes} nodes", total=1.0) as task:
+        result = simulate(cfg, store, args.labels, progress=lambda share: task.update(completed=share))
     summary = result.summary()
     if args.json:
         json.dump(summary, sys.stdout, indent=1, default=json_default)
@@ -115,9 +118,12 @@ def run_eval(args: argparse.Namespace) -> int:
         store = Store(args.store)
     except StoreError as exc:
         raise CliError(str(exc)) from None
+    from controller.cli.progress import progress
+
     with store:
         try:
-            incidents, origin = load_incidents(store, job=args.job, rerun=args.rerun)
+            with progress("reading incidents (or attributing the store when it has none)"):
+                incidents, origin = load_incidents(store, job=args.job, rerun=args.rerun)
         except EvalError as exc:
             raise CliError(str(exc)) from None
         decide, decisions_source = load_decider(store, incidents)
@@ -128,10 +134,16 @@ def run_eval(args: argparse.Namespace) -> int:
             from attribution.evaluate import stands_for
             from attribution.replay import replay_faults
 
-            detections = replay_faults(store, labels, stands_for,
-                                       progress=None if args.json else _replay_progress)
+            with progress("replaying each fault through the live engine", total=len(labels)) as task:
+                def step(detection) -> None:
+                    task.advance()
+                    if not args.json:
+                        _replay_progress(detection)
+
+                detections = replay_faults(store, labels, stands_for, progress=step)
             replay = {fault_id: d.detected_at for fault_id, d in detections.items()}
-        report = evaluate(labels, incidents, decide=decide, decisions_source=decisions_source, replay=replay)
+        with progress("scoring"):
+            report = evaluate(labels, incidents, decide=decide, decisions_source=decisions_source, replay=replay)
     data = report.to_json()
     data["incidents_from"] = origin
     if args.json:

@@ -38,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_arg(ret)
     ret.add_argument("--days", type=int, required=True, help="keep this many days")
     ret.add_argument("--table", action="append", choices=TABLE_NAMES, help="only these tables")
+    ret.add_argument("--dry-run", action="store_true", help="list the partitions that would be deleted; delete "
+                                                            "nothing")
     ret.set_defaults(func=cmd_retention)
 
 
@@ -89,10 +91,12 @@ def cmd_retention(args: argparse.Namespace) -> int:
     if args.days < 0:
         raise CliError(f"--days must be >= 0, got {args.days}")
     try:
-        results = retention(resolve_store(args.store), args.days, args.table or TABLE_NAMES)
+        results = retention(resolve_store(args.store), args.days, args.table or TABLE_NAMES, dry_run=args.dry_run)
     except StoreError as exc:
         raise CliError(str(exc)) from None
+    verb = "would remove" if args.dry_run else "removed"
     for r in results:
-        print(f"{r.table}: removed {r.partition} ({r.segments} segments)")
-    print(f"removed {len(results)} partitions older than {args.days} days")
+        print(f"{r.table}: {verb} {r.partition} ({r.segments} segments)")
+    print(f"{verb} {len(results)} partitions older than {args.days} days" + (" (dry run: nothing deleted)"
+                                                                             if args.dry_run else ""))
     return 0

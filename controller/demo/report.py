@@ -1,12 +1,15 @@
-"""The demo's closing report: incidents, decisions, lost steps and time, ETTR and badput by cause (from
-attribution.goodput over the store), and how to open the store."""
+"""The demo's closing report: one short block per attempt (what was injected, what faultlens found, what it
+decided, where the next attempt resumed), ETTR and badput by cause (attribution.goodput over the store), the HTML
+report's path and how to open the store. Plain lines folded to the output's width: readable in a log file."""
 
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+from pathlib import Path
+from typing import TextIO
 
 from attribution.goodput import GoodputError, GoodputReport, goodput
+from controller.cli.describe import culprit_text, restore_text, seconds_text, short_path
+from controller.cli.render import output_width, render_text
 from controller.supervisor.run import RunResult
 
 
@@ -24,41 +27,88 @@ def run_goodput(result: RunResult) -> GoodputReport | None:
         return None
 
 
-def print_report(result: RunResult, console: Console, *, wall_s: float, store: str) -> GoodputReport | None:
+def attempt_lines(result: RunResult, lost: dict[int, int]) -> list[tuple[str, str]]:
+    """(label, text) pairs, one block per attempt."""
+    lines: list[tuple[str, str]] = []
+    for record in result.attempts:
+        seconds = ((record.ended or record.started) - record.started).total_seconds()
+        head = (f"attempt {record.attempt} on {','.join(record.nodes)}, "
+                f"{restore_text(record.restored_step, record.restored_tier)}, {seconds_text(seconds)}")
+        if record.attempt in lost:
+            n = lost[record.attempt]
+            head += f", {n} step{'' if n == 1 else 's'} thrown away"
+        lines.append(("", head))
+        lines.append(("injected", record.fault or "nothing"))
+        incident, decision = record.incident, record.decision
+        if incident is None:
+            lines.append(("found", "no incident"))
+        else:
+            culprit = culprit_text(incident.culprit_nodes, incident.culprit_ranks, incident.culprit_gpus,
+                                   incident.cause.value)
+            lines.append(("found", f"{incident.incident_class.value} / {incident.cause.value}: {culprit} "
+                                   f"({incident.rule}, confidence {incident.confidence:.2f}) {incident.incident_id}"))
+        if decision is not None:
+            reason = decision.reason or ""
+            text = f"{decision.action.value} ({decision.policy_rule})" + (f": {reason}" if reason else "")
+            excluded = ",".join(decision.exclude_nodes)
+            if excluded and excluded not in reason:
+                text += f"; exclude {excluded}"
+            if decision.restore is not None and decision.action.value == "failover" \
+                    and f"step {decision.restore.step}" not in reason:
+                text += f"; resume {restore_text(decision.restore.step, decision.restore.tier)}"
+            lines.append(("decision", text))
+    return lines
+
+
+def print_attempts(result: RunResult, out: TextIO, lost: dict[int, int] | None = None,
+                   title: str | None = None) -> None:
+    """The per-attempt blocks (shared with `faultlens run`)."""
+    width = output_width(out)
+    render_text(title or f"job {result.job_id}: {result.outcome.value} after {len(result.attempts)} attempt(s)",
+                out=out, width=width)
+    for label, text in attempt_lines(result, lost or {}):
+        if not label:
+            render_text(text, out=out, width=width)
+        else:
+            render_text(f"  {label:<9} {text}", out=out, width=width, hanging=" " * 12)
+
+
+def print_report(result: RunResult, out: TextIO, *, wall_s: float, store: str,
+                 html: Path | None = None) -> GoodputReport | None:
     """Print the closing report; returns the goodput report it used (None when the store had nothing)."""
+    width = output_width(out)
     report = run_goodput(result)
     lost = {a.attempt: a.steps_lost for a in report.attempts} if report is not None else {}
-    table = Table(title=f"faultlens demo: job {result.job_id} ({result.outcome.value})")
-    for column in ("attempt", "nodes", "injected fault", "incident", "culprit", "decision", "resumed from",
-                   "lost steps", "seconds"):
-        table.add_column(column, overflow="fold")
-    for record in result.attempts:
-        incident, decision = record.incident, record.decision
-        table.add_row(
-            str(record.attempt), ",".join(record.nodes), record.fault or "-",
-            "-" if incident is None else f"{incident.incident_class.value} / {incident.cause.value}",
-            "-" if incident is None else f"{','.join(incident.culprit_nodes) or '?'} rank "
-                                         f"{','.join(map(str, incident.culprit_ranks)) or '?'}",
-            "-" if decision is None else decision.action.value + (
-                f" (exclude {','.join(decision.exclude_nodes)})" if decision.exclude_nodes else ""),
-            "scratch" if record.restored_step is None else f"step {record.restored_step} ({record.restored_tier})",
-            str(lost.get(record.attempt, "-")),
-            f"{((record.ended or record.started) - record.started).total_seconds():.1f}",
-        )
-    console.print(table)
+    out.write("\n")
+    print_attempts(result, out, lost, title=f"faultlens demo: job {result.job_id}, {result.outcome.value} after "
+                                            f"{len(result.attempts)} attempt(s)")
+    out.write("\n")
     if report is not None:
         badput = ", ".join(f"{bucket} {seconds:.1f} s" for bucket, seconds
                            in sorted(report.badput.items(), key=lambda kv: -kv[1]) if seconds >= 0.05)
-        console.print(f"ETTR (faultlens goodput): {report.productive_s:.1f} s productive of {report.wall_s:.1f} s "
-                      f"wall clock = {report.ettr:.0%}; badput: {badput}; steps thrown away: {report.steps_lost}; "
-                      f"nodes excluded: {', '.join(result.excluded) or 'none'}")
+        render_text(f"ETTR (faultlens goodput): {report.productive_s:.1f} s productive of {report.wall_s:.1f} s "
+                    f"wall clock = {report.ettr:.0%}", out=out, width=width)
+        render_text(f"badput: {badput}", out=out, width=width, hanging="  ")
+        render_text(f"steps thrown away: {report.steps_lost}; nodes excluded: {', '.join(result.excluded) or 'none'}",
+                    out=out, width=width, hanging="  ")
         if report.longest_unproductive is not None:
-            console.print(f"longest unproductive stretch: {report.longest_unproductive.seconds:.1f} s; "
-                          f"details: faultlens goodput --store {store} --job {result.job_id}")
+            render_text(f"longest unproductive stretch: {report.longest_unproductive.seconds:.1f} s", out=out,
+                        width=width)
     automatic = sum(1 for r in result.attempts if r.decision is not None and r.decision.action.value == "failover")
     humans = sum(1 for r in result.attempts if r.decision is not None and r.decision.action.value != "failover")
-    console.print(f"{automatic} incidents recovered automatically, {humans} escalated to a human; "
-                  f"whole run {wall_s:.0f} s")
-    console.print(f'Open the store in DuckDB: faultlens sql --store {store} '
-                  f'"SELECT ts, class, cause, culprit_nodes, culprit_ranks, rule FROM incidents ORDER BY ts"')
+    render_text(f"{automatic} incidents recovered automatically, {humans} escalated to a human; "
+                f"whole run {wall_s:.0f} s", out=out, width=width)
+    out.write("\n")
+    render_text(f"jobs:      faultlens jobs --store {store}", out=out, width=width, hanging=" " * 11)
+    escalated = [r.incident for r in result.attempts if r.incident is not None and r.decision is not None
+                 and r.decision.action.value != "failover"]
+    if escalated:
+        render_text(f"escalated: faultlens incident --store {store} {escalated[-1].incident_id}", out=out,
+                    width=width, hanging=" " * 11)
+    render_text(f"goodput:   faultlens goodput --store {store} --job {result.job_id}", out=out, width=width,
+                hanging=" " * 11)
+    if html is not None:
+        out.write(f"report:    {short_path(html)}\n")  # a path: never folded
+    render_text(f'SQL:       faultlens sql --store {store} "SELECT ts, class, cause, culprit_nodes, culprit_ranks, '
+                f'rule FROM incidents ORDER BY ts"', out=out, width=width, hanging=" " * 11)
     return report

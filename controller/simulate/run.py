@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,9 @@ def _poisson_times(rng: np.random.Generator, start: int, end: int, per_day: floa
     return sorted(int(x) for x in rng.uniform(start, end, count))
 
 
-def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) -> SimulationResult:
+def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None,
+             progress: Callable[[float], None] | None = None) -> SimulationResult:
+    """`progress` (optional) is called with the share of simulated time done, once per attempt."""
     began = time.perf_counter()
     rng_cluster = np.random.default_rng([cfg.seed, 1])
     rng_faults = np.random.default_rng([cfg.seed, 2])
@@ -100,6 +103,8 @@ def simulate(cfg: SimConfig, store: str, labels_path: str | Path | None = None) 
     repeat: Target | None = None
     repeat_kind: FaultKind | None = None
     while t < end:
+        if progress is not None:
+            progress((t - start) / max(end - start, 1))
         init_s = rng_misc.uniform(120, 300) if number == 0 else rng_misc.uniform(45, 150)
         attempt = world.new_attempt(number, placement, t, t + int(init_s * NS), step, rng_misc)
         attempt_starts.append(t)

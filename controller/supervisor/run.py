@@ -288,7 +288,8 @@ class Supervisor:
             record.decision = decision
             self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}")
             if decision.action is not Action.FAILOVER:
-                self.say("escalated to a human; the job is stopped:\n" + decision.to_json())
+                self.say(f"escalated to a human; the job is stopped (decision {decision.decision_id}; its JSON: "
+                         f"faultlens decisions --store {self.config.store} --job {self.config.job_id} --json)")
                 return RunResult(Outcome.ESCALATED, self.config.job_id, attempts, self.excluded, self.config.store)
             for node in decision.exclude_nodes:
                 if node not in self.excluded:
@@ -326,7 +327,8 @@ class Supervisor:
                     if found.attempt in (None, record.attempt) and found.job_id == self.config.job_id:
                         incident = incident or found
                         self.say(f"incident: {found.incident_class.value} / {found.cause.value} on "
-                                 f"{', '.join(found.culprit_nodes) or '?'} ranks {list(found.culprit_ranks)} "
+                                 f"{', '.join(found.culprit_nodes) or 'no single node:'} "
+                                 f"ranks {list(found.culprit_ranks)} "
                                  f"({found.rule}, confidence {found.confidence:.2f})")
                 if incident is not None:
                     break

@@ -1,0 +1,45 @@
+"""Start-up without importing every command: the names and help lines of a command module's subcommands read
+from its source (the `subparsers.add_parser("name", help="...")` calls in its `register`), so `faultlens --help`
+and `faultlens sql` import only what they run (no torch, sklearn, numba, OpenTelemetry or pandas for them)."""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+CLI_DIR = Path(__file__).resolve().parent
+
+
+def _literal(node: ast.AST | None) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return None
+
+
+@lru_cache(maxsize=64)
+def listed_commands(module: str) -> tuple[tuple[str, str | None], ...] | None:
+    """(name, help) of each top-level subcommand `controller.cli.<module>` registers; None when its source does
+    not say them literally (then the module is imported to know)."""
+    try:
+        tree = ast.parse((CLI_DIR / f"{module}.py").read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+    register = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "register"), None)
+    if register is None or not register.args.args:
+        return None
+    receiver = register.args.args[0].arg
+    found: list[tuple[str, str | None]] = []
+    for node in ast.walk(register):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_parser" and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == receiver):
+            continue
+        name = _literal(node.args[0]) if node.args else None
+        if name is None:
+            return None
+        help_kw = next((k.value for k in node.keywords if k.arg == "help"), None)
+        if help_kw is not None and _literal(help_kw) is None:
+            return None
+        found.append((name, _literal(help_kw)))
+    return tuple(found) or None
