@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from attribution.goodput import GoodputError, GoodputReport, goodput
 from controller.supervisor.run import RunResult
@@ -34,7 +35,7 @@ def print_report(result: RunResult, console: Console, *, wall_s: float, store: s
         table.add_column(column, overflow="fold")
     for record in result.attempts:
         incident, decision = record.incident, record.decision
-        table.add_row(
+        cells = (
             str(record.attempt), ",".join(record.nodes), record.fault or "-",
             "-" if incident is None else f"{incident.incident_class.value} / {incident.cause.value}",
             "-" if incident is None else f"{','.join(incident.culprit_nodes) or '?'} rank "
@@ -45,20 +46,22 @@ def print_report(result: RunResult, console: Console, *, wall_s: float, store: s
             str(lost.get(record.attempt, "-")),
             f"{((record.ended or record.started) - record.started).total_seconds():.1f}",
         )
+        table.add_row(*(Text(cell) for cell in cells))  # data, never markup
     console.print(table)
     if report is not None:
         badput = ", ".join(f"{bucket} {seconds:.1f} s" for bucket, seconds
                            in sorted(report.badput.items(), key=lambda kv: -kv[1]) if seconds >= 0.05)
         console.print(f"ETTR (faultlens goodput): {report.productive_s:.1f} s productive of {report.wall_s:.1f} s "
                       f"wall clock = {report.ettr:.0%}; badput: {badput}; steps thrown away: {report.steps_lost}; "
-                      f"nodes excluded: {', '.join(result.excluded) or 'none'}")
+                      f"nodes excluded: {', '.join(result.excluded) or 'none'}", markup=False)
         if report.longest_unproductive is not None:
             console.print(f"longest unproductive stretch: {report.longest_unproductive.seconds:.1f} s; "
-                          f"details: faultlens goodput --store {store} --job {result.job_id}")
+                          f"details: faultlens goodput --store {store} --job {result.job_id}", markup=False)
     automatic = sum(1 for r in result.attempts if r.decision is not None and r.decision.action.value == "failover")
     humans = sum(1 for r in result.attempts if r.decision is not None and r.decision.action.value != "failover")
     console.print(f"{automatic} incidents recovered automatically, {humans} escalated to a human; "
-                  f"whole run {wall_s:.0f} s")
+                  f"whole run {wall_s:.0f} s", markup=False)
     console.print(f'Open the store in DuckDB: faultlens sql --store {store} '
-                  f'"SELECT ts, class, cause, culprit_nodes, culprit_ranks, rule FROM incidents ORDER BY ts"')
+                  f'"SELECT ts, class, cause, culprit_nodes, culprit_ranks, rule FROM incidents ORDER BY ts"',
+                  markup=False)
     return report
