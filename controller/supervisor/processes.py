@@ -101,7 +101,8 @@ class WorkerTracker:
             return
         for child in children:
             if child.pid not in self.workers:
-                self.workers[child.pid] = Worker(child)
+                rank, local_rank = _rank_of(child)
+                self.workers[child.pid] = Worker(child, rank, local_rank)
 
     def add_ranks(self, ranks: Iterable[tuple[int, int | None, int | None]]) -> None:
         """(pid, rank, local_rank) from the ranks table of this node and attempt. A pid not yet known is taken
@@ -149,6 +150,22 @@ class WorkerTracker:
                 return True
             time.sleep(0.05)
         return not self.alive()
+
+
+def _rank_of(process: psutil.Process) -> tuple[int | None, int | None]:
+    """RANK and LOCAL_RANK torchrun gave the worker, from its environment."""
+    try:
+        env = process.environ()
+    except psutil.Error:
+        return None, None
+    return _int(env.get("RANK")), _int(env.get("LOCAL_RANK"))
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
 
 
 def group_exists(pgid: int) -> bool:

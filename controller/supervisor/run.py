@@ -455,10 +455,11 @@ class Supervisor:
                 time.sleep(self.config.poll_s)
             if ending is not None:
                 incident, decision = ending
-                if incident.incident_class is IncidentClass.COLLECTIVE_HANG and self._hang_grace(agents):
+                if self._ends_by_itself(agents, incident):
                     record.completed = True
-                    self.say("every agent exited 0 within the grace after the hang incident: the job had finished "
-                             "and was tearing down; nothing to do")
+                    stop_reason = "end of job: every agent exited 0"
+                    self.say("every agent exited 0 within the grace after the incident: the job had finished and "
+                             "was tearing down; the incident is not acted on")
                     return None, None
                 self.deliverer.submit(decision)
                 self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}")
@@ -477,18 +478,25 @@ class Supervisor:
     def _ended_ok(self, agents: Sequence[TorchrunAgent]) -> bool:
         return all(a.poll() == 0 and not a.stopped_by_us for a in agents)
 
-    def _hang_grace(self, agents: list[TorchrunAgent]) -> bool:
-        """After a hang incident: does the job end by itself (every agent exits 0) within hang_grace_s? A job that
-        finished training but tears down slowly is not hung; a hung one costs this grace once."""
+    def _ends_by_itself(self, agents: list[TorchrunAgent], incident: Incident) -> bool:
+        """Before acting on an incident: does the job end by itself, every agent exiting 0, within hang_grace_s?
+        Asked after a hang incident (a finished job that tears down slowly makes no progress either) and after
+        any incident raised once no worker is left on any node (agents in torchrun's exit barrier, whose own
+        store may already be gone). A real failure ends the wait as soon as an agent exits non-zero; a real hang
+        costs this grace once."""
+        workers_gone = all(a.poll() is not None or (a.tracker is not None and not a.tracker.alive()) for a in agents)
+        if incident.incident_class is not IncidentClass.COLLECTIVE_HANG and not workers_gone:
+            return False
         deadline = time.monotonic() + self.config.hang_grace_s
-        while time.monotonic() < deadline:
+        while True:
             self._poll_agents(agents, track=True)
             if any(a.exit_code not in (None, 0) for a in agents):
                 return False
             if self._ended_ok(agents):
                 return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(self.config.poll_s)
-        return False
 
     def close(self) -> None:
         self.sink.close()
