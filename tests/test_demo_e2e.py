@@ -95,3 +95,26 @@ def test_the_supervisor_records_agent_exits_and_its_own_signals_and_marks_failov
     failovers = {d["decision_id"] for d in decisions if d["action"] == "failover"}
     applied = {d["decision_id"] for d in decisions if d["delivery_status"] == "applied" and d["hook"] == "supervisor"}
     assert failovers and applied == failovers
+
+
+def test_faultlens_deliver_never_redelivers_what_the_supervisor_applied(demo_store, tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    store = tmp_path / "store"
+    shutil.copytree(demo_store.store, store)  # deliver appends rows: the session's store stays as the demo left it
+    drop = tmp_path / "drop"
+    proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "deliver", "--store", str(store),
+                           "--drop-dir", str(drop), "--json"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with Store(store) as reader:
+        actions = {r["decision_id"]: r["action"] for r in reader.query(
+            "SELECT DISTINCT decision_id, action FROM decisions").to_pylist()}
+    delivered = {path.stem for path in drop.glob("*.json")}
+    # the escalation still waits for a human and goes out; the failovers were carried out and never go again
+    assert delivered == {d for d, action in actions.items() if action != "failover"} != set()

@@ -120,33 +120,33 @@ def test_a_lost_agent_is_recorded_and_leaves_no_worker_training(tmp_path, loss):
         assert row["is_secondary"] and row["message"] and row["attempt"] == 0
 
 
-def test_an_applied_failover_is_never_redelivered_and_failure_text_is_printed_literally(tmp_path):
+def test_failure_text_with_rich_markup_is_printed_literally(tmp_path):
+    # gloo and torch text holds "[/path/file.cc:537]", which rich reads as a closing tag (MarkupError)
     text = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] shard index out of range"
-    faults = [{"kind": "sigkill", "rank": 1, "step": 4},
-              {"kind": "exception", "step": 2, "relative": True, "message": text}]
-    proc = _run(tmp_path, "applied", spares=1, env={"FAULTLENS_DEMO_FAULTS": json.dumps(faults)},
+    proc = _run(tmp_path, "markup", env={"FAULTLENS_DEMO_FAULT": json.dumps({"kind": "exception", "step": 2,
+                                                                             "message": text})},
                 train=("--steps", "200", "--step-sleep", "0.03"))
     assert "MarkupError" not in proc.stderr and "Traceback" not in proc.stderr, _out(proc)
-    assert proc.returncode == 1 and "escalated" in proc.stdout, _out(proc)
+    assert proc.returncode == 1 and "markup: escalated" in proc.stdout, _out(proc)
     assert "[/__w/pytorch/pytorch/third_party/gloo" in proc.stdout.replace("\n", "")
+
+
+def test_a_slowdown_never_stops_the_running_job(tmp_path):
+    """One rank of four computes 4x slower from step 12 with no GPU signal: whatever the engine makes of it (straggler or
+    imbalance, escalate or notify, or a failover at the next checkpoint boundary), the job is never stopped for
+    it before it finishes or reaches a newer checkpoint; here it finishes: exit 0, every step trained."""
+    fault = {"kind": "straggler", "rank": 3, "step": 12, "extra_s": 0.09}
+    proc = _run(tmp_path, "slow", nproc=2, spares=1, env={"FAULTLENS_DEMO_FAULT": json.dumps(fault)},
+                train=("--steps", "90", "--step-sleep", "0.03"))
+    assert proc.returncode == 0, _out(proc)
     store = tmp_path / "store"
     with Store(store) as reader:
-        rows = reader.query("SELECT decision_id, attempt, action, hook, delivery_status FROM decisions "
-                            "ORDER BY ts").to_pylist()
-    failover = {r["decision_id"] for r in rows if r["action"] == "failover"}
-    escalation = {r["decision_id"] for r in rows if r["action"] == "escalate"}
-    assert len(failover) == 1 and len(escalation) == 1, rows
-    assert [(r["hook"], r["delivery_status"]) for r in rows if r["decision_id"] in failover][-1] == \
-        ("supervisor", "applied")
-    drop = tmp_path / "drop"
-    deliver = subprocess.run([sys.executable, "-m", "controller.cli.main", "deliver", "--store", str(store),
-                              "--drop-dir", str(drop), "--json"], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    assert deliver.returncode == 0, deliver.stdout + deliver.stderr
-    delivered = {path.stem for path in drop.glob("*.json")}
-    assert delivered == escalation  # the pending escalation goes to the human; the applied failover never again
-    listing = subprocess.run([sys.executable, "-m", "controller.cli.main", "decisions", "--store", str(store),
-                              "--json"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    status = {row["decision_id"]: row["status"] for row in json.loads(listing.stdout)}
-    assert status[next(iter(failover))] == "applied"
+        incidents = reader.query("SELECT \"class\", cause FROM incidents WHERE job_id = 'slow'").to_pylist()
+        decisions = reader.query("SELECT action FROM decisions WHERE job_id = 'slow'").to_pylist()
+        last = reader.query("SELECT rank, max(step) AS last FROM steps WHERE job_id = 'slow' AND phase = 'train' "
+                            "GROUP BY rank ORDER BY rank").to_pylist()
+    assert last == [{"rank": r, "last": 89} for r in range(4)]
+    assert decisions, incidents  # the slowdown was found and decided (the test is about what follows)
+    if any(d["action"] != "failover" for d in decisions):
+        assert "the job keeps running" in proc.stdout.replace("\n", " ")
+    assert all(i["class"] in ("straggler",) or i["cause"] == "workload_imbalance" for i in incidents), incidents
