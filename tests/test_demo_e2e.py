@@ -86,7 +86,7 @@ def test_the_supervisor_records_agent_exits_and_its_own_signals_and_marks_failov
     exits = {(r["attempt"], r["node"]): r for r in rows if r["kind"] == "agent_exit"}
     assert set(exits) == starts  # every agent's exit is recorded
     signals = [r for r in rows if r["kind"] == "signal_sent"]
-    assert {r["attempt"] for r in signals} == {a for a, _ in starts}  # every attempt was stopped by the supervisor
+    assert signals and {r["attempt"] for r in signals} <= {a for a, _ in starts}
     for (attempt, node), row in exits.items():
         assert (row["exit_code"] is None) == (row["signal"] is not None), row
         if row["is_secondary"]:  # stopped by the supervisor: the signal was recorded before it was sent

@@ -406,6 +406,10 @@ class Supervisor:
                     if self._ended_ok(agents):
                         self.say("every agent had already exited 0: the job ended; the incident is not acted on")
                         continue
+                    if boundary is not None and is_slowdown(found):
+                        self.say("a failover at the next checkpoint boundary is already pending; the job keeps "
+                                 "running until then")
+                        continue
                     decision = self.policy.decide(found, job_nodes=nodes)
                     if keeps_running(found, decision):
                         self.deliverer.submit(decision)
@@ -413,7 +417,7 @@ class Supervisor:
                         self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}; "
                                  "delivered, the job keeps running")
                         continue
-                    if is_slowdown(found) and decision.action is Action.FAILOVER and boundary is None:
+                    if is_slowdown(found) and decision.action is Action.FAILOVER:
                         exclude = [*self.excluded, *decision.exclude_nodes]
                         newest = self._newest_restore(exclude)
                         boundary = _Boundary(found, decision, None if newest is None else newest.step, exclude,
