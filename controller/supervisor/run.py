@@ -563,6 +563,7 @@ def summary_rows(result: RunResult) -> list[dict[str, object]]:
                 f"{','.join(incident.culprit_nodes)} r{','.join(map(str, incident.culprit_ranks))}"),
             "decision": "-" if decision is None else decision.action.value,
             "excluded": "-" if decision is None else ",".join(decision.exclude_nodes) or "-",
+            "kept_running": ",".join(f"{d.action.value}:{d.incident_class.value}" for d in record.notices) or "-",
             "seconds": round(((record.ended or record.started) - record.started).total_seconds(), 1),
         })
     return rows
