@@ -15,7 +15,8 @@ What an action means here (DESIGN.md "What an action means"):
   one there was at decision time, which survives the exclusion; then the attempt stops and restarts from it;
 - a failover the supervisor carried out is marked applied (never delivered again by `faultlens deliver`);
 - a job whose agents all exited 0 has ended: an incident raised while it tore down (a hang of a job that had
-  finished) is not acted on; after a hang incident the job gets a short grace to end by itself first.
+  finished) is not acted on; after a hang incident that names no stuck rank the job gets a short grace to end by
+  itself first.
 
 What the supervisor sees and does is telemetry (process_events, source supervisor): each node's launch (start),
 each torchrun agent's exit (agent_exit), and every signal it sends, written before it sends it (signal_sent).
@@ -96,7 +97,7 @@ class RunConfig:
     dump_wait_s: float = 8.0
     node_prefix: str = "node-"
     stop_grace_s: float = 5.0  # SIGTERM -> SIGKILL
-    hang_grace_s: float = 10.0  # after a hang incident: time for a job that is only tearing down to end by itself
+    hang_grace_s: float = 10.0  # after a hang naming no stuck rank: time for a job only tearing down to end itself
     checkpoint_wait_s: float = 120.0  # a slowdown's failover waits at most this for the next checkpoint boundary
     finish_wait_s: float = 6.0  # after every agent exited with a failure: time for the engine to attribute it
 
@@ -484,12 +485,13 @@ class Supervisor:
 
     def _ends_by_itself(self, agents: list[TorchrunAgent], incident: Incident) -> bool:
         """Before acting on an incident: does the job end by itself, every agent exiting 0, within hang_grace_s?
-        Asked after a hang incident (a finished job that tears down slowly makes no progress either) and after
-        any incident raised once no worker is left on any node (agents in torchrun's exit barrier, whose own
-        store may already be gone). A real failure ends the wait as soon as an agent exits non-zero; a real hang
-        costs this grace once."""
+        Asked after a hang incident that names no stuck rank (the dumps show nobody stuck, or none came: what a
+        finished job tearing down slowly looks like too) and after any incident raised once no worker is left on
+        any node (agents in torchrun's exit barrier, whose own store may already be gone). A real failure ends the
+        wait as soon as an agent exits non-zero; a hang with a culprit is acted on at once."""
         workers_gone = all(a.poll() is not None or (a.tracker is not None and not a.tracker.alive()) for a in agents)
-        if incident.incident_class is not IncidentClass.COLLECTIVE_HANG and not workers_gone:
+        teardown_like = incident.incident_class is IncidentClass.COLLECTIVE_HANG and not incident.culprit_ranks
+        if not (teardown_like or workers_gone):
             return False
         deadline = time.monotonic() + self.config.hang_grace_s
         while True:
