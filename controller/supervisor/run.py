@@ -485,12 +485,17 @@ class Supervisor:
 
     def _ends_by_itself(self, agents: list[TorchrunAgent], incident: Incident) -> bool:
         """Before acting on an incident: does the job end by itself, every agent exiting 0, within hang_grace_s?
-        Asked after a hang incident that names no stuck rank (the dumps show nobody stuck, or none came: what a
-        finished job tearing down slowly looks like too) and after any incident raised once no worker is left on
-        any node (agents in torchrun's exit barrier, whose own store may already be gone). A real failure ends the
-        wait as soon as an agent exits non-zero; a hang with a culprit is acted on at once."""
+        Asked after a hang incident that names no live stuck rank (the dumps show nobody stuck, or none came, or
+        only ranks whose worker has exited: what a finished job tearing down slowly looks like too) and after any
+        incident raised once no worker is left on any node (agents in torchrun's exit barrier, whose own store may
+        already be gone). A real failure ends the wait as soon as an agent exits non-zero; a hang with a live
+        culprit is acted on at once."""
         workers_gone = all(a.poll() is not None or (a.tracker is not None and not a.tracker.alive()) for a in agents)
-        teardown_like = incident.incident_class is IncidentClass.COLLECTIVE_HANG and not incident.culprit_ranks
+        alive = {w.rank for a in agents if a.tracker is not None for w in a.tracker.alive() if w.rank is not None}
+        # a hang naming no stuck rank, or naming only ranks whose process has already exited (a worker that
+        # finished; one that failed makes its agent report it within the grace)
+        teardown_like = incident.incident_class is IncidentClass.COLLECTIVE_HANG and not (set(incident.culprit_ranks)
+                                                                                         & alive)
         if not (teardown_like or workers_gone):
             return False
         deadline = time.monotonic() + self.config.hang_grace_s
