@@ -76,7 +76,7 @@ def _out(proc: subprocess.CompletedProcess) -> str:
 
 def test_a_finished_job_that_tears_down_slower_than_the_hang_floor_completes(tmp_path):
     # every rank sleeps 8 s after its last step: longer than the demo thresholds' 4 s progress floor
-    proc = _run(tmp_path, "slow-teardown",
+    proc = _run(tmp_path, "slow-teardown", "--hang-grace", "60",  # exits take long on a loaded machine
                 train=("--steps", "10", "--step-sleep", "0.01", "--teardown-sleep", "8"))
     assert proc.returncode == 0, _out(proc)
     assert "training completed" in proc.stdout

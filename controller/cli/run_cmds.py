@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--thresholds", help="thresholds YAML (default rules/thresholds.yaml)")
     run.add_argument("--hooks", help="hooks YAML: where decisions are delivered besides the supervisor")
     run.add_argument("--max-attempts", type=int, default=8)
-    run.add_argument("--hang-grace", type=float, default=10.0, metavar="S",
+    run.add_argument("--hang-grace", type=float, default=15.0, metavar="S",
                      help="after a hang incident naming no stuck rank, seconds the job gets to end by itself (a "
                           "finished job tearing down slowly is not hung) before it is stopped (default %(default)s)")
     run.add_argument("--checkpoint-wait", type=float, default=120.0, metavar="S",

@@ -97,7 +97,7 @@ class RunConfig:
     dump_wait_s: float = 8.0
     node_prefix: str = "node-"
     stop_grace_s: float = 5.0  # SIGTERM -> SIGKILL
-    hang_grace_s: float = 10.0  # after a hang naming no stuck rank: time for a job only tearing down to end itself
+    hang_grace_s: float = 15.0  # after a hang naming no stuck rank: time for a job only tearing down to end itself
     checkpoint_wait_s: float = 120.0  # a slowdown's failover waits at most this for the next checkpoint boundary
     finish_wait_s: float = 6.0  # after every agent exited with a failure: time for the engine to attribute it
 
