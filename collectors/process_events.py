@@ -64,6 +64,19 @@ class Source:
     STDERR = "stderr"
 
 
+class SupervisorKind:
+    """process_events.kind of rows only a supervisor writes (source "supervisor"), besides start and exit:
+
+    - agent_exit: a node's launcher (torchrun agent) exited; rank null; exit_code null and signal set (SIGKILL)
+      when it died by a signal, else exit_code set and signal null;
+    - signal_sent: written just BEFORE the supervisor itself sends `signal` to process `pid` (rank when known),
+      with `message` saying why; a death by that signal afterwards is the supervisor's doing, not a failure.
+    """
+
+    AGENT_EXIT = "agent_exit"
+    SIGNAL_SENT = "signal_sent"
+
+
 class ProcessEventsError(ValueError):
     """An input that cannot be read as what it claims to be: the message names the file and the problem."""
 
@@ -137,6 +150,22 @@ def exit_row(context: EventContext, ts: dt.datetime | int | None, *, source: str
 def start_row(context: EventContext, ts: dt.datetime | int | None, *, source: str = Source.SUPERVISOR,
               **columns: Any) -> dict[str, Any]:
     return _base_row(context, ts, kind=EventKind.START.value, source=source, is_secondary=False, **columns)
+
+
+def agent_exit_row(context: EventContext, ts: dt.datetime | int | None, *, returncode: int, pid: int | None = None,
+                   message: str | None = None, is_secondary: bool = False) -> dict[str, Any]:
+    """One agent_exit row from a Popen returncode (negative: killed by that signal)."""
+    signal = signal_name(returncode)
+    return _base_row(context, ts, kind=SupervisorKind.AGENT_EXIT, source=Source.SUPERVISOR, rank=None,
+                     local_rank=None, pid=pid, exit_code=None if signal else int(returncode), signal=signal,
+                     message=message, is_secondary=is_secondary)
+
+
+def signal_sent_row(context: EventContext, ts: dt.datetime | int | None, *, pid: int, signal: str,
+                    message: str, rank: int | None = None, local_rank: int | None = None) -> dict[str, Any]:
+    """One signal_sent row: the supervisor is about to send `signal` (a name, e.g. SIGTERM) to `pid`."""
+    return _base_row(context, ts, kind=SupervisorKind.SIGNAL_SENT, source=Source.SUPERVISOR, pid=pid, rank=rank,
+                     local_rank=local_rank, signal=signal, message=message, is_secondary=True)
 
 
 # ---------------------------------------------------------------------------------------------- error files

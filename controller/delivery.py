@@ -8,6 +8,8 @@
    (decision_id, hook) wins. A failing hook never loses a decision: it stays pending/failed in the table and
    `redeliver()` (`faultlens deliver`) tries again. Receivers see duplicates (at-least-once) and recognise them
    by decision_id.
+4. A decision the issuing supervisor carried out itself (`mark_applied`) gets a row with status applied (hook
+   "supervisor"): it is never delivered again, by `redeliver()` or anyone.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from controller.hooks.base import Hook, PermanentHookError, RetryPolicy
 
 log = logging.getLogger(__name__)
 
+#: the hook name of the row that marks a decision carried out by the supervisor that issued it
+APPLIED_BY = "supervisor"
+
 
 @dataclass(frozen=True)
 class DeliveryResult:
@@ -50,8 +55,15 @@ class DecisionRecord:
     persisted_ts: dt.datetime | None
 
     @property
+    def applied(self) -> bool:
+        return DeliveryStatus.APPLIED in self.hooks.values()
+
+    @property
     def status(self) -> DeliveryStatus:
-        """delivered when every hook has it; failed when any failed; pending otherwise (or with no hooks)."""
+        """applied when the supervisor carried it out; delivered when every hook has it; failed when any failed;
+        pending otherwise (or with no hooks)."""
+        if self.applied:
+            return DeliveryStatus.APPLIED
         if not self.hooks:
             return DeliveryStatus.PENDING
         values = set(self.hooks.values())
@@ -165,6 +177,16 @@ class DecisionLog:
                 self.append(rows)
             return decision, [name for name in hook_names if known.get(name) is not DeliveryStatus.DELIVERED]
 
+    def mark_applied(self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None) -> None:
+        """The decision was carried out by `by` (the supervisor that issued it): persisted if it was not, then an
+        applied row; it is never delivered again."""
+        with self._lock:
+            self.persist(decision, [])
+            row = decision.to_row(status=DeliveryStatus.APPLIED, hook=by, ts=self._ts())
+            if note is not None:
+                row["reason"] = f"{decision.reason}; {note}"
+            self.append([row])
+
     def record(self, decision: Decision, result: DeliveryResult) -> None:
         row = decision.to_row(status=result.status, hook=result.hook, ts=self._ts())
         row["delivery_error"] = result.error
@@ -223,12 +245,17 @@ class Deliverer:
         persisted, todo = self.log.persist(decision, [hook.name for hook in self.hooks])
         return [self._deliver(hook, persisted) for hook in self.hooks if hook.name in todo]
 
+    def mark_applied(self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None) -> None:
+        self.log.mark_applied(decision, by=by, note=note)
+
     def redeliver(self) -> list[DeliveryResult]:
         """Retry every (decision, hook) whose latest status is pending or failed; a decision that never reached
         any hook (persisted without hooks, or the process died in between) goes to every configured hook."""
         results = []
         by_name = {hook.name: hook for hook in self.hooks}
         for record in self.log.records().values():
+            if record.applied:
+                continue  # carried out by the supervisor that issued it: never delivered again
             if record.hooks:
                 targets = [name for name, status in record.hooks.items()
                            if status is not DeliveryStatus.DELIVERED and name in by_name]

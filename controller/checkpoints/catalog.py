@@ -5,6 +5,11 @@ choice of DESIGN.md:
     (a local or peer tier on an excluded node is gone), and older than the incident when the incident suggests
     corruption.
 
+A local-tier path belongs to its node, whichever tier lists it: a checkpoint whose directory lies under the root
+of an excluded node's local (or peer) tier is never read, even when a shared filesystem would let another node
+read it (`owners`). Nodes excluded once stay excluded for the catalog's life (`retire`), so a later restore never
+reads what an earlier failover took out of the job.
+
 Ranks may come from different tiers (a node's own ranks from its local tier, the excluded node's ranks from their
 peer replica); the fastest tier is preferred per rank (local, then peer, then durable). Checksums are verified
 lazily, only for the files a restore would read, newest step first, and cached.
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import posixpath
 import re
 import threading
@@ -27,7 +33,7 @@ import fsspec
 from attribution.decision import Restore
 from attribution.policy import RestoreRequest
 from controller.checkpoints.dcp import METADATA_NAME, inspect_dcp
-from controller.checkpoints.fsutil import uri_of
+from controller.checkpoints.fsutil import is_local, uri_of
 from controller.checkpoints.manifest import MANIFEST_NAME, ManifestError, ShardFile, parse_manifest
 from controller.checkpoints.tiers import TIER_ORDER, Tier, TierKind
 
@@ -135,6 +141,49 @@ class CheckpointCatalog:
         self.clock = clock
         self._verified: dict[tuple[str, int, str], bool] = {}
         self._lock = threading.Lock()
+        self.retired: set[str] = set()  # nodes out of the job for good: their local tiers are gone
+        self._roots: list[tuple[str, str, str]] | None = None  # (filesystem key, root, node) of node-owned tiers
+
+    # --- ownership ---------------------------------------------------------------------------------------------
+
+    def retire(self, nodes: Iterable[str]) -> None:
+        """Nodes excluded from the job: no later restore reads their local or peer tiers."""
+        self.retired.update(nodes)
+
+    @staticmethod
+    def _place(tier: Tier, path: str) -> tuple[str, str]:
+        fs, _ = tier.filesystem()
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        if is_local(fs):
+            return "file", os.path.realpath(path)
+        return protocol, path.rstrip("/")
+
+    def _node_roots(self) -> list[tuple[str, str, str]]:
+        if self._roots is None:
+            roots = []
+            for tier in self.tiers:
+                if tier.node is None:
+                    continue
+                _, root = tier.filesystem()
+                key, place = self._place(tier, root)
+                roots.append((key, place, tier.node))
+            self._roots = roots
+        return self._roots
+
+    def owners(self, entry: CheckpointEntry) -> frozenset[str]:
+        """The nodes whose storage holds `entry`: its tier's node, and any node whose local or peer tier root
+        contains the entry's directory (one path reached through two tiers on a shared filesystem)."""
+        owners = {entry.tier.node} if entry.tier.node else set()
+        key, place = self._place(entry.tier, entry.path)
+        for root_key, root, node in self._node_roots():
+            if root_key == key and (place == root or place.startswith(root.rstrip("/") + "/")):
+                owners.add(node)
+        return frozenset(owners)
+
+    def survives(self, entry: CheckpointEntry, exclude_nodes: Iterable[str] = ()) -> bool:
+        """Readable after excluding `exclude_nodes` (and every retired node)."""
+        gone = set(exclude_nodes) | self.retired
+        return not (self.owners(entry) & gone)
 
     # --- scanning ----------------------------------------------------------------------------------------------
 
@@ -304,7 +353,7 @@ class CheckpointCatalog:
         the per-rank sources of a decision already made)."""
         exclude = set(exclude_nodes)
         entries = list(entries) if entries is not None else self.scan()
-        usable = [e for e in entries if e.complete and e.tier.survives(exclude)
+        usable = [e for e in entries if e.complete and self.survives(e, exclude)
                   and e.checksum_status is not ChecksumStatus.MISMATCH]
         if before_step is not None:
             usable = [e for e in usable if e.step < before_step]

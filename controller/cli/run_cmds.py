@@ -35,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--thresholds", help="thresholds YAML (default rules/thresholds.yaml)")
     run.add_argument("--hooks", help="hooks YAML: where decisions are delivered besides the supervisor")
     run.add_argument("--max-attempts", type=int, default=8)
+    run.add_argument("--hang-grace", type=float, default=15.0, metavar="S",
+                     help="after a hang incident naming no stuck rank, seconds the job gets to end by itself (a "
+                          "finished job tearing down slowly is not hung) before it is stopped (default %(default)s)")
+    run.add_argument("--checkpoint-wait", type=float, default=120.0, metavar="S",
+                     help="a straggler's failover waits at most this long for the next checkpoint (default "
+                          "%(default)s)")
     run.add_argument("train_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                      help="the training script and its arguments: -- train.py ARGS (or -- -m module ARGS)")
     run.set_defaults(func=cmd_run)
@@ -85,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                        spares=args.spares, store=args.store, workdir=Path(args.workdir),
                        job_id=args.job or f"job-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}",
                        max_attempts=args.max_attempts, policy_path=Path(args.policy) if args.policy else None,
-                       thresholds_path=Path(args.thresholds) if args.thresholds else None)
+                       thresholds_path=Path(args.thresholds) if args.thresholds else None,
+                       hang_grace_s=max(0.0, args.hang_grace), checkpoint_wait_s=max(0.0, args.checkpoint_wait))
     _, say = _printer()
     say(_gpu_note())
     supervisor = Supervisor(config, hooks=_hooks(args.hooks), on_event=say)
@@ -143,7 +150,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = RunConfig(script=("-m", "controller.demo.train", "--steps", str(args.steps)), nnodes=nnodes,
                        nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,
                        job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
-                       thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0)
+                       thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0, hang_grace_s=3.0,
+                       checkpoint_wait_s=60.0)
     out, say = _printer()
     say(f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, CPU), 4 spare nodes, "
         f"store {args.store}")

@@ -3,7 +3,8 @@
 The supervisor passes one fault to an attempt as JSON in FAULTLENS_DEMO_FAULT; the script applies it only to the
 ranks it names, at the step it names. Without a supervisor (plain `torchrun --max-restarts N`, which restarts the
 same job on the same nodes), FAULTLENS_DEMO_FAULTS holds a JSON list indexed by torchrun's restart count
-(TORCHELASTIC_RESTART_COUNT); each item is one fault or a list of faults for that restart. A fault with
+(TORCHELASTIC_RESTART_COUNT), or by the supervisor's attempt (FAULTLENS_ATTEMPT) when a supervisor set one; each
+item is one fault or a list of faults for that restart. A fault with
 `"relative": true` counts its step from the step the attempt resumes at. Kinds:
 
 - straggler:  `rank` sleeps `extra_s` more in its forward section from `step` on (slowed compute), and writes
@@ -14,7 +15,11 @@ same job on the same nodes), FAULTLENS_DEMO_FAULTS holds a JSON list indexed by 
               writes `<FAULTLENS_DEMO_DIR>/gpu_lost-<node>` so the supervisor's recorded NVML backend reports
               Xid 79 / GPU lost for that GPU at that moment; the other ranks die of the broken collectives;
 - software:   every rank raises the same exception at `step` (a bug in the code: restarting cannot fix it); it
-              first writes `<FAULTLENS_DEMO_DIR>/software_bug-a<attempt>-r<rank>` holding the time (epoch seconds).
+              first writes `<FAULTLENS_DEMO_DIR>/software_bug-a<attempt>-r<rank>` holding the time (epoch seconds);
+- exception:  `rank` (every rank when none is named) raises ValueError(`message`) at `step`;
+- agent_loss: at `step`, local rank 0 on `node` (or `rank`'s node) SIGKILLs its node's torchrun agent and nothing
+              else: the workers, in their own sessions, train on;
+- node_loss:  at `step`, the node's agent and every worker of it are SIGKILLed together (the node is gone).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 ENV_FAULT = "FAULTLENS_DEMO_FAULT"
 ENV_FAULTS = "FAULTLENS_DEMO_FAULTS"
 ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+ENV_ATTEMPT = "FAULTLENS_ATTEMPT"  # set by the supervisor (faultlens run): its attempt number
 
 
 class FaultKind(StrEnum):
@@ -38,6 +44,9 @@ class FaultKind(StrEnum):
     SIGKILL = "sigkill"
     GPU_LOST = "gpu_lost"
     SOFTWARE = "software"
+    EXCEPTION = "exception"
+    AGENT_LOSS = "agent_loss"
+    NODE_LOSS = "node_loss"
     UNKNOWN = "unknown"
 
 
@@ -49,6 +58,7 @@ class Fault:
     node: str | None = None
     extra_s: float = 0.0
     relative: bool = False  # `step` counts from the step the attempt resumes at
+    message: str = ""  # the exception text (exception)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -69,7 +79,8 @@ class Fault:
         except ValueError:
             kind = FaultKind.UNKNOWN
         return cls(kind=kind, step=int(doc.get("step", 0)), rank=doc.get("rank"), node=doc.get("node"),
-                   extra_s=float(doc.get("extra_s", 0.0)), relative=bool(doc.get("relative", False)))
+                   extra_s=float(doc.get("extra_s", 0.0)), relative=bool(doc.get("relative", False)),
+                   message=str(doc.get("message", "")))
 
     def resolved(self, start_step: int) -> Fault:
         """The fault with an absolute step, for an attempt that starts at `start_step`."""
@@ -84,6 +95,9 @@ class Fault:
             FaultKind.SIGKILL: f"crash: {where} is SIGKILLed at step {self.step}",
             FaultKind.GPU_LOST: f"Xid 79: a GPU of {where} falls off the bus at step {self.step}",
             FaultKind.SOFTWARE: f"software bug: the same exception on every rank at step {self.step}",
+            FaultKind.EXCEPTION: f"exception on {where} at step {self.step}",
+            FaultKind.AGENT_LOSS: f"agent loss: the torchrun agent of {where} is SIGKILLed at step {self.step}",
+            FaultKind.NODE_LOSS: f"node loss: {where}'s agent and workers are SIGKILLed at step {self.step}",
         }.get(self.kind, "no fault")
 
 
@@ -102,7 +116,7 @@ def faults_from_env(environ: Mapping[str, str] | None = None) -> tuple[Fault, ..
     if not text:
         return tuple(faults)
     try:
-        restart = int(env.get(ENV_RESTART_COUNT, "0"))
+        restart = int(env.get(ENV_ATTEMPT) or env.get(ENV_RESTART_COUNT, "0"))
         schedule = json.loads(text)
         if not isinstance(schedule, list):
             raise ValueError("not a list")

@@ -47,6 +47,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--durable-every", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=60.0, help="collective timeout (s)")
+    parser.add_argument("--teardown-sleep", type=float, default=0.0,
+                        help="seconds every rank spends after its last step before it exits (a slow teardown)")
     return parser.parse_args()
 
 
@@ -123,12 +125,25 @@ class DemoJob:
             time.sleep(1.0)
             raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors might be asynchronously "
                                "reported at some other API call, so the stacktrace below might be incorrect.")
+        if fault.kind is FaultKind.EXCEPTION and fault.rank in (None, self.rank):
+            raise ValueError(fault.message or "the injected exception")
+        if fault.kind in (FaultKind.AGENT_LOSS, FaultKind.NODE_LOSS) and self._on_fault_node(fault):
+            if self.local_rank == 0:
+                os.kill(os.getppid(), signal.SIGKILL)  # this node's torchrun agent: the worker's parent
+            if fault.kind is FaultKind.NODE_LOSS:
+                os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind is FaultKind.SOFTWARE:
             attempt = os.environ.get("FAULTLENS_ATTEMPT") or os.environ.get(ENV_RESTART_COUNT, "0")
             marker = Path(os.environ.get("FAULTLENS_DEMO_DIR", ".")) / f"software_bug-a{attempt}-r{self.rank}"
             marker.write_text(repr(time.time()))
             batch = {"inputs": None}
             _ = batch["labels"]  # the bug: the data pipeline no longer yields labels
+
+    def _on_fault_node(self, fault: Fault) -> bool:
+        if fault.node is not None:
+            return self.node == fault.node
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return fault.rank is not None and fault.rank // local_world == self.rank // local_world
 
     def run(self) -> None:
         for step in range(self.start_step, self.args.steps):
@@ -188,6 +203,8 @@ def main() -> None:
     try:
         job.run()
         dist.barrier()
+        if args.teardown_sleep > 0:
+            time.sleep(args.teardown_sleep)  # training is over; a slow teardown (a long flush, a slow exit)
     finally:
         job.close()
     dist.destroy_process_group()

@@ -7,10 +7,25 @@ failover decision it stops the attempt, excludes the culprit node(s) (taking spa
 and starts the next attempt from it; on escalate it stops and prints the decision for a human. A collective
 hang is confirmed by requesting flight-recorder dumps from every rank (the trigger file the ranks poll) and
 analysing them.
+
+What an action means here (DESIGN.md "What an action means"):
+- a notify, and any decision on a slowdown (straggler, workload imbalance) that is not a failover, is delivered
+  and the job keeps running: a running job is never stopped for a slowdown;
+- a failover of a slowdown waits (bounded) for the next checkpoint boundary: a complete checkpoint newer than the
+  one there was at decision time, which survives the exclusion; then the attempt stops and restarts from it;
+- a failover the supervisor carried out is marked applied (never delivered again by `faultlens deliver`);
+- a job whose agents all exited 0 has ended: an incident raised while it tore down (a hang of a job that had
+  finished) is not acted on; after a hang incident that names no stuck rank the job gets a short grace to end by
+  itself first.
+
+What the supervisor sees and does is telemetry (process_events, source supervisor): each node's launch (start),
+each torchrun agent's exit (agent_exit), and every signal it sends, written before it sends it (signal_sent).
+An agent that dies (node or agent loss) leaves its workers in their own sessions: the supervisor kills them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -25,10 +40,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from attribution.decision import Action, Decision
+from attribution.decision import Action, Decision, Restore
 from attribution.engine import Engine, Follower
 from attribution.hang import attach_stacks
-from attribution.incident import Incident
+from attribution.incident import Cause, Incident, IncidentClass
 from attribution.policy import DecisionPolicy, StoreHistory, load_policy
 from attribution.progress import HangSuspect
 from attribution.rules import load_thresholds
@@ -45,8 +60,16 @@ from controller.checkpoints.tiers import Tier, TierKind
 from controller.delivery import Deliverer
 from controller.hooks.base import Hook
 from controller.restore import plan_restore, write_plan
-from controller.supervisor.agents import LaunchSpec, TorchrunAgent, free_port, start_agent, stop_agents
+from controller.supervisor.agents import (
+    LaunchSpec,
+    TorchrunAgent,
+    free_port,
+    kill_workers,
+    start_agent,
+    stop_agents,
+)
 from controller.supervisor.gpus import FaultClock, recorded_backend
+from controller.supervisor.processes import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +98,10 @@ class RunConfig:
     poll_s: float = 0.25
     dump_wait_s: float = 8.0
     node_prefix: str = "node-"
+    stop_grace_s: float = 5.0  # SIGTERM -> SIGKILL
+    hang_grace_s: float = 15.0  # after a hang naming no stuck rank: time for a job only tearing down to end itself
+    checkpoint_wait_s: float = 120.0  # a slowdown's failover waits at most this for the next checkpoint boundary
+    finish_wait_s: float = 6.0  # after every agent exited with a failure: time for the engine to attribute it
 
 
 @dataclass(frozen=True)
@@ -101,6 +128,8 @@ class AttemptRecord:
     decision: Decision | None = None
     fault: str = ""
     exit_codes: dict[str, int | None] = field(default_factory=dict)
+    notices: list[Decision] = field(default_factory=list)  # decisions delivered while the job kept running
+    completed: bool = False
 
 
 @dataclass
@@ -137,6 +166,7 @@ class Supervisor:
         self.policy = DecisionPolicy(policy_config, history=StoreHistory(Store(config.store)),
                                      restore_chooser=self.catalog)
         self.deliverer = Deliverer(config.store, list(hooks))
+        self.recorder = EventRecorder(self.sink, job_id=config.job_id)
         self.gpu_clocks: dict[str, FaultClock] = {}
         self.gpu_markers: dict[str, Path | None] = {}
 
@@ -215,7 +245,7 @@ class Supervisor:
         for node_rank, node in enumerate(nodes):
             ckpt = self.node_dir(node) / "ckpt"
             ckpt.mkdir(parents=True, exist_ok=True)
-            agent = start_agent(spec, node, node_rank, {"FAULTLENS_CKPT_LOCAL": str(ckpt)})
+            agent = start_agent(spec, node, node_rank, {"FAULTLENS_CKPT_LOCAL": str(ckpt)}, attempt=attempt)
             agents.append(agent)
             identity = NodeIdentity(node=node, job_id=self.config.job_id, attempt=attempt)
             clock = FaultClock()
@@ -254,9 +284,11 @@ class Supervisor:
             if node in self.pool and node not in self.excluded:
                 self.excluded.append(node)
                 self.say(f"{node} is a lemon (implicated across jobs): excluded before start")
+        self.catalog.retire(self.excluded)
         attempts: list[AttemptRecord] = []
         plan_path: Path | None = None
         restored: tuple[int | None, str | None] = (None, None)
+        world = self.config.nnodes * self.config.nproc_per_node
         for attempt in range(self.config.max_attempts):
             nodes = self._choose_nodes()
             if nodes is None:
@@ -270,23 +302,18 @@ class Supervisor:
             self.say(f"attempt {attempt}: starting on {', '.join(nodes)} {where}"
                      + (f"; injected: {fault.description}" if fault.description else ""))
             agents, collectors, attempt_dir = self._start_attempt(attempt, nodes, plan_path, fault)
-            incident = self._watch(agents, collectors, attempt_dir, record)
-            record.incident = incident
+            incident, decision = self._watch(agents, collectors, attempt_dir, record, nodes)
             record.ended = dt.datetime.now(dt.UTC)
             record.exit_codes = {a.node: a.exit_code for a in agents}
             record.last_step = self._progress()
-            if incident is None:
-                if all(a.exit_code == 0 for a in agents):
-                    self.say(f"attempt {attempt}: training completed")
-                    return RunResult(Outcome.COMPLETED, self.config.job_id, attempts, self.excluded,
-                                     self.config.store)
+            if record.completed:
+                self.say(f"attempt {attempt}: training completed")
+                return RunResult(Outcome.COMPLETED, self.config.job_id, attempts, self.excluded, self.config.store)
+            record.incident, record.decision = incident, decision
+            if incident is None or decision is None:
                 self.say(f"attempt {attempt}: ended without an attributed incident (exit codes "
                          f"{record.exit_codes}); giving up")
                 return RunResult(Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store)
-            decision = self.policy.decide(incident, job_nodes=nodes)
-            self.deliverer.submit(decision)
-            record.decision = decision
-            self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}")
             if decision.action is not Action.FAILOVER:
                 self.say(f"escalated to a human; the job is stopped (decision {decision.decision_id}; its JSON: "
                          f"faultlens decisions --store {self.config.store} --job {self.config.job_id} --json)")
@@ -294,17 +321,67 @@ class Supervisor:
             for node in decision.exclude_nodes:
                 if node not in self.excluded:
                     self.excluded.append(node)
-            plan = plan_restore(decision, self.catalog, world_size=self.config.nnodes * self.config.nproc_per_node)
+            self.catalog.retire(self.excluded)  # their local tiers are gone for every later restore too
+            plan = plan_restore(decision, self.catalog, world_size=world)
             plan_path = self.workdir / f"restore-plan-{attempt + 1}.json"
             if plan is not None:
                 write_plan(plan, plan_path)
                 restored = (plan.step, plan.tier)
             else:
                 plan_path, restored = None, (None, None)
+            self.deliverer.mark_applied(decision, note=(
+                f"applied by the supervisor: excluded {', '.join(decision.exclude_nodes)}; restart "
+                + (f"from step {restored[0]} ({restored[1]})" if restored[0] is not None else "from scratch")))
         return RunResult(Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store)
 
+    # ------------------------------------------------------------------ watching one attempt
+
+    def _poll_agents(self, agents: list[TorchrunAgent], *, track: bool) -> None:
+        """Record agent exits; an agent that is gone leaves no worker of its own running unwatched."""
+        ranks = self._rank_pids() if track else {}
+        for agent in agents:
+            if agent.poll() is None:
+                if track and agent.tracker is not None:
+                    agent.tracker.refresh()
+                    agent.tracker.add_ranks(ranks.get(agent.node, ()))
+                continue
+            if not agent.exit_recorded:
+                agent.exit_recorded = True
+                code = agent.exit_code if agent.exit_code is not None else 0
+                how = (f"killed by {signal_text(code)}" if code < 0 else f"exited with code {code}")
+                self.recorder.agent_exit(node=agent.node, attempt=agent.attempt, returncode=code, pid=agent.pid,
+                                         message=f"torchrun agent of {agent.node} {how}"
+                                                 + (" (stopped by the supervisor)" if agent.stopped_by_us else ""),
+                                         by_us=agent.stopped_by_us)
+                if not agent.stopped_by_us and code != 0:
+                    self.say(f"{agent.node}: torchrun agent {how}")
+            if agent.tracker is not None and agent.tracker.alive():
+                reason = (f"the torchrun agent of {agent.node} is gone ({'exit ' + str(agent.exit_code)}): its "
+                          "workers must not train on unwatched")
+                pids = kill_workers(agent, self.recorder, reason)
+                if pids:
+                    self.say(f"{agent.node}: the agent is gone; killed its {len(pids)} orphaned worker(s) "
+                             f"(pids {', '.join(map(str, pids))})")
+
+    def _rank_pids(self) -> dict[str, list[tuple[int, int | None, int | None]]]:
+        frame = self.follower.tail.frame("ranks")
+        if frame is None or frame.empty or "pid" not in frame.columns:
+            return {}
+        rows = frame[(frame["job_id"] == self.config.job_id) & (frame["attempt"] == self._current_attempt)
+                     & frame["pid"].notna()]
+        found: dict[str, list[tuple[int, int | None, int | None]]] = {}
+        for node, pid, rank, local in zip(rows["node"], rows["pid"], rows["rank"], rows["local_rank"], strict=True):
+            found.setdefault(str(node), []).append((int(pid), _int_or_none(rank), _int_or_none(local)))
+        return found
+
+    def _newest_restore(self, exclude: Sequence[str]) -> Restore | None:
+        choice = self.catalog.choose(exclude, world_size=self.config.nnodes * self.config.nproc_per_node)
+        return None if choice is None else choice.to_restore()
+
     def _watch(self, agents: list[TorchrunAgent], collectors: list[CollectorAgent], attempt_dir: Path,
-               record: AttemptRecord) -> Incident | None:
+               record: AttemptRecord, nodes: Sequence[str]) -> tuple[Incident | None, Decision | None]:
+        """Watch one attempt until it completes, or an incident's decision ends it (returned, not yet applied),
+        or it fails with nothing attributed. Decisions that leave the job running are delivered here."""
         stop = threading.Event()
 
         def collect() -> None:
@@ -317,39 +394,172 @@ class Supervisor:
         thread = threading.Thread(target=collect, name="faultlens-collectors", daemon=True)
         thread.start()
         started = time.monotonic()
-        incident: Incident | None = None
+        ending: tuple[Incident, Decision] | None = None
+        boundary: _Boundary | None = None
         finished_at: float | None = None
+        stop_reason = "the attempt ran past its time limit"
         try:
             while time.monotonic() - started < self.config.attempt_timeout_s:
-                for agent in agents:
-                    agent.poll()
+                self._poll_agents(agents, track=True)
                 for found in self.follower.poll_once():
-                    if found.attempt in (None, record.attempt) and found.job_id == self.config.job_id:
-                        incident = incident or found
-                        self.say(f"incident: {found.incident_class.value} / {found.cause.value} on "
-                                 f"{', '.join(found.culprit_nodes) or 'no single node:'} "
-                                 f"ranks {list(found.culprit_ranks)} "
-                                 f"({found.rule}, confidence {found.confidence:.2f})")
-                if incident is not None:
+                    if found.attempt not in (None, record.attempt) or found.job_id != self.config.job_id:
+                        continue
+                    self.say(f"incident: {found.incident_class.value} / {found.cause.value} on "
+                             f"{', '.join(found.culprit_nodes) or 'no single node:'} ranks {list(found.culprit_ranks)} "
+                             f"({found.rule}, confidence {found.confidence:.2f})")
+                    if ending is not None:
+                        continue
+                    if self._ended_ok(agents):
+                        self.say("every agent had already exited 0: the job ended; the incident is not acted on")
+                        continue
+                    if boundary is not None and is_slowdown(found):
+                        self.say("a failover at the next checkpoint boundary is already pending; the job keeps "
+                                 "running until then")
+                        continue
+                    decision = self.policy.decide(found, job_nodes=nodes)
+                    if keeps_running(found, decision):
+                        self.deliverer.submit(decision)
+                        record.notices.append(decision)
+                        self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}; "
+                                 "delivered, the job keeps running")
+                        continue
+                    if is_slowdown(found) and decision.action is Action.FAILOVER:
+                        exclude = [*self.excluded, *decision.exclude_nodes]
+                        newest = self._newest_restore(exclude)
+                        boundary = _Boundary(found, decision, None if newest is None else newest.step, exclude,
+                                             time.monotonic() + self.config.checkpoint_wait_s)
+                        self.say(f"decision: failover ({decision.policy_rule}) at the next checkpoint boundary "
+                                 f"(a complete checkpoint newer than step {boundary.step_at_decision} that "
+                                 f"survives excluding {', '.join(decision.exclude_nodes)}; at most "
+                                 f"{self.config.checkpoint_wait_s:.0f} s); training goes on until then")
+                        continue
+                    if boundary is not None:
+                        self.say(f"the pending failover of the {boundary.incident.incident_class.value} is "
+                                 "superseded by this incident")
+                        boundary = None
+                    ending = (found, decision)
+                if ending is not None:
                     break
+                if boundary is not None and time.monotonic() >= boundary.next_check:
+                    boundary.next_check = time.monotonic() + 1.0
+                    newest = self._newest_restore(boundary.exclude)
+                    reached = newest is not None and (boundary.step_at_decision is None
+                                                      or newest.step > boundary.step_at_decision)
+                    if reached or time.monotonic() > boundary.deadline:
+                        ending = (boundary.incident, boundary.at_boundary(newest, reached))
+                        self.say(f"checkpoint boundary: step {newest.step} is complete" if reached and newest
+                                 else f"no newer checkpoint within {self.config.checkpoint_wait_s:.0f} s: "
+                                      "failing over from the newest there is")
+                        break
                 if all(a.exit_code is not None for a in agents):
+                    if self._ended_ok(agents):
+                        record.completed = True
+                        stop_reason = "end of job: every agent exited 0"
+                        if boundary is not None:
+                            self.say("the job ended before the checkpoint boundary: no failover needed")
+                        break
                     finished_at = finished_at or time.monotonic()
-                    if all(a.exit_code == 0 for a in agents) or time.monotonic() - finished_at > 6.0:
-                        break  # clean finish, or a failure the engine had time to see
+                    if time.monotonic() - finished_at > self.config.finish_wait_s:
+                        stop_reason = "the attempt failed and nothing was attributed"
+                        break  # a failure the engine had time to see
                 time.sleep(self.config.poll_s)
+            if ending is not None:
+                incident, decision = ending
+                if self._ends_by_itself(agents, incident):
+                    record.completed = True
+                    stop_reason = "end of job: every agent exited 0"
+                    self.say("every agent exited 0 within the grace after the incident: the job had finished and "
+                             "was tearing down; the incident is not acted on")
+                    return None, None
+                self.deliverer.submit(decision)
+                self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}")
+                stop_reason = (f"teardown after incident {incident.incident_id} ({incident.incident_class.value}/"
+                               f"{incident.cause.value}): decision {decision.action.value}")
+            return ending if ending is not None else (None, None)
         finally:
-            stop_agents(agents)
+            stop_agents(agents, self.config.stop_grace_s, recorder=self.recorder, reason=stop_reason)
+            self._poll_agents(agents, track=False)
             stop.set()
             thread.join(timeout=10)
             for collector in collectors:
                 collector.tick()  # the last lines the agents wrote as they stopped
             self.sink.flush()
-        return incident
+
+    def _ended_ok(self, agents: Sequence[TorchrunAgent]) -> bool:
+        return all(a.poll() == 0 and not a.stopped_by_us for a in agents)
+
+    def _ends_by_itself(self, agents: list[TorchrunAgent], incident: Incident) -> bool:
+        """Before acting on an incident: does the job end by itself, every agent exiting 0, within hang_grace_s?
+        Asked after a hang incident that names no live stuck rank (the dumps show nobody stuck, or none came, or
+        only ranks whose worker has exited: what a finished job tearing down slowly looks like too) and after any
+        incident raised once no worker is left on any node (agents in torchrun's exit barrier, whose own store may
+        already be gone). A real failure ends the wait as soon as an agent exits non-zero; a hang with a live
+        culprit is acted on at once."""
+        workers_gone = all(a.poll() is not None or (a.tracker is not None and not a.tracker.alive()) for a in agents)
+        alive = {w.rank for a in agents if a.tracker is not None for w in a.tracker.alive() if w.rank is not None}
+        # a hang naming no stuck rank, or naming only ranks whose process has already exited (a worker that
+        # finished; one that failed makes its agent report it within the grace)
+        teardown_like = incident.incident_class is IncidentClass.COLLECTIVE_HANG and not (set(incident.culprit_ranks)
+                                                                                         & alive)
+        if not (teardown_like or workers_gone):
+            return False
+        deadline = time.monotonic() + self.config.hang_grace_s
+        while True:
+            self._poll_agents(agents, track=True)
+            if any(a.exit_code not in (None, 0) for a in agents):
+                return False
+            if self._ended_ok(agents):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(self.config.poll_s)
 
     def close(self) -> None:
         self.sink.close()
         self.deliverer.close()
         self.follower.close()
+
+
+@dataclass
+class _Boundary:
+    """A slowdown's failover waiting for the next checkpoint boundary."""
+
+    incident: Incident
+    decision: Decision
+    step_at_decision: int | None
+    exclude: list[str]
+    deadline: float
+    next_check: float = 0.0
+
+    def at_boundary(self, restore: Restore | None, reached: bool) -> Decision:
+        """The decision as carried out: restoring from the checkpoint of the boundary."""
+        if restore is None:
+            return self.decision
+        note = (f"carried out at the checkpoint boundary: restore {restore.tier} step {restore.step}" if reached
+                else f"no newer checkpoint in time: restore {restore.tier} step {restore.step}")
+        return dataclasses.replace(self.decision, restore=restore, reason=f"{self.decision.reason}; {note}")
+
+
+def is_slowdown(incident: Incident) -> bool:
+    return incident.incident_class is IncidentClass.STRAGGLER or incident.cause is Cause.WORKLOAD_IMBALANCE
+
+
+def keeps_running(incident: Incident, decision: Decision) -> bool:
+    """A notify, or any decision on a slowdown but a failover: delivered, and the job keeps running."""
+    return decision.action is Action.NOTIFY or (is_slowdown(incident) and decision.action is not Action.FAILOVER)
+
+
+def signal_text(returncode: int) -> str:
+    from controller.supervisor.processes import signal_name
+
+    return signal_name(-returncode)
+
+
+def _int_or_none(value: object) -> int | None:
+    try:
+        return None if value is None or value != value else int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return None
 
 
 def summary_rows(result: RunResult) -> list[dict[str, object]]:
@@ -365,6 +575,7 @@ def summary_rows(result: RunResult) -> list[dict[str, object]]:
                 f"{','.join(incident.culprit_nodes)} r{','.join(map(str, incident.culprit_ranks))}"),
             "decision": "-" if decision is None else decision.action.value,
             "excluded": "-" if decision is None else ",".join(decision.exclude_nodes) or "-",
+            "kept_running": ",".join(f"{d.action.value}:{d.incident_class.value}" for d in record.notices) or "-",
             "seconds": round(((record.ended or record.started) - record.started).total_seconds(), 1),
         })
     return rows
