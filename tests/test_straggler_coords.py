@@ -271,3 +271,27 @@ def test_user_vocabulary_extends_and_bad_files_name_the_key(tmp_path: Path) -> N
     extra.write_text("format_version: 1\nkinds:\n  - kind: sometimes\n")
     with pytest.raises(VocabularyError, match=r"mine\.yaml: kinds\[0\]\.kind"):
         load_vocabulary([extra])
+
+
+def test_a_slow_rank_whose_peers_wait_inside_backward_still_costs_step_time(store_dir: Path, engine: Engine) -> None:
+    """DDP overlaps the gradient all-reduce with backward: the peers' backward holds their waiting, every rank's
+    compute total is alike, and only the slow rank's forward shows it (the demo's straggler). The what-if must
+    not call that immaterial."""
+    sections0 = base(10)
+
+    def sections(rank: int, step: int) -> dict[str, float]:
+        s = sections0(rank, step)
+        if rank == 3 and step >= 20:
+            s["forward"] *= 4.0
+        return s
+
+    rows = steps_rows("job-1", 0, 4, 2, range(60), start=1.0, sections=sections)
+    for row in rows:
+        row["sections"]["backward"] += row["sections"].pop("comm")  # the wait inside backward
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 2, pp_size=1))
+    write(store_dir, "steps", rows)
+
+    (incident,) = stragglers(store_dir, engine)
+
+    assert incident.culprit_ranks == (3,)
+    assert incident.details["saving_fraction"] > 0.3
