@@ -317,7 +317,8 @@ class KernelLogParser:
             if recovery is None:
                 return []
             kind = "recovery_action"
-            derived_code = int(recovery.group("to"), 0)
+            target = recovery.group("to")
+            derived_code = int(target, 16) if target[:2] in ("0x", "0X") else int(target)  # "01" is 1, not an error
             if derived_code > _MAX_PID:  # an int32 column; the driver's actions are 0..4
                 raise _BadLine(f"recovery action out of range: {recovery.group('to')}")
         if kind is None:

@@ -69,6 +69,12 @@ def test_64k_adversarial_lines_parse_in_linear_time():
     assert events["recovery_repeated"][0] == ("xid", 154)
 
 
+def test_recovery_action_with_a_leading_zero_is_read_found_by_the_fuzz_bench():
+    events = KernelLogParser(tz=UTC).feed("NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from 0x4 "
+                                          "(Drain and Reset) to 01 (GPU Reset Required)")
+    assert [(e.kind, e.code) for e in events] == [("xid", 154), ("recovery_action", 1)]
+
+
 def test_name_and_caused_by_keep_their_meaning():
     parser = KernelLogParser(tz=UTC)
     (event,) = parser.feed("NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3 , Ch 00000001 caused by "
