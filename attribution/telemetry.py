@@ -101,7 +101,7 @@ class Telemetry:
                 return frame
             return frame[frame["job_id"] == job].reset_index(drop=True)
 
-        nodes = job_nodes(pick(self.ranks), pick(self.steps), pick(self.process_events))
+        nodes = job_nodes(pick(self.ranks), pick(self.steps), pick(self.process_events), pick(self.heartbeats))
         events = self.gpu_events
         if not events.empty:
             events = events[events["node"].isin(nodes) | (events["job_id"] == job)].reset_index(drop=True)
@@ -211,7 +211,7 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     events = to_frame(query(f"SELECT * FROM process_events {where}", params), "process_events")
     heartbeats = to_frame(query(f"SELECT * FROM heartbeats {where}", params), "heartbeats")
     collectives = query(f"SELECT * FROM collectives {where}", params)
-    nodes = job_nodes(ranks, steps, events)
+    nodes = job_nodes(ranks, steps, events, heartbeats)
     if job is None:  # every node's events: health incidents concern nodes without a job too
         gpu_events = to_frame(query("SELECT * FROM gpu_events"), "gpu_events")
     elif nodes:
@@ -219,7 +219,7 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
                                     params), "gpu_events")
     else:
         gpu_events = to_frame(None, "gpu_events")
-    jobs = list_jobs(ranks, steps, events) if job is None else [job]
+    jobs = list_jobs(ranks, steps, events, heartbeats) if job is None else [job]
     # a replay observes each job up to its own newest row: node telemetry that goes on after a job ended (GPU
     # samples) does not make a finished job look hung
     as_of = {}

@@ -13,8 +13,9 @@ once a second. Layout (little-endian): a 72-byte record under a sequence lock (o
 
 then alive_ns i64 at 80, pid i64 at 88, and at 128 a u32 length and the rank's identity as JSON (the identity
 columns of its rows). `read_heartbeat(path)` decodes one; HeartbeatSource (a collectors Source) lists a directory
-each poll and emits a `heartbeats` row per rank whose record changed since the last row it emitted, and at least
-every `keepalive_s` while `alive_ns` advances. A file whose process stopped stamping it more than `max_age_s` ago
+each poll and emits a `heartbeats` row per rank whose record changed since the last row it emitted (at most one
+per `min_interval_s`, except that closing and a first bad loss are emitted at once), and at least every
+`keepalive_s` while `alive_ns` advances. A file whose process stopped stamping it more than `max_age_s` ago
 when first seen is an old attempt's: skipped. A file that cannot be read is counted and logged once.
 """
 
@@ -229,15 +230,16 @@ class HeartbeatSource:
     name = "heartbeats"
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, identity: NodeIdentity | None = None, *,
-                 keepalive_s: float = 5.0, max_age_s: float = 600.0,
+                 min_interval_s: float = 1.0, keepalive_s: float = 5.0, max_age_s: float = 600.0,
                  wall_clock: Callable[[], int] = time.time_ns) -> None:
         self.directory = Path(directory) if directory is not None else default_dir()
         self.identity = identity
         self.keepalive_s = keepalive_s
+        self.min_interval_s = min_interval_s
         self.max_age_s = max_age_s
         self._wall = wall_clock
         self.stats = HeartbeatStats()
-        self._emitted: dict[str, tuple[tuple[Any, ...], int]] = {}  # file -> (state, alive_ns) last emitted
+        self._emitted: dict[str, tuple[tuple[Any, ...], int, int]] = {}  # file -> (state, alive_ns, when) emitted
         self._ignored: set[str] = set()
         self._said: set[str] = set()
 
@@ -270,10 +272,14 @@ class HeartbeatSource:
                 self._ignored.add(name)
                 continue
             state = (beat.last_step, beat.steps, beat.current_step, beat.in_step, beat.closed, beat.bad_loss_step)
-            if previous is not None and previous[0] == state and (
-                    beat.alive_ns <= previous[1] or (beat.alive_ns - previous[1]) / 1e9 < self.keepalive_s):
-                continue
-            self._emitted[name] = (state, beat.alive_ns)
+            if previous is not None:
+                old, alive, emitted_at = previous
+                if old == state and (beat.alive_ns <= alive or (beat.alive_ns - alive) / 1e9 < self.keepalive_s):
+                    continue
+                urgent = beat.closed != old[4] or beat.bad_loss_step != old[5]
+                if not urgent and (now - emitted_at) / 1e9 < self.min_interval_s:
+                    continue
+            self._emitted[name] = (state, beat.alive_ns, now)
             rows.append(self._row(beat))
         self.stats.files = len(entries)
         if not rows:
