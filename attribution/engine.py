@@ -87,12 +87,14 @@ class Engine:
         kill), not a new crash."""
         crash = self.crash.attribute(telemetry, now, settled)
         hung = dict(hung or {})
+        slack = self.crash_rules.signal_notice_slack_s
         stalled = self.progress.suspects(telemetry, as_of) if hangs and as_of is not None else []
         for suspect in stalled:
             # progress had stopped for longer than allowed before the attempt's failure: it hung first (live, the
             # hang is reported then, and the failure that ends it is no new crash; a batch pass agrees)
             if suspect.threshold_s is not None:
-                noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s)
+                # a death by signal is stamped when it was noticed, up to the notice slack late (see crash.py)
+                noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
                 key = (suspect.job_id, suspect.attempt)
                 hung[key] = min(hung.get(key, noticed), noticed)
         crashes = [i for i in crash.incidents

@@ -31,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from attribution.crash import teardown_starts
 from attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from attribution.incident import Cause, Evidence, Incident, IncidentClass
 from attribution.rules import CrashRules, ProgressThresholds
@@ -179,6 +180,8 @@ class ProgressMonitor:
                                for a in frame["attempt"].dropna().unique()}) or [None]
             starts = _attempt_starts(telemetry, job)
             finished = _finished_attempts(telemetry.process_events, job) | _closed_attempts(job_beats)
+            events = telemetry.process_events
+            teardown = teardown_starts(events[events["job_id"] == job]) if not events.empty else {}
             for attempt in attempts:
                 if attempt in finished:
                     continue
@@ -187,6 +190,9 @@ class ProgressMonitor:
                 attempt_beats = job_beats if attempt is None or job_beats.empty else \
                     job_beats[job_beats["attempt"] == attempt]
                 newer = [t for a, t in starts.items() if a is not None and attempt is not None and a > attempt]
+                stopped = teardown.get((job, attempt if attempt is not None else -1))
+                if stopped is not None:  # the supervisor began stopping it: what follows is no stall
+                    newer.append(as_datetime(stopped))
                 observed_until = min(newer) if newer else end
                 suspect = self._check(job, attempt, rows, attempt_beats, observed_until)
                 if suspect is not None:
@@ -199,7 +205,16 @@ class ProgressMonitor:
         if last is None:
             return None
         until = as_datetime(until) or until
-        gap = (until - last).total_seconds()
+        observed, clock = until, "the clock"
+        if not beats.empty:
+            # the ranks themselves say how long the job went without progress: the newest moment a rank was seen
+            # alive (its step timer stamps its heartbeat) past the last completed step. Late or slow ingestion
+            # then never reads as a stall; only when every heartbeat stopped for the startup floor (every process
+            # frozen or gone) does the clock count again
+            alive = as_datetime(beats["ts"].max())
+            if alive is not None and (until - alive).total_seconds() <= self.t.startup_floor_s:
+                observed, clock = min(alive, until), "heartbeats"
+        gap = (observed - last).total_seconds()
         baseline = self.baseline(rows, beats)
         threshold, reason = baseline.threshold_s, baseline.reason
         latest = _latest_beats(beats)
@@ -216,7 +231,8 @@ class ProgressMonitor:
         ranks_at_last = len(set(done_rows.astype(int)) | set(done_beats.astype(int)))
         all_ranks = len({int(r) for frame in (rows, beats) if not frame.empty for r in frame["rank"].dropna()})
         text = (f"no step completed for {gap:.1f}s after step {last_step} (allowed {threshold:.3g}s: {reason}); "
-                f"{ranks_at_last} of {all_ranks} ranks finished step {last_step} (progress from {source})")
+                f"{ranks_at_last} of {all_ranks} ranks finished step {last_step} (progress from {source}, "
+                f"observed by {clock})")
         return HangSuspect(job, attempt, last, "progress", last_step, gap, threshold,
                            (Evidence("heartbeats" if source == "heartbeats" else "steps", last, text),))
 

@@ -230,7 +230,7 @@ class HeartbeatSource:
     name = "heartbeats"
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, identity: NodeIdentity | None = None, *,
-                 min_interval_s: float = 1.0, keepalive_s: float = 5.0, max_age_s: float = 600.0,
+                 min_interval_s: float = 1.0, keepalive_s: float = 2.0, max_age_s: float = 600.0,
                  wall_clock: Callable[[], int] = time.time_ns) -> None:
         self.directory = Path(directory) if directory is not None else default_dir()
         self.identity = identity
