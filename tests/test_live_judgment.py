@@ -32,7 +32,6 @@ pytest.importorskip("torch")
 REPO = Path(__file__).resolve().parents[1]
 HASHED = ("tests/torch_jobs/train_live.py", "tests/torch_jobs/live_jobs.py", "collectors/step_timer.py",
           "collectors/heartbeat.py", "collectors/schema.py", "collectors/process_events.py", "collectors/sink.py")
-STEPS_FAST = {"FAULTLENS_LIVE_STEP_S": "0.03"}
 
 
 def _key() -> str:
@@ -43,38 +42,46 @@ def _key() -> str:
 
 
 def _generate(root: Path) -> dict:
-    from tests.torch_jobs.live_jobs import kill_node_at, run_job
+    """Two jobs at a time (each is a handful of processes that mostly wait), the two attempts of one job in order."""
+    import concurrent.futures
 
-    runs: dict = {}
+    from tests.torch_jobs.live_jobs import heartbeat_step, kill_node_at, run_job
 
-    def job(name: str, **kwargs: object) -> None:
-        result = run_job(root / name / "store", root / name / "work", job_id=name, **kwargs)  # type: ignore[arg-type]
-        runs.setdefault(name, []).append({"attempt": result.attempt, "exit_codes": result.exit_codes,
-                                          "events": result.events})
+    fast = {"FAULTLENS_LIVE_STEP_S": "0.03"}
+    jobs: dict[str, list[dict]] = {
+        # a healthy job: flushes its step rows every 4 s, tears down for 3 s with no step open, exits 0
+        "healthy": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
+                         env={"FAULTLENS_LIVE_STEPS": "150", "FAULTLENS_LIVE_FLUSH_S": "4",
+                              "FAULTLENS_LIVE_TEARDOWN_S": "3", "FAULTLENS_LIVE_STEP_S": "0.05"})],
+        # global rank 3 SIGSEGVs inside step 20 in every attempt; the second attempt runs it on another node
+        "sigsegv": [dict(attempt=attempt, scenario="sigsegv", nodes=nodes, nproc=2,
+                         env={"FAULTLENS_LIVE_STEPS": "40", "FAULTLENS_LIVE_AT": "20", "FAULTLENS_LIVE_RANK": "3",
+                              "FAULTLENS_LIVE_FLUSH_S": "2", **fast})
+                    for attempt, nodes in ((0, ["node-0", "node-1"]), (1, ["node-0", "node-2"]))],
+        # loss NaN from step 12 on every rank
+        "nan": [dict(attempt=0, scenario="nan", nodes=["node-0", "node-1"], nproc=2,
+                     env={"FAULTLENS_LIVE_STEPS": "20", "FAULTLENS_LIVE_AT": "12", **fast})],
+        # node loss: node-1's agent and workers SIGKILLed together at step 15
+        "nodeloss": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
+                          env={"FAULTLENS_LIVE_STEPS": "2000", **fast}, kill=kill_node_at("node-1", 15))],
+        # agent loss: only node-1's agent is SIGKILLed at step 15; its workers train on until the test
+        # supervisor stops the attempt (signal_sent rows first) once they reached step 40
+        "agentloss": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
+                           env={"FAULTLENS_LIVE_STEPS": "2000", **fast},
+                           kill=kill_node_at("node-1", 15, agent_only=True),
+                           stop_at=lambda agents: heartbeat_step(agents[1]) >= 40)],
+    }
 
-    # a healthy job: flushes its step rows every 4 s, tears down for 3 s with no step open, exits 0
-    job("healthy", attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
-        env={"FAULTLENS_LIVE_STEPS": "150", "FAULTLENS_LIVE_FLUSH_S": "4", "FAULTLENS_LIVE_TEARDOWN_S": "3",
-             "FAULTLENS_LIVE_STEP_S": "0.05"})
-    # global rank 3 SIGSEGVs inside step 20 in every attempt; the second attempt runs it on another node
-    for attempt, nodes in ((0, ["node-0", "node-1"]), (1, ["node-0", "node-2"])):
-        job("sigsegv", attempt=attempt, scenario="sigsegv", nodes=nodes, nproc=2,
-            env={"FAULTLENS_LIVE_STEPS": "40", "FAULTLENS_LIVE_AT": "20", "FAULTLENS_LIVE_RANK": "3",
-                 "FAULTLENS_LIVE_FLUSH_S": "2", **STEPS_FAST})
-    # loss NaN from step 12 on every rank
-    job("nan", attempt=0, scenario="nan", nodes=["node-0", "node-1"], nproc=2,
-        env={"FAULTLENS_LIVE_STEPS": "20", "FAULTLENS_LIVE_AT": "12", **STEPS_FAST})
-    # node loss: node-1's agent and workers SIGKILLed together at step 15
-    job("nodeloss", attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
-        env={"FAULTLENS_LIVE_STEPS": "2000", **STEPS_FAST}, kill=kill_node_at("node-1", 15))
-    # agent loss: only node-1's agent is SIGKILLed at step 15; its workers train on until the test supervisor
-    # stops the attempt (signal_sent first) at step 40
-    from tests.torch_jobs.live_jobs import heartbeat_step
+    def run(name: str) -> list[dict]:
+        done = []
+        for spec in jobs[name]:
+            result = run_job(root / name / "store", root / name / "work", job_id=name, **spec)  # type: ignore[arg-type]
+            done.append({"attempt": result.attempt, "exit_codes": result.exit_codes, "events": result.events})
+        return done
 
-    job("agentloss", attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
-        env={"FAULTLENS_LIVE_STEPS": "2000", **STEPS_FAST}, kill=kill_node_at("node-1", 15, agent_only=True),
-        stop_at=lambda agents: heartbeat_step(agents[1]) >= 40)
-    return runs
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(run, name) for name in ("sigsegv", "healthy", "nodeloss", "agentloss", "nan")}
+        return {name: future.result() for name, future in futures.items()}
 
 
 @pytest.fixture(scope="session")
