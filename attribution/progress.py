@@ -420,7 +420,25 @@ class HangAttributor:
         evidence.extend(Evidence("collectives", None, str(line)) for line in lines)
         confidence = float(getattr(report, "confidence", 0.5) or 0.0)
         cause, rule = Cause.UNKNOWN, f"hang-{verdict.replace('_', '-')}"
-        if verdict in {"size_mismatch", "op_mismatch"}:
+        lost = _lost_node(getattr(report, "missing_dumps", ()) or (), placement)
+        if lost is not None and verdict not in {"size_mismatch", "op_mismatch"}:
+            # every rank of one node (and only those) wrote no dump while all the others did: the node is gone
+            # (power, kernel, board); the ranks its loss blocked elsewhere (pipeline peers, the groups waiting on
+            # it) are follow-ons, never culprits
+            node, lost_ranks = lost
+            others = sorted(r for r in culprits if r not in lost_ranks)
+            evidence.append(Evidence("collectives", None, f"every rank of {node} ({_ranks_short(lost_ranks)}) and "
+                                                          f"only those wrote no dump: {node} was lost"
+                                     + (f"; ranks {_ranks_short(others)} waited on it" if others else "")))
+            culprits = tuple(lost_ranks)
+            verdict = "node_lost"
+            cause, rule, confidence = Cause.HOST, "hang-node-lost", max(confidence, 0.9)
+            findings = hardware_findings(telemetry.gpu_events, node, suspect.since, self.rules, self.catalog)
+            if findings:
+                best = max(findings, key=lambda f: (f.same_gpu, f.confidence))
+                cause, rule = best.cause, "hang-node-lost-hardware"
+                evidence.extend(f.evidence() for f in findings[:3])
+        elif verdict in {"size_mismatch", "op_mismatch"}:
             cause = Cause.SOFTWARE
         elif verdict == "stalled":
             cause = Cause.NETWORK
@@ -458,6 +476,28 @@ class HangAttributor:
             rule=rule, summary=summary, job_id=suspect.job_id, attempt=suspect.attempt, culprit_nodes=tuple(nodes),
             culprit_ranks=culprits, culprit_gpus=tuple(gpus), evidence=tuple(evidence[: self.rules.evidence_limit]),
             step=suspect.last_step, details={"detected_by": suspect.detected_by})
+
+
+def _lost_node(missing: Sequence[int], placement: dict[int, Placement]) -> tuple[str, tuple[int, ...]] | None:
+    """(node, its ranks) when the ranks without a dump are exactly every rank of one node of several."""
+    missing_set = {int(r) for r in missing}
+    if not missing_set:
+        return None
+    nodes = {_node(placement, r) for r in missing_set}
+    if len(nodes) != 1 or None in nodes:
+        return None
+    node = next(iter(nodes))
+    ranks = tuple(sorted(r for r, p in placement.items() if p.node == node))
+    if set(ranks) != missing_set or len(placement) <= len(ranks):
+        return None
+    return node, ranks  # type: ignore[return-value]
+
+
+def _ranks_short(ranks: Sequence[int]) -> str:
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(str(r) for r in ranks[:12]) + (f", ... ({len(ranks)})" if len(ranks) > 12 else "")
 
 
 def _node(placement: dict[int, Placement], rank: int) -> str | None:
