@@ -8,7 +8,8 @@ signal, else an unexplained non-zero exit), never a survivor, even when torchrun
 1. the same traceback fingerprint on ranks of different nodes -> software;
 2. the same fingerprint at the same step in an earlier attempt -> software (deterministic repeat);
 3. hardware GPU events on the culprit's node near the failure (XID by catalog component, DBE, GPU lost, ...);
-4. the same fingerprint in an earlier attempt at another step -> software;
+4. the same fingerprint in an earlier attempt at another step -> software (not for a known network/hardware
+   error text: those fail in the same call wherever a link dies);
 5. a known signature in rules/crash.yaml (CUDA OOM, ECC error text, NCCL network error, ...);
 6. otherwise: an exception -> software (low confidence); a signal or bare exit -> unknown.
 
@@ -438,7 +439,9 @@ class CrashAttributor:
             if not (best.same_gpu and culprit_gpus):
                 culprit_gpus = [best.gpu] if best.gpu else culprit_gpus
             first_signal = min(first_signal, best.ts)
-        elif repeats:
+        elif repeats and not (signature is not None and signature.cause.is_hardware):
+            # the same code position failing again at another step is a bug, unless the failure is a known
+            # network/hardware error: those fail in the same collective call wherever and whenever a link dies
             cause = Cause.SOFTWARE
             rule = "crash-software-repeat-signal" if primary.kind == FailureKind.KILLED else \
                 "crash-software-repeat-fingerprint"
