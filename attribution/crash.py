@@ -449,6 +449,8 @@ class CrashAttributor:
             culprit_nodes, culprit_gpus = [], []
         elif signature is not None:
             cause, rule, confidence = signature.cause, signature.id, signature.confidence
+        if cause == Cause.OOM:  # the job asked for more memory than it has: the workload's, no node to blame
+            culprit_nodes, culprit_gpus = [], []
         for previous_attempt, previous, same_step in repeats[:3]:
             what = f"same death ({primary.fingerprint})" if primary.kind == FailureKind.KILLED else \
                 "same fingerprint"
