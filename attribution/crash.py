@@ -8,11 +8,22 @@ signal, else an unexplained non-zero exit), never a survivor, even when torchrun
 1. the same traceback fingerprint on ranks of different nodes -> software;
 2. the same fingerprint at the same step in an earlier attempt -> software (deterministic repeat);
 3. hardware GPU events on the culprit's node near the failure (XID by catalog component, DBE, GPU lost, ...);
-4. the same fingerprint in an earlier attempt at another step -> software;
+4. the same fingerprint in an earlier attempt at another step -> software (not for a known network/hardware
+   error text: those fail in the same call wherever a link dies);
 5. a known signature in rules/crash.yaml (CUDA OOM, ECC error text, NCCL network error, ...);
 6. otherwise: an exception -> software (low confidence); a signal or bare exit -> unknown.
 
 An attempt whose only error signals are collective timeouts has no crash: it is handed to hang analysis.
+
+Lifecycle: what the supervisor did is never a failure. Its `signal_sent` process_events rows mark the start of
+an attempt's teardown; every failure row from then on (and every death by a signal it sent) is a termination, as
+are the texts of rules/crash.yaml `termination_patterns` (torchrun's SignalException when its agent is stopped).
+An attempt whose failures are all terminations has no crash. Node loss: a node whose torchrun agent died by a
+signal the supervisor did not send (its `agent_exit` row) and whose ranks have no failure of their own is a host
+crash of that node (its ranks alive after it: the agent alone was lost); with no agent report, every rank of one
+node silent while the others echoed the loss is one too. A death by signal has an identity, `<signal>@rank<r>`, in
+the fingerprint column, so the same signal killing the same global rank again on another node is a repeat
+(software). The step of a death is the last completed step + 1 (the heartbeat's, else the step rows').
 """
 
 from __future__ import annotations
@@ -122,6 +133,52 @@ def _signal_from_code(code: Any, kind: Any) -> str | None:
     return None
 
 
+TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGKILL"})
+
+
+def signal_identity(signal: Any, rank: Any) -> str | None:
+    """The identity of a death by signal (it has no traceback fingerprint): `<signal>@rank<global rank>`."""
+    if not signal or rank is None or rank is pd.NA:
+        return None
+    return f"{signal}@rank{int(rank)}"
+
+
+def _attempt_keys(frame: pd.DataFrame) -> pd.Series:
+    job = frame["job_id"].astype(object).where(frame["job_id"].notna(), "") if "job_id" in frame.columns else ""
+    attempt = frame["attempt"].astype(object).where(frame["attempt"].notna(), -1) \
+        if "attempt" in frame.columns else -1
+    return pd.Series(list(zip(pd.Series(job, index=frame.index), pd.Series(attempt, index=frame.index),
+                              strict=True)), index=frame.index, dtype=object)
+
+
+def teardown_starts(events: pd.DataFrame) -> dict[tuple[Any, Any], pd.Timestamp]:
+    """(job or "", attempt or -1) -> when the supervisor began stopping that attempt (its first signal_sent row
+    with a stopping signal)."""
+    if events.empty or "kind" not in events.columns:
+        return {}
+    sent = events[events["kind"] == "signal_sent"]
+    if sent.empty:
+        return {}
+    if "signal" in sent.columns:
+        names = sent["signal"].astype(object).map(lambda v: None if v is None or v is pd.NA or v != v else (
+            str(v).upper() if str(v).upper().startswith("SIG") else f"SIG{str(v).upper()}"))
+        sent = sent[names.isin(TEARDOWN_SIGNALS) | names.isna()]
+    if sent.empty:
+        return {}
+    return sent.groupby(_attempt_keys(sent))["ts"].min().to_dict()
+
+
+def _in_teardown(events: pd.DataFrame, signal: pd.Series) -> pd.Series:
+    """Rows at or after the start of their attempt's teardown by the supervisor."""
+    starts = teardown_starts(events)
+    if not starts:
+        return pd.Series(False, index=events.index)
+    keys = _attempt_keys(events)
+    start = keys.map(lambda key: starts.get(key))
+    mask = start.notna() & (events["ts"] >= start.where(start.notna(), events["ts"]))
+    return mask.astype(bool) & (events["kind"] != "signal_sent")
+
+
 def describe_process_event(row: Any) -> str:
     rank = _get(row, "rank")
     node = _get(row, "node")
@@ -150,6 +207,8 @@ class CrashAttributor:
             if rules.secondary_patterns else None
         self._timeout_re = re.compile("|".join(f"(?:{p})" for p in rules.timeout_patterns)) \
             if rules.timeout_patterns else None
+        self._termination_re = re.compile("|".join(f"(?:{p})" for p in rules.termination_patterns)) \
+            if rules.termination_patterns else None
 
     # ------------------------------------------------------------ row level (vectorised)
 
@@ -157,7 +216,8 @@ class CrashAttributor:
         """The failure rows of `events`, with columns _signal, _secondary, _timeout, _text added."""
         if events.empty:
             return events.assign(_signal=pd.Series(dtype=object), _secondary=pd.Series(dtype=bool),
-                                 _timeout=pd.Series(dtype=bool), _text=pd.Series(dtype=object))
+                                 _timeout=pd.Series(dtype=bool), _text=pd.Series(dtype=object),
+                                 _terminated=pd.Series(dtype=bool))
         def column(name: str) -> pd.Series:
             if name in events.columns:
                 values = events[name].astype(object)
@@ -175,12 +235,14 @@ class CrashAttributor:
         text = (column("message").fillna("") + "\n" + column("traceback").fillna("")).str.strip()
         flagged = column("is_secondary").fillna(False).astype(bool)
         echo = _matches(text, self._secondary_re)
-        secondary = (flagged | (kind == "watchdog_timeout") | echo
-                     | (kind.isin(["exit", "signal"]) & signal.isin(self.rules.termination_signals)))
+        terminated = (_matches(text, self._termination_re)
+                      | (kind.isin(["exit", "signal"]) & signal.isin(self.rules.termination_signals))
+                      | _in_teardown(events, signal))
+        secondary = flagged | (kind == "watchdog_timeout") | echo | terminated
         timeout = (kind == "watchdog_timeout") | _matches(text, self._timeout_re)
         failure = kind.isin(FAILURE_KINDS) & ((kind != "exit") | (exit_code.fillna(0) != 0) | signal.notna())
         frame = events.assign(_signal=signal, _secondary=secondary.astype(bool), _timeout=timeout.astype(bool),
-                              _text=text)
+                              _text=text, _terminated=terminated.astype(bool))
         return frame[failure.to_numpy(dtype=bool)]
 
     def is_secondary(self, row: Any) -> bool:
@@ -199,8 +261,8 @@ class CrashAttributor:
             "oom": (kind == "oom") & primary_row,
             "exception": kind.isin(["exception", "comm_error"]) & primary_row,
             "killed": rows["_signal"].isin(self.rules.primary_signals),
-            "terminated": rows["_signal"].isin(self.rules.termination_signals),
-            "echo": rows["_secondary"] & (rows["_text"] != ""),
+            "terminated": rows["_terminated"],
+            "echo": rows["_secondary"] & (rows["_text"] != "") & ~rows["_terminated"],
             "secondary": rows["_secondary"],
             "primary": primary_row,
             "timeout": rows["_timeout"],
@@ -221,6 +283,8 @@ class CrashAttributor:
                 kind_of = FailureKind.TERMINATED if flags["terminated"] else (
                     FailureKind.SECONDARY if flags["echo"] else FailureKind.KILLED)
                 column = "killed"
+            elif flags["terminated"] and not flags["echo"]:
+                kind_of, column = FailureKind.TERMINATED, "terminated"
             elif flags["echo"]:
                 kind_of, column = FailureKind.SECONDARY, "echo"
             elif flags["secondary"]:
@@ -259,7 +323,8 @@ class CrashAttributor:
             rank=int(rank) if rank is not None else None, node=node, kind=kind, ts=ts, signal=_get(chosen, "_signal"),
             exit_code=int(exit_code) if exit_code is not None else None,
             exception_type=first("exception_type"), message=first("message"), traceback=first("traceback"),
-            fingerprint=first("fingerprint") if kind in (FailureKind.EXCEPTION, FailureKind.OOM) else None,
+            fingerprint=first("fingerprint") if kind in (FailureKind.EXCEPTION, FailureKind.OOM) else (
+                signal_identity(_get(chosen, "_signal"), rank) if kind == FailureKind.KILLED else None),
             step=int(step_values.iloc[0]) if not step_values.empty else None,
             rows=int(counts["rows_"]), secondary_rows=int(counts["secondary_"]), timeout_rows=int(counts["timeout_"]),
             first_timeout=as_datetime(timeouts.min()) if not timeouts.empty else None,
@@ -297,7 +362,10 @@ class CrashAttributor:
                   settled: Callable[[str | None, int | None], bool] | None = None) -> CrashResult:
         result = CrashResult()
         per_attempt = self.attempt_failures(telemetry.process_events)
-        for (job, attempt), failures in per_attempt.items():
+        for key in lost_agents(telemetry.process_events):  # an agent lost while its ranks train on: no failure rows
+            per_attempt.setdefault(key, [])
+        for (job, attempt), failures in sorted(per_attempt.items(), key=lambda item: (item[0][0] or "",
+                                                                                      item[0][1] or -1)):
             if settled is not None and not settled(job, attempt):
                 result.pending.append((job, attempt))
                 continue
@@ -313,8 +381,14 @@ class CrashAttributor:
                            per_attempt: dict[tuple[str | None, int | None], list[RankFailure]],
                            now: dt.datetime) -> Incident | HangTrigger | None:
         primary = self.primary(failures)
-        placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps)
+        placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps,
+                               telemetry.heartbeats)
         secondary_line = self._secondary_summary(failures, primary)
+        lost = self._node_lost(telemetry, job, attempt, failures, placement, secondary_line, now)
+        if lost is not None:
+            return lost
+        if not failures:
+            return None
         if primary is None:
             return self._no_primary(telemetry, job, attempt, failures, placement, secondary_line, now)
         hang = self._hang_before(job, attempt, primary, failures)
@@ -323,7 +397,8 @@ class CrashAttributor:
         # the ranks table (the collectors' node names, which GPU events carry too) over a report's host name
         node = (placement[primary.rank].node if primary.rank in placement else None) or primary.node
         own = placement.get(primary.rank) if primary.rank is not None else None
-        step = primary.step if primary.step is not None else _failure_step(telemetry.steps, attempt, primary.rank)
+        step = death_step(telemetry, attempt, primary.rank)
+        step = step if step is not None else primary.step
         evidence: list[Evidence] = list(primary.evidence)
         culprit_ranks = [primary.rank] if primary.rank is not None else []
         culprit_nodes = [node] if node else []
@@ -335,7 +410,7 @@ class CrashAttributor:
                 and f.kind in (FailureKind.EXCEPTION, FailureKind.OOM)]
         other_nodes = {(placement[f.rank].node if f.rank in placement else None) or f.node for f in same} - {node}
         other_nodes.discard(None)
-        repeats = self._repeats(job, attempt, primary, per_attempt, telemetry.steps)
+        repeats = self._repeats(job, attempt, primary, per_attempt, telemetry, node)
         findings = hardware_findings(telemetry.gpu_events, node, primary.ts, self.rules, self.catalog, own)
         signature = next((s for s in self.rules.signatures
                           if s.matches(primary.exception_type, primary.message, primary.traceback)), None)
@@ -364,16 +439,25 @@ class CrashAttributor:
             if not (best.same_gpu and culprit_gpus):
                 culprit_gpus = [best.gpu] if best.gpu else culprit_gpus
             first_signal = min(first_signal, best.ts)
-        elif repeats:
-            cause, rule = Cause.SOFTWARE, "crash-software-repeat-fingerprint"
+        elif repeats and not (signature is not None and signature.cause.is_hardware):
+            # the same code position failing again at another step is a bug, unless the failure is a known
+            # network/hardware error: those fail in the same collective call wherever and whenever a link dies
+            cause = Cause.SOFTWARE
+            rule = "crash-software-repeat-signal" if primary.kind == FailureKind.KILLED else \
+                "crash-software-repeat-fingerprint"
             confidence = self.rules.conf(rule)
             culprit_nodes, culprit_gpus = [], []
         elif signature is not None:
             cause, rule, confidence = signature.cause, signature.id, signature.confidence
+        if cause == Cause.OOM:  # the job asked for more memory than it has: the workload's, no node to blame
+            culprit_nodes, culprit_gpus = [], []
         for previous_attempt, previous, same_step in repeats[:3]:
+            what = f"same death ({primary.fingerprint})" if primary.kind == FailureKind.KILLED else \
+                "same fingerprint"
             evidence.append(Evidence("process_events", previous.ts,
-                                     f"same fingerprint in attempt {previous_attempt} (rank {previous.rank}"
-                                     f"{', same step ' + str(step) if same_step else ''})"))
+                                     f"{what} in attempt {previous_attempt} (rank {previous.rank}"
+                                     + (f" on {previous.node}" if previous.node else "")
+                                     + f"{', same step ' + str(step) if same_step else ''})"))
         evidence.extend(f.evidence() for f in findings[:3])
         if signature is not None and rule != signature.id:
             evidence.append(Evidence("process_events", primary.ts, f"matches signature {signature.id}: "
@@ -423,23 +507,72 @@ class CrashAttributor:
 
     def _repeats(self, job: str | None, attempt: int | None, primary: RankFailure,
                  per_attempt: dict[tuple[str | None, int | None], list[RankFailure]],
-                 steps: pd.DataFrame) -> list[tuple[int | None, RankFailure, bool]]:
+                 telemetry: Telemetry, node: str | None) -> list[tuple[int | None, RankFailure, bool]]:
         """Earlier attempts of the same job whose primary failure had the same fingerprint: (attempt, failure,
-        same step)."""
+        same step). A death by signal (its fingerprint: signal and global rank) counts only from another node: on
+        the same node it may be the node."""
         if not primary.fingerprint or attempt is None:
             return []
-        step = primary.step if primary.step is not None else _failure_step(steps, attempt, primary.rank)
+        step = death_step(telemetry, attempt, primary.rank)
+        step = step if step is not None else primary.step
         found = []
         for (other_job, other_attempt), failures in per_attempt.items():
-            if other_job != job or other_attempt is None or other_attempt >= attempt:
+            if other_job != job or other_attempt is None or other_attempt >= attempt or not failures:
                 continue
             previous = self.primary(failures)
             if previous is None or previous.fingerprint != primary.fingerprint:
                 continue
-            previous_step = previous.step if previous.step is not None else _failure_step(
-                steps, other_attempt, previous.rank)
+            if primary.kind == FailureKind.KILLED:
+                before = placements(telemetry.ranks, other_attempt, telemetry.process_events, telemetry.steps,
+                                    telemetry.heartbeats)
+                previous_node = (before[previous.rank].node if previous.rank in before else None) or previous.node
+                if previous_node is None or previous_node == node:
+                    continue
+            previous_step = death_step(telemetry, other_attempt, previous.rank)
+            previous_step = previous_step if previous_step is not None else previous.step
             found.append((other_attempt, previous, step is not None and previous_step == step))
         return sorted(found, key=lambda item: -(item[0] or 0))
+
+    def _node_lost(self, telemetry: Telemetry, job: str | None, attempt: int | None, failures: list[RankFailure],
+                   placement: dict[int, Placement], secondary_line: Evidence | None,
+                   now: dt.datetime) -> Incident | None:
+        """A node whose torchrun agent died by a signal nobody in the job sent: the host (its ranks died with it,
+        or train on unwatched)."""
+        lost = lost_agents(telemetry.process_events).get((job or "", attempt if attempt is not None else -1), [])
+        nodes = sorted({node for node, _, _, _ in lost})
+        if len(nodes) != 1:
+            return None
+        node = nodes[0]
+        ts, signal, text = min((ts, signal, text) for n, ts, signal, text in lost if n == node)
+        ranks = sorted(r for r, p in placement.items() if p.node == node)
+        own = [f for f in failures if f.rank is not None and (
+            (placement[f.rank].node if f.rank in placement else None) or f.node) == node]
+        if any(f.kind in (FailureKind.EXCEPTION, FailureKind.OOM) and f.ts <= ts for f in own):
+            return None  # a rank's own failure came first: the normal path explains it
+        alive = _alive_after(telemetry.heartbeats, attempt, ranks, ts + dt.timedelta(seconds=1))
+        rule = "crash-agent-lost" if alive else "crash-node-lost"
+        evidence = [Evidence("process_events", ts, text)]
+        if alive:
+            evidence.append(Evidence("heartbeats", None, f"ranks {alive} of {node} kept running after their agent "
+                                                         "died: unwatched"))
+        else:
+            silent = [r for r in ranks if r not in {f.rank for f in own}]
+            evidence.append(Evidence("process_events", ts, f"{node}'s ranks {ranks} died with it"
+                                     + (f" ({len(silent)} reported nothing)" if silent else "")))
+        if secondary_line:
+            evidence.append(secondary_line)
+        gpus = sorted({placement[r].gpu_label for r in ranks if placement[r].gpu_label})
+        step = next((s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None)
+        first = min([ts, *(f.ts for f in failures)])
+        what = "its torchrun agent was lost (" + signal + ")" + (", its ranks run on unwatched" if alive else
+                                                                  ", its ranks with it")
+        return Incident(
+            incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
+            cause=Cause.HOST, first_signal_ts=first, detected_ts=now, confidence=self.rules.conf(rule, 0.85),
+            rule=rule, summary=f"crash: node loss: {node}: {what}; cause host", job_id=job, attempt=attempt,
+            culprit_nodes=(node,), culprit_ranks=tuple(ranks), culprit_gpus=tuple(gpus),
+            evidence=tuple(evidence[: self.rules.evidence_limit]), step=step,
+            details={"primary_kind": "node_lost", "failures": len(failures), "alive": alive})
 
     def _secondary_summary(self, failures: list[RankFailure], primary: RankFailure | None) -> Evidence | None:
         others = [f for f in failures if f is not primary]
@@ -451,6 +584,40 @@ class CrashAttributor:
         parts = ", ".join(f"{kind} x{count}" for kind, count in kinds.most_common())
         return Evidence("process_events", first, f"{rows} more error signal(s) from {len(others)} other rank(s), "
                                                  f"folded into this incident ({parts})")
+
+    def _silent_node(self, telemetry: Telemetry, job: str | None, attempt: int | None,
+                     failures: list[RankFailure], placement: dict[int, Placement], silent: list[int],
+                     silent_nodes: list[str], first: dt.datetime, secondary_line: Evidence | None,
+                     now: dt.datetime) -> Incident | None:
+        """Every rank of one node said nothing while ranks of other nodes echoed a lost peer, and that node made
+        no progress after the failure began: the node was lost (no agent report needed)."""
+        if len(silent_nodes) != 1 or not any(f.kind == FailureKind.SECONDARY for f in failures):
+            return None
+        node = silent_nodes[0]
+        ranks = sorted(r for r, p in placement.items() if p.node == node)
+        if not ranks or not set(ranks) <= set(silent):
+            return None
+        progressed = last_progress(telemetry, attempt, ranks)
+        if progressed is not None and progressed > first:
+            return None  # it was still training after the others failed: not lost
+        if _alive_after(telemetry.heartbeats, attempt, ranks, first + dt.timedelta(seconds=2)):
+            return None
+        rule = "crash-node-silent"
+        evidence = [Evidence("process_events", first, f"every rank of {node} ({ranks}) fell silent while "
+                                                      f"{len(failures)} rank(s) of other nodes lost contact")]
+        evidence.extend(e for f in sorted(failures, key=lambda f: f.ts)[:2] for e in f.evidence[:1])
+        if secondary_line:
+            evidence.append(secondary_line)
+        gpus = sorted({placement[r].gpu_label for r in ranks if placement[r].gpu_label})
+        return Incident(
+            incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
+            cause=Cause.HOST, first_signal_ts=min(first, progressed or first), detected_ts=now,
+            confidence=self.rules.conf(rule, 0.75), rule=rule,
+            summary=f"crash: node loss: every rank of {node} fell silent while its peers lost contact; cause host",
+            job_id=job, attempt=attempt, culprit_nodes=(node,), culprit_ranks=tuple(ranks), culprit_gpus=tuple(gpus),
+            evidence=tuple(evidence[: self.rules.evidence_limit]),
+            step=next((s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None),
+            details={"primary_kind": "node_silent", "failures": len(failures)})
 
     def _no_primary(self, telemetry: Telemetry, job: str | None, attempt: int | None,
                     failures: list[RankFailure], placement: dict[int, Placement], secondary_line: Evidence | None,
@@ -486,6 +653,10 @@ class CrashAttributor:
             return HangTrigger(job, attempt, min(f.ts for f in timeouts), tuple(evidence))
         silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
                               - {f.node for f in failures if f.node})
+        silent_node = self._silent_node(telemetry, job, attempt, failures, placement, silent, silent_nodes, first,
+                                        secondary_line, now)
+        if silent_node is not None:
+            return silent_node
         rule = "crash-no-primary"
         evidence = [e for f in sorted(failures, key=lambda f: f.ts)[:3] for e in f.evidence[:1]]
         if silent:
@@ -499,6 +670,90 @@ class CrashAttributor:
             job_id=job, attempt=attempt, culprit_nodes=tuple(silent_nodes) if len(silent_nodes) == 1 else (),
             culprit_ranks=tuple(silent) if silent_nodes and len(silent_nodes) == 1 else (),
             evidence=tuple(evidence[: self.rules.evidence_limit]))
+
+
+def lost_agents(events: pd.DataFrame) -> dict[tuple[Any, Any], list[tuple[str, dt.datetime, str, str]]]:
+    """(job or "", attempt or -1) -> [(node, ts, signal, text)] of torchrun agents that died by a signal before the
+    supervisor began stopping the attempt (the supervisor's agent_exit rows)."""
+    if events.empty or "kind" not in events.columns:
+        return {}
+    exits = events[events["kind"] == "agent_exit"]
+    if exits.empty:
+        return {}
+    starts = teardown_starts(events)
+    found: dict[tuple[Any, Any], list[tuple[str, dt.datetime, str, str]]] = {}
+    keys = _attempt_keys(exits)
+    for index, row in exits.iterrows():
+        signal = signal_of(row)
+        node = _get(row, "node")
+        ts = as_datetime(row["ts"])
+        if signal is None or node is None or ts is None:
+            continue
+        key = keys.loc[index]
+        start = starts.get(key)
+        if start is not None and row["ts"] >= start:
+            continue  # the supervisor was stopping it
+        message = _get(row, "message")
+        text = f"{node}: torchrun agent died by {signal}" + (f": {message}" if message else "") + " [supervisor]"
+        found.setdefault(key, []).append((str(node), ts, signal, text))
+    return found
+
+
+def _alive_after(heartbeats: pd.DataFrame, attempt: int | None, ranks: list[int], after: dt.datetime) -> list[int]:
+    """Ranks whose heartbeat shows them running (not closed) after `after`."""
+    if heartbeats.empty or not ranks:
+        return []
+    rows = heartbeats[heartbeats["rank"].isin(ranks) & (heartbeats["ts"] > after)]
+    if attempt is not None:
+        rows = rows[rows["attempt"] == attempt]
+    if "closed" in rows.columns:
+        rows = rows[~rows["closed"].fillna(False).astype(bool)]
+    return sorted(int(r) for r in rows["rank"].dropna().unique())
+
+
+def last_progress(telemetry: Telemetry, attempt: int | None, ranks: list[int]) -> dt.datetime | None:
+    """When any of `ranks` last completed a step in `attempt` (heartbeats and step rows)."""
+    times = []
+    for frame, column in ((telemetry.heartbeats, "step_ts"), (telemetry.steps, "end_ts")):
+        if frame.empty or column not in frame.columns:
+            continue
+        rows = frame[frame["rank"].isin(ranks)]
+        if attempt is not None:
+            rows = rows[rows["attempt"] == attempt]
+        value = rows[column].max() if not rows.empty else None
+        if value is not None and value is not pd.NaT and value == value:
+            times.append(as_datetime(value))
+    times = [t for t in times if t is not None]
+    return max(times) if times else None
+
+
+def death_step(telemetry: Telemetry, attempt: int | None, rank: int | None) -> int | None:
+    """The step a rank was in when it failed: the heartbeat's step in progress, else one past its last completed
+    step (heartbeat or step rows) of that attempt."""
+    if rank is None:
+        return None
+    candidates = []
+    beats = telemetry.heartbeats
+    if not beats.empty:
+        rows = beats[beats["rank"] == rank]
+        if attempt is not None:
+            rows = rows[rows["attempt"] == attempt]
+        if not rows.empty:
+            latest = rows.sort_values(["ts", "steps"], kind="stable").iloc[-1]
+            current, last = _get(latest, "current_step"), _get(latest, "step")
+            if bool(_get(latest, "in_step")) and current is not None:
+                candidates.append(int(current))
+            elif last is not None:
+                candidates.append(int(last) + 1)
+    from_rows = _failure_step(telemetry.steps, attempt, rank)
+    if from_rows is not None:
+        candidates.append(from_rows)
+    if not candidates:  # nothing of its own survived (a kill loses unflushed rows): synchronous peers' progress
+        peers = telemetry.steps if attempt is None or telemetry.steps.empty else \
+            telemetry.steps[telemetry.steps["attempt"] == attempt]
+        if not peers.empty and peers["step"].notna().any():
+            candidates.append(int(peers["step"].max()) + 1)
+    return max(candidates) if candidates else None
 
 
 def _failure_step(steps: pd.DataFrame, attempt: int | None, rank: int | None) -> int | None:

@@ -27,6 +27,7 @@ from attribution.crash import CrashAttributor, HangTrigger
 from attribution.hardware import XidCatalogLike, default_xid_catalog
 from attribution.health import HealthMonitor
 from attribution.incident import Evidence, Incident, IncidentClass
+from attribution.loss import LossMonitor
 from attribution.progress import (
     DumpRequester,
     HangAnalyzer,
@@ -47,7 +48,7 @@ from collectors.sink import SegmentSink
 log = logging.getLogger(__name__)
 
 _JOB_PART = re.compile(r"/job=([^/]+)/")
-TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
+TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives", "heartbeats")
 
 
 def _tail_frame(table: pa.Table, name: str) -> pd.DataFrame:
@@ -73,6 +74,7 @@ class Engine:
         self.hang = HangAttributor(self.crash_rules, self.catalog, analyzer, dump_requester)
         self.straggler = StragglerDetector(self.thresholds.straggler)
         self.health = HealthMonitor(self.thresholds.health, self.crash_rules, self.catalog)
+        self.loss = LossMonitor(self.thresholds.loss)
 
     def run_job(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | None, *,
                 settled: Callable[[str | None, int | None], bool] | None = None,
@@ -84,27 +86,39 @@ class Engine:
         mode) and since when; a failure after that is the hang's ending (a watchdog abort, a supervisor's
         kill), not a new crash."""
         crash = self.crash.attribute(telemetry, now, settled)
-        hung = hung or {}
+        hung = dict(hung or {})
+        slack = self.crash_rules.signal_notice_slack_s
+        stalled = self.progress.suspects(telemetry, as_of) if hangs and as_of is not None else []
+        for suspect in stalled:
+            # progress had stopped for longer than allowed before the attempt's failure: it hung first (live, the
+            # hang is reported then, and the failure that ends it is no new crash; a batch pass agrees)
+            if suspect.threshold_s is not None:
+                # a death by signal is stamped when it was noticed, up to the notice slack late (see crash.py)
+                noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
+                key = (suspect.job_id, suspect.attempt)
+                hung[key] = min(hung.get(key, noticed), noticed)
         crashes = [i for i in crash.incidents
                    if not ((i.job_id, i.attempt) in hung and i.first_signal_ts >= hung[(i.job_id, i.attempt)])]
         incidents: dict[str, Incident] = {i.incident_id: self._with_dump_evidence(i, telemetry)
                                           for i in crashes if i.incident_id not in already}
         if hangs:
-            busy = {(i.job_id, i.attempt) for i in crash.incidents} | set(crash.pending)
+            busy = {(i.job_id, i.attempt) for i in crashes} | set(crash.pending)
             suspects: dict[str, HangSuspect] = {}
             for trigger in crash.hang_triggers:
                 suspect = self._from_trigger(trigger, telemetry)
                 suspects.setdefault(suspect.incident_id, suspect)
-            if as_of is not None:
-                for suspect in self.progress.suspects(telemetry, as_of):
-                    if (suspect.job_id, suspect.attempt) not in busy:
-                        suspects.setdefault(suspect.incident_id, suspect)
+            for suspect in stalled:
+                if (suspect.job_id, suspect.attempt) not in busy:
+                    suspects.setdefault(suspect.incident_id, suspect)
             for incident_id, suspect in suspects.items():
                 if incident_id in already or incident_id in incidents:
                     continue
                 incidents[incident_id] = self.hang.attribute(suspect, telemetry, now)
         if stragglers:
             for incident in self.straggler.attribute(telemetry, now, straggler_last_steps):
+                incidents.setdefault(incident.incident_id, incident)
+        for incident in self.loss.attribute(telemetry, now):
+            if incident.incident_id not in already:
                 incidents.setdefault(incident.incident_id, incident)
         return list(incidents.values())
 
@@ -138,7 +152,8 @@ class Engine:
     def run(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | dict[str, dt.datetime] | None = None,
             **options: object) -> list[Incident]:
         """Incidents of every job in `telemetry` (each job on its own rows)."""
-        jobs = telemetry.jobs or tuple(list_jobs(telemetry.ranks, telemetry.steps, telemetry.process_events))
+        jobs = telemetry.jobs or tuple(list_jobs(telemetry.ranks, telemetry.steps, telemetry.process_events,
+                                                 telemetry.heartbeats))
         found: dict[str, Incident] = {}
         for job in jobs:
             job_as_of = as_of.get(job) if isinstance(as_of, dict) else as_of
@@ -290,7 +305,7 @@ class Follower:
             self._note_arrivals(arrived)
         crash_due = bool({"process_events", "gpu_events"} & changed) or self._pending_crash
         progress_due = tick - self._last_progress >= self.config.progress_check_s or bool(
-            {"steps", "process_events", "collectives"} & changed)
+            {"steps", "process_events", "collectives", "heartbeats"} & changed)
         straggler_due = self._steps_changed and tick - self._last_straggler >= self.config.straggler_check_s
         health_due = "gpu_events" in changed or tick - self._last_health >= self.config.progress_check_s
         if not (crash_due or progress_due or straggler_due or health_due):
@@ -376,12 +391,13 @@ class Follower:
             mask = samples["node"].isin(list(nodes)) & (samples["ts"] >= start) & (samples["ts"] <= end)
             return samples[mask]
 
-        jobs = tuple(list_jobs(frames["ranks"], frames["steps"], frames["process_events"]))
+        jobs = tuple(list_jobs(frames["ranks"], frames["steps"], frames["process_events"], frames["heartbeats"]))
         if self.job is not None:
             jobs = tuple(j for j in jobs if j == self.job)
         collectives: pa.Table = self.tail.table("collectives")
         return Telemetry(ranks=frames["ranks"], steps=frames["steps"], process_events=frames["process_events"],
-                         gpu_events=frames["gpu_events"], collectives=collectives, fetch_samples=fetch, jobs=jobs)
+                         gpu_events=frames["gpu_events"], collectives=collectives, fetch_samples=fetch, jobs=jobs,
+                         heartbeats=frames["heartbeats"])
 
     # ------------------------------------------------------------ loop
 

@@ -18,6 +18,7 @@ class IncidentClass(StrEnum):
     COLLECTIVE_HANG = "collective_hang"
     STRAGGLER = "straggler"
     HEALTH = "health"  # a critical GPU health event with no failure yet (proactive drain)
+    NUMERICS = "numerics"  # NaN/Inf loss or a loss spike: the model state went bad (restore from before it)
     UNKNOWN = "unknown"
 
 

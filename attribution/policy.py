@@ -92,6 +92,8 @@ POLICY_SCHEMA: dict[str, Any] = {
                     "action": {"enum": [Action.FAILOVER.value, Action.ESCALATE.value, Action.NOTIFY.value,
                                         Action.DRAIN.value]},
                     "reason": {"type": "string"},
+                    # a failover that needs no culprit node: restart in place from an older checkpoint
+                    "without_culprit": {"type": "boolean"},
                 },
             },
         },
@@ -108,6 +110,7 @@ class PolicyRule:
     causes: frozenset[Cause] | None = None
     min_nodes: int | None = None
     max_nodes: int | None = None
+    without_culprit: bool = False
 
     def matches(self, incident: Incident) -> bool:
         if self.classes is not None and incident.incident_class not in self.classes:
@@ -186,6 +189,7 @@ def policy_from_document(document: Mapping[str, Any], *, source: str) -> PolicyC
             causes=frozenset(Cause(c) for c in when["cause"]) if "cause" in when else None,
             min_nodes=when.get("culprit_nodes", {}).get("min"),
             max_nodes=when.get("culprit_nodes", {}).get("max"),
+            without_culprit=bool(raw.get("without_culprit", False)),
         )
         if rule.id in ids:
             raise PolicyError(f"{source}: rules[{index}].id: expected a unique id, {rule.id!r} is used twice")
@@ -394,7 +398,7 @@ class DecisionPolicy:
 
         # 3. no certain culprit
         threshold = config.threshold_for(incident.incident_class)
-        if not nodes:
+        if not nodes and not rule.without_culprit:
             return escalate("no-culprit", "no culprit node identified; a human must look")
         if incident.confidence < threshold:
             return escalate("low-confidence", f"culprit not certain: confidence {incident.confidence:.2f} < "
@@ -424,7 +428,7 @@ class DecisionPolicy:
                             f"retry budget for cause {incident.cause.value} spent: {used} failovers of {budget}")
 
         exclude = list(nodes)
-        reasons = [f"{rule.reason}: exclude {', '.join(nodes)}"]
+        reasons = [f"{rule.reason}: exclude {', '.join(nodes)}" if nodes else f"{rule.reason}: exclude no node"]
         lemons = self._job_lemons(incident, job_nodes, nodes)
         if lemons:
             exclude.extend(lemon.node for lemon in lemons)

@@ -6,6 +6,13 @@ after a much longer floor while no baseline exists yet (the first steps of an at
 design (evaluation, checkpointing) widen the allowance once seen, when the next step may be one of them. An
 earlier attempt counts as hung when its progress stopped that long before the next attempt started.
 
+Progress is read from the heartbeats table (the step counter each rank's step timer publishes at every step,
+collectors/heartbeat.py) as well as from the step rows, so a long flush interval never reads as a stall. Job
+lifecycle: an attempt has ended, and is never judged, when every rank exited 0 (process_events exit rows), when
+every torchrun agent exited 0 (the supervisor's agent_exit rows), or when every rank's step timer closed; while
+no rank is inside a step (the training loop is over and the ranks tear down, or all wait between steps) only the
+startup floor counts as a stall.
+
 A suspect (from progress, or from collective-timeout errors in process_events) then gets a flight-recorder dump
 request through a callable the caller passes in, and the dump set's collectives go through the hang analysis
 (attribution.hang.analyze_collectives). Its culprit ranks are mapped to nodes and GPUs through the ranks table.
@@ -24,6 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from attribution.crash import teardown_starts
 from attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from attribution.incident import Cause, Evidence, Incident, IncidentClass
 from attribution.rules import CrashRules, ProgressThresholds
@@ -92,8 +100,9 @@ class ProgressMonitor:
     def __init__(self, thresholds: ProgressThresholds) -> None:
         self.t = thresholds
 
-    def baseline(self, attempt_steps: pd.DataFrame) -> ProgressBaseline:
-        """The allowed gap after the last completed step of `attempt_steps` (rows of one attempt)."""
+    def baseline(self, attempt_steps: pd.DataFrame, beats: pd.DataFrame | None = None) -> ProgressBaseline:
+        """The allowed gap after the last completed step of `attempt_steps` (rows of one attempt; `beats`: its
+        heartbeats, which give the step time while few step rows were flushed yet)."""
         t = self.t
         rows = attempt_steps.assign(_done=_completion_times(attempt_steps), _phase=_phase(attempt_steps))
         rows = rows[rows["step"].notna()]
@@ -110,6 +119,9 @@ class ProgressMonitor:
         if len(intervals) < t.min_baseline_steps and "duration_s" in base.columns:
             durations = base.groupby("step")["duration_s"].max().dropna()
             intervals = [float(d) for d in durations.to_numpy()] if len(durations) > len(intervals) else intervals
+        if len(intervals) < t.min_baseline_steps and beats is not None and not beats.empty:
+            from_beats = _heartbeat_intervals(beats, t.warmup_steps)
+            intervals = from_beats if len(from_beats) > len(intervals) else intervals
         intervals = [i for i in intervals if i >= 0][-t.recent_steps:]
         if len(intervals) < t.min_baseline_steps:
             return ProgressBaseline(t.startup_floor_s, None, len(intervals),
@@ -153,56 +165,144 @@ class ProgressMonitor:
     def suspects(self, telemetry: Telemetry, as_of: dt.datetime | dict[str, dt.datetime]) -> list[HangSuspect]:
         """One suspect per attempt whose progress stopped too long (the latest attempt: until `as_of`; an earlier
         one: until the next attempt started)."""
-        steps = telemetry.steps
-        if steps.empty:
+        steps, beats = telemetry.steps, telemetry.heartbeats
+        if steps.empty and beats.empty:
             return []
         found = []
-        for job, job_steps in steps.groupby("job_id", dropna=True):
-            job = str(job)
+        jobs = sorted({str(j) for frame in (steps, beats) if not frame.empty for j in frame["job_id"].dropna()})
+        for job in jobs:
             end = as_of.get(job) if isinstance(as_of, dict) else as_of
             if end is None:
                 continue
-            attempts = sorted(int(a) for a in job_steps["attempt"].dropna().unique()) or [None]
+            job_steps = steps[steps["job_id"] == job] if not steps.empty else steps
+            job_beats = beats[beats["job_id"] == job] if not beats.empty else beats
+            attempts = sorted({int(a) for frame in (job_steps, job_beats) if not frame.empty
+                               for a in frame["attempt"].dropna().unique()}) or [None]
             starts = _attempt_starts(telemetry, job)
-            finished = _finished_attempts(telemetry.process_events, job)
+            finished = _finished_attempts(telemetry.process_events, job) | _closed_attempts(job_beats)
+            events = telemetry.process_events
+            teardown = teardown_starts(events[events["job_id"] == job]) if not events.empty else {}
             for attempt in attempts:
-                rows = job_steps if attempt is None else job_steps[job_steps["attempt"] == attempt]
-                newer = [t for a, t in starts.items() if a is not None and attempt is not None and a > attempt]
-                observed_until = min(newer) if newer else end
                 if attempt in finished:
                     continue
-                suspect = self._check(job, attempt, rows, observed_until)
+                rows = job_steps if attempt is None or job_steps.empty else \
+                    job_steps[job_steps["attempt"] == attempt]
+                attempt_beats = job_beats if attempt is None or job_beats.empty else \
+                    job_beats[job_beats["attempt"] == attempt]
+                newer = [t for a, t in starts.items() if a is not None and attempt is not None and a > attempt]
+                stopped = teardown.get((job, attempt if attempt is not None else -1))
+                if stopped is not None:  # the supervisor began stopping it: what follows is no stall
+                    newer.append(as_datetime(stopped))
+                observed_until = min(newer) if newer else end
+                suspect = self._check(job, attempt, rows, attempt_beats, observed_until)
                 if suspect is not None:
                     found.append(suspect)
         return found
 
-    def _check(self, job: str, attempt: int | None, rows: pd.DataFrame, until: dt.datetime) -> HangSuspect | None:
-        if rows.empty:
-            return None
-        done = _completion_times(rows)
-        last_index = done.idxmax()
-        last = as_datetime(done.loc[last_index])
+    def _check(self, job: str, attempt: int | None, rows: pd.DataFrame, beats: pd.DataFrame,
+               until: dt.datetime) -> HangSuspect | None:
+        last, last_step, source = _last_progress(rows, beats)
         if last is None:
             return None
         until = as_datetime(until) or until
-        gap = (until - last).total_seconds()
-        baseline = self.baseline(rows)
-        if gap <= baseline.threshold_s:
+        observed, clock = until, "the clock"
+        if not beats.empty:
+            # the ranks themselves say how long the job went without progress: the newest moment a rank was seen
+            # alive (its step timer stamps its heartbeat) past the last completed step. Late or slow ingestion
+            # then never reads as a stall; only when every heartbeat stopped for the startup floor (every process
+            # frozen or gone) does the clock count again
+            alive = as_datetime(beats["ts"].max())
+            if alive is not None and (until - alive).total_seconds() <= self.t.startup_floor_s:
+                observed, clock = min(alive, until), "heartbeats"
+        gap = (observed - last).total_seconds()
+        baseline = self.baseline(rows, beats)
+        threshold, reason = baseline.threshold_s, baseline.reason
+        latest = _latest_beats(beats)
+        if not latest.empty and not latest["in_step"].fillna(False).astype(bool).any() \
+                and self.t.startup_floor_s > threshold:
+            threshold = self.t.startup_floor_s
+            reason += f"; no rank is inside a step (between steps or ending): startup floor {threshold:g}s"
+        if gap <= threshold:
             return None
-        last_step = rows.loc[last_index, "step"]
-        last_step = int(last_step) if last_step is not None and last_step is not pd.NA else None
-        ranks_at_last = rows[rows["step"] == last_step]["rank"].dropna().nunique() if last_step is not None else 0
-        all_ranks = rows["rank"].dropna().nunique()
-        text = (f"no step completed for {gap:.1f}s after step {last_step} (allowed {baseline.threshold_s:.3g}s: "
-                f"{baseline.reason}); {ranks_at_last} of {all_ranks} ranks finished step {last_step}")
-        return HangSuspect(job, attempt, last, "progress", last_step, gap, baseline.threshold_s,
-                           (Evidence("steps", last, text),))
+        done_rows = rows[rows["step"] == last_step]["rank"].dropna() if last_step is not None and not rows.empty \
+            else pd.Series(dtype=object)
+        done_beats = latest[latest["step"] >= last_step]["rank"].dropna() if last_step is not None and \
+            not latest.empty else pd.Series(dtype=object)
+        ranks_at_last = len(set(done_rows.astype(int)) | set(done_beats.astype(int)))
+        all_ranks = len({int(r) for frame in (rows, beats) if not frame.empty for r in frame["rank"].dropna()})
+        text = (f"no step completed for {gap:.1f}s after step {last_step} (allowed {threshold:.3g}s: {reason}); "
+                f"{ranks_at_last} of {all_ranks} ranks finished step {last_step} (progress from {source}, "
+                f"observed by {clock})")
+        return HangSuspect(job, attempt, last, "progress", last_step, gap, threshold,
+                           (Evidence("heartbeats" if source == "heartbeats" else "steps", last, text),))
+
+
+def _latest_beats(beats: pd.DataFrame) -> pd.DataFrame:
+    """The newest heartbeat of every rank."""
+    if beats.empty:
+        return beats
+    ordered = beats.sort_values(["ts", "steps"], kind="stable")
+    return ordered.drop_duplicates("rank", keep="last")
+
+
+def _last_progress(rows: pd.DataFrame, beats: pd.DataFrame) -> tuple[dt.datetime | None, int | None, str]:
+    """When the newest step of the attempt completed, which step it was, and where that was read."""
+    best: tuple[dt.datetime | None, int | None, str] = (None, None, "steps")
+    if not rows.empty:
+        done = _completion_times(rows)
+        if done.notna().any():
+            index = done.idxmax()
+            step = rows.loc[index, "step"]
+            best = (as_datetime(done.loc[index]), None if step is None or step is pd.NA else int(step), "steps")
+    if not beats.empty and "step_ts" in beats.columns:
+        known = beats[beats["step_ts"].notna() & beats["step"].notna()]
+        if not known.empty:
+            index = known["step_ts"].idxmax()
+            when = as_datetime(known.loc[index, "step_ts"])
+            step = int(known["step"].max())
+            if when is not None and (best[0] is None or when > best[0]):
+                best = (when, max(step, best[1] if best[1] is not None else step), "heartbeats")
+            elif best[1] is not None and step > best[1]:
+                best = (best[0], step, best[2])
+    return best
+
+
+def _heartbeat_intervals(beats: pd.DataFrame, warmup_steps: int) -> list[float]:
+    """Seconds per step between successive heartbeats of the same rank (warm-up steps left out)."""
+    known = beats[beats["step_ts"].notna() & beats["step"].notna()]
+    if known.empty:
+        return []
+    first = int(known["step"].min()) + warmup_steps
+    intervals: list[float] = []
+    for _, group in known[known["step"] >= first].groupby("rank"):
+        points = group.drop_duplicates("step").sort_values("step")
+        steps = points["step"].to_numpy(dtype=np.int64)
+        times = points["step_ts"].to_numpy()
+        for i in range(1, len(steps)):
+            delta = int(steps[i] - steps[i - 1])
+            if delta > 0:
+                intervals.append((times[i] - times[i - 1]) / pd.Timedelta(seconds=1) / delta)
+        if len(intervals) >= 200:
+            break
+    return intervals
+
+
+def _closed_attempts(beats: pd.DataFrame) -> set[int | None]:
+    """Attempts whose every rank's step timer closed (their newest heartbeats all say so)."""
+    if beats.empty or "closed" not in beats.columns:
+        return set()
+    closed: set[int | None] = set()
+    for attempt, group in beats.groupby("attempt", dropna=False):
+        latest = _latest_beats(group)
+        if len(latest) and bool(latest["closed"].fillna(False).astype(bool).all()):
+            closed.add(None if attempt is pd.NA or attempt != attempt else int(attempt))
+    return closed
 
 
 def _attempt_starts(telemetry: Telemetry, job: str) -> dict[int | None, dt.datetime]:
     """When each attempt of a job first showed up (any table)."""
     starts: dict[int | None, dt.datetime] = {}
-    for frame in (telemetry.ranks, telemetry.steps, telemetry.process_events):
+    for frame in (telemetry.ranks, telemetry.steps, telemetry.process_events, telemetry.heartbeats):
         if frame.empty or "attempt" not in frame.columns:
             continue
         rows = frame[(frame["job_id"] == job) & frame["attempt"].notna()]
@@ -218,15 +318,26 @@ def _attempt_starts(telemetry: Telemetry, job: str) -> dict[int | None, dt.datet
 
 
 def _finished_attempts(events: pd.DataFrame, job: str) -> set[int | None]:
-    """Attempts whose every reported rank exited with code 0 (the job finished: silence is not a hang)."""
+    """Attempts whose every reported rank (kind exit), or every torchrun agent (the supervisor's agent_exit rows),
+    exited with code 0 (the job finished: silence is not a hang)."""
     if events.empty:
         return set()
-    rows = events[(events["job_id"] == job) & (events["kind"] == "exit")]
     finished: set[int | None] = set()
-    for attempt, group in rows.groupby("attempt", dropna=False):
-        codes = group["exit_code"]
-        if len(codes) and bool((codes.fillna(-1) == 0).all()):
-            finished.add(None if attempt is pd.NA or attempt != attempt else int(attempt))
+    for kind in ("exit", "agent_exit"):
+        rows = events[(events["job_id"] == job) & (events["kind"] == kind)]
+        for attempt, group in rows.groupby("attempt", dropna=False):
+            codes = group["exit_code"]
+            if kind == "agent_exit":  # one row per agent (the newest per node), and every launched node's
+                newest = group.sort_values("ts").drop_duplicates("node", keep="last")
+                codes = newest["exit_code"]
+                same = events["attempt"].isna() if attempt is pd.NA or attempt != attempt else \
+                    events["attempt"] == attempt
+                launched = set(events[(events["job_id"] == job) & (events["kind"] == "start") & same
+                                      & events["rank"].isna()]["node"].dropna())
+                if not launched <= set(newest["node"].dropna()):
+                    continue
+            if len(codes) and bool((codes.fillna(-1) == 0).all()):
+                finished.add(None if attempt is pd.NA or attempt != attempt else int(attempt))
     return finished
 
 
@@ -309,7 +420,25 @@ class HangAttributor:
         evidence.extend(Evidence("collectives", None, str(line)) for line in lines)
         confidence = float(getattr(report, "confidence", 0.5) or 0.0)
         cause, rule = Cause.UNKNOWN, f"hang-{verdict.replace('_', '-')}"
-        if verdict in {"size_mismatch", "op_mismatch"}:
+        lost = _lost_node(getattr(report, "missing_dumps", ()) or (), placement)
+        if lost is not None and verdict not in {"size_mismatch", "op_mismatch"}:
+            # every rank of one node (and only those) wrote no dump while all the others did: the node is gone
+            # (power, kernel, board); the ranks its loss blocked elsewhere (pipeline peers, the groups waiting on
+            # it) are follow-ons, never culprits
+            node, lost_ranks = lost
+            others = sorted(r for r in culprits if r not in lost_ranks)
+            evidence.append(Evidence("collectives", None, f"every rank of {node} ({_ranks_short(lost_ranks)}) and "
+                                                          f"only those wrote no dump: {node} was lost"
+                                     + (f"; ranks {_ranks_short(others)} waited on it" if others else "")))
+            culprits = tuple(lost_ranks)
+            verdict = "node_lost"
+            cause, rule, confidence = Cause.HOST, "hang-node-lost", max(confidence, 0.9)
+            findings = hardware_findings(telemetry.gpu_events, node, suspect.since, self.rules, self.catalog)
+            if findings:
+                best = max(findings, key=lambda f: (f.same_gpu, f.confidence))
+                cause, rule = best.cause, "hang-node-lost-hardware"
+                evidence.extend(f.evidence() for f in findings[:3])
+        elif verdict in {"size_mismatch", "op_mismatch"}:
             cause = Cause.SOFTWARE
         elif verdict == "stalled":
             cause = Cause.NETWORK
@@ -350,6 +479,28 @@ class HangAttributor:
             rule=rule, summary=summary, job_id=suspect.job_id, attempt=suspect.attempt, culprit_nodes=tuple(nodes),
             culprit_ranks=culprits, culprit_gpus=tuple(gpus), evidence=tuple(evidence[: self.rules.evidence_limit]),
             step=suspect.last_step, details={"detected_by": suspect.detected_by})
+
+
+def _lost_node(missing: Sequence[int], placement: dict[int, Placement]) -> tuple[str, tuple[int, ...]] | None:
+    """(node, its ranks) when the ranks without a dump are exactly every rank of one node of several."""
+    missing_set = {int(r) for r in missing}
+    if not missing_set:
+        return None
+    nodes = {_node(placement, r) for r in missing_set}
+    if len(nodes) != 1 or None in nodes:
+        return None
+    node = next(iter(nodes))
+    ranks = tuple(sorted(r for r, p in placement.items() if p.node == node))
+    if set(ranks) != missing_set or len(placement) <= len(ranks):
+        return None
+    return node, ranks  # type: ignore[return-value]
+
+
+def _ranks_short(ranks: Sequence[int]) -> str:
+    ranks = list(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(str(r) for r in ranks[:12]) + (f", ... ({len(ranks)})" if len(ranks) > 12 else "")
 
 
 def _node(placement: dict[int, Placement], rank: int) -> str | None:

@@ -95,11 +95,13 @@ class CrashRules(_Strict):
     signal_notice_slack_s: float = Field(ge=0.0)
     secondary_patterns: tuple[str, ...]
     timeout_patterns: tuple[str, ...]
+    # of the secondary texts, those that say the process was told to stop (a termination, not an echo)
+    termination_patterns: tuple[str, ...] = ()
     signatures: tuple[CrashSignature, ...]
     confidence: dict[str, float]
     evidence_limit: int = Field(ge=1)
 
-    @field_validator("secondary_patterns", "timeout_patterns")
+    @field_validator("secondary_patterns", "timeout_patterns", "termination_patterns")
     @classmethod
     def _regexes(cls, values: tuple[str, ...]) -> tuple[str, ...]:
         for value in values:
@@ -214,12 +216,22 @@ class EngineThresholds(_Strict):
     max_rows_per_table: int = Field(ge=1000)
 
 
+class LossThresholds(_Strict):
+    """NaN/Inf loss is always an incident; a spike is one when the step's loss (mean over its ranks) is at least
+    spike_factor x the median of the previous window_steps steps (after min_history_steps); null: no spike rule."""
+
+    spike_factor: float | None = Field(default=None, gt=1.0)
+    window_steps: int = Field(default=20, ge=2)
+    min_history_steps: int = Field(default=10, ge=2)
+
+
 class Thresholds(_Strict):
     format_version: int
     progress: ProgressThresholds
     straggler: StragglerThresholds
     health: HealthThresholds
     engine: EngineThresholds
+    loss: LossThresholds = LossThresholds()
 
 
 # ---------------------------------------------------------------- loading

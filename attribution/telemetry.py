@@ -49,6 +49,10 @@ def steps_frame(table: pa.Table) -> pd.DataFrame:
     sections = table.column("sections") if "sections" in table.column_names else None
     base = table.drop_columns(["sections"]) if sections is not None else table
     frame = base.to_pandas(types_mapper=_types_mapper)
+    if "loss" in table.column_names:  # NaN and null are one value in pandas: keep "not finite" apart from "none"
+        loss = table.column("loss")
+        bad = pc.fill_null(pc.invert(pc.is_finite(loss)), False) if table.num_rows else pa.array([], pa.bool_())
+        frame["loss_nonfinite"] = np.asarray(bad.to_numpy(zero_copy_only=False), dtype=bool)
     if sections is None or table.num_rows == 0:
         return frame
     array = sections.combine_chunks() if isinstance(sections, pa.ChunkedArray) else sections
@@ -88,6 +92,7 @@ class Telemetry:
     fetch_samples: SampleFetcher
     jobs: tuple[str, ...] = ()
     as_of: dict[str, dt.datetime] = field(default_factory=dict)
+    heartbeats: pd.DataFrame = field(default_factory=lambda: to_frame(None, "heartbeats"))
 
     def for_job(self, job: str) -> Telemetry:
         """The rows of one job; GPU events are node-level and kept for every node the job ran on."""
@@ -96,7 +101,7 @@ class Telemetry:
                 return frame
             return frame[frame["job_id"] == job].reset_index(drop=True)
 
-        nodes = job_nodes(pick(self.ranks), pick(self.steps), pick(self.process_events))
+        nodes = job_nodes(pick(self.ranks), pick(self.steps), pick(self.process_events), pick(self.heartbeats))
         events = self.gpu_events
         if not events.empty:
             events = events[events["node"].isin(nodes) | (events["job_id"] == job)].reset_index(drop=True)
@@ -106,7 +111,8 @@ class Telemetry:
             collectives = collectives.filter(pc.fill_null(mask, False))
         return Telemetry(ranks=pick(self.ranks), steps=pick(self.steps), process_events=pick(self.process_events),
                          gpu_events=events, collectives=collectives, fetch_samples=self.fetch_samples,
-                         jobs=(job,), as_of={job: self.as_of[job]} if job in self.as_of else {})
+                         jobs=(job,), as_of={job: self.as_of[job]} if job in self.as_of else {},
+                         heartbeats=pick(self.heartbeats))
 
 
 def job_nodes(*frames: pd.DataFrame) -> list[str]:
@@ -203,8 +209,9 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     ranks = to_frame(query(f"SELECT * FROM ranks {where}", params), "ranks")
     steps = to_frame(query(f"SELECT * FROM steps {where}", params), "steps")
     events = to_frame(query(f"SELECT * FROM process_events {where}", params), "process_events")
+    heartbeats = to_frame(query(f"SELECT * FROM heartbeats {where}", params), "heartbeats")
     collectives = query(f"SELECT * FROM collectives {where}", params)
-    nodes = job_nodes(ranks, steps, events)
+    nodes = job_nodes(ranks, steps, events, heartbeats)
     if job is None:  # every node's events: health incidents concern nodes without a job too
         gpu_events = to_frame(query("SELECT * FROM gpu_events"), "gpu_events")
     elif nodes:
@@ -212,7 +219,7 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
                                     params), "gpu_events")
     else:
         gpu_events = to_frame(None, "gpu_events")
-    jobs = list_jobs(ranks, steps, events) if job is None else [job]
+    jobs = list_jobs(ranks, steps, events, heartbeats) if job is None else [job]
     # a replay observes each job up to its own newest row: node telemetry that goes on after a job ended (GPU
     # samples) does not make a finished job look hung
     as_of = {}
@@ -221,8 +228,9 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
             "SELECT max(t) AS t FROM (SELECT max(ts) AS t FROM steps WHERE job_id = ? UNION ALL "
             "SELECT max(end_ts) FROM steps WHERE job_id = ? UNION ALL "
             "SELECT max(ts) FROM process_events WHERE job_id = ? UNION ALL "
+            "SELECT max(ts) FROM heartbeats WHERE job_id = ? UNION ALL "
             "SELECT max(ts) FROM collectives WHERE job_id = ? UNION ALL SELECT max(ts) FROM ranks WHERE job_id = ?)",
-            [name] * 5).to_pylist()[0]
+            [name] * 6).to_pylist()[0]
         if row["t"] is not None:
             as_of[name] = row["t"]
 
@@ -236,7 +244,7 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
 
     return Telemetry(ranks=ranks, steps=steps, process_events=events, gpu_events=gpu_events,
                      collectives=collectives if collectives.num_rows else empty_table("collectives"),
-                     fetch_samples=fetch, jobs=tuple(jobs), as_of=as_of)
+                     fetch_samples=fetch, jobs=tuple(jobs), as_of=as_of, heartbeats=heartbeats)
 
 
 def empty_samples() -> pd.DataFrame:

@@ -204,6 +204,18 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("delivery_error", pa.string()),  # why the last attempt of this hook failed
         _f("delivery_attempts", pa.int32()),  # attempts made by this hook in this pass
     ),
+    # one heartbeat of one rank (collectors/heartbeat.py reads the record the step timer keeps; ts = last seen alive)
+    "heartbeats": (
+        _f("pid", pa.int64()),
+        _f("step", pa.int64()),  # the last completed step (null: none yet)
+        _f("step_ts", TS),  # when it ended
+        _f("steps", pa.int64()),  # steps completed by this process
+        _f("current_step", pa.int64()),  # the step in progress (null: between steps)
+        _f("in_step", pa.bool_()),
+        _f("loss", pa.float64()),  # the last step's loss (null when not finite: see bad_loss_step)
+        _f("bad_loss_step", pa.int64()),  # the first step whose loss was NaN or Inf
+        _f("closed", pa.bool_()),  # the step timer was closed: this rank steps no more
+    ),
     # one checkpoint seen in a tier
     "checkpoints": (
         _f("tier", pa.string()),  # local, peer, durable

@@ -15,6 +15,11 @@ a step adds up. Rows are buffered in a bounded queue and written off the trainin
 through a SegmentSink; when the store is slow or gone the oldest rows are dropped and counted (`stats.dropped`),
 so memory stays bounded. Nothing here raises into the training loop: errors are logged and counted.
 
+Progress is also published at every step's begin and end in a shared-memory heartbeat record (collectors/heartbeat.py;
+`heartbeat_dir=`, else $FAULTLENS_HEARTBEAT_DIR, else /dev/shm/faultlens-heartbeats; an empty
+FAULTLENS_HEARTBEAT_DIR or `heartbeat=False` turns it off; only for a process with a rank), independently of
+how often rows are flushed: attribution judges progress from it.
+
 With `cuda_events=True` and torch with CUDA, every section also records a pair of CUDA events; the writer thread
 resolves them (never the training thread) and adds `cuda/<path>` entries (GPU seconds) to the row's sections.
 """
@@ -149,6 +154,7 @@ class TimerStats:
     errors: int = 0
     sections_outside_step: int = 0
     unknown_phases: int = 0
+    heartbeat_failures: int = 0
     last_error: str | None = None
     dropped_queue_full: int = 0  # the oldest queued rows pushed out by new ones while the store was slow
     dropped_refused: int = 0  # rows the sink refused (never buffered)
@@ -259,7 +265,8 @@ class StepTimer:
                  parallel: ParallelCoords | None = None, max_buffered_rows: int = 4096,
                  flush_interval_s: float = 2.0, cuda_events: bool = False,
                  clock: Clock = time.perf_counter_ns, wall_clock: Clock = time.time_ns,
-                 cuda_event_factory: Callable[[], Any] | None = None, start: bool = True) -> None:
+                 cuda_event_factory: Callable[[], Any] | None = None, start: bool = True,
+                 heartbeat: bool = True, heartbeat_dir: str | os.PathLike[str] | None = None) -> None:
         self.sink = sink
         self.identity = identity or RankIdentity.from_env()
         self.parallel = parallel or ParallelCoords()
@@ -293,6 +300,7 @@ class StepTimer:
         self._drops_reported = 0
         self._drops_logged_at: float | None = None
         self.drop_log_interval_s = 30.0  # at most one "rows not written" warning per this many seconds
+        self.heartbeat = _heartbeat_writer(self.identity, heartbeat, heartbeat_dir, wall_clock)
         if start:
             self.start()
 
@@ -338,6 +346,8 @@ class StepTimer:
         self._sections = {}
         self._cuda_pairs = []
         self._step_wall_start = self._wall_clock()
+        if self.heartbeat is not None:
+            self.heartbeat.begin(step.number)
         self._step_start = self._clock()
 
     def _end_step(self, step: _Step, failed: bool) -> None:
@@ -347,6 +357,8 @@ class StepTimer:
                 return
             self._step = None
             if failed:
+                if self.heartbeat is not None:
+                    self.heartbeat.end(step.number, 0, None, completed=False)
                 return  # an exception left the step: it did not complete, there is no duration to report
             duration_ns = end - self._step_start
             start_wall = self._step_wall_start
@@ -371,6 +383,8 @@ class StepTimer:
                 self.stats.dropped_queue_full += 1
             queue.append(row)
             self.stats.steps += 1
+            if self.heartbeat is not None:
+                self.heartbeat.end(step.number, row["end_ts"], row["loss"])
         except Exception as exc:
             self._error("step", exc)
 
@@ -444,15 +458,25 @@ class StepTimer:
         # in its own thread, and a thread started before the trigger's install() would not have them blocked
         with contextlib.suppress(Exception):
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+        next_flush = time.monotonic() + self.flush_interval_s
         while True:
-            self._wake.wait(self.flush_interval_s)
+            beat = self.heartbeat
+            wait = next_flush - time.monotonic()
+            woken = self._wake.wait(max(0.0, min(wait, 1.0) if beat is not None else wait))
             self._wake.clear()
             stopping = self._stopped.is_set()
-            with self._write_lock:
-                self._drain()
+            if beat is not None:
+                beat.alive()  # the process lives (its step may still not advance)
+            if woken or stopping or time.monotonic() >= next_flush:
+                with self._write_lock:
+                    self._drain()
+                next_flush = time.monotonic() + self.flush_interval_s
             with contextlib.suppress(Exception):
                 self._report_drops()
             if stopping:
+                if beat is not None:
+                    beat.close()
+                    self.stats.heartbeat_failures = beat.failures
                 return
 
     def _report_drops(self, force: bool = False) -> None:
@@ -574,6 +598,26 @@ def _resolve_cuda(pairs: list[tuple[str, Any, Any]], timer: StepTimer) -> dict[s
         except Exception as exc:
             timer._error("cuda timing", exc)
     return seconds
+
+
+def _heartbeat_writer(identity: RankIdentity, enabled: bool, directory: str | os.PathLike[str] | None,
+                      wall_clock: Clock) -> Any:
+    """The heartbeat record of a rank process (None: off, no rank, or it could not be created; logged)."""
+    if not enabled or identity.rank is None or (directory is None and os.environ.get("FAULTLENS_HEARTBEAT_DIR") == ""):
+        return None
+    try:
+        from pathlib import Path
+
+        from collectors.heartbeat import HeartbeatWriter, default_dir, heartbeat_name
+
+        path = Path(directory if directory is not None else default_dir()) / heartbeat_name(
+            identity.job_id, identity.attempt, identity.rank)
+        writer = HeartbeatWriter(path, {**identity.columns(), "hostname": identity.hostname}, identity.pid,
+                                 wall_clock)
+        return writer if writer.active else None
+    except Exception as exc:
+        log.warning("step_timer: no heartbeat (%s: %s)", type(exc).__name__, exc)
+        return None
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -17,7 +17,7 @@ from collectors.schema import (
 from collectors.sink import SegmentSink
 
 DESIGN_TABLES = {"ranks", "gpu_samples", "gpu_events", "steps", "collectives", "process_events", "incidents",
-                 "decisions", "checkpoints"}
+                 "decisions", "checkpoints", "heartbeats"}
 
 
 def test_every_design_table_has_identity_columns_first():

@@ -50,6 +50,7 @@ from attribution.rules import load_thresholds
 from attribution.store import Store
 from collectors.agent import NodeAgent as CollectorAgent
 from collectors.flight_recorder import read_dump_dir
+from collectors.heartbeat import HeartbeatSource
 from collectors.nvml_source import NvmlSource
 from collectors.process_events import ProcessSource
 from collectors.pystack import capture_dump_dir_stacks
@@ -245,7 +246,10 @@ class Supervisor:
         for node_rank, node in enumerate(nodes):
             ckpt = self.node_dir(node) / "ckpt"
             ckpt.mkdir(parents=True, exist_ok=True)
-            agent = start_agent(spec, node, node_rank, {"FAULTLENS_CKPT_LOCAL": str(ckpt)}, attempt=attempt)
+            heartbeats = attempt_dir / "heartbeats" / node  # the node's step timers' progress records
+            agent = start_agent(spec, node, node_rank, {"FAULTLENS_CKPT_LOCAL": str(ckpt),
+                                                        "FAULTLENS_HEARTBEAT_DIR": str(heartbeats)},
+                                attempt=attempt)
             agents.append(agent)
             identity = NodeIdentity(node=node, job_id=self.config.job_id, attempt=attempt)
             clock = FaultClock()
@@ -257,7 +261,8 @@ class Supervisor:
             process_source = ProcessSource(identity, paths=[agent.stderr_path, agent.log_dir])
             # the launch itself is telemetry: goodput counts an attempt's start-up from this row
             process_source.record_start(rank=None, local_rank=None, pid=agent.process.pid, attempt=attempt)
-            sources = [process_source, NvmlSource(backend, NodeIdentity(node=node))]
+            sources = [process_source, HeartbeatSource(heartbeats, identity, min_interval_s=0.0, keepalive_s=0.5),
+                       NvmlSource(backend, NodeIdentity(node=node))]
             collectors.append(CollectorAgent(sources, self.sink, interval_s=self.config.poll_s))
         return agents, collectors, attempt_dir
 
