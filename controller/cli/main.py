@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from controller.cli import (
     attribution_cmds,
+    campaign_cmds,
     decision_cmds,
     goodput_cmds,
     gpu_cmds,
@@ -21,7 +22,7 @@ from controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help.
 COMMAND_MODULES = [run_cmds, store_cmds, ingest_cmds, gpu_cmds, decision_cmds, hang_cmds, attribution_cmds, sim_cmds,
-                   goodput_cmds]
+                   goodput_cmds, campaign_cmds]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -290,4 +290,5 @@ def install_from_env() -> None:
                 install_supervisor_gpus(plan, Path(lab))
     except Exception as exc:  # the campaign's own failure must show, but never as the job's failure
         log.warning("faultlens lab: injector not installed: %s", exc)
-        Path(lab, "injector-errors.log").open("a").write(f"{os.getpid()}: {type(exc).__name__}: {exc}\n")
+        with Path(lab, "injector-errors.log").open("a") as handle:
+            handle.write(f"{os.getpid()}: {type(exc).__name__}: {exc}\n")

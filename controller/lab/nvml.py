@@ -45,7 +45,7 @@ class MarkerClock:
                 self._fired_at = now
         if self._fired_at is None:
             return min(now - self._start, self.fault_at - 1.0)
-        return self.fault_at + (now - self._fired_at)
+        return self.fault_at + (now - self._start)  # a reader that opened at t0 sees the fault from its moment
 
 
 def fault_timeline(base: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], gpu: int, fault_at: float

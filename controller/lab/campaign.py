@@ -1,0 +1,40 @@
+"""Runs scenarios one after another and scores each as it ends; results are written as they come
+(<out>/results.jsonl, one scored scenario a line), so a campaign cut short still has its table."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from controller.lab.runner import run_scenario
+from controller.lab.scenarios import Campaign, Scenario
+from controller.lab.score import ScenarioScore, score, summarize
+
+
+def run_campaign(campaign: Campaign, scenarios: Sequence[Scenario], out_dir: Path, *,
+                 on_score: Callable[[ScenarioScore], None] | None = None,
+                 deadline_s: float | None = None) -> tuple[list[ScenarioScore], dict[str, Any]]:
+    """Run and score `scenarios`; stop starting new ones past `deadline_s` (those are listed as not run)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = out_dir / "results.jsonl"
+    results.write_text("")
+    started = time.monotonic()
+    scores: list[ScenarioScore] = []
+    skipped: list[str] = []
+    for scenario in scenarios:
+        if deadline_s is not None and time.monotonic() - started > deadline_s:
+            skipped.append(scenario.name)
+            continue
+        art = run_scenario(scenario, out_dir, dict(campaign.gpu_timelines))
+        result = score(scenario, art)
+        scores.append(result)
+        with results.open("a") as handle:
+            handle.write(json.dumps(result.to_dict(), default=str) + "\n")
+        if on_score is not None:
+            on_score(result)
+    summary = {**summarize(scores), "not_run": skipped, "wall_s": round(time.monotonic() - started, 1)}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return scores, summary

@@ -1,0 +1,185 @@
+"""The fault-injection campaign (controller/lab): the scenario file, the scoring's own arithmetic, the recorded GPU
+faults, and the CI subset: real training jobs (torch, gloo, CPU) under `faultlens run`, faults injected from
+outside the user's script, each scored against its truth."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.lab.nvml import MarkerClock, fault_timeline
+from controller.lab.plan import FaultSpec, InjectionPlan
+from controller.lab.scenarios import ScenarioError, load_campaign
+from controller.lab.score import expected_restore
+
+# ---------------------------------------------------------------------- the scenario file
+
+
+def test_shipped_campaign_covers_the_issue() -> None:
+    campaign = load_campaign()
+    scenarios = campaign.scenarios
+    assert len(scenarios) >= 30
+    healthy = [s for s in scenarios if s.truth.healthy]
+    assert len(healthy) >= 10
+    assert sum(1 for s in healthy if s.cpu_hog) * 2 >= len(healthy)
+    kinds = {f.kind for s in scenarios for f in s.faults}
+    assert {"exception", "signal", "external_signal", "abort", "stuck", "gil_hog", "skip_collective", "node_loss",
+            "agent_loss", "gpu", "slow", "nan", "oom", "slow_checkpoint", "cpu_hog"} <= kinds
+    signals = {f.params.get("signal") for s in scenarios for f in s.faults if "signal" in f.kind}
+    assert {"SIGSEGV", "SIGKILL", "SIGTERM", "SIGINT", "SIGSTOP"} <= signals
+    timelines = {f.params.get("timeline") for s in scenarios for f in s.faults if f.kind == "gpu"}
+    assert {"xid79", "dbe", "remap_failure", "thermal"} <= timelines
+    assert {Path(s.script).name for s in scenarios} == {"ddp_train.py", "pipeline_train.py"}
+    following = [s for s in scenarios if any(f.attempts is None for f in s.faults)]
+    assert {f.kind for s in following for f in s.faults} >= {"exception", "signal"}
+    assert len(campaign.select(ci=True)) == 6
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("format_version: 2\n", "format_version: expected 1"),
+    ("format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: b}]\n", "scenario s.script"),
+    ("format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a, faults: [{kind: zap}]}]\n",
+     "scenario s.faults[0].kind"),
+    ("format_version: 1\nscripts: {a: {path: x.py}}\n"
+     "scenarios: [{name: s, script: a, expect: {incidents: [{class: crash, cause: bad, action: failover}]}}]\n",
+     "scenario s.expect.incidents[0].cause: unknown cause 'bad'"),
+    ("format_version: 1\nscripts: {a: {path: x.py}}\n"
+     "scenarios: [{name: s, script: a, faults: [{kind: gpu, node: node-1, params: {timeline: nope}}]}]\n",
+     "gpu fault f0"),
+    ("format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a}, {name: s, script: a}]\n",
+     "duplicate name"),
+    ("format_version: [\n", "not YAML"),
+])
+def test_bad_scenario_files_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError) as info:
+        load_campaign(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_unknown_scenario_name_is_an_error() -> None:
+    with pytest.raises(ScenarioError, match="no scenario named nope"):
+        load_campaign().select(["nope"])
+
+
+# ---------------------------------------------------------------------- the scoring's arithmetic
+
+
+def _ckpt(tier: str, node: str | None, step: int, ranks: list[int]) -> dict:
+    return {"tier": tier, "node": node, "step": step, "ranks": ranks, "path": f"/x/{node}/{step}"}
+
+
+@pytest.mark.parametrize(("excluded", "before", "want"), [
+    (set(), None, 15),            # newest complete over both local tiers
+    ({"node-1"}, None, 10),       # node-1's local tier is gone: the durable step
+    ({"node-0", "node-1"}, None, 10),
+    ({"node-1"}, 10, 5),          # corrupt from step 10 on: before it; step 5 is on durable
+    (set(), 5, None),             # nothing from before step 5
+])
+def test_expected_restore(excluded: set[str], before: int | None, want: int | None) -> None:
+    ckpts = [_ckpt("local", "node-0", 15, [0, 1]), _ckpt("local", "node-1", 15, [2, 3]),
+             _ckpt("local", "node-0", 10, [0, 1]), _ckpt("durable", None, 10, [0, 1, 2, 3]),
+             _ckpt("durable", None, 5, [0, 1, 2, 3]), _ckpt("local", "node-1", 20, [2, 3])]
+    assert expected_restore(ckpts, 4, excluded, before) == want
+
+
+def test_plan_roundtrip_and_targets() -> None:
+    fault = FaultSpec(id="f", kind="slow", stage=1, attempts=None, params={"extra_s": 0.1})
+    plan = InjectionPlan.from_json(InjectionPlan((fault,), {"t": [{"at": 0}]}, 2).to_json())
+    assert plan.faults == (fault,) and plan.nproc_per_node == 2
+    assert fault.applies_to_attempt(7)
+    assert fault.targets(rank=3, node="node-1", node_rank=1, local_rank=1, stage=1)
+    assert not fault.targets(rank=2, node="node-1", node_rank=1, local_rank=0, stage=0)
+
+
+def test_recorded_gpu_fault_fires_on_marker(tmp_path: Path) -> None:
+    """The supervisor-side recorded NVML backend stays healthy until a rank writes the node's marker, then the
+    campaign's timeline entries (Xid 79, GPU lost) come through the real RecordedBackend."""
+    from collectors.recorded_backend import RecordedBackend
+    from controller.supervisor.gpus import node_timeline
+
+    campaign = load_campaign()
+    marker = tmp_path / "node-1.fire"
+    clock = MarkerClock(marker, 1000.0)
+    backend = RecordedBackend(fault_timeline(node_timeline(1, 2), campaign.gpu_timelines["xid79"], 1, 1000.0),
+                              clock=clock)
+    devices = backend.open()
+    assert backend.wait_events(0.01) == []
+    marker.write_text(json.dumps({"gpu": 1}))
+    time.sleep(0.1)
+    events = backend.wait_events(0.01)
+    assert [(e.kind, e.code) for e in events][:1] == [("xid", 79)]
+    time.sleep(0.1)  # GPU lost 50 ms after the Xid
+    with pytest.raises(Exception, match="lost"):
+        backend.sample(devices[1])
+    backend.sample(devices[0])  # the other GPU of the node goes on
+    assert not marker.exists()  # consumed: a later attempt's backend on this node starts healthy
+
+
+# ---------------------------------------------------------------------- the CI subset: real jobs
+
+CI_XFAIL = {
+    # engine/supervisor bugs issue 11 fixes (engineers "live" and "sup"); the lead removes these after the merge
+}
+
+_RUNS: dict[str, tuple] = {}
+
+
+def _run(name: str, tmp_root: Path):  # type: ignore[no-untyped-def]
+    from controller.lab.runner import run_scenario
+    from controller.lab.score import score
+
+    if name not in _RUNS:
+        campaign = load_campaign()
+        scenario = campaign.select([name])[0]
+        art = run_scenario(scenario, tmp_root, dict(campaign.gpu_timelines))
+        _RUNS[name] = (scenario, art, score(scenario, art))
+    return _RUNS[name]
+
+
+@pytest.fixture(scope="module")
+def campaign_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    return tmp_path_factory.mktemp("campaign")
+
+
+CI_NAMES = [s.name for s in load_campaign().select(ci=True)]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.xfail(strict=False, reason=CI_XFAIL[n])]
+                                               if n in CI_XFAIL else []) for n in CI_NAMES])
+def test_ci_scenario_scores_right(name: str, campaign_root: Path) -> None:
+    scenario, art, result = _run(name, campaign_root)
+    assert not art.timed_out, f"{name}: the run timed out"
+    assert result.incident_count_ok and all(c.class_ok for c in result.checks), result.problems
+    assert all(c.culprit_node_ok is not False for c in result.checks), result.problems
+    assert all(c.cause_ok and c.action_ok for c in result.checks), result.problems
+    assert not result.healthy_excluded, result.problems
+    assert result.restore_ok is not False and result.resumed_ok is not False, result.problems
+    assert result.finished_ok, result.problems
+    assert result.ok, result.problems
+
+
+def test_scoring_catches_a_wrong_truth(campaign_root: Path) -> None:
+    """The score is not a rubber stamp: the same real run scored against a wrong truth fails on each field."""
+    from controller.lab.scenarios import ExpectedIncident
+    from controller.lab.score import score
+
+    scenario, art, right = _run("ci-sigsegv", campaign_root)
+    if not right.incidents:
+        pytest.skip("the run produced no incident to compare against")
+    wrong = dataclasses.replace(scenario, truth=dataclasses.replace(
+        scenario.truth, incidents=(ExpectedIncident("collective_hang", ("gpu_hardware",), "escalate", "none"),),
+        finished=not scenario.truth.finished))
+    result = score(wrong, art)
+    check = result.checks[0]
+    assert not (check.class_ok or check.cause_ok or check.action_ok or check.culprit_node_ok)
+    assert not result.finished_ok and not result.ok
+    healthy = dataclasses.replace(scenario, truth=dataclasses.replace(scenario.truth, incidents=()))
+    result = score(healthy, art)
+    assert not result.incident_count_ok and result.healthy_excluded and not result.ok
