@@ -154,7 +154,7 @@ CI_NAMES = [s.name for s in load_campaign().select(ci=True)]
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.xfail(strict=False, reason=CI_XFAIL[n])]
                                                if n in CI_XFAIL else []) for n in CI_NAMES])
 def test_ci_scenario_scores_right(name: str, campaign_root: Path) -> None:
-    scenario, art, result = _run(name, campaign_root)
+    _, art, result = _run(name, campaign_root)
     assert not art.timed_out, f"{name}: the run timed out"
     assert result.incident_count_ok and all(c.class_ok for c in result.checks), result.problems
     assert all(c.culprit_node_ok is not False for c in result.checks), result.problems

@@ -1,5 +1,5 @@
-"""A user's DDP training script: an MLP regression over gloo on the CPU, with faultlens's step timer and tiered
-checkpointer, resuming from the restore plan the supervisor hands it.
+"""A user's DDP training script: an MLP regression over gloo on the CPU, with faultlens's in-job instrumentation as
+docs/operations.md describes it (step timer, flight-recorder trigger, tiered checkpointer), resuming from the restore plan the supervisor hands it.
 
     faultlens run --nnodes 2 --nproc-per-node 2 -- controller/lab/jobs/ddp_train.py --steps 40
 
@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
+from collectors.fr_trigger import FlightRecorderTrigger
 from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
 from controller.checkpoints.tiered import TieredCheckpointer
 from controller.restore import load_rank_state, load_restore_plan
@@ -46,6 +47,9 @@ def build_model() -> torch.nn.Module:
 @record
 def main() -> None:
     args = parse_args()
+    trigger = FlightRecorderTrigger.from_env()  # answers the supervisor's flight-recorder requests
+    if trigger is not None:
+        trigger.install()  # before init_process_group
     dist.init_process_group("gloo", timeout=dt.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

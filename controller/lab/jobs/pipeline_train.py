@@ -1,7 +1,7 @@
 """A user's pipeline-parallel training script: the model split in stages along the ranks of a node, activations
 and gradients passed with send/recv between neighbouring stages, gradients averaged over each stage's
-data-parallel sub-group (new_group), loss reported over the world group. Gloo, CPU; faultlens's step timer and
-tiered checkpointer; resumes from the restore plan the supervisor hands it.
+data-parallel sub-group (new_group), loss reported over the world group. Gloo, CPU; faultlens's step timer,
+flight-recorder trigger and tiered checkpointer; resumes from the restore plan the supervisor hands it.
 
     faultlens run --nnodes 2 --nproc-per-node 2 -- controller/lab/jobs/pipeline_train.py --stages 2 --steps 30
 
@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from collectors.fr_trigger import FlightRecorderTrigger
 from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
 from controller.checkpoints.tiered import TieredCheckpointer
 from controller.restore import load_rank_state, load_restore_plan
@@ -51,6 +52,9 @@ def stage_module(stage: int, stages: int) -> torch.nn.Module:
 @record
 def main() -> None:
     args = parse_args()
+    trigger = FlightRecorderTrigger.from_env()  # answers the supervisor's flight-recorder requests
+    if trigger is not None:
+        trigger.install()  # before init_process_group
     dist.init_process_group("gloo", timeout=dt.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     if world % args.stages:
