@@ -51,7 +51,7 @@ def write_section(docs: Path, body: str) -> None:
 
 
 def main() -> int:
-    from controller.lab.campaign import run_campaign
+    from controller.lab.campaign import interleave, run_campaign
     from controller.lab.report import markdown
     from controller.lab.scenarios import DEFAULT_SCENARIOS, load_campaign
 
@@ -64,7 +64,7 @@ def main() -> int:
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     args = parser.parse_args()
     campaign = load_campaign(args.scenarios)
-    scenarios = campaign.select(args.only, ci=args.ci)
+    scenarios = interleave(campaign.select(args.only, ci=args.ci))
     rev, started = commit(), dt.datetime.now(dt.UTC)
 
     def progress(result) -> None:  # type: ignore[no-untyped-def]

@@ -38,3 +38,18 @@ def run_campaign(campaign: Campaign, scenarios: Sequence[Scenario], out_dir: Pat
     summary = {**summarize(scores), "not_run": skipped, "wall_s": round(time.monotonic() - started, 1)}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return scores, summary
+
+
+def interleave(scenarios: Sequence[Scenario]) -> list[Scenario]:
+    """Healthy and faulty scenarios alternated (each in file order), so a campaign cut short by its deadline still
+    has both kinds."""
+    healthy = [s for s in scenarios if s.truth.healthy]
+    faulty = [s for s in scenarios if not s.truth.healthy]
+    ratio = max(1, round(len(faulty) / max(1, len(healthy))))
+    out: list[Scenario] = []
+    while healthy or faulty:
+        out.extend(faulty[:ratio])
+        del faulty[:ratio]
+        if healthy:
+            out.append(healthy.pop(0))
+    return out

@@ -1,5 +1,6 @@
 """A user's DDP training script: an MLP regression over gloo on the CPU, with faultlens's in-job instrumentation as
-docs/operations.md describes it (step timer, flight-recorder trigger, tiered checkpointer), resuming from the restore plan the supervisor hands it.
+docs/operations.md describes it (step timer, flight-recorder trigger, tiered checkpointer), resuming from the
+restore plan the supervisor hands it.
 
     faultlens run --nnodes 2 --nproc-per-node 2 -- controller/lab/jobs/ddp_train.py --steps 40
 
