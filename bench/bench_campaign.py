@@ -61,6 +61,7 @@ def main() -> int:
     parser.add_argument("--ci", action="store_true")
     parser.add_argument("--out", default="/tmp/faultlens-campaign")
     parser.add_argument("--deadline", type=float, help="start no scenario after this many seconds")
+    parser.add_argument("--resume", action="store_true", help="score scenarios already run under --out, run the rest")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     args = parser.parse_args()
     campaign = load_campaign(args.scenarios)
@@ -71,7 +72,8 @@ def main() -> int:
         print(f"# {result.name}: {'ok' if result.ok else 'WRONG: ' + '; '.join(result.problems)} "
               f"({result.wall_s:.0f} s)", file=sys.stderr, flush=True)
 
-    scores, summary = run_campaign(campaign, scenarios, Path(args.out), on_score=progress, deadline_s=args.deadline)
+    scores, summary = run_campaign(campaign, scenarios, Path(args.out), on_score=progress, deadline_s=args.deadline,
+                                   resume=args.resume)
     command = "PYTHONPATH=. python bench/bench_campaign.py" + (" --ci" if args.ci else "") + (
         f" --only {' '.join(args.only)}" if args.only else "") + (f" --deadline {args.deadline:g}" if args.deadline
                                                                   else "")

@@ -18,6 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmd.add_argument("--ci", action="store_true", help="run only the CI subset (scenarios marked ci: true)")
     cmd.add_argument("--out", default="./faultlens-campaign", help="where runs and results go (default %(default)s)")
     cmd.add_argument("--deadline", type=float, help="start no scenario after this many seconds")
+    cmd.add_argument("--resume", action="store_true",
+                     help="score scenarios already run under --out from their runs; run only the others")
     cmd.add_argument("--list", action="store_true", help="list the scenarios and exit")
     cmd.add_argument("--json", action="store_true", help="print the scores and the summary as JSON")
     cmd.set_defaults(func=cmd_campaign)
@@ -46,7 +48,8 @@ def cmd_campaign(args: argparse.Namespace) -> int:
             status = "ok" if result.ok else "WRONG: " + "; ".join(result.problems)
             print(f"{result.name}: {status} ({result.wall_s:.0f} s)", flush=True)
 
-    scores, summary = run_campaign(campaign, scenarios, Path(args.out), on_score=progress, deadline_s=args.deadline)
+    scores, summary = run_campaign(campaign, scenarios, Path(args.out), on_score=progress, deadline_s=args.deadline,
+                                   resume=args.resume)
     text = markdown(scores, summary)
     (Path(args.out) / "report.md").write_text(text + "\n")
     if args.json:

@@ -9,15 +9,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.lab.runner import run_scenario
+from controller.lab.runner import load_artifacts, run_scenario
 from controller.lab.scenarios import Campaign, Scenario
 from controller.lab.score import ScenarioScore, score, summarize
 
 
 def run_campaign(campaign: Campaign, scenarios: Sequence[Scenario], out_dir: Path, *,
                  on_score: Callable[[ScenarioScore], None] | None = None,
-                 deadline_s: float | None = None) -> tuple[list[ScenarioScore], dict[str, Any]]:
-    """Run and score `scenarios`; stop starting new ones past `deadline_s` (those are listed as not run)."""
+                 deadline_s: float | None = None, resume: bool = False
+                 ) -> tuple[list[ScenarioScore], dict[str, Any]]:
+    """Run and score `scenarios`; stop starting new ones past `deadline_s` (those are listed as not run). With
+    `resume`, a scenario that already has a finished run under `out_dir` is scored from it, not run again."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.jsonl"
     results.write_text("")
@@ -25,10 +27,14 @@ def run_campaign(campaign: Campaign, scenarios: Sequence[Scenario], out_dir: Pat
     scores: list[ScenarioScore] = []
     skipped: list[str] = []
     for scenario in scenarios:
-        if deadline_s is not None and time.monotonic() - started > deadline_s:
+        done = out_dir / scenario.name / "artifacts.json"
+        if resume and done.exists():
+            art = load_artifacts(done.parent)
+        elif deadline_s is not None and time.monotonic() - started > deadline_s:
             skipped.append(scenario.name)
             continue
-        art = run_scenario(scenario, out_dir, dict(campaign.gpu_timelines))
+        else:
+            art = run_scenario(scenario, out_dir, dict(campaign.gpu_timelines))
         result = score(scenario, art)
         scores.append(result)
         with results.open("a") as handle:

@@ -140,12 +140,12 @@ def run_scenario(scenario: Scenario, out_dir: Path, gpu_timelines: dict | None =
         except subprocess.TimeoutExpired:
             art.timed_out = True
             art.rc = _interrupt(proc)
+        except BaseException:  # Ctrl-C of the campaign: leave nothing of the scenario running
+            _interrupt(proc)
+            _cleanup(watcher, actions, hog, lab_dir)
+            raise
     art.ended = time.time()
-    watcher.stop()
-    actions.stop()
-    if hog is not None:
-        hog.stop()
-    reap(lab_dir)
+    _cleanup(watcher, actions, hog, lab_dir)
     art.errors.extend(actions.errors)
     errors = lab_dir / "injector-errors.log"
     if errors.exists():
@@ -154,6 +154,14 @@ def run_scenario(scenario: Scenario, out_dir: Path, gpu_timelines: dict | None =
         "scenario": art.scenario, "job_id": art.job_id, "rc": art.rc, "timed_out": art.timed_out,
         "started": art.started, "ended": art.ended, "snapshots": art.snapshots, "errors": art.errors}, indent=1))
     return art
+
+
+def _cleanup(watcher: PlanWatcher, actions: ExternalActions, hog: CpuHog | None, lab_dir: Path) -> None:
+    watcher.stop()
+    actions.stop()
+    if hog is not None:
+        hog.stop()
+    reap(lab_dir)
 
 
 def _interrupt(proc: subprocess.Popen) -> int | None:
