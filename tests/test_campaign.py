@@ -121,10 +121,86 @@ def test_recorded_gpu_fault_fires_on_marker(tmp_path: Path) -> None:
     assert not marker.exists()  # consumed: a later attempt's backend on this node starts healthy
 
 
+def _injector(tmp_path: Path, *faults: FaultSpec, attempt: int = 0, rank: int = 3):  # type: ignore[no-untyped-def]
+    from controller.lab.inject import WorkerInjector
+
+    env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "FAULTLENS_NODE": f"node-{rank // 2}",
+           "FAULTLENS_ATTEMPT": str(attempt), "GROUP_RANK": str(rank // 2)}
+    return WorkerInjector(InjectionPlan(faults, {}, 2), tmp_path, env)
+
+
+def test_injector_fires_at_its_rank_step_and_attempt_only(tmp_path: Path) -> None:
+    from controller.lab.plan import read_injections
+
+    fault = FaultSpec(id="boom", kind="exception", rank=3, step=5, params={"type": "KeyError", "message": "x"})
+    _injector(tmp_path, fault, rank=2).on_step(5, "train", None)  # another rank
+    _injector(tmp_path, fault, attempt=1).on_step(5, "train", None)  # another attempt (default: attempt 0 only)
+    injector = _injector(tmp_path, fault)
+    injector.on_step(4, "train", None)
+    injector.on_step(5, "eval", None)  # an eval pass at the same step number is not the training step
+    assert read_injections(tmp_path) == []
+    with pytest.raises(KeyError):
+        injector.on_step(5, "train", None)
+    [row] = read_injections(tmp_path)
+    assert (row["fault"], row["rank"], row["node"], row["step"], row["attempt"]) == ("boom", 3, "node-1", 5, 0)
+    follows = FaultSpec(id="f", kind="exception", rank=3, step=5, attempts=None)
+    with pytest.raises(RuntimeError):
+        _injector(tmp_path, follows, attempt=2).on_step(5, "train", None)
+
+
+def test_injector_skips_one_collective_of_the_named_group(tmp_path: Path) -> None:
+    fault = FaultSpec(id="s", kind="skip_collective", rank=3, step=7, params={"op": "all_reduce", "group": "sub"})
+    injector = _injector(tmp_path, fault)
+    injector.on_step(7, "train", None)
+    assert not injector.skip("all_reduce", None)  # the world group is not the one named
+    assert not injector.skip("broadcast", object())
+    assert injector.skip("all_reduce", object())  # a sub-group
+    assert not injector.skip("all_reduce", object())  # once
+
+
+def test_external_fault_writes_a_trigger(tmp_path: Path) -> None:
+    fault = FaultSpec(id="kill", kind="node_loss", node_rank=1, local_rank=0, step=3)
+    _injector(tmp_path, fault, rank=3).on_step(3, "train", None)  # local rank 1: not the one that triggers
+    assert not (tmp_path / "triggers").exists()
+    _injector(tmp_path, fault, rank=2).on_step(3, "train", None)
+    doc = json.loads((tmp_path / "triggers" / "kill-a0.json").read_text())
+    assert doc["node"] == "node-1" and doc["rank"] == 2 and doc["step"] == 3
+
+
+def test_sitecustomize_is_inert_outside_a_campaign(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from controller.lab.runner import SITE_DIR
+    from controller.lab.scenarios import REPO_ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLENS_")}
+    env.update(PYTHONPATH=f"{SITE_DIR}{os.pathsep}{REPO_ROOT}", RANK="0", LOCAL_RANK="0")
+    out = subprocess.run([sys.executable, "-c", "import sys; print('controller.lab.inject' in sys.modules)"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
+    plan = tmp_path / "plan.json"
+    plan.write_text(InjectionPlan((FaultSpec(id="x", kind="exception", rank=0, step=2),), {}, 1).to_json())
+    env.update(FAULTLENS_LAB_DIR=str(tmp_path), FAULTLENS_LAB_PLAN=str(plan), FAULTLENS_NODE="node-0")
+    code = ("from collectors.step_timer import StepTimer\n"
+            "timer = StepTimer(None, start=False)\n"
+            "for n in range(4):\n"
+            "    with timer.step(n):\n"
+            "        print(n, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and out.stdout.split() == ["0", "1"] and "injected fault" in out.stderr
+    assert (tmp_path / "pids" / "a0-node-0-r0.json").exists()
+
+
 # ---------------------------------------------------------------------- the CI subset: real jobs
 
 CI_XFAIL = {
     # engine/supervisor bugs issue 11 fixes (engineers "live" and "sup"); the lead removes these after the merge
+    "ci-node-loss": "issue 11: a node loss (agent + workers SIGKILLed) is escalated at 0.20 with no culprit instead "
+                    "of failed over; the supervisor's agent exits never reach the store",
+    "ci-xid79": "issue 11: the restarted attempt's healthy end is reported as a collective hang (hang-no-dumps) "
+                "when teardown outlasts the 10 s floor",
 }
 
 _RUNS: dict[str, tuple] = {}
@@ -183,3 +259,16 @@ def test_scoring_catches_a_wrong_truth(campaign_root: Path) -> None:
     healthy = dataclasses.replace(scenario, truth=dataclasses.replace(scenario.truth, incidents=()))
     result = score(healthy, art)
     assert not result.incident_count_ok and result.healthy_excluded and not result.ok
+
+
+def test_incidents_are_matched_by_class_and_extras_stay_wrong() -> None:
+    from controller.lab.scenarios import ExpectedIncident
+    from controller.lab.score import Observed, match_incidents
+
+    def obs(cls: str) -> Observed:
+        return Observed("i", 0, cls, "unknown", (), (), None, None, None)
+
+    crash = ExpectedIncident("crash", ("unknown",), "failover")
+    assert match_incidents([crash], [obs("straggler"), obs("crash")]) == [1]
+    assert match_incidents([crash, crash], [obs("crash"), obs("straggler")]) == [0, 1]
+    assert match_incidents([crash], []) == [None]

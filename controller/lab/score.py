@@ -216,14 +216,32 @@ def _check(expected: ExpectedIncident, observed: Observed | None, landed: list[d
                  observed.action == expected.action, lat_i, lat_d)
 
 
+def match_incidents(expected: Sequence[ExpectedIncident], observed: Sequence[Observed]) -> list[int | None]:
+    """For each expected incident, the index of the observed one it is judged against: in order, the next one of
+    its class, else the next one. Observed incidents left over are extra (wrong) incidents."""
+    picks: list[int | None] = []
+    used: set[int] = set()
+    last = -1
+    for want in expected:
+        free = [i for i in range(last + 1, len(observed)) if i not in used]
+        pick = next((i for i in free if want.incident_class in ("any", observed[i].incident_class)),
+                    free[0] if free else None)
+        picks.append(pick)
+        if pick is not None:
+            used.add(pick)
+            last = pick
+    return picks
+
+
 def score(scenario: Scenario, art: RunArtifacts) -> ScenarioScore:
     faults = {f.id: f for f in scenario.faults}
     observed, attempt_steps = read_observed(art.store, art.job_id)
     landed = _injections_by_attempt(art.lab_dir, faults)
     problems: list[str] = []
     checks = []
+    matched = match_incidents(scenario.truth.incidents, observed)
     for i, expected in enumerate(scenario.truth.incidents):
-        seen = observed[i] if i < len(observed) else None
+        seen = None if matched[i] is None else observed[matched[i]]
         check = _check(expected, seen, landed.get(seen.attempt if seen and seen.attempt is not None else -1, []),
                        faults)
         checks.append(check)
@@ -234,16 +252,17 @@ def score(scenario: Scenario, art: RunArtifacts) -> ScenarioScore:
                 problems.append(f"incident {i + 1}: {what} (want {check.expected}, got {check.observed})")
     count_ok = len(observed) == len(scenario.truth.incidents)
     if not count_ok:
-        extra = observed[len(scenario.truth.incidents):]
+        extra = [o for i, o in enumerate(observed) if i not in matched]
         problems.append(f"{len(observed)} incidents, {len(scenario.truth.incidents)} expected"
                         + (": extra " + "; ".join(f"{o.incident_class}/{o.cause} on {','.join(o.nodes) or '-'} "
-                                                   f"({o.rule}, {o.confidence}) -> {o.action}" for o in extra)
+                                                   f"({o.rule}, {o.confidence}) -> {o.action or '-'}" for o in extra)
                            if extra else ""))
     # exclusions: a failover the truth expects excludes exactly its culprit node
     allowed: set[str] = set()
     for i, expected in enumerate(scenario.truth.incidents):
-        if expected.action == "failover" and expected.culprit != "none" and i < len(observed):
-            target = [r for r in landed.get(observed[i].attempt or 0, []) if _targeted(faults.get(r["fault"]))]
+        if expected.action == "failover" and expected.culprit != "none" and matched[i] is not None:
+            attempt = observed[matched[i]].attempt or 0
+            target = [r for r in landed.get(attempt, []) if _targeted(faults.get(r["fault"]))]
             allowed.update(r["node"] for r in target[:1] if r.get("node"))
     excluded: list[str] = []
     for obs in observed:
