@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import subprocess
 import sys
@@ -67,6 +68,11 @@ def main() -> int:
     campaign = load_campaign(args.scenarios)
     scenarios = interleave(campaign.select(args.only, ci=args.ci))
     rev, started = commit(), dt.datetime.now(dt.UTC)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / "runs-commit.txt"
+    runs_rev = marker.read_text().strip() if args.resume and marker.exists() else rev
+    marker.write_text(runs_rev + "\n")
 
     def progress(result) -> None:  # type: ignore[no-untyped-def]
         print(f"# {result.name}: {'ok' if result.ok else 'WRONG: ' + '; '.join(result.problems)} "
@@ -86,9 +92,10 @@ def main() -> int:
         "",
         f"    {command}",
         "",
-        f"Measured on commit {rev}, {started:%Y-%m-%d %H:%M} UTC, {machine()['cores']} cores (shared, loaded), "
-        f"{summary['wall_s']:.0f} s for {summary['scenarios']} scenarios. This is the engine and supervisor as they "
-        "were on that commit: the wrong rows are what the campaign found.",
+        f"Runs made on commit {runs_rev}" + (f", scored on commit {rev}" if runs_rev != rev else "")
+        + f", {started:%Y-%m-%d %H:%M} UTC, {machine()['cores']} cores (shared with seven other engineers' work, "
+        f"load average {os.getloadavg()[0]:.0f}), {summary['scenarios']} scenarios. This is the engine and supervisor "
+        "as they were on that commit: the wrong rows are what the campaign found.",
         "",
         markdown(scores, summary),
     ])
