@@ -1,0 +1,1 @@
+"""Training scripts the campaign runs, written as a user would write them (DDP; a pipeline with sub-groups)."""
