@@ -180,6 +180,9 @@ class StragglerThresholds(_Strict):
     window_steps: int = Field(ge=2)
     min_window_steps: int = Field(ge=2)
     persistence: float = Field(gt=0.0, le=1.0)
+    # With two replicas a worker is compared with one partner only: either of two healthy ranks is the slower one
+    # in about half the steps, so a pair needs this stronger persistence (a sign test, not a majority)
+    pairwise_persistence: float = Field(default=0.9, gt=0.0, le=1.0)
     peer_z: float = Field(gt=0.0)
     min_ratio: float = Field(gt=1.0)
     mad_floor_frac: float = Field(gt=0.0)

@@ -164,14 +164,16 @@ class StragglerDetector:
 
     # ------------------------------------------------------------ findings
 
-    def _persistent(self, flags: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """steps x k: persistent at step s (flagged in >= persistence of the last window_steps valid steps)."""
+    def _persistent(self, flags: np.ndarray, valid: np.ndarray, *, pairwise: bool = False) -> np.ndarray:
+        """steps x k: persistent at step s (flagged in >= persistence of the last window_steps valid steps;
+        `pairwise`: each column was compared with one partner only, which needs pairwise_persistence)."""
         w = self.t.window_steps
+        needed = max(self.t.persistence, self.t.pairwise_persistence) if pairwise else self.t.persistence
         counts = rolling_sum(valid.astype(float)[:, None], w)
         hits = rolling_sum(flags & valid[:, None], w)
         with np.errstate(invalid="ignore", divide="ignore"):
             fraction = np.where(counts > 0, hits / np.maximum(counts, 1), 0.0)
-        return (fraction >= self.t.persistence) & (counts >= self.t.min_window_steps)
+        return (fraction >= needed) & (counts >= self.t.min_window_steps)
 
     def _window(self, steps: list[int], step: int) -> list[int]:
         position = steps.index(step)
@@ -185,7 +187,7 @@ class StragglerDetector:
         found: list[StragglerFinding] = []
         claimed: set[int] = set()
 
-        worker_persistent = self._persistent(parts.worker_flag, valid)
+        worker_persistent = self._persistent(parts.worker_flag, valid, pairwise=layout.replicas == 2)
         persistent_ranks = {int(layout.ranks[j]) for j in np.flatnonzero(worker_persistent.any(axis=0))}
 
         # stage effect: slow in every replica; with one replica only when it did not become slow (own history)

@@ -162,7 +162,12 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
                 section_refs[name][:, cols] = sref
                 with np.errstate(invalid="ignore"):
                     slow |= (part - sref) >= (t.min_ratio - 1.0) * ref
-            worker_flag[:, cols] = np.nan_to_num(slow.astype(float), nan=0.0).astype(bool)
+            slow = np.nan_to_num(slow.astype(float), nan=0.0).astype(bool)
+            if len(cols) == 2:
+                # each slower than the other in some part of the same step: the pair cannot say which one is slow
+                both = slow[:, 0] & slow[:, 1]
+                slow[both] = False
+            worker_flag[:, cols] = slow
     if D >= 2:
         with np.errstate(invalid="ignore", divide="ignore"):
             worker_ratio = compute / peer_ref
