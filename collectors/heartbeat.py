@@ -32,12 +32,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+if TYPE_CHECKING:
+    import pyarrow as pa
 
-from collectors.schema import rows_to_table
-from collectors.source import NodeIdentity
+    from collectors.source import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +285,8 @@ class HeartbeatSource:
         if not rows:
             return {}
         try:
+            from collectors.schema import rows_to_table  # here: the rank-side writer must not pull in pyarrow
+
             table = rows_to_table("heartbeats", rows)
         except Exception as exc:
             self.stats.unreadable += len(rows)

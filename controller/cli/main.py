@@ -14,7 +14,7 @@ from controller.cli.common import CliError
 # or module objects (imported up front).
 COMMAND_MODULES: list = ["run_cmds", "store_cmds", "ingest_cmds", "gpu_cmds", "decision_cmds", "hang_cmds",
                          "attribution_cmds", "sim_cmds", "goodput_cmds",
-                         "doctor_cmds", "view_cmds", "campaign_cmds"]
+                         "campaign_cmds", "doctor_cmds", "view_cmds"]
 
 
 def _module(entry):

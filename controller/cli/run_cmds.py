@@ -66,7 +66,8 @@ def _printer():
     started = time.monotonic()
 
     def say(text: str) -> None:
-        render_text(f"{time.monotonic() - started:6.1f}s {text}", out=sys.stdout, hanging=" " * 8)
+        # folded at spaces only: a path or a "[file.cc:537]" tag in torch's text stays whole (copyable)
+        render_text(f"{time.monotonic() - started:6.1f}s {text}", out=sys.stdout, hanging=" " * 8, break_words=False)
 
     return sys.stdout, say
 

@@ -68,9 +68,9 @@ def print_attempts(result: RunResult, out: TextIO, lost: dict[int, int] | None =
                 out=out, width=width)
     for label, text in attempt_lines(result, lost or {}):
         if not label:
-            render_text(text, out=out, width=width)
+            render_text(text, out=out, width=width, break_words=False)
         else:
-            render_text(f"  {label:<9} {text}", out=out, width=width, hanging=" " * 12)
+            render_text(f"  {label:<9} {text}", out=out, width=width, hanging=" " * 12, break_words=False)
 
 
 def print_report(result: RunResult, out: TextIO, *, wall_s: float, store: str,

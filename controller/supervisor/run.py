@@ -320,6 +320,8 @@ class Supervisor:
                          f"{record.exit_codes}); giving up")
                 return RunResult(Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store)
             if decision.action is not Action.FAILOVER:
+                for item in decision.evidence[:2]:  # what the human is called for (data: printed literally)
+                    self.say(f"evidence ({item.table}): {item.text}")
                 self.say(f"escalated to a human; the job is stopped (decision {decision.decision_id}; its JSON: "
                          f"faultlens decisions --store {self.config.store} --job {self.config.job_id} --json)")
                 return RunResult(Outcome.ESCALATED, self.config.job_id, attempts, self.excluded, self.config.store)
