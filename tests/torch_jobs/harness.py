@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,16 +103,39 @@ class GenerationError(RuntimeError):
     """A scenario did not produce what it must: the message says which and shows torchrun's stderr tail."""
 
 
-def cache_key() -> str:
+def files_key(files: Sequence[Path], *extra: bytes) -> str:
+    """A cache key of generated torch artifacts: the generating files' names and bytes, torch's and Python's
+    versions, and whatever else the generator's output depends on (`extra`)."""
     import torch
 
     digest = hashlib.sha256()
-    for relative in HASHED_FILES:
-        digest.update(relative.encode())
-        digest.update((REPO_ROOT / relative).read_bytes())
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(sys.version.encode())
+    for item in extra:
+        digest.update(item)
     return digest.hexdigest()[:16]
+
+
+def generated_once(root: Path, key: str, generate: Callable[[Path], object]) -> Path:
+    """`root/key`, made by `generate` once per key under a file lock (other test processes wait for it); a
+    directory left incomplete by an interrupted run is made again."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (final / "COMPLETE").exists():
+            if final.exists():
+                shutil.rmtree(final)
+            generate(final)
+            (final / "COMPLETE").write_text(dt.datetime.now(dt.UTC).isoformat())
+    return final
+
+
+def cache_key() -> str:
+    return files_key([REPO_ROOT / relative for relative in HASHED_FILES])
 
 
 def default_cache_root() -> Path:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import datetime as dt
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -32,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.torch_jobs.harness import GenerationError, default_cache_root
+from tests.torch_jobs.harness import GenerationError, default_cache_root, files_key, generated_once
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "train_pipeline.py"
@@ -83,30 +81,12 @@ CASES = _cases()
 
 
 def cache_key() -> str:
-    import torch
-
-    digest = hashlib.sha256()
-    for relative in HASHED_FILES:
-        digest.update(relative.encode())
-        digest.update((REPO_ROOT / relative).read_bytes())
-    digest.update(torch.__version__.encode())
-    digest.update(sys.version.encode())
-    return digest.hexdigest()[:16]
+    return files_key([REPO_ROOT / relative for relative in HASHED_FILES])
 
 
 def straggler_artifacts(cache_root: Path | None = None) -> dict[str, Path]:
     """The artifact directory of every case, generated once per cache key under a file lock."""
-    root = (cache_root or default_cache_root()) / "stragglers"
-    root.mkdir(parents=True, exist_ok=True)
-    key = cache_key()
-    final = root / key
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (final / "COMPLETE").exists():
-            if final.exists():
-                shutil.rmtree(final)
-            generate(final)
-            (final / "COMPLETE").write_text(dt.datetime.now(dt.UTC).isoformat())
+    final = generated_once((cache_root or default_cache_root()) / "stragglers", cache_key(), generate)
     return {name: final / name for name in CASES}
 
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +30,7 @@ import time
 from pathlib import Path
 
 from tests.torch_jobs.hang_corpus import scenarios as sc
+from tests.torch_jobs.harness import files_key, generated_once
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = Path(__file__).resolve().parent
@@ -52,31 +51,13 @@ def py_spy() -> str | None:
 
 
 def cache_key() -> str:
-    import torch
-
-    digest = hashlib.sha256()
-    for name in HASHED:
-        digest.update(name.encode())
-        digest.update((PACKAGE / name).read_bytes())
-    digest.update(torch.__version__.encode())
-    digest.update(sys.version.encode())
-    digest.update(b"py-spy" if py_spy() else b"no py-spy")
-    return digest.hexdigest()[:16]
+    return files_key([PACKAGE / name for name in HASHED], b"py-spy" if py_spy() else b"no py-spy")
 
 
 def corpus(root: Path | None = None) -> dict[str, Path]:
     """Scenario name -> its directory, generated once per cache key."""
     root = root or Path(os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / f"faultlens-hang-corpus-{os.getuid()}")
-    root.mkdir(parents=True, exist_ok=True)
-    key = cache_key()
-    final = root / key
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (final / "COMPLETE").exists():
-            if final.exists():
-                shutil.rmtree(final)
-            generate(final)
-            (final / "COMPLETE").write_text(dt.datetime.now(dt.UTC).isoformat())
+    final = generated_once(root, cache_key(), generate)
     return {s.name: final / s.name for s in sc.SCENARIOS}
 
 
