@@ -159,11 +159,37 @@ def is_segment_name(name: str) -> bool:
     return name.endswith(SEGMENT_SUFFIX) and not name.startswith((".", "_"))
 
 
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The Parquet leaf columns worth dictionary encoding: strings (node, job, phase, section names, the keys of a
+    map). Numbers (times, durations, samples) are written plain: a dictionary of mostly distinct floats costs twice
+    the encoding time and ends larger once zstd has run over it."""
+
+    def leaves(field: pa.Field, prefix: str) -> list[str]:
+        kind, path = field.type, f"{prefix}{field.name}"
+        if pa.types.is_map(kind):
+            return (leaves(pa.field("key", kind.key_type), f"{path}.key_value.")
+                    + leaves(pa.field("value", kind.item_type), f"{path}.key_value."))
+        if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            return leaves(pa.field("element", kind.value_type), f"{path}.list.")
+        if pa.types.is_struct(kind):
+            return [leaf for child in kind for leaf in leaves(child, f"{path}.")]
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        return [path] if pa.types.is_string(kind) or pa.types.is_large_string(kind) else []
+
+    return [leaf for field in schema for leaf in leaves(field, "")]
+
+
+def write_parquet(table: pa.Table, where: object, compression: str = "zstd") -> None:
+    """Every segment is written here: zstd, dictionaries for string columns only."""
+    pq.write_table(table, where, compression=compression, use_dictionary=dictionary_columns(table.schema))
+
+
 def parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes] | None = None, compression: str = "zstd") -> bytes:
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     buffer = io.BytesIO()
-    pq.write_table(table, buffer, compression=compression)
+    write_parquet(table, buffer, compression=compression)
     return buffer.getvalue()
 
 
@@ -179,7 +205,7 @@ def write_segment(location: StoreLocation, directory: str, table: pa.Table, *, n
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
         try:
             with open(temp, "wb") as handle:
-                pq.write_table(table, handle, compression=compression)
+                write_parquet(table, handle, compression=compression)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(temp, final)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +40,12 @@ class SegmentSink:
 
     def __init__(self, store: str | StoreLocation, *, flush_rows: int = 100_000, flush_age_s: float = 5.0,
                  compression: str = "zstd", clock: Callable[[], float] = time.monotonic,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
+                 storage_options: Mapping[str, Any] | None = None, write_threads: int = 8) -> None:
         self.location = resolve_store(store, create=True, **dict(storage_options or {}))
         self.flush_rows = flush_rows
         self.flush_age_s = flush_age_s
         self.compression = compression
+        self.write_threads = write_threads  # segments written at once by a flush spanning several partitions
         self._clock = clock
         self._buffers: dict[str, _Buffer] = {}
         self._lock = threading.Lock()
@@ -127,20 +129,33 @@ class SegmentSink:
         node_codes = node.combine_chunks().dictionary_encode()
         keys = pa.table({"j": job_codes.indices, "d": day.combine_chunks(), "n": node_codes.indices})
         order = pc.sort_indices(keys, sort_keys=[("j", "ascending"), ("d", "ascending"), ("n", "ascending")])
-        table = table.combine_chunks().take(order)
         groups = keys.take(order).group_by(["j", "d", "n"], use_threads=False).aggregate([([], "count_all")])
         job_names = job_codes.dictionary.to_pylist()
         node_names = node_codes.dictionary.to_pylist()
-        paths = []
+        parts = []
         offset = 0
         for j_code, d, n_code, count in zip(*(groups.column(c).to_pylist() for c in ("j", "d", "n", "count_all")),
                                             strict=True):
             j, n = job_names[j_code], node_names[n_code]
-            directory = partition_dir(self.location, name, j, partition_date(d), n)
-            paths.append(write_segment(self.location, directory, table.slice(offset, count),
-                                       compression=self.compression))
+            parts.append((partition_dir(self.location, name, j, partition_date(d), n), order.slice(offset, count)))
             offset += count
-        return paths
+        return self._write_parts(table.combine_chunks(), parts)
+
+    def _write_parts(self, table: pa.Table, parts: list[tuple[str, pa.Array]]) -> list[str]:
+        """Write one segment per partition (its rows: `table` taken at the partition's indices), a few at a time:
+        taking rows and Parquet encoding release the GIL and each segment waits on two fsyncs (file, directory),
+        so a whole-job flush of 128 partitions overlaps them. Every segment is complete and visible when this
+        returns; the first failure is raised after the others end."""
+        def write(part: tuple[str, pa.Array]) -> str:
+            return write_segment(self.location, part[0], table.take(part[1]), compression=self.compression)
+
+        if len(parts) < 2 or self.write_threads < 2:
+            return [write(part) for part in parts]
+        with ThreadPoolExecutor(max_workers=min(self.write_threads, len(parts)),
+                                thread_name_prefix="faultlens-sink") as pool:
+            futures = [pool.submit(write, part) for part in parts]
+            wait(futures)
+        return [future.result() for future in futures]
 
     def close(self) -> None:
         self.flush()
