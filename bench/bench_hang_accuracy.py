@@ -12,7 +12,9 @@ Per set and analyzer: the ranks it names as culprits, whether that is exactly th
   a dump is missing), on a copy of the dumps named `_dump_<rank>` (its file-name rule); the ranks it names are
   every "missing ranks: {...}" and "Culprit rank N" it prints;
 - NVIDIA: nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution.CollectiveAnalyzer run in the Python
-  given by --nvrx-python (its own venv), its "hanging ranks"; where it cannot be imported the table says why.
+  given by --nvrx-python (its own venv) on the same `_dump_<rank>` copy with its CLI's arguments (-p "_dump_*", no
+  LLM); the ranks it names are the "Missing Ranks" column of the table it prints (what its print_output returns as
+  "hanging ranks"); where it cannot be imported the table says why.
 """
 
 from __future__ import annotations
@@ -36,14 +38,21 @@ from bench.common import emit, machine  # noqa: E402
 NCCL_SET = REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"
 NCCL_TRUTH = (9, 14)
 NVRX_MODULE = "nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution"
+# Drives CollectiveAnalyzer as its own CLI would (fr_attribution.main: the same argparse fields, defaults kept,
+# --fr-path DIR -p "_dump_*"), but runs the three registered pipeline steps in run_sync's order on the analyzer's own
+# event loop: at the source read (fr_attribution.py @16a9d66, base.py @1eaec7b) main()'s run_sync(args) passes its
+# input to preprocess_FR_dumps(self), which takes none, and do_attribution passes model=/verbose= to
+# collective_analysis(self, analysis_output), which takes neither: both raise TypeError before any analysis.
 NVRX_ADAPTER = r"""
-import argparse, asyncio, json, re, sys
+import argparse, json, sys
 from nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution import CollectiveAnalyzer
-args = argparse.Namespace(fr_path=sys.argv[1], pattern="_dump_*", verbose=False, model=None, llm_analyze=False,
-                          health_check=False)
+args = argparse.Namespace(fr_path=sys.argv[1], pattern="_dump_*", verbose=False, health_check=False, llm_analyze=False,
+                          model="nvdev/nvidia/llama-3.3-nemotron-super-49b-v1", debug=False)
 analyzer = CollectiveAnalyzer(args)
-text = asyncio.run(analyzer.preprocess_FR_dumps())
-result, _ = asyncio.run(analyzer.print_output(text))
+loop = analyzer._loop
+text = loop.run_until_complete(analyzer.preprocess_FR_dumps())
+attributed = loop.run_until_complete(analyzer.collective_analysis(text))
+result, _ = loop.run_until_complete(analyzer.print_output(attributed))
 print(json.dumps({"text": text, "result": result}))
 """
 
@@ -124,9 +133,20 @@ def _nvrx(python: str, dumps: Path) -> tuple[tuple[int, ...] | None, str]:
                                 timeout=600)
     if result.returncode != 0:
         return None, f"failed: {(result.stderr.strip().splitlines() or ['?'])[-1][:120]}"
-    found = re.search(r"hanging ranks: \[([^\]]*)\]", json.loads(result.stdout.splitlines()[-1])["result"])
-    ranks = {int(r) for r in re.findall(r"\d+", found.group(1))} if found else set()
-    return tuple(sorted(ranks)), ""
+    lines = result.stdout.strip().splitlines()
+    if not lines:
+        return None, "printed nothing"
+    return _named_by_nvrx(json.loads(lines[-1])["text"]), ""
+
+
+def _named_by_nvrx(text: str) -> tuple[int, ...]:
+    """The ranks in the last column of CollectiveAnalyzer's table (the field its print_output reports as "hanging
+    ranks"), where that column is "Missing Ranks". Where no group has a missing rank it prints the head groups'
+    "Completed Ranks" table instead (whose last field is then the group's rank count): it names no rank."""
+    rows = [line.split("|") for line in text.splitlines() if len(line.split("|")) >= 6]
+    if not rows or rows[0][-1].strip() != "Missing Ranks":
+        return ()
+    return tuple(sorted({int(r) for row in rows[1:] for r in re.findall(r"\d+", row[-1])}))
 
 
 def _score(named: tuple[int, ...] | None, truth: tuple[int, ...]) -> dict[str, object]:
