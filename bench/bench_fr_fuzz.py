@@ -495,6 +495,10 @@ def worker(reader: str, seed: int, start: int, count: int) -> None:
         worst = max(result["times"])
         stats["worst_s"] = max(stats["worst_s"], worst)
         stats["worst_s_per_kb"] = max(stats["worst_s_per_kb"], worst / max(len(data), 256) * 1024)
+        if stats["inputs"] % 2000 == 0:  # what a run cut short by its time limit still reports
+            stats["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            sys.stdout.write("P " + json.dumps(stats) + "\n")
+            sys.stdout.flush()
     stats["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     sys.stdout.write("R " + json.dumps(stats) + "\n")
     sys.stdout.flush()
@@ -514,15 +518,20 @@ def run(reader: str, n: int, seed: int = 1, timeout_s: float = 1800) -> dict[str
                                  "--seed", str(seed), "--start", str(start), "--n", str(n - start)],
                                 cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         last = start - 1
-        result = None
+        result = partial = None
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("I "):
                 last = int(line[2:])
             elif line.startswith("R "):
                 result = json.loads(line[2:])
+            elif line.startswith("P "):
+                partial = json.loads(line[2:])
             if time.perf_counter() - started > timeout_s:
                 proc.kill()
+                if result is None and partial is not None:  # the inputs of the last progress line, counted
+                    result = partial
+                    total["timed_out"] = True
                 break
         code = proc.wait()
         if result is not None:
@@ -553,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=100_000, help="inputs per reader (default 100,000)")
     parser.add_argument("--readers", default="pickle,json")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout-s", type=float, default=1800,
+                        help="per reader: stop then and report the inputs counted so far (timed_out: true)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--reader", default="pickle", help=argparse.SUPPRESS)
@@ -561,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.reader, args.seed, args.start, args.n)
         return 0
-    results = [run(reader, args.n, args.seed) for reader in args.readers.split(",")]
+    results = [run(reader, args.n, args.seed, args.timeout_s) for reader in args.readers.split(",")]
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
