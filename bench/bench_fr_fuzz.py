@@ -2,6 +2,7 @@
 
     python -m bench.bench_fr_fuzz                          # 100,000 inputs per reader (pickle: both paths; JSON)
     python -m bench.bench_fr_fuzz --n 2000 --json          # what the CI runs (tests/test_fr_fuzz.py)
+    python -m bench.bench_fr_fuzz --readers pickle-keys    # every key-name fetch retargeted (~209,000 inputs)
 
 Seeds are real dumps: the public NCCL set (tests/data/nccl-fr-gpu_error_2nd, 16 ranks) and real gloo dumps from
 torchrun jobs (tests/data/gloo-fr-*, pickle and JSON). Each input is a mutant of a seed (one or a few changed
@@ -313,6 +314,62 @@ def mutate_json(rng: random.Random, jsons: list[bytes]) -> bytes:
     return bytes(data)
 
 
+def _key_gets(data: bytes, keys: frozenset[str]) -> tuple[list[tuple[int, str, int]], dict[int, str]]:
+    """(BINGET / LONG_BINGET opcodes that fetch a memoized key name: (position, opcode, memo index)), and the memo
+    indices of key names."""
+    memo: dict[int, str] = {}
+    gets: list[tuple[int, str, int]] = []
+    last: str | None = None
+    try:
+        for op, arg, pos in pickletools.genops(data):
+            if op.name in ("BINUNICODE", "SHORT_BINUNICODE", "UNICODE", "BINUNICODE8"):
+                last = arg
+                continue
+            if op.name in ("BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE") and last is not None:
+                memo[len(memo) if op.name == "MEMOIZE" else int(arg)] = last
+            elif op.name in ("BINGET", "LONG_BINGET") and memo.get(arg) in keys:
+                gets.append((pos, op.name, int(arg)))
+            last = None
+    except Exception:
+        return [], {}
+    return gets, {index: text for index, text in memo.items() if text in keys}
+
+
+def _key_swap_edits(data: bytes) -> list[tuple[int, str, int]]:
+    from collectors.fr_fastpickle import ENTRY_KEYS
+
+    gets, names = _key_gets(data, frozenset(ENTRY_KEYS))
+    return [(pos, name, other) for pos, name, index in gets for other in sorted(names)
+            if other != index and (name == "LONG_BINGET" or other <= 255)]
+
+
+def _apply_swap(data: bytes, edit: tuple[int, str, int]) -> bytes:
+    pos, name, other = edit
+    mutant = bytearray(data)
+    if name == "BINGET":
+        mutant[pos + 1] = other
+    else:
+        mutant[pos + 1:pos + 5] = struct.pack("<I", other)
+    return bytes(mutant)
+
+
+def key_swaps(data: bytes) -> list[bytes]:
+    """Every dump in which one fetch of a memoized key name fetches another key name instead: one dict then holds a
+    key twice and lacks another (the shape of input 26,083 of seed 1: a pg_status group with
+    'last_completed_collective' twice and no 'last_enqueued_collective'), or gains a key it should not have."""
+    return [_apply_swap(data, edit) for edit in _key_swap_edits(data)]
+
+
+def key_swap_stream(seed: int) -> Any:
+    """The key-swap mutants of every pickle seed (~209,000), in a shuffled order of the seed."""
+    pickles, _ = seeds()
+    edits = [_key_swap_edits(data) for data in pickles]
+    order = [(i, j) for i, seed_edits in enumerate(edits) for j in range(len(seed_edits))]
+    random.Random(seed).shuffle(order)
+    for i, j in order:
+        yield _apply_swap(pickles[i], edits[i][j])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # one input
 
@@ -385,6 +442,9 @@ def check(data: bytes, reader: str, assemble: bool = True) -> dict[str, Any]:
 def _inputs(reader: str, seed: int) -> Any:
     """Deterministic stream of inputs: the named hostile cases first, then mutants."""
     pickles, jsons = seeds()
+    if reader == "pickle-keys":  # one key name fetched for another (a key twice in a dict, another absent)
+        yield from key_swap_stream(seed)
+        return
     if reader == "json":
         yield from hostile_jsons().values()
         rng = random.Random(seed)
@@ -435,6 +495,10 @@ def worker(reader: str, seed: int, start: int, count: int) -> None:
         worst = max(result["times"])
         stats["worst_s"] = max(stats["worst_s"], worst)
         stats["worst_s_per_kb"] = max(stats["worst_s_per_kb"], worst / max(len(data), 256) * 1024)
+        if stats["inputs"] % 2000 == 0:  # what a run cut short by its time limit still reports
+            stats["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            sys.stdout.write("P " + json.dumps(stats) + "\n")
+            sys.stdout.flush()
     stats["rss_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     sys.stdout.write("R " + json.dumps(stats) + "\n")
     sys.stdout.flush()
@@ -454,15 +518,20 @@ def run(reader: str, n: int, seed: int = 1, timeout_s: float = 1800) -> dict[str
                                  "--seed", str(seed), "--start", str(start), "--n", str(n - start)],
                                 cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
         last = start - 1
-        result = None
+        result = partial = None
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("I "):
                 last = int(line[2:])
             elif line.startswith("R "):
                 result = json.loads(line[2:])
+            elif line.startswith("P "):
+                partial = json.loads(line[2:])
             if time.perf_counter() - started > timeout_s:
                 proc.kill()
+                if result is None and partial is not None:  # the inputs of the last progress line, counted
+                    result = partial
+                    total["timed_out"] = True
                 break
         code = proc.wait()
         if result is not None:
@@ -493,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=100_000, help="inputs per reader (default 100,000)")
     parser.add_argument("--readers", default="pickle,json")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout-s", type=float, default=1800,
+                        help="per reader: stop then and report the inputs counted so far (timed_out: true)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--reader", default="pickle", help=argparse.SUPPRESS)
@@ -501,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.reader, args.seed, args.start, args.n)
         return 0
-    results = [run(reader, args.n, args.seed) for reader in args.readers.split(",")]
+    results = [run(reader, args.n, args.seed, args.timeout_s) for reader in args.readers.split(",")]
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
@@ -512,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
           "worst s/KB (real) | worst input s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        name = "pickle (scanner + restricted unpickler)" if r["reader"] == "pickle" else "JSON"
+        name = {"pickle": "pickle (scanner + restricted unpickler)", "json": "JSON",
+                "pickle-keys": "pickle key swaps (both readers)"}[r["reader"]]
         print(f"| {name} | {r['inputs']:,} | {r['accepted']:,} | {r['crashes']} | {r['tracebacks']} | "
               f"{r['disagreements']} | {r['rss_peak_mb']:.0f} MB ({r['rss_ratio']}x) | "
               f"{r['worst_s_per_kb'] * 1000:.2f} ms ({r['real_worst_s_per_kb'] * 1000:.2f} ms) | "

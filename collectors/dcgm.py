@@ -238,6 +238,12 @@ class DcgmParser:
             self._bad(0, f"{type(exc).__name__}: {str(exc)[:120]}")
             return [], []
 
+    def _example_line(self, text: str, sample: _Sample) -> int:
+        """The line number of a bad sample where it is kept as an example (the first 10), else 0: only examples keep
+        line numbers, and a lookup that finds nothing reads the whole scrape (a 4 MB scrape of thousands of bad
+        samples spent its time here)."""
+        return self._line_of(text, sample) if len(self.stats.bad_examples) < 10 else 0
+
     def _line_of(self, text: str, sample: _Sample) -> int:
         """The line number of a sample (looked up only for bad ones): the next line, from where the last lookup
         stopped (samples come in text order, so all lookups of a scrape together read it about once), that holds
@@ -287,9 +293,9 @@ class DcgmParser:
             try:
                 self._one(sample, gpus, events, identity, now_ns, host_from_labels)
             except _BadValue as exc:
-                self._bad(self._line_of(text, sample), f"{sample.name}: {exc}")
+                self._bad(self._example_line(text, sample), f"{sample.name}: {exc}")
             except Exception as exc:
-                self._bad(self._line_of(text, sample), f"{sample.name}: {type(exc).__name__}: {str(exc)[:120]}")
+                self._bad(self._example_line(text, sample), f"{sample.name}: {type(exc).__name__}: {str(exc)[:120]}")
         rows = []
         for key, row in gpus.items():
             values = row.pop("_values")
@@ -412,6 +418,8 @@ class DcgmParser:
             return
         if len(xid) > 9:
             raise _BadValue(f"xid label {xid[:20]!r} is not an Xid number")
+        if not (math.isfinite(sample.value) and sample.value >= 0):  # -Inf, then any count: int(inf) in the message
+            raise _BadValue(f"Xid {xid} count {sample.value!r} is not a count")
         count_key = (key, xid, sample.labels.get("window_size_in_ms"))
         before = self._xid_counts.get(count_key, 0.0)
         self._xid_counts[count_key] = sample.value

@@ -923,6 +923,8 @@ def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild
             st[i, 0] = echild[j]
             value = echild[j + 1]
             if kind[value] == K_DICT:
+                # which of the three keys were seen (a bit each, not a count: a key written twice, e.g. completed
+                # twice and enqueued absent, counted three and read the absent one as -1)
                 found = 0
                 q = head[value]
                 while q >= 0:
@@ -930,13 +932,15 @@ def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild
                         k = _key_of(echild[f], buf, kind, ival, ilen, key_bytes, key_offsets, cache)
                         v = echild[f + 1]
                         if 33 <= k <= 35:
-                            found += 1
+                            found |= 1 << (k - 33)
                             if kind[v] == K_INT:
                                 st[i, k - 32] = ival[v]
                             else:
                                 ok = False
                     q = run_next[q]
-                if found != 3 or ilen[value] != 6:  # exactly the three keys, else the generic walk (absent != -1)
+                # exactly the three keys, each once, else the generic walk (absent != -1; the last of a repeated
+                # key wins, as in the reference)
+                if found != 7 or ilen[value] != 6:
                     ok = False
             else:
                 ok = False

@@ -268,12 +268,14 @@ def validate(table: str, data: pa.RecordBatch | pa.Table) -> pa.Table:
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
         raise SchemaError(f"table {table!r}: expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
-    unknown = [name for name in data.column_names if schema.get_field_index(name) < 0]
+    names = data.column_names  # (a new list per access: once, not per field)
+    unknown = [name for name in names if schema.get_field_index(name) < 0]
     if unknown:
         raise SchemaError(f"table {table!r}: column {unknown[0]!r} is not in the schema (version {SCHEMA_VERSION})")
+    present = set(names)
     columns = []
     for field in schema:
-        if field.name not in data.column_names:
+        if field.name not in present:
             if not field.nullable:
                 raise SchemaError(f"table {table!r}: column {field.name!r} is required ({field.type}) but missing")
             columns.append(pa.nulls(data.num_rows, field.type))
