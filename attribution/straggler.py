@@ -357,7 +357,7 @@ class StragglerDetector:
         refs = {k: v[rows] for k, v in (section_refs or scores.parts.section_refs).items()}
         cells = np.broadcast_to(mask, scores.compute.shape)[rows]
         arrival = None
-        if scores.sync is not None and scores.ends is not None:
+        if self.t.whatif.sync_arrivals and scores.sync is not None and scores.ends is not None:
             # when each rank reached the data-parallel sync: its step end less its time in the sync
             arrival = (scores.ends.to_numpy(dtype=float) - scores.sync.to_numpy(dtype=float))[rows]
         return what_if(StepModel(scores.layout), compute, fixed[rows], scores.step_s[rows],
