@@ -61,6 +61,7 @@ class Case:
     hog: bool = False
     expected: dict = field(default_factory=dict)
     total_steps: int | None = DECLARED_STEPS
+    steps: int = STEPS
 
 
 def _cases() -> dict[str, Case]:
@@ -92,7 +93,7 @@ def _cases() -> dict[str, Case]:
                        {"replica": 2, "stage": 0, "section": "forward-send", "extra_s": EXTRA_S / 2,
                         "from_step": 0, "background": True}),
                       expected={"kind": "worker", "ranks": [1 * 2 + 1]}))
-    cases.append(Case("hog_2x4", 2, 4, hog=True, expected={"kind": "none"}))
+    cases.append(Case("hog_2x4", 2, 4, hog=True, expected={"kind": "none"}, steps=28))  # nothing to remove
     return {c.name: c for c in cases}
 
 
@@ -153,7 +154,7 @@ def run_case(case: Case, art: Path) -> Path:
     started = time.monotonic()
     config = {"store": str(art / "store"), "timings": str(art / "timings"), "replicas": case.replicas,
               "stages": case.stages,
-              "microbatches": MICROBATCHES, "steps": STEPS, "ranks_per_node": 2, "base_s": BASE_S,
+              "microbatches": MICROBATCHES, "steps": case.steps, "ranks_per_node": 2, "base_s": BASE_S,
               "slow": list(case.slow), "total_steps": case.total_steps}
     env = dict(os.environ)
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
@@ -183,8 +184,8 @@ def run_case(case: Case, art: Path) -> Path:
         tail = (art / "torchrun_stderr.txt").read_text(errors="replace")[-3000:]
         raise GenerationError(f"{case.name}: torchrun exit {returncode} or no steps rows; stderr tail:\n{tail}")
     meta = {"case": case.name, "replicas": case.replicas, "stages": case.stages, "microbatches": MICROBATCHES,
-            "steps": STEPS, "onset": min((int(s.get("from_step", 0)) for s in case.slow if not s.get("background")),
-                                         default=None),
+            "steps": case.steps,
+            "onset": min((int(s.get("from_step", 0)) for s in case.slow if not s.get("background")), default=None),
             "slow": list(case.slow), "hog": case.hog, "expected": dict(case.expected),
             "total_steps": case.total_steps,
             "step_time": measured_step_time(art / "store", case), "seconds": round(time.monotonic() - started, 2),
