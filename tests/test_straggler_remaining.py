@@ -65,4 +65,5 @@ def test_faultlens_run_passes_total_steps_to_the_ranks() -> None:
     args = parser.parse_args(["run", "--nnodes", "1", "--nproc-per-node", "1", "--total-steps", "5000", "--",
                               "train.py"])
     assert args.total_steps == 5000
-    assert parser.parse_args(["run", "--nnodes", "1", "--nproc-per-node", "1", "--", "t.py"]).total_steps is None
+    plain = parser.parse_args(["run", "--nnodes", "1", "--nproc-per-node", "1", "--", "t.py"])
+    assert plain.total_steps is None and plain.assume_remaining is None

@@ -44,6 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--total-steps", type=int, default=None, metavar="N",
                      help="the steps the job will run (FAULTLENS_TOTAL_STEPS for the step timer): the job's remaining "
                           "time a slowdown's failover is weighed against; unset: unknown, a slowdown is notified")
+    run.add_argument("--assume-remaining", type=float, default=None, metavar="S",
+                     help="for a job that declares no length: the remaining seconds the slowdown policy weighs a "
+                          "failover against (default: the policy's straggler.remaining_s; null there: notify)")
     run.add_argument("train_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                      help="the training script and its arguments: -- train.py ARGS (or -- -m module ARGS)")
     run.set_defaults(func=cmd_run)
@@ -97,7 +100,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                        max_attempts=args.max_attempts, policy_path=Path(args.policy) if args.policy else None,
                        thresholds_path=Path(args.thresholds) if args.thresholds else None,
                        hang_grace_s=max(0.0, args.hang_grace), checkpoint_wait_s=max(0.0, args.checkpoint_wait),
-                       total_steps=args.total_steps if args.total_steps and args.total_steps > 0 else None)
+                       total_steps=args.total_steps if args.total_steps and args.total_steps > 0 else None,
+                       assumed_remaining_s=args.assume_remaining if args.assume_remaining is not None
+                       and args.assume_remaining >= 0 else None)
     _, say = _printer()
     say(_gpu_note())
     supervisor = Supervisor(config, hooks=_hooks(args.hooks), on_event=say)
