@@ -131,9 +131,13 @@ class StepModel:
         shifted = np.where(seen, arrival - per_replica[:, self.layout.replica], -np.inf)
         last = np.where(seen, arrival, -np.inf).max(axis=1)
         observed = last - shifted.max(axis=1)
-        # arrivals seen in at least two replicas are needed to tell who waits for whom; else the model's saving
-        replicas_seen = np.array([len(np.unique(self.layout.replica[row])) for row in seen])
-        return np.where((replicas_seen >= 2) & np.isfinite(observed), np.clip(observed, 0.0, None), model)
+        # who waits for whom needs arrivals in at least two replicas, among them every replica the fix moves (a
+        # replica whose ranks time no sync section cannot be placed): else the model's saving
+        replica_seen = np.zeros((seen.shape[0], self.D), dtype=bool)
+        for column in range(seen.shape[1]):
+            replica_seen[:, self.layout.replica[column]] |= seen[:, column]
+        usable = (replica_seen.sum(axis=1) >= 2) & np.all(replica_seen | (per_replica <= 0), axis=1)
+        return np.where(usable & np.isfinite(observed), np.clip(observed, 0.0, None), model)
 
     def infer_microbatches(self, compute: np.ndarray, observed: np.ndarray) -> float:
         """The microbatch count that explains the bottleneck stage's idle time (median over steps and replicas)."""

@@ -96,3 +96,14 @@ def test_what_if_uses_the_arrivals() -> None:
     bounded = what_if(m, compute, fixed, observed, 4.0, arrival=arrival)
     assert plain is not None and bounded is not None
     assert plain.saving_s == pytest.approx(0.12) and bounded.saving_s == pytest.approx(0.04)
+
+
+def test_a_fixed_replica_that_times_no_sync_keeps_the_model() -> None:
+    """The fixed worker's replica waits under another name (pipeline traffic, no sync section): its arrival cannot
+    be placed, so the others' arrivals alone say nothing about the saving."""
+    m = model(4, 2)
+    compute, fixed = compute_of(4, 2), compute_of(4, 2)
+    compute[:, 5] += 0.12
+    arrival = np.full((STEPS, 8), 10.0)
+    arrival[:, 4:6] = np.nan
+    assert np.allclose(m.saving(compute, fixed, 4.0, arrival), m.saving(compute, fixed, 4.0))
