@@ -166,6 +166,9 @@ class OutlierThresholds(_Strict):
 
 class WhatIfThresholds(_Strict):
     microbatches: int | None = Field(default=None, ge=1)  # None: inferred from the step timings
+    # the data-parallel sync from the ranks' observed arrivals at it (their end_ts: hosts' clocks must agree);
+    # false: the pipeline model alone
+    sync_arrivals: bool = True
 
 
 class StragglerThresholds(_Strict):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,8 @@ from attribution.telemetry import SECTION_PREFIX, Placement, Telemetry, placemen
 SYSTEMIC_MIN_NODES = 3
 MAX_PEER_NODES = 63  # peers whose GPU samples are compared with the culprit's
 UNKNOWN_SHARE_REPORTED = 0.02  # unknown sections holding at least this share of step time are named
+# the data-parallel sync: collectives across replicas whose waiting is a replica's slack behind the slowest one
+SYNC_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
 
 __all__ = ["StepScores", "StragglerDetector", "StragglerFinding", "robust_z"]
 
@@ -62,10 +64,47 @@ class StepScores:
     end_ts: pd.Series  # per step: latest end
     comm_sections: dict[str, str] = field(default_factory=dict)  # comm section -> collective kind
     unknown_sections: dict[str, float] = field(default_factory=dict)  # unknown section -> share of step time
+    sync: pd.DataFrame | None = None  # seconds in data-parallel sync collectives (SYNC_OPS), where timed
+    ends: pd.DataFrame | None = None  # each rank's step end, epoch seconds (where sync is timed)
+    remaining: Remaining | None = None  # the job's remaining time, from the length it declares (None: unknown)
 
     @property
     def group_kind(self) -> str:
         return self.parts.comparison
+
+
+@dataclass(frozen=True)
+class Remaining:
+    """The job's remaining run time: the steps it declares it will run (the ranks rows' total_steps, which the step
+    timer writes from StepTimer(total_steps=), $FAULTLENS_TOTAL_STEPS or `faultlens run --total-steps`) less the
+    steps done, times the recent step time (the median of the last window's steps, the slowdown included)."""
+
+    seconds: float
+    total_steps: int
+    last_step: int
+    step_s: float
+
+    def details(self) -> dict[str, float | int]:
+        return {"remaining_s": round(self.seconds, 3), "total_steps": self.total_steps,
+                "remaining_from_step": self.last_step, "remaining_step_s": round(self.step_s, 6)}
+
+
+def remaining_time(ranks_table: pd.DataFrame, attempt: int | None, last_step: int,
+                   recent_step_s: float) -> Remaining | None:
+    """The job's remaining time from its declared total_steps (the ranks rows of `attempt`, else of the job;
+    ranks that disagree: the least), or None when nothing declares it or the step time is unknown."""
+    if ranks_table is None or ranks_table.empty or "total_steps" not in ranks_table.columns:
+        return None
+    rows = ranks_table
+    if attempt is not None and "attempt" in rows.columns and (rows["attempt"] == attempt).any():
+        rows = rows[rows["attempt"] == attempt]
+    declared = pd.to_numeric(rows["total_steps"], errors="coerce")
+    declared = declared[declared > 0]
+    if declared.empty or not np.isfinite(recent_step_s) or recent_step_s <= 0:
+        return None
+    total = int(declared.min())
+    left = max(0, total - int(last_step) - 1)  # steps numbered from 0: the last one is total - 1
+    return Remaining(left * float(recent_step_s), total, int(last_step), float(recent_step_s))
 
 
 @dataclass
@@ -117,7 +156,9 @@ class StragglerDetector:
             return None
         wanted = [c for c in ("step", "rank", "phase", "ts", "start_ts", "end_ts", "duration_s")
                   if c in attempt_steps.columns]
-        rows = attempt_steps[wanted + sections + [SECTION_PREFIX + n for n in unknown]]
+        sync_columns = [SECTION_PREFIX + n for n, op in comm.items() if op in SYNC_OPS
+                        and SECTION_PREFIX + n in attempt_steps.columns]
+        rows = attempt_steps[wanted + sections + [SECTION_PREFIX + n for n in unknown] + sync_columns]
         keep = (rows["step"].notna() & rows["rank"].notna()).to_numpy().copy()
         if "phase" in rows.columns:
             phase = rows["phase"].astype(object)
@@ -143,6 +184,13 @@ class StragglerDetector:
             pd.Series(np.nan, index=rows.index)
         duration = duration.where(duration.notna(), (done - begun).dt.total_seconds())
         step_s = matrix.frame(duration.to_numpy(dtype=float)).median(axis=1).to_numpy(dtype=float)
+        sync = ends = None
+        if sync_columns:
+            waits = rows[sync_columns].to_numpy(dtype=float, na_value=np.nan)
+            sync = matrix.frame(np.where(np.isfinite(waits).any(axis=1), np.nansum(waits, axis=1), np.nan))
+            stamps = pd.to_datetime(done, utc=True, errors="coerce")
+            epoch = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=float, na_value=np.nan)
+            ends = matrix.frame(epoch)
         start_ts = begun.groupby(rows["step"]).min().reindex(compute.index)
         end_ts = done.groupby(rows["step"]).max().reindex(compute.index)
         layout = build_layout(list(compute.columns), ranks_table if ranks_table is not None else pd.DataFrame(),
@@ -160,7 +208,8 @@ class StragglerDetector:
                 if share >= UNKNOWN_SHARE_REPORTED:
                     shares[name] = share
         return StepScores(compute, ratio, flagged, section_frames, layout, parts, step_s, start_ts, end_ts,
-                          {n: op for n, op in comm.items() if SECTION_PREFIX + n in rows.columns}, shares)
+                          {n: op for n, op in comm.items() if SECTION_PREFIX + n in attempt_steps.columns}, shares,
+                          sync, ends)
 
     # ------------------------------------------------------------ findings
 
@@ -307,8 +356,12 @@ class StragglerDetector:
         sections = {k: v.to_numpy(dtype=float)[rows] for k, v in scores.sections.items()}
         refs = {k: v[rows] for k, v in (section_refs or scores.parts.section_refs).items()}
         cells = np.broadcast_to(mask, scores.compute.shape)[rows]
+        arrival = None
+        if self.t.whatif.sync_arrivals and scores.sync is not None and scores.ends is not None:
+            # when each rank reached the data-parallel sync: its step end less its time in the sync
+            arrival = (scores.ends.to_numpy(dtype=float) - scores.sync.to_numpy(dtype=float))[rows]
         return what_if(StepModel(scores.layout), compute, fixed[rows], scores.step_s[rows],
-                       self.t.whatif.microbatches, sections, refs, cells)
+                       self.t.whatif.microbatches, sections, refs, cells, arrival=arrival)
 
     def _persistent_findings(self, first: dict[int, int], placement: dict[int, Placement],
                              scores: StepScores) -> list[StragglerFinding]:
@@ -591,6 +644,10 @@ class StragglerDetector:
             scores = self.scores(rows, placement, ranks_table, attempt)
             if scores is None:
                 continue
+            recent = scores.step_s[-self.t.window_steps:]
+            recent = recent[np.isfinite(recent)]
+            scores = replace(scores, remaining=remaining_time(
+                ranks_table, attempt, int(rows["step"].max()), float(np.median(recent)) if len(recent) else np.nan))
             for finding in self.findings(scores, placement):
                 incidents.append(self._incident(finding, scores, placement, telemetry, job, attempt, now))
         return incidents
@@ -613,6 +670,8 @@ class StragglerDetector:
         if finding.whatif is not None:
             details["whatif"] = finding.whatif.details()
             details["saving_fraction"] = round(finding.whatif.saving_fraction, 4)
+        # the slowdown policy weighs the saving over this (None: the job declares no length, unknown)
+        details.update(scores.remaining.details() if scores.remaining is not None else {"remaining_s": None})
         return details
 
     def _incident(self, finding: StragglerFinding, scores: StepScores, placement: dict[int, Placement],

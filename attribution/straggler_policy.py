@@ -11,6 +11,11 @@ is told, the job keeps running) or None (the ordinary rules decide; an ESCALATE 
 4. the what-if: a failover (at the next checkpoint boundary) pays only when the step time it saves over the
    job's remaining time outweighs a restart plus the work lost since the last checkpoint:
    saving x remaining_s > restart_s + lost_work_s, and saving >= min_saving; otherwise notify.
+   remaining_s is the job's own: the steps it declares it will run (the step timer's total_steps, from
+   StepTimer(total_steps=), $FAULTLENS_TOTAL_STEPS or `faultlens run --total-steps`) less those done, times the
+   recent step time, which the detector puts in the incident's details. Where the job declares no length it is
+   unknown: the policy's `remaining_s` (an operator's figure for jobs that declare none) is used when set, and
+   otherwise the slowdown is notified, never failed over: a saving that cannot be weighed justifies no restart.
    An incident without a what-if estimate (an older store) is left to the rules.
 The numbers are rules/policy.yaml's `straggler` section.
 """
@@ -31,7 +36,8 @@ if TYPE_CHECKING:
 _SECONDS = {"type": "number", "minimum": 0}
 SLOWDOWN_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False,
-    "properties": {"remaining_s": _SECONDS, "restart_s": _SECONDS, "lost_work_s": _SECONDS,
+    "properties": {"remaining_s": {"type": ["number", "null"], "minimum": 0}, "restart_s": _SECONDS,
+                   "lost_work_s": _SECONDS,
                    "min_saving": {"type": "number", "minimum": 0, "maximum": 1},
                    "same_cause_window_s": _SECONDS},
 }
@@ -40,7 +46,8 @@ _SAVES = re.compile(r"saves (\d+(?:\.\d+)?)% of step time")
 
 @dataclass(frozen=True)
 class SlowdownPolicy:
-    remaining_s: float = 86400.0  # the job's remaining run time the saving is counted over
+    # the remaining run time assumed for a job that declares no length (None: unknown, such a slowdown is notified)
+    remaining_s: float | None = None
     restart_s: float = 600.0  # a restart: stop, reschedule, load the checkpoint, warm up
     lost_work_s: float = 900.0  # work redone after the restart (time since the last checkpoint)
     min_saving: float = 0.05  # below this share of step time a failover is never worth it
@@ -49,7 +56,7 @@ class SlowdownPolicy:
     @classmethod
     def from_document(cls, document: Mapping[str, Any] | None) -> SlowdownPolicy:
         raw = dict(document or {})
-        return cls(**{k: float(v) for k, v in raw.items()})
+        return cls(**{k: None if v is None else float(v) for k, v in raw.items()})
 
 
 def straggler_saving(incident: Incident) -> float | None:
@@ -63,6 +70,19 @@ def straggler_saving(incident: Incident) -> float | None:
         if match and evidence.text.startswith("what-if"):
             return float(match.group(1)) / 100.0
     return None
+
+
+def job_remaining(incident: Incident, config: SlowdownPolicy) -> tuple[float | None, str]:
+    """(the job's remaining seconds, where the figure comes from); None when neither the job nor the policy
+    gives one."""
+    details = incident.details or {}
+    value = details.get("remaining_s")
+    if value is not None:
+        total = details.get("total_steps")
+        return float(value), (f"the job declares {int(total)} steps" if total is not None else "the incident's")
+    if config.remaining_s is not None:
+        return float(config.remaining_s), "the policy's remaining_s: the job declares no length"
+    return None, "unknown"
 
 
 def _notify(incident: Incident, rule: str, reason: str, policy: DecisionPolicy) -> Decision:
@@ -112,16 +132,25 @@ def slowdown_gate(policy: DecisionPolicy, incident: Incident, peers: Sequence[In
     saving = straggler_saving(incident)
     if saving is None:
         return None
-    remaining = float((incident.details or {}).get("remaining_s") or config.remaining_s)
+    remaining, source = job_remaining(incident, config)
+    if saving < config.min_saving:
+        return _notify(incident, "straggler-not-worth-a-restart",
+                       f"fixing it saves {saving:.1%} of step time, less than the {config.min_saving:.0%} minimum a "
+                       "failover needs; the job keeps running", policy)
+    if remaining is None:
+        return _notify(incident, "straggler-remaining-unknown",
+                       f"fixing it saves {saving:.1%} of step time, but the job declares no length (no total_steps: "
+                       "StepTimer(total_steps=), FAULTLENS_TOTAL_STEPS or `faultlens run --total-steps`) and the "
+                       "policy sets no remaining_s, so the saving cannot be weighed against a restart; the job keeps "
+                       "running", policy)
     benefit = saving * remaining
     cost = config.restart_s + config.lost_work_s
-    if saving < config.min_saving or benefit <= cost:
+    if benefit <= cost:
         return _notify(incident, "straggler-not-worth-a-restart",
                        f"fixing it saves {saving:.1%} of step time, {benefit / 60:.0f} min over the "
-                       f"{remaining / 3600:.1f} h remaining, not more than a restart ({config.restart_s:.0f} s) plus "
-                       f"the work lost since the last checkpoint ({config.lost_work_s:.0f} s)"
-                       + (f", and less than the {config.min_saving:.0%} minimum" if saving < config.min_saving
-                          else "") + "; the job keeps running", policy)
+                       f"{remaining / 3600:.1f} h remaining ({source}), not more than a restart "
+                       f"({config.restart_s:.0f} s) plus the work lost since the last checkpoint "
+                       f"({config.lost_work_s:.0f} s); the job keeps running", policy)
     return None
 
 

@@ -10,6 +10,18 @@ waits for the slowest replica: T = max_d T_d. Pure data parallelism (one stage) 
 M is taken from the thresholds when set, else inferred from the step: in the bottleneck stage b of a replica the
 idle time T - u_b is the other stages' time for one microbatch, sum_{p != b} u_p / M (in the critical replica,
 the one the others wait for).
+
+The data-parallel sync as a max over replicas, from what was observed. Where the step times its data-parallel
+collectives (all-reduce, reduce-scatter, all-gather: the step timer's sync sections), a rank's arrival at the sync
+is its step end less the time it waited there (the last to arrive waits least: its wait is the transfer alone).
+The step ends when the last rank has arrived, T ~ max_r A_r. A fix that makes replica d's pipeline s_d faster (the
+model above, per replica) moves the arrivals of d's ranks to A_r - s_d, the others' stay: the saving is
+    max_r A_r - max_r (A_r - s_d(r)),
+so it stops where another replica (or another stage's group) becomes the last to arrive, with every replica's
+jitter as it was measured rather than assumed away: a worker fixed to its peers' speed saves its excess only down
+to the next-slowest replica. Arrivals are compared across ranks by their wall clocks (the steps rows' end_ts), so
+hosts' clocks must agree to well under the saving (NTP or PTP). Without sync sections or end times (or with one
+replica) the saving is the pipeline model's alone, max_d T_d - max_d T'_d.
 """
 
 from __future__ import annotations
@@ -94,6 +106,39 @@ class StepModel:
             per_replica = np.nansum(u, axis=2) / m + (m - 1) / m * np.nanmax(u, axis=2)
             return np.nanmax(per_replica, axis=1)
 
+    def replica_times(self, compute: np.ndarray, microbatches: np.ndarray | float) -> np.ndarray:
+        """(steps x D) pipeline time of every replica (the model above)."""
+        u = self.units(compute)
+        m = np.broadcast_to(np.asarray(microbatches, dtype=float), (u.shape[0],))[:, None]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return np.nansum(u, axis=2) / m + (m - 1) / m * np.nanmax(u, axis=2)
+
+    def saving(self, compute: np.ndarray, fixed: np.ndarray, microbatches: float,
+               arrival: np.ndarray | None = None) -> np.ndarray:
+        """Per step, the seconds the fix saves: the pipeline model per replica, the data-parallel sync from the
+        observed arrivals where `arrival` (steps x ranks: when each rank reached the sync, epoch seconds) is given
+        (module docstring)."""
+        actual = self.replica_times(compute, microbatches)
+        ideal = self.replica_times(fixed, microbatches)
+        with warnings.catch_warnings(), np.errstate(invalid="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            per_replica = np.clip(np.nan_to_num(actual - ideal, nan=0.0), 0.0, None)  # s_d
+            model = np.clip(np.nanmax(actual, axis=1) - np.nanmax(ideal, axis=1), 0.0, None)
+        if arrival is None or self.D < 2 or not np.isfinite(arrival).any():
+            return model
+        seen = np.isfinite(arrival)
+        shifted = np.where(seen, arrival - per_replica[:, self.layout.replica], -np.inf)
+        last = np.where(seen, arrival, -np.inf).max(axis=1)
+        observed = last - shifted.max(axis=1)
+        # who waits for whom needs arrivals in at least two replicas, among them every replica the fix moves (a
+        # replica whose ranks time no sync section cannot be placed): else the model's saving
+        replica_seen = np.zeros((seen.shape[0], self.D), dtype=bool)
+        for column in range(seen.shape[1]):
+            replica_seen[:, self.layout.replica[column]] |= seen[:, column]
+        usable = (replica_seen.sum(axis=1) >= 2) & np.all(replica_seen | (per_replica <= 0), axis=1)
+        return np.where(usable & np.isfinite(observed), np.clip(observed, 0.0, None), model)
+
     def infer_microbatches(self, compute: np.ndarray, observed: np.ndarray) -> float:
         """The microbatch count that explains the bottleneck stage's idle time (median over steps and replicas)."""
         if self.P < 2:
@@ -117,20 +162,21 @@ class StepModel:
 
 def what_if(model: StepModel, compute: np.ndarray, fixed: np.ndarray, observed: np.ndarray,
             microbatches: float | None, sections: dict[str, np.ndarray] | None = None,
-            section_refs: dict[str, np.ndarray] | None = None, mask: np.ndarray | None = None) -> WhatIf | None:
+            section_refs: dict[str, np.ndarray] | None = None, mask: np.ndarray | None = None,
+            arrival: np.ndarray | None = None) -> WhatIf | None:
     """Window rows only. compute/fixed: (steps x ranks) actual compute and compute with the fix; observed: the
-    step times. With sections (name -> steps x ranks seconds), their peer references and the mask of fixed cells,
-    the op kind whose fix alone saves most is named."""
+    step times; arrival: when each rank reached the data-parallel sync (epoch seconds; None: not timed). With sections
+    (name -> steps x ranks seconds), their peer references and the mask of fixed cells, the op kind whose fix
+    alone saves most is named."""
     finite = np.isfinite(observed)
     if not finite.any():
         return None
     hidden = False
     compute, fixed, observed = compute[finite], fixed[finite], observed[finite]
+    arrival = arrival[finite] if arrival is not None else None
     inferred = microbatches is None
     m = model.infer_microbatches(compute, observed) if inferred else float(microbatches)
-    actual = model.step_time(compute, m)
-    ideal = model.step_time(fixed, m)
-    delta = np.clip(actual - ideal, 0.0, None)
+    delta = model.saving(compute, fixed, m, arrival)
     step_s = float(np.median(observed))
     saving = float(np.nanmedian(delta)) if np.isfinite(delta).any() else 0.0
     op_kind, op_saving = None, None
@@ -144,7 +190,7 @@ def what_if(model: StepModel, compute: np.ndarray, fixed: np.ndarray, observed: 
             excess = np.where(cells, np.clip(np.nan_to_num(values[finite] - ref[finite]), 0.0, None), 0.0)
             if not excess.any():
                 continue
-            part = float(np.nanmedian(np.clip(actual - model.step_time(compute - excess, m), 0.0, None)))
+            part = float(np.nanmedian(model.saving(compute, compute - excess, m, arrival)))
             if part > best:
                 best, op_kind = part, name
         op_saving = best / step_s if op_kind and step_s > 0 else None
@@ -155,6 +201,9 @@ def what_if(model: StepModel, compute: np.ndarray, fixed: np.ndarray, observed: 
                               0.0) for name, values in sections.items() if name in section_refs)
         if isinstance(excess, np.ndarray) and excess.any():
             direct = float(np.nanmedian(excess.max(axis=1)))
-            if saving < 0.5 * direct:
+            # asked of the compute model: where the observed arrivals bound the saving (another replica is the
+            # next-slowest), that bound is a measurement, not a hidden excess
+            modelled = saving if arrival is None else float(np.nanmedian(model.saving(compute, fixed, m)))
+            if modelled < 0.5 * direct:
                 saving, hidden = min(direct, 0.95 * step_s), True
     return WhatIf(step_s, max(step_s - saving, 1e-9), m, inferred, op_kind, op_saving, hidden)

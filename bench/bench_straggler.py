@@ -3,6 +3,7 @@ step-time changes of real torch jobs.
 
     python bench/bench_straggler.py                       # 1,024 ranks x 500 steps, scoring (default)
     python bench/bench_straggler.py --torch               # also: what-if vs measured on the real pipeline jobs
+    python bench/bench_straggler.py --whatif-only [--reuse DIR]   # the what-if alone (DIR: jobs generated before)
 
 Scoring: a simulated job (controller/simulate/straggler_cases.py: 128 nodes x 8 GPUs, 4 stages, 32 replicas, one
 slow GPU from step 200) is written to a store once (cached under --cache) and read into a Telemetry bundle; timed
@@ -11,8 +12,10 @@ is the detector's scoring of the 500-step window (scores + findings: decompositi
 git, with its substring exclusion list) on the same frames. The culprit each one reports is printed.
 
 What-if: each slow case of tests/torch_jobs/straggler_jobs.py is run one at a time (--sequential, into --cache);
-the job measures its own median step period before the slowness starts and while it lasts (the same job without
-and with it); the estimate is the incident's "fixing this saves" in seconds. Mind the machine: timings are only
+the job measures its own median step period while slow and without the slowness, before it starts and after it
+is removed again (the same job, warm-up and load; the mean of both sides); the estimate is the incident's
+"fixing this saves" in seconds, beside the pipeline model alone (whatif.sync_arrivals false, the estimate
+before). Mind the machine: timings are only
 as good as the machine is idle.
 """
 
@@ -99,31 +102,48 @@ def bench_scoring(cache: Path, nodes: int, steps: int, repeat: int) -> dict:
             "previous_found": [(f.kind, f.ranks[:8]) for f in found_old]}
 
 
-def bench_whatif(cache: Path) -> list[dict]:
+def bench_whatif(cache: Path, reuse: Path | None = None) -> list[dict]:
+    """Per slow case: the change the job measured when its slowness was removed (the same job before the slowness
+    and after it was removed, steps_jobs.measured_step_time), the estimate with the data-parallel sync from the
+    observed arrivals (now), and the pipeline model alone (whatif.sync_arrivals false: the estimate before)."""
     from attribution.engine import Engine, attribute
+    from attribution.rules import load_thresholds
     from collectors.xid_catalog import load_xid_catalog
     from tests.torch_jobs.straggler_jobs import CASES, generate
 
-    out = cache / "torch-sequential"
     names = [n for n in CASES if not CASES[n].hog]
-    shutil.rmtree(out, ignore_errors=True)
-    generate(out, names, parallel=1)
-    engine = Engine(catalog=load_xid_catalog())
+    if reuse is None:
+        out = cache / "torch-sequential"
+        shutil.rmtree(out, ignore_errors=True)
+        generate(out, names, parallel=1)
+    else:
+        out = reuse
+    thresholds = load_thresholds()
+    straggler = thresholds.straggler
+    model_only = thresholds.model_copy(update={"straggler": straggler.model_copy(
+        update={"whatif": straggler.whatif.model_copy(update={"sync_arrivals": False})})})
+    engines = {"estimate": Engine(catalog=load_xid_catalog()),
+               "model_only": Engine(catalog=load_xid_catalog(), thresholds=model_only)}
     results = []
     for name in names:
         art = out / name
         meta = json.loads((art / "meta.json").read_text())
-        store = cache / f"whatif-{name}"
-        shutil.rmtree(store, ignore_errors=True)
-        shutil.copytree(art / "store", store)
-        found = [i for i in attribute(str(store), engine=engine) if i.details.get("whatif")]
-        measured = meta["step_time"]["slow"] - meta["step_time"]["before"]
-        row = {"case": name, "measured_change_s": round(measured, 4), "incidents": len(found)}
-        if found:
-            whatif = found[0].details["whatif"]
-            estimate = whatif["step_s"] - whatif["ideal_s"]
-            row.update(estimate_s=round(estimate, 4), error=round(estimate / measured - 1, 3) if measured else None,
-                       microbatches=whatif["microbatches"], rule=found[0].rule)
+        measured = meta["step_time"]["change"]
+        row = {"case": name, "measured_change_s": round(measured, 4),
+               "removed_s": round(meta["step_time"]["removed"], 4), "slow_s": round(meta["step_time"]["slow"], 4),
+               "before_only_change_s": round(meta["step_time"]["slow"] - meta["step_time"]["before"], 4)}
+        for label, engine in engines.items():
+            store = cache / f"whatif-{name}"
+            shutil.rmtree(store, ignore_errors=True)
+            shutil.copytree(art / "store", store)
+            found = [i for i in attribute(str(store), engine=engine) if i.details.get("whatif")]
+            if found:
+                whatif = found[0].details["whatif"]
+                estimate = whatif["step_s"] - whatif["ideal_s"]
+                row[f"{label}_s"] = round(estimate, 4)
+                row[f"{label}_error"] = round(estimate / measured - 1, 3) if measured else None
+                row.setdefault("microbatches", whatif["microbatches"])
+                row.setdefault("rule", found[0].rule)
         results.append(row)
     return results
 
@@ -135,21 +155,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--torch", action="store_true", help="also measure the what-if on the real torch jobs")
     parser.add_argument("--cache", default=str(REPO_ROOT / "bench" / "out" / "stragglers"))
+    parser.add_argument("--whatif-only", action="store_true", help="skip the scoring bench")
+    parser.add_argument("--reuse", help="analyse jobs generated before into this directory (straggler_jobs.py "
+                                        "--sequential DIR) instead of running them")
     args = parser.parse_args(argv)
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     report = {"benchmark": "straggler", "machine": machine(), "at": dt.datetime.now(dt.UTC).isoformat(),
-              "scoring": bench_scoring(cache, args.nodes, args.steps, args.repeat)}
-    if args.torch:
-        report["whatif"] = bench_whatif(cache)
+              "scoring": None if args.whatif_only else bench_scoring(cache, args.nodes, args.steps, args.repeat)}
+    if args.torch or args.whatif_only:
+        report["whatif"] = bench_whatif(cache, Path(args.reuse) if args.reuse else None)
     print(json.dumps(report, indent=1, default=str))
     s = report["scoring"]
-    print(f"\n| scoring {s['ranks']} ranks x {s['steps']} steps | wall s | CPU s |\n|---|---|---|\n"
-          f"| faultlens | {s['faultlens_wall_s']} | {s['faultlens_cpu_s']} |\n"
-          f"| previous detector ({BASELINE}) | {s['previous_wall_s']} | {s['previous_cpu_s']} |")
+    if s:
+        print(f"\n| scoring {s['ranks']} ranks x {s['steps']} steps | wall s | CPU s |\n|---|---|---|\n"
+              f"| faultlens | {s['faultlens_wall_s']} | {s['faultlens_cpu_s']} |\n"
+              f"| previous detector ({BASELINE}) | {s['previous_wall_s']} | {s['previous_cpu_s']} |")
+    if report.get("whatif"):
+        print("\n| case | measured s | estimate s | error | pipeline model alone s | error |\n"
+              "|---|---|---|---|---|---|")
     for row in report.get("whatif", []):
-        print(f"| {row['case']} | measured {row['measured_change_s']} s | estimate {row.get('estimate_s')} s | "
-              f"error {row.get('error')} |")
+        print(f"| {row['case']} | {row['measured_change_s']} | {row.get('estimate_s')} | {row.get('estimate_error')} "
+              f"| {row.get('model_only_s')} | {row.get('model_only_error')} |")
     return 0
 
 

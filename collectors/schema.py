@@ -60,6 +60,9 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("cp_rank", pa.int32()),
         _f("ep_rank", pa.int32()),
         _f("pp_size", pa.int32()),
+        # the steps the job declares it will run (StepTimer(total_steps=), FAULTLENS_TOTAL_STEPS, `faultlens run
+        # --total-steps`): with the recent step time, the job's remaining time
+        _f("total_steps", pa.int64()),
     ),
     # one periodic NVML (or dcgm-exporter) sample of one GPU
     "gpu_samples": (

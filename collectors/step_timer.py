@@ -266,8 +266,13 @@ class StepTimer:
                  flush_interval_s: float = 2.0, cuda_events: bool = False,
                  clock: Clock = time.perf_counter_ns, wall_clock: Clock = time.time_ns,
                  cuda_event_factory: Callable[[], Any] | None = None, start: bool = True,
-                 heartbeat: bool = True, heartbeat_dir: str | os.PathLike[str] | None = None) -> None:
+                 heartbeat: bool = True, heartbeat_dir: str | os.PathLike[str] | None = None,
+                 total_steps: int | None = None) -> None:
         self.sink = sink
+        # the job's declared length (its ranks row), else $FAULTLENS_TOTAL_STEPS; None: not declared
+        self.total_steps = total_steps if total_steps is not None else _env_int(os.environ, "FAULTLENS_TOTAL_STEPS")
+        if self.total_steps is not None and self.total_steps <= 0:
+            self.total_steps = None
         self.identity = identity or RankIdentity.from_env()
         self.parallel = parallel or ParallelCoords()
         self.max_buffered_rows = max(1, int(max_buffered_rows))
@@ -398,6 +403,8 @@ class StepTimer:
             row.update(ts=self._wall_clock(), pid=self.identity.pid, world_size=self.identity.world_size,
                        local_world_size=self.identity.local_world_size, hostname=self.identity.hostname,
                        **asdict(self.parallel))
+            if self.total_steps is not None:
+                row["total_steps"] = int(self.total_steps)
             self._pending_ranks.append(row)
             self._writer = threading.Thread(target=self._writer_loop, name="faultlens-step-timer", daemon=True)
             self._writer.start()

@@ -42,8 +42,9 @@ def straggler(n: int = 1, *, node: str = "node-1", saving: float | None = 0.2, c
                     culprit_nodes=(node,), culprit_ranks=(n,), evidence=evidence, details=details)
 
 
-def test_a_persistent_slow_rank_without_gpu_signal_is_actionable(store_dir: Path) -> None:
-    """Issue 11: forward 2.8x, compute 2.2x, persistent, no GPU signal -> confidence 0.67, escalated, job stopped."""
+def slow_rank_incident(store_dir: Path, total_steps: int | None) -> Incident:
+    """45 steps of 4 ranks on 2 nodes, rank 3 2.8x slower in forward from step 15; the ranks rows declare
+    `total_steps` (None: nothing declared)."""
     rng = random.Random(11)
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -53,20 +54,59 @@ def test_a_persistent_slow_rank_without_gpu_signal_is_actionable(store_dir: Path
             s["forward"] *= 2.8
         return s
 
-    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 2, with_gpu=False))
+    ranks = ranks_rows("job-1", 0, 4, 2, with_gpu=False)
+    if total_steps is not None:
+        ranks = [{**row, "total_steps": total_steps} for row in ranks]
+    write(store_dir, "ranks", ranks)
     write(store_dir, "steps", steps_rows("job-1", 0, 4, 2, range(45), start=1.0, sections=sections))
-
     (incident,) = [i for i in attribute(str(store_dir), engine=Engine(catalog=load_xid_catalog()))
                    if i.incident_class is IncidentClass.STRAGGLER]
+    return incident
+
+
+def test_a_persistent_slow_rank_without_gpu_signal_is_actionable(store_dir: Path) -> None:
+    """Issue 11: forward 2.8x, compute 2.2x, persistent, no GPU signal -> confidence 0.67, escalated, job stopped.
+    The job declares 10^6 steps: its remaining time (steps left x the recent step time) pays for a restart."""
+    incident = slow_rank_incident(store_dir, 1_000_000)
     decision = policy().decide(incident)
+    step_s = incident.details["remaining_step_s"]
+    assert incident.details["total_steps"] == 1_000_000 and incident.details["remaining_from_step"] == 44
+    assert incident.details["remaining_s"] == pytest.approx((1_000_000 - 45) * step_s, rel=1e-4)
 
     assert incident.culprit_nodes == ("node-01",) and incident.cause is Cause.UNKNOWN
     assert incident.confidence >= load_policy().threshold_for(IncidentClass.STRAGGLER)
     assert decision.action is Action.FAILOVER and decision.exclude_nodes == ("node-01",)
 
 
+@pytest.mark.parametrize("declared,rule", [
+    (None, "straggler-remaining-unknown"),  # nothing declares the job's length: unknown, never a failover
+    (46, "straggler-not-worth-a-restart"),  # the job ends in a step: nothing left to save over
+])
+def test_a_slowdown_whose_remaining_time_is_unknown_or_short_is_notified(store_dir: Path, declared: int | None,
+                                                                         rule: str) -> None:
+    incident = slow_rank_incident(store_dir, declared)
+    decision = policy().decide(incident)
+    assert decision.action is Action.NOTIFY and decision.policy_rule == rule and decision.exclude_nodes == ()
+    assert "keeps running" in decision.reason
+    if declared is None:
+        assert incident.details["remaining_s"] is None and "declares no length" in decision.reason
+    else:
+        assert incident.details["remaining_s"] == pytest.approx(incident.details["remaining_step_s"], abs=1e-3)
+        assert "the job declares 46 steps" in decision.reason
+
+
+def test_an_operator_figure_stands_in_for_a_job_that_declares_no_length() -> None:
+    config = load_policy()
+    config = dataclasses.replace(config, straggler=dataclasses.replace(config.straggler, remaining_s=48 * 3600.0))
+    decision = DecisionPolicy(config, clock=lambda: NOW).decide(straggler(saving=0.2))
+    assert decision.action is Action.FAILOVER
+    # the job's own figure wins over the operator's
+    decision = DecisionPolicy(config, clock=lambda: NOW).decide(straggler(saving=0.2, remaining_s=3600.0))
+    assert decision.action is Action.NOTIFY and "the job declares" not in decision.reason
+
+
 @pytest.mark.parametrize("saving,remaining_s,action,rule", [
-    (0.20, None, Action.FAILOVER, "single-node-failover"),
+    (0.20, None, Action.NOTIFY, "straggler-remaining-unknown"),
     (0.02, None, Action.NOTIFY, "straggler-not-worth-a-restart"),  # under min_saving
     (0.20, 3600.0, Action.NOTIFY, "straggler-not-worth-a-restart"),  # 12 min saved < restart + lost work
     (0.20, 48 * 3600.0, Action.FAILOVER, "single-node-failover"),
@@ -105,7 +145,7 @@ def test_two_single_node_incidents_of_one_attempt_are_decided_as_one_set(store_d
         decision = policy(history=StoreHistory(store)).decide(second)
         assert decision.action is Action.NOTIFY and "node-1" in decision.reason
         # a straggler of an earlier attempt (already handled) does not make a set
-        later = straggler(3, node="node-3", attempt=1)
+        later = straggler(3, node="node-3", attempt=1, remaining_s=48 * 3600.0)
         assert policy(history=StoreHistory(store)).decide(later).action is Action.FAILOVER
 
 

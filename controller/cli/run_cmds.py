@@ -41,6 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--checkpoint-wait", type=float, default=120.0, metavar="S",
                      help="a straggler's failover waits at most this long for the next checkpoint (default "
                           "%(default)s)")
+    run.add_argument("--total-steps", type=int, default=None, metavar="N",
+                     help="the steps the job will run (FAULTLENS_TOTAL_STEPS for the step timer): the job's remaining "
+                          "time a slowdown's failover is weighed against; unset: unknown, a slowdown is notified")
+    run.add_argument("--assume-remaining", type=float, default=None, metavar="S",
+                     help="for a job that declares no length: the remaining seconds the slowdown policy weighs a "
+                          "failover against (default: the policy's straggler.remaining_s; null there: notify)")
     run.add_argument("train_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                      help="the training script and its arguments: -- train.py ARGS (or -- -m module ARGS)")
     run.set_defaults(func=cmd_run)
@@ -93,7 +99,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                        job_id=args.job or f"job-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}",
                        max_attempts=args.max_attempts, policy_path=Path(args.policy) if args.policy else None,
                        thresholds_path=Path(args.thresholds) if args.thresholds else None,
-                       hang_grace_s=max(0.0, args.hang_grace), checkpoint_wait_s=max(0.0, args.checkpoint_wait))
+                       hang_grace_s=max(0.0, args.hang_grace), checkpoint_wait_s=max(0.0, args.checkpoint_wait),
+                       total_steps=args.total_steps if args.total_steps and args.total_steps > 0 else None,
+                       assumed_remaining_s=args.assume_remaining if args.assume_remaining is not None
+                       and args.assume_remaining >= 0 else None)
     _, say = _printer()
     say(_gpu_note())
     supervisor = Supervisor(config, hooks=_hooks(args.hooks), on_event=say)
@@ -152,7 +161,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,
                        job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
                        thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0, hang_grace_s=3.0,
-                       checkpoint_wait_s=60.0)
+                       checkpoint_wait_s=60.0,
+                       # the demo stands in for a long run and declares no length: the policy is told to weigh a
+                       # slowdown over a day (an operator's figure, named in the decision's reason)
+                       assumed_remaining_s=86400.0)
     out, say = _printer()
     say(f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, CPU), 4 spare nodes, "
         f"store {args.store}")

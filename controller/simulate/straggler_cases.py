@@ -45,7 +45,9 @@ class CaseTruth:
 
 def write_case(store: str, case: str, *, nodes: int = 128, gpus: int = 8, stages: int = 4, steps: int = 500,
                step_seconds: float = 6.0, onset: int = 100, factor: float = 1.3, seed: int = 0,
-               job_id: str | None = None) -> CaseTruth:
+               job_id: str | None = None, total_steps: int | None = 100_000) -> CaseTruth:
+    """`total_steps`: the length the simulated job declares (its ranks rows; None: none declared), of which the
+    first `steps` are written."""
     if case not in CASES:
         raise ValueError(f"case {case!r}: expected one of {', '.join(CASES)}")
     rng = np.random.default_rng([seed, 13])
@@ -92,7 +94,8 @@ def write_case(store: str, case: str, *, nodes: int = 128, gpus: int = 8, stages
               "local_rank": p.local_rank, "gpu_index": p.gpu.index, "gpu_uuid": p.gpu.uuid,
               "pci_bus_id": p.gpu.pci_bus_id, "pid": 1000 + p.rank, "world_size": placement.world_size,
               "local_world_size": gpus, "hostname": p.node.name, "dp_rank": p.dp_rank, "pp_rank": p.pp_rank,
-              "tp_rank": p.tp_rank, "cp_rank": 0, "ep_rank": 0, "pp_size": stages} for p in placement.ranks()]
+              "tp_rank": p.tp_rank, "cp_rank": 0, "ep_rank": 0, "pp_size": stages, "total_steps": total_steps}
+             for p in placement.ranks()]
     with SegmentSink(store, flush_rows=10_000_000, flush_age_s=1e12) as sink:
         sink.write("ranks", ranks)
         timer.run(np.random.default_rng([seed, 3]), placement, 0, 0, start_ns, end_ns, slowdowns, spikes, [],

@@ -103,6 +103,9 @@ class RunConfig:
     hang_grace_s: float = 15.0  # after a hang naming no stuck rank: time for a job only tearing down to end itself
     checkpoint_wait_s: float = 120.0  # a slowdown's failover waits at most this for the next checkpoint boundary
     finish_wait_s: float = 6.0  # after every agent exited with a failure: time for the engine to attribute it
+    total_steps: int | None = None  # the job's declared length (FAULTLENS_TOTAL_STEPS for the step timer)
+    # the remaining run time the slowdown policy assumes for a job that declares no length (None: the policy file's)
+    assumed_remaining_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,10 @@ class Supervisor:
         self.follower = Follower(config.store, job=config.job_id, engine=self.engine)
         self.catalog = CheckpointCatalog(self._tiers(), job_id=config.job_id)
         policy_config = load_policy(config.policy_path) if config.policy_path else None
+        if config.assumed_remaining_s is not None:
+            policy_config = policy_config or load_policy()
+            policy_config = dataclasses.replace(policy_config, straggler=dataclasses.replace(
+                policy_config.straggler, remaining_s=float(config.assumed_remaining_s)))
         self.policy = DecisionPolicy(policy_config, history=StoreHistory(Store(config.store)),
                                      restore_chooser=self.catalog)
         self.deliverer = Deliverer(config.store, list(hooks))
@@ -240,6 +247,8 @@ class Supervisor:
                                "FAULTLENS_CKPT_DURABLE": str(self.durable_dir()),
                                "FAULTLENS_DEMO_DIR": str(attempt_dir),
                                **({"FAULTLENS_RESTORE_PLAN": str(plan_path)} if plan_path else {}),
+                               **({"FAULTLENS_TOTAL_STEPS": str(self.config.total_steps)}
+                                  if self.config.total_steps else {}),
                                **fault.env})
         agents = []
         collectors = []

@@ -5,9 +5,10 @@
 
 Two layouts: 2 replicas x 4 stages and 4 replicas x 2 stages (rank r = replica r // P, stage r % P, two ranks per
 simulated node). Cases: healthy; one slow worker (from step 10); one slow stage in every
-replica (from step 10); one slow replica (every stage of it, from step 10); and the healthy job with a CPU
-hog beside it. Each case directory holds store/ (the step timer's steps and ranks rows), timings/ (the raw per-section
-timer log each rank exported, and the placement) and meta.json (layout, the
+replica (from step 10); one slow replica (every stage of it, from step 10), each slowness removed again at step
+32 (the steps after it are the like-for-like run without it); and the healthy job with a CPU hog beside it. Each
+case directory holds store/ (the step timer's steps and ranks rows), timings/ (the raw per-section timer log each
+rank exported, and the placement) and meta.json (layout, the
 injected slowness, and the measured median step time of the train steps in and outside the slow period).
 
 The cache is keyed by the torch version and a hash of these scripts and the collectors they run, under a file
@@ -37,8 +38,15 @@ SCRIPT = Path(__file__).resolve().parent / "train_pipeline.py"
 HASHED_FILES = ("tests/torch_jobs/train_pipeline.py", "tests/torch_jobs/straggler_jobs.py",
                 "collectors/step_timer.py", "collectors/sink.py", "collectors/schema.py", "collectors/layout.py")
 WORLD_SIZE = 8
-STEPS = 28
+STEPS = 42
 ONSET = 10
+# the slowness is removed again at this step: the steps after it are the like-for-like "removed" run (the same
+# processes, warm-up and machine load), measured on both sides of the slow period so a drifting load cancels
+REMOVED = 32
+TRANSITION = 2  # steps after a change that belong to neither side
+# the job's declared length (the step timer's total_steps: its remaining time for the slowdown policy); a case
+# with None declares nothing (remaining time unknown)
+DECLARED_STEPS = 500_000
 MICROBATCHES = 4
 BASE_S = 0.01
 EXTRA_S = 0.03
@@ -52,6 +60,8 @@ class Case:
     slow: tuple[dict, ...] = ()
     hog: bool = False
     expected: dict = field(default_factory=dict)
+    total_steps: int | None = DECLARED_STEPS
+    steps: int = STEPS
 
 
 def _cases() -> dict[str, Case]:
@@ -62,18 +72,28 @@ def _cases() -> dict[str, Case]:
         cases += [
             Case(f"worker_{tag}", replicas, stages,
                  ({"replica": 1, "stage": worker_stage, "section": "forward-compute", "extra_s": EXTRA_S,
-                   "from_step": ONSET},),
-                 expected={"kind": "worker", "ranks": [1 * stages + worker_stage]}),
+                   "from_step": ONSET, "to_step": REMOVED},),
+                 expected={"kind": "worker", "ranks": [1 * stages + worker_stage]},
+                 # 4 x 2 declares no length: its remaining time is unknown, the slowdown is notified
+                 total_steps=DECLARED_STEPS if replicas == 2 else None),
             Case(f"stage_{tag}", replicas, stages,
                  ({"replica": None, "stage": stages - 1, "section": "forward-compute", "extra_s": EXTRA_S,
-                   "from_step": ONSET},),
+                   "from_step": ONSET, "to_step": REMOVED},),
                  expected={"kind": "stage", "stage": stages - 1}),
             Case(f"replica_{tag}", replicas, stages,
                  ({"replica": 1, "stage": None, "section": "backward-compute", "extra_s": EXTRA_S,
-                   "from_step": ONSET},),
+                   "from_step": ONSET, "to_step": REMOVED},),
                  expected={"kind": "replica", "replica": 1, "ranks": list(range(stages, 2 * stages))}),
         ]
-    cases.append(Case("hog_2x4", 2, 4, hog=True, expected={"kind": "none"}))
+    # one slow worker in replica 1 while replica 2 is held back all along by a slow pipeline link (communication,
+    # no compute): fixing the worker saves only down to replica 2, the data-parallel sync's next-slowest
+    cases.append(Case("worker_behind_link_4x2", 4, 2,
+                      ({"replica": 1, "stage": 1, "section": "forward-compute", "extra_s": EXTRA_S,
+                        "from_step": ONSET, "to_step": REMOVED},
+                       {"replica": 2, "stage": 0, "section": "forward-send", "extra_s": EXTRA_S / 2,
+                        "from_step": 0, "background": True}),
+                      expected={"kind": "worker", "ranks": [1 * 2 + 1]}))
+    cases.append(Case("hog_2x4", 2, 4, hog=True, expected={"kind": "none"}, steps=28))  # nothing to remove
     return {c.name: c for c in cases}
 
 
@@ -134,8 +154,8 @@ def run_case(case: Case, art: Path) -> Path:
     started = time.monotonic()
     config = {"store": str(art / "store"), "timings": str(art / "timings"), "replicas": case.replicas,
               "stages": case.stages,
-              "microbatches": MICROBATCHES, "steps": STEPS, "ranks_per_node": 2, "base_s": BASE_S,
-              "slow": list(case.slow)}
+              "microbatches": MICROBATCHES, "steps": case.steps, "ranks_per_node": 2, "base_s": BASE_S,
+              "slow": list(case.slow), "total_steps": case.total_steps}
     env = dict(os.environ)
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1", FAULTLENS_JOB_ID=f"strag-{case.name}")
@@ -164,8 +184,10 @@ def run_case(case: Case, art: Path) -> Path:
         tail = (art / "torchrun_stderr.txt").read_text(errors="replace")[-3000:]
         raise GenerationError(f"{case.name}: torchrun exit {returncode} or no steps rows; stderr tail:\n{tail}")
     meta = {"case": case.name, "replicas": case.replicas, "stages": case.stages, "microbatches": MICROBATCHES,
-            "steps": STEPS, "onset": min((int(s.get("from_step", 0)) for s in case.slow), default=None),
+            "steps": case.steps,
+            "onset": min((int(s.get("from_step", 0)) for s in case.slow if not s.get("background")), default=None),
             "slow": list(case.slow), "hog": case.hog, "expected": dict(case.expected),
+            "total_steps": case.total_steps,
             "step_time": measured_step_time(art / "store", case), "seconds": round(time.monotonic() - started, 2),
             "generated_at": dt.datetime.now(dt.UTC).isoformat()}
     (art / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -173,8 +195,10 @@ def run_case(case: Case, art: Path) -> Path:
 
 
 def measured_step_time(store: Path, case: Case) -> dict:
-    """Median step period (seconds between a rank's successive step ends, median over ranks) in and outside
-    the slow period, from the steps rows the ranks wrote."""
+    """Median step period (seconds between a rank's successive step ends, median over ranks) while slow, and
+    without the slowness on both sides of it: before it began and after it was removed (the same job, past its
+    warm-up). `removed`: the mean of the two sides (a load that drifts during the run cancels); `change`: slow
+    minus removed, what removing the injected slowness measurably saves."""
     import pyarrow.dataset as ds
 
     table = ds.dataset(str(store / "steps"), format="parquet", partitioning="hive").to_table(
@@ -184,11 +208,22 @@ def measured_step_time(store: Path, case: Case) -> dict:
     frame = frame.sort_values(["rank", "step"])
     frame["period"] = frame.groupby("rank")["end_ts"].diff().dt.total_seconds()
     seconds = frame[frame["step"] >= 3].groupby("step")["period"].median()
-    onset = min((int(s.get("from_step", 0)) for s in case.slow), default=None)
+    measured = [s for s in case.slow if not s.get("background")]  # a standing slowness is part of both sides
+    onset = min((int(s.get("from_step", 0)) for s in measured), default=None)
     result = {"all": float(seconds.median())}
     if onset:
+        ends = [int(s["to_step"]) for s in measured if s.get("to_step") is not None]
+        removed_at = max(ends) if ends else None
         result["before"] = float(seconds[seconds.index < onset].median())
-        result["slow"] = float(seconds[seconds.index >= onset + 2].median())
+        slow = seconds[seconds.index >= onset + TRANSITION]
+        if removed_at is not None:
+            slow = slow[slow.index < removed_at]
+            after = seconds[seconds.index >= removed_at + TRANSITION]
+            result["after"] = float(after.median()) if len(after) else float("nan")
+        result["slow"] = float(slow.median())
+        sides = [v for v in (result["before"], result.get("after")) if v is not None and v == v]
+        result["removed"] = sum(sides) / len(sides)
+        result["change"] = result["slow"] - result["removed"]
     return result
 
 

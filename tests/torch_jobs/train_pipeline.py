@@ -5,7 +5,10 @@ Megatron-style timer names, that can be made slow in chosen places.
 
 CONFIG_JSON: {"store": DIR, "replicas": D, "stages": P, "microbatches": M, "steps": N, "ranks_per_node": K,
 "base_s": seconds of "device" work per microbatch and pass, "slow": [{"replica": d or null, "stage": p or null,
-"section": "forward-compute" | "backward-compute", "extra_s": seconds, "from_step": k}, ...]}
+"section": "forward-compute" | "backward-compute", "extra_s": seconds, "from_step": k, "to_step": k2 (exclusive,
+optional), "background": true (optional: a standing slowness, not the one measured)}, ...], "total_steps": N
+(optional: the length the job declares to the step timer)}. A slow "forward-send" is a slow pipeline link: the
+extra sleep is spent in the sender's send section (communication, not compute).
 
 Rank r is replica r // P, stage r % P, on node "node-<r // K>". Every step runs a GPipe schedule: M microbatch
 forwards (recv from the previous stage, compute, send to the next), M backwards in reverse, then the gradients are
@@ -53,7 +56,8 @@ def main() -> None:
     timer = StepTimer.from_env(
         store=config["store"], flush_interval_s=0.5,
         identity=RankIdentity.from_env(node=f"node-{rank // per_node}"),
-        parallel=ParallelCoords(dp_rank=replica, pp_rank=stage, tp_rank=0, pp_size=stages))
+        parallel=ParallelCoords(dp_rank=replica, pp_rank=stage, tp_rank=0, pp_size=stages),
+        total_steps=config.get("total_steps"))
     torch.manual_seed(7 + stage)
     weight = torch.randn(WIDTH, WIDTH, requires_grad=True)
     log: list[tuple[int, int, str, int, float]] = []
@@ -66,10 +70,12 @@ def main() -> None:
             yield
         log.append((rank, current["step"], name, began, (time.time_ns() - began) / 1e6))
 
+    def extra_s(section: str, step: int) -> float:
+        return sum(float(s["extra_s"]) for s in slow if s["section"] == section
+                   and int(s.get("from_step", 0)) <= step < int(s.get("to_step") or 1 << 62))
+
     def device_work(section: str, step: int) -> None:
-        extra = sum(float(s["extra_s"]) for s in slow if s["section"] == section and step >= int(s.get(
-            "from_step", 0)))
-        time.sleep(base + extra)
+        time.sleep(base + extra_s(section, step))
 
     prev_rank, next_rank = (rank - 1 if stage > 0 else None), (rank + 1 if stage < stages - 1 else None)
     try:
@@ -91,6 +97,9 @@ def main() -> None:
                         saved.append((act, out))
                     if next_rank is not None:
                         with section("forward-send"):
+                            link = extra_s("forward-send", step)
+                            if link:
+                                time.sleep(link)  # a slow link: the transfer takes longer
                             dist.send(out.detach(), dst=next_rank)
                 weight.grad = None
                 for _act, out in reversed(saved):
