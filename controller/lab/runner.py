@@ -109,6 +109,8 @@ def run_command(scenario: Scenario, art: RunArtifacts) -> list[str]:
                "--max-attempts", str(scenario.max_attempts)]
     if scenario.thresholds:
         command += ["--thresholds", str(REPO_ROOT / scenario.thresholds)]
+    if scenario.assume_remaining_s is not None:
+        command += ["--assume-remaining", f"{scenario.assume_remaining_s:g}"]
     return [*command, "--", scenario.script, *scenario.args]
 
 

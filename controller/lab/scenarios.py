@@ -74,6 +74,7 @@ class Scenario:
     steps: int = 0
     thresholds: str | None = None
     note: str = ""
+    assume_remaining_s: float | None = None  # the job stands for a long run: what the supervisor is told is left
 
     @property
     def cpu_hog(self) -> int:
@@ -190,7 +191,9 @@ def load_campaign(path: str | Path = DEFAULT_SCENARIOS) -> Campaign:
                 spares=int(merged.get("spares", 2)), max_attempts=int(merged.get("max_attempts", 4)),
                 timeout_s=float(merged.get("timeout_s", 300)), faults=faults,
                 truth=Truth(incidents, bool(expect.get("finished", True)), restore), ci=bool(item.get("ci", False)),
-                steps=steps, thresholds=merged.get("thresholds"), note=str(item.get("note", ""))))
+                steps=steps, thresholds=merged.get("thresholds"), note=str(item.get("note", "")),
+                assume_remaining_s=(None if merged.get("assume_remaining_s") is None
+                                    else float(merged["assume_remaining_s"]))))
         except (TypeError, ValueError) as exc:
             raise ScenarioError(f"{where}: {exc}") from None
     if not scenarios:
