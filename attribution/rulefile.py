@@ -10,10 +10,11 @@ from typing import Any
 import jsonschema
 import yaml
 
+from collectors.errors import FaultlensError
 from collectors.yaml_guard import read_yaml_text, safe_load_text
 
 
-class RuleFileError(ValueError):
+class RuleFileError(ValueError, FaultlensError):
     """A rules or config file is unreadable or does not fit its schema: `<file>: <key>: <expectation>`."""
 
 

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from attribution.incident import Cause
+from collectors.errors import FaultlensError
 from collectors.yaml_guard import load_yaml_path, read_yaml_text, safe_load_text
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
@@ -23,7 +24,7 @@ THRESHOLDS_PATH = RULES_DIR / "thresholds.yaml"
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
-class RulesError(ValueError):
+class RulesError(ValueError, FaultlensError):
     """A rule file is missing, unreadable or invalid: the message names the file, the key and the expectation."""
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from collectors.errors import FaultlensError
+
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
@@ -41,7 +43,7 @@ def _env_int(name: str, default: int) -> int:
     return parsed if parsed > 0 else default
 
 
-class DumpLimitError(ValueError):
+class DumpLimitError(ValueError, FaultlensError):
     """A dump breaks one of the limits: the message says which (the reader adds the file name)."""
 
 

@@ -24,6 +24,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collectors.errors import FaultlensError
+
 REPLACES_KEY = b"faultlens.replaces"
 SEGMENT_SUFFIX = ".parquet"
 COMPACTED_PREFIX = "c-"
@@ -31,7 +33,7 @@ _PART_RE = re.compile(r"^(job|date|node)=(.+)$")
 _SAFE_VALUE_RE = re.compile(r"[^A-Za-z0-9._:@+-]")
 
 
-class StoreError(OSError):
+class StoreError(OSError, FaultlensError):
     """The store cannot be opened, listed or written: the message names the location and the problem."""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from collectors.errors import FaultlensError
 from collectors.yaml_guard import YamlLimitError, load_yaml_path
 
 DEFAULT_RULES_PATH = Path(__file__).resolve().parents[1] / "rules" / "process_errors.yaml"
@@ -34,7 +35,7 @@ class EventKind(StrEnum):
     UNKNOWN = "unknown"
 
 
-class ProcessRulesError(ValueError):
+class ProcessRulesError(ValueError, FaultlensError):
     """rules/process_errors.yaml is missing or invalid: the message names the file, the key and the expectation."""
 
 

@@ -20,6 +20,7 @@ import jsonschema
 import pyarrow as pa
 import yaml
 
+from collectors.errors import FaultlensError
 from collectors.gpu_backend import (
     EVENT_KINDS,
     SAMPLE_COLUMNS,
@@ -35,7 +36,7 @@ from collectors.schema import TABLES
 FORMAT_VERSION = 1
 
 
-class RecordedTimelineError(ValueError):
+class RecordedTimelineError(ValueError, FaultlensError):
     """A timeline file cannot be used: the message names the file, the key and what was expected."""
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from collectors.errors import FaultlensError
 from collectors.yaml_guard import read_yaml_text, safe_load_text
 
 DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
@@ -51,7 +52,7 @@ class XidInfo:
     leave: XidScope
 
 
-class XidCatalogError(ValueError):
+class XidCatalogError(ValueError, FaultlensError):
     """rules/xid.yaml cannot be used: the message names the file, the key and what was expected."""
 
 

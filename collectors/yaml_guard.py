@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from collectors.errors import FaultlensError
+
 MAX_YAML_BYTES = 4 * 1024 * 1024  # rules files are a few KB
 MAX_YAML_DEPTH = 64  # the deepest real rules file nests 5 levels
 MAX_YAML_ALIASES = 256  # aliases expand into shared references: a "billion laughs" document for the validators
@@ -22,7 +24,7 @@ _BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (code
          (codecs.BOM_UTF16_BE, "UTF-16"))
 
 
-class YamlLimitError(yaml.YAMLError):
+class YamlLimitError(yaml.YAMLError, FaultlensError):
     """The document exceeds a limit (size, depth, aliases): the message says which."""
 
     def __init__(self, problem: str) -> None:

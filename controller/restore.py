@@ -15,6 +15,7 @@ from typing import Any
 import fsspec
 
 from attribution.decision import Action, Decision
+from collectors.errors import FaultlensError
 from controller.checkpoints.catalog import CheckpointCatalog
 from controller.checkpoints.fsutil import atomic_write
 from controller.checkpoints.tiers import Tier, parse_tier_spec, tiers_from_config
@@ -23,7 +24,7 @@ PLAN_FORMAT = "faultlens.restore/1"
 ENV_RESTORE_PLAN = "FAULTLENS_RESTORE_PLAN"
 
 
-class RestoreError(RuntimeError):
+class RestoreError(RuntimeError, FaultlensError):
     """No plan can be made, or a plan file is unreadable: the message says which and why."""
 
 

@@ -13,18 +13,20 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from collectors.errors import FaultlensError
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
 DEFAULT_STORE = "./faultlens-store"
 
 
-class CliError(Exception):
+class CliError(FaultlensError):
     """A user-facing error: printed as one line, exit code `code` (2: bad input or path)."""
 
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = self.exit_code = code
 
 
 def add_store_arg(parser: argparse.ArgumentParser) -> None:

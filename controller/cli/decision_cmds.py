@@ -9,11 +9,10 @@ import sys
 
 from attribution.decision import Decision
 from attribution.incident import Incident
-from attribution.policy import DecisionPolicy, PolicyError, StoreHistory, load_policy
-from attribution.rulefile import RuleFileError
-from attribution.store import QueryError, Store
+from attribution.policy import DecisionPolicy, StoreHistory, load_policy
+from attribution.store import Store
 from collectors.layout import StoreError
-from controller.checkpoints import CheckpointCatalog, TierError, parse_tiers
+from controller.checkpoints import CheckpointCatalog, parse_tiers
 from controller.cli.common import CliError, add_format_args, add_store_arg, emit
 from controller.delivery import DecisionLog, Deliverer
 from controller.hooks import hooks_from_config, load_hooks
@@ -92,10 +91,7 @@ def _hook_items(args: argparse.Namespace) -> list[dict]:
 
 
 def _open_store(url: str) -> Store:
-    try:
-        return Store(url)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    return Store(url)
 
 
 def _decision_rows(log: DecisionLog, job: str | None) -> list[dict]:
@@ -129,8 +125,6 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     log = DecisionLog(args.store)
     try:
         rows = _decision_rows(log, args.job)
-    except QueryError as exc:
-        raise CliError(str(exc)) from None
     finally:
         log.close()
     if args.fmt == "table":  # the full record is in --json / --csv; the table keeps what fits a terminal
@@ -144,18 +138,12 @@ def cmd_decisions(args: argparse.Namespace) -> int:
 def _catalog(specs: list[str] | None, job: str | None = None) -> CheckpointCatalog | None:
     if not specs:
         return None
-    try:
-        return CheckpointCatalog(parse_tiers(specs), job_id=job)
-    except (TierError, RuleFileError) as exc:
-        raise CliError(str(exc)) from None
+    return CheckpointCatalog(parse_tiers(specs), job_id=job)
 
 
 def _hooks(args: argparse.Namespace) -> list:
-    try:
-        hooks = load_hooks(args.hooks) if args.hooks else []
-        hooks += hooks_from_config(_hook_items(args), source="arguments")
-    except RuleFileError as exc:
-        raise CliError(str(exc)) from None
+    hooks = load_hooks(args.hooks) if args.hooks else []
+    hooks += hooks_from_config(_hook_items(args), source="arguments")
     names = [hook.name for hook in hooks]
     if len(set(names)) != len(names):
         raise CliError(f"hook names must be unique across --hooks and arguments: {', '.join(names)}")
@@ -163,10 +151,7 @@ def _hooks(args: argparse.Namespace) -> list:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    try:
-        config = load_policy(args.policy)
-    except PolicyError as exc:
-        raise CliError(str(exc)) from None
+    config = load_policy(args.policy)
     hooks = _hooks(args)
     catalog = _catalog(args.tiers)
     store = _open_store(args.store)
@@ -193,8 +178,6 @@ def cmd_decide(args: argparse.Namespace) -> int:
                          "restore": None if decision.restore is None else
                          f"{decision.restore.tier} step {decision.restore.step}",
                          "delivery": {r.hook: r.status.value for r in results}, "reason": decision.reason})
-    except QueryError as exc:
-        raise CliError(str(exc)) from None
     finally:
         deliverer.close()
         store.close()
@@ -211,8 +194,6 @@ def cmd_deliver(args: argparse.Namespace) -> int:
     deliverer = Deliverer(args.store, hooks)
     try:
         results = deliverer.redeliver()
-    except QueryError as exc:
-        raise CliError(str(exc)) from None
     finally:
         deliverer.close()
     emit([{"decision_id": r.decision_id, "hook": r.hook, "status": r.status.value, "attempts": r.attempts,

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from collectors.errors import FaultlensError
 from controller.lab.plan import FAULT_KINDS, FaultSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ CAUSE_FAMILIES: Mapping[str, str] = {
 }
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ValueError, FaultlensError):
     """The scenarios file is unreadable or wrong: the message names the file, the scenario and the key."""
 
 
