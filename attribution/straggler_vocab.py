@@ -159,9 +159,6 @@ def _load(stamped: tuple[tuple[str, tuple[int, int]], ...]) -> Vocabulary:
     paths = [p for p, _ in stamped]
     entries: list[_Entry] = []
     for path in reversed(paths):
-        try:
-            document = load_yaml_file(Path(path), VOCABULARY_SCHEMA)
-        except RuleFileError as exc:
-            raise VocabularyError(str(exc)) from None
+        document = load_yaml_file(Path(path), VOCABULARY_SCHEMA, error=VocabularyError)
         entries.extend(_entries(document, path))
     return Vocabulary(entries, paths)
