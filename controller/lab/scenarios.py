@@ -141,7 +141,8 @@ def load_campaign(path: str | Path = DEFAULT_SCENARIOS) -> Campaign:
     source = str(path)
     doc = read_document(path, error=ScenarioError)
     if not isinstance(doc, Mapping) or doc.get("format_version") != 1:
-        raise ScenarioError(f"{source}: format_version: expected 1")
+        got = doc.get("format_version") if isinstance(doc, Mapping) else type(doc).__name__
+        raise ScenarioError(f"{source}: format_version: expected 1, got {got!r}")
     defaults = dict(doc.get("defaults") or {})
     scripts = dict(doc.get("scripts") or {})
     timelines = dict(doc.get("gpu_timelines") or {})
