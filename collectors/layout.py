@@ -10,7 +10,6 @@ segments that are still listed, so a concurrent reader never counts a row twice.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
@@ -24,6 +23,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collectors.atomic import atomic_write
 from collectors.errors import FaultlensError
 
 REPLACES_KEY = b"faultlens.replaces"
@@ -179,16 +179,8 @@ def write_segment(location: StoreLocation, directory: str, table: pa.Table, *, n
         temp = f"{directory}/{temp_name(name)}"
         if metadata:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-        try:
-            with open(temp, "wb") as handle:
-                pq.write_table(table, handle, compression=compression)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        atomic_write(final, lambda handle: pq.write_table(table, handle, compression=compression), make_dirs=False,
+                     temporary=temp)
         _fsync_dir(directory)
     else:
         location.fs.pipe_file(final, parquet_bytes(table, metadata, compression))
