@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from attribution.rulefile import RuleFileError, load_yaml_file
+from collectors import environment
 
 DEFAULT_VOCABULARY = Path(__file__).resolve().parents[1] / "rules" / "comm_ops.yaml"
-ENV_VOCABULARY = "FAULTLENS_SECTION_VOCABULARY"
+ENV_VOCABULARY = environment.SECTION_VOCABULARY.name
 CUDA_PREFIX = "cuda/"
 
 
@@ -140,7 +141,7 @@ def load_vocabulary(extra: Sequence[str | Path] = ()) -> Vocabulary:
     """The default vocabulary, then each extra file (and $FAULTLENS_SECTION_VOCABULARY, os.pathsep-separated)
     in order; later files win."""
     paths = [DEFAULT_VOCABULARY, *(Path(p) for p in extra)]
-    env = os.environ.get(ENV_VOCABULARY, "")
+    env = environment.SECTION_VOCABULARY.get(default="")
     paths += [Path(p) for p in env.split(os.pathsep) if p.strip()]
     return _load(tuple((str(p), _stamp(p)) for p in paths))
 

@@ -4,17 +4,17 @@ what was expected. attribution may import this module (the catalog is a contract
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from collectors import environment
 from collectors.rule_loader import RuleFileError, field_error, read_document, validate
 
 DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
-XID_CATALOG_ENV = "FAULTLENS_XID_CATALOG"  # a user's copy of rules/xid.yaml replaces the shipped one
+XID_CATALOG_ENV = environment.XID_CATALOG.name  # a user's copy of rules/xid.yaml replaces the shipped one
 FORMAT_VERSION = 1
 
 
@@ -136,7 +136,7 @@ def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
 def load_xid_catalog(path: str | Path | None = None) -> XidCatalog:
     """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else <repo>/rules/xid.yaml.
     Raises XidCatalogError."""
-    if path is None and os.environ.get(XID_CATALOG_ENV):
-        path = os.environ[XID_CATALOG_ENV]
+    if path is None:
+        path = environment.XID_CATALOG.get()
     file = Path(path) if path is not None else DEFAULT_XID_PATH
     return parse_xid_catalog(read_document(file, error=XidCatalogError), str(file))

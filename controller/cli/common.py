@@ -8,11 +8,11 @@ import datetime as dt
 import decimal
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from collectors import environment
 from collectors.errors import FaultlensError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class CliError(FaultlensError):
 def add_store_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
-        default=os.environ.get("FAULTLENS_STORE", DEFAULT_STORE),
+        default=environment.STORE.get(default=DEFAULT_STORE),
         help="store directory or URL (default: $FAULTLENS_STORE or %(default)s)",
     )
 

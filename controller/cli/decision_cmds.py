@@ -11,6 +11,7 @@ from attribution.decision import Decision
 from attribution.incident import Incident
 from attribution.policy import DecisionPolicy, StoreHistory, load_policy
 from attribution.store import Store
+from collectors import environment
 from collectors.layout import StoreError
 from controller.checkpoints import CheckpointCatalog, parse_tiers
 from controller.cli.common import CliError, add_format_args, add_store_arg, emit
@@ -66,7 +67,7 @@ def _add_hook_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hooks from arguments")
     group.add_argument("--webhook", action="append", default=[], metavar="URL",
                        help="POST each decision here, signed with the secret in --webhook-secret-env")
-    group.add_argument("--webhook-secret-env", default="FAULTLENS_WEBHOOK_SECRET", metavar="VAR",
+    group.add_argument("--webhook-secret-env", default=environment.WEBHOOK_SECRET.name, metavar="VAR",
                        help="environment variable holding the webhook's HMAC secret (default: %(default)s)")
     group.add_argument("--command", dest="hook_command", action="append", default=[], metavar="CMD",
                        help="run CMD with the decision JSON on stdin")
