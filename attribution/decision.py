@@ -19,11 +19,12 @@ from typing import Any
 import jsonschema
 
 from attribution.incident import Cause, Evidence, Incident, IncidentClass
+from collectors.errors import FaultlensError
 
 SCHEMA_ID = "faultlens.decision/1"
 
 
-class DecisionError(ValueError):
+class DecisionError(ValueError, FaultlensError):
     """A decision document does not fit the contract: the message names the place and what was expected."""
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
 from attribution.incident import Cause, Incident, IncidentClass
+from collectors.errors import FaultlensError
 
 BEFORE_SLACK = dt.timedelta(seconds=30)
 AFTER_SLACK = dt.timedelta(seconds=300)
@@ -461,7 +462,7 @@ def incidents_from_rows(rows: Iterable[dict[str, Any]]) -> list[Incident]:
     return [Incident.from_row(row) for row in rows]
 
 
-class EvalError(RuntimeError):
+class EvalError(RuntimeError, FaultlensError):
     """Incidents or decisions cannot be obtained: the message says what is missing."""
 
 

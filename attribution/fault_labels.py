@@ -16,6 +16,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TextIO
 
+from collectors.errors import FaultlensError
+
 LABELS_FORMAT = "faultlens.labels/1"
 
 
@@ -36,7 +38,7 @@ class ExpectedAction(StrEnum):
     UNKNOWN = "unknown"
 
 
-class LabelError(ValueError):
+class LabelError(ValueError, FaultlensError):
     """A labels file cannot be read: the message names the file, the line and the problem."""
 
 

@@ -73,9 +73,10 @@ import numpy as np
 import pyarrow as pa
 
 from attribution.store import Store
+from collectors.errors import FaultlensError
 
 
-class GoodputError(ValueError):
+class GoodputError(ValueError, FaultlensError):
     """The job cannot be accounted (no telemetry for it, or an empty window): the message says which."""
 
 

@@ -168,10 +168,7 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
     """Load and validate a policy file (default rules/policy.yaml). Raises PolicyError naming file, key and
     expectation."""
     path = Path(path) if path is not None else DEFAULT_POLICY_PATH
-    try:
-        document = load_yaml_file(path, POLICY_SCHEMA)
-    except RuleFileError as exc:
-        raise PolicyError(str(exc)) from None
+    document = load_yaml_file(path, POLICY_SCHEMA, error=PolicyError)
     return policy_from_document(document, source=str(path))
 
 

@@ -11,11 +11,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from attribution.incident import Cause
-from collectors.yaml_guard import load_yaml_path, read_yaml_text, safe_load_text
+from collectors.rule_loader import RuleFileError, field_error, load_rule_file, read_document
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 CRASH_RULES_PATH = RULES_DIR / "crash.yaml"
@@ -23,7 +22,7 @@ THRESHOLDS_PATH = RULES_DIR / "thresholds.yaml"
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
-class RulesError(ValueError):
+class RulesError(RuleFileError):
     """A rule file is missing, unreadable or invalid: the message names the file, the key and the expectation."""
 
 
@@ -245,47 +244,9 @@ class Thresholds(_Strict):
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def _format_location(loc: tuple[Any, ...]) -> str:
-    parts = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        else:
-            parts.append(("." if parts else "") + str(item))
-    return "".join(parts) or "<top level>"
-
-
 def load_rules_file(path: str | Path, model: type[_M]) -> _M:
     """Read YAML at `path` and validate it against `model`; RulesError names the file, key and expectation."""
-    path = Path(path)
-    try:
-        text = read_yaml_text(path)
-    except OSError as exc:
-        raise RulesError(f"{path}: cannot read rule file: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RulesError(f"{path}: not UTF-8 text: {exc.reason} (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        raise RulesError(f"{path}: {exc}") from None
-    try:
-        document = safe_load_text(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise RulesError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
-    if not isinstance(document, dict):
-        raise RulesError(f"{path}: <top level>: expected a mapping, got {type(document).__name__}")
-    document = _with_base(path, document)
-    version = document.get("format_version")
-    if version not in SUPPORTED_FORMAT_VERSIONS:
-        raise RulesError(f"{path}: format_version: expected one of {list(SUPPORTED_FORMAT_VERSIONS)}, "
-                         f"got {version!r}")
-    try:
-        return model.model_validate(document)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-        raise RulesError(f"{path}: {_format_location(tuple(error['loc']))}: {_expectation(error)}"
-                         f"{_input_note(error)}{more}") from None
+    return load_rule_file(path, model, error=RulesError, versions=SUPPORTED_FORMAT_VERSIONS, prepare=_with_base)
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -305,38 +266,12 @@ def _with_base(path: Path, document: dict[str, Any], depth: int = 0) -> dict[str
     if base_name is None:
         return document
     if not isinstance(base_name, str) or depth > 4:
-        raise RulesError(f"{path}: extends: expected the name of one rule file, got {base_name!r}")
+        raise field_error(str(path), ["extends"], f"expected the name of one rule file, got {base_name!r}", RulesError)
     base_path = path.parent / base_name
-    try:
-        base = load_yaml_path(base_path)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise RulesError(f"{path}: extends: cannot read {base_path}: {exc}") from None
+    base = read_document(base_path, error=RulesError)
     if not isinstance(base, dict):
-        raise RulesError(f"{base_path}: <top level>: expected a mapping, got {type(base).__name__}")
+        raise field_error(str(base_path), [], f"expected a mapping, got {type(base).__name__}", RulesError)
     return _merge(_with_base(base_path, base, depth + 1), document)
-
-
-def _expectation(error: dict[str, Any]) -> str:
-    """pydantic's message phrased as what was expected."""
-    if error.get("type") == "missing":
-        return "required key is missing"
-    if error.get("type") == "extra_forbidden":
-        return "unknown key (not allowed here)"
-    message = str(error.get("msg", "invalid"))
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if message.startswith(prefix):
-            message = message[len(prefix):]
-    if message.startswith("Input should be "):
-        message = message[len("Input should be "):]
-    return f"expected {message}"
-
-
-def _input_note(error: dict[str, Any]) -> str:
-    if error.get("type") in {"missing", "extra_forbidden"}:
-        return ""
-    value = error.get("input")
-    text = repr(value)
-    return f", got {text[:80]}" if not isinstance(value, dict) else ""
 
 
 def load_crash_rules(path: str | Path | None = None) -> CrashRules:

@@ -19,6 +19,7 @@ import duckdb
 import pyarrow as pa
 
 from attribution.segment_check import BadSegment, check_segment, deep_check
+from collectors.errors import FaultlensError
 from collectors.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
 from collectors.schema import TABLE_NAMES, empty_table, schema_for
 
@@ -26,7 +27,7 @@ log = logging.getLogger("faultlens.store")
 _MAX_BAD_PER_QUERY = 64  # segments found broken while a query reads them (footer fine, data pages not)
 
 
-class QueryError(ValueError):
+class QueryError(ValueError, FaultlensError):
     """A SQL query failed: the message is DuckDB's on one line, with its hints ("Did you mean ...")."""
 
 

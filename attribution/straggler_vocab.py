@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from attribution.rulefile import RuleFileError, load_yaml_file
+from collectors import environment
 
 DEFAULT_VOCABULARY = Path(__file__).resolve().parents[1] / "rules" / "comm_ops.yaml"
-ENV_VOCABULARY = "FAULTLENS_SECTION_VOCABULARY"
+ENV_VOCABULARY = environment.SECTION_VOCABULARY.name
 CUDA_PREFIX = "cuda/"
 
 
@@ -140,7 +141,7 @@ def load_vocabulary(extra: Sequence[str | Path] = ()) -> Vocabulary:
     """The default vocabulary, then each extra file (and $FAULTLENS_SECTION_VOCABULARY, os.pathsep-separated)
     in order; later files win."""
     paths = [DEFAULT_VOCABULARY, *(Path(p) for p in extra)]
-    env = os.environ.get(ENV_VOCABULARY, "")
+    env = environment.SECTION_VOCABULARY.get(default="")
     paths += [Path(p) for p in env.split(os.pathsep) if p.strip()]
     return _load(tuple((str(p), _stamp(p)) for p in paths))
 
@@ -159,9 +160,6 @@ def _load(stamped: tuple[tuple[str, tuple[int, int]], ...]) -> Vocabulary:
     paths = [p for p, _ in stamped]
     entries: list[_Entry] = []
     for path in reversed(paths):
-        try:
-            document = load_yaml_file(Path(path), VOCABULARY_SCHEMA)
-        except RuleFileError as exc:
-            raise VocabularyError(str(exc)) from None
+        document = load_yaml_file(Path(path), VOCABULARY_SCHEMA, error=VocabularyError)
         entries.extend(_entries(document, path))
     return Vocabulary(entries, paths)

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit, machine
+from collectors import environment
 
 ROOT = Path(__file__).resolve().parents[1]
 NNODES, NPROC, SPARES = 2, 2, 4
@@ -177,7 +178,7 @@ def run_faultlens(workdir: Path, steps: int, timeout_s: float) -> dict[str, Any]
 
     def faults(attempt: int, nodes: Sequence[str], start_step: int):
         chosen = demo_fault(attempt, nodes, start_step, NPROC)
-        fault = Fault.from_json(chosen.env.get("FAULTLENS_DEMO_FAULT"))
+        fault = Fault.from_json(environment.DEMO_FAULT.raw(chosen.env))
         if fault.kind is not FaultKind.NONE:
             fault_steps.setdefault(fault.kind.value, fault.step)
         return chosen
@@ -237,7 +238,7 @@ def plain_schedule(max_restarts: int, hang_step: int) -> list[list[dict[str, Any
     from controller.demo.schedule import DEMO_FAULTS, demo_fault
 
     nodes = [f"node-{i}" for i in range(NNODES)]
-    demo = [Fault.from_json(demo_fault(i, nodes, 0, NPROC).env.get("FAULTLENS_DEMO_FAULT"))
+    demo = [Fault.from_json(environment.DEMO_FAULT.raw(demo_fault(i, nodes, 0, NPROC).env))
             for i in range(len(DEMO_FAULTS))]  # start step 0: `step` is the demo's offset
     hot = next(f for f in demo if f.kind is FaultKind.STRAGGLER)
     still_hot = replace(hot, step=0, relative=True)
@@ -307,7 +308,7 @@ def run_plain(workdir: Path, steps: int, timeout_s: float, max_restarts: int, sc
     demo_dir = workdir / "demo"
     demo_dir.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("FAULTLENS_", "TORCHELASTIC_"))}
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith((environment.PREFIX, "TORCHELASTIC_"))}
     base_env.update(PYTHONUNBUFFERED="1", FAULTLENS_STORE=store, FAULTLENS_JOB_ID=job_id,
                     FAULTLENS_CKPT_DURABLE=str(workdir / "durable"), FAULTLENS_DEMO_DIR=str(demo_dir),
                     FAULTLENS_RESUME_LATEST="1", FAULTLENS_DEMO_FAULTS=json.dumps(schedule))

@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
+from collectors.errors import FaultlensError
 from collectors.gpu_deltas import DeltaThresholds, sample_changes
 from collectors.pci import normalize_pci_bus_id
 from collectors.row_guard import guarded_batch
@@ -100,7 +101,7 @@ _INT32_MAX, _INT64_MAX, _FLOAT32_MAX = 2**31 - 1, 2**63 - 1, 3.4e38
 _MAX_TS_NS = 2**63 - 1
 
 
-class _BadValue(ValueError):
+class _BadValue(ValueError, FaultlensError):
     """A sample value its column cannot hold (3e9 MHz in an int32, -1e303 MiB): the sample is left out."""
 
 
@@ -131,7 +132,7 @@ def _column_value(column: str, value: float | int) -> Any:
     return float(value)
 
 
-class DcgmFetchError(OSError):
+class DcgmFetchError(OSError, FaultlensError):
     """A scrape cannot be fetched or read: the message names the file or URL."""
 
 

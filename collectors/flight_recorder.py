@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from collectors import fr_fastpickle as fast
+from collectors.errors import FaultlensError
 from collectors.fr_limits import DumpLimits, default_limits
 from collectors.safe_pickle import PickleLoadError, _has_surrogate, safe_loads
 from collectors.schema import TABLES, validate
@@ -77,7 +78,7 @@ _STRING_FIELDS = ("op", "state", "pg_name", "pg_desc")
 _JSON_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape (an unpaired one is refused)
 
 
-class DumpFileError(ValueError):
+class DumpFileError(ValueError, FaultlensError):
     """One dump file cannot be read: the message names the file and the problem."""
 
     def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
@@ -86,7 +87,7 @@ class DumpFileError(ValueError):
         self.problem = problem
 
 
-class DumpDirError(ValueError):
+class DumpDirError(ValueError, FaultlensError):
     """A dump directory as a whole cannot be read (missing, not a directory, no dumps in it)."""
 
 
@@ -150,11 +151,11 @@ class _Dump:
     mtime_ns: int = 0
 
 
-class _DumpFormatError(ValueError):
+class _DumpFormatError(ValueError, FaultlensError):
     pass
 
 
-class _Decline(Exception):
+class _Decline(FaultlensError):
     """The fast path leaves this dump to the reference path (which loads it or says why not)."""
 
 

@@ -26,22 +26,18 @@ per process with the environment variables named below (``FAULTLENS_FR_MAX_WORLD
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or not value.strip():
-        return default
-    try:
-        parsed = int(value.strip())
-    except ValueError:
-        return default
-    return parsed if parsed > 0 else default
+from collectors import environment
+from collectors.errors import FaultlensError
 
 
-class DumpLimitError(ValueError):
+def _env_int(variable: environment.EnvVar, default: int) -> int:
+    parsed = variable.get_int(default=default)
+    return parsed if parsed is not None and parsed > 0 else default
+
+
+class DumpLimitError(ValueError, FaultlensError):
     """A dump breaks one of the limits: the message says which (the reader adds the file name)."""
 
 
@@ -77,8 +73,8 @@ def default_limits() -> DumpLimits:
     base = DumpLimits()
     return replace(
         base,
-        max_file_bytes=_env_int("FAULTLENS_FR_MAX_FILE_BYTES", base.max_file_bytes),
-        max_world_size=_env_int("FAULTLENS_FR_MAX_WORLD_SIZE", base.max_world_size),
-        max_string_bytes=_env_int("FAULTLENS_FR_MAX_STRING_BYTES", base.max_string_bytes),
-        max_elements=_env_int("FAULTLENS_FR_MAX_ELEMENTS", base.max_elements),
+        max_file_bytes=_env_int(environment.FR_MAX_FILE_BYTES, base.max_file_bytes),
+        max_world_size=_env_int(environment.FR_MAX_WORLD_SIZE, base.max_world_size),
+        max_string_bytes=_env_int(environment.FR_MAX_STRING_BYTES, base.max_string_bytes),
+        max_elements=_env_int(environment.FR_MAX_ELEMENTS, base.max_elements),
     )

@@ -39,15 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collectors import environment
+from collectors.atomic import atomic_write
 from collectors.safe_pickle import safe_loads
 
 log = logging.getLogger(__name__)
 
-ENV_DUMP_DIR = "FAULTLENS_FR_DIR"
-ENV_TRIGGER_FILE = "FAULTLENS_FR_TRIGGER"
-ENV_EXIT_DUMP_DIR = "FAULTLENS_FR_EXIT_DIR"
-ENV_STACK_TRACES = "FAULTLENS_FR_STACK_TRACES"
-ENV_DUMP_ON_SIGTERM = "FAULTLENS_FR_DUMP_ON_SIGTERM"
+ENV_DUMP_DIR = environment.FR_DIR.name
+ENV_TRIGGER_FILE = environment.FR_TRIGGER.name
+ENV_EXIT_DUMP_DIR = environment.FR_EXIT_DIR.name
+ENV_STACK_TRACES = environment.FR_STACK_TRACES.name
+ENV_DUMP_ON_SIGTERM = environment.FR_DUMP_ON_SIGTERM.name
 
 #: what a dump API returns: (pickle bytes of the trace dict, JSON text of the trace dict)
 DumpApi = Callable[[bool, bool], tuple[bytes, str]]
@@ -127,7 +129,7 @@ class FlightRecorderTrigger:
         self.exit_dump_dir = Path(exit_dump_dir) if exit_dump_dir else self.dump_dir
         self._rank = rank
         self._world_size = world_size
-        self.node = node or os.environ.get("FAULTLENS_NODE") or socket.gethostname()
+        self.node = node or environment.NODE.get() or socket.gethostname()
         self.signum = signum
         self.dump_on_sigterm = dump_on_sigterm
         self.trigger_file = Path(trigger_file) if trigger_file else None
@@ -148,15 +150,16 @@ class FlightRecorderTrigger:
         FAULTLENS_FR_DUMP_ON_SIGTERM (1: dump on SIGTERM) and FAULTLENS_FR_STACK_TRACES (0 turns Python stack
         traces off: the first dump with them imports torch._dynamo, about 1 s of CPU, unless the job already did);
         None when FAULTLENS_FR_DIR is not set."""
-        dump_dir = overrides.pop("dump_dir", None) or os.environ.get(ENV_DUMP_DIR)
+        dump_dir = overrides.pop("dump_dir", None) or environment.FR_DIR.get()
         if not dump_dir:
             return None
-        overrides.setdefault("trigger_file", os.environ.get(ENV_TRIGGER_FILE) or None)
-        overrides.setdefault("exit_dump_dir", os.environ.get(ENV_EXIT_DUMP_DIR) or None)
-        for env_name, option in ((ENV_STACK_TRACES, "include_stack_traces"), (ENV_DUMP_ON_SIGTERM, "dump_on_sigterm")):
-            value = os.environ.get(env_name, "").strip().lower()
-            if value:
-                overrides.setdefault(option, value not in ("0", "false", "no", "off"))
+        overrides.setdefault("trigger_file", environment.FR_TRIGGER.get())
+        overrides.setdefault("exit_dump_dir", environment.FR_EXIT_DIR.get())
+        for variable, option in ((environment.FR_STACK_TRACES, "include_stack_traces"),
+                                 (environment.FR_DUMP_ON_SIGTERM, "dump_on_sigterm")):
+            value = variable.get_bool()
+            if value is not None:
+                overrides.setdefault(option, value)
         return cls(dump_dir, **overrides)
 
     # -- identity -------------------------------------------------------------------------------------------
@@ -327,14 +330,4 @@ def _die_of(signum: int) -> None:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    atomic_write(path, data, make_dirs=False)

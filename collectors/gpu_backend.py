@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from collectors.errors import FaultlensError
 from collectors.schema import IDENTITY_FIELDS, TABLES
 
 _NOT_METRICS = {f.name for f in IDENTITY_FIELDS} | {"source", "gpu_name"}
@@ -34,11 +35,11 @@ RECOVERY_ACTIONS: dict[int, str] = {
 """NVML_GPU_RECOVERY_ACTION_* values and the words the driver prints for them."""
 
 
-class BackendUnavailable(Exception):
+class BackendUnavailable(FaultlensError):
     """The backend cannot be used on this machine; str() is the reason (said once by the source)."""
 
 
-class GpuLostError(Exception):
+class GpuLostError(FaultlensError):
     """The GPU is lost (NVML_ERROR_GPU_IS_LOST: fallen off the bus or otherwise inaccessible)."""
 
     def __init__(self, device: GpuDevice, reason: str = "GPU is lost") -> None:

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from collectors import environment
+from collectors.atomic import atomic_write
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ENV_DIR = "FAULTLENS_HEARTBEAT_DIR"
+ENV_DIR = environment.HEARTBEAT_DIR.name
 MAGIC = b"FLHB"
 VERSION = 1
 SIZE = 1024
@@ -53,7 +56,7 @@ IN_STEP, CLOSED, HAS_LOSS = 1, 2, 4
 
 def default_dir() -> Path:
     """$FAULTLENS_HEARTBEAT_DIR, else /dev/shm/faultlens-heartbeats (else under the temp directory)."""
-    configured = os.environ.get(ENV_DIR)
+    configured = environment.HEARTBEAT_DIR.raw()
     if configured:
         return Path(configured)
     shm = Path("/dev/shm")
@@ -86,8 +89,6 @@ class HeartbeatWriter:
         self._seq = 0
         self._state = [-1, 0, 0, -1, -1, 0.0, 0]  # last_step, last_end_ns, steps, current, bad_loss, loss, flags
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             blob = json.dumps({k: v for k, v in identity.items() if v is not None}).encode()[: SIZE - 132]
             content = bytearray(SIZE)
             _RECORD.pack_into(content, 0, MAGIC, VERSION, 0, -1, 0, 0, -1, -1, 0.0, 0, 0)
@@ -95,9 +96,7 @@ class HeartbeatWriter:
             _ALIVE.pack_into(content, _PID_AT, pid if pid is not None else os.getpid())
             struct.pack_into("<I", content, _IDENTITY_AT, len(blob))
             content[_IDENTITY_AT + 4: _IDENTITY_AT + 4 + len(blob)] = blob
-            with open(temporary, "wb") as handle:
-                handle.write(content)
-            os.replace(temporary, self.path)
+            atomic_write(self.path, bytes(content), fsync=False)
             with open(self.path, "r+b") as handle:
                 self._map = mmap.mmap(handle.fileno(), SIZE)
         except Exception as exc:

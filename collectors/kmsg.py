@@ -41,6 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from collectors.errors import FaultlensError
 from collectors.gpu_backend import GpuDevice
 from collectors.pci import normalize_pci_bus_id
 from collectors.row_guard import guarded_batch
@@ -124,7 +125,7 @@ class _Envelope:
     host: str | None
 
 
-class _BadLine(ValueError):
+class _BadLine(ValueError, FaultlensError):
     pass
 
 
@@ -625,7 +626,7 @@ class KmsgSource:
         self._close_handles()
 
 
-class KernelLogFileError(ValueError):
+class KernelLogFileError(ValueError, FaultlensError):
     """A kernel-log file given for a one-shot import cannot be used: the message names the file."""
 
 

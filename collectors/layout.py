@@ -10,7 +10,6 @@ segments that are still listed, so a concurrent reader never counts a row twice.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
@@ -24,6 +23,9 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from collectors.atomic import atomic_write
+from collectors.errors import FaultlensError
+
 REPLACES_KEY = b"faultlens.replaces"
 SEGMENT_SUFFIX = ".parquet"
 COMPACTED_PREFIX = "c-"
@@ -31,7 +33,7 @@ _PART_RE = re.compile(r"^(job|date|node)=(.+)$")
 _SAFE_VALUE_RE = re.compile(r"[^A-Za-z0-9._:@+-]")
 
 
-class StoreError(OSError):
+class StoreError(OSError, FaultlensError):
     """The store cannot be opened, listed or written: the message names the location and the problem."""
 
 
@@ -203,16 +205,8 @@ def write_segment(location: StoreLocation, directory: str, table: pa.Table, *, n
         temp = f"{directory}/{temp_name(name)}"
         if metadata:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-        try:
-            with open(temp, "wb") as handle:
-                write_parquet(table, handle, compression=compression)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        atomic_write(final, lambda handle: write_parquet(table, handle, compression=compression), make_dirs=False,
+                     temporary=temp)
         _fsync_dir(directory)
     else:
         location.fs.pipe_file(final, parquet_bytes(table, metadata, compression))

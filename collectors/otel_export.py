@@ -27,6 +27,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
+from collectors.errors import FaultlensError
+
 log = logging.getLogger("faultlens.collectors.otel")
 
 SCOPE = "faultlens.collectors.gpu"
@@ -76,7 +78,7 @@ _SEVERITY = {
 }
 
 
-class OtelConfigError(ValueError):
+class OtelConfigError(ValueError, FaultlensError):
     """The OTEL_* environment asks for something this build cannot do (named in the message)."""
 
 

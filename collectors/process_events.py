@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from collectors.errors import FaultlensError
 from collectors.fingerprint import (
     LINE_PREFIX_RE,
     ParsedTraceback,
@@ -77,7 +78,7 @@ class SupervisorKind:
     SIGNAL_SENT = "signal_sent"
 
 
-class ProcessEventsError(ValueError):
+class ProcessEventsError(ValueError, FaultlensError):
     """An input that cannot be read as what it claims to be: the message names the file and the problem."""
 
 

@@ -13,10 +13,9 @@ from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from collectors.yaml_guard import YamlLimitError, load_yaml_path
+from collectors.rule_loader import RuleFileError, load_rule_file
 
 DEFAULT_RULES_PATH = Path(__file__).resolve().parents[1] / "rules" / "process_errors.yaml"
 SUPPORTED_FORMAT_VERSIONS = (1,)
@@ -34,7 +33,7 @@ class EventKind(StrEnum):
     UNKNOWN = "unknown"
 
 
-class ProcessRulesError(ValueError):
+class ProcessRulesError(RuleFileError):
     """rules/process_errors.yaml is missing or invalid: the message names the file, the key and the expectation."""
 
 
@@ -110,24 +109,6 @@ def load_process_rules(path: str | Path | None = None) -> ProcessRules:
 
 @lru_cache(maxsize=8)
 def _load(path: str) -> ProcessRules:
-    try:
-        data = load_yaml_path(path)
-    except OSError as exc:
-        raise ProcessRulesError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ProcessRulesError(f"{path}: not UTF-8 text: {exc.reason} (byte {exc.start})") from None
-    except YamlLimitError as exc:
-        raise ProcessRulesError(f"{path}: {exc}") from None
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise ProcessRulesError(f"{path}{where}: not valid YAML: {problem}") from None
-    try:
-        parsed = _RulesFile.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        key = ".".join(str(part) for part in error["loc"]) or "<top level>"
-        raise ProcessRulesError(f"{path}: {key}: expected {error['msg']}") from None
+    parsed = load_rule_file(path, _RulesFile, error=ProcessRulesError, versions=None)
     return ProcessRules(
         tuple((p.id, p.kind, p.secondary, re.compile(p.regex)) for p in parsed.patterns), path)

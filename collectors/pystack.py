@@ -28,6 +28,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from collectors.atomic import atomic_write
+
 MAX_STACK_BYTES = 32 << 20  # a stack file larger than this is refused (py-spy JSON of a process is ~100 KB)
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 _COLLECTIVE_FILE = re.compile(r"torch/distributed/distributed_c10d\.py$")
@@ -238,10 +240,7 @@ def stack_to_json(stack: ProcessStack) -> list[dict]:
 
 
 def write_stack(path: Path, stack: ProcessStack) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(json.dumps(stack_to_json(stack)))
-    os.replace(temp, path)
+    atomic_write(path, json.dumps(stack_to_json(stack)), fsync=False)
 
 
 def dump_pids(directory: str | os.PathLike[str]) -> dict[int, int]:

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pyarrow as pa
-import yaml
 
 from collectors.gpu_backend import (
     EVENT_KINDS,
@@ -30,12 +28,13 @@ from collectors.gpu_backend import (
     GpuReading,
 )
 from collectors.pci import normalize_pci_bus_id
+from collectors.rule_loader import RuleFileError, field_error, read_document, validate
 from collectors.schema import TABLES
 
 FORMAT_VERSION = 1
 
 
-class RecordedTimelineError(ValueError):
+class RecordedTimelineError(RuleFileError):
     """A timeline file cannot be used: the message names the file, the key and what was expected."""
 
 
@@ -118,40 +117,21 @@ class _Step:
     reset_required: bool | None
 
 
-def _path_text(path: Sequence[Any]) -> str:
-    text = ""
-    for element in path:
-        text += f"[{element}]" if isinstance(element, int) else ("." if text else "") + str(element)
-    return text or "<top level>"
-
-
 def load_timeline(path: str | Path) -> dict[str, Any]:
     """Read and validate a timeline file (YAML; JSON is YAML too). Raises RecordedTimelineError."""
     file = Path(path)
-    try:
-        document = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise RecordedTimelineError(f"{file}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RecordedTimelineError(f"{file}: not UTF-8 text: {exc.reason}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise RecordedTimelineError(f"{file}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    document = read_document(file, error=RecordedTimelineError)
     validate_timeline(document, str(file))
     return document
 
 
 def validate_timeline(document: Any, source: str = "<timeline>") -> None:
-    validator = jsonschema.Draft202012Validator(SCHEMA)
-    errors = sorted(validator.iter_errors(document), key=lambda e: len(e.absolute_path))
-    if errors:
-        error = errors[0]
-        raise RecordedTimelineError(f"{source}: {_path_text(list(error.absolute_path))}: {error.message}")
+    validate(document, SCHEMA, source, error=RecordedTimelineError)
     indexes = [gpu["index"] for gpu in document["gpus"]]
     for position, index in enumerate(indexes):
         if indexes.index(index) != position:
-            raise RecordedTimelineError(f"{source}: gpus[{position}].index: expected a unique index, {index} repeats")
+            raise field_error(source, ["gpus", position, "index"], f"expected a unique index, {index} repeats",
+                              RecordedTimelineError)
     for position, gpu in enumerate(document["gpus"]):
         if "pci_bus_id" in gpu and normalize_pci_bus_id(gpu["pci_bus_id"]) is None:
             raise RecordedTimelineError(f"{source}: gpus[{position}].pci_bus_id: expected a PCI address like "

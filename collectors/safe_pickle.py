@@ -33,13 +33,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from collectors.errors import FaultlensError
 from collectors.fr_limits import DumpLimits, default_limits
 
 ADMITTED_TYPES: tuple[type, ...] = (dict, list, tuple, set, frozenset, str, bytes, bytearray, int, float, bool,
                                     type(None))
 
 
-class PickleLoadError(ValueError):
+class PickleLoadError(ValueError, FaultlensError):
     """A pickle could not be loaded: truncated, corrupt or refused. The message names the source."""
 
 

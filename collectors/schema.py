@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from collectors.errors import FaultlensError
+
 SCHEMA_VERSION = "1"
 METADATA_VERSION_KEY = b"faultlens.schema_version"
 METADATA_TABLE_KEY = b"faultlens.table"
@@ -21,7 +23,7 @@ INT_LIST = pa.list_(pa.int64())
 STR_LIST = pa.list_(pa.string())
 
 
-class SchemaError(ValueError):
+class SchemaError(ValueError, FaultlensError):
     """A batch does not fit its table: the message names the table, the column and what was expected."""
 
 

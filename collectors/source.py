@@ -15,6 +15,8 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from collectors import environment
+
 
 @runtime_checkable
 class Source(Protocol):
@@ -39,11 +41,11 @@ class NodeIdentity:
     @classmethod
     def from_env(cls, node: str | None = None) -> NodeIdentity:
         """Node name from FAULTLENS_NODE or the hostname; job and attempt from torchrun's environment."""
-        attempt = os.environ.get("FAULTLENS_ATTEMPT") or os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        attempt = environment.ATTEMPT.get() or os.environ.get("TORCHELASTIC_RESTART_COUNT")
         return cls(
-            node=node or os.environ.get("FAULTLENS_NODE") or socket.gethostname(),
-            cluster=os.environ.get("FAULTLENS_CLUSTER"),
-            job_id=os.environ.get("FAULTLENS_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID"),
+            node=node or environment.NODE.get() or socket.gethostname(),
+            cluster=environment.CLUSTER.raw(),
+            job_id=environment.JOB_ID.get() or os.environ.get("TORCHELASTIC_RUN_ID"),
             attempt=int(attempt) if attempt and attempt.isdigit() else None,
         )
 

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from collectors.errors import FaultlensError
 from collectors.schema import TABLES
 
 REQUIRED = ("rank", "step", "section", "start", "duration")
@@ -30,7 +31,7 @@ COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank", "ep_rank", "pp_size")
 UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
-class StepTableError(ValueError):
+class StepTableError(ValueError, FaultlensError):
     """A timing table cannot be read: `<file>: column '<name>': <problem>`."""
 
 

@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from collectors import environment
+
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
@@ -109,12 +111,12 @@ class RankIdentity:
             "local_rank": _env_int(env, "LOCAL_RANK"),
             "world_size": _env_int(env, "WORLD_SIZE"),
             "local_world_size": _env_int(env, "LOCAL_WORLD_SIZE"),
-            "node": env.get("FAULTLENS_NODE") or hostname,
+            "node": environment.NODE.get(env) or hostname,
             "hostname": hostname,
-            "job_id": env.get("FAULTLENS_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or None,
-            "attempt": _env_int(env, "FAULTLENS_ATTEMPT") if env.get("FAULTLENS_ATTEMPT") else _env_int(
+            "job_id": environment.JOB_ID.get(env) or env.get("TORCHELASTIC_RUN_ID") or None,
+            "attempt": _env_int(env, environment.ATTEMPT.name) if environment.ATTEMPT.get(env) else _env_int(
                 env, "TORCHELASTIC_RESTART_COUNT"),
-            "cluster": env.get("FAULTLENS_CLUSTER") or None,
+            "cluster": environment.CLUSTER.get(env),
             "pid": os.getpid(),
         }
         values.update(overrides)
@@ -270,7 +272,7 @@ class StepTimer:
                  total_steps: int | None = None) -> None:
         self.sink = sink
         # the job's declared length (its ranks row), else $FAULTLENS_TOTAL_STEPS; None: not declared
-        self.total_steps = total_steps if total_steps is not None else _env_int(os.environ, "FAULTLENS_TOTAL_STEPS")
+        self.total_steps = total_steps if total_steps is not None else environment.TOTAL_STEPS.get_int()
         if self.total_steps is not None and self.total_steps <= 0:
             self.total_steps = None
         self.identity = identity or RankIdentity.from_env()
@@ -313,7 +315,7 @@ class StepTimer:
     def from_env(cls, store: str | None = None, *, flush_rows: int = 10_000, **kwargs: Any) -> StepTimer:
         """A timer writing to `store` (else $FAULTLENS_STORE; no store: rows are counted and dropped). A store
         that cannot be opened is logged, never raised."""
-        url = store or os.environ.get("FAULTLENS_STORE")
+        url = store or environment.STORE.raw()
         sink = None
         if url:
             try:
@@ -610,7 +612,7 @@ def _resolve_cuda(pairs: list[tuple[str, Any, Any]], timer: StepTimer) -> dict[s
 def _heartbeat_writer(identity: RankIdentity, enabled: bool, directory: str | os.PathLike[str] | None,
                       wall_clock: Clock) -> Any:
     """The heartbeat record of a rank process (None: off, no rank, or it could not be created; logged)."""
-    if not enabled or identity.rank is None or (directory is None and os.environ.get("FAULTLENS_HEARTBEAT_DIR") == ""):
+    if not enabled or identity.rank is None or (directory is None and environment.HEARTBEAT_DIR.raw() == ""):
         return None
     try:
         from pathlib import Path

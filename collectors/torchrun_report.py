@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from collectors.errors import FaultlensError
+
 NOT_AVAILABLE = "<N/A>"
 _BORDER_RE = re.compile(r"^={10,}\s*$")
 _SECTION_RE = re.compile(r"^-{10,}\s*$")
@@ -43,7 +45,7 @@ _FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: 
 _ATTEMPT_RE = re.compile(r"/attempt_(\d+)/(\d+)/[^/]*$")
 
 
-class TorchrunReportError(ValueError):
+class TorchrunReportError(ValueError, FaultlensError):
     """A report block that does not have torchrun's shape: the message names the source and the line."""
 
 

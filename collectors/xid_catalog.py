@@ -4,20 +4,17 @@ what was expected. attribution may import this module (the catalog is a contract
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import yaml
-
-from collectors.yaml_guard import read_yaml_text, safe_load_text
+from collectors import environment
+from collectors.rule_loader import RuleFileError, field_error, read_document, validate
 
 DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
-XID_CATALOG_ENV = "FAULTLENS_XID_CATALOG"  # a user's copy of rules/xid.yaml replaces the shipped one
+XID_CATALOG_ENV = environment.XID_CATALOG.name  # a user's copy of rules/xid.yaml replaces the shipped one
 FORMAT_VERSION = 1
 
 
@@ -51,7 +48,7 @@ class XidInfo:
     leave: XidScope
 
 
-class XidCatalogError(ValueError):
+class XidCatalogError(RuleFileError):
     """rules/xid.yaml cannot be used: the message names the file, the key and what was expected."""
 
 
@@ -116,41 +113,17 @@ class XidCatalog:
         return int(code) in self.app_errors
 
 
-def _key_path(path: list[Any] | tuple[Any, ...], document: Any) -> str:
-    parts: list[str] = []
-    node = document
-    for element in path:
-        if isinstance(element, int):
-            label = f"[{element}]"
-            try:
-                node = node[element]
-                if isinstance(node, dict) and isinstance(node.get("code"), int):
-                    label = f"[{element}] (code {node['code']})"
-            except (IndexError, KeyError, TypeError):
-                node = None
-            parts.append(label)
-        else:
-            parts.append(("." if parts else "") + str(element))
-            node = node.get(element) if isinstance(node, dict) else None
-    return "".join(parts) or "<top level>"
-
-
 def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
     """Validate a loaded YAML document and build the catalog."""
-    validator = jsonschema.Draft202012Validator(SCHEMA)
-    errors = sorted(validator.iter_errors(document), key=lambda e: (len(e.absolute_path), list(map(str, e.path))))
-    if errors:
-        error = errors[0]
-        raise XidCatalogError(f"{source}: {_key_path(list(error.absolute_path), document)}: {error.message}")
+    validate(document, SCHEMA, source, error=XidCatalogError)
     entries: dict[int, XidInfo] = {}
     positions: dict[int, int] = {}
     app_errors = set()
     for position, raw in enumerate(document["xids"]):
         code = raw["code"]
         if code in entries:
-            raise XidCatalogError(
-                f"{source}: xids[{position}].code: expected a unique Xid, {code} is already at xids[{positions[code]}]"
-            )
+            raise field_error(source, ["xids", position, "code"],
+                              f"expected a unique Xid, {code} is already at xids[{positions[code]}]", XidCatalogError)
         positions[code] = position
         entries[code] = XidInfo(code=code, name=raw["name"], component=XidComponent(raw["component"]),
                                 action=raw["action"], leave=XidScope(raw["leave"]))
@@ -163,22 +136,7 @@ def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
 def load_xid_catalog(path: str | Path | None = None) -> XidCatalog:
     """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else <repo>/rules/xid.yaml.
     Raises XidCatalogError."""
-    if path is None and os.environ.get(XID_CATALOG_ENV):
-        path = os.environ[XID_CATALOG_ENV]
+    if path is None:
+        path = environment.XID_CATALOG.get()
     file = Path(path) if path is not None else DEFAULT_XID_PATH
-    try:
-        text = read_yaml_text(file)
-    except OSError as exc:
-        raise XidCatalogError(f"{file}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise XidCatalogError(f"{file}: not UTF-8 text: {exc.reason}") from None
-    except yaml.YAMLError as exc:
-        raise XidCatalogError(f"{file}: {exc}") from None
-    try:
-        document = safe_load_text(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise XidCatalogError(f"{file}: not valid YAML{where}: {problem}") from None
-    return parse_xid_catalog(document, str(file))
+    return parse_xid_catalog(read_document(file, error=XidCatalogError), str(file))

@@ -2,8 +2,9 @@
 bounded size, nesting depth and alias count checked on the event stream (PyYAML's parser is iterative; its composer
 and every validator after it recurse, so 20,000-deep nesting would end in RecursionError), then yaml.safe_load.
 
-Every loader of rules/*.yaml reads through here and keeps its own error type: decoding problems come out as
-UnicodeDecodeError (with a reason that says what the file is), limits as YamlLimitError (a yaml.YAMLError).
+The one rule-file loader (collectors/rule_loader.py) reads every YAML file through here and turns these into its
+one-line errors: decoding problems come out as UnicodeDecodeError (with a reason that says what the file is),
+limits as YamlLimitError (a yaml.YAMLError).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from collectors.errors import FaultlensError
+
 MAX_YAML_BYTES = 4 * 1024 * 1024  # rules files are a few KB
 MAX_YAML_DEPTH = 64  # the deepest real rules file nests 5 levels
 MAX_YAML_ALIASES = 256  # aliases expand into shared references: a "billion laughs" document for the validators
@@ -22,7 +25,7 @@ _BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (code
          (codecs.BOM_UTF16_BE, "UTF-16"))
 
 
-class YamlLimitError(yaml.YAMLError):
+class YamlLimitError(yaml.YAMLError, FaultlensError):
     """The document exceeds a limit (size, depth, aliases): the message says which."""
 
     def __init__(self, problem: str) -> None:
@@ -88,8 +91,3 @@ def safe_load_text(text: str) -> Any:
         return yaml.safe_load(text)
     except RecursionError:  # pragma: no cover - check_structure bounds the depth first
         raise YamlLimitError("nested too deeply") from None
-
-
-def load_yaml_path(path: str | Path) -> Any:
-    """read_yaml_text + safe_load_text."""
-    return safe_load_text(read_yaml_text(path))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,15 +14,17 @@ from typing import Any
 import fsspec
 
 from attribution.decision import Action, Decision
+from collectors import environment
+from collectors.errors import FaultlensError
 from controller.checkpoints.catalog import CheckpointCatalog
 from controller.checkpoints.fsutil import atomic_write
 from controller.checkpoints.tiers import Tier, parse_tier_spec, tiers_from_config
 
 PLAN_FORMAT = "faultlens.restore/1"
-ENV_RESTORE_PLAN = "FAULTLENS_RESTORE_PLAN"
+ENV_RESTORE_PLAN = environment.RESTORE_PLAN.name
 
 
-class RestoreError(RuntimeError):
+class RestoreError(RuntimeError, FaultlensError):
     """No plan can be made, or a plan file is unreadable: the message says which and why."""
 
 
@@ -119,8 +120,7 @@ def write_plan(plan: RestorePlan, path: str | Path) -> None:
 
 def load_restore_plan(environ: Mapping[str, str] | None = None) -> RestorePlan | None:
     """In the training script: the plan named by FAULTLENS_RESTORE_PLAN, or None for a first start."""
-    env = os.environ if environ is None else environ
-    path = env.get(ENV_RESTORE_PLAN)
+    path = environment.RESTORE_PLAN.get(environ)
     if not path:
         return None
     try:

@@ -52,7 +52,7 @@ def test_shipped_campaign_covers_the_issue() -> None:
      "gpu fault f0"),
     ("format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a}, {name: s, script: a}]\n",
      "duplicate name"),
-    ("format_version: [\n", "not YAML"),
+    ("format_version: [\n", "not valid YAML"),
 ])
 def test_bad_scenario_files_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "c.yaml"

@@ -452,5 +452,6 @@ def test_tiers_yaml_file(tmp_path: Path) -> None:
     with pytest.raises(TierError, match=r"tiers\[0\].*needs the node"):
         parse_tiers([str(path)])
     path.write_text("format_version: 1\ntiers:\n  - {kind: tape, url: /dev/st0}\n")
-    with pytest.raises(TierError, match=r"tiers\.yaml: tiers\[0\]\.kind: 'tape' is not one of"):
+    with pytest.raises(TierError,
+                       match=r"tiers\.yaml: tiers\[0\]\.kind: expected one of local, peer, durable, got 'tape'"):
         parse_tiers([str(path)])

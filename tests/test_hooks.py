@@ -170,9 +170,11 @@ def test_hooks_yaml_builds_every_kind(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("format_version: 1\nhooks:\n  - {type: carrier_pigeon}\n", "hooks[0].type: 'carrier_pigeon' is not one of"),
-    ("format_version: 1\nhooks:\n  - {type: webhook, secret: x}\n", "hooks[0]: 'url' is a required property"),
-    ("format_version: 1\nhooks:\n  - {type: file, directory: /x, colour: red}\n", "hooks[0]: Additional prop"),
+    ("format_version: 1\nhooks:\n  - {type: carrier_pigeon}\n",
+     "hooks[0].type: expected one of webhook, command, file, entry_point, got 'carrier_pigeon'"),
+    ("format_version: 1\nhooks:\n  - {type: webhook, secret: x}\n", "hooks[0].url: required key is missing"),
+    ("format_version: 1\nhooks:\n  - {type: file, directory: /x, colour: red}\n",
+     "hooks[0].colour: unknown key (not allowed here)"),
     ("format_version: 1\nhooks:\n  - {type: file, directory: /x}\n  - {type: file, directory: /y}\n",
      "hooks[1].name: expected a unique name"),
     ("format_version: 2\nhooks: []\n", "format_version: expected 1, got 2"),

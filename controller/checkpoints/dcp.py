@@ -18,11 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.errors import FaultlensError
+
 METADATA_NAME = ".metadata"
 DISTCP_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 
 
-class DcpMetadataError(ValueError):
+class DcpMetadataError(ValueError, FaultlensError):
     """`.metadata` cannot be read safely: the message names the file and the problem."""
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import uuid
-
 import fsspec
+
+from collectors.atomic import atomic_write as local_atomic_write
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
@@ -17,18 +16,7 @@ def atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Make `path` appear complete or not at all: a hidden temporary name renamed into place on a local
     filesystem (with fsync), one PUT on an object store."""
     if is_local(fs):
-        directory = os.path.dirname(path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = os.path.join(directory, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")
-        try:
-            with open(temporary, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+        local_atomic_write(path, data)
         return
     fs.pipe_file(path, data)
 

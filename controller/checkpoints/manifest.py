@@ -17,11 +17,13 @@ from typing import Any
 
 import jsonschema
 
+from collectors.errors import FaultlensError
+
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "faultlens.shards/1"
 
 
-class ManifestError(ValueError):
+class ManifestError(ValueError, FaultlensError):
     """A manifest is unreadable or does not fit the format: the message names the file and the key."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import fsspec
 
 from attribution.rulefile import RuleFileError, load_yaml_file
+from collectors.errors import FaultlensError
 
 
 class TierKind(StrEnum):
@@ -29,7 +30,7 @@ class TierKind(StrEnum):
 TIER_ORDER: tuple[TierKind, ...] = (TierKind.LOCAL, TierKind.PEER, TierKind.DURABLE)
 
 
-class TierError(ValueError):
+class TierError(ValueError, FaultlensError):
     """A tier specification is invalid: the message names the spec and what was expected."""
 
 

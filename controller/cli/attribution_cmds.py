@@ -22,9 +22,8 @@ import pyarrow as pa
 from attribution.engine import Engine, Follower, attribute, write_new_incidents
 from attribution.incident import Incident
 from attribution.progress import HangSuspect
-from attribution.rules import RulesError, load_crash_rules, load_thresholds
-from attribution.store import QueryError, Store
-from collectors.layout import StoreError
+from attribution.rules import load_crash_rules, load_thresholds
+from attribution.store import Store
 from collectors.sink import SegmentSink
 from collectors.xid_catalog import load_xid_catalog
 from controller.cli.common import CliError, add_format_args, add_store_arg, emit
@@ -66,11 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _engine(args: argparse.Namespace, store_url: str | None = None) -> Engine:
-    try:
-        crash_rules = load_crash_rules(args.rules)
-        thresholds = load_thresholds(args.thresholds)
-    except RulesError as exc:
-        raise CliError(str(exc)) from None
+    crash_rules = load_crash_rules(args.rules)
+    thresholds = load_thresholds(args.thresholds)
     requester = None
     if args.follow and (args.fr_trigger or args.fr_signal):
         if args.fr_dump_dir is None:
@@ -108,23 +104,17 @@ def cmd_attribute(args: argparse.Namespace) -> int:
     engine = _engine(args)
     from controller.cli.progress import progress
 
-    try:
-        with Store(args.store, jobs=[args.job] if args.job else None) as store, \
-                progress("attributing " + (f"job {args.job}" if args.job else "every job in the store")):
-            incidents = attribute(store, args.job, now, engine=engine)
-        written = set() if args.dry_run else {i.incident_id for i in write_new_incidents(args.store, incidents)}
-    except (StoreError, QueryError) as exc:
-        raise CliError(str(exc)) from None
+    with Store(args.store, jobs=[args.job] if args.job else None) as store, \
+            progress("attributing " + (f"job {args.job}" if args.job else "every job in the store")):
+        incidents = attribute(store, args.job, now, engine=engine)
+    written = set() if args.dry_run else {i.incident_id for i in write_new_incidents(args.store, incidents)}
     emit(_rows(incidents, written), args.fmt, title=f"{len(incidents)} incident(s), {len(written)} new")
     return 0
 
 
 def _follow(args: argparse.Namespace) -> int:
     engine = _engine(args, args.store)
-    try:
-        follower = Follower(args.store, job=args.job, engine=engine)
-    except (StoreError, QueryError) as exc:
-        raise CliError(str(exc)) from None
+    follower = Follower(args.store, job=args.job, engine=engine)
     print(f"faultlens attribute: following {args.store}" + (f" (job {args.job})" if args.job else "")
           + "; Ctrl-C to stop", file=sys.stderr, flush=True)
 
@@ -143,15 +133,12 @@ def _follow(args: argparse.Namespace) -> int:
 
 
 def cmd_incidents(args: argparse.Namespace) -> int:
-    try:
-        with Store(args.store) as store:
-            where = "WHERE job_id = ?" if args.job else ""
-            table = store.query(
-                f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY incident_id ORDER BY ts) AS n "
-                f"FROM incidents {where}) WHERE n = 1 ORDER BY detected_ts, incident_id",
-                [args.job] if args.job else None)
-    except (StoreError, QueryError) as exc:
-        raise CliError(str(exc)) from None
+    with Store(args.store) as store:
+        where = "WHERE job_id = ?" if args.job else ""
+        table = store.query(
+            f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY incident_id ORDER BY ts) AS n "
+            f"FROM incidents {where}) WHERE n = 1 ORDER BY detected_ts, incident_id",
+            [args.job] if args.job else None)
     columns = list(INCIDENT_COLUMNS) + (["evidence", "first_signal_ts", "step", "fingerprint"]
                                         if args.fmt != "table" else [])
     emit(table.select([c for c in columns if c in table.column_names]), args.fmt,

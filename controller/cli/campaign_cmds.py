@@ -28,13 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_campaign(args: argparse.Namespace) -> int:
     from controller.lab.campaign import run_campaign
     from controller.lab.report import markdown
-    from controller.lab.scenarios import DEFAULT_SCENARIOS, ScenarioError, load_campaign
+    from controller.lab.scenarios import DEFAULT_SCENARIOS, load_campaign
 
-    try:
-        campaign = load_campaign(args.scenarios or DEFAULT_SCENARIOS)
-        scenarios = campaign.select(args.only, ci=args.ci)
-    except ScenarioError as exc:
-        raise CliError(str(exc)) from None
+    campaign = load_campaign(args.scenarios or DEFAULT_SCENARIOS)
+    scenarios = campaign.select(args.only, ci=args.ci)
     if args.list:
         for s in scenarios:
             truth = "; ".join(f"{e.incident_class}/{'|'.join(e.causes)} -> {e.action}" for e in s.truth.incidents)

@@ -8,10 +8,12 @@ import datetime as dt
 import decimal
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
+
+from collectors import environment
+from collectors.errors import FaultlensError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -19,18 +21,18 @@ if TYPE_CHECKING:
 DEFAULT_STORE = "./faultlens-store"
 
 
-class CliError(Exception):
+class CliError(FaultlensError):
     """A user-facing error: printed as one line, exit code `code` (2: bad input or path)."""
 
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = self.exit_code = code
 
 
 def add_store_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--store",
-        default=os.environ.get("FAULTLENS_STORE", DEFAULT_STORE),
+        default=environment.STORE.get(default=DEFAULT_STORE),
         help="store directory or URL (default: $FAULTLENS_STORE or %(default)s)",
     )
 

@@ -9,11 +9,11 @@ import sys
 
 from attribution.decision import Decision
 from attribution.incident import Incident
-from attribution.policy import DecisionPolicy, PolicyError, StoreHistory, load_policy
-from attribution.rulefile import RuleFileError
-from attribution.store import QueryError, Store
+from attribution.policy import DecisionPolicy, StoreHistory, load_policy
+from attribution.store import Store
+from collectors import environment
 from collectors.layout import StoreError
-from controller.checkpoints import CheckpointCatalog, TierError, parse_tiers
+from controller.checkpoints import CheckpointCatalog, parse_tiers
 from controller.cli.common import CliError, add_format_args, add_store_arg, emit
 from controller.delivery import DecisionLog, Deliverer
 from controller.hooks import hooks_from_config, load_hooks
@@ -67,7 +67,7 @@ def _add_hook_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hooks from arguments")
     group.add_argument("--webhook", action="append", default=[], metavar="URL",
                        help="POST each decision here, signed with the secret in --webhook-secret-env")
-    group.add_argument("--webhook-secret-env", default="FAULTLENS_WEBHOOK_SECRET", metavar="VAR",
+    group.add_argument("--webhook-secret-env", default=environment.WEBHOOK_SECRET.name, metavar="VAR",
                        help="environment variable holding the webhook's HMAC secret (default: %(default)s)")
     group.add_argument("--command", dest="hook_command", action="append", default=[], metavar="CMD",
                        help="run CMD with the decision JSON on stdin")
@@ -92,10 +92,7 @@ def _hook_items(args: argparse.Namespace) -> list[dict]:
 
 
 def _open_store(url: str) -> Store:
-    try:
-        return Store(url)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    return Store(url)
 
 
 def _decision_rows(log: DecisionLog, job: str | None) -> list[dict]:
@@ -129,8 +126,6 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     log = DecisionLog(args.store)
     try:
         rows = _decision_rows(log, args.job)
-    except QueryError as exc:
-        raise CliError(str(exc)) from None
     finally:
         log.close()
     if args.fmt == "table":  # the full record is in --json / --csv; the table keeps what fits a terminal
@@ -144,18 +139,12 @@ def cmd_decisions(args: argparse.Namespace) -> int:
 def _catalog(specs: list[str] | None, job: str | None = None) -> CheckpointCatalog | None:
     if not specs:
         return None
-    try:
-        return CheckpointCatalog(parse_tiers(specs), job_id=job)
-    except (TierError, RuleFileError) as exc:
-        raise CliError(str(exc)) from None
+    return CheckpointCatalog(parse_tiers(specs), job_id=job)
 
 
 def _hooks(args: argparse.Namespace) -> list:
-    try:
-        hooks = load_hooks(args.hooks) if args.hooks else []
-        hooks += hooks_from_config(_hook_items(args), source="arguments")
-    except RuleFileError as exc:
-        raise CliError(str(exc)) from None
+    hooks = load_hooks(args.hooks) if args.hooks else []
+    hooks += hooks_from_config(_hook_items(args), source="arguments")
     names = [hook.name for hook in hooks]
     if len(set(names)) != len(names):
         raise CliError(f"hook names must be unique across --hooks and arguments: {', '.join(names)}")
@@ -163,10 +152,7 @@ def _hooks(args: argparse.Namespace) -> list:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    try:
-        config = load_policy(args.policy)
-    except PolicyError as exc:
-        raise CliError(str(exc)) from None
+    config = load_policy(args.policy)
     hooks = _hooks(args)
     catalog = _catalog(args.tiers)
     store = _open_store(args.store)
@@ -193,8 +179,6 @@ def cmd_decide(args: argparse.Namespace) -> int:
                          "restore": None if decision.restore is None else
                          f"{decision.restore.tier} step {decision.restore.step}",
                          "delivery": {r.hook: r.status.value for r in results}, "reason": decision.reason})
-    except QueryError as exc:
-        raise CliError(str(exc)) from None
     finally:
         deliverer.close()
         store.close()
@@ -211,8 +195,6 @@ def cmd_deliver(args: argparse.Namespace) -> int:
     deliverer = Deliverer(args.store, hooks)
     try:
         results = deliverer.redeliver()
-    except QueryError as exc:
-        raise CliError(str(exc)) from None
     finally:
         deliverer.close()
     emit([{"decision_id": r.decision_id, "hook": r.hook, "status": r.status.value, "attempts": r.attempts,

@@ -11,9 +11,8 @@ import argparse
 import sys
 
 from attribution.doctor import check_store
-from collectors.layout import StoreError
 from collectors.schema import TABLE_NAMES
-from controller.cli.common import CliError, add_format_args, add_store_arg, emit
+from controller.cli.common import add_format_args, add_store_arg, emit
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,10 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    try:
-        findings = check_store(args.store, args.table or TABLE_NAMES, deep=not args.quick, quarantine=args.quarantine)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    findings = check_store(args.store, args.table or TABLE_NAMES, deep=not args.quick, quarantine=args.quarantine)
     rows = [{"table": f.table, "problem": f.problem.value, "path": f.path, "reason": f.reason, "action": f.action}
             for f in findings]
     if rows or args.fmt != "table":

@@ -8,9 +8,8 @@ import json
 import sys
 from collections.abc import Mapping
 
-from attribution.goodput import BADPUT, Bucket, GoodputError, GoodputReport, goodput
-from attribution.store import QueryError, Store
-from collectors.layout import StoreError
+from attribution.goodput import BADPUT, Bucket, GoodputReport, goodput
+from attribution.store import Store
 from controller.cli.common import CliError, add_format_args, add_store_arg, emit, json_default
 
 
@@ -69,12 +68,9 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     if args.live_grace < 0:
         raise CliError("--live-grace must be >= 0 seconds")
     since, until = _when(args.since, "--since"), _when(args.until, "--until")
-    try:
-        with Store(args.store, jobs=[args.job]) as reader:
-            report = goodput(reader, args.job, since=since, until=until, window_s=args.window,
-                             live_grace_s=args.live_grace)
-    except (GoodputError, QueryError, StoreError) as exc:
-        raise CliError(str(exc)) from None
+    with Store(args.store, jobs=[args.job]) as reader:
+        report = goodput(reader, args.job, since=since, until=until, window_s=args.window,
+                         live_grace_s=args.live_grace)
     if args.fmt == "json":
         json.dump(report.to_dict(include_timeline=args.timeline), sys.stdout, default=json_default, indent=1)
         sys.stdout.write("\n")

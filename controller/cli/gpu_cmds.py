@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 from collectors.agent import NodeAgent
-from collectors.dcgm import DcgmFetchError, DcgmSource, read_scrape
-from collectors.kmsg import KernelLogFileError, KmsgSource, read_kernel_log
+from collectors.dcgm import DcgmSource, read_scrape
+from collectors.kmsg import KmsgSource, read_kernel_log
 from collectors.layout import StoreError
 from collectors.nvml_backend import NvmlBackend
 from collectors.nvml_source import NvmlSource
-from collectors.otel_export import GpuOtelExporter, OtelConfigError
-from collectors.recorded_backend import RecordedBackend, RecordedTimelineError
+from collectors.otel_export import GpuOtelExporter
+from collectors.recorded_backend import RecordedBackend
 from collectors.schema import SchemaError
 from collectors.sink import SegmentSink
 from collectors.source import NodeIdentity
@@ -125,18 +125,12 @@ def cmd_collect(args: argparse.Namespace) -> int:
     base = NodeIdentity.from_env(args.node)
     identity = NodeIdentity(node=base.node, cluster=args.cluster or base.cluster, job_id=args.job,
                             attempt=base.attempt if args.job else None)
-    try:
-        exporter = GpuOtelExporter.from_env(node=identity.node)
-    except OtelConfigError as exc:
-        raise CliError(str(exc)) from None
+    exporter = GpuOtelExporter.from_env(node=identity.node)
     sources = []
     nvml_source = None
     if "nvml" in args.sources:
         if args.nvml_timeline is not None:
-            try:
-                backend = RecordedBackend(args.nvml_timeline, time_scale=args.nvml_timeline_scale)
-            except RecordedTimelineError as exc:
-                raise CliError(str(exc)) from None
+            backend = RecordedBackend(args.nvml_timeline, time_scale=args.nvml_timeline_scale)
         else:
             backend = NvmlBackend()
         nvml_source = NvmlSource(backend, identity)
@@ -148,10 +142,7 @@ def cmd_collect(args: argparse.Namespace) -> int:
         sources.append(kmsg_source)
     if "dcgm" in args.sources:
         sources.append(DcgmSource(identity, args.dcgm_url))
-    try:
-        sink = SegmentSink(args.store, flush_age_s=args.flush_age)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    sink = SegmentSink(args.store, flush_age_s=args.flush_age)
     agent = NodeAgent(sources, sink, interval_s=args.interval, exporter=exporter)
 
     def stop(signum: int, frame: object) -> None:
@@ -182,11 +173,8 @@ def _write(store: str, table_rows: dict[str, list[dict]], what: str) -> dict[str
 
 def cmd_ingest_kmsg(args: argparse.Namespace) -> int:
     identity = NodeIdentity.from_env(args.node)
-    try:
-        result = read_kernel_log(args.file, identity, host_from_line=args.node is None, boot_time=args.boot_time,
-                                 tz=dt.UTC if args.utc else None)
-    except KernelLogFileError as exc:
-        raise CliError(str(exc)) from None
+    result = read_kernel_log(args.file, identity, host_from_line=args.node is None, boot_time=args.boot_time,
+                             tz=dt.UTC if args.utc else None)
     written = _write(args.store, {"gpu_events": result.rows}, f"kmsg {args.file}")
     stats = result.stats
     if stats.bad_lines:
@@ -199,11 +187,8 @@ def cmd_ingest_kmsg(args: argparse.Namespace) -> int:
 
 def cmd_ingest_dcgm(args: argparse.Namespace) -> int:
     identity = NodeIdentity.from_env(args.node)
-    try:
-        samples, events, stats = read_scrape(args.location, identity, host_from_labels=args.node is None,
-                                             timeout_s=args.timeout)
-    except DcgmFetchError as exc:
-        raise CliError(str(exc)) from None
+    samples, events, stats = read_scrape(args.location, identity, host_from_labels=args.node is None,
+                                         timeout_s=args.timeout)
     written = _write(args.store, {"gpu_samples": samples, "gpu_events": events}, f"dcgm {args.location}")
     if stats.bad_lines:
         line_no, reason = stats.bad_examples[0]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from attribution.hang import COLUMNS, HangReport, analyze_collectives
-from collectors.flight_recorder import DumpDirError, DumpSet, auto_processes, read_dump_dir
+from collectors.flight_recorder import DumpSet, auto_processes, read_dump_dir
 from collectors.fr_limits import default_limits
 from collectors.pystack import load_stack_dir
 from collectors.sink import SegmentSink
@@ -46,10 +46,7 @@ def register_ingest(kinds: argparse._SubParsersAction) -> None:
 
 
 def _read(directory: str, **kwargs: Any) -> DumpSet:
-    try:
-        dumps = read_dump_dir(directory, **kwargs)
-    except DumpDirError as exc:
-        raise CliError(str(exc)) from None
+    dumps = read_dump_dir(directory, **kwargs)
     if not dumps.files:
         first = dumps.errors[0] if dumps.errors else None
         raise CliError(f"{directory}: no readable dump" + (f" ({first})" if first else ""))

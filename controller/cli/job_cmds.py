@@ -8,10 +8,8 @@ import collections
 import datetime as dt
 import sys
 
-from collectors.layout import StoreError
 from collectors.process_events import CollectResult, EventContext, collect_paths
-from collectors.process_rules import ProcessRulesError, load_process_rules
-from collectors.schema import SchemaError
+from collectors.process_rules import load_process_rules
 from collectors.sink import SegmentSink
 from controller.cli.common import CliError, add_store_arg
 
@@ -36,10 +34,7 @@ def register_ingest(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_ingest(args: argparse.Namespace) -> int:
-    try:
-        rules = load_process_rules(args.rules)
-    except ProcessRulesError as exc:
-        raise CliError(str(exc)) from None
+    rules = load_process_rules(args.rules)
     context = EventContext(node=args.node, cluster=args.cluster, job_id=args.job, tz=dt.UTC if args.utc else None)
     result = collect_paths(args.paths, context, rules)
     if not result.rows:
@@ -58,13 +53,10 @@ def run_ingest(args: argparse.Namespace) -> int:
 
 
 def _write(result: CollectResult, store: str) -> None:
+    table = result.table()
+    sink = SegmentSink(store, flush_rows=max(table.num_rows, 1))
     try:
-        table = result.table()
-        sink = SegmentSink(store, flush_rows=max(table.num_rows, 1))
-        try:
-            sink.write("process_events", table)
-            sink.flush()
-        finally:
-            sink.close()
-    except (StoreError, SchemaError) as exc:
-        raise CliError(str(exc)) from None
+        sink.write("process_events", table)
+        sink.flush()
+    finally:
+        sink.close()

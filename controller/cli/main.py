@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from controller.cli.common import CliError
+from collectors.errors import FaultlensError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help. Entries are
 # module names under controller.cli (imported only when one of their commands runs; see controller/cli/lazy.py)
@@ -50,9 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except CliError as exc:
-        print(f"faultlens {args.command}: error: {exc}", file=sys.stderr)
-        return exc.code
+    except FaultlensError as exc:  # the one place an error becomes a message and an exit code
+        message = str(exc).replace("\n", " ") or type(exc).__name__
+        print(f"faultlens {args.command}: error: {message}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"faultlens {args.command}: interrupted", file=sys.stderr)
         return 130

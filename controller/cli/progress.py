@@ -3,15 +3,16 @@ terminal, nothing at all otherwise (pipes, log files, CI). FAULTLENS_PROGRESS=0/
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from collectors import environment
+
 
 def enabled(stream: Any = None) -> bool:
-    forced = os.environ.get("FAULTLENS_PROGRESS", "")
+    forced = environment.PROGRESS.get(default="")
     if forced in ("0", "1"):
         return forced == "1"
     stream = stream or sys.stderr

@@ -57,10 +57,7 @@ def _hooks(path: str | None) -> list:
         return []
     from controller.hooks.config import load_hooks
 
-    try:
-        return list(load_hooks(path))
-    except Exception as exc:
-        raise CliError(f"{path}: {exc}") from None
+    return list(load_hooks(path))  # a HookConfigError names the file; the CLI prints it
 
 
 def _printer():

@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from controller.simulate import ConfigError, SimConfig, simulate
+    from controller.simulate import SimConfig, simulate
 
     try:
         start = dt.datetime.fromisoformat(args.start)
@@ -72,14 +72,11 @@ def run_simulate(args: argparse.Namespace) -> int:
     store = args.store
     if "://" not in store and os.path.isdir(store) and any(Path(store).iterdir()):
         raise CliError(f"store {store!r} already holds data: simulate into a new or empty directory")
-    try:
-        cfg = SimConfig(nodes=args.nodes, gpus_per_node=args.gpus_per_node, hours=args.hours, seed=args.seed,
-                        start=start, job_id=args.job, pp_size=args.pp, step_seconds=args.step_seconds,
-                        sample_seconds=args.sample_seconds, faults_per_day=args.faults_per_day,
-                        stragglers_per_day=args.stragglers_per_day, benign_per_day=args.benign_per_day,
-                        fault_sequence=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
+    cfg = SimConfig(nodes=args.nodes, gpus_per_node=args.gpus_per_node, hours=args.hours, seed=args.seed,
+                    start=start, job_id=args.job, pp_size=args.pp, step_seconds=args.step_seconds,
+                    sample_seconds=args.sample_seconds, faults_per_day=args.faults_per_day,
+                    stragglers_per_day=args.stragglers_per_day, benign_per_day=args.benign_per_day,
+                    fault_sequence=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
     from controller.cli.progress import progress
 
     with progress(f"simulating {cfg.hours:g} h on {cfg.nodes} nodes", total=1.0) as task:
@@ -105,27 +102,17 @@ def _replay_progress(detection) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from attribution.evaluate import EvalError, evaluate, load_decider, load_incidents, report_rows
-    from attribution.fault_labels import LabelError, read_labels
+    from attribution.evaluate import evaluate, load_decider, load_incidents, report_rows
+    from attribution.fault_labels import read_labels
     from attribution.store import Store
-    from collectors.layout import StoreError
 
-    try:
-        labels = read_labels(args.labels)
-    except LabelError as exc:
-        raise CliError(str(exc)) from None
-    try:
-        store = Store(args.store)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    labels = read_labels(args.labels)
+    store = Store(args.store)
     from controller.cli.progress import progress
 
     with store:
-        try:
-            with progress("reading incidents (or attributing the store when it has none)"):
-                incidents, origin = load_incidents(store, job=args.job, rerun=args.rerun)
-        except EvalError as exc:
-            raise CliError(str(exc)) from None
+        with progress("reading incidents (or attributing the store when it has none)"):
+            incidents, origin = load_incidents(store, job=args.job, rerun=args.rerun)
         decide, decisions_source = load_decider(store, incidents)
         if args.job:
             labels = [label for label in labels if label.job_id in (None, args.job)]

@@ -8,7 +8,7 @@ import argparse
 from collectors.layout import StoreError
 from collectors.schema import SchemaError
 from collectors.sink import SegmentSink
-from collectors.step_table import COORDS, OPTIONAL, REQUIRED, UNITS, StepTableError, read_step_table
+from collectors.step_table import COORDS, OPTIONAL, REQUIRED, UNITS, read_step_table
 from controller.cli.common import CliError, add_store_arg
 
 NAMES = REQUIRED + OPTIONAL + COORDS
@@ -51,14 +51,11 @@ def register_ingest(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_ingest(args: argparse.Namespace) -> int:
-    try:
-        tables = read_step_table(args.file, mapping=_mapping(args.mapping, "--map"),
-                                 duration_unit=args.duration_unit, start_unit=args.start_unit,
-                                 placement=args.placement,
-                                 placement_mapping=_mapping(args.placement_mapping, "--placement-map"),
-                                 job_id=args.job, attempt=args.attempt, node=args.node)
-    except StepTableError as exc:
-        raise CliError(str(exc)) from None
+    tables = read_step_table(args.file, mapping=_mapping(args.mapping, "--map"),
+                             duration_unit=args.duration_unit, start_unit=args.start_unit,
+                             placement=args.placement,
+                             placement_mapping=_mapping(args.placement_mapping, "--placement-map"),
+                             job_id=args.job, attempt=args.attempt, node=args.node)
     try:
         with SegmentSink(args.store, flush_rows=10_000_000, flush_age_s=3600) as sink:
             sink.write("steps", tables.steps)

@@ -7,7 +7,7 @@ import sys
 
 from attribution.maintenance import compact, retention
 from attribution.store import QueryError, Store
-from collectors.layout import StoreError, resolve_store
+from collectors.layout import resolve_store
 from collectors.schema import TABLE_NAMES
 from controller.cli.common import CliError, add_format_args, add_store_arg, emit
 
@@ -44,10 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def open_store(args: argparse.Namespace, **pruning: object) -> Store:
-    try:
-        return Store(args.store, **pruning)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    return Store(args.store, **pruning)
 
 
 def cmd_tables(args: argparse.Namespace) -> int:
@@ -76,11 +73,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    try:
-        location = resolve_store(args.store)
-        results = compact(location, args.table or TABLE_NAMES, min_segments=args.min_segments)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    location = resolve_store(args.store)
+    results = compact(location, args.table or TABLE_NAMES, min_segments=args.min_segments)
     for r in results:
         print(f"{r.table}: {r.segments_in} segments, {r.rows} rows -> {r.path}")
     print(f"compacted {len(results)} partitions")
@@ -90,10 +84,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_retention(args: argparse.Namespace) -> int:
     if args.days < 0:
         raise CliError(f"--days must be >= 0, got {args.days}")
-    try:
-        results = retention(resolve_store(args.store), args.days, args.table or TABLE_NAMES, dry_run=args.dry_run)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    results = retention(resolve_store(args.store), args.days, args.table or TABLE_NAMES, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for r in results:
         print(f"{r.table}: {verb} {r.partition} ({r.segments} segments)")

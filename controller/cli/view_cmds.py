@@ -38,24 +38,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _store(args: argparse.Namespace, jobs: list[str] | None = None):
     from attribution.store import Store
-    from collectors.layout import StoreError
 
-    try:
-        return Store(args.store, jobs=jobs)
-    except StoreError as exc:
-        raise CliError(str(exc)) from None
+    return Store(args.store, jobs=jobs)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from attribution.store import QueryError
     from controller.cli.render import render_table, render_text
     from controller.report.data import list_jobs
 
-    try:
-        with _store(args) as store:
-            rows = list_jobs(store, with_ettr=not args.no_ettr)
-    except QueryError as exc:
-        raise CliError(str(exc)) from None
+    with _store(args) as store:
+        rows = list_jobs(store, with_ettr=not args.no_ettr)
     if args.fmt == "json":
         json.dump([r.to_dict() for r in rows], sys.stdout, default=json_default, indent=1)
         sys.stdout.write("\n")
@@ -126,15 +118,11 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def cmd_incident(args: argparse.Namespace) -> int:
-    from attribution.store import QueryError
     from controller.cli.render import output_width, render_text
-    from controller.report.data import ViewError, find_incident_id, load_incident
+    from controller.report.data import find_incident_id, load_incident
 
-    try:
-        with _store(args) as store:
-            incident = load_incident(store, find_incident_id(store, args.incident_id))
-    except (ViewError, QueryError) as exc:
-        raise CliError(str(exc)) from None
+    with _store(args) as store:
+        incident = load_incident(store, find_incident_id(store, args.incident_id))
     if args.fmt == "json":
         json.dump(incident, sys.stdout, default=json_default, indent=1)
         sys.stdout.write("\n")
@@ -151,16 +139,12 @@ def cmd_incident(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from attribution.store import QueryError
-    from controller.report.data import ViewError
     from controller.report.html import write_report
 
     output = Path(args.output or f"report-{args.job}.html")
     try:
         with _store(args) as store:  # not pruned to the job: GPU samples carry no job id
             path = write_report(store, args.job, output)
-    except (ViewError, QueryError) as exc:
-        raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"{output}: {exc.strerror or exc}") from None
     print(f"wrote {path} (open it in a browser; it needs no network)")

@@ -31,10 +31,12 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-ENV_FAULT = "FAULTLENS_DEMO_FAULT"
-ENV_FAULTS = "FAULTLENS_DEMO_FAULTS"
+from collectors import environment
+
+ENV_FAULT = environment.DEMO_FAULT.name
+ENV_FAULTS = environment.DEMO_FAULTS.name
 ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
-ENV_ATTEMPT = "FAULTLENS_ATTEMPT"  # set by the supervisor (faultlens run): its attempt number
+ENV_ATTEMPT = environment.ATTEMPT.name  # set by the supervisor (faultlens run): its attempt number
 
 
 class FaultKind(StrEnum):
@@ -107,16 +109,16 @@ def faults_from_env(environ: Mapping[str, str] | None = None) -> tuple[Fault, ..
     env = os.environ if environ is None else environ
     faults: list[Fault] = []
     try:
-        single = Fault.from_json(env.get(ENV_FAULT))
+        single = Fault.from_json(environment.DEMO_FAULT.raw(env))
     except (ValueError, TypeError, AttributeError) as exc:
         raise ValueError(f"{ENV_FAULT}: expected a JSON fault object: {exc}") from None
     if single.kind is not FaultKind.NONE:
         faults.append(single)
-    text = env.get(ENV_FAULTS)
+    text = environment.DEMO_FAULTS.raw(env)
     if not text:
         return tuple(faults)
     try:
-        restart = int(env.get(ENV_ATTEMPT) or env.get(ENV_RESTART_COUNT, "0"))
+        restart = int(environment.ATTEMPT.get(env) or env.get(ENV_RESTART_COUNT, "0"))
         schedule = json.loads(text)
         if not isinstance(schedule, list):
             raise ValueError("not a list")

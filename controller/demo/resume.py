@@ -11,12 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from collectors import environment
 from controller.checkpoints.catalog import CheckpointCatalog, CheckpointEntry, ChecksumStatus
 from controller.checkpoints.manifest import ShardFile
 from controller.checkpoints.tiers import Tier, TierKind
 from controller.restore import read_source
 
-ENV_RESUME_LATEST = "FAULTLENS_RESUME_LATEST"
+ENV_RESUME_LATEST = environment.RESUME_LATEST.name
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,13 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
+from collectors import environment
 from collectors.fr_trigger import FlightRecorderTrigger
 from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
 from controller.checkpoints.catalog import CheckpointCatalog
 from controller.checkpoints.tiered import TieredCheckpointer
 from controller.demo.faults import ENV_RESTART_COUNT, Fault, FaultKind, faults_from_env
-from controller.demo.resume import ENV_RESUME_LATEST, rank_tiers, resume_latest
+from controller.demo.resume import rank_tiers, resume_latest
 from controller.restore import load_rank_state, load_restore_plan
 
 STUCK_S = 600.0
@@ -63,7 +64,7 @@ class DemoJob:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.node = os.environ.get("FAULTLENS_NODE", "node")
+        self.node = environment.NODE.get(default="node")
         torch.manual_seed(7)  # same initial weights everywhere; DDP broadcasts rank 0's anyway
         self.model = DistributedDataParallel(_model())
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
@@ -71,9 +72,9 @@ class DemoJob:
         self.timer = StepTimer.from_env(flush_interval_s=0.2, identity=RankIdentity.from_env(gpu_index=self.local_rank),
                                         parallel=ParallelCoords(dp_rank=self.rank, pp_rank=0, tp_rank=0, pp_size=1))
         self.checkpointer = TieredCheckpointer.from_env(
-            os.environ["FAULTLENS_CKPT_LOCAL"], durable=os.environ.get("FAULTLENS_CKPT_DURABLE"),
+            environment.CKPT_LOCAL.raw(), durable=environment.CKPT_DURABLE.get(),
             every_local=args.ckpt_every, every_durable=args.durable_every, node=self.node,
-            job_id=os.environ.get("FAULTLENS_JOB_ID"))
+            job_id=environment.JOB_ID.get())
         self.start_step = 0
         plan = load_restore_plan()
         if plan is not None and not plan.fresh_start:
@@ -81,7 +82,7 @@ class DemoJob:
             self.model.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.start_step = int(state["step"]) + 1
-        elif plan is None and os.environ.get(ENV_RESUME_LATEST) == "1":
+        elif plan is None and environment.RESUME_LATEST.raw() == "1":
             self._resume_latest()
         faults = (fault,) if isinstance(fault, Fault) else tuple(fault)
         self.faults = tuple(f.resolved(self.start_step) for f in faults)
@@ -90,9 +91,9 @@ class DemoJob:
     def _resume_latest(self) -> None:
         """No supervisor: the newest complete checkpoint every rank can read by itself (own node's local tier or
         the durable tier), as a training script under plain torchrun does."""
-        catalog = CheckpointCatalog(rank_tiers(os.environ.get("FAULTLENS_CKPT_LOCAL"),
-                                               os.environ.get("FAULTLENS_CKPT_DURABLE"), self.node),
-                                    job_id=os.environ.get("FAULTLENS_JOB_ID"))
+        catalog = CheckpointCatalog(rank_tiers(environment.CKPT_LOCAL.get(),
+                                               environment.CKPT_DURABLE.get(), self.node),
+                                    job_id=environment.JOB_ID.get())
         step, state = resume_latest(catalog, self.rank)
         if step is not None:
             self.model.module.load_state_dict(state["model"])
@@ -111,7 +112,7 @@ class DemoJob:
             return
         if fault.kind is FaultKind.STRAGGLER and self.rank == fault.rank:
             if step == fault.step:  # the GPU starts to overheat: the supervisor's simulated NVML shows it
-                (Path(os.environ.get("FAULTLENS_DEMO_DIR", ".")) / f"gpu_hot-{self.node}").write_text(str(step))
+                (Path(environment.DEMO_DIR.get()) / f"gpu_hot-{self.node}").write_text(str(step))
             time.sleep(fault.extra_s)
         if step != fault.step:
             return
@@ -120,7 +121,7 @@ class DemoJob:
         if fault.kind is FaultKind.GPU_LOST and self.node == fault.node and self.local_rank == 0:
             # this rank's GPU falls off the bus: the driver logs Xid 79, then the CUDA runtime fails the process;
             # the node's other ranks die of the broken collectives, as they would
-            marker = Path(os.environ.get("FAULTLENS_DEMO_DIR", ".")) / f"gpu_lost-{self.node}"
+            marker = Path(environment.DEMO_DIR.get()) / f"gpu_lost-{self.node}"
             marker.write_text(dt.datetime.now(dt.UTC).isoformat())
             time.sleep(1.0)
             raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors might be asynchronously "
@@ -133,8 +134,8 @@ class DemoJob:
             if fault.kind is FaultKind.NODE_LOSS:
                 os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind is FaultKind.SOFTWARE:
-            attempt = os.environ.get("FAULTLENS_ATTEMPT") or os.environ.get(ENV_RESTART_COUNT, "0")
-            marker = Path(os.environ.get("FAULTLENS_DEMO_DIR", ".")) / f"software_bug-a{attempt}-r{self.rank}"
+            attempt = environment.ATTEMPT.get() or os.environ.get(ENV_RESTART_COUNT, "0")
+            marker = Path(environment.DEMO_DIR.get()) / f"software_bug-a{attempt}-r{self.rank}"
             marker.write_text(repr(time.time()))
             batch = {"inputs": None}
             _ = batch["labels"]  # the bug: the data pipeline no longer yields labels

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from attribution.decision import Decision
+from collectors.errors import FaultlensError
 
 
-class HookError(RuntimeError):
+class HookError(RuntimeError, FaultlensError):
     """A delivery failed and may succeed later (retried with backoff, then by a redelivery pass)."""
 
 

@@ -79,7 +79,7 @@ def _retry(item: Mapping[str, Any]) -> RetryPolicy | None:
 def hooks_from_config(items: Iterable[Mapping[str, Any]], *, source: str = "hooks") -> list[Hook]:
     """Build hooks from config items (validated here too, so arguments get the same checks as a file)."""
     items = list(items)
-    validate_against({"format_version": 1, "hooks": items}, HOOKS_SCHEMA, source)
+    validate_against({"format_version": 1, "hooks": items}, HOOKS_SCHEMA, source, error=HookConfigError)
     hooks: list[Hook] = []
     names: set[str] = set()
     for index, item in enumerate(items):
@@ -108,8 +108,5 @@ def hooks_from_config(items: Iterable[Mapping[str, Any]], *, source: str = "hook
 
 
 def load_hooks(path: str | Path) -> list[Hook]:
-    try:
-        document = load_yaml_file(path, HOOKS_SCHEMA)
-    except RuleFileError as exc:
-        raise HookConfigError(str(exc)) from None
+    document = load_yaml_file(path, HOOKS_SCHEMA, error=HookConfigError)
     return hooks_from_config(document["hooks"], source=str(path))

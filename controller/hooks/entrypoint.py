@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+from collectors.errors import FaultlensError
 from controller.hooks.base import Hook, RetryPolicy
 
 GROUP = "faultlens.hooks"
 
 
-class EntryPointHookError(LookupError):
+class EntryPointHookError(LookupError, FaultlensError):
     """The named entry point is not installed or does not give a hook."""
 
 

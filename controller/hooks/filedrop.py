@@ -3,10 +3,10 @@ same decision again replaces the file with identical content: idempotent by deci
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from attribution.decision import Decision
+from collectors.atomic import atomic_write
 from controller.hooks.base import HookError, RetryPolicy
 
 
@@ -21,16 +21,7 @@ class FileDropHook:
 
     def deliver(self, decision: Decision, document: str) -> None:
         target = self.path_for(decision.decision_id)
-        temporary = self.directory / f".{decision.decision_id}.json.tmp-{os.getpid()}"
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            with open(temporary, "w", encoding="utf-8") as handle:
-                handle.write(document + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, target)
+            atomic_write(target, document + "\n")
         except OSError as exc:
             raise HookError(f"{target}: {exc.strerror or exc}") from None
-        finally:
-            if temporary.exists():
-                temporary.unlink()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from collectors import environment
 from controller.lab.plan import FaultSpec, log_injection
 
 HOG_CODE = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"
@@ -28,7 +29,7 @@ def ours(pid: int, lab_dir: Path) -> bool:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return f"FAULTLENS_LAB_DIR={lab_dir}".encode() in environ.split(b"\0")
+    return f"{environment.LAB_DIR.name}={lab_dir}".encode() in environ.split(b"\0")
 
 
 def _kill(pid: int, signum: int, lab_dir: Path) -> bool:
@@ -118,7 +119,7 @@ class CpuHog:
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> CpuHog:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLENS_")}
+        env = environment.without_faultlens(os.environ)
         for _ in range(self.processes):
             self.procs.append(subprocess.Popen([sys.executable, "-c", HOG_CODE], env=env, stdin=subprocess.DEVNULL,
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.lab.plan import ENV_DIR, EXTERNAL_KINDS, FaultSpec, InjectionPlan, log_injection, write_json
+from collectors import environment
+from controller.lab.plan import EXTERNAL_KINDS, FaultSpec, InjectionPlan, log_injection, write_json
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ class WorkerInjector:
         self.lab_dir = lab_dir
         self.rank = int(env.get("RANK", "0"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
-        self.node = env.get("FAULTLENS_NODE")
-        self.attempt = int(env.get("FAULTLENS_ATTEMPT", "0"))
+        self.node = environment.NODE.raw(env)
+        self.attempt = int(environment.ATTEMPT.raw(env) or "0")
         self.node_rank = int(env["GROUP_RANK"]) if env.get("GROUP_RANK", "").isdigit() else None
         self.step: int | None = None
         self.phase = "train"
@@ -274,7 +275,7 @@ def _patch_modules(injector: WorkerInjector) -> None:
 
 def install_from_env() -> None:
     """The sitecustomize entry: a training process under a campaign gets its injector; nothing else changes."""
-    lab = os.environ.get(ENV_DIR)
+    lab = environment.LAB_DIR.get()
     if not lab:
         return
     try:
@@ -282,7 +283,7 @@ def install_from_env() -> None:
             plan = InjectionPlan.from_env()
             if plan is not None:
                 install_worker(plan, Path(lab))
-        elif "FAULTLENS_NODE" not in os.environ and os.environ.get("FAULTLENS_LAB_SUPERVISOR") == "1":
+        elif not environment.NODE.is_set() and environment.LAB_SUPERVISOR.raw() == "1":
             from controller.lab.nvml import install_supervisor_gpus
 
             plan = InjectionPlan.from_env()

@@ -17,8 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENV_PLAN = "FAULTLENS_LAB_PLAN"
-ENV_DIR = "FAULTLENS_LAB_DIR"
+from collectors import environment
+from collectors.atomic import atomic_write
+
+ENV_PLAN = environment.LAB_PLAN.name
+ENV_DIR = environment.LAB_DIR.name
 
 # fault kinds carried out inside the training process (controller/lab/inject.py)
 WORKER_KINDS = frozenset({"exception", "signal", "abort", "stuck", "gil_hog", "oom", "gpu", "slow", "nan",
@@ -95,8 +98,7 @@ class InjectionPlan:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> InjectionPlan | None:
-        env = os.environ if environ is None else environ
-        path = env.get(ENV_PLAN)
+        path = environment.LAB_PLAN.get(environ)
         if not path:
             return None
         return cls.from_json(Path(path).read_text(encoding="utf-8"))
@@ -104,10 +106,7 @@ class InjectionPlan:
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> None:
     """Atomically (rename) write a small JSON file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(doc), fsync=False)
 
 
 def log_injection(lab_dir: Path, fault: FaultSpec, *, attempt: int | None, node: str | None, rank: int | None,

@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from collectors.rule_loader import RuleFileError, read_document
 from controller.lab.plan import FAULT_KINDS, FaultSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +25,7 @@ CAUSE_FAMILIES: Mapping[str, str] = {
 }
 
 
-class ScenarioError(ValueError):
+class ScenarioError(RuleFileError):
     """The scenarios file is unreadable or wrong: the message names the file, the scenario and the key."""
 
 
@@ -141,14 +140,10 @@ def _fault(doc: Any, where: str, index: int) -> FaultSpec:
 
 def load_campaign(path: str | Path = DEFAULT_SCENARIOS) -> Campaign:
     source = str(path)
-    try:
-        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ScenarioError(f"{source}: cannot read: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{source}: not YAML: {str(exc).splitlines()[0]}") from None
+    doc = read_document(path, error=ScenarioError)
     if not isinstance(doc, Mapping) or doc.get("format_version") != 1:
-        raise ScenarioError(f"{source}: format_version: expected 1")
+        got = doc.get("format_version") if isinstance(doc, Mapping) else type(doc).__name__
+        raise ScenarioError(f"{source}: format_version: expected 1, got {got!r}")
     defaults = dict(doc.get("defaults") or {})
     scripts = dict(doc.get("scripts") or {})
     timelines = dict(doc.get("gpu_timelines") or {})

@@ -9,11 +9,12 @@ from typing import Any
 
 from attribution.goodput import GoodputError, GoodputReport, goodput
 from attribution.store import QueryError, Store
+from collectors.errors import FaultlensError
 
 RUNNING_WITHIN_S = 120.0  # a job whose last telemetry is this recent (to now) is shown as running
 
 
-class ViewError(ValueError):
+class ViewError(ValueError, FaultlensError):
     """What was asked for is not in the store (an unknown job or incident): the message says which."""
 
 

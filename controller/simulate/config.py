@@ -11,8 +11,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from collectors.errors import FaultlensError
 
-class ConfigError(ValueError):
+
+class ConfigError(ValueError, FaultlensError):
     """A simulation setting is out of range: the message names the setting and the expectation."""
 
 

@@ -14,13 +14,14 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from collectors.errors import FaultlensError
 from collectors.gpu_backend import GpuDevice
 from collectors.kmsg import KernelLogParser, events_to_rows
 from collectors.source import NodeIdentity
 from controller.simulate.cluster import Gpu, Node
 
 
-class KmsgParseError(RuntimeError):
+class KmsgParseError(RuntimeError, FaultlensError):
     """A kernel-log line the simulator wrote is not understood by the kmsg collector (a simulator bug)."""
 
 

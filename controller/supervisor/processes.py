@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from collectors import environment
 from collectors.process_events import EventContext, agent_exit_row, signal_sent_row
 from collectors.sink import SegmentSink
 
@@ -115,7 +116,7 @@ class WorkerTracker:
                     env = process.environ()
                 except psutil.Error:
                     continue
-                if env.get("FAULTLENS_NODE") != self.node or env.get("FAULTLENS_ATTEMPT") != str(self.attempt):
+                if environment.NODE.raw(env) != self.node or environment.ATTEMPT.raw(env) != str(self.attempt):
                     continue
                 worker = self.workers[pid] = Worker(process)
             worker.rank = rank if rank is not None else worker.rank

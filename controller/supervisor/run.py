@@ -48,6 +48,7 @@ from attribution.policy import DecisionPolicy, StoreHistory, load_policy
 from attribution.progress import HangSuspect
 from attribution.rules import load_thresholds
 from attribution.store import Store
+from collectors import environment
 from collectors.agent import NodeAgent as CollectorAgent
 from collectors.flight_recorder import read_dump_dir
 from collectors.heartbeat import HeartbeatSource
@@ -247,7 +248,7 @@ class Supervisor:
                                "FAULTLENS_CKPT_DURABLE": str(self.durable_dir()),
                                "FAULTLENS_DEMO_DIR": str(attempt_dir),
                                **({"FAULTLENS_RESTORE_PLAN": str(plan_path)} if plan_path else {}),
-                               **({"FAULTLENS_TOTAL_STEPS": str(self.config.total_steps)}
+                               **({environment.TOTAL_STEPS.name: str(self.config.total_steps)}
                                   if self.config.total_steps else {}),
                                **fault.env})
         agents = []

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
+from collectors import environment
 from collectors.fr_trigger import FlightRecorderTrigger
 from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
 from controller.checkpoints.tiered import TieredCheckpointer
@@ -54,15 +55,15 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=dt.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    node = os.environ.get("FAULTLENS_NODE")
+    node = environment.NODE.get()
     model = DistributedDataParallel(build_model())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     timer = StepTimer.from_env(flush_interval_s=args.flush_s, identity=RankIdentity.from_env(gpu_index=local_rank),
                                parallel=ParallelCoords(dp_rank=rank, pp_rank=0, tp_rank=0, pp_size=1))
-    checkpointer = TieredCheckpointer.from_env(os.environ["FAULTLENS_CKPT_LOCAL"],
-                                               durable=os.environ.get("FAULTLENS_CKPT_DURABLE"),
+    checkpointer = TieredCheckpointer.from_env(environment.CKPT_LOCAL.raw(),
+                                               durable=environment.CKPT_DURABLE.get(),
                                                every_local=args.ckpt_every, every_durable=args.durable_every,
-                                               node=node, job_id=os.environ.get("FAULTLENS_JOB_ID"))
+                                               node=node, job_id=environment.JOB_ID.get())
     start = 0
     plan = load_restore_plan()
     if plan is not None and not plan.fresh_start:

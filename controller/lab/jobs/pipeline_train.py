@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from collectors import environment
 from collectors.fr_trigger import FlightRecorderTrigger
 from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
 from controller.checkpoints.tiered import TieredCheckpointer
@@ -69,11 +70,11 @@ def main() -> None:
     timer = StepTimer.from_env(flush_interval_s=args.flush_s, identity=RankIdentity.from_env(gpu_index=local_rank),
                                parallel=ParallelCoords(dp_rank=dp_rank, pp_rank=stage, tp_rank=0,
                                                        pp_size=args.stages))
-    checkpointer = TieredCheckpointer.from_env(os.environ["FAULTLENS_CKPT_LOCAL"],
-                                               durable=os.environ.get("FAULTLENS_CKPT_DURABLE"),
+    checkpointer = TieredCheckpointer.from_env(environment.CKPT_LOCAL.raw(),
+                                               durable=environment.CKPT_DURABLE.get(),
                                                every_local=args.ckpt_every, every_durable=args.durable_every,
-                                               node=os.environ.get("FAULTLENS_NODE"),
-                                               job_id=os.environ.get("FAULTLENS_JOB_ID"))
+                                               node=environment.NODE.get(),
+                                               job_id=environment.JOB_ID.get())
     start = 0
     plan = load_restore_plan()
     if plan is not None and not plan.fresh_start:

@@ -1,9 +1,14 @@
 """Put on PYTHONPATH by `faultlens campaign` only: installs the fault injector in the processes of a campaign
 scenario (controller/lab/inject.py). Outside a campaign (no FAULTLENS_LAB_DIR) it does nothing."""
 
-import os
+try:
+    from collectors.environment import LAB_DIR
 
-if os.environ.get("FAULTLENS_LAB_DIR"):
+    _IN_CAMPAIGN = bool(LAB_DIR.get())
+except ImportError:  # not a campaign's process: faultlens is not importable here
+    _IN_CAMPAIGN = False
+
+if _IN_CAMPAIGN:
     try:
         from controller.lab.inject import install_from_env
 
