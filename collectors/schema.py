@@ -246,6 +246,12 @@ TABLES: dict[str, pa.Schema] = {
 TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
 
 
+def ts_array(ns_since_epoch: Any) -> pa.Array:
+    """Integers of ns since the epoch (a numpy array or a sequence; None/NaN-free) as a column of TS: microseconds,
+    truncated, as validate() does."""
+    return pa.array(ns_since_epoch, pa.int64()).cast(TS_NS).cast(TS, safe=False)
+
+
 def schema_for(table: str) -> pa.Schema:
     """The Arrow schema of `table`, or SchemaError naming the known tables."""
     try:
