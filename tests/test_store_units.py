@@ -157,7 +157,7 @@ def test_follower_reads_a_version1_segment_as_microseconds(store_dir: Path) -> N
 
 
 def test_compaction_rewrites_a_version1_partition_in_microseconds(store_dir: Path) -> None:
-    location, old, new = _mixed_store(str(store_dir))
+    location, old, _new = _mixed_store(str(store_dir))
     results = compact(location, ["steps"])
     merged = [r for r in results if "job=job-a" in r.partition]
     assert len(merged) == 1 and merged[0].segments_in == 2
