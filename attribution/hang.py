@@ -172,8 +172,8 @@ MAX_EVIDENCE = 24
 
 
 def _ints(column: pa.ChunkedArray, fill: int = -1) -> tuple[np.ndarray, np.ndarray]:
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.int64())
+    if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit
+        column = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64())
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     valid = ~array.is_null().to_numpy(zero_copy_only=False) if array.null_count else np.ones(len(array), bool)
     values = array.fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)

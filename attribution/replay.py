@@ -63,7 +63,7 @@ def _land(location, table: str, rows: pa.Table, job: str | None, day: str) -> No
 
 
 def _time_slice(rows: pa.Table, low_ns: int | None, high_ns: int) -> pa.Table:
-    ts = pc.cast(rows.column("ts"), pa.int64())
+    ts = pc.cast(pc.cast(rows.column("ts"), pa.timestamp("ns", tz="UTC")), pa.int64())
     mask = pc.less_equal(ts, high_ns)
     if low_ns is not None:
         mask = pc.and_(mask, pc.greater(ts, low_ns))

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from collectors.layout import StoreLocation
-from collectors.schema import METADATA_TABLE_KEY, schema_for
+from collectors.schema import METADATA_TABLE_KEY, as_ns_type, schema_for
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
         return True
     if pa.types.is_timestamp(actual) and pa.types.is_timestamp(expected):
         return actual.tz is not None and expected.tz is not None
+    if pa.types.is_struct(actual) and pa.types.is_struct(expected):  # evidence: a version-1 segment's ns inside
+        return as_ns_type(actual).equals(as_ns_type(expected))
     if pa.types.is_dictionary(actual):
         return _compatible(actual.value_type, expected)
     if (pa.types.is_large_string(actual) or pa.types.is_string_view(actual)) and pa.types.is_string(expected):
@@ -51,6 +53,36 @@ def _first_line(exc: BaseException) -> str:
 
 def check_segment(location: StoreLocation, table: str, path: str) -> str | None:
     """None when `path` is a usable segment of `table`, else why not (one line)."""
+    return inspect_segment(location, table, path).reason
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    reason: str | None  # None: usable
+    legacy_units: bool = False  # a timestamp column of a unit other than the schema's (version 1: nanoseconds)
+
+
+def _legacy_units(schema: pa.Schema, expected: pa.Schema) -> bool:
+    for field in schema:
+        index = expected.get_field_index(field.name)
+        if index < 0:
+            continue
+        want = expected.field(index).type
+        if not as_ns_type(want).equals(want) and not field.type.equals(want):
+            return True
+    return False
+
+
+def inspect_segment(location: StoreLocation, table: str, path: str) -> SegmentInfo:
+    """check_segment's answer, and whether the segment's timestamps need converting to the schema's unit."""
+    reason = _check(location, table, path)
+    if isinstance(reason, pa.Schema):
+        return SegmentInfo(None, _legacy_units(reason, schema_for(table)))
+    return SegmentInfo(reason)
+
+
+def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | None:
+    """Why `path` is not a usable segment of `table`, or its Arrow schema (None: gone since the listing)."""
     expected = schema_for(table)
     try:
         size = location.fs.size(path)
@@ -80,7 +112,7 @@ def check_segment(location: StoreLocation, table: str, path: str) -> str | None:
         want = expected.field(index).type
         if not _compatible(field.type, want):
             return f"column {field.name!r} is {field.type}, expected {want}"
-    return None
+    return schema
 
 
 def deep_check(location: StoreLocation, table: str, path: str) -> str | None:

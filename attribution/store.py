@@ -18,10 +18,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from attribution.segment_check import BadSegment, check_segment, deep_check
+from attribution.segment_check import BadSegment, deep_check, inspect_segment
 from collectors.errors import FaultlensError
 from collectors.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
-from collectors.schema import TABLE_NAMES, empty_table, schema_for
+from collectors.schema import TABLE_NAMES, as_ns_type, empty_table, schema_for
 
 log = logging.getLogger("faultlens.store")
 _MAX_BAD_PER_QUERY = 64  # segments found broken while a query reads them (footer fine, data pages not)
@@ -52,6 +52,30 @@ class TableSummary:
     ts_min: Any
     ts_max: Any
     bad_segments: int = 0  # listed segments skipped because they cannot be read (see `faultlens doctor`)
+
+
+def _duck_type(typ: pa.DataType) -> str:
+    """The DuckDB type of an Arrow type of the schemas that hold timestamps (timestamps, lists, structs)."""
+    if pa.types.is_timestamp(typ):
+        return "TIMESTAMPTZ"
+    if pa.types.is_list(typ):
+        return f"{_duck_type(typ.value_type)}[]"
+    if pa.types.is_struct(typ):
+        return "STRUCT(" + ", ".join(f'"{typ.field(i).name}" {_duck_type(typ.field(i).type)}'
+                                     for i in range(typ.num_fields)) + ")"
+    return {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.float64(): "DOUBLE"}[typ]
+
+
+def _microsecond_casts(table: str) -> str:
+    """SELECT * REPLACE items that make every timestamp column of `table` microseconds (top level: truncated, as
+    the follower's validate() does; inside evidence structs: DuckDB's cast, which rounds)."""
+    items = []
+    for field in schema_for(table):
+        if pa.types.is_timestamp(field.type):
+            items.append(f"date_trunc('microsecond', \"{field.name}\")::TIMESTAMPTZ AS \"{field.name}\"")
+        elif not as_ns_type(field.type).equals(field.type):
+            items.append(f'CAST("{field.name}" AS {_duck_type(field.type)}) AS "{field.name}"')
+    return ", ".join(items)
 
 
 def _sql_string(value: str) -> str:
@@ -95,6 +119,7 @@ class Store:
             self.con.execute(f"SET threads={int(threads)}")
         self._segments: dict[str, list[str]] = {}
         self._checked: dict[tuple[str, str], tuple[Any, str | None]] = {}  # (table, path) -> (stamp, reason)
+        self._legacy: set[str] = set()  # usable segments whose timestamps are not microseconds (schema version 1)
         self._bad: dict[str, BadSegment] = {}
         self._read_ok: set[str] = set()  # segments read through without error by a deep scan
         self.refresh()
@@ -127,11 +152,15 @@ class Store:
                 if (cached := self._checked.get((table, path))) is None or cached[0] != stamps[path]]
         if len(todo) > 8:  # footers of many new segments (object stores: one request each): read them in parallel
             with ThreadPoolExecutor(max_workers=16 if not self.location.is_local else 4) as pool:
-                reasons = list(pool.map(lambda path: check_segment(self.location, table, path), todo))
+                infos = list(pool.map(lambda path: inspect_segment(self.location, table, path), todo))
         else:
-            reasons = [check_segment(self.location, table, path) for path in todo]
-        for path, reason in zip(todo, reasons, strict=True):
-            self._checked[(table, path)] = (stamps[path], reason)
+            infos = [inspect_segment(self.location, table, path) for path in todo]
+        for path, info in zip(todo, infos, strict=True):
+            self._checked[(table, path)] = (stamps[path], info.reason)
+            if info.legacy_units:
+                self._legacy.add(path)
+            else:
+                self._legacy.discard(path)
         usable = []
         for path in segments:
             reason = self._checked[(table, path)][1]
@@ -189,6 +218,7 @@ class Store:
         if not segments:
             self.con.execute(f"CREATE OR REPLACE VIEW {quoted} AS SELECT * FROM {empty_name}")
             return
+        legacy = any(path in self._legacy for path in segments)
         if self.location.is_local:
             files = ", ".join(_sql_string(path) for path in segments)
             source = f"read_parquet([{files}], union_by_name=true, hive_partitioning=false)"
@@ -196,14 +226,19 @@ class Store:
             import pyarrow.dataset as ds  # here, not at import: it pulls in pandas (slow CLI start-up)
             from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-            dataset = ds.dataset(segments, schema=schema_for(table), format="parquet",
+            # nanoseconds while reading (a version-1 segment casts to it losslessly), microseconds in the view
+            schema = schema_for(table)
+            if legacy:
+                schema = pa.schema([field.with_type(as_ns_type(field.type)) for field in schema])
+            dataset = ds.dataset(segments, schema=schema, format="parquet",
                                  filesystem=PyFileSystem(FSSpecHandler(self.location.fs)))
             dataset_name = f"_dataset_{table}"
             self.con.register(dataset_name, dataset)
             source = dataset_name
-        self.con.execute(
-            f"CREATE OR REPLACE VIEW {quoted} AS SELECT * FROM {empty_name} UNION ALL BY NAME SELECT * FROM {source}"
-        )
+        union = f"SELECT * FROM {empty_name} UNION ALL BY NAME SELECT * FROM {source}"
+        if legacy:  # a store mixing units reads as the schema's microseconds (the union alone would be ns)
+            union = f"SELECT * REPLACE ({_microsecond_casts(table)}) FROM ({union})"
+        self.con.execute(f"CREATE OR REPLACE VIEW {quoted} AS {union}")
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
         """Run SQL over the views and return an Arrow table. A segment removed under us (compaction,

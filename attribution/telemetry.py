@@ -28,12 +28,13 @@ SampleFetcher = Callable[[Sequence[str], dt.datetime, dt.datetime], pd.DataFrame
 
 
 def to_frame(table: pa.Table | None, name: str) -> pd.DataFrame:
-    """An Arrow table of store table `name` as a pandas frame (timestamps tz-aware UTC, ints nullable)."""
+    """An Arrow table of store table `name` as a pandas frame (timestamps tz-aware UTC nanoseconds, whatever the
+    store's unit: the detectors' arithmetic is in ns; ints nullable)."""
     if table is None:
         table = empty_table(name)
     if name == "steps":
         return steps_frame(table)
-    return table.to_pandas(types_mapper=_types_mapper)
+    return table.to_pandas(types_mapper=_types_mapper, coerce_temporal_nanoseconds=True)
 
 
 def _types_mapper(arrow_type: pa.DataType) -> object | None:
@@ -48,7 +49,7 @@ def steps_frame(table: pa.Table) -> pd.DataFrame:
     """Steps rows as a frame with one `sec:<name>` float column per section name found in the `sections` map."""
     sections = table.column("sections") if "sections" in table.column_names else None
     base = table.drop_columns(["sections"]) if sections is not None else table
-    frame = base.to_pandas(types_mapper=_types_mapper)
+    frame = base.to_pandas(types_mapper=_types_mapper, coerce_temporal_nanoseconds=True)
     if "loss" in table.column_names:  # NaN and null are one value in pandas: keep "not finite" apart from "none"
         loss = table.column("loss")
         bad = pc.fill_null(pc.invert(pc.is_finite(loss)), False) if table.num_rows else pa.array([], pa.bool_())
@@ -240,7 +241,7 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
         columns = ", ".join(SAMPLE_COLUMNS)
         table = query(f"SELECT {columns} FROM gpu_samples WHERE node IN ({_in_list(sample_nodes)}) "
                       "AND ts >= ? AND ts <= ?", [start, end])
-        return table.to_pandas(types_mapper=_types_mapper)
+        return table.to_pandas(types_mapper=_types_mapper, coerce_temporal_nanoseconds=True)
 
     return Telemetry(ranks=ranks, steps=steps, process_events=events, gpu_events=gpu_events,
                      collectives=collectives if collectives.num_rows else empty_table("collectives"),

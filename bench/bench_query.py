@@ -25,14 +25,14 @@ import pyarrow.parquet as pq
 
 from bench.common import emit, machine, timed
 from collectors.layout import partition_dir, resolve_store
-from collectors.schema import TABLES
+from collectors.schema import TABLES, ts_array
 
 SECTIONS = ["data", "forward", "backward", "optimizer", "comm"]
 OUT = Path(__file__).resolve().parent / "out"
 
 
 def build_store(rows: int, ranks: int) -> Path:
-    root = OUT / f"query-store-{rows}-{ranks}"
+    root = OUT / f"query-store-{rows}-{ranks}-us"  # -us: timestamps of schema version 2
     done = root / ".complete"
     if done.exists():
         return root
@@ -55,7 +55,7 @@ def build_store(rows: int, ranks: int) -> Path:
         keys = pa.DictionaryArray.from_arrays(pa.array(np.tile(np.arange(len(SECTIONS), dtype=np.int32), n)),
                                               pa.array(SECTIONS)).cast(pa.string())
         table = pa.table({
-            "ts": pa.array(start + (duration * 1e9).astype(np.int64), pa.timestamp("ns", tz="UTC")),
+            "ts": ts_array(start + (duration * 1e9).astype(np.int64)),
             "node": pa.array(np.full(n, f"node-{node:04d}")),
             "job_id": pa.array(np.full(n, "bench")),
             "attempt": pa.array(np.zeros(n, np.int32)),

@@ -3,6 +3,12 @@
 Every table starts with the identity columns (DESIGN.md, "Tables"); a column that does not apply to a row is null.
 SCHEMA_VERSION is written into the key-value metadata of every Parquet segment. Columns may be added in later
 versions (readers union by name); a column is never renamed or retyped without a version bump.
+
+Timestamps are UTC microseconds (Parquet INT64 TIMESTAMP(MICROS, isAdjustedToUTC=true)), the type Spark, Trino,
+BigQuery and Athena read natively. Version 1 stored them as nanoseconds; such segments stay readable (every reader
+conforms them to these schemas, truncating below the microsecond). Producers keep one convention: an integer given
+for a timestamp column is nanoseconds since the epoch (time.time_ns()); rows_to_table and validate turn it, and any
+timestamp of another unit, into microseconds.
 """
 
 from __future__ import annotations
@@ -14,11 +20,12 @@ import pyarrow as pa
 
 from collectors.errors import FaultlensError
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: timestamps in microseconds (1: nanoseconds)
 METADATA_VERSION_KEY = b"faultlens.schema_version"
 METADATA_TABLE_KEY = b"faultlens.table"
 
-TS = pa.timestamp("ns", tz="UTC")
+TS = pa.timestamp("us", tz="UTC")
+TS_NS = pa.timestamp("ns", tz="UTC")  # schema version 1, and what an integer given for a timestamp means
 INT_LIST = pa.list_(pa.int64())
 STR_LIST = pa.list_(pa.string())
 
@@ -244,6 +251,12 @@ TABLES: dict[str, pa.Schema] = {
 TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
 
 
+def ts_array(ns_since_epoch: Any) -> pa.Array:
+    """Integers of ns since the epoch (a numpy array or a sequence; None/NaN-free) as a column of TS: microseconds,
+    truncated, as validate() does."""
+    return pa.array(ns_since_epoch, pa.int64()).cast(TS_NS).cast(TS, safe=False)
+
+
 def schema_for(table: str) -> pa.Schema:
     """The Arrow schema of `table`, or SchemaError naming the known tables."""
     try:
@@ -252,10 +265,34 @@ def schema_for(table: str) -> pa.Schema:
         raise SchemaError(f"unknown table {table!r}: expected one of {', '.join(TABLE_NAMES)}") from None
 
 
+def as_ns_type(typ: pa.DataType) -> pa.DataType:
+    """`typ` with every timestamp in it (nested in lists, structs and maps too) made nanoseconds, time zone kept."""
+    if pa.types.is_timestamp(typ):
+        return pa.timestamp("ns", tz=typ.tz)
+    if pa.types.is_list(typ):
+        return pa.list_(typ.value_field.with_type(as_ns_type(typ.value_type)))
+    if pa.types.is_large_list(typ):
+        return pa.large_list(typ.value_field.with_type(as_ns_type(typ.value_type)))
+    if pa.types.is_struct(typ):
+        return pa.struct([typ.field(i).with_type(as_ns_type(typ.field(i).type)) for i in range(typ.num_fields)])
+    if pa.types.is_map(typ):
+        return pa.map_(typ.key_field.with_type(as_ns_type(typ.key_type)),
+                       typ.item_field.with_type(as_ns_type(typ.item_type)))
+    return typ
+
+
+def _has_timestamp(typ: pa.DataType) -> bool:
+    if pa.types.is_timestamp(typ):
+        return True
+    return any(_has_timestamp(typ.field(i).type) for i in range(typ.num_fields))
+
+
 def _castable(actual: pa.DataType, expected: pa.DataType) -> bool:
     """Lossless-in-kind conversions we accept from producers (width and unit changes, null columns)."""
     if pa.types.is_null(actual):
         return True
+    if _has_timestamp(expected) and not pa.types.is_timestamp(expected):  # nested (evidence): units may differ
+        return as_ns_type(actual).equals(as_ns_type(expected))
     if pa.types.is_integer(actual) and (pa.types.is_integer(expected) or pa.types.is_floating(expected)):
         return True
     if pa.types.is_floating(actual) and pa.types.is_floating(expected):
@@ -292,7 +329,9 @@ def validate(table: str, data: pa.RecordBatch | pa.Table) -> pa.Table:
                     f"table {table!r}: column {field.name!r}: expected {field.type}, got {column.type}"
                 )
             try:
-                column = column.cast(field.type, safe=True)
+                # timestamps of a finer unit (a version-1 segment, a producer's nanoseconds) are truncated to the
+                # schema's microseconds: the one conversion here that may drop digits, and it is meant to
+                column = column.cast(field.type, safe=not _has_timestamp(field.type))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise SchemaError(
                     f"table {table!r}: column {field.name!r}: expected {field.type}, cannot convert: {exc}"
@@ -316,10 +355,11 @@ def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]] | Iterable[Mappi
     for field in schema:
         values = [row.get(field.name) for row in rows]
         try:
-            arrays.append(pa.array(values, type=field.type))
+            # timestamps built as nanoseconds first: an integer a producer gives is time.time_ns()
+            arrays.append(pa.array(values, type=as_ns_type(field.type)))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
             raise SchemaError(f"table {table!r}: column {field.name!r}: expected {field.type}: {exc}") from None
-    return validate(table, pa.Table.from_arrays(arrays, schema=schema))
+    return validate(table, pa.Table.from_arrays(arrays, names=schema.names))
 
 
 def empty_table(table: str) -> pa.Table:
@@ -330,6 +370,7 @@ def empty_table(table: str) -> pa.Table:
 
 
 NS_PER_DAY = 86_400 * 1_000_000_000
+US_PER_DAY = 86_400 * 1_000_000
 
 
 def partition_keys(table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.ChunkedArray]:
@@ -338,7 +379,10 @@ def partition_keys(table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, p
     import pyarrow.compute as pc  # here, not at import: a third of `faultlens sql`'s start-up
 
     job = pc.fill_null(table.column("job_id"), "_node")
-    day = pc.divide(table.column("ts").cast(pa.int64()), NS_PER_DAY)
+    ts = table.column("ts")
+    if not ts.type.equals(TS):
+        ts = ts.cast(TS, safe=False)
+    day = pc.divide(ts.cast(pa.int64()), US_PER_DAY)
     node = pc.fill_null(table.column("node"), "_unknown")
     return job, day, node
 

@@ -25,7 +25,7 @@ def test_every_design_table_has_identity_columns_first():
     for table in TABLE_NAMES:
         names = schema_for(table).names
         assert names[: len(IDENTITY_FIELDS)] == [f.name for f in IDENTITY_FIELDS]
-        assert schema_for(table).field("ts").type == pa.timestamp("ns", tz="UTC")
+        assert schema_for(table).field("ts").type == pa.timestamp("us", tz="UTC")
 
 
 def test_wrong_column_type_names_table_and_column():

@@ -129,7 +129,8 @@ def test_deterministic_by_seed(tmp_path: Path) -> None:
         with Store(str(store)) as opened:
             tables = {}
             for table in ("steps", "gpu_samples", "gpu_events", "process_events", "collectives", "ranks"):
-                order = ", ".join(c for c in ("ts", "node", "rank", "gpu_index", "kind", "record_id", "source")
+                order = ", ".join(c for c in ("ts", "node", "rank", "gpu_index", "kind", "record_id", "source",
+                                                   "message")  # message: two rows may share a microsecond
                                   if TABLES[table].get_field_index(c) >= 0)
                 tables[table] = opened.query(f"SELECT * FROM {table} ORDER BY {order}").to_pylist()
         return tables, Path(result.labels_path).read_text()

@@ -31,7 +31,7 @@ def test_round_trip_every_table(store_dir, table):
     for field in schema:
         got_type = got.schema.field(field.name).type
         if pa.types.is_timestamp(field.type):
-            assert got_type.unit == "ns" and got_type.tz in ("UTC", "Etc/UTC"), (field.name, got_type)
+            assert got_type.unit == "us" and got_type.tz in ("UTC", "Etc/UTC"), (field.name, got_type)
         else:
             assert got_type.equals(field.type), (field.name, got_type, field.type)
     got = got.cast(schema.remove_metadata())

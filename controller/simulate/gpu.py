@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from collectors.gpu_deltas import sample_changes
-from collectors.schema import TABLES
+from collectors.schema import TABLES, ts_array
 from controller.simulate.cluster import GPU_NAME, MEM_TOTAL_BYTES, Node
 from controller.simulate.xid import GpuEventFactory
 
@@ -205,7 +205,7 @@ class GpuSampler:
             return values.ravel()[sel]
 
         data: dict[str, Any] = {
-            "ts": pa.array(flat_ticks, pa.timestamp("ns", tz="UTC")),
+            "ts": ts_array(flat_ticks),
             "cluster": pa.array([self.cluster] * rows, pa.string()),
             "node": pa.array([node.name] * rows, pa.string()),
             "job_id": pa.array([self.job_id] * rows, pa.string()),

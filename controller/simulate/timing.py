@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from collectors.schema import TABLES
+from collectors.schema import TABLES, ts_array
 from controller.simulate.cluster import Placement
 
 NS = 1_000_000_000
@@ -291,7 +291,7 @@ class StepTimer:
         phase_arr = np.repeat(np.array(phases, dtype=object), R)
         end_flat = r_end.ravel()
         table = pa.table({
-            "ts": pa.array(end_flat, pa.timestamp("ns", tz="UTC")),
+            "ts": ts_array(end_flat),
             "cluster": pa.array(np.full(rows, self.cluster, dtype=object), pa.string()),
             "node": pa.array(node_names[rank_ids], pa.string()),
             "job_id": pa.array(np.full(rows, self.job_id, dtype=object), pa.string()),
@@ -303,8 +303,8 @@ class StepTimer:
             "pci_bus_id": pa.nulls(rows, pa.string()),
             "step": pa.array(np.repeat(steps_arr, R)),
             "phase": pa.array(phase_arr, pa.string()),
-            "start_ts": pa.array(r_start.ravel(), pa.timestamp("ns", tz="UTC")),
-            "end_ts": pa.array(end_flat, pa.timestamp("ns", tz="UTC")),
+            "start_ts": ts_array(r_start.ravel()),
+            "end_ts": ts_array(end_flat),
             "duration_s": pa.array(np.round(dur_r.ravel(), 6)),
             "sections": sections,
             "tokens": pa.array(np.full(rows, TOKENS_PER_RANK_STEP, dtype=np.int64)),
@@ -323,7 +323,7 @@ class StepTimer:
                                                   pa.array(["eval"] * m, pa.string()), pa.array(np.round(ev_len, 6)))
             ev_ranks = np.tile(np.arange(R, dtype=np.int32), len(ev))
             sink_write("steps", pa.table({
-                "ts": pa.array(ev_end, pa.timestamp("ns", tz="UTC")),
+                "ts": ts_array(ev_end),
                 "cluster": pa.array([self.cluster] * m, pa.string()),
                 "node": pa.array(node_names[ev_ranks], pa.string()),
                 "job_id": pa.array([self.job_id] * m, pa.string()),
@@ -335,8 +335,8 @@ class StepTimer:
                 "pci_bus_id": pa.nulls(m, pa.string()),
                 "step": pa.array(np.repeat(steps_arr[ev], R)),
                 "phase": pa.array(["eval"] * m, pa.string()),
-                "start_ts": pa.array(ev_start, pa.timestamp("ns", tz="UTC")),
-                "end_ts": pa.array(ev_end, pa.timestamp("ns", tz="UTC")),
+                "start_ts": ts_array(ev_start),
+                "end_ts": ts_array(ev_end),
                 "duration_s": pa.array(np.round(ev_len, 6)),
                 "sections": ev_sections,
                 "tokens": pa.nulls(m, pa.int64()),
