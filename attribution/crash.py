@@ -93,6 +93,9 @@ class HangTrigger:
     evidence: tuple[Evidence, ...]
 
 
+WAIT = object()  # an attempt whose attribution waits for a report still to come
+
+
 @dataclass
 class CrashResult:
     incidents: list[Incident] = field(default_factory=list)
@@ -370,7 +373,9 @@ class CrashAttributor:
                 result.pending.append((job, attempt))
                 continue
             outcome = self._attribute_attempt(telemetry, job, attempt, failures, per_attempt, now)
-            if isinstance(outcome, Incident):
+            if outcome is WAIT:
+                result.pending.append((job, attempt))
+            elif isinstance(outcome, Incident):
                 result.incidents.append(outcome)
             elif isinstance(outcome, HangTrigger):
                 result.hang_triggers.append(outcome)
@@ -379,7 +384,7 @@ class CrashAttributor:
     def _attribute_attempt(self, telemetry: Telemetry, job: str | None, attempt: int | None,
                            failures: list[RankFailure],
                            per_attempt: dict[tuple[str | None, int | None], list[RankFailure]],
-                           now: dt.datetime) -> Incident | HangTrigger | None:
+                           now: dt.datetime) -> Incident | HangTrigger | object | None:
         primary = self.primary(failures)
         placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps,
                                telemetry.heartbeats)
@@ -640,7 +645,7 @@ class CrashAttributor:
 
     def _no_primary(self, telemetry: Telemetry, job: str | None, attempt: int | None,
                     failures: list[RankFailure], placement: dict[int, Placement], secondary_line: Evidence | None,
-                    now: dt.datetime) -> Incident | HangTrigger | None:
+                    now: dt.datetime) -> Incident | HangTrigger | object | None:
         first = min(f.ts for f in failures)
         # a node whose ranks said nothing while the others echoed a failure, or whose GPU reported hardware errors
         reported = {f.rank for f in failures}
@@ -675,6 +680,10 @@ class CrashAttributor:
             return HangTrigger(job, attempt, min(f.ts for f in timeouts), tuple(evidence))
         silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
                               - {f.node for f in failures if f.node})
+        running = running_agents(telemetry.process_events, job, attempt)
+        if silent_nodes and set(silent_nodes) <= running and \
+                (now - first).total_seconds() < self.rules.silent_node_wait_s:
+            return WAIT  # their agents run: the report of what happened to their ranks is still to come
         silent_node = self._silent_node(telemetry, job, attempt, failures, placement, silent, silent_nodes, first,
                                         secondary_line, now)
         if silent_node is not None:
@@ -733,6 +742,21 @@ def closed_ranks(heartbeats: pd.DataFrame, attempt: int | None) -> dict[int, dt.
         return {}
     first = rows.groupby("rank")["ts"].min()
     return {int(rank): ts for rank, ts in ((r, as_datetime(t)) for r, t in first.items()) if ts is not None}
+
+
+def running_agents(events: pd.DataFrame, job: str | None, attempt: int | None) -> set[str]:
+    """Nodes whose torchrun agent the supervisor started in this attempt and has not seen exit."""
+    if events.empty or "kind" not in events.columns:
+        return set()
+    rows = events[events["kind"].isin(["start", "agent_exit"]) & (events.get("source") == "supervisor")] \
+        if "source" in events.columns else events[events["kind"].isin(["start", "agent_exit"])]
+    if job is not None and "job_id" in rows.columns:
+        rows = rows[rows["job_id"] == job]
+    if attempt is not None and "attempt" in rows.columns:
+        rows = rows[rows["attempt"] == attempt]
+    started = {str(n) for n in rows.loc[rows["kind"] == "start", "node"].dropna()}
+    exited = {str(n) for n in rows.loc[rows["kind"] == "agent_exit", "node"].dropna()}
+    return started - exited
 
 
 def ended_agents(events: pd.DataFrame, job: str | None, attempt: int | None) -> set[str]:

@@ -193,7 +193,7 @@ def attempt_failure_starts(telemetry: Telemetry, failures: Iterable[Incident],
     starts: dict[tuple[str | None, int | None], dt.datetime] = {}
 
     def note(key: tuple[str | None, int | None], ts: object) -> None:
-        moment = ts.to_pydatetime() if isinstance(ts, pd.Timestamp) else ts
+        moment = ts.to_pydatetime(warn=False) if isinstance(ts, pd.Timestamp) else ts
         if isinstance(moment, dt.datetime):
             starts[key] = min(starts.get(key, moment), moment)
 
