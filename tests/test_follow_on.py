@@ -74,17 +74,22 @@ def _cut(telemetry: Telemetry, at: pd.Timestamp) -> Telemetry:
 
 
 def _moments(telemetry: Telemetry) -> list[pd.Timestamp]:
-    times: set[pd.Timestamp] = set()
-    for frame in (telemetry.process_events, telemetry.heartbeats):
-        times |= set(_visible(frame["ts"].dropna()))
-    times |= set(telemetry.steps["end_ts"].dropna())
-    ordered = sorted(times)
-    # every landing of an error signal or a heartbeat, and two seconds on (the settle and the follow-up rows);
-    # steps and the rest are sampled (the step rows of a healthy stretch change nothing)
-    events = set(_visible(telemetry.process_events["ts"].dropna())) | set(telemetry.heartbeats["ts"].dropna())
-    chosen = {t for t in ordered if t in events} | set(ordered[::5]) | {ordered[-1]}
-    chosen |= {t + pd.Timedelta(seconds=2) for t in events}
-    return sorted(chosen)
+    """The cuts: every landing of a process_events row, just after it (the follower's settle) and two seconds on
+    (the rows that follow it), every rank's step timer closing, and a two-second grid for the passing of time
+    (hang detection)."""
+    events = _visible(telemetry.process_events["ts"].dropna())
+    beats = telemetry.heartbeats
+    closing = beats.loc[beats["closed"].fillna(False).astype(bool), "ts"] if "closed" in beats.columns else []
+    chosen = set(events) | {t + pd.Timedelta(seconds=0.35) for t in events} | \
+        {t + pd.Timedelta(seconds=2) for t in events} | set(closing)
+    first, last = min(chosen), max(chosen)
+    chosen |= set(pd.date_range(first, last, freq="3s"))
+    # instants within 0.1 s of one another: the first stands for them (the next cut sees the rest)
+    kept: list[pd.Timestamp] = []
+    for moment in sorted(chosen):
+        if not kept or moment - kept[-1] > pd.Timedelta(seconds=0.1):
+            kept.append(moment)
+    return kept
 
 
 def _replay(telemetry: Telemetry) -> dict[str, Incident]:
