@@ -47,10 +47,11 @@ def _train(root: Path, job: str, faults: tuple[FaultSpec, ...]) -> Path:
     env.update(PYTHONPATH=f"{SITE_DIR}{os.pathsep}{REPO_ROOT}", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                FAULTLENS_STORE=str(root / "store"), FAULTLENS_JOB_ID=job, FAULTLENS_ATTEMPT="0",
-               FAULTLENS_NODE="node-0", FAULTLENS_CKPT_LOCAL=str(root / "ckpt"), FAULTLENS_HEARTBEAT_DIR="",
+               FAULTLENS_NODE="node-0", FAULTLENS_CKPT_LOCAL=str(root / "ckpt"),
+               FAULTLENS_CKPT_DURABLE=str(root / "durable"), FAULTLENS_HEARTBEAT_DIR="",
                FAULTLENS_LAB_DIR=str(lab), FAULTLENS_LAB_PLAN=str(plan))
     out = subprocess.run([sys.executable, str(SCRIPT), "--steps", "24", "--compute-s", "0", "--ckpt-every", "4",
-                          "--durable-every", "1000", "--flush-s", "0.5"], env=env, cwd=root, capture_output=True,
+                          "--durable-every", "4", "--flush-s", "0.5"], env=env, cwd=root, capture_output=True,
                          text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     return root
@@ -77,7 +78,9 @@ def test_a_loss_spike_is_data_corruption_restored_from_before_it_and_noise_is_no
     (incident,) = incidents
     assert incident.rule == "numerics-loss-spike" and not incident.culprit_nodes
 
-    catalog = CheckpointCatalog([Tier(TierKind.LOCAL, str(spiked / "ckpt"), node="node-0")], job_id="spike-job")
+    # the local tier keeps only its newest two (both after the spike): the durable tier holds the older ones
+    catalog = CheckpointCatalog([Tier(TierKind.LOCAL, str(spiked / "ckpt"), node="node-0"),
+                                 Tier(TierKind.DURABLE, str(spiked / "durable"))], job_id="spike-job")
     newest = catalog.choose([], world_size=1)
     assert newest is not None and newest.step > SPIKE_STEP  # a checkpoint holding the spike's update exists
     decision = DecisionPolicy(load_policy(), restore_chooser=catalog).decide(incident, job_nodes=["node-0"])
