@@ -93,6 +93,9 @@ class HangTrigger:
     evidence: tuple[Evidence, ...]
 
 
+WAIT = object()  # an attempt whose attribution waits for a report still to come
+
+
 @dataclass
 class CrashResult:
     incidents: list[Incident] = field(default_factory=list)
@@ -370,7 +373,9 @@ class CrashAttributor:
                 result.pending.append((job, attempt))
                 continue
             outcome = self._attribute_attempt(telemetry, job, attempt, failures, per_attempt, now)
-            if isinstance(outcome, Incident):
+            if outcome is WAIT:
+                result.pending.append((job, attempt))
+            elif isinstance(outcome, Incident):
                 result.incidents.append(outcome)
             elif isinstance(outcome, HangTrigger):
                 result.hang_triggers.append(outcome)
@@ -379,7 +384,7 @@ class CrashAttributor:
     def _attribute_attempt(self, telemetry: Telemetry, job: str | None, attempt: int | None,
                            failures: list[RankFailure],
                            per_attempt: dict[tuple[str | None, int | None], list[RankFailure]],
-                           now: dt.datetime) -> Incident | HangTrigger | None:
+                           now: dt.datetime) -> Incident | HangTrigger | object | None:
         primary = self.primary(failures)
         placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps,
                                telemetry.heartbeats)
@@ -388,6 +393,8 @@ class CrashAttributor:
         if lost is not None:
             return lost
         if not failures:
+            return None
+        if self._training_ended(telemetry, job, attempt, failures, placement):
             return None
         if primary is None:
             return self._no_primary(telemetry, job, attempt, failures, placement, secondary_line, now)
@@ -496,6 +503,20 @@ class CrashAttributor:
             primary.evidence[0].text if primary.evidence else f"rank {primary.rank} failed")))
         return HangTrigger(job, attempt, timeouts[0].first_timeout, tuple(evidence))  # type: ignore[arg-type]
 
+    def _training_ended(self, telemetry: Telemetry, job: str | None, attempt: int | None,
+                        failures: list[RankFailure], placement: dict[int, Placement]) -> bool:
+        """Every rank of the attempt closed its step timer (its training loop was over) before the first error
+        signal, and no rank failed on its own: what failed is the end of the job tearing down (a torchrun agent
+        losing the rendezvous store in its exit barrier as the host's agent exits, a survivor's echo in
+        destroy_process_group), never a crash."""
+        if any(f.rank is not None and f.kind in (*PRIMARY_KINDS, FailureKind.EXITED) for f in failures):
+            return False
+        ranks = sorted(placement)
+        closed = closed_ranks(telemetry.heartbeats, attempt)
+        if not ranks or not set(ranks) <= set(closed):
+            return False
+        return max(closed[r] for r in ranks) <= min(f.ts for f in failures)
+
     def _default_cause(self, primary: RankFailure) -> tuple[Cause, str, float]:
         if primary.kind == FailureKind.OOM:
             return Cause.OOM, "crash-oom", self.rules.conf("crash-oom", 0.9)
@@ -597,6 +618,8 @@ class CrashAttributor:
         ranks = sorted(r for r, p in placement.items() if p.node == node)
         if not ranks or not set(ranks) <= set(silent):
             return None
+        if node in ended_agents(telemetry.process_events, job, attempt):
+            return None  # its torchrun agent exited 0: the node ended its part, it was not lost
         progressed = last_progress(telemetry, attempt, ranks)
         if progressed is not None and progressed > first:
             return None  # it was still training after the others failed: not lost
@@ -617,15 +640,19 @@ class CrashAttributor:
             job_id=job, attempt=attempt, culprit_nodes=(node,), culprit_ranks=tuple(ranks), culprit_gpus=tuple(gpus),
             evidence=tuple(evidence[: self.rules.evidence_limit]),
             step=next((s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None),
-            details={"primary_kind": "node_silent", "failures": len(failures)})
+            details={"primary_kind": "node_silent", "failures": len(failures),
+                     "failures_from": first.isoformat()})
 
     def _no_primary(self, telemetry: Telemetry, job: str | None, attempt: int | None,
                     failures: list[RankFailure], placement: dict[int, Placement], secondary_line: Evidence | None,
-                    now: dt.datetime) -> Incident | HangTrigger | None:
+                    now: dt.datetime) -> Incident | HangTrigger | object | None:
         first = min(f.ts for f in failures)
         # a node whose ranks said nothing while the others echoed a failure, or whose GPU reported hardware errors
         reported = {f.rank for f in failures}
-        silent = sorted(r for r in placement if r not in reported)
+        # a rank that closed its step timer ended its training loop itself: it is not silent (a lost node's
+        # processes never close anything)
+        closed = closed_ranks(telemetry.heartbeats, attempt)
+        silent = sorted(r for r in placement if r not in reported and r not in closed)
         nodes = sorted({p.node for p in placement.values() if p.node})
         node_findings = {node: hardware_findings(telemetry.gpu_events, node, first, self.rules, self.catalog)
                          for node in nodes}
@@ -653,6 +680,10 @@ class CrashAttributor:
             return HangTrigger(job, attempt, min(f.ts for f in timeouts), tuple(evidence))
         silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
                               - {f.node for f in failures if f.node})
+        running = running_agents(telemetry.process_events, job, attempt)
+        if silent_nodes and set(silent_nodes) <= running and \
+                (now - first).total_seconds() < self.rules.silent_node_wait_s:
+            return WAIT  # their agents run: the report of what happened to their ranks is still to come
         silent_node = self._silent_node(telemetry, job, attempt, failures, placement, silent, silent_nodes, first,
                                         secondary_line, now)
         if silent_node is not None:
@@ -697,6 +728,51 @@ def lost_agents(events: pd.DataFrame) -> dict[tuple[Any, Any], list[tuple[str, d
         text = f"{node}: torchrun agent died by {signal}" + (f": {message}" if message else "") + " [supervisor]"
         found.setdefault(key, []).append((str(node), ts, signal, text))
     return found
+
+
+def closed_ranks(heartbeats: pd.DataFrame, attempt: int | None) -> dict[int, dt.datetime]:
+    """rank -> when its step timer closed (its first heartbeat that says so) in `attempt`: the rank ended its
+    training loop itself (after the last step, or unwinding from an error of its own)."""
+    if heartbeats.empty or "closed" not in heartbeats.columns or "rank" not in heartbeats.columns:
+        return {}
+    rows = heartbeats[heartbeats["closed"].fillna(False).astype(bool) & heartbeats["rank"].notna()]
+    if attempt is not None and "attempt" in rows.columns:
+        rows = rows[rows["attempt"] == attempt]
+    if rows.empty:
+        return {}
+    first = rows.groupby("rank")["ts"].min()
+    return {int(rank): ts for rank, ts in ((r, as_datetime(t)) for r, t in first.items()) if ts is not None}
+
+
+def running_agents(events: pd.DataFrame, job: str | None, attempt: int | None) -> set[str]:
+    """Nodes whose torchrun agent the supervisor started in this attempt and has not seen exit."""
+    if events.empty or "kind" not in events.columns:
+        return set()
+    rows = events[events["kind"].isin(["start", "agent_exit"]) & (events.get("source") == "supervisor")] \
+        if "source" in events.columns else events[events["kind"].isin(["start", "agent_exit"])]
+    if job is not None and "job_id" in rows.columns:
+        rows = rows[rows["job_id"] == job]
+    if attempt is not None and "attempt" in rows.columns:
+        rows = rows[rows["attempt"] == attempt]
+    started = {str(n) for n in rows.loc[rows["kind"] == "start", "node"].dropna()}
+    exited = {str(n) for n in rows.loc[rows["kind"] == "agent_exit", "node"].dropna()}
+    return started - exited
+
+
+def ended_agents(events: pd.DataFrame, job: str | None, attempt: int | None) -> set[str]:
+    """Nodes whose torchrun agent exited 0 in this attempt (the supervisor's agent_exit rows): they ended their
+    part of the job."""
+    if events.empty or "kind" not in events.columns:
+        return set()
+    exits = events[events["kind"] == "agent_exit"]
+    if job is not None and "job_id" in exits.columns:
+        exits = exits[exits["job_id"] == job]
+    if attempt is not None and "attempt" in exits.columns:
+        exits = exits[exits["attempt"] == attempt]
+    if exits.empty or "exit_code" not in exits.columns:
+        return set()
+    codes = pd.to_numeric(exits["exit_code"], errors="coerce")
+    return {str(n) for n in exits.loc[codes == 0, "node"].dropna()}
 
 
 def _alive_after(heartbeats: pd.DataFrame, attempt: int | None, ranks: list[int], after: dt.datetime) -> list[int]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
-from attribution.crash import CrashAttributor, HangTrigger
+from attribution.crash import CrashAttributor, HangTrigger, teardown_starts
 from attribution.hardware import XidCatalogLike, default_xid_catalog
 from attribution.health import HealthMonitor
 from attribution.incident import Evidence, Incident, IncidentClass
@@ -80,11 +80,14 @@ class Engine:
                 settled: Callable[[str | None, int | None], bool] | None = None,
                 already: set[str] | frozenset[str] = frozenset(), hangs: bool = True,
                 stragglers: bool = True, straggler_last_steps: int | None = None,
-                hung: dict[tuple[str | None, int | None], dt.datetime] | None = None) -> list[Incident]:
+                hung: dict[tuple[str | None, int | None], dt.datetime] | None = None,
+                failed: dict[tuple[str | None, int | None], dt.datetime] | None = None) -> list[Incident]:
         """Incidents of the telemetry of one job. `already` holds incident ids reported before: their hang
         suspects are not analysed again (no second dump request). `hung`: attempts already reported hung (live
         mode) and since when; a failure after that is the hang's ending (a watchdog abort, a supervisor's
-        kill), not a new crash."""
+        kill), not a new crash. `failed`: attempts already reported crashed (live mode) and since when; a
+        slowdown that begins after that is the failure's consequence (a survivor waiting on the dead rank, the
+        teardown), not a new fault."""
         crash = self.crash.attribute(telemetry, now, settled)
         hung = dict(hung or {})
         slack = self.crash_rules.signal_notice_slack_s
@@ -98,7 +101,7 @@ class Engine:
                 key = (suspect.job_id, suspect.attempt)
                 hung[key] = min(hung.get(key, noticed), noticed)
         crashes = [i for i in crash.incidents
-                   if not ((i.job_id, i.attempt) in hung and i.first_signal_ts >= hung[(i.job_id, i.attempt)])]
+                   if not ((i.job_id, i.attempt) in hung and evidence_start(i) >= hung[(i.job_id, i.attempt)])]
         incidents: dict[str, Incident] = {i.incident_id: self._with_dump_evidence(i, telemetry)
                                           for i in crashes if i.incident_id not in already}
         if hangs:
@@ -115,7 +118,12 @@ class Engine:
                     continue
                 incidents[incident_id] = self.hang.attribute(suspect, telemetry, now)
         if stragglers:
+            ended = attempt_failure_starts(telemetry, incidents.values(), failed)
             for incident in self.straggler.attribute(telemetry, now, straggler_last_steps):
+                if is_follow_on(incident, ended):
+                    log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, "
+                             "not reported", incident.incident_id, incident.job_id, incident.attempt)
+                    continue
                 incidents.setdefault(incident.incident_id, incident)
         for incident in self.loss.attribute(telemetry, now):
             if incident.incident_id not in already:
@@ -162,6 +170,53 @@ class Engine:
         for incident in self.health.attribute(telemetry.gpu_events, found.values(), now):
             found.setdefault(incident.incident_id, incident)
         return sorted(found.values(), key=lambda i: (i.first_signal_ts, i.incident_id))
+
+
+def evidence_start(incident: Incident) -> dt.datetime:
+    """When the error signals an incident is made of began: its first signal, unless that was moved back to the
+    culprit's last progress (a silent node), which says when it stopped, not when anything failed."""
+    start = incident.details.get("failures_from") if isinstance(incident.details, dict) else None
+    if isinstance(start, str):
+        try:
+            return max(incident.first_signal_ts, dt.datetime.fromisoformat(start))
+        except ValueError:
+            pass
+    return incident.first_signal_ts
+
+
+def attempt_failure_starts(telemetry: Telemetry, failures: Iterable[Incident],
+                           failed: dict[tuple[str | None, int | None], dt.datetime] | None
+                           ) -> dict[tuple[str | None, int | None], dt.datetime]:
+    """(job, attempt) -> when the attempt's failure began: its crash incident, the supervisor's first stopping
+    signal (a decided hang's teardown too), a torchrun agent's non-zero exit. Whatever starts later is the
+    failure's aftermath. A hang suspect alone does not count: progress after it disproves it."""
+    starts: dict[tuple[str | None, int | None], dt.datetime] = {}
+
+    def note(key: tuple[str | None, int | None], ts: object) -> None:
+        moment = ts.to_pydatetime(warn=False) if isinstance(ts, pd.Timestamp) else ts
+        if isinstance(moment, dt.datetime):
+            starts[key] = min(starts.get(key, moment), moment)
+
+    for incident in failures:
+        if incident.incident_class == IncidentClass.CRASH:
+            note((incident.job_id, incident.attempt), evidence_start(incident))
+    for key, ts in (failed or {}).items():
+        note(key, ts)
+    events = telemetry.process_events
+    for (job, attempt), ts in teardown_starts(events).items():
+        note((job or None, None if attempt == -1 else int(attempt)), ts)
+    if not events.empty and "kind" in events.columns and "exit_code" in events.columns:
+        exits = events[(events["kind"] == "agent_exit")
+                       & (pd.to_numeric(events["exit_code"], errors="coerce").fillna(0) != 0)]
+        for job, attempt, ts in zip(exits["job_id"], exits["attempt"], exits["ts"], strict=True):
+            note((None if job is None or job != job else job, None if attempt != attempt else int(attempt)), ts)
+    return starts
+
+
+def is_follow_on(incident: Incident, starts: dict[tuple[str | None, int | None], dt.datetime]) -> bool:
+    """A slowdown of an attempt that begins at or after the attempt's failure began."""
+    start = starts.get((incident.job_id, incident.attempt))
+    return start is not None and incident.first_signal_ts >= start
 
 
 def _open(store: Store | str | StoreLocation, job: str | None) -> tuple[Store, bool]:
@@ -275,6 +330,8 @@ class Follower:
         self._failures: list[Incident] = existing_failures(self.incident_store)
         self._hung = {(i.job_id, i.attempt): i.first_signal_ts for i in self._failures
                       if i.incident_class == IncidentClass.COLLECTIVE_HANG}
+        self._crashed = {(i.job_id, i.attempt): evidence_start(i) for i in self._failures
+                         if i.incident_class == IncidentClass.CRASH}
         self._last_health = float("-inf")
         straggler = self.engine.thresholds.straggler
         self._straggler_steps = 2 * straggler.window_steps + straggler.self_baseline_steps
@@ -317,12 +374,14 @@ class Follower:
             found.extend(self.engine.run_job(
                 telemetry.for_job(job), now, now, settled=self._settled, already=self.known,
                 hangs=progress_due or crash_due, stragglers=straggler_due,
-                straggler_last_steps=self._straggler_steps, hung=self._hung))
+                straggler_last_steps=self._straggler_steps, hung=self._hung, failed=self._crashed))
         self._failures.extend(i for i in found if i.incident_class in (IncidentClass.CRASH,
                                                                        IncidentClass.COLLECTIVE_HANG))
         for incident in found:
             if incident.incident_class == IncidentClass.COLLECTIVE_HANG:
                 self._hung.setdefault((incident.job_id, incident.attempt), incident.first_signal_ts)
+            elif incident.incident_class == IncidentClass.CRASH:
+                self._crashed.setdefault((incident.job_id, incident.attempt), evidence_start(incident))
         if health_due:
             self._last_health = tick
             settle = dt.timedelta(seconds=self.engine.thresholds.health.settle_s)

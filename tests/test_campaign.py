@@ -195,13 +195,7 @@ def test_sitecustomize_is_inert_outside_a_campaign(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------- the CI subset: real jobs
 
-CI_XFAIL = {
-    # seen after the issue-11 fixes were merged: the SIGSEGV is attributed and failed over right, but the same
-    # attempt also gets follow-on incidents (a straggler finding on the survivor's last steps and a "node silent"
-    # crash of the survivor's node) that are neither decided nor suppressed: one fault, three incidents
-    "ci-sigsegv": "issue 11 (left): follow-on straggler / node-silent incidents beside a crash in the same attempt",
-    "ci-stuck": "issue 11 (left): a follow-on node-silent crash of the stuck rank's node beside the hang's decision",
-}
+CI_XFAIL: dict[str, str] = {}  # issue 11 follow-ons fixed (tests/test_follow_on.py); none left
 
 _RUNS: dict[str, tuple] = {}
 

@@ -13,6 +13,8 @@ timer (StepTimer._begin_step, sections) and fires the plan's faults at the chose
     slow             sleep `params.extra_s` in section `params.section` (default forward) from `step` on
     nan              every module's output becomes NaN from `step` on (global forward hook): the loss, the
                      gradients and the weights go NaN as in a real divergence
+    loss_spike       a corrupt batch: the model's input is scaled by `params.factor` (default 1000) at `step` (to
+                     until_step when given): the loss spikes, the gradients with it
     skip_collective  the first `params.op` (default all_reduce) of group `params.group` (world | sub) at `step`
                      returns without running
     slow_checkpoint  TieredCheckpointer.save sleeps `params.extra_s` first (every rank that matches)
@@ -107,6 +109,17 @@ class WorkerInjector:
             if fault.kind == "slow_checkpoint" and self._active(fault):
                 self._log(fault, f"+{fault.params.get('extra_s', 5.0)} s per checkpoint")
                 time.sleep(float(fault.params.get("extra_s", 5.0)))
+
+    def spike_factor(self) -> float | None:
+        """The output scale of an active loss_spike fault (one step unless until_step says more)."""
+        if self.phase != "train" or self.step is None:
+            return None
+        for fault in self.faults:
+            if fault.kind != "loss_spike" or not self._mine(fault) or self.step < fault.step:
+                continue
+            if self.step < (fault.until_step if fault.until_step is not None else fault.step + 1):
+                return float(fault.params.get("factor", 1000.0))
+        return None
 
     def nan_active(self) -> bool:
         return self.phase == "train" and any(f.kind == "nan" and self._active(f) for f in self.faults)
@@ -205,7 +218,7 @@ def install_worker(plan: InjectionPlan, lab_dir: Path) -> WorkerInjector:
     _patch_timer(injector)
     _patch_checkpointer(injector)
     _patch_distributed(injector)
-    if any(f.kind == "nan" for f in injector.faults):
+    if any(f.kind in ("nan", "loss_spike") for f in injector.faults):
         _patch_modules(injector)
     return injector
 
@@ -270,7 +283,26 @@ def _patch_modules(injector: WorkerInjector) -> None:
             return output * float("nan")
         return None
 
+    depth = [0]  # module calls in progress: the outermost one is the model's forward
+
+    def corrupt(module, inputs):  # type: ignore[no-untyped-def]
+        depth[0] += 1
+        factor = injector.spike_factor() if depth[0] == 1 and module.training else None
+        if factor is None or not inputs or not isinstance(inputs[0], torch.Tensor):
+            return None
+        for fault in injector.faults:
+            if fault.kind == "loss_spike":
+                injector._log(fault, f"batch x{factor:g}")
+        return (inputs[0] * factor, *inputs[1:])
+
+    def leave(module, inputs, output):  # type: ignore[no-untyped-def]
+        depth[0] = max(0, depth[0] - 1)
+        return None
+
     torch.nn.modules.module.register_module_forward_hook(poison)
+    if any(f.kind == "loss_spike" for f in injector.faults):
+        torch.nn.modules.module.register_module_forward_pre_hook(corrupt)
+        torch.nn.modules.module.register_module_forward_hook(leave)
 
 
 def install_from_env() -> None:

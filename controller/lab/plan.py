@@ -25,7 +25,7 @@ ENV_DIR = environment.LAB_DIR.name
 
 # fault kinds carried out inside the training process (controller/lab/inject.py)
 WORKER_KINDS = frozenset({"exception", "signal", "abort", "stuck", "gil_hog", "oom", "gpu", "slow", "nan",
-                          "skip_collective", "slow_checkpoint"})
+                          "skip_collective", "slow_checkpoint", "loss_spike"})
 # fault kinds carried out by the runner when a rank reaches the step (controller/lab/actions.py)
 EXTERNAL_KINDS = frozenset({"external_signal", "node_loss", "agent_loss"})
 # not tied to a step: started beside the job by the runner

@@ -185,7 +185,7 @@ def latency_class(scenario: Scenario) -> str:
         return "hang"
     if first.incident_class == "straggler":
         return "slowdown"
-    if "nan" in kinds:
+    if kinds & {"nan", "loss_spike"}:
         return "data"
     return "crash"
 

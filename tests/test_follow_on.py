@@ -1,0 +1,188 @@
+"""One fault, one incident: what an attempt's ranks do after its primary failure, or after its training ended, is
+no new fault.
+
+The fixtures (tests/data/teardown/*) are the telemetry of real `faultlens campaign` runs (2 simulated nodes x 1
+rank, gloo, CPU, a loaded machine), one table segment each: a SIGSEGV failed over, a rank stuck outside a
+collective failed over as a hang, a node loss, a Python exception. In the first two, the final attempt trained
+to its last step and then one torchrun agent lost the rendezvous store in its exit barrier as the host's agent
+exited ("Failed to recv, got 0 bytes": torch logs it only after its workers SUCCEEDED). Live, that was once a
+`crash-node-silent` on a node that had finished, once a `crash-exception` on the other: a second incident for
+one fault, at end of job.
+
+Each store is replayed as the live follower sees it: cut at every moment a row landed (and just after), each cut
+attributed with the incidents reported so far carried over, as the Follower carries them. Across every cut the
+incidents must be exactly the fault's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from attribution.engine import Engine, attempt_failure_starts, is_follow_on
+from attribution.incident import Cause, Incident, IncidentClass
+from attribution.store import Store
+from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
+
+DATA = Path(__file__).parent / "data" / "teardown"
+
+# fixture -> the incidents of its fault: (attempt, class, rule prefix, culprit nodes)
+EXPECTED = {
+    "sigsegv": [(0, "crash", "crash-killed-by-signal", ("node-1",))],
+    "stuck": [(0, "collective_hang", "hang-", ("node-0",))],
+    "node-loss": [(0, "crash", "crash-node-", ("node-1",))],
+    "exception": [(0, "crash", "crash-exception", ("node-1",))],
+}
+
+
+def _load(name: str) -> Telemetry:
+    with Store(str(DATA / name)) as store:
+        telemetry = load_from_store(store)
+    no_samples = to_frame(None, "gpu_samples")[list(SAMPLE_COLUMNS)]  # the fixtures keep no GPU samples
+    return dataclasses.replace(telemetry, fetch_samples=lambda nodes, start, end: no_samples)
+
+
+def _visible(stamps: pd.Series) -> pd.Series:
+    """When a row can have landed: its own time, or the end of its second for a stamp truncated to the second
+    (torchrun's error files and reports carry whole seconds: the line was written up to a second later)."""
+    whole = (stamps == stamps.dt.floor("s"))
+    return stamps.where(~whole, stamps + pd.Timedelta(seconds=1))
+
+
+def _cut(telemetry: Telemetry, at: pd.Timestamp) -> Telemetry:
+    """What had landed by `at`."""
+    def upto(frame: pd.DataFrame, column: str = "ts") -> pd.DataFrame:
+        if frame.empty or column not in frame.columns:
+            return frame
+        return frame[_visible(frame[column]) <= at].reset_index(drop=True)
+
+    steps = telemetry.steps
+    steps = upto(steps, "end_ts" if "end_ts" in steps.columns else "ts")
+    collectives = telemetry.collectives
+    if collectives.num_rows and "ts" in collectives.column_names:
+        collectives = collectives.filter(pc.less_equal(collectives["ts"], pa.scalar(at.to_pydatetime(),
+                                                                                     collectives["ts"].type)))
+    return dataclasses.replace(telemetry, ranks=upto(telemetry.ranks), steps=steps,
+                               process_events=upto(telemetry.process_events), heartbeats=upto(telemetry.heartbeats),
+                               collectives=collectives)
+
+
+def _moments(telemetry: Telemetry) -> list[pd.Timestamp]:
+    """The cuts: every landing of a process_events row, just after it (the follower's settle) and two seconds on
+    (the rows that follow it), every rank's step timer closing, and a two-second grid for the passing of time
+    (hang detection)."""
+    events = _visible(telemetry.process_events["ts"].dropna())
+    beats = telemetry.heartbeats
+    closing = beats.loc[beats["closed"].fillna(False).astype(bool), "ts"] if "closed" in beats.columns else []
+    chosen = set(events) | {t + pd.Timedelta(seconds=0.35) for t in events} | \
+        {t + pd.Timedelta(seconds=2) for t in events} | set(closing)
+    first, last = min(chosen), max(chosen)
+    chosen |= set(pd.date_range(first, last, freq="3s"))
+    # instants within 0.1 s of one another: the first stands for them (the next cut sees the rest)
+    kept: list[pd.Timestamp] = []
+    for moment in sorted(chosen):
+        if not kept or moment - kept[-1] > pd.Timedelta(seconds=0.1):
+            kept.append(moment)
+    return kept
+
+
+def _replay(telemetry: Telemetry) -> dict[str, Incident]:
+    """Attribute every cut, carrying the reported incidents over as the live Follower does."""
+    engine = Engine()
+    reported: dict[str, Incident] = {}
+    hung: dict[tuple[str | None, int | None], dt.datetime] = {}
+    crashed: dict[tuple[str | None, int | None], dt.datetime] = {}
+    (job,) = telemetry.jobs
+    for at in _moments(telemetry):
+        view = _cut(telemetry, at).for_job(job)
+        now = at.to_pydatetime(warn=False)
+        for incident in engine.run_job(view, now, now, already=set(reported), hung=hung, failed=crashed):
+            if incident.incident_id in reported:
+                continue
+            reported[incident.incident_id] = incident
+            key = (incident.job_id, incident.attempt)
+            if incident.incident_class == IncidentClass.COLLECTIVE_HANG:
+                hung.setdefault(key, incident.first_signal_ts)
+            elif incident.incident_class == IncidentClass.CRASH:
+                crashed.setdefault(key, incident.first_signal_ts)
+    return reported
+
+
+def _shape(incidents: list[Incident]) -> list[tuple]:
+    return sorted((i.attempt, i.incident_class.value, i.rule, i.culprit_nodes) for i in incidents)
+
+
+def _matches(found: list[tuple], expected: list[tuple]) -> bool:
+    return len(found) == len(expected) and all(
+        f[0] == e[0] and f[1] == e[1] and f[2].startswith(e[2]) and f[3] == e[3]
+        for f, e in zip(found, sorted(expected), strict=True))
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_batch_pass_finds_one_incident_per_fault(name: str) -> None:
+    with Store(str(DATA / name)) as store:
+        from attribution.engine import attribute
+
+        found = _shape(attribute(store))
+    assert _matches(found, EXPECTED[name]), found
+
+
+@pytest.mark.parametrize("name", ["node-loss", "sigsegv", "stuck"])  # the exception's rows race nothing
+def test_live_every_cut_finds_one_incident_per_fault(name: str) -> None:
+    found = _shape(list(_replay(_load(name)).values()))
+    assert _matches(found, EXPECTED[name]), found
+
+
+@pytest.mark.parametrize("name", ["sigsegv", "stuck"])
+def test_the_end_of_job_store_error_is_real_and_after_every_rank_closed(name: str) -> None:
+    """The fixture holds what the test is about (the test cannot pass vacuously): the final attempt's torchrun
+    agent's DistNetworkError, after every rank of that attempt closed its step timer."""
+    telemetry = _load(name)
+    events = telemetry.process_events
+    last = int(events["attempt"].max())
+    errors = events[(events["attempt"] == last) & (events["kind"] == "comm_error")]
+    assert errors["message"].str.contains("Failed to recv, got 0 bytes").any()
+    beats = telemetry.heartbeats[telemetry.heartbeats["attempt"] == last]
+    closed = beats[beats["closed"].fillna(False).astype(bool)].groupby("rank")["ts"].min()
+    assert len(closed) == 2 and closed.max() < errors["ts"].min()
+
+
+def test_the_closed_heartbeats_are_what_ends_it() -> None:
+    """Without the heartbeats' closed flag (a job whose ranks never close their step timer), the same end-of-job
+    error is still not a node loss of a node whose agent exited 0; and with neither, it is a crash again: the
+    lifecycle evidence, not the error text, decides."""
+    telemetry = _load("stuck")
+    engine = Engine()
+    (job,) = telemetry.jobs
+    unclosed = dataclasses.replace(telemetry, heartbeats=telemetry.heartbeats.assign(closed=False)).for_job(job)
+    now = telemetry.as_of[job].to_pydatetime() if hasattr(telemetry.as_of[job], "to_pydatetime") else \
+        telemetry.as_of[job]
+    found = engine.run_job(unclosed, now, now)
+    assert all(i.rule != "crash-node-silent" for i in found), _shape(found)
+    assert any(i.attempt == 1 and i.incident_class == IncidentClass.CRASH for i in found), _shape(found)
+
+
+def test_a_slowdown_that_begins_after_the_crash_is_a_follow_on() -> None:
+    """A straggler finding of the crashed attempt that begins after its crash, its teardown or an agent's
+    non-zero exit is the failure's aftermath; one that began before it is its own fault."""
+    telemetry = _load("sigsegv")
+    (job,) = telemetry.jobs
+    starts = attempt_failure_starts(telemetry.for_job(job), [], None)
+    crash_at = starts[(job, 0)]
+    events = telemetry.process_events
+    agent_fail = events[(events["kind"] == "agent_exit") & (events["attempt"] == 0)
+                        & (events["exit_code"] != 0)]["ts"].min()
+    assert crash_at <= agent_fail
+    assert (job, 1) not in starts  # the healthy final attempt has no failure start
+    base = Incident(incident_id="s", incident_class=IncidentClass.STRAGGLER, cause=Cause.UNKNOWN,
+                    first_signal_ts=crash_at, detected_ts=crash_at, confidence=0.8, rule="straggler-single-rank",
+                    summary="", job_id=job, attempt=0)
+    assert is_follow_on(base, starts)
+    assert not is_follow_on(dataclasses.replace(base, first_signal_ts=crash_at - dt.timedelta(seconds=3)), starts)
+    assert not is_follow_on(dataclasses.replace(base, attempt=1), starts)
