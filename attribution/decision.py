@@ -18,8 +18,8 @@ from typing import Any
 
 import jsonschema
 
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from collectors.errors import FaultlensError
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.collectors.errors import FaultlensError
 
 SCHEMA_ID = "faultlens.decision/1"
 

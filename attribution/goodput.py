@@ -72,8 +72,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from attribution.store import Store
-from collectors.errors import FaultlensError
+from faultlens.attribution.store import Store
+from faultlens.collectors.errors import FaultlensError
 
 
 class GoodputError(ValueError, FaultlensError):

@@ -13,8 +13,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from attribution.incident import Cause
-from collectors.rule_loader import RuleFileError, field_error, load_rule_file, read_document
+from faultlens.attribution.incident import Cause
+from faultlens.collectors.rule_loader import RuleFileError, field_error, load_rule_file, read_document
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 CRASH_RULES_PATH = RULES_DIR / "crash.yaml"

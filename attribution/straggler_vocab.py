@@ -14,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from attribution.rulefile import RuleFileError, load_yaml_file
-from collectors import environment
+from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
+from faultlens.collectors import environment
 
 DEFAULT_VOCABULARY = Path(__file__).resolve().parents[1] / "rules" / "comm_ops.yaml"
 ENV_VOCABULARY = environment.SECTION_VOCABULARY.name

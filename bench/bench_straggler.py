@@ -65,11 +65,11 @@ def _best(fn, repeat: int) -> tuple[object, float, float]:
 
 
 def bench_scoring(cache: Path, nodes: int, steps: int, repeat: int) -> dict:
-    from attribution.rules import load_thresholds
-    from attribution.store import Store
-    from attribution.straggler import StragglerDetector
-    from attribution.telemetry import load_from_store, placements
-    from controller.simulate.straggler_cases import write_case
+    from faultlens.attribution.rules import load_thresholds
+    from faultlens.attribution.store import Store
+    from faultlens.attribution.straggler import StragglerDetector
+    from faultlens.attribution.telemetry import load_from_store, placements
+    from faultlens.controller.simulate.straggler_cases import write_case
 
     store = cache / f"sim-worker-{nodes}x8-{steps}"
     if not (store / "steps").exists():
@@ -106,9 +106,9 @@ def bench_whatif(cache: Path, reuse: Path | None = None) -> list[dict]:
     """Per slow case: the change the job measured when its slowness was removed (the same job before the slowness
     and after it was removed, steps_jobs.measured_step_time), the estimate with the data-parallel sync from the
     observed arrivals (now), and the pipeline model alone (whatif.sync_arrivals false: the estimate before)."""
-    from attribution.engine import Engine, attribute
-    from attribution.rules import load_thresholds
-    from collectors.xid_catalog import load_xid_catalog
+    from faultlens.attribution.engine import Engine, attribute
+    from faultlens.attribution.rules import load_thresholds
+    from faultlens.collectors.xid_catalog import load_xid_catalog
     from tests.torch_jobs.straggler_jobs import CASES, generate
 
     names = [n for n in CASES if not CASES[n].hog]

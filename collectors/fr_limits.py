@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from collectors import environment
-from collectors.errors import FaultlensError
+from faultlens.collectors import environment
+from faultlens.collectors.errors import FaultlensError
 
 
 def _env_int(variable: environment.EnvVar, default: int) -> int:

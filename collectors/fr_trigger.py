@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors import environment
-from collectors.atomic import atomic_write
-from collectors.safe_pickle import safe_loads
+from faultlens.collectors import environment
+from faultlens.collectors.atomic import atomic_write
+from faultlens.collectors.safe_pickle import safe_loads
 
 log = logging.getLogger(__name__)
 

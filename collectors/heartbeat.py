@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collectors import environment
-from collectors.atomic import atomic_write
+from faultlens.collectors import environment
+from faultlens.collectors.atomic import atomic_write
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from collectors.source import NodeIdentity
+    from faultlens.collectors.source import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ class HeartbeatSource:
         if not rows:
             return {}
         try:
-            from collectors.schema import rows_to_table  # here: the rank-side writer must not pull in pyarrow
+            from faultlens.collectors.schema import rows_to_table  # here: the rank-side writer must not pull in pyarrow
 
             table = rows_to_table("heartbeats", rows)
         except Exception as exc:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from collectors.rule_loader import RuleFileError, load_rule_file
+from faultlens.collectors.rule_loader import RuleFileError, load_rule_file
 
 DEFAULT_RULES_PATH = Path(__file__).resolve().parents[1] / "rules" / "process_errors.yaml"
 SUPPORTED_FORMAT_VERSIONS = (1,)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from collectors.gpu_backend import (
+from faultlens.collectors.gpu_backend import (
     EVENT_KINDS,
     SAMPLE_COLUMNS,
     BackendEvent,
@@ -27,9 +27,9 @@ from collectors.gpu_backend import (
     GpuLostError,
     GpuReading,
 )
-from collectors.pci import normalize_pci_bus_id
-from collectors.rule_loader import RuleFileError, field_error, read_document, validate
-from collectors.schema import TABLES
+from faultlens.collectors.pci import normalize_pci_bus_id
+from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
+from faultlens.collectors.schema import TABLES
 
 FORMAT_VERSION = 1
 

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from collectors.errors import FaultlensError
-from collectors.yaml_guard import read_yaml_text, safe_load_text
+from faultlens.collectors.errors import FaultlensError
+from faultlens.collectors.yaml_guard import read_yaml_text, safe_load_text
 
 
 class RuleFileError(ValueError, FaultlensError):

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from collectors import environment
+from faultlens.collectors import environment
 
 
 @runtime_checkable

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from collectors.errors import FaultlensError
-from collectors.schema import TABLES
+from faultlens.collectors.errors import FaultlensError
+from faultlens.collectors.schema import TABLES
 
 REQUIRED = ("rank", "step", "section", "start", "duration")
 OPTIONAL = ("node", "job_id", "attempt", "phase")

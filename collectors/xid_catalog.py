@@ -10,8 +10,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from collectors import environment
-from collectors.rule_loader import RuleFileError, field_error, read_document, validate
+from faultlens.collectors import environment
+from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
 
 DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
 XID_CATALOG_ENV = environment.XID_CATALOG.name  # a user's copy of rules/xid.yaml replaces the shipped one

@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from collectors.batches import rows_to_batch
-from collectors.dcgm import DcgmParser
-from collectors.source import NodeIdentity
+from faultlens.collectors.batches import rows_to_batch
+from faultlens.collectors.dcgm import DcgmParser
+from faultlens.collectors.source import NodeIdentity
 from tests.conftest import DATA_DIR
 
 NEW = DATA_DIR / "gpu" / "dcgm-exporter-new-names.prom"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from collectors import environment
+from faultlens.collectors import environment
 from tests.conftest import REPO_ROOT
 
 CODE_ROOTS = ("collectors", "attribution", "controller", "bench", "scripts")
@@ -53,7 +53,7 @@ def reads_outside_the_module(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_the_docs_page_is_generated_from_the_module():
     page = REPO_ROOT / "docs" / "environment.md"
-    assert page.read_text() == environment.markdown(), "regenerate: python -m collectors.environment > " \
+    assert page.read_text() == environment.markdown(), "regenerate: python -m faultlens.collectors.environment > " \
                                                        "docs/environment.md"
     for variable in environment.VARIABLES:
         assert variable.name.startswith("FAULTLENS_") and variable.meaning and variable.readers
@@ -67,7 +67,7 @@ def test_no_code_reads_a_faultlens_variable_except_through_the_module():
             continue
         for line, what in reads_outside_the_module(ast.parse(path.read_text(), str(path))):
             offenders.append(f"{relative}:{line}: {what}")
-    assert not offenders, "read these through collectors.environment:\n" + "\n".join(offenders)
+    assert not offenders, "read these through faultlens.collectors.environment:\n" + "\n".join(offenders)
 
 
 def test_the_check_finds_each_shape_of_read():
@@ -107,7 +107,7 @@ def test_reading_helpers(monkeypatch):
 
 
 def test_the_module_imports_nothing_heavy():
-    code = "import sys, collectors.environment; print(' '.join(sorted(sys.modules)))"
+    code = "import sys, faultlens.collectors.environment; print(' '.join(sorted(sys.modules)))"
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                 cwd=REPO_ROOT).stdout.split())
     assert not loaded & {"yaml", "pyarrow", "pydantic", "jsonschema", "numpy", "pandas", "torch", "fsspec"}

@@ -11,12 +11,12 @@ import sys
 
 import pytest
 
-from collectors.errors import FaultlensError
+from faultlens.collectors.errors import FaultlensError
 from tests.conftest import REPO_ROOT
 
 ROOMS = ("collectors", "attribution", "controller")
 # modules that need a real training process or optional packages to import
-SKIP = ("controller.demo.train", "controller.lab.jobs", "controller.lab.site")
+SKIP = ("faultlens.controller.demo.train", "faultlens.controller.lab.jobs", "faultlens.controller.lab.site")
 
 
 def _error_classes() -> list[type[BaseException]]:
@@ -39,9 +39,9 @@ def test_every_project_error_class_derives_from_faultlens_error():
 
 
 def test_callers_that_catch_the_builtin_bases_still_catch_them():
-    from collectors.layout import StoreError
-    from collectors.rule_loader import RuleFileError
-    from controller.hooks.base import HookError
+    from faultlens.collectors.layout import StoreError
+    from faultlens.collectors.rule_loader import RuleFileError
+    from faultlens.controller.hooks.base import HookError
 
     assert issubclass(StoreError, OSError) and issubclass(RuleFileError, ValueError)
     assert issubclass(HookError, RuntimeError)
@@ -49,9 +49,9 @@ def test_callers_that_catch_the_builtin_bases_still_catch_them():
 
 @pytest.mark.parametrize(("message", "code"), [("store s3://x: cannot list\n(a second line)", 2), ("gone", 3)])
 def test_the_cli_translates_any_faultlens_error_in_one_place(monkeypatch, capsys, tmp_path, message, code):
-    from attribution.store import QueryError
-    from controller.cli import main as cli_main
-    from controller.cli import store_cmds
+    from faultlens.attribution.store import QueryError
+    from faultlens.controller.cli import main as cli_main
+    from faultlens.controller.cli import store_cmds
 
     class Gone(FaultlensError):
         exit_code = 3
@@ -71,7 +71,7 @@ def test_an_error_no_command_catches_reaches_the_user_as_one_line(tmp_path):
     """`faultlens jobs` on a store path that is a file: the store's own error, no traceback, exit 2."""
     not_a_store = tmp_path / "store"
     not_a_store.write_text("a file")
-    result = subprocess.run([sys.executable, "-m", "controller.cli.main", "incident", "x", "--store",
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "incident", "x", "--store",
                              str(not_a_store)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert "Traceback" not in result.stderr
     assert result.returncode == 2, result.stderr

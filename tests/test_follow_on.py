@@ -25,10 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from attribution.engine import Engine, attempt_failure_starts, is_follow_on
-from attribution.incident import Cause, Incident, IncidentClass
-from attribution.store import Store
-from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
+from faultlens.attribution.engine import Engine, attempt_failure_starts, is_follow_on
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.store import Store
+from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
 
 DATA = Path(__file__).parent / "data" / "teardown"
 
@@ -127,7 +127,7 @@ def _matches(found: list[tuple], expected: list[tuple]) -> bool:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_a_batch_pass_finds_one_incident_per_fault(name: str) -> None:
     with Store(str(DATA / name)) as store:
-        from attribution.engine import attribute
+        from faultlens.attribution.engine import attribute
 
         found = _shape(attribute(store))
     assert _matches(found, EXPECTED[name]), found

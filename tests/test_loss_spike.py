@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from attribution.engine import attribute
-from attribution.incident import Cause, IncidentClass
-from attribution.policy import DecisionPolicy, load_policy
-from attribution.store import Store
-from controller.checkpoints.catalog import CheckpointCatalog
-from controller.checkpoints.tiers import Tier, TierKind
-from controller.lab.plan import FaultSpec, InjectionPlan
-from controller.lab.runner import SITE_DIR
-from controller.lab.scenarios import REPO_ROOT
+from faultlens.attribution.engine import attribute
+from faultlens.attribution.incident import Cause, IncidentClass
+from faultlens.attribution.policy import DecisionPolicy, load_policy
+from faultlens.attribution.store import Store
+from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+from faultlens.controller.checkpoints.tiers import Tier, TierKind
+from faultlens.controller.lab.plan import FaultSpec, InjectionPlan
+from faultlens.controller.lab.runner import SITE_DIR
+from faultlens.controller.lab.scenarios import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "controller" / "lab" / "jobs" / "ddp_train.py"
 SPIKE_STEP = 14

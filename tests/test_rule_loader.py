@@ -9,16 +9,16 @@ import sys
 
 import pytest
 
-from attribution.policy import load_policy
-from attribution.rules import load_crash_rules, load_thresholds
-from attribution.straggler_vocab import load_vocabulary
-from collectors.errors import FaultlensError
-from collectors.process_rules import load_process_rules
-from collectors.recorded_backend import load_timeline
-from collectors.rule_loader import RuleFileError
-from collectors.xid_catalog import load_xid_catalog
-from controller.hooks.config import load_hooks
-from controller.lab.scenarios import load_campaign
+from faultlens.attribution.policy import load_policy
+from faultlens.attribution.rules import load_crash_rules, load_thresholds
+from faultlens.attribution.straggler_vocab import load_vocabulary
+from faultlens.collectors.errors import FaultlensError
+from faultlens.collectors.process_rules import load_process_rules
+from faultlens.collectors.recorded_backend import load_timeline
+from faultlens.collectors.rule_loader import RuleFileError
+from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.controller.hooks.config import load_hooks
+from faultlens.controller.lab.scenarios import load_campaign
 from tests.conftest import REPO_ROOT
 
 RULES = REPO_ROOT / "rules"
@@ -86,7 +86,7 @@ def test_not_yaml_and_missing_files_have_the_same_shape_in_every_loader(tmp_path
 def test_cli_prints_a_policy_mistake_as_one_line_and_exits_2(tmp_path, store_dir):
     path = tmp_path / "policy.yaml"
     path.write_text((RULES / "policy.yaml").read_text().replace("when: {class: [health]}", "when: {class: [crsh]}", 1))
-    result = subprocess.run([sys.executable, "-m", "controller.cli.main", "decide", "--store", str(store_dir),
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "decide", "--store", str(store_dir),
                              "--policy", str(path)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()

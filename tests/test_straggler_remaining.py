@@ -11,10 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attribution.store import Store
-from attribution.straggler import remaining_time
-from collectors.sink import SegmentSink
-from collectors.step_timer import RankIdentity, StepTimer
+from faultlens.attribution.store import Store
+from faultlens.attribution.straggler import remaining_time
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.step_timer import RankIdentity, StepTimer
 
 
 def ranks_rows(store_dir: Path, monkeypatch: pytest.MonkeyPatch, env: str | None, **kwargs) -> list[dict]:
@@ -58,7 +58,7 @@ def test_remaining_time_from_the_declared_length() -> None:
 
 
 def test_faultlens_run_passes_total_steps_to_the_ranks() -> None:
-    from controller.cli.run_cmds import register
+    from faultlens.controller.cli.run_cmds import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attribution.straggler_layout import build_layout
-from attribution.straggler_whatif import StepModel, what_if
+from faultlens.attribution.straggler_layout import build_layout
+from faultlens.attribution.straggler_whatif import StepModel, what_if
 
 STEPS = 12
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonschema
 
-from collectors.errors import FaultlensError
+from faultlens.collectors.errors import FaultlensError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "faultlens.shards/1"

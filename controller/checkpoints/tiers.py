@@ -15,8 +15,8 @@ from typing import Any
 
 import fsspec
 
-from attribution.rulefile import RuleFileError, load_yaml_file
-from collectors.errors import FaultlensError
+from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
+from faultlens.collectors.errors import FaultlensError
 
 
 class TierKind(StrEnum):

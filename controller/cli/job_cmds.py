@@ -8,10 +8,10 @@ import collections
 import datetime as dt
 import sys
 
-from collectors.process_events import CollectResult, EventContext, collect_paths
-from collectors.process_rules import load_process_rules
-from collectors.sink import SegmentSink
-from controller.cli.common import CliError, add_store_arg
+from faultlens.collectors.process_events import CollectResult, EventContext, collect_paths
+from faultlens.collectors.process_rules import load_process_rules
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.cli.common import CliError, add_store_arg
 
 
 def register_ingest(kinds: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from controller.cli.common import CliError, add_store_arg, emit, json_default
+from faultlens.controller.cli.common import CliError, add_store_arg, emit, json_default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from controller.simulate import SimConfig, simulate
+    from faultlens.controller.simulate import SimConfig, simulate
 
     try:
         start = dt.datetime.fromisoformat(args.start)
@@ -77,7 +77,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                     sample_seconds=args.sample_seconds, faults_per_day=args.faults_per_day,
                     stragglers_per_day=args.stragglers_per_day, benign_per_day=args.benign_per_day,
                     fault_sequence=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
-    from controller.cli.progress import progress
+    from faultlens.controller.cli.progress import progress
 
     with progress(f"simulating {cfg.hours:g} h on {cfg.nodes} nodes", total=1.0) as task:
         result = simulate(cfg, store, args.labels, progress=lambda share: task.update(completed=share))
@@ -102,13 +102,13 @@ def _replay_progress(detection) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from attribution.evaluate import evaluate, load_decider, load_incidents, report_rows
-    from attribution.fault_labels import read_labels
-    from attribution.store import Store
+    from faultlens.attribution.evaluate import evaluate, load_decider, load_incidents, report_rows
+    from faultlens.attribution.fault_labels import read_labels
+    from faultlens.attribution.store import Store
 
     labels = read_labels(args.labels)
     store = Store(args.store)
-    from controller.cli.progress import progress
+    from faultlens.controller.cli.progress import progress
 
     with store:
         with progress("reading incidents (or attributing the store when it has none)"):
@@ -118,8 +118,8 @@ def run_eval(args: argparse.Namespace) -> int:
             labels = [label for label in labels if label.job_id in (None, args.job)]
         replay = None
         if args.replay:
-            from attribution.evaluate import stands_for
-            from attribution.replay import replay_faults
+            from faultlens.attribution.evaluate import stands_for
+            from faultlens.attribution.replay import replay_faults
 
             with progress("replaying each fault through the live engine", total=len(labels)) as task:
                 def step(detection) -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controller.cli.common import CliError, add_store_arg, json_default
+from faultlens.controller.cli.common import CliError, add_store_arg, json_default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,14 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store(args: argparse.Namespace, jobs: list[str] | None = None):
-    from attribution.store import Store
+    from faultlens.attribution.store import Store
 
     return Store(args.store, jobs=jobs)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from controller.cli.render import render_table, render_text
-    from controller.report.data import list_jobs
+    from faultlens.controller.cli.render import render_table, render_text
+    from faultlens.controller.report.data import list_jobs
 
     with _store(args) as store:
         rows = list_jobs(store, with_ettr=not args.no_ettr)
@@ -74,7 +74,7 @@ def _offset(value: dt.datetime | None, origin: dt.datetime | None) -> str:
 
 def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) lines of the incident view, in reading order."""
-    from controller.cli.describe import culprit_text, restore_text
+    from faultlens.controller.cli.describe import culprit_text, restore_text
 
     lines: list[tuple[str, str]] = []
     first, detected = incident.get("first_signal_ts"), incident.get("detected_ts")
@@ -118,8 +118,8 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def cmd_incident(args: argparse.Namespace) -> int:
-    from controller.cli.render import output_width, render_text
-    from controller.report.data import find_incident_id, load_incident
+    from faultlens.controller.cli.render import output_width, render_text
+    from faultlens.controller.report.data import find_incident_id, load_incident
 
     with _store(args) as store:
         incident = load_incident(store, find_incident_id(store, args.incident_id))
@@ -139,7 +139,7 @@ def cmd_incident(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from controller.report.html import write_report
+    from faultlens.controller.report.html import write_report
 
     output = Path(args.output or f"report-{args.job}.html")
     try:

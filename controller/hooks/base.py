@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from attribution.decision import Decision
-from collectors.errors import FaultlensError
+from faultlens.attribution.decision import Decision
+from faultlens.collectors.errors import FaultlensError
 
 
 class HookError(RuntimeError, FaultlensError):

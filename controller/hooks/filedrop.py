@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attribution.decision import Decision
-from collectors.atomic import atomic_write
-from controller.hooks.base import HookError, RetryPolicy
+from faultlens.attribution.decision import Decision
+from faultlens.collectors.atomic import atomic_write
+from faultlens.controller.hooks.base import HookError, RetryPolicy
 
 
 class FileDropHook:

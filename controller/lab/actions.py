@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from collectors import environment
-from controller.lab.plan import FaultSpec, log_injection
+from faultlens.collectors import environment
+from faultlens.controller.lab.plan import FaultSpec, log_injection
 
 HOG_CODE = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"
 

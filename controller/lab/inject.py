@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collectors import environment
-from controller.lab.plan import EXTERNAL_KINDS, FaultSpec, InjectionPlan, log_injection, write_json
+from faultlens.collectors import environment
+from faultlens.controller.lab.plan import EXTERNAL_KINDS, FaultSpec, InjectionPlan, log_injection, write_json
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def install_worker(plan: InjectionPlan, lab_dir: Path) -> WorkerInjector:
 
 
 def _patch_timer(injector: WorkerInjector) -> None:
-    from collectors import step_timer
+    from faultlens.collectors import step_timer
 
     begin, enter = step_timer.StepTimer._begin_step, step_timer._Section.__enter__
 
@@ -242,7 +242,7 @@ def _patch_timer(injector: WorkerInjector) -> None:
 
 
 def _patch_checkpointer(injector: WorkerInjector) -> None:
-    from controller.checkpoints import tiered
+    from faultlens.controller.checkpoints import tiered
 
     save = tiered.TieredCheckpointer.save
 
@@ -316,7 +316,7 @@ def install_from_env() -> None:
             if plan is not None:
                 install_worker(plan, Path(lab))
         elif not environment.NODE.is_set() and environment.LAB_SUPERVISOR.raw() == "1":
-            from controller.lab.nvml import install_supervisor_gpus
+            from faultlens.controller.lab.nvml import install_supervisor_gpus
 
             plan = InjectionPlan.from_env()
             if plan is not None:

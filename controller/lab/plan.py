@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors import environment
-from collectors.atomic import atomic_write
+from faultlens.collectors import environment
+from faultlens.collectors.atomic import atomic_write
 
 ENV_PLAN = environment.LAB_PLAN.name
 ENV_DIR = environment.LAB_DIR.name

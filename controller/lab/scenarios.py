@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.rule_loader import RuleFileError, read_document
-from controller.lab.plan import FAULT_KINDS, FaultSpec
+from faultlens.collectors.rule_loader import RuleFileError, read_document
+from faultlens.controller.lab.plan import FAULT_KINDS, FaultSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIOS = REPO_ROOT / "rules" / "campaign.yaml"

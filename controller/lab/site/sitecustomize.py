@@ -2,7 +2,7 @@
 scenario (controller/lab/inject.py). Outside a campaign (no FAULTLENS_LAB_DIR) it does nothing."""
 
 try:
-    from collectors.environment import LAB_DIR
+    from faultlens.collectors.environment import LAB_DIR
 
     _IN_CAMPAIGN = bool(LAB_DIR.get())
 except ImportError:  # not a campaign's process: faultlens is not importable here
@@ -10,7 +10,7 @@ except ImportError:  # not a campaign's process: faultlens is not importable her
 
 if _IN_CAMPAIGN:
     try:
-        from controller.lab.inject import install_from_env
+        from faultlens.controller.lab.inject import install_from_env
 
         install_from_env()
     except Exception as exc:  # never break a process over the campaign's instrument
