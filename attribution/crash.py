@@ -38,10 +38,10 @@ from typing import Any
 
 import pandas as pd
 
-from attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.rules import CrashRules
-from attribution.telemetry import Placement, Telemetry, placements
+from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.rules import CrashRules
+from faultlens.attribution.telemetry import Placement, Telemetry, placements
 
 FAILURE_KINDS = {"exit", "exception", "oom", "comm_error", "watchdog_timeout", "signal"}
 SIGNALS_BY_NUMBER = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",

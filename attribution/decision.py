@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonschema
 
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 
 SCHEMA_ID = "faultlens.decision/1"
 

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from attribution.maintenance import stale_temps
-from attribution.segment_check import check_segment, deep_check
-from collectors.layout import StoreLocation, list_partitions, list_segments, probe_store, resolve_store
-from collectors.schema import TABLE_NAMES
+from faultlens.attribution.maintenance import stale_temps
+from faultlens.attribution.segment_check import check_segment, deep_check
+from faultlens.collectors.layout import StoreLocation, list_partitions, list_segments, probe_store, resolve_store
+from faultlens.collectors.schema import TABLE_NAMES
 
 QUARANTINE_DIR = "_quarantine"
 

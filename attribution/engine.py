@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
-from attribution.crash import CrashAttributor, HangTrigger
-from attribution.hardware import XidCatalogLike, default_xid_catalog
-from attribution.health import HealthMonitor
-from attribution.incident import Evidence, Incident, IncidentClass
-from attribution.loss import LossMonitor
-from attribution.progress import (
+from faultlens.attribution.crash import CrashAttributor, HangTrigger
+from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
+from faultlens.attribution.health import HealthMonitor
+from faultlens.attribution.incident import Evidence, Incident, IncidentClass
+from faultlens.attribution.loss import LossMonitor
+from faultlens.attribution.progress import (
     DumpRequester,
     HangAnalyzer,
     HangAttributor,
@@ -37,13 +37,13 @@ from attribution.progress import (
     latest_dump_set,
     suspect_from_trigger,
 )
-from attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
-from attribution.store import Store
-from attribution.straggler import StragglerDetector
-from attribution.tail import NewSegment, SegmentTail
-from attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
-from collectors.layout import StoreLocation, safe_value
-from collectors.sink import SegmentSink
+from faultlens.attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
+from faultlens.attribution.store import Store
+from faultlens.attribution.straggler import StragglerDetector
+from faultlens.attribution.tail import NewSegment, SegmentTail
+from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
+from faultlens.collectors.layout import StoreLocation, safe_value
+from faultlens.collectors.sink import SegmentSink
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
-from attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
 
 BEFORE_SLACK = dt.timedelta(seconds=30)
 AFTER_SLACK = dt.timedelta(seconds=300)
@@ -107,7 +107,7 @@ class Match:
     incident: Incident | None
     decision: DecisionView | None = None
     duplicates: tuple[Incident, ...] = ()
-    replay_detected_at: dt.datetime | None = None  # from a live replay (attribution.replay), when one ran
+    replay_detected_at: dt.datetime | None = None  # from a live replay (faultlens.attribution.replay), when one ran
 
     @property
     def detected_at(self) -> dt.datetime | None:
@@ -317,7 +317,7 @@ def evaluate(labels: Sequence[FaultLabel], incidents: Sequence[Incident], *, dec
              replay: Mapping[str, dt.datetime | None] | None = None) -> EvalReport:
     """Score `incidents` against `labels`. `decide` gives the decision for an incident (default: DESIGN.md
     rules); `decisions_source` names where decisions come from, for the report. `replay` (fault id -> simulated
-    detection time from attribution.replay) replaces the incidents' detected_ts for latency."""
+    detection time from faultlens.attribution.replay) replaces the incidents' detected_ts for latency."""
     decide = decide or design_rules
     matches, false_alarms = match(labels, incidents)
     replay_times = replay or {}
@@ -467,23 +467,23 @@ class EvalError(RuntimeError):
 
 def load_incidents(store: Any, *, job: str | None = None, rerun: bool = False) -> tuple[list[Incident], str]:
     """The incidents to score: the store's incidents table when it has rows (and rerun is False), else what the
-    engine (attribution.engine.attribute) finds now. Returns (incidents, where they came from)."""
+    engine (faultlens.attribution.engine.attribute) finds now. Returns (incidents, where they came from)."""
     if not rerun:
         where = " WHERE job_id = ?" if job else ""
         table = store.query(f'SELECT * FROM "incidents"{where}', [job] if job else None)
         if table.num_rows:
             return incidents_from_rows(table.to_pylist()), "incidents table"
     try:
-        from attribution.engine import attribute
+        from faultlens.attribution.engine import attribute
     except ImportError as exc:
         raise EvalError("the store has no incidents and the attribution engine is not available "
-                        f"(attribution.engine: {exc})") from None
+                        f"(faultlens.attribution.engine: {exc})") from None
     return list(attribute(store, job=job)), "engine run"
 
 
 def load_decider(store: Any, incidents: Sequence[Incident] = ()) -> tuple[DecideFn, str]:
     """Decisions for incidents: the decisions table when it holds some, else the decision policy
-    (attribution.policy.DecisionPolicy with rules/policy.yaml, applied to the incidents in the order they began,
+    (faultlens.attribution.policy.DecisionPolicy with rules/policy.yaml, applied to the incidents in the order they began,
     each seeing the ones before it as the job's history), else the DESIGN.md rules."""
     table = store.query('SELECT incident_id, action, exclude_nodes, rule FROM "decisions" ORDER BY ts')
     if table.num_rows:
@@ -496,11 +496,11 @@ def load_decider(store: Any, incidents: Sequence[Incident] = ()) -> tuple[Decide
 
         return from_table, "decisions table"
     try:
-        from attribution.policy import DecisionPolicy
+        from faultlens.attribution.policy import DecisionPolicy
     except ImportError:
         return design_rules, "design-rules (no decision policy available)"
     decided = decide_in_order(DecisionPolicy, incidents)
-    return (lambda incident: decided.get(incident.incident_id, DecisionView("none"))), "attribution.policy"
+    return (lambda incident: decided.get(incident.incident_id, DecisionView("none"))), "faultlens.attribution.policy"
 
 
 class _EvalHistory:

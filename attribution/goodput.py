@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from attribution.store import Store
+from faultlens.attribution.store import Store
 
 
 class GoodputError(ValueError):

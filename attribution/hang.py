@@ -79,7 +79,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from attribution._hang_kernels import combine_signatures, row_signatures
+from faultlens.attribution._hang_kernels import combine_signatures, row_signatures
 
 
 class HangVerdict(StrEnum):
@@ -246,7 +246,7 @@ class _Analysis:
     evidence: list[str] = field(default_factory=list)
     history: Any = None  # rank -> (seqs, groups, index of first incomplete) in record order
     incomplete: set[int] = field(default_factory=set)  # ranks with an entry not completed (inside a collective)
-    where: dict[int, Any] = field(default_factory=dict)  # rank -> collectors.pystack.Whereabouts, from stacks
+    where: dict[int, Any] = field(default_factory=dict)  # rank -> faultlens.collectors.pystack.Whereabouts, from stacks
     key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
     device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
 
@@ -414,11 +414,11 @@ STACKS_METADATA_KEY = b"faultlens.stacks"
 
 
 def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
-    """The table with the ranks' Python stacks (collectors.pystack.ProcessStack) in its schema metadata, so that a
+    """The table with the ranks' Python stacks (faultlens.collectors.pystack.ProcessStack) in its schema metadata, so that a
     dump requester can hand them to the analysis together with the rows."""
     import json
 
-    from collectors.pystack import stack_to_json
+    from faultlens.collectors.pystack import stack_to_json
 
     if not stacks:
         return table
@@ -430,7 +430,7 @@ def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
 def stacks_from_metadata(table: pa.Table) -> dict[int, Any]:
     import json
 
-    from collectors.pystack import parse_py_spy
+    from faultlens.collectors.pystack import parse_py_spy
 
     raw = (table.schema.metadata or {}).get(STACKS_METADATA_KEY)
     if not raw:
@@ -454,7 +454,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
                         stacks: Mapping[int, Any] | None = None) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
-    stacks: rank -> collectors.pystack.ProcessStack (py-spy), where taken; default: the table's schema metadata
+    stacks: rank -> faultlens.collectors.pystack.ProcessStack (py-spy), where taken; default: the table's schema metadata
     `faultlens.stacks` (attach_stacks), else none. They name where a culprit that never joined is, and give the
     send/recv waits that gloo does not record.
 
@@ -722,7 +722,7 @@ def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
 def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
     """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not record) waits on
     its peer: an edge of the wait-for graph the trace alone cannot show."""
-    from collectors.pystack import StackPlace, where
+    from faultlens.collectors.pystack import StackPlace, where
 
     for rank, stack in stacks.items():
         rank = int(rank)

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from attribution.incident import Cause, Evidence
-from attribution.rules import CrashRules
-from attribution.telemetry import Placement
+from faultlens.attribution.incident import Cause, Evidence
+from faultlens.attribution.rules import CrashRules
+from faultlens.attribution.telemetry import Placement
 
 
 class XidInfoLike(Protocol):
@@ -32,7 +32,7 @@ class XidCatalogLike(Protocol):
 
 def default_xid_catalog() -> XidCatalogLike:
     """The catalog in rules/xid.yaml, through collectors/xid_catalog.py."""
-    from collectors.xid_catalog import load_xid_catalog
+    from faultlens.collectors.xid_catalog import load_xid_catalog
 
     return load_xid_catalog()
 

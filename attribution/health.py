@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 import pandas as pd
 
-from attribution.hardware import XidCatalogLike, as_datetime, describe_gpu_event, hardware_cause
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.rules import CrashRules, HealthThresholds
+from faultlens.attribution.hardware import XidCatalogLike, as_datetime, describe_gpu_event, hardware_cause
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.rules import CrashRules, HealthThresholds
 
 
 class HealthMonitor:

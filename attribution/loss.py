@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attribution.hardware import as_datetime
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.rules import LossThresholds
-from attribution.telemetry import Telemetry
+from faultlens.attribution.hardware import as_datetime
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.rules import LossThresholds
+from faultlens.attribution.telemetry import Telemetry
 
 
 @dataclass(frozen=True)

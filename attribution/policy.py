@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from attribution.decision import Action, Decision, Restore
-from attribution.incident import Cause, Incident, IncidentClass
-from attribution.rulefile import RuleFileError, load_yaml_file
-from attribution.straggler_policy import SLOWDOWN_SCHEMA, SlowdownPolicy, slowdown_action, slowdown_gate
+from faultlens.attribution.decision import Action, Decision, Restore
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
+from faultlens.attribution.straggler_policy import SLOWDOWN_SCHEMA, SlowdownPolicy, slowdown_action, slowdown_gate
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parents[1] / "rules" / "policy.yaml"
 
@@ -278,7 +278,7 @@ class NoHistory:
 
 
 class StoreHistory:
-    """PolicyHistory over a faultlens store (attribution.store.Store): incidents, decisions and ranks tables.
+    """PolicyHistory over a faultlens store (faultlens.attribution.store.Store): incidents, decisions and ranks tables.
     Every call refreshes the listing of the tables it reads, so a live policy sees rows written since."""
 
     def __init__(self, store: Any) -> None:

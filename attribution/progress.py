@@ -15,7 +15,7 @@ startup floor counts as a stall.
 
 A suspect (from progress, or from collective-timeout errors in process_events) then gets a flight-recorder dump
 request through a callable the caller passes in, and the dump set's collectives go through the hang analysis
-(attribution.hang.analyze_collectives). Its culprit ranks are mapped to nodes and GPUs through the ranks table.
+(faultlens.attribution.hang.analyze_collectives). Its culprit ranks are mapped to nodes and GPUs through the ranks table.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from attribution.crash import teardown_starts
-from attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.rules import CrashRules, ProgressThresholds
-from attribution.telemetry import Placement, Telemetry, placements
+from faultlens.attribution.crash import teardown_starts
+from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.rules import CrashRules, ProgressThresholds
+from faultlens.attribution.telemetry import Placement, Telemetry, placements
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ HangAnalyzer = Callable[[pa.Table, Sequence[int] | None], Any]
 
 
 def default_analyzer() -> HangAnalyzer:
-    from attribution.hang import analyze_collectives
+    from faultlens.attribution.hang import analyze_collectives
 
     return analyze_collectives
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from attribution.fault_labels import FaultLabel
-from attribution.incident import Incident
-from attribution.store import Store
-from collectors.layout import partition_dir, resolve_store, write_segment
+from faultlens.attribution.fault_labels import FaultLabel
+from faultlens.attribution.incident import Incident
+from faultlens.attribution.store import Store
+from faultlens.collectors.layout import partition_dir, resolve_store, write_segment
 
 REPLAY_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
 # (seconds after the fault's onset, poll increment): fine-grained first, coarser while waiting for stragglers
@@ -74,7 +74,7 @@ def replay_fault(source: Store, label: FaultLabel, stands_for: Callable[[Inciden
                  workdir: str | Path, history_s: float = 1800.0, after_s: float = 120.0, max_wait_s: float = 1800.0,
                  schedule: Sequence[tuple[float, float]] = DEFAULT_SCHEDULE) -> ReplayDetection:
     """Replay the telemetry around one fault through a fresh Follower; see the module docstring."""
-    from attribution.engine import Follower  # the engine is optional for the rest of the evaluator
+    from faultlens.attribution.engine import Follower  # the engine is optional for the rest of the evaluator
 
     onset = label.window_start
     low = onset - dt.timedelta(seconds=history_s)

@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from collectors.yaml_guard import read_yaml_text, safe_load_text
+from faultlens.collectors.yaml_guard import read_yaml_text, safe_load_text
 
 
 class RuleFileError(ValueError):

@@ -14,8 +14,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from attribution.incident import Cause
-from collectors.yaml_guard import load_yaml_path, read_yaml_text, safe_load_text
+from faultlens.attribution.incident import Cause
+from faultlens.collectors.yaml_guard import load_yaml_path, read_yaml_text, safe_load_text
 
 RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
 CRASH_RULES_PATH = RULES_DIR / "crash.yaml"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collectors.layout import StoreLocation
-from collectors.schema import METADATA_TABLE_KEY, schema_for
+from faultlens.collectors.layout import StoreLocation
+from faultlens.collectors.schema import METADATA_TABLE_KEY, schema_for
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from attribution.segment_check import BadSegment, check_segment, deep_check
-from collectors.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
-from collectors.schema import TABLE_NAMES, empty_table, schema_for
+from faultlens.attribution.segment_check import BadSegment, check_segment, deep_check
+from faultlens.collectors.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
+from faultlens.collectors.schema import TABLE_NAMES, empty_table, schema_for
 
 log = logging.getLogger("faultlens.store")
 _MAX_BAD_PER_QUERY = 64  # segments found broken while a query reads them (footer fine, data pages not)

@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from attribution.hardware import as_datetime, row_identifies_gpu, same_gpu
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.rules import StragglerThresholds
-from attribution.straggler_decompose import Decomposition, decompose, nanmedian, robust_z, rolling_sum
-from attribution.straggler_layout import Layout, build_layout
-from attribution.straggler_vocab import SectionKind, Vocabulary, load_vocabulary
-from attribution.straggler_whatif import StepModel, WhatIf, what_if
-from attribution.telemetry import SECTION_PREFIX, Placement, Telemetry, placements, section_columns
+from faultlens.attribution.hardware import as_datetime, row_identifies_gpu, same_gpu
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.rules import StragglerThresholds
+from faultlens.attribution.straggler_decompose import Decomposition, decompose, nanmedian, robust_z, rolling_sum
+from faultlens.attribution.straggler_layout import Layout, build_layout
+from faultlens.attribution.straggler_vocab import SectionKind, Vocabulary, load_vocabulary
+from faultlens.attribution.straggler_whatif import StepModel, WhatIf, what_if
+from faultlens.attribution.telemetry import SECTION_PREFIX, Placement, Telemetry, placements, section_columns
 
 SYSTEMIC_MIN_NODES = 3
 MAX_PEER_NODES = 63  # peers whose GPU samples are compared with the culprit's

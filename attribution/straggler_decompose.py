@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from attribution.rules import StragglerThresholds
-from attribution.straggler_layout import Layout
+from faultlens.attribution.rules import StragglerThresholds
+from faultlens.attribution.straggler_layout import Layout
 
 MAD_SCALE = 1.4826
 

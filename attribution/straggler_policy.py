@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from attribution.decision import Action, Decision
-from attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.decision import Action, Decision
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
 
 if TYPE_CHECKING:
-    from attribution.policy import DecisionPolicy
+    from faultlens.attribution.policy import DecisionPolicy
 
 _SECONDS = {"type": "number", "minimum": 0}
 SLOWDOWN_SCHEMA: dict[str, Any] = {

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from attribution.rulefile import RuleFileError, load_yaml_file
+from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
 
 DEFAULT_VOCABULARY = Path(__file__).resolve().parents[1] / "rules" / "comm_ops.yaml"
 ENV_VOCABULARY = "FAULTLENS_SECTION_VOCABULARY"

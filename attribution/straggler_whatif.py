@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attribution.straggler_layout import Layout
+from faultlens.attribution.straggler_layout import Layout
 
 MAX_MICROBATCHES = 64
 

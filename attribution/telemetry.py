@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from collectors.schema import TABLES, empty_table
+from faultlens.collectors.schema import TABLES, empty_table
 
 SECTION_PREFIX = "sec:"
 SAMPLE_COLUMNS = ("ts", "node", "gpu_index", "gpu_uuid", "pci_bus_id", "temp_c", "hbm_temp_c", "power_w",
@@ -202,7 +202,7 @@ def _in_list(values: Iterable[str]) -> str:
 
 
 def load_from_store(store: object, job: str | None = None) -> Telemetry:
-    """Read what attribution needs from a Store (attribution.store.Store); GPU samples are fetched on demand."""
+    """Read what attribution needs from a Store (faultlens.attribution.store.Store); GPU samples are fetched on demand."""
     query = store.query  # type: ignore[attr-defined]
     where = "WHERE job_id = ?" if job is not None else "WHERE job_id IS NOT NULL"
     params = [job] if job is not None else None

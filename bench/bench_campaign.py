@@ -52,9 +52,9 @@ def write_section(docs: Path, body: str) -> None:
 
 
 def main() -> int:
-    from controller.lab.campaign import interleave, run_campaign
-    from controller.lab.report import markdown
-    from controller.lab.scenarios import DEFAULT_SCENARIOS, load_campaign
+    from faultlens.controller.lab.campaign import interleave, run_campaign
+    from faultlens.controller.lab.report import markdown
+    from faultlens.controller.lab.scenarios import DEFAULT_SCENARIOS, load_campaign
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS))

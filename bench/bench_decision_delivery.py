@@ -16,11 +16,11 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.policy import DecisionPolicy, load_policy
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.policy import DecisionPolicy, load_policy
 from bench.common import emit, machine
-from controller.delivery import Deliverer
-from controller.hooks import RetryPolicy, WebhookHook, sign
+from faultlens.controller.delivery import Deliverer
+from faultlens.controller.hooks import RetryPolicy, WebhookHook, sign
 
 
 class _Handler(BaseHTTPRequestHandler):

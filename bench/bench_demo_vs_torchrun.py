@@ -73,7 +73,7 @@ class AttemptSteps:
 
 def read_steps(store: str, job_id: str) -> dict[int, AttemptSteps]:
     """attempt -> its completed train steps and their duration (median over the ranks that recorded them)."""
-    from attribution.store import Store
+    from faultlens.attribution.store import Store
 
     with Store(store, jobs=[job_id]) as reader:
         rows = reader.query("SELECT attempt, step, median(duration_s) AS duration_s FROM steps "
@@ -163,13 +163,13 @@ def bug_figures(markers: list[tuple[int, float]], attempts_started: int, stopped
 
 
 def run_faultlens(workdir: Path, steps: int, timeout_s: float) -> dict[str, Any]:
-    from controller.cli.run_cmds import DEMO_THRESHOLDS
-    from controller.demo.faults import Fault, FaultKind
-    from controller.demo.schedule import DEMO_FAULTS, demo_fault
-    from controller.supervisor.run import RunConfig, Supervisor
+    from faultlens.controller.cli.run_cmds import DEMO_THRESHOLDS
+    from faultlens.controller.demo.faults import Fault, FaultKind
+    from faultlens.controller.demo.schedule import DEMO_FAULTS, demo_fault
+    from faultlens.controller.supervisor.run import RunConfig, Supervisor
 
     store = str(workdir / "store")
-    config = RunConfig(script=("-m", "controller.demo.train", "--steps", str(steps), "--timeout", str(timeout_s)),
+    config = RunConfig(script=("-m", "faultlens.controller.demo.train", "--steps", str(steps), "--timeout", str(timeout_s)),
                        nnodes=NNODES, nproc_per_node=NPROC, spares=SPARES, store=store, workdir=workdir / "run",
                        job_id=f"bench-faultlens-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}",
                        max_attempts=len(DEMO_FAULTS) + 1, thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0)
@@ -233,8 +233,8 @@ def plain_schedule(max_restarts: int, hang_step: int) -> list[list[dict[str, Any
     resumes at; the hang, in the straggler's attempt, at `hang_step`."""
     from dataclasses import replace
 
-    from controller.demo.faults import Fault, FaultKind
-    from controller.demo.schedule import DEMO_FAULTS, demo_fault
+    from faultlens.controller.demo.faults import Fault, FaultKind
+    from faultlens.controller.demo.schedule import DEMO_FAULTS, demo_fault
 
     nodes = [f"node-{i}" for i in range(NNODES)]
     demo = [Fault.from_json(demo_fault(i, nodes, 0, NPROC).env.get("FAULTLENS_DEMO_FAULT"))
@@ -258,7 +258,7 @@ def plain_schedule(max_restarts: int, hang_step: int) -> list[list[dict[str, Any
 
 def bug_schedule(max_restarts: int, bug_step: int) -> list[list[dict[str, Any]]]:
     """The software bug alone: the same exception at the same step on every restart (a deterministic bug)."""
-    from controller.demo.faults import Fault, FaultKind
+    from faultlens.controller.demo.faults import Fault, FaultKind
 
     return [[Fault(FaultKind.SOFTWARE, step=bug_step).to_dict()] for _ in range(max_restarts + 1)]
 
@@ -299,8 +299,8 @@ def _attempt_started(logs: Path, attempt: int) -> float | None:
 def run_plain(workdir: Path, steps: int, timeout_s: float, max_restarts: int, schedule: list, name: str,
               deadline_s: float) -> dict[str, Any]:
     """Two torchrun agents (one per simulated node) with --max-restarts, no supervisor, until both exit."""
-    from controller.checkpoints.catalog import CheckpointCatalog
-    from controller.checkpoints.tiers import Tier, TierKind
+    from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+    from faultlens.controller.checkpoints.tiers import Tier, TierKind
 
     store = str(workdir / "store")
     job_id = f"bench-{name}-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
@@ -320,7 +320,7 @@ def run_plain(workdir: Path, steps: int, timeout_s: float, max_restarts: int, sc
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NNODES), "--nproc-per-node",
                    str(NPROC), "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port",
                    str(port), "--max-restarts", str(max_restarts), "--log-dir", str(workdir / "logs" / node),
-                   "-m", "controller.demo.train", "--steps", str(steps), "--timeout", str(timeout_s)]
+                   "-m", "faultlens.controller.demo.train", "--steps", str(steps), "--timeout", str(timeout_s)]
         env = {**base_env, "FAULTLENS_NODE": node, "FAULTLENS_CKPT_LOCAL": str(local)}
         with open(workdir / f"torchrun-{node}.stderr", "wb") as err, open(workdir / f"torchrun-{node}.stdout",
                                                                           "wb") as out:
@@ -402,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    os.chdir(workdir)  # `-m controller.demo.train` resolves through PYTHONPATH, from any directory
+    os.chdir(workdir)  # `-m faultlens.controller.demo.train` resolves through PYTHONPATH, from any directory
     started = time.monotonic()
 
     say("faultlens side: the demo's schedule under the reference supervisor")
@@ -431,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bug_source = plain if plain["software_bug_reached"] or bug_run is None else bug_run
     result = {
         "machine": machine(),
-        "job": f"controller.demo.train, DDP/gloo CPU, {NNODES} nodes x {NPROC} ranks on loopback, --steps "
+        "job": f"faultlens.controller.demo.train, DDP/gloo CPU, {NNODES} nodes x {NPROC} ranks on loopback, --steps "
                f"{args.steps}, checkpoints local every 5 / durable every 10 steps",
         "gloo_timeout_s": args.timeout,
         "max_restarts": args.max_restarts,

@@ -319,7 +319,7 @@ def mutate_json(rng: random.Random, jsons: list[bytes]) -> bytes:
 
 def digest(dump: Any) -> list[Any]:
     """What reaches the rows, comparable between the two readers."""
-    from collectors.flight_recorder import _config_ranks, _status_value
+    from faultlens.collectors.flight_recorder import _config_ranks, _status_value
 
     out: list[Any] = [dump.rank, dump.n, dump.version, dump.world_size, dump.node, dump.comm_lib_version]
     for key, (values, valid) in sorted(dump.ints.items()):
@@ -341,8 +341,8 @@ def digest(dump: Any) -> list[Any]:
 
 
 def _one(data: bytes, name: str, fast: bool, assemble: bool) -> tuple[str, Any, float]:
-    from collectors.flight_recorder import DumpFileError, _Assembly, load_dump_bytes
-    from collectors.schema import TABLES
+    from faultlens.collectors.flight_recorder import DumpFileError, _Assembly, load_dump_bytes
+    from faultlens.collectors.schema import TABLES
 
     started = time.perf_counter()
     try:

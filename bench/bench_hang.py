@@ -234,16 +234,16 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
 # the small set is read with the compiled scanner on purpose (by default a small set skips it)
 _WARM_RUN = """
 import sys
-from attribution.hang import analyze_collectives
-from collectors.flight_recorder import read_dump_dir
+from faultlens.attribution.hang import analyze_collectives
+from faultlens.collectors.flight_recorder import read_dump_dir
 analyze_collectives(read_dump_dir(sys.argv[1], fast_path=True).table)
 """
 
 _LIBRARY_RUN = """
 import json, sys, time
 t = time.perf_counter()
-from attribution.hang import COLUMNS, analyze_collectives
-from collectors.flight_recorder import read_dump_dir
+from faultlens.attribution.hang import COLUMNS, analyze_collectives
+from faultlens.collectors.flight_recorder import read_dump_dir
 dumps = read_dump_dir(sys.argv[1], columns=COLUMNS, dictionary=True, max_frames=0)
 read_s = time.perf_counter() - t
 report = analyze_collectives(dumps.table)
@@ -268,7 +268,7 @@ def bench_faultlens(directory: Path, world: int, timeout: float, cli: bool) -> d
     only), and, when `cli`, the `faultlens analyze-hang --json` command (which also imports every other command
     module of the CLI)."""
     library_cmd = [sys.executable, "-c", _LIBRARY_RUN, str(directory)]
-    cli_cmd = [sys.executable, "-m", "controller.cli.main", "analyze-hang", str(directory), "--json"]
+    cli_cmd = [sys.executable, "-m", "faultlens.controller.cli.main", "analyze-hang", str(directory), "--json"]
     # compile the numba kernels once into their on-disk cache (a one-time cost per install, reported separately):
     # the small real NCCL set exercises every kernel the big run uses
     warm = _run_with_rss([sys.executable, "-c", _WARM_RUN, str(REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd")],
@@ -310,9 +310,9 @@ def bench_torch(directory: Path, world: int, timeout: float) -> dict[str, object
 
 def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, object]:
     sys.path.insert(0, str(REPO_ROOT))
-    from collectors.flight_recorder import read_dump_dir
-    from collectors.safe_pickle import safe_load
-    from collectors.schema import rows_to_table
+    from faultlens.collectors.flight_recorder import read_dump_dir
+    from faultlens.collectors.safe_pickle import safe_load
+    from faultlens.collectors.schema import rows_to_table
 
     files = sorted(directory.glob("_dump_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
     started = time.perf_counter()

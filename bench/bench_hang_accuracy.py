@@ -49,9 +49,9 @@ print(json.dumps({"text": text, "result": result}))
 
 
 def _faultlens(directory: Path, dumps: Path, stacks: bool) -> tuple[tuple[int, ...], float]:
-    from attribution.hang import analyze_collectives
-    from collectors.flight_recorder import read_dump_dir
-    from collectors.pystack import load_stack_dir
+    from faultlens.attribution.hang import analyze_collectives
+    from faultlens.collectors.flight_recorder import read_dump_dir
+    from faultlens.collectors.pystack import load_stack_dir
 
     started = time.perf_counter()
     table = read_dump_dir(dumps).table

@@ -29,10 +29,10 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from attribution.incident import Incident  # noqa: E402
+from faultlens.attribution.incident import Incident  # noqa: E402
 from bench.common import emit, machine  # noqa: E402
-from collectors.layout import list_segments, resolve_store  # noqa: E402
-from collectors.sink import SegmentSink  # noqa: E402
+from faultlens.collectors.layout import list_segments, resolve_store  # noqa: E402
+from faultlens.collectors.sink import SegmentSink  # noqa: E402
 
 T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
 
@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.25, help="follow mode's listing interval")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cli = [sys.executable, "-m", "controller.cli.main"]
+    cli = [sys.executable, "-m", "faultlens.controller.cli.main"]
     with tempfile.TemporaryDirectory(prefix="faultlens-lag-") as store:
         started = time.perf_counter()
         rows = background(store, args.ranks, args.steps)

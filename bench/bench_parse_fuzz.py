@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit, machine, peak_rss_mb
-from collectors.dcgm import DcgmParser
-from collectors.kmsg import KernelLogParser, events_to_rows
-from collectors.row_guard import guarded_batch
-from collectors.source import NodeIdentity
+from faultlens.collectors.dcgm import DcgmParser
+from faultlens.collectors.kmsg import KernelLogParser, events_to_rows
+from faultlens.collectors.row_guard import guarded_batch
+from faultlens.collectors.source import NodeIdentity
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "gpu"

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import emit, machine, timed
-from collectors.layout import partition_dir, resolve_store
-from collectors.schema import TABLES
+from faultlens.collectors.layout import partition_dir, resolve_store
+from faultlens.collectors.schema import TABLES
 
 SECTIONS = ["data", "forward", "backward", "optimizer", "comm"]
 OUT = Path(__file__).resolve().parent / "out"
@@ -82,7 +82,7 @@ Q2 = ("SELECT node, avg(duration_s) AS mean_s FROM steps WHERE step >= (SELECT m
 
 
 def run_duckdb(root: Path) -> dict:
-    from attribution.store import Store
+    from faultlens.attribution.store import Store
 
     with Store(str(root), threads=1) as store:
         q1, t1 = timed(lambda: store.query(Q1))

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from bench.common import emit, machine
-from controller.checkpoints import CheckpointCatalog, Tier, TierKind
-from controller.checkpoints.manifest import Manifest, ShardFile
+from faultlens.controller.checkpoints import CheckpointCatalog, Tier, TierKind
+from faultlens.controller.checkpoints.manifest import Manifest, ShardFile
 
 
 def build(root: Path, steps: int, ranks: int, shard_bytes: int) -> list[Tier]:

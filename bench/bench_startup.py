@@ -36,7 +36,7 @@ def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def _store(root: Path) -> Path:
-    from collectors.sink import SegmentSink
+    from faultlens.collectors.sink import SegmentSink
 
     store = root / "store"
     now = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
@@ -57,10 +57,10 @@ def main() -> None:
         query = "SELECT node, count(*) FROM steps GROUP BY node"
         cases = {
             "python_bare": [py, "-c", "pass"],
-            "help_lazy": [py, "-m", "controller.cli.main", "--help"],
-            "help_eager": [py, "-c", "from controller.cli.main import build_parser; build_parser().print_help()"],
-            "sql_lazy": [py, "-m", "controller.cli.main", "sql", "--store", str(store), query],
-            "sql_eager": [py, "-c", "import sys; from controller.cli.main import build_parser; "
+            "help_lazy": [py, "-m", "faultlens.controller.cli.main", "--help"],
+            "help_eager": [py, "-c", "from faultlens.controller.cli.main import build_parser; build_parser().print_help()"],
+            "sql_lazy": [py, "-m", "faultlens.controller.cli.main", "sql", "--store", str(store), query],
+            "sql_eager": [py, "-c", "import sys; from faultlens.controller.cli.main import build_parser; "
                           f"a = build_parser().parse_args(['sql', '--store', {str(store)!r}, {query!r}]); "
                           "sys.exit(a.func(a))"],
             "duckdb_direct": [py, "-c", "import duckdb; print(duckdb.connect().sql(\"SELECT node, count(*) FROM "

@@ -62,11 +62,11 @@ def _best(fn, repeat: int) -> tuple[object, float, float]:
 
 
 def bench_scoring(cache: Path, nodes: int, steps: int, repeat: int) -> dict:
-    from attribution.rules import load_thresholds
-    from attribution.store import Store
-    from attribution.straggler import StragglerDetector
-    from attribution.telemetry import load_from_store, placements
-    from controller.simulate.straggler_cases import write_case
+    from faultlens.attribution.rules import load_thresholds
+    from faultlens.attribution.store import Store
+    from faultlens.attribution.straggler import StragglerDetector
+    from faultlens.attribution.telemetry import load_from_store, placements
+    from faultlens.controller.simulate.straggler_cases import write_case
 
     store = cache / f"sim-worker-{nodes}x8-{steps}"
     if not (store / "steps").exists():
@@ -100,8 +100,8 @@ def bench_scoring(cache: Path, nodes: int, steps: int, repeat: int) -> dict:
 
 
 def bench_whatif(cache: Path) -> list[dict]:
-    from attribution.engine import Engine, attribute
-    from collectors.xid_catalog import load_xid_catalog
+    from faultlens.attribution.engine import Engine, attribute
+    from faultlens.collectors.xid_catalog import load_xid_catalog
     from tests.torch_jobs.straggler_jobs import CASES, generate
 
     out = cache / "torch-sequential"

@@ -41,10 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from attribution.maintenance import compact  # noqa: E402
+from faultlens.attribution.maintenance import compact  # noqa: E402
 from bench.common import emit, machine  # noqa: E402
-from collectors.flight_recorder import read_dump_dir  # noqa: E402
-from collectors.sink import SegmentSink  # noqa: E402
+from faultlens.collectors.flight_recorder import read_dump_dir  # noqa: E402
+from faultlens.collectors.sink import SegmentSink  # noqa: E402
 
 T0 = dt.datetime(2026, 11, 30, 0, 0, tzinfo=dt.UTC)
 FR_DUMPS = REPO / "tests" / "data" / "nccl-fr-gpu_error_2nd"

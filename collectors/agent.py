@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from collectors.sink import SegmentSink
-from collectors.source import Source
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.source import Source
 
 log = logging.getLogger("faultlens.collectors.agent")
 

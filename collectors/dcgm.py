@@ -28,10 +28,10 @@ from typing import Any
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.gpu_deltas import DeltaThresholds, sample_changes
-from collectors.pci import normalize_pci_bus_id
-from collectors.row_guard import guarded_batch
-from collectors.source import NodeIdentity
+from faultlens.collectors.gpu_deltas import DeltaThresholds, sample_changes
+from faultlens.collectors.pci import normalize_pci_bus_id
+from faultlens.collectors.row_guard import guarded_batch
+from faultlens.collectors.source import NodeIdentity
 
 log = logging.getLogger("faultlens.collectors.dcgm")
 

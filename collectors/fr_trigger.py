@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.safe_pickle import safe_loads
+from faultlens.collectors.safe_pickle import safe_loads
 
 log = logging.getLogger(__name__)
 

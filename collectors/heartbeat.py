@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from collectors.source import NodeIdentity
+    from faultlens.collectors.source import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,7 @@ class HeartbeatSource:
         if not rows:
             return {}
         try:
-            from collectors.schema import rows_to_table  # here: the rank-side writer must not pull in pyarrow
+            from faultlens.collectors.schema import rows_to_table  # here: the rank-side writer must not pull in pyarrow
 
             table = rows_to_table("heartbeats", rows)
         except Exception as exc:

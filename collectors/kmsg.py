@@ -41,10 +41,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from collectors.gpu_backend import GpuDevice
-from collectors.pci import normalize_pci_bus_id
-from collectors.row_guard import guarded_batch
-from collectors.source import NodeIdentity
+from faultlens.collectors.gpu_backend import GpuDevice
+from faultlens.collectors.pci import normalize_pci_bus_id
+from faultlens.collectors.row_guard import guarded_batch
+from faultlens.collectors.source import NodeIdentity
 
 log = logging.getLogger("faultlens.collectors.kmsg")
 

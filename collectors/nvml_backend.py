@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from collectors.gpu_backend import BackendEvent, BackendUnavailable, GpuDevice, GpuLostError, GpuReading
-from collectors.gpu_deltas import recovery_action_text
-from collectors.pci import normalize_pci_bus_id
+from faultlens.collectors.gpu_backend import BackendEvent, BackendUnavailable, GpuDevice, GpuLostError, GpuReading
+from faultlens.collectors.gpu_deltas import recovery_action_text
+from faultlens.collectors.pci import normalize_pci_bus_id
 
 # NVML return codes that mean "this GPU/driver cannot answer this query": the value becomes None quietly
 _QUIET_ERRORS = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND",

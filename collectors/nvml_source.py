@@ -18,10 +18,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from collectors.batches import rows_to_batch
-from collectors.gpu_backend import BackendEvent, BackendUnavailable, GpuBackend, GpuDevice, GpuLostError
-from collectors.gpu_deltas import DeltaThresholds, recovery_action_text, sample_changes
-from collectors.source import NodeIdentity
+from faultlens.collectors.batches import rows_to_batch
+from faultlens.collectors.gpu_backend import BackendEvent, BackendUnavailable, GpuBackend, GpuDevice, GpuLostError
+from faultlens.collectors.gpu_deltas import DeltaThresholds, recovery_action_text, sample_changes
+from faultlens.collectors.source import NodeIdentity
 
 log = logging.getLogger("faultlens.collectors.nvml")
 

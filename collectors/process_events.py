@@ -10,7 +10,7 @@ Inputs, each a function of values (no argparse, no store):
 
 Error text is classified by rules/process_errors.yaml: CUDA OOM -> kind oom; gloo timeouts, "Connection closed by
 peer" and NCCL watchdog lines -> comm_error / watchdog_timeout marked secondary (a survivor's echo). SIGTERM deaths
-in a torchrun report are secondary (torchrun sent them). Exceptions carry a fingerprint (collectors.fingerprint).
+in a torchrun report are secondary (torchrun sent them). Exceptions carry a fingerprint (faultlens.collectors.fingerprint).
 Bad input raises ProcessEventsError naming the file; `collect_paths` keeps the good files' rows and lists errors.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from collectors.fingerprint import (
+from faultlens.collectors.fingerprint import (
     LINE_PREFIX_RE,
     ParsedTraceback,
     fingerprint,
@@ -39,10 +39,10 @@ from collectors.fingerprint import (
     split_exception_line,
     strip_prefixes,
 )
-from collectors.process_rules import EventKind, ProcessRules, load_process_rules
-from collectors.schema import rows_to_table
-from collectors.source import NodeIdentity
-from collectors.torchrun_report import TorchrunFailure, TorchrunReportError, parse_torchrun_output
+from faultlens.collectors.process_rules import EventKind, ProcessRules, load_process_rules
+from faultlens.collectors.schema import rows_to_table
+from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.torchrun_report import TorchrunFailure, TorchrunReportError, parse_torchrun_output
 
 log = logging.getLogger(__name__)
 

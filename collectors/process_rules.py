@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from collectors.yaml_guard import YamlLimitError, load_yaml_path
+from faultlens.collectors.yaml_guard import YamlLimitError, load_yaml_path
 
 DEFAULT_RULES_PATH = Path(__file__).resolve().parents[1] / "rules" / "process_errors.yaml"
 SUPPORTED_FORMAT_VERSIONS = (1,)

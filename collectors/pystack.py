@@ -247,7 +247,7 @@ def write_stack(path: Path, stack: ProcessStack) -> None:
 def dump_pids(directory: str | os.PathLike[str]) -> dict[int, int]:
     """rank -> pid, from the top-level `pid` of the dumps in a dump directory (the trigger writes it), read with
     the restricted unpickler; dumps without one are left out."""
-    from collectors.safe_pickle import safe_load
+    from faultlens.collectors.safe_pickle import safe_load
 
     out: dict[int, int] = {}
     for path in sorted(Path(directory).glob("rank_*.pkl")):

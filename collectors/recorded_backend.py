@@ -20,7 +20,7 @@ import jsonschema
 import pyarrow as pa
 import yaml
 
-from collectors.gpu_backend import (
+from faultlens.collectors.gpu_backend import (
     EVENT_KINDS,
     SAMPLE_COLUMNS,
     BackendEvent,
@@ -29,8 +29,8 @@ from collectors.gpu_backend import (
     GpuLostError,
     GpuReading,
 )
-from collectors.pci import normalize_pci_bus_id
-from collectors.schema import TABLES
+from faultlens.collectors.pci import normalize_pci_bus_id
+from faultlens.collectors.schema import TABLES
 
 FORMAT_VERSION = 1
 

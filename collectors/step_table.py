@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from collectors.schema import TABLES
+from faultlens.collectors.schema import TABLES
 
 REQUIRED = ("rank", "step", "section", "start", "duration")
 OPTIONAL = ("node", "job_id", "attempt", "phase")

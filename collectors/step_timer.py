@@ -62,7 +62,7 @@ class Phase(StrEnum):
 
 
 class RowSink(Protocol):
-    """What the timer writes through: collectors.sink.SegmentSink, or any object with these methods."""
+    """What the timer writes through: faultlens.collectors.sink.SegmentSink, or any object with these methods."""
 
     def write(self, table: str, data: Any) -> None: ...
 
@@ -312,7 +312,7 @@ class StepTimer:
         sink = None
         if url:
             try:
-                from collectors.sink import SegmentSink
+                from faultlens.collectors.sink import SegmentSink
 
                 sink = SegmentSink(url, flush_rows=flush_rows, flush_age_s=3600.0)
             except Exception as exc:
@@ -608,7 +608,7 @@ def _heartbeat_writer(identity: RankIdentity, enabled: bool, directory: str | os
     try:
         from pathlib import Path
 
-        from collectors.heartbeat import HeartbeatWriter, default_dir, heartbeat_name
+        from faultlens.collectors.heartbeat import HeartbeatWriter, default_dir, heartbeat_name
 
         path = Path(directory if directory is not None else default_dir()) / heartbeat_name(
             identity.job_id, identity.attempt, identity.rank)

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from collectors.yaml_guard import read_yaml_text, safe_load_text
+from faultlens.collectors.yaml_guard import read_yaml_text, safe_load_text
 
 DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
 XID_CATALOG_ENV = "FAULTLENS_XID_CATALOG"  # a user's copy of rules/xid.yaml replaces the shipped one

@@ -25,10 +25,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from attribution.decision import Decision, DecisionError, DeliveryStatus
-from collectors.layout import StoreError, StoreLocation, list_segments, resolve_store
-from collectors.sink import SegmentSink
-from controller.hooks.base import Hook, PermanentHookError, RetryPolicy
+from faultlens.attribution.decision import Decision, DecisionError, DeliveryStatus
+from faultlens.collectors.layout import StoreError, StoreLocation, list_segments, resolve_store
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.hooks.base import Hook, PermanentHookError, RetryPolicy
 
 log = logging.getLogger(__name__)
 

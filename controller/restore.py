@@ -14,10 +14,10 @@ from typing import Any
 
 import fsspec
 
-from attribution.decision import Action, Decision
-from controller.checkpoints.catalog import CheckpointCatalog
-from controller.checkpoints.fsutil import atomic_write
-from controller.checkpoints.tiers import Tier, parse_tier_spec, tiers_from_config
+from faultlens.attribution.decision import Action, Decision
+from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+from faultlens.controller.checkpoints.fsutil import atomic_write
+from faultlens.controller.checkpoints.tiers import Tier, parse_tier_spec, tiers_from_config
 
 PLAN_FORMAT = "faultlens.restore/1"
 ENV_RESTORE_PLAN = "FAULTLENS_RESTORE_PLAN"

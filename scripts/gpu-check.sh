@@ -22,7 +22,7 @@ else
 fi
 
 cd "$ROOT" || exit 2
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m controller.cli.main collect \
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m faultlens.controller.cli.main collect \
   --store "$STORE" --node gpu-check --sources nvml --interval 1s --duration "${SECONDS_TO_RUN}s" --flush-age 5s \
   2> "$WORK/collect.err" | tee "$WORK/collect.out"
 status=${PIPESTATUS[0]}
@@ -37,7 +37,7 @@ PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$STORE" "$WORK/nvidia
 import re
 import sys
 
-from attribution.store import Store
+from faultlens.attribution.store import Store
 
 store_path, smi_path, err_path, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 failures = []

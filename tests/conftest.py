@@ -68,7 +68,7 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
             root.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80"}  # as in a log file
             try:
-                proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "demo", "--store",
+                proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "demo", "--store",
                                        str(root / "store"), "--workdir", str(root / "work")], cwd=root, env=env,
                                       capture_output=True, text=True, timeout=900)
                 text, ok = proc.stdout[-6000:] + proc.stderr[-6000:], proc.returncode == 0

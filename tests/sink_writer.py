@@ -9,8 +9,8 @@ import sys
 
 import pyarrow as pa
 
-from collectors.schema import TABLES
-from collectors.sink import SegmentSink
+from faultlens.collectors.schema import TABLES
+from faultlens.collectors.sink import SegmentSink
 
 
 def main() -> None:

@@ -11,13 +11,13 @@ import sys
 import pyarrow as pa
 import pytest
 
-from attribution.store import Store
-from collectors.agent import NodeAgent
-from collectors.kmsg import KmsgSource
-from collectors.nvml_source import NvmlSource
-from collectors.recorded_backend import RecordedBackend
-from collectors.sink import SegmentSink
-from collectors.source import NodeIdentity
+from faultlens.attribution.store import Store
+from faultlens.collectors.agent import NodeAgent
+from faultlens.collectors.kmsg import KmsgSource
+from faultlens.collectors.nvml_source import NvmlSource
+from faultlens.collectors.recorded_backend import RecordedBackend
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 TIMELINE = DATA_DIR / "gpu" / "timeline-8gpu.yaml"
@@ -113,7 +113,7 @@ def test_agent_stop_from_another_thread(store_dir):
 
 
 def _collect(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "controller.cli.main", "collect", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "collect", *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
 

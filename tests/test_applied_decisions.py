@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from attribution.decision import Action, Decision, DeliveryStatus, Restore
-from attribution.incident import Cause, Incident, IncidentClass
-from attribution.store import Store
-from controller.delivery import DecisionLog, Deliverer
-from controller.hooks.filedrop import FileDropHook
+from faultlens.attribution.decision import Action, Decision, DeliveryStatus, Restore
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.store import Store
+from faultlens.controller.delivery import DecisionLog, Deliverer
+from faultlens.controller.hooks.filedrop import FileDropHook
 
 AT = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.UTC)
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.lab.nvml import MarkerClock, fault_timeline
-from controller.lab.plan import FaultSpec, InjectionPlan
-from controller.lab.scenarios import ScenarioError, load_campaign
-from controller.lab.score import expected_restore
+from faultlens.controller.lab.nvml import MarkerClock, fault_timeline
+from faultlens.controller.lab.plan import FaultSpec, InjectionPlan
+from faultlens.controller.lab.scenarios import ScenarioError, load_campaign
+from faultlens.controller.lab.score import expected_restore
 
 # ---------------------------------------------------------------------- the scenario file
 
@@ -100,8 +100,8 @@ def test_plan_roundtrip_and_targets() -> None:
 def test_recorded_gpu_fault_fires_on_marker(tmp_path: Path) -> None:
     """The supervisor-side recorded NVML backend stays healthy until a rank writes the node's marker, then the
     campaign's timeline entries (Xid 79, GPU lost) come through the real RecordedBackend."""
-    from collectors.recorded_backend import RecordedBackend
-    from controller.supervisor.gpus import node_timeline
+    from faultlens.collectors.recorded_backend import RecordedBackend
+    from faultlens.controller.supervisor.gpus import node_timeline
 
     campaign = load_campaign()
     marker = tmp_path / "node-1.fire"
@@ -122,7 +122,7 @@ def test_recorded_gpu_fault_fires_on_marker(tmp_path: Path) -> None:
 
 
 def _injector(tmp_path: Path, *faults: FaultSpec, attempt: int = 0, rank: int = 3):  # type: ignore[no-untyped-def]
-    from controller.lab.inject import WorkerInjector
+    from faultlens.controller.lab.inject import WorkerInjector
 
     env = {"RANK": str(rank), "LOCAL_RANK": str(rank % 2), "FAULTLENS_NODE": f"node-{rank // 2}",
            "FAULTLENS_ATTEMPT": str(attempt), "GROUP_RANK": str(rank // 2)}
@@ -130,7 +130,7 @@ def _injector(tmp_path: Path, *faults: FaultSpec, attempt: int = 0, rank: int = 
 
 
 def test_injector_fires_at_its_rank_step_and_attempt_only(tmp_path: Path) -> None:
-    from controller.lab.plan import read_injections
+    from faultlens.controller.lab.plan import read_injections
 
     fault = FaultSpec(id="boom", kind="exception", rank=3, step=5, params={"type": "KeyError", "message": "x"})
     _injector(tmp_path, fault, rank=2).on_step(5, "train", None)  # another rank
@@ -172,18 +172,18 @@ def test_sitecustomize_is_inert_outside_a_campaign(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from controller.lab.runner import SITE_DIR
-    from controller.lab.scenarios import REPO_ROOT
+    from faultlens.controller.lab.runner import SITE_DIR
+    from faultlens.controller.lab.scenarios import REPO_ROOT
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLENS_")}
     env.update(PYTHONPATH=f"{SITE_DIR}{os.pathsep}{REPO_ROOT}", RANK="0", LOCAL_RANK="0")
-    out = subprocess.run([sys.executable, "-c", "import sys; print('controller.lab.inject' in sys.modules)"],
+    out = subprocess.run([sys.executable, "-c", "import sys; print('faultlens.controller.lab.inject' in sys.modules)"],
                          env=env, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
     plan = tmp_path / "plan.json"
     plan.write_text(InjectionPlan((FaultSpec(id="x", kind="exception", rank=0, step=2),), {}, 1).to_json())
     env.update(FAULTLENS_LAB_DIR=str(tmp_path), FAULTLENS_LAB_PLAN=str(plan), FAULTLENS_NODE="node-0")
-    code = ("from collectors.step_timer import StepTimer\n"
+    code = ("from faultlens.collectors.step_timer import StepTimer\n"
             "timer = StepTimer(None, start=False)\n"
             "for n in range(4):\n"
             "    with timer.step(n):\n"
@@ -207,8 +207,8 @@ _RUNS: dict[str, tuple] = {}
 
 
 def _run(name: str, tmp_root: Path):  # type: ignore[no-untyped-def]
-    from controller.lab.runner import run_scenario
-    from controller.lab.score import score
+    from faultlens.controller.lab.runner import run_scenario
+    from faultlens.controller.lab.score import score
 
     if name not in _RUNS:
         campaign = load_campaign()
@@ -244,8 +244,8 @@ def test_ci_scenario_scores_right(name: str, campaign_root: Path) -> None:
 def test_scoring_catches_a_wrong_truth(campaign_root: Path) -> None:
     """The score is not a rubber stamp: the same real run scored against a truth wrong on every field fails on
     every field."""
-    from controller.lab.scenarios import CAUSE_FAMILIES, CLASSES, ExpectedIncident, cause_family
-    from controller.lab.score import score
+    from faultlens.controller.lab.scenarios import CAUSE_FAMILIES, CLASSES, ExpectedIncident, cause_family
+    from faultlens.controller.lab.score import score
 
     scenario, art, right = _run("ci-sigsegv", campaign_root)
     if not right.incidents:
@@ -270,8 +270,8 @@ def test_scoring_catches_a_wrong_truth(campaign_root: Path) -> None:
 
 
 def test_incidents_are_matched_by_class_and_extras_stay_wrong() -> None:
-    from controller.lab.scenarios import ExpectedIncident
-    from controller.lab.score import Observed, match_incidents
+    from faultlens.controller.lab.scenarios import ExpectedIncident
+    from faultlens.controller.lab.score import Observed, match_incidents
 
     def obs(cls: str) -> Observed:
         return Observed("i", 0, cls, "unknown", (), (), None, None, None)

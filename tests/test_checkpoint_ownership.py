@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action, Decision, Restore
-from attribution.incident import Cause, Incident, IncidentClass
-from controller.checkpoints.catalog import CheckpointCatalog
-from controller.checkpoints.tiered import TieredCheckpointer
-from controller.checkpoints.tiers import Tier, TierKind
-from controller.restore import plan_restore, write_plan
-from controller.supervisor.run import RunConfig, Supervisor
+from faultlens.attribution.decision import Action, Decision, Restore
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+from faultlens.controller.checkpoints.tiered import TieredCheckpointer
+from faultlens.controller.checkpoints.tiers import Tier, TierKind
+from faultlens.controller.restore import plan_restore, write_plan
+from faultlens.controller.supervisor.run import RunConfig, Supervisor
 
 pytest.importorskip("torch")
 
@@ -78,7 +78,7 @@ def test_the_second_restore_never_reads_a_node_excluded_at_the_first(tmp_path):
         assert sources == {0: ("local", "node-0"), 1: ("local", "node-0"), 2: ("durable", None), 3: ("durable", None)}
         write_plan(plan, tmp_path / "plan.json")
         # the restore chooser the policy asks gives the same answer
-        from attribution.policy import RestoreRequest
+        from faultlens.attribution.policy import RestoreRequest
 
         assert catalog(RestoreRequest(job_id="job", exclude_nodes=("node-2",))) == Restore("local+durable", 5, None)
     finally:

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action, Decision, Restore
-from attribution.incident import Cause, Incident, IncidentClass
-from attribution.policy import DecisionPolicy, load_policy
-from collectors.schema import rows_to_table
-from controller.checkpoints import CheckpointCatalog, ChecksumStatus, Layout, Tier, TierKind, parse_tier_spec
-from controller.checkpoints.manifest import Manifest, shard_entries
-from controller.checkpoints.tiered import TieredCheckpointer
-from controller.restore import (
+from faultlens.attribution.decision import Action, Decision, Restore
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.policy import DecisionPolicy, load_policy
+from faultlens.collectors.schema import rows_to_table
+from faultlens.controller.checkpoints import CheckpointCatalog, ChecksumStatus, Layout, Tier, TierKind, parse_tier_spec
+from faultlens.controller.checkpoints.manifest import Manifest, shard_entries
+from faultlens.controller.checkpoints.tiered import TieredCheckpointer
+from faultlens.controller.restore import (
     ENV_RESTORE_PLAN,
     RestoreHook,
     load_rank_state,
@@ -277,7 +277,7 @@ def test_restore_hook_writes_the_plan_the_training_script_reads(tiers: dict[str,
 
 
 def _request(exclude: tuple[str, ...]):
-    from attribution.policy import RestoreRequest
+    from faultlens.attribution.policy import RestoreRequest
 
     return RestoreRequest(job_id="job-1", exclude_nodes=exclude)
 
@@ -440,7 +440,7 @@ def test_tiered_checkpointer_peer_replicas_survive_a_node_exclusion(tmp_path: Pa
 
 
 def test_tiers_yaml_file(tmp_path: Path) -> None:
-    from controller.checkpoints import TierError, parse_tiers
+    from faultlens.controller.checkpoints import TierError, parse_tiers
 
     path = tmp_path / "tiers.yaml"
     path.write_text("format_version: 1\ntiers:\n  - {kind: local, node: node-0, url: /nvme/ckpt}\n"

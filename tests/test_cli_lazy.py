@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from controller.cli.main import build_parser
+from faultlens.controller.cli.main import build_parser
 
 
 def _commands(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:

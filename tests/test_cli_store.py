@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from collectors.sink import SegmentSink
-from controller.cli.main import main
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.cli.main import main
 from tests.conftest import REPO_ROOT
 
 
@@ -23,7 +23,7 @@ def small_store(store_dir):
 
 
 def test_help_lists_commands():
-    out = subprocess.run([sys.executable, "-m", "controller.cli.main", "--help"], cwd=REPO_ROOT,
+    out = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "--help"], cwd=REPO_ROOT,
                          capture_output=True, text=True, check=True).stdout
     for command in ("demo", "tables", "sql", "compact", "retention", "ingest"):
         assert command in out
@@ -47,7 +47,7 @@ def test_store_path_that_is_a_file(tmp_path, capsys):
 
 
 def test_store_path_from_subprocess_has_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "tables", "--store", str(tmp_path / "x")],
+    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "tables", "--store", str(tmp_path / "x")],
                           cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.strip().startswith("faultlens tables: error:")

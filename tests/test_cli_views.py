@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from attribution.goodput import goodput
-from controller.cli.main import main
+from faultlens.attribution.goodput import goodput
+from faultlens.controller.cli.main import main
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

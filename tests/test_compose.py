@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.cli.main import build_parser
-from controller.hooks import load_hooks
+from faultlens.controller.cli.main import build_parser
+from faultlens.controller.hooks import load_hooks
 from tests.conftest import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "docker-compose.yml"

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attribution.store import Store
-from collectors.dcgm import DcgmFetchError, DcgmParser, DcgmSource, read_scrape
-from collectors.source import NodeIdentity
+from faultlens.attribution.store import Store
+from faultlens.collectors.dcgm import DcgmFetchError, DcgmParser, DcgmSource, read_scrape
+from faultlens.collectors.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 OLD = DATA_DIR / "gpu" / "dcgm-exporter-old-names.prom"
@@ -184,7 +184,7 @@ def test_source_over_http(exporter, caplog):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
 

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 
-from attribution.decision import (
+from faultlens.attribution.decision import (
     DECISION_JSON_SCHEMA,
     SCHEMA_ID,
     Action,
@@ -19,10 +19,10 @@ from attribution.decision import (
     Restore,
     validate_document,
 )
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.store import Store
-from collectors.schema import rows_to_table
-from collectors.sink import SegmentSink
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.store import Store
+from faultlens.collectors.schema import rows_to_table
+from faultlens.collectors.sink import SegmentSink
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 

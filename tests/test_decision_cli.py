@@ -1,4 +1,4 @@
-"""The decision CLI: decide, decisions, deliver, checkpoints (in-process through controller.cli.main)."""
+"""The decision CLI: decide, decisions, deliver, checkpoints (in-process through faultlens.controller.cli.main)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from attribution.incident import Cause, Incident, IncidentClass
-from attribution.policy import DEFAULT_POLICY_PATH
-from collectors.sink import SegmentSink
-from controller.checkpoints.manifest import Manifest, shard_entries
-from controller.cli.main import main
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.policy import DEFAULT_POLICY_PATH
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.checkpoints.manifest import Manifest, shard_entries
+from faultlens.controller.cli.main import main
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from attribution.engine import Engine, attribute, write_new_incidents
-from attribution.policy import DecisionPolicy, StoreHistory
-from attribution.rules import load_thresholds
-from attribution.store import Store
+from faultlens.attribution.engine import Engine, attribute, write_new_incidents
+from faultlens.attribution.policy import DecisionPolicy, StoreHistory
+from faultlens.attribution.rules import load_thresholds
+from faultlens.attribution.store import Store
 
 pytest.importorskip("torch")
 
@@ -53,7 +53,7 @@ def test_batch_over_the_live_store_agrees_with_live(demo_store, tmp_path):
     # the decisions a batch pass makes, in order, over a store holding only the telemetry
     copy = tmp_path / "store"
     shutil.copytree(store, copy, ignore=shutil.ignore_patterns("incidents", "decisions"))
-    from controller.delivery import Deliverer
+    from faultlens.controller.delivery import Deliverer
 
     policy = DecisionPolicy(history=StoreHistory(Store(copy)))
     deliverer = Deliverer(str(copy), [])

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from attribution.store import Store
+from faultlens.attribution.store import Store
 
 pytest.importorskip("torch")
 
@@ -108,7 +108,7 @@ def test_faultlens_deliver_never_redelivers_what_the_supervisor_applied(demo_sto
     store = tmp_path / "store"
     shutil.copytree(demo_store.store, store)  # deliver appends rows: the session's store stays as the demo left it
     drop = tmp_path / "drop"
-    proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "deliver", "--store", str(store),
+    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "deliver", "--store", str(store),
                            "--drop-dir", str(drop), "--json"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 0, proc.stdout + proc.stderr

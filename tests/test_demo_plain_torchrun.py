@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from bench.bench_demo_vs_torchrun import AttemptSteps, ettr_figures, lineage, plain_schedule
-from controller.checkpoints.catalog import CheckpointCatalog
-from controller.checkpoints.tiered import TieredCheckpointer, shard_name, step_dir_name
-from controller.demo.faults import Fault, FaultKind, faults_from_env
-from controller.demo.resume import loadable, rank_tiers, resume_latest
+from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+from faultlens.controller.checkpoints.tiered import TieredCheckpointer, shard_name, step_dir_name
+from faultlens.controller.demo.faults import Fault, FaultKind, faults_from_env
+from faultlens.controller.demo.resume import loadable, rank_tiers, resume_latest
 
 SCHEDULE = json.dumps([
     [{"kind": "straggler", "step": 6, "rank": 3, "extra_s": 0.25}, {"kind": "hang", "step": 17, "rank": 1}],

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action, Decision, Restore
-from attribution.incident import Cause, Incident, IncidentClass
-from controller.hooks import CommandHook, FileDropHook, PermanentHookError, WebhookHook
-from controller.hooks.base import HookError
+from faultlens.attribution.decision import Action, Decision, Restore
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.controller.hooks import CommandHook, FileDropHook, PermanentHookError, WebhookHook
+from faultlens.controller.hooks.base import HookError
 from tests.conftest import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "docs" / "deploy"

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from attribution.engine import Engine, Follower, attribute, write_new_incidents
-from attribution.incident import Cause, IncidentClass
-from attribution.maintenance import compact
-from attribution.store import Store
-from collectors.kmsg import read_kernel_log
-from collectors.layout import resolve_store
-from collectors.source import NodeIdentity
-from collectors.xid_catalog import load_xid_catalog
-from controller.cli.main import main
+from faultlens.attribution.engine import Engine, Follower, attribute, write_new_incidents
+from faultlens.attribution.incident import Cause, IncidentClass
+from faultlens.attribution.maintenance import compact
+from faultlens.attribution.store import Store
+from faultlens.collectors.kmsg import read_kernel_log
+from faultlens.collectors.layout import resolve_store
+from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.controller.cli.main import main
 from tests.engine_rows import at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 CLOSED = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:15242"

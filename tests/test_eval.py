@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from attribution.evaluate import DecisionView, design_rules, evaluate, match
-from attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass, write_labels
-from attribution.incident import Cause, Incident, IncidentClass
-from collectors.sink import SegmentSink
-from controller.cli.main import main as cli
+from faultlens.attribution.evaluate import DecisionView, design_rules, evaluate, match
+from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass, write_labels
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.cli.main import main as cli
 
 T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)
 
@@ -140,10 +140,10 @@ def test_cli_eval_reads_incidents_and_decisions_from_the_store(tmp_path: Path,
 
 
 def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
-    pytest.importorskip("attribution.hang", reason="the hang analysis has not landed on this branch")
-    from attribution.engine import attribute
-    from attribution.fault_labels import read_labels
-    from controller.simulate import SimConfig, simulate
+    pytest.importorskip("faultlens.attribution.hang", reason="the hang analysis has not landed on this branch")
+    from faultlens.attribution.engine import attribute
+    from faultlens.attribution.fault_labels import read_labels
+    from faultlens.controller.simulate import SimConfig, simulate
 
     store = tmp_path / "store"
     result = simulate(SimConfig(nodes=4, hours=4.0, seed=3, faults_per_day=60.0, stragglers_per_day=6.0,
@@ -160,12 +160,12 @@ def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
 
 
 def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> None:
-    pytest.importorskip("attribution.hang", reason="the hang analysis has not landed on this branch")
-    from attribution.evaluate import stands_for
-    from attribution.fault_labels import read_labels
-    from attribution.replay import replay_fault
-    from attribution.store import Store
-    from controller.simulate import SimConfig, simulate
+    pytest.importorskip("faultlens.attribution.hang", reason="the hang analysis has not landed on this branch")
+    from faultlens.attribution.evaluate import stands_for
+    from faultlens.attribution.fault_labels import read_labels
+    from faultlens.attribution.replay import replay_fault
+    from faultlens.attribution.store import Store
+    from faultlens.controller.simulate import SimConfig, simulate
 
     store = tmp_path / "store"
     result = simulate(SimConfig(nodes=4, hours=3.0, seed=3, faults_per_day=60.0, stragglers_per_day=0.0,
@@ -184,8 +184,8 @@ def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> N
 
 
 def test_decisions_from_the_real_policy_in_incident_order() -> None:
-    from attribution.evaluate import decide_in_order
-    from attribution.policy import DecisionPolicy
+    from faultlens.attribution.evaluate import decide_in_order
+    from faultlens.attribution.policy import DecisionPolicy
 
     decided = decide_in_order(DecisionPolicy, INCIDENTS)
     assert decided["I1"].action == "failover" and decided["I1"].exclude_nodes == ("node-1",)

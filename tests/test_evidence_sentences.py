@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from attribution.engine import Engine, attribute
-from attribution.incident import IncidentClass
-from collectors.xid_catalog import load_xid_catalog
+from faultlens.attribution.engine import Engine, attribute
+from faultlens.attribution.incident import IncidentClass
+from faultlens.collectors.xid_catalog import load_xid_catalog
 from tests.engine_rows import event, ranks_rows, steps_rows, write
 
 

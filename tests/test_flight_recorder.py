@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attribution.store import Store
-from collectors.flight_recorder import (
+from faultlens.attribution.store import Store
+from faultlens.collectors.flight_recorder import (
     DumpDirError,
     DumpFileError,
     find_dump_files,
@@ -24,8 +24,8 @@ from collectors.flight_recorder import (
     read_dump_dir,
     read_dump_file,
 )
-from collectors.safe_pickle import safe_load
-from collectors.schema import TABLES
+from faultlens.collectors.safe_pickle import safe_load
+from faultlens.collectors.schema import TABLES
 from tests import fr_builders as fb
 from tests.conftest import DATA_DIR, REPO_ROOT
 
@@ -286,7 +286,7 @@ def test_scanner_matches_the_unpickler_on_generated_dumps(tmp_path: Path, extra:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120)
 
 

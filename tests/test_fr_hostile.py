@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from bench.bench_fr_fuzz import hostile_jsons, hostile_pickles
-from collectors.flight_recorder import read_dump_dir
-from collectors.safe_pickle import PickleLoadError, UnsafePickleError, _make_set, safe_loads
+from faultlens.collectors.flight_recorder import read_dump_dir
+from faultlens.collectors.safe_pickle import PickleLoadError, UnsafePickleError, _make_set, safe_loads
 from tests.conftest import DATA_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def _nccl_set(directory: Path) -> Path:
 
 _READER = textwrap.dedent("""
     import json, resource, sys
-    from collectors.flight_recorder import read_dump_dir
+    from faultlens.collectors.flight_recorder import read_dump_dir
     dumps = read_dump_dir(sys.argv[1], fast_path={fast})
     print(json.dumps({{"ranks": list(dumps.ranks), "rows": dumps.table.num_rows,
                       "errors": {{e.path.rsplit("/", 1)[-1]: str(e) for e in dumps.errors}},
@@ -119,7 +119,7 @@ def test_memory_and_cpu_bombs_are_bounded(tmp_path: Path, fast: bool) -> None:
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    from controller.cli.main import main
+    from faultlens.controller.cli.main import main
 
     code = main(argv)
     out = capsys.readouterr()
@@ -189,7 +189,7 @@ def test_ingest_fr_stores_the_good_ranks_beside_bad_files(tmp_path: Path, store_
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 2 and all(line.startswith("faultlens ingest fr: error: ") for line in lines)
     assert "ingested" in out and "from 16 dump(s)" in out
-    from attribution.store import Store
+    from faultlens.attribution.store import Store
 
     with Store(str(store_dir)) as store:
         ranks = store.query("SELECT DISTINCT rank FROM collectives ORDER BY rank").column("rank").to_pylist()
@@ -201,8 +201,8 @@ def test_the_follow_loops_dump_request_returns_the_good_ranks(tmp_path: Path, st
     (RecursionError) ended the request, and the live loop lost the whole set."""
     import datetime as dt
 
-    from attribution.progress import HangSuspect
-    from controller.cli.attribution_cmds import DumpRequester
+    from faultlens.attribution.progress import HangSuspect
+    from faultlens.controller.cli.attribution_cmds import DumpRequester
 
     directory = tmp_path / "dumps"
     shutil.copytree(GLOO, directory)

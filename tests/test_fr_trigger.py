@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from collectors.flight_recorder import read_dump_dir
-from collectors.fr_trigger import FlightRecorderTrigger, repair_pg_config
-from collectors.safe_pickle import safe_load
+from faultlens.collectors.flight_recorder import read_dump_dir
+from faultlens.collectors.fr_trigger import FlightRecorderTrigger, repair_pg_config
+from faultlens.collectors.safe_pickle import safe_load
 from tests.conftest import REPO_ROOT
 
 PROBE = REPO_ROOT / "tests" / "torch_jobs" / "trigger_probe.py"

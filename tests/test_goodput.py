@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from attribution.goodput import (
+from faultlens.attribution.goodput import (
     BADPUT,
     Bucket,
     GoodputError,
@@ -19,8 +19,8 @@ from attribution.goodput import (
     goodput,
     optimal_checkpoint_interval,
 )
-from attribution.store import Store
-from controller.cli.main import main
+from faultlens.attribution.store import Store
+from faultlens.controller.cli.main import main
 from tests.engine_rows import at, write
 
 JOB = "job-g"

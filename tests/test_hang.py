@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from attribution.hang import HangReport, HangVerdict, analyze_collectives
-from collectors.flight_recorder import read_dump_dir
-from collectors.safe_pickle import safe_load
+from faultlens.attribution.hang import HangReport, HangVerdict, analyze_collectives
+from faultlens.collectors.flight_recorder import read_dump_dir
+from faultlens.collectors.safe_pickle import safe_load
 from tests import fr_builders as fb
 from tests.conftest import DATA_DIR, REPO_ROOT
 
@@ -307,7 +307,7 @@ def test_torch_analyzer_fails_on_raw_gloo_dumps(torch_artifacts: dict[str, Path]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120)
 
 

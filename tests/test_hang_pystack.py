@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from attribution.hang import HangVerdict, analyze_collectives, attach_stacks, stacks_from_metadata
-from collectors.flight_recorder import read_dump_dir
-from collectors.pystack import (
+from faultlens.attribution.hang import HangVerdict, analyze_collectives, attach_stacks, stacks_from_metadata
+from faultlens.collectors.flight_recorder import read_dump_dir
+from faultlens.collectors.pystack import (
     MAX_STACK_BYTES,
     ProcessStack,
     StackPlace,

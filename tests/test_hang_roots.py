@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attribution.hang import HangReport, HangVerdict, analyze_collectives
-from collectors.flight_recorder import read_dump_dir
+from faultlens.attribution.hang import HangReport, HangVerdict, analyze_collectives
+from faultlens.collectors.flight_recorder import read_dump_dir
 from tests import fr_builders as fb
 from tests.conftest import REPO_ROOT
 

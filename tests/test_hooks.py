@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action, Decision, DeliveryStatus, Restore
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from controller.checkpoints.manifest import Manifest, shard_entries
-from controller.delivery import DecisionLog, Deliverer
-from controller.hooks import (
+from faultlens.attribution.decision import Action, Decision, DeliveryStatus, Restore
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.controller.checkpoints.manifest import Manifest, shard_entries
+from faultlens.controller.delivery import DecisionLog, Deliverer
+from faultlens.controller.hooks import (
     CommandHook,
     FileDropHook,
     HookConfigError,
@@ -24,8 +24,8 @@ from controller.hooks import (
     hooks_from_config,
     load_hooks,
 )
-from controller.hooks.entrypoint import EntryPointHookError, available, load_entry_point_hook
-from controller.restore import RestorePlan
+from faultlens.controller.hooks.entrypoint import EntryPointHookError, available, load_entry_point_hook
+from faultlens.controller.restore import RestorePlan
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 
@@ -106,7 +106,7 @@ def installed_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (site / "faultlens_test_hooks-1.0.dist-info" / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: faultlens-test-hooks\nVersion: 1.0\n")
     (site / "faultlens_test_hooks-1.0.dist-info" / "entry_points.txt").write_text(
-        "[faultlens.hooks]\nrestore = controller.restore:RestoreHook\n"
+        "[faultlens.hooks]\nrestore = faultlens.controller.restore:RestoreHook\n"
         "recorder = faultlens_test_recorder:RecorderHook\nbroken = faultlens_test_recorder:Missing\n")
     (site / "faultlens_test_recorder.py").write_text(RECORDER_MODULE)
     monkeypatch.syspath_prepend(str(site))
@@ -123,7 +123,7 @@ def _write_checkpoint(directory: Path, step: int, world_size: int) -> None:
 
 def test_entry_point_hooks_are_found_and_built_with_options(installed_hooks: Path, tmp_path: Path,
                                                             store_dir: Path) -> None:
-    assert available()["restore"] == "controller.restore:RestoreHook"
+    assert available()["restore"] == "faultlens.controller.restore:RestoreHook"
     durable = tmp_path / "durable"
     _write_checkpoint(durable / "step-00000100", 100, 2)
     plan_file = tmp_path / "plan.json"
@@ -228,8 +228,8 @@ def test_decision_persisted_without_hooks_is_delivered_later(tmp_path: Path, sto
 def test_example_hooks_file_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
 
-    from attribution.rulefile import validate_against
-    from controller.hooks.config import HOOKS_SCHEMA
+    from faultlens.attribution.rulefile import validate_against
+    from faultlens.controller.hooks.config import HOOKS_SCHEMA
     from tests.conftest import REPO_ROOT
 
     path = REPO_ROOT / "rules" / "hooks.example.yaml"

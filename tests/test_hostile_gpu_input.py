@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attribution.store import Store
-from collectors.dcgm import DcgmParser, DcgmSource, read_scrape
-from collectors.kmsg import KernelLogParser, KmsgSource, read_kernel_log
-from collectors.source import NodeIdentity
+from faultlens.attribution.store import Store
+from faultlens.collectors.dcgm import DcgmParser, DcgmSource, read_scrape
+from faultlens.collectors.kmsg import KernelLogParser, KmsgSource, read_kernel_log
+from faultlens.collectors.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 UTC = dt.UTC
@@ -52,7 +52,7 @@ ADVERSARIAL = {
 def test_64k_adversarial_lines_parse_in_linear_time():
     script = textwrap.dedent("""
         import json, sys
-        from collectors.kmsg import KernelLogParser
+        from faultlens.collectors.kmsg import KernelLogParser
         lines = json.loads(sys.stdin.read())
         parser = KernelLogParser()
         out = {name: [(e.kind, e.code) for e in parser.feed(line, 1)] for name, line in lines.items()}
@@ -128,7 +128,7 @@ def test_ingest_kmsg_stores_the_good_lines_and_names_the_bad_one(tmp_path, store
         lines.insert(10 + offset * 20, bad)
     log_file = tmp_path / "kern.log"
     log_file.write_text("\n".join(lines) + "\n")
-    result = subprocess.run([sys.executable, "-m", "controller.cli.main", "ingest", "kmsg", str(log_file), "--utc",
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "ingest", "kmsg", str(log_file), "--utc",
                              "--store", str(store_dir)], capture_output=True, text=True, timeout=120, env=_env(),
                             cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
@@ -194,7 +194,7 @@ def test_ingest_dcgm_never_prints_a_traceback(tmp_path, store_dir, bad):
     (tmp_path / "scrape.prom").write_text(text)
     samples, _, _ = read_scrape(str(tmp_path / "scrape.prom"), IDENTITY)
     assert len(samples) == 4
-    result = subprocess.run([sys.executable, "-m", "controller.cli.main", "ingest", "dcgm",
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "ingest", "dcgm",
                              str(tmp_path / "scrape.prom"), "--store", str(store_dir)], capture_output=True,
                             text=True, timeout=120, env=_env(), cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
@@ -217,7 +217,7 @@ def test_fuzz_dcgm_values_parse_never_raises_and_rows_always_store(samples):
     text += 'DCGM_EXP_XID_ERRORS_COUNT{gpu="0",UUID="GPU-0",xid="48",window_size_in_ms="60000"} 2\n'
     parser = DcgmParser()
     rows, events = parser.parse(text, IDENTITY, ts_ns=1_796_000_000 * 10**9)
-    from collectors.batches import rows_to_batch
+    from faultlens.collectors.batches import rows_to_batch
 
     rows_to_batch("gpu_samples", rows)  # every row the parser returns fits the table
     rows_to_batch("gpu_events", events)

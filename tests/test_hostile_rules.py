@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from attribution.policy import load_policy
-from attribution.rules import load_crash_rules, load_thresholds
-from collectors.process_rules import load_process_rules
-from collectors.xid_catalog import load_xid_catalog
-from controller.hooks.config import load_hooks
+from faultlens.attribution.policy import load_policy
+from faultlens.attribution.rules import load_crash_rules, load_thresholds
+from faultlens.collectors.process_rules import load_process_rules
+from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.controller.hooks.config import load_hooks
 from tests.conftest import REPO_ROOT
 
 RULES = REPO_ROOT / "rules"
@@ -83,7 +83,7 @@ def _env(**extra: str) -> dict[str, str]:
 def test_cli_reports_a_deep_rules_file_in_one_line(tmp_path, store_dir):
     path = tmp_path / "crash.yaml"
     path.write_bytes(_variants((RULES / "crash.yaml").read_text())["deep_flow_sequence"])
-    result = subprocess.run([sys.executable, "-m", "controller.cli.main", "attribute", "--store", str(store_dir),
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "attribute", "--store", str(store_dir),
                              "--rules", str(path)], capture_output=True, text=True, timeout=120, env=_env(),
                             cwd=REPO_ROOT)
     assert result.returncode == 2
@@ -100,7 +100,7 @@ def test_xid_catalog_is_user_replaceable(tmp_path, monkeypatch):
     assert load_xid_catalog(user).get(79).name == "SITE_NAME_FOR_XID_79"
     monkeypatch.setenv("FAULTLENS_XID_CATALOG", str(user))
     assert load_xid_catalog().get(79).name == "SITE_NAME_FOR_XID_79"
-    from attribution.hardware import default_xid_catalog
+    from faultlens.attribution.hardware import default_xid_catalog
 
     assert default_xid_catalog().get(79).name == "SITE_NAME_FOR_XID_79"  # what the engine uses
 
@@ -108,7 +108,7 @@ def test_xid_catalog_is_user_replaceable(tmp_path, monkeypatch):
 def test_cli_xid_catalog_option_names_a_bad_file(tmp_path, store_dir):
     bad = tmp_path / "xid.yaml"
     bad.write_bytes((RULES / "xid.yaml").read_text().encode("utf-16"))
-    result = subprocess.run([sys.executable, "-m", "controller.cli.main", "attribute", "--store", str(store_dir),
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "attribute", "--store", str(store_dir),
                              "--xid-catalog", str(bad)], capture_output=True, text=True, timeout=120, env=_env(),
                             cwd=REPO_ROOT)
     assert result.returncode == 2

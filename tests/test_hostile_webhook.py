@@ -19,10 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from attribution.decision import Action, Decision, Restore
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from controller.hooks import HookError, PermanentHookError, WebhookHook
-from controller.hooks.webhook import ATTEMPT_HEADER, DECISION_ID_HEADER, verify_timestamped
+from faultlens.attribution.decision import Action, Decision, Restore
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.controller.hooks import HookError, PermanentHookError, WebhookHook
+from faultlens.controller.hooks.webhook import ATTEMPT_HEADER, DECISION_ID_HEADER, verify_timestamped
 from tests.conftest import REPO_ROOT
 
 SECRET = "s3cret"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from attribution.store import Store
+from faultlens.attribution.store import Store
 from tests.conftest import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "integration.md"
@@ -48,7 +48,7 @@ def _clean_venv(root: Path) -> Path:
     paths = [str(REPO_ROOT), *(p for p in site.getsitepackages() if Path(p).is_dir())]
     (purelib / "faultlens_deps.pth").write_text("\n".join(paths) + "\n")
     script = root / "bin" / "faultlens"
-    script.write_text(f"#!{root / 'bin' / 'python'}\nimport sys\nfrom controller.cli.main import main\n"
+    script.write_text(f"#!{root / 'bin' / 'python'}\nimport sys\nfrom faultlens.controller.cli.main import main\n"
                       "sys.exit(main())\n")
     script.chmod(0o755)
     return root / "bin"

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attribution.store import Store
-from collectors.gpu_backend import GpuDevice
-from collectors.kmsg import KernelLogFileError, KernelLogParser, KmsgSource, read_kernel_log
-from collectors.source import NodeIdentity
+from faultlens.attribution.store import Store
+from faultlens.collectors.gpu_backend import GpuDevice
+from faultlens.collectors.kmsg import KernelLogFileError, KernelLogParser, KmsgSource, read_kernel_log
+from faultlens.collectors.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 UTC = dt.UTC
@@ -307,7 +307,7 @@ def test_read_kernel_log_file_errors(tmp_path):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
 
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action
-from attribution.engine import Engine, attribute, write_new_incidents
-from attribution.incident import Cause, IncidentClass
-from attribution.policy import DecisionPolicy, RestoreRequest, StoreHistory
-from attribution.rules import load_thresholds
-from attribution.store import Store
-from attribution.telemetry import load_from_store
+from faultlens.attribution.decision import Action
+from faultlens.attribution.engine import Engine, attribute, write_new_incidents
+from faultlens.attribution.incident import Cause, IncidentClass
+from faultlens.attribution.policy import DecisionPolicy, RestoreRequest, StoreHistory
+from faultlens.attribution.rules import load_thresholds
+from faultlens.attribution.store import Store
+from faultlens.attribution.telemetry import load_from_store
 
 pytest.importorskip("torch")
 
@@ -177,7 +177,7 @@ def test_teardown_after_the_last_step_is_not_a_hang(live_runs: Path, tmp_path: P
 
 def _decide_in_order(store: Path, incidents: list) -> list:
     """The policy's decisions, in order, each with the store's history as it was when it was made."""
-    from controller.delivery import Deliverer
+    from faultlens.controller.delivery import Deliverer
 
     policy = DecisionPolicy(history=StoreHistory(Store(store)))
     deliverer = Deliverer(str(store), [])

@@ -6,10 +6,10 @@ import threading
 
 import pyarrow as pa
 
-from attribution.maintenance import compact, retention
-from attribution.store import Store
-from collectors.schema import TABLES
-from collectors.sink import SegmentSink
+from faultlens.attribution.maintenance import compact, retention
+from faultlens.attribution.store import Store
+from faultlens.collectors.schema import TABLES
+from faultlens.collectors.sink import SegmentSink
 
 BASE = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action
-from attribution.engine import attribute
-from attribution.fault_labels import read_labels
-from attribution.incident import Cause
-from attribution.policy import DecisionPolicy
-from controller.simulate.config import SimConfig
-from controller.simulate.run import simulate
+from faultlens.attribution.decision import Action
+from faultlens.attribution.engine import attribute
+from faultlens.attribution.fault_labels import read_labels
+from faultlens.attribution.incident import Cause
+from faultlens.attribution.policy import DecisionPolicy
+from faultlens.controller.simulate.config import SimConfig
+from faultlens.controller.simulate.run import simulate
 
 
 @pytest.mark.parametrize(("seed", "pp"), [(1, 4), (5, 2)])

@@ -65,7 +65,7 @@ def test_notebook_runs_on_the_demo_store_and_writes_its_plots(name, demo_store, 
 def simulated_store(tmp_path_factory) -> Path:
     """A simulated job (faultlens simulate: 2 nodes x 8 GPUs, 1 hour, Llama-3 fault mix), attributed and decided
     in a batch pass afterwards, as an operator would analyse an old job."""
-    from controller.cli.main import main
+    from faultlens.controller.cli.main import main
 
     root = tmp_path_factory.mktemp("simulated")
     store = root / "store"

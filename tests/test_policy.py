@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action, Restore
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.policy import (
+from faultlens.attribution.decision import Action, Restore
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.policy import (
     DEFAULT_POLICY_PATH,
     DecisionPolicy,
     PolicyError,
@@ -19,9 +19,9 @@ from attribution.policy import (
     load_policy,
     policy_from_document,
 )
-from attribution.store import Store
-from collectors.sink import SegmentSink
-from controller.delivery import Deliverer
+from faultlens.attribution.store import Store
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.delivery import Deliverer
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 

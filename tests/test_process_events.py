@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from attribution.store import Store
-from collectors.process_events import (
+from faultlens.attribution.store import Store
+from faultlens.collectors.process_events import (
     EventContext,
     ProcessEventsError,
     ProcessSource,
@@ -23,9 +23,9 @@ from collectors.process_events import (
     rows_from_error_file,
     rows_from_torchrun_output,
 )
-from collectors.schema import validate
-from collectors.source import NodeIdentity
-from controller.cli.main import main as cli
+from faultlens.collectors.schema import validate
+from faultlens.collectors.source import NodeIdentity
+from faultlens.controller.cli.main import main as cli
 
 UTC = EventContext(tz=dt.UTC)
 

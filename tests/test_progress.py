@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from attribution.engine import Engine, attribute
-from attribution.incident import IncidentClass
-from attribution.progress import ProgressMonitor
-from attribution.rules import load_thresholds
-from attribution.store import Store
-from attribution.telemetry import Telemetry, load_from_store
-from collectors.flight_recorder import read_dump_dir
-from collectors.source import NodeIdentity
-from collectors.xid_catalog import load_xid_catalog
+from faultlens.attribution.engine import Engine, attribute
+from faultlens.attribution.incident import IncidentClass
+from faultlens.attribution.progress import ProgressMonitor
+from faultlens.attribution.rules import load_thresholds
+from faultlens.attribution.store import Store
+from faultlens.attribution.telemetry import Telemetry, load_from_store
+from faultlens.collectors.flight_recorder import read_dump_dir
+from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.xid_catalog import load_xid_catalog
 from tests.engine_rows import at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 
@@ -226,8 +226,8 @@ def test_real_subgroup_hang_names_the_sub_group_and_its_skipping_rank(torch_arti
 
 def test_cli_dump_requester_touches_the_trigger_and_stores_the_dump_set(torch_artifacts: dict[str, Path],
                                                                         store_dir: Path, tmp_path: Path) -> None:
-    from attribution.progress import HangSuspect
-    from controller.cli.attribution_cmds import DumpRequester
+    from faultlens.attribution.progress import HangSuspect
+    from faultlens.controller.cli.attribution_cmds import DumpRequester
 
     artifact = torch_artifacts["hang"]
     trigger = tmp_path / "fr" / "trigger"

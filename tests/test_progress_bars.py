@@ -8,7 +8,7 @@ import select
 import subprocess
 import sys
 
-from controller.cli.main import main
+from faultlens.controller.cli.main import main
 from tests.conftest import REPO_ROOT
 
 SIM = ["simulate", "--nodes", "2", "--gpus-per-node", "2", "--hours", "1", "--faults-per-day", "150"]
@@ -28,7 +28,7 @@ def test_bar_on_a_terminal(tmp_path):
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "100", "TERM": "xterm"}
     env.pop("FAULTLENS_PROGRESS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli.main", *SIM, "--store", str(tmp_path / "s")],
+    proc = subprocess.Popen([sys.executable, "-m", "faultlens.controller.cli.main", *SIM, "--store", str(tmp_path / "s")],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, cwd=REPO_ROOT, env=env)
     os.close(slave)
     seen = b""

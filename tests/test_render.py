@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from collectors.sink import SegmentSink
-from controller.cli.main import main
-from controller.cli.render import render_record, render_table
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.cli.main import main
+from faultlens.controller.cli.render import render_record, render_table
 
 GLOO = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
         "[127.0.0.1]:44313")
@@ -131,7 +131,7 @@ def test_help_and_sql_import_no_heavy_library(events_store):
 
     heavy = ("torch", "sklearn", "numba", "opentelemetry", "pandas", "scipy")
     probe = ("import runpy, sys; sys.argv = ['faultlens', *sys.argv[1:]]\n"
-             "try:\n    runpy.run_module('controller.cli.main', run_name='__main__')\n"
+             "try:\n    runpy.run_module('faultlens.controller.cli.main', run_name='__main__')\n"
              "except SystemExit:\n    pass\n"
              f"print('LOADED', [m for m in {heavy!r} if m in sys.modules], file=sys.stderr)")
     for argv in (["--help"], ["sql", "--store", str(events_store), "SELECT count(*) FROM process_events"]):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from attribution.store import Store
-from collectors.sink import SegmentSink
-from controller.cli.main import main
+from faultlens.attribution.store import Store
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.cli.main import main
 
 
 def _count(store) -> int:

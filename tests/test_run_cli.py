@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from attribution.store import Store
+from faultlens.attribution.store import Store
 from tests.conftest import REPO_ROOT
 
 pytest.importorskip("torch")
@@ -14,9 +14,9 @@ pytest.importorskip("torch")
 
 def test_run_completes_a_healthy_job(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "run", "--store", str(tmp_path / "store"),
+    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store", str(tmp_path / "store"),
                            "--workdir", str(tmp_path / "work"), "--nnodes", "2", "--nproc-per-node", "1",
-                           "--job", "healthy", "--", "-m", "controller.demo.train", "--steps", "12",
+                           "--job", "healthy", "--", "-m", "faultlens.controller.demo.train", "--steps", "12",
                            "--step-sleep", "0.01"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -29,7 +29,7 @@ def test_run_completes_a_healthy_job(tmp_path):
 
 
 def test_run_without_a_command_is_a_one_line_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "controller.cli.main", "run", "--nnodes", "1",
+    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "run", "--nnodes", "1",
                            "--nproc-per-node", "1"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("faultlens run: error: give the training command after --")

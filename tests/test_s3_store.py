@@ -6,11 +6,11 @@ import socket
 import pyarrow as pa
 import pytest
 
-from attribution.maintenance import compact
-from attribution.store import Store
-from collectors.layout import list_segments, resolve_store
-from collectors.schema import TABLES
-from collectors.sink import SegmentSink
+from faultlens.attribution.maintenance import compact
+from faultlens.attribution.store import Store
+from faultlens.collectors.layout import list_segments, resolve_store
+from faultlens.collectors.schema import TABLES
+from faultlens.collectors.sink import SegmentSink
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")

@@ -13,15 +13,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from attribution.fault_labels import ExpectedAction, LabelClass, LabelError, read_labels, write_labels
-from attribution.store import Store
-from collectors.kmsg import KernelLogParser
-from collectors.schema import TABLES
-from controller.cli.main import main as cli
-from controller.simulate import ConfigError, SimConfig, simulate
-from controller.simulate.cluster import Placement, make_nodes
-from controller.simulate.collectives import HangSpec, build_groups, resolve, step_program
-from controller.simulate.faults import FAULTS, STRAGGLERS
+from faultlens.attribution.fault_labels import ExpectedAction, LabelClass, LabelError, read_labels, write_labels
+from faultlens.attribution.store import Store
+from faultlens.collectors.kmsg import KernelLogParser
+from faultlens.collectors.schema import TABLES
+from faultlens.controller.cli.main import main as cli
+from faultlens.controller.simulate import ConfigError, SimConfig, simulate
+from faultlens.controller.simulate.cluster import Placement, make_nodes
+from faultlens.controller.simulate.collectives import HangSpec, build_groups, resolve, step_program
+from faultlens.controller.simulate.faults import FAULTS, STRAGGLERS
 
 # a small, busy cluster that injects every fault kind once, in catalog order (independent of the seed)
 SEED = 5

@@ -10,7 +10,7 @@ import time
 
 import pyarrow.parquet as pq
 
-from attribution.store import Store
+from faultlens.attribution.store import Store
 from tests.conftest import REPO_ROOT
 
 TRIALS = 50

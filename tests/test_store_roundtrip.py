@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from attribution.store import Store
-from collectors.schema import TABLE_NAMES, rows_to_table, schema_for
-from collectors.sink import SegmentSink
+from faultlens.attribution.store import Store
+from faultlens.collectors.schema import TABLE_NAMES, rows_to_table, schema_for
+from faultlens.collectors.sink import SegmentSink
 from tests.rowgen import make_rows
 
 

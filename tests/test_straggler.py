@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from attribution.engine import Engine, attribute
-from attribution.incident import Cause, IncidentClass
-from attribution.rules import RulesError, load_thresholds
-from collectors.xid_catalog import load_xid_catalog
+from faultlens.attribution.engine import Engine, attribute
+from faultlens.attribution.incident import Cause, IncidentClass
+from faultlens.attribution.rules import RulesError, load_thresholds
+from faultlens.collectors.xid_catalog import load_xid_catalog
 from tests.engine_rows import at, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from attribution.engine import Engine, attribute
-from attribution.incident import IncidentClass
-from collectors.step_table import StepTableError, read_step_table
-from collectors.xid_catalog import load_xid_catalog
+from faultlens.attribution.engine import Engine, attribute
+from faultlens.attribution.incident import IncidentClass
+from faultlens.collectors.step_table import StepTableError, read_step_table
+from faultlens.collectors.xid_catalog import load_xid_catalog
 from tests.torch_jobs.straggler_jobs import straggler_artifacts
 
 MAPPING = ["--map", "rank=global_rank", "--map", "step=iteration", "--map", "section=timer",
@@ -32,7 +32,7 @@ def jobs() -> dict[str, Path]:
 
 
 def faultlens(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "controller.cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], capture_output=True, text=True,
                           timeout=300)
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action
-from attribution.engine import Engine, attribute
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.policy import DecisionPolicy, StoreHistory, load_policy
-from attribution.store import Store
-from attribution.straggler_policy import decide_all, straggler_saving
-from collectors.sink import SegmentSink
-from collectors.xid_catalog import load_xid_catalog
+from faultlens.attribution.decision import Action
+from faultlens.attribution.engine import Engine, attribute
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
+from faultlens.attribution.store import Store
+from faultlens.attribution.straggler_policy import decide_all, straggler_saving
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.xid_catalog import load_xid_catalog
 from tests.engine_rows import ranks_rows, steps_rows, write
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action
-from attribution.engine import Engine, attribute
-from attribution.incident import Cause, IncidentClass
-from attribution.policy import DecisionPolicy, load_policy
-from attribution.straggler_policy import decide_all
-from collectors.xid_catalog import load_xid_catalog
-from controller.simulate.straggler_cases import write_case
+from faultlens.attribution.decision import Action
+from faultlens.attribution.engine import Engine, attribute
+from faultlens.attribution.incident import Cause, IncidentClass
+from faultlens.attribution.policy import DecisionPolicy, load_policy
+from faultlens.attribution.straggler_policy import decide_all
+from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.controller.simulate.straggler_cases import write_case
 
 
 @pytest.fixture(scope="module")

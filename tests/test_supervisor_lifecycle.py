@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from attribution.store import Store
+from faultlens.attribution.store import Store
 from tests.conftest import REPO_ROOT
 
 pytest.importorskip("torch")
@@ -26,10 +26,10 @@ DEMO_THRESHOLDS = REPO_ROOT / "rules" / "thresholds-demo.yaml"
 def _run(tmp_path: Path, job: str, *args: str, nnodes: int = 2, nproc: int = 1, spares: int = 0,
          env: dict[str, str] | None = None, train: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})}
-    command = [sys.executable, "-m", "controller.cli.main", "run", "--store", str(tmp_path / "store"),
+    command = [sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store", str(tmp_path / "store"),
                "--workdir", str(tmp_path / "work"), "--nnodes", str(nnodes), "--nproc-per-node", str(nproc),
                "--spares", str(spares), "--job", job, "--thresholds", str(DEMO_THRESHOLDS), *args, "--",
-               "-m", "controller.demo.train", *train]
+               "-m", "faultlens.controller.demo.train", *train]
     try:
         return subprocess.run(command, cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=300)
     finally:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from collectors.process_events import EventContext, collect_paths
-from collectors.torchrun_report import TorchrunOutput, TorchrunReportError, parse_report_time, parse_torchrun_output
+from faultlens.collectors.process_events import EventContext, collect_paths
+from faultlens.collectors.torchrun_report import TorchrunOutput, TorchrunReportError, parse_report_time, parse_torchrun_output
 
 
 def _output(art: Path) -> TorchrunOutput:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from attribution.decision import Action, Decision, DeliveryStatus, Restore
-from attribution.incident import Cause, Evidence, Incident, IncidentClass
-from attribution.store import Store
-from controller.delivery import DecisionLog, Deliverer
-from controller.hooks import PermanentHookError, RetryPolicy, WebhookHook, sign, verify_signature
-from controller.hooks.webhook import DECISION_ID_HEADER, SIGNATURE_HEADER
+from faultlens.attribution.decision import Action, Decision, DeliveryStatus, Restore
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.store import Store
+from faultlens.controller.delivery import DecisionLog, Deliverer
+from faultlens.controller.hooks import PermanentHookError, RetryPolicy, WebhookHook, sign, verify_signature
+from faultlens.controller.hooks.webhook import DECISION_ID_HEADER, SIGNATURE_HEADER
 
 SECRET = "s3cret-for-tests"
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -228,8 +228,8 @@ def test_decisions_written_by_an_older_schema_are_still_read(store_dir: Path) ->
     """A segment without the delivery_error/delivery_attempts columns (schema before they were added)."""
     import pyarrow as pa
 
-    from collectors.layout import partition_dir, resolve_store, write_segment
-    from collectors.schema import TABLES
+    from faultlens.collectors.layout import partition_dir, resolve_store, write_segment
+    from faultlens.collectors.schema import TABLES
 
     decision = make_decision(11)
     old_schema = pa.schema([f for f in TABLES["decisions"] if f.name not in ("delivery_error", "delivery_attempts")])

@@ -1,6 +1,6 @@
 """Multi-tier checkpoints: tiers, the catalog and restore choice, and a tiered checkpointer for training loops."""
 
-from controller.checkpoints.catalog import (
+from faultlens.controller.checkpoints.catalog import (
     CheckpointCatalog,
     CheckpointEntry,
     ChecksumStatus,
@@ -8,7 +8,7 @@ from controller.checkpoints.catalog import (
     RankSource,
     RestoreChoice,
 )
-from controller.checkpoints.tiers import Tier, TierError, TierKind, load_tiers, parse_tier_spec, parse_tiers
+from faultlens.controller.checkpoints.tiers import Tier, TierError, TierKind, load_tiers, parse_tier_spec, parse_tiers
 
 __all__ = [
     "CheckpointCatalog",

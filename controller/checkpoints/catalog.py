@@ -30,12 +30,12 @@ from typing import Any
 
 import fsspec
 
-from attribution.decision import Restore
-from attribution.policy import RestoreRequest
-from controller.checkpoints.dcp import METADATA_NAME, inspect_dcp
-from controller.checkpoints.fsutil import is_local, uri_of
-from controller.checkpoints.manifest import MANIFEST_NAME, ManifestError, ShardFile, parse_manifest
-from controller.checkpoints.tiers import TIER_ORDER, Tier, TierKind
+from faultlens.attribution.decision import Restore
+from faultlens.attribution.policy import RestoreRequest
+from faultlens.controller.checkpoints.dcp import METADATA_NAME, inspect_dcp
+from faultlens.controller.checkpoints.fsutil import is_local, uri_of
+from faultlens.controller.checkpoints.manifest import MANIFEST_NAME, ManifestError, ShardFile, parse_manifest
+from faultlens.controller.checkpoints.tiers import TIER_ORDER, Tier, TierKind
 
 log = logging.getLogger(__name__)
 

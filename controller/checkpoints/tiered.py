@@ -31,9 +31,9 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from controller.checkpoints.catalog import COMMIT_DIR, STEP_DIR_RE
-from controller.checkpoints.fsutil import atomic_write, is_local
-from controller.checkpoints.manifest import MANIFEST_NAME, Manifest, ShardFile, parse_manifest
+from faultlens.controller.checkpoints.catalog import COMMIT_DIR, STEP_DIR_RE
+from faultlens.controller.checkpoints.fsutil import atomic_write, is_local
+from faultlens.controller.checkpoints.manifest import MANIFEST_NAME, Manifest, ShardFile, parse_manifest
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import fsspec
 
-from attribution.rulefile import RuleFileError, load_yaml_file
+from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
 
 
 class TierKind(StrEnum):

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from attribution.engine import Engine, Follower, attribute, write_new_incidents
-from attribution.incident import Incident
-from attribution.progress import HangSuspect
-from attribution.rules import RulesError, load_crash_rules, load_thresholds
-from attribution.store import QueryError, Store
-from collectors.layout import StoreError
-from collectors.sink import SegmentSink
-from collectors.xid_catalog import load_xid_catalog
-from controller.cli.common import CliError, add_format_args, add_store_arg, emit
+from faultlens.attribution.engine import Engine, Follower, attribute, write_new_incidents
+from faultlens.attribution.incident import Incident
+from faultlens.attribution.progress import HangSuspect
+from faultlens.attribution.rules import RulesError, load_crash_rules, load_thresholds
+from faultlens.attribution.store import QueryError, Store
+from faultlens.collectors.layout import StoreError
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit
 
 INCIDENT_COLUMNS = ("detected_ts", "incident_id", "job_id", "attempt", "class", "cause", "culprit_nodes",
                     "culprit_ranks", "culprit_gpus", "confidence", "rule", "summary")
@@ -106,7 +106,7 @@ def cmd_attribute(args: argparse.Namespace) -> int:
             raise CliError(f"--now {args.now!r}: expected an ISO 8601 time, e.g. 2026-11-30T12:00:00+00:00") from None
         now = now if now.tzinfo else now.replace(tzinfo=dt.UTC)
     engine = _engine(args)
-    from controller.cli.progress import progress
+    from faultlens.controller.cli.progress import progress
 
     try:
         with Store(args.store, jobs=[args.job] if args.job else None) as store, \
@@ -180,8 +180,8 @@ class DumpRequester:
         return {r["rank"]: r["pid"] for r in rows if r["pid"] and self.host in (r["hostname"], r["node"])}
 
     def __call__(self, suspect: HangSuspect) -> pa.Table | None:
-        from collectors.flight_recorder import DumpDirError, read_dump_dir
-        from collectors.source import NodeIdentity
+        from faultlens.collectors.flight_recorder import DumpDirError, read_dump_dir
+        from faultlens.collectors.source import NodeIdentity
 
         requested = time.time()
         expected: set[int] = set()

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from controller.cli.common import CliError
+from faultlens.controller.cli.common import CliError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,9 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
-    from controller.lab.campaign import run_campaign
-    from controller.lab.report import markdown
-    from controller.lab.scenarios import DEFAULT_SCENARIOS, ScenarioError, load_campaign
+    from faultlens.controller.lab.campaign import run_campaign
+    from faultlens.controller.lab.report import markdown
+    from faultlens.controller.lab.scenarios import DEFAULT_SCENARIOS, ScenarioError, load_campaign
 
     try:
         campaign = load_campaign(args.scenarios or DEFAULT_SCENARIOS)

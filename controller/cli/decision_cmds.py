@@ -7,16 +7,16 @@ import argparse
 import datetime as dt
 import sys
 
-from attribution.decision import Decision
-from attribution.incident import Incident
-from attribution.policy import DecisionPolicy, PolicyError, StoreHistory, load_policy
-from attribution.rulefile import RuleFileError
-from attribution.store import QueryError, Store
-from collectors.layout import StoreError
-from controller.checkpoints import CheckpointCatalog, TierError, parse_tiers
-from controller.cli.common import CliError, add_format_args, add_store_arg, emit
-from controller.delivery import DecisionLog, Deliverer
-from controller.hooks import hooks_from_config, load_hooks
+from faultlens.attribution.decision import Decision
+from faultlens.attribution.incident import Incident
+from faultlens.attribution.policy import DecisionPolicy, PolicyError, StoreHistory, load_policy
+from faultlens.attribution.rulefile import RuleFileError
+from faultlens.attribution.store import QueryError, Store
+from faultlens.collectors.layout import StoreError
+from faultlens.controller.checkpoints import CheckpointCatalog, TierError, parse_tiers
+from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit
+from faultlens.controller.delivery import DecisionLog, Deliverer
+from faultlens.controller.hooks import hooks_from_config, load_hooks
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -257,7 +257,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         "problem": entry.problem,
     } for entry in entries]
     if args.record:
-        from collectors.sink import SegmentSink
+        from faultlens.collectors.sink import SegmentSink
 
         try:
             with SegmentSink(args.store) as sink:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attribution.doctor import check_store
-from collectors.layout import StoreError
-from collectors.schema import TABLE_NAMES
-from controller.cli.common import CliError, add_format_args, add_store_arg, emit
+from faultlens.attribution.doctor import check_store
+from faultlens.collectors.layout import StoreError
+from faultlens.collectors.schema import TABLE_NAMES
+from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

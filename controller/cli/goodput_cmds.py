@@ -8,10 +8,10 @@ import json
 import sys
 from collections.abc import Mapping
 
-from attribution.goodput import BADPUT, Bucket, GoodputError, GoodputReport, goodput
-from attribution.store import QueryError, Store
-from collectors.layout import StoreError
-from controller.cli.common import CliError, add_format_args, add_store_arg, emit, json_default
+from faultlens.attribution.goodput import BADPUT, Bucket, GoodputError, GoodputReport, goodput
+from faultlens.attribution.store import QueryError, Store
+from faultlens.collectors.layout import StoreError
+from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit, json_default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -82,7 +82,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     if args.fmt == "csv":
         emit(summary_rows(report), "csv")
         return 0
-    from controller.cli.render import render_text
+    from faultlens.controller.cli.render import render_text
 
     def say(text: str) -> None:
         render_text(text, hanging="  ")

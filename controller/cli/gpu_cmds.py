@@ -10,18 +10,18 @@ import signal
 import sys
 from pathlib import Path
 
-from collectors.agent import NodeAgent
-from collectors.dcgm import DcgmFetchError, DcgmSource, read_scrape
-from collectors.kmsg import KernelLogFileError, KmsgSource, read_kernel_log
-from collectors.layout import StoreError
-from collectors.nvml_backend import NvmlBackend
-from collectors.nvml_source import NvmlSource
-from collectors.otel_export import GpuOtelExporter, OtelConfigError
-from collectors.recorded_backend import RecordedBackend, RecordedTimelineError
-from collectors.schema import SchemaError
-from collectors.sink import SegmentSink
-from collectors.source import NodeIdentity
-from controller.cli.common import CliError, add_store_arg
+from faultlens.collectors.agent import NodeAgent
+from faultlens.collectors.dcgm import DcgmFetchError, DcgmSource, read_scrape
+from faultlens.collectors.kmsg import KernelLogFileError, KmsgSource, read_kernel_log
+from faultlens.collectors.layout import StoreError
+from faultlens.collectors.nvml_backend import NvmlBackend
+from faultlens.collectors.nvml_source import NvmlSource
+from faultlens.collectors.otel_export import GpuOtelExporter, OtelConfigError
+from faultlens.collectors.recorded_backend import RecordedBackend, RecordedTimelineError
+from faultlens.collectors.schema import SchemaError
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.source import NodeIdentity
+from faultlens.controller.cli.common import CliError, add_store_arg
 
 SOURCES = ("nvml", "kmsg", "dcgm")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")

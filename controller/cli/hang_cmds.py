@@ -9,13 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attribution.hang import COLUMNS, HangReport, analyze_collectives
-from collectors.flight_recorder import DumpDirError, DumpSet, auto_processes, read_dump_dir
-from collectors.fr_limits import default_limits
-from collectors.pystack import load_stack_dir
-from collectors.sink import SegmentSink
-from collectors.source import NodeIdentity
-from controller.cli.common import CliError, add_store_arg, json_default
+from faultlens.attribution.hang import COLUMNS, HangReport, analyze_collectives
+from faultlens.collectors.flight_recorder import DumpDirError, DumpSet, auto_processes, read_dump_dir
+from faultlens.collectors.fr_limits import default_limits
+from faultlens.collectors.pystack import load_stack_dir
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.source import NodeIdentity
+from faultlens.controller.cli.common import CliError, add_store_arg, json_default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from controller.cli import gpu_cmds, hang_cmds, job_cmds, steps_cmds
+from faultlens.controller.cli import gpu_cmds, hang_cmds, job_cmds, steps_cmds
 
 INGEST_MODULES: list = [gpu_cmds, hang_cmds, job_cmds, steps_cmds]
 

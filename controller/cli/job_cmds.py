@@ -8,12 +8,12 @@ import collections
 import datetime as dt
 import sys
 
-from collectors.layout import StoreError
-from collectors.process_events import CollectResult, EventContext, collect_paths
-from collectors.process_rules import ProcessRulesError, load_process_rules
-from collectors.schema import SchemaError
-from collectors.sink import SegmentSink
-from controller.cli.common import CliError, add_store_arg
+from faultlens.collectors.layout import StoreError
+from faultlens.collectors.process_events import CollectResult, EventContext, collect_paths
+from faultlens.collectors.process_rules import ProcessRulesError, load_process_rules
+from faultlens.collectors.schema import SchemaError
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.cli.common import CliError, add_store_arg
 
 
 def register_ingest(kinds: argparse._SubParsersAction) -> None:

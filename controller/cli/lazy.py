@@ -19,7 +19,7 @@ def _literal(node: ast.AST | None) -> str | None:
 
 @lru_cache(maxsize=64)
 def listed_commands(module: str) -> tuple[tuple[str, str | None], ...] | None:
-    """(name, help) of each top-level subcommand `controller.cli.<module>` registers; None when its source does
+    """(name, help) of each top-level subcommand `faultlens.controller.cli.<module>` registers; None when its source does
     not say them literally (then the module is imported to know)."""
     try:
         tree = ast.parse((CLI_DIR / f"{module}.py").read_text(encoding="utf-8"))

@@ -7,10 +7,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from controller.cli.common import CliError
+from faultlens.controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help. Entries are
-# module names under controller.cli (imported only when one of their commands runs; see controller/cli/lazy.py)
+# module names under faultlens.controller.cli (imported only when one of their commands runs; see controller/cli/lazy.py)
 # or module objects (imported up front).
 COMMAND_MODULES: list = ["run_cmds", "store_cmds", "ingest_cmds", "gpu_cmds", "decision_cmds", "hang_cmds",
                          "attribution_cmds", "sim_cmds", "goodput_cmds",
@@ -18,13 +18,13 @@ COMMAND_MODULES: list = ["run_cmds", "store_cmds", "ingest_cmds", "gpu_cmds", "d
 
 
 def _module(entry):
-    return importlib.import_module(f"controller.cli.{entry}") if isinstance(entry, str) else entry
+    return importlib.import_module(f"faultlens.controller.cli.{entry}") if isinstance(entry, str) else entry
 
 
 def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
     """The whole CLI; `lazy`: modules whose commands do not include `command` are listed from their source
     (names and help only) instead of imported."""
-    from controller.cli.lazy import listed_commands
+    from faultlens.controller.cli.lazy import listed_commands
 
     parser = argparse.ArgumentParser(
         prog="faultlens",

@@ -9,7 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
-from controller.cli.common import CliError, add_store_arg
+from faultlens.controller.cli.common import CliError, add_store_arg
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEMO_THRESHOLDS = REPO_ROOT / "rules" / "thresholds-demo.yaml"
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _hooks(path: str | None) -> list:
     if not path:
         return []
-    from controller.hooks.config import load_hooks
+    from faultlens.controller.hooks.config import load_hooks
 
     try:
         return list(load_hooks(path))
@@ -61,7 +61,7 @@ def _printer():
     """Timestamped event lines, literal (no markup from the text), folded under the timestamp."""
     import sys
 
-    from controller.cli.render import render_text
+    from faultlens.controller.cli.render import render_text
 
     started = time.monotonic()
 
@@ -80,7 +80,7 @@ def _gpu_note() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from controller.supervisor.run import RunConfig, Supervisor
+    from faultlens.controller.supervisor.run import RunConfig, Supervisor
 
     command = [c for c in args.train_command if c != "--"] if args.train_command else []
     if not command:
@@ -103,13 +103,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         supervisor.close()
     import sys
 
-    from controller.demo.report import print_attempts
+    from faultlens.controller.demo.report import print_attempts
 
     print_attempts(result, sys.stdout)
     last = result.attempts[-1] if result.attempts else None
     if last is not None and last.last_step is None and result.outcome.value != "completed":
-        from controller.cli.render import render_text
-        from controller.cli.startup import start_failure_lines
+        from faultlens.controller.cli.render import render_text
+        from faultlens.controller.cli.startup import start_failure_lines
 
         cause, *where = start_failure_lines(Path(args.workdir), last.attempt)
         render_text(cause, hanging="    ", break_words=False)  # paths in it stay whole
@@ -122,8 +122,8 @@ def _write_html(store: str, job_id: str, path: Path) -> Path | None:
     """The job's HTML report (faultlens report); None, with the reason on stderr, when it cannot be written."""
     import sys
 
-    from attribution.store import Store
-    from controller.report.html import write_report
+    from faultlens.attribution.store import Store
+    from faultlens.controller.report.html import write_report
 
     try:
         with Store(store) as reader:
@@ -134,9 +134,9 @@ def _write_html(store: str, job_id: str, path: Path) -> Path | None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from controller.demo.report import print_report
-    from controller.demo.schedule import DEMO_FAULTS, demo_fault
-    from controller.supervisor.run import RunConfig, Supervisor, write_summary
+    from faultlens.controller.demo.report import print_report
+    from faultlens.controller.demo.schedule import DEMO_FAULTS, demo_fault
+    from faultlens.controller.supervisor.run import RunConfig, Supervisor, write_summary
 
     if not 1 <= args.faults <= len(DEMO_FAULTS):
         raise CliError(f"--faults must be between 1 and {len(DEMO_FAULTS)}")
@@ -148,7 +148,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if workdir.exists() and not args.keep:
         shutil.rmtree(workdir)
     nnodes, nproc = 2, 2
-    config = RunConfig(script=("-m", "controller.demo.train", "--steps", str(args.steps)), nnodes=nnodes,
+    config = RunConfig(script=("-m", "faultlens.controller.demo.train", "--steps", str(args.steps)), nnodes=nnodes,
                        nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,
                        job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
                        thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0, hang_grace_s=3.0,

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from controller.cli.common import CliError, add_store_arg, emit, json_default
+from faultlens.controller.cli.common import CliError, add_store_arg, emit, json_default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from controller.simulate import ConfigError, SimConfig, simulate
+    from faultlens.controller.simulate import ConfigError, SimConfig, simulate
 
     try:
         start = dt.datetime.fromisoformat(args.start)
@@ -80,7 +80,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                         fault_sequence=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
     except ConfigError as exc:
         raise CliError(str(exc)) from None
-    from controller.cli.progress import progress
+    from faultlens.controller.cli.progress import progress
 
     with progress(f"simulating {cfg.hours:g} h on {cfg.nodes} nodes", total=1.0) as task:
         result = simulate(cfg, store, args.labels, progress=lambda share: task.update(completed=share))
@@ -105,10 +105,10 @@ def _replay_progress(detection) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from attribution.evaluate import EvalError, evaluate, load_decider, load_incidents, report_rows
-    from attribution.fault_labels import LabelError, read_labels
-    from attribution.store import Store
-    from collectors.layout import StoreError
+    from faultlens.attribution.evaluate import EvalError, evaluate, load_decider, load_incidents, report_rows
+    from faultlens.attribution.fault_labels import LabelError, read_labels
+    from faultlens.attribution.store import Store
+    from faultlens.collectors.layout import StoreError
 
     try:
         labels = read_labels(args.labels)
@@ -118,7 +118,7 @@ def run_eval(args: argparse.Namespace) -> int:
         store = Store(args.store)
     except StoreError as exc:
         raise CliError(str(exc)) from None
-    from controller.cli.progress import progress
+    from faultlens.controller.cli.progress import progress
 
     with store:
         try:
@@ -131,8 +131,8 @@ def run_eval(args: argparse.Namespace) -> int:
             labels = [label for label in labels if label.job_id in (None, args.job)]
         replay = None
         if args.replay:
-            from attribution.evaluate import stands_for
-            from attribution.replay import replay_faults
+            from faultlens.attribution.evaluate import stands_for
+            from faultlens.attribution.replay import replay_faults
 
             with progress("replaying each fault through the live engine", total=len(labels)) as task:
                 def step(detection) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from collectors.layout import StoreError
-from collectors.schema import SchemaError
-from collectors.sink import SegmentSink
-from collectors.step_table import COORDS, OPTIONAL, REQUIRED, UNITS, StepTableError, read_step_table
-from controller.cli.common import CliError, add_store_arg
+from faultlens.collectors.layout import StoreError
+from faultlens.collectors.schema import SchemaError
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.step_table import COORDS, OPTIONAL, REQUIRED, UNITS, StepTableError, read_step_table
+from faultlens.controller.cli.common import CliError, add_store_arg
 
 NAMES = REQUIRED + OPTIONAL + COORDS
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attribution.maintenance import compact, retention
-from attribution.store import QueryError, Store
-from collectors.layout import StoreError, resolve_store
-from collectors.schema import TABLE_NAMES
-from controller.cli.common import CliError, add_format_args, add_store_arg, emit
+from faultlens.attribution.maintenance import compact, retention
+from faultlens.attribution.store import QueryError, Store
+from faultlens.collectors.layout import StoreError, resolve_store
+from faultlens.collectors.schema import TABLE_NAMES
+from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

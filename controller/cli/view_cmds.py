@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from controller.cli.common import CliError, add_store_arg, json_default
+from faultlens.controller.cli.common import CliError, add_store_arg, json_default
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,8 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store(args: argparse.Namespace, jobs: list[str] | None = None):
-    from attribution.store import Store
-    from collectors.layout import StoreError
+    from faultlens.attribution.store import Store
+    from faultlens.collectors.layout import StoreError
 
     try:
         return Store(args.store, jobs=jobs)
@@ -47,9 +47,9 @@ def _store(args: argparse.Namespace, jobs: list[str] | None = None):
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from attribution.store import QueryError
-    from controller.cli.render import render_table, render_text
-    from controller.report.data import list_jobs
+    from faultlens.attribution.store import QueryError
+    from faultlens.controller.cli.render import render_table, render_text
+    from faultlens.controller.report.data import list_jobs
 
     try:
         with _store(args) as store:
@@ -82,7 +82,7 @@ def _offset(value: dt.datetime | None, origin: dt.datetime | None) -> str:
 
 def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) lines of the incident view, in reading order."""
-    from controller.cli.describe import culprit_text, restore_text
+    from faultlens.controller.cli.describe import culprit_text, restore_text
 
     lines: list[tuple[str, str]] = []
     first, detected = incident.get("first_signal_ts"), incident.get("detected_ts")
@@ -126,9 +126,9 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def cmd_incident(args: argparse.Namespace) -> int:
-    from attribution.store import QueryError
-    from controller.cli.render import output_width, render_text
-    from controller.report.data import ViewError, find_incident_id, load_incident
+    from faultlens.attribution.store import QueryError
+    from faultlens.controller.cli.render import output_width, render_text
+    from faultlens.controller.report.data import ViewError, find_incident_id, load_incident
 
     try:
         with _store(args) as store:
@@ -151,9 +151,9 @@ def cmd_incident(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from attribution.store import QueryError
-    from controller.report.data import ViewError
-    from controller.report.html import write_report
+    from faultlens.attribution.store import QueryError
+    from faultlens.controller.report.data import ViewError
+    from faultlens.controller.report.html import write_report
 
     output = Path(args.output or f"report-{args.job}.html")
     try:

@@ -1,5 +1,5 @@
 """The demo's closing report: one short block per attempt (what was injected, what faultlens found, what it
-decided, where the next attempt resumed), ETTR and badput by cause (attribution.goodput over the store), the HTML
+decided, where the next attempt resumed), ETTR and badput by cause (faultlens.attribution.goodput over the store), the HTML
 report's path and how to open the store. Plain lines folded to the output's width: readable in a log file."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TextIO
 
-from attribution.goodput import GoodputError, GoodputReport, goodput
-from controller.cli.describe import culprit_text, restore_text, seconds_text, short_path
-from controller.cli.render import output_width, render_text
-from controller.supervisor.run import RunResult
+from faultlens.attribution.goodput import GoodputError, GoodputReport, goodput
+from faultlens.controller.cli.describe import culprit_text, restore_text, seconds_text, short_path
+from faultlens.controller.cli.render import output_width, render_text
+from faultlens.controller.supervisor.run import RunResult
 
 
 def run_goodput(result: RunResult) -> GoodputReport | None:

@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.checkpoints.catalog import CheckpointCatalog, CheckpointEntry, ChecksumStatus
-from controller.checkpoints.manifest import ShardFile
-from controller.checkpoints.tiers import Tier, TierKind
-from controller.restore import read_source
+from faultlens.controller.checkpoints.catalog import CheckpointCatalog, CheckpointEntry, ChecksumStatus
+from faultlens.controller.checkpoints.manifest import ShardFile
+from faultlens.controller.checkpoints.tiers import Tier, TierKind
+from faultlens.controller.restore import read_source
 
 ENV_RESUME_LATEST = "FAULTLENS_RESUME_LATEST"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.demo.faults import Fault, FaultKind
-from controller.supervisor.run import AttemptFault
+from faultlens.controller.demo.faults import Fault, FaultKind
+from faultlens.controller.supervisor.run import AttemptFault
 
 #: (kind, steps after the resume step, which rank) for attempts 0, 1, 2, ...
 DEMO_FAULTS: tuple[tuple[FaultKind, int, int], ...] = (

@@ -1,6 +1,6 @@
 """The demo's training job: a small MLP trained with DDP over gloo on the CPU, instrumented with faultlens.
 
-    python -m torch.distributed.run ... -m controller.demo.train --steps 60
+    python -m torch.distributed.run ... -m faultlens.controller.demo.train --steps 60
 
 Every rank installs the flight-recorder trigger before init_process_group, times its steps (data, forward,
 backward, comm, optimizer sections) into the store, checkpoints through the tiered checkpointer (local every
@@ -28,13 +28,13 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-from collectors.fr_trigger import FlightRecorderTrigger
-from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
-from controller.checkpoints.catalog import CheckpointCatalog
-from controller.checkpoints.tiered import TieredCheckpointer
-from controller.demo.faults import ENV_RESTART_COUNT, Fault, FaultKind, faults_from_env
-from controller.demo.resume import ENV_RESUME_LATEST, rank_tiers, resume_latest
-from controller.restore import load_rank_state, load_restore_plan
+from faultlens.collectors.fr_trigger import FlightRecorderTrigger
+from faultlens.collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
+from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+from faultlens.controller.checkpoints.tiered import TieredCheckpointer
+from faultlens.controller.demo.faults import ENV_RESTART_COUNT, Fault, FaultKind, faults_from_env
+from faultlens.controller.demo.resume import ENV_RESUME_LATEST, rank_tiers, resume_latest
+from faultlens.controller.restore import load_rank_state, load_restore_plan
 
 STUCK_S = 600.0
 

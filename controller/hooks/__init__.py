@@ -1,11 +1,11 @@
 """Decision hooks: how a decision reaches the job controller (webhook, command, file drop, entry point)."""
 
-from controller.hooks.base import Hook, HookError, PermanentHookError, RetryPolicy
-from controller.hooks.command import CommandHook
-from controller.hooks.config import HookConfigError, hooks_from_config, load_hooks
-from controller.hooks.entrypoint import load_entry_point_hook
-from controller.hooks.filedrop import FileDropHook
-from controller.hooks.webhook import WebhookHook, sign, verify_signature
+from faultlens.controller.hooks.base import Hook, HookError, PermanentHookError, RetryPolicy
+from faultlens.controller.hooks.command import CommandHook
+from faultlens.controller.hooks.config import HookConfigError, hooks_from_config, load_hooks
+from faultlens.controller.hooks.entrypoint import load_entry_point_hook
+from faultlens.controller.hooks.filedrop import FileDropHook
+from faultlens.controller.hooks.webhook import WebhookHook, sign, verify_signature
 
 __all__ = [
     "CommandHook",

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from attribution.decision import Decision
+from faultlens.attribution.decision import Decision
 
 
 class HookError(RuntimeError):

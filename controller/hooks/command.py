@@ -8,8 +8,8 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from attribution.decision import Decision
-from controller.hooks.base import HookError, PermanentHookError, RetryPolicy
+from faultlens.attribution.decision import Decision
+from faultlens.controller.hooks.base import HookError, PermanentHookError, RetryPolicy
 
 
 class CommandHook:

@@ -15,12 +15,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from attribution.rulefile import RuleFileError, load_yaml_file, validate_against
-from controller.hooks.base import Hook, RetryPolicy
-from controller.hooks.command import CommandHook
-from controller.hooks.entrypoint import EntryPointHookError, load_entry_point_hook
-from controller.hooks.filedrop import FileDropHook
-from controller.hooks.webhook import WebhookHook
+from faultlens.attribution.rulefile import RuleFileError, load_yaml_file, validate_against
+from faultlens.controller.hooks.base import Hook, RetryPolicy
+from faultlens.controller.hooks.command import CommandHook
+from faultlens.controller.hooks.entrypoint import EntryPointHookError, load_entry_point_hook
+from faultlens.controller.hooks.filedrop import FileDropHook
+from faultlens.controller.hooks.webhook import WebhookHook
 
 
 class HookConfigError(RuleFileError):

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from controller.hooks.base import Hook, RetryPolicy
+from faultlens.controller.hooks.base import Hook, RetryPolicy
 
 GROUP = "faultlens.hooks"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from attribution.decision import Decision
-from controller.hooks.base import HookError, RetryPolicy
+from faultlens.attribution.decision import Decision
+from faultlens.controller.hooks.base import HookError, RetryPolicy
 
 
 class FileDropHook:

@@ -21,8 +21,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 
-from attribution.decision import Decision
-from controller.hooks.base import HookError, PermanentHookError, RetryPolicy
+from faultlens.attribution.decision import Decision
+from faultlens.controller.hooks.base import HookError, PermanentHookError, RetryPolicy
 
 SIGNATURE_HEADER = "X-Faultlens-Signature"
 DECISION_ID_HEADER = "X-Faultlens-Decision-Id"

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.lab.runner import load_artifacts, run_scenario
-from controller.lab.scenarios import Campaign, Scenario
-from controller.lab.score import ScenarioScore, score, summarize
+from faultlens.controller.lab.runner import load_artifacts, run_scenario
+from faultlens.controller.lab.scenarios import Campaign, Scenario
+from faultlens.controller.lab.score import ScenarioScore, score, summarize
 
 
 def run_campaign(campaign: Campaign, scenarios: Sequence[Scenario], out_dir: Path, *,

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from controller.lab.plan import ENV_DIR, EXTERNAL_KINDS, FaultSpec, InjectionPlan, log_injection, write_json
+from faultlens.controller.lab.plan import ENV_DIR, EXTERNAL_KINDS, FaultSpec, InjectionPlan, log_injection, write_json
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def install_worker(plan: InjectionPlan, lab_dir: Path) -> WorkerInjector:
 
 
 def _patch_timer(injector: WorkerInjector) -> None:
-    from collectors import step_timer
+    from faultlens.collectors import step_timer
 
     begin, enter = step_timer.StepTimer._begin_step, step_timer._Section.__enter__
 
@@ -228,7 +228,7 @@ def _patch_timer(injector: WorkerInjector) -> None:
 
 
 def _patch_checkpointer(injector: WorkerInjector) -> None:
-    from controller.checkpoints import tiered
+    from faultlens.controller.checkpoints import tiered
 
     save = tiered.TieredCheckpointer.save
 
@@ -283,7 +283,7 @@ def install_from_env() -> None:
             if plan is not None:
                 install_worker(plan, Path(lab))
         elif "FAULTLENS_NODE" not in os.environ and os.environ.get("FAULTLENS_LAB_SUPERVISOR") == "1":
-            from controller.lab.nvml import install_supervisor_gpus
+            from faultlens.controller.lab.nvml import install_supervisor_gpus
 
             plan = InjectionPlan.from_env()
             if plan is not None:

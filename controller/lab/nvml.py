@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.lab.plan import InjectionPlan
+from faultlens.controller.lab.plan import InjectionPlan
 
 NODE_PREFIX = "node-"
 
@@ -57,8 +57,8 @@ def fault_timeline(base: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]
 
 def install_supervisor_gpus(plan: InjectionPlan, lab_dir: Path) -> None:
     """Replace the supervisor's recorded-backend factory with one that reads the campaign's GPU faults."""
-    from collectors.recorded_backend import RecordedBackend
-    from controller.supervisor import gpus
+    from faultlens.collectors.recorded_backend import RecordedBackend
+    from faultlens.controller.supervisor import gpus
 
     gpu_faults = {f.node: f for f in plan.faults if f.kind == "gpu" and f.node}
     original = gpus.recorded_backend

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from controller.lab.score import ScenarioScore
+from faultlens.controller.lab.score import ScenarioScore
 
 
 def _frac(flags: Sequence[bool | None]) -> str:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.lab.actions import CpuHog, ExternalActions, reap
-from controller.lab.plan import ENV_DIR, ENV_PLAN, EXTERNAL_KINDS, InjectionPlan
-from controller.lab.scenarios import REPO_ROOT, Scenario
+from faultlens.controller.lab.actions import CpuHog, ExternalActions, reap
+from faultlens.controller.lab.plan import ENV_DIR, ENV_PLAN, EXTERNAL_KINDS, InjectionPlan
+from faultlens.controller.lab.scenarios import REPO_ROOT, Scenario
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 
@@ -103,7 +103,7 @@ def scenario_env(scenario: Scenario, lab_dir: Path, plan_path: Path) -> dict[str
 
 
 def run_command(scenario: Scenario, art: RunArtifacts) -> list[str]:
-    command = [sys.executable, "-m", "controller.cli.main", "run", "--store", str(art.store),
+    command = [sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store", str(art.store),
                "--nnodes", str(scenario.nodes), "--nproc-per-node", str(scenario.ranks),
                "--spares", str(scenario.spares), "--workdir", str(art.workdir), "--job", art.job_id,
                "--max-attempts", str(scenario.max_attempts)]

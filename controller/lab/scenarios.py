@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from controller.lab.plan import FAULT_KINDS, FaultSpec
+from faultlens.controller.lab.plan import FAULT_KINDS, FaultSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCENARIOS = REPO_ROOT / "rules" / "campaign.yaml"

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.lab.plan import AMBIENT_KINDS, FaultSpec, read_injections
-from controller.lab.runner import RunArtifacts
-from controller.lab.scenarios import ExpectedIncident, Scenario, cause_family
+from faultlens.controller.lab.plan import AMBIENT_KINDS, FaultSpec, read_injections
+from faultlens.controller.lab.runner import RunArtifacts
+from faultlens.controller.lab.scenarios import ExpectedIncident, Scenario, cause_family
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def _int(value: Any) -> int | None:
 def read_observed(store: Path, job_id: str) -> tuple[list[Observed], dict[int, tuple[int, int]]]:
     """The job's incidents with their decisions (first row of each decision), oldest first; and per attempt
     (first, last) train step."""
-    from attribution.store import Store
+    from faultlens.attribution.store import Store
 
     if not store.exists():
         return [], {}

@@ -7,8 +7,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from attribution.goodput import GoodputError, GoodputReport, goodput
-from attribution.store import QueryError, Store
+from faultlens.attribution.goodput import GoodputError, GoodputReport, goodput
+from faultlens.attribution.store import QueryError, Store
 
 RUNNING_WITHIN_S = 120.0  # a job whose last telemetry is this recent (to now) is shown as running
 

@@ -16,9 +16,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from attribution.store import Store
-from controller.cli.describe import culprit_text, restore_text, seconds_text
-from controller.report.data import job_data
+from faultlens.attribution.store import Store
+from faultlens.controller.cli.describe import culprit_text, restore_text, seconds_text
+from faultlens.controller.report.data import job_data
 
 SECTIONS = ("summary", "timeline", "heatmap", "gpu", "decisions", "goodput")
 BUCKET_COLORS = {"productive": "#2e9e5b", "lost_work": "#d7263d", "checkpoint": "#3a7bd5", "startup": "#9aa5b1",
@@ -160,7 +160,7 @@ def _heatmap(data: dict[str, Any]) -> str:
     grid = data["steps"]
     cells = grid["cells"]
     if not cells:
-        return '<p class="muted">no step timings for this job (collectors.step_timer writes them)</p>'
+        return '<p class="muted">no step timings for this job (faultlens.collectors.step_timer writes them)</p>'
     out = ['<p class="muted">mean step time of each rank at each step, relative to the attempt\'s median '
            '(white: the median; red: slower, 2x and more darkest; blue: faster)'
            + (f"; {grid['step_bucket']} steps per column" if grid["step_bucket"] > 1 else "")
@@ -361,7 +361,7 @@ def _summary(data: dict[str, Any]) -> str:
 
 
 def render_html(data: dict[str, Any]) -> str:
-    """The page for one job's data (controller.report.data.job_data)."""
+    """The page for one job's data (faultlens.controller.report.data.job_data)."""
     bodies = {"summary": ("Summary", _summary(data)), "timeline": ("Attempts and incidents", _timeline(data)),
               "heatmap": ("Step time by rank and step", _heatmap(data)),
               "gpu": ("GPU signals around each incident", _gpu(data)),

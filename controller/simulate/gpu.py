@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from collectors.gpu_deltas import sample_changes
-from collectors.schema import TABLES
-from controller.simulate.cluster import GPU_NAME, MEM_TOTAL_BYTES, Node
-from controller.simulate.xid import GpuEventFactory
+from faultlens.collectors.gpu_deltas import sample_changes
+from faultlens.collectors.schema import TABLES
+from faultlens.controller.simulate.cluster import GPU_NAME, MEM_TOTAL_BYTES, Node
+from faultlens.controller.simulate.xid import GpuEventFactory
 
 # clocks-event reason bits (nvmlClocksEventReason*)
 GPU_IDLE = 0x1

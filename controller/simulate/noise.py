@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
-from controller.simulate import xid as xids
-from controller.simulate.faults import add_xid
-from controller.simulate.gpu import SW_THERMAL, GpuCondition
-from controller.simulate.timing import Slowdown, Spike
-from controller.simulate.world import NS, World, to_datetime
+from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
+from faultlens.controller.simulate import xid as xids
+from faultlens.controller.simulate.faults import add_xid
+from faultlens.controller.simulate.gpu import SW_THERMAL, GpuCondition
+from faultlens.controller.simulate.timing import Slowdown, Spike
+from faultlens.controller.simulate.world import NS, World, to_datetime
 
 # kind -> weight
 BENIGN_KINDS: dict[str, float] = {

@@ -13,16 +13,16 @@ from typing import Any
 
 import numpy as np
 
-from attribution.fault_labels import FaultLabel, write_labels
-from collectors.schema import rows_to_table
-from collectors.sink import SegmentSink
-from controller.simulate.cluster import Placement, make_nodes
-from controller.simulate.config import SimConfig
-from controller.simulate.faults import BY_KIND, FAULTS, STRAGGLERS, FaultKind, Mode, Target, draw, pick_target
-from controller.simulate.gpu import GpuSampler
-from controller.simulate.noise import BENIGN_KINDS, inject_benign
-from controller.simulate.timing import StepTimer
-from controller.simulate.world import NS, World
+from faultlens.attribution.fault_labels import FaultLabel, write_labels
+from faultlens.collectors.schema import rows_to_table
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.simulate.cluster import Placement, make_nodes
+from faultlens.controller.simulate.config import SimConfig
+from faultlens.controller.simulate.faults import BY_KIND, FAULTS, STRAGGLERS, FaultKind, Mode, Target, draw, pick_target
+from faultlens.controller.simulate.gpu import GpuSampler
+from faultlens.controller.simulate.noise import BENIGN_KINDS, inject_benign
+from faultlens.controller.simulate.timing import StepTimer
+from faultlens.controller.simulate.world import NS, World
 
 ROW_TABLES = ("ranks", "process_events", "gpu_events", "collectives", "checkpoints")
 

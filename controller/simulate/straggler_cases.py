@@ -8,7 +8,7 @@ G GPUs (tensor parallel inside a node, pipeline stages across nodes, data-parall
 - healthy: nothing.
 `write_case` writes the ranks and steps rows into a store through the real SegmentSink and returns the truth.
 
-    python -m controller.simulate.straggler_cases STORE CASE [--nodes 128 --gpus 8 --stages 4 --steps 500]
+    python -m faultlens.controller.simulate.straggler_cases STORE CASE [--nodes 128 --gpus 8 --stages 4 --steps 500]
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collectors.sink import SegmentSink
-from controller.simulate.cluster import Placement, make_nodes
-from controller.simulate.timing import NS, Slowdown, Spike, StepTimer
+from faultlens.collectors.sink import SegmentSink
+from faultlens.controller.simulate.cluster import Placement, make_nodes
+from faultlens.controller.simulate.timing import NS, Slowdown, Spike, StepTimer
 
 CASES = ("worker", "stage", "replica", "jitter", "healthy")
 START = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)

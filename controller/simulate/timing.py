@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from collectors.schema import TABLES
-from controller.simulate.cluster import Placement
+from faultlens.collectors.schema import TABLES
+from faultlens.controller.simulate.cluster import Placement
 
 NS = 1_000_000_000
 TRAIN_SECTIONS = ("data", "forward", "backward", "optimizer", "comm")

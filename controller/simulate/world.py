@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from attribution.fault_labels import FaultLabel
-from controller.simulate.cluster import Node, Placement, RankPlace
-from controller.simulate.collectives import Group, build_groups
-from controller.simulate.config import SimConfig
-from controller.simulate.gpu import GpuEffects
-from controller.simulate.process import RowFactory
-from controller.simulate.timing import AttemptSteps, LossEffect, Slowdown, Spike
-from controller.simulate.xid import GpuEventFactory
+from faultlens.attribution.fault_labels import FaultLabel
+from faultlens.controller.simulate.cluster import Node, Placement, RankPlace
+from faultlens.controller.simulate.collectives import Group, build_groups
+from faultlens.controller.simulate.config import SimConfig
+from faultlens.controller.simulate.gpu import GpuEffects
+from faultlens.controller.simulate.process import RowFactory
+from faultlens.controller.simulate.timing import AttemptSteps, LossEffect, Slowdown, Spike
+from faultlens.controller.simulate.xid import GpuEventFactory
 
 NS = 1_000_000_000
 

@@ -1,7 +1,7 @@
 """gpu_events rows as the GPU collectors write them (interface 2 of the helper brief).
 
 Kernel-log Xid lines are printed in the driver's own format (kernel_rc.c), as a syslog line of the node, and go
-through the kmsg collector's own parser (collectors.kmsg): the Xid row (number, pid and process name when the
+through the kmsg collector's own parser (faultlens.collectors.kmsg): the Xid row (number, pid and process name when the
 driver printed them, message, PCI address in NVML's bus-id form) plus the condition rows the parser derives from
 the same line (48 -> ecc_dbe, 63 -> remap_pending, 64 -> remap_failure, 79 -> gpu_lost, 154 -> recovery_action).
 NVML's Xid event carries only the number and the device (no pid, no text), in the NVML source's wording, so the
@@ -14,10 +14,10 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from collectors.gpu_backend import GpuDevice
-from collectors.kmsg import KernelLogParser, events_to_rows
-from collectors.source import NodeIdentity
-from controller.simulate.cluster import Gpu, Node
+from faultlens.collectors.gpu_backend import GpuDevice
+from faultlens.collectors.kmsg import KernelLogParser, events_to_rows
+from faultlens.collectors.source import NodeIdentity
+from faultlens.controller.simulate.cluster import Gpu, Node
 
 
 class KmsgParseError(RuntimeError):

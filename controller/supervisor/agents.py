@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.supervisor.processes import EventRecorder, WorkerTracker, group_exists, signal_name
+from faultlens.controller.supervisor.processes import EventRecorder, WorkerTracker, group_exists, signal_name
 
 
 def free_port() -> int:

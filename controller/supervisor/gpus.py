@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from collectors.recorded_backend import RecordedBackend
+from faultlens.collectors.recorded_backend import RecordedBackend
 
 FAULT_AT_S = 1_000_000.0  # where a node's fault entries sit on its timeline
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from collectors.process_events import EventContext, agent_exit_row, signal_sent_row
-from collectors.sink import SegmentSink
+from faultlens.collectors.process_events import EventContext, agent_exit_row, signal_sent_row
+from faultlens.collectors.sink import SegmentSink
 
 log = logging.getLogger(__name__)
 TABLE = "process_events"

@@ -40,28 +40,28 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from attribution.decision import Action, Decision, Restore
-from attribution.engine import Engine, Follower
-from attribution.hang import attach_stacks
-from attribution.incident import Cause, Incident, IncidentClass
-from attribution.policy import DecisionPolicy, StoreHistory, load_policy
-from attribution.progress import HangSuspect
-from attribution.rules import load_thresholds
-from attribution.store import Store
-from collectors.agent import NodeAgent as CollectorAgent
-from collectors.flight_recorder import read_dump_dir
-from collectors.heartbeat import HeartbeatSource
-from collectors.nvml_source import NvmlSource
-from collectors.process_events import ProcessSource
-from collectors.pystack import capture_dump_dir_stacks
-from collectors.sink import SegmentSink
-from collectors.source import NodeIdentity
-from controller.checkpoints.catalog import CheckpointCatalog
-from controller.checkpoints.tiers import Tier, TierKind
-from controller.delivery import Deliverer
-from controller.hooks.base import Hook
-from controller.restore import plan_restore, write_plan
-from controller.supervisor.agents import (
+from faultlens.attribution.decision import Action, Decision, Restore
+from faultlens.attribution.engine import Engine, Follower
+from faultlens.attribution.hang import attach_stacks
+from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
+from faultlens.attribution.progress import HangSuspect
+from faultlens.attribution.rules import load_thresholds
+from faultlens.attribution.store import Store
+from faultlens.collectors.agent import NodeAgent as CollectorAgent
+from faultlens.collectors.flight_recorder import read_dump_dir
+from faultlens.collectors.heartbeat import HeartbeatSource
+from faultlens.collectors.nvml_source import NvmlSource
+from faultlens.collectors.process_events import ProcessSource
+from faultlens.collectors.pystack import capture_dump_dir_stacks
+from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.source import NodeIdentity
+from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+from faultlens.controller.checkpoints.tiers import Tier, TierKind
+from faultlens.controller.delivery import Deliverer
+from faultlens.controller.hooks.base import Hook
+from faultlens.controller.restore import plan_restore, write_plan
+from faultlens.controller.supervisor.agents import (
     LaunchSpec,
     TorchrunAgent,
     free_port,
@@ -69,8 +69,8 @@ from controller.supervisor.agents import (
     start_agent,
     stop_agents,
 )
-from controller.supervisor.gpus import FaultClock, recorded_backend
-from controller.supervisor.processes import EventRecorder
+from faultlens.controller.supervisor.gpus import FaultClock, recorded_backend
+from faultlens.controller.supervisor.processes import EventRecorder
 
 log = logging.getLogger(__name__)
 
@@ -557,7 +557,7 @@ def keeps_running(incident: Incident, decision: Decision) -> bool:
 
 
 def signal_text(returncode: int) -> str:
-    from controller.supervisor.processes import signal_name
+    from faultlens.controller.supervisor.processes import signal_name
 
     return signal_name(-returncode)
 

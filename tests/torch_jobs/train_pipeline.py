@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
+from faultlens.collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
 
 WIDTH = 32
 

@@ -16,8 +16,8 @@ import signal
 import sys
 import threading
 
-from collectors.fr_trigger import FlightRecorderTrigger
-from collectors.step_timer import RankIdentity, StepTimer
+from faultlens.collectors.fr_trigger import FlightRecorderTrigger
+from faultlens.collectors.step_timer import RankIdentity, StepTimer
 
 TRACE = {
     "version": "2.10",

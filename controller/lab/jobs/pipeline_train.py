@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from collectors.fr_trigger import FlightRecorderTrigger
-from collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
-from controller.checkpoints.tiered import TieredCheckpointer
-from controller.restore import load_rank_state, load_restore_plan
+from faultlens.collectors.fr_trigger import FlightRecorderTrigger
+from faultlens.collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
+from faultlens.controller.checkpoints.tiered import TieredCheckpointer
+from faultlens.controller.restore import load_rank_state, load_restore_plan
 
 WIDTH = 48
 

@@ -5,7 +5,7 @@ import os
 
 if os.environ.get("FAULTLENS_LAB_DIR"):
     try:
-        from controller.lab.inject import install_from_env
+        from faultlens.controller.lab.inject import install_from_env
 
         install_from_env()
     except Exception as exc:  # never break a process over the campaign's instrument

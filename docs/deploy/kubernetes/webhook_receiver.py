@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-from controller.hooks.webhook import (
+from faultlens.controller.hooks.webhook import (
     DECISION_ID_HEADER,
     DEFAULT_WINDOW_S,
     SIGNATURE_HEADER,

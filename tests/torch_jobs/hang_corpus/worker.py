@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from collectors.safe_pickle import safe_loads
+from faultlens.collectors.safe_pickle import safe_loads
 from tests.torch_jobs.hang_corpus import scenarios as sc
 
 N = 16
