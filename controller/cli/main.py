@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from faultlens.controller.cli.common import CliError
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help. Entries are
-# module names under faultlens.controller.cli (imported only when one of their commands runs; see controller/cli/lazy.py)
-# or module objects (imported up front).
+# module names under faultlens.controller.cli (imported only when one of their commands runs; see
+# controller/cli/lazy.py) or module objects (imported up front).
 COMMAND_MODULES: list = ["run_cmds", "store_cmds", "ingest_cmds", "gpu_cmds", "decision_cmds", "hang_cmds",
                          "attribution_cmds", "sim_cmds", "goodput_cmds",
                          "campaign_cmds", "doctor_cmds", "view_cmds"]
