@@ -16,10 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from faultlens.attribution.incident import Cause
 from faultlens.collectors.yaml_guard import load_yaml_path, read_yaml_text, safe_load_text
+from faultlens.resources import rule_file, shipped_rule_file, shipped_rules_dir
 
-RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
-CRASH_RULES_PATH = RULES_DIR / "crash.yaml"
-THRESHOLDS_PATH = RULES_DIR / "thresholds.yaml"
+# the packaged files; the loaders read faultlens.resources.rule_file(...) (FAULTLENS_RULES / --rules DIR first)
+RULES_DIR = shipped_rules_dir()
+CRASH_RULES_PATH = shipped_rule_file("crash.yaml")
+THRESHOLDS_PATH = shipped_rule_file("thresholds.yaml")
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
@@ -338,9 +340,9 @@ def _input_note(error: dict[str, Any]) -> str:
 
 def load_crash_rules(path: str | Path | None = None) -> CrashRules:
     """rules/crash.yaml (or `path`), validated."""
-    return load_rules_file(path or CRASH_RULES_PATH, CrashRules)
+    return load_rules_file(path or rule_file("crash.yaml"), CrashRules)
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:
     """rules/thresholds.yaml (or `path`), validated."""
-    return load_rules_file(path or THRESHOLDS_PATH, Thresholds)
+    return load_rules_file(path or rule_file("thresholds.yaml"), Thresholds)

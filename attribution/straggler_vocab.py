@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
+from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_VOCABULARY = Path(__file__).resolve().parents[1] / "rules" / "comm_ops.yaml"
+DEFAULT_VOCABULARY = shipped_rule_file("comm_ops.yaml")  # the packaged file; loading reads rule_file (FAULTLENS_RULES)
 ENV_VOCABULARY = "FAULTLENS_SECTION_VOCABULARY"
 CUDA_PREFIX = "cuda/"
 
@@ -139,7 +140,7 @@ def _entries(document: dict[str, Any], source: str) -> list[_Entry]:
 def load_vocabulary(extra: Sequence[str | Path] = ()) -> Vocabulary:
     """The default vocabulary, then each extra file (and $FAULTLENS_SECTION_VOCABULARY, os.pathsep-separated)
     in order; later files win."""
-    paths = [DEFAULT_VOCABULARY, *(Path(p) for p in extra)]
+    paths = [rule_file("comm_ops.yaml"), *(Path(p) for p in extra)]
     env = os.environ.get(ENV_VOCABULARY, "")
     paths += [Path(p) for p in env.split(os.pathsep) if p.strip()]
     return _load(tuple((str(p), _stamp(p)) for p in paths))

@@ -15,8 +15,9 @@ import jsonschema
 import yaml
 
 from faultlens.collectors.yaml_guard import read_yaml_text, safe_load_text
+from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
+DEFAULT_XID_PATH = shipped_rule_file("xid.yaml")  # packaged; load_xid_catalog reads rule_file
 XID_CATALOG_ENV = "FAULTLENS_XID_CATALOG"  # a user's copy of rules/xid.yaml replaces the shipped one
 FORMAT_VERSION = 1
 
@@ -161,11 +162,12 @@ def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
 
 
 def load_xid_catalog(path: str | Path | None = None) -> XidCatalog:
-    """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else <repo>/rules/xid.yaml.
+    """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else xid.yaml of the rules directory
+    ($FAULTLENS_RULES, else the packaged rules/).
     Raises XidCatalogError."""
     if path is None and os.environ.get(XID_CATALOG_ENV):
         path = os.environ[XID_CATALOG_ENV]
-    file = Path(path) if path is not None else DEFAULT_XID_PATH
+    file = Path(path) if path is not None else rule_file("xid.yaml")
     try:
         text = read_yaml_text(file)
     except OSError as exc:

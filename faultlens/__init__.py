@@ -30,8 +30,3 @@ _root = _checkout_root()
 if _root is not None and str(_root) not in __path__:
     __path__.append(str(_root))
 
-
-def import_root() -> Path:
-    """The directory to put on PYTHONPATH so that a child process imports this same faultlens (the checkout's
-    root, or the site-packages directory of an installed wheel)."""
-    return Path(__file__).resolve().parents[1]
