@@ -11,12 +11,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY faultlens/ faultlens/
 COPY collectors/ collectors/
 COPY attribution/ attribution/
 COPY controller/ controller/
 COPY rules/ rules/
-RUN pip install -U pip && pip install -e ".[${EXTRAS}]" \
+# a plain (non-editable) install: one package, faultlens, with the rules as package data
+RUN pip install -U pip && pip install ".[${EXTRAS}]" \
     && if [ "${TORCH}" = "1" ]; then \
          pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu; \
        fi

@@ -484,8 +484,8 @@ def load_incidents(store: Any, *, job: str | None = None, rerun: bool = False) -
 
 def load_decider(store: Any, incidents: Sequence[Incident] = ()) -> tuple[DecideFn, str]:
     """Decisions for incidents: the decisions table when it holds some, else the decision policy
-    (faultlens.attribution.policy.DecisionPolicy with rules/policy.yaml, applied to the incidents in the order they began,
-    each seeing the ones before it as the job's history), else the DESIGN.md rules."""
+    (faultlens.attribution.policy.DecisionPolicy with rules/policy.yaml, applied to the incidents in the order they
+    began, each seeing the ones before it as the job's history), else the DESIGN.md rules."""
     table = store.query('SELECT incident_id, action, exclude_nodes, rule FROM "decisions" ORDER BY ts')
     if table.num_rows:
         recorded = {row["incident_id"]: DecisionView(row["action"], tuple(row["exclude_nodes"] or ()),

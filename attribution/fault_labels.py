@@ -50,7 +50,7 @@ class FaultLabel:
     kind: str  # simulator fault kind, e.g. "gpu_xid79", "hbm_dbe", "software_bug"
     category: str  # the Llama 3 table row it stands for ("Faulty GPU", "Software Bug", ...) or "Straggler"/"Benign"
     label_class: LabelClass
-    cause: str  # an faultlens.attribution.incident.Cause value
+    cause: str  # a faultlens.attribution.incident.Cause value
     expected_action: ExpectedAction
     injected_ts: dt.datetime  # when the fault happened (simulated time, UTC)
     effect_end_ts: dt.datetime  # when its effect on the job ended (restart, straggler over)

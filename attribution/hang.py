@@ -414,8 +414,8 @@ STACKS_METADATA_KEY = b"faultlens.stacks"
 
 
 def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
-    """The table with the ranks' Python stacks (faultlens.collectors.pystack.ProcessStack) in its schema metadata, so that a
-    dump requester can hand them to the analysis together with the rows."""
+    """The table with the ranks' Python stacks (faultlens.collectors.pystack.ProcessStack) in its schema metadata, so
+    that a dump requester can hand them to the analysis together with the rows."""
     import json
 
     from faultlens.collectors.pystack import stack_to_json
@@ -454,8 +454,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
                         stacks: Mapping[int, Any] | None = None) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
-    stacks: rank -> faultlens.collectors.pystack.ProcessStack (py-spy), where taken; default: the table's schema metadata
-    `faultlens.stacks` (attach_stacks), else none. They name where a culprit that never joined is, and give the
+    stacks: rank -> faultlens.collectors.pystack.ProcessStack (py-spy), where taken; default: the table's schema
+    metadata `faultlens.stacks` (attach_stacks), else none. They name where a culprit that never joined is, and give the
     send/recv waits that gloo does not record.
 
     The table may hold only the columns the analysis reads (COLUMNS) and may keep strings dictionary-encoded;

@@ -27,8 +27,9 @@ from faultlens.attribution.decision import Action, Decision, Restore
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
 from faultlens.attribution.straggler_policy import SLOWDOWN_SCHEMA, SlowdownPolicy, slowdown_action, slowdown_gate
+from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_POLICY_PATH = Path(__file__).resolve().parents[1] / "rules" / "policy.yaml"
+DEFAULT_POLICY_PATH = shipped_rule_file("policy.yaml")  # packaged; load_policy reads rule_file (FAULTLENS_RULES)
 
 
 class PolicyError(RuleFileError):
@@ -167,7 +168,7 @@ class PolicyConfig:
 def load_policy(path: str | Path | None = None) -> PolicyConfig:
     """Load and validate a policy file (default rules/policy.yaml). Raises PolicyError naming file, key and
     expectation."""
-    path = Path(path) if path is not None else DEFAULT_POLICY_PATH
+    path = Path(path) if path is not None else rule_file("policy.yaml")
     document = load_yaml_file(path, POLICY_SCHEMA, error=PolicyError)
     return policy_from_document(document, source=str(path))
 

@@ -15,7 +15,8 @@ startup floor counts as a stall.
 
 A suspect (from progress, or from collective-timeout errors in process_events) then gets a flight-recorder dump
 request through a callable the caller passes in, and the dump set's collectives go through the hang analysis
-(faultlens.attribution.hang.analyze_collectives). Its culprit ranks are mapped to nodes and GPUs through the ranks table.
+(faultlens.attribution.hang.analyze_collectives). Its culprit ranks are mapped to nodes and GPUs through the ranks
+table.
 """
 
 from __future__ import annotations

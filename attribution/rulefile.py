@@ -3,7 +3,14 @@ collectors); these names stay for the callers in attribution/ and controller/.""
 
 from __future__ import annotations
 
-from faultlens.collectors.rule_loader import RuleFileError, field_error, key_path, load_rule_file, read_document, validate
+from faultlens.collectors.rule_loader import (
+           RuleFileError,
+           field_error,
+           key_path,
+           load_rule_file,
+           read_document,
+           validate,
+)
 
 load_yaml_file = load_rule_file
 validate_against = validate

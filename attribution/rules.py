@@ -15,10 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from faultlens.attribution.incident import Cause
 from faultlens.collectors.rule_loader import RuleFileError, field_error, load_rule_file, read_document
+from faultlens.resources import rule_file, shipped_rule_file, shipped_rules_dir
 
-RULES_DIR = Path(__file__).resolve().parents[1] / "rules"
-CRASH_RULES_PATH = RULES_DIR / "crash.yaml"
-THRESHOLDS_PATH = RULES_DIR / "thresholds.yaml"
+# the packaged files; the loaders read faultlens.resources.rule_file(...) (FAULTLENS_RULES / --rules DIR first)
+RULES_DIR = shipped_rules_dir()
+CRASH_RULES_PATH = shipped_rule_file("crash.yaml")
+THRESHOLDS_PATH = shipped_rule_file("thresholds.yaml")
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
@@ -279,9 +281,9 @@ def _with_base(path: Path, document: dict[str, Any], depth: int = 0) -> dict[str
 
 def load_crash_rules(path: str | Path | None = None) -> CrashRules:
     """rules/crash.yaml (or `path`), validated."""
-    return load_rules_file(path or CRASH_RULES_PATH, CrashRules)
+    return load_rules_file(path or rule_file("crash.yaml"), CrashRules)
 
 
 def load_thresholds(path: str | Path | None = None) -> Thresholds:
     """rules/thresholds.yaml (or `path`), validated."""
-    return load_rules_file(path or THRESHOLDS_PATH, Thresholds)
+    return load_rules_file(path or rule_file("thresholds.yaml"), Thresholds)

@@ -16,8 +16,9 @@ from typing import Any
 
 from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
 from faultlens.collectors import environment
+from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_VOCABULARY = Path(__file__).resolve().parents[1] / "rules" / "comm_ops.yaml"
+DEFAULT_VOCABULARY = shipped_rule_file("comm_ops.yaml")  # the packaged file; loading reads rule_file (FAULTLENS_RULES)
 ENV_VOCABULARY = environment.SECTION_VOCABULARY.name
 CUDA_PREFIX = "cuda/"
 
@@ -140,7 +141,7 @@ def _entries(document: dict[str, Any], source: str) -> list[_Entry]:
 def load_vocabulary(extra: Sequence[str | Path] = ()) -> Vocabulary:
     """The default vocabulary, then each extra file (and $FAULTLENS_SECTION_VOCABULARY, os.pathsep-separated)
     in order; later files win."""
-    paths = [DEFAULT_VOCABULARY, *(Path(p) for p in extra)]
+    paths = [rule_file("comm_ops.yaml"), *(Path(p) for p in extra)]
     env = environment.SECTION_VOCABULARY.get(default="")
     paths += [Path(p) for p in env.split(os.pathsep) if p.strip()]
     return _load(tuple((str(p), _stamp(p)) for p in paths))

@@ -16,9 +16,9 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from bench.common import emit, machine
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, load_policy
-from bench.common import emit, machine
 from faultlens.controller.delivery import Deliverer
 from faultlens.controller.hooks import RetryPolicy, WebhookHook, sign
 

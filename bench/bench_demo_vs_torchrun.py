@@ -170,7 +170,8 @@ def run_faultlens(workdir: Path, steps: int, timeout_s: float) -> dict[str, Any]
     from faultlens.controller.supervisor.run import RunConfig, Supervisor
 
     store = str(workdir / "store")
-    config = RunConfig(script=("-m", "faultlens.controller.demo.train", "--steps", str(steps), "--timeout", str(timeout_s)),
+    config = RunConfig(script=("-m", "faultlens.controller.demo.train", "--steps", str(steps), "--timeout",
+                       str(timeout_s)),
                        nnodes=NNODES, nproc_per_node=NPROC, spares=SPARES, store=store, workdir=workdir / "run",
                        job_id=f"bench-faultlens-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}",
                        max_attempts=len(DEMO_FAULTS) + 1, thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0)

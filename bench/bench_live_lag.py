@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from faultlens.attribution.incident import Incident  # noqa: E402
 from bench.common import emit, machine  # noqa: E402
+from faultlens.attribution.incident import Incident  # noqa: E402
 from faultlens.collectors.layout import list_segments, resolve_store  # noqa: E402
 from faultlens.collectors.sink import SegmentSink  # noqa: E402
 

@@ -58,7 +58,8 @@ def main() -> None:
         cases = {
             "python_bare": [py, "-c", "pass"],
             "help_lazy": [py, "-m", "faultlens.controller.cli.main", "--help"],
-            "help_eager": [py, "-c", "from faultlens.controller.cli.main import build_parser; build_parser().print_help()"],
+            "help_eager": [py, "-c", "from faultlens.controller.cli.main import build_parser; "
+                                     "build_parser().print_help()"],
             "sql_lazy": [py, "-m", "faultlens.controller.cli.main", "sql", "--store", str(store), query],
             "sql_eager": [py, "-c", "import sys; from faultlens.controller.cli.main import build_parser; "
                           f"a = build_parser().parse_args(['sql', '--store', {str(store)!r}, {query!r}]); "

@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from faultlens.attribution.maintenance import compact  # noqa: E402
 from bench.common import emit, machine  # noqa: E402
+from faultlens.attribution.maintenance import compact  # noqa: E402
 from faultlens.collectors.flight_recorder import read_dump_dir  # noqa: E402
 from faultlens.collectors.sink import SegmentSink  # noqa: E402
 

@@ -81,6 +81,10 @@ ATTEMPT = _var("ATTEMPT", "int", None, "training process, node agent, demo, lab,
 # ---------------------------------------------------------------- store, rules
 STORE = _var("STORE", "url", "./faultlens-store", "CLI, training process (step timer)",
              "The store directory or URL (file://, s3://, ...). The step timer without one counts and drops rows.")
+RULES = _var("RULES", "path", None, "every command that reads rules, the processes they start",
+             "A directory of rule files that replace the shipped ones of the same name, file by file (what "
+             "`--rules DIR` sets); a directory that does not exist makes rule files unreadable, never silently the "
+             "shipped ones.")
 XID_CATALOG = _var("XID_CATALOG", "path", None, "attribution engine, CLI",
                    "A user's copy of rules/xid.yaml that replaces the shipped catalog (--xid-catalog wins).")
 SECTION_VOCABULARY = _var("SECTION_VOCABULARY", "paths", None, "straggler detector",
@@ -196,7 +200,8 @@ def without_faultlens(environ: Mapping[str, str]) -> dict[str, str]:
 def markdown() -> str:
     """docs/environment.md."""
     lines = ["# Environment variables", "",
-             "Generated from `collectors/environment.py` (`python -m faultlens.collectors.environment > docs/environment.md`); "
+             "Generated from `collectors/environment.py` "
+             "(`python -m faultlens.collectors.environment > docs/environment.md`); "
              "tests/test_environment.py checks that this page matches it.", "",
              "| variable | type | default | read by | meaning |", "| --- | --- | --- | --- | --- |"]
     for v in VARIABLES:

@@ -6,10 +6,10 @@ faultlens' trigger writes (`rank_9.pkl`, `rank_9.json`, interface 4): pickle or 
 integer in the file name; a rank with both a pickle and a JSON dump is read once, from the pickle (the JSON one is
 the fallback when the pickle is broken).
 
-Pickles never reach `pickle.load`: a compiled scanner (faultlens.collectors.fr_fastpickle) turns the plain-data opcodes into
-columns directly, and anything it does not accept goes to the restricted unpickler (faultlens.collectors.safe_pickle), which
-loads plain data or refuses. A truncated, corrupt or hostile dump becomes a DumpFileError naming the file and the
-problem, and every other rank is still read.
+Pickles never reach `pickle.load`: a compiled scanner (faultlens.collectors.fr_fastpickle) turns the plain-data opcodes
+into columns directly, and anything it does not accept goes to the restricted unpickler
+(faultlens.collectors.safe_pickle), which loads plain data or refuses. A truncated, corrupt or hostile dump becomes a
+DumpFileError naming the file and the problem, and every other rank is still read.
 
 Speed and memory: files are parsed a window at a time by a few threads (the scanner releases the GIL) and their
 columns are assembled into Arrow chunks of CHUNK_ROWS rows as they come, with set-wide string dictionaries, so a

@@ -8,8 +8,8 @@ Safety: it understands only the opcodes that spell plain data (containers, strin
 None, the memo). Any other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, text
 protocol-0 forms, sets), any value it cannot hold (an int wider than 64 bits, a memo index out of range), and any
 truncation or inconsistency makes it return a non-zero status, and the caller hands the file to the restricted
-unpickler (faultlens.collectors.safe_pickle), which loads it or refuses it with the error a user sees. Nothing here calls
-code named by the pickle.
+unpickler (faultlens.collectors.safe_pickle), which loads it or refuses it with the error a user sees. Nothing here
+calls code named by the pickle.
 
 Layout: pass 1 builds a "tape": node kind, value or string offset/length, and each container's children as runs
 of a child array (a container filled by one APPENDS/SETITEMS/TUPLE is one run; a long list appended in batches is

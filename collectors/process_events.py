@@ -10,8 +10,9 @@ Inputs, each a function of values (no argparse, no store):
 
 Error text is classified by rules/process_errors.yaml: CUDA OOM -> kind oom; gloo timeouts, "Connection closed by
 peer" and NCCL watchdog lines -> comm_error / watchdog_timeout marked secondary (a survivor's echo). SIGTERM deaths
-in a torchrun report are secondary (torchrun sent them). Exceptions carry a fingerprint (faultlens.collectors.fingerprint).
-Bad input raises ProcessEventsError naming the file; `collect_paths` keeps the good files' rows and lists errors.
+in a torchrun report are secondary (torchrun sent them). Exceptions carry a fingerprint
+(faultlens.collectors.fingerprint). Bad input raises ProcessEventsError naming the file; `collect_paths` keeps the good
+files' rows and lists errors.
 """
 
 from __future__ import annotations

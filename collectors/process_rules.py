@@ -16,8 +16,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from faultlens.collectors.rule_loader import RuleFileError, load_rule_file
+from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_RULES_PATH = Path(__file__).resolve().parents[1] / "rules" / "process_errors.yaml"
+DEFAULT_RULES_PATH = shipped_rule_file("process_errors.yaml")  # the packaged file; loading reads rule_file
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
@@ -103,8 +104,9 @@ class ProcessRules:
 
 
 def load_process_rules(path: str | Path | None = None) -> ProcessRules:
-    """Load and validate the rules file (default rules/process_errors.yaml)."""
-    return _load(str(Path(path) if path is not None else DEFAULT_RULES_PATH))
+    """Load and validate the rules file (default: process_errors.yaml of the rules directory, $FAULTLENS_RULES
+    else the packaged rules/)."""
+    return _load(str(Path(path) if path is not None else rule_file("process_errors.yaml")))
 
 
 @lru_cache(maxsize=8)

@@ -9,8 +9,8 @@ an unrestricted ``pickle.load`` of a dump found on disk is arbitrary code execut
    NEWOBJ(_EX), STACK_GLOBAL, EXT*, persistent ids and out-of-band buffers outright, any length past the end of the
    data (a BINUNICODE8 length of 2^63 would make the unpickler try to allocate it), a memo index at or beyond the
    data's size (one 9-byte LONG_BINPUT would make it allocate gigabytes), strings and integers beyond the limits of
-   faultlens.collectors.fr_limits, and unknown opcodes. A regular expression skips runs of fixed-size opcodes, so the pass
-   costs a fraction of the load.
+   faultlens.collectors.fr_limits, and unknown opcodes. A regular expression skips runs of fixed-size opcodes, so the
+   pass costs a fraction of the load.
 2. Every global lookup goes through ``find_class``, which admits only what protocols 0-2 need to spell builtin
    values: ``set`` / ``frozenset`` (``builtins.set`` + REDUCE of a list) and ``bytes`` (``_codecs.encode(text,
    'latin1')`` or ``builtins.bytes()``). Each lookup gets a fresh checking callable (not the type, so NEWOBJ is

@@ -12,8 +12,9 @@ from typing import Any
 
 from faultlens.collectors import environment
 from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
+from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_XID_PATH = Path(__file__).resolve().parents[1] / "rules" / "xid.yaml"
+DEFAULT_XID_PATH = shipped_rule_file("xid.yaml")  # packaged; load_xid_catalog reads rule_file
 XID_CATALOG_ENV = environment.XID_CATALOG.name  # a user's copy of rules/xid.yaml replaces the shipped one
 FORMAT_VERSION = 1
 
@@ -134,9 +135,10 @@ def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
 
 
 def load_xid_catalog(path: str | Path | None = None) -> XidCatalog:
-    """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else <repo>/rules/xid.yaml.
+    """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else xid.yaml of the rules directory
+    ($FAULTLENS_RULES, else the packaged rules/).
     Raises XidCatalogError."""
     if path is None:
         path = environment.XID_CATALOG.get()
-    file = Path(path) if path is not None else DEFAULT_XID_PATH
+    file = Path(path) if path is not None else rule_file("xid.yaml")
     return parse_xid_catalog(read_document(file, error=XidCatalogError), str(file))

@@ -47,7 +47,8 @@ def test_store_path_that_is_a_file(tmp_path, capsys):
 
 
 def test_store_path_from_subprocess_has_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "tables", "--store", str(tmp_path / "x")],
+    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "tables", "--store",
+                          str(tmp_path / "x")],
                           cwd=REPO_ROOT, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.strip().startswith("faultlens tables: error:")

@@ -184,7 +184,8 @@ def test_source_over_http(exporter, caplog):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT,
+                          capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
 
 

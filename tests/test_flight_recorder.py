@@ -286,7 +286,8 @@ def test_scanner_matches_the_unpickler_on_generated_dumps(tmp_path: Path, extra:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT,
+                          capture_output=True,
                           text=True, timeout=120)
 
 

@@ -307,7 +307,8 @@ def test_torch_analyzer_fails_on_raw_gloo_dumps(torch_artifacts: dict[str, Path]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT,
+                          capture_output=True,
                           text=True, timeout=120)
 
 

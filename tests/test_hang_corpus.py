@@ -169,7 +169,8 @@ def test_hostile_and_truncated_dumps_are_named_and_the_rest_analysed(hang_corpus
     (dumps / "rank_0.pkl").write_bytes(b"\x80\x02cos\nsystem\n(S'touch /tmp/pwned'\ntR.")  # hostile
     full = (dumps / "rank_4.pkl").read_bytes()
     (dumps / "rank_4.pkl").write_bytes(full[: len(full) // 2])  # truncated
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "analyze-hang", str(dumps), "--json",
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "analyze-hang", str(dumps),
+                             "--json",
                              "--expected-ranks", "8"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.strip()]

@@ -128,7 +128,8 @@ def test_ingest_kmsg_stores_the_good_lines_and_names_the_bad_one(tmp_path, store
         lines.insert(10 + offset * 20, bad)
     log_file = tmp_path / "kern.log"
     log_file.write_text("\n".join(lines) + "\n")
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "ingest", "kmsg", str(log_file), "--utc",
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "ingest", "kmsg", str(log_file),
+                             "--utc",
                              "--store", str(store_dir)], capture_output=True, text=True, timeout=120, env=_env(),
                             cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr

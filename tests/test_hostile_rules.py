@@ -83,7 +83,8 @@ def _env(**extra: str) -> dict[str, str]:
 def test_cli_reports_a_deep_rules_file_in_one_line(tmp_path, store_dir):
     path = tmp_path / "crash.yaml"
     path.write_bytes(_variants((RULES / "crash.yaml").read_text())["deep_flow_sequence"])
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "attribute", "--store", str(store_dir),
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "attribute", "--store",
+                             str(store_dir),
                              "--rules", str(path)], capture_output=True, text=True, timeout=120, env=_env(),
                             cwd=REPO_ROOT)
     assert result.returncode == 2
@@ -108,7 +109,8 @@ def test_xid_catalog_is_user_replaceable(tmp_path, monkeypatch):
 def test_cli_xid_catalog_option_names_a_bad_file(tmp_path, store_dir):
     bad = tmp_path / "xid.yaml"
     bad.write_bytes((RULES / "xid.yaml").read_text().encode("utf-16"))
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "attribute", "--store", str(store_dir),
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "attribute", "--store",
+                             str(store_dir),
                              "--xid-catalog", str(bad)], capture_output=True, text=True, timeout=120, env=_env(),
                             cwd=REPO_ROOT)
     assert result.returncode == 2

@@ -307,7 +307,8 @@ def test_read_kernel_log_file_errors(tmp_path):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT,
+                          capture_output=True,
                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
 
 

@@ -14,7 +14,13 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from faultlens.collectors.gpu_backend import SAMPLE_COLUMNS
 from faultlens.collectors.nvml_source import NvmlSource
-from faultlens.collectors.otel_export import GPU_METRICS, ExporterChoice, GpuOtelExporter, OtelConfigError, choose_exporters
+from faultlens.collectors.otel_export import (
+    GPU_METRICS,
+    ExporterChoice,
+    GpuOtelExporter,
+    OtelConfigError,
+    choose_exporters,
+)
 from faultlens.collectors.recorded_backend import RecordedBackend
 from faultlens.collectors.source import NodeIdentity
 from tests.conftest import DATA_DIR

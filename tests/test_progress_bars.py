@@ -28,7 +28,8 @@ def test_bar_on_a_terminal(tmp_path):
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "100", "TERM": "xterm"}
     env.pop("FAULTLENS_PROGRESS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "faultlens.controller.cli.main", *SIM, "--store", str(tmp_path / "s")],
+    proc = subprocess.Popen([sys.executable, "-m", "faultlens.controller.cli.main", *SIM, "--store",
+                            str(tmp_path / "s")],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, cwd=REPO_ROOT, env=env)
     os.close(slave)
     seen = b""

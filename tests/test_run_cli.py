@@ -14,7 +14,8 @@ pytest.importorskip("torch")
 
 def test_run_completes_a_healthy_job(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store", str(tmp_path / "store"),
+    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store",
+                           str(tmp_path / "store"),
                            "--workdir", str(tmp_path / "work"), "--nnodes", "2", "--nproc-per-node", "1",
                            "--job", "healthy", "--", "-m", "faultlens.controller.demo.train", "--steps", "12",
                            "--step-sleep", "0.01"], cwd=tmp_path, env=env, capture_output=True, text=True,

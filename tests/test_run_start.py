@@ -76,7 +76,8 @@ def test_no_log_at_all_still_points_at_the_directory(tmp_path):
 def test_faultlens_run_with_a_typo_in_the_script_path(tmp_path):
     pytest.importorskip("torch")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80"}
-    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store", str(tmp_path / "store"),
+    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store",
+                           str(tmp_path / "store"),
                            "--workdir", str(tmp_path / "work"), "--nnodes", "1", "--nproc-per-node", "2",
                            "--max-attempts", "1", "--", "trian.py"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=240)

@@ -32,7 +32,8 @@ def jobs() -> dict[str, Path]:
 
 
 def faultlens(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], capture_output=True,
+                          text=True,
                           timeout=300)
 
 

@@ -43,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--now", help="batch: the time of the pass (ISO 8601); default: each job up to its newest "
                                    "telemetry (a replay)")
     run.add_argument("--dry-run", action="store_true", help="batch: show incidents, write nothing")
-    run.add_argument("--rules", type=Path, help="crash rules file (default rules/crash.yaml)")
+    run.add_argument("--rules", type=Path, metavar="FILE_OR_DIR",
+                     help="crash rules file (default rules/crash.yaml), or a directory of rule files replacing the "
+                          "shipped ones of the same name (default $FAULTLENS_RULES)")
     run.add_argument("--thresholds", type=Path, help="thresholds file (default rules/thresholds.yaml)")
     run.add_argument("--xid-catalog", type=Path, help="XID catalog (default $FAULTLENS_XID_CATALOG, else "
                                                       "rules/xid.yaml)")

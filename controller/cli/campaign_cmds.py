@@ -8,12 +8,13 @@ import json
 import sys
 from pathlib import Path
 
-from faultlens.controller.cli.common import CliError
+from faultlens.controller.cli.common import CliError, add_rules_dir_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     cmd = subparsers.add_parser("campaign", help="run the fault-injection campaign and score every decision")
     cmd.add_argument("--scenarios", help="scenarios YAML (default rules/campaign.yaml)")
+    add_rules_dir_arg(cmd)
     cmd.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios")
     cmd.add_argument("--ci", action="store_true", help="run only the CI subset (scenarios marked ci: true)")
     cmd.add_argument("--out", default="./faultlens-campaign", help="where runs and results go (default %(default)s)")
@@ -28,9 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_campaign(args: argparse.Namespace) -> int:
     from faultlens.controller.lab.campaign import run_campaign
     from faultlens.controller.lab.report import markdown
-    from faultlens.controller.lab.scenarios import DEFAULT_SCENARIOS, load_campaign
+    from faultlens.controller.lab.scenarios import load_campaign
 
-    campaign = load_campaign(args.scenarios or DEFAULT_SCENARIOS)
+    campaign = load_campaign(args.scenarios or None)
     scenarios = campaign.select(args.only, ci=args.ci)
     if args.list:
         for s in scenarios:

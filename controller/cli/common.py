@@ -10,6 +10,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from faultlens.collectors import environment
@@ -27,6 +28,21 @@ class CliError(FaultlensError):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = self.exit_code = code
+
+
+def _rules_dir(value: str) -> Path:
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: not a directory")
+    return path
+
+
+def add_rules_dir_arg(parser: argparse.ArgumentParser) -> None:
+    """`--rules DIR`: rule files that replace the shipped ones of the same name (main() applies it through
+    faultlens.resources.use_rules_dir, so the processes the command starts read them too)."""
+    parser.add_argument("--rules", type=_rules_dir, metavar="DIR",
+                        help="directory of rule files replacing the shipped ones of the same name "
+                             "(default: $FAULTLENS_RULES, else the packaged rules)")
 
 
 def add_store_arg(parser: argparse.ArgumentParser) -> None:

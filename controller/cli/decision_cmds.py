@@ -14,7 +14,7 @@ from faultlens.attribution.store import Store
 from faultlens.collectors import environment
 from faultlens.collectors.layout import StoreError
 from faultlens.controller.checkpoints import CheckpointCatalog, parse_tiers
-from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit
+from faultlens.controller.cli.common import CliError, add_format_args, add_rules_dir_arg, add_store_arg, emit
 from faultlens.controller.delivery import DecisionLog, Deliverer
 from faultlens.controller.hooks import hooks_from_config, load_hooks
 
@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_arg(decide)
     add_format_args(decide)
     decide.add_argument("--job", help="only this job's incidents")
-    decide.add_argument("--policy", help="policy file (default rules/policy.yaml)")
+    decide.add_argument("--policy", help="policy file (default policy.yaml of --rules DIR, else rules/policy.yaml)")
+    add_rules_dir_arg(decide)
     decide.add_argument("--hooks", help="hooks YAML file; without hooks decisions are persisted, delivered later "
                                         "by `faultlens deliver`")
     _add_hook_args(decide)

@@ -29,7 +29,9 @@ def register_ingest(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", default=None, help="cluster name written into the rows")
     parser.add_argument("--utc", action="store_true",
                         help="torchrun's report times are UTC (default: this machine's local time zone)")
-    parser.add_argument("--rules", default=None, help="error-text rules (default: rules/process_errors.yaml)")
+    parser.add_argument("--rules", default=None, metavar="FILE_OR_DIR",
+                        help="error-text rules file (default: rules/process_errors.yaml), or a directory of rule "
+                             "files replacing the shipped ones of the same name (default $FAULTLENS_RULES)")
     parser.set_defaults(func=run_ingest)
 
 

@@ -19,8 +19,8 @@ def _literal(node: ast.AST | None) -> str | None:
 
 @lru_cache(maxsize=64)
 def listed_commands(module: str) -> tuple[tuple[str, str | None], ...] | None:
-    """(name, help) of each top-level subcommand `faultlens.controller.cli.<module>` registers; None when its source does
-    not say them literally (then the module is imported to know)."""
+    """(name, help) of each top-level subcommand `faultlens.controller.cli.<module>` registers; None when its source
+    does not say them literally (then the module is imported to know)."""
     try:
         tree = ast.parse((CLI_DIR / f"{module}.py").read_text(encoding="utf-8"))
     except (OSError, SyntaxError):

@@ -6,12 +6,14 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from faultlens.collectors.errors import FaultlensError
+from faultlens.resources import use_rules_dir
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help. Entries are
-# module names under faultlens.controller.cli (imported only when one of their commands runs; see controller/cli/lazy.py)
-# or module objects (imported up front).
+# module names under faultlens.controller.cli (imported only when one of their commands runs; see
+# controller/cli/lazy.py) or module objects (imported up front).
 COMMAND_MODULES: list = ["run_cmds", "store_cmds", "ingest_cmds", "gpu_cmds", "decision_cmds", "hang_cmds",
                          "attribution_cmds", "sim_cmds", "goodput_cmds",
                          "campaign_cmds", "doctor_cmds", "view_cmds"]
@@ -48,6 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = argv[0] if argv and not argv[0].startswith("-") else None
     parser = build_parser(command, lazy=True)
     args = parser.parse_args(argv)
+    rules = getattr(args, "rules", None)
+    if rules is not None and Path(rules).is_dir():  # `--rules DIR` (a file stays the command's own argument)
+        use_rules_dir(rules)
+        args.rules = None
     try:
         return int(args.func(args) or 0)
     except FaultlensError as exc:  # the one place an error becomes a message and an exit code

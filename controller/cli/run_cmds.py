@@ -9,10 +9,10 @@ import shutil
 import time
 from pathlib import Path
 
-from faultlens.controller.cli.common import CliError, add_store_arg
+from faultlens.controller.cli.common import CliError, add_rules_dir_arg, add_store_arg
+from faultlens.resources import rule_file, shipped_rule_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEMO_THRESHOLDS = REPO_ROOT / "rules" / "thresholds-demo.yaml"
+DEMO_THRESHOLDS = shipped_rule_file("thresholds-demo.yaml")  # the packaged file; the demo reads rule_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--steps", type=int, default=400, help="training steps of the job")
     demo.add_argument("--faults", type=int, default=5, help="how many faults of the schedule to inject (1-5)")
     demo.add_argument("--keep", action="store_true", help="keep an existing workdir instead of starting clean")
+    add_rules_dir_arg(demo)
     demo.set_defaults(func=cmd_demo)
 
     run = subparsers.add_parser("run", help="supervise a torchrun job on simulated nodes: attribute, fail over")
@@ -33,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.add_argument("--job", help="job id (default: generated)")
     run.add_argument("--policy", help="policy YAML (default rules/policy.yaml)")
     run.add_argument("--thresholds", help="thresholds YAML (default rules/thresholds.yaml)")
+    add_rules_dir_arg(run)
     run.add_argument("--hooks", help="hooks YAML: where decisions are delivered besides the supervisor")
     run.add_argument("--max-attempts", type=int, default=8)
     run.add_argument("--hang-grace", type=float, default=15.0, metavar="S",
@@ -157,7 +159,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = RunConfig(script=("-m", "faultlens.controller.demo.train", "--steps", str(args.steps)), nnodes=nnodes,
                        nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,
                        job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
-                       thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0, hang_grace_s=3.0,
+                       thresholds_path=rule_file("thresholds-demo.yaml"), attempt_timeout_s=120.0, hang_grace_s=3.0,
                        checkpoint_wait_s=60.0,
                        # the demo stands in for a long run and declares no length: the policy is told to weigh a
                        # slowdown over a day (an operator's figure, named in the decision's reason)

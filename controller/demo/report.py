@@ -1,6 +1,6 @@
 """The demo's closing report: one short block per attempt (what was injected, what faultlens found, what it
-decided, where the next attempt resumed), ETTR and badput by cause (faultlens.attribution.goodput over the store), the HTML
-report's path and how to open the store. Plain lines folded to the output's width: readable in a log file."""
+decided, where the next attempt resumed), ETTR and badput by cause (faultlens.attribution.goodput over the store), the
+HTML report's path and how to open the store. Plain lines folded to the output's width: readable in a log file."""
 
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ from typing import Any
 
 from faultlens.controller.lab.actions import CpuHog, ExternalActions, reap
 from faultlens.controller.lab.plan import ENV_DIR, ENV_PLAN, EXTERNAL_KINDS, InjectionPlan
-from faultlens.controller.lab.scenarios import REPO_ROOT, Scenario
+from faultlens.controller.lab.scenarios import Scenario
+from faultlens.resources import import_root, shipped_path
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
 
@@ -96,7 +97,7 @@ class PlanWatcher:
 
 def scenario_env(scenario: Scenario, lab_dir: Path, plan_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    path = [str(SITE_DIR), str(REPO_ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    path = [str(SITE_DIR), str(import_root()), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
     env.update({"PYTHONPATH": os.pathsep.join(path), ENV_DIR: str(lab_dir), ENV_PLAN: str(plan_path),
                 "FAULTLENS_LAB_SUPERVISOR": "1", "PYTHONUNBUFFERED": "1"})
     return env
@@ -108,7 +109,7 @@ def run_command(scenario: Scenario, art: RunArtifacts) -> list[str]:
                "--spares", str(scenario.spares), "--workdir", str(art.workdir), "--job", art.job_id,
                "--max-attempts", str(scenario.max_attempts)]
     if scenario.thresholds:
-        command += ["--thresholds", str(REPO_ROOT / scenario.thresholds)]
+        command += ["--thresholds", str(shipped_path(scenario.thresholds))]
     if scenario.assume_remaining_s is not None:
         command += ["--assume-remaining", f"{scenario.assume_remaining_s:g}"]
     return [*command, "--", scenario.script, *scenario.args]

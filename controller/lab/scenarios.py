@@ -10,9 +10,10 @@ from typing import Any
 
 from faultlens.collectors.rule_loader import RuleFileError, read_document
 from faultlens.controller.lab.plan import FAULT_KINDS, FaultSpec
+from faultlens.resources import rooms_root, rule_file, shipped_path, shipped_rule_file
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SCENARIOS = REPO_ROOT / "rules" / "campaign.yaml"
+REPO_ROOT = rooms_root()  # where the job scripts' paths (controller/lab/jobs/...) start: checkout or package
+DEFAULT_SCENARIOS = shipped_rule_file("campaign.yaml")  # the packaged file; load_campaign reads rule_file
 
 CLASSES = frozenset({"crash", "collective_hang", "straggler", "health", "any"})
 ACTIONS = frozenset({"failover", "escalate", "notify", "drain"})
@@ -138,7 +139,9 @@ def _fault(doc: Any, where: str, index: int) -> FaultSpec:
         raise ScenarioError(f"{where}: {exc}") from None
 
 
-def load_campaign(path: str | Path = DEFAULT_SCENARIOS) -> Campaign:
+def load_campaign(path: str | Path | None = None) -> Campaign:
+    """The campaign file: `path`, else campaign.yaml of the rules directory ($FAULTLENS_RULES, else packaged)."""
+    path = path if path is not None else rule_file("campaign.yaml")
     source = str(path)
     doc = read_document(path, error=ScenarioError)
     if not isinstance(doc, Mapping) or doc.get("format_version") != 1:
@@ -181,7 +184,7 @@ def load_campaign(path: str | Path = DEFAULT_SCENARIOS) -> Campaign:
         steps = _steps(args)
         try:
             scenarios.append(Scenario(
-                name=name, fault_type=str(item.get("type", name)), script=str(REPO_ROOT / script["path"]),
+                name=name, fault_type=str(item.get("type", name)), script=str(shipped_path(script["path"])),
                 args=tuple(args), nodes=int(merged.get("nodes", 2)), ranks=int(merged.get("ranks", 2)),
                 spares=int(merged.get("spares", 2)), max_attempts=int(merged.get("max_attempts", 4)),
                 timeout_s=float(merged.get("timeout_s", 300)), faults=faults,

@@ -1,6 +1,6 @@
 """process_events rows as the job-side collectors write them (interface 3 of the helper brief), built by the
-process source's own functions (faultlens.collectors.process_events) so classification, secondary marking and fingerprints
-are exactly the collector's:
+process source's own functions (faultlens.collectors.process_events) so classification, secondary marking and
+fingerprints are exactly the collector's:
 
 - an exception: one error.json row (torch's @record; its timestamp has whole seconds) and, from the node's
   torchrun failure report, an exit row and an error row (the report's `time` has whole seconds too; the failure with
