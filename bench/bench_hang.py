@@ -217,7 +217,7 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
                "import resource; ru=resource.getrusage(resource.RUSAGE_CHILDREN)\n"
                "sys.stdout.write(json.dumps({'seconds':time.perf_counter()-t,'rc':p.returncode,"
                "'cpu':ru.ru_utime+ru.ru_stime,"
-               "'maxrss_mb':ru.ru_maxrss/1024,'out':out.decode(errors='replace')[-20000:],"
+               "'maxrss_mb':ru.ru_maxrss/1024,'out':out.decode(errors='replace')[-4000000:],"
                "'err':err.decode(errors='replace')[-4000:]}))\n")
     result = _measure([sys.executable, "-c", wrapper, *cmd], timeout)
     if result.get("timed_out"):
