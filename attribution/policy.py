@@ -405,6 +405,9 @@ class DecisionPolicy:
         # 4. the first matching rule
         if rule.action is Action.ESCALATE:
             return escalate(rule.id, rule.reason)
+        if rule.action is Action.NOTIFY:  # matched by class (or a catch-all): a notification, never a failover
+            return Decision.for_incident(incident, action=Action.NOTIFY, policy_rule=rule.id, reason=rule.reason,
+                                         issued_at=now)
         if rule.action is Action.DRAIN:
             return Decision.for_incident(incident, action=Action.DRAIN, policy_rule=rule.id,
                                          reason=f"{rule.reason}: drain {', '.join(nodes)}", issued_at=now,

@@ -212,6 +212,20 @@ def test_lemon_node_is_excluded_proactively(store_dir: Path) -> None:
         assert later.lemon_nodes() == []
 
 
+@pytest.mark.parametrize("when", [{"class": ["health"]}, {"class": ["crash"]}, {}])
+def test_a_notify_rule_matched_by_class_or_catch_all_never_fails_over(when: dict) -> None:
+    """A user's rule `action: notify` chosen by class (not by cause) or as the catch-all is a notification, for
+    every class: it used to fall through to the failover guards and fail the culprit node over."""
+    document = {"format_version": 1, "confidence_threshold": 0.5, "never_failover_causes": ["software", "oom"],
+                "retry_budget": {"default": 10},
+                "rules": [{"id": "tell-me", "when": when, "action": "notify", "reason": "watch it"},
+                          {"id": "the-rest", "when": {}, "action": "failover"}]}
+    config = policy_from_document(document, source="notify.yaml")
+    cls = IncidentClass.HEALTH if when.get("class") == ["health"] else IncidentClass.CRASH
+    decision = DecisionPolicy(config, clock=lambda: NOW).decide(incident(cls=cls, cause=Cause.HBM))
+    assert (decision.action, decision.policy_rule, decision.exclude_nodes) == (Action.NOTIFY, "tell-me", ())
+
+
 def test_critical_health_event_gives_a_proactive_drain() -> None:
     health = incident(cls=IncidentClass.HEALTH, cause=Cause.HBM, nodes=("node-4",))
     decision = policy(restore_chooser=lambda request: Restore("durable", 10, None)).decide(health)
