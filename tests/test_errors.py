@@ -22,7 +22,7 @@ SKIP = ("faultlens.controller.demo.train", "faultlens.controller.lab.jobs", "fau
 def _error_classes() -> list[type[BaseException]]:
     found = []
     for room in ROOMS:
-        for info in pkgutil.walk_packages([str(REPO_ROOT / room)], room + "."):
+        for info in pkgutil.walk_packages([str(REPO_ROOT / room)], f"faultlens.{room}."):
             if info.name.startswith(SKIP):
                 continue
             module = importlib.import_module(info.name)
