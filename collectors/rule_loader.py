@@ -160,7 +160,10 @@ def _validate_model(document: Any, model: type[T], source: str, error: type[E]) 
     try:
         return model.model_validate(document)  # type: ignore[attr-defined]
     except ValidationError as exc:
-        items = sorted(exc.errors(), key=lambda e: len(e["loc"]))
+        # first the problems inside a section the file has (what its author wrote), then the shallowest
+        written = set(document) if isinstance(document, dict) else set()
+        items = sorted(exc.errors(), key=lambda e: (not (len(e["loc"]) > 1 and e["loc"][0] in written),
+                                                    len(e["loc"])))
         item = items[0]
         more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
         parts = [p for p in item["loc"] if not (isinstance(p, str) and "[" in p)]  # tagged-union labels
