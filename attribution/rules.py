@@ -180,7 +180,7 @@ class StragglerThresholds(_Strict):
     exclude_sections: tuple[str, ...] = ()
     vocabulary_files: tuple[str, ...] = ()
     replica_min_fraction: float = Field(default=0.75, gt=0.0, le=1.0)
-    min_step_slowdown: float = Field(default=1.05, ge=1.0)
+    min_step_slowdown: float = Field(default=1.1, ge=1.0)
     moving_min_step_slowdown: float = Field(default=1.1, ge=1.0)
     whatif: WhatIfThresholds = WhatIfThresholds()
     warmup_steps: int = Field(ge=0)

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.schema import TABLES
+from faultlens.collectors.schema import TABLES, as_ns_type
 
 REQUIRED = ("rank", "step", "section", "start", "duration")
 OPTIONAL = ("node", "job_id", "attempt", "phase")
@@ -197,6 +197,10 @@ def _table(name: str, frame: pd.DataFrame) -> pa.Table:
             values = frame[field.name]
             if pa.types.is_integer(field.type):
                 values = values.astype("Int64")
+            if pa.types.is_timestamp(field.type):  # pandas holds ns; the store's unit is coarser: truncate
+                arrays.append(pa.array(values, type=as_ns_type(field.type), from_pandas=True).cast(field.type,
+                                                                                                    safe=False))
+                continue
             arrays.append(pa.array(values.tolist() if field.name == "sections" else values, type=field.type,
                                    from_pandas=True))
         else:
