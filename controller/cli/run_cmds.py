@@ -62,6 +62,9 @@ def _hooks(path: str | None) -> list:
     return list(load_hooks(path))  # a HookConfigError names the file; the CLI prints it
 
 
+DEMO_DECLARED_STEPS = 100_000  # the length the demo job declares: a long run, of which the demo runs the start
+
+
 def _printer():
     """Timestamped event lines, literal (no markup from the text), folded under the timestamp."""
     import sys
@@ -161,9 +164,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                        job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
                        thresholds_path=rule_file("thresholds-demo.yaml"), attempt_timeout_s=120.0, hang_grace_s=3.0,
                        checkpoint_wait_s=60.0,
-                       # the demo stands in for a long run and declares no length: the policy is told to weigh a
-                       # slowdown over a day (an operator's figure, named in the decision's reason)
-                       assumed_remaining_s=86400.0)
+                       # the demo stands for the first steps of a long run and declares that length (its ranks rows'
+                       # total_steps), so live and a later batch pass weigh a slowdown against the same remaining time
+                       total_steps=DEMO_DECLARED_STEPS)
     out, say = _printer()
     say(f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, CPU), 4 spare nodes, "
         f"store {args.store}")
