@@ -1,7 +1,7 @@
 """The decision contract: what the job controller should do about one incident.
 
 One decision per incident (its id is derived from the incident id), as a frozen dataclass and as a versioned JSON
-document ("schema": "faultlens.decision/1", DESIGN.md "Decision contract") validated by DECISION_JSON_SCHEMA.
+document ("schema": "faultlens.decision/1", docs/design.md "Decision contract") validated by DECISION_JSON_SCHEMA.
 The row form is the `decisions` table of collectors/schema.py; the table is append-only: a later row with the same
 decision_id and hook records a delivery status, the latest row per (decision_id, hook) wins.
 """

@@ -12,7 +12,7 @@ Metrics: precision/recall/F1 per incident class and for detection regardless of 
 counted per node over faults that have a culprit node (Minder-style: a fault's node named = TP, a node named that
 is not the fault's = FP, a fault's node not named = FN; false alarms add their nodes as FP); cause accuracy (exact,
 and by family: hardware/software/...); decisions (from the decisions table, else the decision policy, else the
-DESIGN.md rules, whichever is available): automatic failovers of software-side faults, healthy nodes excluded,
+docs/design.md rules, whichever is available): automatic failovers of software-side faults, healthy nodes excluded,
 escalation rate, share of faults handled without a human; detection latency (detected - injected, simulated time).
 """
 
@@ -60,7 +60,7 @@ DecideFn = Callable[[Incident], DecisionView]
 
 
 def design_rules(incident: Incident) -> DecisionView:
-    """The decision policy as DESIGN.md words it, for when no policy module or decisions table is available:
+    """The decision policy as docs/design.md words it, for when no policy module or decisions table is available:
     escalate software-side causes and anything without exactly one culprit node; drain on health events; fail
     over otherwise (excluding the culprit node)."""
     if incident.incident_class is IncidentClass.HEALTH:
@@ -316,7 +316,7 @@ def _latency_stats(values: list[float]) -> dict[str, Any]:
 def evaluate(labels: Sequence[FaultLabel], incidents: Sequence[Incident], *, decide: DecideFn | None = None,
              decisions_source: str = "design-rules",
              replay: Mapping[str, dt.datetime | None] | None = None) -> EvalReport:
-    """Score `incidents` against `labels`. `decide` gives the decision for an incident (default: DESIGN.md
+    """Score `incidents` against `labels`. `decide` gives the decision for an incident (default: docs/design.md
     rules); `decisions_source` names where decisions come from, for the report. `replay` (fault id -> simulated
     detection time from faultlens.attribution.replay) replaces the incidents' detected_ts for latency."""
     decide = decide or design_rules
@@ -485,7 +485,7 @@ def load_incidents(store: Any, *, job: str | None = None, rerun: bool = False) -
 def load_decider(store: Any, incidents: Sequence[Incident] = ()) -> tuple[DecideFn, str]:
     """Decisions for incidents: the decisions table when it holds some, else the decision policy
     (faultlens.attribution.policy.DecisionPolicy with rules/policy.yaml, applied to the incidents in the order they
-    began, each seeing the ones before it as the job's history), else the DESIGN.md rules."""
+    began, each seeing the ones before it as the job's history), else the docs/design.md rules."""
     table = store.query('SELECT incident_id, action, exclude_nodes, rule FROM "decisions" ORDER BY ts')
     if table.num_rows:
         recorded = {row["incident_id"]: DecisionView(row["action"], tuple(row["exclude_nodes"] or ()),

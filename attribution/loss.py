@@ -1,5 +1,5 @@
 """The numerics detector: a NaN/Inf loss, or a sudden loss spike, is an incident of class `numerics`, cause
-`data_corruption` (DESIGN.md "Numerics"), so the restore picks the newest complete checkpoint from before the
+`data_corruption` (docs/design.md "Numerics"), so the restore picks the newest complete checkpoint from before the
 first bad step.
 
 The loss comes from the step rows (StepTimer records `step.loss`; the `loss_nonfinite` column of the steps frame

@@ -1,5 +1,5 @@
 """The decision policy: one incident -> exactly one decision (failover, escalate or drain), by the rules of
-rules/policy.yaml (DESIGN.md "Decision policy").
+rules/policy.yaml (docs/design.md "Decision policy").
 
 Order of evaluation:
 1. software repeats found in the job's history (the same fingerprint on other nodes, or again at the same step

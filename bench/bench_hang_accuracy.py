@@ -1,6 +1,7 @@
 """Hang culprits, side by side: faultlens, torch's flight-recorder analyzer and NVIDIA's CollectiveAnalyzer on the
 hang corpus (real dump sets of an 8-rank gloo job, tests/torch_jobs/hang_corpus, truth beside each) and on the
-real NCCL set (tests/data/nccl-fr-gpu_error_2nd, the same files as /work/shared/data; truth ranks 9 and 14).
+real NCCL set (tests/data/nccl-fr-gpu_error_2nd, the files of NVIDIA/nvidia-resiliency-ext
+tests/attribution/unit/fr_traces/gpu_error_2nd; truth ranks 9 and 14).
 
     python -m bench.bench_hang_accuracy [--nvrx-python PATH] [--json OUT]
 

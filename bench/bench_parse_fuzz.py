@@ -36,7 +36,7 @@ DATA = ROOT / "tests" / "data" / "gpu"
 IDENTITY = NodeIdentity("fuzz-node")
 MAX_LINE = 64 * 1024
 
-# real driver lines (shared/reference/gpu-signals.md, the examples tests/test_kmsg.py checks), beside node-kern.log
+# real driver lines (docs/reference/gpu-signals.md, the examples tests/test_kmsg.py checks), beside node-kern.log
 REFERENCE_LINES = [
     "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
     "NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has "

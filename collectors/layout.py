@@ -1,4 +1,4 @@
-"""The store layout contract (DESIGN.md): where segments live, how they become visible, how readers list them.
+"""The store layout contract (docs/design.md): where segments live, how they become visible, how readers list them.
 
     <root>/<table>/job=<job_id or _node>/date=<YYYY-MM-DD>/node=<node>/<ts>-<uuid>.parquet
 

@@ -1,6 +1,6 @@
 """Arrow schemas of every faultlens table: the contract between collectors, the store and attribution.
 
-Every table starts with the identity columns (DESIGN.md, "Tables"); a column that does not apply to a row is null.
+Every table starts with the identity columns (docs/design.md, "Tables"); a column that does not apply to a row is null.
 SCHEMA_VERSION is written into the key-value metadata of every Parquet segment. Columns may be added in later
 versions (readers union by name); a column is never renamed or retyped without a version bump.
 
@@ -375,7 +375,7 @@ US_PER_DAY = 86_400 * 1_000_000
 
 def partition_keys(table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.ChunkedArray]:
     """The (job, day number since epoch, node) partition values of every row, as in the store layout of
-    DESIGN.md; `partition_date(day)` turns a day number into the YYYY-MM-DD of the path."""
+    docs/design.md; `partition_date(day)` turns a day number into the YYYY-MM-DD of the path."""
     import pyarrow.compute as pc  # here, not at import: a third of `faultlens sql`'s start-up
 
     job = pc.fill_null(table.column("job_id"), "_node")

@@ -68,7 +68,7 @@ def test_matching_pairs_duplicates_and_false_alarms() -> None:
 
 
 def test_metrics_on_a_hand_checked_case() -> None:
-    report = evaluate(LABELS, INCIDENTS)  # decisions by the DESIGN.md rules
+    report = evaluate(LABELS, INCIDENTS)  # decisions by the docs/design.md rules
     scores = {k: (v.tp, v.fp, v.fn) for k, v in report.per_class.items()}
     assert scores == {"crash": (2, 0, 0), "collective_hang": (1, 0, 0), "straggler": (0, 1, 1), "health": (1, 0, 0)}
     assert report.per_class["straggler"].f1 == 0.0

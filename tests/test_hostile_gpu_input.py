@@ -1,6 +1,6 @@
 """Hostile and broken GPU-health input (issue 16): kernel-log lines that made the regexes backtrack quadratically,
 one bad row that cost a whole poll, dcgm samples out of their column's range. Real line formats (tests/test_kmsg.py,
-shared/reference/gpu-signals.md) and the real dcgm-exporter scrapes of tests/data/gpu/."""
+docs/reference/gpu-signals.md) and the real dcgm-exporter scrapes of tests/data/gpu/."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Kernel-log parser and source: golden tests from the real lines of shared/reference/gpu-signals.md, every Xid form
+"""Kernel-log parser and source: golden tests from the real lines of docs/reference/gpu-signals.md, every Xid form
 the issue lists, the transports (kmsg records, journalctl JSON, syslog, dmesg), fuzzing, and the file source."""
 
 from __future__ import annotations

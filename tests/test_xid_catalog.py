@@ -16,7 +16,7 @@ from faultlens.collectors.xid_catalog import (
     load_xid_catalog,
 )
 
-# every Xid of shared/reference/gpu-signals.md section 1 (119/120, 144-150 and 155/156/158 expanded) and Xid 54
+# every Xid of docs/reference/gpu-signals.md section 1 (119/120, 144-150 and 155/156/158 expanded) and Xid 54
 # (the only CHECK_MECHANICALS one, named in the bucket legend)
 REFERENCE_XIDS = [13, 31, 43, 45, 48, 54, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 119, 120, 121, 140, 143,
                   144, 145, 146, 147, 148, 149, 150, 154, 155, 156, 158]

@@ -1,5 +1,5 @@
 """The checkpoint catalog: every checkpoint in every tier, whether it is complete and verified, and the restore
-choice of DESIGN.md:
+choice of docs/design.md:
 
     the newest checkpoint that is complete, verified, present for every rank in tiers that survive the exclusion
     (a local or peer tier on an excluded node is gone), and older than the incident when the incident suggests
@@ -349,7 +349,7 @@ class CheckpointCatalog:
     def choose(self, exclude_nodes: Iterable[str] = (), *, before_ts: dt.datetime | None = None,
                before_step: int | None = None, world_size: int | None = None, step: int | None = None,
                entries: Sequence[CheckpointEntry] | None = None) -> RestoreChoice | None:
-        """The restore per DESIGN.md, or None when no checkpoint qualifies. `step` pins the step (used to rebuild
+        """The restore per docs/design.md, or None when no checkpoint qualifies. `step` pins the step (used to rebuild
         the per-rank sources of a decision already made)."""
         exclude = set(exclude_nodes)
         entries = list(entries) if entries is not None else self.scan()

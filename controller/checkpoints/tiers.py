@@ -1,4 +1,4 @@
-"""Checkpoint tiers: where checkpoints live (DESIGN.md "Restore choice").
+"""Checkpoint tiers: where checkpoints live (docs/design.md "Restore choice").
 
 local   node NVMe, one tier per node: gone when that node is excluded;
 peer    a replica held on another node: gone when the node holding it is excluded;

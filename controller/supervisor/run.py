@@ -8,7 +8,7 @@ and starts the next attempt from it; on escalate it stops and prints the decisio
 hang is confirmed by requesting flight-recorder dumps from every rank (the trigger file the ranks poll) and
 analysing them.
 
-What an action means here (DESIGN.md "What an action means"):
+What an action means here (docs/design.md "What an action means"):
 - a notify, and any decision on a slowdown (straggler, workload imbalance) that is not a failover, is delivered
   and the job keeps running: a running job is never stopped for a slowdown;
 - a failover of a slowdown waits (bounded) for the next checkpoint boundary: a complete checkpoint newer than the
