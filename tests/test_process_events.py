@@ -165,12 +165,16 @@ def test_source_watches_a_log_dir(torch_artifacts: dict[str, Path], tmp_path: Pa
     shutil.copytree(run / "attempt_0", copy / "attempt_0")
     source = ProcessSource(NodeIdentity(node="node-0"), paths=[tmp_path / "logs"])
     first = source.poll()["process_events"].to_pylist()
-    assert {r["attempt"] for r in first} == {0} and len(first) >= 4
+    # rank 2's bug is always there; how many survivors wrote an error file before torchrun's SIGTERM depends on
+    # timing (seen: 1 to 3), so their count is not asserted
+    assert {r["attempt"] for r in first} == {0}
+    assert any(r["rank"] == 2 and r["exception_type"] == "ValueError" for r in first), first
     assert source.poll() == {}  # nothing changed, nothing new
     shutil.copytree(run / "attempt_1", copy / "attempt_1")
     time.sleep(0.01)
     second = source.poll()["process_events"].to_pylist()
     assert {r["attempt"] for r in second} == {1}
+    assert any(r["rank"] == 2 and r["exception_type"] == "ValueError" for r in second), second
     assert source.errors == 0
 
 
