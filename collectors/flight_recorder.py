@@ -743,27 +743,40 @@ def _load_buffer(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool, 
 # assembly
 
 
+_MAX_VOCABULARIES = 4096  # per column: dumps of one job share a handful; a hostile set cannot grow it without bound
+_MAX_CACHED_VOCABULARY = 256  # longer vocabularies (frames) are remapped each time, not kept
+
+
 class _Strings:
     """One set-wide dictionary for a string column."""
 
     def __init__(self) -> None:
         self.lookup: dict[str, int] = {}
         self.values: list[str] = []
+        self.tables: dict[tuple[str, ...], np.ndarray] = {}  # a dump's vocabulary -> its codes (remap)
 
     def remap(self, column_values: Sequence[str], codes: np.ndarray) -> np.ndarray:
+        """A dump's local codes (-1 = null) as codes of this set-wide dictionary."""
         if not column_values:
             return codes.astype(np.int32, copy=False)
-        table = np.empty(len(column_values), np.int32)
-        for i, value in enumerate(column_values):
-            code = self.lookup.get(value)
-            if code is None:
-                code = self.lookup[value] = len(self.values)
-                self.values.append(value)
-            table[i] = code
-        out = np.full(codes.shape[0], -1, np.int32)
-        present = codes >= 0
-        out[present] = table[codes[present]]
-        return out
+        key = tuple(column_values)
+        table = self.tables.get(key)
+        if table is None:
+            # the set-wide code of each local value, plus -1 last (where a null's code -1 lands); a code, once
+            # given, never changes, so the table of one vocabulary is good for every later dump that has it
+            table = np.empty(len(column_values) + 1, np.int32)
+            for i, value in enumerate(column_values):
+                code = self.lookup.get(value)
+                if code is None:
+                    code = self.lookup[value] = len(self.values)
+                    self.values.append(value)
+                table[i] = code
+            table[-1] = -1
+            if len(column_values) <= _MAX_CACHED_VOCABULARY and len(self.tables) < _MAX_VOCABULARIES:
+                self.tables[key] = table
+        if codes.shape[0] and int(codes.min()) < -1:  # never from the parsers; kept null rather than wrapped
+            codes = np.where(codes < 0, -1, codes)
+        return table[codes]
 
     def array(self, codes: np.ndarray, dictionary: bool) -> pa.Array:
         indices = pa.array(codes, type=pa.int32(), mask=codes < 0)
@@ -858,6 +871,7 @@ class _Assembly:
     chunks: list[pa.Table] = field(default_factory=list)
     world_size: int | None = None
     all_ranks: set[int] = field(default_factory=set)
+    max_world_size: int | None = None  # fr_limits' (read once per set, not per dump)
 
     def add(self, dump: _Dump, dump_id: str) -> None:
         n = dump.n
@@ -873,11 +887,13 @@ class _Assembly:
         for key in ("op", "state", "pg_desc"):
             column = dump.strings[key]
             part[key] = self.strings[key].remap(column.values, column.codes)
-        unique_ids = np.unique(pg_ids[pg_valid]) if n else np.empty(0, np.int64)
+        valid_rows = np.flatnonzero(pg_valid) if n else np.empty(0, np.int64)
+        unique_ids, first_valid = np.unique(pg_ids[valid_rows], return_index=True)
         id_values = [str(v) for v in unique_ids.tolist()]
         local_codes = np.full(n, -1, np.int32)
-        if n and pg_valid.any():
-            local_codes[pg_valid] = np.searchsorted(unique_ids, pg_ids[pg_valid]).astype(np.int32)
+        if valid_rows.shape[0]:
+            local_codes[valid_rows] = np.searchsorted(unique_ids, pg_ids[valid_rows]).astype(np.int32)
+        first_row_of_id = valid_rows[first_valid]  # the first entry of each local pg id
         part["pg_id"] = self.strings["pg_id"].remap(id_values, local_codes)
         # copies of the wanted columns only: the parser's 2-D arrays are released with the dump
         for column, key in _INT_COLUMNS.items():
@@ -900,15 +916,15 @@ class _Assembly:
                             ("pg_last_completed", "last_completed_collective")):
             if column not in self.columns:
                 continue
-            values = np.zeros(n, np.int64)
-            valid = np.zeros(n, bool)
+            # one value per local pg id, plus "none" last (where local code -1 lands)
+            by_id = np.zeros(len(id_values) + 1, np.int64)
+            known = np.zeros(len(id_values) + 1, bool)
             for i, pid in enumerate(id_values):
                 value = _status_value(status, pid, key)
                 if value is not None:
-                    rows = local_codes == i
-                    values[rows] = value
-                    valid[rows] = True
-            part[column] = (values, valid)
+                    by_id[i] = value
+                    known[i] = True
+            part[column] = (by_id[local_codes], known[local_codes])
         for key in ("input_sizes", "output_sizes"):
             if key in self.columns:
                 sizes = dump.sizes[key]
@@ -923,16 +939,17 @@ class _Assembly:
                                                                               dump.frames.items))
         # membership: config where it is sound, else the ranks seen in entries
         base = self.rows
-        names_in_dump = np.unique(name_codes[name_codes >= 0]) if n else np.empty(0, np.int32)
-        for code in names_in_dump:
-            name = self.strings["pg_name"].values[int(code)]
+        names_in_dump, first_rows = np.unique(name_codes, return_index=True)
+        for code, first in zip(names_in_dump.tolist(), first_rows.tolist(), strict=True):
+            if code < 0:
+                continue
+            name = self.strings["pg_name"].values[code]
             self.group_members.setdefault(name, set()).add(dump.rank)
-            first = int(np.argmax(name_codes == code))
             self.group_first_row.setdefault(name, base + first)
             desc_code = part["pg_desc"][first]
             if desc_code >= 0:
                 self.group_desc.setdefault(name, self.strings["pg_desc"].values[int(desc_code)])
-            ranks = _config_ranks(dump.pg_config, name)
+            ranks = _config_ranks(dump.pg_config, name, self.max_world_size)
             if ranks is not None:
                 # keyed by the cached tuple's identity: hashing a 16,384-rank tuple for every dump costs seconds
                 key = (name, id(ranks))
@@ -944,11 +961,7 @@ class _Assembly:
                     self.row_group[base + first] = name
         # status rows: one per pg_status group (or one marker)
         status_ids = [str(k) for k in status] or [None]
-        id_to_name: dict[str, int] = {}
-        for i, pid in enumerate(id_values):
-            hits = np.nonzero(local_codes == i)[0]
-            if hits.shape[0]:
-                id_to_name[pid] = int(name_codes[hits[0]])
+        id_to_name = dict(zip(id_values, name_codes[first_row_of_id].tolist(), strict=True))
         part["status"] = []
         for pid in status_ids:
             part["status"].append((
@@ -1293,7 +1306,7 @@ def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], d
                     next_index += 1
                 yield result
 
-    assembly = _Assembly(columns=wanted, dictionary=dictionary)
+    assembly = _Assembly(columns=wanted, dictionary=dictionary, max_world_size=limits.max_world_size)
     part = _Part(assembly, [], [], [])
     seen_ranks: dict[int, str] = {}
     for result in loaded():
