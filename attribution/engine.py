@@ -299,6 +299,22 @@ class LagRecord:
         return None if self.landed_at is None else self.written_at - self.landed_at
 
 
+#: process_events kinds that never name a failure of their own: the supervisor's launches and its own signals
+_NOT_A_FAILURE_KINDS = ("start", "signal_sent")
+
+
+def _may_change_a_crash(events: pd.DataFrame) -> pd.Series:
+    """Rows that may change a crash's verdict: a failure, an agent killed by a signal (a lost node). Not a
+    survivor's echo (is_secondary), the supervisor's own launches and signals, or an agent exiting with a code
+    (it exits after reporting its workers' failures: the end of a cascade, not news)."""
+    keep = ~events["kind"].isin(_NOT_A_FAILURE_KINDS)
+    if "is_secondary" in events.columns:
+        keep &= ~events["is_secondary"].fillna(False).astype(bool)
+    if "signal" in events.columns:
+        keep &= ~((events["kind"] == "agent_exit") & events["signal"].isna())
+    return keep
+
+
 @dataclass
 class FollowStats:
     polls: int = 0
@@ -337,6 +353,7 @@ class Follower:
         self._straggler_steps = 2 * straggler.window_steps + straggler.self_baseline_steps
         self.stats = FollowStats()
         self._arrivals: dict[tuple[str | None, int | None], float] = {}
+        self._failure_arrived: set[tuple[str | None, int | None]] = set()  # attempts with a failure row seen
         self._steps_changed = False
         self._last_progress = float("-inf")
         self._last_straggler = float("-inf")
@@ -433,8 +450,15 @@ class Follower:
         recent = events.iloc[max(0, len(events) - new_rows):]
         jobs = recent["job_id"].astype(object).where(recent["job_id"].notna(), None)
         attempts = recent["attempt"].astype(object).where(recent["attempt"].notna(), None)
-        for job, attempt in set(zip(jobs, attempts, strict=True)):
-            self._arrivals[(job, None if attempt is None else int(attempt))] = tick
+        failure_rows = _may_change_a_crash(recent)
+        for job, attempt, failure in set(zip(jobs, attempts, failure_rows, strict=True)):
+            key = (job, None if attempt is None else int(attempt))
+            # an echo extends the wait only while no failure of the attempt has arrived (it may land before the
+            # report of the death it echoes); after one, the cascade no longer holds the incident back
+            if failure or key not in self._failure_arrived:
+                self._arrivals[key] = tick
+            if failure:
+                self._failure_arrived.add(key)
 
     def _settled(self, job: str | None, attempt: int | None) -> bool:
         arrived = self._arrivals.get((job, attempt))

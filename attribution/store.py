@@ -171,8 +171,10 @@ class Store:
                 self._mark_bad(table, path, reason)
         return usable
 
-    def refresh(self, tables: Sequence[str] = TABLE_NAMES) -> None:
-        """List the store again and point every view at the segments visible now."""
+    def refresh(self, tables: Sequence[str] = TABLE_NAMES, *, views: bool = True) -> None:
+        """List the store again and point every view at the segments visible now. views=False: only the listing
+        (segments()), for a reader of the files themselves (the live tail): binding a view over every segment
+        costs more than the poll that wants only the new ones."""
         for table in tables:
             for attempt in range(5):
                 try:
@@ -184,6 +186,9 @@ class Store:
                 for path in [p for p, bad in self._bad.items() if bad.table == table and p not in listed]:
                     del self._bad[path]  # quarantined or removed since
                 segments = self._usable(table, segments)
+                if not views:
+                    self._segments[table] = segments
+                    break
                 try:
                     segments = self._define_view_skipping(table, segments)
                 except (duckdb.IOException, FileNotFoundError):

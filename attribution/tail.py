@@ -67,7 +67,7 @@ class SegmentTail:
 
     def poll(self) -> list[NewSegment]:
         """List the store again and read the segments that appeared since the last poll."""
-        self.store.refresh(self.tables)  # type: ignore[attr-defined]
+        self.store.refresh(self.tables, views=False)  # type: ignore[attr-defined]  (the files are read here)
         location = self.store.location  # type: ignore[attr-defined]
         arrived: list[NewSegment] = []
         for name in self.tables:

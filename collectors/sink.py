@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,10 +40,14 @@ class SegmentSink:
 
     def __init__(self, store: str | StoreLocation, *, flush_rows: int = 100_000, flush_age_s: float = 5.0,
                  compression: str = "zstd", clock: Callable[[], float] = time.monotonic,
-                 storage_options: Mapping[str, Any] | None = None, write_threads: int = 8) -> None:
+                 storage_options: Mapping[str, Any] | None = None, write_threads: int = 8,
+                 write_through: Iterable[str] = ()) -> None:
         self.location = resolve_store(store, create=True, **dict(storage_options or {}))
         self.flush_rows = flush_rows
         self.flush_age_s = flush_age_s
+        # tables flushed at every write, whatever their age: the few rows a live decision waits on (a process's
+        # death, a GPU event) land at once instead of after flush_age_s
+        self.write_through = frozenset(write_through)
         self.compression = compression
         self.write_threads = write_threads  # segments written at once by a flush spanning several partitions
         self._clock = clock
@@ -67,7 +71,8 @@ class SegmentSink:
             buffer.rows += conformed.num_rows
             if buffer.oldest is None:
                 buffer.oldest = self._clock()
-            due = buffer.rows >= self.flush_rows or self._clock() - buffer.oldest >= self.flush_age_s
+            due = (table in self.write_through or buffer.rows >= self.flush_rows
+                   or self._clock() - buffer.oldest >= self.flush_age_s)
         if due:
             self.flush(table)
 

@@ -53,7 +53,7 @@ from faultlens.collectors.agent import NodeAgent as CollectorAgent
 from faultlens.collectors.flight_recorder import read_dump_dir
 from faultlens.collectors.heartbeat import HeartbeatSource
 from faultlens.collectors.nvml_source import NvmlSource
-from faultlens.collectors.process_events import ProcessSource
+from faultlens.collectors.process_events import ProcessSource, Source
 from faultlens.collectors.pystack import capture_dump_dir_stacks
 from faultlens.collectors.sink import SegmentSink
 from faultlens.collectors.source import NodeIdentity
@@ -74,6 +74,9 @@ from faultlens.controller.supervisor.gpus import FaultClock, recorded_backend
 from faultlens.controller.supervisor.processes import EventRecorder
 
 log = logging.getLogger(__name__)
+
+#: tables whose rows a decision waits on: written through to the store, and they wake the watch loop
+URGENT_TABLES = ("process_events", "gpu_events")
 
 
 class Outcome(StrEnum):
@@ -159,7 +162,8 @@ class Supervisor:
         self.workdir = Path(config.workdir).resolve()
         self.pool = [f"{config.node_prefix}{i}" for i in range(config.nnodes + config.spares)]
         self.excluded: list[str] = []
-        self.sink = SegmentSink(config.store, flush_rows=10_000, flush_age_s=0.5)
+        # a death or a GPU event lands at once (a decision waits on it); steps and samples every 0.5 s
+        self.sink = SegmentSink(config.store, flush_rows=10_000, flush_age_s=0.5, write_through=URGENT_TABLES)
         thresholds = load_thresholds(config.thresholds_path) if config.thresholds_path else None
         self._current_dump_dir: Path | None = None
         self._current_trigger: Path | None = None
@@ -400,11 +404,18 @@ class Supervisor:
         """Watch one attempt until it completes, or an incident's decision ends it (returned, not yet applied),
         or it fails with nothing attributed. Decisions that leave the job running are delivered here."""
         stop = threading.Event()
+        news = threading.Event()  # a death or a GPU event was just stored: look now, not at the next poll
+
+        def urgent_rows() -> int:
+            return sum(c.stats.rows.get(table, 0) for c in collectors for table in URGENT_TABLES)
 
         def collect() -> None:
             while not stop.is_set():
+                before = urgent_rows()
                 for collector in collectors:
                     collector.tick()
+                if urgent_rows() != before:
+                    news.set()
                 self._fire_gpu_faults()
                 stop.wait(self.config.poll_s)
 
@@ -479,7 +490,8 @@ class Supervisor:
                     if time.monotonic() - finished_at > self.config.finish_wait_s:
                         stop_reason = "the attempt failed and nothing was attributed"
                         break  # a failure the engine had time to see
-                time.sleep(self.config.poll_s)
+                news.wait(self.config.poll_s)
+                news.clear()
             if ending is not None:
                 incident, decision = ending
                 if self._ends_by_itself(agents, incident):
@@ -518,7 +530,7 @@ class Supervisor:
         # finished; one that failed makes its agent report it within the grace)
         teardown_like = incident.incident_class is IncidentClass.COLLECTIVE_HANG and not (set(incident.culprit_ranks)
                                                                                          & alive)
-        if not (teardown_like or workers_gone):
+        if not (teardown_like or workers_gone) or self._worker_failure_reported():
             return False
         deadline = time.monotonic() + self.config.hang_grace_s
         while True:
@@ -530,6 +542,20 @@ class Supervisor:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(self.config.poll_s)
+
+    def _worker_failure_reported(self) -> bool:
+        """A worker of this attempt failed: torchrun reported its non-zero exit, or it wrote an error file (only an
+        exception leaving the script does). Its agent runs with --max-restarts=0, so it exits non-zero too and the
+        job cannot end by itself."""
+        frame = self.follower.tail.frame("process_events")
+        if frame is None or frame.empty or "exit_code" not in frame.columns:
+            return False
+        rows = frame[(frame["job_id"] == self.config.job_id) & (frame["attempt"] == self._current_attempt)]
+        exits = rows[(rows["kind"] == "exit") & (rows["source"] != Source.SUPERVISOR)]["exit_code"].dropna()
+        raised = (rows["kind"] == "error") & (rows["source"] == Source.ERROR_JSON)
+        if "is_secondary" in rows.columns:
+            raised &= ~rows["is_secondary"].fillna(False).astype(bool)
+        return bool((exits != 0).any() or raised.any())
 
     def close(self) -> None:
         self.sink.close()
