@@ -32,7 +32,7 @@ import datetime as dt
 import re
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -397,6 +397,8 @@ class CrashAttributor:
         if self._training_ended(telemetry, job, attempt, failures, placement):
             return None
         if primary is None:
+            primary = self._stopped_from_outside(telemetry.process_events, job, attempt, failures)
+        if primary is None:
             return self._no_primary(telemetry, job, attempt, failures, placement, secondary_line, now)
         hang = self._hang_before(job, attempt, primary, failures)
         if hang is not None:
@@ -516,6 +518,39 @@ class CrashAttributor:
         if not ranks or not set(ranks) <= set(closed):
             return False
         return max(closed[r] for r in ranks) <= min(f.ts for f in failures)
+
+    def _stopped_from_outside(self, events: pd.DataFrame, job: str | None, attempt: int | None,
+                              failures: list[RankFailure]) -> RankFailure | None:
+        """One rank ended by a termination signal (SIGTERM, SIGINT, SIGHUP) that nobody watching sent: torchrun
+        names it the first failure on its node, it came before the supervisor's own teardown, and the other nodes'
+        first failures echoed it. Something on that node stopped the rank (a node daemon, an operator, a
+        drain): a death by that signal, as SIGKILL is. Several ranks stopped so (a job-wide cancel or preemption)
+        stay a stop from outside, not a crash."""
+        if events.empty or "reported_root_cause" not in events.columns:
+            return None
+        keys = _attempt_keys(events)
+        key = (job or "", attempt if attempt is not None else -1)
+        rows = events[(keys == key).to_numpy(dtype=bool)]
+        roots = rows[(rows["kind"] == "exit") & rows["reported_root_cause"].astype(object).eq(True)]
+        if roots.empty:
+            return None
+        roots = self.classify(roots)
+        start = teardown_starts(rows).get(key)
+        if start is not None:
+            roots = roots[roots["ts"] < start]
+        stops = roots[roots["_signal"].isin(self.rules.termination_signals)]
+        echoes = roots.drop(stops.index)
+        # one stop, and another node's first failure that echoed it (a single-node job stopped so may as well be
+        # the whole job stopped: no verdict from that)
+        if len(stops) != 1 or stops["rank"].isna().any() or echoes.empty or echoes["_terminated"].any() \
+                or not echoes["_secondary"].all():
+            return None
+        rank = int(stops["rank"].iloc[0])
+        stopped = next((f for f in failures if f.rank == rank and f.kind == FailureKind.TERMINATED), None)
+        if stopped is None:
+            return None
+        signal = str(stops["_signal"].iloc[0])
+        return replace(stopped, kind=FailureKind.KILLED, signal=signal, fingerprint=signal_identity(signal, rank))
 
     def _default_cause(self, primary: RankFailure) -> tuple[Cause, str, float]:
         if primary.kind == FailureKind.OOM:

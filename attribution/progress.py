@@ -136,6 +136,32 @@ class ProgressMonitor:
             reason += f"; {allowance[1]}"
         return ProgressBaseline(threshold, baseline, len(intervals), reason)
 
+    def _slow_phase_now(self, latest: pd.DataFrame, rows: pd.DataFrame) -> tuple[float, str] | None:
+        """The gap allowed while a rank is inside a step of a slow phase (its heartbeat says which): slow_phase_k x
+        the longest such step seen in the attempt, or slow_phase_floor_s for the first one (a checkpoint or an
+        evaluation takes what it takes; its peers may already wait for it in the next step)."""
+        if latest.empty or "phase" not in latest.columns:
+            return None
+        inside = latest[latest["in_step"].fillna(False).astype(bool)]
+        phases = sorted({str(p) for p in inside["phase"].dropna() if str(p) in self.t.slow_phases})
+        if not phases:
+            return None
+        best: tuple[float, str] | None = None
+        for phase in phases:
+            seen = rows[_phase(rows) == phase] if not rows.empty else rows
+            durations = seen["duration_s"].dropna() if "duration_s" in seen.columns else pd.Series(dtype=float)
+            longest = float(durations.max()) if not durations.empty else 0.0
+            if longest > 0:
+                allowance = self.t.slow_phase_k * longest
+                why = (f"a rank is in a {phase} step ({phase} steps take up to {longest:.3g}s): allowance "
+                       f"{allowance:.3g}s")
+            else:
+                allowance = self.t.slow_phase_floor_s
+                why = f"a rank is in the attempt's first {phase} step: slow-phase floor {allowance:g}s"
+            if best is None or allowance > best[0]:
+                best = (allowance, why)
+        return best
+
     def _slow_phase_allowance(self, rows: pd.DataFrame) -> tuple[float, str] | None:
         """The wider gap a slow phase may need, when one was seen and the next step may be one."""
         slow = rows[rows["_phase"].isin(self.t.slow_phases)]
@@ -223,6 +249,9 @@ class ProgressMonitor:
                 and self.t.startup_floor_s > threshold:
             threshold = self.t.startup_floor_s
             reason += f"; no rank is inside a step (between steps or ending): startup floor {threshold:g}s"
+        slow = self._slow_phase_now(latest, rows)
+        if slow is not None and slow[0] > threshold:
+            threshold, reason = slow[0], reason + f"; {slow[1]}"
         if gap <= threshold:
             return None
         done_rows = rows[rows["step"] == last_step]["rank"].dropna() if last_step is not None and not rows.empty \

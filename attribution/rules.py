@@ -146,6 +146,7 @@ class ProgressThresholds(_Strict):
     baseline_phases: tuple[str, ...]
     slow_phases: tuple[str, ...]
     slow_phase_k: float = Field(gt=0.0)
+    slow_phase_floor_s: float = Field(default=600.0, ge=0.0)
 
 
 class ClockEventBit(_Strict):

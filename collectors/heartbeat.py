@@ -9,7 +9,8 @@ once a second. Layout (little-endian): a 72-byte record under a sequence lock (o
 
     magic "FLHB", version u32, seq u64, last_step i64 (-1: none), last_end_ns i64, steps u64,
     current_step i64 (-1: none), bad_loss_step i64 (-1: none), loss f64, flags u32 (1 in a step, 2 closed,
-    4 loss known), reserved u32
+    4 loss known), phase u32 (of the step in progress: 0 unknown, 1 train, 2 eval, 3 warmup, 4 checkpoint;
+    written as 0 by writers before it existed)
 
 then alive_ns i64 at 80, pid i64 at 88, and at 128 a u32 length and the rank's identity as JSON (the identity
 columns of its rows). `read_heartbeat(path)` decodes one; HeartbeatSource (a collectors Source) lists a directory
@@ -52,6 +53,9 @@ _RECORD = struct.Struct("<4sIQqqQqqdII")
 _ALIVE = struct.Struct("<q")
 _ALIVE_AT, _PID_AT, _IDENTITY_AT = 80, 88, 128
 IN_STEP, CLOSED, HAS_LOSS = 1, 2, 4
+#: the step timer's phases, as the record's phase field holds them (0: unknown, or a writer without the field)
+PHASE_CODES = {"train": 1, "eval": 2, "warmup": 3, "checkpoint": 4}
+_PHASE_NAMES = {code: name for name, code in PHASE_CODES.items()}
 
 
 def default_dir() -> Path:
@@ -87,7 +91,8 @@ class HeartbeatWriter:
         self._wall = wall_clock
         self._map: mmap.mmap | None = None
         self._seq = 0
-        self._state = [-1, 0, 0, -1, -1, 0.0, 0]  # last_step, last_end_ns, steps, current, bad_loss, loss, flags
+        # last_step, last_end_ns, steps, current, bad_loss, loss, flags, phase of the current step
+        self._state = [-1, 0, 0, -1, -1, 0.0, 0, 0]
         try:
             blob = json.dumps({k: v for k, v in identity.items() if v is not None}).encode()[: SIZE - 132]
             content = bytearray(SIZE)
@@ -119,23 +124,26 @@ class HeartbeatWriter:
         try:
             self._seq += 1  # odd: being written
             struct.pack_into("<Q", view, 8, self._seq)
-            last, end_ns, steps, current, bad, loss, flags = self._state
-            _RECORD.pack_into(view, 0, MAGIC, VERSION, self._seq, last, end_ns, steps, current, bad, loss, flags, 0)
+            last, end_ns, steps, current, bad, loss, flags, phase = self._state
+            _RECORD.pack_into(view, 0, MAGIC, VERSION, self._seq, last, end_ns, steps, current, bad, loss, flags,
+                              phase)
             self._seq += 1
             struct.pack_into("<Q", view, 8, self._seq)
         except Exception as exc:
             self._fail(exc)
 
-    def begin(self, step: int) -> None:
+    def begin(self, step: int, phase: str | None = None) -> None:
         state = self._state
         state[3] = int(step)
         state[6] |= IN_STEP
+        state[7] = PHASE_CODES.get(phase, 0) if phase is not None else 0
         self._publish()
 
     def end(self, step: int, end_ns: int, loss: float | None, completed: bool = True) -> None:
         state = self._state
         state[6] &= ~IN_STEP
         state[3] = -1
+        state[7] = 0
         if completed:
             state[0], state[1] = int(step), int(end_ns)
             state[2] += 1
@@ -183,6 +191,7 @@ class Heartbeat:
     closed: bool
     alive_ns: int
     seq: int
+    phase: str | None = None  # of the step in progress (None: between steps, or not said)
 
 
 def read_heartbeat(path: str | os.PathLike[str], tries: int = 5) -> Heartbeat:
@@ -192,7 +201,7 @@ def read_heartbeat(path: str | os.PathLike[str], tries: int = 5) -> Heartbeat:
     for _ in range(tries):
         if len(data) < _IDENTITY_AT + 4:
             raise ValueError(f"{path}: {len(data)} bytes, not a heartbeat record")
-        magic, version, seq, last, end_ns, steps, current, bad, loss, flags, _ = _RECORD.unpack_from(data, 0)
+        magic, version, seq, last, end_ns, steps, current, bad, loss, flags, phase = _RECORD.unpack_from(data, 0)
         if magic != MAGIC or version != VERSION:
             raise ValueError(f"{path}: not a faultlens heartbeat (magic {magic!r}, version {version})")
         if seq % 2 == 0:
@@ -211,7 +220,8 @@ def read_heartbeat(path: str | os.PathLike[str], tries: int = 5) -> Heartbeat:
     return Heartbeat(identity=identity, pid=pid or None, last_step=last if last >= 0 else None,
                      last_end_ns=end_ns or None, steps=steps, current_step=current if current >= 0 else None,
                      bad_loss_step=bad if bad >= 0 else None, loss=loss if flags & HAS_LOSS else None,
-                     in_step=bool(flags & IN_STEP), closed=bool(flags & CLOSED), alive_ns=alive, seq=seq)
+                     in_step=bool(flags & IN_STEP), closed=bool(flags & CLOSED), alive_ns=alive, seq=seq,
+                     phase=_PHASE_NAMES.get(phase) if flags & IN_STEP else None)
 
 
 @dataclass
@@ -270,7 +280,8 @@ class HeartbeatSource:
                 self.stats.skipped_stale += 1
                 self._ignored.add(name)
                 continue
-            state = (beat.last_step, beat.steps, beat.current_step, beat.in_step, beat.closed, beat.bad_loss_step)
+            state = (beat.last_step, beat.steps, beat.current_step, beat.in_step, beat.closed, beat.bad_loss_step,
+                     beat.phase)
             if previous is not None:
                 old, alive, emitted_at = previous
                 if old == state and (beat.alive_ns <= alive or (beat.alive_ns - alive) / 1e9 < self.keepalive_s):
@@ -304,7 +315,8 @@ class HeartbeatSource:
         loss = beat.loss
         row.update(ts=max(beat.alive_ns, beat.last_end_ns or 0), pid=beat.pid, step=beat.last_step,
                    step_ts=beat.last_end_ns, steps=beat.steps, current_step=beat.current_step,
-                   in_step=beat.in_step, loss=loss if loss is not None and math.isfinite(loss) else None,
+                   in_step=beat.in_step, phase=beat.phase,
+                   loss=loss if loss is not None and math.isfinite(loss) else None,
                    bad_loss_step=beat.bad_loss_step, closed=beat.closed)
         return row
 
@@ -317,5 +329,5 @@ class HeartbeatSource:
         pass
 
 
-__all__ = ["ENV_DIR", "Heartbeat", "HeartbeatSource", "HeartbeatStats", "HeartbeatWriter", "default_dir",
+__all__ = ["ENV_DIR", "PHASE_CODES", "Heartbeat", "HeartbeatSource", "HeartbeatStats", "HeartbeatWriter", "default_dir",
            "heartbeat_name", "read_heartbeat"]

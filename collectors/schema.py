@@ -224,6 +224,7 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("steps", pa.int64()),  # steps completed by this process
         _f("current_step", pa.int64()),  # the step in progress (null: between steps)
         _f("in_step", pa.bool_()),
+        _f("phase", pa.string()),  # the phase of the step in progress (train, eval, warmup, checkpoint; null: none)
         _f("loss", pa.float64()),  # the last step's loss (null when not finite: see bad_loss_step)
         _f("bad_loss_step", pa.int64()),  # the first step whose loss was NaN or Inf
         _f("closed", pa.bool_()),  # the step timer was closed: this rank steps no more

@@ -354,7 +354,7 @@ class StepTimer:
         self._cuda_pairs = []
         self._step_wall_start = self._wall_clock()
         if self.heartbeat is not None:
-            self.heartbeat.begin(step.number)
+            self.heartbeat.begin(step.number, step.phase.value)
         self._step_start = self._clock()
 
     def _end_step(self, step: _Step, failed: bool) -> None:
