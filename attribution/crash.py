@@ -522,8 +522,8 @@ class CrashAttributor:
     def _stopped_from_outside(self, events: pd.DataFrame, job: str | None, attempt: int | None,
                               failures: list[RankFailure]) -> RankFailure | None:
         """One rank ended by a termination signal (SIGTERM, SIGINT, SIGHUP) that nobody watching sent: torchrun
-        names it the first failure on its node, it came before the supervisor's own teardown, and the other nodes'
-        first failures echoed it. Something on that node stopped the rank (a node daemon, an operator, a
+        names it the first failure on its node, it came before the supervisor's own teardown, and the ranks of the
+        other nodes only echoed it. Something on that node stopped the rank (a node daemon, an operator, a
         drain): a death by that signal, as SIGKILL is. Several ranks stopped so (a job-wide cancel or preemption)
         stay a stop from outside, not a crash."""
         if events.empty or "reported_root_cause" not in events.columns:
@@ -539,15 +539,16 @@ class CrashAttributor:
         if start is not None:
             roots = roots[roots["ts"] < start]
         stops = roots[roots["_signal"].isin(self.rules.termination_signals)]
-        echoes = roots.drop(stops.index)
-        # one stop, and another node's first failure that echoed it (a single-node job stopped so may as well be
-        # the whole job stopped: no verdict from that)
-        if len(stops) != 1 or stops["rank"].isna().any() or echoes.empty or echoes["_terminated"].any() \
-                or not echoes["_secondary"].all():
+        if len(stops) != 1 or stops["rank"].isna().any():
             return None
         rank = int(stops["rank"].iloc[0])
         stopped = next((f for f in failures if f.rank == rank and f.kind == FailureKind.TERMINATED), None)
         if stopped is None:
+            return None
+        # the ranks of other nodes echoed it (lost contact), none of them was stopped too; a single-node job
+        # stopped so may as well be the whole job stopped: no verdict from that
+        elsewhere = [f for f in failures if f.node != stopped.node]
+        if not elsewhere or any(f.kind != FailureKind.SECONDARY for f in elsewhere):
             return None
         signal = str(stops["_signal"].iloc[0])
         return replace(stopped, kind=FailureKind.KILLED, signal=signal, fingerprint=signal_identity(signal, rank))

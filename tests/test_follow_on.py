@@ -2,8 +2,9 @@
 no new fault.
 
 The fixtures (tests/data/teardown/*) are the telemetry of real `faultlens campaign` runs (2 simulated nodes x 1
-rank, gloo, CPU, a loaded machine), one table segment each: a SIGSEGV failed over, a rank stuck outside a
-collective failed over as a hang, a node loss, a Python exception. In the first two, the final attempt trained
+rank, gloo, CPU, a loaded machine; sigterm and sigint: 2 x 2 ranks), one table segment each (tests/freeze_store.py):
+a SIGSEGV failed over, a rank stuck outside a collective failed over as a hang, a node loss, a Python exception, a
+rank stopped by SIGTERM and one interrupted by SIGINT from outside. In the first two, the final attempt trained
 to its last step and then one torchrun agent lost the rendezvous store in its exit barrier as the host's agent
 exited ("Failed to recv, got 0 bytes": torch logs it only after its workers SUCCEEDED). Live, that was once a
 `crash-node-silent` on a node that had finished, once a `crash-exception` on the other: a second incident for
@@ -38,6 +39,10 @@ EXPECTED = {
     "stuck": [(0, "collective_hang", "hang-", ("node-0",))],
     "node-loss": [(0, "crash", "crash-node-", ("node-1",))],
     "exception": [(0, "crash", "crash-exception", ("node-1",))],
+    # rank 1 sent itself SIGTERM at step 12 (node-0's report: its root cause, -15); node-1's ranks lost contact
+    "sigterm": [(0, "crash", "crash-killed-by-signal", ("node-0",))],
+    # rank 3 sent itself SIGINT at step 12: KeyboardInterrupt, an interrupt from outside, not a bug
+    "sigint": [(0, "crash", "interrupted-from-outside", ("node-1",))],
 }
 
 
@@ -133,7 +138,7 @@ def test_a_batch_pass_finds_one_incident_per_fault(name: str) -> None:
     assert _matches(found, EXPECTED[name]), found
 
 
-@pytest.mark.parametrize("name", ["node-loss", "sigsegv", "stuck"])  # the exception's rows race nothing
+@pytest.mark.parametrize("name", ["node-loss", "sigsegv", "sigterm", "sigint", "stuck"])  # the exception: no race
 def test_live_every_cut_finds_one_incident_per_fault(name: str) -> None:
     found = _shape(list(_replay(_load(name)).values()))
     assert _matches(found, EXPECTED[name]), found
