@@ -191,3 +191,17 @@ def test_a_slowdown_that_begins_after_the_crash_is_a_follow_on() -> None:
     assert is_follow_on(base, starts)
     assert not is_follow_on(dataclasses.replace(base, first_signal_ts=crash_at - dt.timedelta(seconds=3)), starts)
     assert not is_follow_on(dataclasses.replace(base, attempt=1), starts)
+
+
+def test_a_stop_is_named_before_the_other_nodes_report_lands() -> None:
+    """Live, node-1's torchrun report (its ranks' echoes, as exit rows) landed 1.4 s after node-0's report of the
+    SIGTERM (the run's segment times); the store as it was in between: node-0's report, node-1's error files and
+    teed lines only. The stop is named then, not read as a failure with no primary."""
+    telemetry = _load("sigterm")
+    events = telemetry.process_events
+    later = (events["node"] == "node-1") & (events["source"] == "torchrun_report")
+    view = dataclasses.replace(telemetry, process_events=events[~later].reset_index(drop=True))
+    now = events["ts"].max().to_pydatetime() + dt.timedelta(seconds=1)
+    (incident,) = Engine().crash.attribute(view, now).incidents
+    assert (incident.rule, incident.culprit_nodes, incident.culprit_ranks) == ("crash-killed-by-signal", ("node-0",),
+                                                                               (1,))
