@@ -136,7 +136,8 @@ class Engine:
         dumps = latest_dump_set(telemetry.collectives, incident.job_id, incident.attempt)
         if dumps.num_rows == 0 or not incident.culprit_ranks:
             return incident
-        placement = placements(telemetry.ranks, incident.attempt, telemetry.process_events, telemetry.steps)
+        placement = placements(telemetry.ranks, incident.attempt, telemetry.process_events, telemetry.steps,
+                               telemetry.heartbeats)
         try:
             report = self.hang.analyzer(dumps, sorted(placement) or None)
         except Exception as exc:  # evidence only: a failing analysis must not lose the crash

@@ -431,7 +431,8 @@ class HangAttributor:
         return latest_dump_set(telemetry.collectives, suspect.job_id, suspect.attempt), "dumps in the store"
 
     def attribute(self, suspect: HangSuspect, telemetry: Telemetry, now: dt.datetime) -> Incident:
-        placement = placements(telemetry.ranks, suspect.attempt, telemetry.process_events, telemetry.steps)
+        placement = placements(telemetry.ranks, suspect.attempt, telemetry.process_events, telemetry.steps,
+                               telemetry.heartbeats)
         expected = sorted(placement) or None
         dumps, origin = self.dumps_for(suspect, telemetry)
         evidence = list(suspect.evidence)

@@ -4,11 +4,11 @@ no new fault.
 The fixtures (tests/data/teardown/*) are the telemetry of real `faultlens campaign` runs (2 simulated nodes x 1
 rank, gloo, CPU, a loaded machine; sigterm and sigint: 2 x 2 ranks), one table segment each (tests/freeze_store.py):
 a SIGSEGV failed over, a rank stuck outside a collective failed over as a hang, a node loss, a Python exception, a
-rank stopped by SIGTERM and one interrupted by SIGINT from outside. In the first two, the final attempt trained
-to its last step and then one torchrun agent lost the rendezvous store in its exit barrier as the host's agent
-exited ("Failed to recv, got 0 bytes": torch logs it only after its workers SUCCEEDED). Live, that was once a
-`crash-node-silent` on a node that had finished, once a `crash-exception` on the other: a second incident for
-one fault, at end of job.
+rank stopped by SIGTERM, one interrupted by SIGINT from outside, one frozen by SIGSTOP. In the first two, the final
+attempt trained to its last step and then one torchrun agent lost the rendezvous store in its exit barrier as the
+host's agent exited ("Failed to recv, got 0 bytes": torch logs it only after its workers SUCCEEDED). Live, that was
+once a `crash-node-silent` on a node that had finished, once a `crash-exception` on the other: a second incident
+for one fault, at end of job.
 
 Each store is replayed as the live follower sees it: cut at every moment a row landed (and just after), each cut
 attributed with the incidents reported so far carried over, as the Follower carries them. Across every cut the
@@ -43,6 +43,9 @@ EXPECTED = {
     "sigterm": [(0, "crash", "crash-killed-by-signal", ("node-0",))],
     # rank 3 sent itself SIGINT at step 12: KeyboardInterrupt, an interrupt from outside, not a bug
     "sigint": [(0, "crash", "interrupted-from-outside", ("node-1",))],
+    # rank 2 SIGSTOPped at step 12 (2 x 2 ranks): it cannot write its dump, its peers wait for it in an all_reduce;
+    # it had flushed no ranks or steps row yet: only its heartbeat placed it
+    "sigstop": [(0, "collective_hang", "hang-missing-dumps", ("node-1",))],
 }
 
 
@@ -138,7 +141,7 @@ def test_a_batch_pass_finds_one_incident_per_fault(name: str) -> None:
     assert _matches(found, EXPECTED[name]), found
 
 
-@pytest.mark.parametrize("name", ["node-loss", "sigsegv", "sigterm", "sigint", "stuck"])  # the exception: no race
+@pytest.mark.parametrize("name", ["node-loss", "sigsegv", "sigterm", "sigint", "sigstop", "stuck"])  # exception: none
 def test_live_every_cut_finds_one_incident_per_fault(name: str) -> None:
     found = _shape(list(_replay(_load(name)).values()))
     assert _matches(found, EXPECTED[name]), found
