@@ -289,8 +289,12 @@ DECISION_JSON_SCHEMA: dict[str, Any] = {
         "issued_at": {"type": "string", "format": "date-time"},
     },
     "allOf": [
-        # a failover names what to leave out; an escalation changes nothing by itself
-        {"if": {"properties": {"action": {"enum": ["failover", "drain"]}}},
+        # a failover names what to leave out, or (a rollback: the model state went bad, no node to blame) the
+        # checkpoint to restart from; a drain names its nodes; an escalation changes nothing by itself
+        {"if": {"properties": {"action": {"const": "failover"}}},
+         "then": {"anyOf": [{"properties": {"exclude_nodes": {"minItems": 1}}},
+                            {"properties": {"restore": {"type": "object"}}, "required": ["restore"]}]}},
+        {"if": {"properties": {"action": {"const": "drain"}}},
          "then": {"properties": {"exclude_nodes": {"minItems": 1}}}},
         {"if": {"properties": {"action": {"enum": ["escalate", "notify", "drain"]}}},
          "then": {"properties": {"restore": {"type": "null"}}}},

@@ -448,6 +448,9 @@ class DecisionPolicy:
                 where = f"{restore.tier} step {restore.step}"
                 reasons.append(f"restore {where}" + (" (older than the incident: corruption suspected)"
                                                      if corrupt else ""))
+        if not exclude and restore is None:  # a rollback with nothing to roll back to
+            return escalate(f"{rule.id}:nothing-to-restore", "no node to leave out and no usable checkpoint from "
+                                                             "before the fault: a human must look")
         return Decision.for_incident(incident, action=Action.FAILOVER, policy_rule=rule.id,
                                      reason="; ".join(reasons), issued_at=now, exclude_nodes=tuple(exclude),
                                      restore=restore)

@@ -93,6 +93,7 @@ class TieredCheckpointer:
         self.durable = _Target("durable", durable, world_size, rank == 0, options) if durable else None
         self.errors: list[str] = []
         self.committed: list[tuple[str, int]] = []  # (tier kind, step) manifests this rank wrote
+        self._captured: dict[int, dt.datetime] = {}  # step -> when save() took this rank's state
         self._queue: queue.Queue[tuple[str, _Target | None, int, threading.Event | None] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._run, name=f"faultlens-ckpt-rank{rank}", daemon=True)
         self._worker.start()
@@ -119,6 +120,9 @@ class TieredCheckpointer:
         replicate = self.durable_due(step)
         if not (force or self.due(step) or replicate):
             return False
+        self._captured[step] = dt.datetime.now(dt.UTC)  # when this rank's state was taken, whatever tier copies it
+        for old in sorted(self._captured)[:-64]:  # bounded: only steps whose copies may still be running matter
+            del self._captured[old]
         buffer = io.BytesIO()
         self.serialize(state, buffer)
         data = buffer.getvalue()
@@ -152,8 +156,9 @@ class TieredCheckpointer:
         name = shard_name(self.rank)
         fs.makedirs(directory, exist_ok=True)
         atomic_write(fs, f"{directory}/{name}", data)
+        captured = self._captured.get(step)
         marker = {"rank": self.rank, "path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                  "node": self.node}
+                  "node": self.node, "captured_at": captured.isoformat() if captured else None}
         atomic_write(fs, f"{directory}/{COMMIT_DIR}/rank_{self.rank}.json", json.dumps(marker).encode())
 
     # --- the background side -----------------------------------------------------------------------------------
@@ -222,8 +227,12 @@ class TieredCheckpointer:
         files = tuple(ShardFile(m["rank"], m["path"], int(m["bytes"]), m["sha256"])
                       for _, m in sorted(markers.items()))
         node = self.node if target.kind != "durable" else None
+        # the checkpoint is as old as the state it holds (the last rank's capture), not as its copy: a durable copy
+        # finished after a fault still holds the state of before it
+        captured = [dt.datetime.fromisoformat(m["captured_at"]) for m in markers.values() if m.get("captured_at")]
         manifest = Manifest(step=step, world_size=self.world_size, files=files,
-                            created_at=dt.datetime.now(dt.UTC), node=node, job_id=self.job_id)
+                            created_at=max(captured) if len(captured) == len(markers) else dt.datetime.now(dt.UTC),
+                            node=node, job_id=self.job_id)
         atomic_write(fs, f"{directory}/{MANIFEST_NAME}", manifest.to_json())
         self.committed.append((target.kind, step))
 
