@@ -46,6 +46,19 @@ UNKNOWN_SHARE_REPORTED = 0.02  # unknown sections holding at least this share of
 # the data-parallel sync: collectives across replicas whose waiting is a replica's slack behind the slowest one
 SYNC_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
 
+
+def _section_ratios(scores: StepScores, rank: int, column: int, rows: np.ndarray) -> dict[str, float]:
+    """Each compute section of `rank` against its peers' reference, median over `rows` (finite ones only)."""
+    ratios = {}
+    for name, frame in scores.sections.items():
+        mine = frame[rank].to_numpy(dtype=float)[rows]
+        ref = scores.parts.section_refs[name][rows, column]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            value = float(np.nanmedian(mine / ref)) if np.isfinite(mine).any() else np.nan
+        if np.isfinite(value):
+            ratios[name] = value
+    return ratios
+
 __all__ = ["StepScores", "StragglerDetector", "StragglerFinding", "robust_z"]
 
 
@@ -454,13 +467,7 @@ class StragglerDetector:
             use = hit if hit.any() else rows
             ratio = float(np.nanmedian(parts.worker_ratio[use, j]))
             section_text = ""
-            ratios = {}
-            for name, frame in scores.sections.items():
-                mine = frame[rank].to_numpy(dtype=float)[use]
-                ref = parts.section_refs[name][use, j]
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    ratios[name] = float(np.nanmedian(mine / ref)) if np.isfinite(mine).any() else np.nan
-            finite = {k: v for k, v in ratios.items() if np.isfinite(v)}
+            finite = _section_ratios(scores, rank, j, use)
             if finite:
                 worst = max(finite, key=lambda k: finite[k])
                 section_text = f"; slowest section {worst} {finite[worst]:.2f}x"
@@ -747,11 +754,25 @@ class StragglerDetector:
         replicas, a change against its own history), and GPU evidence (the bonus)."""
         t = self.t
         window_flags = scores.flagged.loc[finding.window, finding.ranks]
-        persistence = float(window_flags.mean(axis=0).max()) if not window_flags.empty else 0.0
+        # persistence since the rank first turned slow in the window (a fail-slow from step k is not diluted by
+        # the healthy steps before it)
+        persistence = 0.0
+        for rank in window_flags.columns:
+            flags = window_flags[rank].to_numpy(dtype=bool)
+            if flags.any():
+                persistence = max(persistence, float(flags[int(np.argmax(flags)):].mean()))
         rows = np.isin(scores.compute.index, finding.window)
         cols = np.isin(scores.layout.ranks, finding.ranks)
         hit = rows[:, None] & scores.flagged.to_numpy() & cols[None, :]
         ratio = float(np.nanmedian(scores.parts.worker_ratio[hit])) if hit.any() else 1.0
+        # the evidence's own numbers: the slowest section's ratio where the total hides it (peers wait for the
+        # rank inside their own sections)
+        for rank in finding.ranks[:4]:
+            j = int(np.searchsorted(scores.layout.ranks, rank))
+            mine = rows & scores.flagged[rank].to_numpy()
+            sections = _section_ratios(scores, rank, j, mine if mine.any() else rows)
+            if sections:
+                ratio = max(ratio, max(sections.values()))
         strength = float(np.clip((ratio - 1.0) / (3.0 * (t.min_ratio - 1.0)), 0.0, 1.0))
         comparison = 0.0
         if scores.layout.replicas >= 3 or (scores.layout.replicas == 2 and self.became_slow(finding, scores)):
