@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.decision import Action
+from faultlens.attribution.decision import Action, Restore, validate_document
 from faultlens.attribution.engine import Engine, attribute, write_new_incidents
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, RestoreRequest, StoreHistory
@@ -256,6 +256,16 @@ def test_nan_loss_is_data_corruption_restored_from_before_the_first_bad_step(liv
                                                                         Cause.DATA_CORRUPTION, 12)
     assert incident.culprit_ranks == (0, 1, 2, 3) and incident.culprit_nodes == ()
     requests: list[RestoreRequest] = []
-    decision = DecisionPolicy(restore_chooser=lambda r: requests.append(r)).decide(incident)
+
+    def newest_before(request: RestoreRequest) -> Restore | None:
+        requests.append(request)
+        return Restore("durable", 10) if request.before_step is not None and request.before_step > 10 else None
+
+    decision = DecisionPolicy(restore_chooser=newest_before).decide(incident)
+    # a rollback: no node left out, the newest checkpoint from before the first bad step
     assert decision.action == Action.FAILOVER and decision.exclude_nodes == ()
-    assert requests and requests[0].before_step == 12
+    assert requests and requests[0].before_step == 12 and decision.restore == Restore("durable", 10)
+    validate_document(decision.to_document())
+    # nothing to roll back to: a human, not a restart from scratch on the same state
+    stuck = DecisionPolicy(restore_chooser=lambda request: None).decide(incident)
+    assert stuck.action == Action.ESCALATE and "nothing-to-restore" in stuck.policy_rule
