@@ -717,9 +717,12 @@ class CrashAttributor:
         silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
                               - {f.node for f in failures if f.node})
         running = running_agents(telemetry.process_events, job, attempt)
-        if silent_nodes and set(silent_nodes) <= running and \
+        # a silent rank whose agent still runs: that agent's report of what happened to it is still to come (its
+        # node-mates' own error files and teed lines land first, so the node is not silent as a whole)
+        unreported = {placement[r].node for r in silent if placement[r].node} & running
+        if (unreported or (silent_nodes and set(silent_nodes) <= running)) and \
                 (now - first).total_seconds() < self.rules.silent_node_wait_s:
-            return WAIT  # their agents run: the report of what happened to their ranks is still to come
+            return WAIT
         silent_node = self._silent_node(telemetry, job, attempt, failures, placement, silent, silent_nodes, first,
                                         secondary_line, now)
         if silent_node is not None:

@@ -208,3 +208,22 @@ def test_a_stop_is_named_before_the_other_nodes_report_lands() -> None:
     (incident,) = Engine().crash.attribute(view, now).incidents
     assert (incident.rule, incident.culprit_nodes, incident.culprit_ranks) == ("crash-killed-by-signal", ("node-0",),
                                                                                (1,))
+
+
+def test_a_silent_rank_whose_agent_runs_is_waited_for() -> None:
+    """A real `faultlens demo` run under a CPU hog (attempt 2: rank 2 SIGKILLed; 2 nodes x 2 ranks): the survivors'
+    own error files (ranks 1 and 3, "Connection closed by peer") landed before either torchrun report. Rank 3 is
+    rank 2's node-mate, so the node was not silent as a whole, and the live engine called it a crash with no
+    primary (0.20, escalated). While a silent rank's agent still runs, its report is awaited; with it, rank 2."""
+    telemetry = _load("demo-sigkill")
+    events = telemetry.process_events
+    events = events[events["attempt"] == 2]
+    early = events[(events["kind"] == "start") | (events["source"] == "error_json")]
+    first = early["ts"].max().to_pydatetime()
+    waiting = Engine().crash.attribute(dataclasses.replace(telemetry, process_events=early),
+                                       first + dt.timedelta(seconds=1))
+    assert waiting.incidents == [] and waiting.pending, waiting.incidents
+    reported = events[events["kind"] != "agent_exit"]
+    (incident,) = Engine().crash.attribute(dataclasses.replace(telemetry, process_events=reported),
+                                           first + dt.timedelta(seconds=2)).incidents
+    assert (incident.rule, incident.culprit_ranks) == ("crash-killed-by-signal", (2,))
