@@ -149,8 +149,7 @@ class ProgressMonitor:
         best: tuple[float, str] | None = None
         for phase in phases:
             seen = rows[_phase(rows) == phase] if not rows.empty else rows
-            durations = seen["duration_s"].dropna() if "duration_s" in seen.columns else pd.Series(dtype=float)
-            longest = float(durations.max()) if not durations.empty else 0.0
+            longest = _longest_step(seen)
             if longest > 0:
                 allowance = self.t.slow_phase_k * longest
                 why = (f"a rank is in a {phase} step ({phase} steps take up to {longest:.3g}s): allowance "
@@ -171,8 +170,7 @@ class ProgressMonitor:
         next_step = int(last["step"]) + 1
         best: tuple[float, str] | None = None
         for phase, group in slow.groupby("_phase"):
-            durations = group["duration_s"].dropna() if "duration_s" in group.columns else pd.Series(dtype=float)
-            longest = float(durations.max()) if not durations.empty else 0.0
+            longest = _longest_step(group)
             if longest <= 0:
                 continue
             occurrences = sorted({int(s) for s in group["step"].dropna()})
@@ -265,6 +263,12 @@ class ProgressMonitor:
                 f"observed by {clock})")
         return HangSuspect(job, attempt, last, "progress", last_step, gap, threshold,
                            (Evidence("heartbeats" if source == "heartbeats" else "steps", last, text),))
+
+
+def _longest_step(rows: pd.DataFrame) -> float:
+    """The longest step duration among `rows` (0.0 when none is known)."""
+    durations = rows["duration_s"].dropna() if "duration_s" in rows.columns else pd.Series(dtype=float)
+    return float(durations.max()) if not durations.empty else 0.0
 
 
 def _latest_beats(beats: pd.DataFrame) -> pd.DataFrame:
