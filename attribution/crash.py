@@ -13,7 +13,9 @@ signal, else an unexplained non-zero exit), never a survivor, even when torchrun
 5. a known signature in rules/crash.yaml (CUDA OOM, ECC error text, NCCL network error, ...);
 6. otherwise: an exception -> software (low confidence); a signal or bare exit -> unknown.
 
-An attempt whose only error signals are collective timeouts has no crash: it is handed to hang analysis.
+An attempt whose only error signals are collective timeouts has no crash: it is handed to hang analysis. An
+attempt whose first failure says a peer's message did not match its collective (rules/crash.yaml
+`mismatch_patterns`) is no crash of that rank either: the job desynchronised (attribution/desync.py).
 
 Lifecycle: what the supervisor did is never a failure. Its `signal_sent` process_events rows mark the start of
 an attempt's teardown; every failure row from then on (and every death by a signal it sent) is a termination, as
@@ -38,6 +40,7 @@ from typing import Any
 
 import pandas as pd
 
+from faultlens.attribution.desync import desync_incident, mismatch_pattern, mismatch_report
 from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.rules import CrashRules
@@ -212,6 +215,7 @@ class CrashAttributor:
             if rules.timeout_patterns else None
         self._termination_re = re.compile("|".join(f"(?:{p})" for p in rules.termination_patterns)) \
             if rules.termination_patterns else None
+        self._mismatch_re = mismatch_pattern(rules)
 
     # ------------------------------------------------------------ row level (vectorised)
 
@@ -403,6 +407,14 @@ class CrashAttributor:
         hang = self._hang_before(job, attempt, primary, failures)
         if hang is not None:
             return hang
+        report = mismatch_report(primary, failures, self._mismatch_re, self.rules.signal_notice_slack_s)
+        if report is not None:  # the first to fail got a peer's message for another collective: a desync
+            desync = desync_incident(self.rules, telemetry, job, attempt, primary, report, placement, secondary_line,
+                                     now)
+            reported = max(report.ts, primary.ts)
+            if not desync.culprit_ranks and now < reported + dt.timedelta(seconds=self.rules.desync_wait_s):
+                return WAIT  # the ranks' last heartbeats may still be on their way
+            return desync
         # the ranks table (the collectors' node names, which GPU events carry too) over a report's host name
         node = (placement[primary.rank].node if primary.rank in placement else None) or primary.node
         own = placement.get(primary.rank) if primary.rank is not None else None

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from faultlens.attribution.crash import teardown_starts
+from faultlens.attribution.desync import completed_steps, ranks_apart
 from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.rules import CrashRules, ProgressThresholds
@@ -490,6 +491,18 @@ class HangAttributor:
         elif verdict == "no_hang":
             culprits = ()
             confidence = min(confidence, 0.4)
+        if getattr(report, "unresolved_cycle", False) and len(culprits) > 1:
+            # a cycle the dumps could not order (gloo records no send/recv): the member that completed a step
+            # whose collectives the others are still inside went past one of them; it left the sequence
+            completed = completed_steps(telemetry, suspect.attempt, sorted(placement))
+            apart, majority = ranks_apart(completed, set())
+            if apart and set(apart) < set(culprits):
+                rule, culprits = "hang-cycle-progress", tuple(apart)
+                confidence = self.rules.conf(rule, 0.5)
+                evidence.append(Evidence("heartbeats", None, f"{len(completed) - len(apart)} of {len(completed)} "
+                                         f"ranks had completed step {majority}; "
+                                         + ", ".join(f"rank {r} step {completed[r]}" for r in apart)
+                                         + ": it went past a collective the others wait in (it skipped it)"))
         group = getattr(report, "pg_desc", None) or getattr(report, "pg_name", None) or getattr(report, "pg_id", None)
         op = getattr(report, "op", None)
         seq = getattr(report, "collective_seq_id", None)

@@ -101,11 +101,17 @@ class CrashRules(_Strict):
     timeout_patterns: tuple[str, ...]
     # of the secondary texts, those that say the process was told to stop (a termination, not an echo)
     termination_patterns: tuple[str, ...] = ()
+    # texts of a rank that got a peer's message for another collective than it posted (a desync; the rank that
+    # says so is a victim: attribution/desync.py)
+    mismatch_patterns: tuple[str, ...] = ()
+    # how long a reported mismatch with no rank apart yet waits for the ranks' last heartbeats before it is
+    # reported without a culprit
+    desync_wait_s: float = Field(default=3.0, ge=0.0)
     signatures: tuple[CrashSignature, ...]
     confidence: dict[str, float]
     evidence_limit: int = Field(ge=1)
 
-    @field_validator("secondary_patterns", "timeout_patterns", "termination_patterns")
+    @field_validator("secondary_patterns", "timeout_patterns", "termination_patterns", "mismatch_patterns")
     @classmethod
     def _regexes(cls, values: tuple[str, ...]) -> tuple[str, ...]:
         for value in values:

@@ -172,6 +172,7 @@ class StragglerDetector:
         sync_columns = [SECTION_PREFIX + n for n, op in comm.items() if op in SYNC_OPS
                         and SECTION_PREFIX + n in attempt_steps.columns]
         rows = attempt_steps[wanted + sections + [SECTION_PREFIX + n for n in unknown] + sync_columns]
+        rows = rows.assign(**own_time(attempt_steps, sections, comm))
         keep = (rows["step"].notna() & rows["rank"].notna()).to_numpy().copy()
         if "phase" in rows.columns:
             phase = rows["phase"].astype(object)
@@ -761,18 +762,25 @@ class StragglerDetector:
             flags = window_flags[rank].to_numpy(dtype=bool)
             if flags.any():
                 persistence = max(persistence, float(flags[int(np.argmax(flags)):].mean()))
+        # a window shorter than a full one (a rank slow from an attempt's first steps) is less evidence
+        persistence *= min(1.0, len(finding.window) / max(1, t.window_steps))
         rows = np.isin(scores.compute.index, finding.window)
         cols = np.isin(scores.layout.ranks, finding.ranks)
         hit = rows[:, None] & scores.flagged.to_numpy() & cols[None, :]
         ratio = float(np.nanmedian(scores.parts.worker_ratio[hit])) if hit.any() else 1.0
-        # the evidence's own numbers: the slowest section's ratio where the total hides it (peers wait for the
-        # rank inside their own sections)
+        # where the total hides it (peers wait for the rank inside their own sections): the slowest section's
+        # excess over its peers', as the share of the step it adds (a millisecond section at 1.9x its peers adds
+        # little; the section's own ratio would overstate it)
+        step_s = float(np.nanmedian(scores.step_s[rows])) if rows.any() else np.nan
         for rank in finding.ranks[:4]:
             j = int(np.searchsorted(scores.layout.ranks, rank))
             mine = rows & scores.flagged[rank].to_numpy()
-            sections = _section_ratios(scores, rank, j, mine if mine.any() else rows)
-            if sections:
-                ratio = max(ratio, max(sections.values()))
+            chosen = mine if mine.any() else rows
+            for name in _section_ratios(scores, rank, j, chosen):
+                excess = float(np.nanmedian(scores.sections[name][rank].to_numpy(dtype=float)[chosen]
+                                            - scores.parts.section_refs[name][chosen, j]))
+                if np.isfinite(excess) and np.isfinite(step_s) and step_s > 0:
+                    ratio = max(ratio, 1.0 + excess / step_s)
         strength = float(np.clip((ratio - 1.0) / (3.0 * (t.min_ratio - 1.0)), 0.0, 1.0))
         comparison = 0.0
         if scores.layout.replicas >= 3 or (scores.layout.replicas == 2 and self.became_slow(finding, scores)):
@@ -803,6 +811,23 @@ class StragglerDetector:
             job_id=job, attempt=attempt, culprit_nodes=tuple(nodes) if one_node else (),
             culprit_ranks=tuple(finding.ranks), culprit_gpus=tuple(sorted(set(gpus))),
             evidence=tuple(evidence[:12]), step=finding.step, details=self._details(finding, scores))
+
+
+def own_time(steps: pd.DataFrame, sections: list[str], comm: dict[str, str]) -> dict[str, pd.Series]:
+    """The own-work section columns that hold communication timed inside them (`forward/recv` in `forward`), with
+    that time taken out: a stage waiting for its neighbour in a nested recv has not computed for longer. Only the
+    outermost communication below a section counts (an inner one is inside it already)."""
+    adjusted = {}
+    for column in sections:
+        name = column[len(SECTION_PREFIX):]
+        inner = [n for n in comm if n.startswith(name + "/")
+                 and not any(n.startswith(other + "/") for other in comm if other != n and other.startswith(name + "/"))
+                 and SECTION_PREFIX + n in steps.columns]
+        if not inner:
+            continue
+        waits = steps[[SECTION_PREFIX + n for n in inner]].astype(float).fillna(0.0).sum(axis=1)
+        adjusted[column] = (steps[column].astype(float) - waits).clip(lower=0.0)
+    return adjusted
 
 
 class _Matrix:

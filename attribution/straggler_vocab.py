@@ -103,7 +103,8 @@ class Vocabulary:
 
     def scored(self, names: Iterable[str]) -> tuple[list[str], dict[str, SectionClass]]:
         """The sections to score as own work, and the class of every name. A nested section whose parent is
-        present is left out (the parent holds its time); a host-side section with a `cuda/` twin is replaced by
+        present is left out (the parent holds its time; communication nested in it is taken out of the parent's
+        own work by straggler.own_time); a host-side section with a `cuda/` twin is replaced by
         the twin (GPU seconds)."""
         names = list(names)
         present = set(names)

@@ -1,7 +1,8 @@
 """Freezes the telemetry of a real run's store into a test fixture: one segment per table (process_events, ranks,
 steps, heartbeats and, where the run left them, collectives), in the store layout, rows and columns as they are.
 
-    python -m tests.freeze_store STORE OUT_DIR      # e.g. a `faultlens campaign` scenario's store/
+    python -m tests.freeze_store STORE OUT_DIR [ATTEMPT]   # e.g. a `faultlens campaign` scenario's store/;
+                                                            # ATTEMPT: only that attempt's rows
 
 How tests/data/teardown/* were made (tests/test_follow_on.py replays them cut at every moment a row landed)."""
 
@@ -20,11 +21,12 @@ from faultlens.collectors.schema import TABLES, validate
 FROZEN = ("process_events", "ranks", "steps", "heartbeats", "collectives")
 
 
-def freeze(store: str | Path, out: str | Path) -> list[Path]:
+def freeze(store: str | Path, out: str | Path, attempt: int | None = None) -> list[Path]:
     written = []
     with Store(str(store)) as reader:
         for table in FROZEN:
-            rows = reader.query(f"SELECT * FROM {table}")
+            where = f" WHERE attempt = {int(attempt)}" if attempt is not None else ""
+            rows = reader.query(f"SELECT * FROM {table}{where}")
             if rows.num_rows == 0:
                 continue
             rows = validate(table, rows.select([c for c in rows.column_names if c in TABLES[table].names]))
@@ -39,5 +41,5 @@ def freeze(store: str | Path, out: str | Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in freeze(sys.argv[1], sys.argv[2]):
+    for path in freeze(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None):
         print(path)

@@ -46,6 +46,16 @@ EXPECTED = {
     # rank 2 SIGSTOPped at step 12 (2 x 2 ranks): it cannot write its dump, its peers wait for it in an all_reduce;
     # it had flushed no ranks or steps row yet: only its heartbeat placed it
     "sigstop": [(0, "collective_hang", "hang-missing-dumps", ("node-1",))],
+    # a rank skipped its loss all_reduce (tests/test_desync.py): a peer aborted on the mismatch, torchrun named that
+    # peer; the skipper, a step ahead of the others, is the culprit at every cut
+    "desync-skip-world-collective": [(0, "collective_hang", "hang-desync-apart", ("node-0",))],
+    "desync-skip-r0-s9": [(0, "collective_hang", "hang-desync-apart", ("node-0",))],
+    "desync-skip-r2-s7": [(0, "collective_hang", "hang-desync-apart", ("node-1",))],
+    "desync-skip-r3-s15": [(0, "collective_hang", "hang-desync-apart", ("node-1",))],
+    "desync-skip-3nodes-r4": [(0, "collective_hang", "hang-desync-apart", ("node-2",))],
+    "desync-skip-1rank-nodes-r1": [(0, "collective_hang", "hang-desync-apart", ("node-1",))],
+    # the pipeline job's rank 1 skipped the world all_reduce and hung (the dumps in the store: it never joined)
+    "desync-pipe-world-r1": [(0, "collective_hang", "hang-never-joined", ("node-0",))],
 }
 
 
@@ -141,7 +151,9 @@ def test_a_batch_pass_finds_one_incident_per_fault(name: str) -> None:
     assert _matches(found, EXPECTED[name]), found
 
 
-@pytest.mark.parametrize("name", ["node-loss", "sigsegv", "sigterm", "sigint", "sigstop", "stuck"])  # exception: none
+@pytest.mark.parametrize("name", ["node-loss", "sigsegv", "sigterm", "sigint", "sigstop", "stuck",  # exception: none
+                                  # three shapes of the desync family (each replay takes ~20 s)
+                                  "desync-skip-world-collective", "desync-skip-3nodes-r4", "desync-pipe-world-r1"])
 def test_live_every_cut_finds_one_incident_per_fault(name: str) -> None:
     found = _shape(list(_replay(_load(name)).values()))
     assert _matches(found, EXPECTED[name]), found

@@ -6,6 +6,10 @@ flight-recorder trigger and tiered checkpointer; resumes from the restore plan t
     faultlens run --nnodes 2 --nproc-per-node 2 -- controller/lab/jobs/pipeline_train.py --stages 2 --steps 30
 
 Rank layout: stage = rank % stages, data-parallel index = rank // stages.
+
+The send/recv calls are timed in sections nested in forward and backward (`forward/recv`, ...): a stage waiting
+for its neighbour has not computed, and without those sections a slow stage makes every stage's forward grow by
+the same wait (measured: +0.10 s on both stages), which no timing can tell from the whole job slowing down.
 """
 
 from __future__ import annotations
@@ -96,7 +100,8 @@ def main() -> None:
                     for x, y in zip(xs, ys, strict=True):
                         if not first:
                             x = torch.empty(mb, WIDTH)
-                            dist.recv(x, src=rank - 1)
+                            with timer.section("recv"):  # the wait for the previous stage, not this one's work
+                                dist.recv(x, src=rank - 1)
                             x.requires_grad_(True)
                         time.sleep(args.compute_s)
                         out = model(x)
@@ -104,7 +109,8 @@ def main() -> None:
                         if last:
                             losses.append(torch.nn.functional.mse_loss(out, y) / args.microbatches)
                         else:
-                            dist.send(out.detach(), dst=rank + 1)
+                            with timer.section("send"):
+                                dist.send(out.detach(), dst=rank + 1)
                             outputs.append(out)
                 with timer.section("backward"):
                     optimizer.zero_grad(set_to_none=True)
@@ -113,10 +119,12 @@ def main() -> None:
                             losses[i].backward()
                         else:
                             grad = torch.empty(mb, WIDTH)
-                            dist.recv(grad, src=rank + 1)
+                            with timer.section("recv"):
+                                dist.recv(grad, src=rank + 1)
                             outputs[i].backward(grad)
                         if not first:
-                            dist.send(inputs[i].grad, dst=rank - 1)
+                            with timer.section("send"):
+                                dist.send(inputs[i].grad, dst=rank - 1)
                 with timer.section("comm"):
                     grads = [p.grad for p in model.parameters()]
                     flat = torch.cat([g.reshape(-1) for g in grads])
