@@ -431,6 +431,10 @@ class CrashAttributor:
                 and f.kind in (FailureKind.EXCEPTION, FailureKind.OOM)]
         other_nodes = {(placement[f.rank].node if f.rank in placement else None) or f.node for f in same} - {node}
         other_nodes.discard(None)
+        if same and not other_nodes and self._others_to_come(telemetry, job, attempt, failures, placement, node,
+                                                              primary, now):
+            return WAIT  # the same exception on several ranks of one node: the other nodes' reports tell node
+            # from code
         repeats = self._repeats(job, attempt, primary, per_attempt, telemetry, node)
         findings = hardware_findings(telemetry.gpu_events, node, primary.ts, self.rules, self.catalog, own)
         signature = next((s for s in self.rules.signatures
@@ -501,6 +505,18 @@ class CrashAttributor:
             evidence=tuple(evidence), fingerprint=primary.fingerprint, step=step,
             details={"primary_kind": primary.kind.value, "failures": len(failures),
                      "secondary_rows": sum(f.secondary_rows for f in failures)})
+
+    def _others_to_come(self, telemetry: Telemetry, job: str | None, attempt: int | None,
+                        failures: list[RankFailure], placement: dict[int, Placement], node: str | None,
+                        primary: RankFailure, now: dt.datetime) -> bool:
+        """Ranks of other nodes that reported nothing yet while their torchrun agent still runs, within
+        silent_node_wait_s of the primary failure: their reports may still come (a loaded collector reads their
+        error files later)."""
+        if now >= primary.ts + dt.timedelta(seconds=self.rules.silent_node_wait_s):
+            return False
+        reported = {f.rank for f in failures}
+        running = running_agents(telemetry.process_events, job, attempt)
+        return any(p.node != node and p.node in running and rank not in reported for rank, p in placement.items())
 
     def _hang_before(self, job: str | None, attempt: int | None, primary: RankFailure,
                      failures: list[RankFailure]) -> HangTrigger | None:

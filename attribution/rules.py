@@ -96,7 +96,7 @@ class CrashRules(_Strict):
     signal_notice_slack_s: float = Field(ge=0.0)
     # a node whose ranks said nothing while its torchrun agent still runs: how long to wait for the agent's
     # report (its workers' death) before reading the silence as a lost node
-    silent_node_wait_s: float = Field(default=10.0, ge=0.0)
+    silent_node_wait_s: float = Field(default=30.0, ge=0.0)
     secondary_patterns: tuple[str, ...]
     timeout_patterns: tuple[str, ...]
     # of the secondary texts, those that say the process was told to stop (a termination, not an echo)

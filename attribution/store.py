@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from faultlens.collectors.layout import StoreError, StoreLocation, list_segments
 from faultlens.collectors.schema import TABLE_NAMES, as_ns_type, empty_table, schema_for
 
 log = logging.getLogger("faultlens.store")
+_MAX_VANISHED_RETRIES = 8  # refresh-and-retry rounds of one query whose segments vanish under it
 _MAX_BAD_PER_QUERY = 64  # segments found broken while a query reads them (footer fine, data pages not)
 
 
@@ -274,8 +276,11 @@ class Store:
                         continue
                 vanished = isinstance(exc, (duckdb.IOException, FileNotFoundError, pa.ArrowIOError)) or \
                     "No such file" in text or "No files found" in text
-                if not vanished or retries >= 2:
+                if not vanished or retries >= _MAX_VANISHED_RETRIES:
                     raise QueryError(_duckdb_message(text) if text else first) from None
+                # each vanished segment is a compaction or retention step done: retry on the new listing (one
+                # pass over a store's partitions can remove segments under a query several times in a row)
+                time.sleep(min(0.5, 0.01 * 2 ** retries))
                 retries += 1
                 self.refresh()
 
