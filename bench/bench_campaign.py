@@ -93,8 +93,8 @@ def main() -> int:
         f"    {command}",
         "",
         f"Runs made on commit {runs_rev}" + (f", scored on commit {rev}" if runs_rev != rev else "")
-        + f", {started:%Y-%m-%d %H:%M} UTC, {machine()['cores']} cores (shared with seven other engineers' work, "
-        f"load average {os.getloadavg()[0]:.0f}), {summary['scenarios']} scenarios. This is the engine and supervisor "
+        + f", {started:%Y-%m-%d %H:%M} UTC, {machine()['cores']} cores (load average "
+        f"{os.getloadavg()[0]:.0f} at the end), {summary['scenarios']} scenarios. This is the engine and supervisor "
         "as they were on that commit: the wrong rows are what the campaign found.",
         "",
         markdown(scores, summary),
