@@ -54,6 +54,9 @@ EXPECTED = {
     "desync-skip-r3-s15": [(0, "collective_hang", "hang-desync-apart", ("node-1",))],
     "desync-skip-3nodes-r4": [(0, "collective_hang", "hang-desync-apart", ("node-2",))],
     "desync-skip-1rank-nodes-r1": [(0, "collective_hang", "hang-desync-apart", ("node-1",))],
+    # the demo's software bug, attempt 4 of a README run under load (every rank raises the same KeyError): rank 0's
+    # own stderr line landed first, and live named "node-2 rank 0" (crash-exception) before the others' reports
+    "demo-software-bug": [(4, "crash", "crash-software-same-fingerprint-multi-node", ())],
     # the pipeline job's rank 1 skipped the world all_reduce and hung (the dumps in the store: it never joined)
     "desync-pipe-world-r1": [(0, "collective_hang", "hang-never-joined", ("node-0",))],
 }
@@ -153,7 +156,8 @@ def test_a_batch_pass_finds_one_incident_per_fault(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["node-loss", "sigsegv", "sigterm", "sigint", "sigstop", "stuck",  # exception: none
                                   # three shapes of the desync family (each replay takes ~20 s)
-                                  "desync-skip-world-collective", "desync-skip-3nodes-r4", "desync-pipe-world-r1"])
+                                  "desync-skip-world-collective", "desync-skip-3nodes-r4", "desync-pipe-world-r1",
+                                  "demo-software-bug"])
 def test_live_every_cut_finds_one_incident_per_fault(name: str) -> None:
     found = _shape(list(_replay(_load(name)).values()))
     assert _matches(found, EXPECTED[name]), found
