@@ -431,9 +431,12 @@ class CrashAttributor:
                 and f.kind in (FailureKind.EXCEPTION, FailureKind.OOM)]
         other_nodes = {(placement[f.rank].node if f.rank in placement else None) or f.node for f in same} - {node}
         other_nodes.discard(None)
-        if primary.kind in (FailureKind.EXCEPTION, FailureKind.OOM) and not other_nodes and \
-                self._others_to_come(telemetry, job, attempt, failures, placement, primary, now):
-            return WAIT  # an exception's verdict (one rank, one node or the code) waits for the other ranks' reports
+        if primary.kind in (FailureKind.EXCEPTION, FailureKind.OOM) and self._others_to_come(
+                telemetry, job, attempt, failures, placement, primary, now, besides=None if other_nodes else node):
+            # an exception's verdict waits for the other nodes' first reports (their echoes come as soon as the
+            # raising process exits; their own exceptions say it is the code's), and once it is the code's, for
+            # every rank's (the ranks that ran it)
+            return WAIT
         repeats = self._repeats(job, attempt, primary, per_attempt, telemetry, node)
         findings = hardware_findings(telemetry.gpu_events, node, primary.ts, self.rules, self.catalog, own)
         signature = next((s for s in self.rules.signatures
@@ -507,17 +510,16 @@ class CrashAttributor:
 
     def _others_to_come(self, telemetry: Telemetry, job: str | None, attempt: int | None,
                         failures: list[RankFailure], placement: dict[int, Placement], primary: RankFailure,
-                        now: dt.datetime) -> bool:
-        """Ranks that reported nothing yet while their torchrun agent still runs, within silent_node_wait_s of the
-        primary failure: their reports may still come (every rank raising the same exception is the code's, one
-        rank's alone is that rank's; a loaded collector reads the others' error files later). Survivors report
-        too (their echoes, their agent's report of the SIGTERM it sent), so this ends as the attempt's teardown
-        does."""
+                        now: dt.datetime, besides: str | None = None) -> bool:
+        """Ranks (of nodes other than `besides`) that reported nothing yet while their torchrun agent still runs,
+        within silent_node_wait_s of the primary failure: their reports may still come (a loaded collector reads
+        their error files later)."""
         if now >= primary.ts + dt.timedelta(seconds=self.rules.silent_node_wait_s):
             return False
         reported = {f.rank for f in failures}
         running = running_agents(telemetry.process_events, job, attempt)
-        return any(p.node in running and rank not in reported for rank, p in placement.items())
+        return any(p.node in running and p.node != besides and rank not in reported
+                   for rank, p in placement.items())
 
     def _hang_before(self, job: str | None, attempt: int | None, primary: RankFailure,
                      failures: list[RankFailure]) -> HangTrigger | None:
