@@ -432,10 +432,11 @@ class CrashAttributor:
         other_nodes = {(placement[f.rank].node if f.rank in placement else None) or f.node for f in same} - {node}
         other_nodes.discard(None)
         if primary.kind in (FailureKind.EXCEPTION, FailureKind.OOM) and self._others_to_come(
-                telemetry, job, attempt, failures, placement, primary, now, besides=None if other_nodes else node):
-            # an exception's verdict waits for the other nodes' first reports (their echoes come as soon as the
-            # raising process exits; their own exceptions say it is the code's), and once it is the code's, for
-            # every rank's (the ranks that ran it)
+                telemetry, job, attempt, failures, placement, primary, now,
+                besides=None if other_nodes else node,
+                within_s=self.rules.silent_node_wait_s if other_nodes else self.rules.exception_peer_wait_s):
+            # an exception's verdict waits a moment for the other nodes' first reports (the same exception there
+            # makes it the code's), and once it is the code's, for every rank's (the ranks that ran it)
             return WAIT
         repeats = self._repeats(job, attempt, primary, per_attempt, telemetry, node)
         findings = hardware_findings(telemetry.gpu_events, node, primary.ts, self.rules, self.catalog, own)
@@ -510,11 +511,11 @@ class CrashAttributor:
 
     def _others_to_come(self, telemetry: Telemetry, job: str | None, attempt: int | None,
                         failures: list[RankFailure], placement: dict[int, Placement], primary: RankFailure,
-                        now: dt.datetime, besides: str | None = None) -> bool:
+                        now: dt.datetime, besides: str | None = None, within_s: float = 0.0) -> bool:
         """Ranks (of nodes other than `besides`) that reported nothing yet while their torchrun agent still runs,
-        within silent_node_wait_s of the primary failure: their reports may still come (a loaded collector reads
-        their error files later)."""
-        if now >= primary.ts + dt.timedelta(seconds=self.rules.silent_node_wait_s):
+        within `within_s` of the primary failure: their reports may still come (a loaded collector reads their
+        error files later)."""
+        if now >= primary.ts + dt.timedelta(seconds=within_s):
             return False
         reported = {f.rank for f in failures}
         running = running_agents(telemetry.process_events, job, attempt)

@@ -97,6 +97,9 @@ class CrashRules(_Strict):
     # a node whose ranks said nothing while its torchrun agent still runs: how long to wait for the agent's
     # report (its workers' death) before reading the silence as a lost node
     silent_node_wait_s: float = Field(default=30.0, ge=0.0)
+    # a Python exception's verdict waits this long for the other nodes' first reports (the same exception there
+    # makes it the code's, not the node's)
+    exception_peer_wait_s: float = Field(default=1.0, ge=0.0)
     secondary_patterns: tuple[str, ...]
     timeout_patterns: tuple[str, ...]
     # of the secondary texts, those that say the process was told to stop (a termination, not an echo)
