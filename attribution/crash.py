@@ -40,10 +40,10 @@ from typing import Any
 
 import pandas as pd
 
-from faultlens.attribution.desync import desync_incident, mismatch_pattern, mismatch_report
+from faultlens.attribution.desync import desync_incident, mismatch_report
 from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
-from faultlens.attribution.rules import CrashRules
+from faultlens.attribution.rules import CrashRules, any_of
 from faultlens.attribution.telemetry import Placement, Telemetry, placements
 
 FAILURE_KINDS = {"exit", "exception", "oom", "comm_error", "watchdog_timeout", "signal"}
@@ -209,13 +209,10 @@ class CrashAttributor:
     def __init__(self, rules: CrashRules, catalog: XidCatalogLike | None) -> None:
         self.rules = rules
         self.catalog = catalog
-        self._secondary_re = re.compile("|".join(f"(?:{p})" for p in rules.secondary_patterns)) \
-            if rules.secondary_patterns else None
-        self._timeout_re = re.compile("|".join(f"(?:{p})" for p in rules.timeout_patterns)) \
-            if rules.timeout_patterns else None
-        self._termination_re = re.compile("|".join(f"(?:{p})" for p in rules.termination_patterns)) \
-            if rules.termination_patterns else None
-        self._mismatch_re = mismatch_pattern(rules)
+        self._secondary_re = any_of(rules.secondary_patterns)
+        self._timeout_re = any_of(rules.timeout_patterns)
+        self._termination_re = any_of(rules.termination_patterns)
+        self._mismatch_re = any_of(rules.mismatch_patterns)
 
     # ------------------------------------------------------------ row level (vectorised)
 

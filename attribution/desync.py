@@ -34,10 +34,6 @@ RULE_APART = "hang-desync-apart"
 RULE_NO_CULPRIT = "hang-desync-no-culprit"
 
 
-def mismatch_pattern(rules: CrashRules) -> re.Pattern[str] | None:
-    return re.compile("|".join(f"(?:{p})" for p in rules.mismatch_patterns)) if rules.mismatch_patterns else None
-
-
 def mismatch_report(primary: RankFailure, failures: list[RankFailure], pattern: re.Pattern[str] | None,
                     slack_s: float) -> RankFailure | None:
     """The failure that reports a collective mismatch and is the attempt's first failure: the primary itself, or a
@@ -91,6 +87,12 @@ def ranks_apart(completed: dict[int, int], reporters: set[int]) -> tuple[list[in
     return apart, step
 
 
+def apart_text(completed: dict[int, int], apart: list[int], majority: int | None, what: str) -> str:
+    """The evidence line of ranks_apart's answer."""
+    steps = ", ".join(f"rank {r} step {completed[r]}" for r in apart)
+    return f"{len(completed) - len(apart)} of {len(completed)} ranks had completed step {majority}; {steps}: {what}"
+
+
 def desync_incident(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
                     primary: RankFailure, report: RankFailure, placement: dict[int, Placement],
                     secondary_line: Evidence | None, now: dt.datetime) -> Incident:
@@ -107,10 +109,8 @@ def desync_incident(rules: CrashRules, telemetry: Telemetry, job: str | None, at
                          + (f" on {node}" if node else "") + ": " + _first_line(report)),
                 *primary.evidence[:1]]
     if apart:
-        steps = ", ".join(f"rank {r} step {completed[r]}" for r in apart)
-        evidence.append(Evidence("heartbeats", None,
-                                 f"{len(completed) - len(apart)} of {len(completed)} ranks had completed step "
-                                 f"{majority}; {steps}: left the others' collective sequence"))
+        evidence.append(Evidence("heartbeats", None, apart_text(completed, apart, majority,
+                                                                "left the others' collective sequence")))
         rule = RULE_APART
     else:
         shown = ", ".join(f"{r}:{s}" for r, s in sorted(completed.items())[:16])

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from faultlens.attribution.crash import teardown_starts
-from faultlens.attribution.desync import completed_steps, ranks_apart
+from faultlens.attribution.desync import apart_text, completed_steps, ranks_apart
 from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.rules import CrashRules, ProgressThresholds
@@ -499,10 +499,8 @@ class HangAttributor:
             if apart and set(apart) < set(culprits):
                 rule, culprits = "hang-cycle-progress", tuple(apart)
                 confidence = self.rules.conf(rule, 0.5)
-                evidence.append(Evidence("heartbeats", None, f"{len(completed) - len(apart)} of {len(completed)} "
-                                         f"ranks had completed step {majority}; "
-                                         + ", ".join(f"rank {r} step {completed[r]}" for r in apart)
-                                         + ": it went past a collective the others wait in (it skipped it)"))
+                evidence.append(Evidence("heartbeats", None, apart_text(
+                    completed, apart, majority, "it went past a collective the others wait in (it skipped it)")))
         group = getattr(report, "pg_desc", None) or getattr(report, "pg_name", None) or getattr(report, "pg_id", None)
         op = getattr(report, "op", None)
         seq = getattr(report, "collective_seq_id", None)

@@ -32,6 +32,11 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def any_of(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One regex matching any of `patterns` (None for none)."""
+    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+
+
 def _check_regex(value: str) -> str:
     try:
         re.compile(value)
