@@ -92,6 +92,8 @@ def _model_expectation(item: Mapping[str, Any]) -> str:
         return "required key is missing"
     if kind == "extra_forbidden":
         return "unknown key (not allowed here)"
+    if kind == "string_pattern_mismatch":
+        return f"expected text matching {(item.get('ctx') or {}).get('pattern')}, got {_got(item.get('input'))}"
     message = str(item.get("msg", "invalid"))
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):
