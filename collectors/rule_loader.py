@@ -113,12 +113,13 @@ def _path(document: Any, loc: Sequence[Any]) -> list[Any]:
     members (`function-after[...]`, a tagged union's tag), which are no key of the document."""
     parts: list[Any] = []
     node = document
+    last = max((i for i, p in enumerate(loc) if not (isinstance(p, str) and "[" in p)), default=-1)
     for position, part in enumerate(loc):
         if isinstance(part, str) and "[" in part:
             continue
-        if (isinstance(part, str) and isinstance(node, dict) and part not in node
-                and position < len(loc) - 1):
-            continue  # a tag label; a missing key is always the last part
+        if (isinstance(part, str) and isinstance(node, dict) and position < last
+                and not isinstance(node.get(part), (dict, list))):
+            continue  # a tag label (the path goes on below it, so it is no leaf key; a missing key is the last part)
         parts.append(part)
         if isinstance(node, dict):
             node = node.get(part)

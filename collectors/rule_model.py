@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-__all__ = ["FileModel", "FormatVersion1", "Fraction", "NonNegative", "NonNegativeInt", "Number", "StrictBool",
-           "StrictInt", "StrictStr", "Text"]
+__all__ = ["FileModel", "FormatVersion1", "Fraction", "NonNegative", "NonNegativeInt", "Text"]
 
 
 class FileModel(BaseModel):
@@ -18,8 +17,7 @@ class FileModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-Number = float  # under strict=True: an int or a float (a bool is refused)
-NonNegative = Annotated[float, Field(ge=0)]
+NonNegative = Annotated[float, Field(ge=0)]  # a float field takes an int too under strict=True, never a bool
 Fraction = Annotated[float, Field(ge=0, le=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Text = Annotated[str, Field(min_length=1)]  # a non-empty string
