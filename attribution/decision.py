@@ -1,7 +1,8 @@
 """The decision contract: what the job controller should do about one incident.
 
 One decision per incident (its id is derived from the incident id), as a frozen dataclass and as a versioned JSON
-document ("schema": "faultlens.decision/1", docs/design.md "Decision contract") validated by DECISION_JSON_SCHEMA.
+document ("schema": "faultlens.decision/1", docs/design.md "Decision contract") validated by the pydantic model
+DecisionDocument; DECISION_JSON_SCHEMA publishes the same contract as a JSON Schema.
 The row form is the `decisions` table of collectors/schema.py; the table is append-only: a later row with the same
 decision_id and hook records a delivery status, the latest row per (decision_id, hook) wins.
 """
@@ -14,12 +15,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import jsonschema
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.collectors.errors import FaultlensError
+from faultlens.collectors.rule_loader import describe, key_path
+from faultlens.collectors.rule_model import FileModel, Fraction, NonNegativeInt, Text
 
 SCHEMA_ID = "faultlens.decision/1"
 
@@ -301,15 +304,75 @@ DECISION_JSON_SCHEMA: dict[str, Any] = {
     ],
 }
 
-_VALIDATOR = jsonschema.Draft202012Validator(DECISION_JSON_SCHEMA,
-                                             format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+def _date_time(text: str) -> str:
+    try:
+        dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError("an ISO 8601 date-time") from None
+    return text
+
+
+_DateTime = Annotated[str, AfterValidator(_date_time)]
+
+
+class _Culprit(FileModel):
+    nodes: list[str]
+    ranks: list[int]
+    gpus: list[str]
+
+
+class _Restore(FileModel):
+    tier: Annotated[str, Field(pattern=TIER_PATTERN)]
+    step: NonNegativeInt
+    uri: str | None
+
+
+class _Evidence(FileModel):
+    table: str
+    ts: _DateTime | None
+    text: str
+
+
+class DecisionDocument(FileModel):
+    """The decision document, version 1: the model every document is validated against. DECISION_JSON_SCHEMA is
+    the same contract published as a JSON Schema (tests/test_decision.py checks that the two agree)."""
+
+    schema_: Literal[SCHEMA_ID] = Field(alias="schema")
+    decision_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
+    incident_id: Text
+    job_id: str | None
+    attempt: NonNegativeInt | None
+    cluster: str | None
+    action: Literal[tuple(a.value for a in Action)]  # type: ignore[valid-type]
+    class_: Literal[tuple(c.value for c in IncidentClass)] = Field(alias="class")  # type: ignore[valid-type]
+    cause: Literal[tuple(c.value for c in Cause)]  # type: ignore[valid-type]
+    culprit: _Culprit
+    exclude_nodes: list[str]
+    restore: _Restore | None
+    confidence: Fraction
+    rule: str
+    policy_rule: str
+    reason: str
+    evidence: list[_Evidence]
+    issued_at: _DateTime
+
+    @model_validator(mode="after")
+    def _action_fits(self) -> DecisionDocument:
+        # a failover names what to leave out, or (a rollback: the model state went bad, no node to blame) the
+        # checkpoint to restart from; a drain names its nodes; an escalation changes nothing by itself
+        if self.action == Action.FAILOVER and not self.exclude_nodes and self.restore is None:
+            raise ValueError("a failover to name exclude_nodes or a restore")
+        if self.action == Action.DRAIN and not self.exclude_nodes:
+            raise ValueError("a drain to name exclude_nodes")
+        if self.action in (Action.ESCALATE, Action.NOTIFY, Action.DRAIN) and self.restore is not None:
+            raise ValueError(f"restore null for action {self.action}")
+        return self
 
 
 def validate_document(document: Any, *, source: str = "decision") -> None:
     """Raise DecisionError naming the first offending place (e.g. `restore.step`) and what was expected."""
-    errors = sorted(_VALIDATOR.iter_errors(document), key=lambda e: (len(e.absolute_path), list(e.absolute_path)))
-    if not errors:
-        return
-    error = errors[0]
-    where = ".".join(str(p) for p in error.absolute_path) or "(document)"
-    raise DecisionError(f"{source}: {where}: {error.message}")
+    try:
+        DecisionDocument.model_validate(document)
+    except ValidationError as exc:
+        parts, expectation = describe(exc, document)
+        raise DecisionError(f"{source}: {key_path(parts) if parts else '(document)'}: {expectation}") from None

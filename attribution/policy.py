@@ -21,12 +21,15 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import AfterValidator, Field
 
 from faultlens.attribution.decision import Action, Decision, Restore
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
-from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
-from faultlens.attribution.straggler_policy import SLOWDOWN_SCHEMA, SlowdownPolicy, slowdown_action, slowdown_gate
+from faultlens.attribution.rulefile import RuleFileError, load_rule_document
+from faultlens.attribution.straggler_policy import SlowdownPolicy, SlowdownSection, slowdown_action, slowdown_gate
+from faultlens.collectors.rule_model import FileModel, FormatVersion1, Fraction, NonNegativeInt
 from faultlens.resources import rule_file, shipped_rule_file
 
 DEFAULT_POLICY_PATH = shipped_rule_file("policy.yaml")  # packaged; load_policy reads rule_file (FAULTLENS_RULES)
@@ -37,69 +40,71 @@ class PolicyError(RuleFileError):
 
 
 _CAUSES = [c.value for c in Cause]
-_CLASSES = [c.value for c in IncidentClass]
-_CAUSE_LIST = {"type": "array", "items": {"enum": _CAUSES}, "uniqueItems": True}
-_COUNT = {"type": "integer", "minimum": 0}
-_FRACTION = {"type": "number", "minimum": 0, "maximum": 1}
+_Cause = Literal[tuple(c.value for c in Cause)]  # type: ignore[valid-type]
+_Class = Literal[tuple(c.value for c in IncidentClass)]  # type: ignore[valid-type]
 
-POLICY_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["format_version", "confidence_threshold", "never_failover_causes", "retry_budget", "rules"],
-    "properties": {
-        "format_version": {"const": 1},
-        "confidence_threshold": _FRACTION,
-        "confidence_by_class": {"type": "object", "propertyNames": {"enum": _CLASSES},
-                                "additionalProperties": _FRACTION},
-        "never_failover_causes": _CAUSE_LIST,
-        "software_repeat": {
-            "type": "object", "additionalProperties": False,
-            "properties": {"same_fingerprint_on_other_nodes": {"type": "boolean"},
-                           "same_step_after_restart": {"type": "boolean"},
-                           "applies_to_causes": _CAUSE_LIST},
-        },
-        "retry_budget": {
-            "type": "object", "additionalProperties": False, "required": ["default"],
-            "properties": {"default": _COUNT,
-                           "by_cause": {"type": "object", "propertyNames": {"enum": _CAUSES},
-                                        "additionalProperties": _COUNT}},
-        },
-        "lemon": {
-            "type": "object", "additionalProperties": False,
-            "required": ["min_incidents", "min_jobs", "window_days"],
-            "properties": {"min_incidents": {"type": "integer", "minimum": 1},
-                           "min_jobs": {"type": "integer", "minimum": 1},
-                           "window_days": {"type": "number", "exclusiveMinimum": 0},
-                           "causes": _CAUSE_LIST},
-        },
-        "corruption_causes": _CAUSE_LIST,
-        "max_exclude_nodes": {"type": "integer", "minimum": 1},
-        "straggler": SLOWDOWN_SCHEMA,
-        "rules": {
-            "type": "array", "minItems": 1,
-            "items": {
-                "type": "object", "additionalProperties": False, "required": ["id", "when", "action"],
-                "properties": {
-                    "id": {"type": "string", "pattern": r"^[a-z0-9][a-z0-9_.-]*$"},
-                    "when": {
-                        "type": "object", "additionalProperties": False,
-                        "properties": {
-                            "class": {"type": "array", "items": {"enum": _CLASSES}, "minItems": 1},
-                            "cause": {"type": "array", "items": {"enum": _CAUSES}, "minItems": 1},
-                            "culprit_nodes": {"type": "object", "additionalProperties": False,
-                                              "properties": {"min": _COUNT, "max": _COUNT}},
-                        },
-                    },
-                    "action": {"enum": [Action.FAILOVER.value, Action.ESCALATE.value, Action.NOTIFY.value,
-                                        Action.DRAIN.value]},
-                    "reason": {"type": "string"},
-                    # a failover that needs no culprit node: restart in place from an older checkpoint
-                    "without_culprit": {"type": "boolean"},
-                },
-            },
-        },
-    },
-}
+
+def _unique(values: list[Any]) -> list[Any]:
+    if len(set(values)) != len(values):
+        raise ValueError("unique items")
+    return values
+
+
+_CauseList = Annotated[list[_Cause], AfterValidator(_unique)]
+
+
+class _SoftwareRepeat(FileModel):
+    same_fingerprint_on_other_nodes: bool = True
+    same_step_after_restart: bool = True
+    applies_to_causes: _CauseList | None = None
+
+
+class _RetryBudget(FileModel):
+    default: NonNegativeInt
+    by_cause: dict[_Cause, NonNegativeInt] | None = None
+
+
+class _Lemon(FileModel):
+    min_incidents: Annotated[int, Field(ge=1)]
+    min_jobs: Annotated[int, Field(ge=1)]
+    window_days: Annotated[float, Field(gt=0)]
+    causes: _CauseList | None = None
+
+
+class _CulpritNodes(FileModel):
+    min: NonNegativeInt | None = None
+    max: NonNegativeInt | None = None
+
+
+class _When(FileModel):
+    class_: Annotated[list[_Class], Field(min_length=1)] | None = Field(default=None, alias="class")
+    cause: Annotated[list[_Cause], Field(min_length=1)] | None = None
+    culprit_nodes: _CulpritNodes | None = None
+
+
+class _Rule(FileModel):
+    id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+    when: _When
+    action: Literal[Action.FAILOVER.value, Action.ESCALATE.value, Action.NOTIFY.value, Action.DRAIN.value]
+    reason: str | None = None
+    # a failover that needs no culprit node: restart in place from an older checkpoint
+    without_culprit: bool = False
+
+
+class PolicyFile(FileModel):
+    """rules/policy.yaml."""
+
+    format_version: FormatVersion1
+    confidence_threshold: Fraction
+    confidence_by_class: dict[_Class, Fraction] | None = None
+    never_failover_causes: _CauseList
+    software_repeat: _SoftwareRepeat | None = None
+    retry_budget: _RetryBudget
+    lemon: _Lemon | None = None
+    corruption_causes: _CauseList | None = None
+    max_exclude_nodes: Annotated[int, Field(ge=1)] | None = None
+    straggler: SlowdownSection | None = None
+    rules: Annotated[list[_Rule], Field(min_length=1)]
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,7 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
     """Load and validate a policy file (default rules/policy.yaml). Raises PolicyError naming file, key and
     expectation."""
     path = Path(path) if path is not None else rule_file("policy.yaml")
-    document = load_yaml_file(path, POLICY_SCHEMA, error=PolicyError)
+    document = load_rule_document(path, PolicyFile, error=PolicyError)
     return policy_from_document(document, source=str(path))
 
 

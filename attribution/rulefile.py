@@ -7,6 +7,7 @@ from faultlens.collectors.rule_loader import (
            RuleFileError,
            field_error,
            key_path,
+           load_rule_document,
            load_rule_file,
            read_document,
            validate,
@@ -15,5 +16,5 @@ from faultlens.collectors.rule_loader import (
 load_yaml_file = load_rule_file
 validate_against = validate
 
-__all__ = ["RuleFileError", "field_error", "key_path", "load_rule_file", "load_yaml_file", "read_document",
-           "validate", "validate_against"]
+__all__ = ["RuleFileError", "field_error", "key_path", "load_rule_document", "load_rule_file", "load_yaml_file",
+           "read_document", "validate", "validate_against"]

@@ -29,18 +29,21 @@ from typing import TYPE_CHECKING, Any
 
 from faultlens.attribution.decision import Action, Decision
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.collectors.rule_model import FileModel, Fraction, NonNegative
 
 if TYPE_CHECKING:
     from faultlens.attribution.policy import DecisionPolicy
 
-_SECONDS = {"type": "number", "minimum": 0}
-SLOWDOWN_SCHEMA: dict[str, Any] = {
-    "type": "object", "additionalProperties": False,
-    "properties": {"remaining_s": {"type": ["number", "null"], "minimum": 0}, "restart_s": _SECONDS,
-                   "lost_work_s": _SECONDS,
-                   "min_saving": {"type": "number", "minimum": 0, "maximum": 1},
-                   "same_cause_window_s": _SECONDS},
-}
+class SlowdownSection(FileModel):
+    """rules/policy.yaml's `straggler` section (the numbers of SlowdownPolicy)."""
+
+    remaining_s: NonNegative | None = None
+    restart_s: NonNegative = 600.0
+    lost_work_s: NonNegative = 900.0
+    min_saving: Fraction = 0.05
+    same_cause_window_s: NonNegative = 3600.0
+
+
 _SAVES = re.compile(r"saves (\d+(?:\.\d+)?)% of step time")
 
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
+from faultlens.attribution.rulefile import RuleFileError, load_rule_document
 from faultlens.collectors import environment
+from faultlens.collectors.rule_model import FileModel, FormatVersion1, Text
 from faultlens.resources import rule_file, shipped_rule_file
 
 DEFAULT_VOCABULARY = shipped_rule_file("comm_ops.yaml")  # the packaged file; loading reads rule_file (FAULTLENS_RULES)
@@ -36,18 +37,22 @@ class SectionKind(StrEnum):
         return self in (SectionKind.COMPUTE, SectionKind.DATA)
 
 
-_NAMES = {"type": "array", "items": {"type": "string", "minLength": 1}}
-VOCABULARY_SCHEMA: dict[str, Any] = {
-    "type": "object", "additionalProperties": False, "required": ["format_version", "kinds"],
-    "properties": {
-        "format_version": {"const": 1},
-        "kinds": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["kind"],
-            "properties": {"kind": {"enum": [k.value for k in SectionKind if k is not SectionKind.UNKNOWN]},
-                           "op": {"type": "string", "minLength": 1}, "exact": _NAMES, "prefixes": _NAMES,
-                           "patterns": _NAMES}}},
-    },
-}
+_Names = list[Text]
+
+
+class _Kind(FileModel):
+    kind: Literal[tuple(k.value for k in SectionKind if k is not SectionKind.UNKNOWN)]  # type: ignore[valid-type]
+    op: Text | None = None
+    exact: _Names | None = None
+    prefixes: _Names | None = None
+    patterns: _Names | None = None
+
+
+class VocabularyFile(FileModel):
+    """rules/comm_ops.yaml (and a user's extension of it)."""
+
+    format_version: FormatVersion1
+    kinds: list[_Kind]
 
 
 class VocabularyError(RuleFileError):
@@ -162,6 +167,6 @@ def _load(stamped: tuple[tuple[str, tuple[int, int]], ...]) -> Vocabulary:
     paths = [p for p, _ in stamped]
     entries: list[_Entry] = []
     for path in reversed(paths):
-        document = load_yaml_file(Path(path), VOCABULARY_SCHEMA, error=VocabularyError)
+        document = load_rule_document(Path(path), VocabularyFile, error=VocabularyError)
         entries.extend(_entries(document, path))
     return Vocabulary(entries, paths)

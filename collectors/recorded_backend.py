@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import pyarrow as pa
+from pydantic import Field, create_model, model_validator
 
 from faultlens.collectors.gpu_backend import (
     EVENT_KINDS,
@@ -29,6 +30,7 @@ from faultlens.collectors.gpu_backend import (
 )
 from faultlens.collectors.pci import normalize_pci_bus_id
 from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
+from faultlens.collectors.rule_model import FileModel, FormatVersion1, NonNegative, NonNegativeInt, Text
 from faultlens.collectors.schema import TABLES
 
 FORMAT_VERSION = 1
@@ -38,73 +40,57 @@ class RecordedTimelineError(RuleFileError):
     """A timeline file cannot be used: the message names the file, the key and what was expected."""
 
 
-def _column_schema(column: str) -> dict[str, Any]:
+def _column_type(column: str) -> Any:
     typ = TABLES["gpu_samples"].field(column).type
     if pa.types.is_boolean(typ):
-        return {"type": ["boolean", "null"]}
+        return bool | None
     if pa.types.is_integer(typ):
-        return {"type": ["integer", "null"]}
-    return {"type": ["number", "null"]}
+        return int | None
+    return float | None
 
 
-_VALUES_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {column: _column_schema(column) for column in SAMPLE_COLUMNS},
-}
+# the metric columns of gpu_samples, each optional (null: not read)
+_Values = create_model("_Values", __base__=FileModel,
+                       **{column: (_column_type(column), None) for column in SAMPLE_COLUMNS})  # type: ignore[call-overload]
 
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["format_version", "gpus"],
-    "additionalProperties": False,
-    "properties": {
-        "format_version": {"const": FORMAT_VERSION},
-        "description": {"type": "string"},
-        "defaults": _VALUES_SCHEMA,
-        "gpus": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["index"],
-                "additionalProperties": False,
-                "properties": {
-                    "index": {"type": "integer", "minimum": 0},
-                    "uuid": {"type": "string", "pattern": "^GPU-[0-9a-fA-F-]+$"},
-                    "pci_bus_id": {"type": "string"},
-                    "name": {"type": "string"},
-                    "values": _VALUES_SCHEMA,
-                },
-            },
-        },
-        "timeline": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["at", "gpu"],
-                "additionalProperties": False,
-                "minProperties": 3,
-                "properties": {
-                    "at": {"type": "number", "minimum": 0},
-                    "gpu": {"type": "integer", "minimum": 0},
-                    "set": _VALUES_SCHEMA,
-                    "event": {
-                        "type": "object",
-                        "required": ["kind"],
-                        "additionalProperties": False,
-                        "properties": {
-                            "kind": {"enum": sorted(EVENT_KINDS)},
-                            "code": {"type": ["integer", "null"]},
-                            "message": {"type": "string"},
-                        },
-                    },
-                    "lost": {"type": "string", "minLength": 1},
-                    "reset_required": {"type": "boolean"},
-                },
-            },
-        },
-    },
-}
+
+class _Gpu(FileModel):
+    index: NonNegativeInt
+    uuid: Annotated[str, Field(pattern="^GPU-[0-9a-fA-F-]+$")] | None = None
+    pci_bus_id: str | None = None
+    name: str | None = None
+    values: _Values | None = None  # type: ignore[valid-type]
+
+
+class _Event(FileModel):
+    kind: Literal[tuple(sorted(EVENT_KINDS))]  # type: ignore[valid-type]
+    code: int | None = None
+    message: str = ""
+
+
+class _TimelineStep(FileModel):
+    at: NonNegative
+    gpu: NonNegativeInt
+    set: _Values | None = None  # type: ignore[valid-type]
+    event: _Event | None = None
+    lost: Text | None = None
+    reset_required: bool | None = None
+
+    @model_validator(mode="after")
+    def _does_something(self) -> _TimelineStep:
+        if not self.model_fields_set - {"at", "gpu"}:
+            raise ValueError("at least one of set, event, lost, reset_required")
+        return self
+
+
+class TimelineFile(FileModel):
+    """A recorded GPU timeline (docs/recorded-timeline.md)."""
+
+    format_version: FormatVersion1
+    description: str | None = None
+    defaults: _Values | None = None  # type: ignore[valid-type]
+    gpus: Annotated[list[_Gpu], Field(min_length=1)]
+    timeline: list[_TimelineStep] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +112,7 @@ def load_timeline(path: str | Path) -> dict[str, Any]:
 
 
 def validate_timeline(document: Any, source: str = "<timeline>") -> None:
-    validate(document, SCHEMA, source, error=RecordedTimelineError)
+    validate(document, TimelineFile, source, error=RecordedTimelineError)
     indexes = [gpu["index"] for gpu in document["gpus"]]
     for position, index in enumerate(indexes):
         if indexes.index(index) != position:

@@ -1,7 +1,9 @@
 """The one loader of every YAML rules/config file (rules/*.yaml, hook files, GPU timelines, campaign scenarios).
 
-    document = load_rule_file(path, SCHEMA, error=PolicyError)   # a JSON Schema (dict) ...
-    rules = load_rule_file(path, CrashRules, error=RulesError)   # ... or a pydantic model
+    rules = load_rule_file(path, CrashRules, error=RulesError)   # a pydantic model: the file's schema
+
+Every rule file is described by a pydantic model (the only validation library of the runtime package; shared
+field types in collectors/rule_model.py).
 
 Reading goes through collectors/yaml_guard.py (UTF-8 only, size, nesting depth and alias limits checked before
 yaml.safe_load builds anything). Every problem is one RuleFileError (or the caller's subclass) of one shape, one
@@ -33,7 +35,6 @@ class RuleFileError(ValueError, FaultlensError):
 
 E = TypeVar("E", bound=RuleFileError)
 T = TypeVar("T")
-Spec = Mapping[str, Any] | type  # a JSON Schema, or a pydantic model class
 
 
 def key_path(parts: Sequence[Any]) -> str:
@@ -82,56 +83,6 @@ def parse_text(text: str, *, source: str, error: type[E] = RuleFileError) -> Any
         raise error(f"{source}: {where}not valid YAML: {problem}") from None
 
 
-# ---------------------------------------------------------------- JSON Schema errors -> one expectation
-
-_TYPES = {"object": "a mapping", "array": "a list", "string": "a string", "integer": "an integer",
-          "number": "a number", "boolean": "true or false", "null": "null"}
-
-
-def _schema_expectation(error: Any) -> tuple[list[Any], str]:
-    """(field path, expectation) of one jsonschema ValidationError."""
-    parts = list(error.absolute_path)
-    kind, value, instance = error.validator, error.validator_value, error.instance
-    if kind == "required":
-        missing = next((k for k in value if isinstance(instance, dict) and k not in instance), value[0])
-        return [*parts, missing], "required key is missing"
-    if kind == "additionalProperties" and isinstance(instance, dict):
-        known = set((error.schema or {}).get("properties", {}))
-        extra = sorted(str(k) for k in instance if k not in known)
-        if extra:
-            return [*parts, extra[0]], "unknown key (not allowed here)"
-    if kind == "enum":
-        return parts, f"expected one of {', '.join(str(v) for v in value)}, got {_got(instance)}"
-    if kind == "const":
-        return parts, f"expected {value!r}, got {_got(instance)}"
-    if kind == "type":
-        names = value if isinstance(value, list) else [value]
-        return parts, f"expected {' or '.join(_TYPES.get(n, n) for n in names)}, got {_got(instance)}"
-    bounds = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "greater than",
-              "exclusiveMaximum": "less than"}
-    if kind in bounds:
-        return parts, f"expected a number {bounds[kind]} {value}, got {_got(instance)}"
-    if kind == "pattern":
-        return parts, f"expected text matching {value}, got {_got(instance)}"
-    if kind in ("minItems", "minLength", "minProperties"):
-        unit = {"minItems": "items", "minLength": "characters", "minProperties": "keys"}[kind]
-        return parts, f"expected at least {value} {unit}, got {_got(instance)}"
-    if kind == "uniqueItems":
-        return parts, f"expected unique items, got {_got(instance)}"
-    return parts, f"expected {error.message}"
-
-
-def _validate_schema(document: Any, schema: Mapping[str, Any], source: str, error: type[E]) -> None:
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(document),
-                    key=lambda e: (len(e.absolute_path), [str(p) for p in e.absolute_path]))
-    if errors:
-        parts, expectation = _schema_expectation(errors[0])
-        raise field_error(source, parts, expectation, error)
-
-
 # ---------------------------------------------------------------- pydantic errors -> the same expectation
 
 
@@ -141,6 +92,8 @@ def _model_expectation(item: Mapping[str, Any]) -> str:
         return "required key is missing"
     if kind == "extra_forbidden":
         return "unknown key (not allowed here)"
+    if kind == "string_pattern_mismatch":
+        return f"expected text matching {(item.get('ctx') or {}).get('pattern')}, got {_got(item.get('input'))}"
     message = str(item.get("msg", "invalid"))
     for prefix in ("Value error, ", "Assertion failed, "):
         if message.startswith(prefix):
@@ -148,42 +101,71 @@ def _model_expectation(item: Mapping[str, Any]) -> str:
     if message.startswith("Input should be "):
         message = message[len("Input should be "):]
         if kind in ("enum", "literal_error"):
-            message = "one of " + message.replace("'", "").replace(" or ", ", ")
+            choices = message.replace("'", "").replace(" or ", ", ")
+            message = "one of " + choices if ", " in choices else choices
     value = item.get("input")
     got = "" if isinstance(value, dict) else f", got {_got(value)}"
     return f"expected {message}{got}"
 
 
-def _validate_model(document: Any, model: type[T], source: str, error: type[E]) -> T:
+def _path(document: Any, loc: Sequence[Any]) -> list[Any]:
+    """The field path of a pydantic error location in the document: without the labels pydantic adds for union
+    members (`function-after[...]`, a tagged union's tag), which are no key of the document."""
+    parts: list[Any] = []
+    node = document
+    last = max((i for i, p in enumerate(loc) if not (isinstance(p, str) and "[" in p)), default=-1)
+    for position, part in enumerate(loc):
+        if isinstance(part, str) and "[" in part:
+            continue
+        if (isinstance(part, str) and isinstance(node, dict) and position < last
+                and not isinstance(node.get(part), (dict, list))):
+            continue  # a tag label (the path goes on below it, so it is no leaf key; a missing key is the last part)
+        parts.append(part)
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return parts
+
+
+def describe(exc: Any, document: Any) -> tuple[list[Any], str]:
+    """(field path, expectation) of the first problem of a pydantic ValidationError: first the problems inside a
+    section the document has (what its author wrote), then the shallowest; `(and N more problems)` added."""
+    written = set(document) if isinstance(document, dict) else set()
+    items = sorted(exc.errors(), key=lambda e: (not (len(e["loc"]) > 1 and e["loc"][0] in written),
+                                                len(e["loc"])))
+    item = items[0]
+    more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
+    parts = _path(document, item["loc"])
+    ctx = item.get("ctx") or {}
+    if item.get("type") == "union_tag_invalid":
+        tags = str(ctx.get("expected_tags", "")).replace("'", "")
+        return [*parts, str(ctx.get("discriminator", "")).strip("'")], \
+            f"expected one of {tags}, got {_got(ctx.get('tag'))}{more}"
+    if item.get("type") == "union_tag_not_found":
+        return [*parts, str(ctx.get("discriminator", "")).strip("'")], f"required key is missing{more}"
+    return parts, _model_expectation(item) + more
+
+
+def validate(document: Any, model: type[T], source: str, *, error: type[E] = RuleFileError) -> T:
+    """Check `document` against the pydantic model class `model`; `error` for the first problem (see describe).
+    Returns the model instance."""
     from pydantic import ValidationError
 
     try:
-        return model.model_validate(document)  # type: ignore[attr-defined]
+        return model.model_validate(document)  # type: ignore[attr-defined, no-any-return]
     except ValidationError as exc:
-        # first the problems inside a section the file has (what its author wrote), then the shallowest
-        written = set(document) if isinstance(document, dict) else set()
-        items = sorted(exc.errors(), key=lambda e: (not (len(e["loc"]) > 1 and e["loc"][0] in written),
-                                                    len(e["loc"])))
-        item = items[0]
-        more = f" (and {exc.error_count() - 1} more problems)" if exc.error_count() > 1 else ""
-        parts = [p for p in item["loc"] if not (isinstance(p, str) and "[" in p)]  # tagged-union labels
-        raise field_error(source, parts, _model_expectation(item) + more, error) from None
+        parts, expectation = describe(exc, document)
+        raise field_error(source, parts, expectation, error) from None
 
 
-def validate(document: Any, spec: Spec, source: str, *, error: type[E] = RuleFileError) -> Any:
-    """Check `document` against `spec` (a JSON Schema dict or a pydantic model class); `error` for the first
-    (shallowest) problem. Returns the model instance (pydantic) or the document (JSON Schema)."""
-    if isinstance(spec, Mapping):
-        _validate_schema(document, spec, source, error)
-        return document
-    return _validate_model(document, spec, source, error)
-
-
-def load_rule_file(path: str | Path, spec: Spec, *, error: type[E] = RuleFileError,
+def load_rule_file(path: str | Path, model: type[T], *, error: type[E] = RuleFileError,
                    versions: tuple[int, ...] | None = (1,),
-                   prepare: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None) -> Any:
+                   prepare: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None) -> T:
     """Read `path` (read_document), require a mapping whose `format_version` is one of `versions` (None: no
-    check), apply `prepare(path, document)` (e.g. `extends:`), then `validate` against `spec`."""
+    check), apply `prepare(path, document)` (e.g. `extends:`), then `validate` against `model`."""
     path = Path(path)
     document = read_document(path, error=error)
     if not isinstance(document, dict):
@@ -195,4 +177,19 @@ def load_rule_file(path: str | Path, spec: Spec, *, error: type[E] = RuleFileErr
         if version not in versions:
             expected = " or ".join(str(v) for v in versions)
             raise field_error(str(path), ["format_version"], f"expected {expected}, got {version!r}", error)
-    return validate(document, spec, str(path), error=error)
+    return validate(document, model, str(path), error=error)
+
+
+def load_rule_document(path: str | Path, model: type, *, error: type[E] = RuleFileError,
+                       versions: tuple[int, ...] | None = (1,),
+                       prepare: Callable[[Path, dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """load_rule_file for a caller that reads the file's plain data: the document, validated against `model`."""
+    documents: list[dict[str, Any]] = []
+
+    def keep(file: Path, document: dict[str, Any]) -> dict[str, Any]:
+        document = prepare(file, document) if prepare is not None else document
+        documents.append(document)
+        return document
+
+    load_rule_file(path, model, error=error, versions=versions, prepare=keep)
+    return documents[0]

@@ -1,6 +1,6 @@
 """The XID catalog (interface 1 of the helper brief): what each Xid means, NVIDIA's immediate action, and what must
-leave the job. Loaded from rules/xid.yaml, validated with jsonschema; a bad file fails with the file, the key and
-what was expected. attribution may import this module (the catalog is a contract, like the schema)."""
+leave the job. Loaded from rules/xid.yaml, validated against a pydantic model (XidFile); a bad file fails with the
+file, the key and what was expected. attribution may import this module (the catalog is a contract, like the schema)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from faultlens.collectors import environment
 from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
+from faultlens.collectors.rule_model import FileModel, FormatVersion1, Text
 from faultlens.resources import rule_file, shipped_rule_file
 
 DEFAULT_XID_PATH = shipped_rule_file("xid.yaml")  # packaged; load_xid_catalog reads rule_file
@@ -53,33 +56,24 @@ class XidCatalogError(RuleFileError):
     """rules/xid.yaml cannot be used: the message names the file, the key and what was expected."""
 
 
-_ENTRY_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["code", "name", "component", "action", "leave"],
-    "additionalProperties": False,
-    "properties": {
-        "code": {"type": "integer", "minimum": 0, "maximum": 65535},
-        "name": {"type": "string", "minLength": 1, "pattern": r"^[A-Z0-9_]+$"},
-        "component": {"enum": [c.value for c in XidComponent]},
-        "action": {"type": "string", "minLength": 1},
-        "investigatory": {"type": "string", "minLength": 1},
-        "leave": {"enum": [s.value for s in XidScope]},
-        "old_causes": {"type": "array", "items": {"enum": ["all", "H", "D", "A", "S", "B", "T", "F"]}},
-        "app_error": {"type": "boolean"},
-        "note": {"type": "string"},
-    },
-}
+class _Entry(FileModel):
+    code: Annotated[int, Field(ge=0, le=65535)]
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Z0-9_]+$")]
+    component: Literal[tuple(c.value for c in XidComponent)]  # type: ignore[valid-type]
+    action: Text
+    investigatory: Text | None = None
+    leave: Literal[tuple(s.value for s in XidScope)]  # type: ignore[valid-type]
+    old_causes: list[Literal["all", "H", "D", "A", "S", "B", "T", "F"]] = Field(default_factory=list)
+    app_error: bool = False
+    note: str = ""
 
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["format_version", "xids"],
-    "additionalProperties": False,
-    "properties": {
-        "format_version": {"const": FORMAT_VERSION},
-        "catalog_revision": {"type": "string"},
-        "xids": {"type": "array", "minItems": 1, "items": _ENTRY_SCHEMA},
-    },
-}
+
+class XidFile(FileModel):
+    """rules/xid.yaml."""
+
+    format_version: FormatVersion1
+    catalog_revision: str | None = None
+    xids: Annotated[list[_Entry], Field(min_length=1)]
 
 
 def _unknown(code: int) -> XidInfo:
@@ -116,7 +110,7 @@ class XidCatalog:
 
 def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
     """Validate a loaded YAML document and build the catalog."""
-    validate(document, SCHEMA, source, error=XidCatalogError)
+    validate(document, XidFile, source, error=XidCatalogError)
     entries: dict[int, XidInfo] = {}
     positions: dict[int, int] = {}
     app_errors = set()

@@ -159,7 +159,7 @@ def test_hostile_manifest_path_is_rejected(tiers: dict[str, Tier]) -> None:
         "format": "faultlens.shards/1", "step": 100, "world_size": 1,
         "files": [{"rank": 0, "path": "../../etc/passwd", "bytes": 1, "sha256": "0" * 64}]}))
     entry = CheckpointCatalog([tiers["durable"]]).scan()[0]
-    assert not entry.complete and "files.0.path" in entry.problem
+    assert not entry.complete and "files[0].path" in entry.problem
 
 
 @pytest.fixture(scope="module")

@@ -85,7 +85,7 @@ def test_cli_errors_are_one_line_and_nonzero(setup: dict, tmp_path: Path, capsys
     bad.write_text(text.replace("confidence_threshold: 0.6", "confidence_threshold: high"))
     assert main(["decide", "--store", setup["store"], "--policy", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert f"{bad}: confidence_threshold: expected a number, got 'high'" in err
+    assert f"{bad}: confidence_threshold: expected a valid number, got 'high'" in err
     assert len(err.strip().splitlines()) == 1
     assert main(["checkpoints", "--tiers", "tape=/dev/st0"]) == 2
     assert "expected local, peer or durable" in capsys.readouterr().err

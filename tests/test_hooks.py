@@ -231,12 +231,12 @@ def test_example_hooks_file_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     import yaml
 
     from faultlens.attribution.rulefile import validate_against
-    from faultlens.controller.hooks.config import HOOKS_SCHEMA
+    from faultlens.controller.hooks.config import HooksFile
     from tests.conftest import REPO_ROOT
 
     path = REPO_ROOT / "rules" / "hooks.example.yaml"
     document = yaml.safe_load(path.read_text())
-    validate_against(document, HOOKS_SCHEMA, str(path))
+    validate_against(document, HooksFile, str(path))
     monkeypatch.setenv("FAULTLENS_WEBHOOK_SECRET", "x")
     built = hooks_from_config([h for h in document["hooks"] if h["type"] != "entry_point"], source=str(path))
     assert [h.name for h in built] == ["controller", "requeue", "spool"]

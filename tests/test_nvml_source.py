@@ -223,7 +223,7 @@ def test_timeline_file_is_valid_and_realistic():
 
 @pytest.mark.parametrize(("mutate", "expected"), [
     (lambda d: d["gpus"][0]["values"].update(temp_c="hot"),
-     "gpus[0].values.temp_c: expected a number or null, got 'hot'"),
+     "gpus[0].values.temp_c: expected a valid number, got 'hot'"),
     (lambda d: d["defaults"].update(fan_rpm=3), "defaults.fan_rpm: unknown key (not allowed here)"),
     (lambda d: d["timeline"][0].update(gpu=9), "timeline[0].gpu: expected one of the GPU indexes [0, 1, 2, 3, 4, "),
     (lambda d: d["timeline"][1]["event"].update(kind="meltdown"), "timeline[1].event.kind: expected one of "),

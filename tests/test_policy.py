@@ -280,11 +280,11 @@ def test_bad_yaml_names_the_file_and_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("edit", "expected"), [
     (lambda t: t.replace("confidence_threshold: 0.6", "confidence_threshold: 2"),
-     ": confidence_threshold: expected a number at most 1, got 2"),
+     ": confidence_threshold: expected less than or equal to 1, got 2"),
     (lambda t: t.replace("format_version: 1", "format_version: 7"), ": format_version: expected 1, got 7"),
     (lambda t: t.replace("action: drain", "action: reboot"),
      ": rules[0].action: expected one of failover, escalate, notify, drain, got 'reboot'"),
-    (lambda t: t.replace("    unknown: 2", "    cosmic: 2"), ": retry_budget.by_cause: expected one of "),
+    (lambda t: t.replace("    unknown: 2", "    cosmic: 2"), ": retry_budget.by_cause.cosmic: expected one of "),
     (lambda t: t.replace("when: {cause: [gpu_hardware,", "when: {cause: [software, gpu_hardware,"),
      ": rules[3].when.cause: a failover rule may not match a never_failover cause (software)"),
     (lambda t: t.replace("  - id: default-escalate\n    when: {}\n", "  - id: default-escalate\n"

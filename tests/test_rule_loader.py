@@ -93,3 +93,31 @@ def test_cli_prints_a_policy_mistake_as_one_line_and_exits_2(tmp_path, store_dir
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"faultlens decide: error: {path}: rules[")
     assert "expected one of crash" in lines[0] and "got 'crsh'" in lines[0]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # a pattern reads as the text it must match; a tagged union's tag is no part of the field path
+    ("format_version: 1\nhooks:\n  - {type: file, name: 'bad name!', directory: /x}\n",
+     r"hooks\[0\]\.name: expected text matching \^\[A-Za-z0-9_\.-\]\{1,64\}\$, got 'bad name!'$"),
+    ("format_version: 1\nhooks:\n  - {type: webhook, url: 'http://x', retry: {attempts: 0}}\n",
+     r"hooks\[0\]\.retry\.attempts: expected greater than or equal to 1, got 0$"),
+    # no coercion: a quoted number is no number
+    ("format_version: 1\nhooks:\n  - {type: command, command: x, timeout_s: '5'}\n",
+     r"hooks\[0\]\.timeout_s: expected a valid number, got '5'$"),
+])
+def test_model_problems_name_the_field_as_the_file_spells_it(tmp_path, text, expected):
+    path = tmp_path / "hooks.yaml"
+    path.write_text(text)
+    with pytest.raises(RuleFileError) as caught:
+        load_hooks(path)
+    assert _shape(path, expected).match(str(caught.value)), str(caught.value)
+
+
+def test_a_timeline_step_that_does_nothing_is_refused():
+    document = load_timeline(REPO_ROOT / "tests" / "data" / "gpu" / "timeline-8gpu.yaml")
+    document["timeline"].append({"at": 1, "gpu": 0})
+    from faultlens.collectors.recorded_backend import validate_timeline
+
+    with pytest.raises(RuleFileError, match=r"^t: timeline\[\d+\]: expected at least one of set, event, lost, "
+                                            r"reset_required$"):
+        validate_timeline(document, "t")

@@ -81,7 +81,7 @@ def _good() -> dict:
     (lambda d: d["xids"][3].update(leave="rack"),
      ["xids[3].leave: expected one of none, gpu, node, unknown, got 'rack'"]),
     (lambda d: d["xids"][0].pop("component"), ["xids[0].component: required key is missing"]),
-    (lambda d: d["xids"][1].update(code="31"), ["xids[1].code: expected an integer, got '31'"]),
+    (lambda d: d["xids"][1].update(code="31"), ["xids[1].code: expected a valid integer, got '31'"]),
     (lambda d: d.update(format_version=2), ["format_version: expected 1, got 2"]),
     (lambda d: d["xids"][2].update(colour="red"), ["xids[2].colour: unknown key (not allowed here)"]),
     (lambda d: d["xids"].append(dict(d["xids"][0])),

@@ -13,11 +13,13 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Literal
 
-import jsonschema
+from pydantic import ConfigDict, Field, ValidationError
 
 from faultlens.collectors.errors import FaultlensError
+from faultlens.collectors.rule_loader import describe, key_path
+from faultlens.collectors.rule_model import FileModel, NonNegativeInt
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "faultlens.shards/1"
@@ -63,33 +65,29 @@ class Manifest:
         return json.dumps(document, indent=1, sort_keys=True).encode()
 
 
-MANIFEST_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["format", "step", "world_size", "files"],
-    "properties": {
-        "format": {"const": MANIFEST_FORMAT},
-        "step": {"type": "integer", "minimum": 0},
-        "world_size": {"type": "integer", "minimum": 1},
-        "layout": {"enum": ["shards", "dcp"]},
-        "created_at": {"type": ["string", "null"]},
-        "node": {"type": ["string", "null"]},
-        "job_id": {"type": ["string", "null"]},
-        "files": {
-            "type": "array", "minItems": 1,
-            "items": {
-                "type": "object", "required": ["path", "bytes", "sha256"],
-                "properties": {
-                    "rank": {"type": ["integer", "null"], "minimum": 0},
-                    # relative, no parent references: a hostile manifest cannot point outside its directory
-                    "path": {"type": "string", "pattern": r"^(?!/)(?!.*(^|/)\.\.(/|$))[^\\\x00]+$"},
-                    "bytes": {"type": "integer", "minimum": 0},
-                    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                },
-            },
-        },
-    },
-}
-_VALIDATOR = jsonschema.Draft202012Validator(MANIFEST_SCHEMA)
+class _Open(FileModel):
+    model_config = ConfigDict(extra="ignore", regex_engine="python-re")  # a later writer may add keys
+
+
+class _File(_Open):
+    rank: NonNegativeInt | None = None
+    # relative, no parent references: a hostile manifest cannot point outside its directory
+    path: Annotated[str, Field(pattern=r"^(?!/)(?!.*(^|/)\.\.(/|$))[^\\\x00]+$")]
+    bytes: NonNegativeInt
+    sha256: Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
+
+
+class ManifestDocument(_Open):
+    """manifest.json, "faultlens.shards/1"."""
+
+    format: Literal["faultlens.shards/1"]
+    step: NonNegativeInt
+    world_size: Annotated[int, Field(ge=1)]
+    layout: Literal["shards", "dcp"] = "shards"
+    created_at: str | None = None
+    node: str | None = None
+    job_id: str | None = None
+    files: Annotated[list[_File], Field(min_length=1)]
 
 
 def parse_manifest(data: bytes, source: str) -> Manifest:
@@ -97,10 +95,11 @@ def parse_manifest(data: bytes, source: str) -> Manifest:
         document = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{source}: not JSON: {exc}") from None
-    errors = sorted(_VALIDATOR.iter_errors(document), key=lambda e: len(e.absolute_path))
-    if errors:
-        where = ".".join(str(p) for p in errors[0].absolute_path) or "(top level)"
-        raise ManifestError(f"{source}: {where}: {errors[0].message}")
+    try:
+        ManifestDocument.model_validate(document)
+    except ValidationError as exc:
+        parts, expectation = describe(exc, document)
+        raise ManifestError(f"{source}: {key_path(parts)}: {expectation}") from None
     ranks = [f.get("rank") for f in document["files"] if f.get("rank") is not None]
     if any(rank >= document["world_size"] for rank in ranks):
         raise ManifestError(f"{source}: files: a rank is >= world_size {document['world_size']}")

@@ -11,12 +11,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import fsspec
+from pydantic import Field
 
-from faultlens.attribution.rulefile import RuleFileError, load_yaml_file
+from faultlens.attribution.rulefile import RuleFileError, load_rule_document
 from faultlens.collectors.errors import FaultlensError
+from faultlens.collectors.rule_model import FileModel, FormatVersion1, Text
 
 
 class TierKind(StrEnum):
@@ -77,24 +79,18 @@ def parse_tier_spec(spec: str, storage_options: Mapping[str, Any] | None = None)
     return Tier(kind, url.strip(), node.strip() or None, tuple(sorted((storage_options or {}).items())))
 
 
-TIERS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["format_version", "tiers"],
-    "properties": {
-        "format_version": {"const": 1},
-        "tiers": {
-            "type": "array", "minItems": 1,
-            "items": {
-                "type": "object", "additionalProperties": False, "required": ["kind", "url"],
-                "properties": {"kind": {"enum": ["local", "peer", "durable"]}, "url": {"type": "string",
-                                                                                       "minLength": 1},
-                               "node": {"type": "string", "minLength": 1},
-                               "storage_options": {"type": "object"}},
-            },
-        },
-    },
-}
+class _TierItem(FileModel):
+    kind: Literal["local", "peer", "durable"]
+    url: Text
+    node: Text | None = None
+    storage_options: dict[str, Any] | None = None
+
+
+class TiersFile(FileModel):
+    """A tiers file: `format_version: 1` and `tiers: [{kind, url, node?, storage_options?}]`."""
+
+    format_version: FormatVersion1
+    tiers: Annotated[list[_TierItem], Field(min_length=1)]
 
 
 def tiers_from_config(items: Iterable[Mapping[str, Any]], source: str = "tiers") -> list[Tier]:
@@ -111,7 +107,7 @@ def tiers_from_config(items: Iterable[Mapping[str, Any]], source: str = "tiers")
 def load_tiers(path: str | Path) -> list[Tier]:
     """A YAML file: `format_version: 1` and `tiers: [{kind, url, node?, storage_options?}]`."""
     try:
-        document = load_yaml_file(path, TIERS_SCHEMA)
+        document = load_rule_document(path, TiersFile)
     except RuleFileError as exc:
         raise TierError(str(exc)) from None
     return tiers_from_config(document["tiers"], source=str(path))

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from faultlens.attribution.rulefile import RuleFileError, load_yaml_file, validate_against
+from pydantic import Field
+
+from faultlens.attribution.rulefile import RuleFileError, load_rule_document, validate_against
+from faultlens.collectors.rule_model import FileModel, FormatVersion1, NonNegative, Text
 from faultlens.controller.hooks.base import Hook, RetryPolicy
 from faultlens.controller.hooks.command import CommandHook
 from faultlens.controller.hooks.entrypoint import EntryPointHookError, load_entry_point_hook
@@ -27,48 +30,55 @@ class HookConfigError(RuleFileError):
     """A hooks file or item is invalid: `<file>: <key>: <expectation>`."""
 
 
-_NAME = {"type": "string", "pattern": r"^[A-Za-z0-9_.-]{1,64}$"}
-_RETRY = {"type": "object", "additionalProperties": False,
-          "properties": {"attempts": {"type": "integer", "minimum": 1}, "initial_s": {"type": "number", "minimum": 0},
-                         "factor": {"type": "number", "minimum": 1}, "max_s": {"type": "number", "minimum": 0}}}
-_COMMON = {"type": {}, "name": _NAME, "retry": _RETRY}
+_Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+_Positive = Annotated[float, Field(gt=0)]
 
-HOOKS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["format_version", "hooks"],
-    "properties": {
-        "format_version": {"const": 1},
-        "hooks": {"type": "array", "items": {"$ref": "#/$defs/hook"}},
-    },
-    "$defs": {
-        "hook": {
-            "type": "object",
-            "required": ["type"],
-            "properties": {"type": {"enum": ["webhook", "command", "file", "entry_point"]}},
-            "allOf": [
-                {"if": {"properties": {"type": {"const": "webhook"}}},
-                 "then": {"required": ["url"], "additionalProperties": False, "properties": {
-                     **_COMMON, "url": {"type": "string", "pattern": "^https?://"}, "secret": {"type": "string"},
-                     "secret_env": {"type": "string"}, "timeout_s": {"type": "number", "exclusiveMinimum": 0},
-                     "headers": {"type": "object", "additionalProperties": {"type": "string"}}}}},
-                {"if": {"properties": {"type": {"const": "command"}}},
-                 "then": {"required": ["command"], "additionalProperties": False, "properties": {
-                     **_COMMON, "command": {"oneOf": [{"type": "string", "minLength": 1},
-                                                      {"type": "array", "minItems": 1,
-                                                       "items": {"type": "string"}}]},
-                     "timeout_s": {"type": "number", "exclusiveMinimum": 0}, "cwd": {"type": "string"},
-                     "env": {"type": "object", "additionalProperties": {"type": "string"}}}}},
-                {"if": {"properties": {"type": {"const": "file"}}},
-                 "then": {"required": ["directory"], "additionalProperties": False, "properties": {
-                     **_COMMON, "directory": {"type": "string", "minLength": 1}}}},
-                {"if": {"properties": {"type": {"const": "entry_point"}}},
-                 "then": {"required": ["entry_point"], "additionalProperties": False, "properties": {
-                     **_COMMON, "entry_point": {"type": "string", "minLength": 1}, "options": {"type": "object"}}}},
-            ],
-        }
-    },
-}
+
+class _Retry(FileModel):
+    attempts: Annotated[int, Field(ge=1)] | None = None
+    initial_s: NonNegative | None = None
+    factor: Annotated[float, Field(ge=1)] | None = None
+    max_s: NonNegative | None = None
+
+
+class _Hook(FileModel):
+    name: _Name | None = None
+    retry: _Retry | None = None
+
+
+class _Webhook(_Hook):
+    type: Literal["webhook"]
+    url: Annotated[str, Field(pattern="^https?://")]
+    secret: str | None = None
+    secret_env: str | None = None
+    timeout_s: _Positive | None = None
+    headers: dict[str, str] | None = None
+
+
+class _Command(_Hook):
+    type: Literal["command"]
+    command: Text | Annotated[list[str], Field(min_length=1)]
+    timeout_s: _Positive | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+
+
+class _FileDrop(_Hook):
+    type: Literal["file"]
+    directory: Text
+
+
+class _EntryPoint(_Hook):
+    type: Literal["entry_point"]
+    entry_point: Text
+    options: dict[str, Any] | None = None
+
+
+class HooksFile(FileModel):
+    """A hooks file (rules/hooks.example.yaml)."""
+
+    format_version: FormatVersion1
+    hooks: list[Annotated[_Webhook | _Command | _FileDrop | _EntryPoint, Field(discriminator="type")]]
 
 
 def _retry(item: Mapping[str, Any]) -> RetryPolicy | None:
@@ -79,7 +89,7 @@ def _retry(item: Mapping[str, Any]) -> RetryPolicy | None:
 def hooks_from_config(items: Iterable[Mapping[str, Any]], *, source: str = "hooks") -> list[Hook]:
     """Build hooks from config items (validated here too, so arguments get the same checks as a file)."""
     items = list(items)
-    validate_against({"format_version": 1, "hooks": items}, HOOKS_SCHEMA, source, error=HookConfigError)
+    validate_against({"format_version": 1, "hooks": items}, HooksFile, source, error=HookConfigError)
     hooks: list[Hook] = []
     names: set[str] = set()
     for index, item in enumerate(items):
@@ -108,5 +118,5 @@ def hooks_from_config(items: Iterable[Mapping[str, Any]], *, source: str = "hook
 
 
 def load_hooks(path: str | Path) -> list[Hook]:
-    document = load_yaml_file(path, HOOKS_SCHEMA, error=HookConfigError)
+    document = load_rule_document(path, HooksFile, error=HookConfigError)
     return hooks_from_config(document["hooks"], source=str(path))
