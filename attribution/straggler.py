@@ -229,14 +229,20 @@ class StragglerDetector:
 
     def _persistent(self, flags: np.ndarray, valid: np.ndarray, *, pairwise: bool = False) -> np.ndarray:
         """steps x k: persistent at step s (flagged in >= persistence of the last window_steps valid steps;
-        `pairwise`: each column was compared with one partner only, which needs pairwise_persistence)."""
+        `pairwise`: each column was compared with one partner only, which needs pairwise_persistence).
+        A window not yet full (the first steps of an attempt, at least min_window_steps) needs stronger evidence,
+        rising linearly from the persistence at a full window to every step flagged at no steps: a few
+        contention spikes in the first steps of a loaded machine are not a straggler, a rank slow in every step
+        is one from min_window_steps on."""
         w = self.t.window_steps
         needed = max(self.t.persistence, self.t.pairwise_persistence) if pairwise else self.t.persistence
         counts = rolling_sum(valid.astype(float)[:, None], w)
         hits = rolling_sum(flags & valid[:, None], w)
         with np.errstate(invalid="ignore", divide="ignore"):
             fraction = np.where(counts > 0, hits / np.maximum(counts, 1), 0.0)
-        return (fraction >= needed) & (counts >= self.t.min_window_steps)
+        missing = np.clip(1.0 - counts / w, 0.0, 1.0)
+        needed_here = needed + (1.0 - needed) * missing
+        return (fraction >= needed_here - 1e-9) & (counts >= self.t.min_window_steps)
 
     def _window(self, steps: list[int], step: int) -> list[int]:
         position = steps.index(step)
