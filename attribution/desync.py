@@ -10,7 +10,7 @@ strict majority when the mismatch was reported went past one of them (a skipped 
 ahead). Ranks behind are not named (a heartbeat still on its way looks behind), nor is the reporter. With no rank
 ahead (after `desync_wait_s` for the last heartbeats), nobody is named: the incident says the job desynchronised
 and the policy escalates it. A hang whose dumps show a cycle nothing in them can order is broken the same way
-(attribution/progress.py).
+(attribution/progress/).
 
 The patterns are rules (rules/crash.yaml `mismatch_patterns`); confidences: `hang-desync-apart`,
 `hang-desync-no-culprit`.

@@ -1,4 +1,4 @@
-"""`faultlens goodput --store S --job J`: ETTR and badput by cause (definitions in attribution/goodput.py)."""
+"""`faultlens goodput --store S --job J`: ETTR and badput by cause (definitions in attribution/goodput/)."""
 
 from __future__ import annotations
 
