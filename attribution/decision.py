@@ -3,7 +3,7 @@
 One decision per incident (its id is derived from the incident id), as a frozen dataclass and as a versioned JSON
 document ("schema": "faultlens.decision/1", docs/design.md "Decision contract") validated by the pydantic model
 DecisionDocument; DECISION_JSON_SCHEMA publishes the same contract as a JSON Schema.
-The row form is the `decisions` table of collectors/schema.py; the table is append-only: a later row with the same
+The row form is the `decisions` table of collectors/store/schema.py; the table is append-only: a later row with the same
 decision_id and hook records a delivery status, the latest row per (decision_id, hook) wins.
 """
 

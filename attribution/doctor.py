@@ -13,8 +13,8 @@ from enum import StrEnum
 
 from faultlens.attribution.maintenance import stale_temps
 from faultlens.attribution.segment_check import check_segment, deep_check
-from faultlens.collectors.layout import StoreLocation, list_partitions, list_segments, probe_store, resolve_store
-from faultlens.collectors.schema import TABLE_NAMES
+from faultlens.collectors.store.layout import StoreLocation, list_partitions, list_segments, probe_store, resolve_store
+from faultlens.collectors.store.schema import TABLE_NAMES
 
 QUARANTINE_DIR = "_quarantine"
 

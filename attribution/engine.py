@@ -42,8 +42,8 @@ from faultlens.attribution.store import Store
 from faultlens.attribution.straggler import StragglerDetector
 from faultlens.attribution.tail import NewSegment, SegmentTail
 from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
-from faultlens.collectors.layout import StoreLocation, safe_value
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.layout import StoreLocation, safe_value
+from faultlens.collectors.store.sink import SegmentSink
 
 log = logging.getLogger(__name__)
 

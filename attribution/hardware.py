@@ -1,7 +1,7 @@
 """GPU events as evidence: which hardware events on a node (or on one GPU) fall near a failure, and what they mean.
 
 Used by crash attribution (a rank died: was its GPU at fault?) and by hang attribution (a rank never joined a
-collective: did its GPU fall off the bus?). XID meanings come from the XID catalog (collectors/xid_catalog.py, a
+collective: did its GPU fall off the bus?). XID meanings come from the XID catalog (collectors/sources/xid_catalog.py, a
 contract like the schema); which event kinds count and the time window come from rules/crash.yaml.
 """
 
@@ -31,8 +31,8 @@ class XidCatalogLike(Protocol):
 
 
 def default_xid_catalog() -> XidCatalogLike:
-    """The catalog in rules/xid.yaml, through collectors/xid_catalog.py."""
-    from faultlens.collectors.xid_catalog import load_xid_catalog
+    """The catalog in rules/xid.yaml, through collectors/sources/xid_catalog.py."""
+    from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 
     return load_xid_catalog()
 

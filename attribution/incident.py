@@ -1,7 +1,7 @@
 """The incident type: one attributed failure, its class, cause, culprits, evidence and the rule that fired.
 
 Shared by the engine (which produces incidents) and the policy (which turns them into decisions); the row form is
-the `incidents` table of collectors/schema.py.
+the `incidents` table of collectors/store/schema.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.attribution.segment_check import check_segment
-from faultlens.collectors.layout import (
+from faultlens.collectors.store.layout import (
     COMPACTED_PREFIX,
     REPLACES_KEY,
     StoreLocation,
@@ -31,7 +31,7 @@ from faultlens.collectors.layout import (
     write_segment,
     writer_is_gone,
 )
-from faultlens.collectors.schema import TABLE_NAMES, validate
+from faultlens.collectors.store.schema import TABLE_NAMES, validate
 
 log = logging.getLogger("faultlens.maintenance")
 TEMP_MAX_AGE_S = 3600.0  # a temporary file older than this is removed whoever wrote it (a write takes seconds)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from faultlens.collectors.layout import StoreLocation
-from faultlens.collectors.schema import METADATA_TABLE_KEY, as_ns_type, schema_for
+from faultlens.collectors.store.layout import StoreLocation
+from faultlens.collectors.store.schema import METADATA_TABLE_KEY, as_ns_type, schema_for
 
 
 @dataclass(frozen=True)

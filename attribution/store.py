@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from faultlens.attribution.segment_check import BadSegment, deep_check, inspect_segment
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
-from faultlens.collectors.schema import TABLE_NAMES, as_ns_type, empty_table, schema_for
+from faultlens.collectors.store.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
+from faultlens.collectors.store.schema import TABLE_NAMES, as_ns_type, empty_table, schema_for
 
 log = logging.getLogger("faultlens.store")
 _MAX_VANISHED_RETRIES = 8  # refresh-and-retry rounds of one query whose segments vanish under it

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from faultlens.collectors.layout import COMPACTED_PREFIX, replaced_by
-from faultlens.collectors.schema import SchemaError, empty_table, schema_for, validate
+from faultlens.collectors.store.layout import COMPACTED_PREFIX, replaced_by
+from faultlens.collectors.store.schema import SchemaError, empty_table, schema_for, validate
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from faultlens.collectors.schema import TABLES, empty_table
+from faultlens.collectors.store.schema import TABLES, empty_table
 
 SECTION_PREFIX = "sec:"
 SAMPLE_COLUMNS = ("ts", "node", "gpu_index", "gpu_uuid", "pci_bus_id", "temp_c", "hbm_temp_c", "power_w",

@@ -336,7 +336,7 @@ def _key_gets(data: bytes, keys: frozenset[str]) -> tuple[list[tuple[int, str, i
 
 
 def _key_swap_edits(data: bytes) -> list[tuple[int, str, int]]:
-    from faultlens.collectors.fr_fastpickle import ENTRY_KEYS
+    from faultlens.collectors.artifacts.fr_fastpickle import ENTRY_KEYS
 
     gets, names = _key_gets(data, frozenset(ENTRY_KEYS))
     return [(pos, name, other) for pos, name, index in gets for other in sorted(names)
@@ -376,7 +376,7 @@ def key_swap_stream(seed: int) -> Any:
 
 def digest(dump: Any) -> list[Any]:
     """What reaches the rows, comparable between the two readers."""
-    from faultlens.collectors.flight_recorder import _config_ranks, _status_value
+    from faultlens.collectors.artifacts.flight_recorder import _config_ranks, _status_value
 
     out: list[Any] = [dump.rank, dump.n, dump.version, dump.world_size, dump.node, dump.comm_lib_version]
     for key, (values, valid) in sorted(dump.ints.items()):
@@ -398,8 +398,8 @@ def digest(dump: Any) -> list[Any]:
 
 
 def _one(data: bytes, name: str, fast: bool, assemble: bool) -> tuple[str, Any, float]:
-    from faultlens.collectors.flight_recorder import DumpFileError, _Assembly, load_dump_bytes
-    from faultlens.collectors.schema import TABLES
+    from faultlens.collectors.artifacts.flight_recorder import DumpFileError, _Assembly, load_dump_bytes
+    from faultlens.collectors.store.schema import TABLES
 
     started = time.perf_counter()
     try:

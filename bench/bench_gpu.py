@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from faultlens.collectors.kmsg import KernelLogParser  # noqa: E402
-from faultlens.collectors.nvml_source import NvmlSource  # noqa: E402
-from faultlens.collectors.recorded_backend import RecordedBackend  # noqa: E402
-from faultlens.collectors.schema import rows_to_table  # noqa: E402
-from faultlens.collectors.source import NodeIdentity  # noqa: E402
+from faultlens.collectors.sources.kmsg import KernelLogParser  # noqa: E402
+from faultlens.collectors.sources.nvml_source import NvmlSource  # noqa: E402
+from faultlens.collectors.sources.recorded_backend import RecordedBackend  # noqa: E402
+from faultlens.collectors.sources.source import NodeIdentity  # noqa: E402
+from faultlens.collectors.store.schema import rows_to_table  # noqa: E402
 
 TIMELINE = ROOT / "tests" / "data" / "gpu" / "timeline-8gpu.yaml"
 GPU_LINES = [

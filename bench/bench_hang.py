@@ -235,7 +235,7 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
 _WARM_RUN = """
 import sys
 from faultlens.attribution.hang import analyze_collectives
-from faultlens.collectors.flight_recorder import read_dump_dir
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 analyze_collectives(read_dump_dir(sys.argv[1], fast_path=True).table)
 """
 
@@ -243,7 +243,7 @@ _LIBRARY_RUN = """
 import json, sys, time
 t = time.perf_counter()
 from faultlens.attribution.hang import COLUMNS, analyze_collectives
-from faultlens.collectors.flight_recorder import read_dump_dir
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 dumps = read_dump_dir(sys.argv[1], columns=COLUMNS, dictionary=True, max_frames=0)
 read_s = time.perf_counter() - t
 report = analyze_collectives(dumps.table)
@@ -310,9 +310,9 @@ def bench_torch(directory: Path, world: int, timeout: float) -> dict[str, object
 
 def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, object]:
     sys.path.insert(0, str(REPO_ROOT))
-    from faultlens.collectors.flight_recorder import read_dump_dir
-    from faultlens.collectors.safe_pickle import safe_load
-    from faultlens.collectors.schema import rows_to_table
+    from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+    from faultlens.collectors.artifacts.safe_pickle import safe_load
+    from faultlens.collectors.store.schema import rows_to_table
 
     files = sorted(directory.glob("_dump_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
     started = time.perf_counter()

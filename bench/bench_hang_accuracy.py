@@ -60,8 +60,8 @@ print(json.dumps({"text": text, "result": result}))
 
 def _faultlens(directory: Path, dumps: Path, stacks: bool) -> tuple[tuple[int, ...], float]:
     from faultlens.attribution.hang import analyze_collectives
-    from faultlens.collectors.flight_recorder import read_dump_dir
-    from faultlens.collectors.pystack import load_stack_dir
+    from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+    from faultlens.collectors.sources.pystack import load_stack_dir
 
     started = time.perf_counter()
     table = read_dump_dir(dumps).table

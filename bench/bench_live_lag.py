@@ -31,8 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.common import emit, machine  # noqa: E402
 from faultlens.attribution.incident import Incident  # noqa: E402
-from faultlens.collectors.layout import list_segments, resolve_store  # noqa: E402
-from faultlens.collectors.sink import SegmentSink  # noqa: E402
+from faultlens.collectors.store.layout import list_segments, resolve_store  # noqa: E402
+from faultlens.collectors.store.sink import SegmentSink  # noqa: E402
 
 T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(hours=1)
 

@@ -3,7 +3,7 @@ lines (tests/data/gpu/: a real node's kern.log, real dcgm-exporter scrapes of bo
 
     python -m bench.bench_parse_fuzz [--kmsg 100000] [--dcgm 100000] [--seed 16]
 
-Each input goes through what a poll does with it: parse, rows, Arrow batch (collectors/row_guard.py). Counted:
+Each input goes through what a poll does with it: parse, rows, Arrow batch (collectors/store/row_guard.py). Counted:
 crashes (an exception escaping `KernelLogParser.feed` / `DcgmParser.parse`, which say they never raise), internal
 errors the parsers contained (a bad line whose reason is an exception type), bad lines, rows the batch refused,
 peak RSS, the slowest input and the worst time per KB over inputs of at least 1 KB (64 KB is the longest line the
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit, machine, peak_rss_mb
-from faultlens.collectors.dcgm import DcgmParser
-from faultlens.collectors.kmsg import KernelLogParser, events_to_rows
-from faultlens.collectors.row_guard import guarded_batch
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.dcgm import DcgmParser
+from faultlens.collectors.sources.kmsg import KernelLogParser, events_to_rows
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.row_guard import guarded_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "gpu"

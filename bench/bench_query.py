@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.common import emit, machine, timed
-from faultlens.collectors.layout import partition_dir, resolve_store
-from faultlens.collectors.schema import TABLES, ts_array
+from faultlens.collectors.store.layout import partition_dir, resolve_store
+from faultlens.collectors.store.schema import TABLES, ts_array
 
 SECTIONS = ["data", "forward", "backward", "optimizer", "comm"]
 OUT = Path(__file__).resolve().parent / "out"

@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from bench.common import emit, machine, timed
-from faultlens.collectors.schema import validate
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.schema import validate
+from faultlens.collectors.store.sink import SegmentSink
 
 SECTIONS = ["data", "forward", "backward", "optimizer", "comm"]
 

@@ -36,7 +36,7 @@ def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def _store(root: Path) -> Path:
-    from faultlens.collectors.sink import SegmentSink
+    from faultlens.collectors.store.sink import SegmentSink
 
     store = root / "store"
     now = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)

@@ -108,7 +108,7 @@ def bench_whatif(cache: Path, reuse: Path | None = None) -> list[dict]:
     observed arrivals (now), and the pipeline model alone (whatif.sync_arrivals false: the estimate before)."""
     from faultlens.attribution.engine import Engine, attribute
     from faultlens.attribution.rules import load_thresholds
-    from faultlens.collectors.xid_catalog import load_xid_catalog
+    from faultlens.collectors.sources.xid_catalog import load_xid_catalog
     from tests.torch_jobs.straggler_jobs import CASES, generate
 
     names = [n for n in CASES if not CASES[n].hog]

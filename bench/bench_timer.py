@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 import pandas as pd
 
 from bench.common import emit, machine
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.step_timer import RankIdentity, StepTimer
+from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 
 NAMES = ("data", "forward", "attention", "backward", "comm", "optimizer", "checkpoint", "logging", "eval", "misc")
 

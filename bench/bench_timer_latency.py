@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 from bench.common import emit, machine
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.step_timer import RankIdentity, StepTimer
+from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 
 IDENTITY = RankIdentity(rank=0, job_id="bench", node="n")
 

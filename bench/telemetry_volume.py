@@ -43,8 +43,8 @@ if str(REPO) not in sys.path:
 
 from bench.common import emit, machine  # noqa: E402
 from faultlens.attribution.maintenance import compact  # noqa: E402
-from faultlens.collectors.flight_recorder import read_dump_dir  # noqa: E402
-from faultlens.collectors.sink import SegmentSink  # noqa: E402
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir  # noqa: E402
+from faultlens.collectors.store.sink import SegmentSink  # noqa: E402
 
 T0 = dt.datetime(2026, 11, 30, 0, 0, tzinfo=dt.UTC)
 FR_DUMPS = REPO / "tests" / "data" / "nccl-fr-gpu_error_2nd"

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.attribution.decision import Decision, DecisionError, DeliveryStatus
-from faultlens.collectors.layout import StoreError, StoreLocation, list_segments, resolve_store
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.layout import StoreError, StoreLocation, list_segments, resolve_store
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.hooks.base import Hook, PermanentHookError, RetryPolicy
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -90,8 +90,8 @@ def ingest_torch_artifacts(artifact: Path, store: Path, *, dumps: str | None = N
     flight-recorder dump directory (the dump reader)."""
     import shutil
 
-    from faultlens.collectors.flight_recorder import read_dump_dir
-    from faultlens.collectors.process_events import collect_paths
+    from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+    from faultlens.collectors.sources.process_events import collect_paths
 
     if (artifact / "store").is_dir():
         shutil.copytree(artifact / "store", store, dirs_exist_ok=True)
@@ -103,7 +103,7 @@ def ingest_torch_artifacts(artifact: Path, store: Path, *, dumps: str | None = N
         with SegmentSink(str(store), flush_rows=10_000_000, flush_age_s=3600) as sink:
             sink.write("process_events", collected.table())
     if dumps is not None:
-        from faultlens.collectors.source import NodeIdentity
+        from faultlens.collectors.sources.source import NodeIdentity
 
         identity = NodeIdentity(node=None, job_id=job) if job else None  # type: ignore[arg-type]
         dump_set = read_dump_dir(artifact / dumps, identity=identity)

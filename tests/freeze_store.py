@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.layout import safe_value
-from faultlens.collectors.schema import TABLES, validate
+from faultlens.collectors.store.layout import safe_value
+from faultlens.collectors.store.schema import TABLES, validate
 
 FROZEN = ("process_events", "ranks", "steps", "heartbeats", "collectives")
 

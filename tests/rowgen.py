@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from faultlens.collectors.schema import schema_for
+from faultlens.collectors.store.schema import schema_for
 
 BASE_TS = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 

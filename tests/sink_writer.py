@@ -21,8 +21,8 @@ from typing import TextIO
 
 import pyarrow as pa
 
-from faultlens.collectors.schema import TABLES
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.schema import TABLES
+from faultlens.collectors.store.sink import SegmentSink
 
 
 def write_forever(store: str, seed: int, job: str, out: TextIO) -> None:

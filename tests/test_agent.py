@@ -12,12 +12,12 @@ import pyarrow as pa
 import pytest
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.agent import NodeAgent
-from faultlens.collectors.kmsg import KmsgSource
-from faultlens.collectors.nvml_source import NvmlSource
-from faultlens.collectors.recorded_backend import RecordedBackend
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.agent import NodeAgent
+from faultlens.collectors.sources.kmsg import KmsgSource
+from faultlens.collectors.sources.nvml_source import NvmlSource
+from faultlens.collectors.sources.recorded_backend import RecordedBackend
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.sink import SegmentSink
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 TIMELINE = DATA_DIR / "gpu" / "timeline-8gpu.yaml"

@@ -100,7 +100,7 @@ def test_plan_roundtrip_and_targets() -> None:
 def test_recorded_gpu_fault_fires_on_marker(tmp_path: Path) -> None:
     """The supervisor-side recorded NVML backend stays healthy until a rank writes the node's marker, then the
     campaign's timeline entries (Xid 79, GPU lost) come through the real RecordedBackend."""
-    from faultlens.collectors.recorded_backend import RecordedBackend
+    from faultlens.collectors.sources.recorded_backend import RecordedBackend
     from faultlens.controller.supervisor.gpus import node_timeline
 
     campaign = load_campaign()
@@ -183,7 +183,7 @@ def test_sitecustomize_is_inert_outside_a_campaign(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(InjectionPlan((FaultSpec(id="x", kind="exception", rank=0, step=2),), {}, 1).to_json())
     env.update(FAULTLENS_LAB_DIR=str(tmp_path), FAULTLENS_LAB_PLAN=str(plan), FAULTLENS_NODE="node-0")
-    code = ("from faultlens.collectors.step_timer import StepTimer\n"
+    code = ("from faultlens.collectors.training.step_timer import StepTimer\n"
             "timer = StepTimer(None, start=False)\n"
             "for n in range(4):\n"
             "    with timer.step(n):\n"

@@ -19,7 +19,7 @@ import pytest
 from faultlens.attribution.decision import Action, Decision, Restore
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, load_policy
-from faultlens.collectors.schema import rows_to_table
+from faultlens.collectors.store.schema import rows_to_table
 from faultlens.controller.checkpoints import CheckpointCatalog, ChecksumStatus, Layout, Tier, TierKind, parse_tier_spec
 from faultlens.controller.checkpoints.manifest import Manifest, shard_entries
 from faultlens.controller.checkpoints.tiered import TieredCheckpointer

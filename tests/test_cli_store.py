@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main
 from tests.conftest import REPO_ROOT
 

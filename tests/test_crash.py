@@ -17,9 +17,9 @@ from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.rules import RulesError, load_crash_rules
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import load_from_store
-from faultlens.collectors.kmsg import read_kernel_log
-from faultlens.collectors.source import NodeIdentity
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.sources.kmsg import read_kernel_log
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from tests.engine_rows import T0, at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 CLOSED = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.dcgm import DcgmFetchError, DcgmParser, DcgmSource, read_scrape
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.dcgm import DcgmFetchError, DcgmParser, DcgmSource, read_scrape
+from faultlens.collectors.sources.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 OLD = DATA_DIR / "gpu" / "dcgm-exporter-old-names.prom"

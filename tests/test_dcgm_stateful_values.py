@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from faultlens.collectors.batches import rows_to_batch
-from faultlens.collectors.dcgm import DcgmParser
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.dcgm import DcgmParser
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.batches import rows_to_batch
 from tests.conftest import DATA_DIR
 
 NEW = DATA_DIR / "gpu" / "dcgm-exporter-new-names.prom"

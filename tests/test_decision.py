@@ -21,8 +21,8 @@ from faultlens.attribution.decision import (
 )
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.store import Store
-from faultlens.collectors.schema import rows_to_table
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.schema import rows_to_table
+from faultlens.collectors.store.sink import SegmentSink
 
 T0 = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 

@@ -10,7 +10,7 @@ import pytest
 
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.attribution.policy import DEFAULT_POLICY_PATH
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.checkpoints.manifest import Manifest, shard_entries
 from faultlens.controller.cli.main import main
 

@@ -33,9 +33,9 @@ from faultlens.attribution.incident import IncidentClass
 from faultlens.attribution.policy import DecisionPolicy
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
-from faultlens.collectors.flight_recorder import read_dump_dir
-from faultlens.collectors.pystack import load_stack_dir
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.sources.pystack import load_stack_dir
+from faultlens.collectors.sources.source import NodeIdentity
 
 DATA = Path(__file__).parent / "data"
 TEARDOWN = DATA / "teardown"

@@ -13,10 +13,10 @@ from faultlens.attribution.engine import Engine, Follower, attribute, write_new_
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.maintenance import compact
 from faultlens.attribution.store import Store
-from faultlens.collectors.kmsg import read_kernel_log
-from faultlens.collectors.layout import resolve_store
-from faultlens.collectors.source import NodeIdentity
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.sources.kmsg import read_kernel_log
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
+from faultlens.collectors.store.layout import resolve_store
 from faultlens.controller.cli.main import main
 from tests.engine_rows import at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
 

@@ -39,8 +39,8 @@ def test_every_project_error_class_derives_from_faultlens_error():
 
 
 def test_callers_that_catch_the_builtin_bases_still_catch_them():
-    from faultlens.collectors.layout import StoreError
     from faultlens.collectors.rule_loader import RuleFileError
+    from faultlens.collectors.store.layout import StoreError
     from faultlens.controller.hooks.base import HookError
 
     assert issubclass(StoreError, OSError) and issubclass(RuleFileError, ValueError)

@@ -12,7 +12,7 @@ import pytest
 from faultlens.attribution.evaluate import DecisionView, design_rules, evaluate, match
 from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass, write_labels
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main as cli
 
 T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)

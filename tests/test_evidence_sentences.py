@@ -17,7 +17,7 @@ import pytest
 
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import IncidentClass
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from tests.engine_rows import event, ranks_rows, steps_rows, write
 
 

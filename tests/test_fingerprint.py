@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faultlens.collectors.fingerprint import fingerprint, normalise_message, normalise_path, parse_traceback
-from faultlens.collectors.torchrun_report import parse_torchrun_output
+from faultlens.collectors.artifacts.fingerprint import fingerprint, normalise_message, normalise_path, parse_traceback
+from faultlens.collectors.artifacts.torchrun_report import parse_torchrun_output
 
 BUGGY = '''
 import os, sys

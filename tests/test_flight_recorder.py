@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.flight_recorder import (
+from faultlens.collectors.artifacts.flight_recorder import (
     DumpDirError,
     DumpFileError,
     find_dump_files,
@@ -24,8 +24,8 @@ from faultlens.collectors.flight_recorder import (
     read_dump_dir,
     read_dump_file,
 )
-from faultlens.collectors.safe_pickle import safe_load
-from faultlens.collectors.schema import TABLES
+from faultlens.collectors.artifacts.safe_pickle import safe_load
+from faultlens.collectors.store.schema import TABLES
 from tests import fr_builders as fb
 from tests.conftest import DATA_DIR, REPO_ROOT
 

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 _DIFFERENTIAL = textwrap.dedent("""
     import json, random, sys
     from pathlib import Path
-    from faultlens.collectors.flight_recorder import read_dump_dir
+    from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 
     seeds = [p.read_bytes() for p in sorted(Path(sys.argv[1]).glob("_dump_*"))]
     out = Path(sys.argv[2])

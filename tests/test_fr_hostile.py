@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from bench.bench_fr_fuzz import hostile_jsons, hostile_pickles
-from faultlens.collectors.flight_recorder import read_dump_dir
-from faultlens.collectors.safe_pickle import PickleLoadError, UnsafePickleError, _make_set, safe_loads
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, UnsafePickleError, _make_set, safe_loads
 from tests.conftest import DATA_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,7 +37,7 @@ def _nccl_set(directory: Path) -> Path:
 
 _READER = textwrap.dedent("""
     import json, resource, sys
-    from faultlens.collectors.flight_recorder import read_dump_dir
+    from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
     dumps = read_dump_dir(sys.argv[1], fast_path={fast})
     print(json.dumps({{"ranks": list(dumps.ranks), "rows": dumps.table.num_rows,
                       "errors": {{e.path.rsplit("/", 1)[-1]: str(e) for e in dumps.errors}},

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 _CHECK = textwrap.dedent(r'''
     import json, random, struct, sys
     from bench.bench_fr_fuzz import _apply_swap, _key_gets, _key_swap_edits, _one, seeds
-    from faultlens.collectors.fr_fastpickle import ENTRY_KEYS
+    from faultlens.collectors.artifacts.fr_fastpickle import ENTRY_KEYS
 
     class D:  # a dict written pair by pair: repeated keys stay repeated in the pickle
         def __init__(self, *pairs):

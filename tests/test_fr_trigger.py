@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.collectors.flight_recorder import read_dump_dir
-from faultlens.collectors.fr_trigger import FlightRecorderTrigger, repair_pg_config
-from faultlens.collectors.safe_pickle import safe_load
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.artifacts.safe_pickle import safe_load
+from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger, repair_pg_config
 from tests.conftest import REPO_ROOT
 
 PROBE = REPO_ROOT / "tests" / "torch_jobs" / "trigger_probe.py"

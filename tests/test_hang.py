@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from faultlens.attribution.hang import HangReport, HangVerdict, analyze_collectives
-from faultlens.collectors.flight_recorder import read_dump_dir
-from faultlens.collectors.safe_pickle import safe_load
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.artifacts.safe_pickle import safe_load
 from tests import fr_builders as fb
 from tests.conftest import DATA_DIR, REPO_ROOT
 

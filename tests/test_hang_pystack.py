@@ -1,4 +1,4 @@
-"""Python stacks of rank processes (collectors/pystack.py): a real process' py-spy stack says where it is, bad
+"""Python stacks of rank processes (collectors/sources/pystack.py): a real process' py-spy stack says where it is, bad
 stack files are named and never raise, the supervisor's helper takes the stacks of the pids in a dump directory,
 and the analysis takes stacks from the table's metadata."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from faultlens.attribution.hang import HangVerdict, analyze_collectives, attach_stacks, stacks_from_metadata
-from faultlens.collectors.flight_recorder import read_dump_dir
-from faultlens.collectors.pystack import (
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.sources.pystack import (
     MAX_STACK_BYTES,
     ProcessStack,
     StackPlace,

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.dcgm import DcgmParser, DcgmSource, read_scrape
-from faultlens.collectors.kmsg import KernelLogParser, KmsgSource, read_kernel_log
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.dcgm import DcgmParser, DcgmSource, read_scrape
+from faultlens.collectors.sources.kmsg import KernelLogParser, KmsgSource, read_kernel_log
+from faultlens.collectors.sources.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 UTC = dt.UTC
@@ -52,7 +52,7 @@ ADVERSARIAL = {
 def test_64k_adversarial_lines_parse_in_linear_time():
     script = textwrap.dedent("""
         import json, sys
-        from faultlens.collectors.kmsg import KernelLogParser
+        from faultlens.collectors.sources.kmsg import KernelLogParser
         lines = json.loads(sys.stdin.read())
         parser = KernelLogParser()
         out = {name: [(e.kind, e.code) for e in parser.feed(line, 1)] for name, line in lines.items()}
@@ -218,7 +218,7 @@ def test_fuzz_dcgm_values_parse_never_raises_and_rows_always_store(samples):
     text += 'DCGM_EXP_XID_ERRORS_COUNT{gpu="0",UUID="GPU-0",xid="48",window_size_in_ms="60000"} 2\n'
     parser = DcgmParser()
     rows, events = parser.parse(text, IDENTITY, ts_ns=1_796_000_000 * 10**9)
-    from faultlens.collectors.batches import rows_to_batch
+    from faultlens.collectors.store.batches import rows_to_batch
 
     rows_to_batch("gpu_samples", rows)  # every row the parser returns fits the table
     rows_to_batch("gpu_events", events)

@@ -13,8 +13,8 @@ import pytest
 
 from faultlens.attribution.policy import load_policy
 from faultlens.attribution.rules import load_crash_rules, load_thresholds
-from faultlens.collectors.process_rules import load_process_rules
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.sources.process_rules import load_process_rules
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from faultlens.controller.hooks.config import load_hooks
 from tests.conftest import REPO_ROOT
 

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.step_timer import RankIdentity, StepTimer
+from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 
 IDENTITY = RankIdentity(rank=0, job_id="job-1", node="node-1")
 
@@ -49,7 +49,7 @@ def test_queue_overflow_with_a_slow_sink_is_logged_and_counted(store_dir, caplog
     timer = StepTimer(SlowSink(store_dir, delay_s=0.05), identity=IDENTITY, max_buffered_rows=64,
                       flush_interval_s=0.001)
     timer.drop_log_interval_s = 3600.0  # rate limit: one warning while running, one at close
-    with caplog.at_level(logging.WARNING, logger="faultlens.collectors.step_timer"):
+    with caplog.at_level(logging.WARNING, logger="faultlens.collectors.training.step_timer"):
         for n in range(20_000):
             with timer.step(n), timer.section("forward"):
                 pass
@@ -77,7 +77,7 @@ def test_close_that_gives_up_counts_rows_in_the_queue_and_the_sink_buffer(store_
     for n in range(rows, rows + _run_more):
         with timer.step(n):
             pass
-    with caplog.at_level(logging.WARNING, logger="faultlens.collectors.step_timer"):
+    with caplog.at_level(logging.WARNING, logger="faultlens.collectors.training.step_timer"):
         timer.close(timeout_s=0.2)
     stats = timer.stats
     assert stats.rows_written == 0

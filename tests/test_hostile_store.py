@@ -20,8 +20,8 @@ import pytest
 
 from faultlens.attribution.maintenance import compact
 from faultlens.attribution.store import Store
-from faultlens.collectors.layout import StoreError
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.layout import StoreError
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main
 from tests.conftest import REPO_ROOT
 
@@ -144,7 +144,7 @@ def test_compaction_leaves_bad_segments_out_and_cleans_dead_writers_temp_files(s
     bad = _break("truncated", partition, store_dir)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     # writers that die half-way through a segment: forked children SIGKILL themselves after writing part of it
-    script = ("import os, sys\nfrom faultlens.collectors.layout import temp_name\nfor n in range(5):\n"
+    script = ("import os, sys\nfrom faultlens.collectors.store.layout import temp_name\nfor n in range(5):\n"
               "    pid = os.fork()\n    if pid == 0:\n"
               "        open(os.path.join(sys.argv[1], temp_name(f'{n:020d}-x.parquet')), 'wb').write(b'PAR1 half')\n"
               "        os.kill(os.getpid(), 9)\n    os.waitpid(pid, 0)\n")

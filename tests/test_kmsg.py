@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.gpu_backend import GpuDevice
-from faultlens.collectors.kmsg import KernelLogFileError, KernelLogParser, KmsgSource, read_kernel_log
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.gpu_backend import GpuDevice
+from faultlens.collectors.sources.kmsg import KernelLogFileError, KernelLogParser, KmsgSource, read_kernel_log
+from faultlens.collectors.sources.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 UTC = dt.UTC

@@ -30,8 +30,9 @@ from faultlens.attribution.telemetry import load_from_store
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
-HASHED = ("tests/torch_jobs/train_live.py", "tests/torch_jobs/live_jobs.py", "collectors/step_timer.py",
-          "collectors/heartbeat.py", "collectors/schema.py", "collectors/process_events.py", "collectors/sink.py")
+HASHED = ("tests/torch_jobs/train_live.py", "tests/torch_jobs/live_jobs.py", "collectors/training/step_timer.py",
+          "collectors/training/heartbeat.py", "collectors/store/schema.py", "collectors/sources/process_events.py",
+          "collectors/store/sink.py")
 
 
 def _key() -> str:

@@ -9,8 +9,8 @@ import pyarrow as pa
 
 from faultlens.attribution.maintenance import compact, retention
 from faultlens.attribution.store import Store
-from faultlens.collectors.schema import TABLES
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.schema import TABLES
+from faultlens.collectors.store.sink import SegmentSink
 
 BASE = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
 

@@ -13,12 +13,12 @@ import pynvml
 import pytest
 import yaml
 
-from faultlens.collectors.gpu_backend import SAMPLE_COLUMNS, GpuBackend, GpuDevice, GpuLostError, GpuReading
-from faultlens.collectors.gpu_deltas import sample_changes
-from faultlens.collectors.nvml_backend import NvmlBackend, field_value
-from faultlens.collectors.nvml_source import NvmlSource
-from faultlens.collectors.recorded_backend import RecordedBackend, RecordedTimelineError, load_timeline
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.gpu_backend import SAMPLE_COLUMNS, GpuBackend, GpuDevice, GpuLostError, GpuReading
+from faultlens.collectors.sources.gpu_deltas import sample_changes
+from faultlens.collectors.sources.nvml_backend import NvmlBackend, field_value
+from faultlens.collectors.sources.nvml_source import NvmlSource
+from faultlens.collectors.sources.recorded_backend import RecordedBackend, RecordedTimelineError, load_timeline
+from faultlens.collectors.sources.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
 TIMELINE = DATA_DIR / "gpu" / "timeline-8gpu.yaml"

@@ -12,17 +12,17 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from faultlens.collectors.gpu_backend import SAMPLE_COLUMNS
-from faultlens.collectors.nvml_source import NvmlSource
-from faultlens.collectors.otel_export import (
+from faultlens.collectors.sources.gpu_backend import SAMPLE_COLUMNS
+from faultlens.collectors.sources.nvml_source import NvmlSource
+from faultlens.collectors.sources.otel_export import (
     GPU_METRICS,
     ExporterChoice,
     GpuOtelExporter,
     OtelConfigError,
     choose_exporters,
 )
-from faultlens.collectors.recorded_backend import RecordedBackend
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.recorded_backend import RecordedBackend
+from faultlens.collectors.sources.source import NodeIdentity
 from tests.conftest import DATA_DIR
 
 TIMELINE = DATA_DIR / "gpu" / "timeline-8gpu.yaml"

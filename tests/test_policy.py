@@ -20,7 +20,7 @@ from faultlens.attribution.policy import (
     policy_from_document,
 )
 from faultlens.attribution.store import Store
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.delivery import Deliverer
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.process_events import (
+from faultlens.collectors.sources.process_events import (
     EventContext,
     ProcessEventsError,
     ProcessSource,
@@ -23,8 +23,8 @@ from faultlens.collectors.process_events import (
     rows_from_error_file,
     rows_from_torchrun_output,
 )
-from faultlens.collectors.schema import validate
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.schema import validate
 from faultlens.controller.cli.main import main as cli
 
 UTC = EventContext(tz=dt.UTC)

@@ -16,9 +16,9 @@ from faultlens.attribution.progress import ProgressMonitor
 from faultlens.attribution.rules import load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import Telemetry, load_from_store
-from faultlens.collectors.flight_recorder import read_dump_dir
-from faultlens.collectors.source import NodeIdentity
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from tests.engine_rows import at, event, ingest_torch_artifacts, ranks_rows, steps_rows, write
 
 

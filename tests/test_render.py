@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main
 from faultlens.controller.cli.render import render_record, render_table
 

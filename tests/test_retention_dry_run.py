@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main
 
 

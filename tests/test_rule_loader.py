@@ -13,10 +13,10 @@ from faultlens.attribution.policy import load_policy
 from faultlens.attribution.rules import load_crash_rules, load_thresholds
 from faultlens.attribution.straggler_vocab import load_vocabulary
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.process_rules import load_process_rules
-from faultlens.collectors.recorded_backend import load_timeline
 from faultlens.collectors.rule_loader import RuleFileError
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.sources.process_rules import load_process_rules
+from faultlens.collectors.sources.recorded_backend import load_timeline
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from faultlens.controller.hooks.config import load_hooks
 from faultlens.controller.lab.scenarios import load_campaign
 from tests.conftest import REPO_ROOT
@@ -116,7 +116,7 @@ def test_model_problems_name_the_field_as_the_file_spells_it(tmp_path, text, exp
 def test_a_timeline_step_that_does_nothing_is_refused():
     document = load_timeline(REPO_ROOT / "tests" / "data" / "gpu" / "timeline-8gpu.yaml")
     document["timeline"].append({"at": 1, "gpu": 0})
-    from faultlens.collectors.recorded_backend import validate_timeline
+    from faultlens.collectors.sources.recorded_backend import validate_timeline
 
     with pytest.raises(RuleFileError, match=r"^t: timeline\[\d+\]: expected at least one of set, event, lost, "
                                             r"reset_required$"):

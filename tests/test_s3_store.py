@@ -8,9 +8,9 @@ import pytest
 
 from faultlens.attribution.maintenance import compact
 from faultlens.attribution.store import Store
-from faultlens.collectors.layout import list_segments, resolve_store
-from faultlens.collectors.schema import TABLES
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.layout import list_segments, resolve_store
+from faultlens.collectors.store.schema import TABLES
+from faultlens.collectors.store.sink import SegmentSink
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.collectors.safe_pickle import PickleLoadError, UnsafePickleError, safe_load, safe_loads
+from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, UnsafePickleError, safe_load, safe_loads
 from tests.conftest import DATA_DIR
 
 

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from faultlens.collectors.schema import (
+from faultlens.collectors.store.schema import (
     IDENTITY_FIELDS,
     METADATA_VERSION_KEY,
     SCHEMA_VERSION,
@@ -14,7 +14,7 @@ from faultlens.collectors.schema import (
     schema_for,
     validate,
 )
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 
 DESIGN_TABLES = {"ranks", "gpu_samples", "gpu_events", "steps", "collectives", "process_events", "incidents",
                  "decisions", "checkpoints", "heartbeats"}

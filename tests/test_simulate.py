@@ -15,8 +15,8 @@ import pytest
 
 from faultlens.attribution.fault_labels import ExpectedAction, LabelClass, LabelError, read_labels, write_labels
 from faultlens.attribution.store import Store
-from faultlens.collectors.kmsg import KernelLogParser
-from faultlens.collectors.schema import TABLES
+from faultlens.collectors.sources.kmsg import KernelLogParser
+from faultlens.collectors.store.schema import TABLES
 from faultlens.controller.cli.main import main as cli
 from faultlens.controller.simulate import ConfigError, SimConfig, simulate
 from faultlens.controller.simulate.cluster import Placement, make_nodes

@@ -17,9 +17,9 @@ from faultlens.attribution.progress import ProgressMonitor
 from faultlens.attribution.rules import load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import load_from_store
-from faultlens.collectors.heartbeat import HeartbeatSource, read_heartbeat
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.step_timer import RankIdentity, StepTimer
+from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training.heartbeat import HeartbeatSource, read_heartbeat
+from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 
 T0 = 1_796_000_000 * 10**9  # ns
 RANKS = 4

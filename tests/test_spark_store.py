@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.schema import TABLE_NAMES, schema_for
+from faultlens.collectors.store.schema import TABLE_NAMES, schema_for
 
 TS_COLUMNS = {t: [f.name for f in schema_for(t) if pa.types.is_timestamp(f.type)] for t in TABLE_NAMES}
 
@@ -22,9 +22,9 @@ TS_COLUMNS = {t: [f.name for f in schema_for(t) if pa.types.is_timestamp(f.type)
 @pytest.fixture(scope="module")
 def demo_like_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every table of the store written by its real producers (a few seconds)."""
-    from faultlens.collectors.heartbeat import HeartbeatSource
-    from faultlens.collectors.sink import SegmentSink
-    from faultlens.collectors.step_timer import RankIdentity, StepTimer
+    from faultlens.collectors.store.sink import SegmentSink
+    from faultlens.collectors.training.heartbeat import HeartbeatSource
+    from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
     from faultlens.controller.cli.main import main as cli
     from faultlens.controller.simulate import SimConfig, simulate
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.step_timer import ParallelCoords, Phase, RankIdentity, StepTimer
+from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training.step_timer import ParallelCoords, Phase, RankIdentity, StepTimer
 
 TORCHRUN_ENV = {
     "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "job-42",

@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from faultlens.attribution.store import Store
-from faultlens.collectors.schema import TABLE_NAMES, rows_to_table, schema_for
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.schema import TABLE_NAMES, rows_to_table, schema_for
+from faultlens.collectors.store.sink import SegmentSink
 from tests.rowgen import make_rows
 
 

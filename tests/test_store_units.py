@@ -17,9 +17,9 @@ from faultlens.attribution.segment_check import check_segment, inspect_segment
 from faultlens.attribution.store import Store
 from faultlens.attribution.tail import SegmentTail
 from faultlens.attribution.telemetry import to_frame
-from faultlens.collectors.layout import partition_dir, resolve_store, write_segment
-from faultlens.collectors.schema import METADATA_VERSION_KEY, rows_to_table, schema_for, validate
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.layout import partition_dir, resolve_store, write_segment
+from faultlens.collectors.store.schema import METADATA_VERSION_KEY, rows_to_table, schema_for, validate
+from faultlens.collectors.store.sink import SegmentSink
 
 DAY = "2026-11-30"
 BASE_NS = 1_796_040_000_123_456_789  # 2026-11-30T12:00:00.123456789Z: digits below the microsecond

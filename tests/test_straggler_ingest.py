@@ -16,8 +16,8 @@ import pytest
 
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import IncidentClass
-from faultlens.collectors.step_table import StepTableError, read_step_table
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.artifacts.step_table import StepTableError, read_step_table
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from tests.torch_jobs.straggler_jobs import straggler_artifacts
 
 MAPPING = ["--map", "rank=global_rank", "--map", "step=iteration", "--map", "section=timer",

@@ -16,8 +16,8 @@ from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentCl
 from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
 from faultlens.attribution.store import Store
 from faultlens.attribution.straggler_policy import decide_all, straggler_saving
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
+from faultlens.collectors.store.sink import SegmentSink
 from tests.engine_rows import ranks_rows, steps_rows, write
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, 0, tzinfo=dt.UTC)

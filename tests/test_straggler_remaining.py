@@ -13,8 +13,8 @@ import pytest
 
 from faultlens.attribution.store import Store
 from faultlens.attribution.straggler import remaining_time
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.step_timer import RankIdentity, StepTimer
+from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 
 
 def ranks_rows(store_dir: Path, monkeypatch: pytest.MonkeyPatch, env: str | None, **kwargs) -> list[dict]:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.collectors.process_events import EventContext, collect_paths
-from faultlens.collectors.torchrun_report import (
+from faultlens.collectors.artifacts.torchrun_report import (
     TorchrunOutput,
     TorchrunReportError,
     parse_report_time,
     parse_torchrun_output,
 )
+from faultlens.collectors.sources.process_events import EventContext, collect_paths
 
 
 def _output(art: Path) -> TorchrunOutput:

@@ -228,8 +228,8 @@ def test_decisions_written_by_an_older_schema_are_still_read(store_dir: Path) ->
     """A segment without the delivery_error/delivery_attempts columns (schema before they were added)."""
     import pyarrow as pa
 
-    from faultlens.collectors.layout import partition_dir, resolve_store, write_segment
-    from faultlens.collectors.schema import TABLES
+    from faultlens.collectors.store.layout import partition_dir, resolve_store, write_segment
+    from faultlens.collectors.store.schema import TABLES
 
     decision = make_decision(11)
     old_schema = pa.schema([f for f in TABLES["decisions"] if f.name not in ("delivery_error", "delivery_attempts")])

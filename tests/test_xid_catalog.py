@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from faultlens.collectors.xid_catalog import (
+from faultlens.collectors.sources.xid_catalog import (
     DEFAULT_XID_PATH,
     XidCatalogError,
     XidComponent,

@@ -27,7 +27,7 @@ How the answer is reached
    apart in time the roots are. Follow-ons are exactly the ranks that reach a root. A rank that joined a
    collective its own group's peers completed (stalled inside it) is a root whatever it waits on elsewhere (its
    later, enqueued work waits behind the stall); its out-edges are dropped.
-   Stacks (collectors/pystack.py, py-spy): a rank blocked in a send/recv gloo does not record waits on its peer:
+   Stacks (collectors/sources/pystack.py, py-spy): a rank blocked in a send/recv gloo does not record waits on its peer:
    one more edge. A stuck rank's frame is evidence ("rank 3 is in DataLoader.__next__").
 4. **Cycles.** A cycle (rank 2 waits for rank 3 in a sub-group while rank 3 waits for rank 2 in the world group)
    arises when one rank *skipped* a collective, or ran two in another order. Broken first by each rank's own

@@ -35,7 +35,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
                         stacks: Mapping[int, Any] | None = None) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
-    stacks: rank -> faultlens.collectors.pystack.ProcessStack (py-spy), where taken; default: the table's schema
+    stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken; default: the table's schema
     metadata `faultlens.stacks` (attach_stacks), else none. They name where a culprit that never joined is, and give the
     send/recv waits that gloo does not record.
 

@@ -60,7 +60,7 @@ def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
 def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
     """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not record) waits on
     its peer: an edge of the wait-for graph the trace alone cannot show."""
-    from faultlens.collectors.pystack import StackPlace, where
+    from faultlens.collectors.sources.pystack import StackPlace, where
 
     for rank, stack in stacks.items():
         rank = int(rank)

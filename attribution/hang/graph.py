@@ -54,7 +54,8 @@ class _Analysis:
     evidence: list[str] = field(default_factory=list)
     history: Any = None  # rank -> (seqs, groups, index of first incomplete) in record order
     incomplete: set[int] = field(default_factory=set)  # ranks with an entry not completed (inside a collective)
-    where: dict[int, Any] = field(default_factory=dict)  # rank -> faultlens.collectors.pystack.Whereabouts, from stacks
+    # rank -> faultlens.collectors.sources.pystack.Whereabouts, from stacks
+    where: dict[int, Any] = field(default_factory=dict)
     key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
     device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
 

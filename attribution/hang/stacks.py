@@ -9,11 +9,12 @@ STACKS_METADATA_KEY = b"faultlens.stacks"
 
 
 def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
-    """The table with the ranks' Python stacks (faultlens.collectors.pystack.ProcessStack) in its schema metadata, so
+    """The table with the ranks' Python stacks (faultlens.collectors.sources.pystack.ProcessStack) in its schema
+    metadata, so
     that a dump requester can hand them to the analysis together with the rows."""
     import json
 
-    from faultlens.collectors.pystack import stack_to_json
+    from faultlens.collectors.sources.pystack import stack_to_json
 
     if not stacks:
         return table
@@ -25,7 +26,7 @@ def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
 def stacks_from_metadata(table: pa.Table) -> dict[int, Any]:
     import json
 
-    from faultlens.collectors.pystack import parse_py_spy
+    from faultlens.collectors.sources.pystack import parse_py_spy
 
     raw = (table.schema.metadata or {}).get(STACKS_METADATA_KEY)
     if not raw:

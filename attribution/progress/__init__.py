@@ -7,7 +7,7 @@ design (evaluation, checkpointing) widen the allowance once seen, when the next 
 earlier attempt counts as hung when its progress stopped that long before the next attempt started.
 
 Progress is read from the heartbeats table (the step counter each rank's step timer publishes at every step,
-collectors/heartbeat.py) as well as from the step rows, so a long flush interval never reads as a stall. Job
+collectors/training/heartbeat.py) as well as from the step rows, so a long flush interval never reads as a stall. Job
 lifecycle: an attempt has ended, and is never judged, when every rank exited 0 (process_events exit rows), when
 every torchrun agent exited 0 (the supervisor's agent_exit rows), or when every rank's step timer closed; while
 no rank is inside a step (the training loop is over and the ranks tear down, or all wait between steps) only the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import fsspec
 
-from faultlens.collectors.atomic import atomic_write as local_atomic_write
+from faultlens.collectors.store.atomic import atomic_write as local_atomic_write
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:

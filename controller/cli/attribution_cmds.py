@@ -24,8 +24,8 @@ from faultlens.attribution.incident import Incident
 from faultlens.attribution.progress import HangSuspect
 from faultlens.attribution.rules import load_crash_rules, load_thresholds
 from faultlens.attribution.store import Store
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.xid_catalog import load_xid_catalog
+from faultlens.collectors.sources.xid_catalog import load_xid_catalog
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit
 
 INCIDENT_COLUMNS = ("detected_ts", "incident_id", "job_id", "attempt", "class", "cause", "culprit_nodes",
@@ -169,8 +169,8 @@ class DumpRequester:
         return {r["rank"]: r["pid"] for r in rows if r["pid"] and self.host in (r["hostname"], r["node"])}
 
     def __call__(self, suspect: HangSuspect) -> pa.Table | None:
-        from faultlens.collectors.flight_recorder import DumpDirError, read_dump_dir
-        from faultlens.collectors.source import NodeIdentity
+        from faultlens.collectors.artifacts.flight_recorder import DumpDirError, read_dump_dir
+        from faultlens.collectors.sources.source import NodeIdentity
 
         requested = time.time()
         expected: set[int] = set()

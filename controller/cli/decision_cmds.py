@@ -12,7 +12,7 @@ from faultlens.attribution.incident import Incident
 from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
 from faultlens.attribution.store import Store
 from faultlens.collectors import environment
-from faultlens.collectors.layout import StoreError
+from faultlens.collectors.store.layout import StoreError
 from faultlens.controller.checkpoints import CheckpointCatalog, parse_tiers
 from faultlens.controller.cli.common import CliError, add_format_args, add_rules_dir_arg, add_store_arg, emit
 from faultlens.controller.delivery import DecisionLog, Deliverer
@@ -240,7 +240,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         "problem": entry.problem,
     } for entry in entries]
     if args.record:
-        from faultlens.collectors.sink import SegmentSink
+        from faultlens.collectors.store.sink import SegmentSink
 
         try:
             with SegmentSink(args.store) as sink:

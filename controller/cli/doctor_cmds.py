@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from faultlens.attribution.doctor import check_store
-from faultlens.collectors.schema import TABLE_NAMES
+from faultlens.collectors.store.schema import TABLE_NAMES
 from faultlens.controller.cli.common import add_format_args, add_store_arg, emit
 
 

@@ -10,17 +10,17 @@ import signal
 import sys
 from pathlib import Path
 
-from faultlens.collectors.agent import NodeAgent
-from faultlens.collectors.dcgm import DcgmSource, read_scrape
-from faultlens.collectors.kmsg import KmsgSource, read_kernel_log
-from faultlens.collectors.layout import StoreError
-from faultlens.collectors.nvml_backend import NvmlBackend
-from faultlens.collectors.nvml_source import NvmlSource
-from faultlens.collectors.otel_export import GpuOtelExporter
-from faultlens.collectors.recorded_backend import RecordedBackend
-from faultlens.collectors.schema import SchemaError
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.agent import NodeAgent
+from faultlens.collectors.sources.dcgm import DcgmSource, read_scrape
+from faultlens.collectors.sources.kmsg import KmsgSource, read_kernel_log
+from faultlens.collectors.sources.nvml_backend import NvmlBackend
+from faultlens.collectors.sources.nvml_source import NvmlSource
+from faultlens.collectors.sources.otel_export import GpuOtelExporter
+from faultlens.collectors.sources.recorded_backend import RecordedBackend
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.layout import StoreError
+from faultlens.collectors.store.schema import SchemaError
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_store_arg
 
 SOURCES = ("nvml", "kmsg", "dcgm")

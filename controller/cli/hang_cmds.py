@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.attribution.hang import COLUMNS, HangReport, analyze_collectives
-from faultlens.collectors.flight_recorder import DumpSet, auto_processes, read_dump_dir
-from faultlens.collectors.fr_limits import default_limits
-from faultlens.collectors.pystack import load_stack_dir
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.artifacts.flight_recorder import DumpSet, auto_processes, read_dump_dir
+from faultlens.collectors.artifacts.fr_limits import default_limits
+from faultlens.collectors.sources.pystack import load_stack_dir
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_store_arg, json_default
 
 

@@ -8,9 +8,9 @@ import collections
 import datetime as dt
 import sys
 
-from faultlens.collectors.process_events import CollectResult, EventContext, collect_paths
-from faultlens.collectors.process_rules import load_process_rules
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.sources.process_events import CollectResult, EventContext, collect_paths
+from faultlens.collectors.sources.process_rules import load_process_rules
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_store_arg
 
 

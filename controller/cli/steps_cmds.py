@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from faultlens.collectors.layout import StoreError
-from faultlens.collectors.schema import SchemaError
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.step_table import COORDS, OPTIONAL, REQUIRED, UNITS, read_step_table
+from faultlens.collectors.artifacts.step_table import COORDS, OPTIONAL, REQUIRED, UNITS, read_step_table
+from faultlens.collectors.store.layout import StoreError
+from faultlens.collectors.store.schema import SchemaError
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_store_arg
 
 NAMES = REQUIRED + OPTIONAL + COORDS

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from faultlens.attribution.decision import Decision
-from faultlens.collectors.atomic import atomic_write
+from faultlens.collectors.store.atomic import atomic_write
 from faultlens.controller.hooks.base import HookError, RetryPolicy
 
 

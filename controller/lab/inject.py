@@ -224,7 +224,7 @@ def install_worker(plan: InjectionPlan, lab_dir: Path) -> WorkerInjector:
 
 
 def _patch_timer(injector: WorkerInjector) -> None:
-    from faultlens.collectors import step_timer
+    from faultlens.collectors.training import step_timer
 
     begin, enter = step_timer.StepTimer._begin_step, step_timer._Section.__enter__
 

@@ -57,7 +57,7 @@ def fault_timeline(base: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]
 
 def install_supervisor_gpus(plan: InjectionPlan, lab_dir: Path) -> None:
     """Replace the supervisor's recorded-backend factory with one that reads the campaign's GPU faults."""
-    from faultlens.collectors.recorded_backend import RecordedBackend
+    from faultlens.collectors.sources.recorded_backend import RecordedBackend
     from faultlens.controller.supervisor import gpus
 
     gpu_faults = {f.node: f for f in plan.faults if f.kind == "gpu" and f.node}

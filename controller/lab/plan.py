@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.collectors import environment
-from faultlens.collectors.atomic import atomic_write
+from faultlens.collectors.store.atomic import atomic_write
 
 ENV_PLAN = environment.LAB_PLAN.name
 ENV_DIR = environment.LAB_DIR.name

@@ -160,7 +160,8 @@ def _heatmap(data: dict[str, Any]) -> str:
     grid = data["steps"]
     cells = grid["cells"]
     if not cells:
-        return '<p class="muted">no step timings for this job (faultlens.collectors.step_timer writes them)</p>'
+        return ('<p class="muted">no step timings for this job (faultlens.collectors.training.step_timer writes '
+                'them)</p>')
     out = ['<p class="muted">mean step time of each rank at each step, relative to the attempt\'s median '
            '(white: the median; red: slower, 2x and more darkest; blue: faster)'
            + (f"; {grid['step_bucket']} steps per column" if grid["step_bucket"] > 1 else "")

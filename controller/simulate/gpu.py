@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from faultlens.collectors.gpu_deltas import sample_changes
-from faultlens.collectors.schema import TABLES, ts_array
+from faultlens.collectors.sources.gpu_deltas import sample_changes
+from faultlens.collectors.store.schema import TABLES, ts_array
 from faultlens.controller.simulate.cluster import GPU_NAME, MEM_TOTAL_BYTES, Node
 from faultlens.controller.simulate.xid import GpuEventFactory
 

@@ -1,5 +1,5 @@
 """process_events rows as the job-side collectors write them (interface 3 of the helper brief), built by the
-process source's own functions (faultlens.collectors.process_events) so classification, secondary marking and
+process source's own functions (faultlens.collectors.sources.process_events) so classification, secondary marking and
 fingerprints are exactly the collector's:
 
 - an exception: one error.json row (torch's @record; its timestamp has whole seconds) and, from the node's
@@ -19,9 +19,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from faultlens.collectors.fingerprint import fingerprint, parse_traceback
-from faultlens.collectors.process_events import EventContext, Source, error_row, exit_row, rows_from_stream, start_row
-from faultlens.collectors.process_rules import load_process_rules
+from faultlens.collectors.artifacts.fingerprint import fingerprint, parse_traceback
+from faultlens.collectors.sources.process_events import (
+    EventContext,
+    Source,
+    error_row,
+    exit_row,
+    rows_from_stream,
+    start_row,
+)
+from faultlens.collectors.sources.process_rules import load_process_rules
 from faultlens.controller.simulate.cluster import RankPlace
 
 NCCL_VERSION = "2.21.5"

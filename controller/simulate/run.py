@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from faultlens.attribution.fault_labels import FaultLabel, write_labels
-from faultlens.collectors.schema import rows_to_table
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.schema import rows_to_table
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.simulate.cluster import Placement, make_nodes
 from faultlens.controller.simulate.config import SimConfig
 from faultlens.controller.simulate.faults import BY_KIND, FAULTS, STRAGGLERS, FaultKind, Mode, Target, draw, pick_target

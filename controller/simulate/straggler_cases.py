@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.simulate.cluster import Placement, make_nodes
 from faultlens.controller.simulate.timing import NS, Slowdown, Spike, StepTimer
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from faultlens.collectors.schema import TABLES, ts_array
+from faultlens.collectors.store.schema import TABLES, ts_array
 from faultlens.controller.simulate.cluster import Placement
 
 NS = 1_000_000_000

@@ -1,7 +1,8 @@
 """gpu_events rows as the GPU collectors write them (interface 2 of the helper brief).
 
 Kernel-log Xid lines are printed in the driver's own format (kernel_rc.c), as a syslog line of the node, and go
-through the kmsg collector's own parser (faultlens.collectors.kmsg): the Xid row (number, pid and process name when the
+through the kmsg collector's own parser (faultlens.collectors.sources.kmsg): the Xid row (number, pid and process name
+when the
 driver printed them, message, PCI address in NVML's bus-id form) plus the condition rows the parser derives from
 the same line (48 -> ecc_dbe, 63 -> remap_pending, 64 -> remap_failure, 79 -> gpu_lost, 154 -> recovery_action).
 NVML's Xid event carries only the number and the device (no pid, no text), in the NVML source's wording, so the
@@ -15,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.gpu_backend import GpuDevice
-from faultlens.collectors.kmsg import KernelLogParser, events_to_rows
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.gpu_backend import GpuDevice
+from faultlens.collectors.sources.kmsg import KernelLogParser, events_to_rows
+from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.controller.simulate.cluster import Gpu, Node
 
 

@@ -1,6 +1,7 @@
 """Simulated GPUs of the supervisor's nodes: a recorded NVML backend per node, sampled by the real NVML source.
 
-The demo has no GPU. Each simulated node gets a RecordedBackend (collectors/recorded_backend.py) with one GPU per
+The demo has no GPU. Each simulated node gets a RecordedBackend (collectors/sources/recorded_backend.py) with one GPU
+per
 local rank; its timeline is held at "nothing happened" until a fault fires, then jumps to the fault's entries
 (Xid 79, then GPU lost), so the hardware event lands in gpu_events at the moment the fault is injected.
 """
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from faultlens.collectors.recorded_backend import RecordedBackend
+from faultlens.collectors.sources.recorded_backend import RecordedBackend
 
 FAULT_AT_S = 1_000_000.0  # where a node's fault entries sit on its timeline
 

@@ -2,7 +2,7 @@
 
 - `EventRecorder` writes process_events rows of source "supervisor" straight into the store (flushed at once):
   `agent_exit` when a torchrun agent exits, `signal_sent` just BEFORE the supervisor signals any process, so a
-  death by that signal is never read as a primary failure (collectors/process_events.py, SupervisorKind).
+  death by that signal is never read as a primary failure (collectors/sources/process_events.py, SupervisorKind).
 - `WorkerTracker` knows the worker processes of one agent. torchrun (2.13) starts every worker in its own
   session, so signalling the agent's process group never reaches them, and an agent that dies leaves them
   training unwatched. The tracker records the agent's descendants while it lives and adds the pids the ranks
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import psutil
 
 from faultlens.collectors import environment
-from faultlens.collectors.process_events import EventContext, agent_exit_row, signal_sent_row
-from faultlens.collectors.sink import SegmentSink
+from faultlens.collectors.sources.process_events import EventContext, agent_exit_row, signal_sent_row
+from faultlens.collectors.store.sink import SegmentSink
 
 log = logging.getLogger(__name__)
 TABLE = "process_events"

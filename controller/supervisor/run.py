@@ -49,14 +49,14 @@ from faultlens.attribution.progress import HangSuspect
 from faultlens.attribution.rules import load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.collectors import environment
-from faultlens.collectors.agent import NodeAgent as CollectorAgent
-from faultlens.collectors.flight_recorder import read_dump_dir
-from faultlens.collectors.heartbeat import HeartbeatSource
-from faultlens.collectors.nvml_source import NvmlSource
-from faultlens.collectors.process_events import ProcessSource, Source
-from faultlens.collectors.pystack import capture_dump_dir_stacks
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.sources.agent import NodeAgent as CollectorAgent
+from faultlens.collectors.sources.nvml_source import NvmlSource
+from faultlens.collectors.sources.process_events import ProcessSource, Source
+from faultlens.collectors.sources.pystack import capture_dump_dir_stacks
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training.heartbeat import HeartbeatSource
 from faultlens.controller.checkpoints.catalog import CheckpointCatalog
 from faultlens.controller.checkpoints.tiers import Tier, TierKind
 from faultlens.controller.delivery import Deliverer

@@ -44,12 +44,12 @@ WORLD_SIZE = 4
 HASHED_FILES = (
     "tests/torch_jobs/train_scenario.py",
     "tests/torch_jobs/harness.py",
-    "collectors/fr_trigger.py",
-    "collectors/safe_pickle.py",
-    "collectors/step_timer.py",
-    "collectors/sink.py",
-    "collectors/schema.py",
-    "collectors/layout.py",
+    "collectors/training/fr_trigger.py",
+    "collectors/artifacts/safe_pickle.py",
+    "collectors/training/step_timer.py",
+    "collectors/store/sink.py",
+    "collectors/store/schema.py",
+    "collectors/store/layout.py",
 )
 ENV_CACHE_DIR = "FAULTLENS_TORCH_ARTIFACTS"
 ENV_PARALLEL = "FAULTLENS_TORCH_PARALLEL"

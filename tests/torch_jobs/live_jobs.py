@@ -26,12 +26,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from faultlens.collectors.agent import NodeAgent
-from faultlens.collectors.heartbeat import HeartbeatSource, read_heartbeat
-from faultlens.collectors.process_events import ProcessSource
-from faultlens.collectors.schema import rows_to_table
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.agent import NodeAgent
+from faultlens.collectors.sources.process_events import ProcessSource
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.schema import rows_to_table
+from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training.heartbeat import HeartbeatSource, read_heartbeat
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "train_live.py"

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from faultlens.collectors.step_timer import StepTimer
+from faultlens.collectors.training.step_timer import StepTimer
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from faultlens.collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
+from faultlens.collectors.training.step_timer import ParallelCoords, RankIdentity, StepTimer
 
 WIDTH = 32
 

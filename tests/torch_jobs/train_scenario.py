@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from faultlens.collectors.fr_trigger import FlightRecorderTrigger
-from faultlens.collectors.step_timer import ParallelCoords, StepTimer
+from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger
+from faultlens.collectors.training.step_timer import ParallelCoords, StepTimer
 
 SCENARIOS = ("hang", "mismatch", "subgroup_hang", "crash_exception", "crash_sigkill", "straggler")
 FAULT_STEP = 3

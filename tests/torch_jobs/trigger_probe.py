@@ -16,8 +16,8 @@ import signal
 import sys
 import threading
 
-from faultlens.collectors.fr_trigger import FlightRecorderTrigger
-from faultlens.collectors.step_timer import RankIdentity, StepTimer
+from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger
+from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 
 TRACE = {
     "version": "2.10",

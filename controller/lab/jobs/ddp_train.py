@@ -20,8 +20,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from faultlens.collectors import environment
-from faultlens.collectors.fr_trigger import FlightRecorderTrigger
-from faultlens.collectors.step_timer import ParallelCoords, RankIdentity, StepTimer
+from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger
+from faultlens.collectors.training.step_timer import ParallelCoords, RankIdentity, StepTimer
 from faultlens.controller.checkpoints.tiered import TieredCheckpointer
 from faultlens.controller.restore import load_rank_state, load_restore_plan
 

@@ -8,7 +8,8 @@ times (minutes of CPU); here 8 processes import it once. Each scenario's groups 
 rank calls new_group for every group in the same order, so names agree), and each scenario runs in a thread named
 "scenario:<name>". The flight recorder is per process: a scenario's dump is this rank's torch dump
 (`_dump_fr_trace`) restricted to that scenario's groups (entries, pg_status, and pg_config written from torch's own
-group tables, as collectors/fr_trigger.py repairs gloo's), its record ids renumbered 0, 1, ... in their order (as
+group tables, as collectors/training/fr_trigger.py repairs gloo's), its record ids renumbered 0, 1, ... in their order
+(as
 a process running one job numbers them), with the top-level rank, world_size and pid added.
 
 Control files (OUT_DIR/.control): the worker writes status_rank_<r>.json (each scenario's progress counter and
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from faultlens.collectors.safe_pickle import safe_loads
+from faultlens.collectors.artifacts.safe_pickle import safe_loads
 from tests.torch_jobs.hang_corpus import scenarios as sc
 
 N = 16

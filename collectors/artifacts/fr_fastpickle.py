@@ -8,7 +8,8 @@ Safety: it understands only the opcodes that spell plain data (containers, strin
 None, the memo). Any other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, text
 protocol-0 forms, sets), any value it cannot hold (an int wider than 64 bits, a memo index out of range), and any
 truncation or inconsistency makes it return a non-zero status, and the caller hands the file to the restricted
-unpickler (faultlens.collectors.safe_pickle), which loads it or refuses it with the error a user sees. Nothing here
+unpickler (faultlens.collectors.artifacts.safe_pickle), which loads it or refuses it with the error a user sees.
+Nothing here
 calls code named by the pickle.
 
 Layout: pass 1 builds a "tape": node kind, value or string offset/length, and each container's children as runs
@@ -1019,7 +1020,7 @@ def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks,
     """Both passes. Returns (status, root, kind, ival, ilen, (head, run_start, run_end, run_next, echild), n_nodes,
     (ints, valid, strs, flags), counts, sizes, dtypes, frames); the tape arrays are the workspace's (valid until
     its next parse)."""
-    # bounds: (max string bytes, element budget, entry budget) from faultlens.collectors.fr_limits
+    # bounds: (max string bytes, element budget, entry budget) from faultlens.collectors.artifacts.fr_limits
     status, root, kind, ival, ilen, nn, eparent, echild, _ne, _nr = _tape(
         buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next,
         bounds[0])

@@ -11,7 +11,8 @@ Inputs, each a function of values (no argparse, no store):
 Error text is classified by rules/process_errors.yaml: CUDA OOM -> kind oom; gloo timeouts, "Connection closed by
 peer" and NCCL watchdog lines -> comm_error / watchdog_timeout marked secondary (a survivor's echo). SIGTERM deaths
 in a torchrun report are secondary (torchrun sent them). Exceptions carry a fingerprint
-(faultlens.collectors.fingerprint). Bad input raises ProcessEventsError naming the file; `collect_paths` keeps the good
+(faultlens.collectors.artifacts.fingerprint). Bad input raises ProcessEventsError naming the file; `collect_paths`
+keeps the good
 files' rows and lists errors.
 """
 
@@ -31,8 +32,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.fingerprint import (
+from faultlens.collectors.artifacts.fingerprint import (
     LINE_PREFIX_RE,
     ParsedTraceback,
     fingerprint,
@@ -41,10 +41,11 @@ from faultlens.collectors.fingerprint import (
     split_exception_line,
     strip_prefixes,
 )
-from faultlens.collectors.process_rules import EventKind, ProcessRules, load_process_rules
-from faultlens.collectors.schema import rows_to_table
-from faultlens.collectors.source import NodeIdentity
-from faultlens.collectors.torchrun_report import TorchrunFailure, TorchrunReportError, parse_torchrun_output
+from faultlens.collectors.artifacts.torchrun_report import TorchrunFailure, TorchrunReportError, parse_torchrun_output
+from faultlens.collectors.errors import FaultlensError
+from faultlens.collectors.sources.process_rules import EventKind, ProcessRules, load_process_rules
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.schema import rows_to_table
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from faultlens.collectors.atomic import atomic_write
+from faultlens.collectors.store.atomic import atomic_write
 
 MAX_STACK_BYTES = 32 << 20  # a stack file larger than this is refused (py-spy JSON of a process is ~100 KB)
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
@@ -246,7 +246,7 @@ def write_stack(path: Path, stack: ProcessStack) -> None:
 def dump_pids(directory: str | os.PathLike[str]) -> dict[int, int]:
     """rank -> pid, from the top-level `pid` of the dumps in a dump directory (the trigger writes it), read with
     the restricted unpickler; dumps without one are left out."""
-    from faultlens.collectors.safe_pickle import safe_load
+    from faultlens.collectors.artifacts.safe_pickle import safe_load
 
     out: dict[int, int] = {}
     for path in sorted(Path(directory).glob("rank_*.pkl")):

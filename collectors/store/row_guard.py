@@ -12,8 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from faultlens.collectors.batches import rows_to_batch
-from faultlens.collectors.schema import SchemaError
+from faultlens.collectors.store.batches import rows_to_batch
+from faultlens.collectors.store.schema import SchemaError
 
 
 @dataclass(frozen=True)

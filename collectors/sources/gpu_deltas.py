@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from faultlens.collectors.gpu_backend import RECOVERY_ACTIONS
+from faultlens.collectors.sources.gpu_backend import RECOVERY_ACTIONS
 
 # clocks-event reason bits (nvmlClocksEventReason*)
 SW_POWER_CAP = 0x4

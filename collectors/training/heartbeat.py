@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from faultlens.collectors import environment
-from faultlens.collectors.atomic import atomic_write
+from faultlens.collectors.store.atomic import atomic_write
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from faultlens.collectors.source import NodeIdentity
+    from faultlens.collectors.sources.source import NodeIdentity
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,9 @@ class HeartbeatSource:
         if not rows:
             return {}
         try:
-            from faultlens.collectors.schema import rows_to_table  # here: the rank-side writer must not pull in pyarrow
+            from faultlens.collectors.store.schema import (
+                rows_to_table,  # here: the rank-side writer must not pull in pyarrow
+            )
 
             table = rows_to_table("heartbeats", rows)
         except Exception as exc:

@@ -42,12 +42,12 @@ from typing import Any
 import pyarrow as pa
 
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.gpu_backend import GpuDevice
-from faultlens.collectors.pci import normalize_pci_bus_id
-from faultlens.collectors.row_guard import guarded_batch
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.gpu_backend import GpuDevice
+from faultlens.collectors.sources.pci import normalize_pci_bus_id
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.row_guard import guarded_batch
 
-log = logging.getLogger("faultlens.collectors.kmsg")
+log = logging.getLogger("faultlens.collectors.sources.kmsg")
 
 _PCI = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 XID_RE = re.compile(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from faultlens.collectors.schema import rows_to_table
+from faultlens.collectors.store.schema import rows_to_table
 
 
 def rows_to_batch(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:

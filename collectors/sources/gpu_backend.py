@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.schema import IDENTITY_FIELDS, TABLES
+from faultlens.collectors.store.schema import IDENTITY_FIELDS, TABLES
 
 _NOT_METRICS = {f.name for f in IDENTITY_FIELDS} | {"source", "gpu_name"}
 SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in TABLES["gpu_samples"] if f.name not in _NOT_METRICS)

@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal
 import pyarrow as pa
 from pydantic import Field, create_model, model_validator
 
-from faultlens.collectors.gpu_backend import (
+from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
+from faultlens.collectors.rule_model import FileModel, FormatVersion1, NonNegative, NonNegativeInt, Text
+from faultlens.collectors.sources.gpu_backend import (
     EVENT_KINDS,
     SAMPLE_COLUMNS,
     BackendEvent,
@@ -28,10 +30,8 @@ from faultlens.collectors.gpu_backend import (
     GpuLostError,
     GpuReading,
 )
-from faultlens.collectors.pci import normalize_pci_bus_id
-from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
-from faultlens.collectors.rule_model import FileModel, FormatVersion1, NonNegative, NonNegativeInt, Text
-from faultlens.collectors.schema import TABLES
+from faultlens.collectors.sources.pci import normalize_pci_bus_id
+from faultlens.collectors.store.schema import TABLES
 
 FORMAT_VERSION = 1
 

@@ -18,9 +18,15 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from faultlens.collectors.gpu_backend import BackendEvent, BackendUnavailable, GpuDevice, GpuLostError, GpuReading
-from faultlens.collectors.gpu_deltas import recovery_action_text
-from faultlens.collectors.pci import normalize_pci_bus_id
+from faultlens.collectors.sources.gpu_backend import (
+    BackendEvent,
+    BackendUnavailable,
+    GpuDevice,
+    GpuLostError,
+    GpuReading,
+)
+from faultlens.collectors.sources.gpu_deltas import recovery_action_text
+from faultlens.collectors.sources.pci import normalize_pci_bus_id
 
 # NVML return codes that mean "this GPU/driver cannot answer this query": the value becomes None quietly
 _QUIET_ERRORS = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_FUNCTION_NOT_FOUND",

@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.schema import TABLES, as_ns_type
+from faultlens.collectors.store.schema import TABLES, as_ns_type
 
 REQUIRED = ("rank", "step", "section", "start", "duration")
 OPTIONAL = ("node", "job_id", "attempt", "phase")

@@ -6,9 +6,11 @@ faultlens' trigger writes (`rank_9.pkl`, `rank_9.json`, interface 4): pickle or 
 integer in the file name; a rank with both a pickle and a JSON dump is read once, from the pickle (the JSON one is
 the fallback when the pickle is broken).
 
-Pickles never reach `pickle.load`: a compiled scanner (faultlens.collectors.fr_fastpickle) turns the plain-data opcodes
+Pickles never reach `pickle.load`: a compiled scanner (faultlens.collectors.artifacts.fr_fastpickle) turns the
+plain-data opcodes
 into columns directly, and anything it does not accept goes to the restricted unpickler
-(faultlens.collectors.safe_pickle), which loads plain data or refuses. A truncated, corrupt or hostile dump becomes a
+(faultlens.collectors.artifacts.safe_pickle), which loads plain data or refuses. A truncated, corrupt or hostile dump
+becomes a
 DumpFileError naming the file and the problem, and every other rank is still read.
 
 Speed and memory: files are parsed a window at a time by a few threads (the scanner releases the GIL) and their
@@ -46,12 +48,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from faultlens.collectors import fr_fastpickle as fast
+from faultlens.collectors.artifacts import fr_fastpickle as fast
+from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
+from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, _has_surrogate, safe_loads
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.fr_limits import DumpLimits, default_limits
-from faultlens.collectors.safe_pickle import PickleLoadError, _has_surrogate, safe_loads
-from faultlens.collectors.schema import TABLES, validate
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.schema import TABLES, validate
 
 log = logging.getLogger(__name__)
 
@@ -1436,7 +1438,8 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
     workers: threads per process (default: CPU count, at most
     8). processes: split the files over this many processes (spawned: a calling script needs the usual
     `if __name__ == "__main__":` guard); default 1; auto_processes() suggests a count for a directory.
-    limits: resource limits on each dump (faultlens.collectors.fr_limits; default: its defaults with the FAULTLENS_FR_*
+    limits: resource limits on each dump (faultlens.collectors.artifacts.fr_limits; default: its defaults with the
+    FAULTLENS_FR_*
     environment overrides); a dump beyond one is a per-file error.
     Per-file problems are in DumpSet.errors (whatever a file holds, it never ends the set); DumpDirError when the
     directory is missing or holds no dump.

@@ -164,7 +164,7 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
     # one thing that happened to a rank process
     "process_events": (
         _f("kind", pa.string()),  # start, exit, signal, exception, watchdog_timeout, comm_error, oom; agent_exit,
-        # signal_sent (written by a supervisor: collectors/process_events.py SupervisorKind)
+        # signal_sent (written by a supervisor: collectors/sources/process_events.py SupervisorKind)
         _f("source", pa.string()),  # torchrun_log, error_json, stderr, supervisor
         _f("pid", pa.int64()),
         _f("exit_code", pa.int32()),
@@ -216,7 +216,8 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("delivery_error", pa.string()),  # why the last attempt of this hook failed
         _f("delivery_attempts", pa.int32()),  # attempts made by this hook in this pass
     ),
-    # one heartbeat of one rank (collectors/heartbeat.py reads the record the step timer keeps; ts = last seen alive)
+    # one heartbeat of one rank (collectors/training/heartbeat.py reads the record the step timer keeps; ts = last
+    # seen alive)
     "heartbeats": (
         _f("pid", pa.int64()),
         _f("step", pa.int64()),  # the last completed step (null: none yet)

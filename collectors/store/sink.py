@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from faultlens.collectors.layout import StoreLocation, partition_dir, resolve_store, write_segment
-from faultlens.collectors.schema import partition_date, partition_keys, rows_to_table, validate
+from faultlens.collectors.store.layout import StoreLocation, partition_dir, resolve_store, write_segment
+from faultlens.collectors.store.schema import partition_date, partition_keys, rows_to_table, validate
 
 
 @dataclass

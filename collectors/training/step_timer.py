@@ -15,7 +15,8 @@ a step adds up. Rows are buffered in a bounded queue and written off the trainin
 through a SegmentSink; when the store is slow or gone the oldest rows are dropped and counted (`stats.dropped`),
 so memory stays bounded. Nothing here raises into the training loop: errors are logged and counted.
 
-Progress is also published at every step's begin and end in a shared-memory heartbeat record (collectors/heartbeat.py;
+Progress is also published at every step's begin and end in a shared-memory heartbeat record
+(collectors/training/heartbeat.py;
 `heartbeat_dir=`, else $FAULTLENS_HEARTBEAT_DIR, else /dev/shm/faultlens-heartbeats; an empty
 FAULTLENS_HEARTBEAT_DIR or `heartbeat=False` turns it off; only for a process with a rank), independently of
 how often rows are flushed: attribution judges progress from it.
@@ -64,7 +65,7 @@ class Phase(StrEnum):
 
 
 class RowSink(Protocol):
-    """What the timer writes through: faultlens.collectors.sink.SegmentSink, or any object with these methods."""
+    """What the timer writes through: faultlens.collectors.store.sink.SegmentSink, or any object with these methods."""
 
     def write(self, table: str, data: Any) -> None: ...
 
@@ -319,7 +320,7 @@ class StepTimer:
         sink = None
         if url:
             try:
-                from faultlens.collectors.sink import SegmentSink
+                from faultlens.collectors.store.sink import SegmentSink
 
                 sink = SegmentSink(url, flush_rows=flush_rows, flush_age_s=3600.0)
             except Exception as exc:
@@ -617,7 +618,7 @@ def _heartbeat_writer(identity: RankIdentity, enabled: bool, directory: str | os
     try:
         from pathlib import Path
 
-        from faultlens.collectors.heartbeat import HeartbeatWriter, default_dir, heartbeat_name
+        from faultlens.collectors.training.heartbeat import HeartbeatWriter, default_dir, heartbeat_name
 
         path = Path(directory if directory is not None else default_dir()) / heartbeat_name(
             identity.job_id, identity.attempt, identity.rank)

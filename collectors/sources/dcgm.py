@@ -29,12 +29,12 @@ import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.gpu_deltas import DeltaThresholds, sample_changes
-from faultlens.collectors.pci import normalize_pci_bus_id
-from faultlens.collectors.row_guard import guarded_batch
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.gpu_deltas import DeltaThresholds, sample_changes
+from faultlens.collectors.sources.pci import normalize_pci_bus_id
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.row_guard import guarded_batch
 
-log = logging.getLogger("faultlens.collectors.dcgm")
+log = logging.getLogger("faultlens.collectors.sources.dcgm")
 
 DCGM_BLANK_MIN = 9223372036854775792  # DCGM_INT64_BLANK and the NOT_FOUND / NOT_SUPPORTED / ... sentinels above it
 MIB = 1024 * 1024

@@ -18,10 +18,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from faultlens.collectors.batches import rows_to_batch
-from faultlens.collectors.gpu_backend import BackendEvent, BackendUnavailable, GpuBackend, GpuDevice, GpuLostError
-from faultlens.collectors.gpu_deltas import DeltaThresholds, recovery_action_text, sample_changes
-from faultlens.collectors.source import NodeIdentity
+from faultlens.collectors.sources.gpu_backend import (
+    BackendEvent,
+    BackendUnavailable,
+    GpuBackend,
+    GpuDevice,
+    GpuLostError,
+)
+from faultlens.collectors.sources.gpu_deltas import DeltaThresholds, recovery_action_text, sample_changes
+from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.collectors.store.batches import rows_to_batch
 
 log = logging.getLogger("faultlens.collectors.nvml")
 

@@ -9,7 +9,8 @@ an unrestricted ``pickle.load`` of a dump found on disk is arbitrary code execut
    NEWOBJ(_EX), STACK_GLOBAL, EXT*, persistent ids and out-of-band buffers outright, any length past the end of the
    data (a BINUNICODE8 length of 2^63 would make the unpickler try to allocate it), a memo index at or beyond the
    data's size (one 9-byte LONG_BINPUT would make it allocate gigabytes), strings and integers beyond the limits of
-   faultlens.collectors.fr_limits, and unknown opcodes. A regular expression skips runs of fixed-size opcodes, so the
+   faultlens.collectors.artifacts.fr_limits, and unknown opcodes. A regular expression skips runs of fixed-size
+   opcodes, so the
    pass costs a fraction of the load.
 2. Every global lookup goes through ``find_class``, which admits only what protocols 0-2 need to spell builtin
    values: ``set`` / ``frozenset`` (``builtins.set`` + REDUCE of a list) and ``bytes`` (``_codecs.encode(text,
@@ -19,7 +20,8 @@ an unrestricted ``pickle.load`` of a dump found on disk is arbitrary code execut
    raises :class:`UnsafePickleError` before it is imported or called.
 3. Strings must be valid UTF-8: the unpickler decodes with ``surrogatepass``, so a value holding an encoded
    surrogate (which could not be written anywhere as text) is refused too; the compiled scanner
-   (faultlens.collectors.fr_fastpickle) applies the same rule, so both readers accept and refuse the same files.
+   (faultlens.collectors.artifacts.fr_fastpickle) applies the same rule, so both readers accept and refuse the same
+   files.
 
 Every exception the unpickler can raise on bad data becomes a :class:`PickleLoadError` naming the source.
 """
@@ -33,8 +35,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.fr_limits import DumpLimits, default_limits
 
 ADMITTED_TYPES: tuple[type, ...] = (dict, list, tuple, set, frozenset, str, bytes, bytearray, int, float, bool,
                                     type(None))

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from faultlens.collectors.sink import SegmentSink
-from faultlens.collectors.source import Source
+from faultlens.collectors.sources.source import Source
+from faultlens.collectors.store.sink import SegmentSink
 
-log = logging.getLogger("faultlens.collectors.agent")
+log = logging.getLogger("faultlens.collectors.sources.agent")
 
 
 @dataclass

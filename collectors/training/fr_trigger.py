@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.collectors import environment
-from faultlens.collectors.atomic import atomic_write
-from faultlens.collectors.safe_pickle import safe_loads
+from faultlens.collectors.artifacts.safe_pickle import safe_loads
+from faultlens.collectors.store.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
