@@ -26,19 +26,22 @@ class _Root:
     waiting: set[int] = field(default_factory=set)
 
 
-def _decide(analysis: _Analysis) -> HangReport:
-    """The wait-for graph's independent roots (see the module docstring), each with its own kind and chain."""
-    divergences = analysis.divergences
-    evidence = list(analysis.evidence)
-    rank_nodes = sorted(analysis.dumped | analysis.missing)
-    node_of = {r: i for i, r in enumerate(rank_nodes)}
-    n_ranks = len(rank_nodes)
+class _WaitGraph:
+    """Ranks and divergences as a wait-for graph: waiter -> divergence hub -> laggard."""
 
-    def build(dropped: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def __init__(self, analysis: _Analysis) -> None:
+        self.divergences = analysis.divergences
+        self.rank_nodes = sorted(analysis.dumped | analysis.missing)
+        self.node_of = {r: i for i, r in enumerate(self.rank_nodes)}
+        self.n_ranks = len(self.rank_nodes)
+
+    def build(self, dropped: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Edges (src, dst) without the out-edges of `dropped` ranks, and strongly connected component labels."""
         src: list[int] = []
         dst: list[int] = []
-        for i, d in enumerate(divergences):
-            hub = n_ranks + i
+        node_of = self.node_of
+        for i, d in enumerate(self.divergences):
+            hub = self.n_ranks + i
             live = [w for w in d.waiters if w not in dropped and w in node_of]
             if not live:
                 continue  # nobody (left) waits here: its laggards are not waited on through it
@@ -50,46 +53,70 @@ def _decide(analysis: _Analysis) -> HangReport:
                     src.append(hub)
                     dst.append(node_of[lag])
         src_a, dst_a = np.asarray(src, np.int64), np.asarray(dst, np.int64)
-        labels = _strongly_connected(n_ranks + len(divergences), src_a, dst_a)
+        labels = _strongly_connected(self.n_ranks + len(self.divergences), src_a, dst_a)
         return src_a, dst_a, labels
 
-    # -- terminal components; cycles broken by each rank's own order (consensus of the others), then history
-    skippers: dict[int, str] = {}
-    components: list[list[int]] = []
-    src = dst = np.empty(0, np.int64)
+
+def _decide(analysis: _Analysis) -> HangReport:
+    """The wait-for graph's independent roots (see the module docstring), each with its own kind and chain."""
+    graph = _WaitGraph(analysis)
     # a rank that joined a collective its own group's peers completed is stuck inside it, whatever it (or its
     # enqueued later work) waits on elsewhere: a culprit in its own right
     # (only where the dumps carry device states, as NCCL's do: gloo's entries are always 'scheduled' and
     # `retired` depends on when each rank dumped, so there a last unretired entry is no evidence of a stall)
-    stalled = {lag for d in divergences if d.level in ("completed", "started") for lag in d.laggards} \
+    stalled = {lag for d in analysis.divergences if d.level in ("completed", "started") for lag in d.laggards} \
         if analysis.device_states else set()
-    if divergences:
-        laggards = {lag for d in divergences for lag in d.laggards}
-        for _ in range(4):
-            src, dst, labels = build(set(skippers) | stalled)
-            components = _terminal_components(n_ranks, src, dst, labels, rank_nodes)
-            found: dict[int, str] = {}
-            for comp in components:
-                if len(comp) < 2:
-                    continue
-                for rank in sorted((set(comp) & laggards) - analysis.missing - set(skippers))[:64]:
-                    verdict = _skipped_by_consensus(analysis, rank, set(comp), divergences) \
-                        or _skipped(analysis, rank, divergences)
-                    if verdict:
-                        found[rank] = verdict
-            if not found:
-                break
-            skippers.update(found)
-    dropped = set(skippers) | stalled
+    skippers, components, src, dst = _break_cycles(analysis, graph, stalled)
+    roots = _merge_roots(_component_roots(analysis, graph, components, src, dst, set(skippers) | stalled))
+    follow_on_mismatches = _place_mismatches(analysis, roots)
+    built = [_describe_root(analysis, root, skippers) for root in roots]
+    built.sort(key=lambda b: (-len(b[0].waiting_ranks), b[1], b[0].ranks))
+    hang_roots = tuple(b[0] for b in built)
+    if hang_roots:
+        return _rooted_report(analysis, roots, hang_roots, skippers, follow_on_mismatches)
+    return _rootless_report(analysis)
 
-    # -- who waits on each component (reverse reachability over the graph without the skippers' out-edges)
+
+def _break_cycles(analysis: _Analysis, graph: _WaitGraph, stalled: set[int]
+                  ) -> tuple[dict[int, str], list[list[int]], np.ndarray, np.ndarray]:
+    """Terminal components; cycles broken by each rank's own order (consensus of the others), then history.
+    Returns the skippers (rank -> why), the terminal components and the final graph's edges."""
+    divergences = analysis.divergences
+    skippers: dict[int, str] = {}
+    components: list[list[int]] = []
+    src = dst = np.empty(0, np.int64)
+    if not divergences:
+        return skippers, components, src, dst
+    laggards = {lag for d in divergences for lag in d.laggards}
+    for _ in range(4):
+        src, dst, labels = graph.build(set(skippers) | stalled)
+        components = _terminal_components(graph.n_ranks, src, dst, labels, graph.rank_nodes)
+        found: dict[int, str] = {}
+        for comp in components:
+            if len(comp) < 2:
+                continue
+            for rank in sorted((set(comp) & laggards) - analysis.missing - set(skippers))[:64]:
+                verdict = _skipped_by_consensus(analysis, rank, set(comp), divergences) \
+                    or _skipped(analysis, rank, divergences)
+                if verdict:
+                    found[rank] = verdict
+        if not found:
+            break
+        skippers.update(found)
+    return skippers, components, src, dst
+
+
+def _component_roots(analysis: _Analysis, graph: _WaitGraph, components: list[list[int]], src: np.ndarray,
+                     dst: np.ndarray, dropped: set[int]) -> list[_Root]:
+    """One root per terminal component, with who waits on it (reverse reachability over the graph without the
+    skippers' out-edges) and its own divergences."""
     reverse: dict[int, list[int]] = defaultdict(list)
     for a, b in zip(src.tolist(), dst.tolist(), strict=True):
         reverse[b].append(a)
     roots: list[_Root] = []
     for comp in components:
         root = _Root(sorted(comp), cyclic=len(comp) > 1 and not (set(comp) & dropped))
-        seen = {node_of[r] for r in comp}
+        seen = {graph.node_of[r] for r in comp}
         stack = list(seen)
         while stack:
             node = stack.pop()
@@ -97,11 +124,15 @@ def _decide(analysis: _Analysis) -> HangReport:
                 if prev not in seen:
                     seen.add(prev)
                     stack.append(prev)
-        root.waiting = {rank_nodes[n] for n in seen if n < n_ranks} - set(comp)
+        root.waiting = {graph.rank_nodes[n] for n in seen if n < graph.n_ranks} - set(comp)
         members = set(comp)
-        root.divergences = [d for d in divergences if not members.isdisjoint(d.laggards)]
+        root.divergences = [d for d in analysis.divergences if not members.isdisjoint(d.laggards)]
         roots.append(root)
-    # ranks stuck in one collective together (two_in_one_group) are one root, not two
+    return roots
+
+
+def _merge_roots(roots: list[_Root]) -> list[_Root]:
+    """Ranks stuck in one collective together (two_in_one_group) are one root, not two."""
     merged: dict[tuple, _Root] = {}
     for root in roots:
         head = _headline(root)
@@ -114,15 +145,18 @@ def _decide(analysis: _Analysis) -> HangReport:
             other.divergences += [d for d in root.divergences if id(d) not in have]
         else:
             merged[key] = root
-    roots = list(merged.values())
+    return list(merged.values())
 
-    # -- mismatches: a root of their own, evidence of a root they belong to, or follow-ons
+
+def _place_mismatches(analysis: _Analysis, roots: list[_Root]) -> list[_Mismatch]:
+    """Each mismatch becomes a root of its own, evidence of a root it belongs to (appended to `roots` in place),
+    or a follow-on (returned)."""
     culprit_ranks = {r for root in roots for r in root.ranks}
     waiting_all = {w for root in roots for w in root.waiting} - culprit_ranks
     follow_on_mismatches: list[_Mismatch] = []
     first_wait: dict[int, int] = {}  # rank -> when it first waited on anyone (time of that collective)
     if analysis.mismatches:
-        for d in divergences:
+        for d in analysis.divergences:
             for w in d.waiters:
                 if d.time < first_wait.get(w, _BIG):
                     first_wait[w] = d.time
@@ -151,50 +185,55 @@ def _decide(analysis: _Analysis) -> HangReport:
             continue
         roots.append(_Root(sorted(odd), mismatches=[m]))
         culprit_ranks |= odd
+    return follow_on_mismatches
 
-    built = [_describe_root(analysis, root, skippers) for root in roots]
-    built.sort(key=lambda b: (-len(b[0].waiting_ranks), b[1], b[0].ranks))
-    hang_roots = tuple(b[0] for b in built)
+
+def _rooted_report(analysis: _Analysis, roots: list[_Root], hang_roots: tuple[HangRoot, ...],
+                   skippers: dict[int, str], follow_on_mismatches: list[_Mismatch]) -> HangReport:
+    """The report of a hang with at least one root: the first root heads it, every root is listed."""
     culprits = sorted({r for root in hang_roots for r in root.ranks})
     waiting = sorted({w for root in hang_roots for w in root.waiting_ranks} - set(culprits))
-    missing = tuple(sorted(analysis.missing))
     unresolved = any(root.kind == HangVerdict.CYCLE for root in hang_roots)
+    head = hang_roots[0]
+    summary = [f"root {i + 1} of {len(hang_roots)}: {root.reason}" for i, root in enumerate(hang_roots)] \
+        if len(hang_roots) > 1 else [head.reason]
+    lines = [*summary]
+    for root in hang_roots:
+        lines.extend(root.where)
+    for root in hang_roots:
+        lines.extend(e for e in root.evidence if e not in lines)
+    lines.extend(skippers.values())
+    own = {id(d) for r in roots for d in r.divergences}
+    explained = [d for d in analysis.divergences if id(d) not in own]
+    lines.extend("follow-on: " + d.detail for d in sorted(explained, key=lambda d: d.time)[:MAX_EVIDENCE])
+    lines.extend("follow-on: " + m.detail for m in follow_on_mismatches[:MAX_EVIDENCE])
+    kinds = {r: k for root in hang_roots for r, k in root.kinds}
+    never = tuple(r for r in culprits if kinds.get(r) in (HangVerdict.NEVER_JOINED.value,
+                                                           HangVerdict.STUCK_OUTSIDE.value,
+                                                           HangVerdict.SKIPPED.value, HangVerdict.CYCLE.value))
+    stalled = tuple(r for r in culprits if kinds.get(r) == HangVerdict.STALLED.value)
+    reason = head.reason if len(hang_roots) == 1 else (
+        f"{len(hang_roots)} independent roots: " + "; ".join(
+            f"rank(s) {_ranks_text(r.ranks)} {r.kind.value}" + (f" in {r.pg_desc or r.pg_name} seq "
+                                                              f"{r.collective_seq_id}" if r.pg_name else "")
+            for r in hang_roots))
+    if waiting:
+        reason += f"; {len(waiting)} other rank(s) wait on them (follow-ons)"
+    if unresolved:
+        reason += "; the ranks of a cycle wait on each other and nothing could order them"
+    return HangReport(
+        verdict=_FAMILY.get(head.kind, head.kind), culprit_ranks=tuple(culprits), pg_id=head.pg_id,
+        pg_name=head.pg_name, pg_desc=head.pg_desc, collective_seq_id=head.collective_seq_id, op=head.op,
+        never_joined=never, stalled=stalled, missing_dumps=tuple(sorted(analysis.missing)), reason=reason,
+        confidence=round(min(root.confidence for root in hang_roots), 3),
+        evidence=tuple(list(analysis.evidence) + lines), roots=hang_roots, follow_ons=tuple(waiting),
+        unresolved_cycle=unresolved)
 
-    if hang_roots:
-        head = hang_roots[0]
-        summary = [f"root {i + 1} of {len(hang_roots)}: {root.reason}" for i, root in enumerate(hang_roots)] \
-            if len(hang_roots) > 1 else [head.reason]
-        lines = [*summary]
-        for root in hang_roots:
-            lines.extend(root.where)
-        for root in hang_roots:
-            lines.extend(e for e in root.evidence if e not in lines)
-        lines.extend(skippers.values())
-        own = {id(d) for r in roots for d in r.divergences}
-        explained = [d for d in divergences if id(d) not in own]
-        lines.extend("follow-on: " + d.detail for d in sorted(explained, key=lambda d: d.time)[:MAX_EVIDENCE])
-        lines.extend("follow-on: " + m.detail for m in follow_on_mismatches[:MAX_EVIDENCE])
-        kinds = {r: k for root in hang_roots for r, k in root.kinds}
-        never = tuple(r for r in culprits if kinds.get(r) in (HangVerdict.NEVER_JOINED.value,
-                                                               HangVerdict.STUCK_OUTSIDE.value,
-                                                               HangVerdict.SKIPPED.value, HangVerdict.CYCLE.value))
-        stalled = tuple(r for r in culprits if kinds.get(r) == HangVerdict.STALLED.value)
-        reason = head.reason if len(hang_roots) == 1 else (
-            f"{len(hang_roots)} independent roots: " + "; ".join(
-                f"rank(s) {_ranks_text(r.ranks)} {r.kind.value}" + (f" in {r.pg_desc or r.pg_name} seq "
-                                                                  f"{r.collective_seq_id}" if r.pg_name else "")
-                for r in hang_roots))
-        if waiting:
-            reason += f"; {len(waiting)} other rank(s) wait on them (follow-ons)"
-        if unresolved:
-            reason += "; the ranks of a cycle wait on each other and nothing could order them"
-        return HangReport(
-            verdict=_FAMILY.get(head.kind, head.kind), culprit_ranks=tuple(culprits), pg_id=head.pg_id,
-            pg_name=head.pg_name, pg_desc=head.pg_desc, collective_seq_id=head.collective_seq_id, op=head.op,
-            never_joined=never, stalled=stalled, missing_dumps=missing, reason=reason,
-            confidence=round(min(root.confidence for root in hang_roots), 3),
-            evidence=tuple(evidence + lines), roots=hang_roots, follow_ons=tuple(waiting),
-            unresolved_cycle=unresolved)
+
+def _rootless_report(analysis: _Analysis) -> HangReport:
+    """No root: missing dumps, a group stuck as a whole, or no hang."""
+    evidence = list(analysis.evidence)
+    missing = tuple(sorted(analysis.missing))
     if missing:
         return HangReport(
             verdict=HangVerdict.MISSING_DUMPS, culprit_ranks=missing, pg_id=None, pg_name=None, pg_desc=None,
