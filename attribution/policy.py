@@ -418,7 +418,17 @@ class DecisionPolicy:
                                          reason=f"{rule.reason}: drain {', '.join(nodes)}", issued_at=now,
                                          exclude_nodes=nodes)
 
-        # 5. failover guards
+        # 5. failover guards, then the failover itself
+        guarded = self._failover_guard(incident, rule, nodes, escalate)
+        if guarded is not None:
+            return guarded
+        return self._failover(incident, rule, nodes, job_nodes, now, escalate)
+
+    def _failover_guard(self, incident: Incident, rule: PolicyRule, nodes: tuple[str, ...],
+                        escalate: Callable[[str, str], Decision]) -> Decision | None:
+        """An escalation where a failover must not happen: a cause never failed over, too many nodes (systemic),
+        or the cause's retry budget spent."""
+        config = self.config
         if incident.cause in config.never_failover_causes:
             return escalate(f"{rule.id}:never-failover", f"cause {incident.cause.value} is never failed over "
                                                          "(a restart would repeat it)")
@@ -432,7 +442,12 @@ class DecisionPolicy:
         if used >= budget:
             return escalate(f"{rule.id}:retry-budget-spent",
                             f"retry budget for cause {incident.cause.value} spent: {used} failovers of {budget}")
+        return None
 
+    def _failover(self, incident: Incident, rule: PolicyRule, nodes: tuple[str, ...], job_nodes: Iterable[str] | None,
+                  now: dt.datetime, escalate: Callable[[str, str], Decision]) -> Decision:
+        """The failover: the culprit nodes and proactive lemons excluded, and the checkpoint to restore."""
+        config = self.config
         exclude = list(nodes)
         reasons = [f"{rule.reason}: exclude {', '.join(nodes)}" if nodes else f"{rule.reason}: exclude no node"]
         lemons = self._job_lemons(incident, job_nodes, nodes)
