@@ -195,17 +195,23 @@ class NvmlBackend:
         reading.errors.append(f"{column}: {exc}")
 
     def sample(self, device: GpuDevice) -> GpuReading:
-        nvml = self._nvml
         handle = self._handles.get(device.index)
         if handle is None:
             raise GpuLostError(device, "no NVML handle (GPU inaccessible)")
         reading = GpuReading(values={})
-        v = reading.values
-        call = self._call
+        self._sample_temperature(reading, device, handle)
+        self._sample_power_clocks_memory(reading, device, handle)
+        self._sample_ecc(reading, device, handle)
+        self._sample_pages_and_rows(reading, device, handle)
+        self._sample_links_and_fields(reading, device, handle)
+        return reading
 
-        def fn(name: str) -> Callable[..., Any] | None:
-            return getattr(nvml, name, None)
+    def _fn(self, name: str) -> Callable[..., Any] | None:
+        return getattr(self._nvml, name, None)
 
+    def _sample_temperature(self, reading: GpuReading, device: GpuDevice, handle: Any) -> None:
+        """GPU temperature (a lost GPU raises GpuLostError)."""
+        nvml, call, fn, v = self._nvml, self._call, self._fn, reading.values
         temperature_v = fn("nvmlDeviceGetTemperatureV")
         temp = None
         if temperature_v is not None:
@@ -219,6 +225,9 @@ class NvmlBackend:
             temp = call(reading, device, "temp_c", fn("nvmlDeviceGetTemperature"), handle, nvml.NVML_TEMPERATURE_GPU)
         v["temp_c"] = temp
 
+    def _sample_power_clocks_memory(self, reading: GpuReading, device: GpuDevice, handle: Any) -> None:
+        """Power, energy, clocks, utilisation, memory and clock-event reasons."""
+        nvml, call, fn, v = self._nvml, self._call, self._fn, reading.values
         power_mw = call(reading, device, "power_w", fn("nvmlDeviceGetPowerUsage"), handle)
         v["power_w"] = power_mw / 1000.0 if power_mw is not None else None
         v["energy_mj"] = call(reading, device, "energy_mj", fn("nvmlDeviceGetTotalEnergyConsumption"), handle)
@@ -242,6 +251,9 @@ class NvmlBackend:
         reasons_fn = fn("nvmlDeviceGetCurrentClocksEventReasons") or fn("nvmlDeviceGetCurrentClocksThrottleReasons")
         v["clocks_event_reasons"] = call(reading, device, "clocks_event_reasons", reasons_fn, handle)
 
+    def _sample_ecc(self, reading: GpuReading, device: GpuDevice, handle: Any) -> None:
+        """ECC error counters: totals and by memory location."""
+        nvml, call, fn, v = self._nvml, self._call, self._fn, reading.values
         total_ecc = fn("nvmlDeviceGetTotalEccErrors")
         corrected, uncorrected = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         volatile, aggregate = nvml.NVML_VOLATILE_ECC, nvml.NVML_AGGREGATE_ECC
@@ -260,6 +272,9 @@ class NvmlBackend:
         v["ecc_sram_uncorrected"] = call(reading, device, "ecc_sram_uncorrected", by_location, handle, uncorrected,
                                          volatile, sram)
 
+    def _sample_pages_and_rows(self, reading: GpuReading, device: GpuDevice, handle: Any) -> None:
+        """Retired pages and remapped rows."""
+        nvml, call, fn, v = self._nvml, self._call, self._fn, reading.values
         retired = fn("nvmlDeviceGetRetiredPages")
         sbe_pages = call(reading, device, "retired_pages_sbe", retired, handle,
                          nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
@@ -281,6 +296,9 @@ class NvmlBackend:
             v.update(remapped_rows_correctable=None, remapped_rows_uncorrectable=None, remap_pending=None,
                      remap_failure=None)
 
+    def _sample_links_and_fields(self, reading: GpuReading, device: GpuDevice, handle: Any) -> None:
+        """PCIe replays, field values (HBM temperature, recovery action) and NVLink errors."""
+        call, fn, v = self._call, self._fn, reading.values
         v["pcie_replay_count"] = call(reading, device, "pcie_replay_count", fn("nvmlDeviceGetPcieReplayCounter"),
                                       handle)
         fields = self._field_values(reading, device, handle)
@@ -299,7 +317,6 @@ class NvmlBackend:
         v["nvlink_crc_errors"] = crc
         if v["recovery_action"] is not None:
             v["recovery_action"] = int(v["recovery_action"])
-        return reading
 
     _FIELDS = ("NVML_FI_DEV_MEMORY_TEMP", "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
                "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
