@@ -146,14 +146,7 @@ def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.date
             window_s: float | None = None, attempt_starts: Mapping[int, dt.datetime] | None = None,
             live_grace_s: float = 600.0, max_points: int = 2000) -> GoodputReport:
     """The goodput report of one job's facts (see the module docstring for every definition)."""
-    starts: dict[int, int] = {int(a): int(t) for a, t in facts.observed_starts.items() if t is not None}
-    for attempt in np.unique(facts.step_attempt).tolist():
-        first = int(facts.step_start_ns[facts.step_attempt == attempt].min())
-        starts[attempt] = min(starts.get(attempt, first), first)
-    for attempt, when in (attempt_starts or {}).items():
-        ns = _ns(when)
-        if ns is not None:
-            starts[int(attempt)] = min(starts.get(int(attempt), ns), ns)
+    starts = _attempt_starts(facts, attempt_starts)
     start_ns = _ns(since) if since is not None else (min(starts.values()) if starts else None)
     telemetry = [t for t in (facts.last_telemetry_ns, *(starts.values())) if t is not None]
     last_ns = max(telemetry) if telemetry else None
@@ -177,7 +170,37 @@ def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.date
     if window_ns <= 0:
         raise GoodputError(f"the sliding window must be positive, got {window_s}")
     sliding = _sliding(timeline, window_ns, max_points)
+    accounts, costs = _attempt_accounts(facts, starts, start_ns, end_ns, timeline, live, lost, resume)
+    productive_s = totals[Bucket.PRODUCTIVE]
+    return GoodputReport(
+        job_id=facts.job_id, start=_dt(start_ns), end=_dt(end_ns), wall_s=wall_s, productive_s=productive_s,
+        ettr=productive_s / wall_s, badput={b: totals[b] for b in BADPUT},
+        steps_kept=sum(a.steps_kept for a in accounts),
+        steps_lost=sum(a.steps_lost for a in accounts), window_s=window_ns / _NS, sliding=sliding,
+        min_sliding_ettr=min((p.ettr for p in sliding), default=None),
+        longest_unproductive=_longest_unproductive(timeline), attempts=tuple(accounts), incidents=tuple(costs),
+        offline=tuple([x.incident_id for x in facts.incidents if x not in live.incidents]
+                      + [d.decision_id for d in facts.decisions if d not in live.decisions]),
+        timeline=timeline)
 
+
+def _attempt_starts(facts: JobFacts, attempt_starts: Mapping[int, dt.datetime] | None) -> dict[int, int]:
+    """attempt -> its start (ns): the earliest of what was observed, its first step and what the caller says."""
+    starts: dict[int, int] = {int(a): int(t) for a, t in facts.observed_starts.items() if t is not None}
+    for attempt in np.unique(facts.step_attempt).tolist():
+        first = int(facts.step_start_ns[facts.step_attempt == attempt].min())
+        starts[attempt] = min(starts.get(attempt, first), first)
+    for attempt, when in (attempt_starts or {}).items():
+        ns = _ns(when)
+        if ns is not None:
+            starts[int(attempt)] = min(starts.get(int(attempt), ns), ns)
+    return starts
+
+
+def _attempt_accounts(facts: JobFacts, starts: dict[int, int], start_ns: int, end_ns: int, timeline: Timeline,
+                      live: JobFacts, lost: np.ndarray, resume: Mapping[int, int | None]
+                      ) -> tuple[list[AttemptAccount], list[IncidentCost]]:
+    """One account per attempt, and the cost of each incident that ended one."""
     work = ~facts.step_is_checkpoint
     attempts = sorted(set(starts) | set(facts.step_attempt.tolist()))
     first_decision: dict[int, DecisionFact] = {}
@@ -222,17 +245,7 @@ def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.date
                 cause=None if incident is None else incident.cause, action=decision.action,
                 lost_work_s=accounts[-1].seconds[Bucket.LOST_WORK],
                 downtime_s=sum(v for k, v in spent.items() if k not in (Bucket.PRODUCTIVE, Bucket.CHECKPOINT))))
-    productive_s = totals[Bucket.PRODUCTIVE]
-    return GoodputReport(
-        job_id=facts.job_id, start=_dt(start_ns), end=_dt(end_ns), wall_s=wall_s, productive_s=productive_s,
-        ettr=productive_s / wall_s, badput={b: totals[b] for b in BADPUT},
-        steps_kept=sum(a.steps_kept for a in accounts),
-        steps_lost=sum(a.steps_lost for a in accounts), window_s=window_ns / _NS, sliding=sliding,
-        min_sliding_ettr=min((p.ettr for p in sliding), default=None),
-        longest_unproductive=_longest_unproductive(timeline), attempts=tuple(accounts), incidents=tuple(costs),
-        offline=tuple([x.incident_id for x in facts.incidents if x not in live.incidents]
-                      + [d.decision_id for d in facts.decisions if d not in live.decisions]),
-        timeline=timeline)
+    return accounts, costs
 
 
 def goodput(store: Store | str, job_id: str, *, since: dt.datetime | None = None, until: dt.datetime | None = None,
