@@ -207,107 +207,122 @@ class BoundedHTTPServer(HTTPServer):
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+class _DecisionHandler(BaseHTTPRequestHandler):
+    """One POSTed decision: size and time bounds, signature, then the receiver. make_server sets the class
+    attributes below on a subclass per server."""
+
+    receiver: DecisionReceiver
+    secret: str
+    path_served: str
+    window_s: float
+    accept_legacy_signature: bool
+    max_body: int
+    read_timeout_s: float
+    timeout: float  # every socket read and write (headers too) is bounded
+    protocol_version = "HTTP/1.0"  # one request per connection: no idle keep-alive holding a worker
+
+    def do_POST(self) -> None:
+        if self.path != self.path_served:
+            self._reply(404, "not found")
+            return
+        length = self._content_length()
+        if length is None:
+            return
+        body = self._read_body(length)
+        if body is None:
+            self._reply(408, "request body not received in time")
+            return
+        if len(body) != length:
+            self._reply(400, "request body shorter than Content-Length")
+            return
+        reason = self._refusal(body)
+        if reason is not None:
+            self._reply(401, reason)
+            return
+        try:
+            decision = json.loads(body)
+            outcome = self.receiver.handle(decision)
+        except ConflictError as exc:
+            self._reply(409, str(exc))
+            return
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            self._reply(422, str(exc)[:300] or type(exc).__name__)  # malformed: permanent (4xx)
+            return
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+            log.warning("decision %s: kubectl failed: %s", _printable(self.headers.get(DECISION_ID_HEADER)), exc)
+            self._reply(503, "kubectl failed; retry")  # faultlens retries 5xx with backoff
+            return
+        self._reply(200, outcome)
+
+    def _read_body(self, length: int) -> bytes | None:
+        """The body, read within 3 x read_timeout_s in all (a client trickling bytes cannot hold a worker)."""
+        deadline = time.monotonic() + 3 * self.read_timeout_s
+        chunks, left = [], length
+        try:
+            while left > 0:
+                if time.monotonic() > deadline:
+                    return None
+                chunk = self.rfile.read1(min(left, 65536)) if hasattr(self.rfile, "read1") else \
+                    self.rfile.read(min(left, 65536))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        except (TimeoutError, OSError):
+            return None
+        return b"".join(chunks)
+
+    def _content_length(self) -> int | None:
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            self._reply(411, "Content-Length required")
+            return None
+        text = raw.strip()
+        if not (text.isascii() and text.isdigit()):
+            self._reply(400, "Content-Length is not a byte count")
+            return None
+        length = int(text[:40]) if len(text) <= 40 else self.max_body + 1
+        if length > self.max_body:
+            self._reply(413, f"body larger than {self.max_body} bytes")
+            return None
+        return length
+
+    def _refusal(self, body: bytes) -> str | None:
+        reason = verify_timestamped(self.secret, body, self.headers.get(TIMESTAMP_HEADER),
+                                    self.headers.get(SIGNATURE_V2_HEADER), window_s=self.window_s)
+        if reason is None:
+            return None
+        if self.accept_legacy_signature and self.headers.get(TIMESTAMP_HEADER) is None and \
+                verify_signature(self.secret, body, self.headers.get(SIGNATURE_HEADER)):
+            return None
+        return reason
+
+    def _reply(self, status: int, text: str) -> None:
+        payload = text.encode("utf-8", "replace")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+        except OSError:
+            pass  # the client went away
+
+    def log_message(self, fmt: str, *args: object) -> None:
+        log.info("%s " + fmt, self.address_string(), *args)
+
+
 def make_server(receiver: DecisionReceiver, secret: str, host: str = "0.0.0.0", port: int = 8080,
                 path: str = "/faultlens/decisions", *, window_s: float = DEFAULT_WINDOW_S,
                 accept_legacy_signature: bool = False, max_body: int = MAX_BODY,
                 read_timeout_s: float = READ_TIMEOUT_S, workers: int = WORKERS,
                 backlog: int = BACKLOG) -> BoundedHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = read_timeout_s  # every socket read and write (headers too) is bounded
-        protocol_version = "HTTP/1.0"  # one request per connection: no idle keep-alive holding a worker
-
-        def do_POST(self) -> None:
-            if self.path != path:
-                self._reply(404, "not found")
-                return
-            length = self._content_length()
-            if length is None:
-                return
-            body = self._read_body(length)
-            if body is None:
-                self._reply(408, "request body not received in time")
-                return
-            if len(body) != length:
-                self._reply(400, "request body shorter than Content-Length")
-                return
-            reason = self._refusal(body)
-            if reason is not None:
-                self._reply(401, reason)
-                return
-            try:
-                decision = json.loads(body)
-                outcome = receiver.handle(decision)
-            except ConflictError as exc:
-                self._reply(409, str(exc))
-                return
-            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-                self._reply(422, str(exc)[:300] or type(exc).__name__)  # malformed: permanent (4xx)
-                return
-            except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-                log.warning("decision %s: kubectl failed: %s", _printable(self.headers.get(DECISION_ID_HEADER)), exc)
-                self._reply(503, "kubectl failed; retry")  # faultlens retries 5xx with backoff
-                return
-            self._reply(200, outcome)
-
-        def _read_body(self, length: int) -> bytes | None:
-            """The body, read within 3 x read_timeout_s in all (a client trickling bytes cannot hold a worker)."""
-            deadline = time.monotonic() + 3 * read_timeout_s
-            chunks, left = [], length
-            try:
-                while left > 0:
-                    if time.monotonic() > deadline:
-                        return None
-                    chunk = self.rfile.read1(min(left, 65536)) if hasattr(self.rfile, "read1") else \
-                        self.rfile.read(min(left, 65536))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    left -= len(chunk)
-            except (TimeoutError, OSError):
-                return None
-            return b"".join(chunks)
-
-        def _content_length(self) -> int | None:
-            raw = self.headers.get("Content-Length")
-            if raw is None:
-                self._reply(411, "Content-Length required")
-                return None
-            text = raw.strip()
-            if not (text.isascii() and text.isdigit()):
-                self._reply(400, "Content-Length is not a byte count")
-                return None
-            length = int(text[:40]) if len(text) <= 40 else max_body + 1
-            if length > max_body:
-                self._reply(413, f"body larger than {max_body} bytes")
-                return None
-            return length
-
-        def _refusal(self, body: bytes) -> str | None:
-            reason = verify_timestamped(secret, body, self.headers.get(TIMESTAMP_HEADER),
-                                        self.headers.get(SIGNATURE_V2_HEADER), window_s=window_s)
-            if reason is None:
-                return None
-            if accept_legacy_signature and self.headers.get(TIMESTAMP_HEADER) is None and \
-                    verify_signature(secret, body, self.headers.get(SIGNATURE_HEADER)):
-                return None
-            return reason
-
-        def _reply(self, status: int, text: str) -> None:
-            payload = text.encode("utf-8", "replace")
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain; charset=utf-8")
-                self.send_header("Content-Length", str(len(payload)))
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(payload)
-            except OSError:
-                pass  # the client went away
-
-        def log_message(self, fmt: str, *args: object) -> None:
-            log.info("%s " + fmt, self.address_string(), *args)
-
-    return BoundedHTTPServer((host, port), Handler, workers=workers, backlog=backlog)
+    attributes = {"receiver": receiver, "secret": secret, "path_served": path, "window_s": window_s,
+                  "accept_legacy_signature": accept_legacy_signature, "max_body": max_body,
+                  "read_timeout_s": read_timeout_s, "timeout": read_timeout_s}
+    handler = type("Handler", (_DecisionHandler,), attributes)
+    return BoundedHTTPServer((host, port), handler, workers=workers, backlog=backlog)
 
 
 def _printable(value: object) -> str:
