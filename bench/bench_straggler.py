@@ -8,8 +8,9 @@ step-time changes of real torch jobs.
 Scoring: a simulated job (controller/simulate/straggler_cases.py: 128 nodes x 8 GPUs, 4 stages, 32 replicas, one
 slow GPU from step 200) is written to a store once (cached under --cache) and read into a Telemetry bundle; timed
 is the detector's scoring of the 500-step window (scores + findings: decomposition, persistence, what-if), best of
---repeat, wall and CPU seconds, beside the previous detector (attribution/straggler.py at commit BASELINE, read from
-git, with its substring exclusion list) on the same frames. The culprit each one reports is printed.
+--repeat, wall and CPU seconds, beside the previous detector (attribution/straggler.py at commit BASELINE, since
+split into the package attribution/straggler/; read from git, with its substring exclusion list) on the same
+frames. The culprit each one reports is printed.
 
 What-if: each slow case of tests/torch_jobs/straggler_jobs.py is run one at a time (--sequential, into --cache);
 the job measures its own median step period while slow and without the slowness, before it starts and after it
