@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.collectors.errors import FaultlensError
+from faultlens.controller.lab.fault_labels import ExpectedAction, FaultLabel, LabelClass
 
 BEFORE_SLACK = dt.timedelta(seconds=30)
 AFTER_SLACK = dt.timedelta(seconds=300)
@@ -108,7 +108,7 @@ class Match:
     incident: Incident | None
     decision: DecisionView | None = None
     duplicates: tuple[Incident, ...] = ()
-    replay_detected_at: dt.datetime | None = None  # from a live replay (faultlens.attribution.replay), when one ran
+    replay_detected_at: dt.datetime | None = None  # from a live replay (faultlens.controller.lab.replay), when one ran
 
     @property
     def detected_at(self) -> dt.datetime | None:
@@ -318,7 +318,7 @@ def evaluate(labels: Sequence[FaultLabel], incidents: Sequence[Incident], *, dec
              replay: Mapping[str, dt.datetime | None] | None = None) -> EvalReport:
     """Score `incidents` against `labels`. `decide` gives the decision for an incident (default: docs/design.md
     rules); `decisions_source` names where decisions come from, for the report. `replay` (fault id -> simulated
-    detection time from faultlens.attribution.replay) replaces the incidents' detected_ts for latency."""
+    detection time from faultlens.controller.lab.replay) replaces the incidents' detected_ts for latency."""
     decide = decide or design_rules
     matches, false_alarms = match(labels, incidents)
     replay_times = replay or {}

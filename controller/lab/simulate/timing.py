@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.collectors.store.schema import TABLES, ts_array
-from faultlens.controller.simulate.cluster import Placement
+from faultlens.controller.lab.simulate.cluster import Placement
 
 NS = 1_000_000_000
 TRAIN_SECTIONS = ("data", "forward", "backward", "optimizer", "comm")

@@ -18,8 +18,8 @@ import pyarrow as pa
 
 from faultlens.collectors.sources.gpu_deltas import sample_changes
 from faultlens.collectors.store.schema import TABLES, ts_array
-from faultlens.controller.simulate.cluster import GPU_NAME, MEM_TOTAL_BYTES, Node
-from faultlens.controller.simulate.xid import GpuEventFactory
+from faultlens.controller.lab.simulate.cluster import GPU_NAME, MEM_TOTAL_BYTES, Node
+from faultlens.controller.lab.simulate.xid import GpuEventFactory
 
 # clocks-event reason bits (nvmlClocksEventReason*)
 GPU_IDLE = 0x1

@@ -13,16 +13,25 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.attribution.fault_labels import FaultLabel, write_labels
 from faultlens.collectors.store.schema import rows_to_table
 from faultlens.collectors.store.sink import SegmentSink
-from faultlens.controller.simulate.cluster import Placement, make_nodes
-from faultlens.controller.simulate.config import SimConfig
-from faultlens.controller.simulate.faults import BY_KIND, FAULTS, STRAGGLERS, FaultKind, Mode, Target, draw, pick_target
-from faultlens.controller.simulate.gpu import GpuSampler
-from faultlens.controller.simulate.noise import BENIGN_KINDS, inject_benign
-from faultlens.controller.simulate.timing import StepTimer
-from faultlens.controller.simulate.world import NS, World
+from faultlens.controller.lab.fault_labels import FaultLabel, write_labels
+from faultlens.controller.lab.simulate.cluster import Placement, make_nodes
+from faultlens.controller.lab.simulate.config import SimConfig
+from faultlens.controller.lab.simulate.faults import (
+    BY_KIND,
+    FAULTS,
+    STRAGGLERS,
+    FaultKind,
+    Mode,
+    Target,
+    draw,
+    pick_target,
+)
+from faultlens.controller.lab.simulate.gpu import GpuSampler
+from faultlens.controller.lab.simulate.noise import BENIGN_KINDS, inject_benign
+from faultlens.controller.lab.simulate.timing import StepTimer
+from faultlens.controller.lab.simulate.world import NS, World
 
 ROW_TABLES = ("ranks", "process_events", "gpu_events", "collectives", "checkpoints")
 
