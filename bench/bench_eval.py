@@ -24,10 +24,10 @@ TARGETS = {"culprit_node_f1": ">= 0.99", "software_failovers": "0", "handled_wit
 def run(nodes: int, gpus: int, hours: float, seed: int, out: Path, replay: bool) -> dict[str, Any]:
     from faultlens.attribution.engine import attribute
     from faultlens.attribution.evaluate import evaluate, load_decider, stands_for
-    from faultlens.attribution.fault_labels import read_labels
-    from faultlens.attribution.replay import replay_faults
     from faultlens.attribution.store import Store
-    from faultlens.controller.simulate import SimConfig, simulate
+    from faultlens.controller.lab.fault_labels import read_labels
+    from faultlens.controller.lab.replay import replay_faults
+    from faultlens.controller.lab.simulate import SimConfig, simulate
 
     store = out / f"eval-{nodes}x{gpus}-{hours:g}h-seed{seed}"
     if store.exists():

@@ -5,7 +5,7 @@ step-time changes of real torch jobs.
     python bench/bench_straggler.py --torch               # also: what-if vs measured on the real pipeline jobs
     python bench/bench_straggler.py --whatif-only [--reuse DIR]   # the what-if alone (DIR: jobs generated before)
 
-Scoring: a simulated job (controller/simulate/straggler_cases.py: 128 nodes x 8 GPUs, 4 stages, 32 replicas, one
+Scoring: a simulated job (controller/lab/simulate/straggler_cases.py: 128 nodes x 8 GPUs, 4 stages, 32 replicas, one
 slow GPU from step 200) is written to a store once (cached under --cache) and read into a Telemetry bundle; timed
 is the detector's scoring of the 500-step window (scores + findings: decomposition, persistence, what-if), best of
 --repeat, wall and CPU seconds, beside the previous detector (attribution/straggler.py at commit BASELINE, since
@@ -70,7 +70,7 @@ def bench_scoring(cache: Path, nodes: int, steps: int, repeat: int) -> dict:
     from faultlens.attribution.store import Store
     from faultlens.attribution.straggler import StragglerDetector
     from faultlens.attribution.telemetry import load_from_store, placements
-    from faultlens.controller.simulate.straggler_cases import write_case
+    from faultlens.controller.lab.simulate.straggler_cases import write_case
 
     store = cache / f"sim-worker-{nodes}x8-{steps}"
     if not (store / "steps").exists():

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from faultlens.attribution.evaluate import DecisionView, design_rules, evaluate, match
-from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass, write_labels
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main as cli
+from faultlens.controller.lab.fault_labels import ExpectedAction, FaultLabel, LabelClass, write_labels
 
 T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)
 
@@ -142,8 +142,8 @@ def test_cli_eval_reads_incidents_and_decisions_from_the_store(tmp_path: Path,
 def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
     pytest.importorskip("faultlens.attribution.hang", reason="the hang analysis has not landed on this branch")
     from faultlens.attribution.engine import attribute
-    from faultlens.attribution.fault_labels import read_labels
-    from faultlens.controller.simulate import SimConfig, simulate
+    from faultlens.controller.lab.fault_labels import read_labels
+    from faultlens.controller.lab.simulate import SimConfig, simulate
 
     store = tmp_path / "store"
     result = simulate(SimConfig(nodes=4, hours=4.0, seed=3, faults_per_day=60.0, stragglers_per_day=6.0,
@@ -162,10 +162,10 @@ def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
 def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> None:
     pytest.importorskip("faultlens.attribution.hang", reason="the hang analysis has not landed on this branch")
     from faultlens.attribution.evaluate import stands_for
-    from faultlens.attribution.fault_labels import read_labels
-    from faultlens.attribution.replay import replay_fault
     from faultlens.attribution.store import Store
-    from faultlens.controller.simulate import SimConfig, simulate
+    from faultlens.controller.lab.fault_labels import read_labels
+    from faultlens.controller.lab.replay import replay_fault
+    from faultlens.controller.lab.simulate import SimConfig, simulate
 
     store = tmp_path / "store"
     result = simulate(SimConfig(nodes=4, hours=3.0, seed=3, faults_per_day=60.0, stragglers_per_day=0.0,

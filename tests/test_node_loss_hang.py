@@ -12,11 +12,11 @@ import pytest
 
 from faultlens.attribution.decision import Action
 from faultlens.attribution.engine import attribute
-from faultlens.attribution.fault_labels import read_labels
 from faultlens.attribution.incident import Cause
 from faultlens.attribution.policy import DecisionPolicy
-from faultlens.controller.simulate.config import SimConfig
-from faultlens.controller.simulate.run import simulate
+from faultlens.controller.lab.fault_labels import read_labels
+from faultlens.controller.lab.simulate.config import SimConfig
+from faultlens.controller.lab.simulate.run import simulate
 
 
 @pytest.mark.parametrize(("seed", "pp"), [(1, 4), (5, 2)])

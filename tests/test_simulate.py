@@ -13,15 +13,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from faultlens.attribution.fault_labels import ExpectedAction, LabelClass, LabelError, read_labels, write_labels
 from faultlens.attribution.store import Store
 from faultlens.collectors.sources.kmsg import KernelLogParser
 from faultlens.collectors.store.schema import TABLES
 from faultlens.controller.cli.main import main as cli
-from faultlens.controller.simulate import ConfigError, SimConfig, simulate
-from faultlens.controller.simulate.cluster import Placement, make_nodes
-from faultlens.controller.simulate.collectives import HangSpec, build_groups, resolve, step_program
-from faultlens.controller.simulate.faults import FAULTS, STRAGGLERS
+from faultlens.controller.lab.fault_labels import ExpectedAction, LabelClass, LabelError, read_labels, write_labels
+from faultlens.controller.lab.simulate import ConfigError, SimConfig, simulate
+from faultlens.controller.lab.simulate.cluster import Placement, make_nodes
+from faultlens.controller.lab.simulate.collectives import HangSpec, build_groups, resolve, step_program
+from faultlens.controller.lab.simulate.faults import FAULTS, STRAGGLERS
 
 # a small, busy cluster that injects every fault kind once, in catalog order (independent of the seed)
 SEED = 5

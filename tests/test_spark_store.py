@@ -26,7 +26,7 @@ def demo_like_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from faultlens.collectors.training.heartbeat import HeartbeatSource
     from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
     from faultlens.controller.cli.main import main as cli
-    from faultlens.controller.simulate import SimConfig, simulate
+    from faultlens.controller.lab.simulate import SimConfig, simulate
 
     root = tmp_path_factory.mktemp("spark-store")
     store = root / "store"

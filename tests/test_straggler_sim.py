@@ -15,7 +15,7 @@ from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, load_policy
 from faultlens.attribution.straggler_policy import decide_all
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
-from faultlens.controller.simulate.straggler_cases import write_case
+from faultlens.controller.lab.simulate.straggler_cases import write_case
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from faultlens.attribution.evaluate.report import FalseAlarm, Match, cause_family
-from faultlens.attribution.fault_labels import FaultLabel, LabelClass
+from faultlens.controller.lab.fault_labels import FaultLabel, LabelClass
 from faultlens.attribution.incident import Incident
 
 BEFORE_SLACK = dt.timedelta(seconds=30)

@@ -21,7 +21,7 @@ from faultlens.attribution.evaluate.report import (
     cause_family,
 )
 from faultlens.attribution.evaluate.sources import design_rules
-from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
+from faultlens.controller.lab.fault_labels import ExpectedAction, FaultLabel, LabelClass
 from faultlens.attribution.incident import Incident
 
 CLASSES = tuple(c.value for c in (LabelClass.CRASH, LabelClass.COLLECTIVE_HANG, LabelClass.STRAGGLER,
@@ -166,7 +166,7 @@ def evaluate(labels: Sequence[FaultLabel], incidents: Sequence[Incident], *, dec
              replay: Mapping[str, dt.datetime | None] | None = None) -> EvalReport:
     """Score `incidents` against `labels`. `decide` gives the decision for an incident (default: docs/design.md
     rules); `decisions_source` names where decisions come from, for the report. `replay` (fault id -> simulated
-    detection time from faultlens.attribution.replay) replaces the incidents' detected_ts for latency."""
+    detection time from faultlens.controller.lab.replay) replaces the incidents' detected_ts for latency."""
     decide = decide or design_rules
     matches, false_alarms = match(labels, incidents)
     replay_times = replay or {}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlens.attribution.fault_labels import FaultLabel
+from faultlens.controller.lab.fault_labels import FaultLabel
 from faultlens.attribution.incident import Incident
 
 HARDWARE = {"gpu_hardware", "hbm", "nvlink", "pcie", "network", "thermal", "host"}
@@ -73,7 +73,7 @@ class Match:
     incident: Incident | None
     decision: DecisionView | None = None
     duplicates: tuple[Incident, ...] = ()
-    replay_detected_at: dt.datetime | None = None  # from a live replay (faultlens.attribution.replay), when one ran
+    replay_detected_at: dt.datetime | None = None  # from a live replay (faultlens.controller.lab.replay), when one ran
 
     @property
     def detected_at(self) -> dt.datetime | None:

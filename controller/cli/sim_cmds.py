@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
-    from faultlens.controller.simulate import SimConfig, simulate
+    from faultlens.controller.lab.simulate import SimConfig, simulate
 
     try:
         start = dt.datetime.fromisoformat(args.start)
@@ -103,8 +103,8 @@ def _replay_progress(detection) -> None:
 
 def run_eval(args: argparse.Namespace) -> int:
     from faultlens.attribution.evaluate import evaluate, load_decider, load_incidents, report_rows
-    from faultlens.attribution.fault_labels import read_labels
     from faultlens.attribution.store import Store
+    from faultlens.controller.lab.fault_labels import read_labels
 
     labels = read_labels(args.labels)
     store = Store(args.store)
@@ -119,7 +119,7 @@ def run_eval(args: argparse.Namespace) -> int:
         replay = None
         if args.replay:
             from faultlens.attribution.evaluate import stands_for
-            from faultlens.attribution.replay import replay_faults
+            from faultlens.controller.lab.replay import replay_faults
 
             with progress("replaying each fault through the live engine", total=len(labels)) as task:
                 def step(detection) -> None:

@@ -403,116 +403,134 @@ class Supervisor:
                record: AttemptRecord, nodes: Sequence[str]) -> tuple[Incident | None, Decision | None]:
         """Watch one attempt until it completes, or an incident's decision ends it (returned, not yet applied),
         or it fails with nothing attributed. Decisions that leave the job running are delivered here."""
-        stop = threading.Event()
-        news = threading.Event()  # a death or a GPU event was just stored: look now, not at the next poll
-
-        def urgent_rows() -> int:
-            return sum(c.stats.rows.get(table, 0) for c in collectors for table in URGENT_TABLES)
-
-        def collect() -> None:
-            while not stop.is_set():
-                before = urgent_rows()
-                for collector in collectors:
-                    collector.tick()
-                if urgent_rows() != before:
-                    news.set()
-                self._fire_gpu_faults()
-                stop.wait(self.config.poll_s)
-
-        thread = threading.Thread(target=collect, name="faultlens-collectors", daemon=True)
-        thread.start()
-        started = time.monotonic()
-        ending: tuple[Incident, Decision] | None = None
-        boundary: _Boundary | None = None
-        finished_at: float | None = None
-        stop_reason = "the attempt ran past its time limit"
+        collecting = _Collecting(collectors, self._fire_gpu_faults, self.config.poll_s)
+        collecting.start()
+        watch = _AttemptWatch()
         try:
-            while time.monotonic() - started < self.config.attempt_timeout_s:
-                self._poll_agents(agents, track=True)
-                for found in self.follower.poll_once():
-                    if found.attempt not in (None, record.attempt) or found.job_id != self.config.job_id:
-                        continue
-                    self.say(f"incident: {found.incident_class.value} / {found.cause.value} on "
-                             f"{', '.join(found.culprit_nodes) or 'no single node:'} ranks {list(found.culprit_ranks)} "
-                             f"({found.rule}, confidence {found.confidence:.2f})")
-                    if ending is not None:
-                        continue
-                    if self._ended_ok(agents):
-                        self.say("every agent had already exited 0: the job ended; the incident is not acted on")
-                        continue
-                    if boundary is not None and is_slowdown(found):
-                        self.say("a failover at the next checkpoint boundary is already pending; the job keeps "
-                                 "running until then")
-                        continue
-                    decision = self.policy.decide(found, job_nodes=nodes)
-                    if keeps_running(found, decision):
-                        self.deliverer.submit(decision)
-                        record.notices.append(decision)
-                        self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}; "
-                                 "delivered, the job keeps running")
-                        continue
-                    if is_slowdown(found) and decision.action is Action.FAILOVER:
-                        exclude = [*self.excluded, *decision.exclude_nodes]
-                        newest = self._newest_restore(exclude)
-                        boundary = _Boundary(found, decision, None if newest is None else newest.step, exclude,
-                                             time.monotonic() + self.config.checkpoint_wait_s)
-                        self.say(f"decision: failover ({decision.policy_rule}) at the next checkpoint boundary "
-                                 f"(a complete checkpoint newer than step {boundary.step_at_decision} that "
-                                 f"survives excluding {', '.join(decision.exclude_nodes)}; at most "
-                                 f"{self.config.checkpoint_wait_s:.0f} s); training goes on until then")
-                        continue
-                    if boundary is not None:
-                        self.say(f"the pending failover of the {boundary.incident.incident_class.value} is "
-                                 "superseded by this incident")
-                        boundary = None
-                    ending = (found, decision)
-                if ending is not None:
-                    break
-                if boundary is not None and time.monotonic() >= boundary.next_check:
-                    boundary.next_check = time.monotonic() + 1.0
-                    newest = self._newest_restore(boundary.exclude)
-                    reached = newest is not None and (boundary.step_at_decision is None
-                                                      or newest.step > boundary.step_at_decision)
-                    if reached or time.monotonic() > boundary.deadline:
-                        ending = (boundary.incident, boundary.at_boundary(newest, reached))
-                        self.say(f"checkpoint boundary: step {newest.step} is complete" if reached and newest
-                                 else f"no newer checkpoint within {self.config.checkpoint_wait_s:.0f} s: "
-                                      "failing over from the newest there is")
-                        break
-                if all(a.exit_code is not None for a in agents):
-                    if self._ended_ok(agents):
-                        record.completed = True
-                        stop_reason = "end of job: every agent exited 0"
-                        if boundary is not None:
-                            self.say("the job ended before the checkpoint boundary: no failover needed")
-                        break
-                    finished_at = finished_at or time.monotonic()
-                    if time.monotonic() - finished_at > self.config.finish_wait_s:
-                        stop_reason = "the attempt failed and nothing was attributed"
-                        break  # a failure the engine had time to see
-                news.wait(self.config.poll_s)
-                news.clear()
-            if ending is not None:
-                incident, decision = ending
-                if self._ends_by_itself(agents, incident):
-                    record.completed = True
-                    stop_reason = "end of job: every agent exited 0"
-                    self.say("every agent exited 0 within the grace after the incident: the job had finished and "
-                             "was tearing down; the incident is not acted on")
-                    return None, None
-                self.deliverer.submit(decision)
-                self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}")
-                stop_reason = (f"teardown after incident {incident.incident_id} ({incident.incident_class.value}/"
-                               f"{incident.cause.value}): decision {decision.action.value}")
-            return ending if ending is not None else (None, None)
+            self._watch_until_over(agents, record, nodes, watch, collecting.news)
+            return self._conclude(agents, record, watch)
         finally:
-            stop_agents(agents, self.config.stop_grace_s, recorder=self.recorder, reason=stop_reason)
+            stop_agents(agents, self.config.stop_grace_s, recorder=self.recorder, reason=watch.stop_reason)
             self._poll_agents(agents, track=False)
-            stop.set()
-            thread.join(timeout=10)
+            collecting.stop()
             for collector in collectors:
                 collector.tick()  # the last lines the agents wrote as they stopped
             self.sink.flush()
+
+    def _watch_until_over(self, agents: list[TorchrunAgent], record: AttemptRecord, nodes: Sequence[str],
+                          watch: _AttemptWatch, news: threading.Event) -> None:
+        """Poll the agents and the engine until a decision ends the attempt, a pending failover reaches its
+        checkpoint boundary, every agent has exited, or the attempt's time is up."""
+        started = time.monotonic()
+        while time.monotonic() - started < self.config.attempt_timeout_s:
+            self._poll_agents(agents, track=True)
+            for found in self.follower.poll_once():
+                if found.attempt not in (None, record.attempt) or found.job_id != self.config.job_id:
+                    continue
+                self._on_incident(found, agents, record, nodes, watch)
+            if watch.ending is not None or self._boundary_reached(watch) or self._agents_done(agents, record, watch):
+                return
+            news.wait(self.config.poll_s)
+            news.clear()
+
+    def _on_incident(self, found: Incident, agents: list[TorchrunAgent], record: AttemptRecord,
+                     nodes: Sequence[str], watch: _AttemptWatch) -> None:
+        """An incident of this attempt: not acted on (the job ended, or a failover is already pending), delivered
+        while the job keeps running, a failover that waits for the next checkpoint boundary, or the decision that
+        ends the attempt (watch.ending)."""
+        self.say(f"incident: {found.incident_class.value} / {found.cause.value} on "
+                 f"{', '.join(found.culprit_nodes) or 'no single node:'} ranks {list(found.culprit_ranks)} "
+                 f"({found.rule}, confidence {found.confidence:.2f})")
+        if watch.ending is not None:
+            return
+        if self._ended_ok(agents):
+            self.say("every agent had already exited 0: the job ended; the incident is not acted on")
+            return
+        if watch.boundary is not None and is_slowdown(found):
+            self.say("a failover at the next checkpoint boundary is already pending; the job keeps "
+                     "running until then")
+            return
+        decision = self.policy.decide(found, job_nodes=nodes)
+        if keeps_running(found, decision):
+            self.deliverer.submit(decision)
+            record.notices.append(decision)
+            self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}; "
+                     "delivered, the job keeps running")
+            return
+        if is_slowdown(found) and decision.action is Action.FAILOVER:
+            watch.boundary = self._pending_failover(found, decision)
+            return
+        if watch.boundary is not None:
+            self.say(f"the pending failover of the {watch.boundary.incident.incident_class.value} is "
+                     "superseded by this incident")
+            watch.boundary = None
+        watch.ending = (found, decision)
+
+    def _pending_failover(self, found: Incident, decision: Decision) -> _Boundary:
+        """A slowdown's failover, to be carried out at the next checkpoint boundary (bounded by checkpoint_wait_s)."""
+        exclude = [*self.excluded, *decision.exclude_nodes]
+        newest = self._newest_restore(exclude)
+        boundary = _Boundary(found, decision, None if newest is None else newest.step, exclude,
+                             time.monotonic() + self.config.checkpoint_wait_s)
+        self.say(f"decision: failover ({decision.policy_rule}) at the next checkpoint boundary "
+                 f"(a complete checkpoint newer than step {boundary.step_at_decision} that "
+                 f"survives excluding {', '.join(decision.exclude_nodes)}; at most "
+                 f"{self.config.checkpoint_wait_s:.0f} s); training goes on until then")
+        return boundary
+
+    def _boundary_reached(self, watch: _AttemptWatch) -> bool:
+        """A pending failover (checked once a second) whose checkpoint boundary came, or whose wait is over: it
+        becomes the decision that ends the attempt."""
+        boundary = watch.boundary
+        if boundary is None or time.monotonic() < boundary.next_check:
+            return False
+        boundary.next_check = time.monotonic() + 1.0
+        newest = self._newest_restore(boundary.exclude)
+        reached = newest is not None and (boundary.step_at_decision is None
+                                          or newest.step > boundary.step_at_decision)
+        if not (reached or time.monotonic() > boundary.deadline):
+            return False
+        watch.ending = (boundary.incident, boundary.at_boundary(newest, reached))
+        self.say(f"checkpoint boundary: step {newest.step} is complete" if reached and newest
+                 else f"no newer checkpoint within {self.config.checkpoint_wait_s:.0f} s: "
+                      "failing over from the newest there is")
+        return True
+
+    def _agents_done(self, agents: list[TorchrunAgent], record: AttemptRecord, watch: _AttemptWatch) -> bool:
+        """Every agent has exited: all 0 (the job completed), or a failure the engine has had finish_wait_s to
+        attribute."""
+        if not all(a.exit_code is not None for a in agents):
+            return False
+        if self._ended_ok(agents):
+            record.completed = True
+            watch.stop_reason = "end of job: every agent exited 0"
+            if watch.boundary is not None:
+                self.say("the job ended before the checkpoint boundary: no failover needed")
+            return True
+        watch.finished_at = watch.finished_at or time.monotonic()
+        if time.monotonic() - watch.finished_at > self.config.finish_wait_s:
+            watch.stop_reason = "the attempt failed and nothing was attributed"
+            return True  # a failure the engine had time to see
+        return False
+
+    def _conclude(self, agents: list[TorchrunAgent], record: AttemptRecord,
+                  watch: _AttemptWatch) -> tuple[Incident | None, Decision | None]:
+        """The decision that ends the attempt, delivered; none when there is none, or when the job ends by itself
+        within the grace after the incident."""
+        if watch.ending is None:
+            return None, None
+        incident, decision = watch.ending
+        if self._ends_by_itself(agents, incident):
+            record.completed = True
+            watch.stop_reason = "end of job: every agent exited 0"
+            self.say("every agent exited 0 within the grace after the incident: the job had finished and "
+                     "was tearing down; the incident is not acted on")
+            return None, None
+        self.deliverer.submit(decision)
+        self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}")
+        watch.stop_reason = (f"teardown after incident {incident.incident_id} ({incident.incident_class.value}/"
+                             f"{incident.cause.value}): decision {decision.action.value}")
+        return watch.ending
 
     def _ended_ok(self, agents: Sequence[TorchrunAgent]) -> bool:
         return all(a.poll() == 0 and not a.stopped_by_us for a in agents)
@@ -581,6 +599,49 @@ class _Boundary:
         note = (f"carried out at the checkpoint boundary: restore {restore.tier} step {restore.step}" if reached
                 else f"no newer checkpoint in time: restore {restore.tier} step {restore.step}")
         return dataclasses.replace(self.decision, restore=restore, reason=f"{self.decision.reason}; {note}")
+
+
+class _Collecting:
+    """The node-side collectors ticking on their own thread while an attempt runs. `news` is set when a tick
+    stored a death or a GPU event: the watch loop looks at once, not at its next poll."""
+
+    def __init__(self, collectors: list[CollectorAgent], after_tick: Callable[[], None], poll_s: float) -> None:
+        self.collectors = collectors
+        self.after_tick = after_tick
+        self.poll_s = poll_s
+        self.news = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="faultlens-collectors", daemon=True)
+
+    def _urgent_rows(self) -> int:
+        return sum(c.stats.rows.get(table, 0) for c in self.collectors for table in URGENT_TABLES)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            before = self._urgent_rows()
+            for collector in self.collectors:
+                collector.tick()
+            if self._urgent_rows() != before:
+                self.news.set()
+            self.after_tick()
+            self._stopping.wait(self.poll_s)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=10)
+
+
+@dataclass
+class _AttemptWatch:
+    """What watching one attempt has come to so far."""
+
+    ending: tuple[Incident, Decision] | None = None  # the decision that ends the attempt, with its incident
+    boundary: _Boundary | None = None  # a slowdown's failover waiting for the next checkpoint boundary
+    finished_at: float | None = None  # when every agent had exited, not all with 0
+    stop_reason: str = "the attempt ran past its time limit"  # the reason the agents' stop signals carry
 
 
 def is_slowdown(incident: Incident) -> bool:

@@ -21,10 +21,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from faultlens.attribution.fault_labels import FaultLabel
 from faultlens.attribution.incident import Incident
 from faultlens.attribution.store import Store
 from faultlens.collectors.store.layout import partition_dir, resolve_store, write_segment
+from faultlens.controller.lab.fault_labels import FaultLabel
 
 REPLAY_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
 # (seconds after the fault's onset, poll increment): fine-grained first, coarser while waiting for stragglers

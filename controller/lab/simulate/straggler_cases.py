@@ -1,4 +1,4 @@
-"""Straggler scenarios at scale on the simulator's step timing (controller/simulate/timing.py): a job of N nodes x
+"""Straggler scenarios at scale on the simulator's step timing (controller/lab/simulate/timing.py): a job of N nodes x
 G GPUs (tensor parallel inside a node, pipeline stages across nodes, data-parallel replicas, Megatron's order) runs
 `steps` steps with one of
 - worker: one GPU slow from `onset` (its tensor-parallel peers wait for it: the node is slow);
@@ -8,7 +8,7 @@ G GPUs (tensor parallel inside a node, pipeline stages across nodes, data-parall
 - healthy: nothing.
 `write_case` writes the ranks and steps rows into a store through the real SegmentSink and returns the truth.
 
-    python -m faultlens.controller.simulate.straggler_cases STORE CASE [--nodes 128 --gpus 8 --stages 4 --steps 500]
+    python -m faultlens.controller.lab.simulate.straggler_cases STORE CASE [--nodes 128 --gpus 8 --stages 4 --steps 500]
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from faultlens.collectors.store.sink import SegmentSink
-from faultlens.controller.simulate.cluster import Placement, make_nodes
-from faultlens.controller.simulate.timing import NS, Slowdown, Spike, StepTimer
+from faultlens.controller.lab.simulate.cluster import Placement, make_nodes
+from faultlens.controller.lab.simulate.timing import NS, Slowdown, Spike, StepTimer
 
 CASES = ("worker", "stage", "replica", "jitter", "healthy")
 START = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)

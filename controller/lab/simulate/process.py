@@ -29,7 +29,7 @@ from faultlens.collectors.sources.process_events import (
     start_row,
 )
 from faultlens.collectors.sources.process_rules import load_process_rules
-from faultlens.controller.simulate.cluster import RankPlace
+from faultlens.controller.lab.simulate.cluster import RankPlace
 
 NCCL_VERSION = "2.21.5"
 PREFIX = "/opt/megatron"

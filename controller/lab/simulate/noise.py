@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
-from faultlens.controller.simulate import xid as xids
-from faultlens.controller.simulate.faults import add_xid
-from faultlens.controller.simulate.gpu import SW_THERMAL, GpuCondition
-from faultlens.controller.simulate.timing import Slowdown, Spike
-from faultlens.controller.simulate.world import NS, World, to_datetime
+from faultlens.controller.lab.fault_labels import ExpectedAction, FaultLabel, LabelClass
+from faultlens.controller.lab.simulate import xid as xids
+from faultlens.controller.lab.simulate.faults import add_xid
+from faultlens.controller.lab.simulate.gpu import SW_THERMAL, GpuCondition
+from faultlens.controller.lab.simulate.timing import Slowdown, Spike
+from faultlens.controller.lab.simulate.world import NS, World, to_datetime
 
 # kind -> weight
 BENIGN_KINDS: dict[str, float] = {

@@ -10,14 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.attribution.fault_labels import FaultLabel
-from faultlens.controller.simulate.cluster import Node, Placement, RankPlace
-from faultlens.controller.simulate.collectives import Group, build_groups
-from faultlens.controller.simulate.config import SimConfig
-from faultlens.controller.simulate.gpu import GpuEffects
-from faultlens.controller.simulate.process import RowFactory
-from faultlens.controller.simulate.timing import AttemptSteps, LossEffect, Slowdown, Spike
-from faultlens.controller.simulate.xid import GpuEventFactory
+from faultlens.controller.lab.fault_labels import FaultLabel
+from faultlens.controller.lab.simulate.cluster import Node, Placement, RankPlace
+from faultlens.controller.lab.simulate.collectives import Group, build_groups
+from faultlens.controller.lab.simulate.config import SimConfig
+from faultlens.controller.lab.simulate.gpu import GpuEffects
+from faultlens.controller.lab.simulate.process import RowFactory
+from faultlens.controller.lab.simulate.timing import AttemptSteps, LossEffect, Slowdown, Spike
+from faultlens.controller.lab.simulate.xid import GpuEventFactory
 
 NS = 1_000_000_000
 

@@ -19,7 +19,7 @@ from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.sources.gpu_backend import GpuDevice
 from faultlens.collectors.sources.kmsg import KernelLogParser, events_to_rows
 from faultlens.collectors.sources.source import NodeIdentity
-from faultlens.controller.simulate.cluster import Gpu, Node
+from faultlens.controller.lab.simulate.cluster import Gpu, Node
 
 
 class KmsgParseError(RuntimeError, FaultlensError):

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.attribution.fault_labels import ExpectedAction, FaultLabel, LabelClass
-from faultlens.controller.simulate import process as proc
-from faultlens.controller.simulate import xid as xids
-from faultlens.controller.simulate.collectives import HangSpec, dump_rows, first_incomplete, op_seq, op_type
-from faultlens.controller.simulate.gpu import (
+from faultlens.controller.lab.fault_labels import ExpectedAction, FaultLabel, LabelClass
+from faultlens.controller.lab.simulate import process as proc
+from faultlens.controller.lab.simulate import xid as xids
+from faultlens.controller.lab.simulate.collectives import HangSpec, dump_rows, first_incomplete, op_seq, op_type
+from faultlens.controller.lab.simulate.gpu import (
     HW_POWER_BRAKE,
     HW_SLOWDOWN,
     HW_THERMAL,
@@ -27,8 +27,8 @@ from faultlens.controller.simulate.gpu import (
     CounterChange,
     GpuCondition,
 )
-from faultlens.controller.simulate.timing import LossEffect, Slowdown
-from faultlens.controller.simulate.world import NS, World, to_datetime
+from faultlens.controller.lab.simulate.timing import LossEffect, Slowdown
+from faultlens.controller.lab.simulate.world import NS, World, to_datetime
 
 
 class Mode(StrEnum):

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.controller.simulate.cluster import Placement
+from faultlens.controller.lab.simulate.cluster import Placement
 
 FR_VERSION = "2.10"
 COMM_LIB = "2.21.5"

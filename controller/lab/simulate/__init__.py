@@ -1,6 +1,6 @@
 """Cluster simulator: a labelled fault corpus written through the real sink (fault injection, like the demo's).
 
-    from faultlens.controller.simulate import SimConfig, simulate
+    from faultlens.controller.lab.simulate import SimConfig, simulate
     result = simulate(SimConfig(nodes=16, hours=24, seed=1), "store-dir")
 
 Modules: config (settings), cluster (nodes, GPUs, rank placement), timing (steps and sections), gpu (NVML
@@ -9,7 +9,7 @@ collectives (flight-recorder dumps of hangs), faults (the Llama 3 mix and its in
 world (shared state), run (the driver).
 """
 
-from faultlens.controller.simulate.config import ConfigError, SimConfig
-from faultlens.controller.simulate.run import SimulationResult, default_labels_path, simulate
+from faultlens.controller.lab.simulate.config import ConfigError, SimConfig
+from faultlens.controller.lab.simulate.run import SimulationResult, default_labels_path, simulate
 
 __all__ = ["ConfigError", "SimConfig", "SimulationResult", "default_labels_path", "simulate"]

@@ -69,7 +69,7 @@ class SimConfig:
         if self.start.tzinfo is None:
             raise ConfigError("start: expected a timestamp with a time zone")
         if self.fault_sequence:
-            from faultlens.controller.simulate.faults import BY_KIND
+            from faultlens.controller.lab.simulate.faults import BY_KIND
 
             unknown = [k for k in self.fault_sequence if k not in BY_KIND]
             if unknown:
