@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.evaluate import DecisionView, design_rules, evaluate, match
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main as cli
+from faultlens.controller.lab.evaluate import DecisionView, design_rules, evaluate, match
 from faultlens.controller.lab.fault_labels import ExpectedAction, FaultLabel, LabelClass, write_labels
 
 T0 = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)
@@ -161,8 +161,8 @@ def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
 
 def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> None:
     pytest.importorskip("faultlens.attribution.hang", reason="the hang analysis has not landed on this branch")
-    from faultlens.attribution.evaluate import stands_for
     from faultlens.attribution.store import Store
+    from faultlens.controller.lab.evaluate import stands_for
     from faultlens.controller.lab.fault_labels import read_labels
     from faultlens.controller.lab.replay import replay_fault
     from faultlens.controller.lab.simulate import SimConfig, simulate
@@ -184,8 +184,8 @@ def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> N
 
 
 def test_decisions_from_the_real_policy_in_incident_order() -> None:
-    from faultlens.attribution.evaluate import decide_in_order
     from faultlens.attribution.policy import DecisionPolicy
+    from faultlens.controller.lab.evaluate import decide_in_order
 
     decided = decide_in_order(DecisionPolicy, INCIDENTS)
     assert decided["I1"].action == "failover" and decided["I1"].exclude_nodes == ("node-1",)

@@ -102,8 +102,8 @@ def _replay_progress(detection) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from faultlens.attribution.evaluate import evaluate, load_decider, load_incidents, report_rows
     from faultlens.attribution.store import Store
+    from faultlens.controller.lab.evaluate import evaluate, load_decider, load_incidents, report_rows
     from faultlens.controller.lab.fault_labels import read_labels
 
     labels = read_labels(args.labels)
@@ -118,7 +118,7 @@ def run_eval(args: argparse.Namespace) -> int:
             labels = [label for label in labels if label.job_id in (None, args.job)]
         replay = None
         if args.replay:
-            from faultlens.attribution.evaluate import stands_for
+            from faultlens.controller.lab.evaluate import stands_for
             from faultlens.controller.lab.replay import replay_faults
 
             with progress("replaying each fault through the live engine", total=len(labels)) as task:

@@ -10,8 +10,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from faultlens.attribution.evaluate.matching import match
-from faultlens.attribution.evaluate.report import (
+from faultlens.attribution.incident import Incident
+from faultlens.controller.lab.evaluate.matching import match
+from faultlens.controller.lab.evaluate.report import (
     DecideFn,
     DecisionView,
     EvalReport,
@@ -20,9 +21,8 @@ from faultlens.attribution.evaluate.report import (
     Score,
     cause_family,
 )
-from faultlens.attribution.evaluate.sources import design_rules
+from faultlens.controller.lab.evaluate.sources import design_rules
 from faultlens.controller.lab.fault_labels import ExpectedAction, FaultLabel, LabelClass
-from faultlens.attribution.incident import Incident
 
 CLASSES = tuple(c.value for c in (LabelClass.CRASH, LabelClass.COLLECTIVE_HANG, LabelClass.STRAGGLER,
                                   LabelClass.HEALTH))

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from faultlens.controller.lab.fault_labels import FaultLabel
 from faultlens.attribution.incident import Incident
+from faultlens.controller.lab.fault_labels import FaultLabel
 
 HARDWARE = {"gpu_hardware", "hbm", "nvlink", "pcie", "network", "thermal", "host"}
 SOFTWARE = {"software", "oom"}

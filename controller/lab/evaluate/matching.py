@@ -8,9 +8,9 @@ import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from faultlens.attribution.evaluate.report import FalseAlarm, Match, cause_family
-from faultlens.controller.lab.fault_labels import FaultLabel, LabelClass
 from faultlens.attribution.incident import Incident
+from faultlens.controller.lab.evaluate.report import FalseAlarm, Match, cause_family
+from faultlens.controller.lab.fault_labels import FaultLabel, LabelClass
 
 BEFORE_SLACK = dt.timedelta(seconds=30)
 AFTER_SLACK = dt.timedelta(seconds=300)

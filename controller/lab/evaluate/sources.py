@@ -7,9 +7,9 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from faultlens.attribution.evaluate.report import DecideFn, DecisionView
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.collectors.errors import FaultlensError
+from faultlens.controller.lab.evaluate.report import DecideFn, DecisionView
 
 
 class EvalError(RuntimeError, FaultlensError):

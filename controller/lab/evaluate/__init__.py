@@ -20,9 +20,9 @@ assignment, duplicates and false alarms, stands_for), metrics (one function per 
 (incidents and decisions to score: tables, the engine, the policy in order, the docs/design.md rules).
 """
 
-from faultlens.attribution.evaluate.matching import AFTER_SLACK, BEFORE_SLACK, STRAGGLER_LEAD, match, stands_for
-from faultlens.attribution.evaluate.metrics import evaluate
-from faultlens.attribution.evaluate.report import (
+from faultlens.controller.lab.evaluate.matching import AFTER_SLACK, BEFORE_SLACK, STRAGGLER_LEAD, match, stands_for
+from faultlens.controller.lab.evaluate.metrics import evaluate
+from faultlens.controller.lab.evaluate.report import (
     HARDWARE,
     SOFTWARE,
     DecideFn,
@@ -34,7 +34,7 @@ from faultlens.attribution.evaluate.report import (
     cause_family,
     report_rows,
 )
-from faultlens.attribution.evaluate.sources import (
+from faultlens.controller.lab.evaluate.sources import (
     EvalError,
     decide_in_order,
     design_rules,
