@@ -20,7 +20,9 @@ attempt whose first failure says a peer's message did not match its collective (
 Lifecycle: what the supervisor did is never a failure. Its `signal_sent` process_events rows mark the start of
 an attempt's teardown; every failure row from then on (and every death by a signal it sent) is a termination, as
 are the texts of rules/crash.yaml `termination_patterns` (torchrun's SignalException when its agent is stopped).
-An attempt whose failures are all terminations has no crash. Node loss: a node whose torchrun agent died by a
+"From then on" is at each row's own resolution: torch's error files and torchrun's report stamp whole seconds, so
+such a row counts from the teardown's second on (an echo written after the SIGTERM reads .000, before it). An
+attempt whose failures are all terminations has no crash. Node loss: a node whose torchrun agent died by a
 signal the supervisor did not send (its `agent_exit` row) and whose ranks have no failure of their own is a host
 crash of that node (its ranks alive after it: the agent alone was lost); with no agent report, every rank of one
 node silent while the others echoed the loss is one too. A death by signal has an identity, `<signal>@rank<r>`, in

@@ -19,7 +19,7 @@ from faultlens.attribution.crash.failures import (
     HangTrigger,
     RankFailure,
 )
-from faultlens.attribution.crash.lifecycle import lost_agents, running_agents, teardown_starts
+from faultlens.attribution.crash.lifecycle import _at_or_after, lost_agents, running_agents, teardown_starts
 from faultlens.attribution.crash.liveness import closed_ranks, death_step
 from faultlens.attribution.crash.nodes import _no_primary, _node_lost, _secondary_summary
 from faultlens.attribution.crash.rows import _attempt_keys, signal_identity
@@ -194,8 +194,8 @@ class CrashAttributor(FailureClassifier):
             return None
         roots = self.classify(roots)
         start = teardown_starts(rows).get(key)
-        if start is not None:
-            roots = roots[roots["ts"] < start]
+        if start is not None:  # before the supervisor's own teardown began, at the resolution of each row's time
+            roots = roots[~_at_or_after(roots, {key: start}).to_numpy(dtype=bool)]
         stops = roots[roots["_signal"].isin(self.rules.termination_signals)]
         if len(stops) != 1 or stops["rank"].isna().any():
             return None

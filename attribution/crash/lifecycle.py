@@ -11,6 +11,7 @@ import pandas as pd
 
 from faultlens.attribution.crash.rows import _attempt_keys, _get, signal_of
 from faultlens.attribution.hardware import as_datetime
+from faultlens.collectors.process_events import Source
 
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGKILL"})
 
@@ -33,14 +34,33 @@ def teardown_starts(events: pd.DataFrame) -> dict[tuple[Any, Any], pd.Timestamp]
 
 
 def _in_teardown(events: pd.DataFrame, signal: pd.Series) -> pd.Series:
-    """Rows at or after the start of their attempt's teardown by the supervisor."""
+    """Rows at or after the start of their attempt's teardown by the supervisor (see _at_or_after)."""
     starts = teardown_starts(events)
     if not starts:
         return pd.Series(False, index=events.index)
+    return _at_or_after(events, starts) & (events["kind"] != "signal_sent")
+
+
+def _whole_seconds(events: pd.DataFrame) -> pd.Series:
+    """Rows whose time has only whole-second resolution: of a source that stamps whole seconds
+    (Source.WHOLE_SECONDS), stamped on a whole second."""
+    if events.empty or "source" not in events.columns:
+        return pd.Series(False, index=events.index)
+    stamps = pd.to_datetime(events["ts"], utc=True, errors="coerce")
+    return (events["source"].isin(Source.WHOLE_SECONDS) & stamps.notna()
+            & (stamps == stamps.dt.floor("s"))).astype(bool)
+
+
+def _at_or_after(events: pd.DataFrame, starts: dict[tuple[Any, Any], pd.Timestamp]) -> pd.Series:
+    """Rows at or after the start of their attempt's teardown (`starts`, see teardown_starts), each compared at
+    the resolution of its own time: a row stamped to the whole second happened somewhere in that second, so it
+    is at or after the start when its second is the start's second or later (torch's error file of an echo
+    written 0.2 s after the supervisor's SIGTERM reads .000, before it)."""
     keys = _attempt_keys(events)
     start = keys.map(lambda key: starts.get(key))
-    mask = start.notna() & (events["ts"] >= start.where(start.notna(), events["ts"]))
-    return mask.astype(bool) & (events["kind"] != "signal_sent")
+    second = start.map(lambda value: None if value is None else pd.Timestamp(value).floor("s"))
+    start = start.where(~_whole_seconds(events), second)
+    return (start.notna() & (events["ts"] >= start.where(start.notna(), events["ts"]))).astype(bool)
 
 
 def lost_agents(events: pd.DataFrame) -> dict[tuple[Any, Any], list[tuple[str, dt.datetime, str, str]]]:
