@@ -96,7 +96,7 @@ class Engine:
             # progress had stopped for longer than allowed before the attempt's failure: it hung first (live, the
             # hang is reported then, and the failure that ends it is no new crash; a batch pass agrees)
             if suspect.threshold_s is not None:
-                # a death by signal is stamped when it was noticed, up to the notice slack late (see crash.py)
+                # a death by signal is stamped when it was noticed, up to the notice slack late (crash/classify.py)
                 noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
                 key = (suspect.job_id, suspect.attempt)
                 hung[key] = min(hung.get(key, noticed), noticed)

@@ -66,6 +66,12 @@ class Source:
     ERROR_JSON = "error_json"
     STDERR = "stderr"
 
+    #: sources whose own times are whole seconds: torch's error files (`timestamp`, seconds since the epoch) and
+    #: torchrun's failure report (`time`, to the second). A row of theirs stamped on a whole second happened at
+    #: some moment within that second; one stamped otherwise carries a fallback time (the file's mtime) at full
+    #: resolution.
+    WHOLE_SECONDS = frozenset({ERROR_JSON, TORCHRUN_REPORT})
+
 
 class SupervisorKind:
     """process_events.kind of rows only a supervisor writes (source "supervisor"), besides start and exit:
