@@ -23,12 +23,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
-from faultlens.attribution.crash import CrashAttributor, HangTrigger, teardown_starts
-from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
-from faultlens.attribution.health import HealthMonitor
-from faultlens.attribution.incident import Evidence, Incident, IncidentClass
-from faultlens.attribution.loss import LossMonitor
-from faultlens.attribution.progress import (
+from faultlens.attribution.detectors.crash import CrashAttributor, HangTrigger, teardown_starts
+from faultlens.attribution.detectors.health import HealthMonitor
+from faultlens.attribution.detectors.loss import LossMonitor
+from faultlens.attribution.detectors.progress import (
     DumpRequester,
     HangAnalyzer,
     HangAttributor,
@@ -37,9 +35,11 @@ from faultlens.attribution.progress import (
     latest_dump_set,
     suspect_from_trigger,
 )
+from faultlens.attribution.detectors.straggler import StragglerDetector
+from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
+from faultlens.attribution.incident import Evidence, Incident, IncidentClass
 from faultlens.attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
 from faultlens.attribution.store import Store
-from faultlens.attribution.straggler import StragglerDetector
 from faultlens.attribution.tail import NewSegment, SegmentTail
 from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
 from faultlens.collectors.store.layout import StoreLocation, safe_value

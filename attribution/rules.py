@@ -110,7 +110,7 @@ class CrashRules(_Strict):
     # of the secondary texts, those that say the process was told to stop (a termination, not an echo)
     termination_patterns: tuple[str, ...] = ()
     # texts of a rank that got a peer's message for another collective than it posted (a desync; the rank that
-    # says so is a victim: attribution/desync.py)
+    # says so is a victim: attribution/detectors/desync.py)
     mismatch_patterns: tuple[str, ...] = ()
     # how long a reported mismatch with no rank apart yet waits for the ranks' last heartbeats before it is
     # reported without a culprit

@@ -234,7 +234,7 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
 # the small set is read with the compiled scanner on purpose (by default a small set skips it)
 _WARM_RUN = """
 import sys
-from faultlens.attribution.hang import analyze_collectives
+from faultlens.attribution.detectors.hang import analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 analyze_collectives(read_dump_dir(sys.argv[1], fast_path=True).table)
 """
@@ -242,7 +242,7 @@ analyze_collectives(read_dump_dir(sys.argv[1], fast_path=True).table)
 _LIBRARY_RUN = """
 import json, sys, time
 t = time.perf_counter()
-from faultlens.attribution.hang import COLUMNS, analyze_collectives
+from faultlens.attribution.detectors.hang import COLUMNS, analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 dumps = read_dump_dir(sys.argv[1], columns=COLUMNS, dictionary=True, max_frames=0)
 read_s = time.perf_counter() - t

@@ -59,7 +59,7 @@ print(json.dumps({"text": text, "result": result}))
 
 
 def _faultlens(directory: Path, dumps: Path, stacks: bool) -> tuple[tuple[int, ...], float]:
-    from faultlens.attribution.hang import analyze_collectives
+    from faultlens.attribution.detectors.hang import analyze_collectives
     from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
     from faultlens.collectors.sources.pystack import load_stack_dir
 

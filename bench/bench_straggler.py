@@ -9,7 +9,7 @@ Scoring: a simulated job (controller/lab/simulate/straggler_cases.py: 128 nodes 
 slow GPU from step 200) is written to a store once (cached under --cache) and read into a Telemetry bundle; timed
 is the detector's scoring of the 500-step window (scores + findings: decomposition, persistence, what-if), best of
 --repeat, wall and CPU seconds, beside the previous detector (attribution/straggler.py at commit BASELINE, since
-split into the package attribution/straggler/; read from git, with its substring exclusion list) on the same
+split into the package attribution/detectors/straggler/; read from git, with its substring exclusion list) on the same
 frames. The culprit each one reports is printed.
 
 What-if: each slow case of tests/torch_jobs/straggler_jobs.py is run one at a time (--sequential, into --cache);
@@ -66,9 +66,9 @@ def _best(fn, repeat: int) -> tuple[object, float, float]:
 
 
 def bench_scoring(cache: Path, nodes: int, steps: int, repeat: int) -> dict:
+    from faultlens.attribution.detectors.straggler import StragglerDetector
     from faultlens.attribution.rules import load_thresholds
     from faultlens.attribution.store import Store
-    from faultlens.attribution.straggler import StragglerDetector
     from faultlens.attribution.telemetry import load_from_store, placements
     from faultlens.controller.lab.simulate.straggler_cases import write_case
 

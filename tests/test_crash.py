@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.crash import CrashAttributor, FailureKind
+from faultlens.attribution.detectors.crash import CrashAttributor, FailureKind
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.rules import RulesError, load_crash_rules

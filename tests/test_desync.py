@@ -26,9 +26,9 @@ import pandas as pd
 import pytest
 
 from faultlens.attribution.decision import Action
-from faultlens.attribution.desync import ranks_apart
+from faultlens.attribution.detectors.desync import ranks_apart
+from faultlens.attribution.detectors.hang import attach_stacks
 from faultlens.attribution.engine import Engine
-from faultlens.attribution.hang import attach_stacks
 from faultlens.attribution.incident import IncidentClass
 from faultlens.attribution.policy import DecisionPolicy
 from faultlens.attribution.store import Store

@@ -140,7 +140,8 @@ def test_cli_eval_reads_incidents_and_decisions_from_the_store(tmp_path: Path,
 
 
 def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
-    pytest.importorskip("faultlens.attribution.hang", reason="the hang analysis has not landed on this branch")
+    pytest.importorskip("faultlens.attribution.detectors.hang",
+                        reason="the hang analysis has not landed on this branch")
     from faultlens.attribution.engine import attribute
     from faultlens.controller.lab.fault_labels import read_labels
     from faultlens.controller.lab.simulate import SimConfig, simulate
@@ -160,7 +161,8 @@ def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
 
 
 def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> None:
-    pytest.importorskip("faultlens.attribution.hang", reason="the hang analysis has not landed on this branch")
+    pytest.importorskip("faultlens.attribution.detectors.hang",
+                        reason="the hang analysis has not landed on this branch")
     from faultlens.attribution.store import Store
     from faultlens.controller.lab.evaluate import stands_for
     from faultlens.controller.lab.fault_labels import read_labels

@@ -201,7 +201,7 @@ def test_the_follow_loops_dump_request_returns_the_good_ranks(tmp_path: Path, st
     (RecursionError) ended the request, and the live loop lost the whole set."""
     import datetime as dt
 
-    from faultlens.attribution.progress import HangSuspect
+    from faultlens.attribution.detectors.progress import HangSuspect
     from faultlens.controller.cli.attribution_cmds import DumpRequester
 
     directory = tmp_path / "dumps"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.hang import HangReport, HangVerdict, analyze_collectives
+from faultlens.attribution.detectors.hang import HangReport, HangVerdict, analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.artifacts.safe_pickle import safe_load
 from tests import fr_builders as fb

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from faultlens.attribution.hang import HangReport, HangVerdict, analyze_collectives
+from faultlens.attribution.detectors.hang import HangReport, HangVerdict, analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.sources.pystack import load_stack_dir, py_spy_path
 from tests.conftest import REPO_ROOT

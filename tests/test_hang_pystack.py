@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.hang import HangVerdict, analyze_collectives, attach_stacks, stacks_from_metadata
+from faultlens.attribution.detectors.hang import HangVerdict, analyze_collectives, attach_stacks, stacks_from_metadata
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.sources.pystack import (
     MAX_STACK_BYTES,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from faultlens.attribution.hang import HangReport, HangVerdict, analyze_collectives
+from faultlens.attribution.detectors.hang import HangReport, HangVerdict, analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from tests import fr_builders as fb
 from tests.conftest import REPO_ROOT

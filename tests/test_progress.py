@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from faultlens.attribution.detectors.progress import ProgressMonitor
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import IncidentClass
-from faultlens.attribution.progress import ProgressMonitor
 from faultlens.attribution.rules import load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import Telemetry, load_from_store
@@ -226,7 +226,7 @@ def test_real_subgroup_hang_names_the_sub_group_and_its_skipping_rank(torch_arti
 
 def test_cli_dump_requester_touches_the_trigger_and_stores_the_dump_set(torch_artifacts: dict[str, Path],
                                                                         store_dir: Path, tmp_path: Path) -> None:
-    from faultlens.attribution.progress import HangSuspect
+    from faultlens.attribution.detectors.progress import HangSuspect
     from faultlens.controller.cli.attribution_cmds import DumpRequester
 
     artifact = torch_artifacts["hang"]

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from faultlens.attribution.detectors.straggler.vocab import load_vocabulary
 from faultlens.attribution.policy import load_policy
 from faultlens.attribution.rules import load_crash_rules, load_thresholds
-from faultlens.attribution.straggler_vocab import load_vocabulary
 from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.rule_loader import RuleFileError
 from faultlens.collectors.sources.process_rules import load_process_rules

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.progress import ProgressMonitor
+from faultlens.attribution.detectors.progress import ProgressMonitor
 from faultlens.attribution.rules import load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import load_from_store

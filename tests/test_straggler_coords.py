@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from faultlens.attribution.detectors.straggler.vocab import SectionKind, VocabularyError, load_vocabulary
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import Cause, IncidentClass
-from faultlens.attribution.straggler_vocab import SectionKind, VocabularyError, load_vocabulary
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from tests.engine_rows import ranks_rows, steps_rows, write
 

@@ -6,7 +6,8 @@ its forward from step 8. Its send/recv calls are timed in sections nested in for
 `backward/send`). Before, a nested section was left out of the score and its parent's whole time counted as own
 work, and with the p2p inside forward both stages' forward grew by the same ~0.10 s (stage 0 waits for stage 1 in
 its send): no timing tells that from the whole job slowing down, and the campaign's slow-stage scenario found
-nothing. The nested communication is now taken out of its parent (attribution/straggler/sections.py: own_time).
+nothing. The nested communication is now taken out of its parent (attribution/detectors/straggler/sections.py:
+own_time).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 import pandas as pd
 
 from faultlens.attribution.decision import Action
+from faultlens.attribution.detectors.straggler import own_time
 from faultlens.attribution.engine import Engine
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy
 from faultlens.attribution.store import Store
-from faultlens.attribution.straggler import own_time
 from faultlens.attribution.telemetry import SAMPLE_COLUMNS, SECTION_PREFIX, Telemetry, load_from_store, to_frame
 
 FIXTURE = Path(__file__).parent / "data" / "slow-stage-nested"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from faultlens.attribution.detectors.straggler import remaining_time
 from faultlens.attribution.store import Store
-from faultlens.attribution.straggler import remaining_time
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 

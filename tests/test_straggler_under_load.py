@@ -7,7 +7,8 @@ machine was that loaded. CPU contention gave healthy ranks 10-80 ms spikes in th
 window after warm-up (rank 2 flagged in 5 of its first 8 steps at 1.3-1.9x its peers), enough for the 0.6
 persistence over the 8-step minimum window: the detector named them beside rank 3 (run-a: 1, 2, 3; run-b: 2, 3),
 with confidence 0.78, although rank 3 is 20-30x its peers in forward in every step and the healthy ranks are slow in
-no later window. Now a window not yet full needs stronger evidence (attribution/straggler/persistence.py: from the
+no later window. Now a window not yet full needs stronger evidence (attribution/detectors/straggler/persistence.py:
+from the
 persistence at a full window up to every step flagged), so a rank slow in every step is still found from the
 minimum window on and a few early spikes are not.
 """

@@ -1,5 +1,6 @@
 """The what-if step model: the pipeline model per replica, the data-parallel sync as a max over replicas from the
-observed arrivals at the sync (attribution/straggler_whatif.py), on several layouts. The real torch jobs are in
+observed arrivals at the sync (attribution/detectors/straggler/whatif.py), on several layouts. The real torch jobs are
+in
 tests/test_straggler_torch.py; these pin the model's arithmetic on layouts the jobs do not cover."""
 
 from __future__ import annotations
@@ -8,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from faultlens.attribution.straggler_layout import build_layout
-from faultlens.attribution.straggler_whatif import StepModel, what_if
+from faultlens.attribution.detectors.straggler.layout import build_layout
+from faultlens.attribution.detectors.straggler.whatif import StepModel, what_if
 
 STEPS = 12
 

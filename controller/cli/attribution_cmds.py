@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from faultlens.attribution.detectors.progress import HangSuspect
 from faultlens.attribution.engine import Engine, Follower, attribute, write_new_incidents
 from faultlens.attribution.incident import Incident
-from faultlens.attribution.progress import HangSuspect
 from faultlens.attribution.rules import load_crash_rules, load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faultlens.attribution.hang import COLUMNS, HangReport, analyze_collectives
+from faultlens.attribution.detectors.hang import COLUMNS, HangReport, analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import DumpSet, auto_processes, read_dump_dir
 from faultlens.collectors.artifacts.fr_limits import default_limits
 from faultlens.collectors.sources.pystack import load_stack_dir

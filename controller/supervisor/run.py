@@ -41,11 +41,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from faultlens.attribution.decision import Action, Decision, Restore
+from faultlens.attribution.detectors.hang import attach_stacks
+from faultlens.attribution.detectors.progress import HangSuspect
 from faultlens.attribution.engine import Engine, Follower
-from faultlens.attribution.hang import attach_stacks
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
-from faultlens.attribution.progress import HangSuspect
 from faultlens.attribution.rules import load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.collectors import environment

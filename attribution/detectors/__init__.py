@@ -1,0 +1,1 @@
+"""detectors: see docs/architecture.md."""

@@ -1,0 +1,175 @@
+"""Attempts with no primary failure of a rank of their own: a node lost (its torchrun agent died by a signal nobody
+sent, or every rank of it fell silent while its peers echoed the loss), a node whose GPU reported hardware errors
+while its peers lost contact, collective timeouts only (a hang to analyse), or nothing to blame. Also the line that
+folds the survivors' echoes into an incident."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+
+from faultlens.attribution.detectors.crash.failures import WAIT, FailureKind, HangTrigger, RankFailure
+from faultlens.attribution.detectors.crash.lifecycle import ended_agents, lost_agents, running_agents
+from faultlens.attribution.detectors.crash.liveness import _alive_after, closed_ranks, death_step, last_progress
+from faultlens.attribution.hardware import XidCatalogLike, hardware_findings
+from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.rules import CrashRules
+from faultlens.attribution.telemetry import Placement, Telemetry
+
+
+def _node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
+               failures: list[RankFailure], placement: dict[int, Placement], secondary_line: Evidence | None,
+               now: dt.datetime) -> Incident | None:
+    """A node whose torchrun agent died by a signal nobody in the job sent: the host (its ranks died with it,
+    or train on unwatched)."""
+    lost = lost_agents(telemetry.process_events).get((job or "", attempt if attempt is not None else -1), [])
+    nodes = sorted({node for node, _, _, _ in lost})
+    if len(nodes) != 1:
+        return None
+    node = nodes[0]
+    ts, signal, text = min((ts, signal, text) for n, ts, signal, text in lost if n == node)
+    ranks = sorted(r for r, p in placement.items() if p.node == node)
+    own = [f for f in failures if f.rank is not None and (
+        (placement[f.rank].node if f.rank in placement else None) or f.node) == node]
+    if any(f.kind in (FailureKind.EXCEPTION, FailureKind.OOM) and f.ts <= ts for f in own):
+        return None  # a rank's own failure came first: the normal path explains it
+    alive = _alive_after(telemetry.heartbeats, attempt, ranks, ts + dt.timedelta(seconds=1))
+    rule = "crash-agent-lost" if alive else "crash-node-lost"
+    evidence = [Evidence("process_events", ts, text)]
+    if alive:
+        evidence.append(Evidence("heartbeats", None, f"ranks {alive} of {node} kept running after their agent "
+                                                     "died: unwatched"))
+    else:
+        silent = [r for r in ranks if r not in {f.rank for f in own}]
+        evidence.append(Evidence("process_events", ts, f"{node}'s ranks {ranks} died with it"
+                                 + (f" ({len(silent)} reported nothing)" if silent else "")))
+    if secondary_line:
+        evidence.append(secondary_line)
+    gpus = sorted({placement[r].gpu_label for r in ranks if placement[r].gpu_label})
+    step = next((s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None)
+    first = min([ts, *(f.ts for f in failures)])
+    what = "its torchrun agent was lost (" + signal + ")" + (", its ranks run on unwatched" if alive else
+                                                              ", its ranks with it")
+    return Incident(
+        incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
+        cause=Cause.HOST, first_signal_ts=first, detected_ts=now, confidence=rules.conf(rule, 0.85),
+        rule=rule, summary=f"crash: node loss: {node}: {what}; cause host", job_id=job, attempt=attempt,
+        culprit_nodes=(node,), culprit_ranks=tuple(ranks), culprit_gpus=tuple(gpus),
+        evidence=tuple(evidence[: rules.evidence_limit]), step=step,
+        details={"primary_kind": "node_lost", "failures": len(failures), "alive": alive})
+
+
+def _secondary_summary(failures: list[RankFailure], primary: RankFailure | None) -> Evidence | None:
+    others = [f for f in failures if f is not primary]
+    rows = sum(f.rows for f in others)
+    if not others:
+        return None
+    kinds = Counter(f.kind.value for f in others)
+    first = min(f.ts for f in others)
+    parts = ", ".join(f"{kind} x{count}" for kind, count in kinds.most_common())
+    return Evidence("process_events", first, f"{rows} more error signal(s) from {len(others)} other rank(s), "
+                                             f"folded into this incident ({parts})")
+
+
+def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
+                 failures: list[RankFailure], placement: dict[int, Placement], silent: list[int],
+                 silent_nodes: list[str], first: dt.datetime, secondary_line: Evidence | None,
+                 now: dt.datetime) -> Incident | None:
+    """Every rank of one node said nothing while ranks of other nodes echoed a lost peer, and that node made
+    no progress after the failure began: the node was lost (no agent report needed)."""
+    if len(silent_nodes) != 1 or not any(f.kind == FailureKind.SECONDARY for f in failures):
+        return None
+    node = silent_nodes[0]
+    ranks = sorted(r for r, p in placement.items() if p.node == node)
+    if not ranks or not set(ranks) <= set(silent):
+        return None
+    if node in ended_agents(telemetry.process_events, job, attempt):
+        return None  # its torchrun agent exited 0: the node ended its part, it was not lost
+    progressed = last_progress(telemetry, attempt, ranks)
+    if progressed is not None and progressed > first:
+        return None  # it was still training after the others failed: not lost
+    if _alive_after(telemetry.heartbeats, attempt, ranks, first + dt.timedelta(seconds=2)):
+        return None
+    rule = "crash-node-silent"
+    evidence = [Evidence("process_events", first, f"every rank of {node} ({ranks}) fell silent while "
+                                                  f"{len(failures)} rank(s) of other nodes lost contact")]
+    evidence.extend(e for f in sorted(failures, key=lambda f: f.ts)[:2] for e in f.evidence[:1])
+    if secondary_line:
+        evidence.append(secondary_line)
+    gpus = sorted({placement[r].gpu_label for r in ranks if placement[r].gpu_label})
+    return Incident(
+        incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
+        cause=Cause.HOST, first_signal_ts=min(first, progressed or first), detected_ts=now,
+        confidence=rules.conf(rule, 0.75), rule=rule,
+        summary=f"crash: node loss: every rank of {node} fell silent while its peers lost contact; cause host",
+        job_id=job, attempt=attempt, culprit_nodes=(node,), culprit_ranks=tuple(ranks), culprit_gpus=tuple(gpus),
+        evidence=tuple(evidence[: rules.evidence_limit]),
+        step=next((s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None),
+        details={"primary_kind": "node_silent", "failures": len(failures),
+                 "failures_from": first.isoformat()})
+
+
+def _no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Telemetry, job: str | None,
+                attempt: int | None, failures: list[RankFailure], placement: dict[int, Placement],
+                secondary_line: Evidence | None, now: dt.datetime) -> Incident | HangTrigger | object | None:
+    """An attempt whose failing ranks all echoed another's failure or were stopped: a node whose GPU reported
+    hardware errors, nothing (stopped from outside), a hang (collective timeouts), WAIT (a report still to come),
+    a silent node, else a crash with no primary seen."""
+    first = min(f.ts for f in failures)
+    # a node whose ranks said nothing while the others echoed a failure, or whose GPU reported hardware errors
+    reported = {f.rank for f in failures}
+    # a rank that closed its step timer ended its training loop itself: it is not silent (a lost node's
+    # processes never close anything)
+    closed = closed_ranks(telemetry.heartbeats, attempt)
+    silent = sorted(r for r in placement if r not in reported and r not in closed)
+    nodes = sorted({p.node for p in placement.values() if p.node})
+    node_findings = {node: hardware_findings(telemetry.gpu_events, node, first, rules, catalog)
+                     for node in nodes}
+    node_findings = {n: f for n, f in node_findings.items() if f}
+    if len(node_findings) == 1:
+        node, findings = next(iter(node_findings.items()))
+        best = findings[0]
+        ranks = sorted(r for r, p in placement.items() if p.node == node)
+        rule = "crash-hardware-node-no-report"
+        evidence = [best.evidence(), *(f.evidence() for f in findings[1:3])]
+        if secondary_line:
+            evidence.append(secondary_line)
+        return Incident(
+            incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
+            cause=best.cause, first_signal_ts=min(best.ts, first), detected_ts=now,
+            confidence=min(rules.conf(rule), best.confidence), rule=rule,
+            summary=f"crash: {node} reported {best.kind} and its peers lost contact; cause {best.cause.value}",
+            job_id=job, attempt=attempt, culprit_nodes=(node,), culprit_ranks=tuple(ranks),
+            culprit_gpus=(best.gpu,) if best.gpu else (), evidence=tuple(evidence[: rules.evidence_limit]))
+    if all(f.kind == FailureKind.TERMINATED for f in failures):
+        return None  # stopped from outside (cancelled, preempted): not a crash to attribute
+    timeouts = [f for f in failures if f.timeout_rows]
+    if timeouts:
+        evidence = [e for f in sorted(timeouts, key=lambda f: f.ts)[:3] for e in f.evidence[:1]]
+        return HangTrigger(job, attempt, min(f.ts for f in timeouts), tuple(evidence))
+    silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
+                          - {f.node for f in failures if f.node})
+    running = running_agents(telemetry.process_events, job, attempt)
+    # a silent rank whose agent still runs: that agent's report of what happened to it is still to come (its
+    # node-mates' own error files and teed lines land first, so the node is not silent as a whole)
+    unreported = {placement[r].node for r in silent if placement[r].node} & running
+    if (unreported or (silent_nodes and set(silent_nodes) <= running)) and \
+            (now - first).total_seconds() < rules.silent_node_wait_s:
+        return WAIT
+    silent_node = _silent_node(rules, telemetry, job, attempt, failures, placement, silent, silent_nodes, first,
+                                    secondary_line, now)
+    if silent_node is not None:
+        return silent_node
+    rule = "crash-no-primary"
+    evidence = [e for f in sorted(failures, key=lambda f: f.ts)[:3] for e in f.evidence[:1]]
+    if silent:
+        evidence.insert(0, Evidence("process_events", first, f"ranks {silent} reported no failure while "
+                                                             f"{len(failures)} others echoed one"))
+    return Incident(
+        incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
+        cause=Cause.UNKNOWN, first_signal_ts=first, detected_ts=now, confidence=rules.conf(rule),
+        rule=rule, summary="crash: every failing rank echoed another's failure; the primary one was not seen"
+        + (f" (silent ranks {silent} on {', '.join(silent_nodes) or 'unknown nodes'})" if silent else ""),
+        job_id=job, attempt=attempt, culprit_nodes=tuple(silent_nodes) if len(silent_nodes) == 1 else (),
+        culprit_ranks=tuple(silent) if silent_nodes and len(silent_nodes) == 1 else (),
+        evidence=tuple(evidence[: rules.evidence_limit]))

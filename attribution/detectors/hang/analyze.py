@@ -1,0 +1,315 @@
+"""analyze_collectives: pass 1 (progress per group and rank), pass 2 (details of the keys that need them)."""
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from faultlens.attribution.detectors.hang.columns import _Lazy
+from faultlens.attribution.detectors.hang.decode import _Decoder
+from faultlens.attribution.detectors.hang.details import (
+    _key_orders,
+    _KeyDetails,
+    _mismatch,
+    _p2p_divergences,
+    _rows_for_keys,
+    _rows_for_rank,
+    _signatures,
+    _stack_edges,
+)
+from faultlens.attribution.detectors.hang.graph import _Analysis, _Divergence, _ranks_text
+from faultlens.attribution.detectors.hang.report import HangReport
+from faultlens.attribution.detectors.hang.roots import _decide, _report_empty
+from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
+
+
+def _group_max(tables: list[pa.Table], keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
+    merged = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    return merged.group_by(keys).aggregate(aggregations)
+
+
+@dataclass
+class _PassOne:
+    """What pass 1 gathers over the table's slices."""
+
+    dumped: set[int] = field(default_factory=set)
+    progress_parts: list[pa.Table] = field(default_factory=list)
+    signature_parts: list[pa.Table] = field(default_factory=list)
+    seen_parts: list[pa.Table] = field(default_factory=list)
+    configured: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    p2p_rows: list[np.ndarray] = field(default_factory=list)
+
+
+def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
+                        stacks: Mapping[int, Any] | None = None) -> HangReport:
+    """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
+
+    stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken; default: the table's
+    schema metadata `faultlens.stacks` (attach_stacks), else none. They name where a culprit that never joined is,
+    and give the send/recv waits that gloo does not record.
+
+    The table may hold only the columns the analysis reads (COLUMNS) and may keep strings dictionary-encoded;
+    it is read in slices of SLICE_ROWS, so the analysis' own memory stays bounded on very large sets."""
+    missing_columns = [c for c in ("rank", "collective_seq_id") if c not in collectives.column_names]
+    if missing_columns:
+        raise ValueError(f"collectives table lacks column(s) {', '.join(missing_columns)}")
+    table = collectives
+    if table.num_rows == 0:
+        return _report_empty(expected_ranks)
+    if stacks is None:
+        stacks = stacks_from_metadata(table)
+    decoder = _Decoder(table)
+    sizes_column = table.column("input_sizes") if "input_sizes" in table.column_names else None
+    dtypes_column = table.column("input_dtypes") if "input_dtypes" in table.column_names else None
+    first = _pass_one(table, decoder, sizes_column, dtypes_column)
+    if not first.dumped:
+        return _report_empty(expected_ranks)
+    agg = _group_max(first.progress_parts, ["g", "r"], [("s_max", "max"), ("s_incomplete_min", "min"),
+                                                        ("s_incomplete_max", "max"), ("s_started_max", "max"),
+                                                        ("s_complete_max", "max"), ("d_min", "min")])
+    analysis = _membership(first, agg, decoder, expected_ranks)
+    progress = _progress(agg)
+    # completion is evidence only where entries carry device states (NCCL's 'started'/'completed'); gloo's are
+    # always 'scheduled' and `retired` depends on when each rank dumped (a rank that dumped at the end of a run
+    # before its last barrier was retired is no stalled rank), so there only entering is compared
+    device_states = any(str(v) in ("started", "completed") for v in decoder.states.values)
+    pending, stuck_pending = _group_divergences(analysis, progress, device_states)
+    bad_keys = _mismatching_keys(first.signature_parts)
+    first.signature_parts.clear()
+    first.progress_parts.clear()
+    times = _pass_two(analysis, table, decoder, pending, stuck_pending, bad_keys, sizes_column, dtypes_column)
+    p2p_all = np.concatenate(first.p2p_rows) if first.p2p_rows else np.empty(0, np.int64)
+    _p2p_divergences(analysis, table, p2p_all, decoder, times)
+    _attach_history(analysis, decoder, progress, device_states)
+    if stacks:
+        _stack_edges(analysis, stacks)
+    return _decide(analysis)
+
+
+def _pass_one(table: pa.Table, decoder: _Decoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:
+    """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence."""
+    out = _PassOne()
+    for part in decoder.slices():
+        out.dumped.update(int(r) for r in np.unique(part.rank) if r >= 0)
+        named = part.group >= 0
+        desc = decoder.descs.codes(table.column("pg_desc").slice(part.start, len(part.rank)), len(part.rank)) \
+            if "pg_desc" in table.column_names else np.full(len(part.rank), -1, np.int32)
+        # members seen and group descriptions: collective rows come with the progress aggregate below, the few
+        # other named rows (status rows, p2p entries) here
+        other = np.nonzero(named & ~part.coll)[0]
+        out.seen_parts.append(pa.table({"g": part.group[other], "r": part.rank[other],
+                                        "d": pa.array(desc[other], mask=desc[other] < 0)})
+                              .group_by(["g", "r"]).aggregate([("d", "min")]))
+        if "pg_ranks" in table.column_names:
+            pg_ranks = table.column("pg_ranks").slice(part.start, len(part.rank))
+            rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & named)[0]
+            if rows.shape[0]:
+                for row, value in zip(rows, pg_ranks.take(pa.array(rows)).to_pylist(), strict=True):
+                    if value:
+                        out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
+        out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
+        rows = np.nonzero(part.coll)[0]
+        c_seq = part.seq[rows]
+        c_desc = desc[rows]
+        out.progress_parts.append(pa.table({
+            "g": part.group[rows], "r": part.rank[rows], "s": c_seq,
+            "s_incomplete": pa.array(c_seq, mask=part.complete[rows]),
+            "s_started": pa.array(c_seq, mask=~part.started[rows]),
+            "s_complete": pa.array(c_seq, mask=~part.complete[rows]),
+            "d": pa.array(c_desc, mask=c_desc < 0),
+        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_incomplete", "max"),
+                                           ("s_started", "max"), ("s_complete", "max"), ("d", "min")]))
+        out.signature_parts.append(_signatures(part, rows, sizes_column, dtypes_column, decoder.ops.values)
+                                   .group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")]))
+    return out
+
+
+def _membership(first: _PassOne, agg: pa.Table, decoder: _Decoder,
+                expected_ranks: Sequence[int] | None) -> _Analysis:
+    """Each group's members (its config where sound, else the ranks seen in it), the expected and missing ranks."""
+    seen_table = _group_max(first.seen_parts, ["g", "r"], [("d_min", "min")])
+    group_descs: dict[int, str | None] = {}
+    seen: dict[int, set[int]] = defaultdict(set)
+    for keys in (seen_table, agg):
+        groups_col, ranks_col = keys.column("g").to_numpy(), keys.column("r").to_numpy()
+        descs_col = keys.column("d_min_min").fill_null(-1).to_numpy()
+        for g in np.unique(groups_col).tolist():
+            mine = groups_col == g
+            seen[int(g)].update(ranks_col[mine].tolist())
+            d = descs_col[mine].max()
+            if d >= 0 and int(g) not in group_descs:
+                group_descs[int(g)] = decoder.descs.values[int(d)]
+    dumped, configured = first.dumped, first.configured
+    expected = set(int(r) for r in expected_ranks) if expected_ranks is not None else set()
+    if expected_ranks is None:
+        for counter in configured.values():
+            for ranks in counter:
+                expected.update(ranks)
+        expected.update(range(max(max(dumped), max(expected, default=0)) + 1))
+    members: dict[int, tuple[int, ...]] = {}
+    rebuilt: set[int] = set()
+    for g in set(seen) | set(configured):
+        ranks = set(seen[g])
+        if configured.get(g):
+            for value in configured[g]:
+                ranks.update(value)
+        else:
+            rebuilt.add(g)
+        if group_descs.get(g) == "default_pg":
+            ranks |= expected
+        members[g] = tuple(sorted(ranks))
+    missing = expected - dumped
+    analysis = _Analysis(decoder.labels(), group_descs, members, rebuilt, dumped, expected, missing)
+    if rebuilt:
+        shown = [analysis.label(g) + f": [{_ranks_text(members[g])}]" for g in sorted(rebuilt)][:6]
+        analysis.evidence.append("pg_config unusable for " + ", ".join(shown)
+                                 + " - membership rebuilt from the entries")
+    if missing:
+        analysis.evidence.append(f"no dump from rank(s) {_ranks_text(sorted(missing))} (expected "
+                                 f"{len(expected)} ranks, read {len(dumped)})")
+    return analysis
+
+
+_Progress = dict[int, dict[int, tuple[int, int, int, bool]]]
+
+
+def _progress(agg: pa.Table) -> _Progress:
+    """group -> rank -> (last entered, last completed, last started, has an incomplete entry)."""
+    big = np.iinfo(np.int64).max
+    e_arr = agg.column("s_max_max").to_numpy()
+    first_inc = agg.column("s_incomplete_min_min").fill_null(big).to_numpy()
+    last_inc = agg.column("s_incomplete_max_max").fill_null(-1).to_numpy()
+    last_done = agg.column("s_complete_max_max").fill_null(-1).to_numpy()
+    # collectives of one group complete in order: a completed entry means every earlier one completed too (gloo
+    # leaves some entries unretired that did complete, e.g. an async all_reduce right after a send)
+    c_arr = np.maximum(np.where(first_inc == big, e_arr, first_inc - 1), last_done)
+    has_inc = last_inc > last_done
+    s_arr = np.maximum(agg.column("s_started_max_max").fill_null(-1).to_numpy(), last_done)
+    progress: _Progress = defaultdict(dict)
+    for g, r, e, c, st, inc in zip(agg.column("g").to_pylist(), agg.column("r").to_pylist(), e_arr.tolist(),
+                                   c_arr.tolist(), s_arr.tolist(), has_inc.tolist(), strict=True):
+        progress[g][r] = (e, c, st, inc)
+    return progress
+
+
+_Pending = list[tuple[_Divergence, tuple[int, ...] | None, str]]
+_StuckPending = list[tuple[int, int, tuple[int, ...]]]
+
+
+def _group_divergences(analysis: _Analysis, progress: _Progress,
+                       device_states: bool) -> tuple[_Pending, _StuckPending]:
+    """Divergences per group (times and ops are filled in by pass 2), and groups where every member is stuck."""
+    blocked_somewhere = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
+    pending: _Pending = []
+    stuck_pending: _StuckPending = []
+    for g, by_rank in progress.items():
+        group_members = analysis.members.get(g, tuple(by_rank))
+        present = [r for r in group_members if r in by_rank]
+        absent_dumped = [r for r in group_members if r not in by_rank and r in analysis.dumped]
+        absent_missing = [r for r in group_members if r in analysis.missing]
+        if not present:
+            continue
+        _entry_divergence(g, by_rank, present, absent_dumped, device_states, pending, stuck_pending,
+                          bool(absent_missing))
+        if absent_missing:
+            # those inside the group's latest collective wait on the missing ranks; so do those that left it with
+            # an error (a dump on the way out marks it retired): every member at the group's highest entry
+            top = max(by_rank[r][0] for r in present)
+            waiting = tuple(sorted(r for r in present
+                                   if by_rank[r][3] or (by_rank[r][0] == top and r not in blocked_somewhere)))
+            if waiting:
+                seq = min(by_rank[r][1] for r in waiting) + 1
+                pending.append((_Divergence(g, "missing", seq, tuple(absent_missing), waiting, 0), waiting,
+                                f"rank(s) {_ranks_text(waiting)} wait in it; it needs rank(s) "
+                                f"{_ranks_text(absent_missing)}, which wrote no dump"))
+    return pending, stuck_pending
+
+
+def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], present: list[int],
+                      absent_dumped: list[int], device_states: bool, pending: _Pending,
+                      stuck_pending: _StuckPending, any_missing: bool) -> None:
+    """One group's members compared: who never entered, entered but never completed, or never started; else
+    whether the whole group is stuck."""
+    e_values = {r: by_rank[r][0] for r in present}
+    below = min(e_values.values()) - 1
+    for r in absent_dumped:
+        # a dumped member with no entry of this group: it has not entered anything the dump still holds
+        e_values[r] = below
+    e_min, e_max = min(e_values.values()), max(e_values.values())
+    if e_min < e_max:
+        laggards = tuple(sorted(r for r, e in e_values.items() if e == e_min))
+        waiters = tuple(sorted(r for r, e in e_values.items() if e > e_min))
+        pending.append((_Divergence(g, "entered", e_min + 1, laggards, waiters, 0), waiters,
+                        f"rank(s) {_ranks_text(waiters)} entered it, rank(s) {_ranks_text(laggards)} never did "
+                        f"(last entered: {e_min})"))
+        return
+    c_values = {r: by_rank[r][1] for r in present}
+    c_min, c_max = min(c_values.values()), max(c_values.values())
+    s_values = {r: by_rank[r][2] for r in present}
+    s_min, s_max = min(s_values.values()), max(s_values.values())
+    if c_min < c_max and device_states:
+        laggards = tuple(sorted(r for r, c in c_values.items() if c == c_min))
+        waiters = tuple(sorted(r for r, c in c_values.items() if c > c_min))
+        pending.append((_Divergence(g, "completed", c_min + 1, laggards, waiters, 0), None,
+                        f"rank(s) {_ranks_text(laggards)} entered it but never completed it; rank(s) "
+                        f"{_ranks_text(waiters)} did"))
+    elif s_min < s_max and s_min < e_max and device_states:
+        laggards = tuple(sorted(r for r, st in s_values.items() if st == s_min))
+        waiters = tuple(sorted(r for r, st in s_values.items() if st > s_min))
+        pending.append((_Divergence(g, "started", s_min + 1, laggards, waiters, 0), None,
+                        f"started on rank(s) {_ranks_text(waiters)}, not on rank(s) {_ranks_text(laggards)}"))
+    elif (any if device_states else all)(by_rank[r][3] for r in present) and not any_missing:
+        stuck_pending.append((g, c_min + 1, tuple(sorted(r for r in present if by_rank[r][3]))))
+
+
+def _mismatching_keys(signature_parts: list[pa.Table]) -> list[tuple[int, int]]:
+    """(group, seq) keys whose ranks disagree on the collective's op, sizes or dtypes (at most 256)."""
+    sig = _group_max(signature_parts, ["g", "s"], [("sig_min", "min"), ("sig_max", "max")])
+    differ = pc.not_equal(sig.column("sig_min_min"), sig.column("sig_max_max")).to_numpy(zero_copy_only=False)
+    return list(zip(sig.column("g").to_numpy()[differ].tolist(), sig.column("s").to_numpy()[differ].tolist(),
+                    strict=True))[:256]
+
+
+def _pass_two(analysis: _Analysis, table: pa.Table, decoder: _Decoder, pending: _Pending,
+              stuck_pending: _StuckPending, bad_keys: list[tuple[int, int]], sizes_column: Any,
+              dtypes_column: Any) -> _Lazy:
+    """Pass 2: the rows of the keys that need detail (divergent collectives, mismatches); returns the lazy time
+    column the p2p pass reuses."""
+    wanted = {(d.group, d.seq) for d, _, _ in pending} | {(g, s) for g, s, _ in stuck_pending} | set(bad_keys)
+    rows_of = _rows_for_keys(decoder, wanted)
+    times = _Lazy(table, "time_created")
+    details = _KeyDetails(table, rows_of, times, decoder)
+    for d, among, text in pending:
+        d.time, d.op, d.pg_id = details.time_op(d.group, d.seq, among)
+        d.detail = f"{analysis.label(d.group)} seq {d.seq} {d.op or ''}: {text}"
+        analysis.divergences.append(d)
+    for g, seq, stuck in stuck_pending:
+        analysis.stuck_groups.append((g, seq, stuck, details.time_op(g, seq, None)[0]))
+    for g, s in bad_keys:
+        mismatch = _mismatch(analysis, table, details, g, s, sizes_column, dtypes_column)
+        if mismatch is not None:
+            analysis.mismatches.append(mismatch)
+    return times
+
+
+def _attach_history(analysis: _Analysis, decoder: _Decoder, progress: _Progress, device_states: bool) -> None:
+    """What the root decision reads lazily: each rank's own entry order across groups, and the key orders."""
+
+    def history(rank: int) -> tuple[list[int], list[int], int | None] | None:
+        rows = _rows_for_rank(decoder, rank)
+        if rows is None:
+            return None
+        seqs, groups, complete, order = rows
+        sort = np.argsort(order, kind="stable")
+        incomplete = np.nonzero(~complete[sort])[0]
+        return seqs[sort].tolist(), groups[sort].tolist(), int(incomplete[0]) if incomplete.shape[0] else None
+
+    analysis.history = history
+    analysis.device_states = device_states
+    analysis.incomplete = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
+    analysis.key_rows = lambda due_roles, due_seqs, roles, seqs: _key_orders(
+        analysis, decoder, (due_roles[0], due_seqs[0]), list(zip(roles, seqs, strict=True)))

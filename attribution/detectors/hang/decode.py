@@ -1,0 +1,150 @@
+"""The collectives table decoded in slices into dense group/rank/op codes (bounded memory at 33 M rows)."""
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from faultlens.attribution.detectors.hang.columns import _bools, _ints
+from faultlens.attribution.detectors.hang.report import _P2P_OP
+
+# ---------------------------------------------------------------------------------------------------------------
+# analysis
+
+
+SLICE_ROWS = 1 << 22  # rows decoded at a time: bounds the analysis' own memory on 33 M-row sets
+
+
+class _GlobalCodes:
+    """One code space for a string column across slices and chunks (dictionary-encoded or plain)."""
+
+    def __init__(self) -> None:
+        self.lookup: dict[Any, int] = {}
+        self.values: list[Any] = []
+        self._cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def _remap(self, dictionary: pa.Array) -> np.ndarray:
+        key = (dictionary.buffers()[1].address if dictionary.buffers()[1] is not None else 0, len(dictionary))
+        cached = self._cache.get(key)
+        if cached is not None and len(cached) == len(dictionary):
+            return cached
+        table = np.empty(len(dictionary) + 1, np.int32)
+        for i, value in enumerate(dictionary.to_pylist()):
+            code = self.lookup.get(value)
+            if code is None:
+                code = self.lookup[value] = len(self.values)
+                self.values.append(value)
+            table[i] = code
+        table[-1] = -1  # index -1 (null) stays -1
+        self._cache[key] = table
+        return table
+
+    def codes(self, column: pa.ChunkedArray | None, n: int) -> np.ndarray:
+        if column is None:
+            return np.full(n, -1, np.int32)
+        pieces = []
+        for chunk in column.chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = pc.dictionary_encode(chunk)
+            indices = chunk.indices
+            local = indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+            pieces.append(self._remap(chunk.dictionary)[local])
+        return np.concatenate(pieces) if pieces else np.empty(0, np.int32)
+
+
+@dataclass
+class _Decoded:
+    """The columns of one slice the analysis needs, as NumPy arrays (global codes)."""
+
+    start: int
+    rank: np.ndarray
+    group: np.ndarray
+    is_entry: np.ndarray
+    seq: np.ndarray
+    coll: np.ndarray  # an entry of a collective (not p2p) with a sequence id and a group
+    p2p: np.ndarray
+    op: np.ndarray
+    pg_id: np.ndarray
+    complete: np.ndarray
+    started: np.ndarray
+
+
+_STATES = {"scheduled": 0, "started": 1, "completed": 2}
+
+
+class _Decoder:
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.names = _GlobalCodes()
+        self.ids = _GlobalCodes()
+        self.descs = _GlobalCodes()
+        self.ops = _GlobalCodes()
+        self.states = _GlobalCodes()
+        self.group_of: dict[tuple[str, Any], int] = {}
+        self.group_names: list[str] = []
+
+    def column(self, part: pa.Table, name: str) -> pa.ChunkedArray | None:
+        return part.column(name) if name in part.column_names else None
+
+    def _groups(self, name_codes: np.ndarray, id_codes: np.ndarray) -> np.ndarray:
+        names = np.empty(len(self.names.values) + 1, np.int32)
+        for code, value in enumerate(self.names.values):
+            if value:
+                names[code] = self.group_of.setdefault(("name", value), len(self.group_of))
+            else:
+                names[code] = -1
+        names[-1] = -1
+        ids = np.empty(len(self.ids.values) + 1, np.int32)
+        for code, value in enumerate(self.ids.values):
+            ids[code] = self.group_of.setdefault(("id", value), len(self.group_of))
+        ids[-1] = -1
+        by_name = names[name_codes]
+        return np.where(by_name >= 0, by_name, ids[id_codes]).astype(np.int32)
+
+    def labels(self) -> list[str]:
+        out = [""] * len(self.group_of)
+        for (kind, value), code in self.group_of.items():
+            out[code] = str(value) if kind == "name" else f"pg_id {value}"
+        return out
+
+    def decode(self, start: int, length: int) -> _Decoded:
+        part = self.table.slice(start, length)
+        n = part.num_rows
+        rank = part.column("rank").fill_null(-1).to_numpy().astype(np.int32, copy=False)
+        name_codes = self.names.codes(self.column(part, "pg_name"), n)
+        id_codes = self.ids.codes(self.column(part, "pg_id"), n)
+        group = self._groups(name_codes, id_codes)
+        record = self.column(part, "record_id")
+        is_entry = ~record.is_null().to_numpy(zero_copy_only=False) if record is not None else np.ones(n, bool)
+        # status rows (pg_status, record_id null) count only where the dump named their group
+        unnamed = (name_codes < 0) | np.array([not v for v in self.names.values] + [True], bool)[name_codes]
+        group[~is_entry & unnamed] = -1
+        seq, seq_valid = _ints(part.column("collective_seq_id"))
+        op = self.ops.codes(self.column(part, "op"), n)
+        p2p_op = np.array([bool(_P2P_OP.search(str(o))) for o in self.ops.values] + [False], bool)
+        p2p = _bools(self.column(part, "is_p2p"), n) | p2p_op[op]
+        state_codes = self.states.codes(self.column(part, "state"), n)
+        state_rank = np.array([_STATES.get(str(v), 0) for v in self.states.values] + [0], np.int8)
+        state = state_rank[state_codes]
+        complete = (state == 2) | _bools(self.column(part, "retired"), n)
+        coll = is_entry & seq_valid & ~p2p & (group >= 0)
+        return _Decoded(start, rank, group, is_entry, seq, coll, p2p & is_entry & (group >= 0), op, id_codes,
+                        complete, state >= 1)
+
+    def slices(self) -> Iterator[_Decoded]:
+        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows."""
+        bounds = [0]
+        for chunk in self.table.column("rank").chunks:
+            end = bounds[-1] + len(chunk)
+            while end - bounds[-1] > SLICE_ROWS:
+                bounds.append(bounds[-1] + SLICE_ROWS)
+            if end > bounds[-1]:
+                bounds.append(end)
+        for start, stop in itertools.pairwise(bounds):
+            yield self.decode(start, stop - start)
+
+

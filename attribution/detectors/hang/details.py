@@ -1,0 +1,288 @@
+"""The details pass: cross-group entry order, stack edges, signatures, mismatches, p2p divergences."""
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from faultlens.attribution.detectors.hang.columns import _ints, _Lazy
+from faultlens.attribution.detectors.hang.decode import _Decoded, _Decoder
+from faultlens.attribution.detectors.hang.graph import _Analysis, _Divergence, _Mismatch, _ranks_text
+from faultlens.attribution.detectors.hang.kernels import combine_signatures, row_signatures
+from faultlens.attribution.detectors.hang.report import _P2P_OP, _SHAPE_MUST_MATCH, HangVerdict
+from faultlens.attribution.detectors.hang.roots import _BIG, _role
+
+
+def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
+                others: list[tuple[tuple, int]]) -> dict[tuple, dict[int, tuple[int, int]]]:
+    """For the collective `due` (role, seq) and each of `others`: per rank that entered both (in its own group of
+    each role), the record ids of the two entries (its own order)."""
+    by_role: dict[tuple, list[int]] = defaultdict(list)
+    for g in analysis.members:
+        by_role[_role(analysis, g)].append(g)
+    wanted = {(g, due[1]) for g in by_role.get(due[0], ())}
+    for role, seq in others:
+        wanted |= {(g, seq) for g in by_role.get(role, ())}
+    if len(wanted) > 200_000:
+        return {}
+    rows_of = _rows_for_keys(decoder, wanted)
+    if not rows_of:
+        return {}
+    all_rows = np.concatenate(list(rows_of.values()))
+    ranks = decoder.table.column("rank").take(pa.array(all_rows)).to_numpy(zero_copy_only=False)
+    records, _ = _Lazy(decoder.table, "record_id").at(all_rows)
+    position: dict[tuple[int, int, int], int] = {}
+    i = 0
+    for (g, seq), rows in rows_of.items():
+        for _ in range(len(rows)):
+            position.setdefault((g, seq, int(ranks[i])), int(records[i]))
+            i += 1
+
+    def positions(role: tuple, seq: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for g in by_role.get(role, ()):
+            for r in analysis.members.get(g, ()):
+                rec = position.get((g, seq, r))
+                if rec is not None:
+                    out.setdefault(r, rec)
+        return out
+
+    due_pos = positions(*due)
+    result: dict[tuple, dict[int, tuple[int, int]]] = {}
+    for role, seq in others:
+        other_pos = positions(role, seq)
+        result[(role, seq)] = {r: (due_pos[r], p) for r, p in other_pos.items() if r in due_pos}
+    return result
+
+
+def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
+    """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not record) waits on
+    its peer: an edge of the wait-for graph the trace alone cannot show."""
+    from faultlens.collectors.sources.pystack import StackPlace, where
+
+    for rank, stack in stacks.items():
+        rank = int(rank)
+        if rank not in analysis.dumped:
+            continue
+        place = where(stack)
+        analysis.where[rank] = place
+        if place.kind == StackPlace.UNKNOWN:
+            continue
+        if place.kind == StackPlace.OUTSIDE:
+            # stuck in its own code, it waits on nobody: not even on a member without a dump whose group it
+            # last completed
+            for d in analysis.divergences:
+                if d.level == "missing" and rank in d.waiters:
+                    d.waiters = tuple(w for w in d.waiters if w != rank)
+        peer = place.peer
+        if place.kind != StackPlace.IN_P2P or peer is None or peer == rank or peer not in analysis.expected:
+            continue
+        shared = [g for g, m in analysis.members.items() if rank in m and peer in m and len(m) == 2]
+        group = shared[0] if shared else -1
+        analysis.divergences.append(_Divergence(
+            group, "stack", None, (peer,), (rank,), _BIG, place.op, None,
+            f"{analysis.label(group)} p2p: {place.text(rank)}: it waits on rank {peer}"))
+
+
+def _signatures(part: _Decoded, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
+                ops: list[Any]) -> pa.Table:
+    """(group, seq, signature of op + sizes (for shape-bound ops) + dtypes) of a slice's collective rows."""
+    shape_ops = np.array([bool(_SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+    c_ops = part.op[rows]
+    length = len(part.rank)
+    size_sig, dtype_sig = row_signatures(sizes.slice(part.start, length) if sizes is not None else None,
+                                         dtypes.slice(part.start, length) if dtypes is not None else None, rows)
+    size_sig = np.where(shape_ops[c_ops], size_sig, np.uint64(0))
+    combined = combine_signatures(c_ops.astype(np.uint64), size_sig, dtype_sig)
+    return pa.table({"g": part.group[rows], "s": part.seq[rows], "sig": combined})
+
+
+def _rows_for_keys(decoder: _Decoder, keys: set[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+    """Global row indices of the collective entries of each (group, seq) key, in one pass."""
+    out: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
+    if not keys:
+        return {}
+    wanted = np.array(sorted(g * (1 << 40) + s for g, s in keys if s >= 0), np.int64)
+    for part in decoder.slices():
+        rows = np.nonzero(part.coll)[0]
+        combined = part.group[rows].astype(np.int64) * (1 << 40) + part.seq[rows]
+        hit = rows[np.isin(combined, wanted)]
+        if hit.shape[0] == 0:
+            continue
+        for key, row in zip((part.group[hit].astype(np.int64) * (1 << 40) + part.seq[hit]).tolist(), hit.tolist(),
+                            strict=True):
+            out[(key >> 40, key & ((1 << 40) - 1))].append(row + part.start)
+    return {key: np.asarray(rows, np.int64) for key, rows in out.items()}
+
+
+def _rows_for_rank(decoder: _Decoder, rank: int) -> tuple[np.ndarray, ...] | None:
+    seqs, groups, complete, rows_all = [], [], [], []
+    for part in decoder.slices():
+        hit = np.nonzero(part.coll & (part.rank == rank))[0]
+        seqs.append(part.seq[hit])
+        groups.append(part.group[hit])
+        complete.append(part.complete[hit])
+        rows_all.append(hit + part.start)
+    rows = np.concatenate(rows_all)
+    if rows.shape[0] == 0:
+        return None
+    order = _Lazy(decoder.table, "record_id").at(rows)[0]
+    return np.concatenate(seqs), np.concatenate(groups), np.concatenate(complete), order
+
+
+class _KeyDetails:
+    """Per (group, seq): the ranks, times, ops and local pg ids of its rows."""
+
+    def __init__(self, table: pa.Table, rows_of: dict[tuple[int, int], np.ndarray], times: _Lazy,
+                 decoder: _Decoder) -> None:
+        self.rows_of = rows_of
+        all_rows = np.concatenate(list(rows_of.values())) if rows_of else np.empty(0, np.int64)
+        index = {int(r): i for i, r in enumerate(all_rows.tolist())}
+        self.index = index
+        needed = [c for c in ("rank", "op", "pg_id", "input_sizes", "input_dtypes") if c in table.column_names]
+        small = table.select(needed)
+        taken = small.take(pa.array(all_rows)) if all_rows.shape[0] else small.slice(0, 0)
+        self.rank = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
+        self.time, self.time_valid = times.at(all_rows)
+        n = taken.num_rows
+        self.op = decoder.ops.codes(taken.column("op") if "op" in taken.column_names else None, n)
+        self.pg_id = decoder.ids.codes(taken.column("pg_id") if "pg_id" in taken.column_names else None, n)
+        self.decoder = decoder
+        self.taken = taken
+
+    def positions(self, g: int, s: int) -> np.ndarray:
+        rows = self.rows_of.get((g, s))
+        if rows is None:
+            return np.empty(0, np.int64)
+        return np.array([self.index[int(r)] for r in rows.tolist()], np.int64)
+
+    def time_op(self, g: int, s: int, among: Sequence[int] | None) -> tuple[int, str | None, str | None]:
+        pos = self.positions(g, s)
+        if among is not None and pos.shape[0]:
+            pos = pos[np.isin(self.rank[pos], np.asarray(among))]
+        if pos.shape[0] == 0:
+            return np.iinfo(np.int64).max, None, None
+        valid = self.time_valid[pos]
+        t = int(self.time[pos][valid].min()) if valid.any() else np.iinfo(np.int64).max
+        op = Counter(int(c) for c in self.op[pos[:64]]).most_common(1)[0][0]
+        pid = Counter(int(c) for c in self.pg_id[pos[:64]]).most_common(1)[0][0]
+        return (t, self.decoder.ops.values[op] if op >= 0 else None,
+                str(self.decoder.ids.values[pid]) if pid >= 0 else None)
+
+
+def _mismatch(analysis: _Analysis, table: pa.Table, details: _KeyDetails, g: int, s: int,
+              sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None) -> _Mismatch | None:
+    pos = details.positions(g, s)
+    if pos.shape[0] == 0:
+        return None
+    taken = details.taken.take(pa.array(pos))
+    ops = details.decoder.ops.values
+    op_codes = details.op[pos]
+    shape_ops = np.array([bool(_SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+    local = np.arange(taken.num_rows, dtype=np.int64)
+    size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in taken.column_names
+                                         else None,
+                                         taken.column("input_dtypes") if "input_dtypes" in taken.column_names
+                                         else None, local)
+    size_sig = np.where(shape_ops[op_codes], size_sig, np.uint64(0))
+    ranks = details.rank[pos]
+    signature: dict[int, tuple[int, int, int]] = {}
+    for i in range(len(pos)):
+        signature.setdefault(int(ranks[i]), (int(op_codes[i]), int(size_sig[i]), int(dtype_sig[i])))
+    ranked = Counter(signature.values()).most_common()
+    if len(ranked) < 2:
+        return None
+    top = ranked[0][1]
+    tie = ranked[1][1] == top
+    majority_sig = ranked[0][0] if not tie else min(
+        (sig for sig, c in ranked if c == top), key=lambda sig: min(r for r, v in signature.items() if v == sig))
+    odd = tuple(sorted(r for r, v in signature.items() if v != majority_sig))
+    majority = tuple(sorted(r for r, v in signature.items() if v == majority_sig))
+    kind = HangVerdict.OP_MISMATCH if len({v[0] for v in signature.values()}) > 1 else HangVerdict.SIZE_MISMATCH
+    valid = details.time_valid[pos]
+    t = int(details.time[pos][valid].min()) if valid.any() else np.iinfo(np.int64).max
+    describe = _describe_entries(taken, ranks, [ops[c] if c >= 0 else None for c in op_codes])
+    op = ops[majority_sig[0]] if 0 <= majority_sig[0] < len(ops) else None
+    pid = Counter(int(c) for c in details.pg_id[pos[:64]]).most_common(1)[0][0]
+    what = "op" if kind == HangVerdict.OP_MISMATCH else "size/dtype"
+    detail = (f"{analysis.label(g)} seq {s}: {what} mismatch, rank(s) {_ranks_text(odd)} differ from "
+              f"rank(s) {_ranks_text(majority)}{' (a tie)' if tie else ''}: {describe}")
+    return _Mismatch(g, s, kind, odd, majority, tie, t, detail, op,
+                     str(details.decoder.ids.values[pid]) if pid >= 0 else None)
+
+
+def _p2p_divergences(analysis: _Analysis, table: pa.Table, rows: np.ndarray, decoder: _Decoder,
+                     times: _Lazy) -> None:
+    if "p2p_seq_id" not in table.column_names or rows.shape[0] == 0:
+        return
+    taken = table.take(pa.array(rows))
+    part = _Decoder.decode(_replace_table(decoder, taken), 0, taken.num_rows)
+    p2p_seq, p2p_valid = _ints(taken.column("p2p_seq_id"))
+    created, created_valid = times.at(rows)
+    ops = decoder.ops.values
+    parsed: dict[int, tuple[int, int] | None] = {}
+    for code in np.unique(part.op):
+        match = _P2P_OP.search(str(ops[code])) if code >= 0 else None
+        # 'send 0->1': self 0, peer 1; 'recv 1<-0': self 1, peer 0 (group-local ranks)
+        parsed[int(code)] = (int(match.group(2)), int(match.group(4))) if match else None
+    best: dict[tuple[int, int, int], tuple[int, bool, int]] = {}
+    peers: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for i in range(taken.num_rows):
+        pair = parsed.get(int(part.op[i]))
+        if pair is None or not p2p_valid[i] or part.group[i] < 0:
+            continue
+        g = int(part.group[i])
+        members = analysis.members.get(g, ())
+        peer_local = pair[1]
+        if peer_local >= len(members):
+            continue
+        peer = members[peer_local]
+        rank = int(part.rank[i])
+        peers[(g, rank)].add(peer)
+        key = (g, rank, peer)
+        value = (int(p2p_seq[i]), bool(part.complete[i]), int(created[i]) if created_valid[i] else 0)
+        if key not in best or value[0] > best[key][0]:
+            best[key] = (value[0], value[1] and best.get(key, (0, True, 0))[1], value[2])
+        elif not value[1]:
+            best[key] = (best[key][0], False, best[key][2])
+    for (g, a, b), (seq_a, done_a, t_a) in best.items():
+        if len(peers[(g, a)]) != 1:
+            continue
+        if b in analysis.missing:
+            if not done_a:
+                analysis.divergences.append(_Divergence(
+                    g, "missing", seq_a, (b,), (a,), t_a, None, None,
+                    f"{analysis.label(g)} p2p: rank {a} waits on rank {b}, which wrote no dump"))
+            continue
+        if b not in analysis.dumped or len(peers.get((g, b), ())) > 1:
+            continue
+        seq_b = best.get((g, b, a), (-1, True, 0))[0]
+        if seq_a > seq_b and not done_a:
+            analysis.divergences.append(_Divergence(
+                g, "p2p", seq_b + 1, (b,), (a,), t_a, None, None,
+                f"{analysis.label(g)} p2p: rank {a} posted p2p op {seq_a} with rank {b}, which is at {seq_b}"))
+
+
+def _replace_table(decoder: _Decoder, table: pa.Table) -> _Decoder:
+    """The decoder's code spaces over another table (the taken p2p rows)."""
+    clone = _Decoder.__new__(_Decoder)
+    clone.__dict__.update(decoder.__dict__)
+    clone.table = table
+    return clone
+
+
+def _describe_entries(taken: pa.Table, ranks: np.ndarray, ops: list[Any]) -> str:
+    parts = []
+    shown: dict[tuple[Any, Any], list[int]] = defaultdict(list)
+    sizes = taken.column("input_sizes").to_pylist() if "input_sizes" in taken.column_names else [None] * len(ranks)
+    dtypes = taken.column("input_dtypes").to_pylist() if "input_dtypes" in taken.column_names \
+        else [None] * len(ranks)
+    for i in range(len(ranks)):
+        shown[(ops[i], repr(sizes[i]) + " " + repr(dtypes[i]))].append(int(ranks[i]))
+    for (op, what), who in list(shown.items())[:4]:
+        parts.append(f"{op} {what} on rank(s) {_ranks_text(sorted(set(who)), 6)}")
+    return "; ".join(parts)
+
+

@@ -1,0 +1,85 @@
+"""The wait-for graph's parts: divergences, mismatches, the analysis state, strongly connected components."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from faultlens.attribution.detectors.hang.report import HangVerdict
+
+# ---------------------------------------------------------------------------------------------------------------
+# the wait-for graph
+
+
+@dataclass
+class _Divergence:
+    group: int  # group code
+    level: str  # "entered", "completed", "started", "p2p", "missing"
+    seq: int | None  # first divergent sequence id
+    laggards: tuple[int, ...]
+    waiters: tuple[int, ...]
+    time: int  # time_created of the divergent collective (ns), for ordering
+    op: str | None = None
+    pg_id: str | None = None
+    detail: str = ""
+
+
+@dataclass
+class _Mismatch:
+    group: int
+    seq: int
+    kind: HangVerdict
+    odd: tuple[int, ...]
+    majority: tuple[int, ...]
+    tie: bool
+    time: int
+    detail: str
+    op: str | None
+    pg_id: str | None
+
+
+@dataclass
+class _Analysis:
+    group_names: list[str]
+    group_descs: dict[int, str | None]
+    members: dict[int, tuple[int, ...]]
+    membership_rebuilt: set[int]
+    dumped: set[int]
+    expected: set[int]
+    missing: set[int]
+    divergences: list[_Divergence] = field(default_factory=list)
+    mismatches: list[_Mismatch] = field(default_factory=list)
+    stuck_groups: list[tuple[int, int, tuple[int, ...], int]] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    history: Any = None  # rank -> (seqs, groups, index of first incomplete) in record order
+    incomplete: set[int] = field(default_factory=set)  # ranks with an entry not completed (inside a collective)
+    # rank -> faultlens.collectors.sources.pystack.Whereabouts, from stacks
+    where: dict[int, Any] = field(default_factory=dict)
+    key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
+    device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
+
+    def label(self, group: int) -> str:
+        if not 0 <= group < len(self.group_names):
+            return "p2p"
+        name = self.group_names[group]
+        desc = self.group_descs.get(group)
+        return f"group {name!r}" + (f" ({desc})" if desc and desc != name else "")
+
+
+def _ranks_text(ranks: Sequence[int], limit: int = 12) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) <= limit:
+        return ", ".join(map(str, ranks))
+    return ", ".join(map(str, ranks[:limit])) + f", ... ({len(ranks)} ranks)"
+
+
+def _strongly_connected(n_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = csr_matrix((np.ones(src.shape[0], np.int8), (src, dst)), shape=(n_nodes, n_nodes))
+    _, labels = connected_components(graph, directed=True, connection="strong")
+    return labels
+
+

@@ -1,0 +1,163 @@
+"""Section timing: which section columns are own work, communication or unknown; own time (nested communication
+taken out of its parent); one attempt's rows scattered into (step x rank) frames and decomposed into StepScores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from faultlens.attribution.detectors.straggler.decompose import decompose
+from faultlens.attribution.detectors.straggler.layout import build_layout
+from faultlens.attribution.detectors.straggler.report import SYNC_OPS, UNKNOWN_SHARE_REPORTED, StepScores
+from faultlens.attribution.detectors.straggler.vocab import SectionKind, Vocabulary
+from faultlens.attribution.rules import StragglerThresholds
+from faultlens.attribution.telemetry import SECTION_PREFIX, Placement, section_columns
+
+_ROW_COLUMNS = ("step", "rank", "phase", "ts", "start_ts", "end_ts", "duration_s")
+
+
+def classify_sections(t: StragglerThresholds, vocabulary: Vocabulary,
+                      steps: pd.DataFrame) -> tuple[list[str], dict[str, str], list[str]]:
+    """(own-work section columns, comm section -> collective kind, unknown section names)."""
+    names = [c[len(SECTION_PREFIX):] for c in section_columns(steps)]
+    excluded = [e.lower() for e in t.exclude_sections]
+    names = [n for n in names if not any(e in n.lower() for e in excluded)]
+    chosen, classes = vocabulary.scored(names)
+    comm = {n: c.op or "other" for n, c in classes.items() if c.kind is SectionKind.COMM}
+    unknown = [n for n, c in classes.items() if c.kind is SectionKind.UNKNOWN]
+    return [SECTION_PREFIX + n for n in chosen], comm, unknown
+
+
+def own_time(steps: pd.DataFrame, sections: list[str], comm: dict[str, str]) -> dict[str, pd.Series]:
+    """The own-work section columns that hold communication timed inside them (`forward/recv` in `forward`), with
+    that time taken out: a stage waiting for its neighbour in a nested recv has not computed for longer. Only the
+    outermost communication below a section counts (an inner one is inside it already)."""
+    adjusted = {}
+    for column in sections:
+        name = column[len(SECTION_PREFIX):]
+        inner = [n for n in comm if n.startswith(name + "/")
+                 and not any(n.startswith(other + "/") for other in comm if other != n and other.startswith(name + "/"))
+                 and SECTION_PREFIX + n in steps.columns]
+        if not inner:
+            continue
+        waits = steps[[SECTION_PREFIX + n for n in inner]].astype(float).fillna(0.0).sum(axis=1)
+        adjusted[column] = (steps[column].astype(float) - waits).clip(lower=0.0)
+    return adjusted
+
+
+class Matrix:
+    """Scatters per-row values into a (step x rank) frame; a (step, rank) given twice gets the mean."""
+
+    def __init__(self, steps: np.ndarray, ranks: np.ndarray) -> None:
+        self.steps, step_of = np.unique(steps, return_inverse=True)
+        self.ranks, rank_of = np.unique(ranks, return_inverse=True)
+        self.cells = step_of * len(self.ranks) + rank_of
+        self.shape = (len(self.steps), len(self.ranks))
+        self.unique: bool | None = None
+
+    def frame(self, values: np.ndarray) -> pd.DataFrame:
+        if self.unique is None:
+            self.unique = int(np.bincount(self.cells, minlength=1).max()) <= 1
+        if self.unique:  # one row per (step, rank): scatter directly
+            out = np.full(self.shape[0] * self.shape[1], np.nan)
+            out[self.cells] = values
+            return pd.DataFrame(out.reshape(self.shape), index=pd.Index(self.steps, name="step"),
+                                columns=pd.Index(self.ranks, name="rank"))
+        finite = ~np.isnan(values)
+        size = self.shape[0] * self.shape[1]
+        total = np.bincount(self.cells[finite], weights=values[finite], minlength=size)
+        count = np.bincount(self.cells[finite], minlength=size)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(count > 0, total / np.maximum(count, 1), np.nan).reshape(self.shape)
+        return pd.DataFrame(mean, index=pd.Index(self.steps, name="step"), columns=pd.Index(self.ranks, name="rank"))
+
+
+def _scored_rows(t: StragglerThresholds, attempt_steps: pd.DataFrame, sections: list[str], comm: dict[str, str],
+                 unknown: list[str], sync_columns: list[str]) -> pd.DataFrame | None:
+    """The rows that count (a step and a rank, a scored phase, past warm-up, some own work timed), own time in
+    the section columns and their total in `_compute`; None when no row is left."""
+    wanted = [c for c in _ROW_COLUMNS if c in attempt_steps.columns]
+    rows = attempt_steps[wanted + sections + [SECTION_PREFIX + n for n in unknown] + sync_columns]
+    rows = rows.assign(**own_time(attempt_steps, sections, comm))
+    keep = (rows["step"].notna() & rows["rank"].notna()).to_numpy().copy()
+    if "phase" in rows.columns:
+        phase = rows["phase"].astype(object)
+        keep &= phase.where(phase.notna(), "train").isin(t.phases).to_numpy()
+    if not keep.any():
+        return None
+    step_values = rows["step"].to_numpy(dtype=float, na_value=np.nan)
+    keep &= step_values >= np.nanmin(step_values[keep]) + t.warmup_steps
+    own = rows[sections].to_numpy(dtype=float, na_value=np.nan)
+    total_compute = np.where(np.isfinite(own).any(axis=1), np.nansum(own, axis=1), np.nan)
+    keep &= np.isfinite(total_compute)
+    if not keep.any():
+        return None
+    rows = rows[keep].assign(_compute=total_compute[keep])
+    return rows.assign(step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64))
+
+
+def _step_times(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """Per row: (when the step ended, when it began, its duration in seconds)."""
+    done = rows["end_ts"].where(rows["end_ts"].notna(), rows["ts"]) if "end_ts" in rows.columns else rows["ts"]
+    begun = rows["start_ts"].where(rows["start_ts"].notna(), done) if "start_ts" in rows.columns else done
+    duration = rows["duration_s"].astype(float) if "duration_s" in rows.columns else \
+        pd.Series(np.nan, index=rows.index)
+    duration = duration.where(duration.notna(), (done - begun).dt.total_seconds())
+    return done, begun, duration
+
+
+def _sync_frames(rows: pd.DataFrame, matrix: Matrix, sync_columns: list[str],
+                 done: pd.Series) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """(seconds in the data-parallel sync, each rank's step end in epoch seconds), where the sync is timed."""
+    if not sync_columns:
+        return None, None
+    waits = rows[sync_columns].to_numpy(dtype=float, na_value=np.nan)
+    sync = matrix.frame(np.where(np.isfinite(waits).any(axis=1), np.nansum(waits, axis=1), np.nan))
+    stamps = pd.to_datetime(done, utc=True, errors="coerce")
+    epoch = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=float, na_value=np.nan)
+    return sync, matrix.frame(epoch)
+
+
+def _unknown_shares(rows: pd.DataFrame, unknown: list[str], duration: pd.Series) -> dict[str, float]:
+    """Unknown section -> its share of step time, where it holds at least UNKNOWN_SHARE_REPORTED."""
+    shares = {}
+    total = float(np.nansum(duration.to_numpy(dtype=float)))
+    for name in unknown:
+        column = SECTION_PREFIX + name
+        if column in rows.columns and total > 0:
+            share = float(rows[column].astype(float).sum()) / total
+            if share >= UNKNOWN_SHARE_REPORTED:
+                shares[name] = share
+    return shares
+
+
+def score_steps(t: StragglerThresholds, vocabulary: Vocabulary, attempt_steps: pd.DataFrame,
+                placement: dict[int, Placement], ranks_table: pd.DataFrame | None = None,
+                attempt: int | None = None) -> StepScores | None:
+    """Score one attempt's steps; None when there is nothing to score (no own-work sections, no steps)."""
+    sections, comm, unknown = classify_sections(t, vocabulary, attempt_steps)
+    if not sections or attempt_steps.empty:
+        return None
+    sync_columns = [SECTION_PREFIX + n for n, op in comm.items() if op in SYNC_OPS
+                    and SECTION_PREFIX + n in attempt_steps.columns]
+    rows = _scored_rows(t, attempt_steps, sections, comm, unknown, sync_columns)
+    if rows is None:
+        return None
+    matrix = Matrix(rows["step"].to_numpy(), rows["rank"].to_numpy())
+    compute = matrix.frame(rows["_compute"].to_numpy(dtype=float))
+    section_frames = {c[len(SECTION_PREFIX):]: matrix.frame(rows[c].to_numpy(dtype=float))
+                      for c in sections if rows[c].notna().any()}
+    done, begun, duration = _step_times(rows)
+    step_s = matrix.frame(duration.to_numpy(dtype=float)).median(axis=1).to_numpy(dtype=float)
+    sync, ends = _sync_frames(rows, matrix, sync_columns, done)
+    start_ts = begun.groupby(rows["step"]).min().reindex(compute.index)
+    end_ts = done.groupby(rows["step"]).max().reindex(compute.index)
+    layout = build_layout(list(compute.columns), ranks_table if ranks_table is not None else pd.DataFrame(),
+                          attempt, placement)
+    parts = decompose(compute.to_numpy(dtype=float),
+                      {k: v.to_numpy(dtype=float) for k, v in section_frames.items()}, layout, t)
+    ratio = pd.DataFrame(parts.worker_ratio, index=compute.index, columns=compute.columns)
+    flagged = pd.DataFrame(parts.worker_flag, index=compute.index, columns=compute.columns)
+    return StepScores(compute, ratio, flagged, section_frames, layout, parts, step_s, start_ts, end_ts,
+                      {n: op for n, op in comm.items() if SECTION_PREFIX + n in attempt_steps.columns},
+                      _unknown_shares(rows, unknown, duration), sync, ends)
