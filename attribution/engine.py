@@ -11,7 +11,6 @@ that completed its evidence became visible, and when the incident row did.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import logging
 import re
@@ -23,25 +22,26 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
-from faultlens.attribution.detectors.crash import CrashAttributor, HangTrigger, teardown_starts
-from faultlens.attribution.detectors.health import HealthMonitor
-from faultlens.attribution.detectors.loss import LossMonitor
+from faultlens.attribution.detectors.base import (
+    REGISTRY,
+    Detector,
+    DetectorInputs,
+    JobOptions,
+    JobPass,
+    Scope,
+    StorePass,
+)
+from faultlens.attribution.detectors.builtin import evidence_start
 from faultlens.attribution.detectors.progress import (
     DumpRequester,
     HangAnalyzer,
-    HangAttributor,
-    HangSuspect,
-    ProgressMonitor,
-    latest_dump_set,
-    suspect_from_trigger,
 )
-from faultlens.attribution.detectors.straggler import StragglerDetector
 from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
-from faultlens.attribution.incident import Evidence, Incident, IncidentClass
+from faultlens.attribution.incident import Incident, IncidentClass
 from faultlens.attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.attribution.tail import NewSegment, SegmentTail
-from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
+from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, to_frame
 from faultlens.collectors.store.layout import StoreLocation, safe_value
 from faultlens.collectors.store.sink import SegmentSink
 
@@ -61,20 +61,24 @@ def utc_now() -> dt.datetime:
 
 
 class Engine:
-    """The detectors together: crash first (a crashed attempt is not also a hang), then hangs, then stragglers."""
+    """The registered detectors together (attribution/detectors/base.py), in their order: crash first (a crashed
+    attempt is not also a hang), then hangs, stragglers and losses per job; GPU health over every node last."""
 
     def __init__(self, *, crash_rules: CrashRules | None = None, thresholds: Thresholds | None = None,
                  catalog: XidCatalogLike | None = None, analyzer: HangAnalyzer | None = None,
-                 dump_requester: DumpRequester | None = None) -> None:
+                 dump_requester: DumpRequester | None = None, detectors: Iterable[str] | None = None) -> None:
         self.crash_rules = crash_rules or load_crash_rules()
         self.thresholds = thresholds or load_thresholds()
         self.catalog = catalog if catalog is not None else default_xid_catalog()
-        self.crash = CrashAttributor(self.crash_rules, self.catalog)
-        self.progress = ProgressMonitor(self.thresholds.progress)
-        self.hang = HangAttributor(self.crash_rules, self.catalog, analyzer, dump_requester)
-        self.straggler = StragglerDetector(self.thresholds.straggler)
-        self.health = HealthMonitor(self.thresholds.health, self.crash_rules, self.catalog)
-        self.loss = LossMonitor(self.thresholds.loss)
+        inputs = DetectorInputs(self.crash_rules, self.thresholds, self.catalog, analyzer, dump_requester)
+        self.detectors = REGISTRY.build(inputs, detectors)
+
+    def detector(self, name: str) -> Detector:
+        """The built detector registered as `name` (KeyError when this engine has none by that name)."""
+        for detector in self.detectors:
+            if detector.name == name:
+                return detector
+        raise KeyError(name)
 
     def run_job(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | None, *,
                 settled: Callable[[str | None, int | None], bool] | None = None,
@@ -88,75 +92,24 @@ class Engine:
         kill), not a new crash. `failed`: attempts already reported crashed (live mode) and since when; a
         slowdown that begins after that is the failure's consequence (a survivor waiting on the dead rank, the
         teardown), not a new fault."""
-        crash = self.crash.attribute(telemetry, now, settled)
-        hung = dict(hung or {})
-        slack = self.crash_rules.signal_notice_slack_s
-        stalled = self.progress.suspects(telemetry, as_of) if hangs and as_of is not None else []
-        for suspect in stalled:
-            # progress had stopped for longer than allowed before the attempt's failure: it hung first (live, the
-            # hang is reported then, and the failure that ends it is no new crash; a batch pass agrees)
-            if suspect.threshold_s is not None:
-                # a death by signal is stamped when it was noticed, up to the notice slack late (crash/classify.py)
-                noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
-                key = (suspect.job_id, suspect.attempt)
-                hung[key] = min(hung.get(key, noticed), noticed)
-        crashes = [i for i in crash.incidents
-                   if not ((i.job_id, i.attempt) in hung and evidence_start(i) >= hung[(i.job_id, i.attempt)])]
-        incidents: dict[str, Incident] = {i.incident_id: self._with_dump_evidence(i, telemetry)
-                                          for i in crashes if i.incident_id not in already}
-        if hangs:
-            busy = {(i.job_id, i.attempt) for i in crashes} | set(crash.pending)
-            suspects: dict[str, HangSuspect] = {}
-            for trigger in crash.hang_triggers:
-                suspect = self._from_trigger(trigger, telemetry)
-                suspects.setdefault(suspect.incident_id, suspect)
-            for suspect in stalled:
-                if (suspect.job_id, suspect.attempt) not in busy:
-                    suspects.setdefault(suspect.incident_id, suspect)
-            for incident_id, suspect in suspects.items():
-                if incident_id in already or incident_id in incidents:
-                    continue
-                incidents[incident_id] = self.hang.attribute(suspect, telemetry, now)
-        if stragglers:
-            ended = attempt_failure_starts(telemetry, incidents.values(), failed)
-            for incident in self.straggler.attribute(telemetry, now, straggler_last_steps):
-                if is_follow_on(incident, ended):
-                    log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, "
-                             "not reported", incident.incident_id, incident.job_id, incident.attempt)
-                    continue
-                incidents.setdefault(incident.incident_id, incident)
-        for incident in self.loss.attribute(telemetry, now):
-            if incident.incident_id not in already:
-                incidents.setdefault(incident.incident_id, incident)
-        return list(incidents.values())
+        options = JobOptions(settled=settled, already=frozenset(already), hangs=hangs, stragglers=stragglers,
+                             straggler_last_steps=straggler_last_steps)
+        run = JobPass(telemetry, now, as_of, options, hung=dict(hung or {}), failed=dict(failed or {}))
+        for detector in self.detectors:
+            if detector.scope is Scope.JOB:
+                run.add(detector.detect(run))
+        return list(run.incidents.values())
 
-    def _with_dump_evidence(self, incident: Incident, telemetry: Telemetry) -> Incident:
-        """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors' dumps (the dead
-        rank wrote none, or never joined the collective the others waited in) corroborates the culprit."""
-        dumps = latest_dump_set(telemetry.collectives, incident.job_id, incident.attempt)
-        if dumps.num_rows == 0 or not incident.culprit_ranks:
-            return incident
-        placement = placements(telemetry.ranks, incident.attempt, telemetry.process_events, telemetry.steps,
-                               telemetry.heartbeats)
-        try:
-            report = self.hang.analyzer(dumps, sorted(placement) or None)
-        except Exception as exc:  # evidence only: a failing analysis must not lose the crash
-            log.warning("hang analysis of the dumps of %s attempt %s failed: %s", incident.job_id, incident.attempt,
-                        exc)
-            return incident
-        culprits = set(getattr(report, "culprit_ranks", ()) or ())
-        if not culprits & set(incident.culprit_ranks):
-            return incident
-        verdict = getattr(getattr(report, "verdict", None), "value", getattr(report, "verdict", None))
-        reason = getattr(report, "reason", "")
-        line = Evidence("collectives", None, f"flight-recorder dumps agree: {verdict}: {reason}")
-        evidence = (*incident.evidence[: self.crash_rules.evidence_limit - 1], line)
-        confidence = round(min(0.99, incident.confidence + 0.1), 3)
-        return dataclasses.replace(incident, evidence=evidence, confidence=confidence)
-
-    @staticmethod
-    def _from_trigger(trigger: HangTrigger, telemetry: Telemetry) -> HangSuspect:
-        return suspect_from_trigger(trigger.job_id, trigger.attempt, trigger.ts, trigger.evidence, telemetry.steps)
+    def run_store_detectors(self, gpu_events: pd.DataFrame, failures: Iterable[Incident], now: dt.datetime,
+                            settled_before: dt.datetime | None = None) -> list[Incident]:
+        """The STORE detectors (GPU health) over every node's events, with the failures that may explain them."""
+        run = StorePass(gpu_events, now, tuple(failures), settled_before)
+        found: dict[str, Incident] = {}
+        for detector in self.detectors:
+            if detector.scope is Scope.STORE:
+                for incident in detector.detect(run):
+                    found.setdefault(incident.incident_id, incident)
+        return list(found.values())
 
     def run(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | dict[str, dt.datetime] | None = None,
             **options: object) -> list[Incident]:
@@ -168,56 +121,9 @@ class Engine:
             job_as_of = as_of.get(job) if isinstance(as_of, dict) else as_of
             for incident in self.run_job(telemetry.for_job(job), now, job_as_of, **options):  # type: ignore[arg-type]
                 found.setdefault(incident.incident_id, incident)
-        for incident in self.health.attribute(telemetry.gpu_events, found.values(), now):
+        for incident in self.run_store_detectors(telemetry.gpu_events, found.values(), now):
             found.setdefault(incident.incident_id, incident)
         return sorted(found.values(), key=lambda i: (i.first_signal_ts, i.incident_id))
-
-
-def evidence_start(incident: Incident) -> dt.datetime:
-    """When the error signals an incident is made of began: its first signal, unless that was moved back to the
-    culprit's last progress (a silent node), which says when it stopped, not when anything failed."""
-    start = incident.details.get("failures_from") if isinstance(incident.details, dict) else None
-    if isinstance(start, str):
-        try:
-            return max(incident.first_signal_ts, dt.datetime.fromisoformat(start))
-        except ValueError:
-            pass
-    return incident.first_signal_ts
-
-
-def attempt_failure_starts(telemetry: Telemetry, failures: Iterable[Incident],
-                           failed: dict[tuple[str | None, int | None], dt.datetime] | None
-                           ) -> dict[tuple[str | None, int | None], dt.datetime]:
-    """(job, attempt) -> when the attempt's failure began: its crash incident, the supervisor's first stopping
-    signal (a decided hang's teardown too), a torchrun agent's non-zero exit. Whatever starts later is the
-    failure's aftermath. A hang suspect alone does not count: progress after it disproves it."""
-    starts: dict[tuple[str | None, int | None], dt.datetime] = {}
-
-    def note(key: tuple[str | None, int | None], ts: object) -> None:
-        moment = ts.to_pydatetime(warn=False) if isinstance(ts, pd.Timestamp) else ts
-        if isinstance(moment, dt.datetime):
-            starts[key] = min(starts.get(key, moment), moment)
-
-    for incident in failures:
-        if incident.incident_class == IncidentClass.CRASH:
-            note((incident.job_id, incident.attempt), evidence_start(incident))
-    for key, ts in (failed or {}).items():
-        note(key, ts)
-    events = telemetry.process_events
-    for (job, attempt), ts in teardown_starts(events).items():
-        note((job or None, None if attempt == -1 else int(attempt)), ts)
-    if not events.empty and "kind" in events.columns and "exit_code" in events.columns:
-        exits = events[(events["kind"] == "agent_exit")
-                       & (pd.to_numeric(events["exit_code"], errors="coerce").fillna(0) != 0)]
-        for job, attempt, ts in zip(exits["job_id"], exits["attempt"], exits["ts"], strict=True):
-            note((None if job is None or job != job else job, None if attempt != attempt else int(attempt)), ts)
-    return starts
-
-
-def is_follow_on(incident: Incident, starts: dict[tuple[str | None, int | None], dt.datetime]) -> bool:
-    """A slowdown of an attempt that begins at or after the attempt's failure began."""
-    start = starts.get((incident.job_id, incident.attempt))
-    return start is not None and incident.first_signal_ts >= start
 
 
 def _open(store: Store | str | StoreLocation, job: str | None) -> tuple[Store, bool]:
@@ -403,8 +309,8 @@ class Follower:
         if health_due:
             self._last_health = tick
             settle = dt.timedelta(seconds=self.engine.thresholds.health.settle_s)
-            found.extend(self.engine.health.attribute(telemetry.gpu_events, self._failures, now,
-                                                      settled_before=now - settle))
+            found.extend(self.engine.run_store_detectors(telemetry.gpu_events, self._failures, now,
+                                                         settled_before=now - settle))
         if crash_due:
             # an attempt whose settle time ends after this evaluation began may have been skipped: look again
             self._arrivals = {key: arrived for key, arrived in self._arrivals.items()

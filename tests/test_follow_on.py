@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from faultlens.attribution.engine import Engine, attempt_failure_starts, is_follow_on
+from faultlens.attribution.detectors.builtin import attempt_failure_starts, is_follow_on
+from faultlens.attribution.engine import Engine
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
@@ -221,7 +222,7 @@ def test_a_stop_is_named_before_the_other_nodes_report_lands() -> None:
     later = (events["node"] == "node-1") & (events["source"] == "torchrun_report")
     view = dataclasses.replace(telemetry, process_events=events[~later].reset_index(drop=True))
     now = events["ts"].max().to_pydatetime() + dt.timedelta(seconds=1)
-    (incident,) = Engine().crash.attribute(view, now).incidents
+    (incident,) = Engine().detector("crash").attributor.attribute(view, now).incidents
     assert (incident.rule, incident.culprit_nodes, incident.culprit_ranks) == ("crash-killed-by-signal", ("node-0",),
                                                                                (1,))
 
@@ -236,10 +237,11 @@ def test_a_silent_rank_whose_agent_runs_is_waited_for() -> None:
     events = events[events["attempt"] == 2]
     early = events[(events["kind"] == "start") | (events["source"] == "error_json")]
     first = early["ts"].max().to_pydatetime()
-    waiting = Engine().crash.attribute(dataclasses.replace(telemetry, process_events=early),
+    waiting = Engine().detector("crash").attributor.attribute(dataclasses.replace(telemetry, process_events=early),
                                        first + dt.timedelta(seconds=1))
     assert waiting.incidents == [] and waiting.pending, waiting.incidents
     reported = events[events["kind"] != "agent_exit"]
-    (incident,) = Engine().crash.attribute(dataclasses.replace(telemetry, process_events=reported),
-                                           first + dt.timedelta(seconds=2)).incidents
+    crash = Engine().detector("crash").attributor
+    (incident,) = crash.attribute(dataclasses.replace(telemetry, process_events=reported),
+                                  first + dt.timedelta(seconds=2)).incidents
     assert (incident.rule, incident.culprit_ranks) == ("crash-killed-by-signal", (2,))

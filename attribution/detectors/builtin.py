@@ -1,0 +1,230 @@
+"""The built-in detectors, registered in the order the engine runs them: crash, hang, straggler, loss (JOB), health
+(STORE). Each wraps one attributor of this room; the order carries the judgment: a crashed attempt is not also a
+hang, a hang's ending is no new crash, and a slowdown that begins after an attempt's failure is its aftermath."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pandas as pd
+
+from faultlens.attribution.detectors.base import AttemptKey, DetectorInputs, JobPass, Scope, StorePass, register
+from faultlens.attribution.detectors.crash import CrashAttributor, CrashResult, teardown_starts
+from faultlens.attribution.detectors.health import HealthMonitor
+from faultlens.attribution.detectors.loss import LossMonitor
+from faultlens.attribution.detectors.progress import (
+    HangAnalyzer,
+    HangAttributor,
+    HangSuspect,
+    ProgressMonitor,
+    latest_dump_set,
+    suspect_from_trigger,
+)
+from faultlens.attribution.detectors.progress.suspect import default_analyzer
+from faultlens.attribution.detectors.straggler import StragglerDetector
+from faultlens.attribution.incident import Evidence, Incident, IncidentClass
+from faultlens.attribution.telemetry import Telemetry, placements
+
+log = logging.getLogger(__name__)
+
+
+def evidence_start(incident: Incident) -> dt.datetime:
+    """When the error signals an incident is made of began: its first signal, unless that was moved back to the
+    culprit's last progress (a silent node), which says when it stopped, not when anything failed."""
+    start = incident.details.get("failures_from") if isinstance(incident.details, dict) else None
+    if isinstance(start, str):
+        try:
+            return max(incident.first_signal_ts, dt.datetime.fromisoformat(start))
+        except ValueError:
+            pass
+    return incident.first_signal_ts
+
+
+def attempt_failure_starts(telemetry: Telemetry, failures: Iterable[Incident],
+                           failed: dict[AttemptKey, dt.datetime] | None) -> dict[AttemptKey, dt.datetime]:
+    """(job, attempt) -> when the attempt's failure began: its crash incident, the supervisor's first stopping
+    signal (a decided hang's teardown too), a torchrun agent's non-zero exit. Whatever starts later is the
+    failure's aftermath. A hang suspect alone does not count: progress after it disproves it."""
+    starts: dict[AttemptKey, dt.datetime] = {}
+
+    def note(key: AttemptKey, ts: object) -> None:
+        moment = ts.to_pydatetime(warn=False) if isinstance(ts, pd.Timestamp) else ts
+        if isinstance(moment, dt.datetime):
+            starts[key] = min(starts.get(key, moment), moment)
+
+    for incident in failures:
+        if incident.incident_class == IncidentClass.CRASH:
+            note((incident.job_id, incident.attempt), evidence_start(incident))
+    for key, ts in (failed or {}).items():
+        note(key, ts)
+    events = telemetry.process_events
+    for (job, attempt), ts in teardown_starts(events).items():
+        note((job or None, None if attempt == -1 else int(attempt)), ts)
+    if not events.empty and "kind" in events.columns and "exit_code" in events.columns:
+        exits = events[(events["kind"] == "agent_exit")
+                       & (pd.to_numeric(events["exit_code"], errors="coerce").fillna(0) != 0)]
+        for job, attempt, ts in zip(exits["job_id"], exits["attempt"], exits["ts"], strict=True):
+            note((None if job is None or job != job else job, None if attempt != attempt else int(attempt)), ts)
+    return starts
+
+
+def is_follow_on(incident: Incident, starts: dict[AttemptKey, dt.datetime]) -> bool:
+    """A slowdown of an attempt that begins at or after the attempt's failure began."""
+    start = starts.get((incident.job_id, incident.attempt))
+    return start is not None and incident.first_signal_ts >= start
+
+
+@dataclass(frozen=True)
+class CrashNotes:
+    """What the crash detector leaves in the pass for the hang detector."""
+
+    result: CrashResult
+    stalled: tuple[HangSuspect, ...]  # attempts whose progress stopped (hang suspects)
+
+
+class CrashDetector:
+    """Primary failures per attempt. An attempt whose progress had stopped for longer than allowed before it
+    failed hung first: the failure that ends the hang is no new crash (live, the hang was reported then; a batch
+    pass agrees)."""
+
+    name = "crash"
+    scope = Scope.JOB
+
+    def __init__(self, inputs: DetectorInputs) -> None:
+        self.rules = inputs.crash_rules
+        self.attributor = CrashAttributor(inputs.crash_rules, inputs.catalog)
+        self.progress = ProgressMonitor(inputs.thresholds.progress)
+        self._analyzer = inputs.analyzer
+
+    @property
+    def analyzer(self) -> HangAnalyzer:
+        """The hang analysis the dumps of a crashed attempt go through (built on first use)."""
+        if self._analyzer is None:
+            self._analyzer = default_analyzer()
+        return self._analyzer
+
+    def detect(self, run: JobPass) -> list[Incident]:
+        telemetry = run.telemetry
+        crash = self.attributor.attribute(telemetry, run.now, run.options.settled)
+        slack = self.rules.signal_notice_slack_s
+        stalled = self.progress.suspects(telemetry, run.as_of) if run.options.hangs and run.as_of is not None \
+            else []
+        for suspect in stalled:
+            if suspect.threshold_s is not None:
+                # a death by signal is stamped when it was noticed, up to the notice slack late (see crash/)
+                noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
+                key = (suspect.job_id, suspect.attempt)
+                run.hung[key] = min(run.hung.get(key, noticed), noticed)
+        crashes = [i for i in crash.incidents
+                   if not ((i.job_id, i.attempt) in run.hung and evidence_start(i) >= run.hung[(i.job_id, i.attempt)])]
+        run.busy |= {(i.job_id, i.attempt) for i in crashes} | set(crash.pending)
+        run.notes[self.name] = CrashNotes(crash, tuple(stalled))
+        return [self.with_dump_evidence(i, telemetry) for i in crashes if i.incident_id not in run.options.already]
+
+    def with_dump_evidence(self, incident: Incident, telemetry: Telemetry) -> Incident:
+        """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors' dumps (the dead
+        rank wrote none, or never joined the collective the others waited in) corroborates the culprit."""
+        dumps = latest_dump_set(telemetry.collectives, incident.job_id, incident.attempt)
+        if dumps.num_rows == 0 or not incident.culprit_ranks:
+            return incident
+        placement = placements(telemetry.ranks, incident.attempt, telemetry.process_events, telemetry.steps,
+                               telemetry.heartbeats)
+        try:
+            report = self.analyzer(dumps, sorted(placement) or None)
+        except Exception as exc:  # evidence only: a failing analysis must not lose the crash
+            log.warning("hang analysis of the dumps of %s attempt %s failed: %s", incident.job_id, incident.attempt,
+                        exc)
+            return incident
+        culprits = set(getattr(report, "culprit_ranks", ()) or ())
+        if not culprits & set(incident.culprit_ranks):
+            return incident
+        verdict = getattr(getattr(report, "verdict", None), "value", getattr(report, "verdict", None))
+        reason = getattr(report, "reason", "")
+        line = Evidence("collectives", None, f"flight-recorder dumps agree: {verdict}: {reason}")
+        evidence = (*incident.evidence[: self.rules.evidence_limit - 1], line)
+        confidence = round(min(0.99, incident.confidence + 0.1), 3)
+        return dataclasses.replace(incident, evidence=evidence, confidence=confidence)
+
+
+class HangDetector:
+    """Collective hangs: the crash rules' hang triggers (collective timeouts) and the attempts whose progress
+    stopped, unless they crashed or are not settled; each suspect's dumps through the hang analysis."""
+
+    name = "hang"
+    scope = Scope.JOB
+
+    def __init__(self, inputs: DetectorInputs) -> None:
+        self.attributor = HangAttributor(inputs.crash_rules, inputs.catalog, inputs.analyzer, inputs.dump_requester)
+
+    def detect(self, run: JobPass) -> list[Incident]:
+        notes = run.notes.get(CrashDetector.name)
+        if not run.options.hangs or notes is None:
+            return []
+        suspects: dict[str, HangSuspect] = {}
+        for trigger in notes.result.hang_triggers:
+            suspect = suspect_from_trigger(trigger.job_id, trigger.attempt, trigger.ts, trigger.evidence,
+                                           run.telemetry.steps)
+            suspects.setdefault(suspect.incident_id, suspect)
+        for suspect in notes.stalled:
+            if (suspect.job_id, suspect.attempt) not in run.busy:
+                suspects.setdefault(suspect.incident_id, suspect)
+        return [self.attributor.attribute(suspect, run.telemetry, run.now) for incident_id, suspect in suspects.items()
+                if incident_id not in run.options.already and incident_id not in run.incidents]
+
+
+class StragglerSlowdowns:
+    """Stragglers; a slowdown that begins after its attempt's failure began is its aftermath, not reported."""
+
+    name = "straggler"
+    scope = Scope.JOB
+
+    def __init__(self, inputs: DetectorInputs) -> None:
+        self.detector = StragglerDetector(inputs.thresholds.straggler)
+
+    def detect(self, run: JobPass) -> list[Incident]:
+        if not run.options.stragglers:
+            return []
+        ended = attempt_failure_starts(run.telemetry, run.incidents.values(), run.failed)
+        found = []
+        for incident in self.detector.attribute(run.telemetry, run.now, run.options.straggler_last_steps):
+            if is_follow_on(incident, ended):
+                log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, not reported",
+                         incident.incident_id, incident.job_id, incident.attempt)
+                continue
+            found.append(incident)
+        return found
+
+
+class LossDetector:
+    """A loss that turned NaN or inf, or jumped: the numbers went bad while the job ran on."""
+
+    name = "loss"
+    scope = Scope.JOB
+
+    def __init__(self, inputs: DetectorInputs) -> None:
+        self.monitor = LossMonitor(inputs.thresholds.loss)
+
+    def detect(self, run: JobPass) -> list[Incident]:
+        return [i for i in self.monitor.attribute(run.telemetry, run.now) if i.incident_id not in run.options.already]
+
+
+class HealthDetector:
+    """Critical GPU events (row-remap failure, DBE, GPU lost, recovery action, leave-the-job XIDs) that no crash
+    or hang explains: a node to drain before it fails a job."""
+
+    name = "health"
+    scope = Scope.STORE
+
+    def __init__(self, inputs: DetectorInputs) -> None:
+        self.monitor = HealthMonitor(inputs.thresholds.health, inputs.crash_rules, inputs.catalog)
+
+    def detect(self, run: StorePass) -> list[Incident]:
+        return self.monitor.attribute(run.gpu_events, run.failures, run.now, settled_before=run.settled_before)
+
+
+for _detector in (CrashDetector, HangDetector, StragglerSlowdowns, LossDetector, HealthDetector):
+    register(_detector.name, _detector)
