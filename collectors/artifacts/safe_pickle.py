@@ -173,7 +173,11 @@ _DIGITS = re.compile(rb"-?\d+L?")
 def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
     """Walk the opcodes up to the first STOP; raise UnsafePickleError / PickleLoadError (no source prefix) for what
     the module docstring lists. Linear in the data, allocates nothing the size of an argument. Returns whether the
-    loaded value must still be checked for surrogates (protocol 0 text with \\u escapes)."""
+    loaded value must still be checked for surrogates (protocol 0 text with \\u escapes).
+
+    The opcodes every dump is full of (strings, tuples, large memo indices) are checked in this loop; the rare
+    ones (protocol 0 text, PROTO, FRAME, refused and unknown opcodes) in a call each (_check_text_op,
+    _check_rare_op), which keeps the loop short without a call per common opcode."""
     limits = limits or default_limits()
     n = len(data)
     pos = 0
@@ -221,59 +225,77 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
             if index >= n:
                 raise PickleLoadError(f"memo index {index} at offset {pos} beyond the data's {n} bytes")
             pos = arg + 4
-        elif op == 0x80:  # PROTO
-            if arg >= n:
-                raise PickleLoadError("truncated (ran out of input)")
-            if data[arg] > pickle.HIGHEST_PROTOCOL:
-                raise PickleLoadError(f"unsupported pickle protocol: {data[arg]}")
-            pos = arg + 1
-        elif op == 0x95:  # FRAME
-            if arg + 8 > n:
-                raise PickleLoadError("truncated (ran out of input)")
-            length = int.from_bytes(data[arg:arg + 8], "little")
-            if length > n - arg - 8:
-                raise PickleLoadError(f"truncated: a frame of {length} bytes at offset {pos} runs past the end")
-            pos = arg + 8
         elif op in _TEXT_OPS or op == 0x63:  # text arguments (protocol 0), GLOBAL: newline-terminated
-            lines = 2 if op == 0x63 else 1
-            end = arg
-            names = []
-            for _ in range(lines):
-                stop = data.find(b"\n", end)
-                if stop < 0:
-                    raise PickleLoadError("truncated (ran out of input)")
-                if op in (ord("S"), ord("V")):
-                    if op == ord("V") and (data.find(b"\\u", end, stop) >= 0 or data.find(b"\\U", end, stop) >= 0):
-                        walk = True  # raw-unicode-escape can spell a surrogate: checked after the load
-                    if stop - end > 4 * max_string:
-                        raise PickleLoadError(f"string of {stop - end} bytes at offset {pos} (limit {max_string})")
-                elif op == 0x63:
-                    if stop - end > 256:
-                        raise UnsafePickleError(f"refused global of {stop - end} bytes at offset {pos}")
-                    names.append(bytes(data[end:stop]).decode("latin-1"))
-                else:
-                    text = bytes(data[end:stop])
-                    if len(text) > limits.max_int_digits + 2:
-                        raise PickleLoadError(f"number of {len(text)} characters at offset {pos} "
-                                              f"(limit {limits.max_int_digits})")
-                    if op in (ord("g"), ord("p")):
-                        if not _DIGITS.fullmatch(text) or text.startswith(b"-"):
-                            raise PickleLoadError(f"bad memo index at offset {pos}")
-                        if op == ord("p") and int(text) >= n:
-                            raise PickleLoadError(f"memo index {int(text)} at offset {pos} beyond the data's {n} "
-                                                  "bytes")
-                end = stop + 1
-            if op == 0x63 and tuple(names) not in _ADMITTED_GLOBALS:
-                raise UnsafePickleError(f"refused global {names[0][:80]}.{names[1][:80]}: only builtin containers "
-                                        "and scalars are admitted")
-            pos = end
-        elif op in _REFUSED_OPS:
-            raise UnsafePickleError(f"refused opcode {_REFUSED_OPS[op]} at offset {pos}: only builtin containers "
-                                    "and scalars are admitted")
-        elif op in _FIXED_OPS:
-            raise PickleLoadError("truncated (ran out of input)")
+            pos, escapes = _check_text_op(data, pos, op, limits)
+            walk = walk or escapes
         else:
-            raise PickleLoadError(f"invalid opcode 0x{op:02x} at offset {pos}")
+            pos = _check_rare_op(data, pos, op)
+
+
+def _check_rare_op(data: bytes, pos: int, op: int) -> int:
+    """PROTO and FRAME (checked: returns the next opcode's offset); a refused, cut or unknown opcode raises."""
+    n = len(data)
+    arg = pos + 1
+    if op == 0x80:  # PROTO
+        if arg >= n:
+            raise PickleLoadError("truncated (ran out of input)")
+        if data[arg] > pickle.HIGHEST_PROTOCOL:
+            raise PickleLoadError(f"unsupported pickle protocol: {data[arg]}")
+        return arg + 1
+    if op == 0x95:  # FRAME
+        if arg + 8 > n:
+            raise PickleLoadError("truncated (ran out of input)")
+        length = int.from_bytes(data[arg:arg + 8], "little")
+        if length > n - arg - 8:
+            raise PickleLoadError(f"truncated: a frame of {length} bytes at offset {pos} runs past the end")
+        return arg + 8
+    if op in _REFUSED_OPS:
+        raise UnsafePickleError(f"refused opcode {_REFUSED_OPS[op]} at offset {pos}: only builtin containers "
+                                "and scalars are admitted")
+    if op in _FIXED_OPS:
+        raise PickleLoadError("truncated (ran out of input)")
+    raise PickleLoadError(f"invalid opcode 0x{op:02x} at offset {pos}")
+
+
+def _check_text_op(data: bytes, pos: int, op: int, limits: DumpLimits) -> tuple[int, bool]:
+    """A protocol 0 opcode with newline-terminated text (GLOBAL: two lines): the next opcode's offset, and whether
+    the text may spell a surrogate (raw-unicode-escape: then the loaded value is checked after the load)."""
+    max_string = limits.max_string_bytes
+    lines = 2 if op == 0x63 else 1
+    end = pos + 1
+    names = []
+    escapes = False
+    for _ in range(lines):
+        stop = data.find(b"\n", end)
+        if stop < 0:
+            raise PickleLoadError("truncated (ran out of input)")
+        if op in (ord("S"), ord("V")):
+            if op == ord("V") and (data.find(b"\\u", end, stop) >= 0 or data.find(b"\\U", end, stop) >= 0):
+                escapes = True
+            if stop - end > 4 * max_string:
+                raise PickleLoadError(f"string of {stop - end} bytes at offset {pos} (limit {max_string})")
+        elif op == 0x63:
+            if stop - end > 256:
+                raise UnsafePickleError(f"refused global of {stop - end} bytes at offset {pos}")
+            names.append(bytes(data[end:stop]).decode("latin-1"))
+        else:
+            _check_number_text(bytes(data[end:stop]), pos, op, len(data), limits)
+        end = stop + 1
+    if op == 0x63 and tuple(names) not in _ADMITTED_GLOBALS:
+        raise UnsafePickleError(f"refused global {names[0][:80]}.{names[1][:80]}: only builtin containers "
+                                "and scalars are admitted")
+    return end, escapes
+
+
+def _check_number_text(text: bytes, pos: int, op: int, n: int, limits: DumpLimits) -> None:
+    """INT, LONG, FLOAT, GET, PUT: a number within the limits; a memo index a real value and below the data's size."""
+    if len(text) > limits.max_int_digits + 2:
+        raise PickleLoadError(f"number of {len(text)} characters at offset {pos} (limit {limits.max_int_digits})")
+    if op in (ord("g"), ord("p")):
+        if not _DIGITS.fullmatch(text) or text.startswith(b"-"):
+            raise PickleLoadError(f"bad memo index at offset {pos}")
+        if op == ord("p") and int(text) >= n:
+            raise PickleLoadError(f"memo index {int(text)} at offset {pos} beyond the data's {n} bytes")
 
 
 _TUPLE_OPS = frozenset(b")t\x85\x86\x87")  # EMPTY_TUPLE, TUPLE, TUPLE1-3
@@ -289,7 +311,8 @@ def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
     ("billion laughs" of tuples) would make the C unpickler hash for hours inside one opcode. This second pass
     (only for pickles with tuples: their weights are tracked through the stack and the memo) bounds what the
     keys and set items of the pickle cost to hash: refused beyond limits.element_budget(size). The first pass
-    has checked every length, so arguments can be skipped without checks."""
+    has checked every length, so arguments can be skipped without checks. The opcodes dumps are made of stay in
+    this loop (a call per opcode would cost more than the opcode), the rare ones go to _hash_rare_op."""
     budget = limits.element_budget(len(data))
     stack: list[int] = []  # per stack item: its weight if it is a tuple (items a hash visits), else 0
     push = stack.append
@@ -329,12 +352,6 @@ def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
         elif op == 0x8C or op == 0x43 or op == 0x55 or op == 0x8A:  # short strings / bytes, LONG1
             push(0)
             pos += 2 + data[pos + 1]
-        elif op == 0x8D or op == 0x8E or op == 0x96:  # 8-byte lengths
-            push(0)
-            pos += 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
-        elif op == 0x8B:  # LONG4
-            push(0)
-            pos += 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
         elif op == 0x29:  # EMPTY_TUPLE
             push(1)
             pos += 1
@@ -350,10 +367,6 @@ def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
             pos += 1
         elif op == 0x65 or op == 0x31:  # APPENDS, POP_MARK
             del stack[marks.pop() if marks else 0:]
-            pos += 1
-        elif op == 0x6C:  # LIST
-            del stack[marks.pop() if marks else 0:]
-            push(0)
             pos += 1
         elif op == 0x73:  # SETITEM: the key is hashed
             if len(stack) >= 2:
@@ -376,39 +389,52 @@ def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
             if stack:
                 memo[len(memo)] = stack[-1]
             pos += 1
-        elif op == 0x32:  # DUP
-            push(stack[-1] if stack else 0)
-            pos += 1
-        elif op == 0x30:  # POP (of the MARK itself when nothing is above it, as the C unpickler does)
-            if marks and marks[-1] == len(stack):
-                marks.pop()
-            else:
-                del stack[-1:]
-            pos += 1
-        elif op == 0x52:  # REDUCE (an admitted helper: it bounds its own argument)
-            del stack[-2:]
-            push(0)
-            pos += 1
-        elif op == 0x80 or op == 0x95:  # PROTO, FRAME
-            pos += 1 + _ARG_WIDTH[op]
-        elif op == 0x63:  # GLOBAL
-            pos = data.index(b"\n", data.index(b"\n", pos + 1) + 1) + 1
-            push(0)
-        elif op in _TEXT_OPS:  # text arguments: a value, or a memo index
-            stop = data.index(b"\n", pos + 1)
-            if op == 0x70:  # PUT
-                if stack:
-                    memo[int(data[pos + 1:stop])] = stack[-1]
-            elif op == 0x67:  # GET
-                push(memo.get(int(data[pos + 1:stop]), 0))
-            else:
-                push(0)
-            pos = stop + 1
         else:
-            raise PickleLoadError(f"invalid opcode 0x{op:02x} at offset {pos}")
+            pos = _hash_rare_op(data, pos, op, stack, marks, memo)
     if hashed > budget:
         raise PickleLoadError(f"tuples used as keys or set items would cost more than {budget} steps to hash "
                               "(shared references?)")
+
+
+def _hash_rare_op(data: bytes, pos: int, op: int, stack: list[int], marks: list[int], memo: dict[int, int]) -> int:
+    """_check_hashing's step for an opcode dumps seldom hold: its effect on the weights; the next opcode's offset."""
+    if op == 0x8D or op == 0x8E or op == 0x96:  # 8-byte lengths
+        stack.append(0)
+        return pos + 9 + int.from_bytes(data[pos + 1:pos + 9], "little")
+    if op == 0x8B:  # LONG4
+        stack.append(0)
+        return pos + 5 + int.from_bytes(data[pos + 1:pos + 5], "little")
+    if op == 0x6C:  # LIST
+        del stack[marks.pop() if marks else 0:]
+        stack.append(0)
+    elif op == 0x32:  # DUP
+        stack.append(stack[-1] if stack else 0)
+    elif op == 0x30:  # POP (of the MARK itself when nothing is above it, as the C unpickler does)
+        if marks and marks[-1] == len(stack):
+            marks.pop()
+        else:
+            del stack[-1:]
+    elif op == 0x52:  # REDUCE (an admitted helper: it bounds its own argument)
+        del stack[-2:]
+        stack.append(0)
+    elif op == 0x80 or op == 0x95:  # PROTO, FRAME
+        return pos + 1 + _ARG_WIDTH[op]
+    elif op == 0x63:  # GLOBAL
+        stack.append(0)
+        return data.index(b"\n", data.index(b"\n", pos + 1) + 1) + 1
+    elif op in _TEXT_OPS:  # text arguments: a value, or a memo index
+        stop = data.index(b"\n", pos + 1)
+        if op == 0x70:  # PUT
+            if stack:
+                memo[int(data[pos + 1:stop])] = stack[-1]
+        elif op == 0x67:  # GET
+            stack.append(memo.get(int(data[pos + 1:stop]), 0))
+        else:
+            stack.append(0)
+        return stop + 1
+    else:
+        raise PickleLoadError(f"invalid opcode 0x{op:02x} at offset {pos}")
+    return pos + 1
 
 
 def _tuple_weight(value: Any, limit: int) -> int:

@@ -1,0 +1,93 @@
+"""Set-wide string dictionaries (_Strings) and the Arrow building blocks of the assembly: list arrays from
+per-row counts, dictionary columns rewrapped with a set's final dictionary, a repeated string column."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+_MAX_VOCABULARIES = 4096  # per column: dumps of one job share a handful; a hostile set cannot grow it without bound
+_MAX_CACHED_VOCABULARY = 256  # longer vocabularies (frames) are remapped each time, not kept
+
+
+class _Strings:
+    """One set-wide dictionary for a string column."""
+
+    def __init__(self) -> None:
+        self.lookup: dict[str, int] = {}
+        self.values: list[str] = []
+        self.tables: dict[tuple[str, ...], np.ndarray] = {}  # a dump's vocabulary -> its codes (remap)
+
+    def remap(self, column_values: Sequence[str], codes: np.ndarray) -> np.ndarray:
+        """A dump's local codes (-1 = null) as codes of this set-wide dictionary."""
+        if not column_values:
+            return codes.astype(np.int32, copy=False)
+        key = tuple(column_values)
+        table = self.tables.get(key)
+        if table is None:
+            # the set-wide code of each local value, plus -1 last (where a null's code -1 lands); a code, once
+            # given, never changes, so the table of one vocabulary is good for every later dump that has it
+            table = np.empty(len(column_values) + 1, np.int32)
+            for i, value in enumerate(column_values):
+                code = self.lookup.get(value)
+                if code is None:
+                    code = self.lookup[value] = len(self.values)
+                    self.values.append(value)
+                table[i] = code
+            table[-1] = -1
+            if len(column_values) <= _MAX_CACHED_VOCABULARY and len(self.tables) < _MAX_VOCABULARIES:
+                self.tables[key] = table
+        if codes.shape[0] and int(codes.min()) < -1:  # never from the parsers; kept null rather than wrapped
+            codes = np.where(codes < 0, -1, codes)
+        return table[codes]
+
+    def array(self, codes: np.ndarray, dictionary: bool) -> pa.Array:
+        indices = pa.array(codes, type=pa.int32(), mask=codes < 0)
+        arr = pa.DictionaryArray.from_arrays(indices, pa.array(self.values, type=pa.string()))
+        return arr if dictionary else arr.cast(pa.string())
+
+
+def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool) -> pa.Array:
+    """A chunk's dictionary column (or list of dictionary) with the set's final dictionary, or cast to plain
+    strings. Dictionaries only grow by appending, so a chunk's indices are valid in the final one."""
+    if strings is None:
+        return array
+    final = pa.array(strings.values, type=pa.string())
+    if pa.types.is_dictionary(array.type):
+        out = pa.DictionaryArray.from_arrays(array.indices, final)
+        return out if dictionary else out.cast(pa.string())
+    if pa.types.is_list(array.type) and pa.types.is_dictionary(array.type.value_type):
+        values = pa.DictionaryArray.from_arrays(array.values.indices, final)
+        if not dictionary:
+            values = values.cast(pa.string())
+        return pa.ListArray.from_arrays(array.offsets, values,
+                                        mask=array.is_null() if array.null_count else None)
+    return array
+
+
+def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
+    offsets = np.zeros(counts.shape[0] + 1, np.int32)
+    np.cumsum(np.maximum(counts, 0), out=offsets[1:])
+    null = counts < 0
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values,
+                                    mask=pa.array(null) if null.any() else None)
+
+
+def _repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: bool) -> pa.Array:
+    values: list[str] = []
+    lookup: dict[str, int] = {}
+    codes = np.empty(total, np.int32)
+    pos = 0
+    for count, value in runs:
+        if value is None:
+            code = -1
+        else:
+            code = lookup.setdefault(value, len(values))
+            if code == len(values):
+                values.append(value)
+        codes[pos:pos + count] = code
+        pos += count
+    arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), pa.array(values, pa.string()))
+    return arr if dictionary else arr.cast(pa.string())

@@ -1,0 +1,186 @@
+"""Dump files: which files of a directory are dumps, the rank a file name gives, and one file (or bytes) loaded
+into a _Dump through the right parser, or a DumpFileError naming it (whatever it holds)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from faultlens.collectors.artifacts.flight_recorder.fastpath import _dump_fast
+from faultlens.collectors.artifacts.flight_recorder.model import (
+    DEFAULT_MAX_FRAMES,
+    JSON_SUFFIXES,
+    PICKLE_SUFFIXES,
+    DumpDirError,
+    DumpFileError,
+    _Dump,
+    _DumpFormatError,
+)
+from faultlens.collectors.artifacts.flight_recorder.objects import _dump_from_object
+from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
+from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, _has_surrogate, safe_loads
+
+log = logging.getLogger(__name__)
+
+_RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?$", re.IGNORECASE)
+_JSON_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape (an unpaired one is refused)
+
+
+def rank_from_name(path: str | os.PathLike[str]) -> int | None:
+    """The last integer of a dump file name: `_dump_9`, `comm_lib_trace_rank_9`, `rank_9.pkl` -> 9 (a number of
+    more than 18 digits is no rank: None)."""
+    match = _RANK_IN_NAME.search(Path(path).name)
+    if not match or len(match.group(1)) > 18:
+        return None
+    return int(match.group(1))
+
+
+def _is_candidate(path: Path) -> bool:
+    name = path.name
+    if name.startswith(".") or name.endswith((".tmp", ".partial")) or not path.is_file():
+        return False
+    suffix = path.suffix.lower()
+    if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
+        return True
+    return name[-1:].isdigit() and rank_from_name(name) is not None
+
+
+def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Dump files in `directory` (not recursive), pickles before their JSON twins; temp names are ignored."""
+    root = Path(directory)
+    if not root.exists():
+        raise DumpDirError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise DumpDirError(f"{root}: not a directory")
+    try:
+        files = [p for p in root.iterdir() if _is_candidate(p)]
+    except OSError as exc:
+        raise DumpDirError(f"{root}: cannot list: {exc.strerror or exc}") from None
+
+    def order(path: Path) -> tuple[int, int, str]:
+        rank = rank_from_name(path)
+        is_json = path.suffix.lower() in JSON_SUFFIXES
+        return (rank if rank is not None else 1 << 62, int(is_json), path.name)
+
+    return sorted(files, key=order)
+
+
+def _looks_like_json(head: bytes) -> bool:
+    stripped = head.lstrip()
+    return stripped[:1] in (b"{", b"[")
+
+
+def _load_file(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits | None = None) -> _Dump:
+    """One dump, or DumpFileError naming the file: whatever the file holds, no other exception leaves here."""
+    limits = limits or default_limits()
+    try:
+        return _load_file_checked(path, max_frames, fast_path, limits)
+    except DumpFileError:
+        raise
+    except RecursionError:
+        raise DumpFileError(path, "nested too deep") from None
+    except MemoryError:
+        raise DumpFileError(path, "out of memory while reading it") from None
+    except Exception as exc:  # a bad file is this file's problem, never the set's (the message says what it was)
+        log.debug("unexpected error reading %s", path, exc_info=True)
+        raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
+    try:
+        size = path.stat().st_size
+        if size > limits.max_file_bytes:
+            raise DumpFileError(path, f"{size} bytes: larger than any real dump (limit {limits.max_file_bytes}, "
+                                      "FAULTLENS_FR_MAX_FILE_BYTES)")
+        buf = np.fromfile(path, dtype=np.uint8, count=limits.max_file_bytes + 1)
+        mtime_ns = path.stat().st_mtime_ns
+    except OSError as exc:
+        raise DumpFileError(path, f"cannot read: {exc.strerror or exc}") from None
+    if buf.shape[0] == 0:
+        raise DumpFileError(path, "empty file (a dump cut short?)")
+    if buf.shape[0] > limits.max_file_bytes:
+        raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)")
+    dump = _load_buffer(buf, path, max_frames, fast_path, limits)
+    dump.mtime_ns = mtime_ns
+    return dump
+
+
+def load_dump_bytes(data: bytes, name: str = "rank_0.pkl", *, fast_path: bool = False,
+                    max_frames: int = DEFAULT_MAX_FRAMES, limits: DumpLimits | None = None) -> _Dump:
+    """One dump from bytes, as the reader would read a file called `name` (tests and the fuzz bench compare the
+    two pickle paths with it). Raises DumpFileError naming `name`, and nothing else."""
+    limits = limits or default_limits()
+    path = Path(name)
+    buf = np.frombuffer(data, dtype=np.uint8)
+    try:
+        if buf.shape[0] == 0:
+            raise DumpFileError(path, "empty file (a dump cut short?)")
+        if buf.shape[0] > limits.max_file_bytes:
+            raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)")
+        return _load_buffer(buf, path, max_frames, fast_path, limits)
+    except DumpFileError:
+        raise
+    except RecursionError:
+        raise DumpFileError(path, "nested too deep") from None
+    except MemoryError:
+        raise DumpFileError(path, "out of memory while reading it") from None
+    except Exception as exc:
+        raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> _Dump:
+    try:
+        obj = json.loads(buf.tobytes())
+    except RecursionError:
+        raise DumpFileError(path, "not a usable JSON dump: nested deeper than the parser's limit") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DumpFileError(path, f"not valid JSON (truncated or corrupt?): {str(exc)[:200]}") from None
+    if _JSON_SURROGATE.search(buf.tobytes()) and _has_surrogate(obj):
+        raise DumpFileError(path, "not a usable JSON dump: a string holds a lone surrogate (\\ud800-\\udfff)")
+    return _dump_from_object(obj, path, "json", 0, limits, int(buf.shape[0]))
+
+
+def _pickle_dump(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
+    dump = _dump_fast(buf, path, max_frames, limits) if fast_path else None
+    if dump is None:
+        try:
+            obj = safe_loads(buf.tobytes(), source=str(path), limits=limits)
+        except PickleLoadError as exc:
+            raise DumpFileError(path, str(exc).removeprefix(f"{path}: ")) from None
+        dump = _dump_from_object(obj, path, "pickle", max_frames, limits, int(buf.shape[0]))
+    return dump
+
+
+def _settle_rank(dump: _Dump, path: Path, limits: DumpLimits) -> None:
+    """World size and rank within a real job's; a dump without a rank takes the file name's."""
+    world = limits.max_world_size
+    if dump.world_size is not None and not 0 <= dump.world_size <= world:
+        raise DumpFileError(path, f"world_size {dump.world_size} is not a job's (limit {world}, "
+                                  "FAULTLENS_FR_MAX_WORLD_SIZE)")
+    if dump.rank >= world:
+        raise DumpFileError(path, f"rank {dump.rank} is not a job's (limit {world}, FAULTLENS_FR_MAX_WORLD_SIZE)")
+    if dump.rank < 0:
+        from_name = rank_from_name(path)
+        if from_name is None:
+            raise DumpFileError(path, "cannot tell the rank: no top-level 'rank' and no number in the file name")
+        if from_name >= world:
+            raise DumpFileError(path, f"rank {from_name} (from the file name) is not a job's (limit {world}, "
+                                      "FAULTLENS_FR_MAX_WORLD_SIZE)")
+        dump.rank = from_name
+
+
+def _load_buffer(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
+    try:
+        if _looks_like_json(buf[:64].tobytes()):
+            dump = _json_dump(buf, path, limits)
+        else:
+            dump = _pickle_dump(buf, path, max_frames, fast_path, limits)
+    except _DumpFormatError as exc:
+        raise DumpFileError(path, str(exc)) from None
+    _settle_rank(dump, path, limits)
+    return dump

@@ -1,0 +1,77 @@
+"""Process-group facts from a dump: the ranks of a group as pg_config spells them (parse_ranks), a group's
+pg_status counters, and the communication library a dump's ops name."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from faultlens.collectors.artifacts.flight_recorder.model import _Dump, _DumpFormatError
+from faultlens.collectors.artifacts.flight_recorder.values import _as_int
+from faultlens.collectors.artifacts.fr_limits import default_limits
+
+_RANKS_CACHE: dict[tuple[str, int], tuple[int, ...] | None] = {}
+
+
+def _rank_list(values: Any, world: int) -> tuple[int, ...] | None:
+    if not isinstance(values, (list, tuple)) or len(values) > world:
+        return None
+    ranks = []
+    for r in values:
+        if isinstance(r, str) and 0 < len(r.strip()) <= 10 and r.strip().isdigit():
+            r = int(r.strip())
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < world:
+            return None
+        ranks.append(r)
+    return tuple(sorted(ranks)) or None
+
+
+def parse_ranks(text: Any, max_world_size: int | None = None) -> tuple[int, ...] | None:
+    """pg_config 'ranks' ('[0, 1, 2]' or a list) -> sorted tuple; None when empty or unreadable, or when a rank is
+    not one of a real job (outside 0..max_world_size-1: fr_limits)."""
+    world = max_world_size or default_limits().max_world_size
+    if isinstance(text, (list, tuple)):
+        return _rank_list(text, world)
+    if not isinstance(text, str):
+        return None
+    cached = _RANKS_CACHE.get((text, world), ...)
+    if cached is not ...:
+        return cached  # type: ignore[return-value]
+    try:
+        ranks = _rank_list(json.loads(text), world) if len(text) <= 16 * world + 2 else None
+    except (ValueError, TypeError, RecursionError):
+        ranks = None
+    if len(_RANKS_CACHE) < 65536:
+        _RANKS_CACHE[(text, world)] = ranks
+    return ranks
+
+
+def _config_ranks(pg_config: Mapping[str, Any], name: str | None,
+                  max_world_size: int | None = None) -> tuple[int, ...] | None:
+    if name is None or not name:
+        return None
+    entry = pg_config.get(name)
+    if not isinstance(entry, Mapping):
+        return None
+    return parse_ranks(entry.get("ranks"), max_world_size)
+
+
+def _status_value(status: Mapping[str, Any], pg_id: str, key: str) -> int | None:
+    group = status.get(pg_id)
+    if not isinstance(group, Mapping):
+        return None
+    try:
+        return _as_int(group.get(key), key)
+    except _DumpFormatError:
+        return None
+
+
+def _comm_lib(dump: _Dump) -> str | None:
+    ops = dump.strings["op"].values
+    for prefix in ("nccl", "gloo", "ucc", "mpi", "xccl"):
+        if any(op.startswith(prefix + ":") for op in ops):
+            return prefix
+    if dump.comm_lib_version:
+        return "nccl"
+    return "gloo" if dump.comm_lib_version == "" else None

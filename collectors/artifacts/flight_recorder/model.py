@@ -1,0 +1,117 @@
+"""The reader's model: the table it fills, its errors, what a set gives back (DumpSet) and one dump as columns
+(_Dump), which both parsers (objects.py, fastpath.py) produce and the assembly (assembly.py) consumes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from faultlens.collectors.errors import FaultlensError
+from faultlens.collectors.store.schema import TABLES
+
+TABLE = "collectives"
+SCHEMA = TABLES[TABLE]
+DEFAULT_MAX_FRAMES = 16
+CHUNK_ROWS = 1 << 20  # rows per Arrow chunk while reading (bounds the per-dump pieces held at once)
+PICKLE_SUFFIXES = (".pkl", ".pickle")
+JSON_SUFFIXES = (".json",)
+_INT_COLUMNS = {
+    "record_id": "record_id",
+    "collective_seq_id": "collective_seq_id",
+    "p2p_seq_id": "p2p_seq_id",
+    "op_id": "op_id",
+    "timeout_ms": "timeout_ms",
+}
+_TIME_COLUMNS = {
+    "time_created": "time_created_ns",
+    "time_started": "time_discovered_started_ns",
+    "time_completed": "time_discovered_completed_ns",
+}
+_STRING_FIELDS = ("op", "state", "pg_name", "pg_desc")
+
+
+class DumpFileError(ValueError, FaultlensError):
+    """One dump file cannot be read: the message names the file and the problem."""
+
+    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+class DumpDirError(ValueError, FaultlensError):
+    """A dump directory as a whole cannot be read (missing, not a directory, no dumps in it)."""
+
+
+class _DumpFormatError(ValueError, FaultlensError):
+    pass
+
+
+class _Decline(FaultlensError):
+    """The fast path leaves this dump to the reference path (which loads it or says why not)."""
+
+
+@dataclass(frozen=True)
+class DumpSet:
+    """What read_dump_dir found: the rows, the ranks read, the files used and the per-file errors."""
+
+    table: pa.Table
+    ranks: tuple[int, ...]
+    files: tuple[str, ...]
+    errors: tuple[DumpFileError, ...]
+    world_size: int | None = None
+    skipped: tuple[str, ...] = ()  # files not used (a JSON twin of a pickle, a duplicate rank)
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# per-dump columns, from either parser
+
+
+@dataclass
+class _StrColumn:
+    codes: np.ndarray  # int32, -1 = null
+    values: list[str]
+
+
+@dataclass
+class _ListColumn:
+    counts: np.ndarray  # int64 per entry, -1 = null
+    items: np.ndarray  # int64 per item (ints) or int32 codes into `values` (strings)
+    values: list[str] | None = None
+
+
+@dataclass
+class _SizesColumn:
+    counts: np.ndarray  # tensors per entry, -1 = null
+    ndims: np.ndarray  # dims per tensor
+    dims: np.ndarray  # all dims
+
+
+@dataclass
+class _Dump:
+    path: Path
+    fmt: str
+    rank: int
+    n: int
+    version: str | None
+    world_size: int | None
+    node: str | None
+    comm_lib_version: str | None
+    pg_config: Mapping[str, Any]
+    pg_status: Mapping[str, Any]
+    ints: dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (values int64, valid bool)
+    pg_id: tuple[np.ndarray, np.ndarray]
+    is_p2p: np.ndarray  # int8, -1 null
+    retired: np.ndarray
+    strings: dict[str, _StrColumn]
+    sizes: dict[str, _SizesColumn]
+    dtypes: dict[str, _ListColumn]
+    frames: _ListColumn | None
+    mtime_ns: int = 0

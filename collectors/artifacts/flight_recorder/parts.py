@@ -1,0 +1,187 @@
+"""Parts: what one reader (a process, or the caller) assembles from a contiguous range of files, with threads
+parsing a window of files ahead of the assembly; and the merge of parts read by separate processes."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from faultlens.collectors.artifacts.flight_recorder.arrow import _Strings, _with_dictionary
+from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
+from faultlens.collectors.artifacts.flight_recorder.files import _load_file
+from faultlens.collectors.artifacts.flight_recorder.model import CHUNK_ROWS, DumpFileError, _Dump
+from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
+from faultlens.collectors.sources.source import NodeIdentity
+
+log = logging.getLogger(__name__)
+
+PROCESS_MIN_FILES = 1024  # below this, threads in one process; above, the files are split over processes
+
+
+@dataclass
+class _Part:
+    """What one reader (a process, or the caller) assembled from a contiguous range of files."""
+
+    assembly: _Assembly
+    errors: list[tuple[str, str]]
+    seen: list[tuple[int, str]]
+    skipped: list[str]
+
+
+def _loader(twins: dict[Path, Path], max_frames: int, fast_path: bool,
+            limits: DumpLimits) -> Callable[[Path], _Dump | DumpFileError]:
+    """One file -> its dump, else its JSON twin's, else the file's error."""
+
+    def load(path: Path) -> _Dump | DumpFileError:
+        try:
+            return _load_file(path, max_frames, fast_path, limits)
+        except DumpFileError as exc:
+            twin = twins.get(path)
+            if twin is not None:
+                try:
+                    return _load_file(twin, max_frames, fast_path, limits)
+                except DumpFileError:
+                    pass
+            return exc
+
+    return load
+
+
+def _loaded(primary: list[Path], load: Callable[[Path], _Dump | DumpFileError],
+            workers: int) -> Iterator[_Dump | DumpFileError]:
+    """Dumps in file order, parsed a window at a time (parsing releases the GIL), so that only a window of
+    parsed dumps waits for assembly."""
+    if workers <= 1 or len(primary) <= 1:
+        yield from map(load, primary)
+        return
+    window = 8 * workers
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = [pool.submit(load, p) for p in primary[:window]]
+        next_index = window
+        while pending:
+            result = pending.pop(0).result()
+            if next_index < len(primary):
+                pending.append(pool.submit(load, primary[next_index]))
+                next_index += 1
+            yield result
+
+
+def _take(part: _Part, result: _Dump | DumpFileError, seen_ranks: dict[int, str], dir_name: str) -> None:
+    """One loaded dump (or error) into the part: a rank's first dump is assembled, a second one is an error."""
+    if isinstance(result, DumpFileError):
+        part.errors.append((result.path, result.problem))
+        log.info("flight-recorder dump skipped: %s", result)
+        return
+    if result.rank in seen_ranks:
+        part.skipped.append(str(result.path))
+        part.errors.append((str(result.path), f"second dump for rank {result.rank} (first: "
+                                              f"{seen_ranks[result.rank]}); ignored"))
+        return
+    try:
+        part.assembly.add(result, f"{dir_name}/{result.path.name}")
+    except Exception as exc:  # a dump the readers accepted but the assembly cannot take: this file's problem
+        log.debug("dump not assembled: %s", result.path, exc_info=True)
+        part.errors.append((str(result.path), f"unusable ({type(exc).__name__}: {str(exc)[:200]})"))
+        return
+    seen_ranks[result.rank] = str(result.path)
+    part.seen.append((result.rank, str(result.path)))
+
+
+def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool, max_frames: int,
+               fast_path: bool, workers: int, dir_name: str, identity: NodeIdentity | None,
+               limits: DumpLimits | None = None) -> _Part:
+    limits = limits or default_limits()
+    assembly = _Assembly(columns=wanted, dictionary=dictionary, max_world_size=limits.max_world_size)
+    part = _Part(assembly, [], [], [])
+    seen_ranks: dict[int, str] = {}
+    for result in _loaded(primary, _loader(twins, max_frames, fast_path, limits), workers):
+        _take(part, result, seen_ranks, dir_name)
+        if assembly.chunk_rows >= CHUNK_ROWS:
+            assembly.flush_chunk(identity)
+    assembly.flush_chunk(identity)
+    return part
+
+
+def _read_part_in_process(args: tuple) -> _Part:
+    """Process-pool entry: the part, with its chunks' dictionaries made final so the caller can read them."""
+    part = _read_part(*args)
+    assembly = part.assembly
+    assembly.chunks = [
+        pa.table({name: _with_dictionary(chunk.column(name).chunk(0), assembly.strings.get(name), True)
+                  for name in chunk.column_names})
+        for chunk in assembly.chunks]
+    return part
+
+
+def _remapped(array: pa.Array, strings: _Strings | None) -> pa.Array:
+    """A part's dictionary column (or list of dictionary) in codes of the merged, set-wide dictionary."""
+    if strings is not None and pa.types.is_dictionary(array.type):
+        codes = strings.remap(array.dictionary.to_pylist(), array.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+        return strings.array(codes, True)
+    if strings is not None and pa.types.is_list(array.type) and pa.types.is_dictionary(array.type.value_type):
+        values = array.values
+        codes = strings.remap(values.dictionary.to_pylist(),
+                              values.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+        return pa.ListArray.from_arrays(array.offsets, strings.array(codes, True),
+                                        mask=array.is_null() if array.null_count else None)
+    return array
+
+
+def _merge_membership(merged: _Assembly, other: _Assembly, offset: int) -> None:
+    """A part's membership evidence into the merged assembly, its row numbers offset."""
+    for name, members in other.group_members.items():
+        merged.group_members.setdefault(name, set()).update(members)
+    for name, configs in other.group_configs.items():
+        merged.group_configs.setdefault(name, set()).update(configs)
+    for name, row in other.group_first_row.items():
+        merged.group_first_row.setdefault(name, offset + row)
+    for name, desc in other.group_desc.items():
+        merged.group_desc.setdefault(name, desc)
+    carried = {(merged_name(merged, row), ranks) for row, ranks in merged.ranks_rows}
+    for row, ranks in other.ranks_rows:
+        key = (merged_name(other, row), ranks)
+        if key not in carried:
+            carried.add(key)
+            merged.ranks_rows.append((offset + row, ranks))
+            merged.row_group[offset + row] = key[0]
+
+
+def _merge_parts(parts: list[_Part], wanted: set[str], dictionary: bool) -> _Assembly:
+    """One assembly from parts read by separate processes: dictionary indices remapped to set-wide codes, row
+    numbers offset, membership evidence merged."""
+    merged = _Assembly(columns=wanted, dictionary=dictionary)
+    for part in parts:
+        other = part.assembly
+        offset = merged.rows
+        for chunk in other.chunks:
+            merged.chunks.append(pa.table({name: _remapped(chunk.column(name).chunk(0), merged.strings.get(name))
+                                           for name in chunk.column_names}))
+        _merge_membership(merged, other, offset)
+        if other.world_size:
+            merged.world_size = max(merged.world_size or 0, other.world_size)
+        merged.all_ranks.update(other.all_ranks)
+        merged.rows += other.rows
+    return merged
+
+
+def merged_name(assembly: _Assembly, row: int) -> str:
+    return assembly.row_group.get(row, "")
+
+
+def auto_processes(directory: str | os.PathLike[str]) -> int:
+    """Processes worth starting for a directory: the CPU count (at most 8) from PROCESS_MIN_FILES files on, else 1
+    (a process costs ~1 s of start-up: imports and the compiled scanner)."""
+    try:
+        count = sum(1 for _ in os.scandir(directory))
+    except OSError:
+        return 1
+    cpus = os.cpu_count() or 1
+    # with few cores the reader's threads already keep them busy (the scanner releases the GIL); measured on 2
+    # cores, 2 processes were slower than 1 process with 2 threads
+    return min(8, cpus // 2) if count >= PROCESS_MIN_FILES and cpus >= 4 else 1
