@@ -59,15 +59,16 @@ def test_the_demo_runs_echo_in_the_teardowns_second_is_no_crash(engine: Engine) 
 
 
 def _error_file_rows(torch_artifacts: dict[str, Path], what: str) -> list[dict]:
-    """The rows of a real torchrun crash's error file (crash_exception, attempt 0: rank 2 raised ValueError; of
-    the survivors, the one that wrote "Connection closed by peer"), as the process source reads it."""
+    """The rows of a real torchrun crash's error file (crash_exception, attempt 0: rank 2 raised ValueError; or the
+    first survivor's echo, whatever torch wrote there: "Connection closed by peer", or on a loaded machine a gloo
+    timeout), as the process source reads it."""
     context = EventContext(node="node-00", job_id="job-1", attempt=0)
     for path in sorted(torch_artifacts["crash_exception"].glob("logdir/*/attempt_0/*/error.json")):
         rank = int(path.parent.name)
         rows = rows_from_error_file(path, context, rank=rank, local_rank=rank)
         assert [r["source"] for r in rows] == [Source.ERROR_JSON]
         own = rank == 2 and rows[0]["kind"] == "exception"
-        echo = rank != 2 and "Connection closed by peer" in (rows[0]["message"] or "")
+        echo = rank != 2
         if own if what == "exception" else echo:
             return rows
     raise AssertionError(f"crash_exception has no error file of the {what}")
@@ -91,20 +92,32 @@ def test_a_real_error_file_in_the_teardowns_second_is_a_termination(
     assert crashes(store_dir, engine) == []
 
 
-@pytest.mark.parametrize(("what", "rule", "culprits"), [("exception", "crash-exception", (2,)),
-                                                        ("echo", "crash-no-primary", ())])
 def test_a_real_error_file_of_the_second_before_the_teardown_stays_a_failure(
-        torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine, what: str, rule: str,
-        culprits: tuple[int, ...]) -> None:
-    """The same rows with the SIGTERM 0.116 s into the next second: the error came before the teardown (rank 2's
-    own exception is the primary; a survivor's echo alone names nobody, as before: the demo's batch verdict)."""
-    rows = _error_file_rows(torch_artifacts, what)
+        torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine) -> None:
+    """The same rows with the SIGTERM 0.116 s into the next second: the error came before the teardown, and rank
+    2's own exception is the primary."""
+    rows = _error_file_rows(torch_artifacts, "exception")
     write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
     write(store_dir, "process_events", [*rows, teardown(_stamp(rows) + dt.timedelta(seconds=1.116))])
 
     (incident,) = crashes(store_dir, engine)
 
-    assert (incident.rule, incident.culprit_ranks) == (rule, culprits)
+    assert (incident.rule, incident.culprit_ranks) == ("crash-exception", (2,))
+
+
+def test_a_survivors_echo_of_the_second_before_the_teardown_names_nobody(
+        torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine) -> None:
+    """A survivor's echo alone, before the teardown, names no culprit (whichever secondary error torch wrote:
+    "Connection closed by peer" is a crash with no primary, as in the demo's batch verdict; a gloo timeout is
+    left to the hang analysis)."""
+    rows = _error_file_rows(torch_artifacts, "echo")
+    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
+    write(store_dir, "process_events", [*rows, teardown(_stamp(rows) + dt.timedelta(seconds=1.116))])
+
+    found = crashes(store_dir, engine)
+
+    assert len(found) <= 1 and all(i.culprit_ranks == () for i in found), found
+    assert all(i.rule == "crash-no-primary" for i in found), found
 
 
 BUG = {"exception_type": "ValueError", "message": "ValueError: shapes do not match", "fingerprint": "fp-shapes"}
