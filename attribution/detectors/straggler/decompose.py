@@ -113,10 +113,35 @@ def own_baseline(block: np.ndarray, t: StragglerThresholds) -> np.ndarray:
 
 def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layout,
               t: StragglerThresholds) -> Decomposition:
-    steps = compute.shape[0]
     D, P = layout.replicas, layout.stages
+    peer_ref, worker_flag, section_refs = _peer_effect(compute, sections, layout, t)
+    if D >= 2:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            worker_ratio = compute / peer_ref
+        comparison = ("the same stage in the other replicas" if P > 1 else "the other replicas") + (
+            " (pairwise, 2 replicas)" if D == 2 else f" (median of {D})")
+    else:
+        # one replica: each rank against its own history only
+        peer_ref = own_baseline(compute, t)
+        _, worker_ratio, own_slow = _own_history(compute, t)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            worker_ratio = compute / peer_ref
+        worker_flag = np.nan_to_num(own_slow.astype(float), nan=0.0).astype(bool)
+        for name, values in sections.items():
+            section_refs[name] = own_baseline(values, t)
+        comparison = "its own earlier median (1 replica)"
+    units, unit_ratio = _unit_times(compute, worker_ratio, layout)
+    stage_level, stage_ratio, stage_flag = _stage_effect(units, D, P, t)
+    replica_ratio, replica_flag, worker_flag = _replica_effect(unit_ratio, worker_ratio, worker_flag, layout, t)
+    return Decomposition(peer_ref, worker_ratio, worker_flag, stage_level, stage_ratio, stage_flag, replica_ratio,
+                         replica_flag, section_refs, comparison)
 
-    # worker effect against the same place in the other replicas
+
+def _peer_effect(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layout, t: StragglerThresholds
+                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Worker effect against the same place in the other replicas: the reference, the slow flags and each
+    section's reference (all NaN / False with one replica)."""
+    D = layout.replicas
     peer_ref = np.full_like(compute, np.nan)
     worker_flag = np.zeros_like(compute, dtype=bool)
     section_refs = {name: np.full_like(compute, np.nan) for name in sections}
@@ -141,50 +166,45 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
         worker_flag[:, order] = slow
     elif D >= 2:
         for key in ids:
-            cols = np.flatnonzero(layout.peer_key == key)
-            block = compute[:, cols]
-            if len(cols) >= 3:
-                z, median, _ = robust_z(block, t.mad_floor_frac)
-                ref = np.broadcast_to(median[:, None], block.shape)
-                with np.errstate(invalid="ignore"):
-                    slow = (z >= t.peer_z) & (block / ref >= t.min_ratio)
-            elif len(cols) == 2:
-                ref = block[:, ::-1]  # pairwise: each against the other
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    slow = block / ref >= t.min_ratio
-            else:
-                continue
-            peer_ref[:, cols] = ref
-            for name, values in sections.items():
-                part = values[:, cols]
-                sref = np.broadcast_to(nanmedian(part, axis=1)[:, None], part.shape) if len(cols) >= 3 \
-                    else part[:, ::-1]
-                section_refs[name][:, cols] = sref
-                with np.errstate(invalid="ignore"):
-                    slow |= (part - sref) >= (t.min_ratio - 1.0) * ref
-            slow = np.nan_to_num(slow.astype(float), nan=0.0).astype(bool)
-            if len(cols) == 2:
-                # each slower than the other in some part of the same step: the pair cannot say which one is slow
-                both = slow[:, 0] & slow[:, 1]
-                slow[both] = False
-            worker_flag[:, cols] = slow
-    if D >= 2:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            worker_ratio = compute / peer_ref
-        comparison = ("the same stage in the other replicas" if P > 1 else "the other replicas") + (
-            " (pairwise, 2 replicas)" if D == 2 else f" (median of {D})")
-    else:
-        # one replica: each rank against its own history only
-        peer_ref = own_baseline(compute, t)
-        _, worker_ratio, own_slow = _own_history(compute, t)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            worker_ratio = compute / peer_ref
-        worker_flag = np.nan_to_num(own_slow.astype(float), nan=0.0).astype(bool)
-        for name, values in sections.items():
-            section_refs[name] = own_baseline(values, t)
-        comparison = "its own earlier median (1 replica)"
+            _peer_group(compute, sections, np.flatnonzero(layout.peer_key == key), t, peer_ref, worker_flag,
+                        section_refs)
+    return peer_ref, worker_flag, section_refs
 
-    # unit times (replica, stage): the median of the unit's ranks
+
+def _peer_group(compute: np.ndarray, sections: dict[str, np.ndarray], cols: np.ndarray, t: StragglerThresholds,
+                peer_ref: np.ndarray, worker_flag: np.ndarray, section_refs: dict[str, np.ndarray]) -> None:
+    """One place's replicas (uneven counts): a robust z over 3 or more, each against the other for a pair."""
+    block = compute[:, cols]
+    if len(cols) >= 3:
+        z, median, _ = robust_z(block, t.mad_floor_frac)
+        ref = np.broadcast_to(median[:, None], block.shape)
+        with np.errstate(invalid="ignore"):
+            slow = (z >= t.peer_z) & (block / ref >= t.min_ratio)
+    elif len(cols) == 2:
+        ref = block[:, ::-1]  # pairwise: each against the other
+        with np.errstate(invalid="ignore", divide="ignore"):
+            slow = block / ref >= t.min_ratio
+    else:
+        return
+    peer_ref[:, cols] = ref
+    for name, values in sections.items():
+        part = values[:, cols]
+        sref = np.broadcast_to(nanmedian(part, axis=1)[:, None], part.shape) if len(cols) >= 3 \
+            else part[:, ::-1]
+        section_refs[name][:, cols] = sref
+        with np.errstate(invalid="ignore"):
+            slow |= (part - sref) >= (t.min_ratio - 1.0) * ref
+    slow = np.nan_to_num(slow.astype(float), nan=0.0).astype(bool)
+    if len(cols) == 2:
+        # each slower than the other in some part of the same step: the pair cannot say which one is slow
+        both = slow[:, 0] & slow[:, 1]
+        slow[both] = False
+    worker_flag[:, cols] = slow
+
+
+def _unit_times(compute: np.ndarray, worker_ratio: np.ndarray, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """Unit times (replica, stage): the median of the unit's ranks, (steps x replicas x stages)."""
+    steps, D, P = compute.shape[0], layout.replicas, layout.stages
     units = np.full((steps, D * P), np.nan)
     unit_ratio = np.full((steps, D * P), np.nan)
     unit_of = layout.replica * P + layout.stage
@@ -192,9 +212,13 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
     units[:, ids] = medians
     medians, ids = group_median(worker_ratio, unit_of)
     unit_ratio[:, ids] = medians
-    units, unit_ratio = units.reshape(steps, D, P), unit_ratio.reshape(steps, D, P)
+    return units.reshape(steps, D, P), unit_ratio.reshape(steps, D, P)
 
-    # stage effect
+
+def _stage_effect(units: np.ndarray, D: int, P: int, t: StragglerThresholds
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each stage's level against the other stages' (with 2 or more stages)."""
+    steps = units.shape[0]
     stage_level = np.full((steps, P), np.nan)
     stage_ratio = np.full((steps, P), np.nan)
     stage_flag = np.zeros((steps, P), dtype=bool)
@@ -207,8 +231,13 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
             with np.errstate(invalid="ignore", divide="ignore"):
                 stage_ratio[:, p] = stage_level[:, p] / others
         stage_flag = np.nan_to_num(stage_ratio, nan=0.0) >= t.stage_min_ratio
+    return stage_level, stage_ratio, stage_flag
 
-    # replica effect
+
+def _replica_effect(unit_ratio: np.ndarray, worker_ratio: np.ndarray, worker_flag: np.ndarray, layout: Layout,
+                    t: StragglerThresholds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A replica slow in most of its stages; a worker inside one is flagged only for slowness beyond it."""
+    steps, D, P = unit_ratio.shape[0], layout.replicas, layout.stages
     replica_ratio = np.full((steps, D), np.nan)
     replica_flag = np.zeros((steps, D), dtype=bool)
     if D >= 2 and P >= 2:
@@ -221,5 +250,4 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
         with np.errstate(invalid="ignore", divide="ignore"):
             beyond = worker_ratio / replica_ratio[:, layout.replica] >= t.min_ratio
         worker_flag = np.where(in_slow, worker_flag & beyond, worker_flag)
-    return Decomposition(peer_ref, worker_ratio, worker_flag, stage_level, stage_ratio, stage_flag, replica_ratio,
-                         replica_flag, section_refs, comparison)
+    return replica_ratio, replica_flag, worker_flag
