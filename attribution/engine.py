@@ -41,7 +41,16 @@ from faultlens.attribution.rules import CrashRules, Thresholds, load_crash_rules
 from faultlens.attribution.store import Store
 from faultlens.attribution.straggler import StragglerDetector
 from faultlens.attribution.tail import NewSegment, SegmentTail
-from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, placements, to_frame
+from faultlens.attribution.telemetry import (
+    SAMPLE_COLUMNS,
+    Telemetry,
+    job_as_of,
+    list_jobs,
+    load_from_store,
+    placements,
+    to_frame,
+)
+from faultlens.attribution.windows import JobWindows, store_jobs
 from faultlens.collectors.layout import StoreLocation, safe_value
 from faultlens.collectors.sink import SegmentSink
 
@@ -129,6 +138,78 @@ class Engine:
             if incident.incident_id not in already:
                 incidents.setdefault(incident.incident_id, incident)
         return list(incidents.values())
+
+    def run_windows(self, windows: JobWindows, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
+        """Incidents of one job read attempt by attempt (a batch pass in bounded memory): what run_job finds in
+        the whole job's telemetry. Crash attribution reads the job's small tables and the steps digest (see
+        attribution/windows.py); every other detector one attempt's step rows at a time, beside that digest."""
+        context = windows.context
+        crash = self.crash.attribute(context, now, None)
+        keys = [(i.job_id, i.attempt) for i in crash.incidents] + list(crash.pending) + \
+            [(t.job_id, t.attempt) for t in crash.hang_triggers]
+        if not windows.windowable or any(job != windows.job or attempt is None for job, attempt in keys):
+            whole = load_from_store(windows.store, windows.job).for_job(windows.job)
+            return self.run_job(whole, now, as_of)
+        slack = self.crash_rules.signal_notice_slack_s
+        pending = set(crash.pending)
+        incidents: dict[str, Incident] = {}
+        for attempt in sorted(set(windows.attempts) | {attempt for _, attempt in keys if attempt is not None}):
+            window = windows.window(attempt, windows.attempt_steps(attempt))
+            telemetry, alone = window.with_context, window.alone
+            key = (windows.job, attempt)
+            stalled = [s for s in self.progress.suspects(window.with_starts, as_of)
+                       if (s.job_id, s.attempt) == key] if as_of is not None else []
+            hung: dt.datetime | None = None
+            for suspect in stalled:  # progress stopped for longer than allowed before a failure: see run_job
+                if suspect.threshold_s is not None:
+                    noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
+                    hung = noticed if hung is None else min(hung, noticed)
+            crashes = [i for i in crash.incidents if (i.job_id, i.attempt) == key
+                       and not (hung is not None and evidence_start(i) >= hung)]
+            for incident in crashes:
+                incidents.setdefault(incident.incident_id, self._with_dump_evidence(incident, telemetry))
+            suspects: dict[str, HangSuspect] = {}
+            for trigger in crash.hang_triggers:
+                if (trigger.job_id, trigger.attempt) == key:
+                    suspect = self._from_trigger(trigger, telemetry)
+                    suspects.setdefault(suspect.incident_id, suspect)
+            if not crashes and key not in pending:
+                for suspect in stalled:
+                    suspects.setdefault(suspect.incident_id, suspect)
+            for incident_id, suspect in suspects.items():
+                if incident_id not in incidents:
+                    incidents[incident_id] = self.hang.attribute(suspect, telemetry, now)
+            ended = attempt_failure_starts(telemetry, crashes, None)
+            for incident in self.straggler.attribute(alone, now, None):
+                if is_follow_on(incident, ended):
+                    log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, "
+                             "not reported", incident.incident_id, incident.job_id, incident.attempt)
+                    continue
+                incidents.setdefault(incident.incident_id, incident)
+            for incident in self.loss.attribute(alone, now):
+                if (incident.job_id, incident.attempt) == key:
+                    incidents.setdefault(incident.incident_id, incident)
+        return list(incidents.values())
+
+    def run_store(self, store: Store, job: str | None, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
+        """A batch pass over a store, job by job and attempt by attempt (run_windows): the incidents `run` finds
+        in the store's whole telemetry, with one attempt's step rows in memory at a time. `as_of`: the end of
+        the observation; None: each job up to its own newest telemetry (a replay)."""
+        jobs = [job] if job is not None else store_jobs(store)
+        found: dict[str, Incident] = {}
+        gpu_events = None
+        for name in jobs:
+            newest = job_as_of(store, name)
+            windows = JobWindows.open(store, name, newest)
+            if job is not None:
+                gpu_events = windows.context.gpu_events
+            for incident in self.run_windows(windows, now, as_of if as_of is not None else newest):
+                found.setdefault(incident.incident_id, incident)
+        if gpu_events is None:  # every node's events: health incidents concern nodes without a job too
+            gpu_events = to_frame(store.query("SELECT * FROM gpu_events"), "gpu_events")
+        for incident in self.health.attribute(gpu_events, found.values(), now):
+            found.setdefault(incident.incident_id, incident)
+        return sorted(found.values(), key=lambda i: (i.first_signal_ts, i.incident_id))
 
     def _with_dump_evidence(self, incident: Incident, telemetry: Telemetry) -> Incident:
         """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors' dumps (the dead
@@ -227,13 +308,17 @@ def _open(store: Store | str | StoreLocation, job: str | None) -> tuple[Store, b
 
 
 def attribute(store: Store | str | StoreLocation, job: str | None = None, now: dt.datetime | None = None, *,
-              engine: Engine | None = None) -> list[Incident]:
+              engine: Engine | None = None, windowed: bool = True) -> list[Incident]:
     """A batch pass: every incident the store's telemetry supports. `now` is the time of the pass (detection
     time and the end of the observation for hang detection); by default each job is observed up to its newest
-    telemetry (a replay), and detection time is the wall clock."""
+    telemetry (a replay), and detection time is the wall clock. The pass reads each job attempt by attempt
+    (Engine.run_store: memory bounded by one attempt, not the store); windowed=False reads the store whole
+    (the reference the windowed pass is checked against)."""
     engine = engine or Engine()
     opened, owned = _open(store, job)
     try:
+        if windowed:
+            return engine.run_store(opened, job, now or utc_now(), now)
         telemetry = load_from_store(opened, job)
         as_of: dt.datetime | dict[str, dt.datetime] = now if now is not None else telemetry.as_of
         return engine.run(telemetry, now or utc_now(), as_of)  # GPU samples are read on demand: store open
