@@ -189,6 +189,8 @@ class Engine:
             for incident in self.loss.attribute(alone, now):
                 if (incident.job_id, incident.attempt) == key:
                     incidents.setdefault(incident.incident_id, incident)
+            del window, telemetry, alone  # this attempt's rows go before the next attempt's are read
+            pa.default_memory_pool().release_unused()
         return list(incidents.values())
 
     def run_store(self, store: Store, job: str | None, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
