@@ -155,7 +155,7 @@ class Engine:
         incidents: dict[str, Incident] = {}
         for attempt in sorted(set(windows.attempts) | {attempt for _, attempt in keys if attempt is not None}):
             window = windows.window(attempt, windows.attempt_steps(attempt))
-            telemetry, alone = window.with_context, window.alone
+            telemetry, alone = window.with_context, window.alone  # the digest: placements, last steps
             key = (windows.job, attempt)
             stalled = [s for s in self.progress.suspects(window.with_starts, as_of)
                        if (s.job_id, s.attempt) == key] if as_of is not None else []

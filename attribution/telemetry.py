@@ -73,8 +73,10 @@ def steps_frame(table: pa.Table) -> pd.DataFrame:
     wide = np.bincount(cells[finite], weights=values[finite], minlength=size).reshape(len(names), table.num_rows)
     present = np.bincount(cells[finite], minlength=size).reshape(len(names), table.num_rows) > 0
     wide[~present] = np.nan
-    columns = pd.DataFrame({f"{SECTION_PREFIX}{name}": wide[i] for i, name in enumerate(names)})
-    return pd.concat([frame.reset_index(drop=True), columns], axis=1)
+    frame = frame.reset_index(drop=True)
+    for i, name in enumerate(names):  # added in place: a concat would copy every other column of a large frame
+        frame[f"{SECTION_PREFIX}{name}"] = wide[i]
+    return frame
 
 
 def section_columns(steps: pd.DataFrame) -> list[str]:

@@ -9,7 +9,9 @@ when, fingerprints of earlier attempts; progress: when the next attempt started)
 the latest end and the earliest start of each (attempt, rank, phase) group), so the detectors' own
 code, unchanged, finds the same answers in a few rows per rank as in every row.
 
-`JobWindows.open(store, job)` reads the small tables and the digest; `attempt_steps(a)` the rows of one attempt.
+`JobWindows.open(store, job)` reads the small tables and the digest; `attempt_steps(a)` the rows of one attempt,
+`window(a, rows)` the telemetry each detector reads for it (the progress monitor: only the step columns it reads,
+so its own copies of the rows stay small).
 `windowable` is False for a job with rows of no attempt (NULL): the caller then reads that job whole.
 """
 
@@ -26,6 +28,8 @@ from faultlens.collectors.schema import empty_table, schema_for
 
 #: job tables read whole (they grow with nodes and attempts, not with time)
 SMALL_TABLES = ("ranks", "process_events", "heartbeats")
+#: the step columns progress detection reads (attribution/progress/monitor.py): its window holds only these
+PROGRESS_COLUMNS = ("ts", "node", "job_id", "attempt", "rank", "step", "phase", "start_ts", "end_ts", "duration_s")
 #: tables whose attempts tell which windows a job has
 ATTEMPT_TABLES = ("ranks", "steps", "process_events", "heartbeats", "collectives")
 
@@ -95,33 +99,27 @@ class JobWindows:
     def window(self, attempt: int, rows: pd.DataFrame) -> Window:
         """The job's telemetry for the analyses of one attempt, given its step rows."""
         digest = self.context.steps
-        others = digest[digest["attempt"] != attempt] if not digest.empty else digest
-        starts = _start_markers(others)
-        return Window(attempt, with_context=_replace_steps(self.context, _stack(rows, others)),
-                      with_starts=_replace_steps(self.context, _stack(rows, starts)),
+        markers = _start_markers(digest[digest["attempt"] != attempt] if not digest.empty else digest)
+        slim = rows[[c for c in PROGRESS_COLUMNS if c in rows.columns]]
+        if not markers.empty:
+            markers = markers[[c for c in PROGRESS_COLUMNS if c in markers.columns]]
+            slim = markers if slim.empty else pd.concat([slim, markers], ignore_index=True)
+        return Window(attempt, with_context=self.context, with_starts=_replace_steps(self.context, slim),
                       alone=_replace_steps(self.context, rows))
 
 
 @dataclass(frozen=True)
 class Window:
-    """One attempt's telemetry three ways. with_context: its step rows and the digest of the other attempts (what
-    crash and hang analyses of this attempt look up elsewhere: placements, last steps); with_starts: its step rows
-    and, of every other attempt, one row saying when it started and nothing else (progress: an earlier attempt
-    is observed until the next one started; a row without an end is no progress to check); alone: its step rows
-    only (straggler and loss scoring)."""
+    """One attempt's telemetry three ways. with_context: the job's context (crash and hang analyses look up
+    placements and last steps of any attempt in the digest); with_starts: the attempt's step rows (the progress
+    columns) and, of every other attempt, one row saying when it started and nothing else (progress: an earlier
+    attempt is observed until the next one started; a row without an end is no progress to check); alone: the
+    attempt's step rows only (straggler and loss scoring)."""
 
     attempt: int
     with_context: Telemetry
     with_starts: Telemetry
     alone: Telemetry
-
-
-def _stack(rows: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
-    if extra.empty:
-        return rows
-    if rows.empty:
-        return extra
-    return pd.concat([rows, extra], ignore_index=True)
 
 
 def _start_markers(digest: pd.DataFrame) -> pd.DataFrame:
