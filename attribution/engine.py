@@ -31,17 +31,22 @@ from faultlens.attribution.detectors.base import (
     Scope,
     StorePass,
 )
-from faultlens.attribution.detectors.builtin import evidence_start
-from faultlens.attribution.detectors.progress import (
-    DumpRequester,
-    HangAnalyzer,
-)
+from faultlens.attribution.detectors.builtin import attempt_failure_starts, evidence_start, is_follow_on
+from faultlens.attribution.detectors.progress import DumpRequester, HangAnalyzer, HangSuspect, suspect_from_trigger
 from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
 from faultlens.attribution.incident import Incident, IncidentClass
 from faultlens.attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.attribution.tail import NewSegment, SegmentTail
-from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, load_from_store, to_frame
+from faultlens.attribution.telemetry import (
+    SAMPLE_COLUMNS,
+    Telemetry,
+    job_as_of,
+    list_jobs,
+    load_from_store,
+    to_frame,
+)
+from faultlens.attribution.windows import JobWindows, store_jobs
 from faultlens.collectors.store.layout import StoreLocation, safe_value
 from faultlens.collectors.store.sink import SegmentSink
 
@@ -58,6 +63,11 @@ def _tail_frame(table: pa.Table, name: str) -> pd.DataFrame:
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+#: the JOB detectors the windowed batch pass (Engine.run_windows) knows how to run attempt by attempt; an engine
+#: with any other set runs each job whole
+WINDOWED_DETECTORS = ("crash", "hang", "straggler", "loss")
 
 
 class Engine:
@@ -111,6 +121,85 @@ class Engine:
                     found.setdefault(incident.incident_id, incident)
         return list(found.values())
 
+    def run_windows(self, windows: JobWindows, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
+        """Incidents of one job read attempt by attempt (a batch pass in bounded memory): what run_job finds in
+        the whole job's telemetry. Crash attribution reads the job's small tables and the steps digest (see
+        attribution/windows.py); every other detector one attempt's step rows at a time, beside that digest."""
+        job_detectors = {d.name for d in self.detectors if d.scope is Scope.JOB}
+        if job_detectors != set(WINDOWED_DETECTORS):  # a subset, or a detector this pass does not know: whole job
+            return self.run_job(load_from_store(windows.store, windows.job).for_job(windows.job), now, as_of)
+        context = windows.context
+        crash_detector = self.detector("crash")
+        crash = crash_detector.attributor.attribute(context, now, None)
+        keys = [(i.job_id, i.attempt) for i in crash.incidents] + list(crash.pending) + \
+            [(t.job_id, t.attempt) for t in crash.hang_triggers]
+        if not windows.windowable or any(job != windows.job or attempt is None for job, attempt in keys):
+            whole = load_from_store(windows.store, windows.job).for_job(windows.job)
+            return self.run_job(whole, now, as_of)
+        slack = self.crash_rules.signal_notice_slack_s
+        pending = set(crash.pending)
+        incidents: dict[str, Incident] = {}
+        for attempt in sorted(set(windows.attempts) | {attempt for _, attempt in keys if attempt is not None}):
+            window = windows.window(attempt, windows.attempt_steps(attempt))
+            telemetry, alone = window.with_context, window.alone  # the digest: placements, last steps
+            key = (windows.job, attempt)
+            stalled = [s for s in crash_detector.progress.suspects(window.with_starts, as_of)
+                       if (s.job_id, s.attempt) == key] if as_of is not None else []
+            hung: dt.datetime | None = None
+            for suspect in stalled:  # progress stopped for longer than allowed before a failure: see run_job
+                if suspect.threshold_s is not None:
+                    noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
+                    hung = noticed if hung is None else min(hung, noticed)
+            crashes = [i for i in crash.incidents if (i.job_id, i.attempt) == key
+                       and not (hung is not None and evidence_start(i) >= hung)]
+            for incident in crashes:
+                incidents.setdefault(incident.incident_id, crash_detector.with_dump_evidence(incident, telemetry))
+            suspects: dict[str, HangSuspect] = {}
+            for trigger in crash.hang_triggers:
+                if (trigger.job_id, trigger.attempt) == key:
+                    suspect = suspect_from_trigger(trigger.job_id, trigger.attempt, trigger.ts, trigger.evidence,
+                                                   telemetry.steps)
+                    suspects.setdefault(suspect.incident_id, suspect)
+            if not crashes and key not in pending:
+                for suspect in stalled:
+                    suspects.setdefault(suspect.incident_id, suspect)
+            for incident_id, suspect in suspects.items():
+                if incident_id not in incidents:
+                    incidents[incident_id] = self.detector("hang").attributor.attribute(suspect, telemetry, now)
+            ended = attempt_failure_starts(telemetry, crashes, None)
+            for incident in self.detector("straggler").detector.attribute(alone, now, None):
+                if is_follow_on(incident, ended):
+                    log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, "
+                             "not reported", incident.incident_id, incident.job_id, incident.attempt)
+                    continue
+                incidents.setdefault(incident.incident_id, incident)
+            for incident in self.detector("loss").monitor.attribute(alone, now):
+                if (incident.job_id, incident.attempt) == key:
+                    incidents.setdefault(incident.incident_id, incident)
+            del window, telemetry, alone  # this attempt's rows go before the next attempt's are read
+            pa.default_memory_pool().release_unused()
+        return list(incidents.values())
+
+    def run_store(self, store: Store, job: str | None, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
+        """A batch pass over a store, job by job and attempt by attempt (run_windows): the incidents `run` finds
+        in the store's whole telemetry, with one attempt's step rows in memory at a time. `as_of`: the end of
+        the observation; None: each job up to its own newest telemetry (a replay)."""
+        jobs = [job] if job is not None else store_jobs(store)
+        found: dict[str, Incident] = {}
+        gpu_events = None
+        for name in jobs:
+            newest = job_as_of(store, name)
+            windows = JobWindows.open(store, name, newest)
+            if job is not None:
+                gpu_events = windows.context.gpu_events
+            for incident in self.run_windows(windows, now, as_of if as_of is not None else newest):
+                found.setdefault(incident.incident_id, incident)
+        if gpu_events is None:  # every node's events: health incidents concern nodes without a job too
+            gpu_events = to_frame(store.query("SELECT * FROM gpu_events"), "gpu_events")
+        for incident in self.run_store_detectors(gpu_events, found.values(), now):
+            found.setdefault(incident.incident_id, incident)
+        return sorted(found.values(), key=lambda i: (i.first_signal_ts, i.incident_id))
+
     def run(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | dict[str, dt.datetime] | None = None,
             **options: object) -> list[Incident]:
         """Incidents of every job in `telemetry` (each job on its own rows)."""
@@ -133,13 +222,17 @@ def _open(store: Store | str | StoreLocation, job: str | None) -> tuple[Store, b
 
 
 def attribute(store: Store | str | StoreLocation, job: str | None = None, now: dt.datetime | None = None, *,
-              engine: Engine | None = None) -> list[Incident]:
+              engine: Engine | None = None, windowed: bool = True) -> list[Incident]:
     """A batch pass: every incident the store's telemetry supports. `now` is the time of the pass (detection
     time and the end of the observation for hang detection); by default each job is observed up to its newest
-    telemetry (a replay), and detection time is the wall clock."""
+    telemetry (a replay), and detection time is the wall clock. The pass reads each job attempt by attempt
+    (Engine.run_store: memory bounded by one attempt, not the store); windowed=False reads the store whole
+    (the reference the windowed pass is checked against)."""
     engine = engine or Engine()
     opened, owned = _open(store, job)
     try:
+        if windowed:
+            return engine.run_store(opened, job, now or utc_now(), now)
         telemetry = load_from_store(opened, job)
         as_of: dt.datetime | dict[str, dt.datetime] = now if now is not None else telemetry.as_of
         return engine.run(telemetry, now or utc_now(), as_of)  # GPU samples are read on demand: store open

@@ -73,8 +73,10 @@ def steps_frame(table: pa.Table) -> pd.DataFrame:
     wide = np.bincount(cells[finite], weights=values[finite], minlength=size).reshape(len(names), table.num_rows)
     present = np.bincount(cells[finite], minlength=size).reshape(len(names), table.num_rows) > 0
     wide[~present] = np.nan
-    columns = pd.DataFrame({f"{SECTION_PREFIX}{name}": wide[i] for i, name in enumerate(names)})
-    return pd.concat([frame.reset_index(drop=True), columns], axis=1)
+    frame = frame.reset_index(drop=True)
+    for i, name in enumerate(names):  # added in place: a concat would copy every other column of a large frame
+        frame[f"{SECTION_PREFIX}{name}"] = wide[i]
+    return frame
 
 
 def section_columns(steps: pd.DataFrame) -> list[str]:
@@ -226,15 +228,30 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     # samples) does not make a finished job look hung
     as_of = {}
     for name in jobs:
-        row = query(
-            "SELECT max(t) AS t FROM (SELECT max(ts) AS t FROM steps WHERE job_id = ? UNION ALL "
-            "SELECT max(end_ts) FROM steps WHERE job_id = ? UNION ALL "
-            "SELECT max(ts) FROM process_events WHERE job_id = ? UNION ALL "
-            "SELECT max(ts) FROM heartbeats WHERE job_id = ? UNION ALL "
-            "SELECT max(ts) FROM collectives WHERE job_id = ? UNION ALL SELECT max(ts) FROM ranks WHERE job_id = ?)",
-            [name] * 6).to_pylist()[0]
-        if row["t"] is not None:
-            as_of[name] = row["t"]
+        newest = job_as_of(store, name)
+        if newest is not None:
+            as_of[name] = newest
+
+    return Telemetry(ranks=ranks, steps=steps, process_events=events, gpu_events=gpu_events,
+                     collectives=collectives if collectives.num_rows else empty_table("collectives"),
+                     fetch_samples=sample_fetcher(store), jobs=tuple(jobs), as_of=as_of, heartbeats=heartbeats)
+
+
+def job_as_of(store: object, job: str) -> dt.datetime | None:
+    """A job's newest telemetry (a replay observes the job up to it)."""
+    row = store.query(  # type: ignore[attr-defined]
+        "SELECT max(t) AS t FROM (SELECT max(ts) AS t FROM steps WHERE job_id = ? UNION ALL "
+        "SELECT max(end_ts) FROM steps WHERE job_id = ? UNION ALL "
+        "SELECT max(ts) FROM process_events WHERE job_id = ? UNION ALL "
+        "SELECT max(ts) FROM heartbeats WHERE job_id = ? UNION ALL "
+        "SELECT max(ts) FROM collectives WHERE job_id = ? UNION ALL SELECT max(ts) FROM ranks WHERE job_id = ?)",
+        [job] * 6).to_pylist()[0]
+    return row["t"]
+
+
+def sample_fetcher(store: object) -> SampleFetcher:
+    """GPU samples of some nodes over a time range, read from the store when a detector asks for them."""
+    query = store.query  # type: ignore[attr-defined]
 
     def fetch(sample_nodes: Sequence[str], start: dt.datetime, end: dt.datetime) -> pd.DataFrame:
         if not sample_nodes:
@@ -244,9 +261,7 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
                       "AND ts >= ? AND ts <= ?", [start, end])
         return table.to_pandas(types_mapper=_types_mapper, coerce_temporal_nanoseconds=True)
 
-    return Telemetry(ranks=ranks, steps=steps, process_events=events, gpu_events=gpu_events,
-                     collectives=collectives if collectives.num_rows else empty_table("collectives"),
-                     fetch_samples=fetch, jobs=tuple(jobs), as_of=as_of, heartbeats=heartbeats)
+    return fetch
 
 
 def empty_samples() -> pd.DataFrame:
