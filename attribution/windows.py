@@ -28,7 +28,7 @@ from faultlens.collectors.store.schema import empty_table, schema_for
 
 #: job tables read whole (they grow with nodes and attempts, not with time)
 SMALL_TABLES = ("ranks", "process_events", "heartbeats")
-#: the step columns progress detection reads (attribution/progress/monitor.py): its window holds only these
+#: the step columns progress detection reads (attribution/detectors/progress/monitor.py): its window holds only these
 PROGRESS_COLUMNS = ("ts", "node", "job_id", "attempt", "rank", "step", "phase", "start_ts", "end_ts", "duration_s")
 #: tables whose attempts tell which windows a job has
 ATTEMPT_TABLES = ("ranks", "steps", "process_events", "heartbeats", "collectives")

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from faultlens.attribution.crash import death_step, last_progress
-from faultlens.attribution.desync import completed_steps
+from faultlens.attribution.detectors.crash import death_step, last_progress
+from faultlens.attribution.detectors.desync import completed_steps
 from faultlens.attribution.engine import attribute
 from faultlens.attribution.incident import Incident, IncidentClass
 from faultlens.attribution.store import Store
