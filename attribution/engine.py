@@ -31,7 +31,12 @@ from faultlens.attribution.detectors.base import (
     Scope,
     StorePass,
 )
-from faultlens.attribution.detectors.builtin import attempt_failure_starts, evidence_start, is_follow_on
+from faultlens.attribution.detectors.builtin import (
+    attempt_failure_starts,
+    evidence_start,
+    hung_since,
+    without_follow_ons,
+)
 from faultlens.attribution.detectors.progress import DumpRequester, HangAnalyzer, HangSuspect, suspect_from_trigger
 from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
 from faultlens.attribution.incident import Incident, IncidentClass
@@ -145,11 +150,7 @@ class Engine:
             key = (windows.job, attempt)
             stalled = [s for s in crash_detector.progress.suspects(window.with_starts, as_of)
                        if (s.job_id, s.attempt) == key] if as_of is not None else []
-            hung: dt.datetime | None = None
-            for suspect in stalled:  # progress stopped for longer than allowed before a failure: see run_job
-                if suspect.threshold_s is not None:
-                    noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
-                    hung = noticed if hung is None else min(hung, noticed)
+            hung = hung_since(stalled, slack).get(key)  # progress stopped for longer than allowed before a failure
             crashes = [i for i in crash.incidents if (i.job_id, i.attempt) == key
                        and not (hung is not None and evidence_start(i) >= hung)]
             for incident in crashes:
@@ -167,11 +168,7 @@ class Engine:
                 if incident_id not in incidents:
                     incidents[incident_id] = self.detector("hang").attributor.attribute(suspect, telemetry, now)
             ended = attempt_failure_starts(telemetry, crashes, None)
-            for incident in self.detector("straggler").detector.attribute(alone, now, None):
-                if is_follow_on(incident, ended):
-                    log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, "
-                             "not reported", incident.incident_id, incident.job_id, incident.attempt)
-                    continue
+            for incident in without_follow_ons(self.detector("straggler").detector.attribute(alone, now, None), ended):
                 incidents.setdefault(incident.incident_id, incident)
             for incident in self.detector("loss").monitor.attribute(alone, now):
                 if (incident.job_id, incident.attempt) == key:

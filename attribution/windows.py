@@ -17,6 +17,7 @@ so its own copies of the rows stay small).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 
@@ -104,8 +105,8 @@ class JobWindows:
         if not markers.empty:
             markers = markers[[c for c in PROGRESS_COLUMNS if c in markers.columns]]
             slim = markers if slim.empty else pd.concat([slim, markers], ignore_index=True)
-        return Window(attempt, with_context=self.context, with_starts=_replace_steps(self.context, slim),
-                      alone=_replace_steps(self.context, rows))
+        return Window(attempt, with_context=self.context, with_starts=dataclasses.replace(self.context, steps=slim),
+                      alone=dataclasses.replace(self.context, steps=rows))
 
 
 @dataclass(frozen=True)
@@ -135,13 +136,6 @@ def _start_markers(digest: pd.DataFrame) -> pd.DataFrame:
         if column not in ("job_id", "attempt", "start_ts"):
             markers[column] = markers[column].where(blank)
     return markers
-
-
-def _replace_steps(telemetry: Telemetry, steps: pd.DataFrame) -> Telemetry:
-    return Telemetry(ranks=telemetry.ranks, steps=steps, process_events=telemetry.process_events,
-                     gpu_events=telemetry.gpu_events, collectives=telemetry.collectives,
-                     fetch_samples=telemetry.fetch_samples, jobs=telemetry.jobs, as_of=telemetry.as_of,
-                     heartbeats=telemetry.heartbeats)
 
 
 def store_jobs(store: object) -> list[str]:

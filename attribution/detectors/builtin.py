@@ -78,6 +78,30 @@ def is_follow_on(incident: Incident, starts: dict[AttemptKey, dt.datetime]) -> b
     return start is not None and incident.first_signal_ts >= start
 
 
+def hung_since(stalled: Iterable[HangSuspect], notice_slack_s: float) -> dict[AttemptKey, dt.datetime]:
+    """(job, attempt) -> from when a failure of it is the ending of its hang: its progress had stopped for longer
+    than allowed (a death by signal is stamped when it was noticed, up to the notice slack late; see crash/)."""
+    hung: dict[AttemptKey, dt.datetime] = {}
+    for suspect in stalled:
+        if suspect.threshold_s is not None:
+            noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + notice_slack_s)
+            key = (suspect.job_id, suspect.attempt)
+            hung[key] = min(hung.get(key, noticed), noticed)
+    return hung
+
+
+def without_follow_ons(slowdowns: Iterable[Incident], ended: dict[AttemptKey, dt.datetime]) -> list[Incident]:
+    """The slowdowns that do not begin after their attempt's failure began (those are its aftermath)."""
+    kept = []
+    for incident in slowdowns:
+        if is_follow_on(incident, ended):
+            log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, not reported",
+                     incident.incident_id, incident.job_id, incident.attempt)
+            continue
+        kept.append(incident)
+    return kept
+
+
 @dataclass(frozen=True)
 class CrashNotes:
     """What the crash detector leaves in the pass for the hang detector."""
@@ -110,15 +134,10 @@ class CrashDetector:
     def detect(self, run: JobPass) -> list[Incident]:
         telemetry = run.telemetry
         crash = self.attributor.attribute(telemetry, run.now, run.options.settled)
-        slack = self.rules.signal_notice_slack_s
         stalled = self.progress.suspects(telemetry, run.as_of) if run.options.hangs and run.as_of is not None \
             else []
-        for suspect in stalled:
-            if suspect.threshold_s is not None:
-                # a death by signal is stamped when it was noticed, up to the notice slack late (see crash/)
-                noticed = suspect.since + dt.timedelta(seconds=suspect.threshold_s + slack)
-                key = (suspect.job_id, suspect.attempt)
-                run.hung[key] = min(run.hung.get(key, noticed), noticed)
+        for key, noticed in hung_since(stalled, self.rules.signal_notice_slack_s).items():
+            run.hung[key] = min(run.hung.get(key, noticed), noticed)
         crashes = [i for i in crash.incidents
                    if not ((i.job_id, i.attempt) in run.hung and evidence_start(i) >= run.hung[(i.job_id, i.attempt)])]
         run.busy |= {(i.job_id, i.attempt) for i in crashes} | set(crash.pending)
@@ -189,14 +208,8 @@ class StragglerSlowdowns:
         if not run.options.stragglers:
             return []
         ended = attempt_failure_starts(run.telemetry, run.incidents.values(), run.failed)
-        found = []
-        for incident in self.detector.attribute(run.telemetry, run.now, run.options.straggler_last_steps):
-            if is_follow_on(incident, ended):
-                log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, not reported",
-                         incident.incident_id, incident.job_id, incident.attempt)
-                continue
-            found.append(incident)
-        return found
+        return without_follow_ons(self.detector.attribute(run.telemetry, run.now, run.options.straggler_last_steps),
+                                  ended)
 
 
 class LossDetector:
