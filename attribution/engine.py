@@ -128,8 +128,10 @@ class Engine:
 
     def run_windows(self, windows: JobWindows, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
         """Incidents of one job read attempt by attempt (a batch pass in bounded memory): what run_job finds in
-        the whole job's telemetry. Crash attribution reads the job's small tables and the steps digest (see
-        attribution/windows.py); every other detector one attempt's step rows at a time, beside that digest."""
+        the whole job's telemetry. Crash and hang attribution read the job's small tables and the steps digest
+        (see attribution/windows.py); per attempt, progress and loss detection read the few step rows their
+        answers depend on (DuckDB picks them) and straggler scoring reads the attempt's rows in chunks of steps,
+        so memory holds one chunk's rows and the attempt's (step x rank) frames, never the attempt's rows."""
         job_detectors = {d.name for d in self.detectors if d.scope is Scope.JOB}
         if job_detectors != set(WINDOWED_DETECTORS):  # a subset, or a detector this pass does not know: whole job
             return self.run_job(load_from_store(windows.store, windows.job).for_job(windows.job), now, as_of)
@@ -145,36 +147,36 @@ class Engine:
         pending = set(crash.pending)
         incidents: dict[str, Incident] = {}
         for attempt in sorted(set(windows.attempts) | {attempt for _, attempt in keys if attempt is not None}):
-            window = windows.window(attempt, windows.attempt_steps(attempt))
-            telemetry, alone = window.with_context, window.alone  # the digest: placements, last steps
             key = (windows.job, attempt)
-            stalled = [s for s in crash_detector.progress.suspects(window.with_starts, as_of)
+            stalled = [s for s in crash_detector.progress.suspects(windows.progress_window(attempt), as_of)
                        if (s.job_id, s.attempt) == key] if as_of is not None else []
             hung = hung_since(stalled, slack).get(key)  # progress stopped for longer than allowed before a failure
             crashes = [i for i in crash.incidents if (i.job_id, i.attempt) == key
                        and not (hung is not None and evidence_start(i) >= hung)]
             for incident in crashes:
-                incidents.setdefault(incident.incident_id, crash_detector.with_dump_evidence(incident, telemetry))
+                incidents.setdefault(incident.incident_id, crash_detector.with_dump_evidence(incident, context))
             suspects: dict[str, HangSuspect] = {}
             for trigger in crash.hang_triggers:
                 if (trigger.job_id, trigger.attempt) == key:
                     suspect = suspect_from_trigger(trigger.job_id, trigger.attempt, trigger.ts, trigger.evidence,
-                                                   telemetry.steps)
+                                                   context.steps)
                     suspects.setdefault(suspect.incident_id, suspect)
             if not crashes and key not in pending:
                 for suspect in stalled:
                     suspects.setdefault(suspect.incident_id, suspect)
             for incident_id, suspect in suspects.items():
                 if incident_id not in incidents:
-                    incidents[incident_id] = self.detector("hang").attributor.attribute(suspect, telemetry, now)
-            ended = attempt_failure_starts(telemetry, crashes, None)
-            for incident in without_follow_ons(self.detector("straggler").detector.attribute(alone, now, None), ended):
+                    incidents[incident_id] = self.detector("hang").attributor.attribute(suspect, context, now)
+            ended = attempt_failure_starts(context, crashes, None)
+            slow = self.detector("straggler").detector.attribute_attempt(
+                context, windows.job, attempt, windows.step_columns, windows.straggler_chunks(attempt), now,
+                placement_rows=windows.attempt_digest(attempt))
+            for incident in without_follow_ons(slow, ended):
                 incidents.setdefault(incident.incident_id, incident)
-            for incident in self.detector("loss").monitor.attribute(alone, now):
+            for incident in self.detector("loss").monitor.attribute(windows.loss_window(attempt), now):
                 if (incident.job_id, incident.attempt) == key:
                     incidents.setdefault(incident.incident_id, incident)
-            del window, telemetry, alone  # this attempt's rows go before the next attempt's are read
-            pa.default_memory_pool().release_unused()
+            pa.default_memory_pool().release_unused()  # this attempt's rows go before the next attempt's are read
         return list(incidents.values())
 
     def run_store(self, store: Store, job: str | None, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:

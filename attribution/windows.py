@@ -1,24 +1,29 @@
 """The batch pass in bounded memory: one job's telemetry read from a store attempt by attempt, DuckDB doing the
-reduction, so Python holds one attempt's step rows (the bulk of a store) at a time, never the whole store.
+reduction, so Python never holds an attempt's step rows (the bulk of a store) at once, let alone the store's.
 
 A job's small tables (ranks, process_events, gpu_events, collectives, heartbeats) are read whole: they grow with
-nodes x attempts, not with time. The steps table (a row per rank per step) is read in windows, one per attempt.
-What a detector needs of the *other* attempts of a job (crash attribution: where a rank ran, its last step and
-when, fingerprints of earlier attempts; progress: when the next attempt started) is a max, min or latest row per
-(attempt, rank): DuckDB reduces the steps table to that `digest` (the rows holding the newest ts, the highest step,
-the latest end and the earliest start of each (attempt, rank, phase) group), so the detectors' own
-code, unchanged, finds the same answers in a few rows per rank as in every row.
+nodes x attempts, not with time. The steps table (a row per rank per step) is read per attempt, each detector
+reading only what its answers depend on:
+- what crash and hang attribution need of any attempt (where a rank ran, its last step and when, fingerprints of
+  earlier attempts; when the next attempt started) is a max, min or latest row per (attempt, rank): DuckDB reduces
+  the steps table to that `digest` (the rows holding the newest ts, the highest step, the latest end, the latest
+  completion and the earliest start of each (attempt, rank, phase) group), so the detectors' own code, unchanged,
+  finds the same answers in a few rows per rank as in every row;
+- progress detection (`progress_window`): per step and phase the rows of the latest completion and the longest
+  duration, per rank its latest completion and earliest start, every row of the step that completed last;
+- loss detection (`loss_window`): the rows that carry a loss, and one row of each other rank;
+- straggler scoring (`straggler_chunks`): the attempt's rows in chunks of consecutive steps, scattered chunk by
+  chunk into the (step x rank) frames it scores (sections.score_chunks).
 
-`JobWindows.open(store, job)` reads the small tables and the digest; `attempt_steps(a)` the rows of one attempt,
-`window(a, rows)` the telemetry each detector reads for it (the progress monitor: only the step columns it reads,
-so its own copies of the rows stay small).
-`windowable` is False for a job with rows of no attempt (NULL): the caller then reads that job whole.
+`JobWindows.open(store, job)` reads the small tables and the digest. `windowable` is False for a job with rows of
+no attempt (NULL): the caller then reads that job whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +36,13 @@ from faultlens.collectors.store.schema import empty_table, schema_for
 SMALL_TABLES = ("ranks", "process_events", "heartbeats")
 #: the step columns progress detection reads (attribution/detectors/progress/monitor.py): its window holds only these
 PROGRESS_COLUMNS = ("ts", "node", "job_id", "attempt", "rank", "step", "phase", "start_ts", "end_ts", "duration_s")
+#: the step columns straggler scoring reads (attribution/detectors/straggler/sections.py)
+STRAGGLER_COLUMNS = ("ts", "job_id", "attempt", "rank", "step", "phase", "start_ts", "end_ts", "duration_s",
+                     "sections")
+#: the step columns loss detection reads (attribution/detectors/loss.py)
+LOSS_COLUMNS = ("ts", "node", "job_id", "attempt", "rank", "step", "phase", "end_ts", "loss")
+#: rows of one attempt's steps scored at a time (straggler scoring holds one chunk's rows, not the attempt's)
+CHUNK_ROWS = 262_144
 #: tables whose attempts tell which windows a job has
 ATTEMPT_TABLES = ("ranks", "steps", "process_events", "heartbeats", "collectives")
 
@@ -87,40 +99,99 @@ class JobWindows:
                      "NOT NULL", [job]).column("k").to_pylist()
         return cls(store, job, context, attempts, windowable, tuple(sorted(k for k in keys if k is not None)))
 
+    @property
+    def step_columns(self) -> list[str]:
+        """The columns of an attempt's step rows as a frame (every section of the job a column)."""
+        return [f.name for f in schema_for("steps") if f.name != "sections"] + ["loss_nonfinite"] + \
+            [SECTION_PREFIX + k for k in self.sections]
+
     def attempt_steps(self, attempt: int) -> pd.DataFrame:
-        """Every step row of one attempt (in store order)."""
-        table = self.store.query("SELECT * FROM steps WHERE job_id = ? AND attempt = ?",  # type: ignore[attr-defined]
-                                 [self.job, attempt])
-        rows = to_frame(table, "steps")
+        """Every step row of one attempt (in store order): the reference the reduced windows are checked
+        against; the batch pass itself never holds them all."""
+        return self._with_sections(self._steps("*", "attempt = ?", [attempt]))
+
+    def attempt_digest(self, attempt: int) -> pd.DataFrame:
+        """The digest rows of one attempt: where each rank ran (its newest row) and the attempt's highest step."""
+        digest = self.context.steps
+        return digest[digest["attempt"] == attempt] if not digest.empty else digest
+
+    def straggler_chunks(self, attempt: int, rows: int = CHUNK_ROWS) -> Iterator[pd.DataFrame]:
+        """One attempt's step rows with the columns straggler scoring reads, in chunks of about `rows` rows:
+        disjoint step ranges in ascending order, every row of a step in one chunk (rows without a step are not
+        scored), each in store order (sections.score_chunks)."""
+        counts = self.store.query(  # type: ignore[attr-defined]
+            "SELECT step, count(*) AS n FROM steps WHERE job_id = ? AND attempt = ? AND step IS NOT NULL "
+            "GROUP BY step ORDER BY step", [self.job, attempt])
+        for low, high in step_ranges(counts.column("step").to_numpy(), counts.column("n").to_numpy(), rows):
+            yield self._with_sections(self._steps(STRAGGLER_COLUMNS, "attempt = ? AND step BETWEEN ? AND ?",
+                                                  [attempt, low, high]))
+
+    def progress_window(self, attempt: int) -> Telemetry:
+        """The job's telemetry for progress detection over one attempt: of its step rows, only those the
+        monitor's answers depend on (DuckDB picks them: per step and phase the latest completion and the
+        longest duration, per rank its latest completion and earliest start, every row of the step that
+        completed last), and of every other attempt one row saying when it started (an earlier attempt is
+        observed until the next one started; a row without an end is no progress to check)."""
+        row = "struct_pack(" + ", ".join(f'"{c}" := "{c}"' for c in PROGRESS_COLUMNS) + ")"
+        where = "job_id = ? AND attempt = ?"
+        done = "coalesce(end_ts, ts)"
+        sql = (f"SELECT * FROM (SELECT DISTINCT unnest(r) FROM ("
+               f"SELECT unnest([arg_max({row}, {done}), arg_max({row}, duration_s)]) AS r FROM steps WHERE {where} "
+               f"GROUP BY step, coalesce(phase, 'train') "
+               f"UNION ALL SELECT unnest([arg_max({row}, {done}), arg_min({row}, coalesce(start_ts, ts))]) "
+               f"FROM steps WHERE {where} GROUP BY rank "
+               f"UNION ALL SELECT {row} FROM steps WHERE {where} AND step IN (SELECT step FROM steps WHERE {where} "
+               f"AND {done} = (SELECT max({done}) FROM steps WHERE {where}))"
+               f") WHERE r IS NOT NULL) ORDER BY ts, rank, step")
+        picked = to_frame(self.store.query(sql, [self.job, attempt] * 5), "steps")  # type: ignore[attr-defined]
+        digest = self.context.steps
+        markers = _start_markers(digest[digest["attempt"] != attempt] if not digest.empty else digest)
+        if not markers.empty:
+            markers = markers[[c for c in PROGRESS_COLUMNS if c in markers.columns]]
+            picked = markers if picked.empty else pd.concat([picked, markers], ignore_index=True)
+        return dataclasses.replace(self.context, steps=picked)
+
+    def loss_window(self, attempt: int) -> Telemetry:
+        """The job's telemetry for loss detection over one attempt: its step rows that carry a loss (NaN and Inf
+        included) and, of every rank without one, a row with no loss (a rank the attempt ran)."""
+        carried = self._steps(LOSS_COLUMNS, "attempt = ? AND loss IS NOT NULL", [attempt])
+        others = self._steps(LOSS_COLUMNS, "attempt = ? AND loss IS NULL QUALIFY row_number() OVER "
+                                           "(PARTITION BY rank ORDER BY ts) = 1", [attempt])
+        frames = [f for f in (carried, others) if not f.empty]
+        rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else carried)
+        return dataclasses.replace(self.context, steps=rows)
+
+    def _steps(self, columns: str | tuple[str, ...], where: str, params: list[object]) -> pd.DataFrame:
+        select = columns if isinstance(columns, str) else ", ".join(f'"{c}"' for c in columns)
+        table = self.store.query(f"SELECT {select} FROM steps WHERE job_id = ? AND {where}",  # type: ignore
+                                 [self.job, *params])
+        return to_frame(table, "steps")
+
+    def _with_sections(self, rows: pd.DataFrame) -> pd.DataFrame:
+        """As in a whole-job frame: sections of other attempts are columns, empty here."""
         missing = [SECTION_PREFIX + k for k in self.sections if SECTION_PREFIX + k not in rows.columns]
-        if missing and not rows.empty:  # as in a whole-job frame: sections of other attempts are columns, empty here
+        if missing and not rows.empty:
             rows = pd.concat([rows, pd.DataFrame(np.nan, index=rows.index, columns=missing)], axis=1)
         return rows
 
-    def window(self, attempt: int, rows: pd.DataFrame) -> Window:
-        """The job's telemetry for the analyses of one attempt, given its step rows."""
-        digest = self.context.steps
-        markers = _start_markers(digest[digest["attempt"] != attempt] if not digest.empty else digest)
-        slim = rows[[c for c in PROGRESS_COLUMNS if c in rows.columns]]
-        if not markers.empty:
-            markers = markers[[c for c in PROGRESS_COLUMNS if c in markers.columns]]
-            slim = markers if slim.empty else pd.concat([slim, markers], ignore_index=True)
-        return Window(attempt, with_context=self.context, with_starts=dataclasses.replace(self.context, steps=slim),
-                      alone=dataclasses.replace(self.context, steps=rows))
 
-
-@dataclass(frozen=True)
-class Window:
-    """One attempt's telemetry three ways. with_context: the job's context (crash and hang analyses look up
-    placements and last steps of any attempt in the digest); with_starts: the attempt's step rows (the progress
-    columns) and, of every other attempt, one row saying when it started and nothing else (progress: an earlier
-    attempt is observed until the next one started; a row without an end is no progress to check); alone: the
-    attempt's step rows only (straggler and loss scoring)."""
-
-    attempt: int
-    with_context: Telemetry
-    with_starts: Telemetry
-    alone: Telemetry
+def step_ranges(steps: np.ndarray, counts: np.ndarray, rows: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of `steps` (ascending, with their row counts) of about `rows` rows each; a step with
+    more rows than that is a range of its own."""
+    ranges: list[tuple[int, int]] = []
+    low: int | None = None
+    high = held = 0
+    for step, count in zip(steps.tolist(), counts.tolist(), strict=True):
+        if low is not None and held + count > rows:
+            ranges.append((low, high))
+            low, held = None, 0
+        if low is None:
+            low = step
+        held += count
+        high = step
+    if low is not None:
+        ranges.append((low, high))
+    return ranges
 
 
 def _start_markers(digest: pd.DataFrame) -> pd.DataFrame:

@@ -6,7 +6,9 @@ are neither lost nor doubled."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import itertools
 import json
 
 import pytest
@@ -87,10 +89,49 @@ def test_an_attempt_window_holds_only_its_rows_beside_the_digest(store: str) -> 
         attempt = windows.attempts[len(windows.attempts) // 2]
         rows = windows.attempt_steps(attempt)
         every = opened.query("SELECT count(*) AS n FROM steps WHERE attempt = ?", [attempt]).column("n")[0].as_py()
-    window = windows.window(attempt, rows)
+        progress = windows.progress_window(attempt).steps
+        loss = windows.loss_window(attempt).steps
+        chunks = list(windows.straggler_chunks(attempt, rows=len(rows) // 5))
     assert len(rows) == every and set(rows["attempt"]) == {attempt}
-    assert set(window.alone.steps["attempt"]) == {attempt}
-    others = window.with_starts.steps[window.with_starts.steps["attempt"] != attempt]
-    stepped = set(window.with_context.steps["attempt"])  # the attempts with step rows
+    mine = progress[progress["attempt"] == attempt]
+    assert 0 < len(mine) < len(rows) // 5  # a reduction, not a copy
+    others = progress[progress["attempt"] != attempt]
+    stepped = set(windows.context.steps["attempt"])  # the attempts with step rows
     assert len(others) == len(stepped) - 1 and others["attempt"].is_unique  # one start row per other attempt
     assert others["end_ts"].isna().all() and others["start_ts"].notna().all()
+    assert set(loss["attempt"]) == {attempt} and set(loss["rank"]) == set(rows["rank"])
+    assert len(chunks) >= 5 and sum(len(c) for c in chunks) == int(rows["step"].notna().sum())
+    for before, after in itertools.pairwise(chunks):
+        assert before["step"].max() < after["step"].min()  # disjoint, ascending step ranges
+
+
+def test_the_reduced_windows_answer_as_the_attempts_rows_do(store: str) -> None:
+    """Progress, loss and straggler answers of every attempt: the same from the reduced windows (and chunks of
+    a few thousand rows) as from the attempt's every step row."""
+    from faultlens.attribution.engine import Engine
+
+    engine = Engine()
+    monitor = engine.detector("crash").progress
+    straggler = engine.detector("straggler").detector
+    loss = engine.detector("loss").monitor
+    now = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    with Store(store) as opened:
+        windows = JobWindows.open(opened, store_jobs(opened)[0], None)
+        context = windows.context
+        found = slow = 0
+        for attempt in windows.attempts:
+            rows = windows.attempt_steps(attempt)
+            full = dataclasses.replace(context, steps=rows)
+            as_of = rows["ts"].max() + dt.timedelta(minutes=30)  # every attempt looks stalled by then
+            expected = [s for s in monitor.suspects(full, as_of) if s.attempt == attempt]
+            got = [s for s in monitor.suspects(windows.progress_window(attempt), as_of) if s.attempt == attempt]
+            assert got == expected
+            found += len(expected)
+            assert _identity(loss.attribute(windows.loss_window(attempt), now)) == \
+                _identity(loss.attribute(full, now))
+            chunked = straggler.attribute_attempt(context, windows.job, attempt, windows.step_columns,
+                                                  windows.straggler_chunks(attempt, rows=4096), now,
+                                                  placement_rows=windows.attempt_digest(attempt))
+            assert _identity(chunked) == _identity(straggler.attribute(full, now))
+            slow += len(chunked)
+    assert found >= 1 and slow >= 1  # stalls and slowdowns compared, not only empty answers

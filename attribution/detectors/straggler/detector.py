@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import replace
 
 import numpy as np
@@ -13,7 +14,7 @@ from faultlens.attribution.detectors.straggler.evidence import became_slow, desc
 from faultlens.attribution.detectors.straggler.findings import find
 from faultlens.attribution.detectors.straggler.incidents import make_incident
 from faultlens.attribution.detectors.straggler.report import StepScores, StragglerFinding, remaining_time
-from faultlens.attribution.detectors.straggler.sections import classify_sections, score_steps
+from faultlens.attribution.detectors.straggler.sections import classify_sections, score_chunks, score_steps
 from faultlens.attribution.detectors.straggler.vocab import Vocabulary, load_vocabulary
 from faultlens.attribution.incident import Evidence, Incident
 from faultlens.attribution.rules import StragglerThresholds
@@ -74,7 +75,7 @@ class StragglerDetector:
     def attribute(self, telemetry: Telemetry, now: dt.datetime, last_steps: int | None = None) -> list[Incident]:
         """Straggler incidents of every attempt in `telemetry`; `last_steps` scores only each attempt's most
         recent steps (live mode: what can still become a new incident)."""
-        incidents = []
+        incidents: list[Incident] = []
         steps = telemetry.steps
         if steps.empty or not self.compute_sections(steps):
             return incidents
@@ -83,17 +84,27 @@ class StragglerDetector:
                 rows = rows[rows["step"] > rows["step"].max() - last_steps]
             job = None if job is None or job is pd.NA or job != job else str(job)
             attempt = None if attempt is None or attempt is pd.NA or attempt != attempt else int(attempt)
-            placement = placements(telemetry.ranks, attempt, rows)
-            ranks_table = telemetry.ranks
-            if job is not None and not ranks_table.empty and "job_id" in ranks_table.columns:
-                ranks_table = ranks_table[ranks_table["job_id"] == job]
-            scores = self.scores(rows, placement, ranks_table, attempt)
-            if scores is None:
-                continue
-            recent = scores.step_s[-self.t.window_steps:]
-            recent = recent[np.isfinite(recent)]
-            scores = replace(scores, remaining=remaining_time(
-                ranks_table, attempt, int(rows["step"].max()), float(np.median(recent)) if len(recent) else np.nan))
-            for finding in self.findings(scores, placement):
-                incidents.append(make_incident(self.t, finding, scores, placement, telemetry, job, attempt, now))
+            incidents.extend(self.attribute_attempt(telemetry, job, attempt, list(steps.columns), (rows,), now,
+                                                    placement_rows=rows))
         return incidents
+
+    def attribute_attempt(self, telemetry: Telemetry, job: str | None, attempt: int | None, columns: list[str],
+                          chunks: Iterable[pd.DataFrame], now: dt.datetime, *,
+                          placement_rows: pd.DataFrame) -> list[Incident]:
+        """Straggler incidents of one attempt whose step rows come in `chunks` (frames with `columns`, disjoint
+        ascending step ranges: see sections.score_chunks). `placement_rows`: rows of the attempt that say where
+        each rank ran (its newest row per rank suffices) and its highest step."""
+        placement = placements(telemetry.ranks, attempt, placement_rows)
+        ranks_table = telemetry.ranks
+        if job is not None and not ranks_table.empty and "job_id" in ranks_table.columns:
+            ranks_table = ranks_table[ranks_table["job_id"] == job]
+        scores = score_chunks(self.t, self.vocabulary, columns, chunks, placement, ranks_table, attempt)
+        if scores is None:
+            return []
+        recent = scores.step_s[-self.t.window_steps:]
+        recent = recent[np.isfinite(recent)]
+        scores = replace(scores, remaining=remaining_time(
+            ranks_table, attempt, int(placement_rows["step"].max()),
+            float(np.median(recent)) if len(recent) else np.nan))
+        return [make_incident(self.t, finding, scores, placement, telemetry, job, attempt, now)
+                for finding in self.findings(scores, placement)]

@@ -3,6 +3,9 @@ taken out of its parent); one attempt's rows scattered into (step x rank) frames
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -73,9 +76,11 @@ class Matrix:
 
 
 def _scored_rows(t: StragglerThresholds, attempt_steps: pd.DataFrame, sections: list[str], comm: dict[str, str],
-                 unknown: list[str], sync_columns: list[str]) -> pd.DataFrame | None:
+                 unknown: list[str], sync_columns: list[str],
+                 first_step: float | None) -> tuple[pd.DataFrame | None, float | None]:
     """The rows that count (a step and a rank, a scored phase, past warm-up, some own work timed), own time in
-    the section columns and their total in `_compute`; None when no row is left."""
+    the section columns and their total in `_compute` (None when no row is left), and the attempt's first scored
+    step (`first_step`: the one an earlier chunk of the attempt found; warm-up counts from it)."""
     wanted = [c for c in _ROW_COLUMNS if c in attempt_steps.columns]
     rows = attempt_steps[wanted + sections + [SECTION_PREFIX + n for n in unknown] + sync_columns]
     rows = rows.assign(**own_time(attempt_steps, sections, comm))
@@ -84,16 +89,18 @@ def _scored_rows(t: StragglerThresholds, attempt_steps: pd.DataFrame, sections: 
         phase = rows["phase"].astype(object)
         keep &= phase.where(phase.notna(), "train").isin(t.phases).to_numpy()
     if not keep.any():
-        return None
+        return None, first_step
     step_values = rows["step"].to_numpy(dtype=float, na_value=np.nan)
-    keep &= step_values >= np.nanmin(step_values[keep]) + t.warmup_steps
+    if first_step is None:
+        first_step = float(np.nanmin(step_values[keep]))
+    keep &= step_values >= first_step + t.warmup_steps
     own = rows[sections].to_numpy(dtype=float, na_value=np.nan)
     total_compute = np.where(np.isfinite(own).any(axis=1), np.nansum(own, axis=1), np.nan)
     keep &= np.isfinite(total_compute)
     if not keep.any():
-        return None
+        return None, first_step
     rows = rows[keep].assign(_compute=total_compute[keep])
-    return rows.assign(step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64))
+    return rows.assign(step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64)), first_step
 
 
 def _step_times(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
@@ -118,14 +125,53 @@ def _sync_frames(rows: pd.DataFrame, matrix: Matrix, sync_columns: list[str],
     return sync, matrix.frame(epoch)
 
 
-def _unknown_shares(rows: pd.DataFrame, unknown: list[str], duration: pd.Series) -> dict[str, float]:
+@dataclass(frozen=True)
+class _Chunk:
+    """The (step x rank) frames and per-step figures of one chunk of an attempt's scored rows."""
+
+    compute: pd.DataFrame
+    sections: dict[str, pd.DataFrame]  # every own-work section, timed in this chunk or not
+    timed: set[str]  # the sections some row of this chunk timed
+    step_s: pd.Series  # per step: the median step time over ranks
+    start_ts: pd.Series  # per step: earliest start
+    end_ts: pd.Series  # per step: latest end
+    sync: pd.DataFrame | None
+    ends: pd.DataFrame | None
+    unknown_s: dict[str, float]  # unknown section -> seconds timed in this chunk
+    duration_s: float  # seconds of step time in this chunk
+
+
+def _chunk_frames(rows: pd.DataFrame, sections: list[str], sync_columns: list[str], unknown: list[str]) -> _Chunk:
+    matrix = Matrix(rows["step"].to_numpy(), rows["rank"].to_numpy())
+    compute = matrix.frame(rows["_compute"].to_numpy(dtype=float))
+    frames = {c[len(SECTION_PREFIX):]: matrix.frame(rows[c].to_numpy(dtype=float)) for c in sections}
+    timed = {c[len(SECTION_PREFIX):] for c in sections if rows[c].notna().any()}
+    done, begun, duration = _step_times(rows)
+    step_s = matrix.frame(duration.to_numpy(dtype=float)).median(axis=1)
+    sync, ends = _sync_frames(rows, matrix, sync_columns, done)
+    unknown_s = {n: float(rows[SECTION_PREFIX + n].astype(float).sum()) for n in unknown
+                 if SECTION_PREFIX + n in rows.columns}
+    return _Chunk(compute, frames, timed, step_s, begun.groupby(rows["step"]).min(),
+                  done.groupby(rows["step"]).max(), sync, ends, unknown_s,
+                  float(np.nansum(duration.to_numpy(dtype=float))))
+
+
+def _stacked(frames: list[pd.DataFrame], ranks: pd.Index) -> pd.DataFrame:
+    """(step x rank) frames of consecutive step ranges as one frame over every rank (NaN where a rank has no
+    row in a chunk), as one Matrix over all the rows would have made it."""
+    if len(frames) == 1 and frames[0].columns.equals(ranks):
+        return frames[0]
+    return pd.concat([f.reindex(columns=ranks) for f in frames], axis=0)
+
+
+def _unknown_shares(chunks: list[_Chunk], unknown: list[str]) -> dict[str, float]:
     """Unknown section -> its share of step time, where it holds at least UNKNOWN_SHARE_REPORTED."""
     shares = {}
-    total = float(np.nansum(duration.to_numpy(dtype=float)))
+    total = sum(c.duration_s for c in chunks)
     for name in unknown:
-        column = SECTION_PREFIX + name
-        if column in rows.columns and total > 0:
-            share = float(rows[column].astype(float).sum()) / total
+        timed = [c.unknown_s[name] for c in chunks if name in c.unknown_s]
+        if timed and total > 0:
+            share = sum(timed) / total
             if share >= UNKNOWN_SHARE_REPORTED:
                 shares[name] = share
     return shares
@@ -135,23 +181,47 @@ def score_steps(t: StragglerThresholds, vocabulary: Vocabulary, attempt_steps: p
                 placement: dict[int, Placement], ranks_table: pd.DataFrame | None = None,
                 attempt: int | None = None) -> StepScores | None:
     """Score one attempt's steps; None when there is nothing to score (no own-work sections, no steps)."""
-    sections, comm, unknown = classify_sections(t, vocabulary, attempt_steps)
-    if not sections or attempt_steps.empty:
+    chunks = (attempt_steps,) if not attempt_steps.empty else ()
+    return score_chunks(t, vocabulary, list(attempt_steps.columns), chunks, placement, ranks_table, attempt)
+
+
+def score_chunks(t: StragglerThresholds, vocabulary: Vocabulary, columns: list[str], chunks: Iterable[pd.DataFrame],
+                 placement: dict[int, Placement], ranks_table: pd.DataFrame | None = None,
+                 attempt: int | None = None) -> StepScores | None:
+    """Score one attempt whose step rows come in chunks (each a frame with `columns`): the chunks hold disjoint
+    step ranges in ascending order, every row of a step in one chunk (rows without a step are not scored).
+    Memory holds one chunk's rows and the (step x rank) frames, never every row; the StepScores are those of
+    one frame of all the rows. None when there is nothing to score (no own-work sections, no steps)."""
+    sections, comm, unknown = classify_sections(t, vocabulary, pd.DataFrame(columns=columns))
+    if not sections:
         return None
-    sync_columns = [SECTION_PREFIX + n for n, op in comm.items() if op in SYNC_OPS
-                    and SECTION_PREFIX + n in attempt_steps.columns]
-    rows = _scored_rows(t, attempt_steps, sections, comm, unknown, sync_columns)
-    if rows is None:
+    sync_columns = [SECTION_PREFIX + n for n, op in comm.items() if op in SYNC_OPS and SECTION_PREFIX + n in columns]
+    scored: list[_Chunk] = []
+    first_step: float | None = None
+    for chunk in chunks:
+        rows, first_step = _scored_rows(t, chunk, sections, comm, unknown, sync_columns, first_step)
+        if rows is not None:
+            scored.append(_chunk_frames(rows, sections, sync_columns, unknown))
+        del rows, chunk
+    if not scored:
         return None
-    matrix = Matrix(rows["step"].to_numpy(), rows["rank"].to_numpy())
-    compute = matrix.frame(rows["_compute"].to_numpy(dtype=float))
-    section_frames = {c[len(SECTION_PREFIX):]: matrix.frame(rows[c].to_numpy(dtype=float))
-                      for c in sections if rows[c].notna().any()}
-    done, begun, duration = _step_times(rows)
-    step_s = matrix.frame(duration.to_numpy(dtype=float)).median(axis=1).to_numpy(dtype=float)
-    sync, ends = _sync_frames(rows, matrix, sync_columns, done)
-    start_ts = begun.groupby(rows["step"]).min().reindex(compute.index)
-    end_ts = done.groupby(rows["step"]).max().reindex(compute.index)
+    ranks = pd.Index(np.unique(np.concatenate([c.compute.columns.to_numpy() for c in scored])), name="rank")
+    compute = _stacked([c.compute for c in scored], ranks)
+    if not (compute.index.is_monotonic_increasing and compute.index.is_unique):
+        raise ValueError("straggler scoring: chunks of an attempt must hold disjoint, ascending step ranges")
+    timed = set().union(*(c.timed for c in scored))
+    section_frames = {}
+    for column in sections:
+        name = column[len(SECTION_PREFIX):]
+        if name in timed:
+            section_frames[name] = _stacked([c.sections[name] for c in scored], ranks)
+        for c in scored:
+            del c.sections[name]
+    step_s = pd.concat([c.step_s for c in scored]).to_numpy(dtype=float)
+    sync = _stacked([c.sync for c in scored], ranks) if sync_columns else None
+    ends = _stacked([c.ends for c in scored], ranks) if sync_columns else None
+    start_ts = pd.concat([c.start_ts for c in scored]).reindex(compute.index)
+    end_ts = pd.concat([c.end_ts for c in scored]).reindex(compute.index)
     layout = build_layout(list(compute.columns), ranks_table if ranks_table is not None else pd.DataFrame(),
                           attempt, placement)
     parts = decompose(compute.to_numpy(dtype=float),
@@ -159,5 +229,5 @@ def score_steps(t: StragglerThresholds, vocabulary: Vocabulary, attempt_steps: p
     ratio = pd.DataFrame(parts.worker_ratio, index=compute.index, columns=compute.columns)
     flagged = pd.DataFrame(parts.worker_flag, index=compute.index, columns=compute.columns)
     return StepScores(compute, ratio, flagged, section_frames, layout, parts, step_s, start_ts, end_ts,
-                      {n: op for n, op in comm.items() if SECTION_PREFIX + n in attempt_steps.columns},
-                      _unknown_shares(rows, unknown, duration), sync, ends)
+                      {n: op for n, op in comm.items() if SECTION_PREFIX + n in columns},
+                      _unknown_shares(scored, unknown), sync, ends)
