@@ -47,6 +47,8 @@ HASHED_FILES = (
     "collectors/training/fr_trigger.py",
     "collectors/artifacts/safe_pickle.py",
     "collectors/training/step_timer.py",
+    "collectors/training/timer_model.py",
+    "collectors/training/timer_writer.py",
     "collectors/store/sink.py",
     "collectors/store/schema.py",
     "collectors/store/layout.py",
