@@ -46,6 +46,8 @@ HASHED_FILES = (
     "tests/torch_jobs/harness.py",
     "collectors/training/fr_trigger.py",
     "collectors/artifacts/safe_pickle.py",
+    "collectors/artifacts/safe_pickle_admitted.py",
+    "collectors/artifacts/safe_pickle_opcodes.py",
     "collectors/training/step_timer.py",
     "collectors/training/timer_model.py",
     "collectors/training/timer_writer.py",
