@@ -19,7 +19,8 @@ import pytest
 
 from bench.bench_fr_fuzz import hostile_jsons, hostile_pickles
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
-from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, UnsafePickleError, _make_set, safe_loads
+from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, UnsafePickleError, safe_loads
+from faultlens.collectors.artifacts.safe_pickle_admitted import ADMITTED_GLOBALS
 from tests.conftest import DATA_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,9 +220,10 @@ def test_the_follow_loops_dump_request_returns_the_good_ranks(tmp_path: Path, st
 
 
 def test_build_is_refused_and_nothing_outlives_a_load() -> None:
-    """BUILD on an admitted helper rewrote `_make_set.__defaults__` for the rest of the process (a later benign
-    set() loaded as {'POLLUTED'}); a dump could also return the helper function itself."""
-    defaults = _make_set.__defaults__
+    """BUILD on an admitted helper rewrote the defaults of the function behind `builtins.set` for the rest of the
+    process (a later benign set() loaded as {'POLLUTED'}); a dump could also return the helper function itself."""
+    make_set = ADMITTED_GLOBALS[("builtins", "set")]
+    defaults = make_set.__defaults__
     hostile = hostile_pickles()
     with pytest.raises(UnsafePickleError, match="BUILD"):
         safe_loads(hostile["build_defaults"], source="rank_0.pkl")
@@ -230,7 +232,7 @@ def test_build_is_refused_and_nothing_outlives_a_load() -> None:
                     b"\x80\x02c__builtin__\nfrozenset\nq\x00h\x00\x86."):
         with pytest.raises(UnsafePickleError, match="callable"):
             safe_loads(payload, source="rank_1.pkl")
-    assert _make_set.__defaults__ == defaults
+    assert make_set.__defaults__ == defaults
     assert safe_loads(pickle.dumps(set(), protocol=2)) == set()
     assert safe_loads(pickle.dumps({"a": {1, 2}}, protocol=2)) == {"a": {1, 2}}
 

@@ -31,7 +31,9 @@ pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
 HASHED = ("tests/torch_jobs/train_live.py", "tests/torch_jobs/live_jobs.py", "collectors/training/step_timer.py",
-          "collectors/training/heartbeat.py", "collectors/store/schema.py", "collectors/sources/process_events.py",
+          "collectors/training/timer_model.py", "collectors/training/timer_writer.py",
+          "collectors/training/heartbeat.py", "collectors/store/schema.py",
+          *sorted(str(p.relative_to(REPO)) for p in (REPO / "collectors/sources/process_events").glob("*.py")),
           "collectors/store/sink.py")
 
 

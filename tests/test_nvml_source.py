@@ -145,7 +145,8 @@ def test_field_value_union_decoding(value_type, member, raw, expected):
 
 
 def test_every_pynvml_name_the_backend_uses_exists():
-    source = (REPO_ROOT / "collectors" / "sources" / "nvml_backend.py").read_text()
+    source = "".join((REPO_ROOT / "collectors" / "sources" / name).read_text()
+                     for name in ("nvml_backend.py", "nvml_sampling.py"))
     names = set(re.findall(r"\bnvml\.(\w+)", source)) | set(re.findall(r'fn\("(\w+)"\)', source))
     names |= set(re.findall(r'"(NVML_\w+)"', source))
     optional = {"nvmlDeviceGetCurrentClocksThrottleReasons"}  # fallback for old bindings, removed in CUDA 14

@@ -164,7 +164,7 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
     # one thing that happened to a rank process
     "process_events": (
         _f("kind", pa.string()),  # start, exit, signal, exception, watchdog_timeout, comm_error, oom; agent_exit,
-        # signal_sent (written by a supervisor: collectors/sources/process_events.py SupervisorKind)
+        # signal_sent (written by a supervisor: collectors/sources/process_events/rows.py SupervisorKind)
         _f("source", pa.string()),  # torchrun_log, error_json, stderr, supervisor
         _f("pid", pa.int64()),
         _f("exit_code", pa.int32()),

@@ -23,147 +23,37 @@ how often rows are flushed: attribution judges progress from it.
 
 With `cuda_events=True` and torch with CUDA, every section also records a pair of CUDA events; the writer thread
 resolves them (never the training thread) and adds `cuda/<path>` entries (GPU seconds) to the row's sections.
+
+This module is the training-thread side (StepTimer, the step and section contexts); the writer thread and its row
+bookkeeping are StepTimer's base class (collectors/training/timer_writer.py), and the identity, phases, counts and
+sink protocol are collectors/training/timer_model.py (all importable from here).
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
-import contextlib
 import logging
 import os
-import signal
-import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from enum import StrEnum
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
 
 from faultlens.collectors import environment
+from faultlens.collectors.training.timer_model import (
+    Clock,
+    ParallelCoords,
+    Phase,
+    RankIdentity,
+    RowSink,
+    TimerStats,
+)
+from faultlens.collectors.training.timer_writer import RowWriter
 
 log = logging.getLogger(__name__)
-
-Clock = Callable[[], int]
-
-
-class Phase(StrEnum):
-    TRAIN = "train"
-    EVAL = "eval"
-    WARMUP = "warmup"
-    CHECKPOINT = "checkpoint"
-    UNKNOWN = "unknown"
-
-    @classmethod
-    def parse(cls, value: str | Phase) -> Phase:
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.UNKNOWN
-
-
-class RowSink(Protocol):
-    """What the timer writes through: faultlens.collectors.store.sink.SegmentSink, or any object with these methods."""
-
-    def write(self, table: str, data: Any) -> None: ...
-
-    def flush(self, table: str | None = None) -> Any: ...
-
-    def pending_rows(self, table: str | None = None) -> int: ...
-
-
-def _env_int(environ: Mapping[str, str], name: str) -> int | None:
-    value = environ.get(name, "").strip()
-    try:
-        return int(value) if value else None
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class RankIdentity:
-    """Who this training process is, as torchrun's environment tells it."""
-
-    rank: int | None = None
-    local_rank: int | None = None
-    world_size: int | None = None
-    local_world_size: int | None = None
-    node: str | None = None
-    hostname: str | None = None
-    job_id: str | None = None
-    attempt: int | None = None
-    cluster: str | None = None
-    pid: int | None = None
-    gpu_index: int | None = None
-    gpu_uuid: str | None = None
-    pci_bus_id: str | None = None
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RankIdentity:
-        """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID (or FAULTLENS_JOB_ID),
-        FAULTLENS_ATTEMPT (a supervisor that restarts torchrun itself) or TORCHELASTIC_RESTART_COUNT, node from
-        FAULTLENS_NODE or the hostname, FAULTLENS_CLUSTER."""
-        env = os.environ if environ is None else environ
-        hostname = socket.gethostname()
-        values: dict[str, Any] = {
-            "rank": _env_int(env, "RANK"),
-            "local_rank": _env_int(env, "LOCAL_RANK"),
-            "world_size": _env_int(env, "WORLD_SIZE"),
-            "local_world_size": _env_int(env, "LOCAL_WORLD_SIZE"),
-            "node": environment.NODE.get(env) or hostname,
-            "hostname": hostname,
-            "job_id": environment.JOB_ID.get(env) or env.get("TORCHELASTIC_RUN_ID") or None,
-            "attempt": _env_int(env, environment.ATTEMPT.name) if environment.ATTEMPT.get(env) else _env_int(
-                env, "TORCHELASTIC_RESTART_COUNT"),
-            "cluster": environment.CLUSTER.get(env),
-            "pid": os.getpid(),
-        }
-        values.update(overrides)
-        return cls(**values)
-
-    def columns(self) -> dict[str, Any]:
-        """The identity columns every row carries."""
-        return {
-            "cluster": self.cluster, "node": self.node, "job_id": self.job_id, "attempt": self.attempt,
-            "rank": self.rank, "local_rank": self.local_rank, "gpu_index": self.gpu_index,
-            "gpu_uuid": self.gpu_uuid, "pci_bus_id": self.pci_bus_id,
-        }
-
-
-@dataclass(frozen=True)
-class ParallelCoords:
-    """This rank's place in the parallel layout, when the training code declares it (straggler analysis uses it to
-    tell one slow worker from a slow pipeline stage)."""
-
-    dp_rank: int | None = None
-    pp_rank: int | None = None
-    tp_rank: int | None = None
-    cp_rank: int | None = None
-    ep_rank: int | None = None
-    pp_size: int | None = None
-
-
-@dataclass
-class TimerStats:
-    """What the timer did. Every completed step is written or counted: once close() has returned,
-    steps == rows_written + dropped; dropped is the sum of the dropped_* counts and lost_at_close."""
-
-    steps: int = 0
-    rows_written: int = 0
-    dropped: int = 0
-    write_failures: int = 0
-    errors: int = 0
-    sections_outside_step: int = 0
-    unknown_phases: int = 0
-    heartbeat_failures: int = 0
-    last_error: str | None = None
-    dropped_queue_full: int = 0  # the oldest queued rows pushed out by new ones while the store was slow
-    dropped_refused: int = 0  # rows the sink refused (never buffered)
-    dropped_no_store: int = 0  # rows of a timer without a store
-    lost_at_close: int = 0  # rows still queued or in the sink's buffer when close() gave up (store slow or failing)
-    ranks_dropped: int = 0  # ranks rows (one per start) not written
 
 
 class _Step:
@@ -261,7 +151,7 @@ def _torch_cuda_event_factory() -> Callable[[], Any] | None:
     return new_event
 
 
-class StepTimer:
+class StepTimer(RowWriter):
     """Times steps and named sections of one training thread and writes them to the store off that thread."""
 
     def __init__(self, sink: RowSink | None, *, identity: RankIdentity | None = None,
@@ -441,173 +331,11 @@ class StepTimer:
         except Exception as exc:  # never raise into training (close runs at exit too)
             self._error("close", exc)
 
-    def _count_unwritten_at_close(self) -> None:
-        with self._account:
-            queued = len(self._queue)
-            self._queue.clear()
-            lost = queued + self._handed
-            self._late = self._handed  # the stuck writer may still get these into the store
-            self._handed = 0
-            self._gave_up = True
-            ranks = len(self._pending_ranks)
-            self._pending_ranks.clear()
-            self.stats.lost_at_close += lost
-            self.stats.dropped += lost
-            self.stats.ranks_dropped += ranks
-        self._report_drops(force=True)
-
     def __enter__(self) -> StepTimer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- the writer thread ----------------------------------------------------------------------------------
-    def _writer_loop(self) -> None:
-        # never the thread a process-directed SIGUSR1/SIGTERM lands on: the flight-recorder trigger waits for them
-        # in its own thread, and a thread started before the trigger's install() would not have them blocked
-        with contextlib.suppress(Exception):
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
-        next_flush = time.monotonic() + self.flush_interval_s
-        while True:
-            beat = self.heartbeat
-            wait = next_flush - time.monotonic()
-            woken = self._wake.wait(max(0.0, min(wait, 1.0) if beat is not None else wait))
-            self._wake.clear()
-            stopping = self._stopped.is_set()
-            if beat is not None:
-                beat.alive()  # the process lives (its step may still not advance)
-            if woken or stopping or time.monotonic() >= next_flush:
-                with self._write_lock:
-                    self._drain()
-                next_flush = time.monotonic() + self.flush_interval_s
-            with contextlib.suppress(Exception):
-                self._report_drops()
-            if stopping:
-                if beat is not None:
-                    beat.close()
-                    self.stats.heartbeat_failures = beat.failures
-                return
-
-    def _report_drops(self, force: bool = False) -> None:
-        """One warning for the rows not written since the last one, at most every drop_log_interval_s."""
-        stats = self.stats
-        new = stats.dropped - self._drops_reported
-        if new <= 0 and not (force and stats.ranks_dropped):
-            return
-        now = time.monotonic()
-        if not force and self._drops_logged_at is not None and now - self._drops_logged_at < self.drop_log_interval_s:
-            return
-        log.warning("step_timer: %d step row(s) not written since the last report (%d of %d in all: %d pushed out "
-                    "of the full queue, %d refused by the store, %d without a store, %d left at close)%s", new,
-                    stats.dropped, stats.steps, stats.dropped_queue_full, stats.dropped_refused,
-                    stats.dropped_no_store, stats.lost_at_close,
-                    f"; {stats.ranks_dropped} ranks row(s) not written" if stats.ranks_dropped else "")
-        self._drops_reported = stats.dropped
-        self._drops_logged_at = now
-
-    def _drain(self) -> bool:
-        """Move queued rows into the sink and flush it. Bounded: rows stay queued (oldest dropped) while the
-        sink still holds a failed batch of max_buffered_rows."""
-        sink = self.sink
-        if sink is None:
-            with self._account:
-                dropped = len(self._queue)
-                ranks = len(self._pending_ranks)
-                self._queue.clear()
-                self._pending_ranks.clear()
-                self.stats.dropped += dropped
-                self.stats.dropped_no_store += dropped
-                self.stats.ranks_dropped += ranks
-            return dropped + ranks == 0
-        try:
-            if self._pending_ranks:
-                sink.write("ranks", list(self._pending_ranks))
-                self._pending_ranks.clear()
-            if sink.pending_rows("steps") < self.max_buffered_rows:
-                rows = self._take_rows()
-                if rows:
-                    before = _pending(sink)
-                    try:
-                        sink.write("steps", rows)
-                    except Exception:
-                        after = _pending(sink)
-                        if before is None or after is None or after - before < len(rows):
-                            self._forget(len(rows), refused=True)  # refused before buffering: these rows are gone
-                        raise  # (else the sink kept them buffered: a later flush writes them)
-            sink.flush()
-            self._confirm()
-            return True
-        except Exception as exc:
-            self.stats.write_failures += 1
-            self._error("write", exc)
-            return False
-
-    def _take_rows(self) -> list[dict[str, Any]]:
-        rows = []
-        queue = self._queue
-        with self._account:  # taken rows are counted as handed at once, so close() never misses them
-            while queue:
-                try:
-                    rows.append(queue.popleft())
-                except IndexError:
-                    break
-            self._handed += len(rows)
-        for row in rows:
-            pairs = row.pop("_cuda", None)
-            if pairs:
-                row["sections"] = {**row["sections"], **_resolve_cuda(pairs, self)}
-        return rows
-
-    def _forget(self, count: int, *, refused: bool) -> None:
-        """`count` handed rows are gone (the sink refused them)."""
-        with self._account:
-            if self._gave_up:  # close() has counted them as lost already
-                self._late = max(0, self._late - count)
-                return
-            self._handed -= count
-            self.stats.dropped += count
-            if refused:
-                self.stats.dropped_refused += count
-
-    def _confirm(self) -> None:
-        """The sink flushed: every handed row is written."""
-        with self._account:
-            if self._gave_up:  # close() counted the handed rows as lost; they made it after all
-                late = min(self._late, self.stats.lost_at_close)
-                self.stats.lost_at_close -= late
-                self.stats.dropped -= late
-                self.stats.rows_written += late
-                self._late = 0
-                return
-            self.stats.rows_written += self._handed
-            self._handed = 0
-
-    def _error(self, what: str, exc: BaseException) -> None:
-        self.stats.errors += 1
-        self.stats.last_error = f"{what}: {type(exc).__name__}: {exc}"
-        if self.stats.errors <= 10 or self.stats.errors % 1000 == 0:
-            log.warning("step_timer: %s (%d errors so far)", self.stats.last_error, self.stats.errors)
-
-
-def _pending(sink: Any) -> int | None:
-    try:
-        return int(sink.pending_rows("steps"))
-    except Exception:
-        return None
-
-
-def _resolve_cuda(pairs: list[tuple[str, Any, Any]], timer: StepTimer) -> dict[str, float]:
-    """GPU seconds per section path from recorded CUDA event pairs (waits for the events on the writer thread)."""
-    seconds: dict[str, float] = {}
-    for path, start_event, end_event in pairs:
-        try:
-            end_event.synchronize()
-            key = f"cuda/{path}"
-            seconds[key] = seconds.get(key, 0.0) + start_event.elapsed_time(end_event) / 1e3
-        except Exception as exc:
-            timer._error("cuda timing", exc)
-    return seconds
 
 
 def _heartbeat_writer(identity: RankIdentity, enabled: bool, directory: str | os.PathLike[str] | None,

@@ -36,7 +36,8 @@ from tests.torch_jobs.harness import GenerationError, default_cache_root, files_
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "train_pipeline.py"
 HASHED_FILES = ("tests/torch_jobs/train_pipeline.py", "tests/torch_jobs/straggler_jobs.py",
-                "collectors/training/step_timer.py", "collectors/store/sink.py", "collectors/store/schema.py",
+                "collectors/training/step_timer.py", "collectors/training/timer_model.py",
+                "collectors/training/timer_writer.py", "collectors/store/sink.py", "collectors/store/schema.py",
                 "collectors/store/layout.py")
 WORLD_SIZE = 8
 STEPS = 42
