@@ -2,7 +2,7 @@
 
 - `EventRecorder` writes process_events rows of source "supervisor" straight into the store (flushed at once):
   `agent_exit` when a torchrun agent exits, `signal_sent` just BEFORE the supervisor signals any process, so a
-  death by that signal is never read as a primary failure (collectors/sources/process_events.py, SupervisorKind).
+  death by that signal is never read as a primary failure (collectors/sources/process_events/rows.py, SupervisorKind).
 - `WorkerTracker` knows the worker processes of one agent. torchrun (2.13) starts every worker in its own
   session, so signalling the agent's process group never reaches them, and an agent that dies leaves them
   training unwatched. The tracker records the agent's descendants while it lives and adds the pids the ranks
