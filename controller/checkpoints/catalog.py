@@ -21,111 +21,24 @@ import datetime as dt
 import logging
 import os
 import posixpath
-import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import fsspec
 
 from faultlens.attribution.decision import Restore
 from faultlens.attribution.policy import RestoreRequest
-from faultlens.controller.checkpoints.dcp import METADATA_NAME, inspect_dcp
-from faultlens.controller.checkpoints.fsutil import is_local, uri_of
-from faultlens.controller.checkpoints.manifest import MANIFEST_NAME, ManifestError, ShardFile, parse_manifest
-from faultlens.controller.checkpoints.tiers import TIER_ORDER, Tier, TierKind
+from faultlens.controller.checkpoints.directory import COMMIT_DIR, STEP_DIR_RE, inspect_checkpoint
+from faultlens.controller.checkpoints.entry import CheckpointEntry, ChecksumStatus, Layout, RankSource, RestoreChoice
+from faultlens.controller.checkpoints.fsutil import is_local
+from faultlens.controller.checkpoints.manifest import ShardFile
+from faultlens.controller.checkpoints.tiers import TIER_ORDER, Tier
+
+__all__ = ["COMMIT_DIR", "STEP_DIR_RE", "CheckpointCatalog", "CheckpointEntry", "ChecksumStatus", "Layout",
+           "RankSource", "RestoreChoice"]
 
 log = logging.getLogger(__name__)
-
-STEP_DIR_RE = re.compile(r"^(?:step|global_step|checkpoint|ckpt)[-_]?(\d+)$")
-COMMIT_DIR = "_commit"
-
-
-class Layout(StrEnum):
-    SHARDS = "shards"
-    DCP = "dcp"
-    UNKNOWN = "unknown"
-
-
-class ChecksumStatus(StrEnum):
-    VERIFIED = "verified"  # every file's sha256 matches the manifest
-    MISMATCH = "mismatch"  # a file differs from the manifest: never restored
-    UNVERIFIED = "unverified"  # not checked yet, or the layout has no checksums (plain DCP)
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True)
-class CheckpointEntry:
-    """One checkpoint directory in one tier."""
-
-    tier: Tier
-    step: int
-    path: str  # inside the tier's filesystem
-    uri: str
-    layout: Layout
-    complete: bool
-    world_size: int | None
-    ranks: frozenset[int] | None  # the ranks it holds; None: any rank (a DCP checkpoint reshards)
-    files: tuple[ShardFile, ...]  # with checksums (from the manifest); empty for a plain DCP directory
-    bytes: int
-    created_at: dt.datetime | None
-    checksum_status: ChecksumStatus
-    problem: str | None = None
-
-    def covers(self, rank: int) -> bool:
-        return self.ranks is None or rank in self.ranks
-
-    def file_for(self, rank: int) -> ShardFile | None:
-        return next((f for f in self.files if f.rank == rank), None)
-
-
-@dataclass(frozen=True)
-class RankSource:
-    rank: int
-    uri: str  # the shard file, or the DCP directory
-    tier: TierKind
-    node: str | None
-    layout: Layout
-
-
-@dataclass(frozen=True)
-class RestoreChoice:
-    step: int
-    layout: Layout
-    tiers: tuple[TierKind, ...]  # the tier kinds used, fastest first
-    uri: str | None  # the checkpoint directory when one directory serves every rank
-    world_size: int | None
-    sources: tuple[RankSource, ...]
-    entries: tuple[CheckpointEntry, ...]
-
-    @property
-    def tier(self) -> str:
-        return "+".join(kind.value for kind in self.tiers)
-
-    def to_restore(self) -> Restore:
-        return Restore(tier=self.tier, step=self.step, uri=self.uri)
-
-
-def _utc(value: Any) -> dt.datetime | None:
-    if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-    if isinstance(value, (int, float)):
-        return dt.datetime.fromtimestamp(float(value), dt.UTC)
-    if isinstance(value, str):
-        try:
-            return _utc(dt.datetime.fromisoformat(value))
-        except ValueError:
-            return None
-    return None
-
-
-def _mtime(info: dict[str, Any]) -> dt.datetime | None:
-    for key in ("mtime", "LastModified", "last_modified", "created"):
-        if key in info:
-            return _utc(info[key])
-    return None
 
 
 class CheckpointCatalog:
@@ -217,82 +130,7 @@ class CheckpointCatalog:
 
     def inspect(self, tier: Tier, fs: fsspec.AbstractFileSystem, path: str, step: int) -> CheckpointEntry:
         """Completeness of one checkpoint directory from its listing, its manifest and/or DCP metadata."""
-        uri = uri_of(fs, path)
-        try:
-            found = fs.find(path, detail=True)
-        except OSError as exc:
-            return self._incomplete(tier, step, path, uri, Layout.UNKNOWN, f"cannot list: {exc}")
-        listing: dict[str, int] = {}
-        infos: dict[str, dict[str, Any]] = {}
-        prefix = path.rstrip("/") + "/"
-        for full, info in found.items():
-            relative = full[len(prefix):] if full.startswith(prefix) else posixpath.basename(full)
-            if relative.startswith(COMMIT_DIR + "/") or posixpath.basename(relative).startswith(".tmp-"):
-                continue
-            listing[relative] = int(info.get("size") or 0)
-            infos[relative] = info
-        has_dcp_data = any(name.endswith(".distcp") for name in listing)
-        layout = Layout.DCP if METADATA_NAME in listing or has_dcp_data else Layout.SHARDS
-
-        if MANIFEST_NAME in listing:
-            try:
-                manifest = parse_manifest(fs.cat_file(f"{prefix}{MANIFEST_NAME}"), f"{uri}/{MANIFEST_NAME}")
-            except (ManifestError, OSError) as exc:
-                return self._incomplete(tier, step, path, uri, layout, str(exc))
-            layout = Layout(manifest.layout)
-            created = manifest.created_at or _mtime(infos[MANIFEST_NAME])
-            total = sum(f.bytes for f in manifest.files)
-            for entry in manifest.files:
-                if entry.path not in listing:
-                    return self._incomplete(tier, step, path, uri, layout, f"{entry.path} (rank {entry.rank}) "
-                                            "missing", manifest.world_size, created, total)
-                if listing[entry.path] != entry.bytes:
-                    return self._incomplete(tier, step, path, uri, layout,
-                                            f"{entry.path}: {listing[entry.path]} bytes, manifest says "
-                                            f"{entry.bytes}", manifest.world_size, created, total)
-            ranks: frozenset[int] | None = manifest.ranks
-            if layout is Layout.DCP:
-                inspection = inspect_dcp(listing, self._cat(fs, prefix + METADATA_NAME, listing), uri,
-                                         self.use_torch)
-                if not inspection.complete:
-                    return self._incomplete(tier, step, path, uri, layout, inspection.problem,
-                                            manifest.world_size, created, total)
-                ranks = None
-            if manifest.step != step:
-                return self._incomplete(tier, step, path, uri, layout,
-                                        f"manifest step {manifest.step} != directory step {step}",
-                                        manifest.world_size, created, total)
-            status = self._cached_status(uri, manifest.files)
-            return CheckpointEntry(tier, step, path, uri, layout, True, manifest.world_size, ranks,
-                                   manifest.files, total, created, status)
-
-        if layout is Layout.DCP:
-            inspection = inspect_dcp(listing, self._cat(fs, prefix + METADATA_NAME, listing), uri, self.use_torch)
-            total = sum(listing.values())
-            created = _mtime(infos[METADATA_NAME]) if METADATA_NAME in infos else None
-            world = len(inspection.writer_ranks) or None
-            if not inspection.complete:
-                return self._incomplete(tier, step, path, uri, layout, inspection.problem, world, created, total)
-            return CheckpointEntry(tier, step, path, uri, Layout.DCP, True, world, None, (), total, created,
-                                   ChecksumStatus.UNVERIFIED)
-        return self._incomplete(tier, step, path, uri, Layout.SHARDS, f"no {MANIFEST_NAME} (not committed)",
-                                None, None, sum(listing.values()))
-
-    @staticmethod
-    def _cat(fs: fsspec.AbstractFileSystem, path: str, listing: dict[str, int]) -> bytes | None:
-        if posixpath.basename(path) not in listing:
-            return None
-        try:
-            return fs.cat_file(path)
-        except OSError:
-            return None
-
-    @staticmethod
-    def _incomplete(tier: Tier, step: int, path: str, uri: str, layout: Layout, problem: str | None,
-                    world_size: int | None = None, created: dt.datetime | None = None,
-                    total: int = 0) -> CheckpointEntry:
-        return CheckpointEntry(tier, step, path, uri, layout, False, world_size, frozenset(), (), total, created,
-                               ChecksumStatus.UNKNOWN, problem)
+        return inspect_checkpoint(tier, fs, path, step, use_torch=self.use_torch, cached_status=self._cached_status)
 
     # --- verification ------------------------------------------------------------------------------------------
 

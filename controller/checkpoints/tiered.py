@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 
 import fsspec
 
-from faultlens.controller.checkpoints.catalog import COMMIT_DIR, STEP_DIR_RE
+from faultlens.controller.checkpoints.directory import COMMIT_DIR, STEP_DIR_RE
 from faultlens.controller.checkpoints.fsutil import atomic_write, is_local
 from faultlens.controller.checkpoints.manifest import MANIFEST_NAME, Manifest, ShardFile, parse_manifest
 

@@ -69,7 +69,8 @@ from __future__ import annotations
 
 Modules: report (the public types), columns and decode (the table in dense codes, in slices), graph (the wait-for
 graph's parts), analyze (analyze_collectives: the two passes), details (the second pass' per-key detail), roots
-(deciding the independent roots, cycles, kinds), stacks (Python stacks carried in the table's metadata).
+(deciding the independent roots), skips (breaking cycles: who skipped a collective), describe (a root's kind,
+evidence and confidence; the report), stacks (Python stacks carried in the table's metadata).
 """
 
 from faultlens.attribution.detectors.hang.analyze import analyze_collectives

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.hang.columns import _Lazy
 from faultlens.attribution.detectors.hang.decode import _Decoder
+from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
     _key_orders,
     _KeyDetails,
@@ -23,7 +24,7 @@ from faultlens.attribution.detectors.hang.details import (
 )
 from faultlens.attribution.detectors.hang.graph import _Analysis, _Divergence, _ranks_text
 from faultlens.attribution.detectors.hang.report import HangReport
-from faultlens.attribution.detectors.hang.roots import _decide, _report_empty
+from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
 
 
@@ -59,7 +60,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         raise ValueError(f"collectives table lacks column(s) {', '.join(missing_columns)}")
     table = collectives
     if table.num_rows == 0:
-        return _report_empty(expected_ranks)
+        return report_empty(expected_ranks)
     if stacks is None:
         stacks = stacks_from_metadata(table)
     decoder = _Decoder(table)
@@ -67,7 +68,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     dtypes_column = table.column("input_dtypes") if "input_dtypes" in table.column_names else None
     first = _pass_one(table, decoder, sizes_column, dtypes_column)
     if not first.dumped:
-        return _report_empty(expected_ranks)
+        return report_empty(expected_ranks)
     agg = _group_max(first.progress_parts, ["g", "r"], [("s_max", "max"), ("s_incomplete_min", "min"),
                                                         ("s_incomplete_max", "max"), ("s_started_max", "max"),
                                                         ("s_complete_max", "max"), ("d_min", "min")])
@@ -87,7 +88,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     _attach_history(analysis, decoder, progress, device_states)
     if stacks:
         _stack_edges(analysis, stacks)
-    return _decide(analysis)
+    return decide(analysis)
 
 
 def _pass_one(table: pa.Table, decoder: _Decoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:

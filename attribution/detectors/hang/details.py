@@ -9,10 +9,10 @@ import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.columns import _ints, _Lazy
 from faultlens.attribution.detectors.hang.decode import _Decoded, _Decoder
-from faultlens.attribution.detectors.hang.graph import _Analysis, _Divergence, _Mismatch, _ranks_text
+from faultlens.attribution.detectors.hang.graph import BIG, _Analysis, _Divergence, _Mismatch, _ranks_text
 from faultlens.attribution.detectors.hang.kernels import combine_signatures, row_signatures
 from faultlens.attribution.detectors.hang.report import _P2P_OP, _SHAPE_MUST_MATCH, HangVerdict
-from faultlens.attribution.detectors.hang.roots import _BIG, _role
+from faultlens.attribution.detectors.hang.skips import group_role
 
 
 def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
@@ -21,7 +21,7 @@ def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
     each role), the record ids of the two entries (its own order)."""
     by_role: dict[tuple, list[int]] = defaultdict(list)
     for g in analysis.members:
-        by_role[_role(analysis, g)].append(g)
+        by_role[group_role(analysis, g)].append(g)
     wanted = {(g, due[1]) for g in by_role.get(due[0], ())}
     for role, seq in others:
         wanted |= {(g, seq) for g in by_role.get(role, ())}
@@ -82,7 +82,7 @@ def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
         shared = [g for g, m in analysis.members.items() if rank in m and peer in m and len(m) == 2]
         group = shared[0] if shared else -1
         analysis.divergences.append(_Divergence(
-            group, "stack", None, (peer,), (rank,), _BIG, place.op, None,
+            group, "stack", None, (peer,), (rank,), BIG, place.op, None,
             f"{analysis.label(group)} p2p: {place.text(rank)}: it waits on rank {peer}"))
 
 

@@ -11,6 +11,8 @@ from faultlens.attribution.detectors.hang.report import HangVerdict
 # ---------------------------------------------------------------------------------------------------------------
 # the wait-for graph
 
+BIG = np.iinfo(np.int64).max  # a time after every other (a divergence or root with no time of its own sorts last)
+
 
 @dataclass
 class _Divergence:
@@ -65,6 +67,18 @@ class _Analysis:
         name = self.group_names[group]
         desc = self.group_descs.get(group)
         return f"group {name!r}" + (f" ({desc})" if desc and desc != name else "")
+
+
+@dataclass
+class Root:
+    """A root of the wait-for graph while the roots are decided: its ranks, the divergences and mismatches it
+    explains, whether it is a cycle, and who waits on it."""
+
+    ranks: list[int]
+    divergences: list[_Divergence] = field(default_factory=list)
+    mismatches: list[_Mismatch] = field(default_factory=list)
+    cyclic: bool = False
+    waiting: set[int] = field(default_factory=set)
 
 
 def _ranks_text(ranks: Sequence[int], limit: int = 12) -> str:

@@ -1,7 +1,7 @@
 """Benign noise that must not be blamed: application Xids from processes that are not the job's (13/31/43), brief
 thermal throttling of one GPU, and one-off slow steps (a GC pause on one rank, a data-loader hiccup, a shared
 filesystem stall for everybody). Periodic evaluation and checkpoint steps, warm-up after every restart, software
-power capping and a trickle of corrected ECC errors are part of the normal timeline (timing.py, gpu.py)."""
+power capping and a trickle of corrected ECC errors are part of the normal timeline (timing/, gpu.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Straggler scenarios at scale on the simulator's step timing (controller/lab/simulate/timing.py): a job of N nodes x
+"""Straggler scenarios at scale on the simulator's step timing (controller/lab/simulate/timing/): a job of N nodes x
 G GPUs (tensor parallel inside a node, pipeline stages across nodes, data-parallel replicas, Megatron's order) runs
 `steps` steps with one of
 - worker: one GPU slow from `onset` (its tensor-parallel peers wait for it: the node is slow);

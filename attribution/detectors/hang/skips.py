@@ -1,0 +1,119 @@
+"""Breaking cycles: did a rank skip a collective it lags in? By the order the ranks outside the cycle entered the
+same collectives (in groups playing the same part), or else by the rank's own periodic history."""
+
+
+from faultlens.attribution.detectors.hang.graph import _Analysis, _Divergence
+
+
+def group_role(analysis: _Analysis, group: int) -> tuple:
+    """Groups that play the same part in the program (one desc, one size: Megatron's TP groups) are compared by
+    sequence id across ranks; a group without a usable desc plays only its own part."""
+    desc = analysis.group_descs.get(group)
+    if desc and desc not in ("undefined", "default_pg"):
+        return ("desc", desc, len(analysis.members.get(group, ())))
+    return ("group", group)
+
+
+def _role_text(analysis: _Analysis, group: int) -> str:
+    role = group_role(analysis, group)
+    return str(role[1]) if role[0] == "desc" else f"group {analysis.group_names[group]!r}"
+
+
+def skipped_by_consensus(analysis: _Analysis, rank: int, cycle: set[int],
+                         divergences: list[_Divergence]) -> str | None:
+    """Did `rank` go past a collective it lags in? Its own cross-group entry order says which collectives it
+    entered after its last one of the lagging group; the ranks outside the cycle that entered both (in groups of
+    the same part: the other TP groups for a TP collective) say which comes first in the program. No periodic
+    history is needed: one step of the others' order is enough."""
+    history = analysis.history(rank) if analysis.history else None
+    if history is None or analysis.key_rows is None:
+        return None
+    seqs, groups_in_order, _incomplete = history
+    for d in divergences:
+        if rank not in d.laggards or d.level != "entered" or d.seq is None:
+            continue
+        last = max((i for i, g in enumerate(groups_in_order) if g == d.group), default=-1)
+        after = [(groups_in_order[i], seqs[i]) for i in range(last + 1, len(seqs))
+                 if groups_in_order[i] != d.group][:8]
+        if not after:
+            continue
+        due = (group_role(analysis, d.group), d.seq)
+        later = [(group_role(analysis, g), s, g, s) for g, s in after]
+        orders = analysis.key_rows([due[0]], [due[1]], [k[0] for k in later], [k[1] for k in later])
+        for role, s, g, s_own in later:
+            pro = con = 0
+            example = None
+            for w, (pos_due, pos_other) in orders.get((role, s), {}).items():
+                if w in cycle or w == rank:
+                    continue
+                if pos_due < pos_other:
+                    pro += 1
+                    example = example if example is not None else w
+                else:
+                    con += 1
+            if pro and pro > con:
+                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) outside the cycle "
+                        f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq {d.seq} before "
+                        f"their {_role_text(analysis, g)} seq {s_own}, which rank {rank} entered without it")
+    return None
+
+
+def skipped(analysis: _Analysis, rank: int, divergences: list[_Divergence]) -> str | None:
+    """Program-order precedent: did `rank` skip a collective of a group it lags in? Returns the evidence text, or
+    None when its lag is explained by where it is blocked (or history cannot tell)."""
+    history = analysis.history(rank) if analysis.history else None
+    if history is None:
+        return None
+    seqs, groups_in_order, incomplete_at = history
+    if incomplete_at is None:
+        # dumps taken after the timeout mark everything retired: the rank waits where it is ahead of its peers,
+        # its latest entry in such a group
+        ahead = {d.group for d in divergences if rank in d.waiters}
+        hits = [i for i, g in enumerate(groups_in_order) if g in ahead]
+        if not hits:
+            return None
+        incomplete_at = hits[-1]
+    blocked_group, blocked_seq = groups_in_order[incomplete_at], seqs[incomplete_at]
+    for d in divergences:
+        if rank not in d.laggards or d.level != "entered" or d.group == blocked_group:
+            continue
+        lag_group, due_seq = d.group, d.seq
+        # K-count (blocked group's seq) at each entry of the lagging group H, in this rank's order
+        k_count = -1
+        points: list[tuple[int, int]] = []  # (H seq, K seq entered before it)
+        for i in range(len(seqs)):
+            if groups_in_order[i] == blocked_group:
+                k_count = seqs[i]
+            elif groups_in_order[i] == lag_group:
+                points.append((seqs[i], k_count))
+        if len(points) < 3 or points[-1][0] != due_seq - 1:
+            continue
+        predicted = _predict(points, due_seq)
+        if predicted is None:
+            continue
+        if blocked_seq > predicted:
+            return (f"rank {rank} skipped {analysis.label(lag_group)} seq {due_seq}: its own history puts that "
+                    f"collective before {analysis.label(blocked_group)} seq {predicted + 1}, yet it entered "
+                    f"{analysis.group_names[blocked_group]!r} seq {blocked_seq} without it")
+    return None
+
+
+def _predict(points: list[tuple[int, int]], due_seq: int) -> int | None:
+    """K-count at which H seq `due_seq` was due, if the history of (H seq, K count) pairs is periodic."""
+    by_seq = dict(points)
+    for period in range(1, 17):
+        if len(points) < period + 2:
+            break
+        diffs = []
+        for h_seq, k in points[-(8 * period):]:
+            before = by_seq.get(h_seq - period)
+            if before is None or k < 0 or before < 0:
+                continue
+            diffs.append(k - before)
+        if len(diffs) >= 2 and len(set(diffs)) == 1:
+            base = by_seq.get(due_seq - period)
+            if base is None or base < 0:
+                return None
+            return base + diffs[0]
+    return None
+
