@@ -93,6 +93,7 @@ class FailureClassifier:
         anys = per_rank[["oom", "exception", "killed", "terminated", "echo", "secondary", "primary"]].any()
         counts = per_rank.agg(rows_=("secondary", "size"), secondary_=("secondary", "sum"),
                               timeout_=("timeout", "sum"))
+        positions = per_rank.indices  # rank -> its rows' positions, in time order (one pass, not one per rank)
         failures = []
         for rank, flags in anys.iterrows():
             if flags["oom"]:
@@ -113,15 +114,14 @@ class FailureClassifier:
                 kind_of, column = FailureKind.TERMINATED, "secondary"
             else:
                 kind_of, column = FailureKind.EXITED, "primary"
-            mine = marks["rank"] == rank
-            chosen_index = marks.index[mine & marks[column]][0]
-            failures.append(self._rank_failure(rows, mine, chosen_index, kind_of, counts.loc[rank]))
+            mine = positions[rank]
+            chosen = int(mine[marks[column].to_numpy(dtype=bool)[mine]][0])
+            failures.append(self._rank_failure(rows.iloc[mine], rows.iloc[chosen], kind_of, counts.loc[rank]))
         return failures
 
-    def _rank_failure(self, rows: pd.DataFrame, mine: pd.Series, chosen_index: Any, kind: FailureKind,
+    def _rank_failure(self, own: pd.DataFrame, chosen: pd.Series, kind: FailureKind,
                       counts: pd.Series) -> RankFailure:
-        own = rows[mine]
-        chosen = rows.loc[chosen_index]
+        """One rank's failure from its own rows (`own`, in time order) and the row that says what it was."""
         rank = _get(chosen, "rank")
         node = next((n for n in own["node"] if isinstance(n, str) and n), None) if "node" in own.columns else None
         details = own[own["kind"].isin(["exception", "comm_error", "oom"]) & ~own["_secondary"]]
