@@ -148,13 +148,14 @@ class Engine:
         incidents: dict[str, Incident] = {}
         for attempt in sorted(set(windows.attempts) | {attempt for _, attempt in keys if attempt is not None}):
             key = (windows.job, attempt)
+            telemetry = windows.attempt_context(attempt)  # the digest, and this attempt's flight-recorder entries
             stalled = [s for s in crash_detector.progress.suspects(windows.progress_window(attempt), as_of)
                        if (s.job_id, s.attempt) == key] if as_of is not None else []
             hung = hung_since(stalled, slack).get(key)  # progress stopped for longer than allowed before a failure
             crashes = [i for i in crash.incidents if (i.job_id, i.attempt) == key
                        and not (hung is not None and evidence_start(i) >= hung)]
             for incident in crashes:
-                incidents.setdefault(incident.incident_id, crash_detector.with_dump_evidence(incident, context))
+                incidents.setdefault(incident.incident_id, crash_detector.with_dump_evidence(incident, telemetry))
             suspects: dict[str, HangSuspect] = {}
             for trigger in crash.hang_triggers:
                 if (trigger.job_id, trigger.attempt) == key:
@@ -166,7 +167,7 @@ class Engine:
                     suspects.setdefault(suspect.incident_id, suspect)
             for incident_id, suspect in suspects.items():
                 if incident_id not in incidents:
-                    incidents[incident_id] = self.detector("hang").attributor.attribute(suspect, context, now)
+                    incidents[incident_id] = self.detector("hang").attributor.attribute(suspect, telemetry, now)
             ended = attempt_failure_starts(context, crashes, None)
             slow = self.detector("straggler").detector.attribute_attempt(
                 context, windows.job, attempt, windows.step_columns, windows.straggler_chunks(attempt), now,

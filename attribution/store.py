@@ -117,9 +117,6 @@ class Store:
         self.date_to = date_to
         self.con = duckdb.connect()
         self.con.execute("SET TimeZone='UTC'")
-        # segments are written once and never change (a compaction writes a new one): the batch pass reads a
-        # job's segments once per detector and chunk, so their footers are parsed once, not on every read
-        self.con.execute("SET parquet_metadata_cache=true")
         if threads:
             self.con.execute(f"SET threads={int(threads)}")
         self._segments: dict[str, list[str]] = {}

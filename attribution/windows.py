@@ -1,9 +1,10 @@
 """The batch pass in bounded memory: one job's telemetry read from a store attempt by attempt, DuckDB doing the
 reduction, so Python never holds an attempt's step rows (the bulk of a store) at once, let alone the store's.
 
-A job's small tables (ranks, process_events, gpu_events, collectives, heartbeats) are read whole: they grow with
-nodes x attempts, not with time. The steps table (a row per rank per step) is read per attempt, each detector
-reading only what its answers depend on:
+A job's small tables (ranks, process_events, gpu_events, heartbeats) are read whole: they grow with nodes x
+attempts, not with time; its flight-recorder entries (collectives) one attempt at a time (`attempt_context`).
+The steps table (a row per rank per step) is read per attempt, each detector reading only what its answers
+depend on:
 - what crash and hang attribution need of any attempt (where a rank ran, its last step and when, fingerprints of
   earlier attempts; when the next attempt started) is a max, min or latest row per (attempt, rank): DuckDB reduces
   the steps table to that `digest` (the rows holding the newest ts, the highest step, the latest end, the latest
@@ -47,16 +48,24 @@ CHUNK_ROWS = 262_144
 ATTEMPT_TABLES = ("ranks", "steps", "process_events", "heartbeats", "collectives")
 
 
-def _digest_sql() -> str:
+def digest_sqls() -> list[str]:
     """Per (attempt, rank, phase) of one job: the rows with the newest ts, the highest step, the latest
     end_ts, the latest completion (end_ts, else ts) and the earliest start (start_ts, else ts); without the
-    sections map (no detector reading the digest scores sections)."""
+    sections map (no detector reading the digest scores sections). One query per pick, so DuckDB holds one
+    aggregation's state (a row per group) at a time."""
     columns = [f.name for f in schema_for("steps") if f.name != "sections"]
     row = "struct_pack(" + ", ".join(f'"{c}" := "{c}"' for c in columns) + ")"
-    picks = ", ".join((f"arg_max({row}, ts)", f"arg_max({row}, step)", f"arg_max({row}, end_ts)",
-                       f"arg_max({row}, coalesce(end_ts, ts))", f"arg_min({row}, coalesce(start_ts, ts))"))
-    return (f"SELECT DISTINCT unnest(r) FROM (SELECT unnest([{picks}]) AS r FROM steps WHERE job_id = ? "
-            "GROUP BY attempt, rank, coalesce(phase, 'train')) WHERE r IS NOT NULL")
+    picks = (f"arg_max({row}, ts)", f"arg_max({row}, step)", f"arg_max({row}, end_ts)",
+             f"arg_max({row}, coalesce(end_ts, ts))", f"arg_min({row}, coalesce(start_ts, ts))")
+    return [f"SELECT unnest(r) FROM (SELECT {pick} AS r FROM steps WHERE job_id = ? "
+            "GROUP BY attempt, rank, coalesce(phase, 'train')) WHERE r IS NOT NULL" for pick in picks]
+
+
+def _digest(query: object, job: str) -> pd.DataFrame:
+    """The job's steps digest (digest_sqls), each row once."""
+    frames = [to_frame(query(sql, [job]), "steps") for sql in digest_sqls()]  # type: ignore[operator]
+    digest = pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
+    return digest.drop_duplicates(ignore_index=True)
 
 
 @dataclass(frozen=True)
@@ -75,8 +84,7 @@ class JobWindows:
         query = store.query  # type: ignore[attr-defined]
         frames = {name: to_frame(query(f'SELECT * FROM "{name}" WHERE job_id = ?', [job]), name)
                   for name in SMALL_TABLES}
-        collectives = query("SELECT * FROM collectives WHERE job_id = ?", [job])
-        digest = to_frame(query(_digest_sql(), [job]), "steps")
+        digest = _digest(query, job)
         counts = query(" UNION ALL ".join(
             f"SELECT DISTINCT attempt FROM \"{name}\" WHERE job_id = ?" for name in ATTEMPT_TABLES),
             [job] * len(ATTEMPT_TABLES)).column("attempt").to_pylist()
@@ -92,7 +100,7 @@ class JobWindows:
             gpu_events = to_frame(query("SELECT * FROM gpu_events WHERE job_id = ?", [job]), "gpu_events")
         context = Telemetry(ranks=frames["ranks"], steps=digest, process_events=frames["process_events"],
                             gpu_events=gpu_events,
-                            collectives=collectives if collectives.num_rows else empty_table("collectives"),
+                            collectives=empty_table("collectives"),
                             fetch_samples=sample_fetcher(store), jobs=(job,),
                             as_of={job: as_of} if as_of is not None else {}, heartbeats=frames["heartbeats"])
         keys = query("SELECT DISTINCT unnest(map_keys(sections)) AS k FROM steps WHERE job_id = ? AND sections IS "
@@ -109,6 +117,14 @@ class JobWindows:
         """Every step row of one attempt (in store order): the reference the reduced windows are checked
         against; the batch pass itself never holds them all."""
         return self._with_sections(self._steps("*", "attempt = ?", [attempt]))
+
+    def attempt_context(self, attempt: int) -> Telemetry:
+        """The job's context with the flight-recorder entries (collectives) of one attempt, and those of no
+        attempt (what a dump set of that attempt is picked from: detectors/progress/dumps.py latest_dump_set)."""
+        table = self.store.query("SELECT * FROM collectives WHERE job_id = ? AND (attempt = ? OR attempt IS NULL)",  # type: ignore[attr-defined]
+                                 [self.job, attempt])
+        return dataclasses.replace(self.context,
+                                   collectives=table if table.num_rows else empty_table("collectives"))
 
     def attempt_digest(self, attempt: int) -> pd.DataFrame:
         """The digest rows of one attempt: where each rank ran (its newest row) and the attempt's highest step."""
@@ -135,15 +151,20 @@ class JobWindows:
         row = "struct_pack(" + ", ".join(f'"{c}" := "{c}"' for c in PROGRESS_COLUMNS) + ")"
         where = "job_id = ? AND attempt = ?"
         done = "coalesce(end_ts, ts)"
-        sql = (f"SELECT * FROM (SELECT DISTINCT unnest(r) FROM ("
-               f"SELECT unnest([arg_max({row}, {done}), arg_max({row}, duration_s)]) AS r FROM steps WHERE {where} "
-               f"GROUP BY step, coalesce(phase, 'train') "
-               f"UNION ALL SELECT unnest([arg_max({row}, {done}), arg_min({row}, coalesce(start_ts, ts))]) "
-               f"FROM steps WHERE {where} GROUP BY rank "
-               f"UNION ALL SELECT {row} FROM steps WHERE {where} AND step IN (SELECT step FROM steps WHERE {where} "
-               f"AND {done} = (SELECT max({done}) FROM steps WHERE {where}))"
-               f") WHERE r IS NOT NULL) ORDER BY ts, rank, step")
-        picked = to_frame(self.store.query(sql, [self.job, attempt] * 5), "steps")  # type: ignore[attr-defined]
+        aggregated = (  # one query each: DuckDB holds one aggregation's state at a time
+            f"SELECT unnest([arg_max({row}, {done}), arg_max({row}, duration_s)]) AS r FROM steps WHERE {where} "
+            "GROUP BY step, coalesce(phase, 'train')",
+            f"SELECT unnest([arg_max({row}, {done}), arg_min({row}, coalesce(start_ts, ts))]) AS r FROM steps "
+            f"WHERE {where} GROUP BY rank")
+        query = self.store.query  # type: ignore[attr-defined]
+        frames = [to_frame(query(f"SELECT unnest(r) FROM ({sql}) WHERE r IS NOT NULL", [self.job, attempt]), "steps")
+                  for sql in aggregated]
+        last = ", ".join(f'"{c}"' for c in PROGRESS_COLUMNS)  # plain columns: a struct here defeats the pushdown
+        frames.append(to_frame(query(f"SELECT {last} FROM steps WHERE {where} AND step IN (SELECT step FROM steps "
+                                     f"WHERE {where} AND {done} = (SELECT max({done}) FROM steps WHERE {where}))",
+                                     [self.job, attempt] * 3), "steps"))
+        picked = pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
+        picked = picked.drop_duplicates().sort_values(["ts", "rank", "step"], kind="stable", ignore_index=True)
         digest = self.context.steps
         markers = _start_markers(digest[digest["attempt"] != attempt] if not digest.empty else digest)
         if not markers.empty:

@@ -222,12 +222,15 @@ def score_chunks(t: StragglerThresholds, vocabulary: Vocabulary, columns: list[s
     ends = _stacked([c.ends for c in scored], ranks) if sync_columns else None
     start_ts = pd.concat([c.start_ts for c in scored]).reindex(compute.index)
     end_ts = pd.concat([c.end_ts for c in scored]).reindex(compute.index)
+    unknown_shares = _unknown_shares(scored, unknown)
+    del scored  # the chunks' frames: each is in a stacked frame now
     layout = build_layout(list(compute.columns), ranks_table if ranks_table is not None else pd.DataFrame(),
                           attempt, placement)
     parts = decompose(compute.to_numpy(dtype=float),
                       {k: v.to_numpy(dtype=float) for k, v in section_frames.items()}, layout, t)
-    ratio = pd.DataFrame(parts.worker_ratio, index=compute.index, columns=compute.columns)
-    flagged = pd.DataFrame(parts.worker_flag, index=compute.index, columns=compute.columns)
+    # views of the decomposition's arrays, not copies (one (step x rank) frame is 40 MB at 2,048 ranks x 2,500 steps)
+    ratio = pd.DataFrame(parts.worker_ratio, index=compute.index, columns=compute.columns, copy=False)
+    flagged = pd.DataFrame(parts.worker_flag, index=compute.index, columns=compute.columns, copy=False)
     return StepScores(compute, ratio, flagged, section_frames, layout, parts, step_s, start_ts, end_ts,
                       {n: op for n, op in comm.items() if SECTION_PREFIX + n in columns},
-                      _unknown_shares(scored, unknown), sync, ends)
+                      unknown_shares, sync, ends)
