@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -173,15 +173,18 @@ class Store:
                 self._mark_bad(table, path, reason)
         return usable
 
-    def refresh(self, tables: Sequence[str] = TABLE_NAMES, *, views: bool = True) -> None:
+    def refresh(self, tables: Sequence[str] = TABLE_NAMES, *, views: bool = True,
+                lister: Callable[[str], list[str]] | None = None) -> None:
         """List the store again and point every view at the segments visible now. views=False: only the listing
         (segments()), for a reader of the files themselves (the live tail): binding a view over every segment
-        costs more than the poll that wants only the new ones."""
+        costs more than the poll that wants only the new ones. `lister`: a table's segments as listed by the
+        caller (the tail of one job: attribution/tail.py PartitionListing), instead of list_segments."""
         for table in tables:
             for attempt in range(5):
                 try:
-                    segments = list_segments(self.location, table, jobs=self.jobs, date_from=self.date_from,
-                                             date_to=self.date_to, nodes=self.nodes)
+                    segments = lister(table) if lister is not None else list_segments(
+                        self.location, table, jobs=self.jobs, date_from=self.date_from, date_to=self.date_to,
+                        nodes=self.nodes)
                 except OSError as exc:
                     raise StoreError(f"store {self.location.url!r}: cannot list {table}: {exc}") from None
                 listed = set(segments)
