@@ -192,98 +192,75 @@ def _mtime(location: object, path: str) -> float | None:
 # ---------------------------------------------------------------- the listing of one job's partitions
 
 NODE_JOB = "_node"  # the job= value of node-level rows (GPU samples and events of no job)
-PAGE_KEYS = 1000  # keys per LIST response (S3's default and maximum): what the plans below count in
 
 
-def _pages(keys: int, page_keys: int) -> int:
-    return max(1, -(-keys // page_keys))
-
-
-def _is_s3(fs: object) -> bool:
+def _is_plain_s3(fs: object) -> bool:
+    """s3fs without object versions: listed here by ListObjectsV2 with StartAfter."""
     protocol = getattr(fs, "protocol", ())
-    return bool({"s3", "s3a"} & ({protocol} if isinstance(protocol, str) else set(protocol)))
+    protocols = {protocol} if isinstance(protocol, str) else set(protocol)
+    return bool({"s3", "s3a"} & protocols) and hasattr(fs, "call_s3") and not getattr(fs, "version_aware", False)
 
 
-def _files_under(fs: object, parent: str, stem: str) -> list[str]:
-    """Every file below `parent/stem` (stem: the start of a name, "date=" or "node=x/"). On S3 this is one flat
-    LIST of that key prefix (one request per 1,000 keys): fsspec neither serves it from nor stores it in its
-    listings cache, and does not follow an empty result with a HEAD. Elsewhere fs.find."""
-    if _is_s3(fs):
-        return [str(p) for p in fs.find(parent, prefix=stem)]  # type: ignore[attr-defined]
-    target = f"{parent}/{stem.rstrip('/')}" if stem.endswith("/") else parent
-    try:
-        found = [str(p) for p in fs.find(target)]  # type: ignore[attr-defined]
-    except FileNotFoundError:
-        return []
-    return found if stem.endswith("/") else [p for p in found if p.startswith(f"{parent}/{stem}")]
-
-
-def _subdirs(fs: object, parent: str, stem: str) -> list[str]:
-    """The names (not paths) of the directories right below `parent` whose names start with `stem`: on S3 one
-    delimiter LIST of the prefix, read fresh (never from the listings cache)."""
-    if _is_s3(fs):
-        fs.invalidate_cache(parent)  # type: ignore[attr-defined]  (drops parent and its ancestors, not below)
-        entries = fs.find(parent, maxdepth=1, withdirs=True, detail=True, prefix=stem,  # type: ignore[attr-defined]
-                          refresh=True)
-        names = [str(name) for name, info in entries.items() if info.get("type") == "directory"]
-    else:
-        try:
-            names = [str(p) for p in fs.ls(parent, detail=False)]  # type: ignore[attr-defined]
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-    return sorted({name.rstrip("/").rsplit("/", 1)[-1] for name in names
-                   if name.rstrip("/").rsplit("/", 1)[-1].startswith(stem)})
-
-
-@dataclass
-class _Scope:
-    """One `<table>/job=<job>/` prefix as last listed: date -> node -> segment paths. Dates older than the window
-    keep their last listing (never returned; their sizes price the plans)."""
-
-    dates: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-    listed: bool = False  # listed whole once: every date directory is known
-
-    def keys(self, date: str | None = None) -> int:
-        days = [self.dates.get(date, {})] if date is not None else self.dates.values()
-        return sum(len(paths) for day in days for paths in day.values())
+def _s3_listing(fs: object, directory: str, start_after: str | None) -> list[dict] | None:
+    """The objects below `directory` on S3 whose keys sort after `directory/start_after`: one flat
+    ListObjectsV2 per 1,000 keys, from StartAfter on, as s3fs info dicts. None when `fs` is not a plain S3
+    filesystem (then the caller lists the fsspec way)."""
+    if not _is_plain_s3(fs):
+        return None
+    bucket, key, _ = fs.split_path(directory)  # type: ignore[attr-defined]
+    prefix = key.rstrip("/") + "/"
+    kwargs: dict[str, str] = {"Bucket": bucket, "Prefix": prefix}
+    if start_after:
+        kwargs["StartAfter"] = prefix + start_after
+    found = []
+    while True:
+        page = fs.call_s3("list_objects_v2", **kwargs)  # type: ignore[attr-defined]
+        for item in page.get("Contents", ()):
+            name = f"{bucket}/{item['Key']}"
+            found.append({**item, "Key": name, "name": name, "type": "file", "size": item["Size"]})
+        if not page.get("IsTruncated"):
+            return found
+        kwargs.pop("StartAfter", None)
+        kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
 
 class PartitionListing:
     """What the follower of one job lists on each poll: the partitions its window can hold rows of, and nothing
     else of the store.
 
-    For every tailed table, two prefixes: `<table>/job=<job>/` and `<table>/job=_node/` (node-level rows: GPU samples
-    and events belong to no job), and in the latter only the nodes of the job (every `node=` value seen so far in
-    the job's own partitions, of any table). Within a prefix, only the dates on or after `since[table]`, the UTC
-    date of the table's window start (SegmentTail.oldest_date: retain_s behind the table's newest row, or behind now
-    when that row is in the future); every date when the table's window is empty. Each prefix is listed the
-    cheapest of three ways, priced in LIST requests from its previous listing: whole (one flat listing of
-    `job=<job>/`), by date (one delimiter listing of the date directories, then one flat listing of each date
-    wanted), or, for `job=_node`, node by node within a date (one flat listing of each job node's partition), when
-    the job holds fewer nodes than that date holds pages.
+    For every tailed table, two prefixes: `<table>/job=<job>/`, and `<table>/job=_node/` (node-level rows: GPU
+    samples and events belong to no job) kept to the nodes of the job (every `node=` value seen so far in the
+    job's own partitions, of any table). Within each prefix only the date partitions on or after `since[table]`, the
+    UTC date of the table's window start (SegmentTail.oldest_date: retain_s behind the table's newest row, or
+    behind now when that row is in the future); every date while the table's window is empty. On S3 a prefix
+    costs one ListObjectsV2 request per 1,000 keys of those dates (StartAfter=`date=<since>`: older dates and other
+    jobs are never sent); elsewhere, a listing of the date directories and one find per date wanted. Node-level
+    partitions of other nodes within those dates are listed (a prefix per node and date would cost a request
+    each) but never read.
 
-    The bound: a segment that lands in a listed partition is in the next refresh, whatever its date and however
-    late it lands; so is a node-level segment of a node in the refresh after the one that first sees the node in
-    the job's partitions (in the same refresh when both are there: the job's prefixes are listed first). Not
-    listed, ever: other jobs; node-level rows of nodes that never wrote into the job's partitions (a job's follower
-    finds health incidents on its own nodes only; follow the whole store for the others); and dates before a
-    table's window start, whose rows are all older than that start, so the tail would drop every one of them on
-    arrival (dates are the UTC day of `ts`, collectors/store/layout.py). The one difference: a table at its
-    max_rows cap keeps its newest rows by arrival, not by time, and a late segment of such a date is not read.
+    The bound: a segment that lands in a listed partition, whatever its date and however late it lands, is in the
+    next refresh; a node-level segment of a node the job's partitions do not name yet, in the refresh after the
+    one that first sees the node in them (the same refresh when both are there: the job's prefixes are listed
+    first). Never listed: other jobs; node-level rows of nodes that never wrote into the job's partitions (a job's
+    follower finds health incidents on its own nodes only: follow the whole store for the others); and dates before
+    a table's window start, whose rows are all older than that start (a date partition holds the rows of its UTC
+    day of `ts`, collectors/store/layout.py), so the tail would drop every one of them on arrival. The one
+    difference from listing everything: a table at its max_rows cap keeps its newest rows by arrival, not by time,
+    and would have kept some rows of a late segment of such a date.
 
-    Compacted segments are handled as by list_segments (the segments they replace are left out); the names a
-    compacted segment replaces are read from its footer once, not on every poll.
+    On S3 the listing of each partition listed replaces fsspec's cached listing of it (s3fs answers `info` and
+    `open` of a segment from its parent's cached listing, and a stale one says a new segment does not exist);
+    elsewhere the cache is emptied before listing, as list_segments does. Compacted segments are handled as by
+    list_segments (the segments they replace are left out); the names a compacted segment replaces are read from
+    its footer once, not on every poll.
     """
 
-    def __init__(self, location: StoreLocation, job: str, *, page_keys: int = PAGE_KEYS) -> None:
+    def __init__(self, location: StoreLocation, job: str) -> None:
         self.location = location
         self.job = safe_value(job)
-        self.page_keys = page_keys
         self.nodes: set[str] = set()  # node= values of the job's partitions
-        self._scopes: dict[tuple[str, str], _Scope] = {}
         self._segments: dict[str, list[str]] = {}
-        self._replaces: dict[str, list[str]] = {}  # compacted segment -> names it replaces (immutable)
-        self.plans: dict[tuple[str, str], str] = {}  # (table, job) -> how it was listed last: whole|dates|nodes
+        self._replaces: dict[str, list[str]] = {}  # compacted segment -> the names it replaces (immutable)
 
     def segments(self, table: str) -> list[str]:
         """The segments of `table` the last refresh found, sorted, replaced ones left out (Store.refresh's lister)."""
@@ -291,6 +268,8 @@ class PartitionListing:
 
     def refresh(self, since: Mapping[str, str | None]) -> None:
         """List what the tables of `since` need (table -> oldest date wanted, None for every date)."""
+        if not self.location.is_local and not _is_plain_s3(self.location.fs):
+            self.location.fs.invalidate_cache()
         try:
             own = {table: self._list(table, self.job, low) for table, low in since.items()}
             nodes = {table: self._list(table, NODE_JOB, low) for table, low in since.items()} \
@@ -301,73 +280,56 @@ class PartitionListing:
             self._segments[table] = self._drop_replaced(sorted(own[table] + nodes.get(table, [])))
         listed = {path for paths in self._segments.values() for path in paths}
         for path in [p for p in self._replaces if p not in listed]:
-            del self._replaces[path]  # compacted away again, or out of the window
-
-    # ------------------------------------------------------------ one prefix
+            del self._replaces[path]  # compacted again, or out of the window
 
     def _list(self, table: str, job: str, low: str | None) -> list[str]:
-        base = self.location.join(table, f"job={job}")
-        scope = self._scopes.setdefault((table, job), _Scope())
         node_level = job == NODE_JOB
         if node_level and not self.nodes:
-            return []  # no node of the job known yet: none of the node-level rows is the job's
-        if not scope.listed:
-            plan = "whole" if low is None else "dates"
+            return []  # no node of the job known yet: no node-level row is the job's
+        fs = self.location.fs
+        base = self.location.join(table, f"job={job}")
+        entries = _s3_listing(fs, base, f"date={low}" if low is not None else None)
+        if entries is not None:
+            self._cache(base, entries)
+            paths = [entry["name"] for entry in entries]
         else:
-            wanted = [d for d in scope.dates if low is None or d >= low]
-            by_date = 1 + sum(self._date_cost(scope, d, node_level) for d in wanted)
-            plan = "whole" if _pages(scope.keys(), self.page_keys) <= by_date else "dates"
-        self.plans[(table, job)] = plan
-        if plan == "whole":
-            scope.dates = {}
-            for path in _files_under(self.location.fs, base, "date="):
-                self._add(scope, base, path)
-        else:
-            present = _subdirs(self.location.fs, base, "date=")
-            dates = [name.split("=", 1)[1] for name in present]
-            for gone in set(scope.dates) - set(dates):  # retention removed it
-                del scope.dates[gone]
-            for date in sorted(dates, reverse=True):  # newest first
-                if low is not None and date < low:
-                    continue
-                self._list_date(table, scope, base, date, node_level)
-        scope.listed = True
-        if not node_level:
-            self.nodes.update(node for day in scope.dates.values() for node in day)
-        return [path for date, day in scope.dates.items() if low is None or date >= low
-                for node, paths in day.items() if not node_level or node in self.nodes for path in paths]
+            paths = self._find(base, low)
+        kept = []
+        for path in paths:
+            parts = path[len(base):].strip("/").split("/")
+            if len(parts) != 3 or not parts[0].startswith("date=") or not parts[1].startswith("node=") \
+                    or not is_segment_name(parts[2]):
+                continue
+            if low is not None and parts[0][len("date="):] < low:
+                continue
+            node = parts[1][len("node="):]
+            if node_level and node not in self.nodes:
+                continue
+            if not node_level:
+                self.nodes.add(node)
+            kept.append(path)
+        return kept
 
-    def _date_cost(self, scope: _Scope, date: str, node_level: bool) -> int:
-        whole_date = _pages(scope.keys(date), self.page_keys)
-        if not node_level:
-            return whole_date
-        day = scope.dates.get(date, {})
-        return min(whole_date, sum(_pages(len(day.get(node, ())), self.page_keys) for node in self.nodes) or 1)
+    def _find(self, base: str, low: str | None) -> list[str]:
+        fs = self.location.fs
+        try:
+            dates = [str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(base, detail=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        found: list[str] = []
+        for name in sorted(dates, reverse=True):  # newest first
+            if name.startswith("date=") and (low is None or name[len("date="):] >= low):
+                found.extend(str(p) for p in fs.find(f"{base}/{name}"))
+        return found
 
-    def _list_date(self, table: str, scope: _Scope, base: str, date: str, node_level: bool) -> None:
-        directory = f"{base}/date={date}"
-        day = scope.dates.get(date)
-        if node_level and day is not None and self.nodes and \
-                sum(_pages(len(day.get(n, ())), self.page_keys) for n in self.nodes) < _pages(scope.keys(date),
-                                                                                               self.page_keys):
-            self.plans[(table, NODE_JOB)] = "nodes"
-            for node in sorted(self.nodes):
-                day.pop(node, None)
-                for path in _files_under(self.location.fs, directory, f"node={node}/"):
-                    self._add(scope, base, path)
-            return
-        scope.dates[date] = {}
-        for path in _files_under(self.location.fs, directory, "node="):
-            self._add(scope, base, path)
-
-    @staticmethod
-    def _add(scope: _Scope, base: str, path: str) -> None:
-        parts = path[len(base):].strip("/").split("/")
-        if len(parts) != 3 or not is_segment_name(parts[2]):
-            return
-        date, node = parts[0].partition("=")[2], parts[1].partition("=")[2]
-        if parts[0].startswith("date=") and parts[1].startswith("node="):
-            scope.dates.setdefault(date, {}).setdefault(node, []).append(path)
+    def _cache(self, base: str, entries: list[dict]) -> None:
+        fs = self.location.fs
+        fs.invalidate_cache(base)  # base and its ancestors (their listings may lack new date or node directories)
+        by_directory: dict[str, list[dict]] = {}
+        for entry in entries:
+            by_directory.setdefault(entry["name"].rsplit("/", 1)[0], []).append(entry)
+        for directory, listing in by_directory.items():
+            fs.dircache[directory] = sorted(listing, key=lambda entry: entry["name"])
 
     def _drop_replaced(self, segments: list[str]) -> list[str]:
         replaced: set[str] = set()
@@ -377,7 +339,8 @@ class PartitionListing:
                 names = self._replaces.get(path)
                 if names is None:
                     names = replaced_by(self.location, path)
-                    if names:  # an unreadable footer is asked again next time
+                    if names:  # an unreadable footer is read again next time
                         self._replaces[path] = names
                 replaced.update(f"{directory}/{old}" for old in names)
         return [path for path in segments if path not in replaced]
+
