@@ -97,6 +97,7 @@ def _seen(follower: Follower, table: str) -> set[str]:
 
 
 def _late_segments_are_seen(location: StoreLocation, follower: Follower) -> None:
+    """`location`: where the writers write (on S3 another filesystem object than the follower's)."""
     # the window of steps starts an hour before its newest row (00:30 + 30 steps): 2026-11-29 23:31
     assert follower.tail.oldest_date("steps") == "2026-11-29"
     late = _put(location, "steps", "train", "2026-11-29", "node-01", dt.datetime(2026, 11, 29, 23, 50, tzinfo=dt.UTC))
@@ -104,7 +105,12 @@ def _late_segments_are_seen(location: StoreLocation, follower: Follower) -> None
     own_node = _put(location, "gpu_events", "_node", "2026-11-30", "node-01", at(START + 30))
     other_node = _put(location, "gpu_events", "_node", "2026-11-30", "node-05", at(START + 30))
     other_job = _put(location, "steps", "other", "2026-11-30", "node-05", at(START + 30))
+    # into a partition listed (and, on S3, cached by fsspec) before: read, not taken for a vanished segment
+    again = _put(location, "steps", "train", "2026-11-30", "node-00", at(START + 31))
+    read_before = follower.stats.segments_read
     follower.poll_once()
+    assert follower.stats.segments_read - read_before == 3  # late, own_node, again
+    assert again in _seen(follower, "steps")
     assert late in _seen(follower, "steps")  # a late segment of an older date of the window: the next poll
     assert own_node in _seen(follower, "gpu_events")  # a node-level segment of a node of the job
     # never listed: a date whose every row is older than the window (it would be dropped on arrival), a node
@@ -127,8 +133,11 @@ def test_job_follower_lists_fewer_prefixes_than_the_full_listing_on_s3(s3, monke
     # pages of 10 keys: this store of ~300 segments lists as one of ~30,000 does with S3's pages of 1,000
     monkeypatch.setenv("MOTO_S3_DEFAULT_MAX_KEYS", "10")
     options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing", "skip_instance_cache": True}
-    location = resolve_store(f"s3://telemetry/{uuid.uuid4().hex[:8]}", **options)
-    _store(location)
+    url = f"s3://telemetry/{uuid.uuid4().hex[:8]}"
+    writer = resolve_store(url, **options)  # the writers' filesystem object, not the follower's (as on a cluster)
+    location = resolve_store(url, **options)
+    assert writer.fs is not location.fs
+    _store(writer)
     follower = _follower(location)
     try:
         follower.poll_once()  # the first poll reads the window
@@ -144,7 +153,14 @@ def test_job_follower_lists_fewer_prefixes_than_the_full_listing_on_s3(s3, monke
         assert per_poll == len(TAILED_TABLES) * 2
         assert per_poll < full
         assert full >= 2 * per_poll
-        _late_segments_are_seen(location, follower)
+        # fsspec's listings cache holds the job's steps partitions as they are now (anything sharing the
+        # filesystem object may list them): the listing must replace what it lists there, or s3fs takes a new
+        # segment in one of them for a missing file
+        location.fs.find(location.join("steps", "job=train"))
+        received.clear()
+        _late_segments_are_seen(writer, follower)
+        # and the new segments were opened from the listing's entries: no HEAD request for any of them
+        assert sum(1 for method, _ in received if method == "HEAD") == 0
     finally:
         follower.close()
 
