@@ -39,7 +39,6 @@ from typing import Any
 from bench.common import emit, machine
 
 TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives", "heartbeats")
-BUCKET = "bench-follow"
 LAST_DAY = dt.date(2026, 11, 30)
 RETAIN_S = 3600.0  # rules/thresholds.yaml engine.retain_s
 
@@ -139,13 +138,13 @@ def _serve(port: int, stores: dict[str, Scenario], ready: Any) -> None:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     backend = get_backend("s3")[DEFAULT_ACCOUNT_ID]["aws"]
-    backend.create_bucket(BUCKET, "us-east-1")
     payloads = _payloads()
     seeded = {}
-    for root, scenario in stores.items():
+    for root, scenario in stores.items():  # a bucket each: moto scans a bucket's every key on each listing
+        backend.create_bucket(_bucket(root), "us-east-1")
         keys, _ = layout(scenario)
         for table, key in keys:
-            backend.put_object(BUCKET, f"{root}/{key}", payloads[table])
+            backend.put_object(_bucket(root), f"store/{key}", payloads[table])
         seeded[root] = len(keys)
     counts: dict[str, int] = {}
     app = server._server.app
@@ -168,6 +167,10 @@ def _serve(port: int, stores: dict[str, Scenario], ready: Any) -> None:
     server.stop()
 
 
+def _bucket(root: str) -> str:
+    return f"bench-follow-{root}"
+
+
 def _counts(endpoint: str) -> dict[str, int]:
     with urllib.request.urlopen(f"{endpoint}/__counts", timeout=60) as response:
         return json.loads(response.read())
@@ -181,7 +184,7 @@ def _measure(endpoint: str, root: str, scenario: Scenario, polls: int, before_po
     from faultlens.collectors.store.layout import list_segments, resolve_store
 
     options = {"endpoint_url": endpoint, "key": "bench", "secret": "bench", "skip_instance_cache": True}
-    location = resolve_store(f"s3://{BUCKET}/{root}", **options)
+    location = resolve_store(f"s3://{_bucket(root)}/store", **options)
     keys, since = layout(scenario)
 
     def before() -> int:
@@ -243,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--days", type=int, default=30, help="days of the larger store")
     parser.add_argument("--earlier-jobs", type=int, default=5)
     parser.add_argument("--polls", type=int, default=3, help="polls measured with the new listing")
-    parser.add_argument("--before-polls", type=int, default=2, help="polls measured with the full listing")
+    parser.add_argument("--before-polls", type=int, default=1,
+                        help="polls measured with the full listing (~200 s each for the 30-day store on moto)")
     parser.add_argument("--only", choices=("plain", "store"), help="one of the two stores")
     args = parser.parse_args(argv)
     scenarios = {
