@@ -93,8 +93,10 @@ class Follower:
         self.engine = engine or Engine()
         self.config = self.engine.thresholds.engine
         self.job = job
-        self.store = Store(store, jobs=[job, "_node"] if job is not None else None)
-        self.incident_store = Store(store) if job is not None else self.store
+        # a job's follower lists no table whole, not even once: its tail lists what it tails (PartitionListing),
+        # and of the incidents it reads the table of that name only
+        self.store = Store(store, jobs=[job, "_node"], tables=()) if job is not None else Store(store)
+        self.incident_store = Store(store, tables=("incidents",)) if job is not None else self.store
         self.sink = sink or SegmentSink(self.store.location, flush_rows=1_000_000, flush_age_s=3600.0)
         # a job's follower lists only its job's partitions and its nodes' node-level ones (PartitionListing)
         listing = PartitionListing(self.store.location, job) if job is not None else None

@@ -108,7 +108,9 @@ class Store:
     def __init__(self, store: str | StoreLocation, *, jobs: Iterable[str] | None = None,
                  date_from: str | None = None, date_to: str | None = None,
                  nodes: Iterable[str] | None = None, threads: int | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, tables: Sequence[str] | None = None) -> None:
+        """`tables`: the tables listed and given a view now (default: every table); the others get theirs from the
+        first refresh that names them (the live follower lists only what it tails, as it tails it)."""
         self.location = resolve_store(store, **(storage_options or {}))
         probe_store(self.location)  # an unreachable object store is an error, never an empty store
         self.jobs = list(jobs) if jobs is not None else None
@@ -124,7 +126,7 @@ class Store:
         self._legacy: set[str] = set()  # usable segments whose timestamps are not microseconds (schema version 1)
         self._bad: dict[str, BadSegment] = {}
         self._read_ok: set[str] = set()  # segments read through without error by a deep scan
-        self.refresh()
+        self.refresh(TABLE_NAMES if tables is None else tables)
 
     def segments(self, table: str) -> list[str]:
         return list(self._segments.get(table, []))
