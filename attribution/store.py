@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -108,7 +108,9 @@ class Store:
     def __init__(self, store: str | StoreLocation, *, jobs: Iterable[str] | None = None,
                  date_from: str | None = None, date_to: str | None = None,
                  nodes: Iterable[str] | None = None, threads: int | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, tables: Sequence[str] | None = None) -> None:
+        """`tables`: the tables listed and given a view now (default: every table); the others get theirs from the
+        first refresh that names them (the live follower lists only what it tails, as it tails it)."""
         self.location = resolve_store(store, **(storage_options or {}))
         probe_store(self.location)  # an unreachable object store is an error, never an empty store
         self.jobs = list(jobs) if jobs is not None else None
@@ -124,7 +126,7 @@ class Store:
         self._legacy: set[str] = set()  # usable segments whose timestamps are not microseconds (schema version 1)
         self._bad: dict[str, BadSegment] = {}
         self._read_ok: set[str] = set()  # segments read through without error by a deep scan
-        self.refresh()
+        self.refresh(TABLE_NAMES if tables is None else tables)
 
     def segments(self, table: str) -> list[str]:
         return list(self._segments.get(table, []))
@@ -173,15 +175,18 @@ class Store:
                 self._mark_bad(table, path, reason)
         return usable
 
-    def refresh(self, tables: Sequence[str] = TABLE_NAMES, *, views: bool = True) -> None:
+    def refresh(self, tables: Sequence[str] = TABLE_NAMES, *, views: bool = True,
+                lister: Callable[[str], list[str]] | None = None) -> None:
         """List the store again and point every view at the segments visible now. views=False: only the listing
         (segments()), for a reader of the files themselves (the live tail): binding a view over every segment
-        costs more than the poll that wants only the new ones."""
+        costs more than the poll that wants only the new ones. `lister`: a table's segments as listed by the
+        caller (the tail of one job: attribution/tail.py PartitionListing), instead of list_segments."""
         for table in tables:
             for attempt in range(5):
                 try:
-                    segments = list_segments(self.location, table, jobs=self.jobs, date_from=self.date_from,
-                                             date_to=self.date_to, nodes=self.nodes)
+                    segments = lister(table) if lister is not None else list_segments(
+                        self.location, table, jobs=self.jobs, date_from=self.date_from, date_to=self.date_to,
+                        nodes=self.nodes)
                 except OSError as exc:
                     raise StoreError(f"store {self.location.url!r}: cannot list {table}: {exc}") from None
                 listed = set(segments)
