@@ -64,8 +64,13 @@ def digest_sqls() -> list[str]:
 def _digest(query: object, job: str) -> pd.DataFrame:
     """The job's steps digest (digest_sqls), each row once."""
     frames = [to_frame(query(sql, [job]), "steps") for sql in digest_sqls()]  # type: ignore[operator]
-    digest = pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
-    return digest.drop_duplicates(ignore_index=True)
+    return _joined(frames).drop_duplicates(ignore_index=True)
+
+
+def _joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The rows of `frames` (at least one) as one frame: the empty ones left out, one alone returned as it is."""
+    rows = [f for f in frames if not f.empty]
+    return pd.concat(rows, ignore_index=True) if len(rows) > 1 else (rows[0] if rows else frames[0])
 
 
 @dataclass(frozen=True)
@@ -163,8 +168,7 @@ class JobWindows:
         frames.append(to_frame(query(f"SELECT {last} FROM steps WHERE {where} AND step IN (SELECT step FROM steps "
                                      f"WHERE {where} AND {done} = (SELECT max({done}) FROM steps WHERE {where}))",
                                      [self.job, attempt] * 3), "steps"))
-        picked = pd.concat([f for f in frames if not f.empty] or frames[:1], ignore_index=True)
-        picked = picked.drop_duplicates().sort_values(["ts", "rank", "step"], kind="stable", ignore_index=True)
+        picked = _joined(frames).drop_duplicates().sort_values(["ts", "rank", "step"], kind="stable", ignore_index=True)
         digest = self.context.steps
         markers = _start_markers(digest[digest["attempt"] != attempt] if not digest.empty else digest)
         if not markers.empty:
@@ -178,9 +182,7 @@ class JobWindows:
         carried = self._steps(LOSS_COLUMNS, "attempt = ? AND loss IS NOT NULL", [attempt])
         others = self._steps(LOSS_COLUMNS, "attempt = ? AND loss IS NULL QUALIFY row_number() OVER "
                                            "(PARTITION BY rank ORDER BY ts) = 1", [attempt])
-        frames = [f for f in (carried, others) if not f.empty]
-        rows = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames else carried)
-        return dataclasses.replace(self.context, steps=rows)
+        return dataclasses.replace(self.context, steps=_joined([carried, others]))
 
     def _steps(self, columns: str | tuple[str, ...], where: str, params: list[object]) -> pd.DataFrame:
         select = columns if isinstance(columns, str) else ", ".join(f'"{c}"' for c in columns)
