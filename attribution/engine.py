@@ -36,6 +36,7 @@ from faultlens.attribution.detectors.builtin import (
 from faultlens.attribution.detectors.progress import DumpRequester, HangAnalyzer, HangSuspect, suspect_from_trigger
 from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
 from faultlens.attribution.incident import Incident
+from faultlens.attribution.memory import release_freed_memory
 from faultlens.attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import (
@@ -171,7 +172,7 @@ class Engine:
             for incident in self.detector("loss").monitor.attribute(windows.loss_window(attempt), now):
                 if (incident.job_id, incident.attempt) == key:
                     incidents.setdefault(incident.incident_id, incident)
-            pa.default_memory_pool().release_unused()  # this attempt's rows go before the next attempt's are read
+            release_freed_memory()  # this attempt's frames go before the next attempt's are read
         return list(incidents.values())
 
     def run_store(self, store: Store, job: str | None, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
