@@ -116,7 +116,7 @@ def bench_whatif(cache: Path, reuse: Path | None = None) -> list[dict]:
     if reuse is None:
         out = cache / "torch-sequential"
         shutil.rmtree(out, ignore_errors=True)
-        generate(out, names, parallel=1)
+        generate(out, names, parallel=1, batched=False)
     else:
         out = reuse
     thresholds = load_thresholds()

@@ -9,7 +9,10 @@ replica (from step 10); one slow replica (every stage of it, from step 10), each
 32 (the steps after it are the like-for-like run without it); and the healthy job with a CPU hog beside it. Each
 case directory holds store/ (the step timer's steps and ranks rows), timings/ (the raw per-section timer log each
 rank exported, and the placement) and meta.json (layout, the
-injected slowness, and the measured median step time of the train steps in and outside the slow period).
+injected slowness, and the measured median step time of the train steps in and outside the slow period). The
+quiet cases of one layout run one after the other in one torchrun job (train_pipeline.py's "cases"), each under its
+own job id and store: eight ranks importing torch cost more CPU than a case's steps; the job's torchrun output is in
+its first case's directory. `--sequential` runs every case as its own job, one at a time.
 
 The cache is keyed by the torch version and a hash of these scripts and the collectors they run, under a file
 lock (the directory of tests/torch_jobs/harness.py's cache), so a test session generates it once.
@@ -112,27 +115,38 @@ def straggler_artifacts(cache_root: Path | None = None) -> dict[str, Path]:
     return {name: final / name for name in CASES}
 
 
-def generate(out_dir: Path, names: list[str] | None = None, attempts: int = 2, parallel: int = 2) -> dict[str, Path]:
-    """`parallel` cases at a time (their device work is sleep, so two overlap without changing what they
-    measure; start-up is what costs CPU), the CPU-hog case alone at the end."""
+def generate(out_dir: Path, names: list[str] | None = None, attempts: int = 2, parallel: int = 2,
+             batched: bool = True) -> dict[str, Path]:
+    """The quiet cases `parallel` jobs at a time (their device work is sleep, so two overlap without changing what
+    they measure; start-up is what costs CPU), the CPU-hog case alone at the end. `batched`: the quiet cases of
+    one layout run one after the other in one torchrun job (one start-up of 8 processes instead of one per case);
+    otherwise every case is its own job (what bench_straggler's sequential what-if runs)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     names = list(names or CASES)
-    quiet = [n for n in names if not CASES[n].hog]
+    quiet = [CASES[n] for n in names if not CASES[n].hog]
+    if batched:
+        layouts: dict[tuple[int, int], list[Case]] = {}
+        for case in quiet:
+            layouts.setdefault((case.replicas, case.stages), []).append(case)
+        jobs = list(layouts.values())
+    else:
+        jobs = [[case] for case in quiet]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        for future in [pool.submit(_run_with_retries, CASES[n], out_dir / n, attempts) for n in quiet]:
+        for future in [pool.submit(_run_with_retries, job, out_dir, attempts) for job in jobs]:
             future.result()
     for name in names:
         if CASES[name].hog:
-            _run_with_retries(CASES[name], out_dir / name, attempts)
+            _run_with_retries([CASES[name]], out_dir, attempts)
     return {name: out_dir / name for name in names}
 
 
-def _run_with_retries(case: Case, art: Path, attempts: int) -> None:
+def _run_with_retries(cases: list[Case], out_dir: Path, attempts: int) -> None:
     for attempt in range(1, attempts + 1):
-        if art.exists():
-            shutil.rmtree(art)
+        for case in cases:
+            if (out_dir / case.name).exists():
+                shutil.rmtree(out_dir / case.name)
         try:
-            run_case(case, art)
+            run_job(cases, out_dir)
             return
         except GenerationError:
             if attempt == attempts:
@@ -152,26 +166,41 @@ def _hog() -> list[subprocess.Popen]:
 
 
 def run_case(case: Case, art: Path) -> Path:
-    art.mkdir(parents=True)
+    """One case as its own torchrun job; its artifact directory is `art`."""
+    if art.name != case.name:
+        raise ValueError(f"a case's directory is named after it: {art} for {case.name}")
+    run_job([case], art.parent)
+    return art
+
+
+def run_job(cases: list[Case], out_dir: Path) -> None:
+    """One torchrun job (8 ranks) running `cases` one after the other, all of one layout; each case's store,
+    timer log and meta.json land in out_dir/<case>; the job's torchrun output in the first case's directory."""
+    (layout,) = {(c.replicas, c.stages) for c in cases}
+    arts = [out_dir / c.name for c in cases]
+    for art in arts:
+        art.mkdir(parents=True)
     started = time.monotonic()
-    config = {"store": str(art / "store"), "timings": str(art / "timings"), "replicas": case.replicas,
-              "stages": case.stages,
-              "microbatches": MICROBATCHES, "steps": case.steps, "ranks_per_node": 2, "base_s": BASE_S,
-              "slow": list(case.slow), "total_steps": case.total_steps}
+    config = {"replicas": layout[0], "stages": layout[1], "ranks_per_node": 2,
+              "cases": [{"job": f"strag-{c.name}", "store": str(art / "store"), "timings": str(art / "timings"),
+                         "microbatches": MICROBATCHES, "steps": c.steps, "base_s": BASE_S, "slow": list(c.slow),
+                         "total_steps": c.total_steps} for c, art in zip(cases, arts, strict=True)]}
     env = dict(os.environ)
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])),
-               OMP_NUM_THREADS="1", FAULTLENS_JOB_ID=f"strag-{case.name}")
+               OMP_NUM_THREADS="1")
     env.pop("FAULTLENS_STORE", None)
+    env.pop("FAULTLENS_JOB_ID", None)
+    run_id = "strag-" + "-".join(c.name for c in cases)
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(WORLD_SIZE),
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-               "--rdzv-id", f"strag-{case.name}", "--max-restarts", "0", "--log-dir", str(art / "logdir"),
+               "--rdzv-id", run_id[:120], "--max-restarts", "0", "--log-dir", str(arts[0] / "logdir"),
                str(SCRIPT), json.dumps(config)]
-    hogs = _hog() if case.hog else []
+    hogs = _hog() if any(c.hog for c in cases) else []
     try:
-        with open(art / "torchrun_stdout.txt", "wb") as out, open(art / "torchrun_stderr.txt", "wb") as err:
-            process = subprocess.Popen(command, cwd=art, env=env, stdout=out, stderr=err, start_new_session=True)
+        with open(arts[0] / "torchrun_stdout.txt", "wb") as out, open(arts[0] / "torchrun_stderr.txt", "wb") as err:
+            process = subprocess.Popen(command, cwd=arts[0], env=env, stdout=out, stderr=err, start_new_session=True)
             try:
-                returncode = process.wait(timeout=240)
+                returncode = process.wait(timeout=240 * len(cases))
             except BaseException:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
@@ -182,18 +211,23 @@ def run_case(case: Case, art: Path) -> Path:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(hog.pid, signal.SIGKILL)
             hog.wait()
-    if returncode != 0 or not (art / "store" / "steps").exists():
-        tail = (art / "torchrun_stderr.txt").read_text(errors="replace")[-3000:]
-        raise GenerationError(f"{case.name}: torchrun exit {returncode} or no steps rows; stderr tail:\n{tail}")
-    meta = {"case": case.name, "replicas": case.replicas, "stages": case.stages, "microbatches": MICROBATCHES,
-            "steps": case.steps,
-            "onset": min((int(s.get("from_step", 0)) for s in case.slow if not s.get("background")), default=None),
-            "slow": list(case.slow), "hog": case.hog, "expected": dict(case.expected),
-            "total_steps": case.total_steps,
-            "step_time": measured_step_time(art / "store", case), "seconds": round(time.monotonic() - started, 2),
-            "generated_at": dt.datetime.now(dt.UTC).isoformat()}
-    (art / "meta.json").write_text(json.dumps(meta, indent=1))
-    return art
+    missing = [c.name for c, art in zip(cases, arts, strict=True) if not (art / "store" / "steps").exists()]
+    if returncode != 0 or missing:
+        tail = (arts[0] / "torchrun_stderr.txt").read_text(errors="replace")[-3000:]
+        raise GenerationError(f"{run_id}: torchrun exit {returncode}, no steps rows for {missing}; stderr tail:\n"
+                              f"{tail}")
+    seconds = round(time.monotonic() - started, 2)
+    for case, art in zip(cases, arts, strict=True):
+        meta = {"case": case.name, "replicas": case.replicas, "stages": case.stages, "microbatches": MICROBATCHES,
+                "steps": case.steps,
+                "onset": min((int(s.get("from_step", 0)) for s in case.slow if not s.get("background")),
+                             default=None),
+                "slow": list(case.slow), "hog": case.hog, "expected": dict(case.expected),
+                "total_steps": case.total_steps,
+                "step_time": measured_step_time(art / "store", case), "seconds": seconds,
+                "job_cases": [c.name for c in cases],
+                "generated_at": dt.datetime.now(dt.UTC).isoformat()}
+        (art / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
 def measured_step_time(store: Path, case: Case) -> dict:
@@ -234,11 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args:
         print(__doc__)
         return 2
-    parallel = 1 if "--sequential" in args else 2
+    sequential = "--sequential" in args
     args = [a for a in args if a != "--sequential"]
     out, names = Path(args[0]), args[1:] or list(CASES)
     began = time.monotonic()
-    generate(out, names, parallel=parallel)
+    generate(out, names, parallel=1 if sequential else 2, batched=not sequential)
     for name in names:
         meta = json.loads((out / name / "meta.json").read_text())
         print(name, meta["seconds"], "s", meta["step_time"])

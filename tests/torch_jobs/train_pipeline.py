@@ -8,7 +8,11 @@ CONFIG_JSON: {"store": DIR, "replicas": D, "stages": P, "microbatches": M, "step
 "section": "forward-compute" | "backward-compute", "extra_s": seconds, "from_step": k, "to_step": k2 (exclusive,
 optional), "background": true (optional: a standing slowness, not the one measured)}, ...], "total_steps": N
 (optional: the length the job declares to the step timer)}. A slow "forward-send" is a slow pipeline link: the
-extra sleep is spent in the sender's send section (communication, not compute).
+extra sleep is spent in the sender's send section (communication, not compute). CONFIG_JSON may instead hold
+{"replicas", "stages", "ranks_per_node", "cases": [{"job": JOB_ID, "store", "timings", "microbatches", "steps",
+"base_s", "slow", "total_steps"}, ...]}: the cases run one after the other in the same processes and process group
+(a barrier between them), each with its own step timer, job id, store and timer log, so several cases pay one
+start-up (importing torch in 8 processes costs more than a case's steps).
 
 Rank r is replica r // P, stage r % P, on node "node-<r // K>". Every step runs a GPipe schedule: M microbatch
 forwards (recv from the previous stage, compute, send to the next), M backwards in reverse, then the gradients are
@@ -42,20 +46,28 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    replicas, stages, micro = int(config["replicas"]), int(config["stages"]), int(config["microbatches"])
+    replicas, stages = int(config["replicas"]), int(config["stages"])
     if replicas * stages != world:
         raise SystemExit(f"replicas x stages = {replicas * stages}, world size {world}")
+    groups = [dist.new_group([d * stages + p for d in range(replicas)]) for p in range(stages)]
+    for case in config.get("cases") or [config]:
+        run_case(case, rank, world, replicas, stages, int(config.get("ranks_per_node", 1)), groups)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_case(config: dict, rank: int, world: int, replicas: int, stages: int, per_node: int, groups: list) -> None:
+    """One case: `config["steps"]` GPipe steps, timed into the case's store under its job id."""
+    micro = int(config["microbatches"])
     replica, stage = divmod(rank, stages)
-    per_node = int(config.get("ranks_per_node", 1))
     base = float(config["base_s"])
     slow = [s for s in config.get("slow", [])
             if s.get("replica") in (None, replica) and s.get("stage") in (None, stage)]
-    # one sub-group per stage holding that stage's rank of every replica (every rank calls new_group for each)
-    groups = [dist.new_group([d * stages + p for d in range(replicas)]) for p in range(stages)]
     dp_group = groups[stage]
+    identity = RankIdentity.from_env(node=f"node-{rank // per_node}",
+                                     **({"job_id": config["job"]} if config.get("job") else {}))
     timer = StepTimer.from_env(
-        store=config["store"], flush_interval_s=0.5,
-        identity=RankIdentity.from_env(node=f"node-{rank // per_node}"),
+        store=config["store"], flush_interval_s=0.5, identity=identity,
         parallel=ParallelCoords(dp_rank=replica, pp_rank=stage, tp_rank=0, pp_size=stages),
         total_steps=config.get("total_steps"))
     torch.manual_seed(7 + stage)
@@ -118,7 +130,6 @@ def main() -> None:
                     dist.all_reduce(weight.grad, group=dp_group)
                 with section("optimizer"), torch.no_grad():
                     weight -= 1e-4 * weight.grad / replicas
-        dist.barrier()
     finally:
         timer.close()
     if config.get("timings"):
@@ -133,7 +144,6 @@ def main() -> None:
                 writer = csv.writer(handle)
                 writer.writerow(["global_rank", "host", "data_parallel_rank", "pipeline_rank"])
                 writer.writerows([r, f"node-{r // per_node}", r // stages, r % stages] for r in range(world))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
