@@ -184,6 +184,25 @@ def _vs(r: dict[str, Any]) -> list[str]:
             "no peer tier; durable every 10 steps)"]
 
 
+
+def _attribute_scale(r: dict[str, Any]) -> list[str]:
+    runs = r.get("results", [r])
+    lines = [f"{run['nodes']} nodes x {run['gpus_per_node']} GPUs x {run['hours']:g} h ({_fmt(run['rows']['steps'])} "
+             f"step rows): `faultlens attribute` **{_fmt(run['attribute']['cpu_s'])} s CPU** "
+             f"({_fmt(run['attribute']['wall_s'])} s wall), peak RSS **{_fmt(run['attribute']['peak_rss_mb'])} MB**, "
+             f"{run['incidents']} incidents" for run in runs]
+    lines.append("target: peak RSS <= 1,536 MB at every size, time linear in the step rows; the same incidents as "
+                 "the engine before (`--tree DIR --label before`, then `--compare <out>/before.json`)")
+    return lines
+
+
+def _follow_listing(r: dict[str, Any]) -> list[str]:
+    return [f"{run['scenario']} ({_fmt(run['nodes'])} nodes, {_fmt(run['segments_in_store'])} segments): list "
+            f"requests per poll **{run['after']['list_requests'][-1]}** (job partitions, window dates) vs "
+            f"{run['before']['list_requests'][-1]} (every table whole); segments handed to the tail "
+            f"{_fmt(run['after']['segments_listed'])} vs {_fmt(run['before']['segments_listed'])}"
+            for run in r["runs"]]
+
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("sink", "Store ingest: step rows into Parquet", "faultlens SegmentSink vs pandas DataFrame.to_parquet "
               "per batch", ("-m", "bench.bench_sink", "--rows", "2000000"),
@@ -214,6 +233,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("demo_vs_torchrun", "The demo's faults: faultlens vs plain torchrun --max-restarts 3",
               "ETTR, lost steps, restarts of the software bug", ("-m", "bench.bench_demo_vs_torchrun"),
               ("-m", "bench.bench_demo_vs_torchrun", "--no-bug-run"), _vs),
+    Benchmark("attribute_scale", "Attribution at scale: the batch pass in bounded memory", "`faultlens attribute` "
+              "over simulated 16, 64 and 256 nodes x 8 GPUs x 24 h (the engine before: the same command with --tree)",
+              ("-m", "bench.bench_attribute_scale", "--nodes", "16", "64", "256"),
+              ("-m", "bench.bench_attribute_scale", "--nodes", "4", "--hours", "4", "--label", "quick"),
+              _attribute_scale, timeout_s=5400.0),
+    Benchmark("follow_listing", "Follower listing per poll", "the job's partitions from the window's dates vs "
+              "every tailed table listed whole, on moto's S3 server", ("-m", "bench.bench_follow_listing"),
+              ("-m", "bench.bench_follow_listing", "--nodes", "64", "--days", "3", "--polls", "1"),
+              _follow_listing, timeout_s=3600.0),
 )
 
 
