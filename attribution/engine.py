@@ -184,7 +184,7 @@ class Engine:
         gpu_events = None
         for name in jobs:
             newest = job_as_of(store, name)
-            windows = JobWindows.open(store, name, newest)
+            windows = JobWindows.open(store, name, newest, warmup_steps=self.thresholds.progress.warmup_steps)
             if job is not None:
                 gpu_events = windows.context.gpu_events
             for incident in self.run_windows(windows, now, as_of if as_of is not None else newest):

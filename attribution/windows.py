@@ -1,8 +1,13 @@
 """The batch pass in bounded memory: one job's telemetry read from a store attempt by attempt, DuckDB doing the
 reduction, so Python never holds an attempt's step rows (the bulk of a store) at once, let alone the store's.
 
-A job's small tables (ranks, process_events, gpu_events, heartbeats) are read whole: they grow with nodes x
-attempts, not with time; its flight-recorder entries (collectives) one attempt at a time (`attempt_context`).
+A job's small tables (ranks, process_events, gpu_events) are read whole: they grow with nodes x attempts, not
+with time; its flight-recorder entries (collectives) one attempt at a time (`attempt_context`). Its heartbeats
+(about a row per rank per second while it trains: 177 M a day at 2,048 ranks) are reduced like the steps: per
+(attempt, rank) the newest beat, the newest while running, the first closed one, the oldest, the ones at the
+highest step, at the latest step end and at the lowest step, the first of each NaN/Inf loss step
+(`heartbeat_digest_sqls`); and, for the progress baseline's heartbeat fallback, every step of the lowest ranks
+until that fallback has what it reads (`_heartbeat_history`).
 The steps table (a row per rank per step) is read per attempt, each detector reading only what its answers
 depend on:
 - what crash and hang attribution need of any attempt (where a rank ran, its last step and when, fingerprints of
@@ -34,7 +39,18 @@ from faultlens.attribution.telemetry import SECTION_PREFIX, Telemetry, _in_list,
 from faultlens.collectors.store.schema import empty_table, schema_for
 
 #: job tables read whole (they grow with nodes and attempts, not with time)
-SMALL_TABLES = ("ranks", "process_events", "heartbeats")
+SMALL_TABLES = ("ranks", "process_events")
+#: the heartbeat rows each detector's reduction needs, per (attempt, rank [, extra group]): (rows, pick, group)
+HEARTBEAT_PICKS = (
+    ("TRUE", "arg_max({row}, ts)", ()),  # the newest beat: where a rank runs, whether its timer closed
+    ("NOT coalesce(closed, false)", "arg_max({row}, ts)", ()),  # the newest while running: alive after a failure
+    ("coalesce(closed, false)", "arg_min({row}, ts)", ()),  # the first closed beat: when its timer closed
+    ("TRUE", "arg_min({row}, ts)", ()),  # the oldest beat: when the attempt started there
+    ("step IS NOT NULL", "arg_max({row}, step)", ()),  # the last completed step
+    ("step IS NOT NULL AND step_ts IS NOT NULL", "arg_max({row}, step_ts)", ()),  # when the last step ended
+    ("step IS NOT NULL AND step_ts IS NOT NULL", "arg_min({row}, step)", ()),  # the first known step (warm-up)
+    ("bad_loss_step IS NOT NULL", "arg_min({row}, ts)", ("bad_loss_step",)),  # the first beat of a NaN/Inf loss
+)
 #: the step columns progress detection reads (attribution/detectors/progress/monitor.py): its window holds only these
 PROGRESS_COLUMNS = ("ts", "node", "job_id", "attempt", "rank", "step", "phase", "start_ts", "end_ts", "duration_s")
 #: the step columns straggler scoring reads (attribution/detectors/straggler/sections.py)
@@ -61,6 +77,54 @@ def digest_sqls() -> list[str]:
             "GROUP BY attempt, rank, coalesce(phase, 'train')) WHERE r IS NOT NULL" for pick in picks]
 
 
+def heartbeat_digest_sqls() -> list[str]:
+    """One query per HEARTBEAT_PICKS entry over one job's heartbeats (the parameter), each the picked rows."""
+    columns = [f.name for f in schema_for("heartbeats")]
+    row = "struct_pack(" + ", ".join(f'"{c}" := "{c}"' for c in columns) + ")"
+    return [f"SELECT unnest(r) FROM (SELECT {pick.format(row=row)} AS r FROM heartbeats WHERE job_id = ? AND "
+            f"({where}) GROUP BY {', '.join(('attempt', 'rank', *group))}) WHERE r IS NOT NULL"
+            for where, pick, group in HEARTBEAT_PICKS]
+
+
+def _heartbeats(query: object, job: str, warmup_steps: int) -> pd.DataFrame:
+    """The job's heartbeats as its detectors read them: the digest (heartbeat_digest_sqls) and the history the
+    progress baseline's heartbeat fallback reads (_heartbeat_history), each row once."""
+    digest = _joined([to_frame(query(sql, [job]), "heartbeats")  # type: ignore[operator]
+                      for sql in heartbeat_digest_sqls()]).drop_duplicates(ignore_index=True)
+    history = _heartbeat_history(query, job, digest, warmup_steps)
+    return _joined([digest, history]).drop_duplicates(ignore_index=True) if not history.empty else digest
+
+
+def _heartbeat_history(query: object, job: str, digest: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+    """Per attempt, the beats of a known step from its first step + warm-up on, of its lowest ranks: rank by rank
+    until they hold the HEARTBEAT_INTERVALS step intervals the progress baseline's fallback stops at
+    (detectors/progress/monitor.py _heartbeat_intervals), so that it reads the same intervals as in every beat."""
+    from faultlens.attribution.detectors.progress.monitor import HEARTBEAT_INTERVALS
+
+    if digest.empty:
+        return digest
+    known = digest[digest["step"].notna() & digest["step_ts"].notna() & digest["attempt"].notna()]
+    frames = []
+    for attempt, rows in known.groupby("attempt"):
+        first = int(rows["step"].min()) + warmup_steps
+        ranks = sorted(int(r) for r in rows.loc[rows["step"] >= first, "rank"].dropna().unique())
+        found, batch = 0, 1
+        while ranks and found < HEARTBEAT_INTERVALS:
+            chosen, ranks = ranks[:batch], ranks[batch:]
+            marks = ", ".join("?" * len(chosen))
+            beats = to_frame(query(  # type: ignore[operator]
+                f"SELECT * FROM heartbeats WHERE job_id = ? AND attempt = ? AND rank IN ({marks}) AND step IS NOT "
+                "NULL AND step_ts IS NOT NULL AND step >= ?", [job, int(attempt), *chosen, first]), "heartbeats")
+            frames.append(beats)
+            per_rank = beats.drop_duplicates(["rank", "step"]).groupby("rank").size().reindex(chosen, fill_value=0)
+            for count in per_rank.to_numpy():  # in rank order, as the fallback reads them
+                found += max(int(count) - 1, 0)
+                if found >= HEARTBEAT_INTERVALS:
+                    break
+            batch *= 2
+    return _joined(frames) if frames else digest.iloc[0:0]
+
+
 def _digest(query: object, job: str) -> pd.DataFrame:
     """The job's steps digest (digest_sqls), each row once."""
     frames = [to_frame(query(sql, [job]), "steps") for sql in digest_sqls()]  # type: ignore[operator]
@@ -85,10 +149,12 @@ class JobWindows:
     sections: tuple[str, ...] = ()  # every section name of the job's steps (a column in each window)
 
     @classmethod
-    def open(cls, store: object, job: str, as_of: dt.datetime | None) -> JobWindows:
+    def open(cls, store: object, job: str, as_of: dt.datetime | None, *, warmup_steps: int = 0) -> JobWindows:
+        """`warmup_steps`: the progress thresholds' (which steps the heartbeat fallback of the baseline skips)."""
         query = store.query  # type: ignore[attr-defined]
         frames = {name: to_frame(query(f'SELECT * FROM "{name}" WHERE job_id = ?', [job]), name)
                   for name in SMALL_TABLES}
+        frames["heartbeats"] = _heartbeats(query, job, warmup_steps)
         digest = _digest(query, job)
         counts = query(" UNION ALL ".join(
             f"SELECT DISTINCT attempt FROM \"{name}\" WHERE job_id = ?" for name in ATTEMPT_TABLES),

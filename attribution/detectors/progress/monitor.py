@@ -247,8 +247,13 @@ def _last_progress(rows: pd.DataFrame, beats: pd.DataFrame) -> tuple[dt.datetime
     return best
 
 
+#: heartbeat intervals enough for a baseline: ranks are read in ascending order until this many are found
+HEARTBEAT_INTERVALS = 200
+
+
 def _heartbeat_intervals(beats: pd.DataFrame, warmup_steps: int) -> list[float]:
-    """Seconds per step between successive heartbeats of the same rank (warm-up steps left out)."""
+    """Seconds per step between successive heartbeats of the same rank (warm-up steps left out), rank by rank in
+    ascending order until HEARTBEAT_INTERVALS are found (attribution/windows.py reads those ranks' beats)."""
     known = beats[beats["step_ts"].notna() & beats["step"].notna()]
     if known.empty:
         return []
@@ -262,7 +267,7 @@ def _heartbeat_intervals(beats: pd.DataFrame, warmup_steps: int) -> list[float]:
             delta = int(steps[i] - steps[i - 1])
             if delta > 0:
                 intervals.append((times[i] - times[i - 1]) / pd.Timedelta(seconds=1) / delta)
-        if len(intervals) >= 200:
+        if len(intervals) >= HEARTBEAT_INTERVALS:
             break
     return intervals
 
