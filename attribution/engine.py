@@ -182,13 +182,17 @@ class Engine:
         jobs = [job] if job is not None else store_jobs(store)
         found: dict[str, Incident] = {}
         gpu_events = None
-        for name in jobs:
-            newest = job_as_of(store, name)
-            windows = JobWindows.open(store, name, newest, warmup_steps=self.thresholds.progress.warmup_steps)
-            if job is not None:
-                gpu_events = windows.context.gpu_events
-            for incident in self.run_windows(windows, now, as_of if as_of is not None else newest):
-                found.setdefault(incident.incident_id, incident)
+        try:
+            for name in jobs:
+                store.scope_to_job(name)  # this job's segments only: a store of many jobs is not read per job
+                newest = job_as_of(store, name)
+                windows = JobWindows.open(store, name, newest, warmup_steps=self.thresholds.progress.warmup_steps)
+                if job is not None:
+                    gpu_events = windows.context.gpu_events
+                for incident in self.run_windows(windows, now, as_of if as_of is not None else newest):
+                    found.setdefault(incident.incident_id, incident)
+        finally:
+            store.scope_to_job(None)
         if gpu_events is None:  # every node's events: health incidents concern nodes without a job too
             gpu_events = to_frame(store.query("SELECT * FROM gpu_events"), "gpu_events")
         for incident in self.run_store_detectors(gpu_events, found.values(), now):

@@ -21,7 +21,14 @@ import pyarrow as pa
 
 from faultlens.attribution.segment_check import BadSegment, deep_check, inspect_segment
 from faultlens.collectors.errors import FaultlensError
-from faultlens.collectors.store.layout import StoreError, StoreLocation, list_segments, probe_store, resolve_store
+from faultlens.collectors.store.layout import (
+    StoreError,
+    StoreLocation,
+    list_segments,
+    probe_store,
+    resolve_store,
+    safe_value,
+)
 from faultlens.collectors.store.schema import TABLE_NAMES, as_ns_type, empty_table, schema_for
 
 log = logging.getLogger("faultlens.store")
@@ -102,6 +109,10 @@ def _vanished(exc: BaseException, text: str) -> bool:
     return isinstance(exc, FileNotFoundError) or "No such file" in text or "No files found" in text
 
 
+#: tables whose rows belong to one job (partitioned under job=<job id>): the ones scope_to_job narrows
+JOB_TABLES = ("steps", "ranks", "process_events", "heartbeats", "collectives")
+
+
 class Store:
     """Read access to a faultlens store through DuckDB views named after the tables."""
 
@@ -126,6 +137,7 @@ class Store:
         self._legacy: set[str] = set()  # usable segments whose timestamps are not microseconds (schema version 1)
         self._bad: dict[str, BadSegment] = {}
         self._read_ok: set[str] = set()  # segments read through without error by a deep scan
+        self._scope: str | None = None  # the job whose partitions alone the job tables' views read (scope_to_job)
         self.refresh(TABLE_NAMES if tables is None else tables)
 
     def segments(self, table: str) -> list[str]:
@@ -223,7 +235,28 @@ class Store:
         self._define_view(table, segments)
         return segments
 
+    def scope_to_job(self, job: str | None) -> None:
+        """Point the views of the job tables (JOB_TABLES) at the segments of `job`'s partitions only (None: at
+        every segment again). A query filtering on job_id = job reads the same rows from far fewer files: in a
+        store of many jobs every query otherwise opens the footer of every segment of the table (the batch pass
+        runs a few dozen queries per job). Node-level tables (GPU samples and events) keep every segment: they
+        are read by node and time, whatever job a row names. A refresh while scoped keeps the scope."""
+        self._scope = job
+        for table in JOB_TABLES:
+            if table in self._segments:
+                self._define_view(table, self._segments[table])
+
+    def _scoped(self, table: str, segments: list[str]) -> list[str]:
+        """The segments a view of `table` reads under the current scope: those under job=<the job> (a job's rows
+        are written under its own partition, docs/design.md "Layout")."""
+        if self._scope is None or table not in JOB_TABLES:
+            return segments
+        wanted = f"job={safe_value(self._scope)}"
+        base = self.location.join(table)
+        return [path for path in segments if path[len(base):].strip("/").split("/", 1)[0] == wanted]
+
     def _define_view(self, table: str, segments: list[str]) -> None:
+        segments = self._scoped(table, segments)
         empty_name = f"_empty_{table}"
         self.con.register(empty_name, empty_table(table))
         quoted = f'"{table}"'
