@@ -51,9 +51,9 @@ from typing import Any
 
 from bench.common import emit, machine
 from faultlens.collectors import environment
+from faultlens.controller.demo.config import NNODES, NPROC
 
 ROOT = Path(__file__).resolve().parents[1]
-NNODES, NPROC, SPARES = 2, 2, 4
 WORLD = NNODES * NPROC
 
 
@@ -164,17 +164,17 @@ def bug_figures(markers: list[tuple[int, float]], attempts_started: int, stopped
 
 
 def run_faultlens(workdir: Path, steps: int, timeout_s: float) -> dict[str, Any]:
-    from faultlens.controller.cli.run_cmds import DEMO_THRESHOLDS
+    from faultlens.controller.demo.config import demo_run_config
     from faultlens.controller.demo.faults import Fault, FaultKind
     from faultlens.controller.demo.schedule import DEMO_FAULTS, demo_fault
-    from faultlens.controller.supervisor.run import RunConfig, Supervisor
+    from faultlens.controller.supervisor.run import Supervisor
 
     store = str(workdir / "store")
-    config = RunConfig(script=("-m", "faultlens.controller.demo.train", "--steps", str(steps), "--timeout",
-                       str(timeout_s)),
-                       nnodes=NNODES, nproc_per_node=NPROC, spares=SPARES, store=store, workdir=workdir / "run",
-                       job_id=f"bench-faultlens-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}",
-                       max_attempts=len(DEMO_FAULTS) + 1, thresholds_path=DEMO_THRESHOLDS, attempt_timeout_s=120.0)
+    # exactly as `faultlens demo` runs it (thresholds, declared length, hang grace), with the bench's own timeout
+    config = demo_run_config(steps=steps, store=store, workdir=workdir / "run",
+                             train_args=("--timeout", str(timeout_s)),
+                             job_id=f"bench-faultlens-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}",
+                             max_attempts=len(DEMO_FAULTS) + 1)
     fault_steps: dict[str, int] = {}
 
     def faults(attempt: int, nodes: Sequence[str], start_step: int):

@@ -10,9 +10,6 @@ import time
 from pathlib import Path
 
 from faultlens.controller.cli.common import CliError, add_rules_dir_arg, add_store_arg
-from faultlens.resources import rule_file, shipped_rule_file
-
-DEMO_THRESHOLDS = shipped_rule_file("thresholds-demo.yaml")  # the packaged file; the demo reads rule_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -62,7 +59,6 @@ def _hooks(path: str | None) -> list:
     return list(load_hooks(path))  # a HookConfigError names the file; the CLI prints it
 
 
-DEMO_DECLARED_STEPS = 100_000  # the length the demo job declares: a long run, of which the demo runs the start
 
 
 def _printer():
@@ -145,9 +141,10 @@ def _write_html(store: str, job_id: str, path: Path) -> Path | None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from faultlens.controller.demo.config import NNODES, NPROC, demo_run_config
     from faultlens.controller.demo.report import print_report
     from faultlens.controller.demo.schedule import DEMO_FAULTS, demo_fault
-    from faultlens.controller.supervisor.run import RunConfig, Supervisor, write_summary
+    from faultlens.controller.supervisor.run import Supervisor, write_summary
 
     if not 1 <= args.faults <= len(DEMO_FAULTS):
         raise CliError(f"--faults must be between 1 and {len(DEMO_FAULTS)}")
@@ -158,15 +155,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     if workdir.exists() and not args.keep:
         shutil.rmtree(workdir)
-    nnodes, nproc = 2, 2
-    config = RunConfig(script=("-m", "faultlens.controller.demo.train", "--steps", str(args.steps)), nnodes=nnodes,
-                       nproc_per_node=nproc, spares=4, store=args.store, workdir=workdir,
-                       job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1,
-                       thresholds_path=rule_file("thresholds-demo.yaml"), attempt_timeout_s=120.0, hang_grace_s=3.0,
-                       checkpoint_wait_s=60.0,
-                       # the demo stands for the first steps of a long run and declares that length (its ranks rows'
-                       # total_steps), so live and a later batch pass weigh a slowdown against the same remaining time
-                       total_steps=DEMO_DECLARED_STEPS)
+    nnodes, nproc = NNODES, NPROC
+    config = demo_run_config(steps=args.steps, store=args.store, workdir=workdir,
+                             job_id=f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}", max_attempts=args.faults + 1)
     out, say = _printer()
     say(f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, CPU), 4 spare nodes, "
         f"store {args.store}")
