@@ -51,9 +51,22 @@ def leaves(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def _measured(x: Any, y: Any) -> bool:
-    """x a float and y a number: a measured figure, compared by ratio."""
-    return isinstance(x, float) and isinstance(y, (int, float)) and not isinstance(y, bool)
+MEASURED = re.compile(r"(per_s|per_cpu_s|per_second|_s$|_ms$|_us$|_mb$|_kib$|seconds|bytes|rss|ratio|speedup|_x$)")
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _measured(key: str, x: Any, y: Any) -> bool:
+    """A measured figure, compared by ratio: two numbers, one a float or the field a rate, time, size or ratio
+    (an integer count that is not, like incidents or failovers, is a result)."""
+    return _number(x) and _number(y) and (isinstance(x, float) or isinstance(y, float)
+                                           or bool(MEASURED.search(key.rsplit(".", 1)[-1])))
+
+
+def _shown(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -64,9 +77,9 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> tuple[list[str], l
         if IGNORED.search(key):
             continue
         a, b = old.get(key, "(absent)"), new.get(key, "(absent)")
-        if _measured(a, b) or _measured(b, a):
-            ratio = f"{b / a:.2f}" if a else "-"
-            figures.append(f"| {key} | {a:g} | {b:g} | {ratio} |")
+        if _measured(key, a, b):
+            ratio = f"{b / a:.2f}" if a else "-"  # type: ignore[operator]
+            figures.append(f"| {key} | {_shown(a)} | {_shown(b)} | {ratio} |")
         elif a != b:
             changes.append(f"| {key} | {json.dumps(a, default=str)[:80]} | {json.dumps(b, default=str)[:80]} |")
     return changes, figures
