@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from faultlens.attribution.detectors.hang.columns import _Lazy
-from faultlens.attribution.detectors.hang.decode import _Decoder
+from faultlens.attribution.detectors.hang.columns import LazyColumn
+from faultlens.attribution.detectors.hang.decode import SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
     _key_orders,
@@ -22,7 +22,7 @@ from faultlens.attribution.detectors.hang.details import (
     _signatures,
     _stack_edges,
 )
-from faultlens.attribution.detectors.hang.graph import _Analysis, _Divergence, _ranks_text
+from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, ranks_text
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
@@ -63,7 +63,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         return report_empty(expected_ranks)
     if stacks is None:
         stacks = stacks_from_metadata(table)
-    decoder = _Decoder(table)
+    decoder = SliceDecoder(table)
     sizes_column = table.column("input_sizes") if "input_sizes" in table.column_names else None
     dtypes_column = table.column("input_dtypes") if "input_dtypes" in table.column_names else None
     first = _pass_one(table, decoder, sizes_column, dtypes_column)
@@ -91,7 +91,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     return decide(analysis)
 
 
-def _pass_one(table: pa.Table, decoder: _Decoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:
+def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:
     """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence."""
     out = _PassOne()
     for part in decoder.slices():
@@ -129,8 +129,8 @@ def _pass_one(table: pa.Table, decoder: _Decoder, sizes_column: Any, dtypes_colu
     return out
 
 
-def _membership(first: _PassOne, agg: pa.Table, decoder: _Decoder,
-                expected_ranks: Sequence[int] | None) -> _Analysis:
+def _membership(first: _PassOne, agg: pa.Table, decoder: SliceDecoder,
+                expected_ranks: Sequence[int] | None) -> Analysis:
     """Each group's members (its config where sound, else the ranks seen in it), the expected and missing ranks."""
     seen_table = _group_max(first.seen_parts, ["g", "r"], [("d_min", "min")])
     group_descs: dict[int, str | None] = {}
@@ -164,13 +164,13 @@ def _membership(first: _PassOne, agg: pa.Table, decoder: _Decoder,
             ranks |= expected
         members[g] = tuple(sorted(ranks))
     missing = expected - dumped
-    analysis = _Analysis(decoder.labels(), group_descs, members, rebuilt, dumped, expected, missing)
+    analysis = Analysis(decoder.labels(), group_descs, members, rebuilt, dumped, expected, missing)
     if rebuilt:
-        shown = [analysis.label(g) + f": [{_ranks_text(members[g])}]" for g in sorted(rebuilt)][:6]
+        shown = [analysis.label(g) + f": [{ranks_text(members[g])}]" for g in sorted(rebuilt)][:6]
         analysis.evidence.append("pg_config unusable for " + ", ".join(shown)
                                  + " - membership rebuilt from the entries")
     if missing:
-        analysis.evidence.append(f"no dump from rank(s) {_ranks_text(sorted(missing))} (expected "
+        analysis.evidence.append(f"no dump from rank(s) {ranks_text(sorted(missing))} (expected "
                                  f"{len(expected)} ranks, read {len(dumped)})")
     return analysis
 
@@ -197,11 +197,11 @@ def _progress(agg: pa.Table) -> _Progress:
     return progress
 
 
-_Pending = list[tuple[_Divergence, tuple[int, ...] | None, str]]
+_Pending = list[tuple[Divergence, tuple[int, ...] | None, str]]
 _StuckPending = list[tuple[int, int, tuple[int, ...]]]
 
 
-def _group_divergences(analysis: _Analysis, progress: _Progress,
+def _group_divergences(analysis: Analysis, progress: _Progress,
                        device_states: bool) -> tuple[_Pending, _StuckPending]:
     """Divergences per group (times and ops are filled in by pass 2), and groups where every member is stuck."""
     blocked_somewhere = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
@@ -224,9 +224,9 @@ def _group_divergences(analysis: _Analysis, progress: _Progress,
                                    if by_rank[r][3] or (by_rank[r][0] == top and r not in blocked_somewhere)))
             if waiting:
                 seq = min(by_rank[r][1] for r in waiting) + 1
-                pending.append((_Divergence(g, "missing", seq, tuple(absent_missing), waiting, 0), waiting,
-                                f"rank(s) {_ranks_text(waiting)} wait in it; it needs rank(s) "
-                                f"{_ranks_text(absent_missing)}, which wrote no dump"))
+                pending.append((Divergence(g, "missing", seq, tuple(absent_missing), waiting, 0), waiting,
+                                f"rank(s) {ranks_text(waiting)} wait in it; it needs rank(s) "
+                                f"{ranks_text(absent_missing)}, which wrote no dump"))
     return pending, stuck_pending
 
 
@@ -244,8 +244,8 @@ def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], pr
     if e_min < e_max:
         laggards = tuple(sorted(r for r, e in e_values.items() if e == e_min))
         waiters = tuple(sorted(r for r, e in e_values.items() if e > e_min))
-        pending.append((_Divergence(g, "entered", e_min + 1, laggards, waiters, 0), waiters,
-                        f"rank(s) {_ranks_text(waiters)} entered it, rank(s) {_ranks_text(laggards)} never did "
+        pending.append((Divergence(g, "entered", e_min + 1, laggards, waiters, 0), waiters,
+                        f"rank(s) {ranks_text(waiters)} entered it, rank(s) {ranks_text(laggards)} never did "
                         f"(last entered: {e_min})"))
         return
     c_values = {r: by_rank[r][1] for r in present}
@@ -255,14 +255,14 @@ def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], pr
     if c_min < c_max and device_states:
         laggards = tuple(sorted(r for r, c in c_values.items() if c == c_min))
         waiters = tuple(sorted(r for r, c in c_values.items() if c > c_min))
-        pending.append((_Divergence(g, "completed", c_min + 1, laggards, waiters, 0), None,
-                        f"rank(s) {_ranks_text(laggards)} entered it but never completed it; rank(s) "
-                        f"{_ranks_text(waiters)} did"))
+        pending.append((Divergence(g, "completed", c_min + 1, laggards, waiters, 0), None,
+                        f"rank(s) {ranks_text(laggards)} entered it but never completed it; rank(s) "
+                        f"{ranks_text(waiters)} did"))
     elif s_min < s_max and s_min < e_max and device_states:
         laggards = tuple(sorted(r for r, st in s_values.items() if st == s_min))
         waiters = tuple(sorted(r for r, st in s_values.items() if st > s_min))
-        pending.append((_Divergence(g, "started", s_min + 1, laggards, waiters, 0), None,
-                        f"started on rank(s) {_ranks_text(waiters)}, not on rank(s) {_ranks_text(laggards)}"))
+        pending.append((Divergence(g, "started", s_min + 1, laggards, waiters, 0), None,
+                        f"started on rank(s) {ranks_text(waiters)}, not on rank(s) {ranks_text(laggards)}"))
     elif (any if device_states else all)(by_rank[r][3] for r in present) and not any_missing:
         stuck_pending.append((g, c_min + 1, tuple(sorted(r for r in present if by_rank[r][3]))))
 
@@ -275,14 +275,14 @@ def _mismatching_keys(signature_parts: list[pa.Table]) -> list[tuple[int, int]]:
                     strict=True))[:256]
 
 
-def _pass_two(analysis: _Analysis, table: pa.Table, decoder: _Decoder, pending: _Pending,
+def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pending: _Pending,
               stuck_pending: _StuckPending, bad_keys: list[tuple[int, int]], sizes_column: Any,
-              dtypes_column: Any) -> _Lazy:
+              dtypes_column: Any) -> LazyColumn:
     """Pass 2: the rows of the keys that need detail (divergent collectives, mismatches); returns the lazy time
     column the p2p pass reuses."""
     wanted = {(d.group, d.seq) for d, _, _ in pending} | {(g, s) for g, s, _ in stuck_pending} | set(bad_keys)
     rows_of = _rows_for_keys(decoder, wanted)
-    times = _Lazy(table, "time_created")
+    times = LazyColumn(table, "time_created")
     details = _KeyDetails(table, rows_of, times, decoder)
     for d, among, text in pending:
         d.time, d.op, d.pg_id = details.time_op(d.group, d.seq, among)
@@ -297,7 +297,7 @@ def _pass_two(analysis: _Analysis, table: pa.Table, decoder: _Decoder, pending: 
     return times
 
 
-def _attach_history(analysis: _Analysis, decoder: _Decoder, progress: _Progress, device_states: bool) -> None:
+def _attach_history(analysis: Analysis, decoder: SliceDecoder, progress: _Progress, device_states: bool) -> None:
     """What the root decision reads lazily: each rank's own entry order across groups, and the key orders."""
 
     def history(rank: int) -> tuple[list[int], list[int], int | None] | None:

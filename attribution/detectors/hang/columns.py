@@ -8,7 +8,7 @@ import pyarrow as pa
 # columns
 
 
-def _ints(column: pa.ChunkedArray, fill: int = -1) -> tuple[np.ndarray, np.ndarray]:
+def int_column(column: pa.ChunkedArray, fill: int = -1) -> tuple[np.ndarray, np.ndarray]:
     if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit
         column = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64())
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
@@ -17,7 +17,7 @@ def _ints(column: pa.ChunkedArray, fill: int = -1) -> tuple[np.ndarray, np.ndarr
     return values, valid
 
 
-class _Lazy:
+class LazyColumn:
     """An int64 column read only at the rows asked for (time_created, record_id: needed for a few rows; a full
     copy of 33 M rows would cost 260 MB each)."""
 
@@ -28,10 +28,10 @@ class _Lazy:
         rows = np.asarray(rows, np.int64)
         if self.column is None or rows.shape[0] == 0:
             return np.zeros(rows.shape[0], np.int64), np.zeros(rows.shape[0], bool)
-        return _ints(self.column.take(pa.array(rows)))
+        return int_column(self.column.take(pa.array(rows)))
 
 
-def _bools(column: pa.ChunkedArray | None, n: int) -> np.ndarray:
+def bool_column(column: pa.ChunkedArray | None, n: int) -> np.ndarray:
     if column is None:
         return np.zeros(n, bool)
     return column.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from faultlens.attribution.detectors.hang.columns import _bools, _ints
-from faultlens.attribution.detectors.hang.report import _P2P_OP
+from faultlens.attribution.detectors.hang.columns import bool_column, int_column
+from faultlens.attribution.detectors.hang.report import P2P_OP
 
 # ---------------------------------------------------------------------------------------------------------------
 # analysis
@@ -57,7 +57,7 @@ class _GlobalCodes:
 
 
 @dataclass
-class _Decoded:
+class DecodedSlice:
     """The columns of one slice the analysis needs, as NumPy arrays (global codes)."""
 
     start: int
@@ -76,7 +76,7 @@ class _Decoded:
 _STATES = {"scheduled": 0, "started": 1, "completed": 2}
 
 
-class _Decoder:
+class SliceDecoder:
     def __init__(self, table: pa.Table) -> None:
         self.table = table
         self.names = _GlobalCodes()
@@ -111,7 +111,7 @@ class _Decoder:
             out[code] = str(value) if kind == "name" else f"pg_id {value}"
         return out
 
-    def decode(self, start: int, length: int) -> _Decoded:
+    def decode(self, start: int, length: int) -> DecodedSlice:
         part = self.table.slice(start, length)
         n = part.num_rows
         rank = part.column("rank").fill_null(-1).to_numpy().astype(np.int32, copy=False)
@@ -123,19 +123,19 @@ class _Decoder:
         # status rows (pg_status, record_id null) count only where the dump named their group
         unnamed = (name_codes < 0) | np.array([not v for v in self.names.values] + [True], bool)[name_codes]
         group[~is_entry & unnamed] = -1
-        seq, seq_valid = _ints(part.column("collective_seq_id"))
+        seq, seq_valid = int_column(part.column("collective_seq_id"))
         op = self.ops.codes(self.column(part, "op"), n)
-        p2p_op = np.array([bool(_P2P_OP.search(str(o))) for o in self.ops.values] + [False], bool)
-        p2p = _bools(self.column(part, "is_p2p"), n) | p2p_op[op]
+        p2p_op = np.array([bool(P2P_OP.search(str(o))) for o in self.ops.values] + [False], bool)
+        p2p = bool_column(self.column(part, "is_p2p"), n) | p2p_op[op]
         state_codes = self.states.codes(self.column(part, "state"), n)
         state_rank = np.array([_STATES.get(str(v), 0) for v in self.states.values] + [0], np.int8)
         state = state_rank[state_codes]
-        complete = (state == 2) | _bools(self.column(part, "retired"), n)
+        complete = (state == 2) | bool_column(self.column(part, "retired"), n)
         coll = is_entry & seq_valid & ~p2p & (group >= 0)
-        return _Decoded(start, rank, group, is_entry, seq, coll, p2p & is_entry & (group >= 0), op, id_codes,
+        return DecodedSlice(start, rank, group, is_entry, seq, coll, p2p & is_entry & (group >= 0), op, id_codes,
                         complete, state >= 1)
 
-    def slices(self) -> Iterator[_Decoded]:
+    def slices(self) -> Iterator[DecodedSlice]:
         """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows."""
         bounds = [0]
         for chunk in self.table.column("rank").chunks:

@@ -5,14 +5,14 @@ no hang), or with no rows at all."""
 from collections import Counter
 from collections.abc import Sequence
 
-from faultlens.attribution.detectors.hang.graph import BIG, Root, _Analysis, _Divergence, _Mismatch, _ranks_text
-from faultlens.attribution.detectors.hang.report import _FAMILY, MAX_EVIDENCE, HangReport, HangRoot, HangVerdict
+from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, Root, ranks_text
+from faultlens.attribution.detectors.hang.report import MAX_EVIDENCE, VERDICT_FAMILY, HangReport, HangRoot, HangVerdict
 
 _LEVEL_RANK = {"entered": 0, "completed": 1, "started": 2, "missing": 3, "p2p": 4, "stack": 5}
 
 
-def rooted_report(analysis: _Analysis, roots: list[Root], hang_roots: tuple[HangRoot, ...],
-                  skippers: dict[int, str], follow_on_mismatches: list[_Mismatch]) -> HangReport:
+def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangRoot, ...],
+                  skippers: dict[int, str], follow_on_mismatches: list[Mismatch]) -> HangReport:
     """The report of a hang with at least one root: the first root heads it, every root is listed."""
     culprits = sorted({r for root in hang_roots for r in root.ranks})
     waiting = sorted({w for root in hang_roots for w in root.waiting_ranks} - set(culprits))
@@ -37,7 +37,7 @@ def rooted_report(analysis: _Analysis, roots: list[Root], hang_roots: tuple[Hang
     stalled = tuple(r for r in culprits if kinds.get(r) == HangVerdict.STALLED.value)
     reason = head.reason if len(hang_roots) == 1 else (
         f"{len(hang_roots)} independent roots: " + "; ".join(
-            f"rank(s) {_ranks_text(r.ranks)} {r.kind.value}" + (f" in {r.pg_desc or r.pg_name} seq "
+            f"rank(s) {ranks_text(r.ranks)} {r.kind.value}" + (f" in {r.pg_desc or r.pg_name} seq "
                                                               f"{r.collective_seq_id}" if r.pg_name else "")
             for r in hang_roots))
     if waiting:
@@ -45,7 +45,7 @@ def rooted_report(analysis: _Analysis, roots: list[Root], hang_roots: tuple[Hang
     if unresolved:
         reason += "; the ranks of a cycle wait on each other and nothing could order them"
     return HangReport(
-        verdict=_FAMILY.get(head.kind, head.kind), culprit_ranks=tuple(culprits), pg_id=head.pg_id,
+        verdict=VERDICT_FAMILY.get(head.kind, head.kind), culprit_ranks=tuple(culprits), pg_id=head.pg_id,
         pg_name=head.pg_name, pg_desc=head.pg_desc, collective_seq_id=head.collective_seq_id, op=head.op,
         never_joined=never, stalled=stalled, missing_dumps=tuple(sorted(analysis.missing)), reason=reason,
         confidence=round(min(root.confidence for root in hang_roots), 3),
@@ -53,7 +53,7 @@ def rooted_report(analysis: _Analysis, roots: list[Root], hang_roots: tuple[Hang
         unresolved_cycle=unresolved)
 
 
-def rootless_report(analysis: _Analysis) -> HangReport:
+def rootless_report(analysis: Analysis) -> HangReport:
     """No root: missing dumps, a group stuck as a whole, or no hang."""
     evidence = list(analysis.evidence)
     missing = tuple(sorted(analysis.missing))
@@ -61,7 +61,7 @@ def rootless_report(analysis: _Analysis) -> HangReport:
         return HangReport(
             verdict=HangVerdict.MISSING_DUMPS, culprit_ranks=missing, pg_id=None, pg_name=None, pg_desc=None,
             collective_seq_id=None, op=None, never_joined=(), stalled=(), missing_dumps=missing,
-            reason=f"no dump from rank(s) {_ranks_text(missing)}; the ranks that dumped agree with each other, so "
+            reason=f"no dump from rank(s) {ranks_text(missing)}; the ranks that dumped agree with each other, so "
                    "the missing rank(s) (killed, or dead before the dump) are the likely cause",
             confidence=0.7, evidence=tuple(evidence))
     if analysis.stuck_groups:
@@ -82,7 +82,7 @@ def rootless_report(analysis: _Analysis) -> HangReport:
         confidence=0.8, evidence=tuple(evidence))
 
 
-def headline(root: Root) -> _Divergence | None:
+def headline(root: Root) -> Divergence | None:
     """The divergence that best says what a root did: a collective (not p2p) one, covering most of its ranks,
     earliest."""
     ranks = set(root.ranks)
@@ -90,7 +90,7 @@ def headline(root: Root) -> _Divergence | None:
                                                 _LEVEL_RANK[d.level]), default=None)
 
 
-def _rank_kind(analysis: _Analysis, rank: int, root: Root, skippers: dict[int, str]) -> HangVerdict:
+def _rank_kind(analysis: Analysis, rank: int, root: Root, skippers: dict[int, str]) -> HangVerdict:
     if rank in analysis.missing:
         return HangVerdict.MISSING_DUMPS
     if rank in skippers:
@@ -112,7 +112,7 @@ def _rank_kind(analysis: _Analysis, rank: int, root: Root, skippers: dict[int, s
     return HangVerdict.NEVER_JOINED
 
 
-def describe_root(analysis: _Analysis, root: Root, skippers: dict[int, str]) -> tuple[HangRoot, int]:
+def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> tuple[HangRoot, int]:
     head = headline(root)
     mismatch = min(root.mismatches, key=lambda m: m.time, default=None)
     kinds = {r: _rank_kind(analysis, r, root, skippers) for r in root.ranks}
@@ -159,14 +159,14 @@ def describe_root(analysis: _Analysis, root: Root, skippers: dict[int, str]) -> 
               HangVerdict.SKIPPED: "left a collective out and went on (their peers wait in it)",
               HangVerdict.CYCLE: "wait on each other in a cycle nothing could order",
               }.get(kind) or _verdict_phrase(kind)
-    reason = f"rank(s) {_ranks_text(root.ranks)} {phrase}: {what}"
+    reason = f"rank(s) {ranks_text(root.ranks)} {phrase}: {what}"
     skip_text = [skippers[r] for r in root.ranks if r in skippers]
     if skip_text:
         reason += f" ({skip_text[0]})"
     if where:
         reason += f"; {where[0]}"
     if root.waiting:
-        reason += f"; rank(s) {_ranks_text(sorted(root.waiting))} wait on them"
+        reason += f"; rank(s) {ranks_text(sorted(root.waiting))} wait on them"
     valid = 0 <= group < len(analysis.group_names)
     return HangRoot(
         kind=kind, ranks=tuple(root.ranks), kinds=tuple((r, k.value) for r, k in sorted(kinds.items())),

@@ -7,15 +7,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from faultlens.attribution.detectors.hang.columns import _ints, _Lazy
-from faultlens.attribution.detectors.hang.decode import _Decoded, _Decoder
-from faultlens.attribution.detectors.hang.graph import BIG, _Analysis, _Divergence, _Mismatch, _ranks_text
+from faultlens.attribution.detectors.hang.columns import LazyColumn, int_column
+from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder
+from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, ranks_text
 from faultlens.attribution.detectors.hang.kernels import combine_signatures, row_signatures
-from faultlens.attribution.detectors.hang.report import _P2P_OP, _SHAPE_MUST_MATCH, HangVerdict
+from faultlens.attribution.detectors.hang.report import P2P_OP, SHAPE_MUST_MATCH, HangVerdict
 from faultlens.attribution.detectors.hang.skips import group_role
 
 
-def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
+def _key_orders(analysis: Analysis, decoder: SliceDecoder, due: tuple[tuple, int],
                 others: list[tuple[tuple, int]]) -> dict[tuple, dict[int, tuple[int, int]]]:
     """For the collective `due` (role, seq) and each of `others`: per rank that entered both (in its own group of
     each role), the record ids of the two entries (its own order)."""
@@ -32,7 +32,7 @@ def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
         return {}
     all_rows = np.concatenate(list(rows_of.values()))
     ranks = decoder.table.column("rank").take(pa.array(all_rows)).to_numpy(zero_copy_only=False)
-    records, _ = _Lazy(decoder.table, "record_id").at(all_rows)
+    records, _ = LazyColumn(decoder.table, "record_id").at(all_rows)
     position: dict[tuple[int, int, int], int] = {}
     i = 0
     for (g, seq), rows in rows_of.items():
@@ -57,7 +57,7 @@ def _key_orders(analysis: _Analysis, decoder: _Decoder, due: tuple[tuple, int],
     return result
 
 
-def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
+def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
     """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not record) waits on
     its peer: an edge of the wait-for graph the trace alone cannot show."""
     from faultlens.collectors.sources.pystack import StackPlace, where
@@ -81,15 +81,15 @@ def _stack_edges(analysis: _Analysis, stacks: Mapping[int, Any]) -> None:
             continue
         shared = [g for g, m in analysis.members.items() if rank in m and peer in m and len(m) == 2]
         group = shared[0] if shared else -1
-        analysis.divergences.append(_Divergence(
+        analysis.divergences.append(Divergence(
             group, "stack", None, (peer,), (rank,), BIG, place.op, None,
             f"{analysis.label(group)} p2p: {place.text(rank)}: it waits on rank {peer}"))
 
 
-def _signatures(part: _Decoded, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
+def _signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
                 ops: list[Any]) -> pa.Table:
     """(group, seq, signature of op + sizes (for shape-bound ops) + dtypes) of a slice's collective rows."""
-    shape_ops = np.array([bool(_SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+    shape_ops = np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
     c_ops = part.op[rows]
     length = len(part.rank)
     size_sig, dtype_sig = row_signatures(sizes.slice(part.start, length) if sizes is not None else None,
@@ -99,7 +99,7 @@ def _signatures(part: _Decoded, rows: np.ndarray, sizes: pa.ChunkedArray | None,
     return pa.table({"g": part.group[rows], "s": part.seq[rows], "sig": combined})
 
 
-def _rows_for_keys(decoder: _Decoder, keys: set[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+def _rows_for_keys(decoder: SliceDecoder, keys: set[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
     """Global row indices of the collective entries of each (group, seq) key, in one pass."""
     out: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
     if not keys:
@@ -117,7 +117,7 @@ def _rows_for_keys(decoder: _Decoder, keys: set[tuple[int, int]]) -> dict[tuple[
     return {key: np.asarray(rows, np.int64) for key, rows in out.items()}
 
 
-def _rows_for_rank(decoder: _Decoder, rank: int) -> tuple[np.ndarray, ...] | None:
+def _rows_for_rank(decoder: SliceDecoder, rank: int) -> tuple[np.ndarray, ...] | None:
     seqs, groups, complete, rows_all = [], [], [], []
     for part in decoder.slices():
         hit = np.nonzero(part.coll & (part.rank == rank))[0]
@@ -128,15 +128,15 @@ def _rows_for_rank(decoder: _Decoder, rank: int) -> tuple[np.ndarray, ...] | Non
     rows = np.concatenate(rows_all)
     if rows.shape[0] == 0:
         return None
-    order = _Lazy(decoder.table, "record_id").at(rows)[0]
+    order = LazyColumn(decoder.table, "record_id").at(rows)[0]
     return np.concatenate(seqs), np.concatenate(groups), np.concatenate(complete), order
 
 
 class _KeyDetails:
     """Per (group, seq): the ranks, times, ops and local pg ids of its rows."""
 
-    def __init__(self, table: pa.Table, rows_of: dict[tuple[int, int], np.ndarray], times: _Lazy,
-                 decoder: _Decoder) -> None:
+    def __init__(self, table: pa.Table, rows_of: dict[tuple[int, int], np.ndarray], times: LazyColumn,
+                 decoder: SliceDecoder) -> None:
         self.rows_of = rows_of
         all_rows = np.concatenate(list(rows_of.values())) if rows_of else np.empty(0, np.int64)
         index = {int(r): i for i, r in enumerate(all_rows.tolist())}
@@ -172,15 +172,15 @@ class _KeyDetails:
                 str(self.decoder.ids.values[pid]) if pid >= 0 else None)
 
 
-def _mismatch(analysis: _Analysis, table: pa.Table, details: _KeyDetails, g: int, s: int,
-              sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None) -> _Mismatch | None:
+def _mismatch(analysis: Analysis, table: pa.Table, details: _KeyDetails, g: int, s: int,
+              sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None) -> Mismatch | None:
     pos = details.positions(g, s)
     if pos.shape[0] == 0:
         return None
     taken = details.taken.take(pa.array(pos))
     ops = details.decoder.ops.values
     op_codes = details.op[pos]
-    shape_ops = np.array([bool(_SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+    shape_ops = np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
     local = np.arange(taken.num_rows, dtype=np.int64)
     size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in taken.column_names
                                          else None,
@@ -207,24 +207,24 @@ def _mismatch(analysis: _Analysis, table: pa.Table, details: _KeyDetails, g: int
     op = ops[majority_sig[0]] if 0 <= majority_sig[0] < len(ops) else None
     pid = Counter(int(c) for c in details.pg_id[pos[:64]]).most_common(1)[0][0]
     what = "op" if kind == HangVerdict.OP_MISMATCH else "size/dtype"
-    detail = (f"{analysis.label(g)} seq {s}: {what} mismatch, rank(s) {_ranks_text(odd)} differ from "
-              f"rank(s) {_ranks_text(majority)}{' (a tie)' if tie else ''}: {describe}")
-    return _Mismatch(g, s, kind, odd, majority, tie, t, detail, op,
+    detail = (f"{analysis.label(g)} seq {s}: {what} mismatch, rank(s) {ranks_text(odd)} differ from "
+              f"rank(s) {ranks_text(majority)}{' (a tie)' if tie else ''}: {describe}")
+    return Mismatch(g, s, kind, odd, majority, tie, t, detail, op,
                      str(details.decoder.ids.values[pid]) if pid >= 0 else None)
 
 
-def _p2p_divergences(analysis: _Analysis, table: pa.Table, rows: np.ndarray, decoder: _Decoder,
-                     times: _Lazy) -> None:
+def _p2p_divergences(analysis: Analysis, table: pa.Table, rows: np.ndarray, decoder: SliceDecoder,
+                     times: LazyColumn) -> None:
     if "p2p_seq_id" not in table.column_names or rows.shape[0] == 0:
         return
     taken = table.take(pa.array(rows))
-    part = _Decoder.decode(_replace_table(decoder, taken), 0, taken.num_rows)
-    p2p_seq, p2p_valid = _ints(taken.column("p2p_seq_id"))
+    part = SliceDecoder.decode(_replace_table(decoder, taken), 0, taken.num_rows)
+    p2p_seq, p2p_valid = int_column(taken.column("p2p_seq_id"))
     created, created_valid = times.at(rows)
     ops = decoder.ops.values
     parsed: dict[int, tuple[int, int] | None] = {}
     for code in np.unique(part.op):
-        match = _P2P_OP.search(str(ops[code])) if code >= 0 else None
+        match = P2P_OP.search(str(ops[code])) if code >= 0 else None
         # 'send 0->1': self 0, peer 1; 'recv 1<-0': self 1, peer 0 (group-local ranks)
         parsed[int(code)] = (int(match.group(2)), int(match.group(4))) if match else None
     best: dict[tuple[int, int, int], tuple[int, bool, int]] = {}
@@ -252,7 +252,7 @@ def _p2p_divergences(analysis: _Analysis, table: pa.Table, rows: np.ndarray, dec
             continue
         if b in analysis.missing:
             if not done_a:
-                analysis.divergences.append(_Divergence(
+                analysis.divergences.append(Divergence(
                     g, "missing", seq_a, (b,), (a,), t_a, None, None,
                     f"{analysis.label(g)} p2p: rank {a} waits on rank {b}, which wrote no dump"))
             continue
@@ -260,14 +260,14 @@ def _p2p_divergences(analysis: _Analysis, table: pa.Table, rows: np.ndarray, dec
             continue
         seq_b = best.get((g, b, a), (-1, True, 0))[0]
         if seq_a > seq_b and not done_a:
-            analysis.divergences.append(_Divergence(
+            analysis.divergences.append(Divergence(
                 g, "p2p", seq_b + 1, (b,), (a,), t_a, None, None,
                 f"{analysis.label(g)} p2p: rank {a} posted p2p op {seq_a} with rank {b}, which is at {seq_b}"))
 
 
-def _replace_table(decoder: _Decoder, table: pa.Table) -> _Decoder:
+def _replace_table(decoder: SliceDecoder, table: pa.Table) -> SliceDecoder:
     """The decoder's code spaces over another table (the taken p2p rows)."""
-    clone = _Decoder.__new__(_Decoder)
+    clone = SliceDecoder.__new__(SliceDecoder)
     clone.__dict__.update(decoder.__dict__)
     clone.table = table
     return clone
@@ -282,7 +282,7 @@ def _describe_entries(taken: pa.Table, ranks: np.ndarray, ops: list[Any]) -> str
     for i in range(len(ranks)):
         shown[(ops[i], repr(sizes[i]) + " " + repr(dtypes[i]))].append(int(ranks[i]))
     for (op, what), who in list(shown.items())[:4]:
-        parts.append(f"{op} {what} on rank(s) {_ranks_text(sorted(set(who)), 6)}")
+        parts.append(f"{op} {what} on rank(s) {ranks_text(sorted(set(who)), 6)}")
     return "; ".join(parts)
 
 

@@ -15,7 +15,7 @@ BIG = np.iinfo(np.int64).max  # a time after every other (a divergence or root w
 
 
 @dataclass
-class _Divergence:
+class Divergence:
     group: int  # group code
     level: str  # "entered", "completed", "started", "p2p", "missing"
     seq: int | None  # first divergent sequence id
@@ -28,7 +28,7 @@ class _Divergence:
 
 
 @dataclass
-class _Mismatch:
+class Mismatch:
     group: int
     seq: int
     kind: HangVerdict
@@ -42,7 +42,7 @@ class _Mismatch:
 
 
 @dataclass
-class _Analysis:
+class Analysis:
     group_names: list[str]
     group_descs: dict[int, str | None]
     members: dict[int, tuple[int, ...]]
@@ -50,8 +50,8 @@ class _Analysis:
     dumped: set[int]
     expected: set[int]
     missing: set[int]
-    divergences: list[_Divergence] = field(default_factory=list)
-    mismatches: list[_Mismatch] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
     stuck_groups: list[tuple[int, int, tuple[int, ...], int]] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     history: Any = None  # rank -> (seqs, groups, index of first incomplete) in record order
@@ -75,20 +75,20 @@ class Root:
     explains, whether it is a cycle, and who waits on it."""
 
     ranks: list[int]
-    divergences: list[_Divergence] = field(default_factory=list)
-    mismatches: list[_Mismatch] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
     cyclic: bool = False
     waiting: set[int] = field(default_factory=set)
 
 
-def _ranks_text(ranks: Sequence[int], limit: int = 12) -> str:
+def ranks_text(ranks: Sequence[int], limit: int = 12) -> str:
     ranks = sorted(ranks)
     if len(ranks) <= limit:
         return ", ".join(map(str, ranks))
     return ", ".join(map(str, ranks[:limit])) + f", ... ({len(ranks)} ranks)"
 
 
-def _strongly_connected(n_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+def strongly_connected(n_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 

@@ -20,7 +20,7 @@ class HangVerdict(StrEnum):
 
 
 #: the coarse report-level family of each root kind (report.verdict keeps the families the decision rules know)
-_FAMILY = {HangVerdict.STUCK_OUTSIDE: HangVerdict.NEVER_JOINED, HangVerdict.SKIPPED: HangVerdict.NEVER_JOINED,
+VERDICT_FAMILY = {HangVerdict.STUCK_OUTSIDE: HangVerdict.NEVER_JOINED, HangVerdict.SKIPPED: HangVerdict.NEVER_JOINED,
            HangVerdict.CYCLE: HangVerdict.NEVER_JOINED}
 
 
@@ -82,10 +82,10 @@ class HangReport:
 
 
 # ops whose input shapes must agree on every member (others: all_to_all, scatter/gather roots, coalesced, p2p)
-_SHAPE_MUST_MATCH = re.compile(r":(all_reduce|allreduce|_allreduce_base|broadcast|reduce|all_gather|allgather|"
+SHAPE_MUST_MATCH = re.compile(r":(all_reduce|allreduce|_allreduce_base|broadcast|reduce|all_gather|allgather|"
                                r"_all_gather_base|all_gather_into_tensor|reduce_scatter|_reduce_scatter_base|"
                                r"reduce_scatter_tensor|barrier)(_coalesced)?$")
-_P2P_OP = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
+P2P_OP = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
 COLUMNS = ("rank", "pg_id", "pg_name", "pg_desc", "pg_ranks", "record_id", "collective_seq_id", "p2p_seq_id",
            "is_p2p", "op", "state", "retired", "time_created", "input_sizes", "input_dtypes")
 MAX_EVIDENCE = 24

@@ -7,7 +7,7 @@ from collections import defaultdict
 import numpy as np
 
 from faultlens.attribution.detectors.hang.describe import describe_root, headline, rooted_report, rootless_report
-from faultlens.attribution.detectors.hang.graph import BIG, Root, _Analysis, _Mismatch, _strongly_connected
+from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Mismatch, Root, strongly_connected
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.skips import skipped, skipped_by_consensus
 
@@ -15,7 +15,7 @@ from faultlens.attribution.detectors.hang.skips import skipped, skipped_by_conse
 class _WaitGraph:
     """Ranks and divergences as a wait-for graph: waiter -> divergence hub -> laggard."""
 
-    def __init__(self, analysis: _Analysis) -> None:
+    def __init__(self, analysis: Analysis) -> None:
         self.divergences = analysis.divergences
         self.rank_nodes = sorted(analysis.dumped | analysis.missing)
         self.node_of = {r: i for i, r in enumerate(self.rank_nodes)}
@@ -39,11 +39,11 @@ class _WaitGraph:
                     src.append(hub)
                     dst.append(node_of[lag])
         src_a, dst_a = np.asarray(src, np.int64), np.asarray(dst, np.int64)
-        labels = _strongly_connected(self.n_ranks + len(self.divergences), src_a, dst_a)
+        labels = strongly_connected(self.n_ranks + len(self.divergences), src_a, dst_a)
         return src_a, dst_a, labels
 
 
-def decide(analysis: _Analysis) -> HangReport:
+def decide(analysis: Analysis) -> HangReport:
     """The wait-for graph's independent roots (see the module docstring), each with its own kind and chain."""
     graph = _WaitGraph(analysis)
     # a rank that joined a collective its own group's peers completed is stuck inside it, whatever it (or its
@@ -63,7 +63,7 @@ def decide(analysis: _Analysis) -> HangReport:
     return rootless_report(analysis)
 
 
-def _break_cycles(analysis: _Analysis, graph: _WaitGraph, stalled: set[int]
+def _break_cycles(analysis: Analysis, graph: _WaitGraph, stalled: set[int]
                   ) -> tuple[dict[int, str], list[list[int]], np.ndarray, np.ndarray]:
     """Terminal components; cycles broken by each rank's own order (consensus of the others), then history.
     Returns the skippers (rank -> why), the terminal components and the final graph's edges."""
@@ -92,7 +92,7 @@ def _break_cycles(analysis: _Analysis, graph: _WaitGraph, stalled: set[int]
     return skippers, components, src, dst
 
 
-def _component_roots(analysis: _Analysis, graph: _WaitGraph, components: list[list[int]], src: np.ndarray,
+def _component_roots(analysis: Analysis, graph: _WaitGraph, components: list[list[int]], src: np.ndarray,
                      dst: np.ndarray, dropped: set[int]) -> list[Root]:
     """One root per terminal component, with who waits on it (reverse reachability over the graph without the
     skippers' out-edges) and its own divergences."""
@@ -134,12 +134,12 @@ def _merge_roots(roots: list[Root]) -> list[Root]:
     return list(merged.values())
 
 
-def _place_mismatches(analysis: _Analysis, roots: list[Root]) -> list[_Mismatch]:
+def _place_mismatches(analysis: Analysis, roots: list[Root]) -> list[Mismatch]:
     """Each mismatch becomes a root of its own, evidence of a root it belongs to (appended to `roots` in place),
     or a follow-on (returned)."""
     culprit_ranks = {r for root in roots for r in root.ranks}
     waiting_all = {w for root in roots for w in root.waiting} - culprit_ranks
-    follow_on_mismatches: list[_Mismatch] = []
+    follow_on_mismatches: list[Mismatch] = []
     first_wait: dict[int, int] = {}  # rank -> when it first waited on anyone (time of that collective)
     if analysis.mismatches:
         for d in analysis.divergences:

@@ -2,10 +2,10 @@
 same collectives (in groups playing the same part), or else by the rank's own periodic history."""
 
 
-from faultlens.attribution.detectors.hang.graph import _Analysis, _Divergence
+from faultlens.attribution.detectors.hang.graph import Analysis, Divergence
 
 
-def group_role(analysis: _Analysis, group: int) -> tuple:
+def group_role(analysis: Analysis, group: int) -> tuple:
     """Groups that play the same part in the program (one desc, one size: Megatron's TP groups) are compared by
     sequence id across ranks; a group without a usable desc plays only its own part."""
     desc = analysis.group_descs.get(group)
@@ -14,13 +14,13 @@ def group_role(analysis: _Analysis, group: int) -> tuple:
     return ("group", group)
 
 
-def _role_text(analysis: _Analysis, group: int) -> str:
+def _role_text(analysis: Analysis, group: int) -> str:
     role = group_role(analysis, group)
     return str(role[1]) if role[0] == "desc" else f"group {analysis.group_names[group]!r}"
 
 
-def skipped_by_consensus(analysis: _Analysis, rank: int, cycle: set[int],
-                         divergences: list[_Divergence]) -> str | None:
+def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int],
+                         divergences: list[Divergence]) -> str | None:
     """Did `rank` go past a collective it lags in? Its own cross-group entry order says which collectives it
     entered after its last one of the lagging group; the ranks outside the cycle that entered both (in groups of
     the same part: the other TP groups for a TP collective) say which comes first in the program. No periodic
@@ -58,7 +58,7 @@ def skipped_by_consensus(analysis: _Analysis, rank: int, cycle: set[int],
     return None
 
 
-def skipped(analysis: _Analysis, rank: int, divergences: list[_Divergence]) -> str | None:
+def skipped(analysis: Analysis, rank: int, divergences: list[Divergence]) -> str | None:
     """Program-order precedent: did `rank` skip a collective of a group it lags in? Returns the evidence text, or
     None when its lag is explained by where it is blocked (or history cannot tell)."""
     history = analysis.history(rank) if analysis.history else None
