@@ -130,6 +130,8 @@ class Store:
         self.date_to = date_to
         self.con = duckdb.connect()
         self.con.execute("SET TimeZone='UTC'")
+        # DuckDB draws a progress bar on stdout for a query over ~2 s: it would corrupt a command's --json output
+        self.con.execute("SET enable_progress_bar=false")
         if threads:
             self.con.execute(f"SET threads={int(threads)}")
         self._segments: dict[str, list[str]] = {}

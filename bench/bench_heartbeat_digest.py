@@ -106,7 +106,7 @@ def measured(store: Path, how: str) -> dict[str, Any]:
     _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"the {how} read failed ({status})")
-    result = json.loads(out)
+    result = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
     result.update(wall_s=round(time.perf_counter() - began, 2), cpu_s=round(usage.ru_utime + usage.ru_stime, 2),
                   peak_rss_mb=round(usage.ru_maxrss / 1024.0, 1))
     return result
