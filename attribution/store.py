@@ -8,6 +8,7 @@ in the new columns (union by name). Partition pruning (job, date range, node) ha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -131,7 +132,8 @@ class Store:
         self.con = duckdb.connect()
         self.con.execute("SET TimeZone='UTC'")
         # DuckDB draws a progress bar on stdout for a query over ~2 s: it would corrupt a command's --json output
-        self.con.execute("SET enable_progress_bar=false")
+        with contextlib.suppress(duckdb.Error):  # in Jupyter it is a widget, and the setting refuses to change
+            self.con.execute("SET enable_progress_bar=false")
         if threads:
             self.con.execute(f"SET threads={int(threads)}")
         self._segments: dict[str, list[str]] = {}
