@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from faultlens.attribution.detectors.progress.monitor import HEARTBEAT_INTERVALS
 from faultlens.attribution.telemetry import SECTION_PREFIX, Telemetry, _in_list, job_nodes, sample_fetcher, to_frame
 from faultlens.collectors.store.schema import empty_table, schema_for
 
@@ -99,8 +100,6 @@ def _heartbeat_history(query: object, job: str, digest: pd.DataFrame, warmup_ste
     """Per attempt, the beats of a known step from its first step + warm-up on, of its lowest ranks: rank by rank
     until they hold the HEARTBEAT_INTERVALS step intervals the progress baseline's fallback stops at
     (detectors/progress/monitor.py _heartbeat_intervals), so that it reads the same intervals as in every beat."""
-    from faultlens.attribution.detectors.progress.monitor import HEARTBEAT_INTERVALS
-
     if digest.empty:
         return digest
     known = digest[digest["step"].notna() & digest["step_ts"].notna() & digest["attempt"].notna()]

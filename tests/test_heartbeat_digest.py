@@ -14,7 +14,6 @@ second. Every detector's reading of them is the same from the reduction as from 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import random
 from pathlib import Path
 
@@ -32,25 +31,15 @@ from faultlens.attribution.detectors.progress.monitor import (
     _latest_beats,
 )
 from faultlens.attribution.engine import attribute
-from faultlens.attribution.incident import Incident
 from faultlens.attribution.store import Store
 from faultlens.attribution.telemetry import load_from_store, placements, to_frame
 from faultlens.attribution.windows import JobWindows, store_jobs
 from faultlens.collectors.store.sink import SegmentSink
 from tests.test_live_judgment import live_runs  # noqa: F401  (the real torch runs: a session fixture)
+from tests.test_windowed_attribution import _identity
 
 T0 = dt.datetime(2026, 11, 30, 8, 0, tzinfo=dt.UTC)
 WARMUP = 3
-
-
-def _identity(incidents: list[Incident]) -> list[str]:
-    rows = []
-    for incident in incidents:
-        row = incident.to_row()
-        row.pop("ts")
-        row.pop("detected_ts", None)
-        rows.append(json.dumps(row, sort_keys=True, default=str))
-    return sorted(rows)
 
 
 @pytest.mark.parametrize("name", ["healthy", "sigsegv", "nan", "nodeloss", "agentloss"])

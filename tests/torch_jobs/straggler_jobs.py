@@ -165,14 +165,6 @@ def _hog() -> list[subprocess.Popen]:
             for _ in range(os.cpu_count() or 2)]
 
 
-def run_case(case: Case, art: Path) -> Path:
-    """One case as its own torchrun job; its artifact directory is `art`."""
-    if art.name != case.name:
-        raise ValueError(f"a case's directory is named after it: {art} for {case.name}")
-    run_job([case], art.parent)
-    return art
-
-
 def run_job(cases: list[Case], out_dir: Path) -> None:
     """One torchrun job (8 ranks) running `cases` one after the other, all of one layout; each case's store,
     timer log and meta.json land in out_dir/<case>; the job's torchrun output in the first case's directory."""
