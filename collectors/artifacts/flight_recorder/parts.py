@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from faultlens.collectors.sources.source import NodeIdentity
 log = logging.getLogger(__name__)
 
 PROCESS_MIN_FILES = 1024  # below this, threads in one process; above, the files are split over processes
+PARSE_AHEAD_BYTES = 64 << 20  # dump bytes parsed ahead of the assembly (their columns are about as large)
 
 
 @dataclass
@@ -55,21 +57,34 @@ def _loader(twins: dict[Path, Path], max_frames: int, fast_path: bool,
 
 def _loaded(primary: list[Path], load: Callable[[Path], _Dump | DumpFileError],
             workers: int) -> Iterator[_Dump | DumpFileError]:
-    """Dumps in file order, parsed a window at a time (parsing releases the GIL), so that only a window of
-    parsed dumps waits for assembly."""
+    """Dumps in file order, parsed ahead by `workers` threads (parsing releases the GIL). The window ahead is
+    bounded by the files' bytes (PARSE_AHEAD_BYTES), not a count: wide enough that the threads go on parsing
+    while the caller builds an Arrow chunk (a quarter of a second per million rows, during which a window of a
+    few dumps would leave them idle), narrow enough that only that many parsed dumps wait for assembly."""
     if workers <= 1 or len(primary) <= 1:
         yield from map(load, primary)
         return
-    window = 8 * workers
+    pending: deque[tuple[Future[_Dump | DumpFileError], int]] = deque()
+    held = 0
+    next_index = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending = [pool.submit(load, p) for p in primary[:window]]
-        next_index = window
-        while pending:
-            result = pending.pop(0).result()
-            if next_index < len(primary):
-                pending.append(pool.submit(load, primary[next_index]))
+        while pending or next_index < len(primary):
+            while next_index < len(primary) and (len(pending) < 2 * workers or held < PARSE_AHEAD_BYTES):
+                path = primary[next_index]
+                size = _file_size(path)
+                pending.append((pool.submit(load, path), size))
+                held += size
                 next_index += 1
-            yield result
+            future, size = pending.popleft()
+            held -= size
+            yield future.result()
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # the loader reports it
 
 
 def _take(part: _Part, result: _Dump | DumpFileError, seen_ranks: dict[int, str], dir_name: str) -> None:
