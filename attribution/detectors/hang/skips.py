@@ -7,15 +7,51 @@ from faultlens.attribution.detectors.hang.graph import Analysis, Divergence
 
 def group_role(analysis: Analysis, group: int) -> tuple:
     """Groups that play the same part in the program (one desc, one size: Megatron's TP groups) are compared by
-    sequence id across ranks; a group without a usable desc plays only its own part."""
+    sequence id across ranks. Groups without a usable desc (new_group / new_subgroups without group_desc:
+    'undefined') play the part of their creation run (creation_runs); a group in no run plays only its own."""
     desc = analysis.group_descs.get(group)
     if desc and desc not in ("undefined", "default_pg"):
         return ("desc", desc, len(analysis.members.get(group, ())))
-    return ("group", group)
+    if analysis.roles is None:
+        analysis.roles = creation_runs(analysis)
+    return analysis.roles.get(group, ("group", group))
+
+
+def creation_runs(analysis: Analysis) -> dict[int, tuple]:
+    """The parts desc-less groups play, from how jobs create groups: one part's groups in a loop, one after another
+    (torch names groups by a counter: '7', '8', ...), of one size, disjoint (each rank in one of them). A run of
+    such groups with consecutive names ends at a gap, another size, or a group that shares a rank with the run
+    (the next part's first group: a TP group after the PP groups that cover every rank). Only runs of two or
+    more groups are parts; names that are no counter (hashed names) give none."""
+    numbered = sorted((int(name), g) for g, name in enumerate(analysis.group_names)
+                      if g in analysis.members and str(name).isdigit()
+                      and analysis.group_descs.get(g) in (None, "undefined"))
+    roles: dict[int, tuple] = {}
+    run: list[int] = []
+    covered: set[int] = set()
+    last = None
+
+    def close() -> None:
+        if len(run) >= 2:
+            role = ("run", analysis.group_names[run[0]], len(analysis.members[run[0]]))
+            roles.update((g, role) for g in run)
+
+    for number, g in numbered:
+        ranks = set(analysis.members[g])
+        if run and (number != last + 1 or len(ranks) != len(analysis.members[run[0]]) or ranks & covered):
+            close()
+            run, covered = [], set()
+        run.append(g)
+        covered |= ranks
+        last = number
+    close()
+    return roles
 
 
 def _role_text(analysis: Analysis, group: int) -> str:
     role = group_role(analysis, group)
+    if role[0] == "run":
+        return f"group {analysis.group_names[group]!r} (or a group created beside it)"
     return str(role[1]) if role[0] == "desc" else f"group {analysis.group_names[group]!r}"
 
 
@@ -52,7 +88,8 @@ def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int],
                 else:
                     con += 1
             if pro and pro > con:
-                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) outside the cycle "
+                outside = "outside the cycle" if len(cycle) > 1 else "besides it"
+                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) {outside} "
                         f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq {d.seq} before "
                         f"their {_role_text(analysis, g)} seq {s_own}, which rank {rank} entered without it")
     return None
