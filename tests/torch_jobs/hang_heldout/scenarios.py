@@ -220,6 +220,25 @@ MAIN_SCENARIOS: tuple[HeldoutScenario, ...] = (
        {6: SO}),
     _h("l8_ckpt_world_step6", "l8", "stage-1 rank 5 blocks in save_checkpoint before step 6's world all_reduce",
        "pipeline", 8, [(5, 6, 6, "checkpoint")], {5: SO}),
+    # second wave: the families again where the first wave's fixes must hold in other shapes
+    _h("l6_two_in_tp", "l6", "ranks 3 and 4 (one TP group of three) both block before step 1's TP all_reduce: "
+       "rank 5 waits on both", "tp_dp_world", 3, [(3, 1, 0, "stuck"), (4, 1, 0, "stuck")], {3: SO, 4: SO}),
+    _h("l12_skip_early_tp", "l12", "rank 4 leaves out its first TP all_reduce (step 0, no history; TP groups "
+       "without descs) and waits in the 12-rank group; rank 1 waits in TP for it", "tp_dp_world", 3,
+       [(4, 0, 0, "skip")], {4: "skipped"}),
+    _h("l12_size_tp", "l12", "rank 10 all_reduces its TP tensor as [1, 16] at step 2 in a group of two without "
+       "a desc (one against one)", "tp_dp_world", 4, [(10, 2, 0, "size")], {10: "size_mismatch"}),
+    _h("l12_two_near_nodesc", "l12", "ranks 0 and 11 (different TP and DP groups, no descs) block before step "
+       "1's DP all_reduce", "tp_dp_world", 3, [(0, 1, 1, "stuck"), (11, 1, 1, "stuck")], {0: SO, 11: SO}),
+    _h("l16_op_ep", "l16", "rank 6 runs all_gather where its EP peer (rank 4, a group of two) runs all_reduce at "
+       "step 1: both block in it", "moe", 3, [(6, 1, 1, "op")], {6: "op_mismatch"}),
+    _h("l16_invert_step0", "l16", "rank 9 runs the world all_reduce before its DP all_reduce in step 0, every "
+       "other rank DP first: rank 13 waits in DP for it, it waits in the world group", "moe", 3,
+       [(9, 0, 2, "invert")], {9: "skipped"}),
+    _h("l16b_size_then_stuck", "l16b", "rank 2's DP all_reduce of step 0 has another shape (completes), and at "
+       "step 3 rank 12 blocks before its TP all_reduce: two independent roots", "tp_dp", 5,
+       [(2, 0, 1, "size"), (12, 3, 0, "stuck")], {2: "size_mismatch", 12: SO}),
+    _h("l8_healthy", "l8", "no fault: the 4-stage pipeline's sends and receives all complete", "pipeline", 3, []),
     # phase 2: a SIGKILL ends the process for every scenario
     _h("l12_sigkill", "l12", "rank 9 is SIGKILLed before step 2's DP all_reduce and writes no dump",
        "tp_dp_world", 4, [(9, 2, 1, "kill")], {9: "missing_dump"}, phase=2),
