@@ -238,6 +238,9 @@ MAIN_SCENARIOS: tuple[HeldoutScenario, ...] = (
     _h("l16b_size_then_stuck", "l16b", "rank 2's DP all_reduce of step 0 has another shape (completes), and at "
        "step 3 rank 12 blocks before its TP all_reduce: two independent roots", "tp_dp", 5,
        [(2, 0, 1, "size"), (12, 3, 0, "stuck")], {2: "size_mismatch", 12: SO}),
+    _h("l16b_skip_early_dp", "l16b", "rank 6 leaves out its first DP all_reduce (step 0, the step's last "
+       "collective) and goes on; its DP all_reduces pair with its peers' earlier ones until the last step, where "
+       "ranks 2, 10, 14 wait in DP while rank 6 has finished", "tp_dp", 3, [(6, 0, 1, "skip")], {6: "skipped"}),
     _h("l8_healthy", "l8", "no fault: the 4-stage pipeline's sends and receives all complete", "pipeline", 3, []),
     # phase 2: a SIGKILL ends the process for every scenario
     _h("l12_sigkill", "l12", "rank 9 is SIGKILLed before step 2's DP all_reduce and writes no dump",
