@@ -1,7 +1,7 @@
 """The held-out hang set (tests/torch_jobs/hang_heldout): real gloo dump sets of job shapes the hang corpus does not
 have (6, 8, 12 and 16 ranks; TP3 x DP2, DP-fastest TP2 x DP3 x PP2 without descs, Megatron TP2 x EP2 x DP2 x PP2,
 TP4 x DP4 from new_subgroups, a 4-stage pipeline, a job with only the default group), the corpus' fault families in
-them, generated once per session (two launches side by side) and cached.
+them (30 scenarios), generated once per session (two launches side by side) and cached.
 
 Every scenario: the exact culprit set, no victim named, each culprit's kind; every rank left blocked in a step is a
 follow-on of a culprit."""

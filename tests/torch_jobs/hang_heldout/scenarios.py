@@ -3,8 +3,9 @@ layout, Megatron descs, groups from new_group) does not have, with the corpus' f
 
 Pure data (no torch import). The corpus' worker and generator run them (hang_corpus/worker.py loads a suite by
 name): MAIN, a launch of 16 processes in which each scenario's job is ranks 0 .. n-1 (the other processes create
-its groups and sit it out), and DEFAULT_ONLY, a launch of 4 processes whose one scenario uses nothing but the
-default group (a job may have one default group, so one scenario per launch).
+its groups and sit it out), and DEFAULT_ONLY, a launch of 4 processes whose phase-1 scenario uses nothing but the
+default group (a process has one default group, so one such scenario per launch), and whose phase 2 (a SIGKILL)
+is a 4-stage pipeline on groups of its own.
 
 Layouts (dims fastest-varying first: rank = sum(coord[k] * stride[k])):
   l6   TP3 x DP2, rank = tp + 3 dp; DP groups created first (new_subgroups_by_enumeration), then TP, then a
@@ -18,6 +19,7 @@ Layouts (dims fastest-varying first: rank = sum(coord[k] * stride[k])):
   l8   PP4 x TP2, rank = pp + 4 tp (pipeline-major): a 4-stage pipeline, send/recv to the next and previous
        stage inside 4-rank PP groups
   l4   the default group only (DEFAULT_ONLY)
+  l4p  PP4 alone: a 4-stage pipeline and an all_reduce of its stages (DEFAULT_ONLY, phase 2)
 
 Fault kinds and truth vocabulary: hang_corpus/scenarios.py.
 """
@@ -93,6 +95,7 @@ LAYOUTS = {layout.name: layout for layout in (
     Layout("l8", (("pp", 4), ("tp", 2)),
            (("tp", MEGATRON["tp"], "new_group"), ("pp", MEGATRON["pp"], "enumeration"), ("world", None, "new_group"))),
     Layout("l4", (("dp", 4),), (("world", "default_pg", "default"),)),
+    Layout("l4p", (("pp", 4),), (("pp", MEGATRON["pp"], "new_group"),)),
 )}
 
 AR = "all_reduce"
@@ -114,6 +117,14 @@ def _pipeline(stage: int, stages: int) -> tuple[Op, ...]:
     return tuple(forward + backward + [("world", AR)])
 
 
+def _pipeline_only(stage: int, stages: int) -> tuple[Op, ...]:
+    """A pipeline with no other parallelism: activations on, gradients back, then an all_reduce of the stages."""
+    first, last = stage == 0, stage == stages - 1
+    forward = ([] if first else [("pp", "recv_prev")]) + ([] if last else [("pp", "send_next")])
+    backward = ([] if last else [("pp", "recv_next")]) + ([] if first else [("pp", "send_prev")])
+    return tuple(forward + backward + [("pp", AR)])
+
+
 def _fixed(*ops: Op) -> Callable[[int, int], tuple[Op, ...]]:
     return lambda stage, stages: ops
 
@@ -125,6 +136,7 @@ PROGRAMS: dict[str, Callable[[int, int], tuple[Op, ...]]] = {
     "chain4": _fixed(("tp", AR), ("ep", AR), ("dp", AR), ("pp", AR)),
     "megatron2": _megatron2,
     "pipeline": _pipeline,
+    "pipeline_only": _pipeline_only,
     "default": _fixed(("world", AR), ("world", "broadcast"), ("world", AR)),
 }
 
@@ -249,6 +261,10 @@ MAIN_SCENARIOS: tuple[HeldoutScenario, ...] = (
 DEFAULT_SCENARIOS: tuple[HeldoutScenario, ...] = (
     _h("l4_default_stuck", "l4", "a job with only the default group: rank 2 blocks before step 3's broadcast "
        "(root 0)", "default", 5, [(2, 3, 1, "stuck")], {2: SO}),
+    # phase 2, on the same four processes (groups of its own): the default group stays stuck behind phase 1
+    _h("l4p_pipe_sigkill", "l4p", "a 4-stage pipeline alone: stage-2 rank 2 is SIGKILLed before sending step 1's "
+       "activations on and writes no dump: rank 3 waits in recv for it, ranks 1 and 0 in recv for the gradients",
+       "pipeline_only", 3, [(2, 1, 1, "kill")], {2: "missing_dump"}, phase=2),
 )
 
 MAIN = SimpleNamespace(WORLD_SIZE=16, SCENARIOS=MAIN_SCENARIOS)
