@@ -117,3 +117,51 @@ def test_a_gloo_rank_whose_last_entry_is_not_yet_retired_is_no_stall(tmp_path: P
     dumps[rank]["entries"][-1]["retired"] = False
     report = _analyze(fb.write_set(tmp_path, dumps))
     assert report.culprit_ranks == () and report.verdict != HangVerdict.STALLED
+
+
+def _without_descs(dumps: dict[int, dict]) -> dict[int, dict]:
+    """The same set as a job whose groups were made without group_desc (new_group / new_subgroups): every group
+    but the default one is 'undefined'."""
+    for top in dumps.values():
+        for e in top["entries"]:
+            name, desc = e["process_group"]
+            e["process_group"] = (name, desc if desc == "default_pg" else "undefined")
+        for config in top["pg_config"].values():
+            if config["desc"] != "default_pg":
+                config["desc"] = "undefined"
+    return dumps
+
+
+@pytest.mark.parametrize(("shape", "rank", "index"), [((2, 2, 2), 2, 0), ((2, 2, 2), 5, 1), ((4, 2, 2), 9, 3),
+                                                      ((2, 4, 2), 6, 0)])
+def test_a_skip_at_the_first_step_is_ordered_without_descs(tmp_path: Path, shape: tuple, rank: int,
+                                                           index: int) -> None:
+    """Groups without a desc play the part of the groups created beside them (one size, disjoint): the other TP
+    groups still order a TP skip."""
+    dumps = _without_descs(fb.Job(fb.megatron_like(*shape), PROGRAM, 4, [fb.Fault(rank, 0, index, kind="skip")]).run())
+    report = _analyze(fb.write_set(tmp_path, dumps))
+    assert report.culprit_ranks == (rank,), report.reason
+    assert not report.unresolved_cycle
+    # leaving out the step's first TP all_reduce pairs its TP broadcast with the peers' all_reduce: the trace shows
+    # an op mismatch first (with descs the same); any other skip is a skip, a cycle or not (9, 3: the PP
+    # all_reduce that ends the step, which the rank's next step's one pairs with until it has finished)
+    want = HangVerdict.OP_MISMATCH if index == 0 else HangVerdict.SKIPPED
+    assert dict(report.roots[0].kinds)[rank] == want.value, report.reason
+
+
+@pytest.mark.parametrize("descs", [True, False])
+@pytest.mark.parametrize(("rank", "seq"), [(5, 2), (2, 1), (7, 4)])
+def test_a_one_against_one_mismatch_is_decided_by_the_groups_playing_its_part(tmp_path: Path, rank: int, seq: int,
+                                                                             descs: bool) -> None:
+    """A size mismatch in a DP group of two (one rank against one) names the rank whose sizes the other DP groups'
+    same collective does not have, never its peer."""
+    dumps = fb.Job(fb.megatron_like(2, 2, 2), PROGRAM, 6).run()
+    dumps = dumps if descs else _without_descs(dumps)
+    changed = next(e for e in dumps[rank]["entries"]
+                   if e["process_group"][0] in fb.groups_named(fb.megatron_like(2, 2, 2), DP)
+                   and e["collective_seq_id"] == seq)
+    changed["input_sizes"] = [[2, 2048]]
+    report = _analyze(fb.write_set(tmp_path, dumps))
+    assert report.culprit_ranks == (rank,), report.reason
+    assert dict(report.roots[0].kinds)[rank] == HangVerdict.SIZE_MISMATCH.value
+    assert report.confidence >= 0.6

@@ -38,13 +38,22 @@ How the answer is reached
    program-order prediction where the member's own history is periodic (the point where its next collective of
    group H was due relative to its sequence in group K). A skipper's out-edges are dropped and the components
    recomputed. A cycle nothing can order is reported whole, kind `cycle`, confidence 0.5 (below the policy's
-   threshold: never a failover).
+   threshold: never a failover). Groups without a desc ('undefined': new_group / new_subgroups without
+   group_desc) play the part of their creation run: consecutive counter names, one size, disjoint (skips.py
+   creation_runs). A skip need not close a cycle (with no later collective that needs the waiting peers, the
+   skipper's later collectives pair with its peers' earlier ones until it is done): a terminal rank alone is
+   checked by the same consensus, and is `skipped` where it went past the collective.
 5. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name, dtypes and, for
    ops whose shapes must agree (all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier), the input
    sizes. The ranks outside the majority are the odd ones (gloo even completes an all_reduce of equal element count
    but different shape; only the trace shows it). A mismatch is its own root, or evidence of the root its odd
    ranks belong to (the root's headline when earlier than its divergence); a tie is decided by the roots the graph
-   found; a follow-on only when its odd ranks were already waiting on a root when they made it.
+   found; a follow-on only when its odd ranks were already waiting on a root when they made it. A tie (one against
+   one in a group of two) is first broken by the same collective of the groups playing the same part, else by
+   the group's neighbouring collectives: the side that matches what the others agree on is the majority. A
+   mismatched collective the group is stuck in (all entered, none went past: all_gather against all_reduce)
+   makes its majority wait on the odd ranks (divergence level `mismatch`): the odd ranks are the root, with the
+   mismatch's kind, and the majority follow-ons.
 6. **Kinds** (HangRoot.kind; the report's `verdict` keeps the coarse family): never_joined, stuck_outside (never
    joined and inside no collective: every entry it recorded completed, or its stack is in user code), skipped,
    stalled, size_mismatch, op_mismatch, missing_dumps, cycle. Confidence: the lowest of the roots'.
@@ -58,7 +67,9 @@ and {14}: exactly the two faulty ranks, never the ranks that merely wait on them
 (tests: torch_artifacts 'subgroup_hang'), rank 2 waits for rank 3 in the pair group while ranks 0, 1, 3 wait for
 rank 2 in the world group: a cycle {2, 3}; rank 3's history (pair collective k after world collective k) shows it
 entered world seq 5 where pair seq 4 was due, so rank 3 is the skipper and rank 2 a follow-on. The hang corpus
-(tests/torch_jobs/hang_corpus: 23 real 8-rank gloo dump sets) and bench/bench_hang_accuracy.py measure the rest.
+(tests/torch_jobs/hang_corpus: 23 real 8-rank gloo dump sets) and bench/bench_hang_accuracy.py measure the rest;
+tests/torch_jobs/hang_heldout holds 28 real gloo sets of other shapes (6 to 16 ranks, other rank orders, groups
+without descs or from new_subgroups, a 4-stage pipeline, the default group alone).
 
 Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and per-(group, seq)
 signature extremes, pass 2 fetches the rows of the few keys that need detail. 16,384 ranks x 2,000 entries is

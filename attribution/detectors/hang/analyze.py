@@ -13,6 +13,7 @@ from faultlens.attribution.detectors.hang.columns import LazyColumn
 from faultlens.attribution.detectors.hang.decode import SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
+    _break_ties,
     _key_orders,
     _KeyDetails,
     _mismatch,
@@ -83,6 +84,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     first.signature_parts.clear()
     first.progress_parts.clear()
     times = _pass_two(analysis, table, decoder, pending, stuck_pending, bad_keys, sizes_column, dtypes_column)
+    _break_ties(analysis, decoder, table)
+    _mismatch_waits(analysis, progress)
     p2p_all = np.concatenate(first.p2p_rows) if first.p2p_rows else np.empty(0, np.int64)
     _p2p_divergences(analysis, table, p2p_all, decoder, times)
     _attach_history(analysis, decoder, progress, device_states)
@@ -295,6 +298,26 @@ def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pendin
         if mismatch is not None:
             analysis.mismatches.append(mismatch)
     return times
+
+
+def _mismatch_waits(analysis: Analysis, progress: _Progress) -> None:
+    """A mismatched collective its group is stuck in (every member entered it, none went past it: an all_gather
+    against an all_reduce) holds the majority because of the odd ranks: the majority members that have not
+    completed it wait on them (a divergence "mismatch"), so the odd ranks are the root and the majority, and
+    everyone waiting on the majority, follow-ons. A mismatch the group went past (gloo completes an all_reduce of
+    another shape) holds nobody; a tie says nobody's side."""
+    for m in analysis.mismatches:
+        if m.tie:
+            continue
+        by_rank = progress.get(m.group, {})
+        involved = set(m.odd) | set(m.majority)
+        if not involved or any(r not in by_rank or by_rank[r][0] != m.seq for r in involved):
+            continue
+        waiters = tuple(sorted(r for r in m.majority if by_rank[r][1] < m.seq))
+        if waiters:
+            analysis.divergences.append(Divergence(
+                m.group, "mismatch", m.seq, tuple(m.odd), waiters, m.time, m.op, m.pg_id,
+                f"{m.detail}; rank(s) {ranks_text(waiters)} wait in it for rank(s) {ranks_text(m.odd)}"))
 
 
 def _attach_history(analysis: Analysis, decoder: SliceDecoder, progress: _Progress, device_states: bool) -> None:

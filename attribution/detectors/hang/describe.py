@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, Root, ranks_text
 from faultlens.attribution.detectors.hang.report import MAX_EVIDENCE, VERDICT_FAMILY, HangReport, HangRoot, HangVerdict
 
-_LEVEL_RANK = {"entered": 0, "completed": 1, "started": 2, "missing": 3, "p2p": 4, "stack": 5}
+_LEVEL_RANK = {"mismatch": 0, "entered": 1, "completed": 2, "started": 3, "missing": 4, "p2p": 5, "stack": 6}
 
 
 def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangRoot, ...],
@@ -86,8 +86,10 @@ def headline(root: Root) -> Divergence | None:
     """The divergence that best says what a root did: a collective (not p2p) one, covering most of its ranks,
     earliest."""
     ranks = set(root.ranks)
-    return min(root.divergences, key=lambda d: (d.level in ("p2p", "stack"), -len(set(d.laggards) & ranks), d.time,
-                                                _LEVEL_RANK[d.level]), default=None)
+    # a mismatched collective the root's ranks hold their group in says what they did, whatever else they lag in
+    return min(root.divergences, key=lambda d: (d.level != "mismatch", d.level in ("p2p", "stack"),
+                                                -len(set(d.laggards) & ranks), d.time, _LEVEL_RANK[d.level]),
+               default=None)
 
 
 def _rank_kind(analysis: Analysis, rank: int, root: Root, skippers: dict[int, str]) -> HangVerdict:
@@ -98,7 +100,7 @@ def _rank_kind(analysis: Analysis, rank: int, root: Root, skippers: dict[int, st
     if root.cyclic:
         return HangVerdict.CYCLE
     levels = {d.level for d in root.divergences if rank in d.laggards}
-    if not levels and root.mismatches:
+    if (not levels or "mismatch" in levels) and root.mismatches:
         return root.mismatches[0].kind
     if levels & {"completed", "started"}:
         return HangVerdict.STALLED  # stuck inside a collective its peers completed: that explains the rest
@@ -116,7 +118,7 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
     head = headline(root)
     mismatch = min(root.mismatches, key=lambda m: m.time, default=None)
     kinds = {r: _rank_kind(analysis, r, root, skippers) for r in root.ranks}
-    use_mismatch = mismatch is not None and (head is None or mismatch.time <= head.time)
+    use_mismatch = mismatch is not None and (head is None or mismatch.time <= head.time or head.level == "mismatch")
     if use_mismatch:
         kind = mismatch.kind
         kinds = {r: (mismatch.kind if r in mismatch.odd or mismatch.tie else k) for r, k in kinds.items()}
@@ -127,6 +129,9 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
     if use_mismatch:
         chain.append(mismatch.detail)
     for d in sorted(root.divergences, key=lambda d: (d is not head, d.time))[:MAX_EVIDENCE]:
+        if use_mismatch and d.level == "mismatch" and (d.group, d.seq) == (mismatch.group, mismatch.seq):
+            chain.append(f"rank(s) {ranks_text(d.waiters)} wait in it for rank(s) {ranks_text(d.laggards)}")
+            continue
         chain.append(d.detail)
     for m in root.mismatches:
         if m is not mismatch or not use_mismatch:

@@ -213,6 +213,69 @@ def _mismatch(analysis: Analysis, table: pa.Table, details: _KeyDetails, g: int,
                      str(details.decoder.ids.values[pid]) if pid >= 0 else None)
 
 
+def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> None:
+    """A mismatch between equally many ranks (a group of two: its members disagree, one against one) says nobody's
+    side by count. The same collective elsewhere does: first the same sequence id in the other groups playing the
+    same part (the other DP groups' DP all_reduce of that step), then the group's own neighbouring collectives.
+    Where exactly one side's op, sizes and dtypes are those the others agree on, that side is the majority and
+    the other the odd ranks; else the tie stands."""
+    ties = [m for m in analysis.mismatches if m.tie]
+    if not ties:
+        return
+    by_role: dict[tuple, list[int]] = defaultdict(list)
+    for g in analysis.members:
+        by_role[group_role(analysis, g)].append(g)
+    references: list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] = []
+    wanted: set[tuple[int, int]] = set()
+    for m in ties:
+        same = [(g, m.seq) for g in by_role[group_role(analysis, m.group)] if g != m.group][:64]
+        own = [(m.group, m.seq + d) for d in (-3, -2, -1, 1, 2, 3) if m.seq + d >= 0]
+        references.append((same, own))
+        wanted |= {(m.group, m.seq), *same, *own}
+    rows_of = _rows_for_keys(decoder, wanted)
+    if not rows_of:
+        return
+    keys = list(rows_of)
+    all_rows = np.concatenate([rows_of[k] for k in keys])
+    needed = [c for c in ("rank", "op", "input_sizes", "input_dtypes") if c in table.column_names]
+    taken = table.select(needed).take(pa.array(all_rows))
+    n = taken.num_rows
+    ops = decoder.ops.codes(taken.column("op") if "op" in needed else None, n)
+    size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in needed else None,
+                                         taken.column("input_dtypes") if "input_dtypes" in needed else None,
+                                         np.arange(n, dtype=np.int64))
+    shape_ops = np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in decoder.ops.values] + [False], bool)
+    size_sig = np.where(shape_ops[ops], size_sig, np.uint64(0))
+    ranks = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
+    by_key: dict[tuple[int, int], dict[int, tuple[int, int, int]]] = {}
+    i = 0
+    for key in keys:
+        sigs: dict[int, tuple[int, int, int]] = {}
+        for j in range(i, i + len(rows_of[key])):
+            sigs.setdefault(int(ranks[j]), (int(ops[j]), int(size_sig[j]), int(dtype_sig[j])))
+        by_key[key] = sigs
+        i += len(rows_of[key])
+    for m, (same, own) in zip(ties, references, strict=True):
+        sides: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+        for rank, sig in by_key.get((m.group, m.seq), {}).items():
+            sides[sig].append(rank)
+        for refs, how in ((same, "the same collective of the other groups playing its part"),
+                          (own, "the group's own neighbouring collectives")):
+            agreed = {next(iter(set(by_key[k].values()))) for k in refs
+                      if k in by_key and len(set(by_key[k].values())) == 1}
+            matching = [sig for sig in sides if sig in agreed]
+            if len(matching) == 1 and len(sides) >= 2:
+                majority = tuple(sorted(sides[matching[0]]))
+                odd = tuple(sorted(r for sig, who in sides.items() if sig != matching[0] for r in who))
+                before = f"rank(s) {ranks_text(m.odd)} differ from rank(s) {ranks_text(m.majority)} (a tie)"
+                m.detail = (m.detail.replace(before, f"rank(s) {ranks_text(odd)} differ from rank(s) "
+                                                     f"{ranks_text(majority)}")
+                            + f"; the tie is broken by {how}: rank(s) {ranks_text(majority)} match them, rank(s) "
+                              f"{ranks_text(odd)} do not")
+                m.odd, m.majority, m.tie = odd, majority, False
+                break
+
+
 def _p2p_divergences(analysis: Analysis, table: pa.Table, rows: np.ndarray, decoder: SliceDecoder,
                      times: LazyColumn) -> None:
     if "p2p_seq_id" not in table.column_names or rows.shape[0] == 0:

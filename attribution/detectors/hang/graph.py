@@ -60,6 +60,7 @@ class Analysis:
     where: dict[int, Any] = field(default_factory=dict)
     key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
     device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
+    roles: dict[int, tuple] | None = None  # desc-less group -> the part it plays (skips.creation_runs), lazily
 
     def label(self, group: int) -> str:
         if not 0 <= group < len(self.group_names):

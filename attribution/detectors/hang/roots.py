@@ -89,6 +89,14 @@ def _break_cycles(analysis: Analysis, graph: _WaitGraph, stalled: set[int]
         if not found:
             break
         skippers.update(found)
+    # a skip need not close a cycle: with no later collective that needs its waiting peers, the skipper goes on
+    # (its later collectives of the group pair with its peers' earlier ones) until it is done or blocked
+    # elsewhere, a terminal rank alone; its own entry order against the others' still shows it went past
+    alone = [comp[0] for comp in components if len(comp) == 1]
+    for rank in [r for r in alone if r in laggards and r not in set(skippers) | analysis.missing | stalled][:64]:
+        verdict = skipped_by_consensus(analysis, rank, {rank}, divergences, look_back=True)
+        if verdict:
+            skippers[rank] = verdict
     return skippers, components, src, dst
 
 

@@ -7,24 +7,65 @@ from faultlens.attribution.detectors.hang.graph import Analysis, Divergence
 
 def group_role(analysis: Analysis, group: int) -> tuple:
     """Groups that play the same part in the program (one desc, one size: Megatron's TP groups) are compared by
-    sequence id across ranks; a group without a usable desc plays only its own part."""
+    sequence id across ranks. Groups without a usable desc (new_group / new_subgroups without group_desc:
+    'undefined') play the part of their creation run (creation_runs); a group in no run plays only its own."""
     desc = analysis.group_descs.get(group)
     if desc and desc not in ("undefined", "default_pg"):
         return ("desc", desc, len(analysis.members.get(group, ())))
-    return ("group", group)
+    if analysis.roles is None:
+        analysis.roles = creation_runs(analysis)
+    return analysis.roles.get(group, ("group", group))
+
+
+def creation_runs(analysis: Analysis) -> dict[int, tuple]:
+    """The parts desc-less groups play, from how jobs create groups: one part's groups in a loop, one after another
+    (torch names groups by a counter: '7', '8', ...), of one size, disjoint (each rank in one of them). A run of
+    such groups with consecutive names ends at a gap, another size, or a group that shares a rank with the run
+    (the next part's first group: a TP group after the PP groups that cover every rank). Only runs of two or
+    more groups are parts; names that are no counter (hashed names) give none."""
+    numbered = sorted((int(name), g) for g, name in enumerate(analysis.group_names)
+                      if g in analysis.members and str(name).isdigit()
+                      and analysis.group_descs.get(g) in (None, "undefined"))
+    roles: dict[int, tuple] = {}
+    run: list[int] = []
+    covered: set[int] = set()
+    last = None
+
+    def close() -> None:
+        if len(run) >= 2:
+            role = ("run", analysis.group_names[run[0]], len(analysis.members[run[0]]))
+            roles.update((g, role) for g in run)
+
+    for number, g in numbered:
+        ranks = set(analysis.members[g])
+        if run and (number != last + 1 or len(ranks) != len(analysis.members[run[0]]) or ranks & covered):
+            close()
+            run, covered = [], set()
+        run.append(g)
+        covered |= ranks
+        last = number
+    close()
+    return roles
 
 
 def _role_text(analysis: Analysis, group: int) -> str:
     role = group_role(analysis, group)
+    if role[0] == "run":
+        return f"group {analysis.group_names[group]!r} (or a group created beside it)"
     return str(role[1]) if role[0] == "desc" else f"group {analysis.group_names[group]!r}"
 
 
-def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int],
-                         divergences: list[Divergence]) -> str | None:
+def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int], divergences: list[Divergence],
+                         look_back: bool = False) -> str | None:
     """Did `rank` go past a collective it lags in? Its own cross-group entry order says which collectives it
     entered after its last one of the lagging group; the ranks outside the cycle that entered both (in groups of
     the same part: the other TP groups for a TP collective) say which comes first in the program. No periodic
-    history is needed: one step of the others' order is enough."""
+    history is needed: one step of the others' order is enough.
+
+    look_back (a terminal rank alone): where it entered nothing after its last collective of the lagging group
+    (the group's collective ends each step, and the rank has finished), the collectives it entered just before
+    that one: if the others entered their same-numbered collective of the group first, the rank runs one behind
+    in the group since it left one out (its later ones paired with its peers' earlier ones)."""
     history = analysis.history(rank) if analysis.history else None
     if history is None or analysis.key_rows is None:
         return None
@@ -32,29 +73,53 @@ def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int],
     for d in divergences:
         if rank not in d.laggards or d.level != "entered" or d.seq is None:
             continue
-        last = max((i for i, g in enumerate(groups_in_order) if g == d.group), default=-1)
+        mine = [i for i, g in enumerate(groups_in_order) if g == d.group]
+        last = max(mine, default=-1)
         after = [(groups_in_order[i], seqs[i]) for i in range(last + 1, len(seqs))
                  if groups_in_order[i] != d.group][:8]
-        if not after:
-            continue
-        due = (group_role(analysis, d.group), d.seq)
-        later = [(group_role(analysis, g), s, g, s) for g, s in after]
-        orders = analysis.key_rows([due[0]], [due[1]], [k[0] for k in later], [k[1] for k in later])
-        for role, s, g, s_own in later:
-            pro = con = 0
-            example = None
-            for w, (pos_due, pos_other) in orders.get((role, s), {}).items():
-                if w in cycle or w == rank:
-                    continue
-                if pos_due < pos_other:
-                    pro += 1
-                    example = example if example is not None else w
-                else:
-                    con += 1
-            if pro and pro > con:
-                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) outside the cycle "
+        if after:
+            found = _went_past(analysis, rank, cycle, d, (group_role(analysis, d.group), d.seq), after, True)
+            if found:
+                return found
+        if look_back and last >= 0:
+            previous = mine[-2] if len(mine) > 1 else -1
+            before = [(groups_in_order[i], seqs[i]) for i in range(last - 1, previous, -1)
+                      if groups_in_order[i] != d.group][:8]
+            if before:
+                found = _went_past(analysis, rank, cycle, d, (group_role(analysis, d.group), seqs[last]), before,
+                                   False)
+                if found:
+                    return found
+    return None
+
+
+def _went_past(analysis: Analysis, rank: int, cycle: set[int], d: Divergence, due: tuple[tuple, int],
+               others: list[tuple[int, int]], after: bool) -> str | None:
+    """Do the ranks outside `cycle` enter `due` (role, seq) before each of `others` (group, seq), which `rank`
+    entered after (after=True: so it went past `due`) or before (after=False: so its `due` came late) it?"""
+    keyed = [(group_role(analysis, g), s, g, s) for g, s in others]
+    orders = analysis.key_rows([due[0]], [due[1]], [k[0] for k in keyed], [k[1] for k in keyed])
+    outside = "outside the cycle" if len(cycle) > 1 else "besides it"
+    for role, s, g, s_own in keyed:
+        pro = con = 0
+        example = None
+        for w, (pos_due, pos_other) in orders.get((role, s), {}).items():
+            if w in cycle or w == rank:
+                continue
+            if pos_due < pos_other:
+                pro += 1
+                example = example if example is not None else w
+            else:
+                con += 1
+        if pro and pro > con:
+            if after:
+                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) {outside} "
                         f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq {d.seq} before "
                         f"their {_role_text(analysis, g)} seq {s_own}, which rank {rank} entered without it")
+            return (f"rank {rank} left a collective of {analysis.label(d.group)} out: {pro} rank(s) {outside} "
+                    f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq {due[1]} before their "
+                    f"{_role_text(analysis, g)} seq {s_own}; rank {rank} entered that one first, so its seq "
+                    f"{due[1]} came a collective late and it never entered seq {d.seq}")
     return None
 
 

@@ -12,6 +12,8 @@ generate it once.
 How a dump is taken: every scenario runs at once; when no scenario thread on any rank has moved for QUIET_S (each
 is done, stuck, or blocked in a collective), the generator asks every rank for its dump and takes py-spy stacks of
 every rank, then starts phase 2 (the SIGKILL scenario) and does the same for it; then it ends the processes.
+
+generate(out, suite=..., suite_spec=...) runs any suite worker.py can (tests/torch_jobs/hang_heldout: other layouts).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 
 from tests.torch_jobs.hang_corpus import scenarios as sc
+from tests.torch_jobs.hang_corpus.scenarios import FAULTS_SUFFIX
 from tests.torch_jobs.harness import files_key, generated_once
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -67,9 +70,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _read_status(control: Path) -> dict[int, dict]:
+def _read_status(control: Path, world_size: int) -> dict[int, dict]:
     out = {}
-    for rank in range(sc.WORLD_SIZE):
+    for rank in range(world_size):
         with contextlib.suppress(OSError, ValueError):
             out[rank] = json.loads((control / f"status_rank_{rank}.json").read_text())
     return out
@@ -77,8 +80,8 @@ def _read_status(control: Path) -> dict[int, dict]:
 
 def _stderr_tail(out: Path) -> str:
     parts = []
-    for rank in range(sc.WORLD_SIZE):
-        path = out / ".control" / f"stderr_rank_{rank}.txt"
+    for path in sorted((out / ".control").glob("stderr_rank_*.txt")):
+        rank = path.stem.rsplit("_", 1)[-1]
         with contextlib.suppress(OSError):
             text = path.read_text(errors="replace").strip()
             if text:
@@ -98,7 +101,7 @@ def _wait_quiet(control: Path, scenarios: list[str], procs: list[subprocess.Pope
                 if procs[rank].returncode != -signal.SIGKILL:
                     raise CorpusError(f"rank {rank} exited ({procs[rank].returncode}); stderr:\n{_stderr_tail(out)}")
                 alive = alive - {rank}  # the SIGKILL scenario's victim
-        status = _read_status(control)
+        status = _read_status(control, len(procs))
         view = {r: {s: status.get(r, {}).get(s) for s in scenarios} for r in alive}
         if view != last:
             last, since = view, time.monotonic()
@@ -134,12 +137,12 @@ def _dump_phase(phase: int, out: Path, procs: list[subprocess.Popen], alive: set
     return stacks
 
 
-def _write_stacks(out: Path, phase: int, stacks: dict[int, list | None]) -> None:
-    for s in sc.SCENARIOS:
+def _write_stacks(out: Path, phase: int, stacks: dict[int, list | None], suite=sc) -> None:
+    for s in suite.SCENARIOS:
         if s.phase != phase:
             continue
         for rank, threads in stacks.items():
-            if threads is None:
+            if threads is None or rank >= s.world_size:
                 continue
             mine = [t for t in threads if t.get("thread_name") == f"scenario:{s.name}"]
             path = out / s.name / "stacks" / f"rank_{rank}.json"
@@ -147,10 +150,10 @@ def _write_stacks(out: Path, phase: int, stacks: dict[int, list | None]) -> None
             path.write_text(json.dumps(mine))
 
 
-def _check_faults(statuses: dict[str, dict[str, str]]) -> None:
+def _check_faults(statuses: dict[str, dict[str, str]], applied: dict[str, dict[str, list]], suite=sc) -> None:
     """Every fault happened where the scenario puts it (else the truth would not hold)."""
     problems = []
-    for s in sc.SCENARIOS:
+    for s in suite.SCENARIOS:
         final = statuses.get(s.name, {})
         for f in s.faults:
             state = final.get(str(f.rank), "")
@@ -158,15 +161,19 @@ def _check_faults(statuses: dict[str, dict[str, str]]) -> None:
                     "kill": "killed"}.get(f.kind)
             if want and not state.startswith(want):
                 problems.append(f"{s.name}: rank {f.rank} should be {want!r}, is {state!r}")
+            done = applied.get(s.name, {}).get(str(f.rank), [])
+            if f.kind != "kill" and f"{f.kind} step {f.step} op {f.op}" not in done:
+                problems.append(f"{s.name}: rank {f.rank} never carried out {f.kind} at step {f.step} op {f.op}")
     if problems:
         raise CorpusError("; ".join(problems))
 
 
-def generate(out: Path, attempts: int = 2) -> dict[str, Path]:
-    """Generate the corpus into `out`; a generation whose faults did not all happen is run once more."""
+def generate(out: Path, attempts: int = 2, suite=sc, suite_spec: str | None = None) -> dict[str, Path]:
+    """Generate the corpus (or `suite`, which worker.py loads by `suite_spec`) into `out`; a generation whose
+    faults did not all happen is run once more."""
     for attempt in range(1, attempts + 1):
         try:
-            return _generate(out)
+            return _generate(out, suite, suite_spec)
         except CorpusError:
             if attempt == attempts:
                 raise
@@ -174,7 +181,7 @@ def generate(out: Path, attempts: int = 2) -> dict[str, Path]:
     raise AssertionError("unreachable")
 
 
-def _generate(out: Path) -> dict[str, Path]:
+def _generate(out: Path, suite=sc, suite_spec: str | None = None) -> dict[str, Path]:
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     control = out / ".control"
@@ -185,23 +192,25 @@ def _generate(out: Path) -> dict[str, Path]:
     init = f"tcp://127.0.0.1:{_free_port()}"
     procs: list[subprocess.Popen] = []
     try:
-        for rank in range(sc.WORLD_SIZE):
+        for rank in range(suite.WORLD_SIZE):
             err = open(control / f"stderr_rank_{rank}.txt", "wb")  # noqa: SIM115 - closed with the process
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.torch_jobs.hang_corpus.worker", str(rank),
-                                           init, str(out)], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-                                          stderr=err, start_new_session=True))
+            command = [sys.executable, "-m", "tests.torch_jobs.hang_corpus.worker", str(rank), init, str(out),
+                       *([suite_spec] if suite_spec else [])]
+            procs.append(subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                          start_new_session=True))
             err.close()
         deadline = time.monotonic() + START_TIMEOUT_S
-        while len(_read_status(control)) < sc.WORLD_SIZE:
+        while len(_read_status(control, suite.WORLD_SIZE)) < suite.WORLD_SIZE:
             if any(p.poll() is not None for p in procs):
                 raise CorpusError(f"a rank exited during start-up; stderr:\n{_stderr_tail(out)}")
             if time.monotonic() > deadline:
                 raise CorpusError(f"ranks did not start in {START_TIMEOUT_S}s; stderr:\n{_stderr_tail(out)}")
             time.sleep(0.1)
-        alive = set(range(sc.WORLD_SIZE))
-        statuses = {}
+        alive = set(range(suite.WORLD_SIZE))
+        statuses: dict[str, dict[str, str]] = {}
+        applied: dict[str, dict[str, list]] = {}
         for phase in (1, 2):
-            names = [s.name for s in sc.SCENARIOS if s.phase == phase]
+            names = [s.name for s in suite.SCENARIOS if s.phase == phase]
             if phase == 2:
                 (control / "go_2").write_text("")
                 time.sleep(0.5)
@@ -209,12 +218,17 @@ def _generate(out: Path) -> dict[str, Path]:
             killed = {r for r in alive if procs[r].poll() is not None}
             alive -= killed
             stacks = _dump_phase(phase, out, procs, alive)
-            _write_stacks(out, phase, stacks)
-            for name in names:
-                statuses[name] = {str(r): (status.get(r, {}).get(name) or [None, "killed"])[1]
-                                  for r in range(sc.WORLD_SIZE)}
+            _write_stacks(out, phase, stacks, suite)
+            for s in suite.SCENARIOS:
+                if s.phase != phase:
+                    continue
+                statuses[s.name] = {str(r): (status.get(r, {}).get(s.name) or [None, "killed"])[1]
+                                    for r in range(s.world_size)}
                 for r in killed:
-                    statuses[name][str(r)] = "killed (SIGKILL)"
+                    if r < s.world_size:
+                        statuses[s.name][str(r)] = "killed (SIGKILL)"
+                applied[s.name] = {str(r): status.get(r, {}).get(s.name + FAULTS_SUFFIX, [])
+                                   for r in range(s.world_size)}
     finally:
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -223,13 +237,15 @@ def _generate(out: Path) -> dict[str, Path]:
             p.wait()
     import torch
 
-    _check_faults(statuses)
-    for s in sc.SCENARIOS:
-        truth = s.to_truth() | {"final_state": statuses.get(s.name, {}), "torch": torch.__version__,
+    _check_faults(statuses, applied, suite)
+    for s in suite.SCENARIOS:
+        truth = s.to_truth() | {"final_state": statuses.get(s.name, {}),
+                                "faults_carried_out": {r: v for r, v in applied.get(s.name, {}).items() if v},
+                                "torch": torch.__version__,
                                 "stacks": bool(py_spy()), "generated_at": dt.datetime.now(dt.UTC).isoformat()}
         (out / s.name / "truth.json").write_text(json.dumps(truth, indent=1))
     (out / "generation.json").write_text(json.dumps({"seconds": round(time.monotonic() - started, 2)}))
-    return {s.name: out / s.name for s in sc.SCENARIOS}
+    return {s.name: out / s.name for s in suite.SCENARIOS}
 
 
 def main(argv: list[str] | None = None) -> int:

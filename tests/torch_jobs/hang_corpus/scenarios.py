@@ -54,6 +54,19 @@ PROGRAMS: dict[str, tuple[tuple[Op, ...], tuple[Op, ...]]] = {
     "broadcast": ((("tp", "broadcast"), ("dp", "all_reduce"), ("world", "all_reduce")),) * 2,
 }
 EXTRA_GROUP = (2, 5)
+FAULTS_SUFFIX = "#faults"  # worker status key of a scenario's faults a rank carried out (beside its progress)
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Groups of one kind, created in this order (worker.py): via new_group (one call per group),
+    new_subgroups (consecutive blocks of the launch's world), enumeration (new_subgroups_by_enumeration) or
+    default (the default group, WORLD); desc None leaves torch's own ('undefined')."""
+
+    kind: str
+    groups: tuple[tuple[int, ...], ...]
+    desc: str | None
+    via: str = "new_group"
 
 
 @dataclass(frozen=True)
@@ -76,8 +89,18 @@ class CorpusScenario:
     phase: int = 1  # 2: runs after every phase-1 dump is written (a SIGKILL ends the process)
     unorderable: bool = False  # a cycle no information can order: the truth is the whole cycle, low confidence
 
+    world_size: int = WORLD_SIZE
+
     def program_of(self, rank: int) -> tuple[Op, ...]:
         return PROGRAMS[self.program][stage(rank)]
+
+    def group_specs(self) -> list[GroupSpec]:
+        specs = [GroupSpec("world", (tuple(range(WORLD_SIZE)),), DESCS["world"])]
+        specs += [GroupSpec(kind, table, DESCS[kind]) for kind, table in (("tp", TP_GROUPS), ("dp", DP_GROUPS),
+                                                                           ("pp", PP_GROUPS))]
+        if self.program == "extra_world":
+            specs.append(GroupSpec("extra", (EXTRA_GROUP,), DESCS["extra"]))
+        return specs
 
     def to_truth(self) -> dict:
         return {"scenario": self.name, "description": self.description, "program": self.program,

@@ -1,7 +1,13 @@
 """One rank of the hang-corpus job: runs every scenario of scenarios.py at once, each in its own thread on its own
 process groups, and writes this rank's real flight-recorder dump per scenario when the generator asks.
 
-    python -m tests.torch_jobs.hang_corpus.worker RANK INIT_METHOD OUT_DIR
+    python -m tests.torch_jobs.hang_corpus.worker RANK INIT_METHOD OUT_DIR [SUITE]
+
+SUITE (default: this corpus' scenarios module) names what to run as 'module' or 'module:attribute': an object with
+WORLD_SIZE (the processes of the launch) and SCENARIOS, each scenario with name, phase, faults, steps, world_size
+(its job's ranks: 0 .. world_size - 1 of the launch; the other processes create its groups and sit it out),
+group_specs() (its groups in creation order, see GroupSpec), program_of(rank) and, optionally, step_sleep_s
+(tests/torch_jobs/hang_heldout runs other layouts through it).
 
 Why one process per rank for all scenarios: 8 ranks x 23 scenarios as separate torch jobs would import torch 184
 times (minutes of CPU); here 8 processes import it once. Each scenario's groups are created with new_group (every
@@ -20,6 +26,7 @@ dumped_<phase>_rank_<r>.
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
 import os
 import pickle
@@ -52,28 +59,41 @@ def save_checkpoint() -> None:
         time.sleep(0.05)
 
 
+def load_suite(spec: str):
+    module, _, attribute = spec.partition(":")
+    loaded = importlib.import_module(module)
+    return getattr(loaded, attribute) if attribute else loaded
+
+
 class Groups:
-    def __init__(self, scenario: sc.CorpusScenario, rank: int, timeout: dt.timedelta) -> None:
+    """A scenario's groups, created as its group_specs() say (every process calls every creation, in order)."""
+
+    def __init__(self, scenario, rank: int, timeout: dt.timedelta) -> None:
         self.names: dict[str, tuple[str, tuple[int, ...]]] = {}  # group name -> (desc, ranks)
         self.mine: dict[str, tuple[dist.ProcessGroup, tuple[int, ...]]] = {}
-
-        def make(kind: str, ranks: tuple[int, ...]) -> None:
-            group = dist.new_group(list(ranks), timeout=timeout, group_desc=sc.DESCS[kind])
-            if rank in ranks:
-                name = dist.distributed_c10d._get_process_group_name(group)
-                self.names[name] = (sc.DESCS[kind], ranks)
-                self.mine[kind] = (group, ranks)
-
-        make("world", tuple(range(sc.WORLD_SIZE)))
-        for kind, table in (("tp", sc.TP_GROUPS), ("dp", sc.DP_GROUPS), ("pp", sc.PP_GROUPS)):
-            for ranks in table:
-                make(kind, ranks)
-        if scenario.program == "extra_world":
-            make("extra", sc.EXTRA_GROUP)
+        for spec in scenario.group_specs():
+            lists = [list(ranks) for ranks in spec.groups]
+            if spec.via == "default":
+                made = [dist.group.WORLD]
+            elif spec.via == "new_subgroups":
+                _, made = dist.new_subgroups(group_size=len(lists[0]), timeout=timeout, group_desc=spec.desc)
+            elif spec.via == "enumeration":
+                _, made = dist.new_subgroups_by_enumeration(lists, timeout=timeout, group_desc=spec.desc)
+            else:
+                made = [dist.new_group(ranks, timeout=timeout, group_desc=spec.desc) for ranks in lists]
+            if spec.via in ("new_subgroups", "enumeration"):
+                # every group, in list order; a rank's non-member ones are placeholders
+                made = [g if rank in ranks else None for g, ranks in zip(made, lists, strict=True)]
+            for group, ranks in zip(made, spec.groups, strict=True):
+                if rank in ranks and group is not None:
+                    name = dist.distributed_c10d._get_process_group_name(group)
+                    desc = getattr(group, "group_desc", None) or spec.desc or "undefined"
+                    self.names[name] = (desc, tuple(ranks))
+                    self.mine[spec.kind] = (group, tuple(ranks))
 
 
 class Runner:
-    def __init__(self, scenario: sc.CorpusScenario, groups: Groups, rank: int, status: dict) -> None:
+    def __init__(self, scenario, groups: Groups, rank: int, status: dict) -> None:
         self.s = scenario
         self.groups = groups
         self.rank = rank
@@ -84,6 +104,11 @@ class Runner:
         counter, _ = self.status.get(self.s.name, (0, ""))
         self.status[self.s.name] = (counter + 1, state)
 
+    def applied(self, kind: str, step: int, op: int) -> None:
+        """A fault this rank carried out (the generator checks each scenario's faults all happened)."""
+        key = f"{self.s.name}{sc.FAULTS_SUFFIX}"
+        self.status[key] = [*self.status.get(key, []), f"{kind} step {step} op {op}"]
+
     def run(self) -> None:
         try:
             self._run()
@@ -92,15 +117,23 @@ class Runner:
             self.mark(f"error: {type(exc).__name__}: {str(exc)[:200]}")
 
     def _run(self) -> None:
+        if self.rank >= self.s.world_size:
+            return  # not a rank of this scenario's job
         program = self.s.program_of(self.rank)
+        pause = float(getattr(self.s, "step_sleep_s", 0.0))
         for step in range(self.s.steps):
+            if pause and step:
+                time.sleep(pause)
             order = list(range(len(program)))
             for (f_step, f_op), kind in self.faults.items():
                 if f_step == step and kind == "invert" and f_op + 1 < len(order):
                     order[f_op], order[f_op + 1] = order[f_op + 1], order[f_op]
+                    self.applied(kind, step, f_op)
             for i in order:
                 kind = self.faults.get((step, i))
                 self.mark(f"step {step} op {i}")
+                if kind is not None and kind != "invert":
+                    self.applied(kind, step, i)
                 if kind == "stuck":
                     self.mark("stuck")
                     next(DataLoader())
@@ -142,11 +175,18 @@ class Runner:
                 dist.send(x, dst=peer, group=group)
             else:
                 dist.recv(x, src=peer, group=group)
+        elif name in ("send_next", "send_prev", "recv_next", "recv_prev"):
+            # a pipeline of more than two stages: the group's ranks in stage order, the peer one stage on or back
+            peer = ranks[ranks.index(self.rank) + (1 if name.endswith("next") else -1)]
+            if name.startswith("send"):
+                dist.send(x, dst=peer, group=group)
+            else:
+                dist.recv(x, src=peer, group=group)
         else:
             raise ValueError(f"unknown op {name}")
 
 
-def _scenario_dump(trace: dict, groups: Groups, rank: int) -> dict:
+def _scenario_dump(trace: dict, groups: Groups, rank: int, world_size: int) -> dict:
     names = set(groups.names)
     entries = [e for e in trace.get("entries", []) if str(e.get("process_group", ("",))[0]) in names]
     # record ids count this process' entries of every scenario; a process running one job would number its own
@@ -157,7 +197,7 @@ def _scenario_dump(trace: dict, groups: Groups, rank: int) -> dict:
     config = {name: {"name": name, "desc": desc, "ranks": str(list(ranks))}
               for name, (desc, ranks) in groups.names.items()}
     out = {k: v for k, v in trace.items() if k not in ("entries", "pg_status", "pg_config")}
-    out.update(entries=entries, pg_status=status, pg_config=config, rank=rank, world_size=sc.WORLD_SIZE,
+    out.update(entries=entries, pg_status=status, pg_config=config, rank=rank, world_size=world_size,
                pid=os.getpid(), node="node-0")
     return out
 
@@ -171,10 +211,11 @@ def _write(path: Path, data: bytes) -> None:
 
 def main(argv: list[str]) -> int:
     rank, init, out = int(argv[0]), argv[1], Path(argv[2])
+    suite = load_suite(argv[3]) if len(argv) > 3 else sc
     control = out / ".control"
     timeout = dt.timedelta(seconds=float(os.environ.get("FAULTLENS_CORPUS_PG_TIMEOUT_S", "300")))
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=sc.WORLD_SIZE, timeout=timeout)
-    groups = {s.name: Groups(s, rank, timeout) for s in sc.SCENARIOS}
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=suite.WORLD_SIZE, timeout=timeout)
+    groups = {s.name: Groups(s, rank, timeout) for s in suite.SCENARIOS}
     status: dict[str, tuple[int, str]] = {}
     stop = threading.Event()
 
@@ -190,7 +231,7 @@ def main(argv: list[str]) -> int:
         if phase == 2:
             while not (control / "go_2").exists():
                 time.sleep(0.05)
-        for s in sc.SCENARIOS:
+        for s in suite.SCENARIOS:
             if s.phase == phase:
                 t = threading.Thread(target=Runner(s, groups[s.name], rank, status).run, name=f"scenario:{s.name}",
                                      daemon=True)
@@ -199,9 +240,9 @@ def main(argv: list[str]) -> int:
         while not (control / f"dump_{phase}").exists():
             time.sleep(0.05)
         trace = safe_loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False), source="torch dump")
-        for s in sc.SCENARIOS:
-            if s.phase == phase:
-                dump = _scenario_dump(trace, groups[s.name], rank)
+        for s in suite.SCENARIOS:
+            if s.phase == phase and rank < s.world_size:
+                dump = _scenario_dump(trace, groups[s.name], rank, s.world_size)
                 _write(out / s.name / "dumps" / f"rank_{rank}.pkl", pickle.dumps(dump, protocol=2))
         _write(control / f"dumped_{phase}_rank_{rank}", b"")
     stop.set()
