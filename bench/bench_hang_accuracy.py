@@ -1,9 +1,10 @@
 """Hang culprits, side by side: faultlens, torch's flight-recorder analyzer and NVIDIA's CollectiveAnalyzer on the
-hang corpus (real dump sets of an 8-rank gloo job, tests/torch_jobs/hang_corpus, truth beside each) and on the
-real NCCL set (tests/data/nccl-fr-gpu_error_2nd, the files of NVIDIA/nvidia-resiliency-ext
-tests/attribution/unit/fr_traces/gpu_error_2nd; truth ranks 9 and 14).
+hang corpus (real dump sets of an 8-rank gloo job, tests/torch_jobs/hang_corpus, truth beside each), the held-out
+set (real gloo dump sets of other job shapes: 4 to 16 ranks, other rank orders, groups without descs or from
+new_subgroups, pipelines; tests/torch_jobs/hang_heldout) and the real NCCL set (tests/data/nccl-fr-gpu_error_2nd,
+the files of NVIDIA/nvidia-resiliency-ext tests/attribution/unit/fr_traces/gpu_error_2nd; truth ranks 9 and 14).
 
-    python -m bench.bench_hang_accuracy [--nvrx-python PATH] [--json OUT]
+    python -m bench.bench_hang_accuracy [--nvrx-python PATH] [--json OUT] [--no-heldout]
 
 Per set and analyzer: the ranks it names as culprits, whether that is exactly the truth, and its false ranks
 (named, not culprits: victims) and missed ranks. How each analyzer's answer is read:
@@ -157,12 +158,18 @@ def _score(named: tuple[int, ...] | None, truth: tuple[int, ...]) -> dict[str, o
             "missed": sorted(set(truth) - set(named))}
 
 
-def sets() -> list[tuple[str, Path, Path, tuple[int, ...]]]:
-    """(name, directory, dumps directory, truth)."""
+def sets(heldout: bool = True) -> list[tuple[str, Path, Path, tuple[int, ...]]]:
+    """(name, directory, dumps directory, truth): the corpus, the held-out set (other job shapes; its names start
+    with the layout, e.g. l12_), the real NCCL set."""
     from tests.torch_jobs.hang_corpus.generate import corpus
 
+    generated = dict(corpus())
+    if heldout:
+        from tests.torch_jobs.hang_heldout.generate import heldout as heldout_sets
+
+        generated |= {f"held-out {name}": directory for name, directory in heldout_sets().items()}
     out = []
-    for name, directory in corpus().items():
+    for name, directory in generated.items():
         truth = json.loads((directory / "truth.json").read_text())
         out.append((name, directory, directory / "dumps", tuple(truth["culprits"])))
     out.append(("real NCCL set (gpu_error_2nd, 16 ranks)", NCCL_SET, NCCL_SET, NCCL_TRUTH))
@@ -173,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nvrx-python", default=None, help="a Python whose environment has nvidia-resiliency-ext")
     parser.add_argument("--json", default=None, help="also write the JSON document here")
+    parser.add_argument("--no-heldout", action="store_true", help="the corpus and the NCCL set only")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     nvrx_missing = nvrx_status(args.nvrx_python)
     rows = []
-    for name, directory, dumps, truth in sets():
+    for name, directory, dumps, truth in sets(heldout=not args.no_heldout):
         world = _world(dumps)
         have = len([p for p in dumps.iterdir() if re.match(r"^(rank_|_dump_)\d+", p.name)])
         with_stacks, seconds = _faultlens(directory, dumps, stacks=True)
@@ -191,6 +199,27 @@ def main(argv: list[str] | None = None) -> int:
                      "faultlens_seconds": round(seconds, 3), "faultlens_trace_only": _score(alone, truth),
                      "torch": _score(torch_named, truth) | {"note": torch_note},
                      "nvidia": _score(nvrx_named, truth) | {"note": nvrx_note}})
+    document = {"machine": machine(), "nvidia_unavailable": nvrx_missing,
+                "seconds": round(time.perf_counter() - started, 1), "totals": _totals(rows),
+                "totals_by_family": {family: _totals([r for r in rows if _family(r["set"]) == family])
+                                     for family in FAMILIES if any(_family(r["set"]) == family for r in rows)},
+                "rows": rows}
+    if args.json:
+        Path(args.json).write_text(json.dumps(document, indent=1))
+    emit("hang_accuracy", document)
+    print()
+    print(markdown(document))
+    return 0
+
+
+FAMILIES = ("corpus", "held-out", "real NCCL")
+
+
+def _family(name: str) -> str:
+    return "held-out" if name.startswith("held-out ") else "real NCCL" if name.startswith("real NCCL") else "corpus"
+
+
+def _totals(rows: list[dict]) -> dict[str, dict[str, int]]:
     totals = {}
     for key in ("faultlens", "faultlens_trace_only", "torch", "nvidia"):
         scored = [r[key] for r in rows]
@@ -198,14 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                        "false_ranks": sum(len(s["false"] or ()) for s in scored),
                        "missed_ranks": sum(len(s["missed"] or ()) for s in scored),
                        "no_answer": sum(1 for s in scored if s["named"] is None)}
-    document = {"machine": machine(), "nvidia_unavailable": nvrx_missing,
-                "seconds": round(time.perf_counter() - started, 1), "totals": totals, "rows": rows}
-    if args.json:
-        Path(args.json).write_text(json.dumps(document, indent=1))
-    emit("hang_accuracy", document)
-    print()
-    print(markdown(document))
-    return 0
+    return totals
 
 
 def _cell(score: dict) -> str:
@@ -227,10 +249,14 @@ def markdown(document: dict) -> str:
     for r in document["rows"]:
         lines.append(f"| {r['set']} | {', '.join(map(str, r['truth'])) or 'none'} | {_cell(r['faultlens'])} | "
                      f"{_cell(r['faultlens_trace_only'])} | {_cell(r['torch'])} | {_cell(r['nvidia'])} |")
-    t = document["totals"]
-    lines.append("| **exact sets / false ranks / missed ranks** | | "
-                 + " | ".join(f"**{t[k]['exact']}/{t[k]['sets']}** / {t[k]['false_ranks']} / {t[k]['missed_ranks']}"
-                              for k in ("faultlens", "faultlens_trace_only", "torch", "nvidia")) + " |")
+    totals = [(f"{family}: exact sets / false ranks / missed ranks", t)
+              for family, t in document.get("totals_by_family", {}).items()]
+    totals.append(("all: exact sets / false ranks / missed ranks", document["totals"]))
+    for label, t in totals:
+        lines.append(f"| **{label}** | | "
+                     + " | ".join(f"**{t[k]['exact']}/{t[k]['sets']}** / {t[k]['false_ranks']} / "
+                                  f"{t[k]['missed_ranks']}"
+                                  for k in ("faultlens", "faultlens_trace_only", "torch", "nvidia")) + " |")
     if document.get("nvidia_unavailable"):
         lines.append("")
         lines.append(f"NVIDIA's CollectiveAnalyzer: not run: {document['nvidia_unavailable']}.")

@@ -14,16 +14,15 @@ from faultlens.attribution.detectors.hang.decode import SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
     _break_ties,
-    _key_orders,
     _KeyDetails,
     _mismatch,
     _p2p_divergences,
-    _rows_for_keys,
-    _rows_for_rank,
     _signatures,
     _stack_edges,
 )
 from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, ranks_text
+from faultlens.attribution.detectors.hang.lookups import install as install_lookups
+from faultlens.attribution.detectors.hang.lookups import rows_for_keys
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
@@ -284,7 +283,7 @@ def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pendin
     """Pass 2: the rows of the keys that need detail (divergent collectives, mismatches); returns the lazy time
     column the p2p pass reuses."""
     wanted = {(d.group, d.seq) for d, _, _ in pending} | {(g, s) for g, s, _ in stuck_pending} | set(bad_keys)
-    rows_of = _rows_for_keys(decoder, wanted)
+    rows_of = rows_for_keys(decoder, wanted)
     times = LazyColumn(table, "time_created")
     details = _KeyDetails(table, rows_of, times, decoder)
     for d, among, text in pending:
@@ -321,19 +320,8 @@ def _mismatch_waits(analysis: Analysis, progress: _Progress) -> None:
 
 
 def _attach_history(analysis: Analysis, decoder: SliceDecoder, progress: _Progress, device_states: bool) -> None:
-    """What the root decision reads lazily: each rank's own entry order across groups, and the key orders."""
-
-    def history(rank: int) -> tuple[list[int], list[int], int | None] | None:
-        rows = _rows_for_rank(decoder, rank)
-        if rows is None:
-            return None
-        seqs, groups, complete, order = rows
-        sort = np.argsort(order, kind="stable")
-        incomplete = np.nonzero(~complete[sort])[0]
-        return seqs[sort].tolist(), groups[sort].tolist(), int(incomplete[0]) if incomplete.shape[0] else None
-
-    analysis.history = history
+    """What the root decision reads lazily: each rank's own entry order across groups, and the key orders
+    (lookups.py: cached, and batched for many ranks)."""
+    install_lookups(analysis, decoder)
     analysis.device_states = device_states
     analysis.incomplete = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
-    analysis.key_rows = lambda due_roles, due_seqs, roles, seqs: _key_orders(
-        analysis, decoder, (due_roles[0], due_seqs[0]), list(zip(roles, seqs, strict=True)))

@@ -11,50 +11,9 @@ from faultlens.attribution.detectors.hang.columns import LazyColumn, int_column
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder
 from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, ranks_text
 from faultlens.attribution.detectors.hang.kernels import combine_signatures, row_signatures
+from faultlens.attribution.detectors.hang.lookups import rows_for_keys
 from faultlens.attribution.detectors.hang.report import P2P_OP, SHAPE_MUST_MATCH, HangVerdict
 from faultlens.attribution.detectors.hang.skips import group_role
-
-
-def _key_orders(analysis: Analysis, decoder: SliceDecoder, due: tuple[tuple, int],
-                others: list[tuple[tuple, int]]) -> dict[tuple, dict[int, tuple[int, int]]]:
-    """For the collective `due` (role, seq) and each of `others`: per rank that entered both (in its own group of
-    each role), the record ids of the two entries (its own order)."""
-    by_role: dict[tuple, list[int]] = defaultdict(list)
-    for g in analysis.members:
-        by_role[group_role(analysis, g)].append(g)
-    wanted = {(g, due[1]) for g in by_role.get(due[0], ())}
-    for role, seq in others:
-        wanted |= {(g, seq) for g in by_role.get(role, ())}
-    if len(wanted) > 200_000:
-        return {}
-    rows_of = _rows_for_keys(decoder, wanted)
-    if not rows_of:
-        return {}
-    all_rows = np.concatenate(list(rows_of.values()))
-    ranks = decoder.table.column("rank").take(pa.array(all_rows)).to_numpy(zero_copy_only=False)
-    records, _ = LazyColumn(decoder.table, "record_id").at(all_rows)
-    position: dict[tuple[int, int, int], int] = {}
-    i = 0
-    for (g, seq), rows in rows_of.items():
-        for _ in range(len(rows)):
-            position.setdefault((g, seq, int(ranks[i])), int(records[i]))
-            i += 1
-
-    def positions(role: tuple, seq: int) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for g in by_role.get(role, ()):
-            for r in analysis.members.get(g, ()):
-                rec = position.get((g, seq, r))
-                if rec is not None:
-                    out.setdefault(r, rec)
-        return out
-
-    due_pos = positions(*due)
-    result: dict[tuple, dict[int, tuple[int, int]]] = {}
-    for role, seq in others:
-        other_pos = positions(role, seq)
-        result[(role, seq)] = {r: (due_pos[r], p) for r, p in other_pos.items() if r in due_pos}
-    return result
 
 
 def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
@@ -97,39 +56,6 @@ def _signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | N
     size_sig = np.where(shape_ops[c_ops], size_sig, np.uint64(0))
     combined = combine_signatures(c_ops.astype(np.uint64), size_sig, dtype_sig)
     return pa.table({"g": part.group[rows], "s": part.seq[rows], "sig": combined})
-
-
-def _rows_for_keys(decoder: SliceDecoder, keys: set[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
-    """Global row indices of the collective entries of each (group, seq) key, in one pass."""
-    out: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
-    if not keys:
-        return {}
-    wanted = np.array(sorted(g * (1 << 40) + s for g, s in keys if s >= 0), np.int64)
-    for part in decoder.slices():
-        rows = np.nonzero(part.coll)[0]
-        combined = part.group[rows].astype(np.int64) * (1 << 40) + part.seq[rows]
-        hit = rows[np.isin(combined, wanted)]
-        if hit.shape[0] == 0:
-            continue
-        for key, row in zip((part.group[hit].astype(np.int64) * (1 << 40) + part.seq[hit]).tolist(), hit.tolist(),
-                            strict=True):
-            out[(key >> 40, key & ((1 << 40) - 1))].append(row + part.start)
-    return {key: np.asarray(rows, np.int64) for key, rows in out.items()}
-
-
-def _rows_for_rank(decoder: SliceDecoder, rank: int) -> tuple[np.ndarray, ...] | None:
-    seqs, groups, complete, rows_all = [], [], [], []
-    for part in decoder.slices():
-        hit = np.nonzero(part.coll & (part.rank == rank))[0]
-        seqs.append(part.seq[hit])
-        groups.append(part.group[hit])
-        complete.append(part.complete[hit])
-        rows_all.append(hit + part.start)
-    rows = np.concatenate(rows_all)
-    if rows.shape[0] == 0:
-        return None
-    order = LazyColumn(decoder.table, "record_id").at(rows)[0]
-    return np.concatenate(seqs), np.concatenate(groups), np.concatenate(complete), order
 
 
 class _KeyDetails:
@@ -232,7 +158,7 @@ def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> N
         own = [(m.group, m.seq + d) for d in (-3, -2, -1, 1, 2, 3) if m.seq + d >= 0]
         references.append((same, own))
         wanted |= {(m.group, m.seq), *same, *own}
-    rows_of = _rows_for_keys(decoder, wanted)
+    rows_of = rows_for_keys(decoder, wanted)
     if not rows_of:
         return
     keys = list(rows_of)

@@ -59,6 +59,7 @@ class Analysis:
     # rank -> faultlens.collectors.sources.pystack.Whereabouts, from stacks
     where: dict[int, Any] = field(default_factory=dict)
     key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
+    batch: Any = None  # (ranks, check) -> {rank: check(rank)}, the table read once for them all (lookups.py)
     device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
     roles: dict[int, tuple] | None = None  # desc-less group -> the part it plays (skips.creation_runs), lazily
 

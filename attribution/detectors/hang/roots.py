@@ -3,6 +3,7 @@ broken by the skippers skips.py finds), merged where ranks are stuck together, w
 root described (describe.py)."""
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -81,11 +82,11 @@ def _break_cycles(analysis: Analysis, graph: _WaitGraph, stalled: set[int]
         for comp in components:
             if len(comp) < 2:
                 continue
-            for rank in sorted((set(comp) & laggards) - analysis.missing - set(skippers))[:64]:
-                verdict = skipped_by_consensus(analysis, rank, set(comp), divergences) \
-                    or skipped(analysis, rank, divergences)
-                if verdict:
-                    found[rank] = verdict
+            members = set(comp)
+            candidates = sorted((members & laggards) - analysis.missing - set(skippers))[:64]
+            verdicts = _checked(analysis, candidates, lambda rank, members=members: (
+                skipped_by_consensus(analysis, rank, members, divergences) or skipped(analysis, rank, divergences)))
+            found.update((rank, verdict) for rank, verdict in verdicts.items() if verdict)
         if not found:
             break
         skippers.update(found)
@@ -93,11 +94,18 @@ def _break_cycles(analysis: Analysis, graph: _WaitGraph, stalled: set[int]
     # (its later collectives of the group pair with its peers' earlier ones) until it is done or blocked
     # elsewhere, a terminal rank alone; its own entry order against the others' still shows it went past
     alone = [comp[0] for comp in components if len(comp) == 1]
-    for rank in [r for r in alone if r in laggards and r not in set(skippers) | analysis.missing | stalled][:64]:
-        verdict = skipped_by_consensus(analysis, rank, {rank}, divergences, look_back=True)
-        if verdict:
-            skippers[rank] = verdict
+    candidates = [r for r in alone if r in laggards and r not in set(skippers) | analysis.missing | stalled][:64]
+    verdicts = _checked(analysis, candidates,
+                        lambda rank: skipped_by_consensus(analysis, rank, {rank}, divergences, look_back=True))
+    skippers.update((rank, verdict) for rank, verdict in verdicts.items() if verdict)
     return skippers, components, src, dst
+
+
+def _checked(analysis: Analysis, ranks: list[int], check: Callable[[int], str | None]) -> dict[int, str | None]:
+    """check(rank) for each rank, with the table read once for them all where the analysis can batch its reads."""
+    if analysis.batch is not None and ranks:
+        return analysis.batch(ranks, check)
+    return {rank: check(rank) for rank in ranks}
 
 
 def _component_roots(analysis: Analysis, graph: _WaitGraph, components: list[list[int]], src: np.ndarray,

@@ -1,0 +1,197 @@
+"""What the root decision reads of the table after the two passes, cached and batched: each rank's own entry order
+across groups (history) and, per (group, seq) key, the record id of each rank's entry (key orders).
+
+Each uncached read is a pass over the whole table (seconds at 16,384 ranks), so the checks of many ranks (the
+members of a cycle, the terminal ranks alone) are made together (Lookups.batch): one pass reads every history they
+need, a dry run of the checks collects the keys they may ask for, one pass reads those, and the checks then run on
+the cache. A check gives the same answer as it would alone."""
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from faultlens.attribution.detectors.hang.columns import LazyColumn
+from faultlens.attribution.detectors.hang.decode import SliceDecoder
+from faultlens.attribution.detectors.hang.graph import Analysis
+from faultlens.attribution.detectors.hang.skips import group_role
+
+T = TypeVar("T")
+MAX_KEYS = 200_000  # a key-order question wider than this is not answered (memory), as before the cache
+_SHIFT = 40  # (group, seq) -> group << 40 | seq: sequence ids stay below 2^40
+
+
+def key_codes(groups: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    return groups.astype(np.int64) * (1 << _SHIFT) + seqs
+
+
+def member_of(values: np.ndarray, wanted_sorted: np.ndarray) -> np.ndarray:
+    """values in wanted_sorted (sorted, unique), as np.isin but without sorting `values` (a slice of 4 M rows)."""
+    if wanted_sorted.shape[0] == 0:
+        return np.zeros(values.shape[0], bool)
+    at = np.searchsorted(wanted_sorted, values)
+    np.minimum(at, wanted_sorted.shape[0] - 1, out=at)
+    return wanted_sorted[at] == values
+
+
+def rows_for_keys(decoder: SliceDecoder, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+    """Global row indices of the collective entries of each (group, seq) key, in one pass."""
+    wanted = np.unique(np.array([g * (1 << _SHIFT) + s for g, s in keys if s >= 0], np.int64))
+    if wanted.shape[0] == 0:
+        return {}
+    out: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
+    for part in decoder.slices():
+        rows = np.nonzero(part.coll)[0]
+        combined = key_codes(part.group[rows], part.seq[rows])
+        keep = member_of(combined, wanted)
+        hit, hit_keys = rows[keep], combined[keep]
+        if hit.shape[0] == 0:
+            continue
+        order = np.argsort(hit_keys, kind="stable")  # rows of one key stay in table order
+        hit, hit_keys = hit[order], hit_keys[order]
+        starts = np.flatnonzero(np.r_[True, hit_keys[1:] != hit_keys[:-1]])
+        for key, block in zip(hit_keys[starts].tolist(), np.split(hit + part.start, starts[1:]), strict=True):
+            out[(key >> _SHIFT, key & ((1 << _SHIFT) - 1))].append(block)
+    return {key: np.concatenate(blocks) for key, blocks in out.items()}
+
+
+def rows_for_ranks(decoder: SliceDecoder, ranks: Iterable[int]) -> dict[int, tuple[np.ndarray, ...]]:
+    """Per rank: the seqs, groups, completion and record ids of its collective entries, in one pass."""
+    wanted = np.unique(np.array([r for r in ranks if r >= 0], np.int64))
+    pieces: dict[int, list[tuple[np.ndarray, ...]]] = defaultdict(list)
+    if wanted.shape[0] == 0:
+        return {}
+    for part in decoder.slices():
+        hit = np.nonzero(part.coll & member_of(part.rank.astype(np.int64), wanted))[0]
+        if hit.shape[0] == 0:
+            continue
+        order = np.argsort(part.rank[hit], kind="stable")
+        hit = hit[order]
+        hit_ranks = part.rank[hit]
+        starts = np.flatnonzero(np.r_[True, hit_ranks[1:] != hit_ranks[:-1]])
+        for rank, block in zip(hit_ranks[starts].tolist(), np.split(hit, starts[1:]), strict=True):
+            pieces[rank].append((part.seq[block], part.group[block], part.complete[block], block + part.start))
+    out: dict[int, tuple[np.ndarray, ...]] = {}
+    records = LazyColumn(decoder.table, "record_id")
+    for rank, parts in pieces.items():
+        rows = np.concatenate([p[3] for p in parts])
+        out[rank] = (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                     np.concatenate([p[2] for p in parts]), records.at(rows)[0])
+    return out
+
+
+class Lookups:
+    """The cached reads (see the module docstring); installed on the Analysis as history, key_rows and batch."""
+
+    def __init__(self, analysis: Analysis, decoder: SliceDecoder) -> None:
+        self.analysis = analysis
+        self.decoder = decoder
+        self.histories: dict[int, tuple[list[int], list[int], int | None] | None] = {}
+        self.positions: dict[tuple[int, int], dict[int, int]] = {}  # (group, seq) -> rank -> record id
+        self.recording: set[tuple[int, int]] | None = None  # the keys a dry run asks for
+        self._by_role: dict[tuple, list[int]] | None = None
+
+    # -- histories
+
+    def history(self, rank: int) -> tuple[list[int], list[int], int | None] | None:
+        """rank -> (seqs, groups, index of its first incomplete entry) in its own record order; None: no entry."""
+        if rank not in self.histories:
+            self._read_histories([rank])
+        return self.histories[rank]
+
+    def _read_histories(self, ranks: list[int]) -> None:
+        found = rows_for_ranks(self.decoder, ranks)
+        for rank in ranks:
+            rows = found.get(rank)
+            if rows is None:
+                self.histories[rank] = None
+                continue
+            seqs, groups, complete, order = rows
+            sort = np.argsort(order, kind="stable")
+            incomplete = np.nonzero(~complete[sort])[0]
+            self.histories[rank] = (seqs[sort].tolist(), groups[sort].tolist(),
+                                    int(incomplete[0]) if incomplete.shape[0] else None)
+
+    # -- key orders
+
+    def by_role(self) -> dict[tuple, list[int]]:
+        if self._by_role is None:
+            self._by_role = defaultdict(list)
+            for g in self.analysis.members:
+                self._by_role[group_role(self.analysis, g)].append(g)
+        return self._by_role
+
+    def key_rows(self, due_roles: list[tuple], due_seqs: list[int], roles: list[tuple],
+                 seqs: list[int]) -> dict[tuple, dict[int, tuple[int, int]]]:
+        """For the collective `due` (role, seq) and each of the others: per rank that entered both (in its own group
+        of each role), the record ids of the two entries (its own order)."""
+        due = (due_roles[0], due_seqs[0])
+        others = list(zip(roles, seqs, strict=True))
+        by_role = self.by_role()
+        wanted = {(g, due[1]) for g in by_role.get(due[0], ())}
+        for role, seq in others:
+            wanted |= {(g, seq) for g in by_role.get(role, ())}
+        if len(wanted) > MAX_KEYS:
+            return {}
+        if self.recording is not None:
+            self.recording |= wanted
+            return {}
+        self._read_keys(wanted)
+        due_pos = self._positions(*due)
+        return {(role, seq): {r: (due_pos[r], p) for r, p in self._positions(role, seq).items() if r in due_pos}
+                for role, seq in others}
+
+    def _read_keys(self, keys: set[tuple[int, int]]) -> None:
+        missing = [k for k in keys if k not in self.positions]
+        if not missing:
+            return
+        rows_of = rows_for_keys(self.decoder, missing)
+        for key in missing:
+            self.positions[key] = {}
+        if not rows_of:
+            return
+        all_rows = np.concatenate(list(rows_of.values()))
+        ranks = self.decoder.table.column("rank").take(pa.array(all_rows)).to_numpy(zero_copy_only=False)
+        records, _ = LazyColumn(self.decoder.table, "record_id").at(all_rows)
+        i = 0
+        for key, rows in rows_of.items():
+            found = self.positions[key]
+            for _ in range(len(rows)):
+                found.setdefault(int(ranks[i]), int(records[i]))
+                i += 1
+
+    def _positions(self, role: tuple, seq: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for g in self.by_role().get(role, ()):
+            found = self.positions.get((g, seq), {})
+            for r in self.analysis.members.get(g, ()):
+                rec = found.get(r)
+                if rec is not None:
+                    out.setdefault(r, rec)
+        return out
+
+    # -- many checks, two passes
+
+    def batch(self, ranks: list[int], check: Callable[[int], T]) -> dict[int, T]:
+        """check(rank) for each rank, the table read twice in all: the ranks' histories, then every key a dry run
+        of the checks asked for."""
+        self._read_histories([r for r in ranks if r not in self.histories])
+        self.recording = set()
+        try:
+            for rank in ranks:
+                check(rank)
+            wanted = self.recording
+        finally:
+            self.recording = None
+        self._read_keys(wanted)
+        return {rank: check(rank) for rank in ranks}
+
+
+def install(analysis: Analysis, decoder: SliceDecoder) -> Any:
+    lookups = Lookups(analysis, decoder)
+    analysis.history = lookups.history
+    analysis.key_rows = lookups.key_rows
+    analysis.batch = lookups.batch
+    return lookups
