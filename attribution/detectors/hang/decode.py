@@ -86,6 +86,9 @@ class SliceDecoder:
         self.states = _GlobalCodes()
         self.group_of: dict[tuple[str, Any], int] = {}
         self.group_names: list[str] = []
+        # per slice start: the ranks and the groups of its collective entries (sorted codes), noted as a slice is
+        # first decoded, so that a later pass after a few ranks or groups decodes only the slices holding them
+        self.holds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def column(self, part: pa.Table, name: str) -> pa.ChunkedArray | None:
         return part.column(name) if name in part.column_names else None
@@ -135,8 +138,10 @@ class SliceDecoder:
         return DecodedSlice(start, rank, group, is_entry, seq, coll, p2p & is_entry & (group >= 0), op, id_codes,
                         complete, state >= 1)
 
-    def slices(self) -> Iterator[DecodedSlice]:
-        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows."""
+    def slices(self, ranks: np.ndarray | None = None, groups: np.ndarray | None = None) -> Iterator[DecodedSlice]:
+        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows. With `ranks` or
+        `groups` (sorted codes): the slices whose collective entries may hold one of them (every slice not yet
+        decoded once, and those whose noted ranks or groups meet them); the others hold none of their rows."""
         bounds = [0]
         for chunk in self.table.column("rank").chunks:
             end = bounds[-1] + len(chunk)
@@ -145,6 +150,32 @@ class SliceDecoder:
             if end > bounds[-1]:
                 bounds.append(end)
         for start, stop in itertools.pairwise(bounds):
-            yield self.decode(start, stop - start)
+            held = self.holds.get(start)
+            if held is not None and (ranks is not None or groups is not None) \
+                    and not (ranks is not None and _meets(held[0], ranks)) \
+                    and not (groups is not None and _meets(held[1], groups)):
+                continue
+            part = self.decode(start, stop - start)
+            if held is None:
+                self.holds[start] = (_present(part.rank[part.coll]), _present(part.group[part.coll]))
+            yield part
+
+
+def _present(codes: np.ndarray) -> np.ndarray:
+    """The distinct non-negative codes, sorted (a count per code: no sort of a slice's millions of rows)."""
+    codes = codes[codes >= 0]
+    if codes.shape[0] == 0:
+        return np.empty(0, np.int64)
+    if int(codes.max()) > 4 * codes.shape[0] + (1 << 20):  # sparse (a hostile rank number): sort instead
+        return np.unique(codes).astype(np.int64)
+    return np.flatnonzero(np.bincount(codes))
+
+
+def _meets(held: np.ndarray, wanted: np.ndarray) -> bool:
+    """Do two sorted code arrays share a value?"""
+    if held.shape[0] == 0 or wanted.shape[0] == 0:
+        return False
+    at = np.minimum(np.searchsorted(held, wanted), held.shape[0] - 1)
+    return bool((held[at] == wanted).any())
 
 

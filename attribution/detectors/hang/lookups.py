@@ -1,10 +1,12 @@
 """What the root decision reads of the table after the two passes, cached and batched: each rank's own entry order
 across groups (history) and, per (group, seq) key, the record id of each rank's entry (key orders).
 
-Each uncached read is a pass over the whole table (seconds at 16,384 ranks), so the checks of many ranks (the
-members of a cycle, the terminal ranks alone) are made together (Lookups.batch): one pass reads every history they
-need, a dry run of the checks collects the keys they may ask for, one pass reads those, and the checks then run on
-the cache. A check gives the same answer as it would alone."""
+Each uncached read is a pass over the table (seconds at 16,384 ranks), so the checks of many ranks (the members of a
+cycle, the terminal ranks alone) are made together (Lookups.batch): one pass reads every history they need, a dry
+run of the checks collects the keys they may ask for, one pass reads those, and the checks then run on the cache.
+A pass decodes only the slices that hold the ranks or groups it reads (SliceDecoder.slices). In a batch the key
+orders (the consensus of the other ranks) are read from the slices that hold the checked ranks: every rank of a
+table of up to one slice (SLICE_ROWS: ~2,000 ranks x 2,000 entries), the ~2,000 ranks around them beyond."""
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -36,13 +38,16 @@ def member_of(values: np.ndarray, wanted_sorted: np.ndarray) -> np.ndarray:
     return wanted_sorted[at] == values
 
 
-def rows_for_keys(decoder: SliceDecoder, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
-    """Global row indices of the collective entries of each (group, seq) key, in one pass."""
+def rows_for_keys(decoder: SliceDecoder, keys: Iterable[tuple[int, int]],
+                  ranks: np.ndarray | None = None) -> dict[tuple[int, int], np.ndarray]:
+    """Global row indices of the collective entries of each (group, seq) key, in one pass over the slices that
+    hold their groups (ranks, sorted: only the slices that also hold one of these ranks)."""
     wanted = np.unique(np.array([g * (1 << _SHIFT) + s for g, s in keys if s >= 0], np.int64))
     if wanted.shape[0] == 0:
         return {}
     out: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
-    for part in decoder.slices():
+    groups = np.unique(wanted >> _SHIFT)
+    for part in decoder.slices(groups=groups) if ranks is None else decoder.slices(ranks=ranks):
         rows = np.nonzero(part.coll)[0]
         combined = key_codes(part.group[rows], part.seq[rows])
         keep = member_of(combined, wanted)
@@ -63,7 +68,7 @@ def rows_for_ranks(decoder: SliceDecoder, ranks: Iterable[int]) -> dict[int, tup
     pieces: dict[int, list[tuple[np.ndarray, ...]]] = defaultdict(list)
     if wanted.shape[0] == 0:
         return {}
-    for part in decoder.slices():
+    for part in decoder.slices(ranks=wanted):
         hit = np.nonzero(part.coll & member_of(part.rank.astype(np.int64), wanted))[0]
         if hit.shape[0] == 0:
             continue
@@ -91,6 +96,9 @@ class Lookups:
         self.histories: dict[int, tuple[list[int], list[int], int | None] | None] = {}
         self.positions: dict[tuple[int, int], dict[int, int]] = {}  # (group, seq) -> rank -> record id
         self.recording: set[tuple[int, int]] | None = None  # the keys a dry run asks for
+        # in a batch: the key orders are read from the slices that hold the checked ranks (all of a job of up to
+        # ~2,000 x 2,000 entries; at 16,384 ranks the ~2,000 ranks around each: their order is the program's)
+        self.near: np.ndarray | None = None
         self._by_role: dict[tuple, list[int]] | None = None
 
     # -- histories
@@ -147,7 +155,7 @@ class Lookups:
         missing = [k for k in keys if k not in self.positions]
         if not missing:
             return
-        rows_of = rows_for_keys(self.decoder, missing)
+        rows_of = rows_for_keys(self.decoder, missing, self.near)
         for key in missing:
             self.positions[key] = {}
         if not rows_of:
@@ -185,8 +193,14 @@ class Lookups:
             wanted = self.recording
         finally:
             self.recording = None
-        self._read_keys(wanted)
-        return {rank: check(rank) for rank in ranks}
+        # the key orders of this batch come from the slices holding its ranks: a cache of its own
+        saved, self.positions = self.positions, {}
+        self.near = np.unique(np.array(ranks, np.int64))
+        try:
+            self._read_keys(wanted)
+            return {rank: check(rank) for rank in ranks}
+        finally:
+            self.positions, self.near = saved, None
 
 
 def install(analysis: Analysis, decoder: SliceDecoder) -> Any:
