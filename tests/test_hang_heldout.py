@@ -19,16 +19,13 @@ from faultlens.collectors.sources.pystack import load_stack_dir, py_spy_path
 
 pytest.importorskip("torch")
 
+from tests.test_hang_corpus import KIND_OF_TRUTH  # the truth's kinds as verdicts, one table for both sets
 from tests.torch_jobs.hang_heldout import scenarios as hs
 
 NAMES = [s.name for s in hs.SCENARIOS]
 #: scenarios where ranks are left blocked in a gloo send/recv, which the flight recorder does not record: only
 #: their Python stacks show those waits
 P2P_BLOCKED = {"l12_pipeline_send", "l8_pipe_fwd_chain", "l8_pipe_bwd_mid"}
-KIND_OF_TRUTH = {"stuck_outside": HangVerdict.STUCK_OUTSIDE, "skipped": HangVerdict.SKIPPED,
-                 "size_mismatch": HangVerdict.SIZE_MISMATCH, "op_mismatch": HangVerdict.OP_MISMATCH,
-                 "missing_dump": HangVerdict.MISSING_DUMPS, "crashed": HangVerdict.NEVER_JOINED,
-                 "cycle": HangVerdict.CYCLE}
 
 
 @pytest.fixture(scope="session")
