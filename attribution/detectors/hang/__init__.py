@@ -68,7 +68,7 @@ and {14}: exactly the two faulty ranks, never the ranks that merely wait on them
 rank 2 in the world group: a cycle {2, 3}; rank 3's history (pair collective k after world collective k) shows it
 entered world seq 5 where pair seq 4 was due, so rank 3 is the skipper and rank 2 a follow-on. The hang corpus
 (tests/torch_jobs/hang_corpus: 23 real 8-rank gloo dump sets) and bench/bench_hang_accuracy.py measure the rest;
-tests/torch_jobs/hang_heldout holds 28 real gloo sets of other shapes (6 to 16 ranks, other rank orders, groups
+tests/torch_jobs/hang_heldout holds 30 real gloo sets of other shapes (4 to 16 ranks, other rank orders, groups
 without descs or from new_subgroups, a 4-stage pipeline, the default group alone).
 
 Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and per-(group, seq)
