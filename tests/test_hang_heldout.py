@@ -8,18 +8,17 @@ follow-on of a culprit."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.detectors.hang import HangReport, HangVerdict, analyze_collectives
+from faultlens.attribution.detectors.hang import HangReport, HangVerdict, analyze_collectives, decode
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.sources.pystack import load_stack_dir, py_spy_path
 
 pytest.importorskip("torch")
 
-from tests.test_hang_corpus import KIND_OF_TRUTH  # the truth's kinds as verdicts, one table for both sets
+from tests.test_hang_corpus import KIND_OF_TRUTH, _truth  # the corpus' truth reading, for both sets
 from tests.torch_jobs.hang_heldout import scenarios as hs
 
 NAMES = [s.name for s in hs.SCENARIOS]
@@ -33,10 +32,6 @@ def heldout() -> dict[str, Path]:
     from tests.torch_jobs.hang_heldout.generate import heldout
 
     return heldout()
-
-
-def _truth(directory: Path) -> dict:
-    return json.loads((directory / "truth.json").read_text())
 
 
 def _analyze(directory: Path, *, stacks: bool = True) -> HangReport:
@@ -120,3 +115,20 @@ def test_independent_roots_keep_their_own_groups_and_waiters(heldout: dict[str, 
     assert by_rank[2].collective_seq_id != by_rank[10].collective_seq_id  # two dozen steps apart
     mixed = _analyze(heldout["l16_crash_and_stuck"])
     assert len(mixed.roots) == 2 and {r.ranks for r in mixed.roots} == {(5,), (10,)}
+
+
+@pytest.mark.parametrize("slice_rows", [211, 50])
+def test_answers_do_not_depend_on_how_the_table_is_sliced(heldout: dict[str, Path], slice_rows: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The analysis reads 16,384-rank tables in slices, and its later passes decode only the slices holding the
+    ranks or groups they read (a batch of skip checks takes its consensus from the slices of the checked ranks).
+    Sliced a few ranks' rows at a time, every held-out set gives the answer it gives read whole."""
+    whole = {name: _analyze(directory) for name, directory in heldout.items()}
+    monkeypatch.setattr(decode, "SLICE_ROWS", slice_rows)
+    for name, directory in heldout.items():
+        sliced = _analyze(directory)
+        assert sliced.culprit_ranks == whole[name].culprit_ranks, name
+        if py_spy_path() is not None or name not in P2P_BLOCKED:
+            assert sliced.culprit_ranks == tuple(_truth(directory)["culprits"]), name
+        assert [root.kinds for root in sliced.roots] == [root.kinds for root in whole[name].roots], name
+        assert sliced.follow_ons == whole[name].follow_ons, name

@@ -171,11 +171,17 @@ def _present(codes: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.bincount(codes))
 
 
+def member_of(values: np.ndarray, wanted_sorted: np.ndarray) -> np.ndarray:
+    """values in wanted_sorted (sorted, unique), as np.isin but without sorting `values` (a slice of 4 M rows)."""
+    if wanted_sorted.shape[0] == 0:
+        return np.zeros(values.shape[0], bool)
+    at = np.searchsorted(wanted_sorted, values)
+    np.minimum(at, wanted_sorted.shape[0] - 1, out=at)
+    return wanted_sorted[at] == values
+
+
 def _meets(held: np.ndarray, wanted: np.ndarray) -> bool:
     """Do two sorted code arrays share a value?"""
-    if held.shape[0] == 0 or wanted.shape[0] == 0:
-        return False
-    at = np.minimum(np.searchsorted(held, wanted), held.shape[0] - 1)
-    return bool((held[at] == wanted).any())
+    return bool(member_of(wanted, held).any())
 
 

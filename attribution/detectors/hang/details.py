@@ -13,7 +13,12 @@ from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence
 from faultlens.attribution.detectors.hang.kernels import combine_signatures, row_signatures
 from faultlens.attribution.detectors.hang.lookups import rows_for_keys
 from faultlens.attribution.detectors.hang.report import P2P_OP, SHAPE_MUST_MATCH, HangVerdict
-from faultlens.attribution.detectors.hang.skips import group_role
+from faultlens.attribution.detectors.hang.skips import group_role, groups_by_role
+
+
+def shape_bound(ops: list[Any]) -> np.ndarray:
+    """Per op code (and -1 last): whether its ranks' shapes must agree (SHAPE_MUST_MATCH)."""
+    return np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
 
 
 def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
@@ -48,7 +53,7 @@ def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
 def _signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
                 ops: list[Any]) -> pa.Table:
     """(group, seq, signature of op + sizes (for shape-bound ops) + dtypes) of a slice's collective rows."""
-    shape_ops = np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+    shape_ops = shape_bound(ops)
     c_ops = part.op[rows]
     length = len(part.rank)
     size_sig, dtype_sig = row_signatures(sizes.slice(part.start, length) if sizes is not None else None,
@@ -106,7 +111,7 @@ def _mismatch(analysis: Analysis, table: pa.Table, details: _KeyDetails, g: int,
     taken = details.taken.take(pa.array(pos))
     ops = details.decoder.ops.values
     op_codes = details.op[pos]
-    shape_ops = np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+    shape_ops = shape_bound(ops)
     local = np.arange(taken.num_rows, dtype=np.int64)
     size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in taken.column_names
                                          else None,
@@ -148,9 +153,7 @@ def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> N
     ties = [m for m in analysis.mismatches if m.tie]
     if not ties:
         return
-    by_role: dict[tuple, list[int]] = defaultdict(list)
-    for g in analysis.members:
-        by_role[group_role(analysis, g)].append(g)
+    by_role = groups_by_role(analysis)
     references: list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] = []
     wanted: set[tuple[int, int]] = set()
     for m in ties:
@@ -170,7 +173,7 @@ def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> N
     size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in needed else None,
                                          taken.column("input_dtypes") if "input_dtypes" in needed else None,
                                          np.arange(n, dtype=np.int64))
-    shape_ops = np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in decoder.ops.values] + [False], bool)
+    shape_ops = shape_bound(decoder.ops.values)
     size_sig = np.where(shape_ops[ops], size_sig, np.uint64(0))
     ranks = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
     by_key: dict[tuple[int, int], dict[int, tuple[int, int, int]]] = {}

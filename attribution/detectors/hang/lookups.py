@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.columns import LazyColumn
-from faultlens.attribution.detectors.hang.decode import SliceDecoder
+from faultlens.attribution.detectors.hang.decode import SliceDecoder, member_of
 from faultlens.attribution.detectors.hang.graph import Analysis
-from faultlens.attribution.detectors.hang.skips import group_role
+from faultlens.attribution.detectors.hang.skips import groups_by_role
 
 T = TypeVar("T")
 MAX_KEYS = 200_000  # a key-order question wider than this is not answered (memory), as before the cache
@@ -27,15 +27,6 @@ _SHIFT = 40  # (group, seq) -> group << 40 | seq: sequence ids stay below 2^40
 
 def key_codes(groups: np.ndarray, seqs: np.ndarray) -> np.ndarray:
     return groups.astype(np.int64) * (1 << _SHIFT) + seqs
-
-
-def member_of(values: np.ndarray, wanted_sorted: np.ndarray) -> np.ndarray:
-    """values in wanted_sorted (sorted, unique), as np.isin but without sorting `values` (a slice of 4 M rows)."""
-    if wanted_sorted.shape[0] == 0:
-        return np.zeros(values.shape[0], bool)
-    at = np.searchsorted(wanted_sorted, values)
-    np.minimum(at, wanted_sorted.shape[0] - 1, out=at)
-    return wanted_sorted[at] == values
 
 
 def rows_for_keys(decoder: SliceDecoder, keys: Iterable[tuple[int, int]],
@@ -126,9 +117,7 @@ class Lookups:
 
     def by_role(self) -> dict[tuple, list[int]]:
         if self._by_role is None:
-            self._by_role = defaultdict(list)
-            for g in self.analysis.members:
-                self._by_role[group_role(self.analysis, g)].append(g)
+            self._by_role = groups_by_role(self.analysis)
         return self._by_role
 
     def key_rows(self, due_roles: list[tuple], due_seqs: list[int], roles: list[tuple],

@@ -1,6 +1,7 @@
 """Breaking cycles: did a rank skip a collective it lags in? By the order the ranks outside the cycle entered the
 same collectives (in groups playing the same part), or else by the rank's own periodic history."""
 
+from collections import defaultdict
 
 from faultlens.attribution.detectors.hang.graph import Analysis, Divergence
 
@@ -15,6 +16,14 @@ def group_role(analysis: Analysis, group: int) -> tuple:
     if analysis.roles is None:
         analysis.roles = creation_runs(analysis)
     return analysis.roles.get(group, ("group", group))
+
+
+def groups_by_role(analysis: Analysis) -> dict[tuple, list[int]]:
+    """Every group under the part it plays (group_role), in group order."""
+    by_role: dict[tuple, list[int]] = defaultdict(list)
+    for g in analysis.members:
+        by_role[group_role(analysis, g)].append(g)
+    return by_role
 
 
 def creation_runs(analysis: Analysis) -> dict[int, tuple]:

@@ -40,6 +40,14 @@ def rank_from_name(path: str | os.PathLike[str]) -> int | None:
     return int(match.group(1))
 
 
+def file_size(path: Path) -> int:
+    """A file's size, 0 where it cannot be read (its reader reports why)."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _is_candidate(path: Path) -> bool:
     name = path.name
     if name.startswith(".") or name.endswith((".tmp", ".partial")) or not path.is_file():

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import _Strings, _with_dictionary
 from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
-from faultlens.collectors.artifacts.flight_recorder.files import _load_file
+from faultlens.collectors.artifacts.flight_recorder.files import _load_file, file_size
 from faultlens.collectors.artifacts.flight_recorder.model import CHUNK_ROWS, DumpFileError, _Dump
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 from faultlens.collectors.sources.source import NodeIdentity
@@ -71,20 +71,13 @@ def _loaded(primary: list[Path], load: Callable[[Path], _Dump | DumpFileError],
         while pending or next_index < len(primary):
             while next_index < len(primary) and (len(pending) < 2 * workers or held < PARSE_AHEAD_BYTES):
                 path = primary[next_index]
-                size = _file_size(path)
+                size = file_size(path)
                 pending.append((pool.submit(load, path), size))
                 held += size
                 next_index += 1
             future, size = pending.popleft()
             held -= size
             yield future.result()
-
-
-def _file_size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0  # the loader reports it
 
 
 def _take(part: _Part, result: _Dump | DumpFileError, seen_ranks: dict[int, str], dir_name: str) -> None:

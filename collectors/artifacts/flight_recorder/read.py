@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
-from faultlens.collectors.artifacts.flight_recorder.files import _load_file, find_dump_files
+from faultlens.collectors.artifacts.flight_recorder.files import _load_file, file_size, find_dump_files
 from faultlens.collectors.artifacts.flight_recorder.model import (
     DEFAULT_MAX_FRAMES,
     JSON_SUFFIXES,
@@ -31,13 +31,6 @@ from faultlens.collectors.store.schema import validate
 #: opcode pre-passes (safe_pickle.check_opcodes: limits, tuple hashing) cost ~3x the load, so above 16 MiB the
 #: compiled scanner (which checks the same limits in its one pass) is the faster way
 FAST_PATH_MIN_BYTES = 16 * 1024 * 1024
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def _wanted(columns: Iterable[str] | None) -> set[str]:
@@ -130,7 +123,7 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
                            "comm_lib_trace_rank_0, rank_0.json)")
     primary, twins = _primary_and_twins(files)
     if fast_path is None:
-        fast_path = sum(_size(p) for p in primary) >= FAST_PATH_MIN_BYTES
+        fast_path = sum(file_size(p) for p in primary) >= FAST_PATH_MIN_BYTES
     workers = workers or min(8, os.cpu_count() or 1)
     dir_name = Path(directory).resolve().name
     parts = None
