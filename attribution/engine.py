@@ -92,6 +92,7 @@ class Engine:
 
     def run_job(self, telemetry: Telemetry, now: dt.datetime, as_of: dt.datetime | None, *,
                 settled: Callable[[str | None, int | None], bool] | None = None,
+                failure_seen: Callable[[str | None, int | None], dt.datetime | None] | None = None,
                 already: set[str] | frozenset[str] = frozenset(), hangs: bool = True,
                 stragglers: bool = True, straggler_last_steps: int | None = None,
                 hung: dict[tuple[str | None, int | None], dt.datetime] | None = None,
@@ -101,9 +102,9 @@ class Engine:
         mode) and since when; a failure after that is the hang's ending (a watchdog abort, a supervisor's
         kill), not a new crash. `failed`: attempts already reported crashed (live mode) and since when; a
         slowdown that begins after that is the failure's consequence (a survivor waiting on the dead rank, the
-        teardown), not a new fault."""
-        options = JobOptions(settled=settled, already=frozenset(already), hangs=hangs, stragglers=stragglers,
-                             straggler_last_steps=straggler_last_steps)
+        teardown), not a new fault. `failure_seen` (live mode): when a failure of an attempt was first seen."""
+        options = JobOptions(settled=settled, failure_seen=failure_seen, already=frozenset(already), hangs=hangs,
+                             stragglers=stragglers, straggler_last_steps=straggler_last_steps)
         run = JobPass(telemetry, now, as_of, options, hung=dict(hung or {}), failed=dict(failed or {}))
         for detector in self.detectors:
             if detector.scope is Scope.JOB:

@@ -117,7 +117,8 @@ class Follower:
         self._straggler_steps = 2 * straggler.window_steps + straggler.self_baseline_steps
         self.stats = FollowStats()
         self._arrivals: dict[tuple[str | None, int | None], float] = {}
-        self._failure_arrived: set[tuple[str | None, int | None]] = set()  # attempts with a failure row seen
+        # attempts with a failure row seen, and when the first was (the clock's time)
+        self._failure_seen: dict[tuple[str | None, int | None], dt.datetime] = {}
         self._steps_changed = False
         self._last_progress = float("-inf")
         self._last_straggler = float("-inf")
@@ -153,7 +154,8 @@ class Follower:
         found: list[Incident] = []
         for job in telemetry.jobs:
             found.extend(self.engine.run_job(
-                telemetry.for_job(job), now, now, settled=self._settled, already=self.known,
+                telemetry.for_job(job), now, now, settled=self._settled,
+                failure_seen=lambda job, attempt: self._failure_seen.get((job, attempt)), already=self.known,
                 hangs=progress_due or crash_due, stragglers=straggler_due,
                 straggler_last_steps=self._straggler_steps, hung=self._hung, failed=self._crashed))
         self._failures.extend(i for i in found if i.incident_class in (IncidentClass.CRASH,
@@ -172,7 +174,11 @@ class Follower:
             # an attempt whose settle time ends after this evaluation began may have been skipped: look again
             self._arrivals = {key: arrived for key, arrived in self._arrivals.items()
                               if arrived + self.config.crash_settle_s >= tick}
-            self._pending_crash = bool(self._arrivals)
+            # and while a failure seen lately may still be waiting for the other nodes' reports (the attributor's
+            # peer wait counts from when it was seen): looked at again on every poll, not at the next hang check
+            peer_wait = dt.timedelta(seconds=self.engine.crash_rules.exception_peer_wait_s)
+            self._pending_crash = bool(self._arrivals) or any(now < seen + peer_wait
+                                                              for seen in self._failure_seen.values())
         if progress_due:
             self._last_progress = tick
         if straggler_due:
@@ -219,10 +225,10 @@ class Follower:
             key = (job, None if attempt is None else int(attempt))
             # an echo extends the wait only while no failure of the attempt has arrived (it may land before the
             # report of the death it echoes); after one, the cascade no longer holds the incident back
-            if failure or key not in self._failure_arrived:
+            if failure or key not in self._failure_seen:
                 self._arrivals[key] = tick
             if failure:
-                self._failure_arrived.add(key)
+                self._failure_seen.setdefault(key, self.clock())
 
     def _settled(self, job: str | None, attempt: int | None) -> bool:
         arrived = self._arrivals.get((job, attempt))

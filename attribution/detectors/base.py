@@ -52,6 +52,10 @@ class JobOptions:
     """How a job pass runs (live mode passes these per poll)."""
 
     settled: Callable[[str | None, int | None], bool] | None = None
+    # live mode: when a failure of the attempt was first seen (None: not seen yet, or a batch pass): the waits for
+    # the other nodes' reports count from then, never from the failure's own stamp alone (torchrun's error files
+    # carry whole seconds, and a loaded collector delivers a report seconds after it was written)
+    failure_seen: Callable[[str | None, int | None], dt.datetime | None] | None = None
     already: frozenset[str] = frozenset()  # incident ids reported before: not reported (or analysed) again
     hangs: bool = True
     stragglers: bool = True

@@ -133,7 +133,7 @@ class CrashDetector:
 
     def detect(self, run: JobPass) -> list[Incident]:
         telemetry = run.telemetry
-        crash = self.attributor.attribute(telemetry, run.now, run.options.settled)
+        crash = self.attributor.attribute(telemetry, run.now, run.options.settled, run.options.failure_seen)
         stalled = self.progress.suspects(telemetry, run.as_of) if run.options.hangs and run.as_of is not None \
             else []
         for key, noticed in hung_since(stalled, self.rules.signal_notice_slack_s).items():

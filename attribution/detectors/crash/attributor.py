@@ -54,7 +54,11 @@ class CrashAttributor(FailureClassifier):
         return result
 
     def attribute(self, telemetry: Telemetry, now: dt.datetime,
-                  settled: Callable[[str | None, int | None], bool] | None = None) -> CrashResult:
+                  settled: Callable[[str | None, int | None], bool] | None = None,
+                  failure_seen: Callable[[str | None, int | None], dt.datetime | None] | None = None) -> CrashResult:
+        """The crash verdict of every failed attempt. Live mode passes `settled` (has the attempt's cascade
+        landed?) and `failure_seen` (when a failure of the attempt was first seen): the waits for other nodes'
+        reports count from the later of that and the failure's own time."""
         result = CrashResult()
         per_attempt = self.attempt_failures(telemetry.process_events)
         for key in lost_agents(telemetry.process_events):  # an agent lost while its ranks train on: no failure rows
@@ -64,7 +68,8 @@ class CrashAttributor(FailureClassifier):
             if settled is not None and not settled(job, attempt):
                 result.pending.append((job, attempt))
                 continue
-            outcome = self._attribute_attempt(telemetry, job, attempt, failures, per_attempt, now)
+            seen = failure_seen(job, attempt) if failure_seen is not None else None
+            outcome = self._attribute_attempt(telemetry, job, attempt, failures, per_attempt, now, seen)
             if outcome is WAIT:
                 result.pending.append((job, attempt))
             elif isinstance(outcome, Incident):
@@ -74,8 +79,8 @@ class CrashAttributor(FailureClassifier):
         return result
 
     def _attribute_attempt(self, telemetry: Telemetry, job: str | None, attempt: int | None,
-                           failures: list[RankFailure], per_attempt: Failures,
-                           now: dt.datetime) -> Incident | HangTrigger | object | None:
+                           failures: list[RankFailure], per_attempt: Failures, now: dt.datetime,
+                           seen: dt.datetime | None = None) -> Incident | HangTrigger | object | None:
         primary = self.primary(failures)
         placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps,
                                telemetry.heartbeats)
@@ -103,11 +108,13 @@ class CrashAttributor(FailureClassifier):
             if not desync.culprit_ranks and now < reported + dt.timedelta(seconds=self.rules.desync_wait_s):
                 return WAIT  # the ranks' last heartbeats may still be on their way
             return desync
-        return self._crash(telemetry, job, attempt, primary, failures, per_attempt, placement, secondary_line, now)
+        return self._crash(telemetry, job, attempt, primary, failures, per_attempt, placement, secondary_line, now,
+                           seen)
 
     def _crash(self, telemetry: Telemetry, job: str | None, attempt: int | None, primary: RankFailure,
                failures: list[RankFailure], per_attempt: Failures, placement: dict[int, Placement],
-               secondary_line: Evidence | None, now: dt.datetime) -> Incident | object:
+               secondary_line: Evidence | None, now: dt.datetime,
+               seen: dt.datetime | None = None) -> Incident | object:
         """The crash incident of a primary failure (or WAIT for the other nodes' first reports): what is found
         around it, then the cause decided from that (cause.py)."""
         # the ranks table (the collectors' node names, which GPU events carry too) over a report's host name
@@ -120,7 +127,7 @@ class CrashAttributor(FailureClassifier):
         other_nodes = {(placement[f.rank].node if f.rank in placement else None) or f.node for f in same} - {node}
         other_nodes.discard(None)
         if primary.kind in (FailureKind.EXCEPTION, FailureKind.OOM) and self._others_to_come(
-                telemetry, job, attempt, failures, placement, primary, now,
+                telemetry, job, attempt, failures, placement, primary, now, seen,
                 besides=None if other_nodes else node,
                 within_s=self.rules.silent_node_wait_s if other_nodes else self.rules.exception_peer_wait_s):
             # an exception's verdict waits a moment for the other nodes' first reports (the same exception there
@@ -137,11 +144,15 @@ class CrashAttributor(FailureClassifier):
 
     def _others_to_come(self, telemetry: Telemetry, job: str | None, attempt: int | None,
                         failures: list[RankFailure], placement: dict[int, Placement], primary: RankFailure,
-                        now: dt.datetime, besides: str | None = None, within_s: float = 0.0) -> bool:
+                        now: dt.datetime, seen: dt.datetime | None, besides: str | None = None,
+                        within_s: float = 0.0) -> bool:
         """Ranks (of nodes other than `besides`) that reported nothing yet while their torchrun agent still runs,
-        within `within_s` of the primary failure: their reports may still come (a loaded collector reads their
-        error files later)."""
-        if now >= primary.ts + dt.timedelta(seconds=within_s):
+        within `within_s` of the primary failure, or of when it was first seen live (`seen`) where that is later:
+        their reports may still come (a loaded collector reads their error files later, and one node's collector
+        may deliver a tick after another's). The failure's own time alone is no anchor: torchrun's error files
+        stamp whole seconds, and a report seen seconds after its stamp would have no wait at all."""
+        anchor = primary.ts if seen is None else max(primary.ts, seen)
+        if now >= anchor + dt.timedelta(seconds=within_s):
             return False
         reported = {f.rank for f in failures}
         running = running_agents(telemetry.process_events, job, attempt)
