@@ -1,0 +1,95 @@
+"""The hang corpus and the held-out set (real gloo dump sets), as dumps from other clusters would differ from them:
+
+- a wrapped ring buffer: a long job's flight recorder keeps only each process's newest entries (torch's ring of
+  TORCH_NCCL_TRACE_BUFFER_SIZE); here every rank keeps its newest K, so ranks with more traffic lose more of their
+  history and each rank's oldest entry differs (the corpus itself records every entry);
+- unsynchronised clocks: nodes' clocks apart by up to seconds or a minute (every time field of a rank's entries
+  shifted by one random offset of that rank).
+
+Every scenario must keep its exact culprit set and name no victim. (Wrapped to fewer entries than a scenario's
+faults lie back, the evidence itself is gone: at 6 entries two scenarios lose their earlier, completed size
+mismatch, and only the later stuck rank is named; not checked here.)
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from faultlens.attribution.detectors.hang import analyze_collectives
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.artifacts.safe_pickle import safe_loads
+from faultlens.collectors.sources.pystack import load_stack_dir, py_spy_path
+
+pytest.importorskip("torch")
+
+from tests.test_hang_corpus import P2P_BLOCKED as CORPUS_P2P_BLOCKED  # after the torch check, as the corpus tests do
+from tests.test_hang_corpus import _truth
+from tests.test_hang_heldout import P2P_BLOCKED as HELDOUT_P2P_BLOCKED
+
+TIME_KEYS = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
+Perturb = Callable[[dict, int], dict]
+
+
+def _wrapped(keep: int) -> Perturb:
+    def perturb(dump: dict, rank: int) -> dict:
+        dump["entries"] = dump["entries"][-keep:]
+        return dump
+    return perturb
+
+
+def _skewed(max_s: float) -> Perturb:
+    def perturb(dump: dict, rank: int) -> dict:
+        offset = int(random.Random(f"{max_s}/{rank}").uniform(-max_s, max_s) * 1e9)
+        for entry in dump["entries"]:
+            for key in TIME_KEYS:
+                if isinstance(entry.get(key), int) and entry[key]:
+                    entry[key] += offset
+        return dump
+    return perturb
+
+
+PERTURBATIONS = {"ring-24": _wrapped(24), "ring-12": _wrapped(12), "clocks-5s": _skewed(5.0),
+                 "clocks-60s": _skewed(60.0)}
+
+
+@pytest.fixture(scope="module")
+def scenarios() -> dict[str, Path]:
+    from tests.torch_jobs.hang_corpus.generate import corpus
+    from tests.torch_jobs.hang_heldout.generate import heldout
+
+    # without py-spy, the scenarios whose ranks wait in a gloo send/recv (which the flight recorder does not record)
+    # have no evidence of those waits: left out, as in their own sets' tests
+    stacks = py_spy_path() is not None
+    found = {f"corpus/{name}": path for name, path in corpus().items() if stacks or name not in CORPUS_P2P_BLOCKED}
+    found.update({f"heldout/{name}": path for name, path in heldout().items()
+                  if stacks or name not in HELDOUT_P2P_BLOCKED})
+    return found
+
+
+def _rewritten(source: Path, target: Path, perturb: Perturb) -> Path:
+    target.mkdir(parents=True)
+    for path in source.glob("rank_*.pkl"):
+        dump = safe_loads(path.read_bytes())
+        (target / path.name).write_bytes(pickle.dumps(perturb(dump, int(path.stem.split("_")[1]))))
+    return target
+
+
+@pytest.mark.parametrize("perturbation", sorted(PERTURBATIONS))
+def test_exact_culprits_in_dumps_from_other_clusters(scenarios: dict[str, Path], perturbation: str,
+                                                     tmp_path: Path) -> None:
+    assert len(scenarios) >= 47
+    wrong = {}
+    for name, directory in sorted(scenarios.items()):
+        truth = _truth(directory)
+        dumps = _rewritten(directory / "dumps", tmp_path / name, PERTURBATIONS[perturbation])
+        report = analyze_collectives(read_dump_dir(dumps).table, expected_ranks=range(truth["world_size"]),
+                                     stacks=load_stack_dir(directory / "stacks"))
+        named = {r for root in report.roots for r in root.ranks}
+        if report.culprit_ranks != tuple(truth["culprits"]) or named != set(truth["culprits"]):
+            wrong[name] = (report.culprit_ranks, truth["culprits"], report.reason[:200])
+    assert not wrong, wrong
