@@ -1,7 +1,8 @@
 """analyze_collectives: pass 1 (progress per group and rank), pass 2 (details of the keys that need them)."""
 
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.hang.columns import LazyColumn
-from faultlens.attribution.detectors.hang.decode import SliceDecoder
+from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
     _break_ties,
@@ -94,41 +95,63 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
 
 
 def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:
-    """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence."""
+    """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence. Each slice is
+    decoded here and aggregated on a second thread (pyarrow's group-bys and the signature kernels release the
+    GIL) while the next one is decoded; the parts keep the slices' order."""
     out = _PassOne()
-    for part in decoder.slices():
-        out.dumped.update(int(r) for r in np.unique(part.rank) if r >= 0)
-        named = part.group >= 0
-        desc = decoder.descs.codes(table.column("pg_desc").slice(part.start, len(part.rank)), len(part.rank)) \
-            if "pg_desc" in table.column_names else np.full(len(part.rank), -1, np.int32)
-        # members seen and group descriptions: collective rows come with the progress aggregate below, the few
-        # other named rows (status rows, p2p entries) here
-        other = np.nonzero(named & ~part.coll)[0]
-        out.seen_parts.append(pa.table({"g": part.group[other], "r": part.rank[other],
-                                        "d": pa.array(desc[other], mask=desc[other] < 0)})
-                              .group_by(["g", "r"]).aggregate([("d", "min")]))
-        if "pg_ranks" in table.column_names:
-            pg_ranks = table.column("pg_ranks").slice(part.start, len(part.rank))
-            rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & named)[0]
-            if rows.shape[0]:
-                for row, value in zip(rows, pg_ranks.take(pa.array(rows)).to_pylist(), strict=True):
-                    if value:
-                        out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
-        out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
-        rows = np.nonzero(part.coll)[0]
-        c_seq = part.seq[rows]
-        c_desc = desc[rows]
-        out.progress_parts.append(pa.table({
-            "g": part.group[rows], "r": part.rank[rows], "s": c_seq,
-            "s_incomplete": pa.array(c_seq, mask=part.complete[rows]),
-            "s_started": pa.array(c_seq, mask=~part.started[rows]),
-            "s_complete": pa.array(c_seq, mask=~part.complete[rows]),
-            "d": pa.array(c_desc, mask=c_desc < 0),
-        }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_incomplete", "max"),
-                                           ("s_started", "max"), ("s_complete", "max"), ("d", "min")]))
-        out.signature_parts.append(_signatures(part, rows, sizes_column, dtypes_column, decoder.ops.values)
-                                   .group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")]))
+    pending: deque[Future[tuple[pa.Table, pa.Table, pa.Table]]] = deque()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-pass-one") as pool:
+        for part in decoder.slices():
+            out.dumped.update(int(r) for r in np.unique(part.rank) if r >= 0)
+            named = part.group >= 0
+            desc = decoder.descs.codes(table.column("pg_desc").slice(part.start, len(part.rank)), len(part.rank)) \
+                if "pg_desc" in table.column_names else np.full(len(part.rank), -1, np.int32)
+            if "pg_ranks" in table.column_names:
+                pg_ranks = table.column("pg_ranks").slice(part.start, len(part.rank))
+                rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & named)[0]
+                if rows.shape[0]:
+                    for row, value in zip(rows, pg_ranks.take(pa.array(rows)).to_pylist(), strict=True):
+                        if value:
+                            out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
+            out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
+            ops = list(decoder.ops.values)  # the op names decoded so far (the next slice's decode may add some)
+            pending.append(pool.submit(_slice_aggregates, part, named, desc, sizes_column, dtypes_column, ops))
+            while len(pending) > 1:  # at most one slice aggregated while the next is decoded: bounded memory
+                _collect(out, pending.popleft().result())
+        while pending:
+            _collect(out, pending.popleft().result())
     return out
+
+
+def _collect(out: _PassOne, aggregates: tuple[pa.Table, pa.Table, pa.Table]) -> None:
+    seen, progress, signatures = aggregates
+    out.seen_parts.append(seen)
+    out.progress_parts.append(progress)
+    out.signature_parts.append(signatures)
+
+
+def _slice_aggregates(part: DecodedSlice, named: np.ndarray, desc: np.ndarray, sizes_column: Any,
+                      dtypes_column: Any, ops: list[Any]) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """One slice's pass-1 aggregates: members seen (and their descs) from its non-collective named rows (status
+    rows, p2p entries; collective rows come with the progress aggregate), progress per (group, rank), signatures
+    per (group, seq)."""
+    other = np.nonzero(named & ~part.coll)[0]
+    seen = pa.table({"g": part.group[other], "r": part.rank[other],
+                     "d": pa.array(desc[other], mask=desc[other] < 0)}).group_by(["g", "r"]).aggregate([("d", "min")])
+    rows = np.nonzero(part.coll)[0]
+    c_seq = part.seq[rows]
+    c_desc = desc[rows]
+    progress = pa.table({
+        "g": part.group[rows], "r": part.rank[rows], "s": c_seq,
+        "s_incomplete": pa.array(c_seq, mask=part.complete[rows]),
+        "s_started": pa.array(c_seq, mask=~part.started[rows]),
+        "s_complete": pa.array(c_seq, mask=~part.complete[rows]),
+        "d": pa.array(c_desc, mask=c_desc < 0),
+    }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_incomplete", "max"),
+                                       ("s_started", "max"), ("s_complete", "max"), ("d", "min")])
+    signatures = _signatures(part, rows, sizes_column, dtypes_column, ops).group_by(["g", "s"]).aggregate(
+        [("sig", "min"), ("sig", "max")])
+    return seen, progress, signatures
 
 
 def _membership(first: _PassOne, agg: pa.Table, decoder: SliceDecoder,
