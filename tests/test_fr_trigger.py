@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,16 @@ import pytest
 
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.artifacts.safe_pickle import safe_load
+from faultlens.collectors.sources.pystack import (
+    ProcessStack,
+    StackPlace,
+    load_stack_dir,
+    parse_py_spy,
+    where,
+    with_fallback,
+)
 from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger, repair_pg_config
+from faultlens.collectors.training.own_stack import OWN_STACKS_DIR, own_stacks
 from tests.conftest import REPO_ROOT
 
 PROBE = REPO_ROOT / "tests" / "torch_jobs" / "trigger_probe.py"
@@ -55,6 +65,63 @@ def test_live_hang_dumps_show_the_collective_rank_2_never_joined(torch_artifacts
         exit_trace = safe_load(art / "dumps_on_exit" / f"rank_{rank}.pkl")
         world = [e for e in exit_trace["entries"] if e["process_group"][1] == "default_pg"]
         assert world[-1]["collective_seq_id"] == seq
+
+
+def test_each_rank_writes_where_it_is_beside_its_dump(torch_artifacts: dict[str, Path], tmp_path: Path) -> None:
+    """The trigger's own stacks (no py-spy, no ptrace): rank 2, stuck outside any collective, is in the scenario's
+    own code; ranks 0, 1 and 3 are blocked in torch.distributed.all_reduce. The dump thread itself is not listed."""
+    art = torch_artifacts["hang"]
+    stacks = load_stack_dir(art / "dumps" / OWN_STACKS_DIR)
+    assert set(stacks) == {0, 1, 2, 3}
+    places = {rank: where(stack) for rank, stack in stacks.items()}
+    assert places[2].kind == StackPlace.OUTSIDE and "train_scenario.py" in (places[2].frame or ""), places[2]
+    assert "communicate" in (places[2].frame or "") and places[2].thread == "MainThread"
+    for rank in (0, 1, 3):
+        assert (places[rank].kind, places[rank].op) == (StackPlace.IN_COLLECTIVE, "all_reduce"), places[rank]
+    assert not any(t.name == "faultlens-fr-sigwait" for s in stacks.values() for t in s.threads)
+    # the command reads them by default (no py-spy stacks there): the culprit's frame is in the verdict
+    copy = tmp_path / "dumps"
+    shutil.copytree(art / "dumps", copy)
+    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "analyze-hang", str(copy),
+                             "--json"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["culprit_ranks"] == [2]
+    assert "rank 2 is in Job.communicate (train_scenario.py:" in report["reason"], report["reason"]
+
+
+def test_own_stacks_name_each_thread_innermost_first(tmp_path: Path) -> None:
+    """own_stacks from a real second thread blocked in a wait, read back by the py-spy reader."""
+    import threading
+
+    release = threading.Event()
+
+    def loader_next() -> None:
+        release.wait(30)
+
+    thread = threading.Thread(target=loader_next, name="loader")
+    thread.start()
+    try:
+        document = own_stacks()
+    finally:
+        release.set()
+        thread.join()
+    stack = parse_py_spy(document)
+    assert stack.error is None and stack.pid == os.getpid()
+    loader = next(t for t in stack.threads if t.name == "loader")
+    assert loader.frames[0].name == "Event.wait" or loader.frames[0].filename.endswith("threading.py")
+    assert any(f.name.endswith("loader_next") for f in loader.frames)
+    assert where(stack, [loader.thread_id]).kind == StackPlace.OUTSIDE
+    assert "loader_next" in (where(stack, [loader.thread_id]).frame or "")
+    assert threading.get_ident() not in {t.thread_id for t in stack.threads}  # the caller is left out
+
+
+def test_py_spy_stacks_fall_back_to_the_ranks_own(torch_artifacts: dict[str, Path]) -> None:
+    own = load_stack_dir(torch_artifacts["hang"] / "dumps" / OWN_STACKS_DIR)
+    failed = {2: ProcessStack(123, (), "py-spy dump of pid 123 failed: Permission denied")}
+    merged = with_fallback(failed, own)
+    assert set(merged) == {0, 1, 2, 3} and merged[2] is own[2]
+    assert with_fallback({0: own[0]}, {0: ProcessStack(None, (), "bad")})[0] is own[0]
 
 
 def test_pg_config_is_repaired_from_torchs_group_tables(torch_artifacts: dict[str, Path]) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.collectors.store.atomic import atomic_write
+from faultlens.collectors.training.own_stack import OWN_STACKS_DIR
 
 MAX_STACK_BYTES = 32 << 20  # a stack file larger than this is refused (py-spy JSON of a process is ~100 KB)
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
@@ -260,12 +261,31 @@ def dump_pids(directory: str | os.PathLike[str]) -> dict[int, int]:
 
 
 def capture_dump_dir_stacks(dump_dir: str | os.PathLike[str], **kwargs: Any) -> dict[int, ProcessStack]:
-    """The stacks of the ranks whose dumps are in `dump_dir` (pids from the dumps), written to dump_dir/stacks/;
-    {} where py-spy is not installed. Never raises."""
+    """The stacks of the ranks whose dumps are in `dump_dir`: py-spy's (pids from the dumps, written to
+    dump_dir/stacks/) where it is installed and could read the process, else the rank's own, which the
+    flight-recorder trigger wrote beside its dump (dump_dir/own-stacks/, collectors/training/own_stack.py).
+    Never raises."""
+    own = load_stack_dir(Path(dump_dir) / OWN_STACKS_DIR)
     if py_spy_path() is None and "tool" not in kwargs:
-        return {}
+        return own
     try:
-        pids = dump_pids(dump_dir)
-        return capture_ranks(pids, Path(dump_dir) / "stacks", **kwargs)
+        taken = capture_ranks(dump_pids(dump_dir), Path(dump_dir) / "stacks", **kwargs)
     except OSError:
-        return {}
+        return own
+    return with_fallback(taken, own)
+
+
+def with_fallback(stacks: Mapping[int, ProcessStack], fallback: Mapping[int, ProcessStack]) -> dict[int, ProcessStack]:
+    """`stacks` (py-spy's), each rank that has none or only an error taking its stack from `fallback` (the rank's
+    own) where that one is sound."""
+    out = dict(stacks)
+    for rank, stack in fallback.items():
+        if stack.error is None and (rank not in out or out[rank].error is not None):
+            out[rank] = stack
+    return out
+
+
+def load_dump_dir_stacks(dump_dir: str | os.PathLike[str]) -> dict[int, ProcessStack]:
+    """The stacks stored with a dump directory: py-spy's (dump_dir/stacks/), else the ranks' own
+    (dump_dir/own-stacks/)."""
+    return with_fallback(load_stack_dir(Path(dump_dir) / "stacks"), load_stack_dir(Path(dump_dir) / OWN_STACKS_DIR))

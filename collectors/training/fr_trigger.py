@@ -9,6 +9,8 @@ the mask) and a daemon thread `sigwait()`s for it and dumps while the main threa
 Files (interface 4): `<dump_dir>/rank_<N>.pkl` (pickle protocol 2 of the dict torch's `_dump_fr_trace` returns,
 with `pg_config` repaired from torch's group tables and top-level `rank`, `world_size`, `node`) and
 `<dump_dir>/rank_<N>.json` (torch's JSON form with the same repairs); each written to a temporary name and renamed.
+Beside them, `<dump_dir>/own-stacks/rank_<N>.json`: the Python stacks of the process's other threads at that moment,
+in py-spy's JSON form (own_stack.py): where the training thread is, without py-spy or ptrace.
 
 With `dump_on_sigterm=True` SIGTERM is blocked too and the sigwait thread writes a dump into the exit directory
 before letting SIGTERM end the process as it would have (torchrun SIGTERMs the survivors of a failure, and they
@@ -42,6 +44,7 @@ from typing import Any
 from faultlens.collectors import environment
 from faultlens.collectors.artifacts.safe_pickle import safe_loads
 from faultlens.collectors.store.atomic import atomic_write
+from faultlens.collectors.training.own_stack import OWN_STACKS_DIR, own_stacks
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +125,7 @@ class FlightRecorderTrigger:
                  world_size: int | None = None, node: str | None = None, signum: int | None = signal.SIGUSR1,
                  trigger_file: str | os.PathLike[str] | None = None, poll_interval_s: float = 0.2,
                  exit_dump_dir: str | os.PathLike[str] | None = None, dump_on_sigterm: bool = False,
-                 include_stack_traces: bool = True,
+                 include_stack_traces: bool = True, include_own_stacks: bool = True,
                  only_active: bool = False, dump_api: DumpApi | None = None,
                  group_tables: GroupTables | None = None) -> None:
         self.dump_dir = Path(dump_dir)
@@ -135,6 +138,7 @@ class FlightRecorderTrigger:
         self.trigger_file = Path(trigger_file) if trigger_file else None
         self.poll_interval_s = poll_interval_s
         self.include_stack_traces = include_stack_traces
+        self.include_own_stacks = include_own_stacks
         self.only_active = only_active
         self._dump_api = dump_api or torch_dump_api
         self._group_tables = group_tables or torch_group_tables
@@ -299,8 +303,20 @@ class FlightRecorderTrigger:
         json_path = directory / f"rank_{rank}.json"
         _atomic_write(pickle_path, pickle.dumps(trace, protocol=2))
         _atomic_write(json_path, json.dumps(as_json).encode())
+        if self.include_own_stacks:
+            self._write_own_stacks(directory, rank)
         entries = len(trace.get("entries") or ())
         return DumpResult(reason, pickle_path, json_path, entries, time.perf_counter() - started)
+
+    def _write_own_stacks(self, directory: Path, rank: int) -> None:
+        """This process's other threads' Python stacks beside the dump; a failure is counted, the dump stands."""
+        try:
+            stacks = own_stacks({t.ident for t in self._threads if t.ident is not None})
+            target = directory / OWN_STACKS_DIR
+            target.mkdir(parents=True, exist_ok=True)
+            _atomic_write(target / f"rank_{rank}.json", json.dumps(stacks).encode())
+        except Exception as exc:
+            self._failed("own stacks", exc)
 
     @contextlib.contextmanager
     def dump_on_exception(self) -> Iterator[FlightRecorderTrigger]:

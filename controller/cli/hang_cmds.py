@@ -12,7 +12,7 @@ from typing import Any
 from faultlens.attribution.detectors.hang import COLUMNS, HangReport, analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import DumpSet, auto_processes, read_dump_dir
 from faultlens.collectors.artifacts.fr_limits import default_limits
-from faultlens.collectors.sources.pystack import load_stack_dir
+from faultlens.collectors.sources.pystack import ProcessStack, load_dump_dir_stacks, load_stack_dir
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_store_arg, json_default
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="reader processes (default: one per CPU, at most 8, from 1,024 dumps on)")
     parser.add_argument("--stacks", metavar="SDIR", default=None,
                         help="the ranks' Python stacks (py-spy JSON, rank_<N>.json) taken during the hang "
-                        "(default: DIR/stacks or DIR/../stacks where present)")
+                        "(default: DIR/stacks, then the ranks' own in DIR/own-stacks, else DIR/../stacks)")
     parser.set_defaults(func=run_analyze)
 
 
@@ -67,8 +67,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     expected = range(args.expected_ranks) if args.expected_ranks is not None else None
     if expected is None and dumps.world_size:
         expected = range(dumps.world_size)
-    stacks_dir = _stacks_dir(args.directory, args.stacks)
-    stacks = load_stack_dir(stacks_dir) if stacks_dir is not None else {}
+    stacks = _stacks(args.directory, args.stacks)
     report = analyze_collectives(dumps.table, expected_ranks=expected, stacks=stacks)
     seconds = time.perf_counter() - started
     if args.json:
@@ -85,15 +84,16 @@ def run_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stacks_dir(directory: str, given: str | None) -> Path | None:
+def _stacks(directory: str, given: str | None) -> dict[int, ProcessStack]:
+    """--stacks SDIR, else DIR/stacks (py-spy's) with DIR/own-stacks (the ranks' own, the trigger's) where a rank
+    has none there, else DIR/../stacks."""
     if given is not None:
         if not Path(given).is_dir():
             raise CliError(f"{given}: no such directory (--stacks)")
-        return Path(given)
-    for candidate in (Path(directory) / "stacks", Path(directory).parent / "stacks"):
-        if candidate.is_dir():
-            return candidate
-    return None
+        return load_stack_dir(given)
+    stacks = load_dump_dir_stacks(directory)
+    beside = Path(directory).parent / "stacks"
+    return stacks if stacks or not beside.is_dir() else load_stack_dir(beside)
 
 
 def _print_report(report: HangReport, dumps: DumpSet, seconds: float) -> None:

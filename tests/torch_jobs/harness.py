@@ -45,6 +45,7 @@ HASHED_FILES = (
     "tests/torch_jobs/train_scenario.py",
     "tests/torch_jobs/harness.py",
     "collectors/training/fr_trigger.py",
+    "collectors/training/own_stack.py",
     "collectors/artifacts/safe_pickle.py",
     "collectors/artifacts/safe_pickle_admitted.py",
     "collectors/artifacts/safe_pickle_opcodes.py",
