@@ -5,6 +5,7 @@ and the analysis takes stacks from the table's metadata."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -90,6 +91,7 @@ def test_capture_never_raises(tmp_path: Path) -> None:
     (b"{\"a\": 1}", "expected a list"),
     (b"[1, 2]", "a thread is not an object"),
     (b"\xff\xfe garbage", "not py-spy JSON"),
+    (b"[" * 200_000, "nested too deeply"),  # deeper than the JSON decoder's recursion: a hostile file
 ])
 def test_bad_stack_files_are_named(tmp_path: Path, content: bytes, problem: str) -> None:
     (tmp_path / "rank_4.json").write_bytes(content)
@@ -98,6 +100,16 @@ def test_bad_stack_files_are_named(tmp_path: Path, content: bytes, problem: str)
     stacks = load_stack_dir(tmp_path)
     assert stacks[4].error and str(tmp_path / "rank_4.json") in stacks[4].error and problem in stacks[4].error
     assert where(stacks[5]).frame == "DataLoader.__next__ (train.py:7)"  # one bad file hides nothing else
+
+
+def test_a_stack_path_that_is_no_regular_file_is_refused_unread(tmp_path: Path) -> None:
+    (tmp_path / "rank_0.json").symlink_to("/dev/zero")  # read whole, it would never end
+    os.mkfifo(tmp_path / "rank_1.json")  # opened, it would block until a writer came
+    (tmp_path / "rank_2.json").write_text(json.dumps([{"thread_name": "MainThread", "frames": [
+        {"name": "DataLoader.__next__", "short_filename": "train.py", "line": 7}]}]))
+    stacks = load_stack_dir(tmp_path)
+    assert "not a regular file" in (stacks[0].error or "") and "not a regular file" in (stacks[1].error or "")
+    assert where(stacks[2]).frame == "DataLoader.__next__ (train.py:7)"
 
 
 def test_an_oversized_stack_file_is_refused(tmp_path: Path) -> None:

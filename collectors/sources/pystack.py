@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -128,6 +129,8 @@ def parse_py_spy(document: str | list, *, pid: int | None = None, source: str = 
         threads_raw = json.loads(document) if isinstance(document, str) else document
     except ValueError as exc:
         return ProcessStack(pid, (), f"{source}: not py-spy JSON ({exc})")
+    except RecursionError:  # nesting deeper than the decoder's stack: a hostile file, never a stack
+        return ProcessStack(pid, (), f"{source}: not py-spy JSON (nested too deeply)")
     if not isinstance(threads_raw, list):
         return ProcessStack(pid, (), f"{source}: not py-spy JSON (expected a list of threads)")
     threads = []
@@ -211,10 +214,19 @@ def load_stack_dir(directory: str | os.PathLike[str]) -> dict[int, ProcessStack]
             continue
         rank = int(match.group(1))
         try:
-            if path.stat().st_size > MAX_STACK_BYTES:
+            info = path.lstat()
+            if not stat.S_ISREG(info.st_mode):  # a link, a FIFO, a device (/dev/zero): never read
+                out[rank] = ProcessStack(None, (), f"{path}: not a regular file, refused")
+                continue
+            if info.st_size > MAX_STACK_BYTES:
                 out[rank] = ProcessStack(None, (), f"{path}: larger than {MAX_STACK_BYTES} bytes, refused")
                 continue
-            out[rank] = parse_py_spy(path.read_text(errors="replace"), source=str(path))
+            with open(path, "rb") as handle:  # at most the limit, whatever the file became since the stat
+                data = handle.read(MAX_STACK_BYTES + 1)
+            if len(data) > MAX_STACK_BYTES:
+                out[rank] = ProcessStack(None, (), f"{path}: larger than {MAX_STACK_BYTES} bytes, refused")
+                continue
+            out[rank] = parse_py_spy(data.decode(errors="replace"), source=str(path))
         except OSError as exc:
             out[rank] = ProcessStack(None, (), f"{path}: cannot read ({exc.strerror or exc})")
     return out
