@@ -6,6 +6,7 @@ regression must fail the test, not kill pytest), with their peak RSS reported ba
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import pickletools
 import shutil
@@ -178,6 +179,24 @@ def test_one_bad_dump_never_ends_the_set(tmp_path: Path, fast: bool) -> None:
     errors = {Path(e.path).name: str(e) for e in dumps.errors}
     _assert_named_one_line(errors, names)
     assert dumps.table.num_rows == read_dump_dir(NCCL, fast_path=fast).table.num_rows
+
+
+def test_files_named_as_dumps_that_are_no_regular_files_are_named_unread(tmp_path: Path) -> None:
+    """A FIFO (opening it blocks until a writer comes), a link to /dev/zero (reading it never ends) and a dangling
+    link, named as dumps: each is an error naming it, read never; a folder so named is no dump at all; the 16 good
+    ranks are read as before. Before, the first two were skipped without a word."""
+    directory = _nccl_set(tmp_path / "set")
+    os.mkfifo(directory / "_dump_16")
+    (directory / "_dump_17").symlink_to("/dev/zero")
+    (directory / "_dump_18").symlink_to(tmp_path / "gone")
+    (directory / "attempt_0").mkdir()
+    dumps = read_dump_dir(directory)
+    assert dumps.ranks == tuple(range(16))
+    errors = {Path(e.path).name: str(e) for e in dumps.errors}
+    assert set(errors) == {"_dump_16", "_dump_17", "_dump_18"}, errors
+    assert "not a regular file" in errors["_dump_16"] and "not a regular file" in errors["_dump_17"]
+    assert "cannot read" in errors["_dump_18"]
+    assert dumps.table.num_rows == read_dump_dir(NCCL).table.num_rows
 
 
 def test_ingest_fr_stores_the_good_ranks_beside_bad_files(tmp_path: Path, store_dir: Path,

@@ -264,6 +264,8 @@ def dump_pids(directory: str | os.PathLike[str]) -> dict[int, int]:
     out: dict[int, int] = {}
     for path in sorted(Path(directory).glob("rank_*.pkl")):
         try:
+            if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the read
+                continue
             data = safe_load(path)
         except Exception:
             continue

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -49,8 +50,10 @@ def file_size(path: Path) -> int:
 
 
 def _is_candidate(path: Path) -> bool:
+    """A file named as a dump. Not a folder; anything else so named (a FIFO, a device, a dangling link) is a
+    candidate too, which its reader refuses unread with a line naming it."""
     name = path.name
-    if name.startswith(".") or name.endswith((".tmp", ".partial")) or not path.is_file():
+    if name.startswith(".") or name.endswith((".tmp", ".partial")) or path.is_dir():
         return False
     suffix = path.suffix.lower()
     if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
@@ -101,7 +104,10 @@ def _load_file(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits 
 
 def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):  # opening a FIFO blocks, reading a device never ends
+            raise DumpFileError(path, "not a regular file (a FIFO, device or socket): refused unread")
+        size = info.st_size
         if size > limits.max_file_bytes:
             raise DumpFileError(path, f"{size} bytes: larger than any real dump (limit {limits.max_file_bytes}, "
                                       "FAULTLENS_FR_MAX_FILE_BYTES)")
