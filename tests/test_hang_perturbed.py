@@ -4,7 +4,9 @@
   TORCH_NCCL_TRACE_BUFFER_SIZE); here every rank keeps its newest K, so ranks with more traffic lose more of their
   history and each rank's oldest entry differs (the corpus itself records every entry);
 - unsynchronised clocks: nodes' clocks apart by up to seconds or a minute (every time field of a rank's entries
-  shifted by one random offset of that rank).
+  shifted by one random offset of that rank);
+- torch's JSON form only (`_dump_fr_trace_json` of the same moment, which the corpus worker writes to dumps-json/):
+  no frames, zeros for unseen times, process groups as lists, pg_status values as strings.
 
 Every scenario must keep its exact culprit set and name no victim. (Wrapped to fewer entries than a scenario's
 faults lie back, the evidence itself is gone: at 6 entries two scenarios lose their earlier, completed size
@@ -88,6 +90,20 @@ def test_exact_culprits_in_dumps_from_other_clusters(scenarios: dict[str, Path],
         truth = _truth(directory)
         dumps = _rewritten(directory / "dumps", tmp_path / name, PERTURBATIONS[perturbation])
         report = analyze_collectives(read_dump_dir(dumps).table, expected_ranks=range(truth["world_size"]),
+                                     stacks=load_stack_dir(directory / "stacks"))
+        named = {r for root in report.roots for r in root.ranks}
+        if report.culprit_ranks != tuple(truth["culprits"]) or named != set(truth["culprits"]):
+            wrong[name] = (report.culprit_ranks, truth["culprits"], report.reason[:200])
+    assert not wrong, wrong
+
+
+def test_exact_culprits_from_torchs_json_dumps_alone(scenarios: dict[str, Path]) -> None:
+    wrong = {}
+    for name, directory in sorted(scenarios.items()):
+        truth = _truth(directory)
+        dumps = read_dump_dir(directory / "dumps-json")
+        assert {Path(p).suffix for p in dumps.files} == {".json"} and not dumps.errors, (name, dumps.errors)
+        report = analyze_collectives(dumps.table, expected_ranks=range(truth["world_size"]),
                                      stacks=load_stack_dir(directory / "stacks"))
         named = {r for root in report.roots for r in root.ranks}
         if report.culprit_ranks != tuple(truth["culprits"]) or named != set(truth["culprits"]):

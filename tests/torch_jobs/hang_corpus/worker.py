@@ -16,7 +16,8 @@ rank calls new_group for every group in the same order, so names agree), and eac
 (`_dump_fr_trace`) restricted to that scenario's groups (entries, pg_status, and pg_config written from torch's own
 group tables, as collectors/training/fr_trigger.py repairs gloo's), its record ids renumbered 0, 1, ... in their order
 (as
-a process running one job numbers them), with the top-level rank, world_size and pid added.
+a process running one job numbers them), with the top-level rank, world_size and pid added; torch's JSON form of
+the same moment, restricted alike, goes to the scenario's dumps-json/.
 
 Control files (OUT_DIR/.control): the worker writes status_rank_<r>.json (each scenario's progress counter and
 state) every 0.2 s; the generator touches dump_<phase> to ask for dumps, go_2 to start phase 2; the worker answers
@@ -240,10 +241,15 @@ def main(argv: list[str]) -> int:
         while not (control / f"dump_{phase}").exists():
             time.sleep(0.05)
         trace = safe_loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False), source="torch dump")
+        as_json = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, False))
         for s in suite.SCENARIOS:
             if s.phase == phase and rank < s.world_size:
                 dump = _scenario_dump(trace, groups[s.name], rank, s.world_size)
                 _write(out / s.name / "dumps" / f"rank_{rank}.pkl", pickle.dumps(dump, protocol=2))
+                # torch's JSON form of the same moment (every scenario is quiet by now), apart: a set of JSON
+                # dumps only, as a cluster that keeps the JSON form has (dumps/ holds the pickles alone)
+                dump_json = _scenario_dump(as_json, groups[s.name], rank, s.world_size)
+                _write(out / s.name / "dumps-json" / f"rank_{rank}.json", json.dumps(dump_json).encode())
         _write(control / f"dumped_{phase}_rank_{rank}", b"")
     stop.set()
     while True:  # the generator ends the process
