@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from faultlens.attribution.detectors.hang import analyze_collectives
-from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.artifacts.flight_recorder import DumpSet, read_dump_dir
 from faultlens.collectors.artifacts.safe_pickle import safe_loads
 from faultlens.collectors.sources.pystack import load_stack_dir, py_spy_path
 
@@ -81,31 +81,34 @@ def _rewritten(source: Path, target: Path, perturb: Perturb) -> Path:
     return target
 
 
+def _wrong_answer(directory: Path, dumps: DumpSet) -> tuple | None:
+    """(named, truth, reason) where the analysis of `dumps` is not the scenario's exact culprit set, else None."""
+    truth = _truth(directory)
+    report = analyze_collectives(dumps.table, expected_ranks=range(truth["world_size"]),
+                                 stacks=load_stack_dir(directory / "stacks"))
+    named = {r for root in report.roots for r in root.ranks}
+    if report.culprit_ranks != tuple(truth["culprits"]) or named != set(truth["culprits"]):
+        return report.culprit_ranks, truth["culprits"], report.reason[:200]
+    return None
+
+
 @pytest.mark.parametrize("perturbation", sorted(PERTURBATIONS))
 def test_exact_culprits_in_dumps_from_other_clusters(scenarios: dict[str, Path], perturbation: str,
                                                      tmp_path: Path) -> None:
     assert len(scenarios) >= 47
-    wrong = {}
-    for name, directory in sorted(scenarios.items()):
-        truth = _truth(directory)
-        dumps = _rewritten(directory / "dumps", tmp_path / name, PERTURBATIONS[perturbation])
-        report = analyze_collectives(read_dump_dir(dumps).table, expected_ranks=range(truth["world_size"]),
-                                     stacks=load_stack_dir(directory / "stacks"))
-        named = {r for root in report.roots for r in root.ranks}
-        if report.culprit_ranks != tuple(truth["culprits"]) or named != set(truth["culprits"]):
-            wrong[name] = (report.culprit_ranks, truth["culprits"], report.reason[:200])
+    answers = {name: _wrong_answer(directory, read_dump_dir(
+        _rewritten(directory / "dumps", tmp_path / name, PERTURBATIONS[perturbation])))
+        for name, directory in sorted(scenarios.items())}
+    wrong = {name: answer for name, answer in answers.items() if answer is not None}
     assert not wrong, wrong
 
 
 def test_exact_culprits_from_torchs_json_dumps_alone(scenarios: dict[str, Path]) -> None:
     wrong = {}
     for name, directory in sorted(scenarios.items()):
-        truth = _truth(directory)
         dumps = read_dump_dir(directory / "dumps-json")
         assert {Path(p).suffix for p in dumps.files} == {".json"} and not dumps.errors, (name, dumps.errors)
-        report = analyze_collectives(dumps.table, expected_ranks=range(truth["world_size"]),
-                                     stacks=load_stack_dir(directory / "stacks"))
-        named = {r for root in report.roots for r in root.ranks}
-        if report.culprit_ranks != tuple(truth["culprits"]) or named != set(truth["culprits"]):
-            wrong[name] = (report.culprit_ranks, truth["culprits"], report.reason[:200])
+        answer = _wrong_answer(directory, dumps)
+        if answer is not None:
+            wrong[name] = answer
     assert not wrong, wrong

@@ -218,10 +218,7 @@ def load_stack_dir(directory: str | os.PathLike[str]) -> dict[int, ProcessStack]
             if not stat.S_ISREG(info.st_mode):  # a link, a FIFO, a device (/dev/zero): never read
                 out[rank] = ProcessStack(None, (), f"{path}: not a regular file, refused")
                 continue
-            if info.st_size > MAX_STACK_BYTES:
-                out[rank] = ProcessStack(None, (), f"{path}: larger than {MAX_STACK_BYTES} bytes, refused")
-                continue
-            with open(path, "rb") as handle:  # at most the limit, whatever the file became since the stat
+            with open(path, "rb") as handle:  # at most the limit, whatever the file holds
                 data = handle.read(MAX_STACK_BYTES + 1)
             if len(data) > MAX_STACK_BYTES:
                 out[rank] = ProcessStack(None, (), f"{path}: larger than {MAX_STACK_BYTES} bytes, refused")
