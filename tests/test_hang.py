@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from faultlens.attribution.detectors.hang import HangReport, HangVerdict, analyze_collectives
+from faultlens.attribution.policy.config import load_policy
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.artifacts.safe_pickle import safe_load
 from tests import fr_builders as fb
@@ -232,6 +233,8 @@ def test_missing_highest_rank_needs_the_expected_world(tmp_path: Path) -> None:
     assert _analyze(directory).verdict == HangVerdict.NO_HANG
     report = _analyze(directory, expected=range(4))
     assert (report.verdict, report.culprit_ranks) == (HangVerdict.MISSING_DUMPS, (3,))
+    # every rank that dumped completed everything: nothing waits on rank 3, whose dump may just be lost or late
+    assert report.confidence < load_policy().confidence_threshold and report.waited_missing == ()
 
 
 def test_healthy_set_is_no_hang(tmp_path: Path) -> None:

@@ -8,7 +8,13 @@ How the answer is reached
    '' with ranks '[]', groups overwrite each other) membership is rebuilt from the entries: the ranks that recorded
    the group, plus every expected rank for the default group. Expected ranks are `expected_ranks`, else every rank
    named by a group, else 0..highest rank seen. Expected ranks with no dump are *missing dumps* (a SIGKILLed rank
-   writes none): they are nodes of the wait graph below, and evidence.
+   writes none; a healthy rank's dump may be lost or late): nodes of the wait graph below, and evidence. Ranks
+   wait on them only where they are inside a collective of a group the missing rank shares, or stopped right after
+   its latest collective (gloo retires the entry a dead peer broke; a stack showing the process gone confirms it),
+   and no member that dumped explains that wait (waits.py). A root of missing ranks that may itself be waiting
+   (it shares a group with another root's ranks or waiters, its stack shows it blocked, a rank beside it is seen
+   stuck in its own code, or a rank waiting on it skipped a collective they share) is noted, not named
+   (missing_roots.py); what the dumps cannot tell apart is named below any failover.
 2. **Per group, match by sequence id.** For each member: E = the highest `collective_seq_id` it entered, C = the
    highest it completed in order (everything below its first incomplete entry; `state == completed` or `retired`),
    S = the highest it started. p2p entries are matched separately, per pair of peers by `p2p_seq_id`.
@@ -50,7 +56,9 @@ How the answer is reached
    ranks belong to (the root's headline when earlier than its divergence); a tie is decided by the roots the graph
    found; a follow-on only when its odd ranks were already waiting on a root when they made it. A tie (one against
    one in a group of two) is first broken by the same collective of the groups playing the same part, else by
-   the group's neighbouring collectives: the side that matches what the others agree on is the majority. A
+   the group's neighbouring collectives: the side that matches what the others agree on is the majority. In a
+   group whose other members wrote no dump, the present members' collective is compared with what every other
+   group of its part called at that sequence id (partners.py; unanimity only). A
    mismatched collective the group is stuck in (all entered, none went past: all_gather against all_reduce)
    makes its majority wait on the odd ranks (divergence level `mismatch`): the odd ranks are the root, with the
    mismatch's kind, and the majority follow-ons.
@@ -79,9 +87,11 @@ from __future__ import annotations
 
 
 Modules: report (the public types), columns and decode (the table in dense codes, in slices), graph (the wait-for
-graph's parts), analyze (analyze_collectives: the two passes), details (the second pass' per-key detail), roots
-(deciding the independent roots), skips (breaking cycles: who skipped a collective), describe (a root's kind,
-evidence and confidence; the report), stacks (Python stacks carried in the table's metadata).
+graph's parts), analyze (analyze_collectives: the two passes), details (the second pass' per-key detail), partners
+(mismatches a lost dump hides), waits (the waits on ranks without a dump), roots (deciding the independent roots),
+missing_roots (which roots of ranks without a dump stand), skips (breaking cycles: who skipped a collective),
+describe (a root's kind, evidence and confidence; the report), stacks (Python stacks carried in the table's
+metadata).
 """
 
 from faultlens.attribution.detectors.hang.analyze import analyze_collectives

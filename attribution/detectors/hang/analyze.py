@@ -21,12 +21,14 @@ from faultlens.attribution.detectors.hang.details import (
     _signatures,
     _stack_edges,
 )
-from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, ranks_text
+from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, MissingGroup, ranks_text
 from faultlens.attribution.detectors.hang.lookups import install as install_lookups
 from faultlens.attribution.detectors.hang.lookups import rows_for_keys
+from faultlens.attribution.detectors.hang.partners import partner_mismatches
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
+from faultlens.attribution.detectors.hang.waits import settle_missing
 
 
 def _group_max(tables: list[pa.Table], keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
@@ -85,12 +87,15 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     first.progress_parts.clear()
     times = _pass_two(analysis, table, decoder, pending, stuck_pending, bad_keys, sizes_column, dtypes_column)
     _break_ties(analysis, decoder, table)
+    partner_mismatches(analysis, decoder, table, times, {g: max(v[0] for v in by_rank.values())
+                                                         for g, by_rank in progress.items() if by_rank})
     _mismatch_waits(analysis, progress)
     p2p_all = np.concatenate(first.p2p_rows) if first.p2p_rows else np.empty(0, np.int64)
     _p2p_divergences(analysis, table, p2p_all, decoder, times)
     _attach_history(analysis, decoder, progress, device_states)
     if stacks:
         _stack_edges(analysis, stacks)
+    settle_missing(analysis)
     return decide(analysis)
 
 
@@ -229,30 +234,35 @@ _StuckPending = list[tuple[int, int, tuple[int, ...]]]
 def _group_divergences(analysis: Analysis, progress: _Progress,
                        device_states: bool) -> tuple[_Pending, _StuckPending]:
     """Divergences per group (times and ops are filled in by pass 2), and groups where every member is stuck."""
-    blocked_somewhere = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}
     pending: _Pending = []
     stuck_pending: _StuckPending = []
     for g, by_rank in progress.items():
         group_members = analysis.members.get(g, tuple(by_rank))
         present = [r for r in group_members if r in by_rank]
         absent_dumped = [r for r in group_members if r not in by_rank and r in analysis.dumped]
-        absent_missing = [r for r in group_members if r in analysis.missing]
+        absent_missing = tuple(r for r in group_members if r in analysis.missing)
         if not present:
             continue
         _entry_divergence(g, by_rank, present, absent_dumped, device_states, pending, stuck_pending,
                           bool(absent_missing))
         if absent_missing:
-            # those inside the group's latest collective wait on the missing ranks; so do those that left it with
-            # an error (a dump on the way out marks it retired): every member at the group's highest entry
-            top = max(by_rank[r][0] for r in present)
-            waiting = tuple(sorted(r for r in present
-                                   if by_rank[r][3] or (by_rank[r][0] == top and r not in blocked_somewhere)))
-            if waiting:
-                seq = min(by_rank[r][1] for r in waiting) + 1
-                pending.append((Divergence(g, "missing", seq, tuple(absent_missing), waiting, 0), waiting,
-                                f"rank(s) {ranks_text(waiting)} wait in it; it needs rank(s) "
-                                f"{ranks_text(absent_missing)}, which wrote no dump"))
+            _missing_divergence(analysis, g, by_rank, present, absent_missing, pending)
     return pending, stuck_pending
+
+
+def _missing_divergence(analysis: Analysis, g: int, by_rank: dict[int, tuple[int, int, int, bool]],
+                        present: list[int], absent_missing: tuple[int, ...], pending: _Pending) -> None:
+    """Members of group g without a dump: the present members inside one of its collectives (an entry not
+    completed) wait on them (unless a member that did dump explains that wait: waits.settle_missing). The members
+    at the group's latest collective are kept for the waits of ranks that stopped early."""
+    top = max(by_rank[r][0] for r in present)
+    analysis.missing_groups.append(MissingGroup(g, absent_missing, tuple(r for r in present if by_rank[r][0] == top)))
+    waiting = tuple(sorted(r for r in present if by_rank[r][3]))
+    if waiting:
+        seq = min(by_rank[r][1] for r in waiting) + 1
+        pending.append((Divergence(g, "missing", seq, absent_missing, waiting, 0), waiting,
+                        f"rank(s) {ranks_text(waiting)} wait in it; it needs rank(s) "
+                        f"{ranks_text(absent_missing)}, which wrote no dump"))
 
 
 def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], present: list[int],

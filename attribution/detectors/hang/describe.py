@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, Root, ranks_text
 from faultlens.attribution.detectors.hang.report import MAX_EVIDENCE, VERDICT_FAMILY, HangReport, HangRoot, HangVerdict
 
-_LEVEL_RANK = {"mismatch": 0, "entered": 1, "completed": 2, "started": 3, "missing": 4, "p2p": 5, "stack": 6}
+_LEVEL_RANK = {"mismatch": 0, "entered": 1, "completed": 2, "started": 3, "missing": 4, "stopped": 4, "p2p": 5,
+               "stack": 6}
 
 
 def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangRoot, ...],
@@ -42,6 +43,10 @@ def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangR
             for r in hang_roots))
     if waiting:
         reason += f"; {len(waiting)} other rank(s) wait on them (follow-ons)"
+    unexplained = sorted(analysis.missing - set(culprits) - set(waiting))
+    if unexplained:
+        reason += f"; rank(s) {ranks_text(unexplained)} wrote no dump, and no rank waits on them alone (not counted)"
+        lines.extend(_unexplained_lines(analysis, unexplained))
     if unresolved:
         reason += "; the ranks of a cycle wait on each other and nothing could order them"
     return HangReport(
@@ -50,7 +55,7 @@ def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangR
         never_joined=never, stalled=stalled, missing_dumps=tuple(sorted(analysis.missing)), reason=reason,
         confidence=round(min(root.confidence for root in hang_roots), 3),
         evidence=tuple(list(analysis.evidence) + lines), roots=hang_roots, follow_ons=tuple(waiting),
-        unresolved_cycle=unresolved)
+        unresolved_cycle=unresolved, waited_missing=tuple(sorted(analysis.waited_missing)))
 
 
 def rootless_report(analysis: Analysis) -> HangReport:
@@ -58,12 +63,21 @@ def rootless_report(analysis: Analysis) -> HangReport:
     evidence = list(analysis.evidence)
     missing = tuple(sorted(analysis.missing))
     if missing:
+        # nobody that dumped waits on them: every dumped member of their groups completed what it entered, or
+        # lags behind another member that dumped. They are all the dumps show, so they are named, but a lost or
+        # late dump of a healthy rank looks the same: below any failover
+        evidence.extend(_unexplained_lines(analysis, missing))
+        reason = (f"no dump from rank(s) {ranks_text(missing)}; the ranks that dumped agree with each other and "
+                  "nothing shows a wait on the missing rank(s): a rank killed before the dump, or a lost or late "
+                  "dump of a healthy one (low confidence)")
+        root = HangRoot(kind=HangVerdict.MISSING_DUMPS, ranks=missing,
+                        kinds=tuple((r, HangVerdict.MISSING_DUMPS.value) for r in missing), pg_id=None, pg_name=None,
+                        pg_desc=None, collective_seq_id=None, op=None, waiting_ranks=(), where=(),
+                        confidence=0.4, reason=reason, evidence=())
         return HangReport(
             verdict=HangVerdict.MISSING_DUMPS, culprit_ranks=missing, pg_id=None, pg_name=None, pg_desc=None,
-            collective_seq_id=None, op=None, never_joined=(), stalled=(), missing_dumps=missing,
-            reason=f"no dump from rank(s) {ranks_text(missing)}; the ranks that dumped agree with each other, so "
-                   "the missing rank(s) (killed, or dead before the dump) are the likely cause",
-            confidence=0.7, evidence=tuple(evidence))
+            collective_seq_id=None, op=None, never_joined=(), stalled=(), missing_dumps=missing, reason=reason,
+            confidence=0.4, evidence=tuple(evidence), roots=(root,))
     if analysis.stuck_groups:
         g, seq, stuck, _t = min(analysis.stuck_groups, key=lambda x: x[3])
         evidence.append(f"{analysis.label(g)} seq {seq}: every member entered it and none completed it")
@@ -82,6 +96,12 @@ def rootless_report(analysis: Analysis) -> HangReport:
         confidence=0.8, evidence=tuple(evidence))
 
 
+def _unexplained_lines(analysis: Analysis, ranks: Sequence[int]) -> list[str]:
+    lines = [f"no dump from rank(s) {ranks_text(ranks)}; no rank that dumped waits on them alone"]
+    lines.extend("unexplained missing dump: " + line for line in analysis.unexplained_missing[:MAX_EVIDENCE])
+    return lines
+
+
 def headline(root: Root) -> Divergence | None:
     """The divergence that best says what a root did: a collective (not p2p) one, covering most of its ranks,
     earliest."""
@@ -94,7 +114,9 @@ def headline(root: Root) -> Divergence | None:
 
 def _rank_kind(analysis: Analysis, rank: int, root: Root, skippers: dict[int, str]) -> HangVerdict:
     if rank in analysis.missing:
-        return HangVerdict.MISSING_DUMPS
+        place = analysis.where.get(rank)  # a stack of it may still say where it is
+        return HangVerdict.STUCK_OUTSIDE if place is not None and place.kind.value == "outside_collectives" \
+            else HangVerdict.MISSING_DUMPS
     if rank in skippers:
         return HangVerdict.SKIPPED
     if root.cyclic:
@@ -136,6 +158,8 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
     for m in root.mismatches:
         if m is not mismatch or not use_mismatch:
             chain.append("follow-on: " + m.detail)
+    if root.uncertain:
+        chain.append("uncertain: " + root.uncertain)
     # confidence
     if kind == HangVerdict.CYCLE:
         confidence = 0.5
@@ -151,6 +175,16 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
         located = any(analysis.where.get(r) is not None and analysis.where[r].kind.value == "outside_collectives"
                       for r in root.ranks)
         confidence = 0.95 if (groups and min(groups.values()) >= 2) or located else 0.85
+        if kind == HangVerdict.MISSING_DUMPS and not any(d.confirmed for d in root.divergences):
+            # only ranks that stopped early, with no stack showing them gone, wait on it: they may as well be
+            # stuck in their own code (a culprit whose last group holds a lost dump)
+            confidence = 0.55
+        if root.uncertain:
+            confidence = min(confidence, 0.55)
+        if kind == HangVerdict.MISSING_DUMPS and not all(_own_evidence(analysis, root, r) for r in root.ranks):
+            # a wait on several ranks without a dump, and nothing that waits on this one alone: which of them
+            # the others wait on, the dumps cannot tell
+            confidence = min(confidence, 0.5)
     if use_mismatch:
         group, seq, op, pg_id, t = mismatch.group, mismatch.seq, mismatch.op, mismatch.pg_id, mismatch.time
         what = mismatch.detail
@@ -179,6 +213,12 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
         pg_desc=analysis.group_descs.get(group) if valid else None, collective_seq_id=seq, op=op,
         waiting_ranks=tuple(sorted(root.waiting)), where=where, confidence=confidence, reason=reason,
         evidence=tuple(chain)), t
+
+
+def _own_evidence(analysis: Analysis, root: Root, rank: int) -> bool:
+    """Whether some rank waits on `rank` (without a dump) alone, not on it or another rank without a dump."""
+    return rank not in analysis.missing or any(
+        rank in d.laggards and not (set(d.laggards) & analysis.missing) - {rank} for d in root.divergences)
 
 
 def _verdict_phrase(verdict: HangVerdict) -> str:

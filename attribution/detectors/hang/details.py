@@ -28,8 +28,8 @@ def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
 
     for rank, stack in stacks.items():
         rank = int(rank)
-        if rank not in analysis.dumped:
-            continue
+        if rank not in analysis.dumped and rank not in analysis.missing:
+            continue  # (a rank without a dump may still have a stack: alive, and where)
         place = where(stack)
         analysis.where[rank] = place
         if place.kind == StackPlace.UNKNOWN:
@@ -144,6 +144,38 @@ def _mismatch(analysis: Analysis, table: pa.Table, details: _KeyDetails, g: int,
                      str(details.decoder.ids.values[pid]) if pid >= 0 else None)
 
 
+Signature = tuple[int, int, int]  # (op code, size signature (0 where shapes need not agree), dtype signature)
+
+
+def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
+                       wanted: set[tuple[int, int]]) -> dict[tuple[int, int], dict[int, Signature]]:
+    """(group, seq) -> rank -> its entry's signature, for the keys that have rows."""
+    rows_of = rows_for_keys(decoder, wanted)
+    if not rows_of:
+        return {}
+    keys = list(rows_of)
+    all_rows = np.concatenate([rows_of[k] for k in keys])
+    needed = [c for c in ("rank", "op", "input_sizes", "input_dtypes") if c in table.column_names]
+    taken = table.select(needed).take(pa.array(all_rows))
+    n = taken.num_rows
+    ops = decoder.ops.codes(taken.column("op") if "op" in needed else None, n)
+    size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in needed else None,
+                                         taken.column("input_dtypes") if "input_dtypes" in needed else None,
+                                         np.arange(n, dtype=np.int64))
+    shape_ops = shape_bound(decoder.ops.values)
+    size_sig = np.where(shape_ops[ops], size_sig, np.uint64(0))
+    ranks = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
+    by_key: dict[tuple[int, int], dict[int, Signature]] = {}
+    i = 0
+    for key in keys:
+        sigs: dict[int, Signature] = {}
+        for j in range(i, i + len(rows_of[key])):
+            sigs.setdefault(int(ranks[j]), (int(ops[j]), int(size_sig[j]), int(dtype_sig[j])))
+        by_key[key] = sigs
+        i += len(rows_of[key])
+    return by_key
+
+
 def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> None:
     """A mismatch between equally many ranks (a group of two: its members disagree, one against one) says nobody's
     side by count. The same collective elsewhere does: first the same sequence id in the other groups playing the
@@ -161,29 +193,9 @@ def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> N
         own = [(m.group, m.seq + d) for d in (-3, -2, -1, 1, 2, 3) if m.seq + d >= 0]
         references.append((same, own))
         wanted |= {(m.group, m.seq), *same, *own}
-    rows_of = rows_for_keys(decoder, wanted)
-    if not rows_of:
+    by_key = signatures_of_keys(decoder, table, wanted)
+    if not by_key:
         return
-    keys = list(rows_of)
-    all_rows = np.concatenate([rows_of[k] for k in keys])
-    needed = [c for c in ("rank", "op", "input_sizes", "input_dtypes") if c in table.column_names]
-    taken = table.select(needed).take(pa.array(all_rows))
-    n = taken.num_rows
-    ops = decoder.ops.codes(taken.column("op") if "op" in needed else None, n)
-    size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in needed else None,
-                                         taken.column("input_dtypes") if "input_dtypes" in needed else None,
-                                         np.arange(n, dtype=np.int64))
-    shape_ops = shape_bound(decoder.ops.values)
-    size_sig = np.where(shape_ops[ops], size_sig, np.uint64(0))
-    ranks = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
-    by_key: dict[tuple[int, int], dict[int, tuple[int, int, int]]] = {}
-    i = 0
-    for key in keys:
-        sigs: dict[int, tuple[int, int, int]] = {}
-        for j in range(i, i + len(rows_of[key])):
-            sigs.setdefault(int(ranks[j]), (int(ops[j]), int(size_sig[j]), int(dtype_sig[j])))
-        by_key[key] = sigs
-        i += len(rows_of[key])
     for m, (same, own) in zip(ties, references, strict=True):
         sides: dict[tuple[int, int, int], list[int]] = defaultdict(list)
         for rank, sig in by_key.get((m.group, m.seq), {}).items():

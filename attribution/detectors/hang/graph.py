@@ -1,6 +1,6 @@
 """The wait-for graph's parts: divergences, mismatches, the analysis state, strongly connected components."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ BIG = np.iinfo(np.int64).max  # a time after every other (a divergence or root w
 @dataclass
 class Divergence:
     group: int  # group code
-    level: str  # "entered", "completed", "started", "p2p", "missing"
+    level: str  # "entered", "completed", "started", "mismatch", "p2p", "stack", "missing", "stopped" (waits.py)
     seq: int | None  # first divergent sequence id
     laggards: tuple[int, ...]
     waiters: tuple[int, ...]
@@ -25,6 +25,18 @@ class Divergence:
     op: str | None = None
     pg_id: str | None = None
     detail: str = ""
+    # a "stopped" wait (ranks inside no collective wait on missing ones: errored on a dead peer, or stuck in their
+    # own code) is confirmed by a stack showing the waiter gone, never by the trace alone
+    confirmed: bool = True
+
+
+@dataclass(frozen=True)
+class MissingGroup:
+    """A group with members that wrote no dump: who is missing, and its present members at its latest collective."""
+
+    group: int
+    missing: tuple[int, ...]
+    at_top: tuple[int, ...]
 
 
 @dataclass
@@ -54,6 +66,12 @@ class Analysis:
     mismatches: list[Mismatch] = field(default_factory=list)
     stuck_groups: list[tuple[int, int, tuple[int, ...], int]] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
+    missing_groups: list[MissingGroup] = field(default_factory=list)
+    # groups where members without a dump are not what the others wait on (a member that dumped lags there)
+    unexplained_missing: list[str] = field(default_factory=list)
+    waited_missing: set[int] = field(default_factory=set)  # missing ranks some rank that dumped waits on
+    # a rank that stopped alone on a missing one, no stack to say why: not an edge, both named (waits.py)
+    ambiguous_stops: list[Divergence] = field(default_factory=list)
     history: Any = None  # rank -> (seqs, groups, index of first incomplete) in record order
     incomplete: set[int] = field(default_factory=set)  # ranks with an entry not completed (inside a collective)
     # rank -> faultlens.collectors.sources.pystack.Whereabouts, from stacks
@@ -81,6 +99,14 @@ class Root:
     mismatches: list[Mismatch] = field(default_factory=list)
     cyclic: bool = False
     waiting: set[int] = field(default_factory=set)
+    uncertain: str = ""  # why its ranks may not be the cause (an ambiguous stop), else ""
+
+
+def checked(analysis: Analysis, ranks: list[int], check: Callable[[int], str | None]) -> dict[int, str | None]:
+    """check(rank) for each rank, with the table read once for them all where the analysis can batch its reads."""
+    if analysis.batch is not None and ranks:
+        return analysis.batch(ranks, check)
+    return {rank: check(rank) for rank in ranks}
 
 
 def ranks_text(ranks: Sequence[int], limit: int = 12) -> str:

@@ -69,6 +69,7 @@ class HangReport:
     roots: tuple[HangRoot, ...] = ()  # every independent root; the fields above describe roots[0] (the headline)
     follow_ons: tuple[int, ...] = ()  # ranks whose lag is explained by waiting on a root
     unresolved_cycle: bool = False  # a cycle no information could order was reported whole (low confidence)
+    waited_missing: tuple[int, ...] = ()  # ranks without a dump that ranks which dumped wait on (named or not)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +79,7 @@ class HangReport:
             "missing_dumps": list(self.missing_dumps), "reason": self.reason, "confidence": self.confidence,
             "evidence": list(self.evidence), "roots": [r.to_dict() for r in self.roots],
             "follow_ons": list(self.follow_ons), "unresolved_cycle": self.unresolved_cycle,
+            "waited_missing": list(self.waited_missing),
         }
 
 

@@ -3,12 +3,12 @@ broken by the skippers skips.py finds), merged where ranks are stuck together, w
 root described (describe.py)."""
 
 from collections import defaultdict
-from collections.abc import Callable
 
 import numpy as np
 
 from faultlens.attribution.detectors.hang.describe import describe_root, headline, rooted_report, rootless_report
-from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Mismatch, Root, strongly_connected
+from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Mismatch, Root, checked, strongly_connected
+from faultlens.attribution.detectors.hang.missing_roots import settle_missing_roots, skips_beside_missing
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.skips import skipped, skipped_by_consensus
 
@@ -54,7 +54,15 @@ def decide(analysis: Analysis) -> HangReport:
     stalled = {lag for d in analysis.divergences if d.level in ("completed", "started") for lag in d.laggards} \
         if analysis.device_states else set()
     skippers, components, src, dst = _break_cycles(analysis, graph, stalled)
-    roots = _merge_roots(_component_roots(analysis, graph, components, src, dst, set(skippers) | stalled))
+    dropped = set(skippers) | stalled
+
+    def rebuilt() -> list[Root]:
+        src, dst, labels = graph.build(dropped)
+        components = _terminal_components(graph.n_ranks, src, dst, labels, graph.rank_nodes)
+        return _merge_roots(_component_roots(analysis, graph, components, src, dst, dropped))
+
+    roots = settle_missing_roots(analysis, _merge_roots(_component_roots(analysis, graph, components, src, dst,
+                                                                         dropped)), rebuilt)
     follow_on_mismatches = _place_mismatches(analysis, roots)
     built = [describe_root(analysis, root, skippers) for root in roots]
     built.sort(key=lambda b: (-len(b[0].waiting_ranks), b[1], b[0].ranks))
@@ -84,7 +92,7 @@ def _break_cycles(analysis: Analysis, graph: _WaitGraph, stalled: set[int]
                 continue
             members = set(comp)
             candidates = sorted((members & laggards) - analysis.missing - set(skippers))[:64]
-            verdicts = _checked(analysis, candidates, lambda rank, members=members: (
+            verdicts = checked(analysis, candidates, lambda rank, members=members: (
                 skipped_by_consensus(analysis, rank, members, divergences) or skipped(analysis, rank, divergences)))
             found.update((rank, verdict) for rank, verdict in verdicts.items() if verdict)
         if not found:
@@ -95,17 +103,13 @@ def _break_cycles(analysis: Analysis, graph: _WaitGraph, stalled: set[int]
     # elsewhere, a terminal rank alone; its own entry order against the others' still shows it went past
     alone = [comp[0] for comp in components if len(comp) == 1]
     candidates = [r for r in alone if r in laggards and r not in set(skippers) | analysis.missing | stalled][:64]
-    verdicts = _checked(analysis, candidates,
+    verdicts = checked(analysis, candidates,
                         lambda rank: skipped_by_consensus(analysis, rank, {rank}, divergences, look_back=True))
     skippers.update((rank, verdict) for rank, verdict in verdicts.items() if verdict)
+    if skips_beside_missing(analysis, components, skippers, stalled):
+        src, dst, labels = graph.build(set(skippers) | stalled)
+        components = _terminal_components(graph.n_ranks, src, dst, labels, graph.rank_nodes)
     return skippers, components, src, dst
-
-
-def _checked(analysis: Analysis, ranks: list[int], check: Callable[[int], str | None]) -> dict[int, str | None]:
-    """check(rank) for each rank, with the table read once for them all where the analysis can batch its reads."""
-    if analysis.batch is not None and ranks:
-        return analysis.batch(ranks, check)
-    return {rank: check(rank) for rank in ranks}
 
 
 def _component_roots(analysis: Analysis, graph: _WaitGraph, components: list[list[int]], src: np.ndarray,
@@ -138,7 +142,8 @@ def _merge_roots(roots: list[Root]) -> list[Root]:
     merged: dict[tuple, Root] = {}
     for root in roots:
         head = headline(root)
-        key = (head.group, head.seq, head.level) if head is not None and not root.cyclic else ("own", *root.ranks)
+        together = head is not None and not root.cyclic and head.seq is not None  # one collective (not a stack)
+        key = (head.group, head.seq, head.level) if together else ("own", *root.ranks)
         if key in merged:
             other = merged[key]
             other.ranks = sorted(set(other.ranks) | set(root.ranks))

@@ -35,10 +35,18 @@ def creation_runs(analysis: Analysis) -> dict[int, tuple]:
     numbered = sorted((int(name), g) for g, name in enumerate(analysis.group_names)
                       if g in analysis.members and str(name).isdigit()
                       and analysis.group_descs.get(g) in (None, "undefined"))
+    # a name no dump recorded (every member that would have recorded it wrote no dump, or skipped it) is no gap:
+    # at most one such group per rank without a dump
+    seen_names = {int(name) for name in analysis.group_names if str(name).isdigit()}
+    unseen_allowed = len(analysis.missing)
     roles: dict[int, tuple] = {}
     run: list[int] = []
     covered: set[int] = set()
     last = None
+
+    def consecutive(number: int) -> bool:
+        gap = set(range(last + 1, number))
+        return not gap & seen_names and len(gap) <= unseen_allowed
 
     def close() -> None:
         if len(run) >= 2:
@@ -47,7 +55,7 @@ def creation_runs(analysis: Analysis) -> dict[int, tuple]:
 
     for number, g in numbered:
         ranks = set(analysis.members[g])
-        if run and (number != last + 1 or len(ranks) != len(analysis.members[run[0]]) or ranks & covered):
+        if run and (not consecutive(number) or len(ranks) != len(analysis.members[run[0]]) or ranks & covered):
             close()
             run, covered = [], set()
         run.append(g)
@@ -100,6 +108,54 @@ def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int], diverge
                 if found:
                     return found
     return None
+
+
+def skipped_beside_missing(analysis: Analysis, rank: int, missing: set[int]) -> tuple[Divergence, str] | None:
+    """Did `rank`, which waits on ranks without a dump, skip a collective of a group it shares with them? Their
+    dumps would show them waiting in it (the skip's only trace); without them, the hypothesis "they entered the
+    group's next collective" is put to the same consensus: where the others entered their same-part collective
+    before the ones `rank` went on to, it skipped it. A group only the missing ranks and `rank` recorded nothing
+    of is invisible: a part whose groups hold every other rank but `rank` and missing ones stands for it (its
+    first collective). Returns that wait (missing ranks -> rank) as a divergence, and the evidence."""
+    history = analysis.history(rank) if analysis.history else None
+    if history is None or analysis.key_rows is None:
+        return None
+    seqs, groups_in_order, _incomplete = history
+    for g, due, partners, visible in _shared_with_missing(analysis, rank, missing, seqs, groups_in_order):
+        hypothesis = Divergence(g, "entered", due, (rank,), partners, 0)
+        found = skipped_by_consensus(analysis, rank, {rank}, [hypothesis])
+        if found:
+            where = analysis.label(g) if visible else \
+                f"its own {_role_text(analysis, g)} group (no rank that dumped recorded it)"
+            found = found.replace(analysis.label(g), where, 1)
+            hypothesis.detail = (f"{where} seq {due}: rank {rank} never entered it; rank(s) "
+                                 f"{', '.join(map(str, partners))}, which wrote no dump, would wait in it")
+            return hypothesis, found
+    return None
+
+
+def _shared_with_missing(analysis: Analysis, rank: int, missing: set[int], seqs: list[int],
+                         groups_in_order: list[int]) -> list[tuple[int, int, tuple[int, ...], bool]]:
+    """(group, its next collective for `rank`, the missing members, True) for each group `rank` shares with
+    missing ranks; for each part none of whose groups holds `rank`, while they hold every other rank but missing
+    ones, (a group of the part, 1, the missing ranks the part leaves out, False)."""
+    world = len(analysis.expected)
+    shared = []
+    for g, members in analysis.members.items():
+        partners = tuple(sorted(missing.intersection(members)))
+        if partners and rank in members and len(members) < world:
+            entered = [seqs[i] for i, group in enumerate(groups_in_order) if group == g]
+            shared.append((g, max(entered, default=0) + 1, partners, True))
+    for groups in groups_by_role(analysis).values():
+        covered = {r for g in groups for r in analysis.members[g]}
+        size = len(analysis.members[groups[0]])
+        left_out = analysis.expected - covered
+        if len(groups) < 2 or rank not in left_out or not size < world or not left_out - {rank} <= analysis.missing:
+            continue
+        partners = tuple(sorted(missing & left_out))
+        if partners:
+            shared.append((groups[0], 1, partners, False))
+    return shared
 
 
 def _went_past(analysis: Analysis, rank: int, cycle: set[int], d: Divergence, due: tuple[tuple, int],

@@ -103,6 +103,12 @@ class HangAttributor:
         confidence = float(getattr(report, "confidence", 0.5) or 0.0)
         cause, rule = Cause.UNKNOWN, f"hang-{verdict.replace('_', '-')}"
         lost = _lost_node(getattr(report, "missing_dumps", ()) or (), placement)
+        if lost is not None and not _waited_on(report, lost[1]):
+            # nothing that dumped waits on them (a node's dumps lost or late, or its ranks waiting themselves):
+            # the analysis' own low-confidence answer stands
+            evidence.append(Evidence("collectives", None, f"every rank of {lost[0]} ({_ranks_short(lost[1])}) "
+                                                          "wrote no dump, but no rank that dumped waits on them"))
+            lost = None
         if lost is not None and verdict not in {"size_mismatch", "op_mismatch"}:
             # every rank of one node (and only those) wrote no dump while all the others did: the node is gone
             # (power, kernel, board); the ranks its loss blocked elsewhere (pipeline peers, the groups waiting on
@@ -186,6 +192,15 @@ def _lost_node(missing: Sequence[int], placement: dict[int, Placement]) -> tuple
     if set(ranks) != missing_set or len(placement) <= len(ranks):
         return None
     return node, ranks  # type: ignore[return-value]
+
+
+def _waited_on(report: object, ranks: Sequence[int]) -> bool:
+    """Whether ranks that dumped wait on one of `ranks` (a root of the analysis or not: a whole node without a
+    dump is a node lost, where the analysis alone could take one missing rank for a follow-on)."""
+    waited = set(getattr(report, "waited_missing", ()) or ())
+    named = {r for root in getattr(report, "roots", ()) or () if getattr(root, "waiting_ranks", ())
+             for r in getattr(root, "ranks", ())}
+    return bool(set(ranks) & named) or (len(ranks) > 1 and bool(set(ranks) & waited))
 
 
 def _ranks_short(ranks: Sequence[int]) -> str:
