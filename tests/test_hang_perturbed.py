@@ -22,10 +22,8 @@ but for the few cases LOST_DUMP_LIMITS lists, where the lost dump held the only 
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +41,7 @@ pytest.importorskip("torch")
 from tests.test_hang_corpus import P2P_BLOCKED as CORPUS_P2P_BLOCKED  # after the torch check, as the corpus tests do
 from tests.test_hang_corpus import _truth
 from tests.test_hang_heldout import P2P_BLOCKED as HELDOUT_P2P_BLOCKED
+from tests.torch_jobs.lost_dumps import STACK_MODES, lost_dump_reports
 
 TIME_KEYS = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
 Perturb = Callable[[dict, int], dict]
@@ -139,43 +138,21 @@ LOST_DUMP_LIMITS = {
                                                     "the others wait in send/recv, which only stacks show"),
     ("corpus/two_independent_near", 7): (("none",), "the same for rank 6 and its TP partner 7"),
 }
-STACKS = ("all", "lost-rank-without", "none")
 
 
-def _without(source: Path, target: Path, lost: int) -> Path:
-    """The set's dump directory as if rank `lost` had written none (hard links where the file system allows)."""
-    target.mkdir(parents=True)
-    for path in source.iterdir():
-        if path.name != f"rank_{lost}.pkl":
-            try:
-                os.link(path, target / path.name)
-            except OSError:
-                shutil.copyfile(path, target / path.name)
-    return target
-
-
-@pytest.mark.parametrize("stacks", STACKS)
+@pytest.mark.parametrize("stacks", STACK_MODES)
 def test_a_lost_dump_of_a_healthy_rank_is_never_failed_over(scenarios: dict[str, Path], stacks: str,
                                                             tmp_path: Path) -> None:
     threshold = load_policy().threshold_for(IncidentClass.COLLECTIVE_HANG)
     wrong, checked = {}, 0
-    for name, directory in sorted(scenarios.items()):
-        if stacks == "none" and name.split("/")[1] in CORPUS_P2P_BLOCKED | HELDOUT_P2P_BLOCKED:
-            continue  # their waits are in gloo send/recv, which only stacks show
-        truth = _truth(directory)
-        culprits = set(truth["culprits"])
-        dumped = {int(path.stem.split("_")[1]) for path in (directory / "dumps").glob("rank_*.pkl")}
-        all_stacks = load_stack_dir(directory / "stacks") if stacks != "none" else {}
-        for lost in sorted(dumped - culprits):
-            own = {r: st for r, st in all_stacks.items() if not (stacks == "lost-rank-without" and r == lost)}
-            dumps = read_dump_dir(_without(directory / "dumps", tmp_path / name / str(lost), lost))
-            report = analyze_collectives(dumps.table, expected_ranks=range(truth["world_size"]), stacks=own)
-            checked += 1
-            named = set(report.culprit_ranks)
-            failed_over = report.confidence >= threshold and bool(named - culprits)
-            limit = stacks in LOST_DUMP_LIMITS.get((name, lost), ((), ""))[0]
-            if (failed_over or not culprits <= named) and not limit:
-                wrong[(name, lost)] = (sorted(named), sorted(culprits), report.confidence, report.reason[:160])
+    for name, lost, culprits, report in lost_dump_reports(scenarios, stacks, tmp_path,
+                                                          CORPUS_P2P_BLOCKED | HELDOUT_P2P_BLOCKED):
+        checked += 1
+        named = set(report.culprit_ranks)
+        failed_over = report.confidence >= threshold and bool(named - culprits)
+        limit = stacks in LOST_DUMP_LIMITS.get((name, lost), ((), ""))[0]
+        if (failed_over or not culprits <= named) and not limit:
+            wrong[(name, lost)] = (sorted(named), sorted(culprits), report.confidence, report.reason[:160])
     assert checked >= 400
     assert not wrong, "\n".join(f"{key}: named {v[0]}, culprits {v[1]}, confidence {v[2]}: {v[3]}"
                                  for key, v in wrong.items())
