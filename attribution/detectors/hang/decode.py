@@ -17,6 +17,16 @@ from faultlens.attribution.detectors.hang.report import P2P_OP
 
 
 SLICE_ROWS = 1 << 22  # rows decoded at a time: bounds the analysis' own memory on 33 M-row sets
+_SHIFT = 40  # (group, seq) -> group << 40 | seq: sequence ids stay below 2^40
+
+
+def key_codes(groups: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    return groups.astype(np.int64) * (1 << _SHIFT) + seqs
+
+
+def key_parts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(groups, seqs) of key codes."""
+    return keys >> _SHIFT, keys & ((1 << _SHIFT) - 1)
 
 
 class _GlobalCodes:
@@ -73,6 +83,18 @@ class DecodedSlice:
     started: np.ndarray
 
 
+@dataclass(frozen=True)
+class SliceIndex:
+    """What the later reads need of a slice's collective entries, kept from its first decode (17 bytes a row: the
+    passes after the first read these instead of decoding the slice again)."""
+
+    start: int
+    group: np.ndarray  # int32 group code of each row, -1 where it is no collective entry
+    seq: np.ndarray  # int64
+    rank: np.ndarray  # int32
+    complete: np.ndarray  # bool
+
+
 _STATES = {"scheduled": 0, "started": 1, "completed": 2}
 
 
@@ -89,6 +111,7 @@ class SliceDecoder:
         # per slice start: the ranks and the groups of its collective entries (sorted codes), noted as a slice is
         # first decoded, so that a later pass after a few ranks or groups decodes only the slices holding them
         self.holds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.index: dict[int, SliceIndex] = {}  # per slice start, from its first decode (indexed())
 
     def column(self, part: pa.Table, name: str) -> pa.ChunkedArray | None:
         return part.column(name) if name in part.column_names else None
@@ -138,10 +161,9 @@ class SliceDecoder:
         return DecodedSlice(start, rank, group, is_entry, seq, coll, p2p & is_entry & (group >= 0), op, id_codes,
                         complete, state >= 1)
 
-    def slices(self, ranks: np.ndarray | None = None, groups: np.ndarray | None = None) -> Iterator[DecodedSlice]:
-        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows. With `ranks` or
-        `groups` (sorted codes): the slices whose collective entries may hold one of them (every slice not yet
-        decoded once, and those whose noted ranks or groups meet them); the others hold none of their rows."""
+    def _bounds(self, ranks: np.ndarray | None, groups: np.ndarray | None) -> Iterator[tuple[int, int]]:
+        """(start, stop) of the slices, on the table's own chunk boundaries, each at most SLICE_ROWS rows; with
+        `ranks` or `groups`, only those whose collective entries may hold one of them (see slices)."""
         bounds = [0]
         for chunk in self.table.column("rank").chunks:
             end = bounds[-1] + len(chunk)
@@ -155,10 +177,30 @@ class SliceDecoder:
                     and not (ranks is not None and _meets(held[0], ranks)) \
                     and not (groups is not None and _meets(held[1], groups)):
                 continue
-            part = self.decode(start, stop - start)
-            if held is None:
-                self.holds[start] = (_present(part.rank[part.coll]), _present(part.group[part.coll]))
-            yield part
+            yield start, stop
+
+    def slices(self, ranks: np.ndarray | None = None, groups: np.ndarray | None = None) -> Iterator[DecodedSlice]:
+        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows. With `ranks` or
+        `groups` (sorted codes): the slices whose collective entries may hold one of them (every slice not yet
+        decoded once, and those whose noted ranks or groups meet them); the others hold none of their rows."""
+        for start, stop in self._bounds(ranks, groups):
+            yield self._decode_noted(start, stop)
+
+    def indexed(self, ranks: np.ndarray | None = None, groups: np.ndarray | None = None) -> Iterator[SliceIndex]:
+        """The index of each slice slices() would give, decoding only those never decoded before."""
+        for start, stop in self._bounds(ranks, groups):
+            if start not in self.index:
+                self._decode_noted(start, stop)
+            yield self.index[start]
+
+    def _decode_noted(self, start: int, stop: int) -> DecodedSlice:
+        """A slice decoded; at its first decode, what it holds and its index are noted."""
+        part = self.decode(start, stop - start)
+        if start not in self.holds:
+            self.holds[start] = (_present(part.rank[part.coll]), _present(part.group[part.coll]))
+            self.index[start] = SliceIndex(start, np.where(part.coll, part.group, -1).astype(np.int32),
+                                           part.seq.astype(np.int64, copy=False), part.rank, part.complete)
+        return part
 
 
 def _present(codes: np.ndarray) -> np.ndarray:

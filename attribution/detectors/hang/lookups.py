@@ -16,40 +16,37 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.columns import LazyColumn
-from faultlens.attribution.detectors.hang.decode import SliceDecoder, member_of
+from faultlens.attribution.detectors.hang.decode import SliceDecoder, key_codes, key_parts, member_of
 from faultlens.attribution.detectors.hang.graph import Analysis
 from faultlens.attribution.detectors.hang.skips import groups_by_role
 
 T = TypeVar("T")
 MAX_KEYS = 200_000  # a key-order question wider than this is not answered (memory), as before the cache
-_SHIFT = 40  # (group, seq) -> group << 40 | seq: sequence ids stay below 2^40
-
-
-def key_codes(groups: np.ndarray, seqs: np.ndarray) -> np.ndarray:
-    return groups.astype(np.int64) * (1 << _SHIFT) + seqs
 
 
 def rows_for_keys(decoder: SliceDecoder, keys: Iterable[tuple[int, int]],
                   ranks: np.ndarray | None = None) -> dict[tuple[int, int], np.ndarray]:
     """Global row indices of the collective entries of each (group, seq) key, in one pass over the slices that
     hold their groups (ranks, sorted: only the slices that also hold one of these ranks)."""
-    wanted = np.unique(np.array([g * (1 << _SHIFT) + s for g, s in keys if s >= 0], np.int64))
+    pairs = np.array([(g, s) for g, s in keys if s >= 0], np.int64).reshape(-1, 2)
+    wanted = np.unique(key_codes(pairs[:, 0], pairs[:, 1]))
     if wanted.shape[0] == 0:
         return {}
     out: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
-    groups = np.unique(wanted >> _SHIFT)
-    for part in decoder.slices(groups=groups) if ranks is None else decoder.slices(ranks=ranks):
-        rows = np.nonzero(part.coll)[0]
-        combined = key_codes(part.group[rows], part.seq[rows])
-        keep = member_of(combined, wanted)
-        hit, hit_keys = rows[keep], combined[keep]
+    groups = np.unique(key_parts(wanted)[0])
+    for index in decoder.indexed(groups=groups) if ranks is None else decoder.indexed(ranks=ranks):
+        combined = key_codes(index.group, index.seq)
+        hit = np.flatnonzero(member_of(combined, wanted) & (index.group >= 0))
         if hit.shape[0] == 0:
             continue
+        hit_keys = combined[hit]
         order = np.argsort(hit_keys, kind="stable")  # rows of one key stay in table order
         hit, hit_keys = hit[order], hit_keys[order]
         starts = np.flatnonzero(np.r_[True, hit_keys[1:] != hit_keys[:-1]])
-        for key, block in zip(hit_keys[starts].tolist(), np.split(hit + part.start, starts[1:]), strict=True):
-            out[(key >> _SHIFT, key & ((1 << _SHIFT) - 1))].append(block)
+        key_groups, key_seqs = key_parts(hit_keys[starts])
+        for g, s, block in zip(key_groups.tolist(), key_seqs.tolist(), np.split(hit + index.start, starts[1:]),
+                               strict=True):
+            out[(g, s)].append(block)
     return {key: np.concatenate(blocks) for key, blocks in out.items()}
 
 
@@ -59,16 +56,16 @@ def rows_for_ranks(decoder: SliceDecoder, ranks: Iterable[int]) -> dict[int, tup
     pieces: dict[int, list[tuple[np.ndarray, ...]]] = defaultdict(list)
     if wanted.shape[0] == 0:
         return {}
-    for part in decoder.slices(ranks=wanted):
-        hit = np.nonzero(part.coll & member_of(part.rank.astype(np.int64), wanted))[0]
+    for index in decoder.indexed(ranks=wanted):
+        hit = np.flatnonzero((index.group >= 0) & member_of(index.rank.astype(np.int64), wanted))
         if hit.shape[0] == 0:
             continue
-        order = np.argsort(part.rank[hit], kind="stable")
+        order = np.argsort(index.rank[hit], kind="stable")
         hit = hit[order]
-        hit_ranks = part.rank[hit]
+        hit_ranks = index.rank[hit]
         starts = np.flatnonzero(np.r_[True, hit_ranks[1:] != hit_ranks[:-1]])
         for rank, block in zip(hit_ranks[starts].tolist(), np.split(hit, starts[1:]), strict=True):
-            pieces[rank].append((part.seq[block], part.group[block], part.complete[block], block + part.start))
+            pieces[rank].append((index.seq[block], index.group[block], index.complete[block], block + index.start))
     out: dict[int, tuple[np.ndarray, ...]] = {}
     records = LazyColumn(decoder.table, "record_id")
     for rank, parts in pieces.items():
