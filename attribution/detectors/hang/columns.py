@@ -12,7 +12,9 @@ def int_column(column: pa.ChunkedArray, fill: int = -1) -> tuple[np.ndarray, np.
     if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit
         column = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64())
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    valid = ~array.is_null().to_numpy(zero_copy_only=False) if array.null_count else np.ones(len(array), bool)
+    if not array.null_count:  # (no copy to fill nulls)
+        return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), np.ones(len(array), bool)
+    valid = ~array.is_null().to_numpy(zero_copy_only=False)
     values = array.fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     return values, valid
 
@@ -34,6 +36,7 @@ class LazyColumn:
 def bool_column(column: pa.ChunkedArray | None, n: int) -> np.ndarray:
     if column is None:
         return np.zeros(n, bool)
-    return column.fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+    filled = column.fill_null(False) if column.null_count else column
+    return filled.to_numpy(zero_copy_only=False).astype(bool, copy=False)
 
 

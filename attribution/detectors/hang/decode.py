@@ -60,8 +60,8 @@ class _GlobalCodes:
         for chunk in column.chunks:
             if not pa.types.is_dictionary(chunk.type):
                 chunk = pc.dictionary_encode(chunk)
-            indices = chunk.indices
-            local = indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+            indices = chunk.indices if not chunk.indices.null_count else chunk.indices.fill_null(-1)
+            local = indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
             pieces.append(self._remap(chunk.dictionary)[local])
         return np.concatenate(pieces) if pieces else np.empty(0, np.int32)
 
