@@ -189,7 +189,7 @@ def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> N
     references: list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] = []
     wanted: set[tuple[int, int]] = set()
     for m in ties:
-        same = [(g, m.seq) for g in by_role[group_role(analysis, m.group)] if g != m.group][:64]
+        same = [(g, m.seq) for g in by_role.get(group_role(analysis, m.group), ()) if g != m.group][:64]
         own = [(m.group, m.seq + d) for d in (-3, -2, -1, 1, 2, 3) if m.seq + d >= 0]
         references.append((same, own))
         wanted |= {(m.group, m.seq), *same, *own}

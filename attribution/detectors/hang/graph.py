@@ -80,6 +80,7 @@ class Analysis:
     batch: Any = None  # (ranks, check) -> {rank: check(rank)}, the table read once for them all (lookups.py)
     device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
     roles: dict[int, tuple] | None = None  # desc-less group -> the part it plays (skips.creation_runs), lazily
+    parts: dict[tuple, list[int]] | None = None  # part -> its groups (skips.groups_by_role), lazily
 
     def label(self, group: int) -> str:
         if not 0 <= group < len(self.group_names):

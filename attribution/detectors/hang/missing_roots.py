@@ -45,17 +45,19 @@ def skips_beside_missing(analysis: Analysis, components: list[list[int]], skippe
     """A root of ranks without a dump whose waiters may have skipped a collective they share with them (the
     missing ranks' own dumps would show them waiting in it): each skip found becomes a wait of the missing ranks
     on the skipper, and the skipper a root. Returns whether any was found."""
-    missing_roots = [set(comp) for comp in components if set(comp) <= analysis.missing]
+    missing = {r for comp in components if set(comp) <= analysis.missing for r in comp}
+    if not missing:
+        return False
+    # the ranks nearest to them, all roots of missing ranks together (a job of thousands without a dump: one pass)
+    waiters = [w for w in _nearest_waiters(analysis, missing, 64) if w not in skippers and w not in stalled]
+    verdicts = checked(analysis, waiters, lambda rank: _skip_near_missing(analysis, rank, missing))
     found = False
-    for comp in missing_roots:
-        waiters = [w for w in _nearest_waiters(analysis, comp, 64) if w not in skippers and w not in stalled]
-        verdicts = checked(analysis, waiters, lambda rank, comp=comp: _skip_near_missing(analysis, rank, comp))
-        for rank, verdict in verdicts.items():
-            if verdict is not None:
-                hypothesis, skippers[rank] = verdict
-                if hypothesis is not None:
-                    analysis.divergences.append(hypothesis)
-                found = True
+    for rank, verdict in verdicts.items():
+        if verdict is not None:
+            hypothesis, skippers[rank] = verdict
+            if hypothesis is not None:
+                analysis.divergences.append(hypothesis)
+            found = True
     return found
 
 

@@ -19,11 +19,14 @@ def group_role(analysis: Analysis, group: int) -> tuple:
 
 
 def groups_by_role(analysis: Analysis) -> dict[tuple, list[int]]:
-    """Every group under the part it plays (group_role), in group order."""
-    by_role: dict[tuple, list[int]] = defaultdict(list)
-    for g in analysis.members:
-        by_role[group_role(analysis, g)].append(g)
-    return by_role
+    """Every group under the part it plays (group_role), in group order (computed once: membership is settled
+    before any part is asked for)."""
+    if analysis.parts is None:
+        by_role: dict[tuple, list[int]] = defaultdict(list)
+        for g in analysis.members:
+            by_role[group_role(analysis, g)].append(g)
+        analysis.parts = dict(by_role)
+    return analysis.parts
 
 
 def creation_runs(analysis: Analysis) -> dict[int, tuple]:
