@@ -1003,7 +1003,7 @@ class Workspace:
                             self.marks, self.memo, self.head, self.tail, self.run_start, self.run_end,
                             self.run_next, self.cache, self.tensor_dims, self.dims, self.dtype_nodes,
                             self.frame_name, self.frame_file, self.frame_line, self.scratch_a, self.scratch_b,
-                            self.scratch_c, bounds)
+                            self.scratch_c, bounds, self.intern_table, self.intern_order)
         self._used = int(result[6])
         return result
 
@@ -1016,10 +1016,11 @@ class Workspace:
 @njit(cache=True, nogil=True)
 def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start,
                run_end, run_next, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line,
-               scratch_a, scratch_b, scratch_c, bounds):
-    """Both passes. Returns (status, root, kind, ival, ilen, (head, run_start, run_end, run_next, echild), n_nodes,
-    (ints, valid, strs, flags), counts, sizes, dtypes, frames); the tape arrays are the workspace's (valid until
-    its next parse)."""
+               scratch_a, scratch_b, scratch_c, bounds, intern_table, intern_order):
+    """Both passes, and the string columns interned. Returns (status, root, kind, ival, ilen, (head, run_start,
+    run_end, run_next, echild), n_nodes, (ints, valid, strs, flags), counts, sizes, dtypes, frames, top, (codes,
+    distinct)); the tape arrays are the workspace's (valid until its next parse). codes and distinct: per string
+    column (the four rows of strs, then the two dtypes columns), `intern` of its nodes."""
     # bounds: (max string bytes, element budget, entry budget) from faultlens.collectors.artifacts.fr_limits
     status, root, kind, ival, ilen, nn, eparent, echild, _ne, _nr = _tape(
         buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next,
@@ -1027,19 +1028,30 @@ def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks,
     links = (head, run_start, run_end, run_next, echild)
     if status != OK:
         empty = np.empty(0, np.int64)
+        no_codes = np.empty(0, np.int32)
         return (status, root, kind, ival, ilen, links, nn,
                 (np.empty((9, 0), np.int64), np.empty((9, 0), np.int8), np.empty((4, 0), np.int64),
                  np.empty((2, 0), np.int8)),
                 np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty),
-                (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64), np.empty((0, 4), np.int64)))
+                (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64), np.empty((0, 4), np.int64)),
+                ((no_codes, no_codes, no_codes, no_codes, no_codes, no_codes),
+                 (empty, empty, empty, empty, empty, empty)))
     result = _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, KEY_BYTES,
                       KEY_OFFSETS, INT_SLOT_OF_KEY, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name,
                       frame_file, frame_line, scratch_a, scratch_b, scratch_c, bounds[1], bounds[2])
     top = _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, KEY_BYTES, KEY_OFFSETS,
                cache) if result[0] == OK else (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64),
                                                np.empty((0, 4), np.int64))
+    strs = result[2][2]
+    dtypes = result[5]
+    c0, d0 = intern(strs[0], intern_table, intern_order)
+    c1, d1 = intern(strs[1], intern_table, intern_order)
+    c2, d2 = intern(strs[2], intern_table, intern_order)
+    c3, d3 = intern(strs[3], intern_table, intern_order)
+    c4, d4 = intern(dtypes[0], intern_table, intern_order)
+    c5, d5 = intern(dtypes[1], intern_table, intern_order)
     return (result[0], root, kind, ival, ilen, links, nn, result[2], result[3], result[4], result[5], result[6],
-            top)
+            top, ((c0, c1, c2, c3, c4, c5), (d0, d1, d2, d3, d4, d5)))
 
 
 @njit(cache=True, nogil=True)

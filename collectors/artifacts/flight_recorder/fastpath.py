@@ -112,7 +112,10 @@ class _Decoder:
         return out
 
     def strings(self, nodes: np.ndarray, workspace: fast.Workspace) -> _StrColumn:
-        codes, distinct = workspace.intern(nodes)
+        return self.interned(*workspace.intern(nodes))
+
+    def interned(self, codes: np.ndarray, distinct: np.ndarray) -> _StrColumn:
+        """A string column from its codes and distinct nodes (fr_fastpickle.intern)."""
         texts = [self.text(node) for node in distinct.tolist()]
         if len(set(texts)) == len(texts):
             return _StrColumn(codes, texts)
@@ -189,16 +192,16 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
-    (ints, valid, strs, flags), counts, sizes, dtypes, frames, small = result[7:]
+    (ints, valid, _strs, flags), counts, sizes, _dtypes, frames, small, (codes, distinct) = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links, limits)
     top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
-    strings = {name: decoder.strings(strs[i], workspace) for i, name in enumerate(_STRING_FIELDS)}
+    strings = {name: decoder.interned(codes[i], distinct[i]) for i, name in enumerate(_STRING_FIELDS)}
     dtype_columns = {}
     for i, key in enumerate(("input_dtypes", "output_dtypes")):
-        column = decoder.strings(dtypes[i], workspace)
+        column = decoder.interned(codes[4 + i], distinct[4 + i])
         dtype_columns[key] = _ListColumn(counts[2 + i], column.codes, column.values)
     frame_column = _frame_column(decoder, workspace, frames, counts[4]) if max_frames > 0 else None
     dump = _Dump(
