@@ -33,6 +33,17 @@ _STATUS_COLUMNS = (("pg_last_enqueued", "last_enqueued_collective"),
                    ("pg_last_completed", "last_completed_collective"))
 
 
+def _unique_first(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The valid values' distinct values (sorted), the first row of each, and each row's index into them (-1
+    where not valid); the fast path has them from the scanner (fr_fastpickle.unique_first)."""
+    valid_rows = np.flatnonzero(valid) if values.shape[0] else np.empty(0, np.int64)
+    distinct, first_valid = np.unique(values[valid_rows], return_index=True)
+    codes = np.full(values.shape[0], -1, np.int32)
+    if valid_rows.shape[0]:
+        codes[valid_rows] = np.searchsorted(distinct, values[valid_rows]).astype(np.int32)
+    return distinct, valid_rows[first_valid], codes
+
+
 @dataclass
 class _Assembly:
     columns: set[str]
@@ -97,15 +108,10 @@ class _Assembly:
             codes[key] = self.strings[key].remap(column.values, column.codes)
         for key in ("op", "state", "pg_desc"):
             self.buffers.put_codes(key, first, n, end, codes[key])
-        pg_ids, pg_valid = dump.pg_id
-        valid_rows = np.flatnonzero(pg_valid) if n else np.empty(0, np.int64)
-        unique_ids, first_valid = np.unique(pg_ids[valid_rows], return_index=True)
+        unique_ids, first_rows, local_codes = dump.pg_groups or _unique_first(*dump.pg_id)
         id_values = [str(v) for v in unique_ids.tolist()]
-        local_codes = np.full(n, -1, np.int32)
-        if valid_rows.shape[0]:
-            local_codes[valid_rows] = np.searchsorted(unique_ids, pg_ids[valid_rows]).astype(np.int32)
         self.buffers.put_codes("pg_id", first, n, end, self.strings["pg_id"].remap(id_values, local_codes))
-        return codes["pg_name"], codes["pg_desc"], id_values, local_codes, valid_rows[first_valid]
+        return codes["pg_name"], codes["pg_desc"], id_values, local_codes, first_rows
 
     def _add_values(self, dump: _Dump, first: int, end: int) -> None:
         """The integer and time columns, ts, and the flags."""
@@ -114,6 +120,8 @@ class _Assembly:
             values, valid = dump.ints[key]
             self.buffers.put_ints(column, first, n, end, values, valid)
         for column, key in _TIME_COLUMNS.items():
+            if column not in self.buffers.values:
+                continue
             values, valid = dump.ints[key]
             if column != "time_created":
                 valid = valid & (values != 0)  # the JSON form writes 0 for "not seen"

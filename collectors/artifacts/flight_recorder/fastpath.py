@@ -192,7 +192,7 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
-    (ints, valid, _strs, flags), counts, sizes, _dtypes, frames, small, (codes, distinct) = result[7:]
+    (ints, valid, _strs, flags), counts, sizes, _dtypes, frames, small, (codes, distinct), groups = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links, limits)
     top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
@@ -210,7 +210,7 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
         strings=strings,
         sizes={"input_sizes": _SizesColumn(counts[0], sizes[0], sizes[1]),
                "output_sizes": _SizesColumn(counts[1], sizes[2], sizes[3])},
-        dtypes=dtype_columns, frames=frame_column,
+        dtypes=dtype_columns, frames=frame_column, pg_groups=groups,
     )
     dump.rank = -1 if top.get("rank") is None else _as_int(top.get("rank"), "rank")
     return dump
