@@ -107,6 +107,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
     ne = 0
     sp = 0
     mp = 0
+    fence = 0  # stack items below the last MARK cannot be popped (kept as MARKs are pushed and popped)
     pos = 0
     root = -1
     while pos < n:
@@ -116,7 +117,6 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                 return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             if pos == frame_end:
                 frame_end = -1
-        fence = marks[mp - 1] if mp > 0 else 0  # stack items below the last MARK cannot be popped
         op = buf[pos]
         pos += 1
         if op == 0x68 or op == 0x6A:  # BINGET h, LONG_BINGET j
@@ -180,6 +180,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
         elif op == 0x28:  # MARK
             marks[mp] = sp
             mp += 1
+            fence = sp
         elif op == 0x58 or op == 0x8C or op == 0x8D or op == 0x42 or op == 0x43 or op == 0x8E:
             # BINUNICODE X, SHORT_BINUNICODE, BINUNICODE8, BINBYTES B, SHORT_BINBYTES C, BINBYTES8
             if op == 0x8C or op == 0x43:
@@ -336,6 +337,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if mp == 0:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
+            fence = marks[mp - 1] if mp > 0 else 0
             start = marks[mp]
             if start < 1 or start > sp:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
@@ -404,6 +406,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if mp == 0:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
+            fence = marks[mp - 1] if mp > 0 else 0
             start = marks[mp]
             if start > sp or (op == 0x64 and (sp - start) % 2 != 0):
                 return CORRUPT, pos, nn, ne, memo_hi, nr
@@ -479,6 +482,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if mp == 0:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
+            fence = marks[mp - 1] if mp > 0 else 0
             sp = marks[mp]
         elif op == 0x32:  # DUP
             if sp <= fence or sp == 0:
@@ -1086,11 +1090,47 @@ def intern(nodes, table, order):
     return codes, distinct
 
 
+_FEW = 16  # distinct values found by a linear search; more: sorted (stable)
+
+
 @njit(cache=True, nogil=True)
 def unique_first(values, valid):
     """np.unique(values[valid], return_index=True) in rows, and each row's code: the distinct values sorted, the
-    first row of each, and each row's index into them (int32, -1 where not valid)."""
+    first row of each, and each row's index into them (int32, -1 where not valid). A dump's entries name a few
+    process groups: those are found by a linear search; beyond _FEW distinct values, by a stable sort."""
     n = values.shape[0]
+    codes = np.full(n, -1, np.int32)
+    seen = np.empty(_FEW, values.dtype)
+    seen_first = np.empty(_FEW, np.int64)
+    k = 0
+    few = True
+    for i in range(n):
+        if not valid[i]:
+            continue
+        value = values[i]
+        code = -1
+        for j in range(k):
+            if seen[j] == value:
+                code = j
+                break
+        if code < 0:
+            if k == _FEW:
+                few = False
+                break
+            seen[k] = value
+            seen_first[k] = i
+            code = k
+            k += 1
+        codes[i] = code
+    if few:
+        order = np.argsort(seen[:k], kind="mergesort")  # distinct values: no ties
+        rank = np.empty(k, np.int32)
+        for j in range(k):
+            rank[order[j]] = j
+        for i in range(n):
+            if codes[i] >= 0:
+                codes[i] = rank[codes[i]]
+        return seen[:k][order].copy(), seen_first[:k][order].copy(), codes
     rows = np.empty(n, np.int64)
     m = 0
     for i in range(n):
@@ -1101,7 +1141,7 @@ def unique_first(values, valid):
     order = np.argsort(values[rows], kind="mergesort")  # stable: the first of equal values is the first row
     distinct = np.empty(m, values.dtype)
     first = np.empty(m, np.int64)
-    codes = np.full(n, -1, np.int32)
+    codes[:] = -1
     k = -1
     for j in range(m):
         row = rows[order[j]]

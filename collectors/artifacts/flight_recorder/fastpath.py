@@ -52,7 +52,8 @@ class _Decoder:
         return self.buf[start:start + int(self.ilen[node])].tobytes()
 
     def text(self, node: int) -> str:
-        return self.raw(node).decode("utf-8", "replace")
+        raw = self.raw(node)
+        return _long_text(raw) if len(raw) >= _LONG_TEXT else raw.decode("utf-8", "replace")
 
     def value(self, node: int, depth: int = 0) -> Any:
         self.left -= 1
@@ -136,6 +137,23 @@ class _Decoder:
 
 
 _local = threading.local()
+_LONG_TEXT = 4096  # bytes: a group's ranks as pg_config writes them, from a few hundred ranks on
+_LONG_TEXTS_KEPT = 256
+
+
+def _long_text(raw: bytes) -> str:
+    """A long string's text, as the same str object as the last one of its length when the bytes are the same
+    (compared, never hashed): the default group's ranks (~100 KB at 16,384 ranks) are the same in every dump, and
+    the caches keyed by that text (groups.parse_ranks) then hash it once, not once a dump. Per thread; bounded."""
+    kept: dict[int, tuple[bytes, str]] | None = getattr(_local, "long_texts", None)
+    if kept is None or len(kept) >= _LONG_TEXTS_KEPT:
+        kept = _local.long_texts = {}
+    last = kept.get(len(raw))
+    if last is not None and last[0] == raw:
+        return last[1]
+    text = raw.decode("utf-8", "replace")
+    kept[len(raw)] = (raw, text)
+    return text
 
 
 def _workspace() -> fast.Workspace:
