@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from faultlens.collectors.artifacts.flight_recorder.memory import mapped_empty
+
 _MAX_VOCABULARIES = 4096  # per column: dumps of one job share a handful; a hostile set cannot grow it without bound
 _MAX_CACHED_VOCABULARY = 256  # longer vocabularies (frames) are remapped each time, not kept
 
@@ -68,9 +70,11 @@ def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool
 
 
 def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
-    offsets = np.zeros(counts.shape[0] + 1, np.int32)
-    np.cumsum(np.maximum(counts, 0), out=offsets[1:])
-    null = counts < 0
+    offsets = mapped_empty(counts.shape[0] + 1, np.int32)
+    positive = mapped_empty(counts.shape[0], np.int32)
+    np.maximum(counts, 0, out=positive)
+    np.cumsum(positive, out=offsets[1:])
+    null = np.less(counts, 0, out=mapped_empty(counts.shape[0], bool))
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values,
                                     mask=pa.array(null) if null.any() else None)
 
@@ -78,7 +82,7 @@ def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
 def _repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: bool) -> pa.Array:
     values: list[str] = []
     lookup: dict[str, int] = {}
-    codes = np.empty(total, np.int32)
+    codes = mapped_empty(total, np.int32)
     pos = 0
     for count, value in runs:
         if value is None:

@@ -19,6 +19,7 @@ from faultlens.collectors.artifacts.flight_recorder.arrow import (
 )
 from faultlens.collectors.artifacts.flight_recorder.chunks import _ChunkBuffers
 from faultlens.collectors.artifacts.flight_recorder.groups import _comm_lib, _config_ranks, _status_value
+from faultlens.collectors.artifacts.flight_recorder.memory import mapped_full
 from faultlens.collectors.artifacts.flight_recorder.model import (
     _INT_COLUMNS,
     _TIME_COLUMNS,
@@ -251,13 +252,13 @@ class _Assembly:
         for name, value in identity.columns().items():
             if name in self.columns and name != "node" and value is not None:
                 if name == "attempt":
-                    columns[name] = pa.chunked_array([pa.array(np.full(self.rows, int(value), np.int32))])
+                    columns[name] = pa.chunked_array([pa.array(mapped_full(self.rows, int(value), np.int32))])
                 else:
                     columns[name] = pa.chunked_array([_repeat_strings([(self.rows, str(value))], self.rows,
                                                                       self.dictionary)])
 
     def _pg_ranks_array(self, total: int) -> pa.Array:
-        counts = np.full(total, -1, np.int32)
+        counts = mapped_full(total, -1, np.int32)
         rows = sorted(self.ranks_rows)
         for row, ranks in rows:
             counts[row] = len(ranks)

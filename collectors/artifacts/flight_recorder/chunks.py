@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import _list_from_counts, _Strings
+from faultlens.collectors.artifacts.flight_recorder.memory import mapped_empty
 from faultlens.collectors.artifacts.flight_recorder.model import _INT_COLUMNS, _TIME_COLUMNS, _SizesColumn
 from faultlens.collectors.sources.source import NodeIdentity
 
@@ -62,12 +63,12 @@ class _ChunkBuffers:
         if "ts" in self.wanted:
             dtypes["ts"] = np.int64
         for name, dtype in dtypes.items():
-            grown = np.empty(capacity, dtype)
+            grown = mapped_empty(capacity, dtype)
             if name in self.values:
                 grown[:self.rows] = self.values[name][:self.rows]
             self.values[name] = grown
         for name in self.ints:
-            grown = np.empty(capacity, bool)
+            grown = mapped_empty(capacity, bool)
             if name in self.valid:
                 grown[:self.rows] = self.valid[name][:self.rows]
             self.valid[name] = grown
@@ -185,12 +186,19 @@ class _ChunkBuffers:
     def _list_array(self, name: str, counts: np.ndarray, strings: dict[str, _Strings]) -> pa.Array:
         items = self.items[name]
         if name in self.inner:
-            ndims = np.concatenate(self.inner[name] or [np.empty(0, np.int32)])
-            dims = np.concatenate(items or [np.empty(0, np.int64)])
-            inner_offsets = np.zeros(ndims.shape[0] + 1, np.int32)
+            ndims = _joined(self.inner[name], np.int32)
+            dims = _joined(items, np.int64)
+            inner_offsets = mapped_empty(ndims.shape[0] + 1, np.int32)
             np.cumsum(ndims, out=inner_offsets[1:])
             values = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(dims, pa.int64()))
         else:
-            codes = np.concatenate(items or [np.empty(0, np.int32)])
-            values = strings[name].array(codes.astype(np.int32), True)
+            values = strings[name].array(_joined(items, np.int32), True)
         return _list_from_counts(counts, values)
+
+
+def _joined(pieces: list[np.ndarray], dtype: type) -> np.ndarray:
+    """The pieces end to end, as `dtype` (memory.py: outside numpy's allocator)."""
+    out = mapped_empty(sum(piece.shape[0] for piece in pieces), dtype)
+    if pieces:
+        np.concatenate(pieces, out=out, casting="same_kind")
+    return out
