@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import (
-    _list_from_counts,
     _repeat_strings,
+    _sparse_lists,
     _Strings,
     _with_dictionary,
 )
@@ -258,10 +258,5 @@ class _Assembly:
                                                                       self.dictionary)])
 
     def _pg_ranks_array(self, total: int) -> pa.Array:
-        counts = mapped_full(total, -1, np.int32)
-        rows = sorted(self.ranks_rows)
-        for row, ranks in rows:
-            counts[row] = len(ranks)
-        values = np.fromiter((r for _, ranks in rows for r in ranks), np.int32,
-                             count=sum(len(r) for _, r in rows))
-        return _list_from_counts(counts, pa.array(values, pa.int32()))
+        rows = sorted(self.ranks_rows, key=lambda row_ranks: row_ranks[0])  # one group's first row each: distinct
+        return _sparse_lists(total, [row for row, _ in rows], [ranks for _, ranks in rows])
