@@ -13,7 +13,7 @@ import numpy.typing as npt
 
 
 def mapped_empty(count: int, dtype: npt.DTypeLike) -> np.ndarray:
-    """An uninitialised-looking (in fact zeroed) array of `count` items: writable, 1-D, C-contiguous."""
+    """A zeroed, writable, C-contiguous array of `count` items (pages are mapped as they are first written)."""
     dtype = np.dtype(dtype)
     return np.frombuffer(mmap.mmap(-1, max(1, count * dtype.itemsize)), dtype, count=count)
 
