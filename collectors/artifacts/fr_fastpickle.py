@@ -107,6 +107,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
     ne = 0
     sp = 0
     mp = 0
+    fence = 0  # stack items below the last MARK cannot be popped (kept as MARKs are pushed and popped)
     pos = 0
     root = -1
     while pos < n:
@@ -116,10 +117,46 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                 return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             if pos == frame_end:
                 frame_end = -1
-        fence = marks[mp - 1] if mp > 0 else 0  # stack items below the last MARK cannot be popped
         op = buf[pos]
         pos += 1
-        if op == 0x80:  # PROTO
+        if op == 0x68 or op == 0x6A:  # BINGET h, LONG_BINGET j
+            if op == 0x68:
+                if n - pos < 1:
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
+                idx = np.int64(buf[pos])
+                pos += 1
+            else:
+                if n - pos < 4:
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
+                idx = _u32(buf, pos)
+                pos += 4
+            if idx >= memo_cap or memo[idx] < 0:
+                return CORRUPT, pos, nn, ne, memo_hi, nr
+            stack[sp] = memo[idx]
+            sp += 1
+        elif op == 0x71 or op == 0x72 or op == 0x94:  # BINPUT q, LONG_BINPUT r, MEMOIZE
+            if sp <= fence:
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+            if op == 0x71:
+                if n - pos < 1:
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
+                idx = np.int64(buf[pos])
+                pos += 1
+            elif op == 0x72:
+                if n - pos < 4:
+                    return CORRUPT, pos, nn, ne, memo_hi, nr
+                idx = _u32(buf, pos)
+                pos += 4
+            else:
+                idx = np.int64(memo_len)
+            if idx >= memo_cap or (op == 0x72 and idx >= n):  # the reference bounds a memo index by the size
+                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
+            if memo[idx] < 0:
+                memo_len += 1
+            if idx > memo_hi:
+                memo_hi = idx
+            memo[idx] = stack[sp - 1]
+        elif op == 0x80:  # PROTO
             if pos >= n:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             if buf[pos] > 5:
@@ -143,6 +180,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
         elif op == 0x28:  # MARK
             marks[mp] = sp
             mp += 1
+            fence = sp
         elif op == 0x58 or op == 0x8C or op == 0x8D or op == 0x42 or op == 0x43 or op == 0x8E:
             # BINUNICODE X, SHORT_BINUNICODE, BINUNICODE8, BINBYTES B, SHORT_BINBYTES C, BINBYTES8
             if op == 0x8C or op == 0x43:
@@ -273,43 +311,6 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             stack[sp] = nn
             sp += 1
             nn += 1
-        elif op == 0x71 or op == 0x72 or op == 0x94:  # BINPUT q, LONG_BINPUT r, MEMOIZE
-            if sp <= fence:
-                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
-            if op == 0x71:
-                if n - pos < 1:
-                    return CORRUPT, pos, nn, ne, memo_hi, nr
-                idx = np.int64(buf[pos])
-                pos += 1
-            elif op == 0x72:
-                if n - pos < 4:
-                    return CORRUPT, pos, nn, ne, memo_hi, nr
-                idx = _u32(buf, pos)
-                pos += 4
-            else:
-                idx = np.int64(memo_len)
-            if idx >= memo_cap or (op == 0x72 and idx >= n):  # the reference bounds a memo index by the size
-                return UNSUPPORTED, pos, nn, ne, memo_hi, nr
-            if memo[idx] < 0:
-                memo_len += 1
-            if idx > memo_hi:
-                memo_hi = idx
-            memo[idx] = stack[sp - 1]
-        elif op == 0x68 or op == 0x6A:  # BINGET h, LONG_BINGET j
-            if op == 0x68:
-                if n - pos < 1:
-                    return CORRUPT, pos, nn, ne, memo_hi, nr
-                idx = np.int64(buf[pos])
-                pos += 1
-            else:
-                if n - pos < 4:
-                    return CORRUPT, pos, nn, ne, memo_hi, nr
-                idx = _u32(buf, pos)
-                pos += 4
-            if idx >= memo_cap or memo[idx] < 0:
-                return CORRUPT, pos, nn, ne, memo_hi, nr
-            stack[sp] = memo[idx]
-            sp += 1
         elif op == 0x61:  # APPEND a
             if sp - 2 < fence or sp < 2 or kind[stack[sp - 2]] != K_LIST:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
@@ -336,6 +337,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if mp == 0:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
+            fence = marks[mp - 1] if mp > 0 else 0
             start = marks[mp]
             if start < 1 or start > sp:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
@@ -404,6 +406,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if mp == 0:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
+            fence = marks[mp - 1] if mp > 0 else 0
             start = marks[mp]
             if start > sp or (op == 0x64 and (sp - start) % 2 != 0):
                 return CORRUPT, pos, nn, ne, memo_hi, nr
@@ -479,6 +482,7 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if mp == 0:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
+            fence = marks[mp - 1] if mp > 0 else 0
             sp = marks[mp]
         elif op == 0x32:  # DUP
             if sp <= fence or sp == 0:
@@ -955,6 +959,8 @@ class Workspace:
 
     def __init__(self, capacity: int = 1 << 16) -> None:
         self.capacity = 0
+        self._used = 0  # nodes of the last parse
+        self._stale = 0  # node heads to reset before the next parse
         self.ensure(capacity)
 
     def ensure(self, size: int) -> None:
@@ -999,47 +1005,66 @@ class Workspace:
         self.ensure(int(buf.shape[0]))
         if bounds is None:
             bounds = np.array([1 << 62, 1 << 62, 1 << 62], np.int64)
+        stale, self._stale = self._stale, 0
         result = parse_dump(buf, max_frames, self.kind, self.ival, self.ilen, self.eparent, self.echild, self.stack,
                             self.marks, self.memo, self.head, self.tail, self.run_start, self.run_end,
                             self.run_next, self.cache, self.tensor_dims, self.dims, self.dtype_nodes,
                             self.frame_name, self.frame_file, self.frame_line, self.scratch_a, self.scratch_b,
-                            self.scratch_c, bounds)
+                            self.scratch_c, bounds, self.intern_table, self.intern_order, stale)
         self._used = int(result[6])
         return result
 
     def release(self) -> None:
-        """Reset the node heads the last parse set (the workspace's invariant: all -1 between parses)."""
-        self.head[: getattr(self, "_used", 0)] = -1
+        """Done with the last parse's tape: the node heads it set are reset (the workspace's invariant: all -1
+        when a parse starts) by the next parse, in its compiled call."""
+        self._stale = max(self._stale, self._used)
         self._used = 0
 
 
 @njit(cache=True, nogil=True)
 def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start,
                run_end, run_next, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line,
-               scratch_a, scratch_b, scratch_c, bounds):
-    """Both passes. Returns (status, root, kind, ival, ilen, (head, run_start, run_end, run_next, echild), n_nodes,
-    (ints, valid, strs, flags), counts, sizes, dtypes, frames); the tape arrays are the workspace's (valid until
-    its next parse)."""
-    # bounds: (max string bytes, element budget, entry budget) from faultlens.collectors.artifacts.fr_limits
+               scratch_a, scratch_b, scratch_c, bounds, intern_table, intern_order, stale):
+    """Both passes, and the string columns interned. Returns (status, root, kind, ival, ilen, (head, run_start,
+    run_end, run_next, echild), n_nodes, (ints, valid, strs, flags), counts, sizes, dtypes, frames, top, (codes,
+    distinct), pg_groups); the tape arrays are the workspace's (valid until its next parse). codes and distinct:
+    per string column (the four rows of strs, then the two dtypes columns), `intern` of its nodes; pg_groups:
+    `unique_first` of the entries' pg_id."""
+    # bounds: (max string bytes, element budget, entry budget) from faultlens.collectors.artifacts.fr_limits;
+    # stale: node heads the previous parse set (Workspace.release)
+    for i in range(min(stale, head.shape[0])):
+        head[i] = -1
     status, root, kind, ival, ilen, nn, eparent, echild, _ne, _nr = _tape(
         buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next,
         bounds[0])
     links = (head, run_start, run_end, run_next, echild)
     if status != OK:
         empty = np.empty(0, np.int64)
+        no_codes = np.empty(0, np.int32)
         return (status, root, kind, ival, ilen, links, nn,
                 (np.empty((9, 0), np.int64), np.empty((9, 0), np.int8), np.empty((4, 0), np.int64),
                  np.empty((2, 0), np.int8)),
                 np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty),
-                (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64), np.empty((0, 4), np.int64)))
+                (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64), np.empty((0, 4), np.int64)),
+                ((no_codes, no_codes, no_codes, no_codes, no_codes, no_codes),
+                 (empty, empty, empty, empty, empty, empty)), (empty, empty, no_codes))
     result = _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, KEY_BYTES,
                       KEY_OFFSETS, INT_SLOT_OF_KEY, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name,
                       frame_file, frame_line, scratch_a, scratch_b, scratch_c, bounds[1], bounds[2])
     top = _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, KEY_BYTES, KEY_OFFSETS,
                cache) if result[0] == OK else (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64),
                                                np.empty((0, 4), np.int64))
+    strs = result[2][2]
+    dtypes = result[5]
+    c0, d0 = intern(strs[0], intern_table, intern_order)
+    c1, d1 = intern(strs[1], intern_table, intern_order)
+    c2, d2 = intern(strs[2], intern_table, intern_order)
+    c3, d3 = intern(strs[3], intern_table, intern_order)
+    c4, d4 = intern(dtypes[0], intern_table, intern_order)
+    c5, d5 = intern(dtypes[1], intern_table, intern_order)
+    groups = unique_first(result[2][0][1], result[2][1][1])  # pg_id: INT_FIELDS[1]
     return (result[0], root, kind, ival, ilen, links, nn, result[2], result[3], result[4], result[5], result[6],
-            top)
+            top, ((c0, c1, c2, c3, c4, c5), (d0, d1, d2, d3, d4, d5)), groups)
 
 
 @njit(cache=True, nogil=True)
@@ -1063,3 +1088,67 @@ def intern(nodes, table, order):
     for j in range(count):
         table[distinct[j]] = -1
     return codes, distinct
+
+
+_FEW = 16  # distinct values found by a linear search; more: sorted (stable)
+
+
+@njit(cache=True, nogil=True)
+def unique_first(values, valid):
+    """np.unique(values[valid], return_index=True) in rows, and each row's code: the distinct values sorted, the
+    first row of each, and each row's index into them (int32, -1 where not valid). A dump's entries name a few
+    process groups: those are found by a linear search; beyond _FEW distinct values, by a stable sort."""
+    n = values.shape[0]
+    codes = np.full(n, -1, np.int32)
+    seen = np.empty(_FEW, values.dtype)
+    seen_first = np.empty(_FEW, np.int64)
+    k = 0
+    few = True
+    for i in range(n):
+        if not valid[i]:
+            continue
+        value = values[i]
+        code = -1
+        for j in range(k):
+            if seen[j] == value:
+                code = j
+                break
+        if code < 0:
+            if k == _FEW:
+                few = False
+                break
+            seen[k] = value
+            seen_first[k] = i
+            code = k
+            k += 1
+        codes[i] = code
+    if few:
+        order = np.argsort(seen[:k], kind="mergesort")  # distinct values: no ties
+        rank = np.empty(k, np.int32)
+        for j in range(k):
+            rank[order[j]] = j
+        for i in range(n):
+            if codes[i] >= 0:
+                codes[i] = rank[codes[i]]
+        return seen[:k][order].copy(), seen_first[:k][order].copy(), codes
+    rows = np.empty(n, np.int64)
+    m = 0
+    for i in range(n):
+        if valid[i]:
+            rows[m] = i
+            m += 1
+    rows = rows[:m]
+    order = np.argsort(values[rows], kind="mergesort")  # stable: the first of equal values is the first row
+    distinct = np.empty(m, values.dtype)
+    first = np.empty(m, np.int64)
+    codes[:] = -1
+    k = -1
+    for j in range(m):
+        row = rows[order[j]]
+        value = values[row]
+        if k < 0 or value != distinct[k]:
+            k += 1
+            distinct[k] = value
+            first[k] = row
+        codes[row] = k
+    return distinct[:k + 1].copy(), first[:k + 1].copy(), codes

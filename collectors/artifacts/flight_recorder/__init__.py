@@ -33,7 +33,8 @@ set, and is null on the group's other rows: `SELECT DISTINCT pg_name, pg_ranks .
 The modules, in reading order: model (the table, errors, DumpSet, a dump as columns), values (checks shared by
 both parsers), objects (the reference parser, from Python objects), fastpath (the compiled scanner's tape into
 columns), files (which files are dumps; one file into a dump), arrow and groups (set-wide dictionaries, Arrow
-pieces, process-group facts), assembly and chunks (dumps into Arrow chunks and the set's table), parts (a range of
+pieces, process-group facts), memory (set-sized arrays outside numpy's allocator), assembly and chunks (dumps
+written into the chunk's column buffers, Arrow chunks and the set's table), parts (a range of
 files per reader, the merge of readers' parts) and read (read_dump_dir, read_dump_file). The constants exported here
 are read by the modules that use them (FAST_PATH_MIN_BYTES by read, CHUNK_ROWS by parts): patch them there.
 """

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from faultlens.collectors.artifacts.flight_recorder.memory import mapped_empty
+
 _MAX_VOCABULARIES = 4096  # per column: dumps of one job share a handful; a hostile set cannot grow it without bound
 _MAX_CACHED_VOCABULARY = 256  # longer vocabularies (frames) are remapped each time, not kept
 
@@ -68,17 +70,38 @@ def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool
 
 
 def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
-    offsets = np.zeros(counts.shape[0] + 1, np.int32)
-    np.cumsum(np.maximum(counts, 0), out=offsets[1:])
-    null = counts < 0
+    offsets = mapped_empty(counts.shape[0] + 1, np.int32)
+    positive = mapped_empty(counts.shape[0], np.int32)
+    np.maximum(counts, 0, out=positive)
+    np.cumsum(positive, out=offsets[1:])
+    null = np.less(counts, 0, out=mapped_empty(counts.shape[0], bool))
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values,
                                     mask=pa.array(null) if null.any() else None)
+
+
+def _sparse_lists(total: int, rows: list[int], values: list[tuple[int, ...]]) -> pa.Array:
+    """A list<int32> column of `total` rows, null but at `rows` (ascending, distinct), which hold `values`: what
+    _list_from_counts gives for counts of -1 but there, built in two passes over the column (its offsets) and
+    none over a mask, as pg_ranks is set on a few thousand of millions of rows."""
+    at = np.array(rows, np.int64)
+    offsets = mapped_empty(total + 1, np.int32)
+    offsets[at + 1] = [len(v) for v in values]
+    np.cumsum(offsets, out=offsets)
+    items = np.fromiter((r for v in values for r in v), np.int32, count=sum(len(v) for v in values))
+    nulls = total - len(rows)
+    validity = None
+    if nulls:
+        bits = mapped_empty((total + 7) // 8, np.uint8)
+        np.bitwise_or.at(bits, at >> 3, np.left_shift(1, at & 7).astype(np.uint8))
+        validity = pa.py_buffer(bits)
+    return pa.Array.from_buffers(pa.list_(pa.int32()), total, [validity, pa.py_buffer(offsets)], null_count=nulls,
+                                 children=[pa.array(items, pa.int32())])
 
 
 def _repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: bool) -> pa.Array:
     values: list[str] = []
     lookup: dict[str, int] = {}
-    codes = np.empty(total, np.int32)
+    codes = mapped_empty(total, np.int32)
     pos = 0
     for count, value in runs:
         if value is None:

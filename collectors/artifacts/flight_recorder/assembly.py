@@ -1,6 +1,7 @@
-"""The assembly: dumps, as they come, into per-dump parts (codes of set-wide dictionaries, the wanted columns
-only), the parts into Arrow chunks of CHUNK_ROWS rows (chunks.py), and the chunks into the set's table, with the
-process groups' membership (pg_ranks) from pg_config where it is sound, else rebuilt from the entries."""
+"""The assembly: dumps, as they come, written into the buffers of the chunk being filled (codes of set-wide
+dictionaries, the wanted columns only; chunks.py), built into Arrow chunks of CHUNK_ROWS rows, and the chunks into
+the set's table, with the process groups' membership (pg_ranks) from pg_config where it is sound, else rebuilt from
+the entries."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import (
-    _list_from_counts,
     _repeat_strings,
+    _sparse_lists,
     _Strings,
     _with_dictionary,
 )
-from faultlens.collectors.artifacts.flight_recorder.chunks import _ChunkBuilder
+from faultlens.collectors.artifacts.flight_recorder.chunks import _ChunkBuffers
 from faultlens.collectors.artifacts.flight_recorder.groups import _comm_lib, _config_ranks, _status_value
+from faultlens.collectors.artifacts.flight_recorder.memory import mapped_full
 from faultlens.collectors.artifacts.flight_recorder.model import (
     _INT_COLUMNS,
     _TIME_COLUMNS,
@@ -32,6 +34,17 @@ _STATUS_COLUMNS = (("pg_last_enqueued", "last_enqueued_collective"),
                    ("pg_last_completed", "last_completed_collective"))
 
 
+def _unique_first(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The valid values' distinct values (sorted), the first row of each, and each row's index into them (-1
+    where not valid); the fast path has them from the scanner (fr_fastpickle.unique_first)."""
+    valid_rows = np.flatnonzero(valid) if values.shape[0] else np.empty(0, np.int64)
+    distinct, first_valid = np.unique(values[valid_rows], return_index=True)
+    codes = np.full(values.shape[0], -1, np.int32)
+    if valid_rows.shape[0]:
+        codes[valid_rows] = np.searchsorted(distinct, values[valid_rows]).astype(np.int32)
+    return distinct, valid_rows[first_valid], codes
+
+
 @dataclass
 class _Assembly:
     columns: set[str]
@@ -39,7 +52,6 @@ class _Assembly:
     strings: dict[str, _Strings] = field(default_factory=lambda: {
         k: _Strings() for k in ("op", "state", "pg_name", "pg_desc", "pg_id", "dump_id", "fr_version",
                                 "comm_lib", "node", "input_dtypes", "output_dtypes", "frames")})
-    parts: list[dict[str, Any]] = field(default_factory=list)
     group_members: dict[str, set[int]] = field(default_factory=dict)  # from entries
     group_configs: dict[str, set[tuple[int, ...]]] = field(default_factory=dict)
     config_objects: list[tuple[int, ...]] = field(default_factory=list)
@@ -49,70 +61,82 @@ class _Assembly:
     ranks_rows: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
     carried: set[tuple[str, int]] = field(default_factory=set)  # (group, id of the cached ranks tuple)
     rows: int = 0  # rows so far in the whole set (row indices below are set-wide)
-    chunk_rows: int = 0  # rows of the parts not yet built into a chunk
+    chunk_rows: int = 0  # rows not yet built into a chunk
     chunks: list[pa.Table] = field(default_factory=list)
     world_size: int | None = None
     all_ranks: set[int] = field(default_factory=set)
     max_world_size: int | None = None  # fr_limits' (read once per set, not per dump)
 
+    def __post_init__(self) -> None:
+        self.buffers = _ChunkBuffers(self.columns)
+
     def add(self, dump: _Dump, dump_id: str) -> None:
         self.all_ranks.add(dump.rank)
         if dump.world_size:
             self.world_size = max(self.world_size or 0, dump.world_size)
-        part: dict[str, Any] = {"n": dump.n}
+        n = dump.n
+        status_ids = [str(k) for k in dump.pg_status] or [None]
+        end = n + len(status_ids)
+        first = self.buffers.take(end)
+        end += first
         # the order of the remaps below is the order codes are given in (the dictionaries' order)
-        id_values, local_codes, first_row_of_id = self._add_groups(part, dump)
-        self._add_values(part, dump)
-        self._add_status_columns(part, dump.pg_status, id_values, local_codes)
-        self._add_lists(part, dump)
-        self._add_membership(part, dump)
-        status_rows = len(self._add_status_rows(part, dump.pg_status, id_values, part["pg_name"][first_row_of_id]))
-        self._add_dump_values(part, dump, dump_id)
-        self.rows += dump.n + status_rows
-        self.chunk_rows += dump.n + status_rows
-        self.parts.append(part)
+        names, descs, id_values, local_codes, first_row_of_id = self._add_groups(dump, first, end)
+        self._add_values(dump, first, end)
+        self._add_status_columns(dump.pg_status, id_values, local_codes, status_ids, first, n, end)
+        self._add_lists(dump, first, n, end)
+        self._add_membership(dump, names, descs)
+        id_to_name = dict(zip(id_values, names[first_row_of_id].tolist(), strict=True))
+        self.buffers.put_codes("pg_name", first, n, end, names, [id_to_name.get(pid, -1) for pid in status_ids])
+        self.buffers.put_status_ids(first + n, status_ids)
+        self._add_dump_values(dump, dump_id, first, end)
+        self.rows += end - first
+        self.chunk_rows += end - first
 
     # -- the steps of add
 
-    def _add_groups(self, part: dict[str, Any], dump: _Dump) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """Set-wide codes of the entries' strings and local pg ids; returns the local ids (as text), each
-        entry's code into them (-1 = none) and the first entry of each."""
-        n = dump.n
-        names = dump.strings["pg_name"]
-        part["pg_name"] = self.strings["pg_name"].remap(names.values, names.codes)  # group key: name, else local id
-        for key in ("op", "state", "pg_desc"):
-            column = dump.strings[key]
-            part[key] = self.strings[key].remap(column.values, column.codes)
-        pg_ids, pg_valid = dump.pg_id
-        valid_rows = np.flatnonzero(pg_valid) if n else np.empty(0, np.int64)
-        unique_ids, first_valid = np.unique(pg_ids[valid_rows], return_index=True)
-        id_values = [str(v) for v in unique_ids.tolist()]
-        local_codes = np.full(n, -1, np.int32)
-        if valid_rows.shape[0]:
-            local_codes[valid_rows] = np.searchsorted(unique_ids, pg_ids[valid_rows]).astype(np.int32)
-        part["pg_id"] = self.strings["pg_id"].remap(id_values, local_codes)
-        return id_values, local_codes, valid_rows[first_valid]
+    def _code(self, name: str, value: str | None) -> int:
+        """The set-wide code of one value of a column (-1: none)."""
+        return -1 if value is None else int(self.strings[name].remap([value], np.zeros(1, np.int32))[0])
 
-    def _add_values(self, part: dict[str, Any], dump: _Dump) -> None:
-        """Copies of the wanted integer and time columns, and the flags: the parser's 2-D arrays are released with
-        the dump."""
+    def _add_groups(self, dump: _Dump, first: int,
+                    end: int) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray]:
+        """Set-wide codes of the entries' strings and local pg ids; returns the entries' pg_name and pg_desc
+        codes, the local ids (as text), each entry's code into them (-1 = none) and the first entry of each."""
+        n = dump.n
+        codes = {}
+        for key in ("pg_name", "op", "state", "pg_desc"):  # pg_name: the group key (name, else local id)
+            column = dump.strings[key]
+            codes[key] = self.strings[key].remap(column.values, column.codes)
+        for key in ("op", "state", "pg_desc"):
+            self.buffers.put_codes(key, first, n, end, codes[key])
+        unique_ids, first_rows, local_codes = dump.pg_groups or _unique_first(*dump.pg_id)
+        id_values = [str(v) for v in unique_ids.tolist()]
+        self.buffers.put_codes("pg_id", first, n, end, self.strings["pg_id"].remap(id_values, local_codes))
+        return codes["pg_name"], codes["pg_desc"], id_values, local_codes, first_rows
+
+    def _add_values(self, dump: _Dump, first: int, end: int) -> None:
+        """The integer and time columns, ts, and the flags."""
+        n = dump.n
         for column, key in _INT_COLUMNS.items():
-            if column in self.columns:
-                values, valid = dump.ints[key]
-                part[column] = (values.copy(), valid.copy())
+            values, valid = dump.ints[key]
+            self.buffers.put_ints(column, first, n, end, values, valid)
         for column, key in _TIME_COLUMNS.items():
-            if column not in self.columns and column != "time_created":
+            if column not in self.buffers.values:
                 continue
             values, valid = dump.ints[key]
             if column != "time_created":
                 valid = valid & (values != 0)  # the JSON form writes 0 for "not seen"
-            part[column] = (values.copy(), valid.copy())
-        part["is_p2p"] = dump.is_p2p.copy()
-        part["retired"] = dump.retired.copy()
+            self.buffers.put_ints(column, first, n, end, values, valid)
+        if "ts" in self.columns:  # an entry's creation time, else (and on status rows) the dump's time
+            created, created_valid = dump.ints["time_created_ns"]
+            self.buffers.put_codes("ts", first, n, end, np.where(created_valid, created, self._dump_ts(dump)),
+                                   self._dump_ts(dump))
+        self.buffers.put_codes("is_p2p", first, n, end, dump.is_p2p)
+        self.buffers.put_codes("retired", first, n, end, dump.retired)
 
-    def _add_status_columns(self, part: dict[str, Any], status: Any, id_values: list[str],
-                            local_codes: np.ndarray) -> None:
-        """pg_status per row, by the entry's local pg id."""
+    def _add_status_columns(self, status: Any, id_values: list[str], local_codes: np.ndarray,
+                            status_ids: list[str | None], first: int, n: int, end: int) -> None:
+        """pg_status per row, by the entry's local pg id; on a status row, its group's."""
         for column, key in _STATUS_COLUMNS:
             if column not in self.columns:
                 continue
@@ -124,34 +148,40 @@ class _Assembly:
                 if value is not None:
                     by_id[i] = value
                     known[i] = True
-            part[column] = (by_id[local_codes], known[local_codes])
+            rows = [None if pid is None else _status_value(status, pid, key) for pid in status_ids]
+            self.buffers.put_ints(column, first, n, end, by_id[local_codes], known[local_codes], rows)
 
-    def _add_lists(self, part: dict[str, Any], dump: _Dump) -> None:
+    def _add_lists(self, dump: _Dump, first: int, n: int, end: int) -> None:
         for key in ("input_sizes", "output_sizes"):
             if key in self.columns:
                 sizes = dump.sizes[key]
-                part[key] = _SizesColumn(sizes.counts.astype(np.int32), sizes.ndims.astype(np.int32), sizes.dims)
+                self.buffers.put_list(key, first, n, end, sizes.counts,
+                                      _SizesColumn(sizes.counts, sizes.ndims.astype(np.int32), sizes.dims))
         for key in ("input_dtypes", "output_dtypes"):
             if key in self.columns:
                 column = dump.dtypes[key]
-                part[key] = (column.counts.astype(np.int32),
-                             self.strings[key].remap(column.values or [], column.items))
-        if dump.frames is not None and "frames" in self.columns:
-            part["frames"] = (dump.frames.counts, self.strings["frames"].remap(dump.frames.values or [],
-                                                                              dump.frames.items))
+                self.buffers.put_list(key, first, n, end, column.counts,
+                                      self.strings[key].remap(column.values or [], column.items))
+        if "frames" in self.columns:
+            frames = dump.frames
+            if frames is None:
+                self.buffers.put_list("frames", first, n, end, None)
+            else:
+                self.buffers.put_list("frames", first, n, end, frames.counts,
+                                      self.strings["frames"].remap(frames.values or [], frames.items))
 
-    def _add_membership(self, part: dict[str, Any], dump: _Dump) -> None:
+    def _add_membership(self, dump: _Dump, names: np.ndarray, descs: np.ndarray) -> None:
         """Membership evidence of the dump's groups: the config where it is sound, else the ranks seen in
         entries (rebuild_membership)."""
         base = self.rows
-        names_in_dump, first_rows = np.unique(part["pg_name"], return_index=True)
+        names_in_dump, first_rows = np.unique(names, return_index=True)
         for code, first in zip(names_in_dump.tolist(), first_rows.tolist(), strict=True):
             if code < 0:
                 continue
             name = self.strings["pg_name"].values[code]
             self.group_members.setdefault(name, set()).add(dump.rank)
             self.group_first_row.setdefault(name, base + first)
-            desc_code = part["pg_desc"][first]
+            desc_code = descs[first]
             if desc_code >= 0:
                 self.group_desc.setdefault(name, self.strings["pg_desc"].values[int(desc_code)])
             ranks = _config_ranks(dump.pg_config, name, self.max_world_size)
@@ -166,32 +196,17 @@ class _Assembly:
                     self.row_group[base + first] = name
 
     @staticmethod
-    def _add_status_rows(part: dict[str, Any], status: Any, id_values: list[str],
-                         first_names: np.ndarray) -> list[tuple]:
-        """Status rows: one per pg_status group (or one marker)."""
-        status_ids = [str(k) for k in status] or [None]
-        id_to_name = dict(zip(id_values, first_names.tolist(), strict=True))
-        part["status"] = []
-        for pid in status_ids:
-            part["status"].append((
-                pid, id_to_name.get(pid, -1),
-                None if pid is None else _status_value(status, pid, "last_enqueued_collective"),
-                None if pid is None else _status_value(status, pid, "last_started_collective"),
-                None if pid is None else _status_value(status, pid, "last_completed_collective"),
-            ))
-        return part["status"]
-
-    def _add_dump_values(self, part: dict[str, Any], dump: _Dump, dump_id: str) -> None:
-        """The values every row of the dump shares."""
-        part["rank"] = dump.rank
-        part["dump_id"] = self.strings["dump_id"].remap([dump_id], np.zeros(1, np.int32))[0]
-        part["fr_version"] = self.strings["fr_version"].remap([dump.version], np.zeros(1, np.int32))[0] \
-            if dump.version is not None else -1
-        lib = _comm_lib(dump)
-        part["comm_lib"] = self.strings["comm_lib"].remap([lib], np.zeros(1, np.int32))[0] if lib else -1
-        part["node"] = dump.node
+    def _dump_ts(dump: _Dump) -> int:
         created, created_valid = dump.ints["time_created_ns"]
-        part["dump_ts"] = int(created[created_valid].max()) if created_valid.any() else dump.mtime_ns
+        return int(created[created_valid].max()) if created_valid.any() else dump.mtime_ns
+
+    def _add_dump_values(self, dump: _Dump, dump_id: str, first: int, end: int) -> None:
+        """The values every row of the dump shares."""
+        self.buffers.put_value("rank", first, end, dump.rank)
+        for name, value in (("dump_id", dump_id), ("fr_version", dump.version), ("comm_lib", _comm_lib(dump) or None)):
+            if name in self.columns:
+                self.buffers.put_value(name, first, end, self._code(name, value))
+        self.buffers.put_node(first, end, dump.node)
 
     # -- membership rebuilt where the config is broken
 
@@ -210,10 +225,9 @@ class _Assembly:
     # -- Arrow
 
     def flush_chunk(self, identity: NodeIdentity | None) -> None:
-        """Build the parts so far into one Arrow chunk and drop them (memory: one chunk of parts at a time)."""
-        if self.parts:
-            self.chunks.append(self._chunk_table(identity))
-            self.parts = []
+        """Build the rows so far into one Arrow chunk (memory: one chunk's buffers at a time)."""
+        if self.chunk_rows:
+            self.chunks.append(self.buffers.build(self.strings, self.group_desc, identity))
             self.chunk_rows = 0
 
     def table(self, identity: NodeIdentity | None) -> pa.Table:
@@ -238,20 +252,11 @@ class _Assembly:
         for name, value in identity.columns().items():
             if name in self.columns and name != "node" and value is not None:
                 if name == "attempt":
-                    columns[name] = pa.chunked_array([pa.array(np.full(self.rows, int(value), np.int32))])
+                    columns[name] = pa.chunked_array([pa.array(mapped_full(self.rows, int(value), np.int32))])
                 else:
                     columns[name] = pa.chunked_array([_repeat_strings([(self.rows, str(value))], self.rows,
                                                                       self.dictionary)])
 
-    def _chunk_table(self, identity: NodeIdentity | None) -> pa.Table:
-        return _ChunkBuilder(self.parts, self.chunk_rows, self.strings, self.columns, self.group_desc,
-                             identity).build()
-
     def _pg_ranks_array(self, total: int) -> pa.Array:
-        counts = np.full(total, -1, np.int32)
-        rows = sorted(self.ranks_rows)
-        for row, ranks in rows:
-            counts[row] = len(ranks)
-        values = np.fromiter((r for _, ranks in rows for r in ranks), np.int32,
-                             count=sum(len(r) for _, r in rows))
-        return _list_from_counts(counts, pa.array(values, pa.int32()))
+        rows = sorted(self.ranks_rows, key=lambda row_ranks: row_ranks[0])  # one group's first row each: distinct
+        return _sparse_lists(total, [row for row, _ in rows], [ranks for _, ranks in rows])

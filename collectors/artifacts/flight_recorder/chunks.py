@@ -1,211 +1,204 @@
-"""One Arrow chunk from the parts the assembly holds. Row layout per part: its n entry rows, then its status rows.
-A column's per-dump pieces are dropped once it is built, so the peak is about one table, not two."""
+"""The chunk being filled: one growing buffer per wanted column, which the assembly writes each dump's rows into as
+it comes (its n entry rows, then its status rows), and their build into one Arrow chunk. Each value is written
+once, straight into its column: no per-dump pieces are held and gathered again."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import _list_from_counts, _Strings
+from faultlens.collectors.artifacts.flight_recorder.memory import mapped_empty
 from faultlens.collectors.artifacts.flight_recorder.model import _INT_COLUMNS, _TIME_COLUMNS, _SizesColumn
 from faultlens.collectors.sources.source import NodeIdentity
 
-_STATUS_INDEX = {"pg_last_enqueued": 2, "pg_last_started": 3, "pg_last_completed": 4}  # in a part's status rows
+STATUS_COLUMNS = ("pg_last_enqueued", "pg_last_started", "pg_last_completed")
+_CODES = ("dump_id", "fr_version", "comm_lib", "op", "state", "pg_desc", "pg_name", "pg_id", "node")
+_LISTS = ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames")
+_FIRST_CAPACITY = 1 << 16
 
 
-class _ChunkBuilder:
-    """The columns of one chunk, built a family at a time (in the table's column order of the original reader)."""
+class _ChunkBuffers:
+    """The columns of the chunk being filled (the wanted ones, and those another needs: time_created for ts,
+    pg_name for the status rows' pg_desc)."""
 
-    def __init__(self, parts: list[dict[str, Any]], total: int, strings: dict[str, _Strings], wanted: set[str],
-                 group_desc: dict[str, str], identity: NodeIdentity | None) -> None:
-        self.parts = parts
-        self.total = total
-        self.strings = strings
+    def __init__(self, wanted: set[str]) -> None:
         self.wanted = wanted
-        self.group_desc = group_desc
-        self.identity = identity
-        self.cols: dict[str, Any] = {}
-        # per part: (the part, its first row, its entry rows, its entry + status rows)
-        self.spans: list[tuple[dict[str, Any], int, int, int]] = []
-        pos = 0
-        for part in parts:
-            n, m = part["n"], part["n"] + len(part["status"])
-            self.spans.append((part, pos, n, m))
-            pos += m
+        # rows a new chunk's buffers hold: small for a small set; after a chunk is built, that chunk's size and
+        # an eighth, so that the chunks after the first are written once (outgrown, buffers are copied into
+        # twice the room)
+        self.first_capacity = _FIRST_CAPACITY
+        self.rows = 0
+        group_wanted = bool(wanted & {"pg_name", "pg_id"})
+        self.codes = [c for c in _CODES if c in wanted or (c == "pg_name" and group_wanted)]
+        self.ints = [c for c in (*_INT_COLUMNS, *STATUS_COLUMNS, *_TIME_COLUMNS) if c in wanted
+                     or (c == "time_created" and "ts" in wanted)]
+        self.flags = [c for c in ("is_p2p", "retired") if c in wanted]
+        self.lists = [c for c in _LISTS if c in wanted]
+        self.status_desc = "pg_desc" in wanted and group_wanted  # status rows take their group's desc
+        self._reset()
 
-    def build(self) -> pa.Table:
-        self._per_dump_columns()
-        self._entry_strings()
-        self._groups()
-        self._ints()
-        self._times()
-        self._flags()
-        self._lists()
-        self._node()
-        return pa.table(self.cols)
+    def _reset(self) -> None:
+        self.first_capacity = max(self.first_capacity, self.rows * 9 // 8)
+        self.rows = 0
+        self.capacity = 0
+        self.values: dict[str, np.ndarray] = {}
+        self.valid: dict[str, np.ndarray] = {}
+        self.items: dict[str, list[np.ndarray]] = {name: [] for name in self.lists}
+        self.inner: dict[str, list[np.ndarray]] = {name: [] for name in ("input_sizes", "output_sizes")}
+        self.status_ids: list[tuple[int, str]] = []  # (row, local pg id): coded when the chunk is built
+        self.nodes: list[tuple[int, int, str | None]] = []  # (first row, end row, node) per dump
+        self._grow(self.first_capacity)
 
-    # -- helpers
-
-    def _release(self, *names: str) -> None:
-        for part in self.parts:
-            for name in names:
-                part.pop(name, None)
-
-    def _gather_int(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        values = np.zeros(self.total, np.int64)
-        valid = np.zeros(self.total, bool)
-        for part, pos, n, _m in self.spans:
-            v, ok = part[name]
-            values[pos:pos + n] = v
-            valid[pos:pos + n] = ok
-        return values, valid
-
-    def _gather_codes(self, name: str) -> np.ndarray:
-        out = np.full(self.total, -1, np.int32)
-        for part, pos, n, _m in self.spans:
-            out[pos:pos + n] = part[name]
-        return out
-
-    def _layout(self, name: str) -> tuple[np.ndarray, list[Any]]:
-        """Per-row counts for a list column (status rows null)."""
-        counts = np.full(self.total, -1, np.int32)
-        for part, pos, n, _m in self.spans:
-            value = part.get(name)
-            if value is not None:
-                counts[pos:pos + n] = value.counts if isinstance(value, _SizesColumn) else value[0]
-        return counts, [p.get(name) for p in self.parts]
-
-    # -- the column families
-
-    def _per_dump_columns(self) -> None:
-        """rank, dump_id, fr_version, comm_lib: one value per dump on all its rows."""
-        if "rank" in self.wanted:
-            ranks = np.empty(self.total, np.int32)
-            for part, pos, _n, m in self.spans:
-                ranks[pos:pos + m] = part["rank"]
-            self.cols["rank"] = pa.array(ranks, pa.int32())
-        for name in ("dump_id", "fr_version", "comm_lib"):
-            if name in self.wanted:
-                codes = np.empty(self.total, np.int32)
-                for part, pos, _n, m in self.spans:
-                    codes[pos:pos + m] = part[name]
-                self.cols[name] = self.strings[name].array(codes, True)
-
-    def _entry_strings(self) -> None:
-        for name in ("op", "state"):
-            if name in self.wanted:
-                self.cols[name] = self.strings[name].array(self._gather_codes(name), True)
-            self._release(name)
-        if "pg_desc" in self.wanted:
-            self.cols["pg_desc"] = self.strings["pg_desc"].array(self._gather_codes("pg_desc"), True)
-
-    def _groups(self) -> None:
-        """pg_name and pg_id, with the status rows' values; then pg_desc of the status rows by their name."""
-        if "pg_name" not in self.wanted and "pg_id" not in self.wanted:
+    def _grow(self, need: int) -> None:
+        if need <= self.capacity:
             return
-        names = self._gather_codes("pg_name")
-        ids = self._gather_codes("pg_id")
-        for part, pos, n, _m in self.spans:
-            for j, (pid, name_code, *_rest) in enumerate(part["status"]):
-                names[pos + n + j] = name_code
-                if pid is not None:
-                    ids[pos + n + j] = self.strings["pg_id"].remap([pid], np.zeros(1, np.int32))[0]
-        if "pg_name" in self.wanted:
-            self.cols["pg_name"] = self.strings["pg_name"].array(names, True)
-        if "pg_id" in self.wanted:
-            self.cols["pg_id"] = self.strings["pg_id"].array(ids, True)
-        self._release("pg_name", "pg_id")
-        if "pg_desc" in self.wanted:
-            self._status_descs(names)
+        capacity = max(need, 2 * self.capacity)
+        dtypes = {**dict.fromkeys(self.codes, np.int32), **dict.fromkeys(self.ints, np.int64),
+                  **dict.fromkeys(self.flags, np.int8), **dict.fromkeys(self.lists, np.int32)}
+        if "rank" in self.wanted:
+            dtypes["rank"] = np.int32
+        if "ts" in self.wanted:
+            dtypes["ts"] = np.int64
+        for name, dtype in dtypes.items():
+            grown = mapped_empty(capacity, dtype)
+            if name in self.values:
+                grown[:self.rows] = self.values[name][:self.rows]
+            self.values[name] = grown
+        for name in self.ints:
+            grown = mapped_empty(capacity, bool)
+            if name in self.valid:
+                grown[:self.rows] = self.valid[name][:self.rows]
+            self.valid[name] = grown
+        self.capacity = capacity
 
-    def _status_descs(self, names: np.ndarray) -> None:
-        """Status rows get their group's desc when the name is known."""
-        descs = self._gather_codes("pg_desc")
-        desc_of_name = {}
-        for name, desc in self.group_desc.items():
-            desc_of_name[self.strings["pg_name"].lookup[name]] = self.strings["pg_desc"].lookup[desc]
-        status_rows = np.nonzero((descs < 0) & (names >= 0))[0]
-        for row in status_rows:
+    def take(self, rows: int) -> int:
+        """Room for a dump's rows; returns its first row."""
+        first = self.rows
+        self._grow(first + rows)
+        self.rows = first + rows
+        return first
+
+    # -- a dump's rows: [first, first + n) entries, [first + n, end) status rows
+
+    def put_value(self, name: str, first: int, end: int, value: int) -> None:
+        """One value on every row of the dump (rank, dump_id, ...)."""
+        if name in self.values:
+            self.values[name][first:end] = value
+
+    def put_codes(self, name: str, first: int, n: int, end: int, entries: np.ndarray,
+                  status: Sequence[int] | int = -1) -> None:
+        if name in self.values:
+            column = self.values[name]
+            column[first:first + n] = entries
+            column[first + n:end] = status
+
+    def put_ints(self, name: str, first: int, n: int, end: int, values: np.ndarray, valid: np.ndarray,
+                 status: Sequence[int | None] = ()) -> None:
+        """Entries' values and validity; status rows null (0), or the given values where not None."""
+        if name not in self.values:
+            return
+        column, known = self.values[name], self.valid[name]
+        column[first:first + n] = values
+        known[first:first + n] = valid
+        column[first + n:end] = 0
+        known[first + n:end] = False
+        for j, value in enumerate(status):
+            if value is not None:
+                column[first + n + j] = value
+                known[first + n + j] = True
+
+    def put_list(self, name: str, first: int, n: int, end: int, counts: np.ndarray | None,
+                 items: np.ndarray | _SizesColumn | None = None) -> None:
+        """A list column's per-entry counts (None: null on every entry) and items; status rows null."""
+        if name not in self.values:
+            return
+        column = self.values[name]
+        column[first:first + n] = -1 if counts is None else counts
+        column[first + n:end] = -1
+        if isinstance(items, _SizesColumn):
+            self.inner[name].append(items.ndims)
+            self.items[name].append(items.dims)
+        elif items is not None:
+            self.items[name].append(items)
+
+    def put_status_ids(self, first: int, ids: Sequence[str | None]) -> None:
+        for j, pid in enumerate(ids):
+            if pid is not None:
+                self.status_ids.append((first + j, pid))
+
+    def put_node(self, first: int, end: int, node: str | None) -> None:
+        if "node" in self.values:
+            self.nodes.append((first, end, node))
+
+    # -- the Arrow chunk
+
+    def build(self, strings: dict[str, _Strings], group_desc: dict[str, str],
+              identity: NodeIdentity | None) -> pa.Table:
+        """The chunk as an Arrow table (in the original reader's column order), and empty buffers for the next."""
+        total = self.rows
+        values = {name: column[:total] for name, column in self.values.items()}
+        valid = {name: known[:total] for name, known in self.valid.items()}
+        if "pg_id" in values:
+            ids = values["pg_id"]
+            for row, pid in self.status_ids:
+                ids[row] = strings["pg_id"].remap([pid], np.zeros(1, np.int32))[0]
+        if "node" in values:
+            nodes = values["node"]
+            for first, end, node in self.nodes:
+                node = identity.node if identity and identity.node else node
+                nodes[first:end] = strings["node"].remap([node], np.zeros(1, np.int32))[0] if node else -1
+        if self.status_desc:
+            self._status_descs(values["pg_desc"], values["pg_name"], strings, group_desc)
+        cols: dict[str, pa.Array] = {}
+        if "rank" in values:
+            cols["rank"] = pa.array(values["rank"], pa.int32())
+        for name in self.codes:
+            if name in self.wanted:
+                cols[name] = strings[name].array(values[name], True)
+        for name in self.ints:
+            arr = pa.array(values[name], pa.int64(), mask=~valid[name])
+            if name in _TIME_COLUMNS:
+                arr = arr.cast(pa.timestamp("ns", tz="UTC"))
+            if name in self.wanted:
+                cols[name] = arr
+            if name == "time_created" and "ts" in self.wanted:
+                cols["ts"] = pa.array(values["ts"], pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+        for name in self.flags:
+            flags = values[name]
+            cols[name] = pa.array(flags == 1, pa.bool_(), mask=flags < 0)
+        for name in self.lists:
+            cols[name] = self._list_array(name, values[name], strings)
+        self._reset()
+        return pa.table(cols)
+
+    @staticmethod
+    def _status_descs(descs: np.ndarray, names: np.ndarray, strings: dict[str, _Strings],
+                      group_desc: dict[str, str]) -> None:
+        """Rows without a desc take their group's, where the name is known."""
+        desc_of_name = {strings["pg_name"].lookup[name]: strings["pg_desc"].lookup[desc]
+                        for name, desc in group_desc.items()}
+        for row in np.nonzero((descs < 0) & (names >= 0))[0].tolist():
             descs[row] = desc_of_name.get(int(names[row]), -1)
-        self.cols["pg_desc"] = self.strings["pg_desc"].array(descs, True)
-        self._release("pg_desc")
 
-    def _ints(self) -> None:
-        for name in [*_INT_COLUMNS, *_STATUS_INDEX]:
-            if name in self.wanted:
-                values, valid = self._gather_int(name)
-                if name in _STATUS_INDEX:
-                    index = _STATUS_INDEX[name]
-                    for part, pos, n, _m in self.spans:
-                        for j, status in enumerate(part["status"]):
-                            if status[index] is not None:
-                                values[pos + n + j] = status[index]
-                                valid[pos + n + j] = True
-                self.cols[name] = pa.array(values, pa.int64(), mask=~valid)
-                self._release(name)
-
-    def _times(self) -> None:
-        for name in _TIME_COLUMNS:
-            if name in self.wanted or (name == "time_created" and "ts" in self.wanted):
-                values, valid = self._gather_int(name)
-                arr = pa.array(values, pa.int64(), mask=~valid).cast(pa.timestamp("ns", tz="UTC"))
-                if name in self.wanted:
-                    self.cols[name] = arr
-                if name == "time_created" and "ts" in self.wanted:
-                    self.cols["ts"] = self._ts(values, valid)
-            self._release(name)
-
-    def _ts(self, values: np.ndarray, valid: np.ndarray) -> pa.Array:
-        """An entry's creation time, else (and on status rows) the dump's time."""
-        ts = values.copy()
-        for part, pos, n, m in self.spans:
-            block = slice(pos, pos + n)
-            ts[block] = np.where(valid[block], values[block], part["dump_ts"])
-            ts[pos + n:pos + m] = part["dump_ts"]
-        return pa.array(ts, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
-
-    def _flags(self) -> None:
-        for name in ("is_p2p", "retired"):
-            if name in self.wanted:
-                flags = np.full(self.total, -1, np.int8)
-                for part, pos, n, _m in self.spans:
-                    flags[pos:pos + n] = part[name]
-                self.cols[name] = pa.array(flags == 1, pa.bool_(), mask=flags < 0)
-                self._release(name)
-
-    def _lists(self) -> None:
-        for name in ("input_sizes", "output_sizes"):
-            if name in self.wanted:
-                self.cols[name] = self._sizes_array(name)
-            self._release(name)
-        for name in ("input_dtypes", "output_dtypes", "frames"):
-            if name in self.wanted:
-                self.cols[name] = self._string_list_array(name)
-            self._release(name)
-
-    def _sizes_array(self, name: str) -> pa.Array:
-        counts, per_part = self._layout(name)
-        ndims = np.concatenate([p.ndims for p in per_part if p is not None] or [np.empty(0, np.int64)])
-        dims = np.concatenate([p.dims for p in per_part if p is not None] or [np.empty(0, np.int64)])
-        inner_offsets = np.zeros(ndims.shape[0] + 1, np.int32)
-        np.cumsum(ndims, out=inner_offsets[1:])
-        inner = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(dims, pa.int64()))
-        return _list_from_counts(counts, inner)
-
-    def _string_list_array(self, name: str) -> pa.Array:
-        counts, per_part = self._layout(name)
-        codes = np.concatenate([p[1] for p in per_part if p is not None] or [np.empty(0, np.int32)])
-        values = self.strings[name].array(codes.astype(np.int32), True)
+    def _list_array(self, name: str, counts: np.ndarray, strings: dict[str, _Strings]) -> pa.Array:
+        items = self.items[name]
+        if name in self.inner:
+            ndims = _joined(self.inner[name], np.int32)
+            dims = _joined(items, np.int64)
+            inner_offsets = mapped_empty(ndims.shape[0] + 1, np.int32)
+            np.cumsum(ndims, out=inner_offsets[1:])
+            values = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(dims, pa.int64()))
+        else:
+            values = strings[name].array(_joined(items, np.int32), True)
         return _list_from_counts(counts, values)
 
-    def _node(self) -> None:
-        if "node" not in self.wanted:
-            return
-        codes = np.empty(self.total, np.int32)
-        identity = self.identity
-        for part, pos, _n, m in self.spans:
-            node = identity.node if identity and identity.node else part["node"]
-            codes[pos:pos + m] = self.strings["node"].remap([node], np.zeros(1, np.int32))[0] if node else -1
-        self.cols["node"] = self.strings["node"].array(codes, True)
+
+def _joined(pieces: list[np.ndarray], dtype: type) -> np.ndarray:
+    """The pieces end to end, as `dtype` (memory.py: outside numpy's allocator)."""
+    out = mapped_empty(sum(piece.shape[0] for piece in pieces), dtype)
+    if pieces:
+        np.concatenate(pieces, out=out, casting="same_kind")
+    return out

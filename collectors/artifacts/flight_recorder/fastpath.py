@@ -52,7 +52,8 @@ class _Decoder:
         return self.buf[start:start + int(self.ilen[node])].tobytes()
 
     def text(self, node: int) -> str:
-        return self.raw(node).decode("utf-8", "replace")
+        raw = self.raw(node)
+        return _long_text(raw) if len(raw) >= _LONG_TEXT else raw.decode("utf-8", "replace")
 
     def value(self, node: int, depth: int = 0) -> Any:
         self.left -= 1
@@ -112,7 +113,10 @@ class _Decoder:
         return out
 
     def strings(self, nodes: np.ndarray, workspace: fast.Workspace) -> _StrColumn:
-        codes, distinct = workspace.intern(nodes)
+        return self.interned(*workspace.intern(nodes))
+
+    def interned(self, codes: np.ndarray, distinct: np.ndarray) -> _StrColumn:
+        """A string column from its codes and distinct nodes (fr_fastpickle.intern)."""
         texts = [self.text(node) for node in distinct.tolist()]
         if len(set(texts)) == len(texts):
             return _StrColumn(codes, texts)
@@ -133,6 +137,23 @@ class _Decoder:
 
 
 _local = threading.local()
+_LONG_TEXT = 4096  # bytes: a group's ranks as pg_config writes them, from a few hundred ranks on
+_LONG_TEXTS_KEPT = 256
+
+
+def _long_text(raw: bytes) -> str:
+    """A long string's text, as the same str object as the last one of its length when the bytes are the same
+    (compared, never hashed): the default group's ranks (~100 KB at 16,384 ranks) are the same in every dump, and
+    the caches keyed by that text (groups.parse_ranks) then hash it once, not once a dump. Per thread; bounded."""
+    kept: dict[int, tuple[bytes, str]] | None = getattr(_local, "long_texts", None)
+    if kept is None or len(kept) >= _LONG_TEXTS_KEPT:
+        kept = _local.long_texts = {}
+    last = kept.get(len(raw))
+    if last is not None and last[0] == raw:
+        return last[1]
+    text = raw.decode("utf-8", "replace")
+    kept[len(raw)] = (raw, text)
+    return text
 
 
 def _workspace() -> fast.Workspace:
@@ -189,16 +210,16 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
-    (ints, valid, strs, flags), counts, sizes, dtypes, frames, small = result[7:]
+    (ints, valid, _strs, flags), counts, sizes, _dtypes, frames, small, (codes, distinct), groups = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links, limits)
     top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
-    strings = {name: decoder.strings(strs[i], workspace) for i, name in enumerate(_STRING_FIELDS)}
+    strings = {name: decoder.interned(codes[i], distinct[i]) for i, name in enumerate(_STRING_FIELDS)}
     dtype_columns = {}
     for i, key in enumerate(("input_dtypes", "output_dtypes")):
-        column = decoder.strings(dtypes[i], workspace)
+        column = decoder.interned(codes[4 + i], distinct[4 + i])
         dtype_columns[key] = _ListColumn(counts[2 + i], column.codes, column.values)
     frame_column = _frame_column(decoder, workspace, frames, counts[4]) if max_frames > 0 else None
     dump = _Dump(
@@ -207,7 +228,7 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
         strings=strings,
         sizes={"input_sizes": _SizesColumn(counts[0], sizes[0], sizes[1]),
                "output_sizes": _SizesColumn(counts[1], sizes[2], sizes[3])},
-        dtypes=dtype_columns, frames=frame_column,
+        dtypes=dtype_columns, frames=frame_column, pg_groups=groups,
     )
     dump.rank = -1 if top.get("rank") is None else _as_int(top.get("rank"), "rank")
     return dump

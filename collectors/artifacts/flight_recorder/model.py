@@ -115,3 +115,5 @@ class _Dump:
     dtypes: dict[str, _ListColumn]
     frames: _ListColumn | None
     mtime_ns: int = 0
+    # pg_id's distinct values, the first entry of each and each entry's index into them, when the parser has them
+    pg_groups: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
