@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from faultlens.attribution.detectors.hang.columns import LazyColumn
+from faultlens.attribution.detectors.hang.columns import LazyColumn, take_rows
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
@@ -115,7 +115,7 @@ def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_
                 pg_ranks = table.column("pg_ranks").slice(part.start, len(part.rank))
                 rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & named)[0]
                 if rows.shape[0]:
-                    for row, value in zip(rows, pg_ranks.take(pa.array(rows)).to_pylist(), strict=True):
+                    for row, value in zip(rows, take_rows(pg_ranks, rows).to_pylist(), strict=True):
                         if value:
                             out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
             out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from faultlens.attribution.detectors.hang.columns import LazyColumn, int_column
+from faultlens.attribution.detectors.hang.columns import LazyColumn, int_column, take_rows
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder
 from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, ranks_text
 from faultlens.attribution.detectors.hang.kernels import combine_signatures, row_signatures
@@ -74,7 +74,7 @@ class _KeyDetails:
         self.index = index
         needed = [c for c in ("rank", "op", "pg_id", "input_sizes", "input_dtypes") if c in table.column_names]
         small = table.select(needed)
-        taken = small.take(pa.array(all_rows)) if all_rows.shape[0] else small.slice(0, 0)
+        taken = take_rows(small, all_rows) if all_rows.shape[0] else small.slice(0, 0)
         self.rank = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
         self.time, self.time_valid = times.at(all_rows)
         n = taken.num_rows
@@ -156,7 +156,7 @@ def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
     keys = list(rows_of)
     all_rows = np.concatenate([rows_of[k] for k in keys])
     needed = [c for c in ("rank", "op", "input_sizes", "input_dtypes") if c in table.column_names]
-    taken = table.select(needed).take(pa.array(all_rows))
+    taken = take_rows(table.select(needed), all_rows)
     n = taken.num_rows
     ops = decoder.ops.codes(taken.column("op") if "op" in needed else None, n)
     size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in needed else None,
@@ -221,7 +221,7 @@ def _p2p_divergences(analysis: Analysis, table: pa.Table, rows: np.ndarray, deco
                      times: LazyColumn) -> None:
     if "p2p_seq_id" not in table.column_names or rows.shape[0] == 0:
         return
-    taken = table.take(pa.array(rows))
+    taken = take_rows(table, rows)
     part = SliceDecoder.decode(_replace_table(decoder, taken), 0, taken.num_rows)
     p2p_seq, p2p_valid = int_column(taken.column("p2p_seq_id"))
     created, created_valid = times.at(rows)

@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
-import pyarrow as pa
 
-from faultlens.attribution.detectors.hang.columns import LazyColumn
+from faultlens.attribution.detectors.hang.columns import LazyColumn, take_rows
 from faultlens.attribution.detectors.hang.decode import SliceDecoder, key_codes, key_parts, member_of
 from faultlens.attribution.detectors.hang.graph import Analysis
 from faultlens.attribution.detectors.hang.skips import groups_by_role
@@ -147,7 +146,7 @@ class Lookups:
         if not rows_of:
             return
         all_rows = np.concatenate(list(rows_of.values()))
-        ranks = self.decoder.table.column("rank").take(pa.array(all_rows)).to_numpy(zero_copy_only=False)
+        ranks = take_rows(self.decoder.table.column("rank"), all_rows).to_numpy()
         records, _ = LazyColumn(self.decoder.table, "record_id").at(all_rows)
         i = 0
         for key, rows in rows_of.items():
