@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.hang.columns import LazyColumn, take_rows
-from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder
+from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder, present_codes
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
     _break_ties,
@@ -101,13 +101,13 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
 
 def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:
     """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence. Each slice is
-    decoded here and aggregated on a second thread (pyarrow's group-bys and the signature kernels release the
-    GIL) while the next one is decoded; the parts keep the slices' order."""
+    decoded and its row signatures computed here, and aggregated on a second thread (pyarrow's group-bys release
+    the GIL) while the next one is decoded; the parts keep the slices' order."""
     out = _PassOne()
     pending: deque[Future[tuple[pa.Table, pa.Table, pa.Table]]] = deque()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-pass-one") as pool:
         for part in decoder.slices():
-            out.dumped.update(int(r) for r in np.unique(part.rank) if r >= 0)
+            out.dumped.update(present_codes(part.rank).tolist())
             named = part.group >= 0
             desc = decoder.descs.codes(table.column("pg_desc").slice(part.start, len(part.rank)), len(part.rank)) \
                 if "pg_desc" in table.column_names else np.full(len(part.rank), -1, np.int32)
@@ -120,7 +120,9 @@ def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_
                             out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
             out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
             ops = list(decoder.ops.values)  # the op names decoded so far (the next slice's decode may add some)
-            pending.append(pool.submit(_slice_aggregates, part, named, desc, sizes_column, dtypes_column, ops))
+            # the signature kernels here (no GIL), the group-bys there: the two threads' shares about even
+            signatures = _signatures(part, np.nonzero(part.coll)[0], sizes_column, dtypes_column, ops)
+            pending.append(pool.submit(_slice_aggregates, part, named, desc, signatures))
             while len(pending) > 1:  # at most one slice aggregated while the next is decoded: bounded memory
                 _collect(out, pending.popleft().result())
         while pending:
@@ -135,8 +137,8 @@ def _collect(out: _PassOne, aggregates: tuple[pa.Table, pa.Table, pa.Table]) -> 
     out.signature_parts.append(signatures)
 
 
-def _slice_aggregates(part: DecodedSlice, named: np.ndarray, desc: np.ndarray, sizes_column: Any,
-                      dtypes_column: Any, ops: list[Any]) -> tuple[pa.Table, pa.Table, pa.Table]:
+def _slice_aggregates(part: DecodedSlice, named: np.ndarray, desc: np.ndarray,
+                      signatures: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
     """One slice's pass-1 aggregates: members seen (and their descs) from its non-collective named rows (status
     rows, p2p entries; collective rows come with the progress aggregate), progress per (group, rank), signatures
     per (group, seq)."""
@@ -154,9 +156,7 @@ def _slice_aggregates(part: DecodedSlice, named: np.ndarray, desc: np.ndarray, s
         "d": pa.array(c_desc, mask=c_desc < 0),
     }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_incomplete", "max"),
                                        ("s_started", "max"), ("s_complete", "max"), ("d", "min")])
-    signatures = _signatures(part, rows, sizes_column, dtypes_column, ops).group_by(["g", "s"]).aggregate(
-        [("sig", "min"), ("sig", "max")])
-    return seen, progress, signatures
+    return seen, progress, signatures.group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")])
 
 
 def _membership(first: _PassOne, agg: pa.Table, decoder: SliceDecoder,

@@ -197,13 +197,13 @@ class SliceDecoder:
         """A slice decoded; at its first decode, what it holds and its index are noted."""
         part = self.decode(start, stop - start)
         if start not in self.holds:
-            self.holds[start] = (_present(part.rank[part.coll]), _present(part.group[part.coll]))
+            self.holds[start] = (present_codes(part.rank[part.coll]), present_codes(part.group[part.coll]))
             self.index[start] = SliceIndex(start, np.where(part.coll, part.group, -1).astype(np.int32),
                                            part.seq.astype(np.int64, copy=False), part.rank, part.complete)
         return part
 
 
-def _present(codes: np.ndarray) -> np.ndarray:
+def present_codes(codes: np.ndarray) -> np.ndarray:
     """The distinct non-negative codes, sorted (a count per code: no sort of a slice's millions of rows)."""
     codes = codes[codes >= 0]
     if codes.shape[0] == 0:
