@@ -22,25 +22,39 @@ class _Strings:
         self.values: list[str] = []
         self.tables: dict[tuple[str, ...], np.ndarray] = {}  # a dump's vocabulary -> its codes (remap)
 
-    def remap(self, column_values: Sequence[str], codes: np.ndarray) -> np.ndarray:
-        """A dump's local codes (-1 = null) as codes of this set-wide dictionary."""
-        if not column_values:
-            return codes.astype(np.int32, copy=False)
+    def code(self, value: str | None) -> int:
+        """The set-wide code of one value (-1: none)."""
+        if value is None:
+            return -1
+        code = self.lookup.get(value)
+        if code is None:
+            code = self.lookup[value] = len(self.values)
+            self.values.append(value)
+        return code
+
+    def table(self, column_values: Sequence[str]) -> np.ndarray:
+        """The set-wide code of each of a dump's local values, plus -1 last (where a null's code -1 lands); a code,
+        once given, never changes, so the table of one vocabulary is good for every later dump that has it."""
         key = tuple(column_values)
         table = self.tables.get(key)
         if table is None:
-            # the set-wide code of each local value, plus -1 last (where a null's code -1 lands); a code, once
-            # given, never changes, so the table of one vocabulary is good for every later dump that has it
-            table = np.empty(len(column_values) + 1, np.int32)
-            for i, value in enumerate(column_values):
+            table = np.empty(len(key) + 1, np.int32)
+            for i, value in enumerate(key):
                 code = self.lookup.get(value)
                 if code is None:
                     code = self.lookup[value] = len(self.values)
                     self.values.append(value)
                 table[i] = code
             table[-1] = -1
-            if len(column_values) <= _MAX_CACHED_VOCABULARY and len(self.tables) < _MAX_VOCABULARIES:
+            if len(key) <= _MAX_CACHED_VOCABULARY and len(self.tables) < _MAX_VOCABULARIES:
                 self.tables[key] = table
+        return table
+
+    def remap(self, column_values: Sequence[str], codes: np.ndarray) -> np.ndarray:
+        """A dump's local codes (-1 = null) as codes of this set-wide dictionary."""
+        if not column_values:
+            return codes.astype(np.int32, copy=False)
+        table = self.table(column_values)
         if codes.shape[0] and int(codes.min()) < -1:  # never from the parsers; kept null rather than wrapped
             codes = np.where(codes < 0, -1, codes)
         return table[codes]

@@ -66,9 +66,10 @@ class _Assembly:
     world_size: int | None = None
     all_ranks: set[int] = field(default_factory=set)
     max_world_size: int | None = None  # fr_limits' (read once per set, not per dump)
+    compiled: bool = False  # the chunk buffers written through numba kernels (the sets the fast path reads)
 
     def __post_init__(self) -> None:
-        self.buffers = _ChunkBuffers(self.columns)
+        self.buffers = _ChunkBuffers(self.columns, self.compiled)
 
     def add(self, dump: _Dump, dump_id: str) -> None:
         self.all_ranks.add(dump.rank)
@@ -86,7 +87,8 @@ class _Assembly:
         self._add_lists(dump, first, n, end)
         self._add_membership(dump, names, descs)
         id_to_name = dict(zip(id_values, names[first_row_of_id].tolist(), strict=True))
-        self.buffers.put_codes("pg_name", first, n, end, names, [id_to_name.get(pid, -1) for pid in status_ids])
+        self.buffers.put_codes("pg_name", first, n, end, None if self.buffers.fill is not None else names,
+                               [id_to_name.get(pid, -1) for pid in status_ids])
         self.buffers.put_status_ids(first + n, status_ids)
         self._add_dump_values(dump, dump_id, first, end)
         self.rows += end - first
@@ -96,7 +98,7 @@ class _Assembly:
 
     def _code(self, name: str, value: str | None) -> int:
         """The set-wide code of one value of a column (-1: none)."""
-        return -1 if value is None else int(self.strings[name].remap([value], np.zeros(1, np.int32))[0])
+        return self.strings[name].code(value)
 
     def _add_groups(self, dump: _Dump, first: int,
                     end: int) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray]:
@@ -106,12 +108,11 @@ class _Assembly:
         codes = {}
         for key in ("pg_name", "op", "state", "pg_desc"):  # pg_name: the group key (name, else local id)
             column = dump.strings[key]
-            codes[key] = self.strings[key].remap(column.values, column.codes)
-        for key in ("op", "state", "pg_desc"):
-            self.buffers.put_codes(key, first, n, end, codes[key])
+            # pg_name's status rows: written at the end of add
+            codes[key] = self.buffers.put_mapped(key, first, n, end, self.strings[key], column.values, column.codes)
         unique_ids, first_rows, local_codes = dump.pg_groups or _unique_first(*dump.pg_id)
         id_values = [str(v) for v in unique_ids.tolist()]
-        self.buffers.put_codes("pg_id", first, n, end, self.strings["pg_id"].remap(id_values, local_codes))
+        self.buffers.put_mapped("pg_id", first, n, end, self.strings["pg_id"], id_values, local_codes)
         return codes["pg_name"], codes["pg_desc"], id_values, local_codes, first_rows
 
     def _add_values(self, dump: _Dump, first: int, end: int) -> None:
@@ -124,13 +125,12 @@ class _Assembly:
             if column not in self.buffers.values:
                 continue
             values, valid = dump.ints[key]
-            if column != "time_created":
-                valid = valid & (values != 0)  # the JSON form writes 0 for "not seen"
-            self.buffers.put_ints(column, first, n, end, values, valid)
+            # the JSON form writes 0 for "not seen"
+            self.buffers.put_ints(column, first, n, end, values, valid, nonzero=column != "time_created")
         if "ts" in self.columns:  # an entry's creation time, else (and on status rows) the dump's time
             created, created_valid = dump.ints["time_created_ns"]
-            self.buffers.put_codes("ts", first, n, end, np.where(created_valid, created, self._dump_ts(dump)),
-                                   self._dump_ts(dump))
+            dump_ts = self._dump_ts(dump)
+            self.buffers.put_codes("ts", first, n, end, np.where(created_valid, created, dump_ts), dump_ts)
         self.buffers.put_codes("is_p2p", first, n, end, dump.is_p2p)
         self.buffers.put_codes("retired", first, n, end, dump.retired)
 
@@ -174,7 +174,10 @@ class _Assembly:
         """Membership evidence of the dump's groups: the config where it is sound, else the ranks seen in
         entries (rebuild_membership)."""
         base = self.rows
-        names_in_dump, first_rows = np.unique(names, return_index=True)
+        if self.buffers.fill is not None:  # codes below -1 never come: put_mapped writes -1 for those
+            names_in_dump, first_rows = self.buffers.fill.first_rows(names, len(self.strings["pg_name"].values))
+        else:
+            names_in_dump, first_rows = np.unique(names, return_index=True)
         for code, first in zip(names_in_dump.tolist(), first_rows.tolist(), strict=True):
             if code < 0:
                 continue

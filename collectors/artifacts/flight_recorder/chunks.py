@@ -5,6 +5,7 @@ once, straight into its column: no per-dump pieces are held and gathered again."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 
 import numpy as np
 import pyarrow as pa
@@ -24,8 +25,10 @@ class _ChunkBuffers:
     """The columns of the chunk being filled (the wanted ones, and those another needs: time_created for ts,
     pg_name for the status rows' pg_desc)."""
 
-    def __init__(self, wanted: set[str]) -> None:
+    def __init__(self, wanted: set[str], compiled: bool = False) -> None:
         self.wanted = wanted
+        # the writes through fill.py's kernels (sets the fast path reads), else numpy (no numba compile)
+        self.fill = _fill() if compiled else None
         # rows a new chunk's buffers hold: small for a small set; after a chunk is built, that chunk's size and
         # an eighth, so that the chunks after the first are written once (outgrown, buffers are copied into
         # twice the room)
@@ -88,23 +91,44 @@ class _ChunkBuffers:
         if name in self.values:
             self.values[name][first:end] = value
 
-    def put_codes(self, name: str, first: int, n: int, end: int, entries: np.ndarray,
+    def put_codes(self, name: str, first: int, n: int, end: int, entries: np.ndarray | None,
                   status: Sequence[int] | int = -1) -> None:
+        """Entries' codes (None: written already, by put_mapped) and the status rows'."""
         if name in self.values:
             column = self.values[name]
-            column[first:first + n] = entries
+            if entries is not None:
+                if self.fill is not None and isinstance(status, int) and entries.shape[0] == n:
+                    self.fill.put_copy(column, first, n, end, entries, status)
+                    return
+                column[first:first + n] = entries
             column[first + n:end] = status
 
+    def put_mapped(self, name: str, first: int, n: int, end: int, strings: _Strings, column_values: Sequence[str],
+                   codes: np.ndarray) -> np.ndarray:
+        """A dump's local string codes as the set's (strings.remap) on its entries, status rows -1; returns the
+        entries' set-wide codes (a view of the column while the dump is added)."""
+        if self.fill is None or name not in self.values:
+            mapped = strings.remap(column_values, codes)
+            self.put_codes(name, first, n, end, mapped)
+            return mapped
+        column = self.values[name]
+        self.fill.put_mapped(column, first, n, end, strings.table(column_values), codes, -1)
+        return column[first:first + n]
+
     def put_ints(self, name: str, first: int, n: int, end: int, values: np.ndarray, valid: np.ndarray,
-                 status: Sequence[int | None] = ()) -> None:
-        """Entries' values and validity; status rows null (0), or the given values where not None."""
+                 status: Sequence[int | None] = (), nonzero: bool = False) -> None:
+        """Entries' values and validity (nonzero: a 0 is not valid); status rows null (0), or the given values
+        where not None."""
         if name not in self.values:
             return
         column, known = self.values[name], self.valid[name]
-        column[first:first + n] = values
-        known[first:first + n] = valid
-        column[first + n:end] = 0
-        known[first + n:end] = False
+        if self.fill is not None:
+            self.fill.put_ints(column, known, first, n, end, values, valid, nonzero)
+        else:
+            column[first:first + n] = values
+            known[first:first + n] = valid & (values != 0) if nonzero else valid
+            column[first + n:end] = 0
+            known[first + n:end] = False
         for j, value in enumerate(status):
             if value is not None:
                 column[first + n + j] = value
@@ -116,8 +140,11 @@ class _ChunkBuffers:
         if name not in self.values:
             return
         column = self.values[name]
-        column[first:first + n] = -1 if counts is None else counts
-        column[first + n:end] = -1
+        if self.fill is not None and counts is not None:
+            self.fill.put_copy(column, first, n, end, counts, -1)
+        else:
+            column[first:first + n] = -1 if counts is None else counts
+            column[first + n:end] = -1
         if isinstance(items, _SizesColumn):
             self.inner[name].append(items.ndims)
             self.items[name].append(items.dims)
@@ -194,6 +221,13 @@ class _ChunkBuffers:
         else:
             values = strings[name].array(_joined(items, np.int32), True)
         return _list_from_counts(counts, values)
+
+
+def _fill() -> ModuleType:
+    """fill.py, imported where used: numba loads for the sets the fast path reads only."""
+    from faultlens.collectors.artifacts.flight_recorder import fill
+
+    return fill
 
 
 def _joined(pieces: list[np.ndarray], dtype: type) -> np.ndarray:

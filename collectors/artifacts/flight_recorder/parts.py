@@ -105,7 +105,8 @@ def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], d
                fast_path: bool, workers: int, dir_name: str, identity: NodeIdentity | None,
                limits: DumpLimits | None = None) -> _Part:
     limits = limits or default_limits()
-    assembly = _Assembly(columns=wanted, dictionary=dictionary, max_world_size=limits.max_world_size)
+    assembly = _Assembly(columns=wanted, dictionary=dictionary, max_world_size=limits.max_world_size,
+                         compiled=fast_path)
     part = _Part(assembly, [], [], [])
     seen_ranks: dict[int, str] = {}
     for result in _loaded(primary, _loader(twins, max_frames, fast_path, limits), workers):
