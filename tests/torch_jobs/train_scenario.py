@@ -86,6 +86,13 @@ class Job:
         _write_json(self.artifacts / "progress" / f"rank_{self.rank}.json",
                     {"rank": self.rank, "pid": os.getpid(), "step": step, "point": point, **extra})
 
+    def wait_for_markers(self, others: tuple[int, ...], wait_s: float = 120.0, settle_s: float = 0.3) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not all(
+                (self.artifacts / "progress" / f"rank_{r}.json").exists() for r in others):
+            time.sleep(0.02)
+        time.sleep(settle_s)  # from the marker into the blocking wait
+
     def world_name(self) -> str:
         return dist.distributed_c10d._get_process_group_name(dist.group.WORLD)
 
@@ -102,6 +109,9 @@ class Job:
                     if self.scenario == "crash_exception" and self.rank == 2 and step == FAULT_STEP:
                         raise ValueError(f"injected bug: loss became nan at step {step} on rank {self.rank}")
                     if self.scenario == "crash_sigkill" and self.rank == 1 and step == FAULT_STEP:
+                        # killed once the others are inside this step's all_reduce (their markers), not at a
+                        # moment that depends on the machine's load: they always fail in it, and dump on the way out
+                        self.wait_for_markers(others=(0, 2, 3))
                         os.kill(os.getpid(), signal.SIGKILL)
                     if self.scenario == "straggler" and self.rank == STRAGGLER_RANK:
                         time.sleep(STRAGGLER_EXTRA_S)
@@ -127,6 +137,8 @@ class Job:
         grads = torch.cat([p.grad.reshape(-1) for p in self.model.parameters()])
         world = self.world_name()
         hanging = self.scenario in ("hang", "subgroup_hang")
+        if self.scenario == "crash_sigkill" and step == FAULT_STEP and self.rank != 1:
+            self.mark("world all_reduce", step, group=world, next_seq=_next_seq(world))
         if self.scenario == "hang" and step == FAULT_STEP:
             if self.rank == 2:
                 # the bug: rank 2 skips this all_reduce and is stuck outside any collective (a wedged loader)
