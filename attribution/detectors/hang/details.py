@@ -274,6 +274,7 @@ def _replace_table(decoder: SliceDecoder, table: pa.Table) -> SliceDecoder:
     clone = SliceDecoder.__new__(SliceDecoder)
     clone.__dict__.update(decoder.__dict__)
     clone.table = table
+    clone.holds, clone.index = {}, {}  # what the original's slices hold and their index are not this table's
     return clone
 
 
