@@ -80,14 +80,15 @@ tests/torch_jobs/hang_heldout holds 30 real gloo sets of other shapes (4 to 16 r
 without descs or from new_subgroups, a 4-stage pipeline, the default group alone).
 
 Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and per-(group, seq)
-signature extremes, pass 2 fetches the rows of the few keys that need detail. 16,384 ranks x 2,000 entries is
-~33 M rows; see bench/bench_hang.py.
+signature extremes, in compiled hash tables filled as each slice is decoded (aggregate.py), pass 2 fetches the rows
+of the few keys that need detail. 16,384 ranks x 2,000 entries is ~33 M rows; see bench/bench_hang.py.
 
 from __future__ import annotations
 
 
-Modules: report (the public types), columns and decode (the table in dense codes, in slices), graph (the wait-for
-graph's parts), analyze (analyze_collectives: the two passes), details (the second pass' per-key detail), partners
+Modules: report (the public types), columns and decode (the table in dense codes, in slices), kernels (compiled
+row signatures and decode steps), aggregate (pass 1's hash tables), graph (the wait-for graph's parts), analyze
+(analyze_collectives: the two passes), details (the second pass' per-key detail), partners
 (mismatches a lost dump hides), waits (the waits on ranks without a dump), roots (deciding the independent roots),
 missing_roots (which roots of ranks without a dump stand), skips (breaking cycles: who skipped a collective),
 describe (a root's kind, evidence and confidence; the report), stacks (Python stacks carried in the table's

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from faultlens.attribution.detectors.hang.aggregate import ProgressTable, SignatureTable
 from faultlens.attribution.detectors.hang.columns import LazyColumn, take_rows
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder, present_codes
 from faultlens.attribution.detectors.hang.describe import report_empty
@@ -30,10 +30,7 @@ from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
 from faultlens.attribution.detectors.hang.waits import settle_missing
 
-
-def _group_max(tables: list[pa.Table], keys: list[str], aggregations: list[tuple[str, str]]) -> pa.Table:
-    merged = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-    return merged.group_by(keys).aggregate(aggregations)
+MAX_MISMATCH_KEYS = 256  # (group, seq) keys of mismatching signatures examined in detail
 
 
 @dataclass
@@ -41,9 +38,8 @@ class _PassOne:
     """What pass 1 gathers over the table's slices."""
 
     dumped: set[int] = field(default_factory=set)
-    progress_parts: list[pa.Table] = field(default_factory=list)
-    signature_parts: list[pa.Table] = field(default_factory=list)
-    seen_parts: list[pa.Table] = field(default_factory=list)
+    progress: ProgressTable = field(default_factory=ProgressTable)
+    signatures: SignatureTable = field(default_factory=SignatureTable)
     configured: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
     p2p_rows: list[np.ndarray] = field(default_factory=list)
 
@@ -72,9 +68,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     first = _pass_one(table, decoder, sizes_column, dtypes_column)
     if not first.dumped:
         return report_empty(expected_ranks)
-    agg = _group_max(first.progress_parts, ["g", "r"], [("s_max", "max"), ("s_incomplete_min", "min"),
-                                                        ("s_incomplete_max", "max"), ("s_started_max", "max"),
-                                                        ("s_complete_max", "max"), ("d_min", "min")])
+    agg = first.progress.progress()
     analysis = _membership(first, agg, decoder, expected_ranks)
     progress = _progress(agg)
     # completion is evidence only where entries carry device states (NCCL's 'started'/'completed'); gloo's are
@@ -82,9 +76,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     # before its last barrier was retired is no stalled rank), so there only entering is compared
     device_states = any(str(v) in ("started", "completed") for v in decoder.states.values)
     pending, stuck_pending = _group_divergences(analysis, progress, device_states)
-    bad_keys = _mismatching_keys(first.signature_parts)
-    first.signature_parts.clear()
-    first.progress_parts.clear()
+    bad_keys = first.signatures.differing(MAX_MISMATCH_KEYS)  # (group, seq) whose ranks disagree
+    first.signatures = SignatureTable()
     times = _pass_two(analysis, table, decoder, pending, stuck_pending, bad_keys, sizes_column, dtypes_column)
     _break_ties(analysis, decoder, table)
     partner_mismatches(analysis, decoder, table, times, {g: max(v[0] for v in by_rank.values())
@@ -101,10 +94,10 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
 
 def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:
     """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence. Each slice is
-    decoded and its row signatures computed here, and aggregated on a second thread (pyarrow's group-bys release
-    the GIL) while the next one is decoded; the parts keep the slices' order."""
-    out = _PassOne()
-    pending: deque[Future[tuple[pa.Table, pa.Table, pa.Table]]] = deque()
+    decoded and its row signatures computed here, and added to the aggregates (aggregate.py, compiled, no GIL) on a
+    second thread while the next one is decoded, in the slices' order."""
+    out = _PassOne(signatures=SignatureTable(table.num_rows))
+    pending: deque[Future[None]] = deque()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-pass-one") as pool:
         for part in decoder.slices():
             out.dumped.update(present_codes(part.rank).tolist())
@@ -120,49 +113,27 @@ def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_
                             out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
             out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
             ops = list(decoder.ops.values)  # the op names decoded so far (the next slice's decode may add some)
-            # the signature kernels here (no GIL), the group-bys there: the two threads' shares about even
-            signatures = _signatures(part, np.nonzero(part.coll)[0], sizes_column, dtypes_column, ops)
-            pending.append(pool.submit(_slice_aggregates, part, named, desc, signatures))
+            coll_rows = np.nonzero(part.coll)[0]
+            signatures = _signatures(part, coll_rows, sizes_column, dtypes_column, ops)
+            pending.append(pool.submit(_add_slice, out, part, desc, coll_rows, signatures))
             while len(pending) > 1:  # at most one slice aggregated while the next is decoded: bounded memory
-                _collect(out, pending.popleft().result())
+                pending.popleft().result()
         while pending:
-            _collect(out, pending.popleft().result())
+            pending.popleft().result()
     return out
 
 
-def _collect(out: _PassOne, aggregates: tuple[pa.Table, pa.Table, pa.Table]) -> None:
-    seen, progress, signatures = aggregates
-    out.seen_parts.append(seen)
-    out.progress_parts.append(progress)
-    out.signature_parts.append(signatures)
-
-
-def _slice_aggregates(part: DecodedSlice, named: np.ndarray, desc: np.ndarray,
-                      signatures: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """One slice's pass-1 aggregates: members seen (and their descs) from its non-collective named rows (status
-    rows, p2p entries; collective rows come with the progress aggregate), progress per (group, rank), signatures
-    per (group, seq)."""
-    other = np.nonzero(named & ~part.coll)[0]
-    seen = pa.table({"g": part.group[other], "r": part.rank[other],
-                     "d": pa.array(desc[other], mask=desc[other] < 0)}).group_by(["g", "r"]).aggregate([("d", "min")])
-    rows = np.nonzero(part.coll)[0]
-    c_seq = part.seq[rows]
-    c_desc = desc[rows]
-    progress = pa.table({
-        "g": part.group[rows], "r": part.rank[rows], "s": c_seq,
-        "s_incomplete": pa.array(c_seq, mask=part.complete[rows]),
-        "s_started": pa.array(c_seq, mask=~part.started[rows]),
-        "s_complete": pa.array(c_seq, mask=~part.complete[rows]),
-        "d": pa.array(c_desc, mask=c_desc < 0),
-    }).group_by(["g", "r"]).aggregate([("s", "max"), ("s_incomplete", "min"), ("s_incomplete", "max"),
-                                       ("s_started", "max"), ("s_complete", "max"), ("d", "min")])
-    return seen, progress, signatures.group_by(["g", "s"]).aggregate([("sig", "min"), ("sig", "max")])
+def _add_slice(out: _PassOne, part: DecodedSlice, desc: np.ndarray, coll_rows: np.ndarray,
+               signatures: np.ndarray) -> None:
+    """One slice into the pass-1 aggregates (one thread at a time: the pool has one worker)."""
+    out.progress.add(part.group, part.rank, part.seq, part.coll, part.complete, part.started, desc)
+    out.signatures.add(coll_rows, part.group, part.seq, signatures, len(part.rank))
 
 
 def _membership(first: _PassOne, agg: pa.Table, decoder: SliceDecoder,
                 expected_ranks: Sequence[int] | None) -> Analysis:
     """Each group's members (its config where sound, else the ranks seen in it), the expected and missing ranks."""
-    seen_table = _group_max(first.seen_parts, ["g", "r"], [("d_min", "min")])
+    seen_table = first.progress.seen()
     group_descs: dict[int, str | None] = {}
     seen: dict[int, set[int]] = defaultdict(set)
     for keys in (seen_table, agg):
@@ -300,14 +271,6 @@ def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], pr
                         f"started on rank(s) {ranks_text(waiters)}, not on rank(s) {ranks_text(laggards)}"))
     elif (any if device_states else all)(by_rank[r][3] for r in present) and not any_missing:
         stuck_pending.append((g, c_min + 1, tuple(sorted(r for r in present if by_rank[r][3]))))
-
-
-def _mismatching_keys(signature_parts: list[pa.Table]) -> list[tuple[int, int]]:
-    """(group, seq) keys whose ranks disagree on the collective's op, sizes or dtypes (at most 256)."""
-    sig = _group_max(signature_parts, ["g", "s"], [("sig_min", "min"), ("sig_max", "max")])
-    differ = pc.not_equal(sig.column("sig_min_min"), sig.column("sig_max_max")).to_numpy(zero_copy_only=False)
-    return list(zip(sig.column("g").to_numpy()[differ].tolist(), sig.column("s").to_numpy()[differ].tolist(),
-                    strict=True))[:256]
 
 
 def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pending: _Pending,

@@ -8,15 +8,47 @@ import pyarrow as pa
 # columns
 
 
-def int_column(column: pa.ChunkedArray, fill: int = -1) -> tuple[np.ndarray, np.ndarray]:
+def single_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one array (no copy where it has one chunk)."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    return column
+
+
+def primitive_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
+    """A fixed-width array's values as a (read-only) view of its buffer, nulls left as they lie, and its validity
+    (None where it has no null): no copy, no fill (Arrow's fill_null copies the whole array)."""
+    buffers = array.buffers()
+    plain = pa.Array.from_buffers(array.type, len(array), [None, buffers[1]], offset=array.offset)
+    values = plain.to_numpy(zero_copy_only=True)
+    if not array.null_count:
+        return values, None
+    bits = np.frombuffer(buffers[0], np.uint8)
+    valid = np.unpackbits(bits, bitorder="little", count=array.offset + len(array))[array.offset:].view(bool)
+    return values, valid
+
+
+def int_column(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """An integer (or timestamp) column as int64 values with nulls as `fill`, and its validity."""
     if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit
         column = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64())
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not array.null_count:  # (no copy to fill nulls)
-        return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False), np.ones(len(array), bool)
-    valid = ~array.is_null().to_numpy(zero_copy_only=False)
-    values = array.fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    return values, valid
+    array = single_chunk(column)
+    if len(array) == 0:
+        return np.empty(0, np.int64), np.empty(0, bool)
+    values, valid = primitive_values(array)
+    values = values.astype(np.int64, copy=False)
+    if valid is None:
+        return values, np.ones(len(array), bool)
+    return np.where(valid, values, fill), valid
+
+
+def code_column(array: pa.Array) -> np.ndarray:
+    """An integer array (a dictionary's indices) as int32 values, -1 where null."""
+    if len(array) == 0:
+        return np.empty(0, np.int32)
+    values, valid = primitive_values(array)
+    values = values.astype(np.int32, copy=False)
+    return values if valid is None else np.where(valid, values, np.int32(-1))
 
 
 def take_rows(data: pa.Table | pa.ChunkedArray, rows: np.ndarray) -> pa.Table | pa.ChunkedArray:

@@ -9,7 +9,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from faultlens.attribution.detectors.hang.columns import bool_column, int_column
+from faultlens.attribution.detectors.hang.columns import (
+    bool_column,
+    code_column,
+    int_column,
+    primitive_values,
+    single_chunk,
+)
+from faultlens.attribution.detectors.hang.kernels import group_codes, remap_codes
 from faultlens.attribution.detectors.hang.report import P2P_OP
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -17,6 +24,7 @@ from faultlens.attribution.detectors.hang.report import P2P_OP
 
 
 SLICE_ROWS = 1 << 22  # rows decoded at a time: bounds the analysis' own memory on 33 M-row sets
+_NO_MASK = np.empty(0, bool)  # remap_codes: every value valid
 _SHIFT = 40  # (group, seq) -> group << 40 | seq: sequence ids stay below 2^40
 
 
@@ -60,9 +68,11 @@ class _GlobalCodes:
         for chunk in column.chunks:
             if not pa.types.is_dictionary(chunk.type):
                 chunk = pc.dictionary_encode(chunk)
-            indices = chunk.indices if not chunk.indices.null_count else chunk.indices.fill_null(-1)
-            local = indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-            pieces.append(self._remap(chunk.dictionary)[local])
+            values, valid = primitive_values(chunk.indices)
+            codes, bad = remap_codes(values, _NO_MASK if valid is None else valid, self._remap(chunk.dictionary)[:-1])
+            if bad:
+                raise IndexError(f"dictionary index out of range in {bad} row(s)")
+            pieces.append(codes)
         return np.concatenate(pieces) if pieces else np.empty(0, np.int32)
 
 
@@ -108,6 +118,10 @@ class SliceDecoder:
         self.states = _GlobalCodes()
         self.group_of: dict[tuple[str, Any], int] = {}
         self.group_names: list[str] = []
+        # per name code, its group (-1: an empty name) and whether it is empty; per id code, its group (_groups)
+        self._name_group: list[int] = []
+        self._name_empty: list[bool] = []
+        self._id_group: list[int] = []
         # per slice start: the ranks and the groups of its collective entries (sorted codes), noted as a slice is
         # first decoded, so that a later pass after a few ranks or groups decodes only the slices holding them
         self.holds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -116,20 +130,17 @@ class SliceDecoder:
     def column(self, part: pa.Table, name: str) -> pa.ChunkedArray | None:
         return part.column(name) if name in part.column_names else None
 
-    def _groups(self, name_codes: np.ndarray, id_codes: np.ndarray) -> np.ndarray:
-        names = np.empty(len(self.names.values) + 1, np.int32)
-        for code, value in enumerate(self.names.values):
-            if value:
-                names[code] = self.group_of.setdefault(("name", value), len(self.group_of))
-            else:
-                names[code] = -1
-        names[-1] = -1
-        ids = np.empty(len(self.ids.values) + 1, np.int32)
-        for code, value in enumerate(self.ids.values):
-            ids[code] = self.group_of.setdefault(("id", value), len(self.group_of))
-        ids[-1] = -1
-        by_name = names[name_codes]
-        return np.where(by_name >= 0, by_name, ids[id_codes]).astype(np.int32)
+    def _groups(self, name_codes: np.ndarray, id_codes: np.ndarray, is_entry: np.ndarray) -> np.ndarray:
+        """Group codes of rows (group_codes), the group of each new name and then of each new id numbered as first
+        met (names before ids, as the decode of each slice meets them)."""
+        for code in range(len(self._name_group), len(self.names.values)):
+            value = self.names.values[code]
+            self._name_group.append(self.group_of.setdefault(("name", value), len(self.group_of)) if value else -1)
+            self._name_empty.append(not value)
+        for code in range(len(self._id_group), len(self.ids.values)):
+            self._id_group.append(self.group_of.setdefault(("id", self.ids.values[code]), len(self.group_of)))
+        return group_codes(name_codes, id_codes, np.asarray(self._name_group, np.int32),
+                           np.asarray(self._name_empty, bool), np.asarray(self._id_group, np.int32), is_entry)
 
     def labels(self) -> list[str]:
         out = [""] * len(self.group_of)
@@ -140,15 +151,15 @@ class SliceDecoder:
     def decode(self, start: int, length: int) -> DecodedSlice:
         part = self.table.slice(start, length)
         n = part.num_rows
-        rank = part.column("rank").fill_null(-1).to_numpy().astype(np.int32, copy=False)
+        rank = code_column(single_chunk(part.column("rank")))  # -1 where null
         name_codes = self.names.codes(self.column(part, "pg_name"), n)
         id_codes = self.ids.codes(self.column(part, "pg_id"), n)
-        group = self._groups(name_codes, id_codes)
         record = self.column(part, "record_id")
-        is_entry = ~record.is_null().to_numpy(zero_copy_only=False) if record is not None else np.ones(n, bool)
+        is_entry = np.ones(n, bool)
+        if record is not None and record.null_count:
+            is_entry = primitive_values(single_chunk(record))[1]
         # status rows (pg_status, record_id null) count only where the dump named their group
-        unnamed = (name_codes < 0) | np.array([not v for v in self.names.values] + [True], bool)[name_codes]
-        group[~is_entry & unnamed] = -1
+        group = self._groups(name_codes, id_codes, is_entry)
         seq, seq_valid = int_column(part.column("collective_seq_id"))
         op = self.ops.codes(self.column(part, "op"), n)
         p2p_op = np.array([bool(P2P_OP.search(str(o))) for o in self.ops.values] + [False], bool)

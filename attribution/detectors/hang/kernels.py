@@ -1,7 +1,9 @@
-"""Compiled helpers for the hang analysis: per-row signatures of list columns without Python objects.
+"""Compiled helpers for the hang analysis: per-row signatures of list columns without Python objects, and the
+decode of a slice's codes.
 
 A 16,384-rank dump set has ~33 M entries; hashing their shapes and dtypes through Python lists would take minutes.
-These kernels read the Arrow offsets and values buffers directly (numba, no GIL).
+These kernels read the Arrow offsets and values buffers directly (numba, no GIL), in one pass where NumPy would
+make a temporary array per step.
 """
 
 from __future__ import annotations
@@ -77,6 +79,14 @@ def _validity(array: pa.Array) -> np.ndarray:
     return ~array.is_null().to_numpy(zero_copy_only=False)
 
 
+def _filled(array: pa.Array, fill: int) -> np.ndarray:
+    """An integer array's values with nulls as `fill` (zero-copy where it has none: the children of a slice's list
+    columns hold millions of values)."""
+    if array.null_count:
+        array = array.fill_null(fill)
+    return array.to_numpy(zero_copy_only=False)
+
+
 def row_signatures(sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
                    rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """uint64 signatures of input_sizes (list<list<int>>) and input_dtypes (list<str>) for the given rows
@@ -87,18 +97,16 @@ def row_signatures(sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None
     if sizes is not None and rows.shape[0]:
         array = _single(sizes)
         inner = array.values
-        values = inner.values.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-        size_sig = _nested_hash(rows, _validity(array), array.offsets.to_numpy().astype(np.int64),
-                                inner.offsets.to_numpy().astype(np.int64), values)
+        values = _filled(inner.values, -1).astype(np.int64, copy=False)
+        size_sig = _nested_hash(rows, _validity(array), array.offsets.to_numpy(), inner.offsets.to_numpy(), values)
     if dtypes is not None and rows.shape[0]:
         array = _single(dtypes)
         child = array.values
         if pa.types.is_dictionary(child.type):
-            codes = child.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+            codes = _filled(child.indices, -1)
         else:
-            encoded = pc.dictionary_encode(child)
-            codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        dtype_sig = _flat_hash(rows, _validity(array), array.offsets.to_numpy().astype(np.int64), codes)
+            codes = _filled(pc.dictionary_encode(child).indices, -1)
+        dtype_sig = _flat_hash(rows, _validity(array), array.offsets.to_numpy(), codes)
     return size_sig, dtype_sig
 
 
@@ -108,4 +116,41 @@ def combine_signatures(a, b, c):
     out = np.empty(a.shape[0], np.uint64)
     for i in range(a.shape[0]):
         out[i] = _mix(_mix(_mix(np.uint64(0x452821E638D01377), a[i]), b[i]), c[i])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def remap_codes(values, valid, table):
+    """table[values] as int32, -1 where not valid (an empty `valid`: all are) or out of the table; returns (codes,
+    count of values out of it)."""
+    out = np.empty(values.shape[0], np.int32)
+    bad = 0
+    check = valid.shape[0] > 0
+    for i in range(values.shape[0]):
+        if check and not valid[i]:
+            out[i] = -1
+            continue
+        v = values[i]
+        if v < 0 or v >= table.shape[0]:
+            out[i] = -1
+            bad += 1
+        else:
+            out[i] = table[v]
+    return out, bad
+
+
+@njit(cache=True, nogil=True)
+def group_codes(name_codes, id_codes, name_group, name_empty, id_group, is_entry):
+    """Each row's group: by its name, else (no name) by its local pg id; -1 for a status row (not an entry) whose
+    name is missing or empty (it names no group). Codes -1 (null) index nothing."""
+    out = np.empty(name_codes.shape[0], np.int32)
+    for i in range(name_codes.shape[0]):
+        n = name_codes[i]
+        g = name_group[n] if n >= 0 else -1
+        if g < 0:
+            d = id_codes[i]
+            g = id_group[d] if d >= 0 else -1
+        if not is_entry[i] and (n < 0 or name_empty[n]):
+            g = -1
+        out[i] = g
     return out
