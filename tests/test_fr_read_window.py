@@ -9,8 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
-
+from faultlens.collectors.artifacts.flight_recorder import files as fr_files
 from faultlens.collectors.artifacts.flight_recorder import find_dump_files, read_dump_dir
 from faultlens.collectors.artifacts.flight_recorder import parts as fr_parts
 from tests.conftest import DATA_DIR
@@ -25,16 +24,16 @@ def test_a_dump_that_grows_between_stat_and_read_is_read_whole(tmp_path: Path, m
     target = copy / "_dump_3"
     data = target.read_bytes()
     target.write_bytes(data[: len(data) // 2])  # the stat sees half of it
-    real_fromfile = np.fromfile
+    real_read = fr_files._read_bytes
     grown: list[str] = []
 
-    def fromfile_after_growth(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def read_after_growth(path, *args, **kwargs):  # type: ignore[no-untyped-def]
         if Path(path) == target and not grown:
             target.write_bytes(data)  # the writer finishes between the reader's stat and its read
             grown.append(str(path))
-        return real_fromfile(path, *args, **kwargs)
+        return real_read(path, *args, **kwargs)
 
-    monkeypatch.setattr(np, "fromfile", fromfile_after_growth)
+    monkeypatch.setattr(fr_files, "_read_bytes", read_after_growth)
     dumps = read_dump_dir(copy, workers=1)
     assert grown and not dumps.errors, dumps.errors
     assert dumps.table.num_rows == whole.num_rows

@@ -21,6 +21,7 @@ class _Strings:
         self.lookup: dict[str, int] = {}
         self.values: list[str] = []
         self.tables: dict[tuple[str, ...], np.ndarray] = {}  # a dump's vocabulary -> its codes (remap)
+        self._dictionary: pa.Array | None = None  # the values as an Arrow array (dictionary())
 
     def code(self, value: str | None) -> int:
         """The set-wide code of one value (-1: none)."""
@@ -59,9 +60,17 @@ class _Strings:
             codes = np.where(codes < 0, -1, codes)
         return table[codes]
 
+    def dictionary(self) -> pa.Array:
+        """The values so far as an Arrow array (kept until a value is added: values only grow)."""
+        if self._dictionary is None or len(self._dictionary) != len(self.values):
+            self._dictionary = pa.array(self.values, type=pa.string())
+        return self._dictionary
+
     def array(self, codes: np.ndarray, dictionary: bool) -> pa.Array:
-        indices = pa.array(codes, type=pa.int32(), mask=codes < 0)
-        arr = pa.DictionaryArray.from_arrays(indices, pa.array(self.values, type=pa.string()))
+        """int32 codes (-1: null; all below len(values), as remap gives them) as a dictionary array over the values
+        so far (the indices unchecked and uncopied), or as plain strings."""
+        codes = np.ascontiguousarray(codes, np.int32)
+        arr = pa.DictionaryArray.from_arrays(codes, self.dictionary(), from_pandas=True, safe=False)
         return arr if dictionary else arr.cast(pa.string())
 
 
@@ -70,12 +79,13 @@ def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool
     strings. Dictionaries only grow by appending, so a chunk's indices are valid in the final one."""
     if strings is None:
         return array
-    final = pa.array(strings.values, type=pa.string())
+    final = strings.dictionary()
+    # (indices unchecked: they came from the same dictionary when it was shorter)
     if pa.types.is_dictionary(array.type):
-        out = pa.DictionaryArray.from_arrays(array.indices, final)
+        out = pa.DictionaryArray.from_arrays(array.indices, final, safe=False)
         return out if dictionary else out.cast(pa.string())
     if pa.types.is_list(array.type) and pa.types.is_dictionary(array.type.value_type):
-        values = pa.DictionaryArray.from_arrays(array.values.indices, final)
+        values = pa.DictionaryArray.from_arrays(array.values.indices, final, safe=False)
         if not dictionary:
             values = values.cast(pa.string())
         return pa.ListArray.from_arrays(array.offsets, values,

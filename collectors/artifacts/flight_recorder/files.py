@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import stat
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,34 @@ def _load_file(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits 
         raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
+_local = threading.local()
+#: files up to this size are read into a buffer each thread keeps (a fresh 0.5 MB array a dump cost its allocation
+#: and page faults); larger ones get an array of their own, so a thread never holds more than this
+_REUSED_MAX_BYTES = 16 << 20
+
+
+def _read_bytes(path: Path, count: int) -> np.ndarray:
+    """Up to `count` bytes of the file (fewer where it holds fewer), as np.fromfile(path, uint8, count) reads them.
+    Up to _REUSED_MAX_BYTES they are a view of this thread's read buffer, valid until the thread's next read: what
+    a dump keeps is copied out of it (the parsers' columns, strings and decoded values are their own objects)."""
+    if count > _REUSED_MAX_BYTES:
+        return np.fromfile(path, dtype=np.uint8, count=count)
+    buf = getattr(_local, "read_buffer", None)
+    if buf is None or buf.shape[0] < count:
+        size = max(count, 1 << 20, 0 if buf is None else min(2 * buf.shape[0], _REUSED_MAX_BYTES))
+        _local.read_buffer = None  # the old one freed before the new one is allocated
+        buf = _local.read_buffer = np.empty(size, np.uint8)
+    view = memoryview(buf)[:count]
+    got = 0
+    with open(path, "rb", buffering=0) as file:
+        while got < count:
+            read = file.readinto(view[got:])
+            if not read:
+                break
+            got += read
+    return buf[:got]
+
+
 def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
     try:
         info = path.stat()
@@ -113,7 +142,7 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
                                       "FAULTLENS_FR_MAX_FILE_BYTES)")
         # the size read (plus one byte, to see a file that grew since the stat): numpy allocates `count` bytes
         # before it reads, and a count of the limit (256 MiB) cost 0.4 ms a 0.5 MB dump, 7x the read itself
-        buf = np.fromfile(path, dtype=np.uint8, count=size + 1)
+        buf = _read_bytes(path, size + 1)
         if buf.shape[0] > size:  # written to since the stat: read what it holds now, up to the limit
             buf = np.fromfile(path, dtype=np.uint8, count=limits.max_file_bytes + 1)
         mtime_ns = path.stat().st_mtime_ns

@@ -15,7 +15,9 @@ import numpy.typing as npt
 def mapped_empty(count: int, dtype: npt.DTypeLike) -> np.ndarray:
     """A zeroed, writable, C-contiguous array of `count` items (pages are mapped as they are first written)."""
     dtype = np.dtype(dtype)
-    return np.frombuffer(mmap.mmap(-1, max(1, count * dtype.itemsize)), dtype, count=count)
+    # private (not mmap's default MAP_SHARED, which is shmem: its page faults cost more, and nothing shares these)
+    mapping = mmap.mmap(-1, max(1, count * dtype.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return np.frombuffer(mapping, dtype, count=count)
 
 
 def mapped_full(count: int, value: int, dtype: npt.DTypeLike) -> np.ndarray:
