@@ -93,12 +93,13 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
 
 
 def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:
-    """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence. Each slice is
-    decoded and its row signatures computed here, and added to the aggregates (aggregate.py, compiled, no GIL) on a
-    second thread while the next one is decoded, in the slices' order."""
+    """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence. Each slice is decoded
+    here; its row signatures are computed on a second thread and added to the aggregates (aggregate.py) on a third,
+    in the slices' order, while the next slice is decoded (the compiled kernels release the GIL)."""
     out = _PassOne(signatures=SignatureTable(table.num_rows))
     pending: deque[Future[None]] = deque()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-pass-one") as pool:
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-signatures") as signing, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-pass-one") as adding:
         for part in decoder.slices():
             out.dumped.update(present_codes(part.rank).tolist())
             named = part.group >= 0
@@ -114,8 +115,8 @@ def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_
             out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
             ops = list(decoder.ops.values)  # the op names decoded so far (the next slice's decode may add some)
             coll_rows = np.nonzero(part.coll)[0]
-            signatures = _signatures(part, coll_rows, sizes_column, dtypes_column, ops)
-            pending.append(pool.submit(_add_slice, out, part, desc, coll_rows, signatures))
+            signed = signing.submit(_signatures, part, coll_rows, sizes_column, dtypes_column, ops)
+            pending.append(adding.submit(_add_slice, out, part, desc, coll_rows, signed))
             while len(pending) > 1:  # at most one slice aggregated while the next is decoded: bounded memory
                 pending.popleft().result()
         while pending:
@@ -124,10 +125,11 @@ def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_
 
 
 def _add_slice(out: _PassOne, part: DecodedSlice, desc: np.ndarray, coll_rows: np.ndarray,
-               signatures: np.ndarray) -> None:
-    """One slice into the pass-1 aggregates (one thread at a time: the pool has one worker)."""
+               signed: Future[np.ndarray]) -> None:
+    """One slice into the pass-1 aggregates (one thread at a time: the pool has one worker), its signatures once
+    they are computed."""
     out.progress.add(part.group, part.rank, part.seq, part.coll, part.complete, part.started, desc)
-    out.signatures.add(coll_rows, part.group, part.seq, signatures, len(part.rank))
+    out.signatures.add(coll_rows, part.group, part.seq, signed.result(), len(part.rank))
 
 
 def _membership(first: _PassOne, agg: pa.Table, decoder: SliceDecoder,
