@@ -4,7 +4,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +30,9 @@ from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
 from faultlens.attribution.detectors.hang.waits import settle_missing
 
+if TYPE_CHECKING:
+    from faultlens.attribution.detectors.hang.stream import PassOneStream
+
 MAX_MISMATCH_KEYS = 256  # (group, seq) keys of mismatching signatures examined in detail
 
 
@@ -45,7 +48,8 @@ class _PassOne:
 
 
 def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
-                        stacks: Mapping[int, Any] | None = None) -> HangReport:
+                        stacks: Mapping[int, Any] | None = None,
+                        first_pass: "PassOneStream | None" = None) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
     stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken; default: the table's
@@ -53,7 +57,10 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     and give the send/recv waits that gloo does not record.
 
     The table may hold only the columns the analysis reads (COLUMNS) and may keep strings dictionary-encoded;
-    it is read in slices of SLICE_ROWS, so the analysis' own memory stays bounded on very large sets."""
+    it is read in slices of SLICE_ROWS, so the analysis' own memory stays bounded on very large sets.
+
+    first_pass: a PassOneStream (stream.py) that ran pass 1 on the table's chunks while they were read; used where
+    its chunks are the table's slices, else pass 1 runs here."""
     missing_columns = [c for c in ("rank", "collective_seq_id") if c not in collectives.column_names]
     if missing_columns:
         raise ValueError(f"collectives table lacks column(s) {', '.join(missing_columns)}")
@@ -65,7 +72,11 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     decoder = SliceDecoder(table)
     sizes_column = table.column("input_sizes") if "input_sizes" in table.column_names else None
     dtypes_column = table.column("input_dtypes") if "input_dtypes" in table.column_names else None
-    first = _pass_one(table, decoder, sizes_column, dtypes_column)
+    taken = first_pass.take(table) if first_pass is not None else None
+    if taken is not None:
+        first, decoder = taken
+    else:
+        first = _pass_one(table, decoder)
     if not first.dumped:
         return report_empty(expected_ranks)
     agg = first.progress.progress()
@@ -92,36 +103,79 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     return decide(analysis)
 
 
-def _pass_one(table: pa.Table, decoder: SliceDecoder, sizes_column: Any, dtypes_column: Any) -> _PassOne:
-    """Pass 1: progress per (group, rank), signatures per (group, seq), membership evidence. Each slice is decoded
-    here; its row signatures are computed on a second thread and added to the aggregates (aggregate.py) on a third,
-    in the slices' order, while the next slice is decoded (the compiled kernels release the GIL)."""
-    out = _PassOne(signatures=SignatureTable(table.num_rows))
-    pending: deque[Future[None]] = deque()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-signatures") as signing, \
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-pass-one") as adding:
+class _PassOneRun:
+    """Pass 1 slice by slice: progress per (group, rank), signatures per (group, seq), membership evidence. Each
+    slice is decoded by the caller; its row signatures are computed on a second thread and added to the aggregates
+    (aggregate.py) on a third, in the slices' order, while the next slice is decoded (the compiled kernels release
+    the GIL). close() in any case."""
+
+    def __init__(self, decoder: SliceDecoder, rows_hint: int) -> None:
+        self.decoder = decoder
+        self.out = _PassOne(signatures=SignatureTable(rows_hint))
+        self._signing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-signatures")
+        self._adding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-pass-one")
+        self._pending: deque[Future[None]] = deque()
+
+    def add(self, part: DecodedSlice, source: pa.Table, at: int) -> None:
+        """A decoded slice, whose rows start at row `at` of `source` (the table, or a chunk of it)."""
+        out, decoder, n = self.out, self.decoder, len(part.rank)
+        out.dumped.update(present_codes(part.rank).tolist())
+        desc = decoder.descs.codes(source.column("pg_desc").slice(at, n), n) \
+            if "pg_desc" in source.column_names else np.full(n, -1, np.int32)
+        if "pg_ranks" in source.column_names:
+            _add_configured(out, part, source.column("pg_ranks").slice(at, n))
+        out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
+        ops = list(decoder.ops.values)  # the op names decoded so far (the next slice's decode may add some)
+        coll_rows = np.nonzero(part.coll)[0]
+        sizes = source.column("input_sizes") if "input_sizes" in source.column_names else None
+        dtypes = source.column("input_dtypes") if "input_dtypes" in source.column_names else None
+        signed = self._signing.submit(_signatures, part, coll_rows, sizes, dtypes, ops, at)
+        self._pending.append(self._adding.submit(_add_slice, out, part, desc, coll_rows, signed))
+        while len(self._pending) > 1:  # at most one slice aggregated while the next is decoded: bounded memory
+            self._pending.popleft().result()
+
+    def finish(self) -> _PassOne:
+        while self._pending:
+            self._pending.popleft().result()
+        return self.out
+
+    def close(self) -> None:
+        self._signing.shutdown(cancel_futures=True)
+        self._adding.shutdown(cancel_futures=True)
+
+
+def _add_configured(out: _PassOne, part: DecodedSlice, pg_ranks: pa.ChunkedArray | pa.Array) -> None:
+    """Membership from the rows of a slice that carry pg_ranks (a group's config), by their group."""
+    rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & (part.group >= 0))[0]
+    if rows.shape[0]:
+        for row, value in zip(rows, take_rows(pg_ranks, rows).to_pylist(), strict=True):
+            if value:
+                out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
+
+
+def _pass_one(table: pa.Table, decoder: SliceDecoder) -> _PassOne:
+    """Pass 1 over the table's slices (_PassOneRun)."""
+    run = _PassOneRun(decoder, table.num_rows)
+    try:
         for part in decoder.slices():
-            out.dumped.update(present_codes(part.rank).tolist())
-            named = part.group >= 0
-            desc = decoder.descs.codes(table.column("pg_desc").slice(part.start, len(part.rank)), len(part.rank)) \
-                if "pg_desc" in table.column_names else np.full(len(part.rank), -1, np.int32)
-            if "pg_ranks" in table.column_names:
-                pg_ranks = table.column("pg_ranks").slice(part.start, len(part.rank))
-                rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & named)[0]
-                if rows.shape[0]:
-                    for row, value in zip(rows, take_rows(pg_ranks, rows).to_pylist(), strict=True):
-                        if value:
-                            out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
-            out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
-            ops = list(decoder.ops.values)  # the op names decoded so far (the next slice's decode may add some)
-            coll_rows = np.nonzero(part.coll)[0]
-            signed = signing.submit(_signatures, part, coll_rows, sizes_column, dtypes_column, ops)
-            pending.append(adding.submit(_add_slice, out, part, desc, coll_rows, signed))
-            while len(pending) > 1:  # at most one slice aggregated while the next is decoded: bounded memory
-                pending.popleft().result()
-        while pending:
-            pending.popleft().result()
-    return out
+            run.add(part, table, part.start)
+        return run.finish()
+    finally:
+        run.close()
+
+
+def configured_from_table(out: _PassOne, table: pa.Table, decoder: SliceDecoder) -> None:
+    """Membership from the table's pg_ranks rows, when pass 1 ran on chunks that lacked the column (the reader
+    builds it last): only those rows (a few per group) are taken and decoded."""
+    if "pg_ranks" not in table.column_names:
+        return
+    column = table.column("pg_ranks")
+    rows = np.flatnonzero(~column.is_null().to_numpy(zero_copy_only=False))
+    if rows.shape[0] == 0:
+        return
+    taken = take_rows(table.select([c for c in table.column_names if c not in ("input_sizes", "input_dtypes")]),
+                      rows)
+    _add_configured(out, decoder.decode_part(taken, -1), taken.column("pg_ranks"))
 
 
 def _add_slice(out: _PassOne, part: DecodedSlice, desc: np.ndarray, coll_rows: np.ndarray,

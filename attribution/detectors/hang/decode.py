@@ -149,7 +149,10 @@ class SliceDecoder:
         return out
 
     def decode(self, start: int, length: int) -> DecodedSlice:
-        part = self.table.slice(start, length)
+        return self.decode_part(self.table.slice(start, length), start)
+
+    def decode_part(self, part: pa.Table, start: int) -> DecodedSlice:
+        """Rows of the table (`part`, its first row at `start`; or rows of the same columns read elsewhere) decoded."""
         n = part.num_rows
         rank = code_column(single_chunk(part.column("rank")))  # -1 where null
         name_codes = self.names.codes(self.column(part, "pg_name"), n)
@@ -204,9 +207,17 @@ class SliceDecoder:
                 self._decode_noted(start, stop)
             yield self.index[start]
 
+    def bounds(self) -> list[tuple[int, int]]:
+        """(start, stop) of every slice of the table."""
+        return list(self._bounds(None, None))
+
     def _decode_noted(self, start: int, stop: int) -> DecodedSlice:
         """A slice decoded; at its first decode, what it holds and its index are noted."""
-        part = self.decode(start, stop - start)
+        return self.noted(self.decode(start, stop - start))
+
+    def noted(self, part: DecodedSlice) -> DecodedSlice:
+        """At a slice's first decode, what it holds and its index are noted."""
+        start = part.start
         if start not in self.holds:
             self.holds[start] = (present_codes(part.rank[part.coll]), present_codes(part.group[part.coll]))
             self.index[start] = SliceIndex(start, np.where(part.coll, part.group, -1).astype(np.int32),

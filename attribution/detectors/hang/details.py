@@ -51,13 +51,14 @@ def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
 
 
 def _signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
-                ops: list[Any]) -> np.ndarray:
-    """The signature (op + sizes (for shape-bound ops) + dtypes) of each of a slice's collective rows `rows`."""
+                ops: list[Any], at: int) -> np.ndarray:
+    """The signature (op + sizes (for shape-bound ops) + dtypes) of each of a slice's collective rows `rows`; the
+    slice's rows start at row `at` of the sizes and dtypes columns."""
     shape_ops = shape_bound(ops)
     c_ops = part.op[rows]
     length = len(part.rank)
-    size_sig, dtype_sig = row_signatures(sizes.slice(part.start, length) if sizes is not None else None,
-                                         dtypes.slice(part.start, length) if dtypes is not None else None, rows)
+    size_sig, dtype_sig = row_signatures(sizes.slice(at, length) if sizes is not None else None,
+                                         dtypes.slice(at, length) if dtypes is not None else None, rows)
     size_sig = np.where(shape_ops[c_ops], size_sig, np.uint64(0))
     return combine_signatures(c_ops.astype(np.uint64), size_sig, dtype_sig)
 

@@ -101,9 +101,12 @@ def _take(part: _Part, result: _Dump | DumpFileError, seen_ranks: dict[int, str]
     part.seen.append((result.rank, str(result.path)))
 
 
+ChunkCallback = Callable[[int, pa.Table], None]
+
+
 def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool, max_frames: int,
                fast_path: bool, workers: int, dir_name: str, identity: NodeIdentity | None,
-               limits: DumpLimits | None = None) -> _Part:
+               limits: DumpLimits | None = None, on_chunk: ChunkCallback | None = None) -> _Part:
     limits = limits or default_limits()
     assembly = _Assembly(columns=wanted, dictionary=dictionary, max_world_size=limits.max_world_size,
                          compiled=fast_path)
@@ -112,9 +115,26 @@ def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], d
     for result in _loaded(primary, _loader(twins, max_frames, fast_path, limits), workers):
         _take(part, result, seen_ranks, dir_name)
         if assembly.chunk_rows >= CHUNK_ROWS:
-            assembly.flush_chunk(identity)
-    assembly.flush_chunk(identity)
+            on_chunk = _flush(assembly, identity, on_chunk)
+    _flush(assembly, identity, on_chunk)
     return part
+
+
+def _flush(assembly: _Assembly, identity: NodeIdentity | None,
+           on_chunk: ChunkCallback | None) -> ChunkCallback | None:
+    """The rows so far built into a chunk, handed to on_chunk (its first row in the set, the chunk) as it is made;
+    a callback that fails is logged and not called again (the read goes on)."""
+    built = len(assembly.chunks)
+    assembly.flush_chunk(identity)
+    if on_chunk is None or len(assembly.chunks) == built:
+        return on_chunk
+    chunk = assembly.chunks[-1]
+    try:
+        on_chunk(assembly.rows - chunk.num_rows, chunk)
+    except Exception:  # the consumer's problem, never the read's
+        log.warning("flight-recorder read: chunk consumer failed; not called again", exc_info=True)
+        return None
+    return on_chunk
 
 
 def _read_part_in_process(args: tuple) -> _Part:

@@ -22,7 +22,13 @@ from faultlens.collectors.artifacts.flight_recorder.model import (
     DumpFileError,
     DumpSet,
 )
-from faultlens.collectors.artifacts.flight_recorder.parts import _merge_parts, _Part, _read_part, _read_part_in_process
+from faultlens.collectors.artifacts.flight_recorder.parts import (
+    ChunkCallback,
+    _merge_parts,
+    _Part,
+    _read_part,
+    _read_part_in_process,
+)
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.store.schema import validate
@@ -94,7 +100,8 @@ def _dump_set(parts: list[_Part], assembly: _Assembly, primary: list[Path], twin
 def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity | None = None,
                   columns: Iterable[str] | None = None, max_frames: int = DEFAULT_MAX_FRAMES,
                   dictionary: bool = False, fast_path: bool | None = None, workers: int | None = None,
-                  processes: int | None = None, limits: DumpLimits | None = None) -> DumpSet:
+                  processes: int | None = None, limits: DumpLimits | None = None,
+                  on_chunk: ChunkCallback | None = None) -> DumpSet:
     """Read every dump in `directory` into `collectives` rows.
 
     columns: the subset of the table's columns to build (default all; analysis needs far fewer).
@@ -109,6 +116,10 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
     limits: resource limits on each dump (faultlens.collectors.artifacts.fr_limits; default: its defaults with the
     FAULTLENS_FR_*
     environment overrides); a dump beyond one is a per-file error.
+    on_chunk: called with (first row, chunk) for each chunk of rows as the read builds it (single process only),
+    so a consumer can start on the rows while the rest are read (the hang analysis' first pass); the chunk's
+    dictionary columns hold the dictionary as it was then (a prefix of the table's), and the set-wide columns
+    (pg_ranks, the identity's) come only with the table.
     Per-file problems are in DumpSet.errors (whatever a file holds, it never ends the set); DumpDirError when the
     directory is missing or holds no dump.
     """
@@ -134,7 +145,7 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
         assembly = _merge_parts(parts, wanted, dictionary)
     else:
         parts = [_read_part(primary, twins, wanted, dictionary, max_frames, fast_path, workers, dir_name,
-                            identity, limits)]
+                            identity, limits, on_chunk)]
         assembly = parts[0].assembly
     return _dump_set(parts, assembly, primary, twins, wanted, columns, dictionary, identity, started)
 
