@@ -10,7 +10,9 @@ one rank stops before a tensor-parallel all_reduce; its TP peers enter it and wa
 data-parallel all_reduce, every other rank waits one step later (follow-ons in every group).
 
 Measured, each in its own subprocess (wall time, peak RSS from wait4):
-- faultlens: `faultlens analyze-hang DIR --json` (reading + analysis); the culprit it reports is checked;
+- faultlens: reading + analysis as `faultlens analyze-hang DIR` does them (`analyze_dump_dir`: the analysis' first
+  pass runs on the rows as they are read), in a process importing only that (and the CLI itself at the smallest
+  size); the culprit it reports is checked;
 - torch: `python -m torch.distributed.flight_recorder.fr_trace DIR -p _dump_` where it can finish (at most
   --torch-max-ranks ranks; at 1,024 it needs ~4 GB and ~90 s here, and cannot reach 16,384 in memory);
 - ingest rate at the smallest size: faultlens' reader building the full collectives table, beside plain
@@ -242,12 +244,9 @@ analyze_collectives(read_dump_dir(sys.argv[1], fast_path=True).table)
 _LIBRARY_RUN = """
 import json, sys, time
 t = time.perf_counter()
-from faultlens.attribution.detectors.hang import COLUMNS, analyze_collectives
-from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
-dumps = read_dump_dir(sys.argv[1], columns=COLUMNS, dictionary=True, max_frames=0)
-read_s = time.perf_counter() - t
-report = analyze_collectives(dumps.table)
-print(json.dumps(report.to_dict() | {"dumps": {"read_seconds": read_s, "seconds": time.perf_counter() - t,
+from faultlens.attribution.detectors.hang import analyze_dump_dir
+dumps, report = analyze_dump_dir(sys.argv[1])  # as analyze-hang: pass 1 on the rows as they are read
+print(json.dumps(report.to_dict() | {"dumps": {"read_seconds": dumps.seconds, "seconds": time.perf_counter() - t,
                                                "rows": dumps.table.num_rows}}))
 """
 
@@ -264,9 +263,9 @@ def warm_cache(directory: Path) -> float:
 
 
 def bench_faultlens(directory: Path, world: int, timeout: float, cli: bool) -> dict[str, object]:
-    """Reading + analysis in a fresh process: the library calls (imports of faultlens' reader and analysis
-    only), and, when `cli`, the `faultlens analyze-hang --json` command (which also imports every other command
-    module of the CLI)."""
+    """Reading + analysis in a fresh process: the library call analyze-hang makes (analyze_dump_dir; imports of
+    faultlens' reader and analysis only), and, when `cli`, the `faultlens analyze-hang --json` command (which also
+    imports every other command module of the CLI)."""
     library_cmd = [sys.executable, "-c", _LIBRARY_RUN, str(directory)]
     cli_cmd = [sys.executable, "-m", "faultlens.controller.cli.main", "analyze-hang", str(directory), "--json"]
     # compile the numba kernels once into their on-disk cache (a one-time cost per install, reported separately):

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import faultlens.collectors.artifacts.flight_recorder.parts as reader_parts
-from faultlens.attribution.detectors.hang import COLUMNS, analyze_collectives
+from faultlens.attribution.detectors.hang import COLUMNS, analyze_collectives, analyze_dump_dir
 from faultlens.attribution.detectors.hang.stream import PassOneStream
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from tests.conftest import REPO_ROOT
@@ -89,3 +89,15 @@ def test_a_failing_consumer_never_stops_the_read() -> None:
     dumps = read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True, max_frames=0, on_chunk=consumer)
     assert calls == [0]
     assert dumps.table.num_rows == read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True).table.num_rows
+
+
+def test_analyze_dump_dir_is_the_read_then_the_analysis(dump_dirs: list[Path]) -> None:
+    for directory in (NCCL_SET, dump_dirs[0]):
+        dumps, report = analyze_dump_dir(directory)
+        plain = read_dump_dir(directory, columns=COLUMNS, dictionary=True, max_frames=0)
+        assert dumps.ranks == plain.ranks
+        expected = range(plain.world_size) if plain.world_size else None
+        assert report.to_dict() == analyze_collectives(plain.table, expected_ranks=expected).to_dict()
+    _, wider = analyze_dump_dir(NCCL_SET, expected_ranks=range(17))  # one rank more than dumped: a missing dump
+    assert wider.to_dict()["missing_dumps"] == [16]
+    assert wider.culprit_ranks == (9, 14)

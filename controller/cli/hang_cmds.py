@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faultlens.attribution.detectors.hang import COLUMNS, HangReport, analyze_collectives
-from faultlens.attribution.detectors.hang.stream import PassOneStream
+from faultlens.attribution.detectors.hang import HangReport, analyze_dump_dir
 from faultlens.collectors.artifacts.flight_recorder import DumpSet, auto_processes, read_dump_dir
 from faultlens.collectors.artifacts.fr_limits import default_limits
 from faultlens.collectors.sources.pystack import ProcessStack, load_dump_dir_stacks, load_stack_dir
@@ -64,17 +63,14 @@ def run_analyze(args: argparse.Namespace) -> int:
     if args.processes is not None and args.processes <= 0:
         raise CliError("--processes must be positive")
     processes = args.processes or auto_processes(args.directory)
-    stream = PassOneStream()  # the analysis' first pass runs on the chunks as they are read
-    try:
-        dumps = _read(args.directory, columns=COLUMNS, dictionary=True, max_frames=0, processes=processes,
-                      on_chunk=stream)
-        expected = range(args.expected_ranks) if args.expected_ranks is not None else None
-        if expected is None and dumps.world_size:
-            expected = range(dumps.world_size)
-        stacks = _stacks(args.directory, args.stacks)
-        report = analyze_collectives(dumps.table, expected_ranks=expected, stacks=stacks, first_pass=stream)
-    finally:
-        stream.close()
+    stacks = _stacks(args.directory, args.stacks)
+    # read and analysed together: the analysis' first pass runs on the rows as they are read
+    dumps, report = analyze_dump_dir(
+        args.directory, expected_ranks=range(args.expected_ranks) if args.expected_ranks is not None else None,
+        stacks=stacks, processes=processes)
+    if not dumps.files:
+        first = dumps.errors[0] if dumps.errors else None
+        raise CliError(f"{args.directory}: no readable dump" + (f" ({first})" if first else ""))
     seconds = time.perf_counter() - started
     if args.json:
         document = report.to_dict() | {"dumps": {
