@@ -82,12 +82,12 @@ def test_a_failing_stream_costs_nothing(monkeypatch: pytest.MonkeyPatch) -> None
 def test_a_failing_consumer_never_stops_the_read() -> None:
     calls = []
 
-    def consumer(start: int, chunk: pa.Table) -> None:
-        calls.append(start)
+    def consumer(start: int, chunk: pa.Table, share: float) -> None:
+        calls.append((start, share))
         raise RuntimeError("consumer failed")
 
     dumps = read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True, max_frames=0, on_chunk=consumer)
-    assert calls == [0]
+    assert calls == [(0, 1.0)]
     assert dumps.table.num_rows == read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True).table.num_rows
 
 

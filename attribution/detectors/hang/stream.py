@@ -36,10 +36,11 @@ _DONE = None  # queued after the last chunk
 
 
 class PassOneStream:
-    """Call it with (first row, chunk) for each chunk as it is read; then take(table) (or close())."""
+    """Call it with (first row, chunk, share of the files read) for each chunk as it is read; then take(table) (or
+    close())."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[int, pa.Table] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[int, pa.Table, float] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._decoder = SliceDecoder(pa.table({}))
         self._run = _PassOneRun(self._decoder, 0)
@@ -48,19 +49,21 @@ class PassOneStream:
         self._failed = False
         self.used = False  # whether take() gave its result (the analysis then skipped its own pass 1)
 
-    def __call__(self, start: int, chunk: pa.Table) -> None:
+    def __call__(self, start: int, chunk: pa.Table, share: float = 0.0) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="hang-pass-one-stream", daemon=True)
             self._thread.start()
-        self._queue.put((start, chunk))
+        self._queue.put((start, chunk, share))
 
     def _work(self) -> None:
         done = False
         try:
             while (item := self._queue.get()) is not _DONE:
-                start, chunk = item
+                start, chunk, share = item
                 part = self._decoder.noted(self._decoder.decode_part(chunk, start))
                 self._spans.append((start, start + chunk.num_rows))
+                if share > 0:  # the set's rows projected from the share read: its signature table sized once
+                    self._run.out.signatures.rows_total = int((start + chunk.num_rows) / share)
                 self._run.add(part, chunk, 0)
             done = True
             self._result = self._run.finish()

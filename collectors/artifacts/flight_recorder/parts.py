@@ -101,7 +101,7 @@ def _take(part: _Part, result: _Dump | DumpFileError, seen_ranks: dict[int, str]
     part.seen.append((result.rank, str(result.path)))
 
 
-ChunkCallback = Callable[[int, pa.Table], None]
+ChunkCallback = Callable[[int, pa.Table, float], None]  # (first row in the set, chunk, share of the files read)
 
 
 def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool, max_frames: int,
@@ -112,25 +112,25 @@ def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], d
                          compiled=fast_path)
     part = _Part(assembly, [], [], [])
     seen_ranks: dict[int, str] = {}
-    for result in _loaded(primary, _loader(twins, max_frames, fast_path, limits), workers):
+    for done, result in enumerate(_loaded(primary, _loader(twins, max_frames, fast_path, limits), workers), 1):
         _take(part, result, seen_ranks, dir_name)
         if assembly.chunk_rows >= CHUNK_ROWS:
-            on_chunk = _flush(assembly, identity, on_chunk)
-    _flush(assembly, identity, on_chunk)
+            on_chunk = _flush(assembly, identity, on_chunk, done / len(primary))
+    _flush(assembly, identity, on_chunk, 1.0)
     return part
 
 
-def _flush(assembly: _Assembly, identity: NodeIdentity | None,
-           on_chunk: ChunkCallback | None) -> ChunkCallback | None:
-    """The rows so far built into a chunk, handed to on_chunk (its first row in the set, the chunk) as it is made;
-    a callback that fails is logged and not called again (the read goes on)."""
+def _flush(assembly: _Assembly, identity: NodeIdentity | None, on_chunk: ChunkCallback | None,
+           share: float) -> ChunkCallback | None:
+    """The rows so far built into a chunk, handed to on_chunk (its first row in the set, the chunk, the share of
+    the files read) as it is made; a callback that fails is logged and not called again (the read goes on)."""
     built = len(assembly.chunks)
     assembly.flush_chunk(identity)
     if on_chunk is None or len(assembly.chunks) == built:
         return on_chunk
     chunk = assembly.chunks[-1]
     try:
-        on_chunk(assembly.rows - chunk.num_rows, chunk)
+        on_chunk(assembly.rows - chunk.num_rows, chunk, share)
     except Exception:  # the consumer's problem, never the read's
         log.warning("flight-recorder read: chunk consumer failed; not called again", exc_info=True)
         return None

@@ -116,7 +116,8 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
     limits: resource limits on each dump (faultlens.collectors.artifacts.fr_limits; default: its defaults with the
     FAULTLENS_FR_*
     environment overrides); a dump beyond one is a per-file error.
-    on_chunk: called with (first row, chunk) for each chunk of rows as the read builds it (single process only),
+    on_chunk: called with (first row, chunk, share of the files read so far) for each chunk of rows as the read
+    builds it (single process only),
     so a consumer can start on the rows while the rest are read (the hang analysis' first pass); the chunk's
     dictionary columns hold the dictionary as it was then (a prefix of the table's), and the set-wide columns
     (pg_ranks, the identity's) come only with the table.
