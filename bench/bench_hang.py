@@ -244,7 +244,7 @@ analyze_collectives(read_dump_dir(sys.argv[1], fast_path=True).table)
 _LIBRARY_RUN = """
 import json, sys, time
 t = time.perf_counter()
-from faultlens.attribution.detectors.hang import analyze_dump_dir
+from faultlens.controller.hang_dump_dir import analyze_dump_dir
 dumps, report = analyze_dump_dir(sys.argv[1])  # as analyze-hang: pass 1 on the rows as they are read
 print(json.dumps(report.to_dict() | {"dumps": {"read_seconds": dumps.seconds, "seconds": time.perf_counter() - t,
                                                "rows": dumps.table.num_rows}}))

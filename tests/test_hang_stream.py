@@ -12,9 +12,10 @@ import pyarrow as pa
 import pytest
 
 import faultlens.collectors.artifacts.flight_recorder.parts as reader_parts
-from faultlens.attribution.detectors.hang import COLUMNS, analyze_collectives, analyze_dump_dir
+from faultlens.attribution.detectors.hang import COLUMNS, analyze_collectives
 from faultlens.attribution.detectors.hang.stream import PassOneStream
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.controller.hang_dump_dir import analyze_dump_dir
 from tests.conftest import REPO_ROOT
 
 pytest.importorskip("torch")

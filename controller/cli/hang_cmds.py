@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faultlens.attribution.detectors.hang import HangReport, analyze_dump_dir
+from faultlens.attribution.detectors.hang import HangReport
 from faultlens.collectors.artifacts.flight_recorder import DumpSet, auto_processes, read_dump_dir
 from faultlens.collectors.artifacts.fr_limits import default_limits
 from faultlens.collectors.sources.pystack import ProcessStack, load_dump_dir_stacks, load_stack_dir
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_store_arg, json_default
+from faultlens.controller.hang_dump_dir import analyze_dump_dir
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -92,15 +92,15 @@ row signatures and decode steps), aggregate (pass 1's hash tables), graph (the w
 (mismatches a lost dump hides), waits (the waits on ranks without a dump), roots (deciding the independent roots),
 missing_roots (which roots of ranks without a dump stand), skips (breaking cycles: who skipped a collective),
 describe (a root's kind, evidence and confidence; the report), stacks (Python stacks carried in the table's
-metadata), stream (pass 1 on the reader's chunks while the rest are read; analyze_dump_dir: a directory read and
-analysed that way).
+metadata), stream (pass 1 on the reader's chunks while the rest are read; controller/hang_dump_dir.py reads and
+analyses a directory that way).
 """
 
 from faultlens.attribution.detectors.hang.analyze import analyze_collectives
 from faultlens.attribution.detectors.hang.decode import SLICE_ROWS
 from faultlens.attribution.detectors.hang.report import COLUMNS, MAX_EVIDENCE, HangReport, HangRoot, HangVerdict
 from faultlens.attribution.detectors.hang.stacks import STACKS_METADATA_KEY, attach_stacks, stacks_from_metadata
-from faultlens.attribution.detectors.hang.stream import PassOneStream, analyze_dump_dir
+from faultlens.attribution.detectors.hang.stream import PassOneStream
 
 __all__ = ["COLUMNS", "MAX_EVIDENCE", "SLICE_ROWS", "STACKS_METADATA_KEY", "HangReport", "HangRoot", "HangVerdict",
-           "PassOneStream", "analyze_collectives", "analyze_dump_dir", "attach_stacks", "stacks_from_metadata"]
+           "PassOneStream", "analyze_collectives", "attach_stacks", "stacks_from_metadata"]

@@ -77,13 +77,6 @@ class _KeyTable:
             self.values[name][moved[taken]] = array[taken]
         self.order[:self.count] = moved[old_order[:self.count]]
 
-    def clear(self) -> None:
-        """Empty again, at its capacity (the values of a key are set when it is first added)."""
-        self.used[:] = 0
-        self.count = 0
-        for name, (_dtype, init) in self._spec.items():
-            self.values[name].fill(init)
-
     def slots(self) -> np.ndarray:
         """The used slots in insertion order."""
         return self.order[:self.count]

@@ -11,24 +11,13 @@ differently, anything failed) pass 1 runs on the table as usual: the stream only
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 import pyarrow as pa
 
-from faultlens.attribution.detectors.hang.analyze import (
-    _PassOne,
-    _PassOneRun,
-    analyze_collectives,
-    configured_from_table,
-)
+from faultlens.attribution.detectors.hang.analyze import _PassOne, _PassOneRun, configured_from_table
 from faultlens.attribution.detectors.hang.decode import SliceDecoder
-from faultlens.attribution.detectors.hang.report import COLUMNS, HangReport
-from faultlens.collectors.artifacts.flight_recorder import DumpSet, read_dump_dir
-from faultlens.collectors.artifacts.fr_limits import DumpLimits
 
 log = logging.getLogger(__name__)
 
@@ -105,20 +94,3 @@ class PassOneStream:
         self.used = True
         return self._result, decoder
 
-
-def analyze_dump_dir(directory: str | os.PathLike[str], *, expected_ranks: Sequence[int] | None = None,
-                     stacks: Mapping[int, Any] | None = None, processes: int | None = None,
-                     limits: DumpLimits | None = None) -> tuple[DumpSet, HangReport]:
-    """A directory of dumps read (the columns the analysis reads) and analysed, pass 1 running on the chunks as
-    they are read: what `faultlens analyze-hang` does. expected_ranks: default 0..world_size-1 where the dumps say
-    the world size. Raises DumpDirError as read_dump_dir does; per-file problems are in the DumpSet's errors."""
-    stream = PassOneStream()
-    try:
-        dumps = read_dump_dir(directory, columns=COLUMNS, dictionary=True, max_frames=0, processes=processes,
-                              limits=limits, on_chunk=stream)
-        if expected_ranks is None and dumps.world_size:
-            expected_ranks = range(dumps.world_size)
-        report = analyze_collectives(dumps.table, expected_ranks=expected_ranks, stacks=stacks, first_pass=stream)
-    finally:
-        stream.close()
-    return dumps, report
