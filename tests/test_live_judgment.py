@@ -15,7 +15,10 @@ import hashlib
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,7 +37,7 @@ HASHED = ("tests/torch_jobs/train_live.py", "tests/torch_jobs/live_jobs.py", "co
           "collectors/training/timer_model.py", "collectors/training/timer_writer.py",
           "collectors/training/heartbeat.py", "collectors/store/schema.py",
           *sorted(str(p.relative_to(REPO)) for p in (REPO / "collectors/sources/process_events").glob("*.py")),
-          "collectors/store/sink.py")
+          "collectors/store/sink.py", "tests/test_live_judgment.py")  # the job specs are in this file
 
 
 def _key() -> str:
@@ -42,6 +45,21 @@ def _key() -> str:
     for name in HASHED:
         digest.update((REPO / name).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _running_past_agent_death(heartbeat_step: Callable[[Any], int], step: int,
+                               seconds: float) -> Callable[[list[Any]], bool]:
+    """stop_at for the agent-loss run: node-1's workers past `step`, `seconds` after its agent was seen dead."""
+    seen_dead: list[float] = []
+
+    def stop(agents: list[Any]) -> bool:
+        if agents[1].exit_code is None:
+            return False
+        if not seen_dead:
+            seen_dead.append(time.monotonic())
+        return heartbeat_step(agents[1]) >= step and time.monotonic() - seen_dead[0] >= seconds
+
+    return stop
 
 
 def _generate(root: Path) -> dict:
@@ -68,11 +86,13 @@ def _generate(root: Path) -> dict:
         "nodeloss": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
                           env={"FAULTLENS_LIVE_STEPS": "2000", **fast}, kill=kill_node_at("node-1", 15))],
         # agent loss: only node-1's agent is SIGKILLed at step 15; its workers train on until the test
-        # supervisor stops the attempt (signal_sent rows first) once they reached step 40
+        # supervisor stops the attempt (signal_sent rows first) once they reached step 40 and ran 3 s past the
+        # agent's death as the runner saw it (25 steps of 0.03 s alone are under the 1 s the rule looks past it,
+        # and under load the runner notices the death late)
         "agentloss": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
                            env={"FAULTLENS_LIVE_STEPS": "2000", **fast},
                            kill=kill_node_at("node-1", 15, agent_only=True),
-                           stop_at=lambda agents: heartbeat_step(agents[1]) >= 40)],
+                           stop_at=_running_past_agent_death(heartbeat_step, step=40, seconds=3.0))],
     }
 
     def run(name: str) -> list[dict]:
