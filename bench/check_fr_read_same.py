@@ -8,7 +8,8 @@ every (set, options) case in its own subprocess (`faultlens` resolves to that ch
 Arrow IPC files; this process compares them. Sets: the 4,096-rank set of bench_hang (if generated; read the way
 the hang bench reads it), a 256-rank slice of it with every column, tests/data/nccl-fr-gpu_error_2nd, and each
 set of the gloo hang corpus (tests/torch_jobs/hang_corpus; its pickles and its JSON form), with every column and
-with the hang columns, fast and reference paths. Exit status 1 on any difference.
+with the hang columns, fast and reference paths. Exit status 1 on any difference. A list column one side keeps as a
+dictionary of its values (input_sizes in a dictionary read, from 2026-12-03 on) is compared decoded.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.ipc as ipc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +68,25 @@ def cases(slice_dir: Path) -> list[dict]:
     return out
 
 
+def _comparable(tables: list[pa.Table]) -> list[pa.Table]:
+    """The tables as compared. Where one side keeps a list column as a dictionary of its values and the other as
+    lists (input_sizes in a dictionary read, from 2026-12-03 on), that side's column is decoded first: its rows
+    must be the same lists."""
+    old, new = tables
+    for name in old.column_names:
+        if name not in new.column_names or old.schema.field(name).type.equals(new.schema.field(name).type):
+            continue
+        for side in (0, 1):
+            table = tables[side]
+            field = table.schema.field(name)
+            if pa.types.is_dictionary(field.type) and pa.types.is_list(field.type.value_type):
+                decoded = pa.chunked_array([c.dictionary_decode() for c in table.column(name).chunks],
+                                           field.type.value_type)
+                tables[side] = table.set_column(table.schema.get_field_index(name), field.with_type(
+                    field.type.value_type), decoded)
+    return tables
+
+
 def read_all(root: Path, case_file: Path, out: Path) -> None:
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=str(root.resolve()))
@@ -87,7 +108,7 @@ def main() -> None:
         read_all(args.new, case_file, work / "new")
         bad = 0
         for i, case in enumerate(todo):
-            tables = [ipc.open_file(work / side / f"{i}.arrow").read_all() for side in ("old", "new")]
+            tables = _comparable([ipc.open_file(work / side / f"{i}.arrow").read_all() for side in ("old", "new")])
             metas = [json.loads((work / side / f"{i}.json").read_text()) for side in ("old", "new")]
             same = (tables[0].equals(tables[1]) and tables[0].schema.equals(tables[1].schema, check_metadata=True)
                     and metas[0] == metas[1])

@@ -87,18 +87,38 @@ def _filled(array: pa.Array, fill: int) -> np.ndarray:
     return array.to_numpy(zero_copy_only=False)
 
 
+def _list_of_lists_hash(array: pa.Array, rows: np.ndarray) -> np.ndarray:
+    inner = array.values
+    values = _filled(inner.values, -1).astype(np.int64, copy=False)
+    return _nested_hash(rows, _validity(array), array.offsets.to_numpy(), inner.offsets.to_numpy(), values)
+
+
+@njit(cache=True, nogil=True)
+def _take_signatures(values_sig, indices, rows):
+    """values_sig[indices[row]] for each row (0 where the index is null: -1)."""
+    out = np.zeros(rows.shape[0], np.uint64)
+    for i in range(rows.shape[0]):
+        code = indices[rows[i]]
+        if 0 <= code < values_sig.shape[0]:
+            out[i] = values_sig[code]
+    return out
+
+
 def row_signatures(sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
                    rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """uint64 signatures of input_sizes (list<list<int>>) and input_dtypes (list<str>) for the given rows
-    (0 where the column is absent or null)."""
+    """uint64 signatures of input_sizes (list<list<int>>, or a dictionary of those as a dictionary read keeps it)
+    and input_dtypes (list<str>) for the given rows (0 where the column is absent or null); a value's signature is
+    the same in either form."""
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     size_sig = np.zeros(rows.shape[0], np.uint64)
     dtype_sig = np.zeros(rows.shape[0], np.uint64)
     if sizes is not None and rows.shape[0]:
         array = _single(sizes)
-        inner = array.values
-        values = _filled(inner.values, -1).astype(np.int64, copy=False)
-        size_sig = _nested_hash(rows, _validity(array), array.offsets.to_numpy(), inner.offsets.to_numpy(), values)
+        if pa.types.is_dictionary(array.type):  # a reader's shapes dictionary: each distinct value hashed once
+            values_sig = _list_of_lists_hash(array.dictionary, np.arange(len(array.dictionary), dtype=np.int64))
+            size_sig = _take_signatures(values_sig, _filled(array.indices, -1).astype(np.int64, copy=False), rows)
+        else:
+            size_sig = _list_of_lists_hash(array, rows)
     if dtypes is not None and rows.shape[0]:
         array = _single(dtypes)
         child = array.values

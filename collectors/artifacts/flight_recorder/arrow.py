@@ -93,6 +93,20 @@ def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool
     return array
 
 
+def _remapped(array: pa.Array, strings: _Strings | None) -> pa.Array:
+    """A part's dictionary column (or list of dictionary) in codes of the merged, set-wide dictionary."""
+    if strings is not None and pa.types.is_dictionary(array.type):
+        codes = strings.remap(array.dictionary.to_pylist(), array.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+        return strings.array(codes, True)
+    if strings is not None and pa.types.is_list(array.type) and pa.types.is_dictionary(array.type.value_type):
+        values = array.values
+        codes = strings.remap(values.dictionary.to_pylist(),
+                              values.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+        return pa.ListArray.from_arrays(array.offsets, strings.array(codes, True),
+                                        mask=array.is_null() if array.null_count else None)
+    return array
+
+
 def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
     offsets = mapped_empty(counts.shape[0] + 1, np.int32)
     positive = mapped_empty(counts.shape[0], np.int32)

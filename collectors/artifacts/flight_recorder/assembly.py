@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import (
+    _remapped,
     _repeat_strings,
     _sparse_lists,
     _Strings,
@@ -27,6 +28,7 @@ from faultlens.collectors.artifacts.flight_recorder.model import (
     _Dump,
     _SizesColumn,
 )
+from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes
 from faultlens.collectors.sources.source import NodeIdentity
 
 _STATUS_COLUMNS = (("pg_last_enqueued", "last_enqueued_collective"),
@@ -69,7 +71,9 @@ class _Assembly:
     compiled: bool = False  # the chunk buffers written through numba kernels (the sets the fast path reads)
 
     def __post_init__(self) -> None:
-        self.buffers = _ChunkBuffers(self.columns, self.compiled)
+        # a dictionary read keeps input_sizes as codes of one set-wide dictionary of its values (shapes.py)
+        self.buffers = _ChunkBuffers(self.columns, self.compiled, coded_sizes=self.dictionary)
+        self.shapes = _Shapes()
 
     def add(self, dump: _Dump, dump_id: str) -> None:
         self.all_ranks.add(dump.rank)
@@ -152,8 +156,12 @@ class _Assembly:
             self.buffers.put_ints(column, first, n, end, by_id[local_codes], known[local_codes], rows)
 
     def _add_lists(self, dump: _Dump, first: int, n: int, end: int) -> None:
+        if self.buffers.shape_codes:
+            sizes = dump.sizes["input_sizes"]
+            codes = self.shapes.codes(sizes.counts, sizes.ndims, sizes.dims, self.compiled)
+            self.buffers.put_codes("input_sizes", first, n, end, codes)
         for key in ("input_sizes", "output_sizes"):
-            if key in self.columns:
+            if key in self.buffers.lists:
                 sizes = dump.sizes[key]
                 self.buffers.put_list(key, first, n, end, sizes.counts,
                                       _SizesColumn(sizes.counts, sizes.ndims.astype(np.int32), sizes.dims))
@@ -230,7 +238,7 @@ class _Assembly:
     def flush_chunk(self, identity: NodeIdentity | None) -> None:
         """Build the rows so far into one Arrow chunk (memory: one chunk's buffers at a time)."""
         if self.chunk_rows:
-            self.chunks.append(self.buffers.build(self.strings, self.group_desc, identity))
+            self.chunks.append(self.buffers.build(self.strings, self.group_desc, identity, self.shapes))
             self.chunk_rows = 0
 
     def table(self, identity: NodeIdentity | None) -> pa.Table:
@@ -239,8 +247,7 @@ class _Assembly:
         self.rebuild_membership()
         columns: dict[str, pa.ChunkedArray] = {}
         for name in self.chunks[0].column_names:
-            pieces = [_with_dictionary(chunk.column(name).chunk(0), self.strings.get(name), self.dictionary)
-                      for chunk in self.chunks]
+            pieces = [self.final_dictionary(name, chunk.column(name).chunk(0)) for chunk in self.chunks]
             columns[name] = pa.chunked_array(pieces, type=pieces[0].type)
         self.chunks = []
         if "pg_ranks" in self.columns:
@@ -249,6 +256,21 @@ class _Assembly:
             self._identity_columns(columns, identity)
         ordered = [c for c in SCHEMA.names if c in columns]
         return pa.table({c: columns[c] for c in ordered})
+
+    def final_dictionary(self, name: str, array: pa.Array, keep: bool | None = None) -> pa.Array:
+        """A chunk's column with the set's final dictionary (dictionaries only grow: its codes stay valid); string
+        columns decoded unless the read keeps dictionaries (keep: whatever the read does)."""
+        keep = self.dictionary if keep is None else keep
+        if name == "input_sizes" and pa.types.is_dictionary(array.type):
+            out = pa.DictionaryArray.from_arrays(array.indices, self.shapes.dictionary(), safe=False)
+            return out if keep else out.dictionary_decode()
+        return _with_dictionary(array, self.strings.get(name), keep)
+
+    def remapped(self, name: str, array: pa.Array) -> pa.Array:
+        """A column of a part another assembly read (its final dictionaries) in this assembly's codes."""
+        if name == "input_sizes" and pa.types.is_dictionary(array.type):
+            return self.shapes.remap(array)
+        return _remapped(array, self.strings.get(name))
 
     def _identity_columns(self, columns: dict[str, pa.ChunkedArray], identity: NodeIdentity) -> None:
         """The node identity's values (job, attempt, ...) on every row (node aside: it is per dump)."""

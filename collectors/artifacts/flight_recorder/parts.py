@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from faultlens.collectors.artifacts.flight_recorder.arrow import _Strings, _with_dictionary
 from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
 from faultlens.collectors.artifacts.flight_recorder.files import _load_file, file_size
 from faultlens.collectors.artifacts.flight_recorder.model import CHUNK_ROWS, DumpFileError, _Dump
@@ -142,24 +141,10 @@ def _read_part_in_process(args: tuple) -> _Part:
     part = _read_part(*args)
     assembly = part.assembly
     assembly.chunks = [
-        pa.table({name: _with_dictionary(chunk.column(name).chunk(0), assembly.strings.get(name), True)
+        pa.table({name: assembly.final_dictionary(name, chunk.column(name).chunk(0), keep=True)
                   for name in chunk.column_names})
         for chunk in assembly.chunks]
     return part
-
-
-def _remapped(array: pa.Array, strings: _Strings | None) -> pa.Array:
-    """A part's dictionary column (or list of dictionary) in codes of the merged, set-wide dictionary."""
-    if strings is not None and pa.types.is_dictionary(array.type):
-        codes = strings.remap(array.dictionary.to_pylist(), array.indices.fill_null(-1).to_numpy(zero_copy_only=False))
-        return strings.array(codes, True)
-    if strings is not None and pa.types.is_list(array.type) and pa.types.is_dictionary(array.type.value_type):
-        values = array.values
-        codes = strings.remap(values.dictionary.to_pylist(),
-                              values.indices.fill_null(-1).to_numpy(zero_copy_only=False))
-        return pa.ListArray.from_arrays(array.offsets, strings.array(codes, True),
-                                        mask=array.is_null() if array.null_count else None)
-    return array
 
 
 def _merge_membership(merged: _Assembly, other: _Assembly, offset: int) -> None:
@@ -189,7 +174,7 @@ def _merge_parts(parts: list[_Part], wanted: set[str], dictionary: bool) -> _Ass
         other = part.assembly
         offset = merged.rows
         for chunk in other.chunks:
-            merged.chunks.append(pa.table({name: _remapped(chunk.column(name).chunk(0), merged.strings.get(name))
+            merged.chunks.append(pa.table({name: merged.remapped(name, chunk.column(name).chunk(0))
                                            for name in chunk.column_names}))
         _merge_membership(merged, other, offset)
         if other.world_size:

@@ -1,0 +1,107 @@
+"""The set-wide dictionary of input_sizes values (flight_recorder/shapes.py) that a dictionary read keeps: the
+compiled and the Python forms give the same codes in first-seen order, each value decodes to what the entry held,
+the hash table grows past its first size, a value's signature in the hang analysis is the same as a dictionary
+code or as a list, and a dictionary read decodes to the plain read's rows (one process and several)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from faultlens.attribution.detectors.hang import COLUMNS
+from faultlens.attribution.detectors.hang.kernels import row_signatures
+from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes
+
+NCCL_SET = Path(__file__).parent / "data" / "nccl-fr-gpu_error_2nd"
+
+
+def _entries(seed: int, count: int) -> list[list[list[int]] | None]:
+    """Entries' input_sizes: nulls, empty lists, scalars ([]), one or several tensors, repeats, negative and
+    64-bit dims (what a hostile dump may hold), values that differ only in where a dim sits."""
+    rng = random.Random(seed)
+    pool: list[list[list[int]] | None] = [None, [], [[]], [[1, 2]], [[1], [2]], [[2], [1]], [[12]], [[-1, 3]],
+                                          [[2**62, 5]], [[1, 2], []], [[], [1, 2]]]
+    pool += [[[rng.randrange(1, 9000) for _ in range(rng.randrange(0, 4))] for _ in range(rng.randrange(0, 4))]
+             for _ in range(300)]
+    return [rng.choice(pool) for _ in range(count)]
+
+
+def _columns(entries: list[list[list[int]] | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    counts = np.array([-1 if e is None else len(e) for e in entries], np.int64)
+    ndims = np.array([len(s) for e in entries if e is not None for s in e], np.int64)
+    dims = np.array([d for e in entries if e is not None for s in e for d in s], np.int64)
+    return counts, ndims, dims
+
+
+def _decoded(shapes: _Shapes, codes: np.ndarray) -> list[list[list[int]] | None]:
+    return shapes.array(codes).to_pylist()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_compiled_and_python_forms_give_the_same_codes_and_values(seed: int) -> None:
+    entries = _entries(seed, 5000)
+    counts, ndims, dims = _columns(entries)
+    compiled, python = _Shapes(), _Shapes()
+    # in pieces, as dumps come: the dictionary carries over (and its table is rehashed as it grows)
+    cuts = [0, 1, 700, 2500, 5000]
+    for a, b in itertools.pairwise(cuts):
+        t0, t1 = int(counts[:a].clip(0).sum()), int(counts[:b].clip(0).sum())
+        d0, d1 = int(ndims[:t0].sum()), int(ndims[:t1].sum())
+        got_c = compiled.codes(counts[a:b], ndims[t0:t1], dims[d0:d1], compiled=True)
+        got_p = python.codes(counts[a:b], ndims[t0:t1], dims[d0:d1], compiled=False)
+        assert got_c.tolist() == got_p.tolist()
+        assert _decoded(compiled, got_c) == entries[a:b]
+    distinct = list(dict.fromkeys(repr(e) for e in entries if e is not None))
+    assert len(compiled) == len(python) == len(distinct)
+    assert [repr(v) for v in compiled.dictionary().to_pylist()] == distinct  # first-seen order
+    assert compiled.slots.shape[0] >= 2 * len(compiled)
+
+
+def test_the_two_forms_find_each_others_values() -> None:
+    entries = _entries(7, 2000)
+    counts, ndims, dims = _columns(entries)
+    shapes = _Shapes()
+    first = shapes.codes(counts, ndims, dims, compiled=True)
+    assert shapes.codes(counts, ndims, dims, compiled=False).tolist() == first.tolist()
+    shapes = _Shapes()
+    first = shapes.codes(counts, ndims, dims, compiled=False)
+    assert shapes.codes(counts, ndims, dims, compiled=True).tolist() == first.tolist()
+
+
+def test_dims_that_do_not_add_up_are_refused() -> None:
+    with pytest.raises(ValueError, match="do not add up"):
+        _Shapes().codes(np.array([2], np.int64), np.array([1], np.int64), np.array([5], np.int64), compiled=True)
+    with pytest.raises(ValueError, match="do not add up"):
+        _Shapes().codes(np.array([1], np.int64), np.array([3], np.int64), np.array([5], np.int64), compiled=True)
+
+
+def test_a_values_signature_is_the_same_as_a_code_or_a_list() -> None:
+    entries = _entries(3, 3000)
+    counts, ndims, dims = _columns(entries)
+    shapes = _Shapes()
+    coded = shapes.array(shapes.codes(counts, ndims, dims, compiled=True))
+    plain = pa.array(entries, pa.list_(pa.list_(pa.int64())))
+    rows = np.array([5, 0, 2999, 17, 17, 1200], np.int64)
+    for column in (coded, coded.slice(100, 2000)):
+        listed = plain.slice(100, 2000) if len(column) == 2000 else plain
+        got, _ = row_signatures(pa.chunked_array([column]), None, rows[rows < len(column)])
+        want, _ = row_signatures(pa.chunked_array([listed]), None, rows[rows < len(column)])
+        assert got.tolist() == want.tolist()
+    sig, _ = row_signatures(pa.chunked_array([coded]), None, np.arange(3000, dtype=np.int64))
+    assert all((s == 0) == (e is None) for s, e in zip(sig.tolist(), entries, strict=True))
+
+
+@pytest.mark.parametrize("processes", [1, 3])
+def test_a_dictionary_read_decodes_to_the_plain_read(processes: int) -> None:
+    plain = read_dump_dir(NCCL_SET, columns=COLUMNS)
+    coded = read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True, processes=processes)
+    sizes = coded.table.column("input_sizes")
+    assert pa.types.is_dictionary(sizes.type)
+    assert sizes.to_pylist() == plain.table.column("input_sizes").to_pylist()
+    assert len(sizes.chunk(0).dictionary) < len(sizes) // 2  # values stored once
