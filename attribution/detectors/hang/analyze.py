@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.aggregate import ProgressTable, SignatureTable
-from faultlens.attribution.detectors.hang.columns import LazyColumn, take_rows
+from faultlens.attribution.detectors.hang.columns import LazyColumn, take_rows, valid_rows
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder, present_codes
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
@@ -169,8 +169,7 @@ def configured_from_table(out: _PassOne, table: pa.Table, decoder: SliceDecoder)
     builds it last): only those rows (a few per group) are taken and decoded."""
     if "pg_ranks" not in table.column_names:
         return
-    column = table.column("pg_ranks")
-    rows = np.flatnonzero(~column.is_null().to_numpy(zero_copy_only=False))
+    rows = valid_rows(table.column("pg_ranks"))
     if rows.shape[0] == 0:
         return
     taken = take_rows(table.select([c for c in table.column_names if c not in ("input_sizes", "input_dtypes")]),
@@ -195,8 +194,13 @@ def _membership(first: _PassOne, agg: pa.Table, decoder: SliceDecoder,
     for keys in (seen_table, agg):
         groups_col, ranks_col = keys.column("g").to_numpy(), keys.column("r").to_numpy()
         descs_col = keys.column("d_min_min").fill_null(-1).to_numpy()
-        for g in np.unique(groups_col).tolist():
-            mine = groups_col == g
+        # the rows of each group in one sort (a mask per group was groups x rows: ~0.3 s at 16,384 ranks)
+        order = np.argsort(groups_col, kind="stable")
+        groups_sorted = groups_col[order]
+        starts = np.flatnonzero(np.r_[True, groups_sorted[1:] != groups_sorted[:-1]])
+        ends = np.r_[starts[1:], groups_sorted.shape[0]]
+        for g, start, end in zip(groups_sorted[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
+            mine = order[start:end]
             seen[int(g)].update(ranks_col[mine].tolist())
             d = descs_col[mine].max()
             if d >= 0 and int(g) not in group_descs:

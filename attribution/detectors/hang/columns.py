@@ -28,6 +28,27 @@ def primitive_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     return values, valid
 
 
+def valid_rows(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """The rows (int64, ascending) where a column is not null, from its validity bitmaps: only the bytes with a
+    set bit are expanded (pg_ranks is set on a few thousand of millions of rows: a boolean array of every row was
+    ~0.2 s at 16,384 ranks)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out: list[np.ndarray] = []
+    base = 0
+    for chunk in chunks:
+        n = len(chunk)
+        if chunk.null_count == 0:
+            out.append(np.arange(base, base + n, dtype=np.int64))
+        elif chunk.null_count < n:
+            bits = np.frombuffer(chunk.buffers()[0], np.uint8, count=(chunk.offset + n + 7) // 8)
+            marked = np.flatnonzero(bits)
+            expanded = np.unpackbits(bits[marked][:, None], axis=1, bitorder="little")
+            rows = (marked[:, None] * 8 + np.arange(8))[expanded.view(bool)] - chunk.offset
+            out.append(rows[(rows >= 0) & (rows < n)] + base)
+        base += n
+    return np.concatenate(out) if out else np.empty(0, np.int64)
+
+
 def int_column(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """An integer (or timestamp) column as int64 values with nulls as `fill`, and its validity."""
     if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from faultlens.attribution.detectors.hang import kernels
 from faultlens.attribution.detectors.hang.columns import (
     bool_column,
     code_column,
@@ -236,12 +237,12 @@ def present_codes(codes: np.ndarray) -> np.ndarray:
 
 
 def member_of(values: np.ndarray, wanted_sorted: np.ndarray) -> np.ndarray:
-    """values in wanted_sorted (sorted, unique), as np.isin but without sorting `values` (a slice of 4 M rows)."""
+    """values in wanted_sorted (sorted, unique), as np.isin but without sorting `values` (a slice of 4 M rows):
+    one compiled pass through a hash set of the wanted values (a binary search per value, and its temporaries,
+    cost ~4x more)."""
     if wanted_sorted.shape[0] == 0:
         return np.zeros(values.shape[0], bool)
-    at = np.searchsorted(wanted_sorted, values)
-    np.minimum(at, wanted_sorted.shape[0] - 1, out=at)
-    return wanted_sorted[at] == values
+    return kernels.member_of(np.ascontiguousarray(values, np.int64), np.ascontiguousarray(wanted_sorted, np.int64))
 
 
 def _meets(held: np.ndarray, wanted: np.ndarray) -> bool:

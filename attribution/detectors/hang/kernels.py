@@ -174,3 +174,34 @@ def group_codes(name_codes, id_codes, name_group, name_empty, id_group, is_entry
             g = -1
         out[i] = g
     return out
+
+
+@njit(cache=True, nogil=True)
+def member_of(values, wanted):
+    """values[i] in wanted (int64, distinct) for each i, through an open-addressing set of the wanted values."""
+    size = 16
+    bits = 4
+    while size < 2 * wanted.shape[0]:
+        size *= 2
+        bits += 1
+    mask = size - 1
+    shift = np.uint64(64 - bits)
+    slots = np.empty(size, np.int64)
+    used = np.zeros(size, np.bool_)
+    for j in range(wanted.shape[0]):
+        v = wanted[j]
+        slot = np.int64((np.uint64(v) * np.uint64(0x9E3779B97F4A7C15)) >> shift) & mask
+        while used[slot] and slots[slot] != v:
+            slot = (slot + 1) & mask
+        used[slot] = True
+        slots[slot] = v
+    out = np.zeros(values.shape[0], np.bool_)
+    for i in range(values.shape[0]):
+        v = values[i]
+        slot = np.int64((np.uint64(v) * np.uint64(0x9E3779B97F4A7C15)) >> shift) & mask
+        while used[slot]:
+            if slots[slot] == v:
+                out[i] = True
+                break
+            slot = (slot + 1) & mask
+    return out
