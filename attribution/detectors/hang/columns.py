@@ -51,16 +51,24 @@ def valid_rows(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def int_column(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """An integer (or timestamp) column as int64 values with nulls as `fill`, and its validity."""
+    filled, valid, _ = int_column_raw(column, fill)
+    return filled, valid
+
+
+def int_column_raw(column: pa.ChunkedArray | pa.Array,
+                   fill: int = -1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """int_column, and the values with nulls as they lie (a view of the column's buffer where it is one int64
+    chunk: what is kept of a column long after its decode then costs no memory of its own)."""
     if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit
         column = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64())
     array = single_chunk(column)
     if len(array) == 0:
-        return np.empty(0, np.int64), np.empty(0, bool)
+        return np.empty(0, np.int64), np.empty(0, bool), np.empty(0, np.int64)
     values, valid = primitive_values(array)
     values = values.astype(np.int64, copy=False)
     if valid is None:
-        return values, np.ones(len(array), bool)
-    return np.where(valid, values, fill), valid
+        return values, np.ones(len(array), bool), values
+    return np.where(valid, values, fill), valid, values
 
 
 def code_column(array: pa.Array) -> np.ndarray:

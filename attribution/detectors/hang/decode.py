@@ -13,7 +13,7 @@ from faultlens.attribution.detectors.hang import kernels
 from faultlens.attribution.detectors.hang.columns import (
     bool_column,
     code_column,
-    int_column,
+    int_column_raw,
     primitive_values,
     single_chunk,
 )
@@ -92,16 +92,18 @@ class DecodedSlice:
     pg_id: np.ndarray
     complete: np.ndarray
     started: np.ndarray
+    seq_raw: np.ndarray  # seq with nulls as they lie (a view of the table's column where it can be): read at coll rows
 
 
 @dataclass(frozen=True)
 class SliceIndex:
-    """What the later reads need of a slice's collective entries, kept from its first decode (17 bytes a row: the
-    passes after the first read these instead of decoding the slice again)."""
+    """What the later reads need of a slice's collective entries, kept from its first decode (5 bytes a row of its
+    own, and views of the table's rank and seq columns: the passes after the first read these instead of decoding
+    the slice again)."""
 
     start: int
     group: np.ndarray  # int32 group code of each row, -1 where it is no collective entry
-    seq: np.ndarray  # int64
+    seq: np.ndarray  # int64, read only where group >= 0 (elsewhere a null's value as it lies)
     rank: np.ndarray  # int32
     complete: np.ndarray  # bool
 
@@ -164,7 +166,7 @@ class SliceDecoder:
             is_entry = primitive_values(single_chunk(record))[1]
         # status rows (pg_status, record_id null) count only where the dump named their group
         group = self._groups(name_codes, id_codes, is_entry)
-        seq, seq_valid = int_column(part.column("collective_seq_id"))
+        seq, seq_valid, seq_raw = int_column_raw(part.column("collective_seq_id"))
         op = self.ops.codes(self.column(part, "op"), n)
         p2p_op = np.array([bool(P2P_OP.search(str(o))) for o in self.ops.values] + [False], bool)
         p2p = bool_column(self.column(part, "is_p2p"), n) | p2p_op[op]
@@ -174,7 +176,7 @@ class SliceDecoder:
         complete = (state == 2) | bool_column(self.column(part, "retired"), n)
         coll = is_entry & seq_valid & ~p2p & (group >= 0)
         return DecodedSlice(start, rank, group, is_entry, seq, coll, p2p & is_entry & (group >= 0), op, id_codes,
-                        complete, state >= 1)
+                            complete, state >= 1, seq_raw)
 
     def _bounds(self, ranks: np.ndarray | None, groups: np.ndarray | None) -> Iterator[tuple[int, int]]:
         """(start, stop) of the slices, on the table's own chunk boundaries, each at most SLICE_ROWS rows; with
@@ -222,7 +224,7 @@ class SliceDecoder:
         if start not in self.holds:
             self.holds[start] = (present_codes(part.rank[part.coll]), present_codes(part.group[part.coll]))
             self.index[start] = SliceIndex(start, np.where(part.coll, part.group, -1).astype(np.int32),
-                                           part.seq.astype(np.int64, copy=False), part.rank, part.complete)
+                                           part.seq_raw, part.rank, part.complete)
         return part
 
 
