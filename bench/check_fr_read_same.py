@@ -9,7 +9,8 @@ Arrow IPC files; this process compares them. Sets: the 4,096-rank set of bench_h
 the hang bench reads it), a 256-rank slice of it with every column, tests/data/nccl-fr-gpu_error_2nd, and each
 set of the gloo hang corpus (tests/torch_jobs/hang_corpus; its pickles and its JSON form), with every column and
 with the hang columns, fast and reference paths. Exit status 1 on any difference. A list column one side keeps as a
-dictionary of its values (input_sizes in a dictionary read, from 2026-12-03 on) is compared decoded.
+dictionary of its values (input_sizes and input_dtypes in a dictionary read, from 2026-12-03 on) is compared
+decoded, its strings plain on both sides.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def cases(slice_dir: Path) -> list[dict]:
 
 def _comparable(tables: list[pa.Table]) -> list[pa.Table]:
     """The tables as compared. Where one side keeps a list column as a dictionary of its values and the other as
-    lists (input_sizes in a dictionary read, from 2026-12-03 on), that side's column is decoded first: its rows
-    must be the same lists."""
+    lists (input_sizes and input_dtypes in a dictionary read, from 2026-12-03 on), both sides' columns are decoded
+    first (list<dictionary<string>> as list<string>): their rows must be the same lists."""
     old, new = tables
     for name in old.column_names:
         if name not in new.column_names or old.schema.field(name).type.equals(new.schema.field(name).type):
@@ -79,11 +80,12 @@ def _comparable(tables: list[pa.Table]) -> list[pa.Table]:
         for side in (0, 1):
             table = tables[side]
             field = table.schema.field(name)
+            column = table.column(name)
             if pa.types.is_dictionary(field.type) and pa.types.is_list(field.type.value_type):
-                decoded = pa.chunked_array([c.dictionary_decode() for c in table.column(name).chunks],
-                                           field.type.value_type)
-                tables[side] = table.set_column(table.schema.get_field_index(name), field.with_type(
-                    field.type.value_type), decoded)
+                column = pa.chunked_array([c.dictionary_decode() for c in column.chunks], field.type.value_type)
+            if pa.types.is_list(column.type) and pa.types.is_dictionary(column.type.value_type):
+                column = column.cast(pa.list_(column.type.value_type.value_type))
+            tables[side] = table.set_column(table.schema.get_field_index(name), field.with_type(column.type), column)
     return tables
 
 

@@ -1,7 +1,8 @@
-"""The set-wide dictionary of input_sizes values (flight_recorder/shapes.py) that a dictionary read keeps: the
-compiled and the Python forms give the same codes in first-seen order, each value decodes to what the entry held,
-the hash table grows past its first size, a value's signature in the hang analysis is the same as a dictionary
-code or as a list, and a dictionary read decodes to the plain read's rows (one process and several)."""
+"""The set-wide dictionaries of input_sizes and input_dtypes values (flight_recorder/shapes.py) that a dictionary
+read keeps: the compiled and the Python forms give the same codes in first-seen order, each value decodes to what
+the entry held, the hash table grows past its first size, a value's signature in the hang analysis is the same as a
+dictionary code or as a list (dtypes: the same lists tell apart), and a dictionary read decodes to the plain read's
+rows (one process and several)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 from faultlens.attribution.detectors.hang import COLUMNS
 from faultlens.attribution.detectors.hang.kernels import row_signatures
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
-from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes
+from faultlens.collectors.artifacts.flight_recorder.arrow import _Strings
+from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes, _StringLists
 
 NCCL_SET = Path(__file__).parent / "data" / "nccl-fr-gpu_error_2nd"
 
@@ -97,11 +99,50 @@ def test_a_values_signature_is_the_same_as_a_code_or_a_list() -> None:
     assert all((s == 0) == (e is None) for s, e in zip(sig.tolist(), entries, strict=True))
 
 
+def test_string_lists_decode_to_the_entries_lists() -> None:
+    """input_dtypes values: lists of names (null lists, empty lists, a null name, repeats), stored as one-shape
+    values of the names' set-wide codes; the dictionary grows with new names and keeps the earlier codes."""
+    strings = _Strings()
+    lists = _StringLists(strings)
+    rng = random.Random(5)
+    pool = [None, [], ["Float"], ["Float", "Float"], ["BFloat16"], [None], ["Float", None, "Int"], ["Half"]]
+    batches = [[rng.choice(pool[:5]) for _ in range(300)], [rng.choice(pool) for _ in range(300)]]
+    seen: list[np.ndarray] = []
+    for batch in batches:
+        names = sorted({n for e in batch if e for n in e if n is not None})
+        local = {n: i for i, n in enumerate(names)}
+        counts = np.array([-1 if e is None else len(e) for e in batch], np.int64)
+        items = strings.remap(names, np.array([local.get(n, -1) if n is not None else -1
+                                               for e in batch if e for n in e], np.int32))
+        codes = lists.codes(counts, items.astype(np.int64), compiled=True)
+        assert lists.array(codes).to_pylist() == batch
+        seen.append(codes)
+    assert lists.array(seen[0]).to_pylist() == batches[0]  # earlier codes under the grown dictionary
+    assert len(lists) == len({repr(e) for b in batches for e in b if e is not None})
+
+
 @pytest.mark.parametrize("processes", [1, 3])
 def test_a_dictionary_read_decodes_to_the_plain_read(processes: int) -> None:
     plain = read_dump_dir(NCCL_SET, columns=COLUMNS)
     coded = read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True, processes=processes)
-    sizes = coded.table.column("input_sizes")
-    assert pa.types.is_dictionary(sizes.type)
-    assert sizes.to_pylist() == plain.table.column("input_sizes").to_pylist()
-    assert len(sizes.chunk(0).dictionary) < len(sizes) // 2  # values stored once
+    for name in ("input_sizes", "input_dtypes"):
+        column = coded.table.column(name)
+        assert pa.types.is_dictionary(column.type)
+        assert column.to_pylist() == plain.table.column(name).to_pylist()
+        assert len(column.chunk(0).dictionary) < len(column) // 2  # values stored once
+
+
+def test_dtype_signatures_tell_the_same_lists_apart_as_plain_lists() -> None:
+    """Signatures of input_dtypes as a dictionary read keeps them: rows with the same list have the same
+    signature and rows with different lists different ones, as the plain column's signatures do."""
+    plain = read_dump_dir(NCCL_SET, columns=COLUMNS).table.column("input_dtypes")
+    coded = read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True).table.column("input_dtypes")
+    rows = np.arange(len(plain), dtype=np.int64)
+    _, got = row_signatures(None, coded, rows)
+    _, want = row_signatures(None, plain, rows)
+    values = [repr(v) for v in plain.to_pylist()]
+    for sigs in (got, want):
+        by_value: dict[str, int] = {}
+        for value, sig in zip(values, sigs.tolist(), strict=True):
+            assert by_value.setdefault(value, sig) == sig
+        assert len(set(by_value.values())) == len(by_value)

@@ -106,9 +106,9 @@ def _take_signatures(values_sig, indices, rows):
 
 def row_signatures(sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
                    rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """uint64 signatures of input_sizes (list<list<int>>, or a dictionary of those as a dictionary read keeps it)
-    and input_dtypes (list<str>) for the given rows (0 where the column is absent or null); a value's signature is
-    the same in either form."""
+    """uint64 signatures of input_sizes (list<list<int>>) and input_dtypes (list<str>), or dictionaries of those
+    values as a dictionary read keeps them, for the given rows (0 where the column is absent or null); comparable
+    within one table (a sizes value's signature is the same in either form)."""
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     size_sig = np.zeros(rows.shape[0], np.uint64)
     dtype_sig = np.zeros(rows.shape[0], np.uint64)
@@ -121,13 +121,24 @@ def row_signatures(sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None
             size_sig = _list_of_lists_hash(array, rows)
     if dtypes is not None and rows.shape[0]:
         array = _single(dtypes)
-        child = array.values
-        if pa.types.is_dictionary(child.type):
-            codes = _filled(child.indices, -1)
+        if pa.types.is_dictionary(array.type):  # a reader's dictionary of the lists: each hashed once
+            values = array.dictionary
+            values_sig = _string_lists_hash(values, np.arange(len(values), dtype=np.int64))
+            dtype_sig = _take_signatures(values_sig, _filled(array.indices, -1).astype(np.int64, copy=False), rows)
         else:
-            codes = _filled(pc.dictionary_encode(child).indices, -1)
-        dtype_sig = _flat_hash(rows, _validity(array), array.offsets.to_numpy(), codes)
+            dtype_sig = _string_lists_hash(array, rows)
     return size_sig, dtype_sig
+
+
+def _string_lists_hash(array: pa.Array, rows: np.ndarray) -> np.ndarray:
+    """Signatures of list<string> (or list<dictionary<string>>) rows, from their strings' codes: comparable
+    within one array (the codes are its own)."""
+    child = array.values
+    if pa.types.is_dictionary(child.type):
+        codes = _filled(child.indices, -1)
+    else:
+        codes = _filled(pc.dictionary_encode(child).indices, -1)
+    return _flat_hash(rows, _validity(array), array.offsets.to_numpy(), codes)
 
 
 @njit(cache=True, nogil=True)

@@ -28,7 +28,7 @@ from faultlens.collectors.artifacts.flight_recorder.model import (
     _Dump,
     _SizesColumn,
 )
-from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes
+from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes, _StringLists
 from faultlens.collectors.sources.source import NodeIdentity
 
 _STATUS_COLUMNS = (("pg_last_enqueued", "last_enqueued_collective"),
@@ -71,9 +71,13 @@ class _Assembly:
     compiled: bool = False  # the chunk buffers written through numba kernels (the sets the fast path reads)
 
     def __post_init__(self) -> None:
-        # a dictionary read keeps input_sizes as codes of one set-wide dictionary of its values (shapes.py)
-        self.buffers = _ChunkBuffers(self.columns, self.compiled, coded_sizes=self.dictionary)
+        # a dictionary read keeps input_sizes and input_dtypes as codes of set-wide dictionaries of their values
+        # (shapes.py)
+        self.buffers = _ChunkBuffers(self.columns, self.compiled, coded_lists=self.dictionary)
         self.shapes = _Shapes()
+        self.dtype_lists = _StringLists(self.strings["input_dtypes"])
+        self.vocabularies: dict[str, _Shapes | _StringLists] = {"input_sizes": self.shapes,
+                                                                 "input_dtypes": self.dtype_lists}
 
     def add(self, dump: _Dump, dump_id: str) -> None:
         self.all_ranks.add(dump.rank)
@@ -156,17 +160,23 @@ class _Assembly:
             self.buffers.put_ints(column, first, n, end, by_id[local_codes], known[local_codes], rows)
 
     def _add_lists(self, dump: _Dump, first: int, n: int, end: int) -> None:
-        if self.buffers.shape_codes:
+        coded = self.buffers.coded_lists
+        if "input_sizes" in coded:
             sizes = dump.sizes["input_sizes"]
-            codes = self.shapes.codes(sizes.counts, sizes.ndims, sizes.dims, self.compiled)
-            self.buffers.put_codes("input_sizes", first, n, end, codes)
+            self.buffers.put_codes("input_sizes", first, n, end,
+                                   self.shapes.codes(sizes.counts, sizes.ndims, sizes.dims, self.compiled))
+        if "input_dtypes" in coded:
+            column = dump.dtypes["input_dtypes"]
+            items = self.strings["input_dtypes"].remap(column.values or [], column.items)
+            self.buffers.put_codes("input_dtypes", first, n, end,
+                                   self.dtype_lists.codes(column.counts, items, self.compiled))
         for key in ("input_sizes", "output_sizes"):
             if key in self.buffers.lists:
                 sizes = dump.sizes[key]
                 self.buffers.put_list(key, first, n, end, sizes.counts,
                                       _SizesColumn(sizes.counts, sizes.ndims.astype(np.int32), sizes.dims))
         for key in ("input_dtypes", "output_dtypes"):
-            if key in self.columns:
+            if key in self.buffers.lists:
                 column = dump.dtypes[key]
                 self.buffers.put_list(key, first, n, end, column.counts,
                                       self.strings[key].remap(column.values or [], column.items))
@@ -238,7 +248,7 @@ class _Assembly:
     def flush_chunk(self, identity: NodeIdentity | None) -> None:
         """Build the rows so far into one Arrow chunk (memory: one chunk's buffers at a time)."""
         if self.chunk_rows:
-            self.chunks.append(self.buffers.build(self.strings, self.group_desc, identity, self.shapes))
+            self.chunks.append(self.buffers.build(self.strings, self.group_desc, identity, self.vocabularies))
             self.chunk_rows = 0
 
     def table(self, identity: NodeIdentity | None) -> pa.Table:
@@ -261,15 +271,15 @@ class _Assembly:
         """A chunk's column with the set's final dictionary (dictionaries only grow: its codes stay valid); string
         columns decoded unless the read keeps dictionaries (keep: whatever the read does)."""
         keep = self.dictionary if keep is None else keep
-        if name == "input_sizes" and pa.types.is_dictionary(array.type):
-            out = pa.DictionaryArray.from_arrays(array.indices, self.shapes.dictionary(), safe=False)
+        if name in self.vocabularies and pa.types.is_dictionary(array.type):
+            out = pa.DictionaryArray.from_arrays(array.indices, self.vocabularies[name].dictionary(), safe=False)
             return out if keep else out.dictionary_decode()
         return _with_dictionary(array, self.strings.get(name), keep)
 
     def remapped(self, name: str, array: pa.Array) -> pa.Array:
         """A column of a part another assembly read (its final dictionaries) in this assembly's codes."""
-        if name == "input_sizes" and pa.types.is_dictionary(array.type):
-            return self.shapes.remap(array)
+        if name in self.vocabularies and pa.types.is_dictionary(array.type):
+            return self.vocabularies[name].remap(array)
         return _remapped(array, self.strings.get(name))
 
     def _identity_columns(self, columns: dict[str, pa.ChunkedArray], identity: NodeIdentity) -> None:

@@ -4,7 +4,7 @@ once, straight into its column: no per-dump pieces are held and gathered again."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
 
 import numpy as np
@@ -13,12 +13,13 @@ import pyarrow as pa
 from faultlens.collectors.artifacts.flight_recorder.arrow import _list_from_counts, _Strings
 from faultlens.collectors.artifacts.flight_recorder.memory import mapped_empty
 from faultlens.collectors.artifacts.flight_recorder.model import _INT_COLUMNS, _TIME_COLUMNS, _SizesColumn
-from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes
+from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes, _StringLists
 from faultlens.collectors.sources.source import NodeIdentity
 
 STATUS_COLUMNS = ("pg_last_enqueued", "pg_last_started", "pg_last_completed")
 _CODES = ("dump_id", "fr_version", "comm_lib", "op", "state", "pg_desc", "pg_name", "pg_id", "node")
 _LISTS = ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames")
+CODED_LISTS = ("input_sizes", "input_dtypes")  # kept as codes of their values' dictionaries in dictionary reads
 _FIRST_CAPACITY = 1 << 16
 
 
@@ -26,7 +27,7 @@ class _ChunkBuffers:
     """The columns of the chunk being filled (the wanted ones, and those another needs: time_created for ts,
     pg_name for the status rows' pg_desc)."""
 
-    def __init__(self, wanted: set[str], compiled: bool = False, coded_sizes: bool = False) -> None:
+    def __init__(self, wanted: set[str], compiled: bool = False, coded_lists: bool = False) -> None:
         self.wanted = wanted
         # the writes through fill.py's kernels (sets the fast path reads), else numpy (no numba compile)
         self.fill = _fill() if compiled else None
@@ -40,9 +41,10 @@ class _ChunkBuffers:
         self.ints = [c for c in (*_INT_COLUMNS, *STATUS_COLUMNS, *_TIME_COLUMNS) if c in wanted
                      or (c == "time_created" and "ts" in wanted)]
         self.flags = [c for c in ("is_p2p", "retired") if c in wanted]
-        # input_sizes as codes of the set's shapes dictionary (shapes.py), where the read keeps dictionaries
-        self.shape_codes = coded_sizes and "input_sizes" in wanted
-        self.lists = [c for c in _LISTS if c in wanted and not (c == "input_sizes" and self.shape_codes)]
+        # input_sizes and input_dtypes as codes of set-wide dictionaries of their values (shapes.py), where the read
+        # keeps dictionaries
+        self.coded_lists = [c for c in CODED_LISTS if coded_lists and c in wanted]
+        self.lists = [c for c in _LISTS if c in wanted and c not in self.coded_lists]
         self.status_desc = "pg_desc" in wanted and group_wanted  # status rows take their group's desc
         self._reset()
 
@@ -66,8 +68,8 @@ class _ChunkBuffers:
                   **dict.fromkeys(self.flags, np.int8), **dict.fromkeys(self.lists, np.int32)}
         if "rank" in self.wanted:
             dtypes["rank"] = np.int32
-        if self.shape_codes:
-            dtypes["input_sizes"] = np.int32
+        for name in self.coded_lists:
+            dtypes[name] = np.int32
         if "ts" in self.wanted:
             dtypes["ts"] = np.int64
         for name, dtype in dtypes.items():
@@ -168,7 +170,8 @@ class _ChunkBuffers:
     # -- the Arrow chunk
 
     def build(self, strings: dict[str, _Strings], group_desc: dict[str, str],
-              identity: NodeIdentity | None, shapes: _Shapes | None = None) -> pa.Table:
+              identity: NodeIdentity | None, vocabularies: Mapping[str, _Shapes | _StringLists] | None = None
+              ) -> pa.Table:
         """The chunk as an Arrow table (in the original reader's column order), and empty buffers for the next."""
         total = self.rows
         values = {name: column[:total] for name, column in self.values.items()}
@@ -201,10 +204,10 @@ class _ChunkBuffers:
         for name in self.flags:
             flags = values[name]
             cols[name] = pa.array(flags == 1, pa.bool_(), mask=flags < 0)
-        if self.shape_codes:
-            if shapes is None:
-                raise ValueError("input_sizes kept as codes: the set's shapes dictionary is needed")
-            cols["input_sizes"] = shapes.array(values["input_sizes"])
+        for name in self.coded_lists:
+            if vocabularies is None or name not in vocabularies:
+                raise ValueError(f"{name} kept as codes: the set's dictionary of its values is needed")
+            cols[name] = vocabularies[name].array(values[name])
         for name in self.lists:
             cols[name] = self._list_array(name, values[name], strings)
         self._reset()

@@ -1,4 +1,4 @@
-"""A set-wide dictionary of input_sizes values, for reads that keep columns dictionary-encoded.
+"""Set-wide dictionaries of input_sizes and input_dtypes values, for reads that keep columns dictionary-encoded.
 
 An entry's input_sizes is a list of tensor shapes ([[2048, 1, 5120]]); a job has a few hundred distinct ones at
 most, repeated on millions of entries. As list<list<int64>> a row costs ~23 bytes (its offsets, its shapes'
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from numba import njit
+
+from faultlens.collectors.artifacts.flight_recorder.arrow import _Strings
 
 _EMPTY = -1
 
@@ -270,3 +273,53 @@ def _hash_python(ndims: np.ndarray, flat: np.ndarray) -> int:
     for v in flat.tolist():
         h = _mix_python(h, v & _M64)
     return h
+
+
+class _StringLists:
+    """The set-wide dictionary of input_dtypes values (a list of dtype names per entry: ['Float', 'Float']) for
+    dictionary reads. Each value is stored as a one-shape value of a _Shapes, the shape being its names' set-wide
+    codes (`strings`, the column's _Strings); its Arrow dictionary is a list<string> array (4 bytes a row where
+    list<dictionary<string>> took 8, and the hang analysis hashes each distinct value once)."""
+
+    def __init__(self, strings: _Strings) -> None:
+        self.strings = strings
+        self.lists = _Shapes()
+        self._dictionary: pa.Array | None = None
+
+    def __len__(self) -> int:
+        return len(self.lists)
+
+    def codes(self, counts: np.ndarray, items: np.ndarray, compiled: bool) -> np.ndarray:
+        """int32 codes of the entries' lists (counts: names per entry, -1 null; items: the names' set-wide codes,
+        -1 a null name)."""
+        counts = np.asarray(counts, np.int64)
+        one_shape = np.where(counts < 0, -1, 1)
+        return self.lists.codes(one_shape, counts[counts >= 0], items, compiled)
+
+    def dictionary(self) -> pa.Array:
+        """The values so far as a list<string> array (kept until a value or a name is added)."""
+        codes, tensors, stored = self.lists.state.tolist()
+        if self._dictionary is None or len(self._dictionary) != codes:
+            # each value is one shape: its names are that shape's dims (names only ever added: the codes of the
+            # values so far stay good)
+            offsets = self.lists.tensor_dim[:tensors + 1].astype(np.int32)
+            items = pa.DictionaryArray.from_arrays(self.lists.dims[:stored].astype(np.int32),
+                                                   self.strings.dictionary(), from_pandas=True).dictionary_decode()
+            self._dictionary = pa.ListArray.from_arrays(pa.array(offsets), items)
+        return self._dictionary
+
+    def array(self, codes: np.ndarray) -> pa.Array:
+        codes = np.ascontiguousarray(codes, np.int32)
+        return pa.DictionaryArray.from_arrays(codes, self.dictionary(), from_pandas=True, safe=False)
+
+    def remap(self, array: pa.DictionaryArray, compiled: bool = True) -> pa.DictionaryArray:
+        """A dictionary array of another _StringLists (a part read by another process) in this one's codes."""
+        values = array.dictionary
+        offsets = values.offsets.to_numpy()
+        flat = values.values.slice(offsets[0], offsets[-1] - offsets[0])
+        encoded = pc.dictionary_encode(flat)
+        table = self.strings.table(encoded.dictionary.to_pylist())
+        items = table[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)]
+        mapping = np.append(self.codes(np.diff(offsets).astype(np.int64), items.astype(np.int64), compiled),
+                            np.int32(-1))
+        return self.array(mapping[array.indices.fill_null(-1).to_numpy(zero_copy_only=False)])
