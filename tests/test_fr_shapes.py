@@ -146,3 +146,25 @@ def test_dtype_signatures_tell_the_same_lists_apart_as_plain_lists() -> None:
         for value, sig in zip(values, sigs.tolist(), strict=True):
             assert by_value.setdefault(value, sig) == sig
         assert len(set(by_value.values())) == len(by_value)
+
+
+def test_sizes_that_do_not_add_up_leave_no_rows_and_the_next_dump_is_read() -> None:
+    """An assembly refuses a dump whose input_sizes do not add up before it takes any row for it (the reader then
+    reports the file), and the next dump's rows are whole."""
+    from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
+    from faultlens.collectors.artifacts.flight_recorder.files import _load_file, find_dump_files
+    from faultlens.collectors.artifacts.flight_recorder.model import _SizesColumn
+
+    paths = find_dump_files(NCCL_SET)
+    good, bad = (_load_file(path, 0, True) for path in paths[:2])
+    sizes = bad.sizes["input_sizes"]
+    bad.sizes["input_sizes"] = _SizesColumn(sizes.counts, sizes.ndims, sizes.dims[:-1])  # one dim short
+    assembly = _Assembly(columns=set(COLUMNS), dictionary=True, compiled=True)
+    with pytest.raises(ValueError, match="do not add up"):
+        assembly.add(bad, "set/_dump_1")
+    assert assembly.rows == assembly.buffers.rows == 0
+    assembly.add(good, "set/_dump_0")
+    table = assembly.table(None)
+    alone = _Assembly(columns=set(COLUMNS), dictionary=True, compiled=True)
+    alone.add(_load_file(paths[0], 0, True), "set/_dump_0")
+    assert table.equals(alone.table(None))

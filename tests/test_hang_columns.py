@@ -63,3 +63,18 @@ def test_member_of_is_numpys_isin(seed: int) -> None:
         if wanted.shape[0]:
             values = np.concatenate([values, rng.choice(wanted, 20)])
         assert member_of(values, wanted).tolist() == np.isin(values, wanted).tolist()
+
+
+def test_rows_by_value_groups_rows_as_a_mask_per_value_does() -> None:
+    """analyze.rows_by_value (one sort): each distinct value and its rows, as np.unique and a mask per value give
+    them; no rows (an empty pass 1: a set of status rows only) give no groups."""
+    from faultlens.attribution.detectors.hang.analyze import rows_by_value
+
+    assert rows_by_value(np.empty(0, np.int32)) == []
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 300):
+        values = rng.integers(-3, 9, n).astype(np.int32)
+        got = rows_by_value(values)
+        assert [v for v, _ in got] == np.unique(values).tolist()
+        for value, rows in got:
+            assert rows.tolist() == np.flatnonzero(values == value).tolist()

@@ -86,12 +86,15 @@ class _Assembly:
         n = dump.n
         status_ids = [str(k) for k in dump.pg_status] or [None]
         end = n + len(status_ids)
+        list_codes = self._list_codes(dump)  # (before any row is taken: a value they refuse leaves no row behind)
         first = self.buffers.take(end)
         end += first
         # the order of the remaps below is the order codes are given in (the dictionaries' order)
         names, descs, id_values, local_codes, first_row_of_id = self._add_groups(dump, first, end)
         self._add_values(dump, first, end)
         self._add_status_columns(dump.pg_status, id_values, local_codes, status_ids, first, n, end)
+        for name, codes in list_codes.items():
+            self.buffers.put_codes(name, first, n, end, codes)
         self._add_lists(dump, first, n, end)
         self._add_membership(dump, names, descs)
         id_to_name = dict(zip(id_values, names[first_row_of_id].tolist(), strict=True))
@@ -159,17 +162,19 @@ class _Assembly:
             rows = [None if pid is None else _status_value(status, pid, key) for pid in status_ids]
             self.buffers.put_ints(column, first, n, end, by_id[local_codes], known[local_codes], rows)
 
-    def _add_lists(self, dump: _Dump, first: int, n: int, end: int) -> None:
-        coded = self.buffers.coded_lists
-        if "input_sizes" in coded:
+    def _list_codes(self, dump: _Dump) -> dict[str, np.ndarray]:
+        """The entries' codes in the dictionaries of list values, for the list columns a dictionary read codes."""
+        out = {}
+        if "input_sizes" in self.buffers.coded_lists:
             sizes = dump.sizes["input_sizes"]
-            self.buffers.put_codes("input_sizes", first, n, end,
-                                   self.shapes.codes(sizes.counts, sizes.ndims, sizes.dims, self.compiled))
-        if "input_dtypes" in coded:
+            out["input_sizes"] = self.shapes.codes(sizes.counts, sizes.ndims, sizes.dims, self.compiled)
+        if "input_dtypes" in self.buffers.coded_lists:
             column = dump.dtypes["input_dtypes"]
             items = self.strings["input_dtypes"].remap(column.values or [], column.items)
-            self.buffers.put_codes("input_dtypes", first, n, end,
-                                   self.dtype_lists.codes(column.counts, items, self.compiled))
+            out["input_dtypes"] = self.dtype_lists.codes(column.counts, items, self.compiled)
+        return out
+
+    def _add_lists(self, dump: _Dump, first: int, n: int, end: int) -> None:
         for key in ("input_sizes", "output_sizes"):
             if key in self.buffers.lists:
                 sizes = dump.sizes[key]

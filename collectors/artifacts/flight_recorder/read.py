@@ -121,8 +121,9 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
     """Read every dump in `directory` into `collectives` rows.
 
     columns: the subset of the table's columns to build (default all; analysis needs far fewer).
-    dictionary: keep string columns dictionary-encoded (smaller and faster for analysis); the default gives the
-    table exactly in the schema. fast_path=False loads pickles through the restricted unpickler only (the
+    dictionary: keep string columns dictionary-encoded, and input_sizes / input_dtypes as dictionary arrays over
+    the distinct values (shapes.py; smaller and faster for analysis); the default gives the table exactly in the
+    schema. fast_path=False loads pickles through the restricted unpickler only (the
     reference path the fast scanner is tested against); True uses the compiled scanner; None (default) uses it
     when the dump set holds at least FAST_PATH_MIN_BYTES, since its first use after install compiles the numba
     kernels (10-20 s), which a small set — a live hang of a small job — must not wait for.

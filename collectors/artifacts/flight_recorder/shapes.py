@@ -122,6 +122,12 @@ def _rehash(slots, code_hash, codes):
         slots[slot] = code
 
 
+def _coded(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
+    """int32 codes (-1: null) over `dictionary`, the indices unchecked and uncopied (they came from it)."""
+    return pa.DictionaryArray.from_arrays(np.ascontiguousarray(codes, np.int32), dictionary, from_pandas=True,
+                                          safe=False)
+
+
 def _grown(array: np.ndarray, need: int) -> np.ndarray:
     if need <= array.shape[0]:
         return array
@@ -223,8 +229,7 @@ class _Shapes:
 
     def array(self, codes: np.ndarray) -> pa.Array:
         """int32 codes (-1: null; all below len(self)) as a dictionary array over the values so far."""
-        codes = np.ascontiguousarray(codes, np.int32)
-        return pa.DictionaryArray.from_arrays(codes, self.dictionary(), from_pandas=True, safe=False)
+        return _coded(codes, self.dictionary())
 
     def remap(self, array: pa.DictionaryArray, compiled: bool = True) -> pa.DictionaryArray:
         """A dictionary array of another _Shapes (a part read by another process) in this one's codes."""
@@ -309,8 +314,8 @@ class _StringLists:
         return self._dictionary
 
     def array(self, codes: np.ndarray) -> pa.Array:
-        codes = np.ascontiguousarray(codes, np.int32)
-        return pa.DictionaryArray.from_arrays(codes, self.dictionary(), from_pandas=True, safe=False)
+        """int32 codes (-1: null; all below len(self)) as a dictionary array over the lists so far."""
+        return _coded(codes, self.dictionary())
 
     def remap(self, array: pa.DictionaryArray, compiled: bool = True) -> pa.DictionaryArray:
         """A dictionary array of another _StringLists (a part read by another process) in this one's codes."""
