@@ -36,7 +36,6 @@ class _Decoder:
         self.left = limits.element_budget(int(buf.shape[0]))  # values decoded (shared references count each time)
         self.max_depth = limits.max_depth
         self.buf = buf
-        self.view = memoryview(buf)  # (slices of a memoryview cost a fraction of an array's)
         self.kind, self.ival, self.ilen = kind, ival, ilen
         self.head, self.run_start, self.run_end, self.run_next, self.echild = links
 
@@ -50,14 +49,11 @@ class _Decoder:
 
     def raw(self, node: int) -> bytes:
         start = int(self.ival[node])
-        return self.view[start:start + int(self.ilen[node])].tobytes()
+        return self.buf[start:start + int(self.ilen[node])].tobytes()
 
     def text(self, node: int) -> str:
-        start = int(self.ival[node])
-        length = int(self.ilen[node])
-        if length >= _LONG_TEXT:
-            return _long_text(self.view[start:start + length].tobytes())
-        return str(self.view[start:start + length], "utf-8", "replace")
+        raw = self.raw(node)
+        return _long_text(raw) if len(raw) >= _LONG_TEXT else raw.decode("utf-8", "replace")
 
     def value(self, node: int, depth: int = 0) -> Any:
         self.left -= 1
@@ -140,7 +136,6 @@ class _Decoder:
         return _StrColumn(out, values)
 
 
-_INT_SLOT = {name: i for i, name in enumerate(fast.INT_FIELDS)}
 _local = threading.local()
 _LONG_TEXT = 4096  # bytes: a group's ranks as pg_config writes them, from a few hundred ranks on
 _LONG_TEXTS_KEPT = 256
@@ -218,8 +213,8 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     (ints, valid, _strs, flags), counts, sizes, _dtypes, frames, small, (codes, distinct), groups = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links, limits)
     top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
-    valid = valid.view(np.bool_)  # the scanner writes 0 or 1
-    slot = _INT_SLOT
+    valid = valid.astype(bool)
+    slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
     strings = {name: decoder.interned(codes[i], distinct[i]) for i, name in enumerate(_STRING_FIELDS)}
     dtype_columns = {}
