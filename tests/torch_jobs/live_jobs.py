@@ -192,8 +192,12 @@ def run_job(store: Path, workdir: Path, *, job_id: str, attempt: int, scenario: 
     return result
 
 
-def kill_node_at(node: str, step: int, *, agent_only: bool = False) -> Callable[[list[Agent]], str | None]:
-    """A fault: once `node`'s workers completed `step`, SIGKILL its agent (and its workers, unless agent_only)."""
+def kill_node_at(node: str, step: int, *, agent_only: bool = False,
+                 workers: int | None = None) -> Callable[[list[Agent]], str | None]:
+    """A fault: once `node`'s workers completed `step`, SIGKILL its agent (and its workers, unless agent_only).
+    workers: SIGKILL only that many of them (lowest ranks first) with the agent; the rest of the node then dies of
+    its lost node-mates, unwatched (a node that goes process by process: its last ranks echo the loss, and no
+    agent reports how they ended)."""
 
     def kill(agents: list[Agent]) -> str | None:
         agent = next(a for a in agents if a.node == node)
@@ -202,11 +206,11 @@ def kill_node_at(node: str, step: int, *, agent_only: bool = False) -> Callable[
         pids = heartbeat_pids(agent)
         agent.killed = True
         os.kill(agent.process.pid, signal.SIGKILL)
-        if not agent_only:
-            for pid in pids.values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        return f"{node}: SIGKILL agent{'' if agent_only else ' and workers'} at step {step} " \
-               f"({dt.datetime.now(dt.UTC).isoformat()})"
+        doomed = [] if agent_only else [pids[rank] for rank in sorted(pids)][:workers]
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        what = "" if agent_only else " and workers" if len(doomed) == len(pids) else f" and {len(doomed)} worker(s)"
+        return f"{node}: SIGKILL agent{what} at step {step} ({dt.datetime.now(dt.UTC).isoformat()})"
 
     return kill

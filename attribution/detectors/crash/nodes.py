@@ -71,18 +71,31 @@ def _secondary_summary(failures: list[RankFailure], primary: RankFailure | None)
                                              f"folded into this incident ({parts})")
 
 
+def _vanished_echoes(failures: list[RankFailure]) -> set[int]:
+    """Ranks that only echoed a lost peer and left no record of how they ended (no exit row, no signal): a node
+    dies process by process, and a rank can print its node-mate's loss in the moment before it goes too."""
+    return {f.rank for f in failures
+            if f.rank is not None and f.kind == FailureKind.SECONDARY and f.exit_code is None and f.signal is None}
+
+
 def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
                  failures: list[RankFailure], placement: dict[int, Placement], silent: list[int],
-                 silent_nodes: list[str], first: dt.datetime, secondary_line: Evidence | None,
+                 silent_nodes: list[str], secondary_line: Evidence | None,
                  now: dt.datetime) -> Incident | None:
-    """Every rank of one node said nothing while ranks of other nodes echoed a lost peer, and that node made
-    no progress after the failure began: the node was lost (no agent report needed)."""
-    if len(silent_nodes) != 1 or not any(f.kind == FailureKind.SECONDARY for f in failures):
+    """Every rank of one node said nothing (or only echoed a node-mate's loss and vanished with no exit) while
+    ranks of other nodes echoed a lost peer, and that node made no progress after they began failing: the node
+    was lost (no agent report needed)."""
+    if len(silent_nodes) != 1:
         return None
     node = silent_nodes[0]
     ranks = sorted(r for r, p in placement.items() if p.node == node)
-    if not ranks or not set(ranks) <= set(silent):
+    vanished = _vanished_echoes(failures) & set(ranks)
+    if not ranks or not set(ranks) <= set(silent) | vanished:
         return None
+    others = [f for f in failures if f.rank not in ranks and f.node != node]
+    if not any(f.kind == FailureKind.SECONDARY for f in others):
+        return None
+    first = min(f.ts for f in others)  # when the rest of the job began failing
     if node in ended_agents(telemetry.process_events, job, attempt):
         return None  # its torchrun agent exited 0: the node ended its part, it was not lost
     progressed = last_progress(telemetry, attempt, ranks)
@@ -91,21 +104,23 @@ def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attem
     if _alive_after(telemetry.heartbeats, attempt, ranks, first + dt.timedelta(seconds=2)):
         return None
     rule = "crash-node-silent"
+    echoed = f"; ranks {sorted(vanished)} only echoed a node-mate's loss, then vanished with no exit" \
+        if vanished else ""
     evidence = [Evidence("process_events", first, f"every rank of {node} ({ranks}) fell silent while "
-                                                  f"{len(failures)} rank(s) of other nodes lost contact")]
-    evidence.extend(e for f in sorted(failures, key=lambda f: f.ts)[:2] for e in f.evidence[:1])
+                                                  f"{len(others)} rank(s) of other nodes lost contact{echoed}")]
+    evidence.extend(e for f in sorted(others, key=lambda f: f.ts)[:2] for e in f.evidence[:1])
     if secondary_line:
         evidence.append(secondary_line)
     gpus = sorted({placement[r].gpu_label for r in ranks if placement[r].gpu_label})
     return Incident(
         incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
-        cause=Cause.HOST, first_signal_ts=min(first, progressed or first), detected_ts=now,
-        confidence=rules.conf(rule, 0.75), rule=rule,
+        cause=Cause.HOST, first_signal_ts=min([first, progressed or first, *(f.ts for f in failures)]),
+        detected_ts=now, confidence=rules.conf(rule, 0.75), rule=rule,
         summary=f"crash: node loss: every rank of {node} fell silent while its peers lost contact; cause host",
         job_id=job, attempt=attempt, culprit_nodes=(node,), culprit_ranks=tuple(ranks), culprit_gpus=tuple(gpus),
         evidence=tuple(evidence[: rules.evidence_limit]),
         step=next((s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None),
-        details={"primary_kind": "node_silent", "failures": len(failures),
+        details={"primary_kind": "node_silent", "failures": len(failures), "vanished_echoes": sorted(vanished),
                  "failures_from": first.isoformat()})
 
 
@@ -147,8 +162,11 @@ def _no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Te
     if timeouts:
         evidence = [e for f in sorted(timeouts, key=lambda f: f.ts)[:3] for e in f.evidence[:1]]
         return HangTrigger(job, attempt, min(f.ts for f in timeouts), tuple(evidence))
+    # a node with a silent rank, none of whose ranks reported anything but an echo it left no exit after
+    vanished = _vanished_echoes(failures)
     silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
-                          - {f.node for f in failures if f.node})
+                          - {f.node or (placement[f.rank].node if f.rank in placement else None)
+                             for f in failures if f.rank not in vanished})
     running = running_agents(telemetry.process_events, job, attempt)
     # a silent rank whose agent still runs: that agent's report of what happened to it is still to come (its
     # node-mates' own error files and teed lines land first, so the node is not silent as a whole)
@@ -156,8 +174,8 @@ def _no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Te
     if (unreported or (silent_nodes and set(silent_nodes) <= running)) and \
             (now - first).total_seconds() < rules.silent_node_wait_s:
         return WAIT
-    silent_node = _silent_node(rules, telemetry, job, attempt, failures, placement, silent, silent_nodes, first,
-                                    secondary_line, now)
+    silent_node = _silent_node(rules, telemetry, job, attempt, failures, placement, silent, silent_nodes,
+                               secondary_line, now)
     if silent_node is not None:
         return silent_node
     rule = "crash-no-primary"
