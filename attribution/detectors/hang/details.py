@@ -12,13 +12,24 @@ from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecod
 from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, ranks_text
 from faultlens.attribution.detectors.hang.kernels import combine_signatures, row_signatures
 from faultlens.attribution.detectors.hang.lookups import rows_for_keys
-from faultlens.attribution.detectors.hang.report import P2P_OP, SHAPE_MUST_MATCH, HangVerdict
+from faultlens.attribution.detectors.hang.report import INPUT_AT_ROOT_ONLY, P2P_OP, SHAPE_MUST_MATCH, HangVerdict
 from faultlens.attribution.detectors.hang.skips import group_role, groups_by_role
 
 
 def shape_bound(ops: list[Any]) -> np.ndarray:
     """Per op code (and -1 last): whether its ranks' shapes must agree (SHAPE_MUST_MATCH)."""
     return np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+
+
+def bound_signatures(ops: list[Any], op_codes: np.ndarray, size_sig: np.ndarray,
+                     dtype_sig: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The size and dtype signatures of rows with op codes `op_codes`, each 0 where its ranks need not agree on
+    it: sizes outside the shape-bound ops, dtypes of an op whose input only the root holds (a scatter's other
+    members record no input at all)."""
+    shape_ops = shape_bound(ops)
+    root_input = np.array([bool(INPUT_AT_ROOT_ONLY.search(str(o))) for o in ops] + [False], bool)
+    return (np.where(shape_ops[op_codes], size_sig, np.uint64(0)),
+            np.where(root_input[op_codes], np.uint64(0), dtype_sig))
 
 
 def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
@@ -54,12 +65,11 @@ def _signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | N
                 ops: list[Any], at: int) -> np.ndarray:
     """The signature (op + sizes (for shape-bound ops) + dtypes) of each of a slice's collective rows `rows`; the
     slice's rows start at row `at` of the sizes and dtypes columns."""
-    shape_ops = shape_bound(ops)
     c_ops = part.op[rows]
     length = len(part.rank)
-    size_sig, dtype_sig = row_signatures(sizes.slice(at, length) if sizes is not None else None,
-                                         dtypes.slice(at, length) if dtypes is not None else None, rows)
-    size_sig = np.where(shape_ops[c_ops], size_sig, np.uint64(0))
+    size_sig, dtype_sig = bound_signatures(ops, c_ops, *row_signatures(
+        sizes.slice(at, length) if sizes is not None else None,
+        dtypes.slice(at, length) if dtypes is not None else None, rows))
     return combine_signatures(c_ops.astype(np.uint64), size_sig, dtype_sig)
 
 
@@ -111,13 +121,10 @@ def _mismatch(analysis: Analysis, table: pa.Table, details: _KeyDetails, g: int,
     taken = details.taken.take(pa.array(pos))
     ops = details.decoder.ops.values
     op_codes = details.op[pos]
-    shape_ops = shape_bound(ops)
     local = np.arange(taken.num_rows, dtype=np.int64)
-    size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in taken.column_names
-                                         else None,
-                                         taken.column("input_dtypes") if "input_dtypes" in taken.column_names
-                                         else None, local)
-    size_sig = np.where(shape_ops[op_codes], size_sig, np.uint64(0))
+    size_sig, dtype_sig = bound_signatures(ops, op_codes, *row_signatures(
+        taken.column("input_sizes") if "input_sizes" in taken.column_names else None,
+        taken.column("input_dtypes") if "input_dtypes" in taken.column_names else None, local))
     ranks = details.rank[pos]
     signature: dict[int, tuple[int, int, int]] = {}
     for i in range(len(pos)):
@@ -159,11 +166,9 @@ def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
     taken = take_rows(table.select(needed), all_rows)
     n = taken.num_rows
     ops = decoder.ops.codes(taken.column("op") if "op" in needed else None, n)
-    size_sig, dtype_sig = row_signatures(taken.column("input_sizes") if "input_sizes" in needed else None,
-                                         taken.column("input_dtypes") if "input_dtypes" in needed else None,
-                                         np.arange(n, dtype=np.int64))
-    shape_ops = shape_bound(decoder.ops.values)
-    size_sig = np.where(shape_ops[ops], size_sig, np.uint64(0))
+    size_sig, dtype_sig = bound_signatures(decoder.ops.values, ops, *row_signatures(
+        taken.column("input_sizes") if "input_sizes" in needed else None,
+        taken.column("input_dtypes") if "input_dtypes" in needed else None, np.arange(n, dtype=np.int64)))
     ranks = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
     by_key: dict[tuple[int, int], dict[int, Signature]] = {}
     i = 0

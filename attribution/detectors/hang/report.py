@@ -87,6 +87,8 @@ class HangReport:
 SHAPE_MUST_MATCH = re.compile(r":(all_reduce|allreduce|_allreduce_base|broadcast|reduce|all_gather|allgather|"
                                r"_all_gather_base|all_gather_into_tensor|reduce_scatter|_reduce_scatter_base|"
                                r"reduce_scatter_tensor|barrier)(_coalesced)?$")
+# ops whose input only the root holds (scatter): the other members' empty input lists say nothing of dtypes
+INPUT_AT_ROOT_ONLY = re.compile(r":scatter$")
 P2P_OP = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
 COLUMNS = ("rank", "pg_id", "pg_name", "pg_desc", "pg_ranks", "record_id", "collective_seq_id", "p2p_seq_id",
            "is_p2p", "op", "state", "retired", "time_created", "input_sizes", "input_dtypes")

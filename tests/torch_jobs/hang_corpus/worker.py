@@ -170,6 +170,18 @@ class Runner:
             root = ranks[0]
             dist.gather(x, [torch.empty_like(x) for _ in ranks] if self.rank == root else None, dst=root,
                         group=group)
+        elif name == "scatter":  # only the root (the group's first rank) holds the input list
+            root = ranks[0]
+            dist.scatter(torch.empty_like(x), [x.clone() for _ in ranks] if self.rank == root else None, src=root,
+                         group=group)
+        elif name == "all_gather_into_tensor":  # FSDP's parameter gather
+            dist.all_gather_into_tensor(torch.empty(len(ranks) * N), x, group=group)
+        elif name == "reduce_scatter":  # FSDP's gradient reduce (reduce_scatter_tensor)
+            dist.reduce_scatter_tensor(torch.empty(N), torch.ones(len(ranks) * N), group=group)
+        elif name == "all_to_all":  # an MoE token exchange (all_to_all_single)
+            dist.all_to_all_single(torch.empty(len(ranks) * N), torch.ones(len(ranks) * N), group=group)
+        elif name == "barrier":
+            dist.barrier(group=group)
         elif name in ("send", "recv"):
             peer = next(r for r in ranks if r != self.rank)
             if name == "send":

@@ -138,6 +138,12 @@ PROGRAMS: dict[str, Callable[[int, int], tuple[Op, ...]]] = {
     "pipeline": _pipeline,
     "pipeline_only": _pipeline_only,
     "default": _fixed(("world", AR), ("world", "broadcast"), ("world", AR)),
+    # the collectives other training code runs (third wave): FSDP's sharded data parallelism, MoE token exchange,
+    # a rooted scatter (only its root records an input), a barrier
+    "fsdp": _fixed(("tp", AR), ("dp", "all_gather_into_tensor"), ("dp", "reduce_scatter"), ("world", AR)),
+    "moe_a2a": _fixed(("tp", AR), ("ep", "all_to_all"), ("ep", "all_to_all"), ("dp", AR), ("world", AR)),
+    "scatter_tp": _fixed(("tp", "scatter"), ("dp", AR), ("world", AR)),
+    "barrier_dp": _fixed(("tp", AR), ("dp", "barrier"), ("world", AR)),
 }
 
 
@@ -254,6 +260,19 @@ MAIN_SCENARIOS: tuple[HeldoutScenario, ...] = (
        "collective) and goes on; its DP all_reduces pair with its peers' earlier ones until the last step, where "
        "ranks 2, 10, 14 wait in DP while rank 6 has finished", "tp_dp", 3, [(6, 0, 1, "skip")], {6: "skipped"}),
     _h("l8_healthy", "l8", "no fault: the 4-stage pipeline's sends and receives all complete", "pipeline", 3, []),
+    # third wave: other collectives (programs fsdp, moe_a2a, scatter_tp, barrier_dp)
+    _h("l16_fsdp_stuck_rs", "l16", "rank 5 blocks before step 2's DP reduce_scatter_tensor (FSDP's gradient "
+       "reduce): rank 1 waits in it", "fsdp", 4, [(5, 2, 2, "stuck")], {5: SO}),
+    _h("l16_fsdp_stuck_ag", "l16", "rank 14 blocks before step 1's DP all_gather_into_tensor (FSDP's parameter "
+       "gather)", "fsdp", 3, [(14, 1, 1, "stuck")], {14: SO}),
+    _h("l16_a2a_stuck", "l16", "rank 6 blocks before step 1's second EP all_to_all_single (MoE combine): rank 4 "
+       "waits in it", "moe_a2a", 3, [(6, 1, 2, "stuck")], {6: SO}),
+    _h("l6_scatter_nonroot", "l6", "rank 4 blocks before step 2's TP scatter, whose root (rank 3) sends and goes "
+       "on into DP; rank 5 receives", "scatter_tp", 4, [(4, 2, 0, "stuck")], {4: SO}),
+    _h("l6_scatter_root", "l6", "the root of a TP scatter (rank 3) blocks before step 1's: ranks 4, 5 wait in it",
+       "scatter_tp", 3, [(3, 1, 0, "stuck")], {3: SO}),
+    _h("l12_barrier_dp", "l12", "rank 7 blocks before step 3's DP barrier (no descs)", "barrier_dp", 5,
+       [(7, 3, 1, "stuck")], {7: SO}),
     # phase 2: a SIGKILL ends the process for every scenario
     _h("l12_sigkill", "l12", "rank 9 is SIGKILLed before step 2's DP all_reduce and writes no dump",
        "tp_dp_world", 4, [(9, 2, 1, "kill")], {9: "missing_dump"}, phase=2),
