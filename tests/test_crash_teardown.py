@@ -105,19 +105,36 @@ def test_a_real_error_file_of_the_second_before_the_teardown_stays_a_failure(
     assert (incident.rule, incident.culprit_ranks) == ("crash-exception", (2,))
 
 
+#: the survivors' error files of a CI run (rank 0 "Connection closed by peer", ranks 1 and 3 gloo timeouts; README)
+STORED_ERROR_FILES = Path(__file__).parent / "data" / "teardown" / "crash-exception-error-files"
+
+
+def _survivor_echoes(root: Path, pattern: str) -> list[list[dict]]:
+    """The rows of every survivor's error file (ranks other than 2): root.glob(pattern), <rank>/error.json."""
+    context = EventContext(node="node-00", job_id="job-1", attempt=0)
+    found = [rows_from_error_file(path, context, rank=int(path.parent.name), local_rank=int(path.parent.name))
+             for path in sorted(root.glob(pattern)) if path.parent.name != "2"]
+    assert len(found) == 3, root
+    return found
+
+
+@pytest.mark.parametrize("where", ["generated", "stored"])
 def test_a_survivors_echo_of_the_second_before_the_teardown_names_nobody(
-        torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine) -> None:
-    """A survivor's echo alone, before the teardown, names no culprit (whichever secondary error torch wrote:
-    "Connection closed by peer" is a crash with no primary, as in the demo's batch verdict; a gloo timeout is
-    left to the hang analysis)."""
-    rows = _error_file_rows(torch_artifacts, "echo")
-    write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
-    write(store_dir, "process_events", [*rows, teardown(_stamp(rows) + dt.timedelta(seconds=1.116))])
+        torch_artifacts: dict[str, Path], tmp_path: Path, engine: Engine, where: str) -> None:
+    """A survivor's echo alone, before the teardown, names no culprit, whichever secondary error torch wrote
+    ("Connection closed by peer" is a crash with no primary, as in the demo's batch verdict; a gloo timeout is
+    left to the hang analysis): every survivor's file of this session's run and of the CI run kept in tests/data."""
+    echoes = (_survivor_echoes(STORED_ERROR_FILES, "*/error.json") if where == "stored" else
+              _survivor_echoes(torch_artifacts["crash_exception"] / "logdir", "*/attempt_0/*/error.json"))
+    for i, rows in enumerate(echoes):
+        store_dir = tmp_path / f"store-{i}"
+        write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
+        write(store_dir, "process_events", [*rows, teardown(_stamp(rows) + dt.timedelta(seconds=1.116))])
 
-    found = crashes(store_dir, engine)
+        found = crashes(store_dir, engine)
 
-    assert len(found) <= 1 and all(i.culprit_ranks == () for i in found), found
-    assert all(i.rule == "crash-no-primary" for i in found), found
+        assert len(found) <= 1 and all(i.culprit_ranks == () for i in found), (rows[0]["message"], found)
+        assert all(i.rule == "crash-no-primary" for i in found), found
 
 
 BUG = {"exception_type": "ValueError", "message": "ValueError: shapes do not match", "fingerprint": "fp-shapes"}

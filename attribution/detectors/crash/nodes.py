@@ -80,14 +80,14 @@ def _vanished_echoes(failures: list[RankFailure]) -> set[int]:
 
 def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
                  failures: list[RankFailure], placement: dict[int, Placement], silent: list[int],
-                 silent_nodes: list[str], secondary_line: Evidence | None,
+                 candidates: list[str], secondary_line: Evidence | None,
                  now: dt.datetime) -> Incident | None:
     """Every rank of one node said nothing (or only echoed a node-mate's loss and vanished with no exit) while
     ranks of other nodes echoed a lost peer, and that node made no progress after they began failing: the node
-    was lost (no agent report needed)."""
-    if len(silent_nodes) != 1:
+    was lost (no agent report needed). candidates: the nodes it may be (one, or nothing is said)."""
+    if len(candidates) != 1:
         return None
-    node = silent_nodes[0]
+    node = candidates[0]
     ranks = sorted(r for r, p in placement.items() if p.node == node)
     vanished = _vanished_echoes(failures) & set(ranks)
     if not ranks or not set(ranks) <= set(silent) | vanished:
@@ -162,11 +162,8 @@ def _no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Te
     if timeouts:
         evidence = [e for f in sorted(timeouts, key=lambda f: f.ts)[:3] for e in f.evidence[:1]]
         return HangTrigger(job, attempt, min(f.ts for f in timeouts), tuple(evidence))
-    # a node with a silent rank, none of whose ranks reported anything but an echo it left no exit after
-    vanished = _vanished_echoes(failures)
     silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
-                          - {f.node or (placement[f.rank].node if f.rank in placement else None)
-                             for f in failures if f.rank not in vanished})
+                          - {f.node for f in failures if f.node})
     running = running_agents(telemetry.process_events, job, attempt)
     # a silent rank whose agent still runs: that agent's report of what happened to it is still to come (its
     # node-mates' own error files and teed lines land first, so the node is not silent as a whole)
@@ -174,8 +171,14 @@ def _no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Te
     if (unreported or (silent_nodes and set(silent_nodes) <= running)) and \
             (now - first).total_seconds() < rules.silent_node_wait_s:
         return WAIT
-    silent_node = _silent_node(rules, telemetry, job, attempt, failures, placement, silent, silent_nodes,
-                               secondary_line, now)
+    # a lost node may have said something on its way down: a rank that only echoed its node-mate's death and left
+    # no exit (nobody was left to report one) goes with the node's silent ranks
+    vanished = _vanished_echoes(failures)
+    lost_nodes = sorted({placement[r].node for r in silent if placement[r].node}
+                        - {f.node or (placement[f.rank].node if f.rank in placement else None)
+                           for f in failures if f.rank not in vanished})
+    silent_node = _silent_node(rules, telemetry, job, attempt, failures, placement, silent,
+                               silent_nodes or lost_nodes, secondary_line, now)
     if silent_node is not None:
         return silent_node
     rule = "crash-no-primary"
