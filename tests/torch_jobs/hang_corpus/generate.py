@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from tests.torch_jobs.hang_corpus import scenarios as sc
-from tests.torch_jobs.hang_corpus.scenarios import FAULTS_SUFFIX
+from tests.torch_jobs.hang_corpus.scenarios import FAULTS_SUFFIX, WRITES_KEY
 from tests.torch_jobs.harness import files_key, generated_once
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -40,6 +40,9 @@ PACKAGE = Path(__file__).resolve().parent
 HASHED = ("scenarios.py", "worker.py", "generate.py")
 ENV_DIR = "FAULTLENS_HANG_CORPUS"
 QUIET_S = 5.0  # generous: a loaded machine must not pass for a settled hang
+#: and, within that spell, at least this many status reports from every live rank (0.2 s apart when the rank runs
+#: freely): on a starved machine the reports stop too, so a still view alone says nothing
+QUIET_REPORTS = 20
 START_TIMEOUT_S = 240.0
 SETTLE_TIMEOUT_S = 120.0
 
@@ -91,10 +94,12 @@ def _stderr_tail(out: Path) -> str:
 
 def _wait_quiet(control: Path, scenarios: list[str], procs: list[subprocess.Popen], out: Path,
                 alive: set[int]) -> dict[int, dict]:
-    """Until no scenario of `scenarios` moved on any live rank for QUIET_S."""
+    """Until no scenario of `scenarios` moved on any live rank for QUIET_S, while every live rank went on
+    reporting (QUIET_REPORTS reports each: the spell was not one in which the machine ran nothing)."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     last: dict | None = None
     since = time.monotonic()
+    reports_at_since: dict[int, int] = {}
     while True:
         for rank in list(alive):
             if procs[rank].poll() is not None:
@@ -103,10 +108,12 @@ def _wait_quiet(control: Path, scenarios: list[str], procs: list[subprocess.Pope
                 alive = alive - {rank}  # the SIGKILL scenario's victim
         status = _read_status(control, len(procs))
         view = {r: {s: status.get(r, {}).get(s) for s in scenarios} for r in alive}
+        reports = {r: int(status.get(r, {}).get(WRITES_KEY) or 0) for r in alive}
         if view != last:
-            last, since = view, time.monotonic()
-        elif time.monotonic() - since >= QUIET_S and all(all(v is not None for v in view[r].values())
-                                                         for r in alive):
+            last, since, reports_at_since = view, time.monotonic(), reports
+        elif (time.monotonic() - since >= QUIET_S
+              and all(reports[r] - reports_at_since.get(r, reports[r]) >= QUIET_REPORTS for r in alive)
+              and all(all(v is not None for v in view[r].values()) for r in alive)):
             return status
         if time.monotonic() > deadline:
             raise CorpusError(f"scenarios {scenarios} never settled; last status {view}")

@@ -55,6 +55,7 @@ PROGRAMS: dict[str, tuple[tuple[Op, ...], tuple[Op, ...]]] = {
 }
 EXTRA_GROUP = (2, 5)
 FAULTS_SUFFIX = "#faults"  # worker status key of a scenario's faults a rank carried out (beside its progress)
+WRITES_KEY = "#writes"  # worker status key: how many times the rank has written its status so far
 
 
 @dataclass(frozen=True)
