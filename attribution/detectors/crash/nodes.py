@@ -80,16 +80,17 @@ def _vanished_echoes(failures: list[RankFailure]) -> set[int]:
 
 def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
                  failures: list[RankFailure], placement: dict[int, Placement], silent: list[int],
-                 candidates: list[str], secondary_line: Evidence | None,
+                 vanished_echoes: set[int], candidates: list[str], secondary_line: Evidence | None,
                  now: dt.datetime) -> Incident | None:
     """Every rank of one node said nothing (or only echoed a node-mate's loss and vanished with no exit) while
     ranks of other nodes echoed a lost peer, and that node made no progress after they began failing: the node
-    was lost (no agent report needed). candidates: the nodes it may be (one, or nothing is said)."""
+    was lost (no agent report needed). vanished_echoes: _vanished_echoes(failures); candidates: the nodes it may
+    be (one, or nothing is said)."""
     if len(candidates) != 1:
         return None
     node = candidates[0]
     ranks = sorted(r for r, p in placement.items() if p.node == node)
-    vanished = _vanished_echoes(failures) & set(ranks)
+    vanished = vanished_echoes & set(ranks)
     if not ranks or not set(ranks) <= set(silent) | vanished:
         return None
     others = [f for f in failures if f.rank not in ranks and f.node != node]
@@ -177,7 +178,7 @@ def _no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Te
     lost_nodes = sorted({placement[r].node for r in silent if placement[r].node}
                         - {f.node or (placement[f.rank].node if f.rank in placement else None)
                            for f in failures if f.rank not in vanished})
-    silent_node = _silent_node(rules, telemetry, job, attempt, failures, placement, silent,
+    silent_node = _silent_node(rules, telemetry, job, attempt, failures, placement, silent, vanished,
                                silent_nodes or lost_nodes, secondary_line, now)
     if silent_node is not None:
         return silent_node

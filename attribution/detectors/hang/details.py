@@ -1,5 +1,6 @@
 """The details pass: cross-group entry order, stack edges, signatures, mismatches, p2p divergences."""
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -16,20 +17,18 @@ from faultlens.attribution.detectors.hang.report import INPUT_AT_ROOT_ONLY, P2P_
 from faultlens.attribution.detectors.hang.skips import group_role, groups_by_role
 
 
-def shape_bound(ops: list[Any]) -> np.ndarray:
-    """Per op code (and -1 last): whether its ranks' shapes must agree (SHAPE_MUST_MATCH)."""
-    return np.array([bool(SHAPE_MUST_MATCH.search(str(o))) for o in ops] + [False], bool)
+def _ops_matching(ops: list[Any], pattern: re.Pattern[str]) -> np.ndarray:
+    """Per op code (and -1 last): whether the op's name matches `pattern`."""
+    return np.array([bool(pattern.search(str(o))) for o in ops] + [False], bool)
 
 
 def bound_signatures(ops: list[Any], op_codes: np.ndarray, size_sig: np.ndarray,
                      dtype_sig: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The size and dtype signatures of rows with op codes `op_codes`, each 0 where its ranks need not agree on
-    it: sizes outside the shape-bound ops, dtypes of an op whose input only the root holds (a scatter's other
-    members record no input at all)."""
-    shape_ops = shape_bound(ops)
-    root_input = np.array([bool(INPUT_AT_ROOT_ONLY.search(str(o))) for o in ops] + [False], bool)
-    return (np.where(shape_ops[op_codes], size_sig, np.uint64(0)),
-            np.where(root_input[op_codes], np.uint64(0), dtype_sig))
+    it: sizes outside the shape-bound ops (SHAPE_MUST_MATCH), dtypes of an op whose input only the root holds (a
+    scatter's other members record no input at all)."""
+    return (np.where(_ops_matching(ops, SHAPE_MUST_MATCH)[op_codes], size_sig, np.uint64(0)),
+            np.where(_ops_matching(ops, INPUT_AT_ROOT_ONLY)[op_codes], np.uint64(0), dtype_sig))
 
 
 def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:

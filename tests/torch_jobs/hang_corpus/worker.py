@@ -232,9 +232,13 @@ def main(argv: list[str]) -> int:
     status: dict[str, tuple[int, str]] = {}
     stop = threading.Event()
 
+    parent = os.getppid()
+
     def report() -> None:
         writes = 0
         while not stop.is_set():
+            if os.getppid() != parent:  # the generator is gone (killed outright): never outlive it, spinning
+                os._exit(1)
             # WRITES_KEY counts the reports: the generator takes a quiet spell as settled only where this process
             # was running all along (a starved process reports nothing new either)
             writes += 1
@@ -268,8 +272,9 @@ def main(argv: list[str]) -> int:
                 _write(out / s.name / "dumps-json" / f"rank_{rank}.json", json.dumps(dump_json).encode())
         _write(control / f"dumped_{phase}_rank_{rank}", b"")
     stop.set()
-    while True:  # the generator ends the process
+    while os.getppid() == parent:  # the generator ends the process (or it is gone)
         time.sleep(1)
+    return 1
 
 
 if __name__ == "__main__":
