@@ -35,6 +35,9 @@ How the answer is reached
    later, enqueued work waits behind the stall); its out-edges are dropped.
    Stacks (collectors/sources/pystack.py, py-spy): a rank blocked in a send/recv gloo does not record waits on its peer:
    one more edge. A stuck rank's frame is evidence ("rank 3 is in DataLoader.__next__").
+   Without stacks, on gloo, a rank blocked in such a send/recv looks stuck in its own code; where two or more ranks
+   stopped that way, their roots stand uncertain (any may wait on another: hidden_p2p.py), below the policy's
+   failover threshold.
 4. **Cycles.** A cycle (rank 2 waits for rank 3 in a sub-group while rank 3 waits for rank 2 in the world group)
    arises when one rank *skipped* a collective, or ran two in another order. Broken first by each rank's own
    cross-group entry order (record order): for a cycle member that lags in group G at seq k, the collectives it

@@ -86,6 +86,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     # always 'scheduled' and `retired` depends on when each rank dumped (a rank that dumped at the end of a run
     # before its last barrier was retired is no stalled rank), so there only entering is compared
     device_states = any(str(v) in ("started", "completed") for v in decoder.states.values)
+    # gloo records no send/recv: a rank blocked in one looks stuck in its own code (hidden_p2p.py)
+    analysis.p2p_unrecorded = any(str(v).startswith("gloo:") for v in decoder.ops.values)
     pending, stuck_pending = _group_divergences(analysis, progress, device_states)
     bad_keys = first.signatures.differing(MAX_MISMATCH_KEYS)  # (group, seq) whose ranks disagree
     first.signatures = SignatureTable()

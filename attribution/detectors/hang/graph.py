@@ -79,6 +79,7 @@ class Analysis:
     key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
     batch: Any = None  # (ranks, check) -> {rank: check(rank)}, the table read once for them all (lookups.py)
     device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
+    p2p_unrecorded: bool = False  # the dumps' library records no send/recv (gloo): hidden_p2p.py
     roles: dict[int, tuple] | None = None  # desc-less group -> the part it plays (skips.creation_runs), lazily
     parts: dict[tuple, list[int]] | None = None  # part -> its groups (skips.groups_by_role), lazily
 

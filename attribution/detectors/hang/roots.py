@@ -8,6 +8,7 @@ import numpy as np
 
 from faultlens.attribution.detectors.hang.describe import describe_root, headline, rooted_report, rootless_report
 from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Mismatch, Root, checked, strongly_connected
+from faultlens.attribution.detectors.hang.hidden_p2p import mark_hidden_p2p_waits
 from faultlens.attribution.detectors.hang.missing_roots import settle_missing_roots, skips_beside_missing
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.skips import skipped, skipped_by_consensus
@@ -63,6 +64,7 @@ def decide(analysis: Analysis) -> HangReport:
 
     roots = settle_missing_roots(analysis, _merge_roots(_component_roots(analysis, graph, components, src, dst,
                                                                          dropped)), rebuilt)
+    mark_hidden_p2p_waits(analysis, roots, skippers)
     follow_on_mismatches = _place_mismatches(analysis, roots)
     built = [describe_root(analysis, root, skippers) for root in roots]
     built.sort(key=lambda b: (-len(b[0].waiting_ranks), b[1], b[0].ranks))
