@@ -2,7 +2,9 @@
 hang corpus (real dump sets of an 8-rank gloo job, tests/torch_jobs/hang_corpus, truth beside each), the held-out
 set (real gloo dump sets of other job shapes: 4 to 16 ranks, other rank orders, groups without descs or from
 new_subgroups, pipelines; tests/torch_jobs/hang_heldout) and the real NCCL set (tests/data/nccl-fr-gpu_error_2nd,
-the files of NVIDIA/nvidia-resiliency-ext tests/attribution/unit/fr_traces/gpu_error_2nd; truth ranks 9 and 14).
+the files of NVIDIA/nvidia-resiliency-ext tests/attribution/unit/fr_traces/gpu_error_2nd; truth ranks 9 and 14)
+and the stored DeviceMesh sets (tests/data/device-mesh-hangs: real 8-rank gloo jobs with groups from
+init_device_mesh, dumped by faultlens' trigger with the ranks' own stacks).
 
     python -m bench.bench_hang_accuracy [--nvrx-python PATH] [--json OUT] [--no-heldout]
 
@@ -39,6 +41,8 @@ from bench.common import emit, machine  # noqa: E402
 
 NCCL_SET = REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"
 NCCL_TRUTH = (9, 14)
+# stored real gloo sets of DeviceMesh jobs, as faultlens' trigger wrote them (tests/data/device-mesh-hangs/README.md)
+MESH_SETS = REPO_ROOT / "tests" / "data" / "device-mesh-hangs" / "stacks"
 NVRX_MODULE = "nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution"
 # Drives CollectiveAnalyzer as its own CLI would (fr_attribution.main: the same argparse fields, defaults kept,
 # --fr-path DIR -p "_dump_*"), but runs the three registered pipeline steps in run_sync's order on the analyzer's own
@@ -62,13 +66,14 @@ print(json.dumps({"text": text, "result": result}))
 def _faultlens(directory: Path, dumps: Path, stacks: bool) -> tuple[tuple[int, ...], float]:
     from faultlens.attribution.detectors.hang import analyze_collectives
     from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
-    from faultlens.collectors.sources.pystack import load_stack_dir
+    from faultlens.collectors.sources.pystack import load_dump_dir_stacks, load_stack_dir
 
     started = time.perf_counter()
     table = read_dump_dir(dumps).table
     world = _world(dumps)
-    report = analyze_collectives(table, expected_ranks=range(world),
-                                 stacks=load_stack_dir(directory / "stacks") if stacks else {})
+    # py-spy's, beside the dumps (the corpora), else the ranks' own, which the trigger wrote among them
+    taken = (load_stack_dir(directory / "stacks") or load_dump_dir_stacks(dumps)) if stacks else {}
+    report = analyze_collectives(table, expected_ranks=range(world), stacks=taken)
     return tuple(report.culprit_ranks), time.perf_counter() - started
 
 
@@ -173,6 +178,9 @@ def sets(heldout: bool = True) -> list[tuple[str, Path, Path, tuple[int, ...]]]:
         truth = json.loads((directory / "truth.json").read_text())
         out.append((name, directory, directory / "dumps", tuple(truth["culprits"])))
     out.append(("real NCCL set (gpu_error_2nd, 16 ranks)", NCCL_SET, NCCL_SET, NCCL_TRUTH))
+    for directory in sorted(p for p in MESH_SETS.iterdir() if p.is_dir()):
+        truth = json.loads((directory / "truth.json").read_text())
+        out.append((f"device-mesh {directory.name}", directory, directory / "dumps", tuple(truth["culprits"])))
     return out
 
 
@@ -212,11 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-FAMILIES = ("corpus", "held-out", "real NCCL")
+FAMILIES = ("corpus", "held-out", "real NCCL", "device-mesh")
 
 
 def _family(name: str) -> str:
-    return "held-out" if name.startswith("held-out ") else "real NCCL" if name.startswith("real NCCL") else "corpus"
+    for prefix, family in (("held-out ", "held-out"), ("real NCCL", "real NCCL"), ("device-mesh ", "device-mesh")):
+        if name.startswith(prefix):
+            return family
+    return "corpus"
 
 
 def _totals(rows: list[dict]) -> dict[str, dict[str, int]]:

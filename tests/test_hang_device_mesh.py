@@ -65,3 +65,13 @@ def test_silent_pipeline_peers_are_uncertain_without_stacks() -> None:
     # one silent rank alone is what the others wait on: named with the confidence to act
     _, single = analyze_dump_dir(DATA / "raw" / "A_tp" / "dumps", stacks={})
     assert single.culprit_ranks == (5,) and single.confidence >= THRESHOLD
+
+
+def test_a_rank_that_recorded_nothing_beside_lone_waits_is_named_low() -> None:
+    # rank 0 never joins the first collective; raw gloo dumps name no group members, so ranks 1, 2 and 3 each wait
+    # alone (as far as the dumps say) in a group rank 0 is in: rank 0, which recorded nothing, is named, below
+    # any failover (an empty flight recorder would look the same)
+    _, report = analyze_dump_dir(DATA / "raw" / "E_first" / "dumps", stacks={})
+    assert report.culprit_ranks == (0,) and report.confidence < THRESHOLD
+    assert report.verdict.value == "never_joined"
+    assert "recorded no collective at all" in report.reason
