@@ -46,12 +46,13 @@ How the answer is reached
    entered G's seq k first, the member went past it - it skipped (root). No periodic history is needed. Then by
    program-order prediction where the member's own history is periodic (the point where its next collective of
    group H was due relative to its sequence in group K). A skipper's out-edges are dropped and the components
-   recomputed. A cycle nothing can order is reported whole, kind `cycle`, confidence 0.5 (below the policy's
-   threshold: never a failover). Groups without a desc ('undefined': new_group / new_subgroups without
-   group_desc) play the part of their creation run: consecutive counter names, one size, disjoint (skips.py
-   creation_runs). A skip need not close a cycle (with no later collective that needs the waiting peers, the
-   skipper's later collectives pair with its peers' earlier ones until it is done): a terminal rank alone is
-   checked by the same consensus, and is `skipped` where it went past the collective.
+   recomputed. A cycle that also waits on ranks outside it (e.g. ranks gloo shows silent) is checked the same
+   way (a cycle is an order inversion wherever it lies). A cycle nothing can order is reported whole, kind
+   `cycle`, confidence 0.5 (below the policy's threshold: never a failover). Groups without a desc ('undefined':
+   new_group / new_subgroups without group_desc) play the part of their creation run: consecutive counter names,
+   one size, disjoint (skips.py creation_runs). A skip need not close a cycle (with no later collective that needs
+   the waiting peers, the skipper's later collectives pair with its peers' earlier ones until it is done): a
+   terminal rank alone is checked by the same consensus, and is `skipped` where it went past the collective.
 5. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name, dtypes and, for
    ops whose shapes must agree (all_reduce, broadcast, reduce, all_gather, reduce_scatter, barrier), the input
    sizes. The ranks outside the majority are the odd ones (gloo even completes an all_reduce of equal element count

@@ -80,9 +80,6 @@ def rootless_report(analysis: Analysis) -> HangReport:
             confidence=0.4, evidence=tuple(evidence), roots=(root,))
     if analysis.stuck_groups:
         g, seq, stuck, _t = min(analysis.stuck_groups, key=lambda x: x[3])
-        idle = _idle_beside_lone_waits(analysis)
-        if idle:
-            return _idle_report(analysis, idle, evidence)
         evidence.append(f"{analysis.label(g)} seq {seq}: every member entered it and none completed it")
         return HangReport(
             verdict=HangVerdict.STALLED, culprit_ranks=(), pg_id=None, pg_name=analysis.group_names[g],
@@ -97,39 +94,6 @@ def rootless_report(analysis: Analysis) -> HangReport:
         reason=f"all {len(analysis.dumped)} dumps agree: every group's members reached and completed the same "
                "collectives, with matching ops and sizes",
         confidence=0.8, evidence=tuple(evidence))
-
-
-def _idle_beside_lone_waits(analysis: Analysis) -> tuple[int, ...]:
-    """Ranks that dumped but recorded no collective at all, where ranks wait in groups of which they are the only
-    known member (pg_config unusable, as gloo writes it, and no other member's entry): a collective never waits on
-    its only member, so those groups have members the dumps do not show, and a rank that never entered any
-    collective is the one the dumps point at."""
-    lone = [g for g, _seq, stuck, _t in analysis.stuck_groups
-            if len(stuck) == 1 and len(analysis.members.get(g, ())) <= 1]
-    if not lone:
-        return ()
-    recorded = {r for members in analysis.members.values() for r in members}
-    return tuple(sorted(analysis.dumped - recorded - analysis.missing))
-
-
-def _idle_report(analysis: Analysis, idle: tuple[int, ...], evidence: list[str]) -> HangReport:
-    waits = [f"rank {stuck[0]} waits alone in {analysis.label(g)} seq {seq}"
-             for g, seq, stuck, _t in sorted(analysis.stuck_groups, key=lambda x: x[3]) if len(stuck) == 1]
-    reason = (f"rank(s) {ranks_text(idle)} recorded no collective at all, while " + "; ".join(waits[:6])
-              + " (a collective never waits on its only member: the dumps' pg_config names no members, so those "
-              "groups' others are unknown): most likely never joined (low confidence: an empty flight recorder "
-              "looks the same)")
-    evidence.extend(waits[:MAX_EVIDENCE])
-    kinds = tuple((r, HangVerdict.NEVER_JOINED.value) for r in idle)
-    root = HangRoot(kind=HangVerdict.NEVER_JOINED, ranks=idle, kinds=kinds, pg_id=None, pg_name=None, pg_desc=None,
-                    collective_seq_id=None, op=None,
-                    waiting_ranks=tuple(sorted({stuck[0] for _g, _s, stuck, _t in analysis.stuck_groups
-                                                if len(stuck) == 1})),
-                    where=(), confidence=0.45, reason=reason, evidence=())
-    return HangReport(
-        verdict=HangVerdict.NEVER_JOINED, culprit_ranks=idle, pg_id=None, pg_name=None, pg_desc=None,
-        collective_seq_id=None, op=None, never_joined=idle, stalled=(), missing_dumps=(), reason=reason,
-        confidence=0.45, evidence=tuple(evidence), roots=(root,))
 
 
 def _unexplained_lines(analysis: Analysis, ranks: Sequence[int]) -> list[str]:

@@ -89,7 +89,9 @@ def _break_cycles(analysis: Analysis, graph: _WaitGraph, stalled: set[int]
         src, dst, labels = graph.build(set(skippers) | stalled)
         components = _terminal_components(graph.n_ranks, src, dst, labels, graph.rank_nodes)
         found: dict[int, str] = {}
-        for comp in components:
+        # a cycle is an order inversion (one member went past a collective another waits in) wherever it lies:
+        # one that also waits on a root elsewhere (a rank the trace shows silent) still has its skipper
+        for comp in [*components, *_cycles_with_exit(graph.n_ranks, src, dst, labels, graph.rank_nodes)]:
             if len(comp) < 2:
                 continue
             members = set(comp)
@@ -195,6 +197,20 @@ def _place_mismatches(analysis: Analysis, roots: list[Root]) -> list[Mismatch]:
         roots.append(Root(sorted(odd), mismatches=[m]))
         culprit_ranks |= odd
     return follow_on_mismatches
+
+
+def _cycles_with_exit(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray,
+                      rank_nodes: list[int]) -> list[list[int]]:
+    """The ranks of each strongly-connected component of two ranks or more that waits on something outside it."""
+    if src.shape[0] == 0:
+        return []
+    crossing = labels[src] != labels[dst]
+    has_exit = set(labels[src[crossing]].tolist())
+    members_of: dict[int, list[int]] = defaultdict(list)
+    for node in range(n_ranks):
+        if int(labels[node]) in has_exit:
+            members_of[int(labels[node])].append(node)
+    return sorted(sorted(rank_nodes[node] for node in nodes) for nodes in members_of.values() if len(nodes) >= 2)
 
 
 def _terminal_components(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray,

@@ -19,7 +19,12 @@ from faultlens.collectors.artifacts.flight_recorder.arrow import (
     _with_dictionary,
 )
 from faultlens.collectors.artifacts.flight_recorder.chunks import _ChunkBuffers
-from faultlens.collectors.artifacts.flight_recorder.groups import _comm_lib, _config_ranks, _status_value
+from faultlens.collectors.artifacts.flight_recorder.groups import (
+    _comm_lib,
+    _config_ranks,
+    _status_value,
+    complete_partitions,
+)
 from faultlens.collectors.artifacts.flight_recorder.memory import mapped_full
 from faultlens.collectors.artifacts.flight_recorder.model import (
     _INT_COLUMNS,
@@ -237,10 +242,11 @@ class _Assembly:
     # -- membership rebuilt where the config is broken
 
     def rebuild_membership(self) -> None:
-        for name, members in self.group_members.items():
-            if name in self.group_configs:
-                continue
-            ranks = set(members)
+        job = self.all_ranks | set(range(self.world_size or 0))
+        unconfigured = {name: members for name, members in self.group_members.items() if name not in self.group_configs}
+        completed = complete_partitions(unconfigured, self.group_desc, job)
+        for name, members in unconfigured.items():
+            ranks = set(members) | set(completed.get(name, ()))
             if self.group_desc.get(name) == "default_pg":
                 # the default group holds every rank: world_size when a dump says it, else 0..highest rank read
                 ranks |= set(range(self.world_size or max(self.all_ranks, default=-1) + 1))

@@ -4,6 +4,7 @@ pg_status counters, and the communication library a dump's ops name."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,3 +76,29 @@ def _comm_lib(dump: _Dump) -> str | None:
     if dump.comm_lib_version:
         return "nccl"
     return "gloo" if dump.comm_lib_version == "" else None
+
+
+def complete_partitions(members: Mapping[str, set[int]], descs: Mapping[str, str], ranks: set[int]
+                        ) -> dict[str, list[int]]:
+    """Members the entries cannot show, for groups whose pg_config is unusable (gloo's): where the groups of one
+    desc split the job's ranks (a mesh dim's, Megatron's TP/DP/PP groups: each rank in one, all of one size), a
+    rank that never entered its group's first collective is in none of them. Where exactly one group is short and
+    the ranks outside every group of the desc fill it exactly, they are its members; anything else (several short
+    groups, a rank in two groups, sizes that cannot add up) is left as the entries say. `members`: group -> ranks
+    seen in its entries (those groups only); returns group -> the ranks to add."""
+    by_desc: dict[str, list[str]] = defaultdict(list)
+    for name in members:
+        desc = descs.get(name)
+        if desc and desc not in ("default_pg", "undefined"):
+            by_desc[desc].append(name)
+    out: dict[str, list[int]] = {}
+    for groups in by_desc.values():
+        covered = [r for name in groups for r in members[name]]
+        size = max((len(members[name]) for name in groups), default=0)
+        short = [name for name in groups if len(members[name]) < size]
+        if len(groups) < 2 or len(short) != 1 or len(covered) != len(set(covered)):
+            continue
+        outside = sorted(ranks - set(covered))
+        if len(outside) == size - len(members[short[0]]) and len(covered) + len(outside) == size * len(groups):
+            out[short[0]] = outside
+    return out
