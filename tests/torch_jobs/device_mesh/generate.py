@@ -7,6 +7,7 @@ Each job takes ~30 s (8 processes importing torch on 2 cores, then DUMP_AT secon
 """
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -72,8 +73,9 @@ def main(argv: list[str]) -> int:
             launch(str(out / "dumps"), dims, names, faults, mode)
             for err in (out / "dumps").glob(".err_*"):
                 err.unlink()
-            (out / "truth.json").write_text(json.dumps({"culprits": truth, "mesh_shape": dims, "mesh_dim_names": names,
-                                                        "faults": faults}, indent=1) + "\n")
+            truth_doc = {"culprits": truth, "world_size": math.prod(dims), "mesh_shape": dims,
+                         "mesh_dim_names": names, "faults": faults}
+            (out / "truth.json").write_text(json.dumps(truth_doc, indent=1) + "\n")
     return 0
 
 
