@@ -199,18 +199,26 @@ def _place_mismatches(analysis: Analysis, roots: list[Root]) -> list[Mismatch]:
     return follow_on_mismatches
 
 
+def _components(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray
+                ) -> tuple[dict[int, list[int]], set[int]]:
+    """The rank nodes of each strongly-connected component (by label), and the labels of those that wait on
+    something outside themselves."""
+    crossing = labels[src] != labels[dst]
+    has_exit = set(labels[src[crossing]].tolist())
+    members_of: dict[int, list[int]] = defaultdict(list)
+    for node in range(n_ranks):
+        members_of[int(labels[node])].append(node)
+    return members_of, has_exit
+
+
 def _cycles_with_exit(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray,
                       rank_nodes: list[int]) -> list[list[int]]:
     """The ranks of each strongly-connected component of two ranks or more that waits on something outside it."""
     if src.shape[0] == 0:
         return []
-    crossing = labels[src] != labels[dst]
-    has_exit = set(labels[src[crossing]].tolist())
-    members_of: dict[int, list[int]] = defaultdict(list)
-    for node in range(n_ranks):
-        if int(labels[node]) in has_exit:
-            members_of[int(labels[node])].append(node)
-    return sorted(sorted(rank_nodes[node] for node in nodes) for nodes in members_of.values() if len(nodes) >= 2)
+    members_of, has_exit = _components(n_ranks, src, dst, labels)
+    return sorted(sorted(rank_nodes[node] for node in nodes) for label, nodes in members_of.items()
+                  if label in has_exit and len(nodes) >= 2)
 
 
 def _terminal_components(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels: np.ndarray,
@@ -218,12 +226,8 @@ def _terminal_components(n_ranks: int, src: np.ndarray, dst: np.ndarray, labels:
     """The ranks of each terminal strongly-connected component (nothing it waits on) that someone waits on."""
     if src.shape[0] == 0:
         return []
-    crossing = labels[src] != labels[dst]
-    has_exit = set(labels[src[crossing]].tolist())
+    members_of, has_exit = _components(n_ranks, src, dst, labels)
     waited_on = set(dst[dst < n_ranks].tolist())
-    members_of: dict[int, list[int]] = defaultdict(list)
-    for node in range(n_ranks):
-        members_of[int(labels[node])].append(node)
     out = []
     for label, nodes in members_of.items():
         if label in has_exit or not any(node in waited_on for node in nodes):
