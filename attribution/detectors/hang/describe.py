@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, Root, ranks_text
+from faultlens.attribution.detectors.hang.hidden_p2p import silent_by_trace
 from faultlens.attribution.detectors.hang.report import MAX_EVIDENCE, VERDICT_FAMILY, HangReport, HangRoot, HangVerdict
 
 _LEVEL_RANK = {"mismatch": 0, "entered": 1, "completed": 2, "started": 3, "missing": 4, "stopped": 4, "p2p": 5,
@@ -129,7 +130,7 @@ def _rank_kind(analysis: Analysis, rank: int, root: Root, skippers: dict[int, st
     place = analysis.where.get(rank)
     if place is not None and place.kind.value == "outside_collectives":
         return HangVerdict.STUCK_OUTSIDE
-    if place is None and rank in analysis.dumped and rank not in analysis.incomplete:
+    if silent_by_trace(analysis, rank):
         return HangVerdict.STUCK_OUTSIDE  # every entry it recorded completed: it is inside no collective
     # a stack was taken and shows no thread of it (the process or thread is gone: crashed), or it is blocked in
     # something the trace does not explain

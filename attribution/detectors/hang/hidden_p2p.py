@@ -15,9 +15,9 @@ from faultlens.attribution.detectors.hang.graph import Analysis, Root, ranks_tex
 
 
 def silent_by_trace(analysis: Analysis, rank: int) -> bool:
-    """A rank that dumped, whose recorded entries are all done, and that no stack locates."""
-    return rank in analysis.dumped and rank not in analysis.incomplete and rank not in analysis.missing \
-        and analysis.where.get(rank) is None
+    """A rank that dumped, whose recorded entries are all done, and that no stack locates (describe.py's
+    `stuck_outside` by the trace alone)."""
+    return rank in analysis.dumped and rank not in analysis.incomplete and analysis.where.get(rank) is None
 
 
 def mark_hidden_p2p_waits(analysis: Analysis, roots: list[Root], skippers: Mapping[int, str]) -> None:

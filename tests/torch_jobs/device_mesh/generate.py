@@ -19,31 +19,30 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 # name -> ((mesh shape, dim names), faults, culprits); mesh rank = sum(coord * stride), the last dim fastest
-M3 = ([2,2,2], ["pp","dp","tp"])
+M3 = ([2, 2, 2], ["pp", "dp", "tp"])
 S = {
- "A_tp": (M3, ["never:5:3:1"], [5]),
- "B_rs": (M3, ["never:2:3:2"], [2]),
- "C_pprecv": (M3, ["never:6:3:4"], [6]),
- "D_two_tp": (M3, ["never:1:3:1", "never:6:3:1"], [1, 6]),
- "E_first": (M3, ["never:0:0:0"], [0]),
- "F_skip": (M3, ["skip:3:2:1"], [3]),
- "H_2d42": (([4,2], ["dp","tp"]), ["never:3:2:1"], [3]),
- "I_2d24": (([2,4], ["dp","tp"]), ["never:6:2:2"], [6]),
- "J_1d": (([8], ["dp"]), ["never:4:3:3"], [4]),
- "K_dpfirst": (([2,2,2], ["dp","pp","tp"]), ["never:7:2:4"], [7]),
- "L_ppsend": (M3, ["never:1:3:4"], [1]),
- "M_skip_early": (M3, ["skip:6:0:1"], [6]),
+    "A_tp": (M3, ["never:5:3:1"], [5]),
+    "B_rs": (M3, ["never:2:3:2"], [2]),
+    "C_pprecv": (M3, ["never:6:3:4"], [6]),
+    "D_two_tp": (M3, ["never:1:3:1", "never:6:3:1"], [1, 6]),
+    "E_first": (M3, ["never:0:0:0"], [0]),
+    "F_skip": (M3, ["skip:3:2:1"], [3]),
+    "H_2d42": (([4, 2], ["dp", "tp"]), ["never:3:2:1"], [3]),
+    "I_2d24": (([2, 4], ["dp", "tp"]), ["never:6:2:2"], [6]),
+    "J_1d": (([8], ["dp"]), ["never:4:3:3"], [4]),
+    "K_dpfirst": (([2, 2, 2], ["dp", "pp", "tp"]), ["never:7:2:4"], [7]),
+    "L_ppsend": (M3, ["never:1:3:4"], [1]),
+    "M_skip_early": (M3, ["skip:6:0:1"], [6]),
 }
 
 
 def launch(out: str, dims: list[int], names: list[str], faults: list[str], mode: str, dump_at: float = 22,
            steps: int = 6) -> None:
     """One job: its ranks started, ended once every rank has dumped (or after DUMP_AT + 90 s)."""
-    world = 1
-    for size in dims:
-        world *= size
+    world = math.prod(dims)
     os.makedirs(out, exist_ok=True)
-    init = "file://" + tempfile.mktemp(prefix="pginit")
+    rendezvous = tempfile.mkdtemp(prefix="device-mesh-")
+    init = "file://" + os.path.join(rendezvous, "init")
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), WORLD=str(world), INIT=init, DIMS=",".join(map(str, dims)),
                NAMES=",".join(names), MODE=mode, OUT=out, FAULTS=";".join(faults), DUMP_AT=str(dump_at),
                STEPS=str(steps), OMP_NUM_THREADS="1")
@@ -61,6 +60,7 @@ def launch(out: str, dims: list[int], names: list[str], faults: list[str], mode:
         p.kill()
     for p in procs:
         p.wait()
+    shutil.rmtree(rendezvous, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:

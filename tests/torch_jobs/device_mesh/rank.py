@@ -23,6 +23,16 @@ out = os.environ["OUT"]
 steps = int(os.environ.get("STEPS", "6"))
 dump_at = float(os.environ["DUMP_AT"])
 faults = [f.split(":") for f in os.environ.get("FAULTS", "").split(";") if f]
+parent = os.getppid()
+
+
+def wait_for_the_end() -> None:
+    """Sleep until the launcher ends this process; exit if the launcher is gone (killed outright)."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
+
+
 dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=rank, world_size=world,
                         timeout=dt.timedelta(seconds=120))
 mesh = init_device_mesh("cpu", dims, mesh_dim_names=names)
@@ -44,8 +54,7 @@ def dumper():
                                      include_own_stacks=(mode == "stacks"))
         trig.dump("probe")
         os.remove(os.path.join(out, f"rank_{rank}.json"))
-    while True:  # the launcher ends every rank once all have dumped (an early exit breaks its peers' collectives)
-        time.sleep(1)
+    wait_for_the_end()  # the launcher ends every rank once all have dumped (an early exit breaks its peers' ones)
 
 threading.Thread(target=dumper, daemon=True).start()
 
@@ -63,7 +72,7 @@ def program():
     ops.append(("world", None))
     return ops
 
-def run(op, gname, step):
+def run(op, gname):
     if op == "world":
         dist.all_reduce(torch.ones(4))
         return
@@ -91,10 +100,8 @@ for step in range(steps):
         for kind, r, s, o in faults:
             if int(r) == rank and int(s) == step and int(o) == i:
                 if kind == "never":
-                    while True:
-                        time.sleep(1)
+                    wait_for_the_end()  # stuck in its own code
                 skip = kind == "skip"
         if not skip:
-            run(op, gname, step)
-while True:
-    time.sleep(1)
+            run(op, gname)
+wait_for_the_end()
