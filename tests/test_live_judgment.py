@@ -241,13 +241,15 @@ def test_a_signal_death_that_follows_the_rank_is_escalated_at_its_second_occurre
 
 #: a node loss as CI once saw it: rank 3 of node-1 echoed rank 2's death between the two SIGKILLs (README there)
 ECHO_RACE = REPO / "tests" / "data" / "live-nodeloss-echo-race" / "store"
-NODE_LOSSES = ["nodeloss", "nodeloss-echo", "echo-race"]
+STEP_AFTER_ECHO = REPO / "tests" / "data" / "live-nodeloss-step-after-echo" / "store"
+KEPT = {"echo-race": ECHO_RACE, "step-after-echo": STEP_AFTER_ECHO}  # CI stores kept unedited (their READMEs)
+NODE_LOSSES = ["nodeloss", "nodeloss-echo", "echo-race", "step-after-echo"]
 
 
 def _node_loss_store(live_runs: Path, name: str) -> Path:
     """The store of a node-1 loss: the live run `name`, or the CI store kept in tests/data; for the two with an
     echo, checked to hold one (a node-1 rank's comm_error), so the case is really exercised."""
-    store = ECHO_RACE if name == "echo-race" else live_runs / name / "store"
+    store = KEPT[name] if name in KEPT else live_runs / name / "store"
     if name != "nodeloss":
         with Store(store) as reader:
             echoes = reader.query("SELECT count(*) AS n FROM process_events WHERE node = 'node-1' "

@@ -78,6 +78,12 @@ def _vanished_echoes(failures: list[RankFailure]) -> set[int]:
             if f.rank is not None and f.kind == FailureKind.SECONDARY and f.exit_code is None and f.signal is None}
 
 
+#: how long after the others began failing a node's last step or heartbeat still belongs to the same moment: every
+#: rank's aborted step closes as the exception unwinds, a few ms after the echo lines are stamped (a CI run's lost
+#: node ended its last step 3 ms after them and was read as still training)
+_GRACE = dt.timedelta(seconds=2)
+
+
 def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
                  failures: list[RankFailure], placement: dict[int, Placement], silent: list[int],
                  vanished_echoes: set[int], candidates: list[str], secondary_line: Evidence | None,
@@ -100,9 +106,9 @@ def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attem
     if node in ended_agents(telemetry.process_events, job, attempt):
         return None  # its torchrun agent exited 0: the node ended its part, it was not lost
     progressed = last_progress(telemetry, attempt, ranks)
-    if progressed is not None and progressed > first:
+    if progressed is not None and progressed > first + _GRACE:
         return None  # it was still training after the others failed: not lost
-    if _alive_after(telemetry.heartbeats, attempt, ranks, first + dt.timedelta(seconds=2)):
+    if _alive_after(telemetry.heartbeats, attempt, ranks, first + _GRACE):
         return None
     rule = "crash-node-silent"
     echoed = f"; ranks {sorted(vanished)} only echoed a node-mate's loss, then vanished with no exit" \
