@@ -109,12 +109,14 @@ def test_a_real_error_file_of_the_second_before_the_teardown_stays_a_failure(
 STORED_ERROR_FILES = Path(__file__).parent / "data" / "teardown" / "crash-exception-error-files"
 
 
-def _survivor_echoes(root: Path, pattern: str) -> list[list[dict]]:
-    """The rows of every survivor's error file (ranks other than 2): root.glob(pattern), <rank>/error.json."""
+def _survivor_echoes(root: Path, pattern: str, stored: bool) -> list[list[dict]]:
+    """The rows of every survivor's error file (ranks other than 2): root.glob(pattern), <rank>/error.json. The
+    stored run has all three; in a generated one, a survivor that torchrun's teardown SIGTERMed before it raised
+    writes none (a CI run of 7d4633b: rank 0's was missing), so there at least one."""
     context = EventContext(node="node-00", job_id="job-1", attempt=0)
     found = [rows_from_error_file(path, context, rank=int(path.parent.name), local_rank=int(path.parent.name))
              for path in sorted(root.glob(pattern)) if path.parent.name != "2"]
-    assert len(found) == 3, root
+    assert (len(found) == 3) if stored else (1 <= len(found) <= 3), root
     return found
 
 
@@ -124,8 +126,9 @@ def test_a_survivors_echo_of_the_second_before_the_teardown_names_nobody(
     """A survivor's echo alone, before the teardown, names no culprit, whichever secondary error torch wrote
     ("Connection closed by peer" is a crash with no primary, as in the demo's batch verdict; a gloo timeout is
     left to the hang analysis): every survivor's file of this session's run and of the CI run kept in tests/data."""
-    echoes = (_survivor_echoes(STORED_ERROR_FILES, "*/error.json") if where == "stored" else
-              _survivor_echoes(torch_artifacts["crash_exception"] / "logdir", "*/attempt_0/*/error.json"))
+    echoes = (_survivor_echoes(STORED_ERROR_FILES, "*/error.json", stored=True) if where == "stored" else
+              _survivor_echoes(torch_artifacts["crash_exception"] / "logdir", "*/attempt_0/*/error.json",
+                               stored=False))
     for i, rows in enumerate(echoes):
         store_dir = tmp_path / f"store-{i}"
         write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
