@@ -20,9 +20,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.rule_loader import describe, key_path
 from faultlens.collectors.rule_model import FileModel, Fraction, NonNegativeInt, Text
+from faultlens.errors import FaultlensError
 
 SCHEMA_ID = "faultlens.decision/1"
 

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from faultlens.attribution.maintenance import stale_temps
-from faultlens.attribution.segment_check import check_segment, deep_check
+from faultlens.attribution.reading.maintenance import stale_temps
+from faultlens.attribution.reading.segment_check import check_segment, deep_check
 from faultlens.collectors.store.layout import StoreLocation, list_partitions, list_segments, probe_store, resolve_store
 from faultlens.collectors.store.schema import TABLE_NAMES
 

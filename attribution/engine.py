@@ -1,9 +1,8 @@
 """The attribution engine: telemetry -> incidents, as a batch pass over a store or live, tailing new segments.
 
 `attribute(store, job=None, now=None)` reads a store and returns every incident its telemetry supports (crashes,
-collective hangs, stragglers); `write_new_incidents` adds the ones not in the incidents table yet. `Follower`
-tails a store: each poll lists it again (Store.refresh), reads only the new segments, runs the detectors over a
-bounded in-memory window, and writes each new incident once through a SegmentSink. Incident ids are deterministic
+collective hangs, stragglers); `write_new_incidents` adds the ones not in the incidents table yet. The live
+follower that tails a store is attribution/follow.py. Incident ids are deterministic
 (Incident.make_id over what identifies the failure), so a batch re-run, a restarted follower and a follower racing
 a batch pass all agree on what was already reported. Every written incident gets a LagRecord: when the segment
 that completed its evidence became visible, and when the incident row did.
@@ -16,7 +15,6 @@ import logging
 from collections.abc import Callable, Iterable
 
 import pandas as pd
-import pyarrow as pa
 
 from faultlens.attribution.detectors.base import (
     REGISTRY,
@@ -37,29 +35,20 @@ from faultlens.attribution.detectors.progress import DumpRequester, HangAnalyzer
 from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
 from faultlens.attribution.incident import Incident
 from faultlens.attribution.memory import release_freed_memory
-from faultlens.attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import (
-    SAMPLE_COLUMNS,
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import (
     Telemetry,
     job_as_of,
     list_jobs,
     load_from_store,
     to_frame,
 )
-from faultlens.attribution.windows import JobWindows, store_jobs
+from faultlens.attribution.reading.windows import JobWindows, store_jobs
+from faultlens.attribution.rules import CrashRules, Thresholds, load_crash_rules, load_thresholds
 from faultlens.collectors.store.layout import StoreLocation
 from faultlens.collectors.store.sink import SegmentSink
 
 log = logging.getLogger(__name__)
-
-TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives", "heartbeats")
-
-
-def _tail_frame(table: pa.Table, name: str) -> pd.DataFrame:
-    frame = to_frame(table, name)
-    return frame[list(SAMPLE_COLUMNS)] if name == "gpu_samples" else frame
-
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
@@ -125,7 +114,7 @@ class Engine:
     def run_windows(self, windows: JobWindows, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
         """Incidents of one job read attempt by attempt (a batch pass in bounded memory): what run_job finds in
         the whole job's telemetry. Crash and hang attribution read the job's small tables and the steps digest
-        (see attribution/windows.py); per attempt, progress and loss detection read the few step rows their
+        (see attribution/reading/windows.py); per attempt, progress and loss detection read the few step rows their
         answers depend on (DuckDB picks them) and straggler scoring reads the attempt's rows in chunks of steps,
         so memory holds one chunk's rows and the attempt's (step x rank) frames, never the attempt's rows."""
         job_detectors = {d.name for d in self.detectors if d.scope is Scope.JOB}
@@ -278,18 +267,3 @@ def write_new_incidents(store: Store | str | StoreLocation, incidents: Iterable[
     finally:
         if owned:
             opened.close()
-
-
-# ---------------------------------------------------------------- follow mode: attribution/follow.py
-
-_FOLLOW_NAMES = ("Follower", "FollowStats", "LagRecord")
-
-
-def __getattr__(name: str) -> object:
-    """Follower and its records live in attribution/follow.py (which imports this module); imported from here
-    they still work."""
-    if name in _FOLLOW_NAMES:
-        from faultlens.attribution import follow
-
-        return getattr(follow, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,10 +5,9 @@ a restarted follower and a follower racing a batch pass all agree on what was al
 incident gets a LagRecord: when the segment that completed its evidence became visible, and when the incident row
 did.
 
-A follower of one job (`job=`) lists only the partitions its window can hold rows of (attribution/tail.py
+A follower of one job (`job=`) lists only the partitions its window can hold rows of (attribution/reading/tail.py
 PartitionListing: the job's own partitions and the node-level ones of its nodes, from the window's oldest date on);
-a follower of the whole store lists every tailed table whole on each poll. Moved here from attribution/engine.py,
-which still exports Follower, FollowStats and LagRecord.
+a follower of the whole store lists every tailed table whole on each poll.
 """
 
 from __future__ import annotations
@@ -25,20 +24,28 @@ import pyarrow as pa
 
 from faultlens.attribution.detectors.builtin import evidence_start
 from faultlens.attribution.engine import (
-    TAILED_TABLES,
     Engine,
-    _tail_frame,
     existing_failures,
     existing_incident_ids,
     utc_now,
     write_new_incidents,
 )
 from faultlens.attribution.incident import Incident, IncidentClass
-from faultlens.attribution.store import Store
-from faultlens.attribution.tail import NewSegment, PartitionListing, SegmentTail
-from faultlens.attribution.telemetry import Telemetry, list_jobs
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.tail import NewSegment, PartitionListing, SegmentTail
+from faultlens.attribution.reading.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, to_frame
 from faultlens.collectors.store.layout import StoreLocation, safe_value
 from faultlens.collectors.store.sink import SegmentSink
+
+#: the tables a follower tails (the live window's tables)
+TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives", "heartbeats")
+
+
+def tail_frame(table: pa.Table, name: str) -> pd.DataFrame:
+    """A tailed segment's rows as the window's frame (GPU samples: the columns the detectors read)."""
+    frame = to_frame(table, name)
+    return frame[list(SAMPLE_COLUMNS)] if name == "gpu_samples" else frame
+
 
 _JOB_PART = re.compile(r"/job=([^/]+)/")
 
@@ -101,7 +108,7 @@ class Follower:
         # a job's follower lists only its job's partitions and its nodes' node-level ones (PartitionListing)
         listing = PartitionListing(self.store.location, job) if job is not None else None
         self.tail = SegmentTail(self.store, TAILED_TABLES, retain_s=self.config.retain_s,
-                                max_rows=self.config.max_rows_per_table, to_frame=_tail_frame,
+                                max_rows=self.config.max_rows_per_table, to_frame=tail_frame,
                                 arrow_tables=("collectives",), listing=listing)
         self.clock = clock
         self.monotonic = monotonic

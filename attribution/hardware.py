@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import pandas as pd
 
 from faultlens.attribution.incident import Cause, Evidence
+from faultlens.attribution.reading.telemetry import Placement
 from faultlens.attribution.rules import CrashRules
-from faultlens.attribution.telemetry import Placement
 
 
 class XidInfoLike(Protocol):

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit, machine
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.controller.demo.config import NNODES, NPROC
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ class AttemptSteps:
 
 def read_steps(store: str, job_id: str) -> dict[int, AttemptSteps]:
     """attempt -> its completed train steps and their duration (median over the ranks that recorded them)."""
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
 
     with Store(store, jobs=[job_id]) as reader:
         rows = reader.query("SELECT attempt, step, median(duration_s) AS duration_s FROM steps "

@@ -23,7 +23,7 @@ TARGETS = {"culprit_node_f1": ">= 0.99", "software_failovers": "0", "handled_wit
 
 def run(nodes: int, gpus: int, hours: float, seed: int, out: Path, replay: bool) -> dict[str, Any]:
     from faultlens.attribution.engine import attribute
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
     from faultlens.controller.lab.evaluate import evaluate, load_decider, stands_for
     from faultlens.controller.lab.fault_labels import read_labels
     from faultlens.controller.lab.replay import replay_faults

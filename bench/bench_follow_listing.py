@@ -1,6 +1,6 @@
 """Follower listing per poll (issue 14): what a job's follower lists on each poll of an S3 store, before
 (every tailed table listed whole, pruned afterwards: list_segments, as Store.refresh did for the tail) and now
-(attribution/tail.py PartitionListing: the job's own partitions and its nodes' node-level ones, from the window's
+(attribution/reading/tail.py PartitionListing: the job's own partitions and its nodes' node-level ones, from the window's
 oldest date on), side by side in one run, on moto's S3 server.
 
     python -m bench.bench_follow_listing                       # 2,048 nodes: one job over 2 days; a 30-day store
@@ -180,7 +180,7 @@ def _counts(endpoint: str) -> dict[str, int]:
 
 
 def _measure(endpoint: str, root: str, scenario: Scenario, polls: int, before_polls: int) -> dict[str, Any]:
-    from faultlens.attribution.tail import PartitionListing
+    from faultlens.attribution.reading.tail import PartitionListing
     from faultlens.collectors.store.layout import list_segments, resolve_store
 
     options = {"endpoint_url": endpoint, "key": "bench", "secret": "bench", "skip_instance_cache": True}

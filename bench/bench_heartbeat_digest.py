@@ -1,4 +1,4 @@
-"""A job's heartbeats in the batch pass: the reduced read (attribution/windows.py: a digest per (attempt, rank) and
+"""A job's heartbeats in the batch pass: the reduced read (attribution/reading/windows.py: a digest per (attempt, rank) and
 the lowest ranks' steps for the progress baseline's fallback) beside reading them whole (what the pass did
 before, and what `load_from_store` still does), on one job of N ranks beating once a second for H hours.
 
@@ -33,9 +33,9 @@ STEP_S = 0.8
 
 _READ = """
 import json, sys, time
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import load_from_store
-from faultlens.attribution.windows import JobWindows
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import load_from_store
+from faultlens.attribution.reading.windows import JobWindows
 from faultlens.attribution.detectors.crash.liveness import closed_ranks
 from faultlens.attribution.detectors.progress.monitor import _heartbeat_intervals, _last_progress
 import pandas as pd
@@ -43,7 +43,7 @@ began = time.perf_counter()
 with Store(sys.argv[1]) as store:
     if sys.argv[2] == "whole":
         beats = store.query("SELECT * FROM heartbeats WHERE job_id = 'beats'")
-        from faultlens.attribution.telemetry import to_frame
+        from faultlens.attribution.reading.telemetry import to_frame
         beats = to_frame(beats, "heartbeats")
     else:
         beats = JobWindows.open(store, "beats", None, warmup_steps=3).context.heartbeats

@@ -82,7 +82,7 @@ Q2 = ("SELECT node, avg(duration_s) AS mean_s FROM steps WHERE step >= (SELECT m
 
 
 def run_duckdb(root: Path) -> dict:
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
 
     with Store(str(root), threads=1) as store:
         q1, t1 = timed(lambda: store.query(Q1))

@@ -67,9 +67,9 @@ def _best(fn, repeat: int) -> tuple[object, float, float]:
 
 def bench_scoring(cache: Path, nodes: int, steps: int, repeat: int) -> dict:
     from faultlens.attribution.detectors.straggler import StragglerDetector
+    from faultlens.attribution.reading.store import Store
+    from faultlens.attribution.reading.telemetry import load_from_store, placements
     from faultlens.attribution.rules import load_thresholds
-    from faultlens.attribution.store import Store
-    from faultlens.attribution.telemetry import load_from_store, placements
     from faultlens.controller.lab.simulate.straggler_cases import write_case
 
     store = cache / f"sim-worker-{nodes}x8-{steps}"

@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.common import emit, machine  # noqa: E402
-from faultlens.attribution.maintenance import compact  # noqa: E402
+from faultlens.attribution.reading.maintenance import compact  # noqa: E402
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir  # noqa: E402
 from faultlens.collectors.store.sink import SegmentSink  # noqa: E402
 

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.yaml_guard import read_yaml_text, safe_load_text
+from faultlens.errors import FaultlensError
 
 
 class RuleFileError(ValueError, FaultlensError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 MAX_YAML_BYTES = 4 * 1024 * 1024  # rules files are a few KB
 MAX_YAML_DEPTH = 64  # the deepest real rules file nests 5 levels

@@ -13,12 +13,12 @@ from typing import Any
 
 import fsspec
 
+from faultlens import environment
 from faultlens.attribution.decision import Action, Decision
-from faultlens.collectors import environment
-from faultlens.collectors.errors import FaultlensError
 from faultlens.controller.checkpoints.catalog import CheckpointCatalog
 from faultlens.controller.checkpoints.fsutil import atomic_write
 from faultlens.controller.checkpoints.tiers import Tier, parse_tier_spec, tiers_from_config
+from faultlens.errors import FaultlensError
 
 PLAN_FORMAT = "faultlens.restore/1"
 ENV_RESTORE_PLAN = environment.RESTORE_PLAN.name

@@ -17,7 +17,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from faultlens.collectors import environment
+from faultlens import environment
 
 RULES_ENV = environment.RULES.name  # a directory of rule files that replace the shipped ones of the same name
 RULES_PACKAGE = "faultlens.rules"

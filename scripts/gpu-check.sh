@@ -37,7 +37,7 @@ PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$STORE" "$WORK/nvidia
 import re
 import sys
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 
 store_path, smi_path, err_path, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 failures = []

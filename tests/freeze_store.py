@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.layout import safe_value
 from faultlens.collectors.store.schema import TABLES, validate
 

@@ -11,7 +11,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.agent import NodeAgent
 from faultlens.collectors.sources.kmsg import KmsgSource
 from faultlens.collectors.sources.nvml_source import NvmlSource

@@ -7,7 +7,7 @@ import datetime as dt
 
 from faultlens.attribution.decision import Action, Decision, DeliveryStatus, Restore
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.controller.delivery import DecisionLog, Deliverer
 from faultlens.controller.hooks.filedrop import FileDropHook
 

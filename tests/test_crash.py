@@ -14,9 +14,9 @@ import pytest
 from faultlens.attribution.detectors.crash import CrashAttributor, FailureKind
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import Cause, IncidentClass
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import load_from_store
 from faultlens.attribution.rules import RulesError, load_crash_rules
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import load_from_store
 from faultlens.collectors.sources.kmsg import read_kernel_log
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog

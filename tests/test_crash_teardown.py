@@ -15,8 +15,8 @@ import pytest
 
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import IncidentClass
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import load_from_store
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import load_from_store
 from faultlens.collectors.sources.process_events import EventContext, Source, rows_from_error_file, signal_sent_row
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from tests.engine_rows import at, event, ranks_rows, write

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.dcgm import DcgmFetchError, DcgmParser, DcgmSource, read_scrape
 from faultlens.collectors.sources.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT

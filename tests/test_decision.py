@@ -20,7 +20,7 @@ from faultlens.attribution.decision import (
     validate_document,
 )
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.schema import rows_to_table
 from faultlens.collectors.store.sink import SegmentSink
 

@@ -11,8 +11,8 @@ import pytest
 
 from faultlens.attribution.engine import Engine, attribute, write_new_incidents
 from faultlens.attribution.policy import DecisionPolicy, StoreHistory
+from faultlens.attribution.reading.store import Store
 from faultlens.attribution.rules import load_thresholds
-from faultlens.attribution.store import Store
 
 pytest.importorskip("torch")
 

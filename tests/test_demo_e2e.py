@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 
 pytest.importorskip("torch")
 

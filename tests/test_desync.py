@@ -31,8 +31,8 @@ from faultlens.attribution.detectors.hang import attach_stacks
 from faultlens.attribution.engine import Engine
 from faultlens.attribution.incident import IncidentClass
 from faultlens.attribution.policy import DecisionPolicy
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.sources.pystack import load_stack_dir
 from faultlens.collectors.sources.source import NodeIdentity

@@ -21,8 +21,8 @@ from faultlens.attribution.detectors.base import (
 )
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import Incident, IncidentClass
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import load_from_store
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import load_from_store
 
 DEMO_SIGKILL = Path(__file__).parent / "data" / "teardown" / "demo-sigkill"
 NOW = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.engine import Engine, Follower, attribute, write_new_incidents
+from faultlens.attribution.engine import Engine, attribute, write_new_incidents
+from faultlens.attribution.follow import Follower
 from faultlens.attribution.incident import Cause, IncidentClass
-from faultlens.attribution.maintenance import compact
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.maintenance import compact
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.kmsg import read_kernel_log
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog

@@ -1,4 +1,4 @@
-"""Every FAULTLENS_* environment variable is declared in collectors/environment.py (issue 14): the docs page is
+"""Every FAULTLENS_* environment variable is declared in faultlens/environment.py (issue 14): the docs page is
 generated from it, no code reads one except through it, every one the tree mentions is declared, and the module
 stays import-light (the training process imports it)."""
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from faultlens.collectors import environment
+from faultlens import environment
 from tests.conftest import REPO_ROOT
 
 CODE_ROOTS = ("collectors", "attribution", "controller", "bench", "scripts")
@@ -53,7 +53,7 @@ def reads_outside_the_module(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_the_docs_page_is_generated_from_the_module():
     page = REPO_ROOT / "docs" / "environment.md"
-    assert page.read_text() == environment.markdown(), "regenerate: python -m faultlens.collectors.environment > " \
+    assert page.read_text() == environment.markdown(), "regenerate: python -m faultlens.environment > " \
                                                        "docs/environment.md"
     for variable in environment.VARIABLES:
         assert variable.name.startswith("FAULTLENS_") and variable.meaning and variable.readers
@@ -63,11 +63,11 @@ def test_no_code_reads_a_faultlens_variable_except_through_the_module():
     offenders = []
     for path in _tracked(".py"):
         relative = path.relative_to(REPO_ROOT)
-        if relative.parts[0] not in CODE_ROOTS or relative == Path("collectors/environment.py"):
+        if relative.parts[0] not in CODE_ROOTS or relative == Path("faultlens/environment.py"):
             continue
         for line, what in reads_outside_the_module(ast.parse(path.read_text(), str(path))):
             offenders.append(f"{relative}:{line}: {what}")
-    assert not offenders, "read these through faultlens.collectors.environment:\n" + "\n".join(offenders)
+    assert not offenders, "read these through faultlens.environment:\n" + "\n".join(offenders)
 
 
 def test_the_check_finds_each_shape_of_read():
@@ -107,7 +107,7 @@ def test_reading_helpers(monkeypatch):
 
 
 def test_the_module_imports_nothing_heavy():
-    code = "import sys, faultlens.collectors.environment; print(' '.join(sorted(sys.modules)))"
+    code = "import sys, faultlens.environment; print(' '.join(sorted(sys.modules)))"
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                 cwd=REPO_ROOT).stdout.split())
     assert not loaded & {"yaml", "pyarrow", "pydantic", "jsonschema", "numpy", "pandas", "torch", "fsspec"}

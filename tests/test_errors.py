@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 from tests.conftest import REPO_ROOT
 
 ROOMS = ("collectors", "attribution", "controller")
@@ -49,7 +49,7 @@ def test_callers_that_catch_the_builtin_bases_still_catch_them():
 
 @pytest.mark.parametrize(("message", "code"), [("store s3://x: cannot list\n(a second line)", 2), ("gone", 3)])
 def test_the_cli_translates_any_faultlens_error_in_one_place(monkeypatch, capsys, tmp_path, message, code):
-    from faultlens.attribution.store import QueryError
+    from faultlens.attribution.reading.store import QueryError
     from faultlens.controller.cli import main as cli_main
     from faultlens.controller.cli import store_cmds
 

@@ -163,7 +163,7 @@ def test_end_to_end_small_simulation_with_the_engine(tmp_path: Path) -> None:
 def test_live_replay_times_detection_on_the_simulated_clock(tmp_path: Path) -> None:
     pytest.importorskip("faultlens.attribution.detectors.hang",
                         reason="the hang analysis has not landed on this branch")
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
     from faultlens.controller.lab.evaluate import stands_for
     from faultlens.controller.lab.fault_labels import read_labels
     from faultlens.controller.lab.replay import replay_fault

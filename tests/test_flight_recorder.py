@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.artifacts.flight_recorder import (
     DumpDirError,
     DumpFileError,

@@ -1,4 +1,4 @@
-"""The follower of one job lists only the partitions it needs (attribution/tail.py PartitionListing): on moto's
+"""The follower of one job lists only the partitions it needs (attribution/reading/tail.py PartitionListing): on moto's
 real S3 HTTP server, the list requests of a poll as the server receives them, against the full listing of the same
 tables; and the segments that must be seen are: one written late into an older date partition of the job, a
 node-level one of a node of the job, those of a node that joins the job. The same store on a local directory goes
@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from faultlens.attribution.engine import TAILED_TABLES, Engine, Follower
+from faultlens.attribution.engine import Engine
+from faultlens.attribution.follow import TAILED_TABLES, Follower
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from faultlens.collectors.store.layout import StoreLocation, list_segments, partition_dir, resolve_store, write_segment
 from faultlens.collectors.store.schema import validate

@@ -29,8 +29,8 @@ import pytest
 from faultlens.attribution.detectors.builtin import attempt_failure_starts, is_follow_on
 from faultlens.attribution.engine import Engine
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import SAMPLE_COLUMNS, Telemetry, load_from_store, to_frame
 
 DATA = Path(__file__).parent / "data" / "teardown"
 

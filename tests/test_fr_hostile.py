@@ -209,7 +209,7 @@ def test_ingest_fr_stores_the_good_ranks_beside_bad_files(tmp_path: Path, store_
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 2 and all(line.startswith("faultlens ingest fr: error: ") for line in lines)
     assert "ingested" in out and "from 16 dump(s)" in out
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
 
     with Store(str(store_dir)) as store:
         ranks = store.query("SELECT DISTINCT rank FROM collectives ORDER BY rank").column("rank").to_pylist()

@@ -19,7 +19,7 @@ from faultlens.attribution.goodput import (
     goodput,
     optimal_checkpoint_interval,
 )
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.controller.cli.main import main
 from tests.engine_rows import at, write
 

@@ -1,4 +1,4 @@
-"""The batch pass reads a job's heartbeats reduced (attribution/windows.py: a digest per (attempt, rank) and the
+"""The batch pass reads a job's heartbeats reduced (attribution/reading/windows.py: a digest per (attempt, rank) and the
 lowest ranks' steps for the progress baseline's fallback), never whole: heartbeats are about a row per rank per
 second. Every detector's reading of them is the same from the reduction as from every beat:
 
@@ -31,9 +31,9 @@ from faultlens.attribution.detectors.progress.monitor import (
     _latest_beats,
 )
 from faultlens.attribution.engine import attribute
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import load_from_store, placements, to_frame
-from faultlens.attribution.windows import JobWindows, store_jobs
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import load_from_store, placements, to_frame
+from faultlens.attribution.reading.windows import JobWindows, store_jobs
 from faultlens.collectors.store.sink import SegmentSink
 from tests.test_live_judgment import live_runs  # noqa: F401  (the real torch runs: a session fixture)
 from tests.test_windowed_attribution import _identity

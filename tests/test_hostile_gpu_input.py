@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.dcgm import DcgmParser, DcgmSource, read_scrape
 from faultlens.collectors.sources.kmsg import KernelLogParser, KmsgSource, read_kernel_log
 from faultlens.collectors.sources.source import NodeIdentity

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from faultlens.attribution.maintenance import compact
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.maintenance import compact
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.layout import StoreError
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main

@@ -17,8 +17,8 @@ ATTRIBUTION_MAY_IMPORT = (
     "faultlens.collectors.store",
     "faultlens.collectors.rule_loader",
     "faultlens.collectors.rule_model",
-    "faultlens.collectors.errors",
-    "faultlens.collectors.environment",
+    "faultlens.errors",
+    "faultlens.environment",
     "faultlens.collectors.sources.xid_catalog",
     "faultlens.collectors.sources.process_events",
     "faultlens.collectors.sources.pystack",
@@ -67,4 +67,4 @@ def test_the_boundary_check_sees_a_violation(tmp_path: Path) -> None:
                       "    import faultlens.attribution.engine\n")
     assert _imports(module) == [(2, "faultlens.controller.cli.main"), (3, "faultlens.attribution.engine")]
     assert _within("faultlens.controller.cli.main", ("faultlens.controller",))
-    assert not _within("faultlens.collectors.environmental", ("faultlens.collectors.environment",))
+    assert not _within("faultlens.collectors.environmental", ("faultlens.environment",))

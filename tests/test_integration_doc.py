@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from tests.conftest import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "integration.md"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.gpu_backend import GpuDevice
 from faultlens.collectors.sources.kmsg import KernelLogFileError, KernelLogParser, KmsgSource, read_kernel_log
 from faultlens.collectors.sources.source import NodeIdentity

@@ -19,7 +19,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from faultlens.attribution.engine import Engine, Follower
+from faultlens.attribution.engine import Engine
+from faultlens.attribution.follow import Follower
 from faultlens.attribution.incident import Incident
 from tests.engine_rows import write
 

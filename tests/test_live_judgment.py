@@ -26,9 +26,9 @@ from faultlens.attribution.decision import Action, Restore, validate_document
 from faultlens.attribution.engine import Engine, attribute, write_new_incidents
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, RestoreRequest, StoreHistory
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import load_from_store
 from faultlens.attribution.rules import load_thresholds
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import load_from_store
 
 pytest.importorskip("torch")
 

@@ -21,7 +21,7 @@ import pytest
 from faultlens.attribution.engine import attribute
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, load_policy
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.controller.checkpoints.catalog import CheckpointCatalog
 from faultlens.controller.checkpoints.tiers import Tier, TierKind
 from faultlens.controller.lab.plan import FaultSpec, InjectionPlan

@@ -7,8 +7,8 @@ import time
 
 import pyarrow as pa
 
-from faultlens.attribution.maintenance import compact, retention
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.maintenance import compact, retention
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.schema import TABLES
 from faultlens.collectors.store.sink import SegmentSink
 

@@ -19,7 +19,7 @@ from faultlens.attribution.policy import (
     load_policy,
     policy_from_document,
 )
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.delivery import Deliverer
 

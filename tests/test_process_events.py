@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.process_events import (
     EventContext,
     ProcessEventsError,

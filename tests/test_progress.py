@@ -13,9 +13,9 @@ import pytest
 from faultlens.attribution.detectors.progress import ProgressMonitor
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import IncidentClass
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import Telemetry, load_from_store
 from faultlens.attribution.rules import load_thresholds
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import Telemetry, load_from_store
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main
 

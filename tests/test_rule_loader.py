@@ -12,13 +12,13 @@ import pytest
 from faultlens.attribution.detectors.straggler.vocab import load_vocabulary
 from faultlens.attribution.policy import load_policy
 from faultlens.attribution.rules import load_crash_rules, load_thresholds
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.rule_loader import RuleFileError
 from faultlens.collectors.sources.process_rules import load_process_rules
 from faultlens.collectors.sources.recorded_backend import load_timeline
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from faultlens.controller.hooks.config import load_hooks
 from faultlens.controller.lab.scenarios import load_campaign
+from faultlens.errors import FaultlensError
 from tests.conftest import REPO_ROOT
 
 RULES = REPO_ROOT / "rules"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from tests.conftest import REPO_ROOT
 
 pytest.importorskip("torch")

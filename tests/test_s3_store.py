@@ -6,8 +6,8 @@ import socket
 import pyarrow as pa
 import pytest
 
-from faultlens.attribution.maintenance import compact
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.maintenance import compact
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.layout import list_segments, resolve_store
 from faultlens.collectors.store.schema import TABLES
 from faultlens.collectors.store.sink import SegmentSink

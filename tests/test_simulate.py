@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.kmsg import KernelLogParser
 from faultlens.collectors.store.schema import TABLES
 from faultlens.controller.cli.main import main as cli

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from tests.conftest import REPO_ROOT
 
 TRIALS = 50

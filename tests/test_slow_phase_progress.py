@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from faultlens.attribution.detectors.progress import ProgressMonitor
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import load_from_store
 from faultlens.attribution.rules import load_thresholds
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import load_from_store
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.collectors.training.heartbeat import HeartbeatSource, read_heartbeat
 from faultlens.collectors.training.step_timer import RankIdentity, StepTimer

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.schema import TABLE_NAMES, schema_for
 
 TS_COLUMNS = {t: [f.name for f in schema_for(t) if pa.types.is_timestamp(f.type)] for t in TABLE_NAMES}

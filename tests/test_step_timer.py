@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.collectors.training.step_timer import ParallelCoords, Phase, RankIdentity, StepTimer
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.schema import TABLE_NAMES, rows_to_table, schema_for
 from faultlens.collectors.store.sink import SegmentSink
 from tests.rowgen import make_rows

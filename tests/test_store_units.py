@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from faultlens.attribution.maintenance import compact
-from faultlens.attribution.segment_check import check_segment, inspect_segment
-from faultlens.attribution.store import Store
-from faultlens.attribution.tail import SegmentTail
-from faultlens.attribution.telemetry import to_frame
+from faultlens.attribution.reading.maintenance import compact
+from faultlens.attribution.reading.segment_check import check_segment, inspect_segment
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.tail import SegmentTail
+from faultlens.attribution.reading.telemetry import to_frame
 from faultlens.collectors.store.layout import partition_dir, resolve_store, write_segment
 from faultlens.collectors.store.schema import METADATA_VERSION_KEY, rows_to_table, schema_for, validate
 from faultlens.collectors.store.sink import SegmentSink

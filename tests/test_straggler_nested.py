@@ -23,8 +23,8 @@ from faultlens.attribution.detectors.straggler import own_time
 from faultlens.attribution.engine import Engine
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import SAMPLE_COLUMNS, SECTION_PREFIX, Telemetry, load_from_store, to_frame
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import SAMPLE_COLUMNS, SECTION_PREFIX, Telemetry, load_from_store, to_frame
 
 FIXTURE = Path(__file__).parent / "data" / "slow-stage-nested"
 NOW = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)

@@ -14,8 +14,8 @@ from faultlens.attribution.decision import Action
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
-from faultlens.attribution.store import Store
-from faultlens.attribution.straggler_policy import decide_all, straggler_saving
+from faultlens.attribution.policy.slowdown import decide_all, straggler_saving
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from faultlens.collectors.store.sink import SegmentSink
 from tests.engine_rows import ranks_rows, steps_rows, write

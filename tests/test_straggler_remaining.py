@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from faultlens.attribution.detectors.straggler import remaining_time
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 

@@ -13,7 +13,7 @@ from faultlens.attribution.decision import Action
 from faultlens.attribution.engine import Engine, attribute
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, load_policy
-from faultlens.attribution.straggler_policy import decide_all
+from faultlens.attribution.policy.slowdown import decide_all
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from faultlens.controller.lab.simulate.straggler_cases import write_case
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from tests.conftest import REPO_ROOT
 
 pytest.importorskip("torch")

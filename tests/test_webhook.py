@@ -14,7 +14,7 @@ import pytest
 
 from faultlens.attribution.decision import Action, Decision, DeliveryStatus, Restore
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.controller.delivery import DecisionLog, Deliverer
 from faultlens.controller.hooks import PermanentHookError, RetryPolicy, WebhookHook, sign, verify_signature
 from faultlens.controller.hooks.webhook import DECISION_ID_HEADER, SIGNATURE_HEADER

@@ -1,4 +1,4 @@
-"""The batch pass attempt by attempt (attribution/windows.py, Engine.run_store) finds exactly what a pass over the
+"""The batch pass attempt by attempt (attribution/reading/windows.py, Engine.run_store) finds exactly what a pass over the
 whole store finds, on a real simulated store (Parquet segments through the real sink) of many attempts: every
 attempt is a window, and the incidents whose evidence reaches into other windows (a crash compared with the
 fingerprints of earlier attempts, a hang observed until the next attempt started, placements of other attempts)
@@ -17,9 +17,9 @@ from faultlens.attribution.detectors.crash import death_step, last_progress
 from faultlens.attribution.detectors.desync import completed_steps
 from faultlens.attribution.engine import attribute
 from faultlens.attribution.incident import Incident, IncidentClass
-from faultlens.attribution.store import Store
-from faultlens.attribution.telemetry import load_from_store, placements
-from faultlens.attribution.windows import JobWindows, store_jobs
+from faultlens.attribution.reading.store import Store
+from faultlens.attribution.reading.telemetry import load_from_store, placements
+from faultlens.attribution.reading.windows import JobWindows, store_jobs
 from faultlens.controller.lab.simulate import SimConfig, simulate
 
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import pandas as pd
 
 from faultlens.attribution.incident import Incident
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 if TYPE_CHECKING:
+    from faultlens.attribution.reading.telemetry import Telemetry
     from faultlens.attribution.rules import CrashRules, Thresholds
-    from faultlens.attribution.telemetry import Telemetry
 
 AttemptKey = tuple[str | None, int | None]
 

@@ -27,7 +27,7 @@ from faultlens.attribution.detectors.progress import (
 from faultlens.attribution.detectors.progress.suspect import default_analyzer
 from faultlens.attribution.detectors.straggler import StragglerDetector
 from faultlens.attribution.incident import Evidence, Incident, IncidentClass
-from faultlens.attribution.telemetry import Telemetry, placements
+from faultlens.attribution.reading.telemetry import Telemetry, placements
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.reading.telemetry import Placement, Telemetry
 from faultlens.attribution.rules import CrashRules
-from faultlens.attribution.telemetry import Placement, Telemetry
 
 if TYPE_CHECKING:
     from faultlens.attribution.detectors.crash import RankFailure

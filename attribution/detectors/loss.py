@@ -20,8 +20,8 @@ import pandas as pd
 
 from faultlens.attribution.hardware import as_datetime
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.reading.telemetry import Telemetry
 from faultlens.attribution.rules import LossThresholds
-from faultlens.attribution.telemetry import Telemetry
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from faultlens.attribution.goodput.buckets import _NS, BADPUT, Bucket, GoodputEr
 from faultlens.attribution.goodput.facts import DecisionFact, IncidentFact, JobFacts, _ns, load_job_facts
 from faultlens.attribution.goodput.report import AttemptAccount, GoodputReport, IncidentCost, Stretch, WindowPoint, _dt
 from faultlens.attribution.goodput.timeline import Timeline, build_timeline
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 
 # ---------------------------------------------------------------------------------------------- accounting
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from enum import StrEnum
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 
 class GoodputError(ValueError, FaultlensError):

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.attribution.goodput.buckets import _CHECKPOINT_PHASE, _EPOCH, _NS, GoodputError
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 
 # ---------------------------------------------------------------------------------------------- facts
 

@@ -13,8 +13,8 @@ from pydantic import AfterValidator, Field
 
 from faultlens.attribution.decision import Action
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.policy.slowdown import SlowdownPolicy, SlowdownSection
 from faultlens.attribution.rulefile import RuleFileError, load_rule_document
-from faultlens.attribution.straggler_policy import SlowdownPolicy, SlowdownSection
 from faultlens.collectors.rule_model import FileModel, FormatVersion1, Fraction, NonNegativeInt
 from faultlens.resources import rule_file, shipped_rule_file
 

@@ -12,7 +12,7 @@ from faultlens.attribution.decision import Action, Decision, Restore
 from faultlens.attribution.incident import Cause, Incident
 from faultlens.attribution.policy.config import PolicyConfig, PolicyRule, load_policy
 from faultlens.attribution.policy.history import LemonNode, NoHistory, PolicyHistory
-from faultlens.attribution.straggler_policy import slowdown_action, slowdown_gate
+from faultlens.attribution.policy.slowdown import slowdown_action, slowdown_gate
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class DecisionPolicy:
             return Decision.for_incident(incident, action=slowdown_action(incident, Action.ESCALATE),
                                          policy_rule=policy_rule, reason=reason, issued_at=now, cause=cause)
 
-        # 0. slowdowns (attribution/straggler_policy.py): never stopped; systemic, several nodes at once, uncertain
+        # 0. slowdowns (attribution/policy/slowdown.py): never stopped; systemic, several nodes at once, uncertain
         #    or not worth a restart -> notify
         gated = slowdown_gate(self, incident)
         if gated is not None:

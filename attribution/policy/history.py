@@ -60,7 +60,7 @@ class NoHistory:
 
 
 class StoreHistory:
-    """PolicyHistory over a faultlens store (faultlens.attribution.store.Store): incidents, decisions and ranks tables.
+    """PolicyHistory over a faultlens store (faultlens.attribution.reading.store.Store): incidents, decisions and ranks tables.
     Every call refreshes the listing of the tables it reads, so a live policy sees rows written since."""
 
     def __init__(self, store: Any) -> None:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from faultlens.collectors import environment
-from faultlens.collectors.errors import FaultlensError
+from faultlens import environment
+from faultlens.errors import FaultlensError
 
 
 def _env_int(variable: environment.EnvVar, default: int) -> int:

@@ -8,7 +8,7 @@ import pickle
 import sys
 from typing import Any
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 ADMITTED_TYPES: tuple[type, ...] = (dict, list, tuple, set, frozenset, str, bytes, bytearray, int, float, bool,
                                     type(None))

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.store.schema import TABLES, as_ns_type
+from faultlens.errors import FaultlensError
 
 REQUIRED = ("rank", "step", "section", "start", "duration")
 OPTIONAL = ("node", "job_id", "attempt", "phase")

@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 NOT_AVAILABLE = "<N/A>"
 _BORDER_RE = re.compile(r"^={10,}\s*$")

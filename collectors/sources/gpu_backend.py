@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.store.schema import IDENTITY_FIELDS, TABLES
+from faultlens.errors import FaultlensError
 
 _NOT_METRICS = {f.name for f in IDENTITY_FIELDS} | {"source", "gpu_name"}
 SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in TABLES["gpu_samples"] if f.name not in _NOT_METRICS)

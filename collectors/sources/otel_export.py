@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 log = logging.getLogger("faultlens.collectors.otel")
 

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from faultlens.collectors import environment
+from faultlens import environment
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
 from faultlens.collectors.rule_model import FileModel, FormatVersion1, Text
 from faultlens.resources import rule_file, shipped_rule_file

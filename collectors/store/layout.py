@@ -23,8 +23,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.store.atomic import atomic_write
+from faultlens.errors import FaultlensError
 
 REPLACES_KEY = b"faultlens.replaces"
 SEGMENT_SUFFIX = ".parquet"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 SCHEMA_VERSION = "2"  # 2: timestamps in microseconds (1: nanoseconds)
 METADATA_VERSION_KEY = b"faultlens.schema_version"

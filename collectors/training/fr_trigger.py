@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.collectors.artifacts.safe_pickle import safe_loads
 from faultlens.collectors.store.atomic import atomic_write
 from faultlens.collectors.training.own_stack import OWN_STACKS_DIR, own_stacks

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.collectors.store.atomic import atomic_write
 
 if TYPE_CHECKING:

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.collectors.training.timer_model import (
     Clock,
     ParallelCoords,

@@ -1,6 +1,6 @@
 """What a step timer's rows are made of: the step phases, who the rank is (RankIdentity, from torchrun's
 environment), its place in the parallel layout, the timer's counts (TimerStats) and the sink protocol it writes
-through. Imported by the training process: nothing beyond the standard library and faultlens.collectors.environment."""
+through. Imported by the training process: nothing beyond the standard library and faultlens.environment."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from faultlens.collectors import environment
+from faultlens import environment
 
 Clock = Callable[[], int]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 METADATA_NAME = ".metadata"
 DISTCP_RE = re.compile(r"^__(\d+)_(\d+)\.distcp$")

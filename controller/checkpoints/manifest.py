@@ -17,9 +17,9 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.rule_loader import describe, key_path
 from faultlens.collectors.rule_model import FileModel, NonNegativeInt
+from faultlens.errors import FaultlensError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "faultlens.shards/1"

@@ -17,8 +17,8 @@ import fsspec
 from pydantic import Field
 
 from faultlens.attribution.rulefile import RuleFileError, load_rule_document
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.rule_model import FileModel, FormatVersion1, Text
+from faultlens.errors import FaultlensError
 
 
 class TierKind(StrEnum):

@@ -20,10 +20,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from faultlens.attribution.detectors.progress import HangSuspect
-from faultlens.attribution.engine import Engine, Follower, attribute, write_new_incidents
+from faultlens.attribution.engine import Engine, attribute, write_new_incidents
+from faultlens.attribution.follow import Follower
 from faultlens.attribution.incident import Incident
+from faultlens.attribution.reading.store import Store
 from faultlens.attribution.rules import load_crash_rules, load_thresholds
-from faultlens.attribution.store import Store
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit

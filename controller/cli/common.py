@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from faultlens.collectors import environment
-from faultlens.collectors.errors import FaultlensError
+from faultlens import environment
+from faultlens.errors import FaultlensError
 
 if TYPE_CHECKING:
     import pyarrow as pa

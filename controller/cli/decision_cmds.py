@@ -7,11 +7,11 @@ import argparse
 import datetime as dt
 import sys
 
+from faultlens import environment
 from faultlens.attribution.decision import Decision
 from faultlens.attribution.incident import Incident
 from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
-from faultlens.attribution.store import Store
-from faultlens.collectors import environment
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.layout import StoreError
 from faultlens.controller.checkpoints import CheckpointCatalog, parse_tiers
 from faultlens.controller.cli.common import CliError, add_format_args, add_rules_dir_arg, add_store_arg, emit

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 
 from faultlens.attribution.goodput import BADPUT, Bucket, GoodputReport, goodput
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit, json_default
 
 

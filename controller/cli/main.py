@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 from faultlens.resources import use_rules_dir
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help. Entries are

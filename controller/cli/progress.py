@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from faultlens.collectors import environment
+from faultlens import environment
 
 
 def enabled(stream: Any = None) -> bool:

@@ -129,7 +129,7 @@ def _write_html(store: str, job_id: str, path: Path) -> Path | None:
     """The job's HTML report (faultlens report); None, with the reason on stderr, when it cannot be written."""
     import sys
 
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
     from faultlens.controller.report.html import write_report
 
     try:

@@ -102,7 +102,7 @@ def _replay_progress(detection) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
     from faultlens.controller.lab.evaluate import evaluate, load_decider, load_incidents, report_rows
     from faultlens.controller.lab.fault_labels import read_labels
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from faultlens.attribution.maintenance import compact, retention
-from faultlens.attribution.store import QueryError, Store
+from faultlens.attribution.reading.maintenance import compact, retention
+from faultlens.attribution.reading.store import QueryError, Store
 from faultlens.collectors.store.layout import resolve_store
 from faultlens.collectors.store.schema import TABLE_NAMES
 from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit

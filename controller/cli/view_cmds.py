@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store(args: argparse.Namespace, jobs: list[str] | None = None):
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
 
     return Store(args.store, jobs=jobs)
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from faultlens.collectors import environment
+from faultlens import environment
 
 ENV_FAULT = environment.DEMO_FAULT.name
 ENV_FAULTS = environment.DEMO_FAULTS.name

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.controller.checkpoints.catalog import CheckpointCatalog, CheckpointEntry, ChecksumStatus
 from faultlens.controller.checkpoints.manifest import ShardFile
 from faultlens.controller.checkpoints.tiers import Tier, TierKind

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from faultlens.attribution.decision import Decision
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 
 class HookError(RuntimeError, FaultlensError):

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.controller.hooks.base import Hook, RetryPolicy
+from faultlens.errors import FaultlensError
 
 GROUP = "faultlens.hooks"
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.controller.lab.plan import FaultSpec, log_injection
 
 HOG_CODE = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"

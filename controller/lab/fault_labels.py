@@ -16,7 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TextIO
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 LABELS_FORMAT = "faultlens.labels/1"
 

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.controller.lab.plan import EXTERNAL_KINDS, FaultSpec, InjectionPlan, log_injection, write_json
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.collectors.store.atomic import atomic_write
 
 ENV_PLAN = environment.LAB_PLAN.name

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from faultlens.attribution.incident import Incident
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.layout import partition_dir, resolve_store, write_segment
 from faultlens.controller.lab.fault_labels import FaultLabel
 
@@ -74,7 +74,7 @@ def replay_fault(source: Store, label: FaultLabel, stands_for: Callable[[Inciden
                  workdir: str | Path, history_s: float = 1800.0, after_s: float = 120.0, max_wait_s: float = 1800.0,
                  schedule: Sequence[tuple[float, float]] = DEFAULT_SCHEDULE) -> ReplayDetection:
     """Replay the telemetry around one fault through a fresh Follower; see the module docstring."""
-    from faultlens.attribution.engine import Follower  # the engine is optional for the rest of the evaluator
+    from faultlens.attribution.follow import Follower  # the engine is optional for the rest of the evaluator
 
     onset = label.window_start
     low = onset - dt.timedelta(seconds=history_s)

@@ -111,7 +111,7 @@ def _int(value: Any) -> int | None:
 def read_observed(store: Path, job_id: str) -> tuple[list[Observed], dict[int, tuple[int, int]]]:
     """The job's incidents with their decisions (first row of each decision), oldest first; and per attempt
     (first, last) train step."""
-    from faultlens.attribution.store import Store
+    from faultlens.attribution.reading.store import Store
 
     if not store.exists():
         return [], {}

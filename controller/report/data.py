@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from faultlens.attribution.goodput import GoodputError, GoodputReport, goodput
-from faultlens.attribution.store import QueryError, Store
-from faultlens.collectors.errors import FaultlensError
+from faultlens.attribution.reading.store import QueryError, Store
+from faultlens.errors import FaultlensError
 
 RUNNING_WITHIN_S = 120.0  # a job whose last telemetry is this recent (to now) is shown as running
 

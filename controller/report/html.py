@@ -16,7 +16,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from faultlens.attribution.store import Store
+from faultlens.attribution.reading.store import Store
 from faultlens.controller.cli.describe import culprit_text, restore_text, seconds_text
 from faultlens.controller.report.data import job_data
 

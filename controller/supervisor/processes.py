@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.collectors.sources.process_events import EventContext, agent_exit_row, signal_sent_row
 from faultlens.collectors.store.sink import SegmentSink
 

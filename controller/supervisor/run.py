@@ -38,15 +38,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from faultlens import environment
 from faultlens.attribution.decision import Action, Decision
 from faultlens.attribution.detectors.hang import attach_stacks
 from faultlens.attribution.detectors.progress import HangSuspect
-from faultlens.attribution.engine import Engine, Follower
+from faultlens.attribution.engine import Engine
+from faultlens.attribution.follow import Follower
 from faultlens.attribution.incident import Incident
 from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
+from faultlens.attribution.reading.store import Store
 from faultlens.attribution.rules import load_thresholds
-from faultlens.attribution.store import Store
-from faultlens.collectors import environment
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.collectors.sources.agent import NodeAgent as CollectorAgent
 from faultlens.collectors.sources.nvml_source import NvmlSource

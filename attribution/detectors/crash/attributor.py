@@ -26,8 +26,8 @@ from faultlens.attribution.detectors.crash.rows import _attempt_keys, signal_ide
 from faultlens.attribution.detectors.desync import desync_incident, mismatch_report
 from faultlens.attribution.hardware import XidCatalogLike, hardware_findings
 from faultlens.attribution.incident import Evidence, Incident
+from faultlens.attribution.reading.telemetry import Placement, Telemetry, placements
 from faultlens.attribution.rules import CrashRules
-from faultlens.attribution.telemetry import Placement, Telemetry, placements
 
 Failures = dict[tuple[str | None, int | None], list[RankFailure]]
 

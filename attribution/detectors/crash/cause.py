@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from faultlens.attribution.detectors.crash.failures import FailureKind, RankFailure
 from faultlens.attribution.hardware import HardwareFinding
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.reading.telemetry import Placement
 from faultlens.attribution.rules import CrashRules, CrashSignature
-from faultlens.attribution.telemetry import Placement
 
 #: an earlier attempt whose primary failure had the same fingerprint: (attempt, its failure, the same step)
 Repeat = tuple[int | None, RankFailure, bool]

@@ -9,7 +9,7 @@ import pandas as pd
 
 from faultlens.attribution.detectors.crash.rows import _get
 from faultlens.attribution.hardware import as_datetime
-from faultlens.attribution.telemetry import Telemetry
+from faultlens.attribution.reading.telemetry import Telemetry
 
 
 def closed_ranks(heartbeats: pd.DataFrame, attempt: int | None) -> dict[int, dt.datetime]:

@@ -13,8 +13,8 @@ from faultlens.attribution.detectors.crash.lifecycle import ended_agents, lost_a
 from faultlens.attribution.detectors.crash.liveness import _alive_after, closed_ranks, death_step, last_progress
 from faultlens.attribution.hardware import XidCatalogLike, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.reading.telemetry import Placement, Telemetry
 from faultlens.attribution.rules import CrashRules
-from faultlens.attribution.telemetry import Placement, Telemetry
 
 
 def _node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,

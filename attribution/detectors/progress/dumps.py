@@ -17,8 +17,8 @@ from faultlens.attribution.detectors.progress.monitor import _completion_times
 from faultlens.attribution.detectors.progress.suspect import DumpRequester, HangAnalyzer, HangSuspect, default_analyzer
 from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.reading.telemetry import Placement, Telemetry, placements
 from faultlens.attribution.rules import CrashRules
-from faultlens.attribution.telemetry import Placement, Telemetry, placements
 
 log = logging.getLogger(__name__)
 

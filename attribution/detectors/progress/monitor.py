@@ -12,8 +12,8 @@ from faultlens.attribution.detectors.crash import teardown_starts
 from faultlens.attribution.detectors.progress.suspect import HangSuspect
 from faultlens.attribution.hardware import as_datetime
 from faultlens.attribution.incident import Evidence
+from faultlens.attribution.reading.telemetry import Telemetry
 from faultlens.attribution.rules import ProgressThresholds
-from faultlens.attribution.telemetry import Telemetry
 
 # ---------------------------------------------------------------- detection from progress
 
@@ -253,7 +253,7 @@ HEARTBEAT_INTERVALS = 200
 
 def _heartbeat_intervals(beats: pd.DataFrame, warmup_steps: int) -> list[float]:
     """Seconds per step between successive heartbeats of the same rank (warm-up steps left out), rank by rank in
-    ascending order until HEARTBEAT_INTERVALS are found (attribution/windows.py reads those ranks' beats)."""
+    ascending order until HEARTBEAT_INTERVALS are found (attribution/reading/windows.py reads those ranks' beats)."""
     known = beats[beats["step_ts"].notna() & beats["step"].notna()]
     if known.empty:
         return []

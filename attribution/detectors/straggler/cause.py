@@ -13,8 +13,8 @@ import pandas as pd
 from faultlens.attribution.detectors.straggler.report import MAX_PEER_NODES, StepScores, StragglerFinding
 from faultlens.attribution.hardware import as_datetime, row_identifies_gpu, same_gpu
 from faultlens.attribution.incident import Cause, Evidence
+from faultlens.attribution.reading.telemetry import Placement, Telemetry
 from faultlens.attribution.rules import StragglerThresholds
-from faultlens.attribution.telemetry import Placement, Telemetry
 
 CauseResult = tuple[Cause, float, list[Evidence], list[str], pd.DataFrame | None]
 

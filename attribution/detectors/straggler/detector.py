@@ -17,8 +17,8 @@ from faultlens.attribution.detectors.straggler.report import StepScores, Straggl
 from faultlens.attribution.detectors.straggler.sections import classify_sections, score_chunks, score_steps
 from faultlens.attribution.detectors.straggler.vocab import Vocabulary, load_vocabulary
 from faultlens.attribution.incident import Evidence, Incident
+from faultlens.attribution.reading.telemetry import Placement, Telemetry, placements
 from faultlens.attribution.rules import StragglerThresholds
-from faultlens.attribution.telemetry import Placement, Telemetry, placements
 
 __all__ = ["StragglerDetector"]
 

@@ -11,8 +11,8 @@ import numpy as np
 from faultlens.attribution.detectors.straggler.report import StepScores, StragglerFinding
 from faultlens.attribution.hardware import as_datetime
 from faultlens.attribution.incident import Evidence
+from faultlens.attribution.reading.telemetry import Placement
 from faultlens.attribution.rules import StragglerThresholds
-from faultlens.attribution.telemetry import Placement
 
 
 def section_ratios(scores: StepScores, rank: int, column: int, rows: np.ndarray) -> dict[str, float]:

@@ -17,8 +17,8 @@ from faultlens.attribution.detectors.straggler.report import (
 )
 from faultlens.attribution.hardware import as_datetime
 from faultlens.attribution.incident import Evidence
+from faultlens.attribution.reading.telemetry import Placement
 from faultlens.attribution.rules import StragglerThresholds
-from faultlens.attribution.telemetry import Placement
 
 
 def find(t: StragglerThresholds, scores: StepScores, placement: dict[int, Placement]) -> list[StragglerFinding]:

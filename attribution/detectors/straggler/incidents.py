@@ -17,8 +17,8 @@ from faultlens.attribution.detectors.straggler.evidence import (
 from faultlens.attribution.detectors.straggler.report import StepScores, StragglerFinding, ranks_text
 from faultlens.attribution.hardware import as_datetime
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
+from faultlens.attribution.reading.telemetry import Placement, Telemetry
 from faultlens.attribution.rules import StragglerThresholds
-from faultlens.attribution.telemetry import Placement, Telemetry
 
 _WORKLOAD_WHAT = {"stage": "the slow stage", "moving": "every slow outlier", "systemic": "the slow ranks"}
 _WORKLOAD_RULE = {"stage": "straggler-pipeline-stage", "moving": "straggler-moving-imbalance",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from faultlens.attribution.telemetry import Placement
+from faultlens.attribution.reading.telemetry import Placement
 
 COORDS = ("dp_rank", "pp_rank", "tp_rank", "cp_rank", "ep_rank")
 

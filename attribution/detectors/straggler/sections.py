@@ -13,8 +13,8 @@ from faultlens.attribution.detectors.straggler.decompose import decompose
 from faultlens.attribution.detectors.straggler.layout import build_layout
 from faultlens.attribution.detectors.straggler.report import SYNC_OPS, UNKNOWN_SHARE_REPORTED, StepScores
 from faultlens.attribution.detectors.straggler.vocab import SectionKind, Vocabulary
+from faultlens.attribution.reading.telemetry import SECTION_PREFIX, Placement, section_columns
 from faultlens.attribution.rules import StragglerThresholds
-from faultlens.attribution.telemetry import SECTION_PREFIX, Placement, section_columns
 
 _ROW_COLUMNS = ("step", "rank", "phase", "ts", "start_ts", "end_ts", "duration_s")
 

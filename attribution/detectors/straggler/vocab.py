@@ -14,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+from faultlens import environment
 from faultlens.attribution.rulefile import RuleFileError, load_rule_document
-from faultlens.collectors import environment
 from faultlens.collectors.rule_model import FileModel, FormatVersion1, Text
 from faultlens.resources import rule_file, shipped_rule_file
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.store.schema import TABLES
+from faultlens.errors import FaultlensError
 
 TABLE = "collectives"
 SCHEMA = TABLES[TABLE]

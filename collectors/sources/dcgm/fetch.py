@@ -7,8 +7,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.sources.dcgm.metrics import MAX_SCRAPE_CHARS, MIB
+from faultlens.errors import FaultlensError
 
 
 class DcgmFetchError(OSError, FaultlensError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 DCGM_BLANK_MIN = 9223372036854775792  # DCGM_INT64_BLANK and the NOT_FOUND / NOT_SUPPORTED / ... sentinels above it
 MIB = 1024 * 1024

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 MAX_PID = 2**31 - 1  # Linux pids are at most 2^22 (PID_MAX_LIMIT); anything past int32 is not a pid
 MIN_TS_NS, MAX_TS_NS = 0, 2**63 - 1  # what the store's timestamp[ns] column holds (1970 .. 2262)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.sources.gpu_backend import GpuDevice
 from faultlens.collectors.sources.kmsg.events import ParseStats
 from faultlens.collectors.sources.kmsg.parser import KernelLogParser
 from faultlens.collectors.sources.kmsg.rows import device_directory, events_to_rows
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.store.row_guard import guarded_batch
+from faultlens.errors import FaultlensError
 
 
 class KernelLogFileError(ValueError, FaultlensError):

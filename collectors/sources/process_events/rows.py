@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.collectors.artifacts.fingerprint import ParsedTraceback, fingerprint
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.sources.process_rules import EventKind, ProcessRules, load_process_rules
 from faultlens.collectors.sources.source import NodeIdentity
+from faultlens.errors import FaultlensError
 
 TABLE = "process_events"
 

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
-from faultlens.collectors.errors import FaultlensError
 from faultlens.controller.lab.evaluate.report import DecideFn, DecisionView
+from faultlens.errors import FaultlensError
 
 
 class EvalError(RuntimeError, FaultlensError):

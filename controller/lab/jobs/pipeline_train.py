@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from faultlens.collectors import environment
+from faultlens import environment
 from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger
 from faultlens.collectors.training.step_timer import ParallelCoords, RankIdentity, StepTimer
 from faultlens.controller.checkpoints.tiered import TieredCheckpointer

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from faultlens.collectors.errors import FaultlensError
+from faultlens.errors import FaultlensError
 
 
 class ConfigError(ValueError, FaultlensError):

@@ -15,11 +15,11 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from faultlens.collectors.errors import FaultlensError
 from faultlens.collectors.sources.gpu_backend import GpuDevice
 from faultlens.collectors.sources.kmsg import KernelLogParser, events_to_rows
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.controller.lab.simulate.cluster import Gpu, Node
+from faultlens.errors import FaultlensError
 
 
 class KmsgParseError(RuntimeError, FaultlensError):

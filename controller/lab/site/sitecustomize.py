@@ -2,7 +2,7 @@
 scenario (controller/lab/inject.py). Outside a campaign (no FAULTLENS_LAB_DIR) it does nothing."""
 
 try:
-    from faultlens.collectors.environment import LAB_DIR
+    from faultlens.environment import LAB_DIR
 
     _IN_CAMPAIGN = bool(LAB_DIR.get())
 except ImportError:  # not a campaign's process: faultlens is not importable here

@@ -20,8 +20,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from faultlens.attribution.segment_check import BadSegment, deep_check, inspect_segment
-from faultlens.collectors.errors import FaultlensError
+from faultlens.attribution.reading.segment_check import BadSegment, deep_check, inspect_segment
 from faultlens.collectors.store.layout import (
     StoreError,
     StoreLocation,
@@ -31,6 +30,7 @@ from faultlens.collectors.store.layout import (
     safe_value,
 )
 from faultlens.collectors.store.schema import TABLE_NAMES, as_ns_type, empty_table, schema_for
+from faultlens.errors import FaultlensError
 
 log = logging.getLogger("faultlens.store")
 _MAX_VANISHED_RETRIES = 8  # refresh-and-retry rounds of one query whose segments vanish under it
@@ -196,7 +196,7 @@ class Store:
         """List the store again and point every view at the segments visible now. views=False: only the listing
         (segments()), for a reader of the files themselves (the live tail): binding a view over every segment
         costs more than the poll that wants only the new ones. `lister`: a table's segments as listed by the
-        caller (the tail of one job: attribution/tail.py PartitionListing), instead of list_segments."""
+        caller (the tail of one job: attribution/reading/tail.py PartitionListing), instead of list_segments."""
         for table in tables:
             for attempt in range(5):
                 try:

@@ -36,7 +36,14 @@ import numpy as np
 import pandas as pd
 
 from faultlens.attribution.detectors.progress.monitor import HEARTBEAT_INTERVALS
-from faultlens.attribution.telemetry import SECTION_PREFIX, Telemetry, _in_list, job_nodes, sample_fetcher, to_frame
+from faultlens.attribution.reading.telemetry import (
+    SECTION_PREFIX,
+    Telemetry,
+    _in_list,
+    job_nodes,
+    sample_fetcher,
+    to_frame,
+)
 from faultlens.collectors.store.schema import empty_table, schema_for
 
 #: job tables read whole (they grow with nodes and attempts, not with time)
@@ -140,7 +147,7 @@ def _joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
 class JobWindows:
     """One job of a store, read for a windowed batch pass."""
 
-    store: object  # faultlens.attribution.store.Store
+    store: object  # faultlens.attribution.reading.store.Store
     job: str
     context: Telemetry  # the job's small tables whole; steps: the digest of every attempt
     attempts: tuple[int, ...]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from faultlens.attribution.segment_check import check_segment
+from faultlens.attribution.reading.segment_check import check_segment
 from faultlens.collectors.store.layout import (
     COMPACTED_PREFIX,
     REPLACES_KEY,

@@ -205,7 +205,7 @@ def _in_list(values: Iterable[str]) -> str:
 
 
 def load_from_store(store: object, job: str | None = None) -> Telemetry:
-    """Read what attribution needs from a Store (faultlens.attribution.store.Store); GPU samples are fetched on
+    """Read what attribution needs from a Store (faultlens.attribution.reading.store.Store); GPU samples are fetched on
     demand."""
     query = store.query  # type: ignore[attr-defined]
     where = "WHERE job_id = ?" if job is not None else "WHERE job_id IS NOT NULL"

@@ -3,7 +3,7 @@ opentelemetry-python's sdk/environment_variables, with the declaration as data).
 through the EnvVar objects here (tests/test_environment.py checks it), and docs/environment.md is generated from
 this module:
 
-    python -m faultlens.collectors.environment > docs/environment.md
+    python -m faultlens.environment > docs/environment.md
 
 The training process imports this module (step timer, heartbeat, dump trigger): it imports only the standard
 library's os, dataclasses and collections.abc.
@@ -200,8 +200,8 @@ def without_faultlens(environ: Mapping[str, str]) -> dict[str, str]:
 def markdown() -> str:
     """docs/environment.md."""
     lines = ["# Environment variables", "",
-             "Generated from `collectors/environment.py` "
-             "(`python -m faultlens.collectors.environment > docs/environment.md`); "
+             "Generated from `faultlens/environment.py` "
+             "(`python -m faultlens.environment > docs/environment.md`); "
              "tests/test_environment.py checks that this page matches it.", "",
              "| variable | type | default | read by | meaning |", "| --- | --- | --- | --- | --- |"]
     for v in VARIABLES:
