@@ -11,7 +11,7 @@ import pytest
 
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.main import main
-from faultlens.controller.cli.render import render_record, render_table
+from faultlens.controller.report.render import render_record, render_table
 
 GLOO = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
         "[127.0.0.1]:44313")

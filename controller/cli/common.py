@@ -92,14 +92,14 @@ def records(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def _cell(value: Any) -> str:
-    from faultlens.controller.cli.render import cell_text
+    from faultlens.controller.report.render import cell_text
 
     return cell_text(value)
 
 
 def emit(table: pa.Table | Sequence[dict[str, Any]], fmt: str, out: TextIO | None = None,
          title: str | None = None) -> None:
-    """Write rows as a table (default: faultlens.controller.cli.render.render_table, literal text fitted to the width),
+    """Write rows as a table (default: faultlens.controller.report.render.render_table, literal text fitted to the width),
     JSON (a list of objects) or CSV."""
     out = out or sys.stdout
     is_arrow = hasattr(table, "column_names") and hasattr(table, "to_pylist")
@@ -115,6 +115,6 @@ def emit(table: pa.Table | Sequence[dict[str, Any]], fmt: str, out: TextIO | Non
         for row in rows:
             writer.writerow([_cell(row.get(c)) for c in columns])
         return
-    from faultlens.controller.cli.render import render_table
+    from faultlens.controller.report.render import render_table
 
     render_table(rows, columns, title=title, out=out)

@@ -78,7 +78,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     if args.fmt == "csv":
         emit(summary_rows(report), "csv")
         return 0
-    from faultlens.controller.cli.render import render_text
+    from faultlens.controller.report.render import render_text
 
     def say(text: str) -> None:
         render_text(text, hanging="  ")

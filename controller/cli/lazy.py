@@ -9,6 +9,18 @@ from functools import lru_cache
 from pathlib import Path
 
 CLI_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = CLI_DIR.parents[1]  # the directory faultlens.controller is installed from (controller/)
+
+
+def _source(module: str) -> Path:
+    """The source file of a command module: a bare name under controller/cli, else a faultlens.controller.* name
+    (found from the path, so listing imports nothing)."""
+    if "." not in module:
+        return CLI_DIR / f"{module}.py"
+    parts = module.split(".")
+    if parts[:2] != ["faultlens", "controller"]:
+        raise OSError(f"not a faultlens.controller module: {module}")
+    return PACKAGE_DIR.joinpath(*parts[2:]).with_suffix(".py")
 
 
 def _literal(node: ast.AST | None) -> str | None:
@@ -19,10 +31,10 @@ def _literal(node: ast.AST | None) -> str | None:
 
 @lru_cache(maxsize=64)
 def listed_commands(module: str) -> tuple[tuple[str, str | None], ...] | None:
-    """(name, help) of each top-level subcommand `faultlens.controller.cli.<module>` registers; None when its source
+    """(name, help) of each top-level subcommand the command module `module` registers; None when its source
     does not say them literally (then the module is imported to know)."""
     try:
-        tree = ast.parse((CLI_DIR / f"{module}.py").read_text(encoding="utf-8"))
+        tree = ast.parse(_source(module).read_text(encoding="utf-8"))
     except (OSError, SyntaxError):
         return None
     register = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "register"), None)

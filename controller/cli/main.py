@@ -12,15 +12,22 @@ from faultlens.errors import FaultlensError
 from faultlens.resources import use_rules_dir
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help. Entries are
-# module names under faultlens.controller.cli (imported only when one of their commands runs; see
-# controller/cli/lazy.py) or module objects (imported up front).
+# module names (a bare name is under faultlens.controller.cli; the lab's commands live in the lab, which nothing
+# outside it imports), imported only when one of their commands runs (controller/cli/lazy.py), or module objects
+# (imported up front).
+LAB_COMMANDS = "faultlens.controller.lab.commands"
 COMMAND_MODULES: list = ["run_cmds", "store_cmds", "ingest_cmds", "gpu_cmds", "decision_cmds", "hang_cmds",
-                         "attribution_cmds", "sim_cmds", "goodput_cmds",
-                         "campaign_cmds", "doctor_cmds", "view_cmds"]
+                         "attribution_cmds", f"{LAB_COMMANDS}.sim_cmds", "goodput_cmds",
+                         f"{LAB_COMMANDS}.campaign_cmds", "doctor_cmds", "view_cmds"]
+
+
+def module_name(entry: str) -> str:
+    """The full module name of a COMMAND_MODULES entry."""
+    return entry if "." in entry else f"faultlens.controller.cli.{entry}"
 
 
 def _module(entry):
-    return importlib.import_module(f"faultlens.controller.cli.{entry}") if isinstance(entry, str) else entry
+    return importlib.import_module(module_name(entry)) if isinstance(entry, str) else entry
 
 
 def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:

@@ -65,7 +65,7 @@ def _printer():
     """Timestamped event lines, literal (no markup from the text), folded under the timestamp."""
     import sys
 
-    from faultlens.controller.cli.render import render_text
+    from faultlens.controller.report.render import render_text
 
     started = time.monotonic()
 
@@ -115,8 +115,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print_attempts(result, sys.stdout)
     last = result.attempts[-1] if result.attempts else None
     if last is not None and last.last_step is None and result.outcome.value != "completed":
-        from faultlens.controller.cli.render import render_text
         from faultlens.controller.cli.startup import start_failure_lines
+        from faultlens.controller.report.render import render_text
 
         cause, *where = start_failure_lines(Path(args.workdir), last.attempt)
         render_text(cause, hanging="    ", break_words=False)  # paths in it stay whole

@@ -62,6 +62,6 @@ def start_failure_lines(workdir: Path, attempt: int) -> list[str]:
     if found is None:
         logs = attempt_dir / "logs"
         return [f"attempt {attempt} ended before its first step; its logs: {logs if logs.exists() else attempt_dir}"]
-    from faultlens.controller.cli.describe import short_path
+    from faultlens.controller.report.wording import short_path
 
     return [f"attempt {attempt} failed to start: {found.line}", f"  in {short_path(found.path)}"]

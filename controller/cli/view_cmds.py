@@ -43,8 +43,8 @@ def _store(args: argparse.Namespace, jobs: list[str] | None = None):
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from faultlens.controller.cli.render import render_table, render_text
     from faultlens.controller.report.data import list_jobs
+    from faultlens.controller.report.render import render_table, render_text
 
     with _store(args) as store:
         rows = list_jobs(store, with_ettr=not args.no_ettr)
@@ -74,7 +74,7 @@ def _offset(value: dt.datetime | None, origin: dt.datetime | None) -> str:
 
 def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) lines of the incident view, in reading order."""
-    from faultlens.controller.cli.describe import culprit_text, restore_text
+    from faultlens.controller.report.wording import culprit_text, restore_text
 
     lines: list[tuple[str, str]] = []
     first, detected = incident.get("first_signal_ts"), incident.get("detected_ts")
@@ -118,8 +118,8 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def cmd_incident(args: argparse.Namespace) -> int:
-    from faultlens.controller.cli.render import output_width, render_text
     from faultlens.controller.report.data import find_incident_id, load_incident
+    from faultlens.controller.report.render import output_width, render_text
 
     with _store(args) as store:
         incident = load_incident(store, find_incident_id(store, args.incident_id))

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TextIO
 
 from faultlens.attribution.goodput import GoodputError, GoodputReport, goodput
-from faultlens.controller.cli.describe import culprit_text, restore_text, seconds_text, short_path
-from faultlens.controller.cli.render import output_width, render_text
+from faultlens.controller.report.render import output_width, render_text
+from faultlens.controller.report.wording import culprit_text, restore_text, seconds_text, short_path
 from faultlens.controller.supervisor.run import RunResult
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.attribution.reading.store import Store
-from faultlens.controller.cli.describe import culprit_text, restore_text, seconds_text
 from faultlens.controller.report.data import job_data
+from faultlens.controller.report.wording import culprit_text, restore_text, seconds_text
 
 SECTIONS = ("summary", "timeline", "heatmap", "gpu", "decisions", "goodput")
 BUCKET_COLORS = {"productive": "#2e9e5b", "lost_work": "#d7263d", "checkpoint": "#3a7bd5", "startup": "#9aa5b1",
