@@ -16,25 +16,29 @@ from collections.abc import Callable, Iterable
 
 import pandas as pd
 
+from faultlens.attribution.detectors import builtin  # noqa: F401  (registers the built-in ones)
 from faultlens.attribution.detectors.base import (
     REGISTRY,
+    AttemptPass,
     Detector,
     DetectorInputs,
+    DetectorRegistry,
     JobOptions,
     JobPass,
     Scope,
     StorePass,
+    WindowedPass,
+    attempt_step,
+    prepare_step,
 )
-from faultlens.attribution.detectors.builtin import (
-    attempt_failure_starts,
-    evidence_start,
-    hung_since,
-    without_follow_ons,
-)
-from faultlens.attribution.detectors.progress import DumpRequester, HangAnalyzer, HangSuspect, suspect_from_trigger
+from faultlens.attribution.detectors.progress import DumpRequester, HangAnalyzer
 from faultlens.attribution.hardware import XidCatalogLike, default_xid_catalog
 from faultlens.attribution.incident import Incident
 from faultlens.attribution.memory import release_freed_memory
+from faultlens.attribution.reading.queries import (  # noqa: F401 (existing_failures: re-exported)
+    existing_failures,
+    existing_incident_ids,
+)
 from faultlens.attribution.reading.store import Store
 from faultlens.attribution.reading.telemetry import (
     Telemetry,
@@ -54,23 +58,26 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-#: the JOB detectors the windowed batch pass (Engine.run_windows) knows how to run attempt by attempt; an engine
-#: with any other set runs each job whole
-WINDOWED_DETECTORS = ("crash", "hang", "straggler", "loss")
-
-
 class Engine:
     """The registered detectors together (attribution/detectors/base.py), in their order: crash first (a crashed
-    attempt is not also a hang), then hangs, stragglers and losses per job; GPU health over every node last."""
+    attempt is not also a hang), then hangs, stragglers and losses per job; GPU health over every node last.
+    `registry`: where they come from (REGISTRY, the built-in ones, by default; a REGISTRY.copy()
+    with one more registered adds an incident class); `detectors`: the names of those to build (all
+    by default). A JOB detector the windowed batch pass cannot run is refused here (attempt_step)."""
 
     def __init__(self, *, crash_rules: CrashRules | None = None, thresholds: Thresholds | None = None,
                  catalog: XidCatalogLike | None = None, analyzer: HangAnalyzer | None = None,
-                 dump_requester: DumpRequester | None = None, detectors: Iterable[str] | None = None) -> None:
+                 dump_requester: DumpRequester | None = None,
+                 detectors: Iterable[str] | None = None,
+                 registry: DetectorRegistry | None = None) -> None:
         self.crash_rules = crash_rules or load_crash_rules()
         self.thresholds = thresholds or load_thresholds()
         self.catalog = catalog if catalog is not None else default_xid_catalog()
         inputs = DetectorInputs(self.crash_rules, self.thresholds, self.catalog, analyzer, dump_requester)
-        self.detectors = REGISTRY.build(inputs, detectors)
+        self.detectors = (registry if registry is not None else REGISTRY).build(inputs, detectors)
+        for detector in self.detectors:
+            if detector.scope is Scope.JOB:
+                attempt_step(detector)  # refuses one with neither detect_attempt nor a window
 
     def detector(self, name: str) -> Detector:
         """The built detector registered as `name` (KeyError when this engine has none by that name)."""
@@ -111,59 +118,42 @@ class Engine:
                     found.setdefault(incident.incident_id, incident)
         return list(found.values())
 
-    def run_windows(self, windows: JobWindows, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
-        """Incidents of one job read attempt by attempt (a batch pass in bounded memory): what run_job finds in
-        the whole job's telemetry. Crash and hang attribution read the job's small tables and the steps digest
-        (see attribution/reading/windows.py); per attempt, progress and loss detection read the few step rows their
-        answers depend on (DuckDB picks them) and straggler scoring reads the attempt's rows in chunks of steps,
-        so memory holds one chunk's rows and the attempt's (step x rank) frames, never the attempt's rows."""
-        job_detectors = {d.name for d in self.detectors if d.scope is Scope.JOB}
-        if job_detectors != set(WINDOWED_DETECTORS):  # a subset, or a detector this pass does not know: whole job
-            return self.run_job(load_from_store(windows.store, windows.job).for_job(windows.job), now, as_of)
-        context = windows.context
-        crash_detector = self.detector("crash")
-        crash = crash_detector.attributor.attribute(context, now, None)
-        keys = [(i.job_id, i.attempt) for i in crash.incidents] + list(crash.pending) + \
-            [(t.job_id, t.attempt) for t in crash.hang_triggers]
-        if not windows.windowable or any(job != windows.job or attempt is None for job, attempt in keys):
-            whole = load_from_store(windows.store, windows.job).for_job(windows.job)
-            return self.run_job(whole, now, as_of)
-        slack = self.crash_rules.signal_notice_slack_s
-        pending = set(crash.pending)
-        incidents: dict[str, Incident] = {}
-        for attempt in sorted(set(windows.attempts) | {attempt for _, attempt in keys if attempt is not None}):
-            key = (windows.job, attempt)
-            telemetry = windows.attempt_context(attempt)  # the digest, and this attempt's flight-recorder entries
-            stalled = [s for s in crash_detector.progress.suspects(windows.progress_window(attempt), as_of)
-                       if (s.job_id, s.attempt) == key] if as_of is not None else []
-            hung = hung_since(stalled, slack).get(key)  # progress stopped for longer than allowed before a failure
-            crashes = [i for i in crash.incidents if (i.job_id, i.attempt) == key
-                       and not (hung is not None and evidence_start(i) >= hung)]
-            for incident in crashes:
-                incidents.setdefault(incident.incident_id, crash_detector.with_dump_evidence(incident, telemetry))
-            suspects: dict[str, HangSuspect] = {}
-            for trigger in crash.hang_triggers:
-                if (trigger.job_id, trigger.attempt) == key:
-                    suspect = suspect_from_trigger(trigger.job_id, trigger.attempt, trigger.ts, trigger.evidence,
-                                                   context.steps)
-                    suspects.setdefault(suspect.incident_id, suspect)
-            if not crashes and key not in pending:
-                for suspect in stalled:
-                    suspects.setdefault(suspect.incident_id, suspect)
-            for incident_id, suspect in suspects.items():
-                if incident_id not in incidents:
-                    incidents[incident_id] = self.detector("hang").attributor.attribute(suspect, telemetry, now)
-            ended = attempt_failure_starts(context, crashes, None)
-            slow = self.detector("straggler").detector.attribute_attempt(
-                context, windows.job, attempt, windows.step_columns, windows.straggler_chunks(attempt), now,
-                placement_rows=windows.attempt_digest(attempt))
-            for incident in without_follow_ons(slow, ended):
-                incidents.setdefault(incident.incident_id, incident)
-            for incident in self.detector("loss").monitor.attribute(windows.loss_window(attempt), now):
-                if (incident.job_id, incident.attempt) == key:
-                    incidents.setdefault(incident.incident_id, incident)
+    def run_windows(self, windows: JobWindows, now: dt.datetime,
+                    as_of: dt.datetime | None) -> list[Incident]:
+        """Incidents of one job read attempt by attempt (a batch pass in bounded memory): what
+        run_job finds in the whole job's telemetry. Every JOB detector, in registration order, prepares the
+        job where it has a step for that (`prepare_job`: the crash attribution over the job's small
+        tables and steps digest), then runs on each attempt (base.attempt_step) over the windows of
+        that attempt its answers depend on (attribution/reading/windows.py: the few step rows that
+        progress and loss detection read, DuckDB picking them; the attempt's rows in chunks of steps
+        for straggler scoring), so memory holds one chunk's rows and the attempt's (step x rank)
+        frames, never the attempt's rows. A job is read whole only for its data: rows of no attempt,
+        or evidence a prepare step finds in no attempt window (never for which detectors run)."""
+        if not windows.windowable:
+            return self._run_whole(windows, now, as_of, "rows of no attempt")
+        job_detectors = [d for d in self.detectors if d.scope is Scope.JOB]
+        steps = [attempt_step(d) for d in job_detectors]
+        run = WindowedPass(windows, now, as_of)
+        for detector in job_detectors:
+            prepare = prepare_step(detector)
+            if prepare is not None:
+                prepare(run)
+            if run.whole_job is not None:
+                return self._run_whole(windows, now, as_of, run.whole_job)
+        for attempt in sorted(run.attempts):
+            attempt_pass = AttemptPass(run, attempt)
+            for step in steps:
+                attempt_pass.add(step(attempt_pass))
+            del attempt_pass
             release_freed_memory()  # this attempt's frames go before the next attempt's are read
-        return list(incidents.values())
+        return list(run.incidents.values())
+
+    def _run_whole(self, windows: JobWindows, now: dt.datetime, as_of: dt.datetime | None,
+                   reason: str) -> list[Incident]:
+        """One job with its every row in memory: its data cannot be judged attempt by attempt."""
+        log.debug("job %s is read whole: %s", windows.job, reason)
+        whole = load_from_store(windows.store, windows.job).for_job(windows.job)
+        return self.run_job(whole, now, as_of)
 
     def run_store(self, store: Store, job: str | None, now: dt.datetime, as_of: dt.datetime | None) -> list[Incident]:
         """A batch pass over a store, job by job and attempt by attempt (run_windows): the incidents `run` finds
@@ -228,20 +218,6 @@ def attribute(store: Store | str | StoreLocation, job: str | None = None, now: d
     finally:
         if owned:
             opened.close()
-
-
-def existing_incident_ids(store: Store) -> set[str]:
-    table = store.query("SELECT DISTINCT incident_id FROM incidents WHERE incident_id IS NOT NULL")
-    return set(table.column("incident_id").to_pylist()) if table.num_rows else set()
-
-
-def existing_failures(store: Store) -> list[Incident]:
-    """Crash and hang incidents already in the store (they explain GPU events: no health incident for those)."""
-    table = store.query("SELECT * FROM incidents WHERE class IN ('crash', 'collective_hang')")
-    seen: dict[str, Incident] = {}
-    for row in table.to_pylist():
-        seen.setdefault(row["incident_id"], Incident.from_row(row))
-    return list(seen.values())
 
 
 def write_new_incidents(store: Store | str | StoreLocation, incidents: Iterable[Incident],

@@ -35,10 +35,11 @@ from faultlens.attribution.reading.store import Store
 from faultlens.attribution.reading.tail import NewSegment, PartitionListing, SegmentTail
 from faultlens.attribution.reading.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, to_frame
 from faultlens.collectors.store.layout import StoreLocation, safe_value
+from faultlens.collectors.store.schema import Role, tables_with
 from faultlens.collectors.store.sink import SegmentSink
 
 #: the tables a follower tails (the live window's tables)
-TAILED_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives", "heartbeats")
+TAILED_TABLES = tables_with(Role.TAILED)
 
 
 def tail_frame(table: pa.Table, name: str) -> pd.DataFrame:

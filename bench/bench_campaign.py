@@ -1,7 +1,8 @@
 """The fault-injection campaign as a benchmark: every scenario of rules/campaign.yaml (real DDP and pipeline jobs
 under `faultlens run`, faults injected from outside the script), scored, and written into docs/benchmarks.md as
-its own section ("## Fault-injection campaign": the aggregates, a table per fault type, one row per scenario),
-labelled with the commit it ran on.
+its own section ("## Fault-injection campaign": the aggregates as one table of figures, in
+bench/common.py's form), labelled with the commit it ran on; the tables per fault type and per
+scenario go to <out>/report.md.
 
     PYTHONPATH=. python bench/bench_campaign.py [--only NAME ...] [--ci] [--out DIR] [--deadline S] [--no-docs]
 
@@ -16,17 +17,23 @@ import argparse
 import datetime as dt
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import emit, machine  # noqa: E402
+from bench.common import NONE, Figure, Section, emit, machine, write_section  # noqa: E402
 
-SECTION = "## Fault-injection campaign"
+SECTION = "Fault-injection campaign"
+#: the acceptance each aggregate answers to (the campaign's issue); latencies from the injection
+TARGETS = {"class right": "1.0", "culprit node exact": ">= 0.97", "healthy nodes excluded": "0",
+           "software bugs failed over more than once": "0", "incidents on healthy runs": "0",
+           "restores right": "all", "finished / stopped as expected": "all",
+           "crash": "<= 2 s", "node_loss": "<= 5 s",
+           "hang": "<= 15 s after progress stops (the 10 s floor is in the figure)"}
 
 
 def commit() -> str:
@@ -42,13 +49,33 @@ def commit() -> str:
         return "unknown"
 
 
-def write_section(docs: Path, body: str) -> None:
-    """Replace this benchmark's own section of docs/benchmarks.md (or append it); other sections stay as they are."""
-    text = docs.read_text() if docs.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    section = f"{SECTION}\n\n{body.rstrip()}\n\n"
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    docs.write_text(text)
+def campaign_figures(summary: dict[str, Any], commit: str, date: str) -> tuple[Figure, ...]:
+    """The campaign's aggregates (controller/lab/report.py `aggregates`, the same rows) as published
+    figures, each with the acceptance it answers to."""
+    healthy = (f"{summary['incidents_on_healthy_runs']} on {summary['healthy_runs']} runs "
+               f"({summary['healthy_runs_with_cpu_hog']} with a CPU hog)")
+    rows = [("scenarios (all checks right)", f"{summary['scenarios']} ({summary['passed']})",
+             f"{summary['scenarios']}"),
+            ("class right", summary["class_accuracy"], None),
+            ("culprit node exact", summary["culprit_node_exact"], None),
+            ("cause family right", summary["cause_family_right"], None),
+            ("action right", summary["action_right"], None),
+            ("healthy nodes excluded", summary["healthy_nodes_excluded"], None),
+            ("software bugs failed over more than once",
+             summary["software_failed_over_more_than_once"], None),
+            ("incidents on healthy runs", healthy, None),
+            ("restores right", summary["restores_right"], None),
+            ("finished / stopped as expected", summary["finished_as_expected"], None)]
+    for cls in ("crash", "node_loss", "hang", "slowdown", "data"):
+        item = (summary.get("median_latency") or {}).get(cls) or {}
+        if item.get("n"):
+            rows.append((f"median fault -> incident / decision, {cls} (n={item['n']})",
+                         f"{item['fault_to_incident_s']} s / {item['fault_to_decision_s']} s",
+                         TARGETS.get(cls)))
+    if summary.get("not_run"):
+        rows.append(("not run (campaign deadline)", ", ".join(summary["not_run"]), None))
+    return tuple(Figure(label, str(value), target or TARGETS.get(label, NONE), commit=commit,
+                        date=date) for label, value, target in rows)
 
 
 def main() -> int:
@@ -83,24 +110,26 @@ def main() -> int:
     command = "PYTHONPATH=. python bench/bench_campaign.py" + (" --ci" if args.ci else "") + (
         f" --only {' '.join(args.only)}" if args.only else "") + (f" --deadline {args.deadline:g}" if args.deadline
                                                                   else "")
-    body = "\n".join([
-        "Real training jobs (controller/lab/jobs: DDP, and a pipeline with new_group sub-groups and send/recv; gloo, "
-        "CPU) under `faultlens run` on simulated nodes, faults injected without changing the script "
-        "(controller/lab/inject.py via sitecustomize; signals, node and agent loss and a CPU hog from outside; "
-        "Xid 79 / DBE / row-remap / thermal through the recorded NVML backend), each scored against the truth in "
-        "rules/campaign.yaml. Also: `faultlens campaign [--only NAME ...]`.",
-        "",
-        f"    {command}",
-        "",
-        f"Runs made on commit {runs_rev}" + (f", scored on commit {rev}" if runs_rev != rev else "")
-        + f", {started:%Y-%m-%d %H:%M} UTC, {machine()['cores']} cores (load average "
-        f"{os.getloadavg()[0]:.0f} at the end), {summary['scenarios']} scenarios. This is the engine and supervisor "
-        "as they were on that commit: the wrong rows are what the campaign found.",
-        "",
-        markdown(scores, summary),
-    ])
+    (out / "report.md").write_text(markdown(scores, summary) + "\n")
+    section = Section(
+        SECTION,
+        "Real training jobs (controller/lab/jobs: DDP, and a pipeline with new_group sub-groups "
+        "and send/recv; gloo, CPU) under `faultlens run` on simulated nodes, faults injected "
+        "without changing the script (controller/lab/inject.py via sitecustomize; signals, node "
+        "and agent loss and a CPU hog from outside; Xid 79 / DBE / row-remap / thermal through the "
+        "recorded NVML backend), each scored against the truth in rules/campaign.yaml. Also: "
+        "`faultlens campaign [--only NAME ...]`.",
+        (command,),
+        campaign_figures(summary, runs_rev.split(" ", 1)[0], f"{started:%Y-%m-%d %H:%M}"),
+        (f"Runs made on commit {runs_rev}"
+         + (f", scored on commit {rev}" if runs_rev != rev else "")
+         + f", {machine()['cores']} cores (load average {os.getloadavg()[0]:.0f} at the end), "
+         f"{summary['scenarios']} scenarios: the engine and supervisor as they were on that "
+         "commit.",
+         "The tables per fault type and per scenario (expected, observed, excluded, restore, the "
+         f"problems of each wrong row): {out}/report.md of the run."))
     if not args.no_docs:
-        write_section(REPO / "docs" / "benchmarks.md", body)
+        write_section(REPO / "docs" / "benchmarks.md", section)
     emit("campaign", {"commit": rev, "machine": machine(), **summary})
     (Path(args.out) / "summary.json").write_text(json.dumps({"commit": rev, **summary}, indent=1, default=str))
     return 0

@@ -376,7 +376,7 @@ def key_swap_stream(seed: int) -> Any:
 
 def digest(dump: Any) -> list[Any]:
     """What reaches the rows, comparable between the two readers."""
-    from faultlens.collectors.artifacts.flight_recorder import _config_ranks, _status_value
+    from faultlens.collectors.artifacts.flight_recorder.groups import config_ranks, status_value
 
     out: list[Any] = [dump.rank, dump.n, dump.version, dump.world_size, dump.node, dump.comm_lib_version]
     for key, (values, valid) in sorted(dump.ints.items()):
@@ -391,14 +391,17 @@ def digest(dump: Any) -> list[Any]:
         out += [key, column.counts.tobytes(), [column.values[i] for i in column.items.tolist()]]
     if dump.frames is not None:
         out += [dump.frames.counts.tobytes(), [dump.frames.values[i] for i in dump.frames.items.tolist()]]
-    out.append(sorted((str(k), _config_ranks(dump.pg_config, k)) for k in dump.pg_config if isinstance(k, str)))
+    out.append(sorted((str(k), config_ranks(dump.pg_config, k))
+                      for k in dump.pg_config if isinstance(k, str)))
     keys = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
-    out.append(sorted((str(k), [_status_value(dump.pg_status, str(k), x) for x in keys]) for k in dump.pg_status))
+    out.append(sorted((str(k), [status_value(dump.pg_status, str(k), x) for x in keys])
+                      for k in dump.pg_status))
     return out
 
 
 def _one(data: bytes, name: str, fast: bool, assemble: bool) -> tuple[str, Any, float]:
-    from faultlens.collectors.artifacts.flight_recorder import DumpFileError, _Assembly, load_dump_bytes
+    from faultlens.collectors.artifacts.flight_recorder import DumpFileError, load_dump_bytes
+    from faultlens.collectors.artifacts.flight_recorder.assembly import Assembly
     from faultlens.collectors.store.schema import TABLES
 
     started = time.perf_counter()
@@ -406,7 +409,7 @@ def _one(data: bytes, name: str, fast: bool, assemble: bool) -> tuple[str, Any, 
         dump = load_dump_bytes(data, name, fast_path=fast)
         result = ("ok", digest(dump))
         if assemble:
-            assembly = _Assembly(columns=set(TABLES["collectives"].names), dictionary=False)
+            assembly = Assembly(columns=set(TABLES["collectives"].names), dictionary=False)
             assembly.add(dump, f"fuzz/{name}")
             assembly.table(None)
     except DumpFileError as exc:

@@ -3,7 +3,7 @@
 One import namespace over the repository's rooms: `faultlens.collectors`, `faultlens.attribution`,
 `faultlens.controller` and `faultlens.rules` (the shipped rule files, package data). In a wheel they are
 subpackages of this directory. In a source checkout they stay where they are (collectors/, attribution/,
-controller/, rules/ beside this directory); pyproject.toml maps them with setuptools' package-dir, and this
+controller/, rules/ beside this directory); setup.py maps them with setuptools' package-dir, and this
 package adds the checkout's root to its own search path, so `PYTHONPATH=<checkout>` alone (the tests' child
 processes, torchrun workers) imports the same tree as an editable install.
 """

@@ -1,13 +1,26 @@
-"""bench/compare_results.py: run_all's published results read back from docs/benchmarks.md, and a change in result
-told apart from a figure that moved."""
+"""docs/benchmarks.md in the one form bench/common.py renders (every section, hand-kept or
+written by run_all and bench_campaign), and bench/compare_results.py: the published figures read
+back, and a change in result told apart from a figure that moved."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench.compare_results import compare, load, report
-from bench.run_all import BENCHMARKS
+from bench.bench_campaign import SECTION as CAMPAIGN
+from bench.bench_campaign import campaign_figures
+from bench.common import (
+    DOC_HEADER,
+    Figure,
+    Section,
+    parse_document,
+    parse_section,
+    render_document,
+    render_section,
+    write_section,
+)
+from bench.compare_results import compare, compare_figures, figure_value, load, report
+from bench.run_all import BENCHMARKS, section
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,3 +44,96 @@ def test_a_flag_that_flips_is_a_change_and_a_time_is_a_ratio(tmp_path: Path) -> 
     (tmp_path / "b.json").write_text(json.dumps(after))
     text = report(load(tmp_path / "a.json"), load(tmp_path / "b.json"))
     assert "Changes in result:" in text and "machine" not in text and "_seconds" not in text
+
+
+# --- the published form: docs/benchmarks.md has exactly the shape bench/common.py renders ---------
+
+#: a raw result of bench/bench_timer.py, small
+TIMER = {"faultlens_us_per_section": 1.2, "naive_contextmanager_pandas_us_per_section": 2.4,
+         "speedup_vs_naive": 2.0, "target_us_per_section": 5.0,
+         "writer_thread_us_per_step_row": 7.0}
+
+
+def test_the_published_file_is_in_the_renderers_shape() -> None:
+    """Every section of docs/benchmarks.md, read back and rendered again, is the file as it is: the
+    hand-kept sections have the shape the writers (run_all, bench_campaign) produce."""
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    header, sections = parse_document(text)
+    assert header == DOC_HEADER
+    assert render_document(DOC_HEADER, sections) == text
+    titles = [s.title for s in sections]
+    assert len(titles) == len(set(titles))
+    assert {b.title for b in BENCHMARKS} | {CAMPAIGN} <= set(titles)
+
+
+def test_a_small_result_renders_to_one_table() -> None:
+    section = Section("Tiny bench", "Compares: one | two.", ("python -m bench.tiny --n 3",),
+                      (Figure("time a step", "1.5 s", "<= 2 s", "torch 3.0 s", "2.0x", "abc1234",
+                              "2026-12-04 10:00"), Figure("same answers", "yes")),
+                      ("A quiet machine.",))
+    text = render_section(section)
+    assert text.splitlines() == [
+        "## Tiny bench", "", "Compares: one | two.", "", "    python -m bench.tiny --n 3", "",
+        "| figure | value | target | anchor (same run) | ratio | commit | date |",
+        "|---|---|---|---|---|---|---|",
+        "| time a step | 1.5 s | <= 2 s | torch 3.0 s | 2.0x | abc1234 | 2026-12-04 10:00 |",
+        "| same answers | yes | - | - | - | - | - |", "", "- A quiet machine."]
+    assert parse_section(text) == section
+    piped = Section("Piped", "x", ("c",), (Figure("a | b", "1 s"),))
+    assert parse_section(render_section(piped)) == piped
+
+
+def test_run_all_publishes_a_raw_result_in_place(tmp_path: Path) -> None:
+    """run_all's section of a raw result: the benchmark's figures stamped with the run's commit
+    and date; write_section replaces the section of that title and keeps the others."""
+    timer = next(b for b in BENCHMARKS if b.key == "timer")
+    raw = {**TIMER, "_commit": "abc1234", "_date": "2026-12-04 10:00"}
+    published = section(timer, raw, quick=False)
+    assert published.figures[0] == Figure(
+        "time per section on the training thread", "1.2 µs", "<= 5.0 µs",
+        "contextmanager + list of dicts + pandas 2.4 µs", "2.0x", "abc1234", "2026-12-04 10:00")
+    docs = tmp_path / "benchmarks.md"
+    other = Section("Other", "kept", ("c",), (Figure("f", "1"),))
+    write_section(docs, other)
+    write_section(docs, published)
+    write_section(docs, section(timer, {**raw, "faultlens_us_per_section": 1.5}, quick=False))
+    sections = parse_document(docs.read_text())[1]
+    assert [s.title for s in sections] == ["Other", timer.title]
+    assert sections[1].figures[0].value == "1.5 µs"
+
+
+def test_a_published_figure_moves_by_ratio_and_a_count_is_a_result(tmp_path: Path) -> None:
+    """compare_results on a published file: each figure's value cell, a number with a unit or a
+    fraction a measured figure, anything else a result; a raw result goes through its figures."""
+    assert figure_value("2.47 s (3.79 s CPU), culprit right") == 2.47
+    assert figure_value("2,316,815 rows/s") == 2316815.0
+    assert figure_value("0.92") == 0.92
+    assert [figure_value(cell) for cell in ("0", "72/72, 0, 0", "2 of 2", "yes")] == [None] * 4
+    timer = next(b for b in BENCHMARKS if b.key == "timer")
+    raw = dict(TIMER)
+    docs = tmp_path / "benchmarks.md"
+    write_section(docs, section(timer, raw, quick=False))
+    after = {**raw, "faultlens_us_per_section": 2.4, "speedup_vs_naive": 1.0}
+    text = report(load(docs), {"timer": after})
+    assert "| time per section on the training thread | 1.2 µs | 2.4 µs | 2.00 |" in text
+    assert "No change in result" in text
+    changes, figures = compare_figures({"culprit right": "yes", "exact": "72/72"},
+                                       {"culprit right": "no", "exact": "72/72"})
+    assert changes == ["| culprit right | yes | no |"] and figures == []
+
+
+def test_the_campaign_publishes_the_aggregates_rows() -> None:
+    """bench_campaign's table has the rows of the campaign report's aggregates, in their order."""
+    from faultlens.controller.lab.report import aggregates
+
+    summary = {"scenarios": 2, "passed": 1, "class_accuracy": 0.5, "culprit_node_exact": 1.0,
+               "cause_family_right": 1.0, "action_right": 0.5, "healthy_nodes_excluded": 0,
+               "software_failed_over_more_than_once": 0, "incidents_on_healthy_runs": 0,
+               "healthy_runs": 1, "healthy_runs_with_cpu_hog": 0, "restores_right": "1/1",
+               "finished_as_expected": "2/2",
+               "median_latency": {"crash": {"n": 1, "fault_to_incident_s": 0.9,
+                                            "fault_to_decision_s": 1.2}}}
+    rows = [line.strip("|").split(" | ") for line in aggregates(summary).splitlines()[2:]]
+    figures = campaign_figures(summary, "abc1234", "2026-12-04 10:00")
+    assert [(f.figure, f.value) for f in figures] == [(k.strip(), v.strip()) for k, v in rows]
+    assert figures[-1].target == "<= 2 s"

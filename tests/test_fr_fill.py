@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from faultlens.collectors.artifacts.flight_recorder import fill
-from faultlens.collectors.artifacts.flight_recorder.arrow import _Strings
+from faultlens.collectors.artifacts.flight_recorder.arrow import SetStrings
 
 
 def test_first_rows_is_unique_with_index() -> None:
@@ -19,7 +19,7 @@ def test_first_rows_is_unique_with_index() -> None:
 
 
 def test_put_mapped_is_remap() -> None:
-    strings = _Strings()
+    strings = SetStrings()
     strings.remap(["x"], np.zeros(1, np.int32))
     codes = np.array([1, 0, -1, 2, 1], np.int32)
     column = np.full(10, 99, np.int32)

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from faultlens.collectors.artifacts.flight_recorder import files as fr_files
-from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
-from faultlens.collectors.artifacts.flight_recorder.model import SCHEMA, DumpFileError, _Dump
+from faultlens.collectors.artifacts.flight_recorder.assembly import Assembly
+from faultlens.collectors.artifacts.flight_recorder.model import SCHEMA, Dump, DumpFileError
 from faultlens.collectors.artifacts.fr_limits import default_limits
 from tests import fr_builders as fb
 
@@ -37,8 +37,8 @@ def _dumps(directory: Path) -> dict[str, Path]:
     return paths
 
 
-def _table(dump: _Dump) -> pa.Table:
-    assembly = _Assembly(columns=set(SCHEMA.names), dictionary=False, compiled=dump.fmt == "pickle")
+def _table(dump: Dump) -> pa.Table:
+    assembly = Assembly(columns=set(SCHEMA.names), dictionary=False, compiled=dump.fmt == "pickle")
     assembly.add(dump, f"set/{dump.path.name}")
     return assembly.table(None)
 
@@ -71,11 +71,12 @@ def test_a_reused_buffer_never_leaks_into_another_dump(tmp_path: Path, order: tu
                                                        fast_path: bool) -> None:
     paths = _dumps(tmp_path)
     limits = default_limits()
-    alone = {name: _in_new_thread(lambda name=name: _table(fr_files._load_file(paths[name], 8, fast_path, limits)))
-             for name in order}
+    alone = {name: _in_new_thread(
+        lambda name=name: _table(fr_files.load_file(paths[name], 8, fast_path, limits)))
+        for name in order}
 
-    def in_turn() -> tuple[list[_Dump], np.ndarray]:
-        dumps = [fr_files._load_file(paths[name], 8, fast_path, limits) for name in order]
+    def in_turn() -> tuple[list[Dump], np.ndarray]:
+        dumps = [fr_files.load_file(paths[name], 8, fast_path, limits) for name in order]
         return dumps, fr_files._local.read_buffer
 
     dumps, buffer = _in_new_thread(in_turn)
@@ -89,13 +90,14 @@ def test_a_reused_buffer_never_leaks_into_another_dump(tmp_path: Path, order: tu
 def test_files_beyond_the_reused_size_and_a_growing_buffer(tmp_path: Path, monkeypatch) -> None:
     paths = _dumps(tmp_path)
     limits = default_limits()
-    alone = {name: _table(fr_files._load_file(paths[name], 8, True, limits)) for name in ("big", "small")}
+    alone = {name: _table(fr_files.load_file(paths[name], 8, True, limits))
+             for name in ("big", "small")}
     monkeypatch.setattr(fr_files, "_REUSED_MAX_BYTES", paths["small"].stat().st_size + 1)
 
     def in_turn() -> list[tuple[pa.Table, bool]]:
         out = []
         for name in ("small", "big", "small"):  # the big file gets an array of its own
-            dump = fr_files._load_file(paths[name], 8, True, limits)
+            dump = fr_files.load_file(paths[name], 8, True, limits)
             out.append((_table(dump), fr_files._local.read_buffer is not None))
         return out
 
@@ -105,7 +107,7 @@ def test_files_beyond_the_reused_size_and_a_growing_buffer(tmp_path: Path, monke
     monkeypatch.setattr(fr_files, "_REUSED_MAX_BYTES", 16 << 20)
     fr_files._local.read_buffer = np.empty(16, np.uint8)
     try:
-        assert _table(fr_files._load_file(paths["big"], 8, True, limits)).equals(alone["big"])
+        assert _table(fr_files.load_file(paths["big"], 8, True, limits)).equals(alone["big"])
         assert fr_files._local.read_buffer.shape[0] >= paths["big"].stat().st_size + 1
     finally:
         fr_files._local.read_buffer = None
@@ -116,13 +118,13 @@ def test_empty_unreadable_and_non_regular_files_keep_their_errors(tmp_path: Path
     empty = tmp_path / "_dump_0"
     empty.write_bytes(b"")
     with pytest.raises(DumpFileError, match="empty file"):
-        fr_files._load_file(empty, 8, True, limits)
+        fr_files.load_file(empty, 8, True, limits)
     missing = tmp_path / "_dump_1"
     with pytest.raises(DumpFileError, match="cannot read"):
-        fr_files._load_file(missing, 8, True, limits)
+        fr_files.load_file(missing, 8, True, limits)
     fifo = tmp_path / "_dump_2"
     import os
 
     os.mkfifo(fifo)
     with pytest.raises(DumpFileError, match="not a regular file"):
-        fr_files._load_file(fifo, 8, True, limits)
+        fr_files.load_file(fifo, 8, True, limits)

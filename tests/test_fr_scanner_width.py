@@ -11,7 +11,7 @@ import pytest
 
 from faultlens.collectors.artifacts import fr_fastpickle
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
-from faultlens.collectors.artifacts.flight_recorder.fastpath import _dump_fast
+from faultlens.collectors.artifacts.flight_recorder.fastpath import dump_fast
 from faultlens.collectors.artifacts.flight_recorder.files import find_dump_files
 
 NCCL_SET = Path(__file__).parent / "data" / "nccl-fr-gpu_error_2nd"
@@ -28,13 +28,13 @@ def test_a_buffer_beyond_the_scanner_goes_to_the_reference_with_the_same_rows(
         monkeypatch: pytest.MonkeyPatch) -> None:
     path = find_dump_files(NCCL_SET)[0]
     buf = np.fromfile(path, np.uint8)
-    assert _dump_fast(buf, path, 0) is not None  # the scanner reads it as shipped
+    assert dump_fast(buf, path, 0) is not None  # the scanner reads it as shipped
     expected = read_dump_dir(NCCL_SET, fast_path=True)
 
     monkeypatch.setattr(fr_fastpickle, "MAX_BUFFER_BYTES", 1)  # every file of the set declined
     with pytest.raises(ValueError, match="32-bit"):
         fr_fastpickle.Workspace().parse(buf, 0)
-    assert _dump_fast(buf, path, 0) is None  # declined: the reference decides
+    assert dump_fast(buf, path, 0) is None  # declined: the reference decides
     declined = read_dump_dir(NCCL_SET, fast_path=True)
     assert declined.errors == expected.errors == ()
     assert declined.ranks == expected.ranks

@@ -17,8 +17,8 @@ import pytest
 from faultlens.attribution.detectors.hang import COLUMNS
 from faultlens.attribution.detectors.hang.kernels import row_signatures
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
-from faultlens.collectors.artifacts.flight_recorder.arrow import _Strings
-from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes, _StringLists
+from faultlens.collectors.artifacts.flight_recorder.arrow import SetStrings
+from faultlens.collectors.artifacts.flight_recorder.shapes import SetShapes, SetStringLists
 
 NCCL_SET = Path(__file__).parent / "data" / "nccl-fr-gpu_error_2nd"
 
@@ -41,7 +41,7 @@ def _columns(entries: list[list[list[int]] | None]) -> tuple[np.ndarray, np.ndar
     return counts, ndims, dims
 
 
-def _decoded(shapes: _Shapes, codes: np.ndarray) -> list[list[list[int]] | None]:
+def _decoded(shapes: SetShapes, codes: np.ndarray) -> list[list[list[int]] | None]:
     return shapes.array(codes).to_pylist()
 
 
@@ -49,7 +49,7 @@ def _decoded(shapes: _Shapes, codes: np.ndarray) -> list[list[list[int]] | None]
 def test_compiled_and_python_forms_give_the_same_codes_and_values(seed: int) -> None:
     entries = _entries(seed, 5000)
     counts, ndims, dims = _columns(entries)
-    compiled, python = _Shapes(), _Shapes()
+    compiled, python = SetShapes(), SetShapes()
     # in pieces, as dumps come: the dictionary carries over (and its table is rehashed as it grows)
     cuts = [0, 1, 700, 2500, 5000]
     for a, b in itertools.pairwise(cuts):
@@ -68,25 +68,27 @@ def test_compiled_and_python_forms_give_the_same_codes_and_values(seed: int) -> 
 def test_the_two_forms_find_each_others_values() -> None:
     entries = _entries(7, 2000)
     counts, ndims, dims = _columns(entries)
-    shapes = _Shapes()
+    shapes = SetShapes()
     first = shapes.codes(counts, ndims, dims, compiled=True)
     assert shapes.codes(counts, ndims, dims, compiled=False).tolist() == first.tolist()
-    shapes = _Shapes()
+    shapes = SetShapes()
     first = shapes.codes(counts, ndims, dims, compiled=False)
     assert shapes.codes(counts, ndims, dims, compiled=True).tolist() == first.tolist()
 
 
 def test_dims_that_do_not_add_up_are_refused() -> None:
     with pytest.raises(ValueError, match="do not add up"):
-        _Shapes().codes(np.array([2], np.int64), np.array([1], np.int64), np.array([5], np.int64), compiled=True)
+        SetShapes().codes(np.array([2], np.int64), np.array([1], np.int64), np.array([5], np.int64),
+                          compiled=True)
     with pytest.raises(ValueError, match="do not add up"):
-        _Shapes().codes(np.array([1], np.int64), np.array([3], np.int64), np.array([5], np.int64), compiled=True)
+        SetShapes().codes(np.array([1], np.int64), np.array([3], np.int64), np.array([5], np.int64),
+                          compiled=True)
 
 
 def test_a_values_signature_is_the_same_as_a_code_or_a_list() -> None:
     entries = _entries(3, 3000)
     counts, ndims, dims = _columns(entries)
-    shapes = _Shapes()
+    shapes = SetShapes()
     coded = shapes.array(shapes.codes(counts, ndims, dims, compiled=True))
     plain = pa.array(entries, pa.list_(pa.list_(pa.int64())))
     rows = np.array([5, 0, 2999, 17, 17, 1200], np.int64)
@@ -102,8 +104,8 @@ def test_a_values_signature_is_the_same_as_a_code_or_a_list() -> None:
 def test_string_lists_decode_to_the_entries_lists() -> None:
     """input_dtypes values: lists of names (null lists, empty lists, a null name, repeats), stored as one-shape
     values of the names' set-wide codes; the dictionary grows with new names and keeps the earlier codes."""
-    strings = _Strings()
-    lists = _StringLists(strings)
+    strings = SetStrings()
+    lists = SetStringLists(strings)
     rng = random.Random(5)
     pool = [None, [], ["Float"], ["Float", "Float"], ["BFloat16"], [None], ["Float", None, "Int"], ["Half"]]
     batches = [[rng.choice(pool[:5]) for _ in range(300)], [rng.choice(pool) for _ in range(300)]]
@@ -151,20 +153,21 @@ def test_dtype_signatures_tell_the_same_lists_apart_as_plain_lists() -> None:
 def test_sizes_that_do_not_add_up_leave_no_rows_and_the_next_dump_is_read() -> None:
     """An assembly refuses a dump whose input_sizes do not add up before it takes any row for it (the reader then
     reports the file), and the next dump's rows are whole."""
-    from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
-    from faultlens.collectors.artifacts.flight_recorder.files import _load_file, find_dump_files
-    from faultlens.collectors.artifacts.flight_recorder.model import _SizesColumn
+    from faultlens.collectors.artifacts.flight_recorder.assembly import Assembly
+    from faultlens.collectors.artifacts.flight_recorder.files import find_dump_files, load_file
+    from faultlens.collectors.artifacts.flight_recorder.model import SizesColumn
 
     paths = find_dump_files(NCCL_SET)
-    good, bad = (_load_file(path, 0, True) for path in paths[:2])
+    good, bad = (load_file(path, 0, True) for path in paths[:2])
     sizes = bad.sizes["input_sizes"]
-    bad.sizes["input_sizes"] = _SizesColumn(sizes.counts, sizes.ndims, sizes.dims[:-1])  # one dim short
-    assembly = _Assembly(columns=set(COLUMNS), dictionary=True, compiled=True)
+    # one dim short
+    bad.sizes["input_sizes"] = SizesColumn(sizes.counts, sizes.ndims, sizes.dims[:-1])
+    assembly = Assembly(columns=set(COLUMNS), dictionary=True, compiled=True)
     with pytest.raises(ValueError, match="do not add up"):
         assembly.add(bad, "set/_dump_1")
     assert assembly.rows == assembly.buffers.rows == 0
     assembly.add(good, "set/_dump_0")
     table = assembly.table(None)
-    alone = _Assembly(columns=set(COLUMNS), dictionary=True, compiled=True)
-    alone.add(_load_file(paths[0], 0, True), "set/_dump_0")
+    alone = Assembly(columns=set(COLUMNS), dictionary=True, compiled=True)
+    alone.add(load_file(paths[0], 0, True), "set/_dump_0")
     assert table.equals(alone.table(None))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from faultlens.attribution.detectors.crash.liveness import _alive_after, closed_ranks
+from faultlens.attribution.detectors.crash.liveness import alive_after, closed_ranks
 from faultlens.attribution.detectors.desync import completed_steps
 from faultlens.attribution.detectors.loss import _first_nonfinite
 from faultlens.attribution.detectors.progress.monitor import (
@@ -107,7 +107,8 @@ def test_every_reading_of_the_heartbeats_is_the_same_from_the_reduction(beats_st
         assert closed_ranks(reduced, attempt) == closed_ranks(full, attempt)
         middle = every["ts"].min() + (every["ts"].max() - every["ts"].min()) / 2
         for after in (every["ts"].min(), middle, every["ts"].max() - dt.timedelta(seconds=1)):
-            assert _alive_after(reduced, attempt, ranks, after) == _alive_after(full, attempt, ranks, after)
+            assert (alive_after(reduced, attempt, ranks, after)
+                    == alive_after(full, attempt, ranks, after))
         assert _last_progress(pd.DataFrame(), mine) == _last_progress(pd.DataFrame(), every)
         assert _latest_beats(mine).sort_values("rank").reset_index(drop=True).equals(
             _latest_beats(every).sort_values("rank").reset_index(drop=True))

@@ -1,6 +1,12 @@
 """The built-in detectors, registered in the order the engine runs them: crash, hang, straggler, loss (JOB), health
 (STORE). Each wraps one attributor of this room; the order carries the judgment: a crashed attempt is not also a
-hang, a hang's ending is no new crash, and a slowdown that begins after an attempt's failure is its aftermath."""
+hang, a hang's ending is no new crash, and a slowdown that begins after an attempt's failure is its aftermath.
+
+Each JOB detector runs two ways (base.py): `detect` over a job's telemetry (JobPass), and
+`detect_attempt` over one attempt of the windowed batch pass (AttemptPass), reading only the windows
+of that attempt its answers depend on; the crash detector's `prepare_job` attributes the job's
+crashes once, over the job's context, before the attempts. Both ways find the same incidents
+(tests/test_windowed_attribution.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +18,16 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from faultlens.attribution.detectors.base import AttemptKey, DetectorInputs, JobPass, Scope, StorePass, register
+from faultlens.attribution.detectors.base import (
+    AttemptKey,
+    AttemptPass,
+    DetectorInputs,
+    JobPass,
+    Scope,
+    StorePass,
+    WindowedPass,
+    register,
+)
 from faultlens.attribution.detectors.crash import CrashAttributor, CrashResult, teardown_starts
 from faultlens.attribution.detectors.health import HealthMonitor
 from faultlens.attribution.detectors.loss import LossMonitor
@@ -104,7 +119,8 @@ def without_follow_ons(slowdowns: Iterable[Incident], ended: dict[AttemptKey, dt
 
 @dataclass(frozen=True)
 class CrashNotes:
-    """What the crash detector leaves in the pass for the hang detector."""
+    """What the crash detector leaves in the pass for the hang detector (in an AttemptPass: the
+    job's crash result, and the stalled progress of that attempt)."""
 
     result: CrashResult
     stalled: tuple[HangSuspect, ...]  # attempts whose progress stopped (hang suspects)
@@ -143,6 +159,38 @@ class CrashDetector:
         run.busy |= {(i.job_id, i.attempt) for i in crashes} | set(crash.pending)
         run.notes[self.name] = CrashNotes(crash, tuple(stalled))
         return [self.with_dump_evidence(i, telemetry) for i in crashes if i.incident_id not in run.options.already]
+
+    def prepare_job(self, run: WindowedPass) -> None:
+        """The job's crashes, once, before its attempts: the crash attribution over the job's
+        context (the steps digest answers its lookups into other attempts: placements, last steps,
+        earlier fingerprints). Every attempt it names is visited; evidence of another job or of no
+        attempt is in no attempt window: then the job is read whole."""
+        crash = self.attributor.attribute(run.context, run.now, None)
+        keys = [(i.job_id, i.attempt) for i in crash.incidents] + list(crash.pending) + \
+            [(t.job_id, t.attempt) for t in crash.hang_triggers]
+        if any(job != run.job or attempt is None for job, attempt in keys):
+            run.read_whole("crash evidence of another job or of no attempt")
+            return
+        run.visit(attempt for _, attempt in keys)
+        run.notes[self.name] = crash
+
+    def detect_attempt(self, run: AttemptPass) -> list[Incident]:
+        """The attempt's crashes (prepare_job found them), but for a failure that began after the
+        attempt's progress had stopped for longer than allowed (progress_window): the hang's end."""
+        crash: CrashResult | None = run.job_pass.notes.get(self.name)
+        if crash is None:  # not prepared: nothing attributed
+            return []
+        key = run.key
+        stalled = [s for s in self.progress.suspects(run.progress_window(), run.as_of)
+                   if (s.job_id, s.attempt) == key] if run.as_of is not None else []
+        hung = hung_since(stalled, self.rules.signal_notice_slack_s).get(key)
+        if hung is not None:
+            run.hung[key] = min(run.hung.get(key, hung), hung)
+        crashes = [i for i in crash.incidents if (i.job_id, i.attempt) == key
+                   and not (hung is not None and evidence_start(i) >= hung)]
+        run.busy |= {(i.job_id, i.attempt) for i in crashes} | set(crash.pending)
+        run.notes[self.name] = CrashNotes(crash, tuple(stalled))
+        return [self.with_dump_evidence(i, run.attempt_context()) for i in crashes]
 
     def with_dump_evidence(self, incident: Incident, telemetry: Telemetry) -> Incident:
         """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors' dumps (the dead
@@ -194,6 +242,25 @@ class HangDetector:
         return [self.attributor.attribute(suspect, run.telemetry, run.now) for incident_id, suspect in suspects.items()
                 if incident_id not in run.options.already and incident_id not in run.incidents]
 
+    def detect_attempt(self, run: AttemptPass) -> list[Incident]:
+        """The attempt's hang triggers, and its stalled progress unless it crashed or is not
+        settled; each suspect through the hang analysis of the attempt's flight-recorder entries."""
+        notes = run.notes.get(CrashDetector.name)
+        if notes is None:
+            return []
+        key = run.key
+        suspects: dict[str, HangSuspect] = {}
+        for trigger in notes.result.hang_triggers:
+            if (trigger.job_id, trigger.attempt) == key:
+                suspect = suspect_from_trigger(trigger.job_id, trigger.attempt, trigger.ts,
+                                               trigger.evidence, run.context.steps)
+                suspects.setdefault(suspect.incident_id, suspect)
+        if key not in run.busy:
+            for suspect in notes.stalled:
+                suspects.setdefault(suspect.incident_id, suspect)
+        return [self.attributor.attribute(suspect, run.attempt_context(), run.now)
+                for incident_id, suspect in suspects.items() if incident_id not in run.incidents]
+
 
 class StragglerSlowdowns:
     """Stragglers; a slowdown that begins after its attempt's failure began is its aftermath, not reported."""
@@ -211,6 +278,15 @@ class StragglerSlowdowns:
         return without_follow_ons(self.detector.attribute(run.telemetry, run.now, run.options.straggler_last_steps),
                                   ended)
 
+    def detect_attempt(self, run: AttemptPass) -> list[Incident]:
+        """The attempt's slowdowns, scored over its step rows chunk by chunk, less those that begin
+        after the attempt's failure began (a crash found so far, a teardown, an agent's exit)."""
+        ended = attempt_failure_starts(run.context, run.incidents.values(), None)
+        slow = self.detector.attribute_attempt(run.context, run.job, run.attempt, run.step_columns,
+                                               run.straggler_chunks(), run.now,
+                                               placement_rows=run.attempt_digest())
+        return without_follow_ons(slow, ended)
+
 
 class LossDetector:
     """A loss that turned NaN or inf, or jumped: the numbers went bad while the job ran on."""
@@ -223,6 +299,11 @@ class LossDetector:
 
     def detect(self, run: JobPass) -> list[Incident]:
         return [i for i in self.monitor.attribute(run.telemetry, run.now) if i.incident_id not in run.options.already]
+
+    def detect_attempt(self, run: AttemptPass) -> list[Incident]:
+        """The attempt's first bad step: its step rows that carry a loss, the heartbeats."""
+        found = self.monitor.attribute(run.loss_window(), run.now)
+        return [i for i in found if (i.job_id, i.attempt) == run.key]
 
 
 class HealthDetector:

@@ -28,7 +28,7 @@ from faultlens.attribution.reading.telemetry import Placement, Telemetry
 from faultlens.attribution.rules import CrashRules
 
 if TYPE_CHECKING:
-    from faultlens.attribution.detectors.crash import RankFailure
+    from faultlens.attribution.detectors.crash.failures import RankFailure
 
 RULE_APART = "hang-desync-apart"
 RULE_NO_CULPRIT = "hang-desync-no-culprit"

@@ -8,9 +8,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from faultlens.attribution.goodput.buckets import _NS, BADPUT, Bucket, GoodputError
-from faultlens.attribution.goodput.facts import DecisionFact, IncidentFact, JobFacts, _ns, load_job_facts
-from faultlens.attribution.goodput.report import AttemptAccount, GoodputReport, IncidentCost, Stretch, WindowPoint, _dt
+from faultlens.attribution.goodput.buckets import BADPUT, Bucket, GoodputError
+from faultlens.attribution.goodput.clock import NS_PER_S, datetime_of, ns_of
+from faultlens.attribution.goodput.facts import DecisionFact, IncidentFact, JobFacts, load_job_facts
+from faultlens.attribution.goodput.report import (
+    AttemptAccount,
+    GoodputReport,
+    IncidentCost,
+    Stretch,
+    WindowPoint,
+)
 from faultlens.attribution.goodput.timeline import Timeline, build_timeline
 from faultlens.attribution.reading.store import Store
 
@@ -93,7 +100,8 @@ def _sliding(timeline: Timeline, window_ns: int, max_points: int) -> tuple[Windo
         ends = np.linspace(start + window_ns, end, max(count, 2)).astype(np.int64)
         width = window_ns
     productive = timeline.cumulative(Bucket.PRODUCTIVE, ends) - timeline.cumulative(Bucket.PRODUCTIVE, ends - width)
-    return tuple(WindowPoint(_dt(int(t)), float(p) / (width / _NS)) for t, p in zip(ends, productive, strict=True))
+    return tuple(WindowPoint(datetime_of(int(t)), float(p) / (width / NS_PER_S))
+                 for t, p in zip(ends, productive, strict=True))
 
 
 def _longest_unproductive(timeline: Timeline) -> Stretch | None:
@@ -109,7 +117,8 @@ def _longest_unproductive(timeline: Timeline) -> Stretch | None:
     if best is None:
         return None
     spent = {k: v for k, v in timeline.between(*best).items() if v > 0}
-    return Stretch(_dt(best[0]), _dt(best[1]), (best[1] - best[0]) / _NS, spent)
+    return Stretch(datetime_of(best[0]), datetime_of(best[1]), (best[1] - best[0]) / NS_PER_S,
+                   spent)
 
 
 def _live(facts: JobFacts, starts: Mapping[int, int], last_ns: int | None, grace_s: float) -> JobFacts:
@@ -124,7 +133,7 @@ def _live(facts: JobFacts, starts: Mapping[int, int], last_ns: int | None, grace
             later = [t for t in starts.values() if after_ns is not None and t > after_ns]
         if later:
             return min(later)
-        return None if last_ns is None else last_ns + round(grace_s * _NS)
+        return None if last_ns is None else last_ns + round(grace_s * NS_PER_S)
 
     incidents = tuple(x for x in facts.incidents if x.detected_ns is not None
                       and (b := bound(x.attempt, x.first_signal_ns)) is not None and x.detected_ns <= b)
@@ -147,12 +156,12 @@ def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.date
             live_grace_s: float = 600.0, max_points: int = 2000) -> GoodputReport:
     """The goodput report of one job's facts (see the module docstring for every definition)."""
     starts = _attempt_starts(facts, attempt_starts)
-    start_ns = _ns(since) if since is not None else (min(starts.values()) if starts else None)
+    start_ns = ns_of(since) if since is not None else (min(starts.values()) if starts else None)
     telemetry = [t for t in (facts.last_telemetry_ns, *(starts.values())) if t is not None]
     last_ns = max(telemetry) if telemetry else None
     live = _live(facts, starts, last_ns, live_grace_s)
     if until is not None:
-        end_ns = _ns(until)
+        end_ns = ns_of(until)
     else:
         candidates = [*telemetry, *(x.detected_ns for x in live.incidents if x.detected_ns is not None),
                       *(d.issued_ns for d in live.decisions)]
@@ -160,23 +169,25 @@ def account(facts: JobFacts, *, since: dt.datetime | None = None, until: dt.date
     if start_ns is None or end_ns is None:
         raise GoodputError(f"job {facts.job_id!r}: no attempt start or activity to bound the window")
     if end_ns <= start_ns:
-        raise GoodputError(f"job {facts.job_id!r}: empty window {_dt(start_ns).isoformat()} .. "
-                           f"{_dt(end_ns).isoformat()}")
+        raise GoodputError(f"job {facts.job_id!r}: empty window {datetime_of(start_ns).isoformat()}"
+                           f" .. {datetime_of(end_ns).isoformat()}")
     intervals, lost, resume = _intervals(live, starts, end_ns)
     timeline = build_timeline(intervals, start_ns, end_ns)
     totals = timeline.seconds()
-    wall_s = (end_ns - start_ns) / _NS
-    window_ns = round((window_s if window_s else wall_s / 10) * _NS)
+    wall_s = (end_ns - start_ns) / NS_PER_S
+    window_ns = round((window_s if window_s else wall_s / 10) * NS_PER_S)
     if window_ns <= 0:
         raise GoodputError(f"the sliding window must be positive, got {window_s}")
     sliding = _sliding(timeline, window_ns, max_points)
     accounts, costs = _attempt_accounts(facts, starts, start_ns, end_ns, timeline, live, lost, resume)
     productive_s = totals[Bucket.PRODUCTIVE]
     return GoodputReport(
-        job_id=facts.job_id, start=_dt(start_ns), end=_dt(end_ns), wall_s=wall_s, productive_s=productive_s,
+        job_id=facts.job_id, start=datetime_of(start_ns), end=datetime_of(end_ns), wall_s=wall_s,
+        productive_s=productive_s,
         ettr=productive_s / wall_s, badput={b: totals[b] for b in BADPUT},
         steps_kept=sum(a.steps_kept for a in accounts),
-        steps_lost=sum(a.steps_lost for a in accounts), window_s=window_ns / _NS, sliding=sliding,
+        steps_lost=sum(a.steps_lost for a in accounts), window_s=window_ns / NS_PER_S,
+        sliding=sliding,
         min_sliding_ettr=min((p.ettr for p in sliding), default=None),
         longest_unproductive=_longest_unproductive(timeline), attempts=tuple(accounts), incidents=tuple(costs),
         offline=tuple([x.incident_id for x in facts.incidents if x not in live.incidents]
@@ -191,7 +202,7 @@ def _attempt_starts(facts: JobFacts, attempt_starts: Mapping[int, dt.datetime] |
         first = int(facts.step_start_ns[facts.step_attempt == attempt].min())
         starts[attempt] = min(starts.get(attempt, first), first)
     for attempt, when in (attempt_starts or {}).items():
-        ns = _ns(when)
+        ns = ns_of(when)
         if ns is not None:
             starts[int(attempt)] = min(starts.get(int(attempt), ns), ns)
     return starts
@@ -223,9 +234,11 @@ def _attempt_accounts(facts: JobFacts, starts: dict[int, int], start_ns: int, en
         incident = by_incident.get(decision.incident_id) if decision is not None and decision.incident_id else None
         last_end = int(facts.step_end_ns[mine].max()) if np.any(mine) else None
         accounts.append(AttemptAccount(
-            attempt=attempt, start=_dt(begin),
-            first_step_start=_dt(int(facts.step_start_ns[mine].min())) if np.any(mine) else None,
-            last_step_end=_dt(last_end), first_step=int(numbers.min()) if len(numbers) else None,
+            attempt=attempt, start=datetime_of(begin),
+            first_step_start=(datetime_of(int(facts.step_start_ns[mine].min())) if np.any(mine)
+                              else None),
+            last_step_end=datetime_of(last_end),
+            first_step=int(numbers.min()) if len(numbers) else None,
             last_step=int(numbers.max()) if len(numbers) else None, resume_point=resume.get(attempt),
             steps_kept=len(np.unique(facts.step_number[mine_work & ~lost])),
             steps_lost=len(np.unique(facts.step_number[mine_work & lost])),

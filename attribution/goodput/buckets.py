@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from enum import StrEnum
 
 from faultlens.errors import FaultlensError
@@ -28,9 +27,5 @@ PRIORITY: tuple[Bucket, ...] = (Bucket.CHECKPOINT, Bucket.LOST_WORK, Bucket.PROD
                                 Bucket.RESTART, Bucket.DECISION, Bucket.DETECTION)
 BUCKETS: tuple[Bucket, ...] = (*PRIORITY, Bucket.UNKNOWN)
 BADPUT: tuple[Bucket, ...] = tuple(b for b in BUCKETS if b is not Bucket.PRODUCTIVE)
-_INDEX = {bucket: i for i, bucket in enumerate(BUCKETS)}
-_CHECKPOINT_PHASE = "checkpoint"
-_NS = 1_000_000_000
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from faultlens.attribution.goodput.buckets import _CHECKPOINT_PHASE, _EPOCH, _NS, GoodputError
+from faultlens.attribution.goodput.buckets import GoodputError
+from faultlens.attribution.reading.queries import decision_table, incident_table
 from faultlens.attribution.reading.store import Store
+
+_CHECKPOINT_PHASE = "checkpoint"  # the step timer's phase of a blocking checkpoint save
 
 # ---------------------------------------------------------------------------------------------- facts
 
@@ -51,17 +52,6 @@ class JobFacts:
     last_telemetry_ns: int | None  # the job's latest step end, process event or ranks row
 
 
-def _ns(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            raise GoodputError(f"naive datetime {value.isoformat()}: give a timezone (UTC)")
-        delta = value - _EPOCH
-        return (delta.days * 86_400 + delta.seconds) * _NS + delta.microseconds * 1000
-    return int(value)
-
-
 def _column_ns(table: pa.Table, name: str) -> np.ndarray:
     column = table.column(name)
     if pa.types.is_timestamp(column.type):
@@ -88,14 +78,10 @@ def load_job_facts(store: Store, job_id: str) -> JobFacts:
         "WHERE job_id = ? AND kind = 'start' UNION ALL SELECT coalesce(attempt, 0)::BIGINT, ts FROM ranks "
         "WHERE job_id = ?) GROUP BY attempt", [job_id, job_id])
     # a 'start' row beats the ranks row of the same attempt (it is the earlier, truer start): take the min
-    incidents = store.query(
-        'SELECT incident_id, min(attempt)::BIGINT AS attempt, any_value("class") AS cls, any_value(cause) AS cause, '
-        "min(first_signal_ts) AS first_signal, min(detected_ts) AS detected FROM incidents WHERE job_id = ? "
-        "AND incident_id IS NOT NULL GROUP BY incident_id ORDER BY detected", [job_id])
-    decisions = store.query(
-        "SELECT decision_id, any_value(incident_id) AS incident_id, min(attempt)::BIGINT AS attempt, "
-        "arg_min(action, ts) AS action, min(issued_ts) AS issued FROM decisions WHERE job_id = ? "
-        "AND decision_id IS NOT NULL AND issued_ts IS NOT NULL GROUP BY decision_id ORDER BY issued", [job_id])
+    # each incident as its first report, each decision as issued (attribution/reading/queries.py)
+    incidents = incident_table(store, job=job_id)
+    decisions = decision_table(store, job=job_id)
+    decisions = decisions.filter(decisions.column("issued_ts").is_valid())
     last = store.query(
         "SELECT max(t) AS t FROM (SELECT max(end_ts) AS t FROM steps WHERE job_id = $1 "
         "UNION ALL SELECT max(ts) FROM process_events WHERE job_id = $1 UNION ALL SELECT max(ts) FROM ranks "
@@ -103,18 +89,17 @@ def load_job_facts(store: Store, job_id: str) -> JobFacts:
     if not steps.num_rows and not starts.num_rows and not last.column(0)[0].is_valid:
         raise GoodputError(f"job {job_id!r}: no steps, ranks or process events in store {store.location.url!r}")
     observed = dict(zip(starts.column("attempt").to_pylist(), _scalar_ns(starts, "ts"), strict=True))
+    names = ("incident_id", "attempt", "class", "cause")
     incident_facts = tuple(
         IncidentFact(incident_id=i, attempt=a, incident_class=c, cause=cause, first_signal_ns=f, detected_ns=d)
-        for i, a, c, cause, f, d in zip(incidents.column("incident_id").to_pylist(),
-                                        incidents.column("attempt").to_pylist(), incidents.column("cls").to_pylist(),
-                                        incidents.column("cause").to_pylist(), _scalar_ns(incidents, "first_signal"),
-                                        _scalar_ns(incidents, "detected"), strict=True))
+        for i, a, c, cause, f, d in zip(*(incidents.column(n).to_pylist() for n in names),
+                                        _scalar_ns(incidents, "first_signal_ts"),
+                                        _scalar_ns(incidents, "detected_ts"), strict=True))
+    names = ("decision_id", "incident_id", "attempt", "action")
     decision_facts = tuple(
         DecisionFact(decision_id=d, incident_id=i, attempt=a, action=act, issued_ns=t)
-        for d, i, a, act, t in zip(decisions.column("decision_id").to_pylist(),
-                                   decisions.column("incident_id").to_pylist(), decisions.column("attempt").to_pylist(),
-                                   decisions.column("action").to_pylist(), _scalar_ns(decisions, "issued"),
-                                   strict=True))
+        for d, i, a, act, t in zip(*(decisions.column(n).to_pylist() for n in names),
+                                   _scalar_ns(decisions, "issued_ts"), strict=True))
     return JobFacts(
         job_id=job_id, step_attempt=_column_ns(steps, "attempt"), step_number=_column_ns(steps, "step"),
         step_is_checkpoint=steps.column("is_checkpoint").to_numpy(zero_copy_only=False).astype(bool),

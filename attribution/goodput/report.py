@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.attribution.goodput.buckets import _NS, Bucket
+from faultlens.attribution.goodput.buckets import Bucket
+from faultlens.attribution.goodput.clock import NS_PER_S, datetime_of
 from faultlens.attribution.goodput.timeline import Timeline
 
 # ---------------------------------------------------------------------------------------------- results
@@ -88,7 +89,8 @@ class GoodputReport:
         start, end = self.timeline.start_ns, self.timeline.end_ns
         times = np.linspace(start, end, max(points, 2)).astype(np.int64)[1:]
         productive = self.timeline.cumulative(Bucket.PRODUCTIVE, times)
-        return [(_dt(int(t)), float(p) / ((int(t) - start) / _NS)) for t, p in zip(times, productive, strict=True)]
+        return [(datetime_of(int(t)), float(p) / ((int(t) - start) / NS_PER_S))
+                for t, p in zip(times, productive, strict=True)]
 
     def to_dict(self, *, include_timeline: bool = False) -> dict[str, Any]:
         def iso(value: dt.datetime | None) -> str | None:
@@ -122,15 +124,7 @@ class GoodputReport:
             "offline": list(self.offline),
         }
         if include_timeline:
-            result["timeline"] = [{"start": iso(_dt(s)), "end": iso(_dt(e)), "bucket": str(b)}
-                                  for s, e, b in self.timeline.runs()]
+            result["timeline"] = [
+                {"start": iso(datetime_of(s)), "end": iso(datetime_of(e)), "bucket": str(b)}
+                for s, e, b in self.timeline.runs()]
         return result
-
-
-def _dt(ns: int | None) -> dt.datetime | None:
-    if ns is None:
-        return None
-    seconds, rest = divmod(int(ns), _NS)
-    return dt.datetime.fromtimestamp(seconds, dt.UTC) + dt.timedelta(microseconds=rest // 1000)
-
-

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from faultlens.attribution.goodput.buckets import _INDEX, _NS, BUCKETS, PRIORITY, Bucket, GoodputError
+from faultlens.attribution.goodput.buckets import BUCKETS, PRIORITY, Bucket, GoodputError
+from faultlens.attribution.goodput.clock import NS_PER_S
+
+_INDEX = {bucket: i for i, bucket in enumerate(BUCKETS)}  # a bucket's label in Timeline.labels
 
 # ---------------------------------------------------------------------------------------------- the timeline
 
@@ -29,14 +32,15 @@ class Timeline:
         return int(self.bounds[-1])
 
     def seconds(self) -> dict[Bucket, float]:
-        widths = np.diff(self.bounds).astype(np.float64) / _NS
+        widths = np.diff(self.bounds).astype(np.float64) / NS_PER_S
         totals = np.bincount(self.labels, weights=widths, minlength=len(BUCKETS))
         return {bucket: float(totals[i]) for i, bucket in enumerate(BUCKETS)}
 
     def _cum(self, bucket: Bucket) -> np.ndarray:
         index = _INDEX[bucket]
         if index not in self._cumulative:
-            widths = np.where(self.labels == index, np.diff(self.bounds), 0).astype(np.float64) / _NS
+            widths = (np.where(self.labels == index, np.diff(self.bounds), 0).astype(np.float64)
+                      / NS_PER_S)
             self._cumulative[index] = np.concatenate([[0.0], np.cumsum(widths)])
         return self._cumulative[index]
 
@@ -46,7 +50,7 @@ class Timeline:
         cum = self._cum(bucket)
         i = np.clip(np.searchsorted(self.bounds, t, side="right") - 1, 0, len(self.labels) - 1)
         inside = (self.labels[i] == _INDEX[bucket]).astype(np.float64)
-        return cum[i] + (t - self.bounds[i]).astype(np.float64) / _NS * inside
+        return cum[i] + (t - self.bounds[i]).astype(np.float64) / NS_PER_S * inside
 
     def between(self, start_ns: int, end_ns: int) -> dict[Bucket, float]:
         """Seconds of every bucket inside [start_ns, end_ns] (clipped to the window)."""

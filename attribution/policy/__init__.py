@@ -1,4 +1,4 @@
-"""The decision policy: one incident -> exactly one decision (failover, escalate or drain), by the rules of
+"""The decision policy: one incident -> exactly one decision (failover, escalate, notify or drain), by the rules of
 rules/policy.yaml (docs/design.md "Decision policy").
 
 Order of evaluation:
@@ -15,7 +15,9 @@ The store's history comes in through the PolicyHistory protocol (StoreHistory re
 ranks tables); the restore choice through the RestoreChooser callable (controller/checkpoints implements it).
 
 Modules: config (rules/policy.yaml's model, PolicyConfig and its rules, the loader), history (PolicyHistory,
-NoHistory, StoreHistory, LemonNode), decide (DecisionPolicy, RestoreRequest, RestoreChooser).
+NoHistory, StoreHistory, LemonNode), decide (DecisionPolicy, RestoreRequest, RestoreChooser), slowdown (what a slowdown's decision
+may do), running (what the supervisor asks: does a decision keep the job running, may a slowdown
+stop it).
 """
 
 from faultlens.attribution.policy.config import (

@@ -1,6 +1,6 @@
 """The policy file: rules/policy.yaml's model (PolicyFile), its loaded form (PolicyConfig with its PolicyRule,
-SoftwareRepeatRule and LemonRule) and the loader that turns one into the other (load_policy,
-policy_from_document)."""
+SoftwareRepeatRule, LemonRule and SlowdownPolicy: the numbers slowdown.py weighs) and the loader
+that turns one into the other (load_policy, policy_from_document)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,14 @@ from pydantic import AfterValidator, Field
 
 from faultlens.attribution.decision import Action
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
-from faultlens.attribution.policy.slowdown import SlowdownPolicy, SlowdownSection
 from faultlens.attribution.rulefile import RuleFileError, load_rule_document
-from faultlens.collectors.rule_model import FileModel, FormatVersion1, Fraction, NonNegativeInt
+from faultlens.collectors.rule_model import (
+    FileModel,
+    FormatVersion1,
+    Fraction,
+    NonNegative,
+    NonNegativeInt,
+)
 from faultlens.resources import rule_file, shipped_rule_file
 
 DEFAULT_POLICY_PATH = shipped_rule_file("policy.yaml")  # packaged; load_policy reads rule_file (FAULTLENS_RULES)
@@ -76,6 +81,16 @@ class _Rule(FileModel):
     without_culprit: bool = False
 
 
+class SlowdownSection(FileModel):
+    """rules/policy.yaml's `straggler` section (the numbers of SlowdownPolicy)."""
+
+    remaining_s: NonNegative | None = None
+    restart_s: NonNegative = 600.0
+    lost_work_s: NonNegative = 900.0
+    min_saving: Fraction = 0.05
+    same_cause_window_s: NonNegative = 3600.0
+
+
 class PolicyFile(FileModel):
     """rules/policy.yaml."""
 
@@ -131,6 +146,24 @@ class LemonRule:
     min_jobs: int = 2
     window_days: float = 30.0
     causes: frozenset[Cause] | None = None
+
+
+@dataclass(frozen=True)
+class SlowdownPolicy:
+    """The `straggler` section loaded: the numbers of the policy for slowdowns (slowdown.py)."""
+
+    # the remaining run time assumed for a job that declares no length (None: unknown, such a
+    # slowdown is notified)
+    remaining_s: float | None = None
+    restart_s: float = 600.0  # a restart: stop, reschedule, load the checkpoint, warm up
+    lost_work_s: float = 900.0  # work redone after the restart (time since the last checkpoint)
+    min_saving: float = 0.05  # below this share of step time a failover is never worth it
+    same_cause_window_s: float = 3600.0  # straggler incidents of one attempt this close are one set
+
+    @classmethod
+    def from_document(cls, document: Mapping[str, Any] | None) -> SlowdownPolicy:
+        raw = dict(document or {})
+        return cls(**{k: None if v is None else float(v) for k, v in raw.items()})
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
 from faultlens.attribution.policy.config import LemonRule
+from faultlens.attribution.reading.queries import FIRST_REPORTS_SQL, stored_incidents
 
 _CAUSES = [c.value for c in Cause]
 
@@ -60,8 +61,10 @@ class NoHistory:
 
 
 class StoreHistory:
-    """PolicyHistory over a faultlens store (faultlens.attribution.reading.store.Store): incidents, decisions and ranks tables.
-    Every call refreshes the listing of the tables it reads, so a live policy sees rows written since."""
+    """PolicyHistory over a faultlens store (faultlens.attribution.reading.store.Store):
+    incidents, decisions and ranks tables (incidents as their first reports:
+    attribution/reading/queries.py). Every call refreshes the listing of the tables it reads, so a
+    live policy sees rows written since."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
@@ -85,11 +88,8 @@ class StoreHistory:
     def job_incidents(self, job_id: str | None, exclude_incident_id: str) -> list[Incident]:
         if job_id is None:
             return []
-        rows = self._query(["incidents"], """
-            SELECT * FROM incidents WHERE job_id = ? AND incident_id <> ?
-            QUALIFY row_number() OVER (PARTITION BY incident_id ORDER BY ts DESC) = 1
-            ORDER BY ts""", [job_id, exclude_incident_id])
-        return [Incident.from_row(row) for row in rows]
+        self.store.refresh(("incidents",))
+        return stored_incidents(self.store, job=job_id, exclude_id=exclude_incident_id)
 
     def lemon_nodes(self, rule: LemonRule, now: dt.datetime) -> list[LemonNode]:
         since = now - dt.timedelta(days=rule.window_days)
@@ -97,7 +97,8 @@ class StoreHistory:
         placeholders = ", ".join("?" for _ in causes)
         rows = self._query(["incidents"], f"""
             WITH implicated AS (
-                SELECT DISTINCT incident_id, job_id, unnest(culprit_nodes) AS node FROM incidents
+                SELECT DISTINCT incident_id, job_id, unnest(culprit_nodes) AS node
+                FROM ({FIRST_REPORTS_SQL})
                 WHERE ts >= ? AND cause IN ({placeholders}) AND class <> 'health')
             SELECT node, count(DISTINCT incident_id) AS incidents, count(DISTINCT job_id) AS jobs
             FROM implicated WHERE node IS NOT NULL GROUP BY node

@@ -22,44 +22,32 @@ The numbers are rules/policy.yaml's `straggler` section.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from faultlens.attribution.decision import Action, Decision
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
-from faultlens.collectors.rule_model import FileModel, Fraction, NonNegative
+from faultlens.attribution.policy.config import PolicyConfig, SlowdownPolicy
+from faultlens.attribution.policy.history import PolicyHistory
 
-if TYPE_CHECKING:
-    from faultlens.attribution.policy import DecisionPolicy
 
-class SlowdownSection(FileModel):
-    """rules/policy.yaml's `straggler` section (the numbers of SlowdownPolicy)."""
+class DecidingPolicy(Protocol):
+    """The decision policy that asks the slowdown policy (DecisionPolicy, decide.py: slowdown_gate
+    first, for every incident), as this module reads it: its config (the `straggler` numbers, the
+    confidence threshold), its history, its clock and, for a batch (decide_all), its own decision
+    where the gate leaves an incident to the rules. A protocol: decide.py imports this module, so
+    this one knows the policy only by what it reads of it."""
 
-    remaining_s: NonNegative | None = None
-    restart_s: NonNegative = 600.0
-    lost_work_s: NonNegative = 900.0
-    min_saving: Fraction = 0.05
-    same_cause_window_s: NonNegative = 3600.0
+    config: PolicyConfig
+    history: PolicyHistory
+    clock: Callable[[], dt.datetime]
+
+    def decide(self, incident: Incident) -> Decision: ...
 
 
 _SAVES = re.compile(r"saves (\d+(?:\.\d+)?)% of step time")
-
-
-@dataclass(frozen=True)
-class SlowdownPolicy:
-    # the remaining run time assumed for a job that declares no length (None: unknown, such a slowdown is notified)
-    remaining_s: float | None = None
-    restart_s: float = 600.0  # a restart: stop, reschedule, load the checkpoint, warm up
-    lost_work_s: float = 900.0  # work redone after the restart (time since the last checkpoint)
-    min_saving: float = 0.05  # below this share of step time a failover is never worth it
-    same_cause_window_s: float = 3600.0  # straggler incidents of one attempt this close are one set
-
-    @classmethod
-    def from_document(cls, document: Mapping[str, Any] | None) -> SlowdownPolicy:
-        raw = dict(document or {})
-        return cls(**{k: None if v is None else float(v) for k, v in raw.items()})
 
 
 def straggler_saving(incident: Incident) -> float | None:
@@ -88,7 +76,7 @@ def job_remaining(incident: Incident, config: SlowdownPolicy) -> tuple[float | N
     return None, "unknown"
 
 
-def _notify(incident: Incident, rule: str, reason: str, policy: DecisionPolicy) -> Decision:
+def _notify(incident: Incident, rule: str, reason: str, policy: DecidingPolicy) -> Decision:
     return Decision.for_incident(incident, action=Action.NOTIFY, policy_rule=rule, reason=reason,
                                  issued_at=policy.clock())
 
@@ -109,7 +97,8 @@ def _same_set(incident: Incident, others: Iterable[Incident], window_s: float) -
     return found
 
 
-def slowdown_gate(policy: DecisionPolicy, incident: Incident, peers: Sequence[Incident] = ()) -> Decision | None:
+def slowdown_gate(policy: DecidingPolicy, incident: Incident,
+                  peers: Sequence[Incident] = ()) -> Decision | None:
     """NOTIFY for a straggler incident that must not be acted on, else None (the rules decide)."""
     if incident.incident_class is not IncidentClass.STRAGGLER:
         return None
@@ -164,7 +153,7 @@ def slowdown_action(incident: Incident, action: Action) -> Action:
     return action
 
 
-def decide_all(policy: DecisionPolicy, incidents: Sequence[Incident]) -> list[Decision]:
+def decide_all(policy: DecidingPolicy, incidents: Sequence[Incident]) -> list[Decision]:
     """Decide a batch of incidents together: straggler incidents of one attempt see each other (two single-node
     incidents from one systemic cause never give two failovers)."""
     decisions = []

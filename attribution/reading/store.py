@@ -29,7 +29,14 @@ from faultlens.collectors.store.layout import (
     resolve_store,
     safe_value,
 )
-from faultlens.collectors.store.schema import TABLE_NAMES, as_ns_type, empty_table, schema_for
+from faultlens.collectors.store.schema import (
+    TABLE_NAMES,
+    Role,
+    as_ns_type,
+    empty_table,
+    schema_for,
+    tables_with,
+)
 from faultlens.errors import FaultlensError
 
 log = logging.getLogger("faultlens.store")
@@ -111,7 +118,7 @@ def _vanished(exc: BaseException, text: str) -> bool:
 
 
 #: tables whose rows belong to one job (partitioned under job=<job id>): the ones scope_to_job narrows
-JOB_TABLES = ("steps", "ranks", "process_events", "heartbeats", "collectives")
+JOB_TABLES = tables_with(Role.JOB_VIEW)
 
 
 class Store:

@@ -200,7 +200,8 @@ def placements(ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame
 # ---------------------------------------------------------------- batch loading from a store
 
 
-def _in_list(values: Iterable[str]) -> str:
+def sql_in_list(values: Iterable[str]) -> str:
+    """The values as the quoted items of an SQL `IN (...)` list (a quote inside one doubled)."""
     return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
 
 
@@ -219,8 +220,8 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     if job is None:  # every node's events: health incidents concern nodes without a job too
         gpu_events = to_frame(query("SELECT * FROM gpu_events"), "gpu_events")
     elif nodes:
-        gpu_events = to_frame(query(f"SELECT * FROM gpu_events WHERE node IN ({_in_list(nodes)}) OR job_id = ?",
-                                    params), "gpu_events")
+        gpu_events = to_frame(query("SELECT * FROM gpu_events WHERE node IN "
+                                    f"({sql_in_list(nodes)}) OR job_id = ?", params), "gpu_events")
     else:
         gpu_events = to_frame(None, "gpu_events")
     jobs = list_jobs(ranks, steps, events, heartbeats) if job is None else [job]
@@ -257,8 +258,8 @@ def sample_fetcher(store: object) -> SampleFetcher:
         if not sample_nodes:
             return to_frame(None, "gpu_samples")[list(SAMPLE_COLUMNS)]
         columns = ", ".join(SAMPLE_COLUMNS)
-        table = query(f"SELECT {columns} FROM gpu_samples WHERE node IN ({_in_list(sample_nodes)}) "
-                      "AND ts >= ? AND ts <= ?", [start, end])
+        table = query(f"SELECT {columns} FROM gpu_samples WHERE node IN "
+                      f"({sql_in_list(sample_nodes)}) AND ts >= ? AND ts <= ?", [start, end])
         return table.to_pandas(types_mapper=_types_mapper, coerce_temporal_nanoseconds=True)
 
     return fetch

@@ -23,6 +23,8 @@ depend on:
 
 `JobWindows.open(store, job)` reads the small tables and the digest. `windowable` is False for a job with rows of
 no attempt (NULL): the caller then reads that job whole.
+The engine hands these windows to the detectors one attempt at a time through
+attribution/detectors/base.py AttemptPass, which reads each on first use.
 """
 
 from __future__ import annotations
@@ -39,15 +41,15 @@ from faultlens.attribution.detectors.progress.monitor import HEARTBEAT_INTERVALS
 from faultlens.attribution.reading.telemetry import (
     SECTION_PREFIX,
     Telemetry,
-    _in_list,
     job_nodes,
     sample_fetcher,
+    sql_in_list,
     to_frame,
 )
-from faultlens.collectors.store.schema import empty_table, schema_for
+from faultlens.collectors.store.schema import Role, empty_table, schema_for, tables_with
 
 #: job tables read whole (they grow with nodes and attempts, not with time)
-SMALL_TABLES = ("ranks", "process_events")
+SMALL_TABLES = tables_with(Role.READ_WHOLE)
 #: the heartbeat rows each detector's reduction needs, per (attempt, rank [, extra group]): (rows, pick, group)
 HEARTBEAT_PICKS = (
     ("TRUE", "arg_max({row}, ts)", ()),  # the newest beat: where a rank runs, whether its timer closed
@@ -69,7 +71,7 @@ LOSS_COLUMNS = ("ts", "node", "job_id", "attempt", "rank", "step", "phase", "end
 #: rows of one attempt's steps scored at a time (straggler scoring holds one chunk's rows, not the attempt's)
 CHUNK_ROWS = 262_144
 #: tables whose attempts tell which windows a job has
-ATTEMPT_TABLES = ("ranks", "steps", "process_events", "heartbeats", "collectives")
+ATTEMPT_TABLES = tables_with(Role.PER_ATTEMPT)
 
 
 def digest_sqls() -> list[str]:
@@ -171,8 +173,9 @@ class JobWindows:
         nodes = sorted(set(job_nodes(frames["ranks"], frames["process_events"], frames["heartbeats"]))
                        | {str(n) for n in steps_nodes.column("node").to_pylist()})
         if nodes:
-            gpu_events = to_frame(query(f"SELECT * FROM gpu_events WHERE node IN ({_in_list(nodes)}) OR job_id = ?",
-                                        [job]), "gpu_events")
+            gpu_events = to_frame(query("SELECT * FROM gpu_events WHERE node IN "
+                                        f"({sql_in_list(nodes)}) OR job_id = ?", [job]),
+                                  "gpu_events")
         else:
             gpu_events = to_frame(query("SELECT * FROM gpu_events WHERE job_id = ?", [job]), "gpu_events")
         context = Telemetry(ranks=frames["ranks"], steps=digest, process_events=frames["process_events"],

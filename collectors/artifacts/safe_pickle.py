@@ -48,7 +48,7 @@ from faultlens.collectors.artifacts.safe_pickle_admitted import (
 from faultlens.collectors.artifacts.safe_pickle_opcodes import check_opcodes
 
 
-def _has_surrogate(value: Any) -> bool:
+def has_surrogate(value: Any) -> bool:
     """Whether any string in `value` (keys included) holds a surrogate. Iterative, each container once."""
     stack = [value]
     seen: set[int] = set()
@@ -114,7 +114,7 @@ def safe_loads(data: bytes | bytearray | memoryview, source: str = "<bytes>", li
         del unpickler
     if issued and any_escaped(issued):
         raise UnsafePickleError(f"{source}: refused: the pickle returns a callable instead of calling it")
-    if walk and _has_surrogate(value):
+    if walk and has_surrogate(value):
         raise PickleLoadError(f"{source}: not a valid pickle: a string is not valid UTF-8 (encoded surrogate)")
     return value
 

@@ -1,5 +1,7 @@
 """The node agent: polls every source each interval, writes what they return through a SegmentSink (Parquet
 segments in the store), optionally exports GPU telemetry over OpenTelemetry, and flushes aged buffers.
+The sources come built, in the order they are polled (`faultlens collect` builds them through the
+source registry, registry.py); the agent knows nothing of any one source.
 
 It never raises: a source that fails is logged once per kind of failure and the others go on; a sink write that
 fails keeps its rows buffered in the sink (nothing already stored is lost) and is retried at the next flush.

@@ -3,6 +3,9 @@
 A source is a small class whose system boundary (NVML backend, /dev/kmsg path, dump directory, clock) is passed to
 its constructor. `poll()` returns what it saw since the last call as record batches keyed by table name; it never
 raises (collectors log, count and go on); `close()` releases what it holds.
+
+`faultlens collect` builds its sources by name through the source registry (registry.py), each from
+a SourceInputs that carries this identity; the built-in ones are registered in builtin.py.
 """
 
 from __future__ import annotations

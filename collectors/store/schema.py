@@ -9,11 +9,19 @@ BigQuery and Athena read natively. Version 1 stored them as nanoseconds; such se
 conforms them to these schemas, truncating below the microsecond). Producers keep one convention: an integer given
 for a timestamp column is nanoseconds since the epoch (time.time_ns()); rows_to_table and validate turn it, and any
 timestamp of another unit, into microseconds.
+
+Each table is declared once (TABLE_SPECS): its columns, its Scope (whose rows it holds) and its
+Roles (what the follower, the batch pass, the supervisor, the lab do with it). The tuples of tables
+they iterate derive from the declarations (tables_with), so a new table is one declaration.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from enum import Enum
+from types import MappingProxyType
 from typing import Any
 
 import pyarrow as pa
@@ -55,9 +63,69 @@ EVIDENCE_TYPE = pa.list_(
     pa.struct([_f("table", pa.string()), _f("ts", TS), _f("text", pa.string())])
 )
 
-_TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
+
+class Scope(Enum):
+    """Whose rows a table holds, which says how a reader narrows it (docs/design.md "Layout")."""
+
+    UNKNOWN = "unknown"
+    #: telemetry of one job's processes, written under job=<its id>: Store.scope_to_job narrows
+    #: these views
+    JOB = "job"
+    #: telemetry of a node's GPUs: read by node and time, whatever job a row names (job=_node
+    #: when none)
+    NODE = "node"
+    #: what faultlens writes about jobs (incidents, decisions, the checkpoint catalog): read
+    #: across jobs, never narrowed to one job's partitions
+    RECORD = "record"
+
+
+class Role(Enum):
+    """What a reader or writer does with a table beyond storing it: one derived tuple per role."""
+
+    UNKNOWN = "unknown"
+    #: a job's tables the batch pass reads whole (attribution/reading/windows.py SMALL_TABLES):
+    #: they grow with nodes and attempts, not with time
+    READ_WHOLE = "read_whole"
+    #: tables whose attempts tell which windows a job has (windows.py ATTEMPT_TABLES)
+    PER_ATTEMPT = "per_attempt"
+    #: the live window's tables, tailed by the follower (attribution/follow.py TAILED_TABLES)
+    TAILED = "tailed"
+    #: rows a decision waits on: the supervisor writes them through and they wake its watch
+    #: loop (controller/supervisor/watch.py URGENT_TABLES)
+    URGENT = "urgent"
+    #: the views Store.scope_to_job narrows to one job's partitions (attribution/reading/
+    #: store.py JOB_TABLES): exactly the tables of Scope.JOB (check_specs)
+    JOB_VIEW = "job_view"
+    #: the telemetry the lab's live replay copies into its scratch store (controller/lab/
+    #: replay.py REPLAY_TABLES)
+    REPLAYED = "replayed"
+    #: the tables the simulator collects as rows and writes at the end (controller/lab/
+    #: simulate/run.py ROW_TABLES; GPU samples and steps it writes as it makes them)
+    SIMULATED_ROWS = "simulated_rows"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One table: its name, its scope, its roles and its own columns (after the identity ones).
+
+    `roles` maps each role of the table to its place among that role's tables: a derived tuple
+    keeps the order its reader has always used (the follower polls its tables in that order and
+    tests count its listings), and no one order of all the tables fits every role."""
+
+    name: str
+    scope: Scope
+    roles: Mapping[Role, int] = dataclass_field(hash=False)
+    fields: tuple[pa.Field, ...]
+
+    def __post_init__(self) -> None:
+        # frozen all the way down: a role's tuple cannot change after import
+        object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
+
+
+TABLE_SPECS: tuple[TableSpec, ...] = (
     # one rank's placement for one attempt (ts = process start)
-    "ranks": (
+    TableSpec("ranks", Scope.JOB, {Role.READ_WHOLE: 0, Role.PER_ATTEMPT: 0, Role.TAILED: 0,
+                                   Role.JOB_VIEW: 1, Role.REPLAYED: 0, Role.SIMULATED_ROWS: 0}, (
         _f("pid", pa.int64()),
         _f("world_size", pa.int32()),
         _f("local_world_size", pa.int32()),
@@ -72,9 +140,9 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         # the steps the job declares it will run (StepTimer(total_steps=), FAULTLENS_TOTAL_STEPS, `faultlens run
         # --total-steps`): with the recent step time, the job's remaining time
         _f("total_steps", pa.int64()),
-    ),
+    )),
     # one periodic NVML (or dcgm-exporter) sample of one GPU
-    "gpu_samples": (
+    TableSpec("gpu_samples", Scope.NODE, {Role.TAILED: 4, Role.REPLAYED: 4}, (
         _f("source", pa.string()),
         _f("gpu_name", pa.string()),
         _f("temp_c", pa.float32()),
@@ -108,9 +176,10 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("nvlink_replay_errors", pa.int64()),
         _f("nvlink_recovery_errors", pa.int64()),
         _f("nvlink_crc_errors", pa.int64()),
-    ),
+    )),
     # one discrete GPU health event
-    "gpu_events": (
+    TableSpec("gpu_events", Scope.NODE, {Role.TAILED: 3, Role.URGENT: 1, Role.REPLAYED: 3,
+                                         Role.SIMULATED_ROWS: 2}, (
         _f("source", pa.string()),  # nvml_event, kmsg, dcgm, sample_delta, recorded
         _f("kind", pa.string()),  # xid, sxid, ecc_dbe, remap_pending, remap_failure, gpu_lost, thermal, ...
         _f("code", pa.int32()),  # XID number where kind is xid/sxid
@@ -118,9 +187,10 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("pid", pa.int64()),
         _f("process_name", pa.string()),
         _f("raw", pa.string()),  # the original line or record, when there is one
-    ),
+    )),
     # one training step of one rank
-    "steps": (
+    TableSpec("steps", Scope.JOB, {Role.PER_ATTEMPT: 1, Role.TAILED: 1, Role.JOB_VIEW: 0,
+                                   Role.REPLAYED: 1}, (
         _f("step", pa.int64()),
         _f("phase", pa.string()),  # train, eval, warmup, checkpoint
         _f("start_ts", TS),
@@ -130,9 +200,10 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("tokens", pa.int64()),
         _f("samples", pa.int64()),
         _f("loss", pa.float64()),
-    ),
+    )),
     # one flight-recorder entry of one rank
-    "collectives": (
+    TableSpec("collectives", Scope.JOB, {Role.PER_ATTEMPT: 4, Role.TAILED: 5, Role.JOB_VIEW: 4,
+                                         Role.REPLAYED: 5, Role.SIMULATED_ROWS: 3}, (
         _f("dump_id", pa.string()),
         _f("fr_version", pa.string()),
         _f("comm_lib", pa.string()),
@@ -160,9 +231,11 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("output_dtypes", STR_LIST),
         _f("timeout_ms", pa.int64()),
         _f("frames", STR_LIST),  # top frames, "name (file:line)"
-    ),
+    )),
     # one thing that happened to a rank process
-    "process_events": (
+    TableSpec("process_events", Scope.JOB, {Role.READ_WHOLE: 1, Role.PER_ATTEMPT: 2, Role.TAILED: 2,
+                                            Role.URGENT: 0, Role.JOB_VIEW: 2, Role.REPLAYED: 2,
+                                            Role.SIMULATED_ROWS: 1}, (
         _f("kind", pa.string()),  # start, exit, signal, exception, watchdog_timeout, comm_error, oom; agent_exit,
         # signal_sent (written by a supervisor: collectors/sources/process_events/rows.py SupervisorKind)
         _f("source", pa.string()),  # torchrun_log, error_json, stderr, supervisor
@@ -177,9 +250,9 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("step", pa.int64()),
         _f("error_file", pa.string()),
         _f("reported_root_cause", pa.bool_()),  # torchrun named this failure its "Root Cause" (may be a survivor)
-    ),
+    )),
     # one attributed incident
-    "incidents": (
+    TableSpec("incidents", Scope.RECORD, {}, (
         _f("incident_id", pa.string()),
         _f("class", pa.string()),  # crash, collective_hang, straggler, health
         _f("cause", pa.string()),  # gpu_hardware, hbm, nvlink, pcie, network, thermal, software, ...
@@ -194,9 +267,9 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("summary", pa.string()),
         _f("fingerprint", pa.string()),
         _f("step", pa.int64()),
-    ),
+    )),
     # one decision for one incident (append-only: a later row with the same decision_id updates delivery)
-    "decisions": (
+    TableSpec("decisions", Scope.RECORD, {}, (
         _f("decision_id", pa.string()),
         _f("incident_id", pa.string()),
         _f("action", pa.string()),  # failover, escalate, drain
@@ -215,10 +288,10 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("document", pa.string()),  # the versioned JSON decision
         _f("delivery_error", pa.string()),  # why the last attempt of this hook failed
         _f("delivery_attempts", pa.int32()),  # attempts made by this hook in this pass
-    ),
+    )),
     # one heartbeat of one rank (collectors/training/heartbeat.py reads the record the step timer keeps; ts = last
     # seen alive)
-    "heartbeats": (
+    TableSpec("heartbeats", Scope.JOB, {Role.PER_ATTEMPT: 3, Role.TAILED: 6, Role.JOB_VIEW: 3}, (
         _f("pid", pa.int64()),
         _f("step", pa.int64()),  # the last completed step (null: none yet)
         _f("step_ts", TS),  # when it ended
@@ -229,9 +302,9 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("loss", pa.float64()),  # the last step's loss (null when not finite: see bad_loss_step)
         _f("bad_loss_step", pa.int64()),  # the first step whose loss was NaN or Inf
         _f("closed", pa.bool_()),  # the step timer was closed: this rank steps no more
-    ),
+    )),
     # one checkpoint seen in a tier
-    "checkpoints": (
+    TableSpec("checkpoints", Scope.RECORD, {Role.SIMULATED_ROWS: 4}, (
         _f("tier", pa.string()),  # local, peer, durable
         _f("step", pa.int64()),
         _f("uri", pa.string()),
@@ -240,17 +313,45 @@ _TABLE_FIELDS: dict[str, tuple[pa.Field, ...]] = {
         _f("complete", pa.bool_()),
         _f("bytes", pa.int64()),
         _f("checksum_status", pa.string()),  # verified, mismatch, unverified, unknown
-    ),
-}
+    )),
+)
 
 TABLES: dict[str, pa.Schema] = {
-    name: pa.schema(
-        list(IDENTITY_FIELDS) + list(fields),
-        metadata={METADATA_VERSION_KEY: SCHEMA_VERSION.encode(), METADATA_TABLE_KEY: name.encode()},
+    spec.name: pa.schema(
+        list(IDENTITY_FIELDS) + list(spec.fields),
+        metadata={METADATA_VERSION_KEY: SCHEMA_VERSION.encode(),
+                  METADATA_TABLE_KEY: spec.name.encode()},
     )
-    for name, fields in _TABLE_FIELDS.items()
+    for spec in TABLE_SPECS
 }
 TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
+SPECS: dict[str, TableSpec] = {spec.name: spec for spec in TABLE_SPECS}
+
+
+def tables_with(role: Role) -> tuple[str, ...]:
+    """The names of the tables that have `role`, in the order of the places their declarations
+    give it (TableSpec.roles)."""
+    return tuple(spec.name for spec in sorted((s for s in TABLE_SPECS if role in s.roles),
+                                              key=lambda s: s.roles[role]))
+
+
+def check_specs(specs: Sequence[TableSpec]) -> None:
+    """A declaration that contradicts itself fails at import, not in the reader it would mislead."""
+    names = [spec.name for spec in specs]
+    if len(set(names)) != len(names):
+        raise SchemaError(f"a table is declared twice: {names}")
+    for spec in specs:
+        if spec.scope is Scope.UNKNOWN or Role.UNKNOWN in spec.roles:
+            raise SchemaError(f"table {spec.name!r}: declared with an unknown scope or role")
+        if (Role.JOB_VIEW in spec.roles) != (spec.scope is Scope.JOB):
+            raise SchemaError(f"table {spec.name!r}: a job view is exactly a table of Scope.JOB")
+    for role in Role:
+        places = [spec.roles[role] for spec in specs if role in spec.roles]
+        if len(set(places)) != len(places):
+            raise SchemaError(f"role {role.name}: two tables share a place ({sorted(places)})")
+
+
+check_specs(TABLE_SPECS)
 
 
 def ts_array(ns_since_epoch: Any) -> pa.Array:

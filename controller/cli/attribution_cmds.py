@@ -23,6 +23,7 @@ from faultlens.attribution.detectors.progress import HangSuspect
 from faultlens.attribution.engine import Engine, attribute, write_new_incidents
 from faultlens.attribution.follow import Follower
 from faultlens.attribution.incident import Incident
+from faultlens.attribution.reading.queries import incident_table
 from faultlens.attribution.reading.store import Store
 from faultlens.attribution.rules import load_crash_rules, load_thresholds
 from faultlens.collectors.sources.xid_catalog import load_xid_catalog
@@ -137,11 +138,7 @@ def _follow(args: argparse.Namespace) -> int:
 
 def cmd_incidents(args: argparse.Namespace) -> int:
     with Store(args.store) as store:
-        where = "WHERE job_id = ?" if args.job else ""
-        table = store.query(
-            f"SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY incident_id ORDER BY ts) AS n "
-            f"FROM incidents {where}) WHERE n = 1 ORDER BY detected_ts, incident_id",
-            [args.job] if args.job else None)
+        table = incident_table(store, job=args.job or None)
     columns = list(INCIDENT_COLUMNS) + (["evidence", "first_signal_ts", "step", "fingerprint"]
                                         if args.fmt != "table" else [])
     emit(table.select([c for c in columns if c in table.column_names]), args.fmt,

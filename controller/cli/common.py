@@ -99,8 +99,8 @@ def _cell(value: Any) -> str:
 
 def emit(table: pa.Table | Sequence[dict[str, Any]], fmt: str, out: TextIO | None = None,
          title: str | None = None) -> None:
-    """Write rows as a table (default: faultlens.controller.report.render.render_table, literal text fitted to the width),
-    JSON (a list of objects) or CSV."""
+    """Write rows as a table (default: faultlens.controller.report.render.render_table, literal
+    text fitted to the width), JSON (a list of objects) or CSV."""
     out = out or sys.stdout
     is_arrow = hasattr(table, "column_names") and hasattr(table, "to_pylist")
     rows = records(table) if is_arrow else [dict(r) for r in table]

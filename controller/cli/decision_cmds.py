@@ -11,6 +11,7 @@ from faultlens import environment
 from faultlens.attribution.decision import Decision
 from faultlens.attribution.incident import Incident
 from faultlens.attribution.policy import DecisionPolicy, StoreHistory, load_policy
+from faultlens.attribution.reading.queries import decided_incident_ids, incident_rows
 from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.layout import StoreError
 from faultlens.controller.checkpoints import CheckpointCatalog, parse_tiers
@@ -160,12 +161,8 @@ def cmd_decide(args: argparse.Namespace) -> int:
     deliverer = Deliverer(args.store, hooks)
     policy = DecisionPolicy(config, history=StoreHistory(store), restore_chooser=catalog)
     try:
-        where = "WHERE i.job_id = ?" if args.job else ""
-        incidents = store.query(f"""
-            SELECT i.* FROM incidents i {where}
-            QUALIFY row_number() OVER (PARTITION BY i.incident_id ORDER BY i.ts DESC) = 1
-            ORDER BY i.ts""", [args.job] if args.job else None).to_pylist()
-        decided = {r["incident_id"] for r in store.query("SELECT DISTINCT incident_id FROM decisions").to_pylist()}
+        incidents = incident_rows(store, job=args.job or None)
+        decided = decided_incident_ids(store)
         rows = []
         failed = 0
         for row in incidents:

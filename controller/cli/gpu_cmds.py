@@ -1,4 +1,9 @@
-"""GPU health commands: `faultlens collect` (the node agent) and `faultlens ingest kmsg|dcgm` (one-shot imports)."""
+"""GPU health commands: `faultlens collect` (the node agent) and `faultlens ingest kmsg|dcgm` (one-shot imports).
+
+`collect` offers and builds the sources of the source registry (collectors/sources/builtin.py
+REGISTRY, read when the parser is built and when it runs: a source registered there is offered by
+`--sources` and built by cmd_collect with nothing changed here).
+"""
 
 from __future__ import annotations
 
@@ -11,19 +16,17 @@ import sys
 from pathlib import Path
 
 from faultlens.collectors.sources.agent import NodeAgent
-from faultlens.collectors.sources.dcgm import DcgmSource, read_scrape
-from faultlens.collectors.sources.kmsg import KmsgSource, read_kernel_log
-from faultlens.collectors.sources.nvml_backend import NvmlBackend
-from faultlens.collectors.sources.nvml_source import NvmlSource
+from faultlens.collectors.sources.builtin import REGISTRY
+from faultlens.collectors.sources.dcgm import read_scrape
+from faultlens.collectors.sources.kmsg import read_kernel_log
 from faultlens.collectors.sources.otel_export import GpuOtelExporter
-from faultlens.collectors.sources.recorded_backend import RecordedBackend
+from faultlens.collectors.sources.registry import SourceInputs
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.store.layout import StoreError
 from faultlens.collectors.store.schema import SchemaError
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_store_arg
 
-SOURCES = ("nvml", "kmsg", "dcgm")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -40,11 +43,14 @@ def parse_duration(text: str) -> float:
 
 
 def parse_sources(text: str) -> list[str]:
+    """'a,b' -> the registered source names it lists, once each; an unknown name or none refused."""
+    registered = REGISTRY.names()
     names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in SOURCES]
+    unknown = [name for name in names if name not in registered]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown source {unknown[0]!r}: expected a comma list of "
-                                         f"{', '.join(SOURCES)}" if unknown else "expected at least one source")
+                                         f"{', '.join(registered)}" if unknown
+                                         else "expected at least one source")
     return list(dict.fromkeys(names))
 
 
@@ -70,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     collect.add_argument("--node", help="node name (default: $FAULTLENS_NODE or the hostname)")
     collect.add_argument("--cluster", help="cluster name (default: $FAULTLENS_CLUSTER)")
     collect.add_argument("--job", help="job id the rows belong to (default: none, node-level rows)")
-    collect.add_argument("--sources", type=parse_sources, default=list(SOURCES),
-                         help="comma list of nvml, kmsg, dcgm (default: all)")
+    collect.add_argument("--sources", type=parse_sources, default=list(REGISTRY.names()),
+                         help=f"comma list of {', '.join(REGISTRY.names())} (default: all)")
     collect.add_argument("--interval", type=parse_duration, default=1.0, help="poll interval (default: 1s)")
     collect.add_argument("--duration", type=parse_duration, help="stop after this long (default: run until killed)")
     collect.add_argument("--kmsg-path", default="/dev/kmsg",
@@ -126,22 +132,10 @@ def cmd_collect(args: argparse.Namespace) -> int:
     identity = NodeIdentity(node=base.node, cluster=args.cluster or base.cluster, job_id=args.job,
                             attempt=base.attempt if args.job else None)
     exporter = GpuOtelExporter.from_env(node=identity.node)
-    sources = []
-    nvml_source = None
-    if "nvml" in args.sources:
-        if args.nvml_timeline is not None:
-            backend = RecordedBackend(args.nvml_timeline, time_scale=args.nvml_timeline_scale)
-        else:
-            backend = NvmlBackend()
-        nvml_source = NvmlSource(backend, identity)
-        sources.append(nvml_source)
-    if "kmsg" in args.sources:
-        kmsg_source = KmsgSource(identity, args.kmsg_path, from_start=args.kmsg_from_start)
-        if nvml_source is not None:
-            kmsg_source.set_devices(nvml_source.devices())
-        sources.append(kmsg_source)
-    if "dcgm" in args.sources:
-        sources.append(DcgmSource(identity, args.dcgm_url))
+    inputs = SourceInputs(identity, kmsg_path=args.kmsg_path, kmsg_from_start=args.kmsg_from_start,
+                          dcgm_url=args.dcgm_url, nvml_timeline=args.nvml_timeline,
+                          nvml_timeline_scale=args.nvml_timeline_scale)
+    sources = REGISTRY.build(inputs, args.sources)
     sink = SegmentSink(args.store, flush_age_s=args.flush_age)
     agent = NodeAgent(sources, sink, interval_s=args.interval, exporter=exporter)
 

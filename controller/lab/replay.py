@@ -24,9 +24,10 @@ import pyarrow.compute as pc
 from faultlens.attribution.incident import Incident
 from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.layout import partition_dir, resolve_store, write_segment
+from faultlens.collectors.store.schema import Role, tables_with
 from faultlens.controller.lab.fault_labels import FaultLabel
 
-REPLAY_TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives")
+REPLAY_TABLES = tables_with(Role.REPLAYED)  # the telemetry a replay copies
 # (seconds after the fault's onset, poll increment): fine-grained first, coarser while waiting for stragglers
 DEFAULT_SCHEDULE: tuple[tuple[float, float], ...] = ((20.0, 1.0), (60.0, 2.0), (600.0, 10.0), (float("inf"), 30.0))
 HISTORY_GUARD = dt.timedelta(seconds=2)

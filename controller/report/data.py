@@ -8,6 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from faultlens.attribution.goodput import GoodputError, GoodputReport, goodput
+from faultlens.attribution.reading.queries import (
+    decision_rows,
+    incident_ids_starting,
+    incident_rows,
+    latest_deliveries,
+)
 from faultlens.attribution.reading.store import QueryError, Store
 from faultlens.errors import FaultlensError
 
@@ -16,20 +22,6 @@ RUNNING_WITHIN_S = 120.0  # a job whose last telemetry is this recent (to now) i
 
 class ViewError(ValueError, FaultlensError):
     """What was asked for is not in the store (an unknown job or incident): the message says which."""
-
-
-def _first_rows(store: Store, table: str, key: str, where: str = "", params: list[Any] | None = None,
-                order: str = "ts") -> list[dict[str, Any]]:
-    sql = (f'SELECT * EXCLUDE (n) FROM (SELECT *, row_number() OVER (PARTITION BY {key} ORDER BY ts) AS n '
-           f'FROM "{table}" {where}) WHERE n = 1 ORDER BY {order}')
-    return store.query(sql, params).to_pylist()
-
-
-def _latest_rows(store: Store, table: str, key: str, where: str = "", params: list[Any] | None = None,
-                 order: str = "ts") -> list[dict[str, Any]]:
-    sql = (f'SELECT * EXCLUDE (n) FROM (SELECT *, row_number() OVER (PARTITION BY {key} ORDER BY ts DESC) AS n '
-           f'FROM "{table}" {where}) WHERE n = 1 ORDER BY {order}')
-    return store.query(sql, params).to_pylist()
 
 
 def job_ids(store: Store) -> list[dict[str, Any]]:
@@ -82,8 +74,8 @@ class JobRow:
 def list_jobs(store: Store, *, now: dt.datetime | None = None, with_ettr: bool = True) -> list[JobRow]:
     now = now or dt.datetime.now(dt.UTC)
     jobs = job_ids(store)
-    incidents = _first_rows(store, "incidents", "incident_id", order="detected_ts")
-    decisions = _first_rows(store, "decisions", "decision_id", order="issued_ts")
+    incidents = incident_rows(store)
+    decisions = decision_rows(store)
     rows = []
     for job in jobs:
         jid = job["job_id"]
@@ -107,9 +99,7 @@ def list_jobs(store: Store, *, now: dt.datetime | None = None, with_ettr: bool =
 def find_incident_id(store: Store, text: str) -> str:
     """The incident id that `text` names: the id itself, or a unique prefix (with or without 'inc-')."""
     candidates = [text, f"inc-{text}"] if not text.startswith("inc-") else [text]
-    rows = store.query("SELECT DISTINCT incident_id FROM incidents WHERE " +
-                       " OR ".join("starts_with(incident_id, ?)" for _ in candidates), candidates).to_pylist()
-    ids = sorted(r["incident_id"] for r in rows)
+    ids = incident_ids_starting(store, candidates)
     if text in ids:
         return text
     if not ids:
@@ -120,15 +110,14 @@ def find_incident_id(store: Store, text: str) -> str:
 
 
 def load_incident(store: Store, incident_id: str) -> dict[str, Any]:
-    """One incident (its first row), its decisions (first row each, with the latest delivery status per hook)."""
-    rows = _first_rows(store, "incidents", "incident_id", "WHERE incident_id = ?", [incident_id])
+    """One incident (its first report), its decisions (first row each, with the latest delivery
+    status per hook): attribution/reading/queries.py says which rows those are."""
+    rows = incident_rows(store, incident_id=incident_id)
     if not rows:
         raise ViewError(f"no incident {incident_id!r} in the store")
     incident = rows[0]
-    decisions = _first_rows(store, "decisions", "decision_id", "WHERE incident_id = ?", [incident_id],
-                            order="issued_ts")
-    deliveries = _latest_rows(store, "decisions", "decision_id, coalesce(hook, '')", "WHERE incident_id = ?",
-                              [incident_id])
+    decisions = decision_rows(store, incident_id=incident_id)
+    deliveries = latest_deliveries(store, incident_id)
     for decision in decisions:
         decision["policy_rule"] = _policy_rule(decision)
         decision["deliveries"] = [{"hook": d["hook"], "status": d["delivery_status"], "error": d["delivery_error"],
@@ -170,8 +159,8 @@ def job_data(store: Store, job_id: str) -> dict[str, Any]:
            SELECT coalesce(attempt, 0) AS attempt, min(ts) AS start, max(ts) AS end,
                   list(DISTINCT node ORDER BY node) FILTER (WHERE node IS NOT NULL) AS nodes
            FROM t GROUP BY 1 ORDER BY 1""", params * 3).to_pylist()
-    incidents = _first_rows(store, "incidents", "incident_id", "WHERE job_id = ?", params, order="detected_ts")
-    decisions = _first_rows(store, "decisions", "decision_id", "WHERE job_id = ?", params, order="issued_ts")
+    incidents = incident_rows(store, job=job_id)
+    decisions = decision_rows(store, job=job_id)
     for decision in decisions:
         decision["policy_rule"] = _policy_rule(decision)
     steps = _step_grid(store, job_id)

@@ -23,7 +23,9 @@ each torchrun agent's exit (agent_exit), and every signal it sends, written befo
 An agent that dies (node or agent loss) leaves its workers in their own sessions: the supervisor kills them.
 
 Here: the Supervisor (nodes, attempts, hang confirmation, failover); watching one attempt is watch.py
-(AttemptWatcher), the configuration, records and summary are records.py.
+(AttemptWatcher, given a WatchInputs), the configuration, records and summary are records.py; which
+decision keeps the job running or waits for a checkpoint boundary is the policy's
+(attribution/policy/running.py).
 """
 
 from __future__ import annotations
@@ -74,10 +76,10 @@ from faultlens.controller.supervisor.records import (
     summary_rows,
     write_summary,
 )
-from faultlens.controller.supervisor.watch import URGENT_TABLES, AttemptWatcher, is_slowdown, keeps_running, signal_text
+from faultlens.controller.supervisor.watch import URGENT_TABLES, AttemptWatcher, WatchInputs
 
-__all__ = ["URGENT_TABLES", "AttemptFault", "AttemptRecord", "Events", "Outcome", "RunConfig", "RunResult",
-           "Supervisor", "is_slowdown", "keeps_running", "signal_text", "summary_rows", "write_summary"]
+__all__ = ["AttemptFault", "AttemptRecord", "Events", "Outcome", "RunConfig", "RunResult",
+           "Supervisor", "summary_rows", "write_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +292,16 @@ class Supervisor:
                record: AttemptRecord, nodes: Sequence[str]) -> tuple[Incident | None, Decision | None]:
         """Watch one attempt until it completes, or an incident's decision ends it (returned, not yet applied),
         or it fails with nothing attributed (controller/supervisor/watch.py)."""
-        return AttemptWatcher(self).watch(agents, collectors, attempt_dir, record, nodes)
+        watcher = AttemptWatcher(self._watch_inputs())
+        return watcher.watch(agents, collectors, attempt_dir, record, nodes)
+
+    def _watch_inputs(self) -> WatchInputs:
+        """What the watcher of the current attempt is given: nothing else of the supervisor."""
+        return WatchInputs(config=self.config, say=self.say, follower=self.follower,
+                           policy=self.policy, deliverer=self.deliverer, recorder=self.recorder,
+                           catalog=self.catalog, sink=self.sink, excluded=self.excluded,
+                           current_attempt=self.current_attempt,
+                           fire_gpu_faults=self.fire_gpu_faults)
 
     def close(self) -> None:
         self.sink.close()

@@ -1,7 +1,11 @@
 """Watching one attempt of the reference supervisor (AttemptWatcher): the agents' exits and their orphaned workers,
 the engine's incidents and the policy's decisions on them (delivered while the job keeps running, a slowdown's
 failover held until the next checkpoint boundary, or the decision that ends the attempt), and the node-side
-collectors ticking on their own thread meanwhile."""
+collectors ticking on their own thread meanwhile.
+
+Which of those a decision is, is the policy's judgment (attribution/policy/running.py): this
+module carries it out. What it needs of the supervisor comes in as a value (WatchInputs), so it
+does not import the supervisor."""
 
 from __future__ import annotations
 
@@ -13,35 +17,65 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from faultlens.attribution.decision import Action, Decision, Restore
-from faultlens.attribution.incident import Cause, Incident, IncidentClass
+from faultlens.attribution.decision import Decision, Restore
+from faultlens.attribution.incident import Incident, IncidentClass
+from faultlens.attribution.policy.running import (
+    fails_over_at_boundary,
+    keeps_running,
+    waits_for_pending_failover,
+)
 from faultlens.collectors.sources.agent import NodeAgent as CollectorAgent
 from faultlens.collectors.sources.process_events import Source
+from faultlens.collectors.store.schema import Role, tables_with
 from faultlens.controller.supervisor.agents import TorchrunAgent, kill_workers, stop_agents
-from faultlens.controller.supervisor.records import AttemptRecord
+from faultlens.controller.supervisor.records import AttemptRecord, Events, RunConfig
 
 if TYPE_CHECKING:
-    from faultlens.controller.supervisor.run import Supervisor
+    from faultlens.attribution.follow import Follower
+    from faultlens.attribution.policy import DecisionPolicy
+    from faultlens.collectors.store.sink import SegmentSink
+    from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+    from faultlens.controller.delivery import Deliverer
+    from faultlens.controller.supervisor.processes import EventRecorder
 
 #: tables whose rows a decision waits on: written through to the store, and they wake the watch loop
-URGENT_TABLES = ("process_events", "gpu_events")
+URGENT_TABLES = tables_with(Role.URGENT)
+
+
+@dataclass(frozen=True)
+class WatchInputs:
+    """What watching one attempt needs of the supervisor, handed over as a value: the watcher reads
+    these and nothing else of it (the supervisor, controller/supervisor/run.py, builds one per
+    attempt)."""
+
+    config: RunConfig
+    say: Events
+    follower: Follower  # the engine following the store: incidents, and the tables read here
+    policy: DecisionPolicy
+    deliverer: Deliverer
+    recorder: EventRecorder  # the supervisor's own telemetry (agent exits, signals sent)
+    catalog: CheckpointCatalog
+    sink: SegmentSink
+    excluded: list[str]  # the supervisor's excluded nodes, as the list grows (the same list)
+    current_attempt: int
+    fire_gpu_faults: Callable[[], None]  # called after every tick of the node-side collectors
 
 
 class AttemptWatcher:
     """One attempt watched with the supervisor's engine follower, policy, deliverer, recorder and catalog."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.config = supervisor.config
-        self.say = supervisor.say
-        self.follower = supervisor.follower
-        self.policy = supervisor.policy
-        self.deliverer = supervisor.deliverer
-        self.recorder = supervisor.recorder
-        self.catalog = supervisor.catalog
-        self.sink = supervisor.sink
-        self.excluded = supervisor.excluded  # the supervisor's list, as it grows
-        self.current_attempt = supervisor.current_attempt
-        self.fire_gpu_faults = supervisor.fire_gpu_faults
+    def __init__(self, inputs: WatchInputs) -> None:
+        self.config = inputs.config
+        self.say = inputs.say
+        self.follower = inputs.follower
+        self.policy = inputs.policy
+        self.deliverer = inputs.deliverer
+        self.recorder = inputs.recorder
+        self.catalog = inputs.catalog
+        self.sink = inputs.sink
+        self.excluded = inputs.excluded  # the supervisor's list, as it grows
+        self.current_attempt = inputs.current_attempt
+        self.fire_gpu_faults = inputs.fire_gpu_faults
 
     def _poll_agents(self, agents: list[TorchrunAgent], *, track: bool) -> None:
         """Record agent exits; an agent that is gone leaves no worker of its own running unwatched."""
@@ -132,7 +166,8 @@ class AttemptWatcher:
         if self._ended_ok(agents):
             self.say("every agent had already exited 0: the job ended; the incident is not acted on")
             return
-        if watch.boundary is not None and is_slowdown(found):
+        # when the job fails over is the policy's judgment (attribution/policy/running.py)
+        if watch.boundary is not None and waits_for_pending_failover(found):
             self.say("a failover at the next checkpoint boundary is already pending; the job keeps "
                      "running until then")
             return
@@ -143,7 +178,7 @@ class AttemptWatcher:
             self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}; "
                      "delivered, the job keeps running")
             return
-        if is_slowdown(found) and decision.action is Action.FAILOVER:
+        if fails_over_at_boundary(found, decision):
             watch.boundary = self._pending_failover(found, decision)
             return
         if watch.boundary is not None:
@@ -323,15 +358,6 @@ class _AttemptWatch:
     boundary: _Boundary | None = None  # a slowdown's failover waiting for the next checkpoint boundary
     finished_at: float | None = None  # when every agent had exited, not all with 0
     stop_reason: str = "the attempt ran past its time limit"  # the reason the agents' stop signals carry
-
-
-def is_slowdown(incident: Incident) -> bool:
-    return incident.incident_class is IncidentClass.STRAGGLER or incident.cause is Cause.WORKLOAD_IMBALANCE
-
-
-def keeps_running(incident: Incident, decision: Decision) -> bool:
-    """A notify, or any decision on a slowdown but a failover: delivered, and the job keeps running."""
-    return decision.action is Action.NOTIFY or (is_slowdown(incident) and decision.action is not Action.FAILOVER)
 
 
 def signal_text(returncode: int) -> str:

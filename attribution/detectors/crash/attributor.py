@@ -19,10 +19,15 @@ from faultlens.attribution.detectors.crash.failures import (
     HangTrigger,
     RankFailure,
 )
-from faultlens.attribution.detectors.crash.lifecycle import _at_or_after, lost_agents, running_agents, teardown_starts
+from faultlens.attribution.detectors.crash.lifecycle import (
+    at_or_after,
+    lost_agents,
+    running_agents,
+    teardown_starts,
+)
 from faultlens.attribution.detectors.crash.liveness import closed_ranks, death_step
-from faultlens.attribution.detectors.crash.nodes import _no_primary, _node_lost, _secondary_summary
-from faultlens.attribution.detectors.crash.rows import _attempt_keys, signal_identity
+from faultlens.attribution.detectors.crash.nodes import no_primary, node_lost, secondary_summary
+from faultlens.attribution.detectors.crash.rows import attempt_keys, signal_identity
 from faultlens.attribution.detectors.desync import desync_incident, mismatch_report
 from faultlens.attribution.hardware import XidCatalogLike, hardware_findings
 from faultlens.attribution.incident import Evidence, Incident
@@ -84,8 +89,9 @@ class CrashAttributor(FailureClassifier):
         primary = self.primary(failures)
         placement = placements(telemetry.ranks, attempt, telemetry.process_events, telemetry.steps,
                                telemetry.heartbeats)
-        secondary_line = _secondary_summary(failures, primary)
-        lost = _node_lost(self.rules, telemetry, job, attempt, failures, placement, secondary_line, now)
+        secondary_line = secondary_summary(failures, primary)
+        lost = node_lost(self.rules, telemetry, job, attempt, failures, placement, secondary_line,
+                         now)
         if lost is not None:
             return lost
         if not failures:
@@ -95,8 +101,8 @@ class CrashAttributor(FailureClassifier):
         if primary is None:
             primary = self._stopped_from_outside(telemetry.process_events, job, attempt, failures)
         if primary is None:
-            return _no_primary(self.rules, self.catalog, telemetry, job, attempt, failures, placement,
-                               secondary_line, now)
+            return no_primary(self.rules, self.catalog, telemetry, job, attempt, failures,
+                              placement, secondary_line, now)
         hang = self._hang_before(job, attempt, primary, failures)
         if hang is not None:
             return hang
@@ -197,7 +203,7 @@ class CrashAttributor(FailureClassifier):
         stay a stop from outside, not a crash."""
         if events.empty or "reported_root_cause" not in events.columns:
             return None
-        keys = _attempt_keys(events)
+        keys = attempt_keys(events)
         key = (job or "", attempt if attempt is not None else -1)
         rows = events[(keys == key).to_numpy(dtype=bool)]
         roots = rows[(rows["kind"] == "exit") & rows["reported_root_cause"].astype(object).eq(True)]
@@ -206,7 +212,7 @@ class CrashAttributor(FailureClassifier):
         roots = self.classify(roots)
         start = teardown_starts(rows).get(key)
         if start is not None:  # before the supervisor's own teardown began, at the resolution of each row's time
-            roots = roots[~_at_or_after(roots, {key: start}).to_numpy(dtype=bool)]
+            roots = roots[~at_or_after(roots, {key: start}).to_numpy(dtype=bool)]
         stops = roots[roots["_signal"].isin(self.rules.termination_signals)]
         if len(stops) != 1 or stops["rank"].isna().any():
             return None

@@ -9,13 +9,13 @@ from typing import Any
 import pandas as pd
 
 from faultlens.attribution.detectors.crash.failures import FAILURE_KINDS, PRIMARY_KINDS, FailureKind, RankFailure
-from faultlens.attribution.detectors.crash.lifecycle import _in_teardown
+from faultlens.attribution.detectors.crash.lifecycle import in_teardown
 from faultlens.attribution.detectors.crash.rows import (
-    _get,
-    _matches,
-    _signal_from_code,
     describe_process_event,
+    row_value,
+    signal_from_code,
     signal_identity,
+    text_matches,
 )
 from faultlens.attribution.hardware import as_datetime
 from faultlens.attribution.incident import Evidence
@@ -51,17 +51,18 @@ class FailureClassifier:
         named = column("signal").map(lambda s: None if s is None or pd.isna(s) or not str(s) else (
             str(s).upper() if str(s).upper().startswith("SIG") else f"SIG{str(s).upper()}"))
         from_code = pd.Series(
-            [_signal_from_code(c, k) for c, k in zip(exit_code.to_numpy(), kind.to_numpy(), strict=True)],
+            [signal_from_code(c, k)
+             for c, k in zip(exit_code.to_numpy(), kind.to_numpy(), strict=True)],
             index=events.index, dtype=object)
         signal = named.where(named.notna(), from_code)
         text = (column("message").fillna("") + "\n" + column("traceback").fillna("")).str.strip()
         flagged = column("is_secondary").fillna(False).astype(bool)
-        echo = _matches(text, self._secondary_re)
-        terminated = (_matches(text, self._termination_re)
+        echo = text_matches(text, self._secondary_re)
+        terminated = (text_matches(text, self._termination_re)
                       | (kind.isin(["exit", "signal"]) & signal.isin(self.rules.termination_signals))
-                      | _in_teardown(events, signal))
+                      | in_teardown(events, signal))
         secondary = flagged | (kind == "watchdog_timeout") | echo | terminated
-        timeout = (kind == "watchdog_timeout") | _matches(text, self._timeout_re)
+        timeout = (kind == "watchdog_timeout") | text_matches(text, self._timeout_re)
         failure = kind.isin(FAILURE_KINDS) & ((kind != "exit") | (exit_code.fillna(0) != 0) | signal.notna())
         frame = events.assign(_signal=signal, _secondary=secondary.astype(bool), _timeout=timeout.astype(bool),
                               _text=text, _terminated=terminated.astype(bool))
@@ -122,7 +123,7 @@ class FailureClassifier:
     def _rank_failure(self, own: pd.DataFrame, chosen: pd.Series, kind: FailureKind,
                       counts: pd.Series) -> RankFailure:
         """One rank's failure from its own rows (`own`, in time order) and the row that says what it was."""
-        rank = _get(chosen, "rank")
+        rank = row_value(chosen, "rank")
         node = next((n for n in own["node"] if isinstance(n, str) and n), None) if "node" in own.columns else None
         details = own[own["kind"].isin(["exception", "comm_error", "oom"]) & ~own["_secondary"]]
         if details.empty:
@@ -135,18 +136,20 @@ class FailureClassifier:
 
         step_values = own["step"].dropna() if "step" in own.columns else pd.Series(dtype=float)
         exits = own[own["kind"] == "exit"]
-        exit_code = _get(exits.iloc[0], "exit_code") if not exits.empty else None
+        exit_code = row_value(exits.iloc[0], "exit_code") if not exits.empty else None
         ts = as_datetime(chosen["ts"])
         if ts is None:
             raise ValueError(f"process_events: rank {rank}: a failure row without ts")
         shown = own[~own["_secondary"]] if kind in (*PRIMARY_KINDS, FailureKind.EXITED) else own
         timeouts = own.loc[own["_timeout"], "ts"]
         return RankFailure(
-            rank=int(rank) if rank is not None else None, node=node, kind=kind, ts=ts, signal=_get(chosen, "_signal"),
+            rank=int(rank) if rank is not None else None, node=node, kind=kind, ts=ts,
+            signal=row_value(chosen, "_signal"),
             exit_code=int(exit_code) if exit_code is not None else None,
             exception_type=first("exception_type"), message=first("message"), traceback=first("traceback"),
             fingerprint=first("fingerprint") if kind in (FailureKind.EXCEPTION, FailureKind.OOM) else (
-                signal_identity(_get(chosen, "_signal"), rank) if kind == FailureKind.KILLED else None),
+                signal_identity(row_value(chosen, "_signal"), rank) if kind == FailureKind.KILLED
+                else None),
             step=int(step_values.iloc[0]) if not step_values.empty else None,
             rows=int(counts["rows_"]), secondary_rows=int(counts["secondary_"]), timeout_rows=int(counts["timeout_"]),
             first_timeout=as_datetime(timeouts.min()) if not timeouts.empty else None,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from faultlens.attribution.detectors.crash.rows import _attempt_keys, _get, signal_of
+from faultlens.attribution.detectors.crash.rows import attempt_keys, row_value, signal_of
 from faultlens.attribution.hardware import as_datetime
 from faultlens.collectors.sources.process_events import Source
 
@@ -30,15 +30,16 @@ def teardown_starts(events: pd.DataFrame) -> dict[tuple[Any, Any], pd.Timestamp]
         sent = sent[names.isin(TEARDOWN_SIGNALS) | names.isna()]
     if sent.empty:
         return {}
-    return sent.groupby(_attempt_keys(sent))["ts"].min().to_dict()
+    return sent.groupby(attempt_keys(sent))["ts"].min().to_dict()
 
 
-def _in_teardown(events: pd.DataFrame, signal: pd.Series) -> pd.Series:
-    """Rows at or after the start of their attempt's teardown by the supervisor (see _at_or_after)."""
+def in_teardown(events: pd.DataFrame, signal: pd.Series) -> pd.Series:
+    """Rows at or after the start of their attempt's teardown by the supervisor (see
+    at_or_after)."""
     starts = teardown_starts(events)
     if not starts:
         return pd.Series(False, index=events.index)
-    return _at_or_after(events, starts) & (events["kind"] != "signal_sent")
+    return at_or_after(events, starts) & (events["kind"] != "signal_sent")
 
 
 def _whole_seconds(events: pd.DataFrame) -> pd.Series:
@@ -51,12 +52,12 @@ def _whole_seconds(events: pd.DataFrame) -> pd.Series:
             & (stamps == stamps.dt.floor("s"))).astype(bool)
 
 
-def _at_or_after(events: pd.DataFrame, starts: dict[tuple[Any, Any], pd.Timestamp]) -> pd.Series:
+def at_or_after(events: pd.DataFrame, starts: dict[tuple[Any, Any], pd.Timestamp]) -> pd.Series:
     """Rows at or after the start of their attempt's teardown (`starts`, see teardown_starts), each compared at
     the resolution of its own time: a row stamped to the whole second happened somewhere in that second, so it
     is at or after the start when its second is the start's second or later (torch's error file of an echo
     written 0.2 s after the supervisor's SIGTERM reads .000, before it)."""
-    keys = _attempt_keys(events)
+    keys = attempt_keys(events)
     start = keys.map(lambda key: starts.get(key))
     second = start.map(lambda value: None if value is None else pd.Timestamp(value).floor("s"))
     start = start.where(~_whole_seconds(events), second)
@@ -73,10 +74,10 @@ def lost_agents(events: pd.DataFrame) -> dict[tuple[Any, Any], list[tuple[str, d
         return {}
     starts = teardown_starts(events)
     found: dict[tuple[Any, Any], list[tuple[str, dt.datetime, str, str]]] = {}
-    keys = _attempt_keys(exits)
+    keys = attempt_keys(exits)
     for index, row in exits.iterrows():
         signal = signal_of(row)
-        node = _get(row, "node")
+        node = row_value(row, "node")
         ts = as_datetime(row["ts"])
         if signal is None or node is None or ts is None:
             continue
@@ -84,7 +85,7 @@ def lost_agents(events: pd.DataFrame) -> dict[tuple[Any, Any], list[tuple[str, d
         start = starts.get(key)
         if start is not None and row["ts"] >= start:
             continue  # the supervisor was stopping it
-        message = _get(row, "message")
+        message = row_value(row, "message")
         text = f"{node}: torchrun agent died by {signal}" + (f": {message}" if message else "") + " [supervisor]"
         found.setdefault(key, []).append((str(node), ts, signal, text))
     return found

@@ -7,7 +7,7 @@ import datetime as dt
 
 import pandas as pd
 
-from faultlens.attribution.detectors.crash.rows import _get
+from faultlens.attribution.detectors.crash.rows import row_value
 from faultlens.attribution.hardware import as_datetime
 from faultlens.attribution.reading.telemetry import Telemetry
 
@@ -26,7 +26,8 @@ def closed_ranks(heartbeats: pd.DataFrame, attempt: int | None) -> dict[int, dt.
     return {int(rank): ts for rank, ts in ((r, as_datetime(t)) for r, t in first.items()) if ts is not None}
 
 
-def _alive_after(heartbeats: pd.DataFrame, attempt: int | None, ranks: list[int], after: dt.datetime) -> list[int]:
+def alive_after(heartbeats: pd.DataFrame, attempt: int | None, ranks: list[int],
+                after: dt.datetime) -> list[int]:
     """Ranks whose heartbeat shows them running (not closed) after `after`."""
     if heartbeats.empty or not ranks:
         return []
@@ -67,8 +68,8 @@ def death_step(telemetry: Telemetry, attempt: int | None, rank: int | None) -> i
             rows = rows[rows["attempt"] == attempt]
         if not rows.empty:
             latest = rows.sort_values(["ts", "steps"], kind="stable").iloc[-1]
-            current, last = _get(latest, "current_step"), _get(latest, "step")
-            if bool(_get(latest, "in_step")) and current is not None:
+            current, last = row_value(latest, "current_step"), row_value(latest, "step")
+            if bool(row_value(latest, "in_step")) and current is not None:
                 candidates.append(int(current))
             elif last is not None:
                 candidates.append(int(last) + 1)

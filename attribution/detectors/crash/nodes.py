@@ -10,16 +10,21 @@ from collections import Counter
 
 from faultlens.attribution.detectors.crash.failures import WAIT, FailureKind, HangTrigger, RankFailure
 from faultlens.attribution.detectors.crash.lifecycle import ended_agents, lost_agents, running_agents
-from faultlens.attribution.detectors.crash.liveness import _alive_after, closed_ranks, death_step, last_progress
+from faultlens.attribution.detectors.crash.liveness import (
+    alive_after,
+    closed_ranks,
+    death_step,
+    last_progress,
+)
 from faultlens.attribution.hardware import XidCatalogLike, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.reading.telemetry import Placement, Telemetry
 from faultlens.attribution.rules import CrashRules
 
 
-def _node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
-               failures: list[RankFailure], placement: dict[int, Placement], secondary_line: Evidence | None,
-               now: dt.datetime) -> Incident | None:
+def node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
+              failures: list[RankFailure], placement: dict[int, Placement],
+              secondary_line: Evidence | None, now: dt.datetime) -> Incident | None:
     """A node whose torchrun agent died by a signal nobody in the job sent: the host (its ranks died with it,
     or train on unwatched)."""
     lost = lost_agents(telemetry.process_events).get((job or "", attempt if attempt is not None else -1), [])
@@ -33,7 +38,7 @@ def _node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt
         (placement[f.rank].node if f.rank in placement else None) or f.node) == node]
     if any(f.kind in (FailureKind.EXCEPTION, FailureKind.OOM) and f.ts <= ts for f in own):
         return None  # a rank's own failure came first: the normal path explains it
-    alive = _alive_after(telemetry.heartbeats, attempt, ranks, ts + dt.timedelta(seconds=1))
+    alive = alive_after(telemetry.heartbeats, attempt, ranks, ts + dt.timedelta(seconds=1))
     rule = "crash-agent-lost" if alive else "crash-node-lost"
     evidence = [Evidence("process_events", ts, text)]
     if alive:
@@ -59,7 +64,8 @@ def _node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt
         details={"primary_kind": "node_lost", "failures": len(failures), "alive": alive})
 
 
-def _secondary_summary(failures: list[RankFailure], primary: RankFailure | None) -> Evidence | None:
+def secondary_summary(failures: list[RankFailure], primary: RankFailure | None) -> Evidence | None:
+    """One line of evidence for every failure but the primary, folded into the incident."""
     others = [f for f in failures if f is not primary]
     rows = sum(f.rows for f in others)
     if not others:
@@ -108,7 +114,7 @@ def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attem
     progressed = last_progress(telemetry, attempt, ranks)
     if progressed is not None and progressed > first + _GRACE:
         return None  # it was still training after the others failed: not lost
-    if _alive_after(telemetry.heartbeats, attempt, ranks, first + _GRACE):
+    if alive_after(telemetry.heartbeats, attempt, ranks, first + _GRACE):
         return None
     rule = "crash-node-silent"
     echoed = f"; ranks {sorted(vanished)} only echoed a node-mate's loss, then vanished with no exit" \
@@ -131,9 +137,10 @@ def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attem
                  "failures_from": first.isoformat()})
 
 
-def _no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Telemetry, job: str | None,
-                attempt: int | None, failures: list[RankFailure], placement: dict[int, Placement],
-                secondary_line: Evidence | None, now: dt.datetime) -> Incident | HangTrigger | object | None:
+def no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Telemetry,
+               job: str | None, attempt: int | None, failures: list[RankFailure],
+               placement: dict[int, Placement], secondary_line: Evidence | None,
+               now: dt.datetime) -> Incident | HangTrigger | object | None:
     """An attempt whose failing ranks all echoed another's failure or were stopped: a node whose GPU reported
     hardware errors, nothing (stopped from outside), a hang (collective timeouts), WAIT (a report still to come),
     a silent node, else a crash with no primary seen."""

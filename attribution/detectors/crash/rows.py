@@ -11,7 +11,8 @@ import pandas as pd
 from faultlens.attribution.detectors.crash.failures import SIGNALS_BY_NUMBER
 
 
-def _get(row: Any, key: str) -> Any:
+def row_value(row: Any, key: str) -> Any:
+    """A column's value in one row (a dict or a pandas row); None where it is missing, NA or NaN."""
     value = row.get(key) if isinstance(row, dict) else (row[key] if key in row.index else None)
     if value is None or value is pd.NA or (isinstance(value, float) and value != value):
         return None
@@ -20,20 +21,22 @@ def _get(row: Any, key: str) -> Any:
 
 def signal_of(row: Any) -> str | None:
     """The signal that ended a process: the row's `signal`, or decoded from exit codes -N and 128+N."""
-    signal = _get(row, "signal")
+    signal = row_value(row, "signal")
     if signal:
         text = str(signal).upper()
         return text if text.startswith("SIG") else f"SIG{text}"
-    return _signal_from_code(_get(row, "exit_code"), _get(row, "kind"))
+    return signal_from_code(row_value(row, "exit_code"), row_value(row, "kind"))
 
 
-def _matches(text: pd.Series, pattern: re.Pattern[str] | None) -> pd.Series:
+def text_matches(text: pd.Series, pattern: re.Pattern[str] | None) -> pd.Series:
+    """Per row, whether its text matches `pattern` (none: no row)."""
     if pattern is None:
         return pd.Series(False, index=text.index)
     return text.map(lambda value: bool(value) and pattern.search(value) is not None).astype(bool)
 
 
-def _signal_from_code(code: Any, kind: Any) -> str | None:
+def signal_from_code(code: Any, kind: Any) -> str | None:
+    """The signal an exit code says ended a process: -N, or 128+N on an exit row."""
     if code is None or code != code:
         return None
     code = int(code)
@@ -51,7 +54,8 @@ def signal_identity(signal: Any, rank: Any) -> str | None:
     return f"{signal}@rank{int(rank)}"
 
 
-def _attempt_keys(frame: pd.DataFrame) -> pd.Series:
+def attempt_keys(frame: pd.DataFrame) -> pd.Series:
+    """Per row, its attempt's key (job or "", attempt or -1), as teardown_starts keys them."""
     job = frame["job_id"].astype(object).where(frame["job_id"].notna(), "") if "job_id" in frame.columns else ""
     attempt = frame["attempt"].astype(object).where(frame["attempt"].notna(), -1) \
         if "attempt" in frame.columns else -1
@@ -60,18 +64,20 @@ def _attempt_keys(frame: pd.DataFrame) -> pd.Series:
 
 
 def describe_process_event(row: Any) -> str:
-    rank = _get(row, "rank")
-    node = _get(row, "node")
+    rank = row_value(row, "rank")
+    node = row_value(row, "node")
     who = f"rank {int(rank)}" if rank is not None else "a process"
     if node:
         who += f" on {node}"
-    kind = _get(row, "kind")
+    kind = row_value(row, "kind")
     if kind == "exit":
         signal = signal_of(row)
-        what = f"exited with code {_get(row, 'exit_code')}" + (f" ({signal})" if signal else "")
+        what = (f"exited with code {row_value(row, 'exit_code')}"
+                + (f" ({signal})" if signal else ""))
     else:
-        first = (_get(row, "message") or "").strip().splitlines()
-        what = f"{kind}: " + (f"{_get(row, 'exception_type')}: " if _get(row, "exception_type") and not (
-            first and first[0].startswith(str(_get(row, "exception_type")))) else "") + (first[0] if first else "")
-    source = _get(row, "source")
+        first = (row_value(row, "message") or "").strip().splitlines()
+        exception_type = row_value(row, "exception_type")
+        named = exception_type and not (first and first[0].startswith(str(exception_type)))
+        what = f"{kind}: " + (f"{exception_type}: " if named else "") + (first[0] if first else "")
+    source = row_value(row, "source")
     return f"{who} {what.strip()}" + (f" [{source}]" if source else "")

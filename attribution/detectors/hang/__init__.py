@@ -90,14 +90,15 @@ of the few keys that need detail. 16,384 ranks x 2,000 entries is ~33 M rows; se
 from __future__ import annotations
 
 
-Modules: report (the public types), columns and decode (the table in dense codes, in slices), kernels (compiled
-row signatures and decode steps), aggregate (pass 1's hash tables), graph (the wait-for graph's parts), analyze
-(analyze_collectives: the two passes), details (the second pass' per-key detail), partners
-(mismatches a lost dump hides), waits (the waits on ranks without a dump), roots (deciding the independent roots),
-missing_roots (which roots of ranks without a dump stand), skips (breaking cycles: who skipped a collective),
-describe (a root's kind, evidence and confidence; the report), stacks (Python stacks carried in the table's
-metadata), stream (pass 1 on the reader's chunks while the rest are read; controller/hang_dump_dir.py reads and
-analyses a directory that way).
+Modules: report (the public types), columns and decode (the table in dense codes, in slices),
+kernels (compiled row signatures and decode steps), aggregate (pass 1's hash tables), graph (the
+wait-for graph's parts), pass_one (pass 1 slice by slice: what the analysis and the stream share),
+analyze (analyze_collectives: the two passes), details (the second pass' per-key detail), partners
+(mismatches a lost dump hides), waits (the waits on ranks without a dump), roots (deciding the
+independent roots), missing_roots (which roots of ranks without a dump stand), skips (breaking
+cycles: who skipped a collective), describe (a root's kind, evidence and confidence; the report),
+stacks (Python stacks carried in the table's metadata), stream (pass 1 on the reader's chunks while
+the rest are read; controller/hang_dump_dir.py reads and analyses a directory that way).
 """
 
 from faultlens.attribution.detectors.hang.analyze import analyze_collectives

@@ -1,55 +1,40 @@
 """analyze_collectives: pass 1 (progress per group and rank), pass 2 (details of the keys that need them)."""
 
-from collections import Counter, defaultdict, deque
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from faultlens.attribution.detectors.hang.aggregate import ProgressTable, SignatureTable
-from faultlens.attribution.detectors.hang.columns import LazyColumn, take_rows, valid_rows
-from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder, present_codes
+from faultlens.attribution.detectors.hang.aggregate import SignatureTable
+from faultlens.attribution.detectors.hang.columns import LazyColumn
+from faultlens.attribution.detectors.hang.decode import SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
-    _break_ties,
-    _KeyDetails,
-    _mismatch,
-    _p2p_divergences,
-    _signatures,
-    _stack_edges,
+    KeyDetails,
+    break_ties,
+    key_mismatch,
+    p2p_divergences,
+    stack_edges,
 )
 from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, MissingGroup, ranks_text
 from faultlens.attribution.detectors.hang.lookups import install as install_lookups
 from faultlens.attribution.detectors.hang.lookups import rows_for_keys
 from faultlens.attribution.detectors.hang.partners import partner_mismatches
+from faultlens.attribution.detectors.hang.pass_one import PassOne, run_pass_one
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
+from faultlens.attribution.detectors.hang.stream import PassOneStream
 from faultlens.attribution.detectors.hang.waits import settle_missing
-
-if TYPE_CHECKING:
-    from faultlens.attribution.detectors.hang.stream import PassOneStream
 
 MAX_MISMATCH_KEYS = 256  # (group, seq) keys of mismatching signatures examined in detail
 
 
-@dataclass
-class _PassOne:
-    """What pass 1 gathers over the table's slices."""
-
-    dumped: set[int] = field(default_factory=set)
-    progress: ProgressTable = field(default_factory=ProgressTable)
-    signatures: SignatureTable = field(default_factory=SignatureTable)
-    configured: dict[int, Counter] = field(default_factory=lambda: defaultdict(Counter))
-    p2p_rows: list[np.ndarray] = field(default_factory=list)
-
-
 def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
                         stacks: Mapping[int, Any] | None = None,
-                        first_pass: "PassOneStream | None" = None) -> HangReport:
+                        first_pass: PassOneStream | None = None) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
     stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken; default: the table's
@@ -76,7 +61,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     if taken is not None:
         first, decoder = taken
     else:
-        first = _pass_one(table, decoder)
+        first = run_pass_one(table, decoder)
     if not first.dumped:
         return report_empty(expected_ranks)
     agg = first.progress.progress()
@@ -92,99 +77,17 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     bad_keys = first.signatures.differing(MAX_MISMATCH_KEYS)  # (group, seq) whose ranks disagree
     first.signatures = SignatureTable()
     times = _pass_two(analysis, table, decoder, pending, stuck_pending, bad_keys, sizes_column, dtypes_column)
-    _break_ties(analysis, decoder, table)
+    break_ties(analysis, decoder, table)
     partner_mismatches(analysis, decoder, table, times, {g: max(v[0] for v in by_rank.values())
                                                          for g, by_rank in progress.items() if by_rank})
     _mismatch_waits(analysis, progress)
     p2p_all = np.concatenate(first.p2p_rows) if first.p2p_rows else np.empty(0, np.int64)
-    _p2p_divergences(analysis, table, p2p_all, decoder, times)
+    p2p_divergences(analysis, table, p2p_all, decoder, times)
     _attach_history(analysis, decoder, progress, device_states)
     if stacks:
-        _stack_edges(analysis, stacks)
+        stack_edges(analysis, stacks)
     settle_missing(analysis)
     return decide(analysis)
-
-
-class _PassOneRun:
-    """Pass 1 slice by slice: progress per (group, rank), signatures per (group, seq), membership evidence. Each
-    slice is decoded by the caller; its row signatures are computed on a second thread and added to the aggregates
-    (aggregate.py) on a third, in the slices' order, while the next slice is decoded (the compiled kernels release
-    the GIL). close() in any case."""
-
-    def __init__(self, decoder: SliceDecoder, rows_hint: int) -> None:
-        self.decoder = decoder
-        self.out = _PassOne(signatures=SignatureTable(rows_hint))
-        self._signing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-signatures")
-        self._adding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hang-pass-one")
-        self._pending: deque[Future[None]] = deque()
-
-    def add(self, part: DecodedSlice, source: pa.Table, at: int) -> None:
-        """A decoded slice, whose rows start at row `at` of `source` (the table, or a chunk of it)."""
-        out, decoder, n = self.out, self.decoder, len(part.rank)
-        out.dumped.update(present_codes(part.rank).tolist())
-        desc = decoder.descs.codes(source.column("pg_desc").slice(at, n), n) \
-            if "pg_desc" in source.column_names else np.full(n, -1, np.int32)
-        if "pg_ranks" in source.column_names:
-            _add_configured(out, part, source.column("pg_ranks").slice(at, n))
-        out.p2p_rows.append(np.nonzero(part.p2p)[0] + part.start)
-        ops = list(decoder.ops.values)  # the op names decoded so far (the next slice's decode may add some)
-        coll_rows = np.nonzero(part.coll)[0]
-        sizes = source.column("input_sizes") if "input_sizes" in source.column_names else None
-        dtypes = source.column("input_dtypes") if "input_dtypes" in source.column_names else None
-        signed = self._signing.submit(_signatures, part, coll_rows, sizes, dtypes, ops, at)
-        self._pending.append(self._adding.submit(_add_slice, out, part, desc, coll_rows, signed))
-        while len(self._pending) > 1:  # at most one slice aggregated while the next is decoded: bounded memory
-            self._pending.popleft().result()
-
-    def finish(self) -> _PassOne:
-        while self._pending:
-            self._pending.popleft().result()
-        return self.out
-
-    def close(self) -> None:
-        self._signing.shutdown(cancel_futures=True)
-        self._adding.shutdown(cancel_futures=True)
-
-
-def _add_configured(out: _PassOne, part: DecodedSlice, pg_ranks: pa.ChunkedArray | pa.Array) -> None:
-    """Membership from the rows of a slice that carry pg_ranks (a group's config), by their group."""
-    rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & (part.group >= 0))[0]
-    if rows.shape[0]:
-        for row, value in zip(rows, take_rows(pg_ranks, rows).to_pylist(), strict=True):
-            if value:
-                out.configured[int(part.group[row])][tuple(sorted(int(v) for v in value))] += 1
-
-
-def _pass_one(table: pa.Table, decoder: SliceDecoder) -> _PassOne:
-    """Pass 1 over the table's slices (_PassOneRun)."""
-    run = _PassOneRun(decoder, table.num_rows)
-    try:
-        for part in decoder.slices():
-            run.add(part, table, part.start)
-        return run.finish()
-    finally:
-        run.close()
-
-
-def configured_from_table(out: _PassOne, table: pa.Table, decoder: SliceDecoder) -> None:
-    """Membership from the table's pg_ranks rows, when pass 1 ran on chunks that lacked the column (the reader
-    builds it last): only those rows (a few per group) are taken and decoded."""
-    if "pg_ranks" not in table.column_names:
-        return
-    rows = valid_rows(table.column("pg_ranks"))
-    if rows.shape[0] == 0:
-        return
-    taken = take_rows(table.select([c for c in table.column_names if c not in ("input_sizes", "input_dtypes")]),
-                      rows)
-    _add_configured(out, decoder.decode_part(taken, -1), taken.column("pg_ranks"))
-
-
-def _add_slice(out: _PassOne, part: DecodedSlice, desc: np.ndarray, coll_rows: np.ndarray,
-               signed: Future[np.ndarray]) -> None:
-    """One slice into the pass-1 aggregates (one thread at a time: the pool has one worker), its signatures once
-    they are computed."""
-    out.progress.add(part.group, part.rank, part.seq, part.coll, part.complete, part.started, desc)
-    out.signatures.add(coll_rows, part.group, part.seq, signed.result(), len(part.rank))
 
 
 def rows_by_value(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -200,7 +103,7 @@ def rows_by_value(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
                                                                   ends.tolist(), strict=True)]
 
 
-def _membership(first: _PassOne, agg: pa.Table, decoder: SliceDecoder,
+def _membership(first: PassOne, agg: pa.Table, decoder: SliceDecoder,
                 expected_ranks: Sequence[int] | None) -> Analysis:
     """Each group's members (its config where sound, else the ranks seen in it), the expected and missing ranks."""
     seen_table = first.progress.seen()
@@ -350,7 +253,7 @@ def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pendin
     wanted = {(d.group, d.seq) for d, _, _ in pending} | {(g, s) for g, s, _ in stuck_pending} | set(bad_keys)
     rows_of = rows_for_keys(decoder, wanted)
     times = LazyColumn(table, "time_created")
-    details = _KeyDetails(table, rows_of, times, decoder)
+    details = KeyDetails(table, rows_of, times, decoder)
     for d, among, text in pending:
         d.time, d.op, d.pg_id = details.time_op(d.group, d.seq, among)
         d.detail = f"{analysis.label(d.group)} seq {d.seq} {d.op or ''}: {text}"
@@ -358,7 +261,7 @@ def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pendin
     for g, seq, stuck in stuck_pending:
         analysis.stuck_groups.append((g, seq, stuck, details.time_op(g, seq, None)[0]))
     for g, s in bad_keys:
-        mismatch = _mismatch(analysis, table, details, g, s, sizes_column, dtypes_column)
+        mismatch = key_mismatch(analysis, table, details, g, s, sizes_column, dtypes_column)
         if mismatch is not None:
             analysis.mismatches.append(mismatch)
     return times

@@ -31,7 +31,7 @@ def bound_signatures(ops: list[Any], op_codes: np.ndarray, size_sig: np.ndarray,
             np.where(_ops_matching(ops, INPUT_AT_ROOT_ONLY)[op_codes], np.uint64(0), dtype_sig))
 
 
-def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
+def stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
     """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not record) waits on
     its peer: an edge of the wait-for graph the trace alone cannot show."""
     from faultlens.collectors.sources.pystack import StackPlace, where
@@ -60,8 +60,8 @@ def _stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
             f"{analysis.label(group)} p2p: {place.text(rank)}: it waits on rank {peer}"))
 
 
-def _signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
-                ops: list[Any], at: int) -> np.ndarray:
+def slice_signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | None,
+                     dtypes: pa.ChunkedArray | None, ops: list[Any], at: int) -> np.ndarray:
     """The signature (op + sizes (for shape-bound ops) + dtypes) of each of a slice's collective rows `rows`; the
     slice's rows start at row `at` of the sizes and dtypes columns."""
     c_ops = part.op[rows]
@@ -72,7 +72,7 @@ def _signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | N
     return combine_signatures(c_ops.astype(np.uint64), size_sig, dtype_sig)
 
 
-class _KeyDetails:
+class KeyDetails:
     """Per (group, seq): the ranks, times, ops and local pg ids of its rows."""
 
     def __init__(self, table: pa.Table, rows_of: dict[tuple[int, int], np.ndarray], times: LazyColumn,
@@ -112,8 +112,10 @@ class _KeyDetails:
                 str(self.decoder.ids.values[pid]) if pid >= 0 else None)
 
 
-def _mismatch(analysis: Analysis, table: pa.Table, details: _KeyDetails, g: int, s: int,
-              sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None) -> Mismatch | None:
+def key_mismatch(analysis: Analysis, table: pa.Table, details: KeyDetails, g: int, s: int,
+                 sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None) -> Mismatch | None:
+    """The mismatch at (group g, seq s): the ranks whose op, sizes or dtypes differ from the
+    majority's (a tie named as one), or None where every rank's entry agrees."""
     pos = details.positions(g, s)
     if pos.shape[0] == 0:
         return None
@@ -180,7 +182,7 @@ def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
     return by_key
 
 
-def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> None:
+def break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> None:
     """A mismatch between equally many ranks (a group of two: its members disagree, one against one) says nobody's
     side by count. The same collective elsewhere does: first the same sequence id in the other groups playing the
     same part (the other DP groups' DP all_reduce of that step), then the group's own neighbouring collectives.
@@ -221,8 +223,10 @@ def _break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> N
                 break
 
 
-def _p2p_divergences(analysis: Analysis, table: pa.Table, rows: np.ndarray, decoder: SliceDecoder,
-                     times: LazyColumn) -> None:
+def p2p_divergences(analysis: Analysis, table: pa.Table, rows: np.ndarray, decoder: SliceDecoder,
+                    times: LazyColumn) -> None:
+    """The p2p divergences of the p2p `rows`, per pair of peers by p2p_seq_id: a rank whose send or
+    recv waits on a peer behind it, or on one without a dump, adds an edge of the wait-for graph."""
     if "p2p_seq_id" not in table.column_names or rows.shape[0] == 0:
         return
     taken = take_rows(table, rows)

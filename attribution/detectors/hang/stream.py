@@ -3,9 +3,10 @@
 On 2 cores the reader leaves part of the CPU idle (its threads wait on each other and on the GIL: ~15% at 16,384
 ranks), and pass 1 (decode, signatures, aggregates: ~4 s there) fills it. The stream is read_dump_dir's on_chunk
 callback: each chunk is queued (the reader never waits on it) and a thread of its own decodes it and adds it to
-pass 1 (analyze._PassOneRun). analyze_collectives(table, first_pass=stream) then takes what it gathered, where the
-chunks it saw are exactly the table's slices; otherwise (the reader split the files over processes, chunks cut
-differently, anything failed) pass 1 runs on the table as usual: the stream only ever saves time.
+pass 1 (pass_one.PassOneRun). analyze_collectives(table, first_pass=stream) then takes what it
+gathered, where the chunks it saw are exactly the table's slices; otherwise (the reader split the
+files over processes, chunks cut differently, anything failed) pass 1 runs on the table as usual:
+the stream only ever saves time.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import threading
 
 import pyarrow as pa
 
-from faultlens.attribution.detectors.hang.analyze import _PassOne, _PassOneRun, configured_from_table
 from faultlens.attribution.detectors.hang.decode import SliceDecoder
+from faultlens.attribution.detectors.hang.pass_one import PassOne, PassOneRun, configured_from_table
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,9 @@ class PassOneStream:
         self._queue: queue.SimpleQueue[tuple[int, pa.Table, float] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._decoder = SliceDecoder(pa.table({}))
-        self._run = _PassOneRun(self._decoder, 0)
+        self._run = PassOneRun(self._decoder, 0)
         self._spans: list[tuple[int, int]] = []
-        self._result: _PassOne | None = None
+        self._result: PassOne | None = None
         self._failed = False
         self.used = False  # whether take() gave its result (the analysis then skipped its own pass 1)
 
@@ -75,7 +76,7 @@ class PassOneStream:
         self._stop()
         self._failed = True
 
-    def take(self, table: pa.Table) -> tuple[_PassOne, SliceDecoder] | None:
+    def take(self, table: pa.Table) -> tuple[PassOne, SliceDecoder] | None:
         """Pass 1's result and its decoder (now on `table`) where the chunks seen are the table's slices, else
         None (the caller runs pass 1 itself)."""
         self._stop()

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.desync import apart_text, completed_steps, ranks_apart
-from faultlens.attribution.detectors.progress.monitor import _completion_times
+from faultlens.attribution.detectors.progress.monitor import completion_times
 from faultlens.attribution.detectors.progress.suspect import DumpRequester, HangAnalyzer, HangSuspect, default_analyzer
 from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
@@ -224,7 +224,7 @@ def suspect_from_trigger(job: str | None, attempt: int | None, ts: dt.datetime, 
         if attempt is not None:
             rows = rows[rows["attempt"] == attempt]
         if not rows.empty and rows["step"].notna().any():
-            done = _completion_times(rows)
+            done = completion_times(rows)
             last_index = done.idxmax()
             last_step = int(rows.loc[last_index, "step"])
             since = min(since, as_datetime(done.loc[last_index]) or since)

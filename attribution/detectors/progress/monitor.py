@@ -18,7 +18,7 @@ from faultlens.attribution.rules import ProgressThresholds
 # ---------------------------------------------------------------- detection from progress
 
 
-def _completion_times(rows: pd.DataFrame) -> pd.Series:
+def completion_times(rows: pd.DataFrame) -> pd.Series:
     """Per row, when it completed: end_ts where known, else the row's ts."""
     if "end_ts" in rows.columns:
         return rows["end_ts"].where(rows["end_ts"].notna(), rows["ts"])
@@ -51,7 +51,8 @@ class ProgressMonitor:
         """The allowed gap after the last completed step of `attempt_steps` (rows of one attempt; `beats`: its
         heartbeats, which give the step time while few step rows were flushed yet)."""
         t = self.t
-        rows = attempt_steps.assign(_done=_completion_times(attempt_steps), _phase=_phase(attempt_steps))
+        rows = attempt_steps.assign(_done=completion_times(attempt_steps),
+                                    _phase=_phase(attempt_steps))
         rows = rows[rows["step"].notna()]
         first_step = int(rows["step"].min()) if not rows.empty else 0
         base = rows[rows["_phase"].isin(t.baseline_phases) & (rows["step"] >= first_step + t.warmup_steps)]
@@ -229,7 +230,7 @@ def _last_progress(rows: pd.DataFrame, beats: pd.DataFrame) -> tuple[dt.datetime
     """When the newest step of the attempt completed, which step it was, and where that was read."""
     best: tuple[dt.datetime | None, int | None, str] = (None, None, "steps")
     if not rows.empty:
-        done = _completion_times(rows)
+        done = completion_times(rows)
         if done.notna().any():
             index = done.idxmax()
             step = rows.loc[index, "step"]

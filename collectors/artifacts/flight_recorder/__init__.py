@@ -46,10 +46,7 @@ from __future__ import annotations
 
 import logging
 
-from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly as _Assembly
 from faultlens.collectors.artifacts.flight_recorder.files import find_dump_files, load_dump_bytes, rank_from_name
-from faultlens.collectors.artifacts.flight_recorder.groups import _config_ranks as _config_ranks
-from faultlens.collectors.artifacts.flight_recorder.groups import _status_value as _status_value
 from faultlens.collectors.artifacts.flight_recorder.groups import parse_ranks
 from faultlens.collectors.artifacts.flight_recorder.model import (
     CHUNK_ROWS,
@@ -62,7 +59,6 @@ from faultlens.collectors.artifacts.flight_recorder.model import (
     DumpFileError,
     DumpSet,
 )
-from faultlens.collectors.artifacts.flight_recorder.model import _Dump as _Dump
 from faultlens.collectors.artifacts.flight_recorder.parts import PROCESS_MIN_FILES, auto_processes, merged_name
 from faultlens.collectors.artifacts.flight_recorder.read import FAST_PATH_MIN_BYTES, read_dump_dir, read_dump_file
 

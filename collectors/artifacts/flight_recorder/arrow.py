@@ -1,5 +1,6 @@
-"""Set-wide string dictionaries (_Strings) and the Arrow building blocks of the assembly: list arrays from
-per-row counts, dictionary columns rewrapped with a set's final dictionary, a repeated string column."""
+"""Set-wide string dictionaries (SetStrings) and the Arrow building blocks of the assembly: list
+arrays from per-row counts, dictionary columns rewrapped with a set's final dictionary, a repeated
+string column."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ _MAX_VOCABULARIES = 4096  # per column: dumps of one job share a handful; a host
 _MAX_CACHED_VOCABULARY = 256  # longer vocabularies (frames) are remapped each time, not kept
 
 
-class _Strings:
+class SetStrings:
     """One set-wide dictionary for a string column."""
 
     def __init__(self) -> None:
@@ -74,7 +75,7 @@ class _Strings:
         return arr if dictionary else arr.cast(pa.string())
 
 
-def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool) -> pa.Array:
+def with_dictionary(array: pa.Array, strings: SetStrings | None, dictionary: bool) -> pa.Array:
     """A chunk's dictionary column (or list of dictionary) with the set's final dictionary, or cast to plain
     strings. Dictionaries only grow by appending, so a chunk's indices are valid in the final one."""
     if strings is None:
@@ -93,7 +94,7 @@ def _with_dictionary(array: pa.Array, strings: _Strings | None, dictionary: bool
     return array
 
 
-def _remapped(array: pa.Array, strings: _Strings | None) -> pa.Array:
+def remapped_to_set(array: pa.Array, strings: SetStrings | None) -> pa.Array:
     """A part's dictionary column (or list of dictionary) in codes of the merged, set-wide dictionary."""
     if strings is not None and pa.types.is_dictionary(array.type):
         codes = strings.remap(array.dictionary.to_pylist(), array.indices.fill_null(-1).to_numpy(zero_copy_only=False))
@@ -107,7 +108,8 @@ def _remapped(array: pa.Array, strings: _Strings | None) -> pa.Array:
     return array
 
 
-def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
+def list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
+    """A list column from each row's item count (-1: null) and all rows' items in order."""
     offsets = mapped_empty(counts.shape[0] + 1, np.int32)
     positive = mapped_empty(counts.shape[0], np.int32)
     np.maximum(counts, 0, out=positive)
@@ -117,10 +119,11 @@ def _list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
                                     mask=pa.array(null) if null.any() else None)
 
 
-def _sparse_lists(total: int, rows: list[int], values: list[tuple[int, ...]]) -> pa.Array:
-    """A list<int32> column of `total` rows, null but at `rows` (ascending, distinct), which hold `values`: what
-    _list_from_counts gives for counts of -1 but there, built in two passes over the column (its offsets) and
-    none over a mask, as pg_ranks is set on a few thousand of millions of rows."""
+def sparse_lists(total: int, rows: list[int], values: list[tuple[int, ...]]) -> pa.Array:
+    """A list<int32> column of `total` rows, null but at `rows` (ascending, distinct), which hold
+    `values`: what list_from_counts gives for counts of -1 but there, built in two passes over the
+    column (its offsets) and none over a mask, as pg_ranks is set on a few thousand of millions of
+    rows."""
     at = np.array(rows, np.int64)
     offsets = mapped_empty(total + 1, np.int32)
     offsets[at + 1] = [len(v) for v in values]
@@ -136,7 +139,9 @@ def _sparse_lists(total: int, rows: list[int], values: list[tuple[int, ...]]) ->
                                  children=[pa.array(items, pa.int32())])
 
 
-def _repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: bool) -> pa.Array:
+def repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: bool) -> pa.Array:
+    """A string column of `total` rows given as runs of (count, value), dictionary-encoded or
+    plain."""
     values: list[str] = []
     lookup: dict[str, int] = {}
     codes = mapped_empty(total, np.int32)

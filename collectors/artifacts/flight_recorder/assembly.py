@@ -12,28 +12,28 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import (
-    _remapped,
-    _repeat_strings,
-    _sparse_lists,
-    _Strings,
-    _with_dictionary,
+    SetStrings,
+    remapped_to_set,
+    repeat_strings,
+    sparse_lists,
+    with_dictionary,
 )
-from faultlens.collectors.artifacts.flight_recorder.chunks import _ChunkBuffers
+from faultlens.collectors.artifacts.flight_recorder.chunks import ChunkBuffers
 from faultlens.collectors.artifacts.flight_recorder.groups import (
-    _comm_lib,
-    _config_ranks,
-    _status_value,
+    comm_lib_of,
     complete_partitions,
+    config_ranks,
+    status_value,
 )
 from faultlens.collectors.artifacts.flight_recorder.memory import mapped_full
 from faultlens.collectors.artifacts.flight_recorder.model import (
-    _INT_COLUMNS,
-    _TIME_COLUMNS,
+    INT_COLUMNS,
     SCHEMA,
-    _Dump,
-    _SizesColumn,
+    TIME_COLUMNS,
+    Dump,
+    SizesColumn,
 )
-from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes, _StringLists
+from faultlens.collectors.artifacts.flight_recorder.shapes import SetShapes, SetStringLists
 from faultlens.collectors.sources.source import NodeIdentity
 
 _STATUS_COLUMNS = (("pg_last_enqueued", "last_enqueued_collective"),
@@ -53,12 +53,16 @@ def _unique_first(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np
 
 
 @dataclass
-class _Assembly:
+class Assembly:
+    """Dumps written, one after another, into the chunk buffers of one set (or of one reader's part
+    of it), with the set-wide dictionaries and process-group facts; table() builds the set."""
+
     columns: set[str]
     dictionary: bool
-    strings: dict[str, _Strings] = field(default_factory=lambda: {
-        k: _Strings() for k in ("op", "state", "pg_name", "pg_desc", "pg_id", "dump_id", "fr_version",
-                                "comm_lib", "node", "input_dtypes", "output_dtypes", "frames")})
+    strings: dict[str, SetStrings] = field(default_factory=lambda: {
+        k: SetStrings() for k in ("op", "state", "pg_name", "pg_desc", "pg_id", "dump_id",
+                                  "fr_version", "comm_lib", "node", "input_dtypes", "output_dtypes",
+                                  "frames")})
     group_members: dict[str, set[int]] = field(default_factory=dict)  # from entries
     group_configs: dict[str, set[tuple[int, ...]]] = field(default_factory=dict)
     config_objects: list[tuple[int, ...]] = field(default_factory=list)
@@ -78,13 +82,13 @@ class _Assembly:
     def __post_init__(self) -> None:
         # a dictionary read keeps input_sizes and input_dtypes as codes of set-wide dictionaries of their values
         # (shapes.py)
-        self.buffers = _ChunkBuffers(self.columns, self.compiled, coded_lists=self.dictionary)
-        self.shapes = _Shapes()
-        self.dtype_lists = _StringLists(self.strings["input_dtypes"])
-        self.vocabularies: dict[str, _Shapes | _StringLists] = {"input_sizes": self.shapes,
+        self.buffers = ChunkBuffers(self.columns, self.compiled, coded_lists=self.dictionary)
+        self.shapes = SetShapes()
+        self.dtype_lists = SetStringLists(self.strings["input_dtypes"])
+        self.vocabularies: dict[str, SetShapes | SetStringLists] = {"input_sizes": self.shapes,
                                                                  "input_dtypes": self.dtype_lists}
 
-    def add(self, dump: _Dump, dump_id: str) -> None:
+    def add(self, dump: Dump, dump_id: str) -> None:
         self.all_ranks.add(dump.rank)
         if dump.world_size:
             self.world_size = max(self.world_size or 0, dump.world_size)
@@ -116,7 +120,7 @@ class _Assembly:
         """The set-wide code of one value of a column (-1: none)."""
         return self.strings[name].code(value)
 
-    def _add_groups(self, dump: _Dump, first: int,
+    def _add_groups(self, dump: Dump, first: int,
                     end: int) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray]:
         """Set-wide codes of the entries' strings and local pg ids; returns the entries' pg_name and pg_desc
         codes, the local ids (as text), each entry's code into them (-1 = none) and the first entry of each."""
@@ -131,13 +135,13 @@ class _Assembly:
         self.buffers.put_mapped("pg_id", first, n, end, self.strings["pg_id"], id_values, local_codes)
         return codes["pg_name"], codes["pg_desc"], id_values, local_codes, first_rows
 
-    def _add_values(self, dump: _Dump, first: int, end: int) -> None:
+    def _add_values(self, dump: Dump, first: int, end: int) -> None:
         """The integer and time columns, ts, and the flags."""
         n = dump.n
-        for column, key in _INT_COLUMNS.items():
+        for column, key in INT_COLUMNS.items():
             values, valid = dump.ints[key]
             self.buffers.put_ints(column, first, n, end, values, valid)
-        for column, key in _TIME_COLUMNS.items():
+        for column, key in TIME_COLUMNS.items():
             if column not in self.buffers.values:
                 continue
             values, valid = dump.ints[key]
@@ -160,14 +164,14 @@ class _Assembly:
             by_id = np.zeros(len(id_values) + 1, np.int64)
             known = np.zeros(len(id_values) + 1, bool)
             for i, pid in enumerate(id_values):
-                value = _status_value(status, pid, key)
+                value = status_value(status, pid, key)
                 if value is not None:
                     by_id[i] = value
                     known[i] = True
-            rows = [None if pid is None else _status_value(status, pid, key) for pid in status_ids]
+            rows = [None if pid is None else status_value(status, pid, key) for pid in status_ids]
             self.buffers.put_ints(column, first, n, end, by_id[local_codes], known[local_codes], rows)
 
-    def _list_codes(self, dump: _Dump) -> dict[str, np.ndarray]:
+    def _list_codes(self, dump: Dump) -> dict[str, np.ndarray]:
         """The entries' codes in the dictionaries of list values, for the list columns a dictionary read codes."""
         out = {}
         if "input_sizes" in self.buffers.coded_lists:
@@ -179,12 +183,13 @@ class _Assembly:
             out["input_dtypes"] = self.dtype_lists.codes(column.counts, items, self.compiled)
         return out
 
-    def _add_lists(self, dump: _Dump, first: int, n: int, end: int) -> None:
+    def _add_lists(self, dump: Dump, first: int, n: int, end: int) -> None:
         for key in ("input_sizes", "output_sizes"):
             if key in self.buffers.lists:
                 sizes = dump.sizes[key]
                 self.buffers.put_list(key, first, n, end, sizes.counts,
-                                      _SizesColumn(sizes.counts, sizes.ndims.astype(np.int32), sizes.dims))
+                                      SizesColumn(sizes.counts, sizes.ndims.astype(np.int32),
+                                                  sizes.dims))
         for key in ("input_dtypes", "output_dtypes"):
             if key in self.buffers.lists:
                 column = dump.dtypes[key]
@@ -198,7 +203,7 @@ class _Assembly:
                 self.buffers.put_list("frames", first, n, end, frames.counts,
                                       self.strings["frames"].remap(frames.values or [], frames.items))
 
-    def _add_membership(self, dump: _Dump, names: np.ndarray, descs: np.ndarray) -> None:
+    def _add_membership(self, dump: Dump, names: np.ndarray, descs: np.ndarray) -> None:
         """Membership evidence of the dump's groups: the config where it is sound, else the ranks seen in
         entries (rebuild_membership)."""
         base = self.rows
@@ -215,7 +220,7 @@ class _Assembly:
             desc_code = descs[first]
             if desc_code >= 0:
                 self.group_desc.setdefault(name, self.strings["pg_desc"].values[int(desc_code)])
-            ranks = _config_ranks(dump.pg_config, name, self.max_world_size)
+            ranks = config_ranks(dump.pg_config, name, self.max_world_size)
             if ranks is not None:
                 # keyed by the cached tuple's identity: hashing a 16,384-rank tuple for every dump costs seconds
                 key = (name, id(ranks))
@@ -227,14 +232,15 @@ class _Assembly:
                     self.row_group[base + first] = name
 
     @staticmethod
-    def _dump_ts(dump: _Dump) -> int:
+    def _dump_ts(dump: Dump) -> int:
         created, created_valid = dump.ints["time_created_ns"]
         return int(created[created_valid].max()) if created_valid.any() else dump.mtime_ns
 
-    def _add_dump_values(self, dump: _Dump, dump_id: str, first: int, end: int) -> None:
+    def _add_dump_values(self, dump: Dump, dump_id: str, first: int, end: int) -> None:
         """The values every row of the dump shares."""
         self.buffers.put_value("rank", first, end, dump.rank)
-        for name, value in (("dump_id", dump_id), ("fr_version", dump.version), ("comm_lib", _comm_lib(dump) or None)):
+        for name, value in (("dump_id", dump_id), ("fr_version", dump.version),
+                            ("comm_lib", comm_lib_of(dump) or None)):
             if name in self.columns:
                 self.buffers.put_value(name, first, end, self._code(name, value))
         self.buffers.put_node(first, end, dump.node)
@@ -285,13 +291,13 @@ class _Assembly:
         if name in self.vocabularies and pa.types.is_dictionary(array.type):
             out = pa.DictionaryArray.from_arrays(array.indices, self.vocabularies[name].dictionary(), safe=False)
             return out if keep else out.dictionary_decode()
-        return _with_dictionary(array, self.strings.get(name), keep)
+        return with_dictionary(array, self.strings.get(name), keep)
 
     def remapped(self, name: str, array: pa.Array) -> pa.Array:
         """A column of a part another assembly read (its final dictionaries) in this assembly's codes."""
         if name in self.vocabularies and pa.types.is_dictionary(array.type):
             return self.vocabularies[name].remap(array)
-        return _remapped(array, self.strings.get(name))
+        return remapped_to_set(array, self.strings.get(name))
 
     def _identity_columns(self, columns: dict[str, pa.ChunkedArray], identity: NodeIdentity) -> None:
         """The node identity's values (job, attempt, ...) on every row (node aside: it is per dump)."""
@@ -300,9 +306,9 @@ class _Assembly:
                 if name == "attempt":
                     columns[name] = pa.chunked_array([pa.array(mapped_full(self.rows, int(value), np.int32))])
                 else:
-                    columns[name] = pa.chunked_array([_repeat_strings([(self.rows, str(value))], self.rows,
-                                                                      self.dictionary)])
+                    columns[name] = pa.chunked_array(
+                        [repeat_strings([(self.rows, str(value))], self.rows, self.dictionary)])
 
     def _pg_ranks_array(self, total: int) -> pa.Array:
         rows = sorted(self.ranks_rows, key=lambda row_ranks: row_ranks[0])  # one group's first row each: distinct
-        return _sparse_lists(total, [row for row, _ in rows], [ranks for _, ranks in rows])
+        return sparse_lists(total, [row for row, _ in rows], [ranks for _, ranks in rows])

@@ -10,10 +10,14 @@ from types import ModuleType
 import numpy as np
 import pyarrow as pa
 
-from faultlens.collectors.artifacts.flight_recorder.arrow import _list_from_counts, _Strings
+from faultlens.collectors.artifacts.flight_recorder.arrow import SetStrings, list_from_counts
 from faultlens.collectors.artifacts.flight_recorder.memory import mapped_empty
-from faultlens.collectors.artifacts.flight_recorder.model import _INT_COLUMNS, _TIME_COLUMNS, _SizesColumn
-from faultlens.collectors.artifacts.flight_recorder.shapes import _Shapes, _StringLists
+from faultlens.collectors.artifacts.flight_recorder.model import (
+    INT_COLUMNS,
+    TIME_COLUMNS,
+    SizesColumn,
+)
+from faultlens.collectors.artifacts.flight_recorder.shapes import SetShapes, SetStringLists
 from faultlens.collectors.sources.source import NodeIdentity
 
 STATUS_COLUMNS = ("pg_last_enqueued", "pg_last_started", "pg_last_completed")
@@ -23,7 +27,7 @@ CODED_LISTS = ("input_sizes", "input_dtypes")  # kept as codes of their values' 
 _FIRST_CAPACITY = 1 << 16
 
 
-class _ChunkBuffers:
+class ChunkBuffers:
     """The columns of the chunk being filled (the wanted ones, and those another needs: time_created for ts,
     pg_name for the status rows' pg_desc)."""
 
@@ -38,7 +42,7 @@ class _ChunkBuffers:
         self.rows = 0
         group_wanted = bool(wanted & {"pg_name", "pg_id"})
         self.codes = [c for c in _CODES if c in wanted or (c == "pg_name" and group_wanted)]
-        self.ints = [c for c in (*_INT_COLUMNS, *STATUS_COLUMNS, *_TIME_COLUMNS) if c in wanted
+        self.ints = [c for c in (*INT_COLUMNS, *STATUS_COLUMNS, *TIME_COLUMNS) if c in wanted
                      or (c == "time_created" and "ts" in wanted)]
         self.flags = [c for c in ("is_p2p", "retired") if c in wanted]
         # input_sizes and input_dtypes as codes of set-wide dictionaries of their values (shapes.py), where the read
@@ -110,8 +114,8 @@ class _ChunkBuffers:
                 column[first:first + n] = entries
             column[first + n:end] = status
 
-    def put_mapped(self, name: str, first: int, n: int, end: int, strings: _Strings, column_values: Sequence[str],
-                   codes: np.ndarray) -> np.ndarray:
+    def put_mapped(self, name: str, first: int, n: int, end: int, strings: SetStrings,
+                   column_values: Sequence[str], codes: np.ndarray) -> np.ndarray:
         """A dump's local string codes as the set's (strings.remap) on its entries, status rows -1; returns the
         entries' set-wide codes (a view of the column while the dump is added)."""
         if self.fill is None or name not in self.values:
@@ -142,7 +146,7 @@ class _ChunkBuffers:
                 known[first + n + j] = True
 
     def put_list(self, name: str, first: int, n: int, end: int, counts: np.ndarray | None,
-                 items: np.ndarray | _SizesColumn | None = None) -> None:
+                 items: np.ndarray | SizesColumn | None = None) -> None:
         """A list column's per-entry counts (None: null on every entry) and items; status rows null."""
         if name not in self.values:
             return
@@ -152,7 +156,7 @@ class _ChunkBuffers:
         else:
             column[first:first + n] = -1 if counts is None else counts
             column[first + n:end] = -1
-        if isinstance(items, _SizesColumn):
+        if isinstance(items, SizesColumn):
             self.inner[name].append(items.ndims)
             self.items[name].append(items.dims)
         elif items is not None:
@@ -169,9 +173,9 @@ class _ChunkBuffers:
 
     # -- the Arrow chunk
 
-    def build(self, strings: dict[str, _Strings], group_desc: dict[str, str],
-              identity: NodeIdentity | None, vocabularies: Mapping[str, _Shapes | _StringLists] | None = None
-              ) -> pa.Table:
+    def build(self, strings: dict[str, SetStrings], group_desc: dict[str, str],
+              identity: NodeIdentity | None,
+              vocabularies: Mapping[str, SetShapes | SetStringLists] | None = None) -> pa.Table:
         """The chunk as an Arrow table (in the original reader's column order), and empty buffers for the next."""
         total = self.rows
         values = {name: column[:total] for name, column in self.values.items()}
@@ -195,7 +199,7 @@ class _ChunkBuffers:
                 cols[name] = strings[name].array(values[name], True)
         for name in self.ints:
             arr = pa.array(values[name], pa.int64(), mask=~valid[name])
-            if name in _TIME_COLUMNS:
+            if name in TIME_COLUMNS:
                 arr = arr.cast(pa.timestamp("ns", tz="UTC"))
             if name in self.wanted:
                 cols[name] = arr
@@ -214,7 +218,7 @@ class _ChunkBuffers:
         return pa.table(cols)
 
     @staticmethod
-    def _status_descs(descs: np.ndarray, names: np.ndarray, strings: dict[str, _Strings],
+    def _status_descs(descs: np.ndarray, names: np.ndarray, strings: dict[str, SetStrings],
                       group_desc: dict[str, str]) -> None:
         """Rows without a desc take their group's, where the name is known."""
         desc_of_name = {strings["pg_name"].lookup[name]: strings["pg_desc"].lookup[desc]
@@ -222,7 +226,8 @@ class _ChunkBuffers:
         for row in np.nonzero((descs < 0) & (names >= 0))[0].tolist():
             descs[row] = desc_of_name.get(int(names[row]), -1)
 
-    def _list_array(self, name: str, counts: np.ndarray, strings: dict[str, _Strings]) -> pa.Array:
+    def _list_array(self, name: str, counts: np.ndarray,
+                    strings: dict[str, SetStrings]) -> pa.Array:
         items = self.items[name]
         if name in self.inner:
             ndims = _joined(self.inner[name], np.int32)
@@ -232,7 +237,7 @@ class _ChunkBuffers:
             values = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(dims, pa.int64()))
         else:
             values = strings[name].array(_joined(items, np.int32), True)
-        return _list_from_counts(counts, values)
+        return list_from_counts(counts, values)
 
 
 def _fill() -> ModuleType:

@@ -14,14 +14,14 @@ import numpy as np
 
 from faultlens.collectors.artifacts import fr_fastpickle as fast
 from faultlens.collectors.artifacts.flight_recorder.model import (
-    _STRING_FIELDS,
-    _Decline,
-    _Dump,
-    _ListColumn,
-    _SizesColumn,
-    _StrColumn,
+    STRING_FIELDS,
+    Dump,
+    FastPathDeclined,
+    ListColumn,
+    SizesColumn,
+    StrColumn,
 )
-from faultlens.collectors.artifacts.flight_recorder.values import _as_int, _check_top, _header
+from faultlens.collectors.artifacts.flight_recorder.values import as_int, check_top, dump_header
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class _Decoder:
     def value(self, node: int, depth: int = 0) -> Any:
         self.left -= 1
         if depth > self.max_depth or self.left < 0:
-            raise _Decline("nesting or expansion beyond the limits")
+            raise FastPathDeclined("nesting or expansion beyond the limits")
         k = int(self.kind[node])
         if k == fast.K_NONE:
             return None
@@ -112,14 +112,14 @@ class _Decoder:
             out[key] = self.value(value_node) if key != "entries" else []
         return out
 
-    def strings(self, nodes: np.ndarray, workspace: fast.Workspace) -> _StrColumn:
+    def strings(self, nodes: np.ndarray, workspace: fast.Workspace) -> StrColumn:
         return self.interned(*workspace.intern(nodes))
 
-    def interned(self, codes: np.ndarray, distinct: np.ndarray) -> _StrColumn:
+    def interned(self, codes: np.ndarray, distinct: np.ndarray) -> StrColumn:
         """A string column from its codes and distinct nodes (fr_fastpickle.intern)."""
         texts = [self.text(node) for node in distinct.tolist()]
         if len(set(texts)) == len(texts):
-            return _StrColumn(codes, texts)
+            return StrColumn(codes, texts)
         # the same text in several (unmemoized) string nodes: one code per text
         lookup: dict[str, int] = {}
         values: list[str] = []
@@ -133,7 +133,7 @@ class _Decoder:
         out = np.full(codes.shape[0], -1, np.int32)
         present = codes >= 0
         out[present] = remap[codes[present]]
-        return _StrColumn(out, values)
+        return StrColumn(out, values)
 
 
 _local = threading.local()
@@ -163,7 +163,8 @@ def _workspace() -> fast.Workspace:
     return ws
 
 
-def _dump_fast(buf: np.ndarray, path: Path, max_frames: int, limits: DumpLimits | None = None) -> _Dump | None:
+def dump_fast(buf: np.ndarray, path: Path, max_frames: int,
+              limits: DumpLimits | None = None) -> Dump | None:
     """Columns straight from the pickle bytes, or None when the scanner declines (then the restricted
     unpickler decides: it is the reference, and gives the error message of a bad file)."""
     limits = limits or default_limits()
@@ -180,7 +181,8 @@ def _dump_fast(buf: np.ndarray, path: Path, max_frames: int, limits: DumpLimits 
         workspace.release()
 
 
-def _frame_column(decoder: _Decoder, workspace: fast.Workspace, frames: tuple, counts: np.ndarray) -> _ListColumn:
+def _frame_column(decoder: _Decoder, workspace: fast.Workspace, frames: tuple,
+                  counts: np.ndarray) -> ListColumn:
     """The frames of every entry as codes into one text per distinct (name, file, line)."""
     name_nodes, file_nodes, lines = frames
     names = decoder.strings(name_nodes, workspace)
@@ -202,33 +204,34 @@ def _frame_column(decoder: _Decoder, workspace: fast.Workspace, frames: tuple, c
         name = names.values[name_code] if name_code >= 0 else None
         file = files.values[file_code] if file_code >= 0 else None
         texts.append(f"{name} ({file}:{line if line >= 0 else None})")
-    return _ListColumn(counts, inverse.reshape(-1).astype(np.int32), texts)
+    return ListColumn(counts, inverse.reshape(-1).astype(np.int32), texts)
 
 
 def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, path: Path,
-                    max_frames: int, limits: DumpLimits | None = None) -> _Dump | None:
+                    max_frames: int, limits: DumpLimits | None = None) -> Dump | None:
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
     (ints, valid, _strs, flags), counts, sizes, _dtypes, frames, small, (codes, distinct), groups = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links, limits)
-    top = _check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
+    top = check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
     int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
-    strings = {name: decoder.interned(codes[i], distinct[i]) for i, name in enumerate(_STRING_FIELDS)}
+    strings = {name: decoder.interned(codes[i], distinct[i])
+               for i, name in enumerate(STRING_FIELDS)}
     dtype_columns = {}
     for i, key in enumerate(("input_dtypes", "output_dtypes")):
         column = decoder.interned(codes[4 + i], distinct[4 + i])
-        dtype_columns[key] = _ListColumn(counts[2 + i], column.codes, column.values)
+        dtype_columns[key] = ListColumn(counts[2 + i], column.codes, column.values)
     frame_column = _frame_column(decoder, workspace, frames, counts[4]) if max_frames > 0 else None
-    dump = _Dump(
-        path=path, fmt="pickle", rank=-1, n=int(ints.shape[1]), **_header(top),
+    dump = Dump(
+        path=path, fmt="pickle", rank=-1, n=int(ints.shape[1]), **dump_header(top),
         ints=int_columns, pg_id=(ints[slot["pg_id"]], valid[slot["pg_id"]]), is_p2p=flags[0], retired=flags[1],
         strings=strings,
-        sizes={"input_sizes": _SizesColumn(counts[0], sizes[0], sizes[1]),
-               "output_sizes": _SizesColumn(counts[1], sizes[2], sizes[3])},
+        sizes={"input_sizes": SizesColumn(counts[0], sizes[0], sizes[1]),
+               "output_sizes": SizesColumn(counts[1], sizes[2], sizes[3])},
         dtypes=dtype_columns, frames=frame_column, pg_groups=groups,
     )
-    dump.rank = -1 if top.get("rank") is None else _as_int(top.get("rank"), "rank")
+    dump.rank = -1 if top.get("rank") is None else as_int(top.get("rank"), "rank")
     return dump

@@ -1,5 +1,5 @@
 """Dump files: which files of a directory are dumps, the rank a file name gives, and one file (or bytes) loaded
-into a _Dump through the right parser, or a DumpFileError naming it (whatever it holds)."""
+into a Dump through the right parser, or a DumpFileError naming it (whatever it holds)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,19 @@ from pathlib import Path
 
 import numpy as np
 
-from faultlens.collectors.artifacts.flight_recorder.fastpath import _dump_fast
+from faultlens.collectors.artifacts.flight_recorder.fastpath import dump_fast
 from faultlens.collectors.artifacts.flight_recorder.model import (
     DEFAULT_MAX_FRAMES,
     JSON_SUFFIXES,
     PICKLE_SUFFIXES,
+    Dump,
     DumpDirError,
     DumpFileError,
-    _Dump,
-    _DumpFormatError,
+    DumpFormatError,
 )
-from faultlens.collectors.artifacts.flight_recorder.objects import _dump_from_object
+from faultlens.collectors.artifacts.flight_recorder.objects import dump_from_object
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
-from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, _has_surrogate, safe_loads
+from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, has_surrogate, safe_loads
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ def _looks_like_json(head: bytes) -> bool:
     return stripped[:1] in (b"{", b"[")
 
 
-def _load_file(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits | None = None) -> _Dump:
+def load_file(path: Path, max_frames: int, fast_path: bool,
+              limits: DumpLimits | None = None) -> Dump:
     """One dump, or DumpFileError naming the file: whatever the file holds, no other exception leaves here."""
     limits = limits or default_limits()
     try:
@@ -131,7 +132,7 @@ def _read_bytes(path: Path, count: int) -> np.ndarray:
     return buf[:got]
 
 
-def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
+def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> Dump:
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):  # opening a FIFO blocks, reading a device never ends
@@ -158,7 +159,7 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
 
 
 def load_dump_bytes(data: bytes, name: str = "rank_0.pkl", *, fast_path: bool = False,
-                    max_frames: int = DEFAULT_MAX_FRAMES, limits: DumpLimits | None = None) -> _Dump:
+                    max_frames: int = DEFAULT_MAX_FRAMES, limits: DumpLimits | None = None) -> Dump:
     """One dump from bytes, as the reader would read a file called `name` (tests and the fuzz bench compare the
     two pickle paths with it). Raises DumpFileError naming `name`, and nothing else."""
     limits = limits or default_limits()
@@ -180,30 +181,31 @@ def load_dump_bytes(data: bytes, name: str = "rank_0.pkl", *, fast_path: bool = 
         raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
-def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> _Dump:
+def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> Dump:
     try:
         obj = json.loads(buf.tobytes())
     except RecursionError:
         raise DumpFileError(path, "not a usable JSON dump: nested deeper than the parser's limit") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise DumpFileError(path, f"not valid JSON (truncated or corrupt?): {str(exc)[:200]}") from None
-    if _JSON_SURROGATE.search(buf.tobytes()) and _has_surrogate(obj):
+    if _JSON_SURROGATE.search(buf.tobytes()) and has_surrogate(obj):
         raise DumpFileError(path, "not a usable JSON dump: a string holds a lone surrogate (\\ud800-\\udfff)")
-    return _dump_from_object(obj, path, "json", 0, limits, int(buf.shape[0]))
+    return dump_from_object(obj, path, "json", 0, limits, int(buf.shape[0]))
 
 
-def _pickle_dump(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
-    dump = _dump_fast(buf, path, max_frames, limits) if fast_path else None
+def _pickle_dump(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool,
+                 limits: DumpLimits) -> Dump:
+    dump = dump_fast(buf, path, max_frames, limits) if fast_path else None
     if dump is None:
         try:
             obj = safe_loads(buf.tobytes(), source=str(path), limits=limits)
         except PickleLoadError as exc:
             raise DumpFileError(path, str(exc).removeprefix(f"{path}: ")) from None
-        dump = _dump_from_object(obj, path, "pickle", max_frames, limits, int(buf.shape[0]))
+        dump = dump_from_object(obj, path, "pickle", max_frames, limits, int(buf.shape[0]))
     return dump
 
 
-def _settle_rank(dump: _Dump, path: Path, limits: DumpLimits) -> None:
+def _settle_rank(dump: Dump, path: Path, limits: DumpLimits) -> None:
     """World size and rank within a real job's; a dump without a rank takes the file name's."""
     world = limits.max_world_size
     if dump.world_size is not None and not 0 <= dump.world_size <= world:
@@ -221,13 +223,14 @@ def _settle_rank(dump: _Dump, path: Path, limits: DumpLimits) -> None:
         dump.rank = from_name
 
 
-def _load_buffer(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> _Dump:
+def _load_buffer(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool,
+                 limits: DumpLimits) -> Dump:
     try:
         if _looks_like_json(buf[:64].tobytes()):
             dump = _json_dump(buf, path, limits)
         else:
             dump = _pickle_dump(buf, path, max_frames, fast_path, limits)
-    except _DumpFormatError as exc:
+    except DumpFormatError as exc:
         raise DumpFileError(path, str(exc)) from None
     _settle_rank(dump, path, limits)
     return dump

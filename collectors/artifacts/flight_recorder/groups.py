@@ -8,8 +8,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from faultlens.collectors.artifacts.flight_recorder.model import _Dump, _DumpFormatError
-from faultlens.collectors.artifacts.flight_recorder.values import _as_int
+from faultlens.collectors.artifacts.flight_recorder.model import Dump, DumpFormatError
+from faultlens.collectors.artifacts.flight_recorder.values import as_int
 from faultlens.collectors.artifacts.fr_limits import default_limits
 
 _RANKS_CACHE: dict[tuple[str, int], tuple[int, ...] | None] = {}
@@ -48,8 +48,9 @@ def parse_ranks(text: Any, max_world_size: int | None = None) -> tuple[int, ...]
     return ranks
 
 
-def _config_ranks(pg_config: Mapping[str, Any], name: str | None,
-                  max_world_size: int | None = None) -> tuple[int, ...] | None:
+def config_ranks(pg_config: Mapping[str, Any], name: str | None,
+                 max_world_size: int | None = None) -> tuple[int, ...] | None:
+    """The ranks pg_config gives the group `name` (parse_ranks), None where it gives none."""
     if name is None or not name:
         return None
     entry = pg_config.get(name)
@@ -58,17 +59,19 @@ def _config_ranks(pg_config: Mapping[str, Any], name: str | None,
     return parse_ranks(entry.get("ranks"), max_world_size)
 
 
-def _status_value(status: Mapping[str, Any], pg_id: str, key: str) -> int | None:
+def status_value(status: Mapping[str, Any], pg_id: str, key: str) -> int | None:
+    """One pg_status counter of the group `pg_id`, None where it is missing or not an integer."""
     group = status.get(pg_id)
     if not isinstance(group, Mapping):
         return None
     try:
-        return _as_int(group.get(key), key)
-    except _DumpFormatError:
+        return as_int(group.get(key), key)
+    except DumpFormatError:
         return None
 
 
-def _comm_lib(dump: _Dump) -> str | None:
+def comm_lib_of(dump: Dump) -> str | None:
+    """The communication library of a dump: its ops' prefix, else what its version field implies."""
     ops = dump.strings["op"].values
     for prefix in ("nccl", "gloo", "ucc", "mpi", "xccl"):
         if any(op.startswith(prefix + ":") for op in ops):

@@ -1,5 +1,6 @@
-"""The reader's model: the table it fills, its errors, what a set gives back (DumpSet) and one dump as columns
-(_Dump), which both parsers (objects.py, fastpath.py) produce and the assembly (assembly.py) consumes."""
+"""The reader's model: the table it fills, its errors, what a set gives back (DumpSet) and one dump
+as columns (Dump), which both parsers (objects.py, fastpath.py) produce and the assembly
+(assembly.py) consumes."""
 
 from __future__ import annotations
 
@@ -21,19 +22,19 @@ DEFAULT_MAX_FRAMES = 16
 CHUNK_ROWS = 1 << 20  # rows per Arrow chunk while reading (bounds the per-dump pieces held at once)
 PICKLE_SUFFIXES = (".pkl", ".pickle")
 JSON_SUFFIXES = (".json",)
-_INT_COLUMNS = {
+INT_COLUMNS = {
     "record_id": "record_id",
     "collective_seq_id": "collective_seq_id",
     "p2p_seq_id": "p2p_seq_id",
     "op_id": "op_id",
     "timeout_ms": "timeout_ms",
 }
-_TIME_COLUMNS = {
+TIME_COLUMNS = {
     "time_created": "time_created_ns",
     "time_started": "time_discovered_started_ns",
     "time_completed": "time_discovered_completed_ns",
 }
-_STRING_FIELDS = ("op", "state", "pg_name", "pg_desc")
+STRING_FIELDS = ("op", "state", "pg_name", "pg_desc")
 
 
 class DumpFileError(ValueError, FaultlensError):
@@ -49,11 +50,12 @@ class DumpDirError(ValueError, FaultlensError):
     """A dump directory as a whole cannot be read (missing, not a directory, no dumps in it)."""
 
 
-class _DumpFormatError(ValueError, FaultlensError):
-    pass
+class DumpFormatError(ValueError, FaultlensError):
+    """What is wrong with a dump's content, raised by the parsers and the checks (values.py); the
+    file loader (files.py) turns it into a DumpFileError naming the file."""
 
 
-class _Decline(FaultlensError):
+class FastPathDeclined(FaultlensError):
     """The fast path leaves this dump to the reference path (which loads it or says why not)."""
 
 
@@ -75,27 +77,35 @@ class DumpSet:
 
 
 @dataclass
-class _StrColumn:
+class StrColumn:
+    """A string field of every entry of one dump: codes into the dump's own values."""
+
     codes: np.ndarray  # int32, -1 = null
     values: list[str]
 
 
 @dataclass
-class _ListColumn:
+class ListColumn:
+    """A list field of every entry of one dump (dtypes, frames): a count per entry and the items."""
+
     counts: np.ndarray  # int64 per entry, -1 = null
     items: np.ndarray  # int64 per item (ints) or int32 codes into `values` (strings)
     values: list[str] | None = None
 
 
 @dataclass
-class _SizesColumn:
+class SizesColumn:
+    """A list-of-shapes field of every entry of one dump (input_sizes, output_sizes)."""
+
     counts: np.ndarray  # tensors per entry, -1 = null
     ndims: np.ndarray  # dims per tensor
     dims: np.ndarray  # all dims
 
 
 @dataclass
-class _Dump:
+class Dump:
+    """One dump file as columns: what either parser gives and the assembly writes into a chunk."""
+
     path: Path
     fmt: str
     rank: int
@@ -110,10 +120,10 @@ class _Dump:
     pg_id: tuple[np.ndarray, np.ndarray]
     is_p2p: np.ndarray  # int8, -1 null
     retired: np.ndarray
-    strings: dict[str, _StrColumn]
-    sizes: dict[str, _SizesColumn]
-    dtypes: dict[str, _ListColumn]
-    frames: _ListColumn | None
+    strings: dict[str, StrColumn]
+    sizes: dict[str, SizesColumn]
+    dtypes: dict[str, ListColumn]
+    frames: ListColumn | None
     mtime_ns: int = 0
     # pg_id's distinct values, the first entry of each and each entry's index into them, when the parser has them
     pg_groups: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None

@@ -11,20 +11,27 @@ from typing import Any
 import numpy as np
 
 from faultlens.collectors.artifacts.flight_recorder.model import (
-    _Dump,
-    _DumpFormatError,
-    _ListColumn,
-    _SizesColumn,
-    _StrColumn,
+    Dump,
+    DumpFormatError,
+    ListColumn,
+    SizesColumn,
+    StrColumn,
 )
-from faultlens.collectors.artifacts.flight_recorder.values import _SCALARS, _as_int, _Budget, _check_top, _header, _text
+from faultlens.collectors.artifacts.flight_recorder.values import (
+    SCALAR_TYPES,
+    ElementBudget,
+    as_int,
+    as_text,
+    check_top,
+    dump_header,
+)
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 
 _INT_KEYS = ("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "timeout_ms", "time_created_ns",
              "time_discovered_started_ns", "time_discovered_completed_ns", "pg_id")
 
 
-def _str_column(values: Sequence[Any], what: str) -> _StrColumn:
+def _str_column(values: Sequence[Any], what: str) -> StrColumn:
     lookup: dict[str, int] = {}
     uniques: list[str] = []
     codes = np.empty(len(values), np.int32)
@@ -33,36 +40,36 @@ def _str_column(values: Sequence[Any], what: str) -> _StrColumn:
             codes[i] = -1
             continue
         if not isinstance(value, str):
-            value = _text(value, what)
+            value = as_text(value, what)
         code = lookup.get(value)
         if code is None:
             code = lookup[value] = len(uniques)
             uniques.append(value)
         codes[i] = code
-    return _StrColumn(codes, uniques)
+    return StrColumn(codes, uniques)
 
 
 def _frame_text(frame: Any) -> str:
     if isinstance(frame, Mapping):
-        name = _text(frame.get("name"), "frame name")
-        filename = _text(frame.get("filename"), "frame filename")
+        name = as_text(frame.get("name"), "frame name")
+        filename = as_text(frame.get("filename"), "frame filename")
         line = frame.get("line")
-        if not isinstance(line, _SCALARS):
-            raise _DumpFormatError(f"frame line: expected an integer, got a {type(line).__name__}")
+        if not isinstance(line, SCALAR_TYPES):
+            raise DumpFormatError(f"frame line: expected an integer, got a {type(line).__name__}")
         return f"{name} ({filename}:{line})"
-    return _text(frame, "frame")
+    return as_text(frame, "frame")
 
 
-def _checked_entries(top: Mapping[str, Any], budget: _Budget, file_bytes: int) -> list[Any]:
+def _checked_entries(top: Mapping[str, Any], budget: ElementBudget, file_bytes: int) -> list[Any]:
     """The entries, within the entry budget, each a dict."""
     entries = top.get("entries") or []
     if len(entries) > budget.entries:
-        raise _DumpFormatError(f"{len(entries)} entries in {file_bytes} bytes: more than {budget.entries} "
-                               "(limit: fr_limits bytes_per_entry)")
+        raise DumpFormatError(f"{len(entries)} entries in {file_bytes} bytes: more than "
+                              f"{budget.entries} (limit: fr_limits bytes_per_entry)")
     budget.take(len(entries))
     for i, entry in enumerate(entries):
         if not isinstance(entry, Mapping):
-            raise _DumpFormatError(f"entry {i} is a {type(entry).__name__}, expected a dict")
+            raise DumpFormatError(f"entry {i} is a {type(entry).__name__}, expected a dict")
     return entries
 
 
@@ -73,7 +80,7 @@ def _int_columns(entries: list[Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]
         values = np.zeros(n, np.int64)
         valid = np.zeros(n, bool)
         for i, entry in enumerate(entries):
-            value = _as_int(entry.get(key), f"entry {i} {key}")
+            value = as_int(entry.get(key), f"entry {i} {key}")
             if value is not None:
                 values[i] = value
                 valid[i] = True
@@ -90,7 +97,7 @@ def _flag(entries: list[Any], key: str) -> np.ndarray:
     return out
 
 
-def _string_columns(entries: list[Any]) -> dict[str, _StrColumn]:
+def _string_columns(entries: list[Any]) -> dict[str, StrColumn]:
     names, descs = [], []
     for i, entry in enumerate(entries):
         group = entry.get("process_group")
@@ -98,10 +105,11 @@ def _string_columns(entries: list[Any]) -> dict[str, _StrColumn]:
             names.append(None)
             descs.append(None)
         elif isinstance(group, (list, tuple)):
-            names.append(_text(group[0], f"entry {i} process_group") if len(group) > 0 else None)
-            descs.append(_text(group[1], f"entry {i} process_group") if len(group) > 1 else None)
+            names.append(as_text(group[0], f"entry {i} process_group") if len(group) > 0 else None)
+            descs.append(as_text(group[1], f"entry {i} process_group") if len(group) > 1 else None)
         else:
-            raise _DumpFormatError(f"entry {i} process_group: expected (name, desc), got {type(group).__name__}")
+            raise DumpFormatError(f"entry {i} process_group: expected (name, desc), got "
+                                  f"{type(group).__name__}")
     return {
         "op": _str_column([e.get("profiling_name") for e in entries], "profiling_name"),
         "state": _str_column([e.get("state") for e in entries], "state"),
@@ -110,7 +118,7 @@ def _string_columns(entries: list[Any]) -> dict[str, _StrColumn]:
     }
 
 
-def _sizes_column(entries: list[Any], key: str, budget: _Budget) -> _SizesColumn:
+def _sizes_column(entries: list[Any], key: str, budget: ElementBudget) -> SizesColumn:
     counts = np.full(len(entries), -1, np.int64)
     ndims: list[int] = []
     dims: list[int] = []
@@ -119,23 +127,23 @@ def _sizes_column(entries: list[Any], key: str, budget: _Budget) -> _SizesColumn
         if value is None:
             continue
         if not isinstance(value, (list, tuple)):
-            raise _DumpFormatError(f"entry {i} {key}: expected a list of shapes")
+            raise DumpFormatError(f"entry {i} {key}: expected a list of shapes")
         counts[i] = len(value)
         budget.take(len(value))
         for shape in value:
             if not isinstance(shape, (list, tuple)):
-                raise _DumpFormatError(f"entry {i} {key}: expected a list of shapes")
+                raise DumpFormatError(f"entry {i} {key}: expected a list of shapes")
             budget.take(len(shape))
             ndims.append(len(shape))
             for d in shape:
-                dim = _as_int(d, f"entry {i} {key}")
+                dim = as_int(d, f"entry {i} {key}")
                 if dim is None:
-                    raise _DumpFormatError(f"entry {i} {key}: a dimension is None")
+                    raise DumpFormatError(f"entry {i} {key}: a dimension is None")
                 dims.append(dim)
-    return _SizesColumn(counts, np.asarray(ndims, np.int64), np.asarray(dims, np.int64))
+    return SizesColumn(counts, np.asarray(ndims, np.int64), np.asarray(dims, np.int64))
 
 
-def _dtypes_column(entries: list[Any], key: str, budget: _Budget) -> _ListColumn:
+def _dtypes_column(entries: list[Any], key: str, budget: ElementBudget) -> ListColumn:
     counts = np.full(len(entries), -1, np.int64)
     flat: list[Any] = []
     for i, entry in enumerate(entries):
@@ -143,15 +151,15 @@ def _dtypes_column(entries: list[Any], key: str, budget: _Budget) -> _ListColumn
         if value is None:
             continue
         if not isinstance(value, (list, tuple)):
-            raise _DumpFormatError(f"entry {i} {key}: expected a list of dtype names")
+            raise DumpFormatError(f"entry {i} {key}: expected a list of dtype names")
         counts[i] = len(value)
         budget.take(len(value))
         flat.extend(value)
     column = _str_column(flat, key)
-    return _ListColumn(counts, column.codes, column.values)
+    return ListColumn(counts, column.codes, column.values)
 
 
-def _frames_column(entries: list[Any], max_frames: int, budget: _Budget) -> _ListColumn:
+def _frames_column(entries: list[Any], max_frames: int, budget: ElementBudget) -> ListColumn:
     counts = np.full(len(entries), -1, np.int64)
     flat: list[str] = []
     for i, entry in enumerate(entries):
@@ -159,21 +167,21 @@ def _frames_column(entries: list[Any], max_frames: int, budget: _Budget) -> _Lis
         if value is None:
             continue
         if not isinstance(value, (list, tuple)):
-            raise _DumpFormatError(f"entry {i} frames: expected a list")
+            raise DumpFormatError(f"entry {i} frames: expected a list")
         kept = value[:max_frames]
         counts[i] = len(kept)
         budget.take(len(kept))
         flat.extend(_frame_text(f) for f in kept)
     column = _str_column(flat, "frames")
-    return _ListColumn(counts, column.codes, column.values)
+    return ListColumn(counts, column.codes, column.values)
 
 
-def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int, limits: DumpLimits | None = None,
-                      file_bytes: int = 0) -> _Dump:
+def dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int,
+                     limits: DumpLimits | None = None, file_bytes: int = 0) -> Dump:
     """Columns of a dump loaded as Python objects (JSON, or a pickle the fast scanner handed over). This is the
     reference: the fast scanner reads a file only where it gives exactly this."""
-    budget = _Budget(limits or default_limits(), file_bytes)
-    top = _check_top(obj)
+    budget = ElementBudget(limits or default_limits(), file_bytes)
+    top = check_top(obj)
     entries = _checked_entries(top, budget, file_bytes)
     ints = _int_columns(entries)
     pg_id = ints.pop("pg_id")
@@ -181,9 +189,9 @@ def _dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int, limits: D
     sizes = {key: _sizes_column(entries, key, budget) for key in ("input_sizes", "output_sizes")}
     dtypes = {key: _dtypes_column(entries, key, budget) for key in ("input_dtypes", "output_dtypes")}
     frames = _frames_column(entries, max_frames, budget) if max_frames > 0 else None
-    rank = _as_int(top.get("rank"), "rank")
-    return _Dump(
-        path=path, fmt=fmt, rank=-1 if rank is None else rank, n=len(entries), **_header(top),
+    rank = as_int(top.get("rank"), "rank")
+    return Dump(
+        path=path, fmt=fmt, rank=-1 if rank is None else rank, n=len(entries), **dump_header(top),
         ints=ints, pg_id=pg_id, is_p2p=_flag(entries, "is_p2p"), retired=_flag(entries, "retired"),
         strings=strings, sizes=sizes, dtypes=dtypes, frames=frames,
     )

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
-from faultlens.collectors.artifacts.flight_recorder.files import _load_file, file_size
-from faultlens.collectors.artifacts.flight_recorder.model import CHUNK_ROWS, DumpFileError, _Dump
+from faultlens.collectors.artifacts.flight_recorder.assembly import Assembly
+from faultlens.collectors.artifacts.flight_recorder.files import file_size, load_file
+from faultlens.collectors.artifacts.flight_recorder.model import CHUNK_ROWS, Dump, DumpFileError
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 from faultlens.collectors.sources.source import NodeIdentity
 
@@ -26,27 +26,27 @@ PARSE_AHEAD_BYTES = 64 << 20  # dump bytes parsed ahead of the assembly (their c
 
 
 @dataclass
-class _Part:
+class ReaderPart:
     """What one reader (a process, or the caller) assembled from a contiguous range of files."""
 
-    assembly: _Assembly
+    assembly: Assembly
     errors: list[tuple[str, str]]
     seen: list[tuple[int, str]]
     skipped: list[str]
 
 
 def _loader(twins: dict[Path, Path], max_frames: int, fast_path: bool,
-            limits: DumpLimits) -> Callable[[Path], _Dump | DumpFileError]:
+            limits: DumpLimits) -> Callable[[Path], Dump | DumpFileError]:
     """One file -> its dump, else its JSON twin's, else the file's error."""
 
-    def load(path: Path) -> _Dump | DumpFileError:
+    def load(path: Path) -> Dump | DumpFileError:
         try:
-            return _load_file(path, max_frames, fast_path, limits)
+            return load_file(path, max_frames, fast_path, limits)
         except DumpFileError as exc:
             twin = twins.get(path)
             if twin is not None:
                 try:
-                    return _load_file(twin, max_frames, fast_path, limits)
+                    return load_file(twin, max_frames, fast_path, limits)
                 except DumpFileError:
                     pass
             return exc
@@ -54,8 +54,8 @@ def _loader(twins: dict[Path, Path], max_frames: int, fast_path: bool,
     return load
 
 
-def _loaded(primary: list[Path], load: Callable[[Path], _Dump | DumpFileError],
-            workers: int) -> Iterator[_Dump | DumpFileError]:
+def _loaded(primary: list[Path], load: Callable[[Path], Dump | DumpFileError],
+            workers: int) -> Iterator[Dump | DumpFileError]:
     """Dumps in file order, parsed ahead by `workers` threads (parsing releases the GIL). The window ahead is
     bounded by the files' bytes (PARSE_AHEAD_BYTES), not a count: wide enough that the threads go on parsing
     while the caller builds an Arrow chunk (a quarter of a second per million rows, during which a window of a
@@ -63,7 +63,7 @@ def _loaded(primary: list[Path], load: Callable[[Path], _Dump | DumpFileError],
     if workers <= 1 or len(primary) <= 1:
         yield from map(load, primary)
         return
-    pending: deque[tuple[Future[_Dump | DumpFileError], int]] = deque()
+    pending: deque[tuple[Future[Dump | DumpFileError], int]] = deque()
     held = 0
     next_index = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -79,7 +79,8 @@ def _loaded(primary: list[Path], load: Callable[[Path], _Dump | DumpFileError],
             yield future.result()
 
 
-def _take(part: _Part, result: _Dump | DumpFileError, seen_ranks: dict[int, str], dir_name: str) -> None:
+def _take(part: ReaderPart, result: Dump | DumpFileError, seen_ranks: dict[int, str],
+          dir_name: str) -> None:
     """One loaded dump (or error) into the part: a rank's first dump is assembled, a second one is an error."""
     if isinstance(result, DumpFileError):
         part.errors.append((result.path, result.problem))
@@ -103,13 +104,16 @@ def _take(part: _Part, result: _Dump | DumpFileError, seen_ranks: dict[int, str]
 ChunkCallback = Callable[[int, pa.Table, float], None]  # (first row in the set, chunk, share of the files read)
 
 
-def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool, max_frames: int,
-               fast_path: bool, workers: int, dir_name: str, identity: NodeIdentity | None,
-               limits: DumpLimits | None = None, on_chunk: ChunkCallback | None = None) -> _Part:
+def read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool,
+              max_frames: int, fast_path: bool, workers: int, dir_name: str,
+              identity: NodeIdentity | None, limits: DumpLimits | None = None,
+              on_chunk: ChunkCallback | None = None) -> ReaderPart:
+    """The files `primary` (their JSON twins the fallback) loaded by `workers` threads and assembled
+    into one part, its chunks handed to `on_chunk` as they are built."""
     limits = limits or default_limits()
-    assembly = _Assembly(columns=wanted, dictionary=dictionary, max_world_size=limits.max_world_size,
-                         compiled=fast_path)
-    part = _Part(assembly, [], [], [])
+    assembly = Assembly(columns=wanted, dictionary=dictionary, max_world_size=limits.max_world_size,
+                        compiled=fast_path)
+    part = ReaderPart(assembly, [], [], [])
     seen_ranks: dict[int, str] = {}
     for done, result in enumerate(_loaded(primary, _loader(twins, max_frames, fast_path, limits), workers), 1):
         _take(part, result, seen_ranks, dir_name)
@@ -119,7 +123,7 @@ def _read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], d
     return part
 
 
-def _flush(assembly: _Assembly, identity: NodeIdentity | None, on_chunk: ChunkCallback | None,
+def _flush(assembly: Assembly, identity: NodeIdentity | None, on_chunk: ChunkCallback | None,
            share: float) -> ChunkCallback | None:
     """The rows so far built into a chunk, handed to on_chunk (its first row in the set, the chunk, the share of
     the files read) as it is made; a callback that fails is logged and not called again (the read goes on)."""
@@ -136,9 +140,9 @@ def _flush(assembly: _Assembly, identity: NodeIdentity | None, on_chunk: ChunkCa
     return on_chunk
 
 
-def _read_part_in_process(args: tuple) -> _Part:
+def read_part_in_process(args: tuple) -> ReaderPart:
     """Process-pool entry: the part, with its chunks' dictionaries made final so the caller can read them."""
-    part = _read_part(*args)
+    part = read_part(*args)
     assembly = part.assembly
     assembly.chunks = [
         pa.table({name: assembly.final_dictionary(name, chunk.column(name).chunk(0), keep=True)
@@ -147,7 +151,7 @@ def _read_part_in_process(args: tuple) -> _Part:
     return part
 
 
-def _merge_membership(merged: _Assembly, other: _Assembly, offset: int) -> None:
+def _merge_membership(merged: Assembly, other: Assembly, offset: int) -> None:
     """A part's membership evidence into the merged assembly, its row numbers offset."""
     for name, members in other.group_members.items():
         merged.group_members.setdefault(name, set()).update(members)
@@ -166,10 +170,10 @@ def _merge_membership(merged: _Assembly, other: _Assembly, offset: int) -> None:
             merged.row_group[offset + row] = key[0]
 
 
-def _merge_parts(parts: list[_Part], wanted: set[str], dictionary: bool) -> _Assembly:
+def merge_parts(parts: list[ReaderPart], wanted: set[str], dictionary: bool) -> Assembly:
     """One assembly from parts read by separate processes: dictionary indices remapped to set-wide codes, row
     numbers offset, membership evidence merged."""
-    merged = _Assembly(columns=wanted, dictionary=dictionary)
+    merged = Assembly(columns=wanted, dictionary=dictionary)
     for part in parts:
         other = part.assembly
         offset = merged.rows
@@ -184,7 +188,7 @@ def _merge_parts(parts: list[_Part], wanted: set[str], dictionary: bool) -> _Ass
     return merged
 
 
-def merged_name(assembly: _Assembly, row: int) -> str:
+def merged_name(assembly: Assembly, row: int) -> str:
     return assembly.row_group.get(row, "")
 
 

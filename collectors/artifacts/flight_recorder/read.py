@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from faultlens.collectors.artifacts.flight_recorder.assembly import _Assembly
-from faultlens.collectors.artifacts.flight_recorder.files import _load_file, file_size, find_dump_files
+from faultlens.collectors.artifacts.flight_recorder.assembly import Assembly
+from faultlens.collectors.artifacts.flight_recorder.files import (
+    file_size,
+    find_dump_files,
+    load_file,
+)
 from faultlens.collectors.artifacts.flight_recorder.model import (
     DEFAULT_MAX_FRAMES,
     JSON_SUFFIXES,
@@ -26,10 +30,10 @@ from faultlens.collectors.artifacts.flight_recorder.model import (
 )
 from faultlens.collectors.artifacts.flight_recorder.parts import (
     ChunkCallback,
-    _merge_parts,
-    _Part,
-    _read_part,
-    _read_part_in_process,
+    ReaderPart,
+    merge_parts,
+    read_part,
+    read_part_in_process,
 )
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 from faultlens.collectors.sources.source import NodeIdentity
@@ -80,7 +84,7 @@ def _primary_and_twins(files: list[Path]) -> tuple[list[Path], dict[Path, Path]]
 
 def _read_in_processes(primary: list[Path], twins: dict[Path, Path], wanted: set[str], max_frames: int,
                        fast_path: bool, workers: int, processes: int, dir_name: str, identity: NodeIdentity | None,
-                       limits: DumpLimits) -> list[_Part] | None:
+                       limits: DumpLimits) -> list[ReaderPart] | None:
     """The files split over `processes` spawned processes; None when one rank turned up in two ranges (two names
     for one rank), which only a single reader resolves (it keeps the first)."""
     import multiprocessing
@@ -91,14 +95,14 @@ def _read_in_processes(primary: list[Path], twins: dict[Path, Path], wanted: set
     args = [(paths, {p: twins[p] for p in paths if p in twins}, wanted, True, max_frames, fast_path,
              max(1, workers // processes), dir_name, identity, limits) for paths in ranges]
     with ProcessPoolExecutor(max_workers=len(ranges), mp_context=multiprocessing.get_context("spawn")) as pool:
-        parts = list(pool.map(_read_part_in_process, args))
+        parts = list(pool.map(read_part_in_process, args))
     seen_all = [rank for part in parts for rank, _ in part.seen]
     return parts if len(seen_all) == len(set(seen_all)) else None
 
 
-def _dump_set(parts: list[_Part], assembly: _Assembly, primary: list[Path], twins: dict[Path, Path],
-              wanted: set[str], columns: Iterable[str] | None, dictionary: bool, identity: NodeIdentity | None,
-              started: float) -> DumpSet:
+def _dump_set(parts: list[ReaderPart], assembly: Assembly, primary: list[Path],
+              twins: dict[Path, Path], wanted: set[str], columns: Iterable[str] | None,
+              dictionary: bool, identity: NodeIdentity | None, started: float) -> DumpSet:
     errors = [DumpFileError(path, problem) for part in parts for path, problem in part.errors]
     skipped = [str(twins[p]) for p in primary if p in twins] + [s for part in parts for s in part.skipped]
     seen = [(rank, path) for part in parts for rank, path in part.seen]
@@ -161,10 +165,10 @@ def read_dump_dir(directory: str | os.PathLike[str], *, identity: NodeIdentity |
             parts = _read_in_processes(primary, twins, wanted, max_frames, fast_path, workers, processes, dir_name,
                                        identity, limits)
         if parts is not None:
-            assembly = _merge_parts(parts, wanted, dictionary)
+            assembly = merge_parts(parts, wanted, dictionary)
         else:
-            parts = [_read_part(primary, twins, wanted, dictionary, max_frames, fast_path, workers, dir_name,
-                                identity, limits, on_chunk)]
+            parts = [read_part(primary, twins, wanted, dictionary, max_frames, fast_path, workers,
+                               dir_name, identity, limits, on_chunk)]
             assembly = parts[0].assembly
         return _dump_set(parts, assembly, primary, twins, wanted, columns, dictionary, identity, started)
 
@@ -173,7 +177,7 @@ def read_dump_file(path: str | os.PathLike[str], *, identity: NodeIdentity | Non
                    max_frames: int = DEFAULT_MAX_FRAMES, limits: DumpLimits | None = None) -> pa.Table:
     """One dump file -> conforming `collectives` rows. Raises DumpFileError naming the file."""
     path = Path(path)
-    dump = _load_file(path, max_frames, True, limits)
-    assembly = _Assembly(columns=set(SCHEMA.names), dictionary=False)
+    dump = load_file(path, max_frames, True, limits)
+    assembly = Assembly(columns=set(SCHEMA.names), dictionary=False)
     assembly.add(dump, f"{path.resolve().parent.name}/{path.name}")
     return validate(TABLE, assembly.table(identity))

@@ -5,11 +5,12 @@ most, repeated on millions of entries. As list<list<int64>> a row costs ~23 byte
 offsets, its dims) and its signature in the hang analysis is hashed row by row; as a dictionary code it costs 4
 bytes, and the analysis hashes each distinct value once. The values are stored once, as the rows of a
 list<list<int64>> array (dictionary()); codes are given in the order values are first seen and never change, so a
-chunk built while the dictionary was shorter stays valid under the final one (as for _Strings).
+chunk built while the dictionary was shorter stays valid under the final one (as for SetStrings).
 
-Entries' values come as the scanner and the unpickler give them (_SizesColumn: tensors per entry, -1 null; dims
-per tensor; all dims). The compiled form (numba, no GIL) serves the sets the fast path reads; the Python form
-(no compile) the small sets the restricted unpickler reads. Both give the same codes.
+Entries' values come as the scanner and the unpickler give them (SizesColumn: tensors per entry, -1
+null; dims per tensor; all dims). The compiled form (numba, no GIL) serves the sets the fast path
+reads; the Python form (no compile) the small sets the restricted unpickler reads. Both give the
+same codes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
-from faultlens.collectors.artifacts.flight_recorder.arrow import _Strings
+from faultlens.collectors.artifacts.flight_recorder.arrow import SetStrings
 
 _EMPTY = -1
 
@@ -136,7 +137,7 @@ def _grown(array: np.ndarray, need: int) -> np.ndarray:
     return out
 
 
-class _Shapes:
+class SetShapes:
     """The set-wide dictionary of input_sizes values."""
 
     def __init__(self) -> None:
@@ -232,7 +233,8 @@ class _Shapes:
         return _coded(codes, self.dictionary())
 
     def remap(self, array: pa.DictionaryArray, compiled: bool = True) -> pa.DictionaryArray:
-        """A dictionary array of another _Shapes (a part read by another process) in this one's codes."""
+        """A dictionary array of another SetShapes (a part read by another process) in this one's
+        codes."""
         values = array.dictionary
         outer = values.offsets.to_numpy()
         inner = values.values
@@ -245,7 +247,7 @@ class _Shapes:
         return self.array(table[indices])
 
 
-def _insert_python(shapes: _Shapes, ndims: np.ndarray, flat: np.ndarray) -> int:
+def _insert_python(shapes: SetShapes, ndims: np.ndarray, flat: np.ndarray) -> int:
     """One new value appended (the Python form: no numba), its hash and slot as the compiled form gives them."""
     h = _hash_python(ndims, flat)
     code, tensors, stored = (int(v) for v in shapes.state)
@@ -280,15 +282,16 @@ def _hash_python(ndims: np.ndarray, flat: np.ndarray) -> int:
     return h
 
 
-class _StringLists:
-    """The set-wide dictionary of input_dtypes values (a list of dtype names per entry: ['Float', 'Float']) for
-    dictionary reads. Each value is stored as a one-shape value of a _Shapes, the shape being its names' set-wide
-    codes (`strings`, the column's _Strings); its Arrow dictionary is a list<string> array (4 bytes a row where
-    list<dictionary<string>> took 8, and the hang analysis hashes each distinct value once)."""
+class SetStringLists:
+    """The set-wide dictionary of input_dtypes values (a list of dtype names per entry: ['Float',
+    'Float']) for dictionary reads. Each value is stored as a one-shape value of a SetShapes, the
+    shape being its names' set-wide codes (`strings`, the column's SetStrings); its Arrow dictionary
+    is a list<string> array (4 bytes a row where list<dictionary<string>> took 8, and the hang
+    analysis hashes each distinct value once)."""
 
-    def __init__(self, strings: _Strings) -> None:
+    def __init__(self, strings: SetStrings) -> None:
         self.strings = strings
-        self.lists = _Shapes()
+        self.lists = SetShapes()
         self._dictionary: pa.Array | None = None
 
     def __len__(self) -> int:
@@ -318,7 +321,8 @@ class _StringLists:
         return _coded(codes, self.dictionary())
 
     def remap(self, array: pa.DictionaryArray, compiled: bool = True) -> pa.DictionaryArray:
-        """A dictionary array of another _StringLists (a part read by another process) in this one's codes."""
+        """A dictionary array of another SetStringLists (a part read by another process) in this
+        one's codes."""
         values = array.dictionary
         offsets = values.offsets.to_numpy()
         flat = values.values.slice(offsets[0], offsets[-1] - offsets[0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from faultlens.controller.lab.simulate.kind_names import KIND_NAMES
 from faultlens.errors import FaultlensError
 
 
@@ -69,12 +70,10 @@ class SimConfig:
         if self.start.tzinfo is None:
             raise ConfigError("start: expected a timestamp with a time zone")
         if self.fault_sequence:
-            from faultlens.controller.lab.simulate.faults import BY_KIND
-
-            unknown = [k for k in self.fault_sequence if k not in BY_KIND]
+            unknown = [k for k in self.fault_sequence if k not in KIND_NAMES]
             if unknown:
                 raise ConfigError(f"fault_sequence: unknown fault kind {unknown[0]!r}; expected one of "
-                                  f"{', '.join(sorted(BY_KIND))}")
+                                  f"{', '.join(sorted(KIND_NAMES))}")
         if self.dump_entries_per_rank < 4:
             raise ConfigError(f"dump_entries_per_rank: expected at least 4, got {self.dump_entries_per_rank}")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from faultlens.collectors.store.schema import rows_to_table
+from faultlens.collectors.store.schema import Role, rows_to_table, tables_with
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.lab.fault_labels import FaultLabel, write_labels
 from faultlens.controller.lab.simulate.cluster import Node, Placement, make_nodes
@@ -33,7 +33,7 @@ from faultlens.controller.lab.simulate.noise import BENIGN_KINDS, inject_benign
 from faultlens.controller.lab.simulate.timing import StepTimer
 from faultlens.controller.lab.simulate.world import NS, Attempt, World
 
-ROW_TABLES = ("ranks", "process_events", "gpu_events", "collectives", "checkpoints")
+ROW_TABLES = tables_with(Role.SIMULATED_ROWS)  # collected as rows, written at the end
 
 
 @dataclass(frozen=True)

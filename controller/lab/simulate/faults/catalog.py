@@ -1,5 +1,6 @@
 """The catalog: the interruption kinds at the Llama 3 mix (FAULTS), the straggler kinds (STRAGGLERS), every
-kind by name (BY_KIND), and a weighted draw."""
+kind by name (BY_KIND), and a weighted draw. The kinds' names are declared below the settings too
+(simulate/kind_names.py, what a fault_sequence may name): the catalog must hold exactly those."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from faultlens.controller.lab.simulate.faults import network as net
 from faultlens.controller.lab.simulate.faults import software as sw
 from faultlens.controller.lab.simulate.faults import stragglers as slow
 from faultlens.controller.lab.simulate.faults.kinds import FaultKind, Mode
+from faultlens.controller.lab.simulate.kind_names import INTERRUPTION_KINDS, STRAGGLER_KINDS
 
 _F, _E, _D = ExpectedAction.FAILOVER, ExpectedAction.ESCALATE, ExpectedAction.DRAIN
 _C, _H, _HE, _S = LabelClass.CRASH, LabelClass.COLLECTIVE_HANG, LabelClass.HEALTH, LabelClass.STRAGGLER
@@ -52,6 +54,11 @@ STRAGGLERS: tuple[FaultKind, ...] = (
 )
 
 BY_KIND: dict[str, FaultKind] = {k.kind: k for k in FAULTS + STRAGGLERS}
+
+if (tuple(k.kind for k in FAULTS) != INTERRUPTION_KINDS
+        or tuple(k.kind for k in STRAGGLERS) != STRAGGLER_KINDS):
+    raise RuntimeError("the fault catalog's kinds differ from those declared in "
+                       "controller/lab/simulate/kind_names.py: a fault_sequence is checked there")
 
 
 def draw(kinds: tuple[FaultKind, ...], rng: np.random.Generator) -> FaultKind:
