@@ -1,10 +1,11 @@
 """The decision contract: what the job controller should do about one incident.
 
-One decision per incident (its id is derived from the incident id), as a frozen dataclass and as a versioned JSON
-document ("schema": "faultlens.decision/1", docs/design.md "Decision contract") validated by the pydantic model
-DecisionDocument; DECISION_JSON_SCHEMA publishes the same contract as a JSON Schema.
-The row form is the `decisions` table of collectors/store/schema.py; the table is append-only: a later row with the same
-decision_id and hook records a delivery status, the latest row per (decision_id, hook) wins.
+One decision per incident (its id is derived from the incident id), as a frozen dataclass and as a
+versioned JSON document ("schema": "faultlens.decision/1", docs/design.md "Decision contract")
+validated by the pydantic model DecisionDocument; DECISION_JSON_SCHEMA publishes the same contract
+as a JSON Schema. The row form is the `decisions` table of collectors/store/schema.py; the table is
+append-only: a later row with the same decision_id and hook records a delivery status, the latest
+row per (decision_id, hook) wins.
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ SCHEMA_ID = "faultlens.decision/1"
 
 
 class DecisionError(ValueError, FaultlensError):
-    """A decision document does not fit the contract: the message names the place and what was expected."""
+    """A decision document does not fit the contract: the message names the place and what was
+    expected.
+    """
 
 
 class Action(StrEnum):
     FAILOVER = "failover"  # exclude the culprit node(s), restart from the chosen checkpoint
     ESCALATE = "escalate"  # stop and hand it to a human
-    NOTIFY = "notify"  # tell a human; the job keeps running (slowdowns: a running job is never stopped for one)
+    # tell a human; the job keeps running (slowdowns: a running job is never stopped for one)
+    NOTIFY = "notify"
     DRAIN = "drain"  # proactive: take the node out of service before it fails a job
     UNKNOWN = "unknown"
 
@@ -42,7 +46,8 @@ class Action(StrEnum):
 class DeliveryStatus(StrEnum):
     PENDING = "pending"
     DELIVERED = "delivered"
-    APPLIED = "applied"  # the supervisor that issued it carried it out itself: never delivered again
+    # the supervisor that issued it carried it out itself: never delivered again
+    APPLIED = "applied"
     FAILED = "failed"
     UNKNOWN = "unknown"
 
@@ -60,8 +65,8 @@ class Culprit:
 
 @dataclass(frozen=True)
 class Restore:
-    """Where to restart from: the step, the tier kind(s) it comes from ("local+peer" when ranks come from more than
-    one), and the checkpoint URI when a single directory holds it."""
+    """Where to restart from: the step, the tier kind(s) it comes from ("local+peer" when ranks come
+    from more than one), and the checkpoint URI when a single directory holds it."""
 
     tier: str
     step: int
@@ -90,14 +95,23 @@ class Decision:
 
     @staticmethod
     def id_for(incident_id: str) -> str:
-        """The decision id of an incident: deterministic, so there is exactly one decision per incident and a
-        receiver can recognise a duplicate delivery."""
+        """The decision id of an incident: deterministic, so there is exactly one decision per
+        incident and a receiver can recognise a duplicate delivery."""
         return "dec-" + hashlib.sha256(incident_id.encode()).hexdigest()[:16]
 
     @classmethod
-    def for_incident(cls, incident: Incident, *, action: Action, policy_rule: str, reason: str,
-                     issued_at: dt.datetime, exclude_nodes: tuple[str, ...] = (), restore: Restore | None = None,
-                     cause: Cause | None = None) -> Decision:
+    def for_incident(
+        cls,
+        incident: Incident,
+        *,
+        action: Action,
+        policy_rule: str,
+        reason: str,
+        issued_at: dt.datetime,
+        exclude_nodes: tuple[str, ...] = (),
+        restore: Restore | None = None,
+        cause: Cause | None = None,
+    ) -> Decision:
         return cls(
             decision_id=cls.id_for(incident.incident_id),
             incident_id=incident.incident_id,
@@ -119,7 +133,8 @@ class Decision:
             evidence=tuple(incident.evidence),
         )
 
-    # --- JSON document -------------------------------------------------------------------------------------
+    # --- JSON document
+    # -------------------------------------------------------------------------------------
 
     def to_document(self) -> dict[str, Any]:
         document = {
@@ -132,16 +147,22 @@ class Decision:
             "action": self.action.value,
             "class": self.incident_class.value,
             "cause": self.cause.value,
-            "culprit": {"nodes": list(self.culprit.nodes), "ranks": list(self.culprit.ranks),
-                        "gpus": list(self.culprit.gpus)},
+            "culprit": {
+                "nodes": list(self.culprit.nodes),
+                "ranks": list(self.culprit.ranks),
+                "gpus": list(self.culprit.gpus),
+            },
             "exclude_nodes": list(self.exclude_nodes),
-            "restore": None if self.restore is None else {
-                "tier": self.restore.tier, "step": self.restore.step, "uri": self.restore.uri},
+            "restore": None
+            if self.restore is None
+            else {"tier": self.restore.tier, "step": self.restore.step, "uri": self.restore.uri},
             "confidence": self.confidence,
             "rule": self.rule,
             "policy_rule": self.policy_rule,
             "reason": self.reason,
-            "evidence": [{"table": e.table, "ts": _iso(e.ts), "text": e.text} for e in self.evidence],
+            "evidence": [
+                {"table": e.table, "ts": _iso(e.ts), "text": e.text} for e in self.evidence
+            ],
             "issued_at": _iso(self.issued_at),
         }
         validate_document(document)
@@ -170,11 +191,17 @@ class Decision:
             job_id=document["job_id"],
             attempt=document["attempt"],
             cluster=document["cluster"],
-            culprit=Culprit(tuple(culprit["nodes"]), tuple(culprit["ranks"]), tuple(culprit["gpus"])),
+            culprit=Culprit(
+                tuple(culprit["nodes"]), tuple(culprit["ranks"]), tuple(culprit["gpus"])
+            ),
             exclude_nodes=tuple(document["exclude_nodes"]),
-            restore=None if restore is None else Restore(restore["tier"], int(restore["step"]), restore["uri"]),
-            evidence=tuple(Evidence(e["table"], None if e["ts"] is None else _parse_ts(e["ts"]), e["text"])
-                           for e in document["evidence"]),
+            restore=None
+            if restore is None
+            else Restore(restore["tier"], int(restore["step"]), restore["uri"]),
+            evidence=tuple(
+                Evidence(e["table"], None if e["ts"] is None else _parse_ts(e["ts"]), e["text"])
+                for e in document["evidence"]
+            ),
         )
 
     @classmethod
@@ -185,12 +212,14 @@ class Decision:
             raise DecisionError(f"{source}: not JSON: {exc}") from None
         return cls.from_document(document, source=source)
 
-    # --- decisions table rows ---------------------------------------------------------------------------------
+    # --- decisions table rows
+    # ---------------------------------------------------------------------------------
 
     def to_row(self, *, status: DeliveryStatus = DeliveryStatus.PENDING, hook: str | None = None,
                ts: dt.datetime | None = None, reason: str | None = None) -> dict[str, Any]:
-        """A decisions-table row. The first row of a decision is status pending with no hook (written before any
-        delivery); each delivery attempt outcome appends a row with the hook's name."""
+        """A decisions-table row. The first row of a decision is status pending with no hook
+        (written before any delivery); each delivery attempt outcome appends a row with the hook's
+        name."""
         return {
             "ts": ts or self.issued_at,
             "cluster": self.cluster,
@@ -219,7 +248,8 @@ class Decision:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Decision:
-        """Rebuild a decision from a decisions-table row (its `document` column holds the contract)."""
+        """Rebuild a decision from a decisions-table row (its `document` column holds the contract).
+        """
         text = row.get("document")
         if not text:
             raise DecisionError(f"decisions row {row.get('decision_id')!r}: no document")
@@ -248,9 +278,26 @@ DECISION_JSON_SCHEMA: dict[str, Any] = {
     "title": "faultlens decision, version 1",
     "type": "object",
     "additionalProperties": False,
-    "required": ["schema", "decision_id", "incident_id", "job_id", "attempt", "cluster", "action", "class", "cause",
-                 "culprit", "exclude_nodes", "restore", "confidence", "rule", "policy_rule", "reason", "evidence",
-                 "issued_at"],
+    "required": [
+        "schema",
+        "decision_id",
+        "incident_id",
+        "job_id",
+        "attempt",
+        "cluster",
+        "action",
+        "class",
+        "cause",
+        "culprit",
+        "exclude_nodes",
+        "restore",
+        "confidence",
+        "rule",
+        "policy_rule",
+        "reason",
+        "evidence",
+        "issued_at",
+    ],
     "properties": {
         "schema": {"const": SCHEMA_ID},
         "decision_id": {"type": "string", "pattern": r"^[A-Za-z0-9._:-]{1,128}$"},
@@ -265,17 +312,26 @@ DECISION_JSON_SCHEMA: dict[str, Any] = {
             "type": "object",
             "additionalProperties": False,
             "required": ["nodes", "ranks", "gpus"],
-            "properties": {"nodes": _STRINGS, "ranks": {"type": "array", "items": {"type": "integer"}},
-                           "gpus": _STRINGS},
+            "properties": {
+                "nodes": _STRINGS,
+                "ranks": {"type": "array", "items": {"type": "integer"}},
+                "gpus": _STRINGS,
+            },
         },
         "exclude_nodes": _STRINGS,
         "restore": {
             "oneOf": [
                 {"type": "null"},
-                {"type": "object", "additionalProperties": False, "required": ["tier", "step", "uri"],
-                 "properties": {"tier": {"type": "string", "pattern": TIER_PATTERN},
-                                "step": {"type": "integer", "minimum": 0},
-                                "uri": _NULLABLE_STRING}},
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["tier", "step", "uri"],
+                    "properties": {
+                        "tier": {"type": "string", "pattern": TIER_PATTERN},
+                        "step": {"type": "integer", "minimum": 0},
+                        "uri": _NULLABLE_STRING,
+                    },
+                },
             ]
         },
         "confidence": {"type": "number", "minimum": 0, "maximum": 1},
@@ -284,23 +340,40 @@ DECISION_JSON_SCHEMA: dict[str, Any] = {
         "reason": {"type": "string"},
         "evidence": {
             "type": "array",
-            "items": {"type": "object", "additionalProperties": False, "required": ["table", "ts", "text"],
-                      "properties": {"table": {"type": "string"}, "ts": {"type": ["string", "null"],
-                                                                           "format": "date-time"},
-                                     "text": {"type": "string"}}},
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["table", "ts", "text"],
+                "properties": {
+                    "table": {"type": "string"},
+                    "ts": {"type": ["string", "null"], "format": "date-time"},
+                    "text": {"type": "string"},
+                },
+            },
         },
         "issued_at": {"type": "string", "format": "date-time"},
     },
     "allOf": [
-        # a failover names what to leave out, or (a rollback: the model state went bad, no node to blame) the
-        # checkpoint to restart from; a drain names its nodes; an escalation changes nothing by itself
-        {"if": {"properties": {"action": {"const": "failover"}}},
-         "then": {"anyOf": [{"properties": {"exclude_nodes": {"minItems": 1}}},
-                            {"properties": {"restore": {"type": "object"}}, "required": ["restore"]}]}},
-        {"if": {"properties": {"action": {"const": "drain"}}},
-         "then": {"properties": {"exclude_nodes": {"minItems": 1}}}},
-        {"if": {"properties": {"action": {"enum": ["escalate", "notify", "drain"]}}},
-         "then": {"properties": {"restore": {"type": "null"}}}},
+        # a failover names what to leave out, or (a rollback: the model state went bad, no node to
+        # blame) the checkpoint to restart from; a drain names its nodes; an escalation changes
+        # nothing by itself
+        {
+            "if": {"properties": {"action": {"const": "failover"}}},
+            "then": {
+                "anyOf": [
+                    {"properties": {"exclude_nodes": {"minItems": 1}}},
+                    {"properties": {"restore": {"type": "object"}}, "required": ["restore"]},
+                ]
+            },
+        },
+        {
+            "if": {"properties": {"action": {"const": "drain"}}},
+            "then": {"properties": {"exclude_nodes": {"minItems": 1}}},
+        },
+        {
+            "if": {"properties": {"action": {"enum": ["escalate", "notify", "drain"]}}},
+            "then": {"properties": {"restore": {"type": "null"}}},
+        },
     ],
 }
 
@@ -334,8 +407,9 @@ class _Evidence(FileModel):
 
 
 class DecisionDocument(FileModel):
-    """The decision document, version 1: the model every document is validated against. DECISION_JSON_SCHEMA is
-    the same contract published as a JSON Schema (tests/test_decision.py checks that the two agree)."""
+    """The decision document, version 1: the model every document is validated against.
+    DECISION_JSON_SCHEMA is the same contract published as a JSON Schema (tests/test_decision.py
+    checks that the two agree)."""
 
     schema_: Literal[SCHEMA_ID] = Field(alias="schema")
     decision_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
@@ -358,21 +432,29 @@ class DecisionDocument(FileModel):
 
     @model_validator(mode="after")
     def _action_fits(self) -> DecisionDocument:
-        # a failover names what to leave out, or (a rollback: the model state went bad, no node to blame) the
-        # checkpoint to restart from; a drain names its nodes; an escalation changes nothing by itself
+        # a failover names what to leave out, or (a rollback: the model state went bad, no node to
+        # blame) the checkpoint to restart from; a drain names its nodes; an escalation changes
+        # nothing by itself
         if self.action == Action.FAILOVER and not self.exclude_nodes and self.restore is None:
             raise ValueError("a failover to name exclude_nodes or a restore")
         if self.action == Action.DRAIN and not self.exclude_nodes:
             raise ValueError("a drain to name exclude_nodes")
-        if self.action in (Action.ESCALATE, Action.NOTIFY, Action.DRAIN) and self.restore is not None:
+        if (
+            self.action in (Action.ESCALATE, Action.NOTIFY, Action.DRAIN)
+            and self.restore is not None
+        ):
             raise ValueError(f"restore null for action {self.action}")
         return self
 
 
 def validate_document(document: Any, *, source: str = "decision") -> None:
-    """Raise DecisionError naming the first offending place (e.g. `restore.step`) and what was expected."""
+    """Raise DecisionError naming the first offending place (e.g. `restore.step`) and what was
+    expected.
+    """
     try:
         DecisionDocument.model_validate(document)
     except ValidationError as exc:
         parts, expectation = describe(exc, document)
-        raise DecisionError(f"{source}: {key_path(parts) if parts else '(document)'}: {expectation}") from None
+        raise DecisionError(
+            f"{source}: {key_path(parts) if parts else '(document)'}: {expectation}"
+        ) from None

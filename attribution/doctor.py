@@ -1,6 +1,7 @@
-"""Store health check: the segments readers skip (unreadable, wrong schema) and the temporary files no writer will
-finish; with `quarantine=True` bad segments are moved under `<root>/_quarantine/` (same relative path, so they can be
-put back) and stale temporary files removed. Backs `faultlens doctor`."""
+"""Store health check: the segments readers skip (unreadable, wrong schema) and the temporary files
+no writer will finish; with `quarantine=True` bad segments are moved under `<root>/_quarantine/`
+(same relative path, so they can be put back) and stale temporary files removed. Backs `faultlens
+doctor`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from enum import StrEnum
 
 from faultlens.attribution.reading.maintenance import stale_temps
 from faultlens.attribution.reading.segment_check import check_segment, deep_check
-from faultlens.collectors.store.layout import StoreLocation, list_partitions, list_segments, probe_store, resolve_store
+from faultlens.collectors.store.layout import (
+    StoreLocation,
+    list_partitions,
+    list_segments,
+    probe_store,
+    resolve_store,
+)
 from faultlens.collectors.store.schema import TABLE_NAMES
 
 QUARANTINE_DIR = "_quarantine"
@@ -47,8 +54,14 @@ def _move(location: StoreLocation, source: str, target: str) -> None:
         location.fs.mv(source, target)
 
 
-def check_store(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES, *, deep: bool = False,
-                quarantine: bool = False, clock: float | None = None) -> list[Finding]:
+def check_store(
+    store: str | StoreLocation,
+    tables: Sequence[str] = TABLE_NAMES,
+    *,
+    deep: bool = False,
+    quarantine: bool = False,
+    clock: float | None = None,
+) -> list[Finding]:
     """Every problem found (and, with quarantine, what was done about it)."""
     location = resolve_store(store)
     probe_store(location)
@@ -56,7 +69,9 @@ def check_store(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES,
     findings: list[Finding] = []
     for table in tables:
         for path in list_segments(location, table):
-            reason = deep_check(location, table, path) if deep else check_segment(location, table, path)
+            reason = (
+                deep_check(location, table, path) if deep else check_segment(location, table, path)
+            )
             if reason is None:
                 continue
             action = ""
@@ -81,5 +96,6 @@ def check_store(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES,
                         location.fs.rm_file(path)
                     action = "removed"
                 findings.append(Finding(table, Problem.STALE_TEMP, path,
-                                        "temporary file of a writer that is gone (or older than an hour)", action))
+                                        "temporary file of a writer that is gone (or older than an "
+                                        "hour)", action))
     return findings

@@ -1,13 +1,14 @@
-"""Follow mode: the live attributor. `Follower` tails a store: each poll lists it again, reads only the new segments
-(SegmentTail), runs the detectors over a bounded in-memory window, and writes each new incident once through a
-SegmentSink. Incident ids are deterministic (Incident.make_id over what identifies the failure), so a batch re-run,
-a restarted follower and a follower racing a batch pass all agree on what was already reported. Every written
-incident gets a LagRecord: when the segment that completed its evidence became visible, and when the incident row
-did.
+"""Follow mode: the live attributor. `Follower` tails a store: each poll lists it again, reads only
+the new segments (SegmentTail), runs the detectors over a bounded in-memory window, and writes each
+new incident once through a SegmentSink. Incident ids are deterministic (Incident.make_id over what
+identifies the failure), so a batch re-run, a restarted follower and a follower racing a batch pass
+all agree on what was already reported. Every written incident gets a LagRecord: when the segment
+that completed its evidence became visible, and when the incident row did.
 
-A follower of one job (`job=`) lists only the partitions its window can hold rows of (attribution/reading/tail.py
-PartitionListing: the job's own partitions and the node-level ones of its nodes, from the window's oldest date on);
-a follower of the whole store lists every tailed table whole on each poll.
+A follower of one job (`job=`) lists only the partitions its window can hold rows of
+(attribution/reading/tail.py PartitionListing: the job's own partitions and the node-level ones of
+its nodes, from the window's oldest date on); a follower of the whole store lists every tailed table
+whole on each poll.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ TAILED_TABLES = tables_with(Role.TAILED)
 
 
 def tail_frame(table: pa.Table, name: str) -> pd.DataFrame:
-    """A tailed segment's rows as the window's frame (GPU samples: the columns the detectors read)."""
+    """A tailed segment's rows as the window's frame (GPU samples: the columns the detectors read).
+    """
     frame = to_frame(table, name)
     return frame[list(SAMPLE_COLUMNS)] if name == "gpu_samples" else frame
 
@@ -53,8 +55,8 @@ _JOB_PART = re.compile(r"/job=([^/]+)/")
 
 @dataclass(frozen=True)
 class LagRecord:
-    """How long one incident took: from the segment that completed its evidence becoming visible to the
-    incident row becoming visible (wall-clock seconds)."""
+    """How long one incident took: from the segment that completed its evidence becoming visible to
+    the incident row becoming visible (wall-clock seconds)."""
 
     incident_id: str
     segment: str | None
@@ -67,14 +69,16 @@ class LagRecord:
         return None if self.landed_at is None else self.written_at - self.landed_at
 
 
-#: process_events kinds that never name a failure of their own: the supervisor's launches and its own signals
+#: process_events kinds that never name a failure of their own: the supervisor's launches and its
+#: own signals
 _NOT_A_FAILURE_KINDS = ("start", "signal_sent")
 
 
 def _may_change_a_crash(events: pd.DataFrame) -> pd.Series:
-    """Rows that may change a crash's verdict: a failure, an agent killed by a signal (a lost node). Not a
-    survivor's echo (is_secondary), the supervisor's own launches and signals, or an agent exiting with a code
-    (it exits after reporting its workers' failures: the end of a cascade, not news)."""
+    """Rows that may change a crash's verdict: a failure, an agent killed by a signal (a lost node).
+    Not a survivor's echo (is_secondary), the supervisor's own launches and signals, or an agent
+    exiting with a code (it exits after reporting its workers' failures: the end of a cascade, not
+    news)."""
     keep = ~events["kind"].isin(_NOT_A_FAILURE_KINDS)
     if "is_secondary" in events.columns:
         keep &= ~events["is_secondary"].fillna(False).astype(bool)
@@ -95,18 +99,31 @@ class FollowStats:
 class Follower:
     """Live attribution: tails new segments and writes each new incident exactly once."""
 
-    def __init__(self, store: str | StoreLocation, *, job: str | None = None, engine: Engine | None = None,
-                 sink: SegmentSink | None = None, clock: Callable[[], dt.datetime] = utc_now,
-                 monotonic: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: str | StoreLocation,
+        *,
+        job: str | None = None,
+        engine: Engine | None = None,
+        sink: SegmentSink | None = None,
+        clock: Callable[[], dt.datetime] = utc_now,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.engine = engine or Engine()
         self.config = self.engine.thresholds.engine
         self.job = job
-        # a job's follower lists no table whole, not even once: its tail lists what it tails (PartitionListing),
-        # and of the incidents it reads the table of that name only
-        self.store = Store(store, jobs=[job, "_node"], tables=()) if job is not None else Store(store)
+        # a job's follower lists no table whole, not even once: its tail lists what it tails
+        # (PartitionListing), and of the incidents it reads the table of that name only
+        self.store = (
+            Store(store, jobs=[job, "_node"], tables=()) if job is not None else Store(store)
+        )
         self.incident_store = Store(store, tables=("incidents",)) if job is not None else self.store
-        self.sink = sink or SegmentSink(self.store.location, flush_rows=1_000_000, flush_age_s=3600.0)
-        # a job's follower lists only its job's partitions and its nodes' node-level ones (PartitionListing)
+        self.sink = sink or SegmentSink(
+            self.store.location, flush_rows=1_000_000, flush_age_s=3600.0
+        )
+        # a job's follower lists only its job's partitions and its nodes' node-level ones
+        # (PartitionListing)
         listing = PartitionListing(self.store.location, job) if job is not None else None
         self.tail = SegmentTail(self.store, TAILED_TABLES, retain_s=self.config.retain_s,
                                 max_rows=self.config.max_rows_per_table, to_frame=tail_frame,
@@ -138,7 +155,9 @@ class Follower:
     # ------------------------------------------------------------ one poll
 
     def poll_once(self) -> list[Incident]:
-        """Read new segments, attribute, write new incidents; returns the incidents written by this poll."""
+        """Read new segments, attribute, write new incidents; returns the incidents written by this
+        poll.
+        """
         arrived = self.tail.poll()
         self.stats.polls += 1
         self.stats.segments_read += len(arrived)
@@ -153,40 +172,62 @@ class Follower:
         crash_due = bool({"process_events", "gpu_events"} & changed) or self._pending_crash
         progress_due = tick - self._last_progress >= self.config.progress_check_s or bool(
             {"steps", "process_events", "collectives", "heartbeats"} & changed)
-        straggler_due = self._steps_changed and tick - self._last_straggler >= self.config.straggler_check_s
-        health_due = "gpu_events" in changed or tick - self._last_health >= self.config.progress_check_s
+        straggler_due = (
+            self._steps_changed and tick - self._last_straggler >= self.config.straggler_check_s
+        )
+        health_due = (
+            "gpu_events" in changed or tick - self._last_health >= self.config.progress_check_s
+        )
         if not (crash_due or progress_due or straggler_due or health_due):
             return []
         telemetry = self._telemetry()
         now = self.clock()
         found: list[Incident] = []
         for job in telemetry.jobs:
-            found.extend(self.engine.run_job(
-                telemetry.for_job(job), now, now, settled=self._settled,
-                failure_seen=lambda job, attempt: self._failure_seen.get((job, attempt)), already=self.known,
-                hangs=progress_due or crash_due, stragglers=straggler_due,
-                straggler_last_steps=self._straggler_steps, hung=self._hung, failed=self._crashed))
-        self._failures.extend(i for i in found if i.incident_class in (IncidentClass.CRASH,
-                                                                       IncidentClass.COLLECTIVE_HANG))
+            found.extend(
+                self.engine.run_job(
+                    telemetry.for_job(job),
+                    now,
+                    now,
+                    settled=self._settled,
+                    failure_seen=lambda job, attempt: self._failure_seen.get((job, attempt)),
+                    already=self.known,
+                    hangs=progress_due or crash_due,
+                    stragglers=straggler_due,
+                    straggler_last_steps=self._straggler_steps,
+                    hung=self._hung,
+                    failed=self._crashed,
+                )
+            )
+        self._failures.extend(
+            i
+            for i in found
+            if i.incident_class in (IncidentClass.CRASH, IncidentClass.COLLECTIVE_HANG)
+        )
         for incident in found:
             if incident.incident_class == IncidentClass.COLLECTIVE_HANG:
                 self._hung.setdefault((incident.job_id, incident.attempt), incident.first_signal_ts)
             elif incident.incident_class == IncidentClass.CRASH:
-                self._crashed.setdefault((incident.job_id, incident.attempt), evidence_start(incident))
+                self._crashed.setdefault(
+                    (incident.job_id, incident.attempt), evidence_start(incident)
+                )
         if health_due:
             self._last_health = tick
             settle = dt.timedelta(seconds=self.engine.thresholds.health.settle_s)
             found.extend(self.engine.run_store_detectors(telemetry.gpu_events, self._failures, now,
                                                          settled_before=now - settle))
         if crash_due:
-            # an attempt whose settle time ends after this evaluation began may have been skipped: look again
+            # an attempt whose settle time ends after this evaluation began may have been skipped:
+            # look again
             self._arrivals = {key: arrived for key, arrived in self._arrivals.items()
                               if arrived + self.config.crash_settle_s >= tick}
-            # and while a failure seen lately may still be waiting for the other nodes' reports (the attributor's
-            # peer wait counts from when it was seen): looked at again on every poll, not at the next hang check
+            # and while a failure seen lately may still be waiting for the other nodes' reports (the
+            # attributor's peer wait counts from when it was seen): looked at again on every poll,
+            # not at the next hang check
             peer_wait = dt.timedelta(seconds=self.engine.crash_rules.exception_peer_wait_s)
-            self._pending_crash = bool(self._arrivals) or any(now < seen + peer_wait
-                                                              for seen in self._failure_seen.values())
+            self._pending_crash = bool(self._arrivals) or any(
+                now < seen + peer_wait for seen in self._failure_seen.values()
+            )
         if progress_due:
             self._last_progress = tick
         if straggler_due:
@@ -196,19 +237,28 @@ class Follower:
         if written:
             written_at = self.wall()
             jobs = {safe_value(incident.job_id or "_node") for incident in written}
-            triggers = {job: self._unclaimed.pop(job, None) for job in jobs}  # shared by one poll's incidents
+            # shared by one poll's incidents
+            triggers = {job: self._unclaimed.pop(job, None) for job in jobs}
             for incident in written:
                 trigger = triggers[safe_value(incident.job_id or "_node")]
-                self.stats.lag.append(LagRecord(incident.incident_id, trigger.path if trigger else None,
-                                                trigger.landed_at if trigger else None,
-                                                trigger_seen if trigger and (trigger_seen := self._seen_at.get(
-                                                    trigger.path)) else seen_at, written_at))
+                self.stats.lag.append(
+                    LagRecord(
+                        incident.incident_id,
+                        trigger.path if trigger else None,
+                        trigger.landed_at if trigger else None,
+                        trigger_seen
+                        if trigger and (trigger_seen := self._seen_at.get(trigger.path))
+                        else seen_at,
+                        written_at,
+                    )
+                )
             self.stats.incidents_written += len(written)
         return written
 
     def _remember(self, arrived: Sequence[NewSegment], seen_at: float) -> None:
-        """The newest segment of each job not yet followed by an incident: what an incident's lag is measured
-        from (an incident found by the passing of time, a hang, has none unless data of its job just landed)."""
+        """The newest segment of each job not yet followed by an incident: what an incident's lag is
+        measured from (an incident found by the passing of time, a hang, has none unless data of its
+        job just landed)."""
         for segment in arrived:
             if segment.table == "gpu_samples" or segment.landed_at is None:
                 continue
@@ -231,8 +281,9 @@ class Follower:
         failure_rows = _may_change_a_crash(recent)
         for job, attempt, failure in set(zip(jobs, attempts, failure_rows, strict=True)):
             key = (job, None if attempt is None else int(attempt))
-            # an echo extends the wait only while no failure of the attempt has arrived (it may land before the
-            # report of the death it echoes); after one, the cascade no longer holds the incident back
+            # an echo extends the wait only while no failure of the attempt has arrived (it may land
+            # before the report of the death it echoes); after one, the cascade no longer holds the
+            # incident back
             if failure or key not in self._failure_seen:
                 self._arrivals[key] = tick
             if failure:
@@ -249,21 +300,41 @@ class Follower:
         def fetch(nodes: Sequence[str], start: dt.datetime, end: dt.datetime) -> pd.DataFrame:
             if samples.empty:
                 return samples
-            mask = samples["node"].isin(list(nodes)) & (samples["ts"] >= start) & (samples["ts"] <= end)
+            mask = (
+                samples["node"].isin(list(nodes))
+                & (samples["ts"] >= start)
+                & (samples["ts"] <= end)
+            )
             return samples[mask]
 
-        jobs = tuple(list_jobs(frames["ranks"], frames["steps"], frames["process_events"], frames["heartbeats"]))
+        jobs = tuple(
+            list_jobs(
+                frames["ranks"], frames["steps"], frames["process_events"], frames["heartbeats"]
+            )
+        )
         if self.job is not None:
             jobs = tuple(j for j in jobs if j == self.job)
         collectives: pa.Table = self.tail.table("collectives")
-        return Telemetry(ranks=frames["ranks"], steps=frames["steps"], process_events=frames["process_events"],
-                         gpu_events=frames["gpu_events"], collectives=collectives, fetch_samples=fetch, jobs=jobs,
-                         heartbeats=frames["heartbeats"])
+        return Telemetry(
+            ranks=frames["ranks"],
+            steps=frames["steps"],
+            process_events=frames["process_events"],
+            gpu_events=frames["gpu_events"],
+            collectives=collectives,
+            fetch_samples=fetch,
+            jobs=jobs,
+            heartbeats=frames["heartbeats"],
+        )
 
     # ------------------------------------------------------------ loop
 
-    def run(self, *, interval: float | None = None, on_incident: Callable[[Incident], None] | None = None,
-            max_polls: int | None = None) -> None:
+    def run(
+        self,
+        *,
+        interval: float | None = None,
+        on_incident: Callable[[Incident], None] | None = None,
+        max_polls: int | None = None,
+    ) -> None:
         """Poll until stop() (or max_polls); `on_incident` sees each written incident."""
         interval = interval if interval is not None else self.config.poll_interval_s
         polls = 0

@@ -1,8 +1,10 @@
-"""GPU events as evidence: which hardware events on a node (or on one GPU) fall near a failure, and what they mean.
+"""GPU events as evidence: which hardware events on a node (or on one GPU) fall near a failure, and
+what they mean.
 
-Used by crash attribution (a rank died: was its GPU at fault?) and by hang attribution (a rank never joined a
-collective: did its GPU fall off the bus?). XID meanings come from the XID catalog (collectors/sources/xid_catalog.py, a
-contract like the schema); which event kinds count and the time window come from rules/crash.yaml.
+Used by crash attribution (a rank died: was its GPU at fault?) and by hang attribution (a rank never
+joined a collective: did its GPU fall off the bus?). XID meanings come from the XID catalog
+(collectors/sources/xid_catalog.py, a contract like the schema); which event kinds count and the
+time window come from rules/crash.yaml.
 """
 
 from __future__ import annotations
@@ -84,11 +86,14 @@ def _gpu_label(row: pd.Series) -> str | None:
         return str(bus)
     index = _get(row, "gpu_index")
     node = _get(row, "node")
-    return str(int(index)) if index is not None and node else None  # an index, never an invented name
+    # an index, never an invented name
+    return str(int(index)) if index is not None and node else None
 
 
 def same_gpu(row: pd.Series, placement: Placement | None) -> bool:
-    """Whether a gpu_events/gpu_samples row is about the GPU of `placement` (uuid, else PCI bus id, else index)."""
+    """Whether a gpu_events/gpu_samples row is about the GPU of `placement` (uuid, else PCI bus id,
+    else index).
+    """
     if placement is None:
         return False
     for column, mine in (("gpu_uuid", placement.gpu_uuid), ("pci_bus_id", placement.pci_bus_id)):
@@ -96,7 +101,11 @@ def same_gpu(row: pd.Series, placement: Placement | None) -> bool:
         if mine and theirs:
             return str(mine).upper() == str(theirs).upper()
     theirs_index = _get(row, "gpu_index")
-    return placement.gpu_index is not None and theirs_index is not None and int(theirs_index) == placement.gpu_index
+    return (
+        placement.gpu_index is not None
+        and theirs_index is not None
+        and int(theirs_index) == placement.gpu_index
+    )
 
 
 def row_identifies_gpu(row: pd.Series) -> bool:
@@ -125,7 +134,8 @@ def describe_gpu_event(row: pd.Series, xid: XidInfoLike | None = None) -> str:
 
 def hardware_cause(row: pd.Series, rules: CrashRules, catalog: XidCatalogLike | None
                    ) -> tuple[Cause, float, XidInfoLike | None] | None:
-    """The cause and confidence a gpu_events row implies, or None when it is not hardware evidence."""
+    """The cause and confidence a gpu_events row implies, or None when it is not hardware evidence.
+    """
     kind = _get(row, "kind")
     rule = next((r for r in rules.hardware_event_kinds if r.kind == kind), None)
     if rule is None:
@@ -136,23 +146,35 @@ def hardware_cause(row: pd.Series, rules: CrashRules, catalog: XidCatalogLike | 
     if code is None:
         return Cause.GPU_HARDWARE, rule.confidence * 0.8, None
     info = catalog.get(int(code)) if catalog is not None else None
-    component = str(getattr(info.component, "value", info.component)) if info is not None else "unknown"
-    mapped = rules.xid_component_causes.get(component, rules.xid_component_causes.get("unknown", "not_hardware"))
+    component = (
+        str(getattr(info.component, "value", info.component)) if info is not None else "unknown"
+    )
+    mapped = rules.xid_component_causes.get(
+        component, rules.xid_component_causes.get("unknown", "not_hardware")
+    )
     if mapped == "not_hardware":
         return None
     confidence = rule.confidence * (0.8 if component == "unknown" else 1.0)
     return Cause(mapped), confidence, info
 
 
-def hardware_findings(gpu_events: pd.DataFrame, node: str | None, at: dt.datetime, rules: CrashRules,
-                      catalog: XidCatalogLike | None, placement: Placement | None = None) -> list[HardwareFinding]:
+def hardware_findings(
+    gpu_events: pd.DataFrame,
+    node: str | None,
+    at: dt.datetime,
+    rules: CrashRules,
+    catalog: XidCatalogLike | None,
+    placement: Placement | None = None,
+) -> list[HardwareFinding]:
     """Hardware-implicating GPU events on `node` within the rules' window around `at`, best first
     (own GPU before other GPUs of the node, then confidence, then closeness in time)."""
     if gpu_events.empty or node is None:
         return []
     start = at - dt.timedelta(seconds=rules.hardware_window.before_s)
     end = at + dt.timedelta(seconds=rules.hardware_window.after_s)
-    rows = gpu_events[(gpu_events["node"] == node) & (gpu_events["ts"] >= start) & (gpu_events["ts"] <= end)]
+    rows = gpu_events[
+        (gpu_events["node"] == node) & (gpu_events["ts"] >= start) & (gpu_events["ts"] <= end)
+    ]
     findings = []
     for _, row in rows.iterrows():
         implied = hardware_cause(row, rules, catalog)
@@ -166,8 +188,8 @@ def hardware_findings(gpu_events: pd.DataFrame, node: str | None, at: dt.datetim
             ts=ts, node=node, kind=str(_get(row, "kind")), code=_get(row, "code"), cause=cause,
             confidence=confidence, gpu=_gpu_label(row), same_gpu=same_gpu(row, placement),
             text=describe_gpu_event(row, info)))
-    # own GPU first; then the strongest; an Xid before the event kinds derived from the same line (the catalog's
-    # component is more specific); then the closest in time
+    # own GPU first; then the strongest; an Xid before the event kinds derived from the same line
+    # (the catalog's component is more specific); then the closest in time
     findings.sort(key=lambda f: (not f.same_gpu, -round(f.confidence, 3), f.kind != "xid",
                                  abs((f.ts - at).total_seconds())))
     return findings

@@ -1,7 +1,8 @@
-"""The incident type: one attributed failure, its class, cause, culprits, evidence and the rule that fired.
+"""The incident type: one attributed failure, its class, cause, culprits, evidence and the rule that
+fired.
 
-Shared by the engine (which produces incidents) and the policy (which turns them into decisions); the row form is
-the `incidents` table of collectors/store/schema.py.
+Shared by the engine (which produces incidents) and the policy (which turns them into decisions);
+the row form is the `incidents` table of collectors/store/schema.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ class IncidentClass(StrEnum):
     COLLECTIVE_HANG = "collective_hang"
     STRAGGLER = "straggler"
     HEALTH = "health"  # a critical GPU health event with no failure yet (proactive drain)
-    NUMERICS = "numerics"  # NaN/Inf loss or a loss spike: the model state went bad (restore from before it)
+    # NaN/Inf loss or a loss spike: the model state went bad (restore from before it)
+    NUMERICS = "numerics"
     UNKNOWN = "unknown"
 
 
@@ -38,8 +40,15 @@ class Cause(StrEnum):
 
     @property
     def is_hardware(self) -> bool:
-        return self in {Cause.GPU_HARDWARE, Cause.HBM, Cause.NVLINK, Cause.PCIE, Cause.NETWORK, Cause.THERMAL,
-                        Cause.HOST}
+        return self in {
+            Cause.GPU_HARDWARE,
+            Cause.HBM,
+            Cause.NVLINK,
+            Cause.PCIE,
+            Cause.NETWORK,
+            Cause.THERMAL,
+            Cause.HOST,
+        }
 
 
 @dataclass(frozen=True)
@@ -77,9 +86,11 @@ class Incident:
 
     @staticmethod
     def make_id(*parts: object) -> str:
-        """A deterministic id from what identifies the failure, so re-running attribution over the same
-        telemetry yields the same incident (idempotent writes, one decision per incident)."""
-        digest = hashlib.sha256("|".join("" if p is None else str(p) for p in parts).encode()).hexdigest()
+        """A deterministic id from what identifies the failure, so re-running attribution over the
+        same telemetry yields the same incident (idempotent writes, one decision per incident)."""
+        digest = hashlib.sha256(
+            "|".join("" if p is None else str(p) for p in parts).encode()
+        ).hexdigest()
         return f"inc-{digest[:16]}"
 
     def to_row(self) -> dict[str, Any]:
@@ -110,7 +121,9 @@ class Incident:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Incident:
-        """Rebuild an incident from an incidents-table row (as returned by Store.query(...).to_pylist())."""
+        """Rebuild an incident from an incidents-table row (as returned by
+        Store.query(...).to_pylist()).
+        """
         def _enum(enum_type: type[Enum], value: Any) -> Any:
             try:
                 return enum_type(value)
@@ -132,7 +145,9 @@ class Incident:
             culprit_nodes=tuple(row.get("culprit_nodes") or ()),
             culprit_ranks=tuple(row.get("culprit_ranks") or ()),
             culprit_gpus=tuple(row.get("culprit_gpus") or ()),
-            evidence=tuple(Evidence(e["table"], e.get("ts"), e["text"]) for e in (row.get("evidence") or ())),
+            evidence=tuple(
+                Evidence(e["table"], e.get("ts"), e["text"]) for e in (row.get("evidence") or ())
+            ),
             fingerprint=row.get("fingerprint"),
             step=row.get("step"),
         )

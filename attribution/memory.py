@@ -1,9 +1,10 @@
 """Handing freed memory back to the operating system between the batch pass's attempts.
 
-pandas and numpy free through glibc's malloc, which keeps freed blocks in its arenas (one per thread that
-allocated: DuckDB's and Arrow's worker threads each get one), so a long pass's RSS ratchets up to the sum of its
-largest attempts' leftovers; Arrow's pool keeps its own. `release_freed_memory` returns both, once an attempt's
-frames are dropped, so the next attempt starts from what is really held.
+pandas and numpy free through glibc's malloc, which keeps freed blocks in its arenas (one per thread
+that allocated: DuckDB's and Arrow's worker threads each get one), so a long pass's RSS ratchets up
+to the sum of its largest attempts' leftovers; Arrow's pool keeps its own. `release_freed_memory`
+returns both, once an attempt's frames are dropped, so the next attempt starts from what is really
+held.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def _malloc_trim() -> ctypes._CFuncPtr | None:
 
 
 def release_freed_memory() -> None:
-    """Return freed heap memory to the operating system (Arrow's pool, then every glibc arena); holds nothing."""
+    """Return freed heap memory to the operating system (Arrow's pool, then every glibc arena);
+    holds nothing.
+    """
     pa.default_memory_pool().release_unused()
     trim = _malloc_trim()
     if trim is not None:

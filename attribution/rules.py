@@ -1,8 +1,8 @@
 """Loading and validating the engine's rule files (rules/crash.yaml, rules/thresholds.yaml).
 
-Rules are data: every file carries `format_version`, is validated with pydantic, and a bad file fails fast with a
-RulesError naming the file, the key inside it and what was expected. The models here are the only place the
-engine learns its thresholds and signatures from.
+Rules are data: every file carries `format_version`, is validated with pydantic, and a bad file
+fails fast with a RulesError naming the file, the key inside it and what was expected. The models
+here are the only place the engine learns its thresholds and signatures from.
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from faultlens.attribution.incident import Cause
-from faultlens.collectors.rule_loader import RuleFileError, field_error, load_rule_file, read_document
+from faultlens.collectors.rule_loader import (
+    RuleFileError,
+    field_error,
+    load_rule_file,
+    read_document,
+)
 from faultlens.resources import rule_file, shipped_rule_file, shipped_rules_dir
 
-# the packaged files; the loaders read faultlens.resources.rule_file(...) (FAULTLENS_RULES / --rules DIR first)
+# the packaged files; the loaders read faultlens.resources.rule_file(...) (FAULTLENS_RULES / --rules
+# DIR first)
 RULES_DIR = shipped_rules_dir()
 CRASH_RULES_PATH = shipped_rule_file("crash.yaml")
 THRESHOLDS_PATH = shipped_rule_file("thresholds.yaml")
@@ -25,7 +31,9 @@ SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
 class RulesError(RuleFileError):
-    """A rule file is missing, unreadable or invalid: the message names the file, the key and the expectation."""
+    """A rule file is missing, unreadable or invalid: the message names the file, the key and the
+    expectation.
+    """
 
 
 class _Strict(BaseModel):
@@ -49,7 +57,9 @@ def _check_regex(value: str) -> str:
 
 
 class CrashSignature(_Strict):
-    """A known failure text: any of the regexes matching the primary failure gives `cause` with `confidence`."""
+    """A known failure text: any of the regexes matching the primary failure gives `cause` with
+    `confidence`.
+    """
 
     id: str = Field(min_length=1)
     cause: Cause
@@ -70,7 +80,9 @@ class CrashSignature(_Strict):
             raise ValueError("at least one of exception_type, message, traceback")
         return self
 
-    def matches(self, exception_type: str | None, message: str | None, traceback: str | None) -> bool:
+    def matches(
+        self, exception_type: str | None, message: str | None, traceback: str | None
+    ) -> bool:
         for pattern, text in ((self.exception_type, exception_type), (self.message, message),
                               (self.traceback, traceback)):
             if pattern and text and re.search(pattern, text):
@@ -84,7 +96,9 @@ class HardwareWindow(_Strict):
 
 
 class HardwareEventKind(_Strict):
-    """A gpu_events kind that implicates hardware; for xid/sxid the XID catalog's component decides the cause."""
+    """A gpu_events kind that implicates hardware; for xid/sxid the XID catalog's component decides
+    the cause.
+    """
 
     kind: str = Field(min_length=1)
     cause: Cause | Literal["from_xid_catalog"]
@@ -99,27 +113,30 @@ class CrashRules(_Strict):
     primary_signals: tuple[str, ...]
     termination_signals: tuple[str, ...]
     signal_notice_slack_s: float = Field(ge=0.0)
-    # a node whose ranks said nothing while its torchrun agent still runs: how long to wait for the agent's
-    # report (its workers' death) before reading the silence as a lost node
+    # a node whose ranks said nothing while its torchrun agent still runs: how long to wait for the
+    # agent's report (its workers' death) before reading the silence as a lost node
     silent_node_wait_s: float = Field(default=30.0, ge=0.0)
-    # a Python exception's verdict waits this long for the other nodes' first reports (the same exception there
-    # makes it the code's, not the node's)
+    # a Python exception's verdict waits this long for the other nodes' first reports (the same
+    # exception there makes it the code's, not the node's)
     exception_peer_wait_s: float = Field(default=1.0, ge=0.0)
     secondary_patterns: tuple[str, ...]
     timeout_patterns: tuple[str, ...]
-    # of the secondary texts, those that say the process was told to stop (a termination, not an echo)
+    # of the secondary texts, those that say the process was told to stop (a termination, not an
+    # echo)
     termination_patterns: tuple[str, ...] = ()
-    # texts of a rank that got a peer's message for another collective than it posted (a desync; the rank that
-    # says so is a victim: attribution/detectors/desync.py)
+    # texts of a rank that got a peer's message for another collective than it posted (a desync; the
+    # rank that says so is a victim: attribution/detectors/desync.py)
     mismatch_patterns: tuple[str, ...] = ()
-    # how long a reported mismatch with no rank apart yet waits for the ranks' last heartbeats before it is
-    # reported without a culprit
+    # how long a reported mismatch with no rank apart yet waits for the ranks' last heartbeats
+    # before it is reported without a culprit
     desync_wait_s: float = Field(default=3.0, ge=0.0)
     signatures: tuple[CrashSignature, ...]
     confidence: dict[str, float]
     evidence_limit: int = Field(ge=1)
 
-    @field_validator("secondary_patterns", "timeout_patterns", "termination_patterns", "mismatch_patterns")
+    @field_validator(
+        "secondary_patterns", "timeout_patterns", "termination_patterns", "mismatch_patterns"
+    )
     @classmethod
     def _regexes(cls, values: tuple[str, ...]) -> tuple[str, ...]:
         for value in values:
@@ -185,8 +202,8 @@ class OutlierThresholds(_Strict):
 
 class WhatIfThresholds(_Strict):
     microbatches: int | None = Field(default=None, ge=1)  # None: inferred from the step timings
-    # the data-parallel sync from the ranks' observed arrivals at it (their end_ts: hosts' clocks must agree);
-    # false: the pipeline model alone
+    # the data-parallel sync from the ranks' observed arrivals at it (their end_ts: hosts' clocks
+    # must agree); false: the pipeline model alone
     sync_arrivals: bool = True
 
 
@@ -202,8 +219,9 @@ class StragglerThresholds(_Strict):
     window_steps: int = Field(ge=2)
     min_window_steps: int = Field(ge=2)
     persistence: float = Field(gt=0.0, le=1.0)
-    # With two replicas a worker is compared with one partner only: either of two healthy ranks is the slower one
-    # in about half the steps, so a pair needs this stronger persistence (a sign test, not a majority)
+    # With two replicas a worker is compared with one partner only: either of two healthy ranks is
+    # the slower one in about half the steps, so a pair needs this stronger persistence (a sign
+    # test, not a majority)
     pairwise_persistence: float = Field(default=0.9, gt=0.0, le=1.0)
     peer_z: float = Field(gt=0.0)
     min_ratio: float = Field(gt=1.0)
@@ -242,8 +260,9 @@ class EngineThresholds(_Strict):
 
 
 class LossThresholds(_Strict):
-    """NaN/Inf loss is always an incident; a spike is one when the step's loss (mean over its ranks) is at least
-    spike_factor x the median of the previous window_steps steps (after min_history_steps); null: no spike rule."""
+    """NaN/Inf loss is always an incident; a spike is one when the step's loss (mean over its ranks)
+    is at least spike_factor x the median of the previous window_steps steps (after
+    min_history_steps); null: no spike rule."""
 
     spike_factor: float | None = Field(default=None, gt=1.0)
     window_steps: int = Field(default=20, ge=2)
@@ -265,8 +284,12 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def load_rules_file(path: str | Path, model: type[_M]) -> _M:
-    """Read YAML at `path` and validate it against `model`; RulesError names the file, key and expectation."""
-    return load_rule_file(path, model, error=RulesError, versions=SUPPORTED_FORMAT_VERSIONS, prepare=_with_base)
+    """Read YAML at `path` and validate it against `model`; RulesError names the file, key and
+    expectation.
+    """
+    return load_rule_file(
+        path, model, error=RulesError, versions=SUPPORTED_FORMAT_VERSIONS, prepare=_with_base
+    )
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -280,17 +303,20 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def _with_base(path: Path, document: dict[str, Any], depth: int = 0) -> dict[str, Any]:
-    """`extends: other.yaml` (relative to this file): this document's keys override the base document's, deeply,
-    so a variant (the demo's short hang floor, say) states only what differs."""
+    """`extends: other.yaml` (relative to this file): this document's keys override the base
+    document's, deeply, so a variant (the demo's short hang floor, say) states only what differs."""
     base_name = document.pop("extends", None)
     if base_name is None:
         return document
     if not isinstance(base_name, str) or depth > 4:
-        raise field_error(str(path), ["extends"], f"expected the name of one rule file, got {base_name!r}", RulesError)
+        raise field_error(str(path), ["extends"], "expected the name of one rule file, got "
+                                                  f"{base_name!r}", RulesError)
     base_path = path.parent / base_name
     base = read_document(base_path, error=RulesError)
     if not isinstance(base, dict):
-        raise field_error(str(base_path), [], f"expected a mapping, got {type(base).__name__}", RulesError)
+        raise field_error(
+            str(base_path), [], f"expected a mapping, got {type(base).__name__}", RulesError
+        )
     return _merge(_with_base(base_path, base, depth + 1), document)
 
 

@@ -1,14 +1,16 @@
-"""The fault-injection campaign as a benchmark: every scenario of rules/campaign.yaml (real DDP and pipeline jobs
-under `faultlens run`, faults injected from outside the script), scored, and written into docs/benchmarks.md as
-its own section ("## Fault-injection campaign": the aggregates as one table of figures, in
-bench/common.py's form), labelled with the commit it ran on; the tables per fault type and per
-scenario go to <out>/report.md.
+"""The fault-injection campaign as a benchmark: every scenario of rules/campaign.yaml (real DDP and
+pipeline jobs under `faultlens run`, faults injected from outside the script), scored, and written
+into docs/benchmarks.md as its own section ("## Fault-injection campaign": the aggregates as one
+table of figures, in bench/common.py's form), labelled with the commit it ran on; the tables per
+fault type and per scenario go to <out>/report.md.
 
-    PYTHONPATH=. python bench/bench_campaign.py [--only NAME ...] [--ci] [--out DIR] [--deadline S] [--no-docs]
+    PYTHONPATH=. python bench/bench_campaign.py [--only NAME ...] [--ci] [--out DIR] [--deadline S]
+    [--no-docs]
 
-One scenario runs at a time (each is 2 nodes x 2 ranks, or 2 x 1 for the CI subset: 4-6 Python processes with
-torch, ~1.5 GB together). Latencies are wall clock from the injection (the injected process or the campaign logs
-time.time() just before it acts) to the incident's detected_ts and the decision's issued_ts.
+One scenario runs at a time (each is 2 nodes x 2 ranks, or 2 x 1 for the CI subset: 4-6 Python
+processes with torch, ~1.5 GB together). Latencies are wall clock from the injection (the injected
+process or the campaign logs time.time() just before it acts) to the incident's detected_ts and the
+decision's issued_ts.
 """
 
 from __future__ import annotations
@@ -38,12 +40,23 @@ TARGETS = {"class right": "1.0", "culprit node exact": ">= 0.97", "healthy nodes
 
 def commit() -> str:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        branch = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True,
-                               check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        branch = subprocess.run(
+            ["git", "rev-parse", "--abbrev-ref", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
         return f"{rev} (branch {branch}{', uncommitted changes' if dirty else ''})"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -89,7 +102,8 @@ def main() -> int:
     parser.add_argument("--ci", action="store_true")
     parser.add_argument("--out", default="/tmp/faultlens-campaign")
     parser.add_argument("--deadline", type=float, help="start no scenario after this many seconds")
-    parser.add_argument("--resume", action="store_true", help="score scenarios already run under --out, run the rest")
+    parser.add_argument("--resume", action="store_true", help="score scenarios already run under "
+                                                              "--out, run the rest")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     args = parser.parse_args()
     campaign = load_campaign(args.scenarios)
@@ -105,11 +119,20 @@ def main() -> int:
         print(f"# {result.name}: {'ok' if result.ok else 'WRONG: ' + '; '.join(result.problems)} "
               f"({result.wall_s:.0f} s)", file=sys.stderr, flush=True)
 
-    scores, summary = run_campaign(campaign, scenarios, Path(args.out), on_score=progress, deadline_s=args.deadline,
-                                   resume=args.resume)
-    command = "PYTHONPATH=. python bench/bench_campaign.py" + (" --ci" if args.ci else "") + (
-        f" --only {' '.join(args.only)}" if args.only else "") + (f" --deadline {args.deadline:g}" if args.deadline
-                                                                  else "")
+    scores, summary = run_campaign(
+        campaign,
+        scenarios,
+        Path(args.out),
+        on_score=progress,
+        deadline_s=args.deadline,
+        resume=args.resume,
+    )
+    command = (
+        "PYTHONPATH=. python bench/bench_campaign.py"
+        + (" --ci" if args.ci else "")
+        + (f" --only {' '.join(args.only)}" if args.only else "")
+        + (f" --deadline {args.deadline:g}" if args.deadline else "")
+    )
     (out / "report.md").write_text(markdown(scores, summary) + "\n")
     section = Section(
         SECTION,
@@ -131,7 +154,9 @@ def main() -> int:
     if not args.no_docs:
         write_section(REPO / "docs" / "benchmarks.md", section)
     emit("campaign", {"commit": rev, "machine": machine(), **summary})
-    (Path(args.out) / "summary.json").write_text(json.dumps({"commit": rev, **summary}, indent=1, default=str))
+    (Path(args.out) / "summary.json").write_text(
+        json.dumps({"commit": rev, **summary}, indent=1, default=str)
+    )
     return 0
 
 

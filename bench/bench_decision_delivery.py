@@ -1,6 +1,7 @@
-"""Decision latency, incident -> decision persisted -> delivered to a webhook on 127.0.0.1, side by side with the
-alternative a user would write first: POST the decision without persisting it (fast, but a crash or an
-unreachable controller loses it). The difference is the price of the at-least-once guarantee.
+"""Decision latency, incident -> decision persisted -> delivered to a webhook on 127.0.0.1, side by
+side with the alternative a user would write first: POST the decision without persisting it (fast,
+but a crash or an unreachable controller loses it). The difference is the price of the at-least-once
+guarantee.
 
     PYTHONPATH=. python bench/bench_decision_delivery.py [--decisions 50]
 """
@@ -36,9 +37,21 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _incident(n: int) -> Incident:
     now = dt.datetime.now(dt.UTC)
-    return Incident(f"inc-bench-{n}", IncidentClass.CRASH, Cause.GPU_HARDWARE, now, now, 0.95, "xid-79", "bench",
-                    job_id="bench", attempt=0, culprit_nodes=(f"node-{n % 8}",), culprit_ranks=(n,),
-                    evidence=(Evidence("gpu_events", now, "Xid 79"),))
+    return Incident(
+        f"inc-bench-{n}",
+        IncidentClass.CRASH,
+        Cause.GPU_HARDWARE,
+        now,
+        now,
+        0.95,
+        "xid-79",
+        "bench",
+        job_id="bench",
+        attempt=0,
+        culprit_nodes=(f"node-{n % 8}",),
+        culprit_ranks=(n,),
+        evidence=(Evidence("gpu_events", now, "Xid 79"),),
+    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -56,7 +69,9 @@ def main() -> None:
     policy = DecisionPolicy(load_policy())
     results = {}
     with tempfile.TemporaryDirectory() as store:
-        deliverer = Deliverer(store, [WebhookHook(url, secret="bench", retry=RetryPolicy(attempts=1))])
+        deliverer = Deliverer(
+            store, [WebhookHook(url, secret="bench", retry=RetryPolicy(attempts=1))]
+        )
         durable = []
         for n in range(args.decisions):
             start = time.perf_counter()
@@ -72,10 +87,15 @@ def main() -> None:
         urllib.request.urlopen(request, timeout=10).read()
         plain.append(time.perf_counter() - start)
     server.shutdown()
-    for name, values in (("faultlens_persist_then_deliver", durable), ("post_without_persisting", plain)):
+    for name, values in (
+        ("faultlens_persist_then_deliver", durable),
+        ("post_without_persisting", plain),
+    ):
         results[name] = {"p50_ms": round(statistics.median(values) * 1000, 2),
                          "p95_ms": round(_pct(values, 0.95) * 1000, 2)}
-    emit("decision_delivery", {"decisions": args.decisions, "results": results, "machine": machine()})
+    emit(
+        "decision_delivery", {"decisions": args.decisions, "results": results, "machine": machine()}
+    )
 
 
 if __name__ == "__main__":

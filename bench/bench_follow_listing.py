@@ -1,24 +1,29 @@
-"""Follower listing per poll (issue 14): what a job's follower lists on each poll of an S3 store, before
-(every tailed table listed whole, pruned afterwards: list_segments, as Store.refresh did for the tail) and now
-(attribution/reading/tail.py PartitionListing: the job's own partitions and its nodes' node-level ones, from the window's
-oldest date on), side by side in one run, on moto's S3 server.
+"""Follower listing per poll (issue 14): what a job's follower lists on each poll of an S3 store,
+before (every tailed table listed whole, pruned afterwards: list_segments, as Store.refresh did for
+the tail) and now (attribution/reading/tail.py PartitionListing: the job's own partitions and its
+nodes' node-level ones, from the window's oldest date on), side by side in one run, on moto's S3
+server.
 
     python -m bench.bench_follow_listing                       # 2,048 nodes: one job over 2 days; a 30-day store
     python -m bench.bench_follow_listing --nodes 256 --polls 2  # smaller
 
-Two stores of 2,048 nodes' worth of segments (one tiny segment per partition, as a compacted store holds):
+Two stores of 2,048 nodes' worth of segments (one tiny segment per partition, as a compacted store
+holds):
 
-* `one job, 2 days`: the followed job on every node for two days (steps, ranks, the GPU samples and a few GPU
-  events of its nodes). Nothing in it is not the follower's: what is left to cut is yesterday's partitions.
-* `30 days, 7 jobs`: the followed job on half the nodes for the last two days, another job on the other half for
-  the last five, five earlier jobs on every node over the 25 days before (steps, ranks, an exit event per node at
-  each job's end), every node's GPU samples every day and a GPU event on one node-day in 16.
+* `one job, 2 days`: the followed job on every node for two days (steps, ranks, the GPU samples and
+  a few GPU events of its nodes). Nothing in it is not the follower's: what is left to cut is
+  yesterday's partitions.
+* `30 days, 7 jobs`: the followed job on half the nodes for the last two days, another job on the
+  other half for the last five, five earlier jobs on every node over the 25 days before (steps,
+  ranks, an exit event per node at each job's end), every node's GPU samples every day and a GPU
+  event on one node-day in 16.
 
-moto's server runs in its own process (so that its CPU is not the client's), seeded in that process straight into
-its backend (its HTTP PUTs would take ~10 ms each); every listing measured goes over HTTP, and the server counts
-the requests it receives (ListObjectsV2, HEAD, GET). Wall seconds are moto's: each of its list requests sorts every
-key under the prefix, so its cost grows with the keys under a prefix, not only with the keys returned (S3 answers
-a page in roughly constant time); the request counts are the figure that carries over to S3.
+moto's server runs in its own process (so that its CPU is not the client's), seeded in that process
+straight into its backend (its HTTP PUTs would take ~10 ms each); every listing measured goes over
+HTTP, and the server counts the requests it receives (ListObjectsV2, HEAD, GET). Wall seconds are
+moto's: each of its list requests sorts every key under the prefix, so its cost grows with the keys
+under a prefix, not only with the keys returned (S3 answers a page in roughly constant time); the
+request counts are the figure that carries over to S3.
 """
 
 from __future__ import annotations
@@ -38,7 +43,15 @@ from typing import Any
 
 from bench.common import emit, machine
 
-TABLES = ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives", "heartbeats")
+TABLES = (
+    "ranks",
+    "steps",
+    "process_events",
+    "gpu_events",
+    "gpu_samples",
+    "collectives",
+    "heartbeats",
+)
 LAST_DAY = dt.date(2026, 11, 30)
 RETAIN_S = 3600.0  # rules/thresholds.yaml engine.retain_s
 
@@ -48,18 +61,23 @@ class Scenario:
     name: str
     nodes: int
     days: int
-    job_nodes: int  # the followed job on nodes [0, job_nodes) for the last two days (or all days if days <= 2)
+    # the followed job on nodes [0, job_nodes) for the last two days (or all days if days <= 2)
+    job_nodes: int
     other_live: bool  # another job on the other nodes for the last five days
     earlier_jobs: int  # jobs on every node before, each over an equal share of the remaining days
 
 
 def _days(scenario: Scenario) -> list[str]:
-    return [(LAST_DAY - dt.timedelta(days=scenario.days - 1 - i)).isoformat() for i in range(scenario.days)]
+    return [
+        (LAST_DAY - dt.timedelta(days=scenario.days - 1 - i)).isoformat()
+        for i in range(scenario.days)
+    ]
 
 
 def layout(scenario: Scenario) -> tuple[list[tuple[str, str]], dict[str, str | None]]:
-    """(table, key below the store root) of every segment, and the window start date per table of the follower
-    of `train` (retain_s behind the newest row it holds of that table; None when it holds none)."""
+    """(table, key below the store root) of every segment, and the window start date per table of
+    the follower of `train` (retain_s behind the newest row it holds of that table; None when it
+    holds none)."""
     days = _days(scenario)
     keys: list[tuple[str, str]] = []
     newest: dict[str, str] = {}
@@ -113,7 +131,9 @@ def layout(scenario: Scenario) -> tuple[list[tuple[str, str]], dict[str, str | N
 
 
 def _payloads() -> dict[str, bytes]:
-    """One tiny valid segment per table (every key of a table holds the same bytes: only listings are measured)."""
+    """One tiny valid segment per table (every key of a table holds the same bytes: only listings
+    are measured).
+    """
     import pyarrow as pa
 
     from faultlens.collectors.store.layout import write_parquet
@@ -121,8 +141,17 @@ def _payloads() -> dict[str, bytes]:
 
     out = {}
     for table in TABLES:
-        rows = validate(table, pa.table({"ts": pa.array([dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)],
-                                                       pa.timestamp("us", tz="UTC")), "node": ["node-0000"]}))
+        rows = validate(
+            table,
+            pa.table(
+                {
+                    "ts": pa.array(
+                        [dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)], pa.timestamp("us", tz="UTC")
+                    ),
+                    "node": ["node-0000"],
+                }
+            ),
+        )
         buffer = io.BytesIO()
         write_parquet(rows, buffer)
         out[table] = buffer.getvalue()
@@ -140,7 +169,8 @@ def _serve(port: int, stores: dict[str, Scenario], ready: Any) -> None:
     backend = get_backend("s3")[DEFAULT_ACCOUNT_ID]["aws"]
     payloads = _payloads()
     seeded = {}
-    for root, scenario in stores.items():  # a bucket each: moto scans a bucket's every key on each listing
+    # a bucket each: moto scans a bucket's every key on each listing
+    for root, scenario in stores.items():
         backend.create_bucket(_bucket(root), "us-east-1")
         keys, _ = layout(scenario)
         for table, key in keys:
@@ -154,7 +184,9 @@ def _serve(port: int, stores: dict[str, Scenario], ready: Any) -> None:
         if path == "/__counts":
             body = json.dumps(counts).encode()
             counts.clear()
-            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            start_response(
+                "200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            )
             return [body]
         method, query = environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
         kind = "list" if method == "GET" and "list-type=2" in query else method.lower()
@@ -179,11 +211,18 @@ def _counts(endpoint: str) -> dict[str, int]:
 # ---------------------------------------------------------------- the client: one scenario
 
 
-def _measure(endpoint: str, root: str, scenario: Scenario, polls: int, before_polls: int) -> dict[str, Any]:
+def _measure(
+    endpoint: str, root: str, scenario: Scenario, polls: int, before_polls: int
+) -> dict[str, Any]:
     from faultlens.attribution.reading.tail import PartitionListing
     from faultlens.collectors.store.layout import list_segments, resolve_store
 
-    options = {"endpoint_url": endpoint, "key": "bench", "secret": "bench", "skip_instance_cache": True}
+    options = {
+        "endpoint_url": endpoint,
+        "key": "bench",
+        "secret": "bench",
+        "skip_instance_cache": True,
+    }
     location = resolve_store(f"s3://{_bucket(root)}/store", **options)
     keys, since = layout(scenario)
 
@@ -198,7 +237,8 @@ def _measure(endpoint: str, root: str, scenario: Scenario, polls: int, before_po
 
     _counts(endpoint)
     first = time.perf_counter()
-    listing.refresh({table: None for table in TABLES})  # the follower's first poll: its window is empty
+    # the follower's first poll: its window is empty
+    listing.refresh({table: None for table in TABLES})
     first_s = time.perf_counter() - first
     first_counts = _counts(endpoint)
     rows = {}
@@ -210,16 +250,29 @@ def _measure(endpoint: str, root: str, scenario: Scenario, polls: int, before_po
             segments = poll()
             walls.append(time.perf_counter() - started)
             requests.append(_counts(endpoint))
-        rows[label] = {"polls": n, "wall_s": [round(w, 3) for w in walls],
-                       "wall_s_median": round(statistics.median(walls), 3),
-                       "list_requests": [r.get("list", 0) for r in requests],
-                       "head_requests": [r.get("head", 0) for r in requests],
-                       "get_requests": [r.get("get", 0) for r in requests], "segments_listed": segments}
-    return {"scenario": scenario.name, "nodes": scenario.nodes, "days": scenario.days,
-            "jobs": 1 + int(scenario.other_live) + scenario.earlier_jobs, "followed_job_nodes": scenario.job_nodes,
-            "segments_in_store": len(keys), "window_start": since,
-            "after_first_poll": {"wall_s": round(first_s, 3), "list_requests": first_counts.get("list", 0)},
-            **rows}
+        rows[label] = {
+            "polls": n,
+            "wall_s": [round(w, 3) for w in walls],
+            "wall_s_median": round(statistics.median(walls), 3),
+            "list_requests": [r.get("list", 0) for r in requests],
+            "head_requests": [r.get("head", 0) for r in requests],
+            "get_requests": [r.get("get", 0) for r in requests],
+            "segments_listed": segments,
+        }
+    return {
+        "scenario": scenario.name,
+        "nodes": scenario.nodes,
+        "days": scenario.days,
+        "jobs": 1 + int(scenario.other_live) + scenario.earlier_jobs,
+        "followed_job_nodes": scenario.job_nodes,
+        "segments_in_store": len(keys),
+        "window_start": since,
+        "after_first_poll": {
+            "wall_s": round(first_s, 3),
+            "list_requests": first_counts.get("list", 0),
+        },
+        **rows,
+    }
 
 
 def _free_port() -> int:
@@ -229,14 +282,18 @@ def _free_port() -> int:
 
 
 def _table(results: list[dict[str, Any]]) -> str:
-    lines = ["| store | segments | follower | list requests / poll | HEAD / poll | wall s / poll (moto) | "
+    lines = ["| store | segments | follower | list requests / poll | HEAD / poll | wall s / poll "
+             "(moto) | "
              "segments handed to the tail |", "|---|---|---|---|---|---|---|"]
     for result in results:
         name = f"{result['scenario']} ({result['nodes']:,} nodes)"
-        for label, text in (("before", "today: every table whole"), ("after", "job partitions, window dates")):
+        for label, text in (("before", "today: every table whole"), ("after", "job partitions, "
+                                                                              "window dates")):
             row = result[label]
-            lines.append(f"| {name} | {result['segments_in_store']:,} | {text} | {row['list_requests'][-1]:,} | "
-                         f"{row['head_requests'][-1]} | {row['wall_s_median']} | {row['segments_listed']:,} |")
+            lines.append(f"| {name} | {result['segments_in_store']:,} | {text} | "
+                         f"{row['list_requests'][-1]:,} | "
+                         f"{row['head_requests'][-1]} | {row['wall_s_median']} | "
+                         f"{row['segments_listed']:,} |")
     return "\n".join(lines)
 
 
@@ -247,7 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--earlier-jobs", type=int, default=5)
     parser.add_argument("--polls", type=int, default=3, help="polls measured with the new listing")
     parser.add_argument("--before-polls", type=int, default=1,
-                        help="polls measured with the full listing (~200 s each for the 30-day store on moto)")
+                        help="polls measured with the full listing (~200 s each for the 30-day "
+                             "store on moto)")
     parser.add_argument("--only", choices=("plain", "store"), help="one of the two stores")
     args = parser.parse_args(argv)
     scenarios = {
@@ -258,7 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     chosen = {key: s for key, s in scenarios.items() if args.only in (None, key)}
     port = _free_port()
     parent, child = multiprocessing.get_context("spawn").Pipe()
-    server = multiprocessing.get_context("spawn").Process(target=_serve, args=(port, chosen, child), daemon=True)
+    server = multiprocessing.get_context("spawn").Process(
+        target=_serve, args=(port, chosen, child), daemon=True
+    )
     started = time.perf_counter()
     server.start()
     seeded = parent.recv()

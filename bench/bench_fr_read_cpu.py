@@ -1,12 +1,13 @@
-"""CPU per dump of the flight-recorder reader, old code against new, alternating (wall time on a shared machine is
-noise; CPU seconds per dump are not).
+"""CPU per dump of the flight-recorder reader, old code against new, alternating (wall time on a
+shared machine is noise; CPU seconds per dump are not).
 
     PYTHONPATH=. python bench/bench_fr_read_cpu.py --old /tmp/baseline --new . --rounds 3
 
-Each run is a fresh subprocess with PYTHONPATH set to the checkout it measures (`faultlens` resolves there): it
-warms the numba kernels on a few dumps, then reads DIR the way bench_hang times it (`read_dump_dir(d,
-columns=COLUMNS, dictionary=True, max_frames=0)`) and prints wall, process CPU (all threads) and CPU ms per dump.
-DIR defaults to the 4,096-rank synthetic set of bench_hang (generate it first: see that module).
+Each run is a fresh subprocess with PYTHONPATH set to the checkout it measures (`faultlens` resolves
+there): it warms the numba kernels on a few dumps, then reads DIR the way bench_hang times it
+(`read_dump_dir(d, columns=COLUMNS, dictionary=True, max_frames=0)`) and prints wall, process CPU
+(all threads) and CPU ms per dump. DIR defaults to the 4,096-rank synthetic set of bench_hang
+(generate it first: see that module).
 """
 
 from __future__ import annotations
@@ -46,15 +47,24 @@ print(json.dumps({"dumps": n, "rows": dumps.table.num_rows, "errors": len(dumps.
 
 def measure(root: Path, directory: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(root.resolve()))
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(directory.resolve())], env=env, cwd=root, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(directory.resolve())],
+        env=env,
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--old", type=Path, required=True, help="checkout of the old code")
-    parser.add_argument("--new", type=Path, default=REPO_ROOT, help="checkout of the new code (default: this one)")
+    parser.add_argument("--new", type=Path, default=REPO_ROOT, help="checkout of the new code "
+                                                                    "(default: this one)")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="dump set to read")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -67,7 +77,8 @@ def main() -> None:
     for label, runs in results.items():
         per_dump = sorted(r["cpu_ms_per_dump"] for r in runs)
         walls = sorted(r["wall_s"] for r in runs)
-        print(f"{label}: CPU ms/dump median {per_dump[len(per_dump) // 2]} (all {per_dump}); wall s {walls}")
+        print(f"{label}: CPU ms/dump median {per_dump[len(per_dump) // 2]} (all {per_dump}); wall "
+              f"s {walls}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
-"""GPU collector costs: one NVML-source sample per GPU through the recorded backend, and kernel-log lines parsed
-per second, each side by side with the naive alternative.
+"""GPU collector costs: one NVML-source sample per GPU through the recorded backend, and kernel-log
+lines parsed per second, each side by side with the naive alternative.
 
     PYTHONPATH=. python bench/bench_gpu.py [--quick]
 
-Sampling: `NvmlSource.poll()` over the 8-GPU timeline (backend read + health deltas + one Arrow batch per poll),
-against the naive shape of the same work (one Arrow table per GPU sample). The recorded backend costs less than a
-real NVML query (~25 driver calls per GPU), so this is the collector's own overhead, not NVML's.
-Kernel log: `KernelLogParser.feed` (all transports, every Xid form, derived kinds) on a syslog-shaped log where 1 %
-of the lines are GPU lines and on one made only of GPU lines, against one `re.search` of the common Xid shape per
-line (what a grep-style collector does; it misses the old-driver, MIG, SXid and fallen-off-the-bus forms).
+Sampling: `NvmlSource.poll()` over the 8-GPU timeline (backend read + health deltas + one Arrow
+batch per poll), against the naive shape of the same work (one Arrow table per GPU sample). The
+recorded backend costs less than a real NVML query (~25 driver calls per GPU), so this is the
+collector's own overhead, not NVML's. Kernel log: `KernelLogParser.feed` (all transports, every Xid
+form, derived kinds) on a syslog-shaped log where 1 % of the lines are GPU lines and on one made
+only of GPU lines, against one `re.search` of the common Xid shape per line (what a grep-style
+collector does; it misses the old-driver, MIG, SXid and fallen-off-the-bus forms).
 """
 
 from __future__ import annotations
@@ -32,12 +33,17 @@ from faultlens.collectors.store.schema import rows_to_table  # noqa: E402
 TIMELINE = ROOT / "tests" / "data" / "gpu" / "timeline-8gpu.yaml"
 GPU_LINES = [
     "NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
-    "NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has "
+    "NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit "
+    "error (DBE) has "
     "been detected on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1.",
-    "NVRM: Xid (PCI:0000:00:07): 31, pid=2512125, name=python3.10, Ch 00000008, intr 00000000. MMU Fault: ENGINE "
-    "GRAPHICS GPCCLIENT_T1_8 faulted @ 0x73ac_1c000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE",
-    "NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
-    "NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from 0x4 (Drain and Reset) to 0x1 (GPU Reset "
+    "NVRM: Xid (PCI:0000:00:07): 31, pid=2512125, name=python3.10, Ch 00000008, intr 00000000. MMU "
+    "Fault: ENGINE "
+    "GRAPHICS GPCCLIENT_T1_8 faulted @ 0x73ac_1c000000. Fault is of type FAULT_PDE "
+    "ACCESS_TYPE_VIRT_WRITE",
+    "NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid "
+    "149",
+    "NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from 0x4 (Drain and Reset) to "
+    "0x1 (GPU Reset "
     "Required)",
 ]
 NOISE = [
@@ -46,11 +52,13 @@ NOISE = [
     "IPv6: ADDRCONF(NETDEV_CHANGE): ib0: link becomes ready",
     "audit: type=1400 audit(1701339481.123:456): apparmor=\"STATUS\" operation=\"profile_load\"",
 ]
-NAIVE_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:]+)\): (\d+), (?:pid=([^,]+), )?(?:name=([^,]+), )?(.*)")
+NAIVE_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:]+)\): (\d+), (?:pid=([^,]+), "
+                      r")?(?:name=([^,]+), )?(.*)")
 
 
 def syslog(message: str, i: int) -> str:
-    return f"Nov 30 11:{(i // 60) % 60:02d}:{i % 60:02d} gpu-node-07 kernel: [{8000 + i * 0.001:12.6f}] {message}"
+    return (f"Nov 30 11:{(i // 60) % 60:02d}:{i % 60:02d} gpu-node-07 kernel: "
+            f"[{8000 + i * 0.001:12.6f}] {message}")
 
 
 def make_log(lines: int, gpu_share: float) -> list[str]:
@@ -70,8 +78,12 @@ def best_of(repeat: int, fn) -> float:
 
 def bench_sampling(polls: int) -> dict:
     clock = [0.0]
-    source = NvmlSource(RecordedBackend(TIMELINE, clock=lambda: clock[0]), NodeIdentity("gpu-node-07"),
-                        monotonic=lambda: clock[0], events=False)
+    source = NvmlSource(
+        RecordedBackend(TIMELINE, clock=lambda: clock[0]),
+        NodeIdentity("gpu-node-07"),
+        monotonic=lambda: clock[0],
+        events=False,
+    )
     source.poll()
     gpus = len(source.devices())
 
@@ -89,8 +101,15 @@ def bench_sampling(polls: int) -> dict:
         for _ in range(polls):
             for device in devices:
                 reading = backend.sample(device)
-                row = {"ts": time.time_ns(), **identity, "gpu_index": device.index, "gpu_uuid": device.uuid,
-                       "pci_bus_id": device.pci_bus_id, "source": "recorded", **reading.values}
+                row = {
+                    "ts": time.time_ns(),
+                    **identity,
+                    "gpu_index": device.index,
+                    "gpu_uuid": device.uuid,
+                    "pci_bus_id": device.pci_bus_id,
+                    "source": "recorded",
+                    **reading.values,
+                }
                 rows_to_table("gpu_samples", [row])
 
     naive_s = best_of(3, naive) / (polls * gpus)
@@ -135,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     args = parser.parse_args(argv)
     polls, lines = (50, 20_000) if args.quick else (400, 200_000)
-    result = {"benchmark": "gpu_collectors", "sampling": bench_sampling(polls), "kernel_log": bench_kmsg(lines)}
+    result = {
+        "benchmark": "gpu_collectors",
+        "sampling": bench_sampling(polls),
+        "kernel_log": bench_kmsg(lines),
+    }
     print(json.dumps(result, indent=1))
     return 0
 

@@ -1,23 +1,26 @@
-"""Hang analysis at scale, side by side with torch's own analyzer, and dump ingest rate beside pickle.load.
+"""Hang analysis at scale, side by side with torch's own analyzer, and dump ingest rate beside
+pickle.load.
 
     python bench/bench_hang.py                       # 1,024 ranks (default)
     python bench/bench_hang.py --ranks 1024,4096,16384 --entries 2000 --torch-max-ranks 1024
 
-Synthetic dump sets (cached under --cache, default bench/out/fr-dumps, git-ignored): a Megatron-like job with
-tensor (8), pipeline (4) and data parallel groups plus the default group, 2,000 entries per rank (pickle protocol 2,
-NCCL format 2.10, two stack frames per entry, ~230 bytes an entry), written as `_dump_<rank>`. A hang is injected:
-one rank stops before a tensor-parallel all_reduce; its TP peers enter it and wait, its DP peers wait in their next
-data-parallel all_reduce, every other rank waits one step later (follow-ons in every group).
+Synthetic dump sets (cached under --cache, default bench/out/fr-dumps, git-ignored): a Megatron-like
+job with tensor (8), pipeline (4) and data parallel groups plus the default group, 2,000 entries per
+rank (pickle protocol 2, NCCL format 2.10, two stack frames per entry, ~230 bytes an entry), written
+as `_dump_<rank>`. A hang is injected: one rank stops before a tensor-parallel all_reduce; its TP
+peers enter it and wait, its DP peers wait in their next data-parallel all_reduce, every other rank
+waits one step later (follow-ons in every group).
 
 Measured, each in its own subprocess (wall time, peak RSS from wait4):
-- faultlens: reading + analysis as `faultlens analyze-hang DIR` does them (`analyze_dump_dir`: the analysis' first
-  pass runs on the rows as they are read), in a process importing only that (and the CLI itself at the smallest
-  size); the culprit it reports is checked;
-- torch: `python -m torch.distributed.flight_recorder.fr_trace DIR -p _dump_` where it can finish (at most
-  --torch-max-ranks ranks; at 1,024 it needs ~4 GB and ~90 s here, and cannot reach 16,384 in memory);
-- ingest rate at the smallest size: faultlens' reader building the full collectives table, beside plain
-  pickle.load of every dump into Python objects, and the naive path (restricted unpickler + row dicts + Arrow
-  table, on the first --naive-ranks dumps, reported per dump).
+- faultlens: reading + analysis as `faultlens analyze-hang DIR` does them (`analyze_dump_dir`: the
+  analysis' first pass runs on the rows as they are read), in a process importing only that (and the
+  CLI itself at the smallest size); the culprit it reports is checked;
+- torch: `python -m torch.distributed.flight_recorder.fr_trace DIR -p _dump_` where it can finish
+  (at most --torch-max-ranks ranks; at 1,024 it needs ~4 GB and ~90 s here, and cannot reach 16,384
+  in memory);
+- ingest rate at the smallest size: faultlens' reader building the full collectives table, beside
+  plain pickle.load of every dump into Python objects, and the naive path (restricted unpickler +
+  row dicts + Arrow table, on the first --naive-ranks dumps, reported per dump).
 Prints a JSON document and a markdown table. Mind the machine: the sizes run one after another.
 """
 
@@ -48,7 +51,7 @@ T0 = 1_790_000_000_000_000_000
 FORMAT = "2"  # bump when the generator changes: old caches are regenerated
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # synthetic job
 
 
@@ -62,7 +65,9 @@ def _layout(world: int) -> dict[str, object]:
 
 
 def _groups_of(rank: int, world: int) -> dict[str, tuple[str, str, list[int]]]:
-    """kind -> (name, desc, ranks) for the groups `rank` is in (Megatron order: tp fastest, then dp, then pp)."""
+    """kind -> (name, desc, ranks) for the groups `rank` is in (Megatron order: tp fastest, then dp,
+    then pp).
+    """
     lay = _layout(world)
     tp, dp, pp = lay["tp"], lay["dp"], lay["pp"]
     stage, rest = divmod(rank, tp * dp)
@@ -99,13 +104,14 @@ def _culprit(world: int) -> int:
 
 
 def make_dump(rank: int, world: int, entries: int) -> dict:
-    """One rank's dump dict (shared string objects, so the pickler memoizes them like torch's does)."""
+    """One rank's dump dict (shared string objects, so the pickler memoizes them like torch's does).
+    """
     groups = _groups_of(rank, world)
     culprit = _culprit(world)
     fault_step = -(-entries // len(_STEP))  # enough steps that every rank's ring buffer is full
     culprit_groups = _groups_of(culprit, world)
-    # how far this rank gets: (step, index) of the first op it does NOT enter
-    # synchronous semantics: a rank waits in the first op whose group holds a rank that never gets there
+    # how far this rank gets: (step, index) of the first op it does NOT enter synchronous semantics:
+    # a rank waits in the first op whose group holds a rank that never gets there
     if rank == culprit:
         stop = (fault_step, _FAULT_INDEX)
     elif rank in culprit_groups["tp"][2]:
@@ -119,10 +125,19 @@ def make_dump(rank: int, world: int, entries: int) -> dict:
     seq = {kind: 0 for kind in groups}
     local_id = {"world": 0, "tp": 1, "dp": 2, "pp": 3}
     records = []
-    frame_a = {"name": "all_reduce", "filename": "/usr/lib/python3/torch/distributed/distributed_c10d.py",
-               "line": 3245}
-    frames_b = [{"name": "forward", "filename": "/workspace/megatron/core/transformer/layer.py", "line": 300 + i}
-                for i in range(len(_STEP))]
+    frame_a = {
+        "name": "all_reduce",
+        "filename": "/usr/lib/python3/torch/distributed/distributed_c10d.py",
+        "line": 3245,
+    }
+    frames_b = [
+        {
+            "name": "forward",
+            "filename": "/workspace/megatron/core/transformer/layer.py",
+            "line": 300 + i,
+        }
+        for i in range(len(_STEP))
+    ]
     dtype = ["BFloat16"]
     total_steps = fault_step + 1
     record_id = 0
@@ -134,33 +149,51 @@ def make_dump(rank: int, world: int, entries: int) -> dict:
             name, desc, _ = groups[kind]
             incomplete = (step, index) >= (stop[0], stop[1] - 1) and step >= fault_step
             t = T0 + (step * len(_STEP) + index) * 1_000_000 + rank
-            records.append({
-                "record_id": record_id, "pg_id": local_id[kind], "process_group": (name, desc),
-                "thread_name": "pt_autograd_0", "thread_id": "140000000000001", "collective_seq_id": seq[kind],
-                "p2p_seq_id": 0, "op_id": seq[kind], "profiling_name": op, "time_created_ns": t,
-                # fresh lists per entry: torch's pickler memoizes strings, not lists
-                "input_sizes": [list(x) for x in in_sizes], "input_dtypes": list(dtype),
-                "output_sizes": [list(x) for x in out_sizes], "output_dtypes": list(dtype),
-                "state": "scheduled" if incomplete else "completed",
-                "time_discovered_started_ns": None if incomplete else t + 10_000,
-                "time_discovered_completed_ns": None if incomplete else t + 90_000,
-                "retired": not incomplete, "timeout_ms": 600_000, "is_p2p": False,
-                "frames": [dict(frame_a), dict(frames_b[index])],
-            })
+            records.append(
+                {
+                    "record_id": record_id,
+                    "pg_id": local_id[kind],
+                    "process_group": (name, desc),
+                    "thread_name": "pt_autograd_0",
+                    "thread_id": "140000000000001",
+                    "collective_seq_id": seq[kind],
+                    "p2p_seq_id": 0,
+                    "op_id": seq[kind],
+                    "profiling_name": op,
+                    "time_created_ns": t,
+                    # fresh lists per entry: torch's pickler memoizes strings, not lists
+                    "input_sizes": [list(x) for x in in_sizes],
+                    "input_dtypes": list(dtype),
+                    "output_sizes": [list(x) for x in out_sizes],
+                    "output_dtypes": list(dtype),
+                    "state": "scheduled" if incomplete else "completed",
+                    "time_discovered_started_ns": None if incomplete else t + 10_000,
+                    "time_discovered_completed_ns": None if incomplete else t + 90_000,
+                    "retired": not incomplete,
+                    "timeout_ms": 600_000,
+                    "is_p2p": False,
+                    "frames": [dict(frame_a), dict(frames_b[index])],
+                }
+            )
             record_id += 1
         else:
             continue
         break
     records = records[-entries:]  # the ring buffer keeps the last `entries`
-    config = {name: {"name": name, "desc": desc, "ranks": str(ranks)} for name, desc, ranks in groups.values()}
+    config = {
+        name: {"name": name, "desc": desc, "ranks": str(ranks)}
+        for name, desc, ranks in groups.values()
+    }
     status = {}
     for kind, (name, _, _) in groups.items():
         mine = [r for r in records if r["process_group"][0] == name]
         if mine:
             done = [r["collective_seq_id"] for r in mine if r["retired"]]
-            status[str(local_id[kind])] = {"last_enqueued_collective": mine[-1]["collective_seq_id"],
-                                           "last_started_collective": -1,
-                                           "last_completed_collective": max(done) if done else -1}
+            status[str(local_id[kind])] = {
+                "last_enqueued_collective": mine[-1]["collective_seq_id"],
+                "last_started_collective": -1,
+                "last_completed_collective": max(done) if done else -1,
+            }
     return {"version": "2.10", "pg_config": config, "pg_status": status, "nccl_version": "2.27.3",
             "entries": records}
 
@@ -182,7 +215,11 @@ def ensure_set(cache: Path, world: int, entries: int, workers: int) -> tuple[Pat
         return directory, 0.0
     directory.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    todo = [(str(directory), r, world, entries) for r in range(world) if not (directory / f"_dump_{r}").exists()]
+    todo = [
+        (str(directory), r, world, entries)
+        for r in range(world)
+        if not (directory / f"_dump_{r}").exists()
+    ]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for _ in pool.map(_write_one, todo, chunksize=32):
             pass
@@ -190,11 +227,13 @@ def ensure_set(cache: Path, world: int, entries: int, workers: int) -> tuple[Pat
     return directory, time.perf_counter() - started
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # measuring
 
 
-def _measure(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, object]:
+def _measure(
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None
+) -> dict[str, object]:
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
                             env=env or os.environ.copy())
@@ -206,8 +245,13 @@ def _measure(cmd: list[str], timeout: float, env: dict[str, str] | None = None) 
         return {"seconds": round(time.perf_counter() - started, 2), "timed_out": True}
     seconds = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"seconds": round(seconds, 2), "exit_code": proc.returncode, "stdout": out.decode(errors="replace"),
-            "stderr": err.decode(errors="replace"), "children_maxrss_mb": round(usage.ru_maxrss / 1024, 1)}
+    return {
+        "seconds": round(seconds, 2),
+        "exit_code": proc.returncode,
+        "stdout": out.decode(errors="replace"),
+        "stderr": err.decode(errors="replace"),
+        "children_maxrss_mb": round(usage.ru_maxrss / 1024, 1),
+    }
 
 
 def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
@@ -215,7 +259,8 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
     wrapper = ("import os,sys,time,json,subprocess\n"
                "t=time.perf_counter(); p=subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, "
                "stderr=subprocess.PIPE)\n"
-               "out,err=p.communicate(); _,status,ru=os.wait4(p.pid,0) if p.returncode is None else (0,0,None)\n"
+               "out,err=p.communicate(); _,status,ru=os.wait4(p.pid,0) if p.returncode is None "
+               "else (0,0,None)\n"
                "import resource; ru=resource.getrusage(resource.RUSAGE_CHILDREN)\n"
                "sys.stdout.write(json.dumps({'seconds':time.perf_counter()-t,'rc':p.returncode,"
                "'cpu':ru.ru_utime+ru.ru_stime,"
@@ -228,9 +273,14 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
         inner = json.loads(result["stdout"])
     except (ValueError, TypeError):
         return {"error": str(result.get("stderr"))[-2000:]}
-    return {"seconds": round(inner["seconds"], 2), "cpu_seconds": round(inner["cpu"], 2), "exit_code": inner["rc"],
-            "peak_rss_mb": round(inner["maxrss_mb"]),
-            "stdout": inner["out"], "stderr": inner["err"]}
+    return {
+        "seconds": round(inner["seconds"], 2),
+        "cpu_seconds": round(inner["cpu"], 2),
+        "exit_code": inner["rc"],
+        "peak_rss_mb": round(inner["maxrss_mb"]),
+        "stdout": inner["out"],
+        "stderr": inner["err"],
+    }
 
 
 # the small set is read with the compiled scanner on purpose (by default a small set skips it)
@@ -252,8 +302,8 @@ print(json.dumps(report.to_dict() | {"dumps": {"read_seconds": dumps.seconds, "s
 
 
 def warm_cache(directory: Path) -> float:
-    """Read every dump once so each timed run starts from the page cache (a 16,384-rank set is ~9 GB: reading it
-    from disk would measure the disk)."""
+    """Read every dump once so each timed run starts from the page cache (a 16,384-rank set is ~9
+    GB: reading it from disk would measure the disk)."""
     started = time.perf_counter()
     for path in directory.glob("_dump_*"):
         with open(path, "rb") as handle:
@@ -263,22 +313,43 @@ def warm_cache(directory: Path) -> float:
 
 
 def bench_faultlens(directory: Path, world: int, timeout: float, cli: bool) -> dict[str, object]:
-    """Reading + analysis in a fresh process: the library call analyze-hang makes (analyze_dump_dir; imports of
-    faultlens' reader and analysis only), and, when `cli`, the `faultlens analyze-hang --json` command (which also
-    imports every other command module of the CLI)."""
+    """Reading + analysis in a fresh process: the library call analyze-hang makes (analyze_dump_dir;
+    imports of faultlens' reader and analysis only), and, when `cli`, the `faultlens analyze-hang
+    --json` command (which also imports every other command module of the CLI)."""
     library_cmd = [sys.executable, "-c", _LIBRARY_RUN, str(directory)]
-    cli_cmd = [sys.executable, "-m", "faultlens.controller.cli.main", "analyze-hang", str(directory), "--json"]
-    # compile the numba kernels once into their on-disk cache (a one-time cost per install, reported separately):
-    # the small real NCCL set exercises every kernel the big run uses
-    warm = _run_with_rss([sys.executable, "-c", _WARM_RUN, str(REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd")],
-                         600)
+    cli_cmd = [
+        sys.executable,
+        "-m",
+        "faultlens.controller.cli.main",
+        "analyze-hang",
+        str(directory),
+        "--json",
+    ]
+    # compile the numba kernels once into their on-disk cache (a one-time cost per install, reported
+    # separately): the small real NCCL set exercises every kernel the big run uses
+    warm = _run_with_rss(
+        [
+            sys.executable,
+            "-c",
+            _WARM_RUN,
+            str(REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"),
+        ],
+        600,
+    )
     result = _run_with_rss(library_cmd, timeout)
-    out: dict[str, object] = {"seconds": result.get("seconds"), "cpu_seconds": result.get("cpu_seconds"),
-                              "peak_rss_mb": result.get("peak_rss_mb"),
-                              "exit_code": result.get("exit_code"), "compile_warmup_s": warm.get("seconds")}
+    out: dict[str, object] = {
+        "seconds": result.get("seconds"),
+        "cpu_seconds": result.get("cpu_seconds"),
+        "peak_rss_mb": result.get("peak_rss_mb"),
+        "exit_code": result.get("exit_code"),
+        "compile_warmup_s": warm.get("seconds"),
+    }
     if cli:
         cli_result = _run_with_rss(cli_cmd, timeout)
-        out["cli"] = {key: cli_result.get(key) for key in ("seconds", "cpu_seconds", "peak_rss_mb", "exit_code")}
+        out["cli"] = {
+            key: cli_result.get(key)
+            for key in ("seconds", "cpu_seconds", "peak_rss_mb", "exit_code")
+        }
     if result.get("timed_out"):
         out["timed_out"] = True
         return out
@@ -295,7 +366,14 @@ def bench_faultlens(directory: Path, world: int, timeout: float, cli: bool) -> d
 
 
 def bench_torch(directory: Path, world: int, timeout: float) -> dict[str, object]:
-    cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(directory), "-p", "_dump_"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.flight_recorder.fr_trace",
+        str(directory),
+        "-p",
+        "_dump_",
+    ]
     result = _run_with_rss(cmd, timeout)
     if result.get("timed_out"):
         return {"seconds": result["seconds"], "timed_out": True}
@@ -319,14 +397,15 @@ def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, obj
     faultlens_s = time.perf_counter() - started
     rows = table.num_rows
     del table
-    # the baselines run with the garbage collector off, as torch's own loader does (with it on, pickle.load of
-    # 1,024 dumps is several times slower still)
+    # the baselines run with the garbage collector off, as torch's own loader does (with it on,
+    # pickle.load of 1,024 dumps is several times slower still)
     gc.disable()
     started = time.perf_counter()
     loaded = 0
     for path in files:
         with open(path, "rb") as handle:
-            loaded += len(pickle.load(handle)["entries"])  # our own synthetic files: the unsafe baseline
+            # our own synthetic files: the unsafe baseline
+            loaded += len(pickle.load(handle)["entries"])
     pickle_s = time.perf_counter() - started
     naive = files[:naive_ranks]
     started = time.perf_counter()
@@ -336,17 +415,36 @@ def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, obj
         rank = int(path.name.rsplit("_", 1)[1])
         for e in dump["entries"]:
             name, desc = e["process_group"]
-            naive_rows.append({
-                "ts": e["time_created_ns"], "rank": rank, "dump_id": path.name, "fr_version": dump["version"],
-                "pg_id": str(e["pg_id"]), "pg_name": name, "pg_desc": desc, "record_id": e["record_id"],
-                "collective_seq_id": e["collective_seq_id"], "p2p_seq_id": e["p2p_seq_id"], "op_id": e["op_id"],
-                "op": e["profiling_name"], "state": e["state"], "is_p2p": e["is_p2p"], "retired": e["retired"],
-                "time_created": e["time_created_ns"], "time_started": e["time_discovered_started_ns"],
-                "time_completed": e["time_discovered_completed_ns"], "input_sizes": e["input_sizes"],
-                "input_dtypes": e["input_dtypes"], "output_sizes": e["output_sizes"],
-                "output_dtypes": e["output_dtypes"], "timeout_ms": e["timeout_ms"],
-                "frames": [f"{f['name']} ({f['filename']}:{f['line']})" for f in e.get("frames", [])],
-            })
+            naive_rows.append(
+                {
+                    "ts": e["time_created_ns"],
+                    "rank": rank,
+                    "dump_id": path.name,
+                    "fr_version": dump["version"],
+                    "pg_id": str(e["pg_id"]),
+                    "pg_name": name,
+                    "pg_desc": desc,
+                    "record_id": e["record_id"],
+                    "collective_seq_id": e["collective_seq_id"],
+                    "p2p_seq_id": e["p2p_seq_id"],
+                    "op_id": e["op_id"],
+                    "op": e["profiling_name"],
+                    "state": e["state"],
+                    "is_p2p": e["is_p2p"],
+                    "retired": e["retired"],
+                    "time_created": e["time_created_ns"],
+                    "time_started": e["time_discovered_started_ns"],
+                    "time_completed": e["time_discovered_completed_ns"],
+                    "input_sizes": e["input_sizes"],
+                    "input_dtypes": e["input_dtypes"],
+                    "output_sizes": e["output_sizes"],
+                    "output_dtypes": e["output_dtypes"],
+                    "timeout_ms": e["timeout_ms"],
+                    "frames": [
+                        f"{f['name']} ({f['filename']}:{f['line']})" for f in e.get("frames", [])
+                    ],
+                }
+            )
     for row in naive_rows:
         for key in ("ts", "time_created", "time_started", "time_completed"):
             if row[key] is not None:
@@ -356,10 +454,14 @@ def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, obj
     gc.enable()
     per_dump_naive = naive_s / max(len(naive), 1)
     return {
-        "ranks": world, "rows": rows,
-        "faultlens_reader_s": round(faultlens_s, 2), "faultlens_dumps_per_s": round(world / faultlens_s, 1),
-        "pickle_load_s": round(pickle_s, 2), "pickle_load_dumps_per_s": round(world / pickle_s, 1),
-        "naive_rows_dumps_measured": len(naive), "naive_rows_dumps_per_s": round(1 / per_dump_naive, 1),
+        "ranks": world,
+        "rows": rows,
+        "faultlens_reader_s": round(faultlens_s, 2),
+        "faultlens_dumps_per_s": round(world / faultlens_s, 1),
+        "pickle_load_s": round(pickle_s, 2),
+        "pickle_load_dumps_per_s": round(world / pickle_s, 1),
+        "naive_rows_dumps_measured": len(naive),
+        "naive_rows_dumps_per_s": round(1 / per_dump_naive, 1),
         "naive_rows_projected_s": round(per_dump_naive * world, 1),
         "speedup_vs_pickle_load": round(pickle_s / faultlens_s, 1),
         "speedup_vs_naive": round(per_dump_naive * world / faultlens_s, 1),
@@ -369,7 +471,8 @@ def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, obj
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", default="1024", help="comma-separated dump set sizes (default 1024)")
+    parser.add_argument("--ranks", default="1024", help="comma-separated dump set sizes (default "
+                                                        "1024)")
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     parser.add_argument("--torch-max-ranks", type=int, default=1024,
@@ -380,7 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cli-max-ranks", type=int, default=4096,
                         help="also time `faultlens analyze-hang` (the CLI) up to this size")
     parser.add_argument("--naive-ranks", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="generator processes")
+    parser.add_argument(
+        "--workers", type=int, default=min(2, os.cpu_count() or 1), help="generator processes"
+    )
     args = parser.parse_args(argv)
     sizes = [int(x) for x in args.ranks.split(",") if x.strip()]
     results: dict[str, object] = {"entries_per_rank": args.entries, "machine": machine(),
@@ -388,22 +493,33 @@ def main(argv: list[str] | None = None) -> int:
     for world in sizes:
         directory, gen_s = ensure_set(args.cache, world, args.entries, args.workers)
         size_mb = sum(p.stat().st_size for p in directory.glob("_dump_*")) / 1e6
-        row: dict[str, object] = {"ranks": world, "dump_mb": round(size_mb), "generated_s": round(gen_s, 1),
-                                  "culprit": _culprit(world)}
+        row: dict[str, object] = {
+            "ranks": world,
+            "dump_mb": round(size_mb),
+            "generated_s": round(gen_s, 1),
+            "culprit": _culprit(world),
+        }
         row["cache_warm_s"] = round(warm_cache(directory), 1)
-        row["faultlens"] = bench_faultlens(directory, world, args.timeout, cli=world <= args.cli_max_ranks)
+        row["faultlens"] = bench_faultlens(
+            directory, world, args.timeout, cli=world <= args.cli_max_ranks
+        )
         if world <= args.torch_max_ranks:
             warm_cache(directory)
             row["torch"] = bench_torch(directory, world, args.torch_timeout)
             fl, tt = row["faultlens"].get("seconds"), row["torch"].get("seconds")
             if fl and tt and not row["torch"].get("timed_out"):
                 row["speedup_vs_torch"] = round(tt / fl, 1)
-                fl_cpu, tt_cpu = row["faultlens"].get("cpu_seconds"), row["torch"].get("cpu_seconds")
+                fl_cpu, tt_cpu = (
+                    row["faultlens"].get("cpu_seconds"),
+                    row["torch"].get("cpu_seconds"),
+                )
                 if fl_cpu and tt_cpu:
                     row["cpu_speedup_vs_torch"] = round(tt_cpu / fl_cpu, 1)
         else:
-            row["torch"] = {"skipped": f"over --torch-max-ranks {args.torch_max_ranks} (torch needs ~4 GB at "
-                                       "1,024 ranks and cannot hold 16,384 in this machine's memory)"}
+            row["torch"] = {"skipped": f"over --torch-max-ranks {args.torch_max_ranks} (torch "
+                                       "needs ~4 GB at "
+                                       "1,024 ranks and cannot hold 16,384 in this machine's "
+                                       "memory)"}
         results["sizes"].append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
         if not args.no_ingest and "ingest" not in results:
@@ -411,13 +527,21 @@ def main(argv: list[str] | None = None) -> int:
             results["ingest"] = bench_ingest(directory, world, args.naive_ranks)
     emit("hang", results)
     print()
-    print("| ranks x entries | dumps | faultlens read + analysis wall (CPU) | peak RSS | torch fr_trace wall (CPU) | "
+    print("| ranks x entries | dumps | faultlens read + analysis wall (CPU) | peak RSS | torch "
+          "fr_trace wall (CPU) | "
           "peak RSS | speed-up wall (CPU) |")
     print("|---|---|---|---|---|---|---|")
     for row in results["sizes"]:
         fl, tt = row["faultlens"], row["torch"]
-        torch_cell = "skipped" if "skipped" in tt else (
-            "timed out" if tt.get("timed_out") else f"{tt['seconds']} s ({tt.get('cpu_seconds')} s)")
+        torch_cell = (
+            "skipped"
+            if "skipped" in tt
+            else (
+                "timed out"
+                if tt.get("timed_out")
+                else f"{tt['seconds']} s ({tt.get('cpu_seconds')} s)"
+            )
+        )
         print(f"| {row['ranks']} x {args.entries} | {row['dump_mb']} MB | {fl.get('seconds')} s "
               f"({fl.get('cpu_seconds')} s) {'correct' if fl.get('correct') else 'WRONG'} | "
               f"{fl.get('peak_rss_mb')} MB | {torch_cell} | {tt.get('peak_rss_mb', '-')} MB | "
@@ -426,8 +550,10 @@ def main(argv: list[str] | None = None) -> int:
         ing = results["ingest"]
         print()
         print(f"ingest {ing['ranks']} dumps: faultlens {ing['faultlens_dumps_per_s']} dumps/s "
-              f"({ing['faultlens_reader_s']} s, full table) vs pickle.load {ing['pickle_load_dumps_per_s']} dumps/s "
-              f"({ing['speedup_vs_pickle_load']}x) vs naive rows {ing['naive_rows_dumps_per_s']} dumps/s "
+              f"({ing['faultlens_reader_s']} s, full table) vs pickle.load "
+              f"{ing['pickle_load_dumps_per_s']} dumps/s "
+              f"({ing['speedup_vs_pickle_load']}x) vs naive rows {ing['naive_rows_dumps_per_s']} "
+              "dumps/s "
               f"({ing['speedup_vs_naive']}x)")
     return 0
 

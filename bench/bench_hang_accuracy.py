@@ -1,24 +1,27 @@
-"""Hang culprits, side by side: faultlens, torch's flight-recorder analyzer and NVIDIA's CollectiveAnalyzer on the
-hang corpus (real dump sets of an 8-rank gloo job, tests/torch_jobs/hang_corpus, truth beside each), the held-out
-set (real gloo dump sets of other job shapes: 4 to 16 ranks, other rank orders, groups without descs or from
-new_subgroups, pipelines; tests/torch_jobs/hang_heldout) and the real NCCL set (tests/data/nccl-fr-gpu_error_2nd,
-the files of NVIDIA/nvidia-resiliency-ext tests/attribution/unit/fr_traces/gpu_error_2nd; truth ranks 9 and 14)
+"""Hang culprits, side by side: faultlens, torch's flight-recorder analyzer and NVIDIA's
+CollectiveAnalyzer on the hang corpus (real dump sets of an 8-rank gloo job,
+tests/torch_jobs/hang_corpus, truth beside each), the held-out set (real gloo dump sets of other job
+shapes: 4 to 16 ranks, other rank orders, groups without descs or from new_subgroups, pipelines;
+tests/torch_jobs/hang_heldout) and the real NCCL set (tests/data/nccl-fr-gpu_error_2nd, the files of
+NVIDIA/nvidia-resiliency-ext tests/attribution/unit/fr_traces/gpu_error_2nd; truth ranks 9 and 14)
 and the stored DeviceMesh sets (tests/data/device-mesh-hangs: real 8-rank gloo jobs with groups from
 init_device_mesh, dumped by faultlens' trigger with the ranks' own stacks).
 
     python -m bench.bench_hang_accuracy [--nvrx-python PATH] [--json OUT] [--no-heldout]
 
-Per set and analyzer: the ranks it names as culprits, whether that is exactly the truth, and its false ranks
-(named, not culprits: victims) and missed ranks. How each analyzer's answer is read:
-- faultlens: analyze_collectives' culprit_ranks, with the py-spy stacks the corpus took (as the supervisor does),
-  and once more from the trace alone;
-- torch: `python -m torch.distributed.flight_recorder.fr_trace DIR -p _dump_` (with --allow-incomplete-ranks where
-  a dump is missing), on a copy of the dumps named `_dump_<rank>` (its file-name rule); the ranks it names are
-  every "missing ranks: {...}" and "Culprit rank N" it prints;
-- NVIDIA: nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution.CollectiveAnalyzer run in the Python
-  given by --nvrx-python (its own venv) on the same `_dump_<rank>` copy with its CLI's arguments (-p "_dump_*", no
-  LLM); the ranks it names are the "Missing Ranks" column of the table it prints (what its print_output returns as
-  "hanging ranks"); where it cannot be imported the table says why.
+Per set and analyzer: the ranks it names as culprits, whether that is exactly the truth, and its
+false ranks (named, not culprits: victims) and missed ranks. How each analyzer's answer is read:
+- faultlens: analyze_collectives' culprit_ranks, with the py-spy stacks the corpus took (as the
+  supervisor does), and once more from the trace alone;
+- torch: `python -m torch.distributed.flight_recorder.fr_trace DIR -p _dump_` (with
+  --allow-incomplete-ranks where a dump is missing), on a copy of the dumps named `_dump_<rank>`
+  (its file-name rule); the ranks it names are every "missing ranks: {...}" and "Culprit rank N" it
+  prints;
+- NVIDIA: nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution.CollectiveAnalyzer run in
+  the Python given by --nvrx-python (its own venv) on the same `_dump_<rank>` copy with its CLI's
+  arguments (-p "_dump_*", no LLM); the ranks it names are the "Missing Ranks" column of the table
+  it prints (what its print_output returns as "hanging ranks"); where it cannot be imported the
+  table says why.
 """
 
 from __future__ import annotations
@@ -41,14 +44,16 @@ from bench.common import emit, machine  # noqa: E402
 
 NCCL_SET = REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"
 NCCL_TRUTH = (9, 14)
-# stored real gloo sets of DeviceMesh jobs, as faultlens' trigger wrote them (tests/data/device-mesh-hangs/README.md)
+# stored real gloo sets of DeviceMesh jobs, as faultlens' trigger wrote them
+# (tests/data/device-mesh-hangs/README.md)
 MESH_SETS = REPO_ROOT / "tests" / "data" / "device-mesh-hangs" / "stacks"
 NVRX_MODULE = "nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution"
-# Drives CollectiveAnalyzer as its own CLI would (fr_attribution.main: the same argparse fields, defaults kept,
-# --fr-path DIR -p "_dump_*"), but runs the three registered pipeline steps in run_sync's order on the analyzer's own
-# event loop: at the source read (fr_attribution.py @16a9d66, base.py @1eaec7b) main()'s run_sync(args) passes its
-# input to preprocess_FR_dumps(self), which takes none, and do_attribution passes model=/verbose= to
-# collective_analysis(self, analysis_output), which takes neither: both raise TypeError before any analysis.
+# Drives CollectiveAnalyzer as its own CLI would (fr_attribution.main: the same argparse fields,
+# defaults kept, --fr-path DIR -p "_dump_*"), but runs the three registered pipeline steps in
+# run_sync's order on the analyzer's own event loop: at the source read (fr_attribution.py @16a9d66,
+# base.py @1eaec7b) main()'s run_sync(args) passes its input to preprocess_FR_dumps(self), which
+# takes none, and do_attribution passes model=/verbose= to collective_analysis(self,
+# analysis_output), which takes neither: both raise TypeError before any analysis.
 NVRX_ADAPTER = r"""
 import argparse, json, sys
 from nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution import CollectiveAnalyzer
@@ -71,7 +76,8 @@ def _faultlens(directory: Path, dumps: Path, stacks: bool) -> tuple[tuple[int, .
     started = time.perf_counter()
     table = read_dump_dir(dumps).table
     world = _world(dumps)
-    # py-spy's, beside the dumps (the corpora), else the ranks' own, which the trigger wrote among them
+    # py-spy's, beside the dumps (the corpora), else the ranks' own, which the trigger wrote among
+    # them
     taken = (load_stack_dir(directory / "stacks") or load_dump_dir_stacks(dumps)) if stacks else {}
     report = analyze_collectives(table, expected_ranks=range(world), stacks=taken)
     return tuple(report.culprit_ranks), time.perf_counter() - started
@@ -104,7 +110,14 @@ def _named_by_torch(text: str) -> set[int]:
 def _torch(dumps: Path, missing: bool) -> tuple[tuple[int, ...] | None, str]:
     with tempfile.TemporaryDirectory(prefix="fr-trace-") as temp:
         copy = _as_torch_names(dumps, Path(temp) / "dumps")
-        cmd = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(copy), "-p", "_dump_"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.flight_recorder.fr_trace",
+            str(copy),
+            "-p",
+            "_dump_",
+        ]
         if missing:
             cmd.append("--allow-incomplete-ranks")
         try:
@@ -122,22 +135,30 @@ def nvrx_status(python: str | None) -> str | None:
     """None when NVIDIA's analyzer can be imported by `python`, else why not."""
     if not python:
         return "no --nvrx-python given"
-    probe = subprocess.run([python, "-c", f"import {NVRX_MODULE}"], capture_output=True, text=True, timeout=300)
+    probe = subprocess.run(
+        [python, "-c", f"import {NVRX_MODULE}"], capture_output=True, text=True, timeout=300
+    )
     if probe.returncode == 0:
         return None
-    version = subprocess.run([python, "-m", "pip", "show", "nvidia-resiliency-ext"], capture_output=True, text=True,
-                             timeout=120).stdout
+    version = subprocess.run(
+        [python, "-m", "pip", "show", "nvidia-resiliency-ext"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     have = re.search(r"^Version: (\S+)", version, re.M)
     last = (probe.stderr.strip().splitlines() or ["?"])[-1]
-    return (f"nvidia-resiliency-ext {have.group(1) if have else '(not installed)'} from PyPI has no {NVRX_MODULE} "
+    return (f"nvidia-resiliency-ext {have.group(1) if have else '(not installed)'} from PyPI has "
+            f"no {NVRX_MODULE} "
             f"({last})")
 
 
 def _nvrx(python: str, dumps: Path) -> tuple[tuple[int, ...] | None, str]:
     with tempfile.TemporaryDirectory(prefix="nvrx-") as temp:
         copy = _as_torch_names(dumps, Path(temp) / "dumps")
-        result = subprocess.run([python, "-c", NVRX_ADAPTER, str(copy)], capture_output=True, text=True,
-                                timeout=600)
+        result = subprocess.run(
+            [python, "-c", NVRX_ADAPTER, str(copy)], capture_output=True, text=True, timeout=600
+        )
     if result.returncode != 0:
         return None, f"failed: {(result.stderr.strip().splitlines() or ['?'])[-1][:120]}"
     lines = result.stdout.strip().splitlines()
@@ -147,9 +168,10 @@ def _nvrx(python: str, dumps: Path) -> tuple[tuple[int, ...] | None, str]:
 
 
 def _named_by_nvrx(text: str) -> tuple[int, ...]:
-    """The ranks in the last column of CollectiveAnalyzer's table (the field its print_output reports as "hanging
-    ranks"), where that column is "Missing Ranks". Where no group has a missing rank it prints the head groups'
-    "Completed Ranks" table instead (whose last field is then the group's rank count): it names no rank."""
+    """The ranks in the last column of CollectiveAnalyzer's table (the field its print_output
+    reports as "hanging ranks"), where that column is "Missing Ranks". Where no group has a missing
+    rank it prints the head groups' "Completed Ranks" table instead (whose last field is then the
+    group's rank count): it names no rank."""
     rows = [line.split("|") for line in text.splitlines() if len(line.split("|")) >= 6]
     if not rows or rows[0][-1].strip() != "Missing Ranks":
         return ()
@@ -159,13 +181,17 @@ def _named_by_nvrx(text: str) -> tuple[int, ...]:
 def _score(named: tuple[int, ...] | None, truth: tuple[int, ...]) -> dict[str, object]:
     if named is None:
         return {"named": None, "exact": False, "false": None, "missed": None}
-    return {"named": list(named), "exact": set(named) == set(truth), "false": sorted(set(named) - set(truth)),
-            "missed": sorted(set(truth) - set(named))}
+    return {
+        "named": list(named),
+        "exact": set(named) == set(truth),
+        "false": sorted(set(named) - set(truth)),
+        "missed": sorted(set(truth) - set(named)),
+    }
 
 
 def sets(heldout: bool = True) -> list[tuple[str, Path, Path, tuple[int, ...]]]:
-    """(name, directory, dumps directory, truth): the corpus, the held-out set (other job shapes; its names start
-    with the layout, e.g. l12_), the real NCCL set."""
+    """(name, directory, dumps directory, truth): the corpus, the held-out set (other job shapes;
+    its names start with the layout, e.g. l12_), the real NCCL set."""
     from tests.torch_jobs.hang_corpus.generate import corpus
 
     generated = dict(corpus())
@@ -180,15 +206,25 @@ def sets(heldout: bool = True) -> list[tuple[str, Path, Path, tuple[int, ...]]]:
     out.append(("real NCCL set (gpu_error_2nd, 16 ranks)", NCCL_SET, NCCL_SET, NCCL_TRUTH))
     for directory in sorted(p for p in MESH_SETS.iterdir() if p.is_dir()):
         truth = json.loads((directory / "truth.json").read_text())
-        out.append((f"device-mesh {directory.name}", directory, directory / "dumps", tuple(truth["culprits"])))
+        out.append(
+            (
+                f"device-mesh {directory.name}",
+                directory,
+                directory / "dumps",
+                tuple(truth["culprits"]),
+            )
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nvrx-python", default=None, help="a Python whose environment has nvidia-resiliency-ext")
+    parser.add_argument("--nvrx-python", default=None, help="a Python whose environment has "
+                                                            "nvidia-resiliency-ext")
     parser.add_argument("--json", default=None, help="also write the JSON document here")
-    parser.add_argument("--no-heldout", action="store_true", help="the corpus and the NCCL set only")
+    parser.add_argument(
+        "--no-heldout", action="store_true", help="the corpus and the NCCL set only"
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     nvrx_missing = nvrx_status(args.nvrx_python)
@@ -203,15 +239,29 @@ def main(argv: list[str] | None = None) -> int:
             nvrx_named, nvrx_note = _nvrx(args.nvrx_python, dumps)
         else:
             nvrx_named, nvrx_note = None, "unavailable"
-        rows.append({"set": name, "truth": list(truth), "faultlens": _score(with_stacks, truth),
-                     "faultlens_seconds": round(seconds, 3), "faultlens_trace_only": _score(alone, truth),
-                     "torch": _score(torch_named, truth) | {"note": torch_note},
-                     "nvidia": _score(nvrx_named, truth) | {"note": nvrx_note}})
-    document = {"machine": machine(), "nvidia_unavailable": nvrx_missing,
-                "seconds": round(time.perf_counter() - started, 1), "totals": _totals(rows),
-                "totals_by_family": {family: _totals([r for r in rows if _family(r["set"]) == family])
-                                     for family in FAMILIES if any(_family(r["set"]) == family for r in rows)},
-                "rows": rows}
+        rows.append(
+            {
+                "set": name,
+                "truth": list(truth),
+                "faultlens": _score(with_stacks, truth),
+                "faultlens_seconds": round(seconds, 3),
+                "faultlens_trace_only": _score(alone, truth),
+                "torch": _score(torch_named, truth) | {"note": torch_note},
+                "nvidia": _score(nvrx_named, truth) | {"note": nvrx_note},
+            }
+        )
+    document = {
+        "machine": machine(),
+        "nvidia_unavailable": nvrx_missing,
+        "seconds": round(time.perf_counter() - started, 1),
+        "totals": _totals(rows),
+        "totals_by_family": {
+            family: _totals([r for r in rows if _family(r["set"]) == family])
+            for family in FAMILIES
+            if any(_family(r["set"]) == family for r in rows)
+        },
+        "rows": rows,
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(document, indent=1))
     emit("hang_accuracy", document)
@@ -224,7 +274,11 @@ FAMILIES = ("corpus", "held-out", "real NCCL", "device-mesh")
 
 
 def _family(name: str) -> str:
-    for prefix, family in (("held-out ", "held-out"), ("real NCCL", "real NCCL"), ("device-mesh ", "device-mesh")):
+    for prefix, family in (
+        ("held-out ", "held-out"),
+        ("real NCCL", "real NCCL"),
+        ("device-mesh ", "device-mesh"),
+    ):
         if name.startswith(prefix):
             return family
     return "corpus"
@@ -243,7 +297,9 @@ def _totals(rows: list[dict]) -> dict[str, dict[str, int]]:
 
 def _cell(score: dict) -> str:
     if score["named"] is None:
-        return "no answer" + (f" ({score.get('note')})" if score.get("note") not in (None, "", "unavailable") else "")
+        return "no answer" + (
+            f" ({score.get('note')})" if score.get("note") not in (None, "", "unavailable") else ""
+        )
     named = ", ".join(map(str, score["named"])) or "none"
     mark = "exact" if score["exact"] else "wrong"
     extra = []
@@ -255,19 +311,27 @@ def _cell(score: dict) -> str:
 
 
 def markdown(document: dict) -> str:
-    lines = ["| set | truth | faultlens (trace + stacks) | faultlens (trace only) | torch fr_trace | NVIDIA |",
+    lines = ["| set | truth | faultlens (trace + stacks) | faultlens (trace only) | torch fr_trace "
+             "| NVIDIA |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in document["rows"]:
-        lines.append(f"| {r['set']} | {', '.join(map(str, r['truth'])) or 'none'} | {_cell(r['faultlens'])} | "
-                     f"{_cell(r['faultlens_trace_only'])} | {_cell(r['torch'])} | {_cell(r['nvidia'])} |")
+        lines.append(f"| {r['set']} | {', '.join(map(str, r['truth'])) or 'none'} | "
+                     f"{_cell(r['faultlens'])} | "
+                     f"{_cell(r['faultlens_trace_only'])} | {_cell(r['torch'])} | "
+                     f"{_cell(r['nvidia'])} |")
     totals = [(f"{family}: exact sets / false ranks / missed ranks", t)
               for family, t in document.get("totals_by_family", {}).items()]
     totals.append(("all: exact sets / false ranks / missed ranks", document["totals"]))
     for label, t in totals:
-        lines.append(f"| **{label}** | | "
-                     + " | ".join(f"**{t[k]['exact']}/{t[k]['sets']}** / {t[k]['false_ranks']} / "
-                                  f"{t[k]['missed_ranks']}"
-                                  for k in ("faultlens", "faultlens_trace_only", "torch", "nvidia")) + " |")
+        lines.append(
+            f"| **{label}** | | "
+            + " | ".join(
+                f"**{t[k]['exact']}/{t[k]['sets']}** / {t[k]['false_ranks']} / "
+                f"{t[k]['missed_ranks']}"
+                for k in ("faultlens", "faultlens_trace_only", "torch", "nvidia")
+            )
+            + " |"
+        )
     if document.get("nvidia_unavailable"):
         lines.append("")
         lines.append(f"NVIDIA's CollectiveAnalyzer: not run: {document['nvidia_unavailable']}.")

@@ -1,13 +1,16 @@
-"""A job's heartbeats in the batch pass: the reduced read (attribution/reading/windows.py: a digest per (attempt, rank) and
-the lowest ranks' steps for the progress baseline's fallback) beside reading them whole (what the pass did
-before, and what `load_from_store` still does), on one job of N ranks beating once a second for H hours.
+"""A job's heartbeats in the batch pass: the reduced read (attribution/reading/windows.py: a digest
+per (attempt, rank) and the lowest ranks' steps for the progress baseline's fallback) beside reading
+them whole (what the pass did before, and what `load_from_store` still does), on one job of N ranks
+beating once a second for H hours.
 
-    python -m bench.bench_heartbeat_digest [--ranks 2048] [--hours 1] [--attempts 2] [--out bench/out/heartbeats]
+    python -m bench.bench_heartbeat_digest [--ranks 2048] [--hours 1] [--attempts 2] [--out
+    bench/out/heartbeats]
 
-The heartbeats are written once through the real sink (cached under --out, git-ignored), a beat per rank per
-second as the heartbeat source emits them (steps of 0.8 s, a rank's last completed step and its end). Each read
-runs in its own process (its peak RSS is its own: os.wait4); both must give the same answers to the detectors'
-readings (checked: closed ranks, last progress per attempt, completed steps, the fallback's intervals).
+The heartbeats are written once through the real sink (cached under --out, git-ignored), a beat per
+rank per second as the heartbeat source emits them (steps of 0.8 s, a rank's last completed step and
+its end). Each read runs in its own process (its peak RSS is its own: os.wait4); both must give the
+same answers to the detectors' readings (checked: closed ranks, last progress per attempt, completed
+steps, the fallback's intervals).
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ print(json.dumps({"rows": len(beats), "seconds": seconds, "answers": answers}, d
 
 
 def write_beats(store: Path, ranks: int, hours: float, attempts: int) -> int:
-    """A beat per rank per second for `hours` per attempt, through the real sink; the rows written."""
+    """A beat per rank per second for `hours` per attempt, through the real sink; the rows written.
+    """
     from faultlens.collectors.store.sink import SegmentSink
 
     sink = SegmentSink(str(store), flush_rows=2_000_000, flush_age_s=3600.0)
@@ -73,7 +77,9 @@ def write_beats(store: Path, ranks: int, hours: float, attempts: int) -> int:
             when = np.repeat(at, ranks)
             who = np.tile(rank, len(at))
             done = (when / STEP_S).astype(np.int64) - 1
-            ts = np.datetime64(start.replace(tzinfo=None), "us") + (when * 1_000_000 + who).astype("timedelta64[us]")
+            ts = np.datetime64(start.replace(tzinfo=None), "us") + (when * 1_000_000 + who).astype(
+                "timedelta64[us]"
+            )
             step_ts = np.datetime64(start.replace(tzinfo=None), "us") + \
                 ((done + 1) * STEP_S * 1_000_000).astype(np.int64).astype("timedelta64[us]")
             closed = (when == seconds - 1) & (attempt == attempts - 1)
@@ -100,15 +106,23 @@ def write_beats(store: Path, ranks: int, hours: float, attempts: int) -> int:
 def measured(store: Path, how: str) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     began = time.perf_counter()
-    child = subprocess.Popen([sys.executable, "-c", _READ, str(store), how], stdout=subprocess.PIPE, env=env,
-                             cwd=ROOT, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _READ, str(store), how],
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+        text=True,
+    )
     out = child.stdout.read() if child.stdout else ""
     _, status, usage = os.wait4(child.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"the {how} read failed ({status})")
     result = json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
-    result.update(wall_s=round(time.perf_counter() - began, 2), cpu_s=round(usage.ru_utime + usage.ru_stime, 2),
-                  peak_rss_mb=round(usage.ru_maxrss / 1024.0, 1))
+    result.update(
+        wall_s=round(time.perf_counter() - began, 2),
+        cpu_s=round(usage.ru_utime + usage.ru_stime, 2),
+        peak_rss_mb=round(usage.ru_maxrss / 1024.0, 1),
+    )
     return result
 
 
@@ -124,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if not marker.exists():
         began = time.perf_counter()
         rows = write_beats(store, args.ranks, args.hours, args.attempts)
-        marker.write_text(json.dumps({"rows": rows, "write_s": round(time.perf_counter() - began, 1)}))
+        marker.write_text(
+            json.dumps({"rows": rows, "write_s": round(time.perf_counter() - began, 1)})
+        )
     written = json.loads(marker.read_text())
     whole, reduced = measured(store, "whole"), measured(store, "reduced")
     same = whole.pop("answers") == reduced.pop("answers")

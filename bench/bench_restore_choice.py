@@ -1,9 +1,11 @@
-"""Restore choice latency: faultlens' lazy choice (scan listings and manifests, verify checksums only of the files
-the chosen restore reads, newest step first) side by side with eager verification (checksum every checkpoint in
-every tier, then pick), which is what a user scripting "find the newest good checkpoint" would write.
+"""Restore choice latency: faultlens' lazy choice (scan listings and manifests, verify checksums
+only of the files the chosen restore reads, newest step first) side by side with eager verification
+(checksum every checkpoint in every tier, then pick), which is what a user scripting "find the
+newest good checkpoint" would write.
 
-Scenario: 2 local tiers (one per node), 1 durable tier; N steps of R ranks of S bytes each; the newest step is
-incomplete on the durable tier and the node holding half the ranks is excluded, so the choice must skip both.
+Scenario: 2 local tiers (one per node), 1 durable tier; N steps of R ranks of S bytes each; the
+newest step is incomplete on the durable tier and the node holding half the ranks is excluded, so
+the choice must skip both.
 
     PYTHONPATH=. python bench/bench_restore_choice.py [--steps 8] [--ranks 32] [--shard-kib 512]
 """
@@ -25,8 +27,11 @@ from faultlens.controller.checkpoints.manifest import Manifest, ShardFile
 
 def build(root: Path, steps: int, ranks: int, shard_bytes: int) -> list[Tier]:
     half = ranks // 2
-    layout = {"node-0": (root / "node-0", range(0, half)), "node-1": (root / "node-1", range(half, ranks)),
-              "durable": (root / "durable", range(ranks))}
+    layout = {
+        "node-0": (root / "node-0", range(0, half)),
+        "node-1": (root / "node-1", range(half, ranks)),
+        "durable": (root / "durable", range(ranks)),
+    }
     payload = os.urandom(shard_bytes)
     for step in range(1, steps + 1):
         for name, (tier_root, tier_ranks) in layout.items():
@@ -38,12 +43,17 @@ def build(root: Path, steps: int, ranks: int, shard_bytes: int) -> list[Tier]:
             for rank in tier_ranks:
                 data = payload[:-8] + rank.to_bytes(4, "little") + step.to_bytes(4, "little")
                 (directory / f"rank_{rank}.pt").write_bytes(data)
-                files.append(ShardFile(rank, f"rank_{rank}.pt", len(data), hashlib.sha256(data).hexdigest()))
+                files.append(
+                    ShardFile(rank, f"rank_{rank}.pt", len(data), hashlib.sha256(data).hexdigest())
+                )
             if name == "durable" and step == steps:
                 continue  # the newest durable copy never committed
             (directory / "manifest.json").write_bytes(Manifest(step, ranks, tuple(files)).to_json())
-    return [Tier(TierKind.LOCAL, str(root / "node-0"), "node-0"), Tier(TierKind.LOCAL, str(root / "node-1"), "node-1"),
-            Tier(TierKind.DURABLE, str(root / "durable"))]
+    return [
+        Tier(TierKind.LOCAL, str(root / "node-0"), "node-0"),
+        Tier(TierKind.LOCAL, str(root / "node-1"), "node-1"),
+        Tier(TierKind.DURABLE, str(root / "durable")),
+    ]
 
 
 def lazy(tiers: list[Tier]) -> tuple[float, int]:

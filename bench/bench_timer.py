@@ -1,13 +1,18 @@
-"""Cost of timing a section on the training thread: the faultlens step timer vs what a user would write by hand.
+"""Cost of timing a section on the training thread: the faultlens step timer vs what a user would
+write by hand.
 
     python -m bench.bench_timer [--steps 20000] [--sections 8] [--repeat 5]
 
-Each step times `sections` empty sections (one of them nested), so the figures are the timer's own overhead.
-- faultlens: `with timer.step(n):` / `with timer.section(name):`, rows queued for the writer thread (the writer's
-  work, rows -> Arrow -> Parquet segment, is measured apart: it runs off the training thread).
-- naive: a @contextlib.contextmanager that appends {step, name, start, end} dicts (time.perf_counter) to a list,
-  turned into per-step rows with pandas at the end (the pandas cost is spread over the sections).
-Per-section cost = (loop time - the same loop with no timing) / (steps x sections); best of `repeat` runs.
+Each step times `sections` empty sections (one of them nested), so the figures are the timer's own
+overhead.
+- faultlens: `with timer.step(n):` / `with timer.section(name):`, rows queued for the writer thread
+  (the writer's work, rows -> Arrow -> Parquet segment, is measured apart: it runs off the training
+  thread).
+- naive: a @contextlib.contextmanager that appends {step, name, start, end} dicts
+  (time.perf_counter) to a list, turned into per-step rows with pandas at the end (the pandas cost
+  is spread over the sections).
+Per-section cost = (loop time - the same loop with no timing) / (steps x sections); best of `repeat`
+runs.
 """
 
 from __future__ import annotations
@@ -24,7 +29,18 @@ from bench.common import emit, machine
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
 
-NAMES = ("data", "forward", "attention", "backward", "comm", "optimizer", "checkpoint", "logging", "eval", "misc")
+NAMES = (
+    "data",
+    "forward",
+    "attention",
+    "backward",
+    "comm",
+    "optimizer",
+    "checkpoint",
+    "logging",
+    "eval",
+    "misc",
+)
 
 
 def _best(fn: Callable[[], float], repeat: int) -> float:
@@ -86,7 +102,8 @@ def naive(steps: int, sections: int) -> float:
 
 
 def writer_cost(rows: int) -> float:
-    """Seconds per row for the writer thread's work: queued dict rows -> Arrow -> a Parquet segment."""
+    """Seconds per row for the writer thread's work: queued dict rows -> Arrow -> a Parquet segment.
+    """
     with tempfile.TemporaryDirectory() as store:
         sink = SegmentSink(store, flush_rows=rows + 1, flush_age_s=3600)
         timer = StepTimer(sink, identity=RankIdentity(rank=0, job_id="bench", node="n"),
@@ -123,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         "speedup_vs_naive": round(naive_us / per_section_us, 2) if per_section_us > 0 else None,
         "target_us_per_section": 5.0, "meets_target": per_section_us <= 5.0,
         "writer_thread_us_per_step_row": round(writer_cost(min(args.steps, 20_000)) * 1e6, 2),
-        "note": "per-section cost includes the step's own overhead spread over its sections; best of "
+        "note": "per-section cost includes the step's own overhead spread over its sections; best "
+                "of "
                 f"{args.repeat} runs",
         "machine": machine(),
     })

@@ -1,16 +1,19 @@
-"""Training-thread step latency with the step timer running (writer thread writing real Parquet segments) beside the
-same loop without it: p50 / p99 / p99.9 / max per step, and the ratios.
+"""Training-thread step latency with the step timer running (writer thread writing real Parquet
+segments) beside the same loop without it: p50 / p99 / p99.9 / max per step, and the ratios.
 
-    python -m bench.bench_timer_latency [--steps 20000] [--work-us 500] [--flush-interval 0.05] [--repeat 3]
+    python -m bench.bench_timer_latency [--steps 20000] [--work-us 500] [--flush-interval 0.05]
+    [--repeat 3]
 
-A step is `--work-us` of CPU work on the training thread (two sections), like a small model's host-side step. Runs:
+A step is `--work-us` of CPU work on the training thread (two sections), like a small model's
+host-side step. Runs:
 - without: the loop alone (what a user has without faultlens);
-- timer: `with timer.step(n)` / `timer.section(...)` with a real SegmentSink on a temporary store; the writer thread
-  drains every --flush-interval seconds (far more often than the default 2 s, to make its GIL use visible) and
-  writes a segment each time;
-- timer_slow_store: the same with a store that takes 50 ms per segment write (a slow object store), so the queue
-  overflows and rows are dropped (and counted).
-Best of --repeat runs of each (by p99). Per-step latency is measured on the training thread around the whole step.
+- timer: `with timer.step(n)` / `timer.section(...)` with a real SegmentSink on a temporary store;
+  the writer thread drains every --flush-interval seconds (far more often than the default 2 s, to
+  make its GIL use visible) and writes a segment each time;
+- timer_slow_store: the same with a store that takes 50 ms per segment write (a slow object store),
+  so the queue overflows and rows are dropped (and counted).
+Best of --repeat runs of each (by p99). Per-step latency is measured on the training thread around
+the whole step.
 """
 
 from __future__ import annotations
@@ -47,8 +50,13 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
 
-    return {"p50_us": round(pick(0.50), 1), "p99_us": round(pick(0.99), 1), "p999_us": round(pick(0.999), 1),
-            "max_us": round(ordered[-1] * 1e6, 1), "mean_us": round(statistics.fmean(ordered) * 1e6, 1)}
+    return {
+        "p50_us": round(pick(0.50), 1),
+        "p99_us": round(pick(0.99), 1),
+        "p999_us": round(pick(0.999), 1),
+        "max_us": round(ordered[-1] * 1e6, 1),
+        "mean_us": round(statistics.fmean(ordered) * 1e6, 1),
+    }
 
 
 def run_without(steps: int, work_us: float) -> dict[str, Any]:
@@ -64,7 +72,9 @@ def run_without(steps: int, work_us: float) -> dict[str, Any]:
 def run_timer(steps: int, work_us: float, flush_interval: float, slow: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as store:
         sink = (SlowSink if slow else SegmentSink)(store, flush_rows=10**9, flush_age_s=3600.0)
-        timer = StepTimer(sink, identity=IDENTITY, flush_interval_s=flush_interval, max_buffered_rows=4096)
+        timer = StepTimer(
+            sink, identity=IDENTITY, flush_interval_s=flush_interval, max_buffered_rows=4096
+        )
         latencies = []
         forward, backward = timer.section("forward"), timer.section("backward")
         for n in range(steps):
@@ -78,8 +88,12 @@ def run_timer(steps: int, work_us: float, flush_interval: float, slow: bool) -> 
         timer.close(timeout_s=30)
         stats = timer.stats
         result = _percentiles(latencies)
-        result.update(rows_written=stats.rows_written, dropped=stats.dropped, segments=sink.segments_written,
-                      accounted=stats.steps == stats.rows_written + stats.dropped)
+        result.update(
+            rows_written=stats.rows_written,
+            dropped=stats.dropped,
+            segments=sink.segments_written,
+            accounted=stats.steps == stats.rows_written + stats.dropped,
+        )
         return result
 
 

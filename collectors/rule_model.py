@@ -1,6 +1,7 @@
-"""The base of the pydantic models that describe rule and config files (collectors/rule_loader.py validates
-every file against one): unknown keys are refused and values are not coerced (`"31"` is no integer, `1` is no
-`true`), as in the file's own schema. A number is an integer or a float, never a boolean."""
+"""The base of the pydantic models that describe rule and config files (collectors/rule_loader.py
+validates every file against one): unknown keys are refused and values are not coerced (`"31"` is no
+integer, `1` is no `true`), as in the file's own schema. A number is an integer or a float, never a
+boolean."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class FileModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-NonNegative = Annotated[float, Field(ge=0)]  # a float field takes an int too under strict=True, never a bool
+# a float field takes an int too under strict=True, never a bool
+NonNegative = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Text = Annotated[str, Field(min_length=1)]  # a non-empty string

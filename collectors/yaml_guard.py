@@ -1,10 +1,11 @@
-"""Reading a rules / config YAML file safely: UTF-8 only (a UTF-16/32 file is named as such, not a traceback),
-bounded size, nesting depth and alias count checked on the event stream (PyYAML's parser is iterative; its composer
-and every validator after it recurse, so 20,000-deep nesting would end in RecursionError), then yaml.safe_load.
+"""Reading a rules / config YAML file safely: UTF-8 only (a UTF-16/32 file is named as such, not a
+traceback), bounded size, nesting depth and alias count checked on the event stream (PyYAML's parser
+is iterative; its composer and every validator after it recurse, so 20,000-deep nesting would end in
+RecursionError), then yaml.safe_load.
 
-The one rule-file loader (collectors/rule_loader.py) reads every YAML file through here and turns these into its
-one-line errors: decoding problems come out as UnicodeDecodeError (with a reason that says what the file is),
-limits as YamlLimitError (a yaml.YAMLError).
+The one rule-file loader (collectors/rule_loader.py) reads every YAML file through here and turns
+these into its one-line errors: decoding problems come out as UnicodeDecodeError (with a reason that
+says what the file is), limits as YamlLimitError (a yaml.YAMLError).
 """
 
 from __future__ import annotations
@@ -19,10 +20,15 @@ from faultlens.errors import FaultlensError
 
 MAX_YAML_BYTES = 4 * 1024 * 1024  # rules files are a few KB
 MAX_YAML_DEPTH = 64  # the deepest real rules file nests 5 levels
-MAX_YAML_ALIASES = 256  # aliases expand into shared references: a "billion laughs" document for the validators
+# aliases expand into shared references: a "billion laughs" document for the validators
+MAX_YAML_ALIASES = 256
 
-_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
-         (codecs.BOM_UTF16_BE, "UTF-16"))
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
 
 
 class YamlLimitError(yaml.YAMLError, FaultlensError):
@@ -38,23 +44,25 @@ class YamlLimitError(yaml.YAMLError, FaultlensError):
 
 
 def decode_yaml_bytes(data: bytes) -> str:
-    """UTF-8 text of a YAML file (an UTF-8 BOM is dropped). UnicodeDecodeError for anything else, its reason naming
-    UTF-16/UTF-32 when the file starts with their byte-order mark or looks like them (NUL bytes)."""
+    """UTF-8 text of a YAML file (an UTF-8 BOM is dropped). UnicodeDecodeError for anything else,
+    its reason naming UTF-16/UTF-32 when the file starts with their byte-order mark or looks like
+    them (NUL bytes)."""
     for bom, name in _BOMS:
         if data.startswith(bom):
             raise UnicodeDecodeError("utf-8", data[:4], 0, len(bom),
                                      f"{name} text (byte-order mark); save the file as UTF-8")
     if b"\x00" in data[:4096]:
         raise UnicodeDecodeError("utf-8", data[:4], 0, 1,
-                                 "NUL bytes (UTF-16 or UTF-32 text, or binary); save the file as UTF-8")
+                                 "NUL bytes (UTF-16 or UTF-32 text, or binary); save the file as "
+                                 "UTF-8")
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
     return data.decode("utf-8")
 
 
 def read_yaml_text(path: str | Path) -> str:
-    """The text of a YAML file: OSError when it cannot be read, UnicodeDecodeError when it is not UTF-8,
-    YamlLimitError when it is larger than MAX_YAML_BYTES."""
+    """The text of a YAML file: OSError when it cannot be read, UnicodeDecodeError when it is not
+    UTF-8, YamlLimitError when it is larger than MAX_YAML_BYTES."""
     file = Path(path)
     with file.open("rb") as handle:
         data = handle.read(MAX_YAML_BYTES + 1)
@@ -64,8 +72,9 @@ def read_yaml_text(path: str | Path) -> str:
 
 
 def check_structure(text: str) -> None:
-    """Raise YamlLimitError when the document nests deeper than MAX_YAML_DEPTH or holds more than MAX_YAML_ALIASES
-    aliases; yaml.YAMLError when it does not parse. Runs on the event stream: no recursion, bounded memory."""
+    """Raise YamlLimitError when the document nests deeper than MAX_YAML_DEPTH or holds more than
+    MAX_YAML_ALIASES aliases; yaml.YAMLError when it does not parse. Runs on the event stream: no
+    recursion, bounded memory."""
     if len(text) > MAX_YAML_BYTES:
         raise YamlLimitError(f"larger than {MAX_YAML_BYTES // (1024 * 1024)} MiB")
     depth = aliases = 0
@@ -74,7 +83,8 @@ def check_structure(text: str) -> None:
             depth += 1
             if depth > MAX_YAML_DEPTH:
                 mark = event.start_mark
-                raise YamlLimitError(f"nested deeper than {MAX_YAML_DEPTH} levels (at line {mark.line + 1}, column "
+                raise YamlLimitError(f"nested deeper than {MAX_YAML_DEPTH} levels (at line "
+                                     f"{mark.line + 1}, column "
                                      f"{mark.column + 1})")
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1

@@ -1,1 +1,2 @@
-"""faultlens job-controller side: decision delivery, checkpoint restore, the supervisor and the CLI."""
+"""faultlens job-controller side: decision delivery, checkpoint restore, the supervisor and the CLI.
+"""

@@ -1,15 +1,18 @@
-"""Decision delivery: persist first, then hand the decision to every hook; at-least-once, status recorded.
+"""Decision delivery: persist first, then hand the decision to every hook; at-least-once, status
+recorded.
 
-1. `submit(decision)` writes the decision to the decisions table (status pending, one row with no hook and one
-   per configured hook) and flushes it into a visible segment BEFORE any hook is called; a decision already in
-   the table is not written again (one decision per incident) and hooks that already have it are skipped.
-2. Each hook is called with retries and exponential backoff (the hook's own RetryPolicy, or the deliverer's).
-3. The outcome of each hook is appended as a row (delivered / failed, attempts, last error). The latest row per
-   (decision_id, hook) wins. A failing hook never loses a decision: it stays pending/failed in the table and
-   `redeliver()` (`faultlens deliver`) tries again. Receivers see duplicates (at-least-once) and recognise them
-   by decision_id.
-4. A decision the issuing supervisor carried out itself (`mark_applied`) gets a row with status applied (hook
-   "supervisor"): it is never delivered again, by `redeliver()` or anyone.
+1. `submit(decision)` writes the decision to the decisions table (status pending, one row with no
+   hook and one per configured hook) and flushes it into a visible segment BEFORE any hook is
+   called; a decision already in the table is not written again (one decision per incident) and
+   hooks that already have it are skipped.
+2. Each hook is called with retries and exponential backoff (the hook's own RetryPolicy, or the
+   deliverer's).
+3. The outcome of each hook is appended as a row (delivered / failed, attempts, last error). The
+   latest row per (decision_id, hook) wins. A failing hook never loses a decision: it stays
+   pending/failed in the table and `redeliver()` (`faultlens deliver`) tries again. Receivers see
+   duplicates (at-least-once) and recognise them by decision_id.
+4. A decision the issuing supervisor carried out itself (`mark_applied`) gets a row with status
+   applied (hook "supervisor"): it is never delivered again, by `redeliver()` or anyone.
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.attribution.decision import Decision, DecisionError, DeliveryStatus
-from faultlens.collectors.store.layout import StoreError, StoreLocation, list_segments, resolve_store
+from faultlens.collectors.store.layout import (
+    StoreError,
+    StoreLocation,
+    list_segments,
+    resolve_store,
+)
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.hooks.base import Hook, PermanentHookError, RetryPolicy
 
@@ -60,8 +68,8 @@ class DecisionRecord:
 
     @property
     def status(self) -> DeliveryStatus:
-        """applied when the supervisor carried it out; delivered when every hook has it; failed when any failed;
-        pending otherwise (or with no hooks)."""
+        """applied when the supervisor carried it out; delivered when every hook has it; failed when
+        any failed; pending otherwise (or with no hooks)."""
         if self.applied:
             return DeliveryStatus.APPLIED
         if not self.hooks:
@@ -79,27 +87,32 @@ def _utc_now() -> dt.datetime:
 
 
 class DecisionLog:
-    """The decisions table: append rows (each flushed to a visible segment at once) and read the latest state.
+    """The decisions table: append rows (each flushed to a visible segment at once) and read the
+    latest state.
 
-    Reading is incremental: the log lists the table's segments and reads only those it has not seen (its own
-    appends are merged as they are written), so the cost of a submit does not grow with the table's history.
-    Segments written by other processes are picked up on the next read."""
+    Reading is incremental: the log lists the table's segments and reads only those it has not seen
+    (its own appends are merged as they are written), so the cost of a submit does not grow with the
+    table's history. Segments written by other processes are picked up on the next read."""
 
     _COLUMNS = ("decision_id", "hook", "delivery_status", "delivery_error", "document", "ts")
 
-    def __init__(self, store: str | StoreLocation, *, clock: Callable[[], dt.datetime] = _utc_now) -> None:
+    def __init__(
+        self, store: str | StoreLocation, *, clock: Callable[[], dt.datetime] = _utc_now
+    ) -> None:
         self.location = resolve_store(store, create=True)
         self.sink = SegmentSink(self.location, flush_rows=1_000_000, flush_age_s=3600.0)
         self.clock = clock
         self._last_ts: dt.datetime | None = None
         self._lock = threading.RLock()
         self._seen: set[str] = set()
-        self._latest: dict[tuple[str, str | None], dict[str, Any]] = {}  # (decision_id, hook) -> latest row
+        # (decision_id, hook) -> latest row
+        self._latest: dict[tuple[str, str | None], dict[str, Any]] = {}
         self._documents: dict[str, Decision] = {}
         self._order: dict[str, dt.datetime] = {}  # decision_id -> first persisted ts
 
     def _ts(self) -> dt.datetime:
-        """Row timestamps strictly increase within this log, so 'latest row wins' is well defined."""
+        """Row timestamps strictly increase within this log, so 'latest row wins' is well defined.
+        """
         with self._lock:
             now = self.clock()
             if self._last_ts is not None and now <= self._last_ts:
@@ -118,7 +131,8 @@ class DecisionLog:
         if decision_id not in self._documents and row.get("document"):
             try:
                 self._documents[decision_id] = Decision.from_json(row["document"],
-                                                                  source=f"decisions row {decision_id}")
+                                                                  source="decisions row "
+                                                                         f"{decision_id}")
             except DecisionError as exc:
                 log.warning("%s", exc)
         first = self._order.get(decision_id)
@@ -145,7 +159,8 @@ class DecisionLog:
             try:
                 with self.location.fs.open(path, "rb") as handle:
                     parquet = pq.ParquetFile(handle)
-                    present = set(parquet.schema_arrow.names)  # a segment of an older schema lacks new columns
+                    # a segment of an older schema lacks new columns
+                    present = set(parquet.schema_arrow.names)
                     table = parquet.read(columns=[c for c in self._COLUMNS if c in present])
             except FileNotFoundError:
                 continue  # compacted away under us: its rows are in the compacted segment
@@ -157,29 +172,38 @@ class DecisionLog:
             self._seen.add(path)
 
     def persist(self, decision: Decision, hook_names: Sequence[str]) -> tuple[Decision, list[str]]:
-        """Write the decision (pending) unless it is already in the table; add a pending row for every hook that
-        has none yet. Returns the decision as persisted (the first one written for that incident stays its
-        decision) and the hooks still to deliver to. Flushed before it returns."""
+        """Write the decision (pending) unless it is already in the table; add a pending row for
+        every hook that has none yet. Returns the decision as persisted (the first one written for
+        that incident stays its decision) and the hooks still to deliver to. Flushed before it
+        returns."""
         with self._lock:
             self._sync()
             existing = self._record(decision.decision_id)
             rows = []
             if existing is None:
-                rows.append(decision.to_row(status=DeliveryStatus.PENDING, hook=None, ts=self._ts()))
+                rows.append(
+                    decision.to_row(status=DeliveryStatus.PENDING, hook=None, ts=self._ts())
+                )
                 known: dict[str, DeliveryStatus] = {}
             else:
                 decision = existing.decision
                 known = existing.hooks
             for name in hook_names:
                 if name not in known:
-                    rows.append(decision.to_row(status=DeliveryStatus.PENDING, hook=name, ts=self._ts()))
+                    rows.append(
+                        decision.to_row(status=DeliveryStatus.PENDING, hook=name, ts=self._ts())
+                    )
             if rows:
                 self.append(rows)
-            return decision, [name for name in hook_names if known.get(name) is not DeliveryStatus.DELIVERED]
+            return decision, [
+                name for name in hook_names if known.get(name) is not DeliveryStatus.DELIVERED
+            ]
 
-    def mark_applied(self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None) -> None:
-        """The decision was carried out by `by` (the supervisor that issued it): persisted if it was not, then an
-        applied row; it is never delivered again."""
+    def mark_applied(
+        self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None
+    ) -> None:
+        """The decision was carried out by `by` (the supervisor that issued it): persisted if it was
+        not, then an applied row; it is never delivered again."""
         with self._lock:
             self.persist(decision, [])
             row = decision.to_row(status=DeliveryStatus.APPLIED, hook=by, ts=self._ts())
@@ -213,7 +237,11 @@ class DecisionLog:
         """decision_id -> its latest state, in the order decisions were first persisted."""
         with self._lock:
             self._sync()
-            ids = decision_ids if decision_ids is not None else sorted(self._documents, key=lambda i: self._order[i])
+            ids = (
+                decision_ids
+                if decision_ids is not None
+                else sorted(self._documents, key=lambda i: self._order[i])
+            )
             records = {}
             for decision_id in ids:
                 record = self._record(decision_id)
@@ -226,7 +254,9 @@ class DecisionLog:
 
 
 class Deliverer:
-    """Persist-then-deliver to a set of hooks. `sleep` and `clock` are boundaries (tests pass fast ones)."""
+    """Persist-then-deliver to a set of hooks. `sleep` and `clock` are boundaries (tests pass fast
+    ones).
+    """
 
     def __init__(self, store: str | StoreLocation | DecisionLog, hooks: Sequence[Hook], *,
                  retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep,
@@ -241,16 +271,21 @@ class Deliverer:
         self.sleep = sleep
 
     def submit(self, decision: Decision) -> list[DeliveryResult]:
-        """Persist `decision` (before anything else), then deliver it to every hook that does not have it."""
+        """Persist `decision` (before anything else), then deliver it to every hook that does not
+        have it.
+        """
         persisted, todo = self.log.persist(decision, [hook.name for hook in self.hooks])
         return [self._deliver(hook, persisted) for hook in self.hooks if hook.name in todo]
 
-    def mark_applied(self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None) -> None:
+    def mark_applied(
+        self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None
+    ) -> None:
         self.log.mark_applied(decision, by=by, note=note)
 
     def redeliver(self) -> list[DeliveryResult]:
-        """Retry every (decision, hook) whose latest status is pending or failed; a decision that never reached
-        any hook (persisted without hooks, or the process died in between) goes to every configured hook."""
+        """Retry every (decision, hook) whose latest status is pending or failed; a decision that
+        never reached any hook (persisted without hooks, or the process died in between) goes to
+        every configured hook."""
         results = []
         by_name = {hook.name: hook for hook in self.hooks}
         for record in self.log.records().values():
@@ -279,21 +314,37 @@ class Deliverer:
             except PermanentHookError as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 break
-            except Exception as exc:  # a hook's failure never loses the decision: record it, retry later
+            # a hook's failure never loses the decision: record it, retry later
+            except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 delay = next(delays, None)
                 if delay is None:
                     break
-                log.info("hook %s, decision %s: attempt %d failed (%s); retrying in %.2fs", hook.name,
-                         decision.decision_id, attempts, error, delay)
+                log.info(
+                    "hook %s, decision %s: attempt %d failed (%s); retrying in %.2fs",
+                    hook.name,
+                    decision.decision_id,
+                    attempts,
+                    error,
+                    delay,
+                )
                 self.sleep(delay)
                 continue
-            result = DeliveryResult(decision.decision_id, hook.name, DeliveryStatus.DELIVERED, attempts)
+            result = DeliveryResult(
+                decision.decision_id, hook.name, DeliveryStatus.DELIVERED, attempts
+            )
             self.log.record(decision, result)
             return result
-        log.warning("hook %s, decision %s: failed after %d attempt(s): %s", hook.name, decision.decision_id,
-                    attempts, error)
-        result = DeliveryResult(decision.decision_id, hook.name, DeliveryStatus.FAILED, attempts, error)
+        log.warning(
+            "hook %s, decision %s: failed after %d attempt(s): %s",
+            hook.name,
+            decision.decision_id,
+            attempts,
+            error,
+        )
+        result = DeliveryResult(
+            decision.decision_id, hook.name, DeliveryStatus.FAILED, attempts, error
+        )
         self.log.record(decision, result)
         return result
 

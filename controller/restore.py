@@ -1,6 +1,7 @@
-"""The restore hook: a failover decision + the checkpoint catalog -> a restore plan (step, tier, per-rank
-sources) handed to the job controller, as a callable or a JSON file the supervisor passes to the training script
-(env FAULTLENS_RESTORE_PLAN names the file; load_restore_plan() reads it back in the script)."""
+"""The restore hook: a failover decision + the checkpoint catalog -> a restore plan (step, tier,
+per-rank sources) handed to the job controller, as a callable or a JSON file the supervisor passes
+to the training script (env FAULTLENS_RESTORE_PLAN names the file; load_restore_plan() reads it back
+in the script)."""
 
 from __future__ import annotations
 
@@ -62,54 +63,97 @@ class RestorePlan:
         return self.uri
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format": PLAN_FORMAT, "decision_id": self.decision_id, "incident_id": self.incident_id,
-            "job_id": self.job_id, "step": self.step, "tier": self.tier, "layout": self.layout, "uri": self.uri,
-            "world_size": self.world_size, "exclude_nodes": list(self.exclude_nodes),
-            "sources": [{"rank": s.rank, "uri": s.uri, "tier": s.tier, "node": s.node} for s in self.sources],
-            "created_at": self.created_at.isoformat(),
-        }, indent=1, sort_keys=True)
+        return json.dumps(
+            {
+                "format": PLAN_FORMAT,
+                "decision_id": self.decision_id,
+                "incident_id": self.incident_id,
+                "job_id": self.job_id,
+                "step": self.step,
+                "tier": self.tier,
+                "layout": self.layout,
+                "uri": self.uri,
+                "world_size": self.world_size,
+                "exclude_nodes": list(self.exclude_nodes),
+                "sources": [
+                    {"rank": s.rank, "uri": s.uri, "tier": s.tier, "node": s.node}
+                    for s in self.sources
+                ],
+                "created_at": self.created_at.isoformat(),
+            },
+            indent=1,
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str, source: str = "restore plan") -> RestorePlan:
         try:
             doc = json.loads(text)
             if doc.get("format") != PLAN_FORMAT:
-                raise RestoreError(f"{source}: format: expected {PLAN_FORMAT!r}, got {doc.get('format')!r}")
+                raise RestoreError(f"{source}: format: expected {PLAN_FORMAT!r}, got "
+                                   f"{doc.get('format')!r}")
             return cls(
-                decision_id=doc["decision_id"], incident_id=doc["incident_id"], job_id=doc.get("job_id"),
-                step=doc.get("step"), tier=doc.get("tier"), layout=doc.get("layout"), uri=doc.get("uri"),
-                world_size=doc.get("world_size"), exclude_nodes=tuple(doc.get("exclude_nodes") or ()),
-                sources=tuple(PlanSource(int(s["rank"]), s["uri"], s["tier"], s.get("node"))
-                              for s in doc.get("sources") or ()),
+                decision_id=doc["decision_id"],
+                incident_id=doc["incident_id"],
+                job_id=doc.get("job_id"),
+                step=doc.get("step"),
+                tier=doc.get("tier"),
+                layout=doc.get("layout"),
+                uri=doc.get("uri"),
+                world_size=doc.get("world_size"),
+                exclude_nodes=tuple(doc.get("exclude_nodes") or ()),
+                sources=tuple(
+                    PlanSource(int(s["rank"]), s["uri"], s["tier"], s.get("node"))
+                    for s in doc.get("sources") or ()
+                ),
                 created_at=dt.datetime.fromisoformat(doc["created_at"]),
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, RestoreError):
                 raise
-            raise RestoreError(f"{source}: not a restore plan: {type(exc).__name__}: {exc}") from None
+            raise RestoreError(
+                f"{source}: not a restore plan: {type(exc).__name__}: {exc}"
+            ) from None
 
 
 def plan_restore(decision: Decision, catalog: CheckpointCatalog, *, world_size: int | None = None
                  ) -> RestorePlan | None:
-    """The plan for a failover decision (None for escalate/drain). The per-rank sources are rebuilt from the
-    catalog at the decided step; if that checkpoint no longer qualifies (deleted, corrupted since), the newest
-    one at or before it that does is used (older is always safe, also under suspected corruption)."""
+    """The plan for a failover decision (None for escalate/drain). The per-rank sources are rebuilt
+    from the catalog at the decided step; if that checkpoint no longer qualifies (deleted, corrupted
+    since), the newest one at or before it that does is used (older is always safe, also under
+    suspected corruption)."""
     if decision.action is not Action.FAILOVER:
         return None
-    base = {"decision_id": decision.decision_id, "incident_id": decision.incident_id, "job_id": decision.job_id,
-            "exclude_nodes": decision.exclude_nodes}
+    base = {
+        "decision_id": decision.decision_id,
+        "incident_id": decision.incident_id,
+        "job_id": decision.job_id,
+        "exclude_nodes": decision.exclude_nodes,
+    }
     if decision.restore is None:
-        return RestorePlan(step=None, tier=None, layout=None, uri=None, world_size=world_size, **base)
-    choice = catalog.choose(decision.exclude_nodes, step=decision.restore.step, world_size=world_size)
+        return RestorePlan(
+            step=None, tier=None, layout=None, uri=None, world_size=world_size, **base
+        )
+    choice = catalog.choose(
+        decision.exclude_nodes, step=decision.restore.step, world_size=world_size
+    )
     if choice is None:
-        choice = catalog.choose(decision.exclude_nodes, before_step=decision.restore.step, world_size=world_size)
+        choice = catalog.choose(
+            decision.exclude_nodes, before_step=decision.restore.step, world_size=world_size
+        )
     if choice is None:
-        return RestorePlan(step=None, tier=None, layout=None, uri=None, world_size=world_size, **base)
-    return RestorePlan(step=choice.step, tier=choice.tier, layout=choice.layout.value, uri=choice.uri,
-                       world_size=choice.world_size,
-                       sources=tuple(PlanSource(s.rank, s.uri, s.tier.value, s.node) for s in choice.sources),
-                       **base)
+        return RestorePlan(
+            step=None, tier=None, layout=None, uri=None, world_size=world_size, **base
+        )
+    return RestorePlan(
+        step=choice.step,
+        tier=choice.tier,
+        layout=choice.layout.value,
+        uri=choice.uri,
+        world_size=choice.world_size,
+        sources=tuple(PlanSource(s.rank, s.uri, s.tier.value, s.node) for s in choice.sources),
+        **base,
+    )
 
 
 def write_plan(plan: RestorePlan, path: str | Path) -> None:
@@ -119,7 +163,8 @@ def write_plan(plan: RestorePlan, path: str | Path) -> None:
 
 
 def load_restore_plan(environ: Mapping[str, str] | None = None) -> RestorePlan | None:
-    """In the training script: the plan named by FAULTLENS_RESTORE_PLAN, or None for a first start."""
+    """In the training script: the plan named by FAULTLENS_RESTORE_PLAN, or None for a first start.
+    """
     path = environment.RESTORE_PLAN.get(environ)
     if not path:
         return None
@@ -136,14 +181,19 @@ def read_source(uri: str, storage_options: Mapping[str, Any] | None = None) -> b
         return handle.read()
 
 
-def load_rank_state(plan: RestorePlan, rank: int, *, storage_options: Mapping[str, Any] | None = None) -> Any:
+def load_rank_state(
+    plan: RestorePlan, rank: int, *, storage_options: Mapping[str, Any] | None = None
+) -> Any:
     """In the training script: this rank's saved state from a shard-layout plan, loaded with
-    torch.load(weights_only=True) (never an arbitrary unpickle). A DCP plan is loaded by the caller with
-    torch.distributed.checkpoint.load(state_dict, checkpoint_id=plan.uri), which needs the model's own state dict."""
+    torch.load(weights_only=True) (never an arbitrary unpickle). A DCP plan is loaded by the caller
+    with torch.distributed.checkpoint.load(state_dict, checkpoint_id=plan.uri), which needs the
+    model's own state dict."""
     if plan.fresh_start:
-        raise RestoreError(f"restore plan of {plan.decision_id}: no checkpoint survives; start from the beginning")
+        raise RestoreError(f"restore plan of {plan.decision_id}: no checkpoint survives; start "
+                           "from the beginning")
     if plan.layout != "shards":
-        raise RestoreError(f"restore plan of {plan.decision_id}: layout {plan.layout!r}: load it with "
+        raise RestoreError(f"restore plan of {plan.decision_id}: layout {plan.layout!r}: load it "
+                           "with "
                            f"torch.distributed.checkpoint.load(..., checkpoint_id={plan.uri!r})")
     source = plan.source_for(rank)
     if source is None:
@@ -156,14 +206,21 @@ def load_rank_state(plan: RestorePlan, rank: int, *, storage_options: Mapping[st
 
 
 class RestoreHook:
-    """A decision hook: for a failover, make the restore plan and hand it over (to `handoff` and/or `plan_file`).
-    Escalations and drains restore nothing. Constructible from hook configuration:
-    `RestoreHook(tiers=["local@node-0=/x", {"kind": "durable", "url": "s3://b/j"}], plan_file="plan.json")`."""
+    """A decision hook: for a failover, make the restore plan and hand it over (to `handoff` and/or
+    `plan_file`). Escalations and drains restore nothing. Constructible from hook configuration:
+    `RestoreHook(tiers=["local@node-0=/x", {"kind": "durable", "url": "s3://b/j"}],
+    plan_file="plan.json")`."""
 
-    def __init__(self, catalog: CheckpointCatalog | None = None, *,
-                 tiers: Iterable[str | Mapping[str, Any] | Tier] | None = None, plan_file: str | None = None,
-                 handoff: Callable[[RestorePlan], None] | None = None, world_size: int | None = None,
-                 name: str = "restore") -> None:
+    def __init__(
+        self,
+        catalog: CheckpointCatalog | None = None,
+        *,
+        tiers: Iterable[str | Mapping[str, Any] | Tier] | None = None,
+        plan_file: str | None = None,
+        handoff: Callable[[RestorePlan], None] | None = None,
+        world_size: int | None = None,
+        name: str = "restore",
+    ) -> None:
         if catalog is None:
             if tiers is None:
                 raise RestoreError("restore hook: give a checkpoint catalog or its tiers")
@@ -177,7 +234,8 @@ class RestoreHook:
                     parsed.extend(tiers_from_config([item], source="restore hook"))
             catalog = CheckpointCatalog(parsed)
         if plan_file is None and handoff is None:
-            raise RestoreError("restore hook: give a plan_file or a handoff callable (where the plan goes)")
+            raise RestoreError("restore hook: give a plan_file or a handoff callable (where the "
+                               "plan goes)")
         self.catalog = catalog
         self.plan_file = plan_file
         self.handoff = handoff

@@ -1,12 +1,12 @@
-"""Every FAULTLENS_* environment variable: its name, default, type, who reads it and what it means (modelled on
-opentelemetry-python's sdk/environment_variables, with the declaration as data). Code reads these variables only
-through the EnvVar objects here (tests/test_environment.py checks it), and docs/environment.md is generated from
-this module:
+"""Every FAULTLENS_* environment variable: its name, default, type, who reads it and what it means
+(modelled on opentelemetry-python's sdk/environment_variables, with the declaration as data). Code
+reads these variables only through the EnvVar objects here (tests/test_environment.py checks it),
+and docs/environment.md is generated from this module:
 
     python -m faultlens.environment > docs/environment.md
 
-The training process imports this module (step timer, heartbeat, dump trigger): it imports only the standard
-library's os, dataclasses and collections.abc.
+The training process imports this module (step timer, heartbeat, dump trigger): it imports only the
+standard library's os, dataclasses and collections.abc.
 """
 
 from __future__ import annotations
@@ -21,29 +21,39 @@ _FALSE = ("0", "false", "no", "off")
 
 @dataclass(frozen=True)
 class EnvVar:
-    """One variable. `default` is what an unset (or, where `empty_is_unset`, empty) variable means, as text;
+    """One variable. `default` is what an unset (or, where `empty_is_unset`, empty) variable means,
+    as text;
     None: no default (the feature is off or the caller decides)."""
 
     name: str
     type: str  # path, paths, url, int, bool, text, json, name
     default: str | None
-    readers: str  # where it is read: training process, node agent, CLI, supervisor, lab, demo, hooks
+    # where it is read: training process, node agent, CLI, supervisor, lab, demo, hooks
+    readers: str
     meaning: str
 
     def raw(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The variable's text as set (empty included), None when unset."""
         return (os.environ if environ is None else environ).get(self.name)
 
-    def get(self, environ: Mapping[str, str] | None = None, default: str | None = None) -> str | None:
+    def get(
+        self, environ: Mapping[str, str] | None = None, default: str | None = None
+    ) -> str | None:
         """The text when set and not empty, else `default` (else the declared default)."""
         value = self.raw(environ)
         if value:
             return value
         return default if default is not None else self.default
 
-    def get_int(self, environ: Mapping[str, str] | None = None, default: int | None = None) -> int | None:
+    def get_int(
+        self, environ: Mapping[str, str] | None = None, default: int | None = None
+    ) -> int | None:
         """An integer; a value that is not one gives `default` (else the declared default)."""
-        fallback = default if default is not None else (int(self.default) if self.default is not None else None)
+        fallback = (
+            default
+            if default is not None
+            else (int(self.default) if self.default is not None else None)
+        )
         value = (self.raw(environ) or "").strip()
         if not value:
             return fallback
@@ -71,33 +81,45 @@ _ALL: dict[str, EnvVar] = {}
 
 # ---------------------------------------------------------------- identity (every collector)
 NODE = _var("NODE", "name", None, "training process, node agent, dump trigger, supervisor",
-            "The node name stamped on every row; unset: the hostname. The supervisor sets it per torchrun agent.")
-CLUSTER = _var("CLUSTER", "name", None, "training process, node agent", "The cluster name stamped on every row.")
+            "The node name stamped on every row; unset: the hostname. The supervisor sets it per "
+            "torchrun agent.")
+CLUSTER = _var("CLUSTER", "name", None, "training process, node agent", "The cluster name stamped "
+                                                                        "on every row.")
 JOB_ID = _var("JOB_ID", "name", None, "training process, node agent, demo",
               "The job id; unset: torchrun's TORCHELASTIC_RUN_ID.")
 ATTEMPT = _var("ATTEMPT", "int", None, "training process, node agent, demo, lab, supervisor",
-               "The attempt number when a supervisor restarts torchrun itself; unset: TORCHELASTIC_RESTART_COUNT.")
+               "The attempt number when a supervisor restarts torchrun itself; unset: "
+               "TORCHELASTIC_RESTART_COUNT.")
 
 # ---------------------------------------------------------------- store, rules
 STORE = _var("STORE", "url", "./faultlens-store", "CLI, training process (step timer)",
-             "The store directory or URL (file://, s3://, ...). The step timer without one counts and drops rows.")
+             "The store directory or URL (file://, s3://, ...). The step timer without one counts "
+             "and drops rows.")
 RULES = _var("RULES", "path", None, "every command that reads rules, the processes they start",
-             "A directory of rule files that replace the shipped ones of the same name, file by file (what "
-             "`--rules DIR` sets); a directory that does not exist makes rule files unreadable, never silently the "
+             "A directory of rule files that replace the shipped ones of the same name, file by "
+             "file (what "
+             "`--rules DIR` sets); a directory that does not exist makes rule files unreadable, "
+             "never silently the "
              "shipped ones.")
 XID_CATALOG = _var("XID_CATALOG", "path", None, "attribution engine, CLI",
-                   "A user's copy of rules/xid.yaml that replaces the shipped catalog (--xid-catalog wins).")
+                   "A user's copy of rules/xid.yaml that replaces the shipped catalog "
+                   "(--xid-catalog wins).")
 SECTION_VOCABULARY = _var("SECTION_VOCABULARY", "paths", None, "straggler detector",
-                          "Extra section-vocabulary files (os.pathsep-separated), after rules/comm_ops.yaml; later "
+                          "Extra section-vocabulary files (os.pathsep-separated), after "
+                          "rules/comm_ops.yaml; later "
                           "files win.")
 
 # ---------------------------------------------------------------- inside the training process
-HEARTBEAT_DIR = _var("HEARTBEAT_DIR", "path", "/dev/shm/faultlens-heartbeats", "training process (step timer)",
-                     "Where each rank's heartbeat file is written (else under the temp directory); set but empty: "
+HEARTBEAT_DIR = _var("HEARTBEAT_DIR", "path", "/dev/shm/faultlens-heartbeats", "training process "
+                                                                               "(step timer)",
+                     "Where each rank's heartbeat file is written (else under the temp directory); "
+                     "set but empty: "
                      "no heartbeat.")
 TOTAL_STEPS = _var("TOTAL_STEPS", "int", None, "training process (step timer), supervisor",
-                   "The steps the job will run (its ranks row's total_steps); with the recent step time it gives "
-                   "the job's remaining time the straggler policy weighs. `faultlens run --total-steps` sets it.")
+                   "The steps the job will run (its ranks row's total_steps); with the recent step "
+                   "time it gives "
+                   "the job's remaining time the straggler policy weighs. `faultlens run "
+                   "--total-steps` sets it.")
 FR_DIR = _var("FR_DIR", "path", None, "training process (dump trigger)",
               "Where the ranks write flight-recorder dumps; unset: no dump trigger is installed.")
 FR_TRIGGER = _var("FR_TRIGGER", "path", None, "training process (dump trigger)",
@@ -105,7 +127,8 @@ FR_TRIGGER = _var("FR_TRIGGER", "path", None, "training process (dump trigger)",
 FR_EXIT_DIR = _var("FR_EXIT_DIR", "path", None, "training process (dump trigger)",
                    "Where a rank writes a dump as it exits on an error.")
 FR_STACK_TRACES = _var("FR_STACK_TRACES", "bool", "1", "training process (dump trigger)",
-                       "0 turns Python stack traces in dumps off (the first dump with them imports torch._dynamo, "
+                       "0 turns Python stack traces in dumps off (the first dump with them imports "
+                       "torch._dynamo, "
                        "about 1 s of CPU).")
 FR_DUMP_ON_SIGTERM = _var("FR_DUMP_ON_SIGTERM", "bool", "0", "training process (dump trigger)",
                           "1: a rank dumps its flight recorder when it gets SIGTERM.")
@@ -118,14 +141,17 @@ FR_MAX_WORLD_SIZE = _var("FR_MAX_WORLD_SIZE", "int", str(2 ** 18), "dump reader"
 FR_MAX_STRING_BYTES = _var("FR_MAX_STRING_BYTES", "int", str(4 * 1024 * 1024), "dump reader",
                            "The longest string or bytes value in a dump.")
 FR_MAX_ELEMENTS = _var("FR_MAX_ELEMENTS", "int", None, "dump reader",
-                       "The most containers and elements a dump may hold (default: derived from the file size).")
+                       "The most containers and elements a dump may hold (default: derived from "
+                       "the file size).")
 
 # ---------------------------------------------------------------- CLI
 PROGRESS = _var("PROGRESS", "bool", None, "CLI",
                 "0/1 forces progress bars off/on; unset: only on a terminal.")
 
-# ---------------------------------------------------------------- supervisor, restore, checkpoints (the job's script)
-RESTORE_PLAN = _var("RESTORE_PLAN", "path", None, "the job's training script (controller/restore.py)",
+# ---------------------------------------------------------------- supervisor, restore, checkpoints
+# (the job's script)
+RESTORE_PLAN = _var("RESTORE_PLAN", "path", None, "the job's training script "
+                                                  "(controller/restore.py)",
                     "The restore plan the supervisor wrote for this attempt; unset: a first start.")
 CKPT_LOCAL = _var("CKPT_LOCAL", "path", None, "demo and lab training scripts",
                   "The node-local checkpoint tier's directory.")
@@ -133,15 +159,19 @@ CKPT_DURABLE = _var("CKPT_DURABLE", "url", None, "demo and lab training scripts"
                     "The durable (shared) checkpoint tier's directory or URL.")
 
 # ---------------------------------------------------------------- decision hooks
-DECISION_ID = _var("DECISION_ID", "name", None, "command hooks (set by faultlens for the hook's program)",
+DECISION_ID = _var("DECISION_ID", "name", None, "command hooks (set by faultlens for the hook's "
+                                                "program)",
                    "The decision id, in a command hook's environment.")
-DECISION_ACTION = _var("DECISION_ACTION", "name", None, "command hooks (set by faultlens for the hook's program)",
-                       "The decision's action (failover, escalate, notify, drain), in a command hook's environment.")
+DECISION_ACTION = _var("DECISION_ACTION", "name", None, "command hooks (set by faultlens for the "
+                                                        "hook's program)",
+                       "The decision's action (failover, escalate, notify, drain), in a command "
+                       "hook's environment.")
 WEBHOOK_SECRET = _var("WEBHOOK_SECRET", "text", None, "faultlens decide",
                       "The webhook's HMAC secret (the default of --webhook-secret-env).")
 
 # ---------------------------------------------------------------- demo
-DEMO_DIR = _var("DEMO_DIR", "path", ".", "demo training script", "Where the demo's fault markers are written.")
+DEMO_DIR = _var("DEMO_DIR", "path", ".", "demo training script", "Where the demo's fault markers "
+                                                                 "are written.")
 DEMO_FAULT = _var("DEMO_FAULT", "json", None, "demo training script",
                   "The fault of this attempt (a JSON object), from the supervisor.")
 DEMO_FAULTS = _var("DEMO_FAULTS", "json", None, "demo training script",
@@ -149,21 +179,30 @@ DEMO_FAULTS = _var("DEMO_FAULTS", "json", None, "demo training script",
 RESUME_LATEST = _var("RESUME_LATEST", "bool", None, "demo training script",
                      "1: resume from the newest complete checkpoint by itself (no supervisor).")
 
-# ---------------------------------------------------------------- fault-injection campaign (controller/lab)
+# ---------------------------------------------------------------- fault-injection campaign
+# (controller/lab)
 LAB_DIR = _var("LAB_DIR", "path", None, "lab (injected processes)",
                "The scenario's directory; unset: the lab's sitecustomize does nothing.")
-LAB_PLAN = _var("LAB_PLAN", "path", None, "lab (injected processes)", "The scenario's injection plan (JSON).")
-LAB_SUPERVISOR = _var("LAB_SUPERVISOR", "bool", None, "lab", "1 in the supervisor the campaign runner starts.")
+LAB_PLAN = _var("LAB_PLAN", "path", None, "lab (injected processes)", "The scenario's injection "
+                                                                      "plan (JSON).")
+LAB_SUPERVISOR = _var("LAB_SUPERVISOR", "bool", None, "lab", "1 in the supervisor the campaign "
+                                                             "runner starts.")
 
-# ---------------------------------------------------------------- notebooks, deploy examples (docs/deploy/)
+# ---------------------------------------------------------------- notebooks, deploy examples
+# (docs/deploy/)
 JOB = _var("JOB", "name", None, "notebooks (triage, goodput), docker-compose",
            "The job the notebooks show; unset: the job with the newest step.")
-NOTEBOOK_OUT = _var("NOTEBOOK_OUT", "path", "outputs", "notebooks", "Where the notebooks write their plots as PNG.")
-RESTORE_TIER = _var("RESTORE_TIER", "name", None, "the job's training script (set by docs/deploy hooks)",
-                    "The checkpoint tier a failover restores from (set by the slurm/torchrun examples).")
-RESTORE_STEP = _var("RESTORE_STEP", "int", None, "the job's training script (set by docs/deploy hooks)",
+NOTEBOOK_OUT = _var("NOTEBOOK_OUT", "path", "outputs", "notebooks", "Where the notebooks write "
+                                                                    "their plots as PNG.")
+RESTORE_TIER = _var("RESTORE_TIER", "name", None, "the job's training script (set by docs/deploy "
+                                                  "hooks)",
+                    "The checkpoint tier a failover restores from (set by the slurm/torchrun "
+                    "examples).")
+RESTORE_STEP = _var("RESTORE_STEP", "int", None, "the job's training script (set by docs/deploy "
+                                                 "hooks)",
                     "The checkpoint step a failover restores from.")
-RESTORE_URI = _var("RESTORE_URI", "url", None, "the job's training script (set by docs/deploy hooks)",
+RESTORE_URI = _var("RESTORE_URI", "url", None, "the job's training script (set by docs/deploy "
+                                               "hooks)",
                    "The checkpoint a failover restores from.")
 DECISION_WAIT = _var("DECISION_WAIT", "int", "300", "docs/deploy/torchrun/faultlens-torchrun.sh",
                      "Seconds the torchrun wrapper waits for a decision after a failure.")
@@ -176,8 +215,13 @@ TORCHRUN = _var("TORCHRUN", "text", "torchrun", "docs/deploy/torchrun/faultlens-
                 "The launcher command the wrapper runs.")
 SLURM_BATCH = _var("SLURM_BATCH", "path", None, "docs/deploy/slurm/faultlens-requeue.sh",
                    "The batch script to resubmit (required for failover).")
-SLURM_STATE = _var("SLURM_STATE", "path", "/var/lib/faultlens/slurm", "docs/deploy/slurm/faultlens-requeue.sh",
-                   "Where exclusions, attempts and handled decision ids are kept.")
+SLURM_STATE = _var(
+    "SLURM_STATE",
+    "path",
+    "/var/lib/faultlens/slurm",
+    "docs/deploy/slurm/faultlens-requeue.sh",
+    "Where exclusions, attempts and handled decision ids are kept.",
+)
 SLURM_DRAIN = _var("SLURM_DRAIN", "bool", "1", "docs/deploy/slurm/faultlens-requeue.sh",
                    "1: drain excluded nodes cluster-wide; 0: only exclude them from this job.")
 RECEIVER_STATE = _var("RECEIVER_STATE", "path", "/var/lib/faultlens-receiver/handled.jsonl",
@@ -193,7 +237,8 @@ def by_name(name: str) -> EnvVar:
 
 
 def without_faultlens(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` less every FAULTLENS_* variable (a child process that must not inherit this one's)."""
+    """`environ` less every FAULTLENS_* variable (a child process that must not inherit this one's).
+    """
     return {k: v for k, v in environ.items() if not k.startswith(PREFIX)}
 
 

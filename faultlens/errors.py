@@ -1,9 +1,10 @@
 """The one base class of every faultlens error.
 
-Each error class of the project derives from FaultlensError (and keeps its other bases, ValueError, OSError and so
-on, so callers that catch those still work). The CLI translates a FaultlensError into one line,
-`faultlens <command>: error: <message>`, and the exit code `exit_code` in one place (controller/cli/main.py).
-This module imports nothing: the code that runs inside the training process may import it.
+Each error class of the project derives from FaultlensError (and keeps its other bases, ValueError,
+OSError and so on, so callers that catch those still work). The CLI translates a FaultlensError into
+one line, `faultlens <command>: error: <message>`, and the exit code `exit_code` in one place
+(controller/cli/main.py). This module imports nothing: the code that runs inside the training
+process may import it.
 """
 
 from __future__ import annotations

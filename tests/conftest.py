@@ -1,4 +1,6 @@
-"""Shared fixtures. Real artifacts live under tests/data/; torch-made artifacts are produced per session."""
+"""Shared fixtures. Real artifacts live under tests/data/; torch-made artifacts are produced per
+session.
+"""
 
 from __future__ import annotations
 
@@ -26,12 +28,13 @@ def utc_now() -> dt.datetime:
 
 @pytest.fixture(scope="session")
 def torch_artifacts() -> dict[str, Path]:
-    """Artifacts written by real torchrun jobs (torch, gloo, 4 ranks) for the scenarios of interface 6: 'hang',
-    'mismatch', 'subgroup_hang', 'crash_exception', 'crash_sigkill', 'straggler' -> their directory (dumps/,
-    logdir/, torchrun_stderr.txt, store/, meta.json; see tests/torch_jobs/harness.py). Generated once per cache
-    key (a hash of the harness, the scripts and collectors it runs, and the torch version) under a file lock, so
-    pytest-xdist workers share it; every use checks each scenario's outcome again and regenerates the ones that
-    are not the expected one; $FAULTLENS_TORCH_ARTIFACTS moves the cache (default:
+    """Artifacts written by real torchrun jobs (torch, gloo, 4 ranks) for the scenarios of interface
+    6: 'hang', 'mismatch', 'subgroup_hang', 'crash_exception', 'crash_sigkill', 'straggler' -> their
+    directory (dumps/, logdir/, torchrun_stderr.txt, store/, meta.json; see
+    tests/torch_jobs/harness.py). Generated once per cache key (a hash of the harness, the scripts
+    and collectors it runs, and the torch version) under a file lock, so pytest-xdist workers share
+    it; every use checks each scenario's outcome again and regenerates the ones that are not the
+    expected one; $FAULTLENS_TORCH_ARTIFACTS moves the cache (default:
     $TMPDIR/faultlens-torch-artifacts-<uid>)."""
     pytest.importorskip("torch")
     from tests.torch_jobs.harness import cached_artifacts
@@ -47,10 +50,11 @@ class DemoRun(NamedTuple):
 
 @pytest.fixture(scope="session")
 def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
-    """One real `faultlens demo` run (torch DDP over gloo, five injected faults, ~80-110 s on 2 cores) per test
-    session: its store, its workdir and its console output. Under pytest-xdist the workers share one run (the
-    first to take the lock makes it, the others wait and reuse it); a failed run fails every user with its
-    output."""
+    """One real `faultlens demo` run (torch DDP over gloo, five injected faults, ~80-110 s on 2
+    cores) per test
+    session: its store, its workdir and its console output. Under pytest-xdist the workers share one
+    run (the first to take the lock makes it, the others wait and reuse it); a failed run fails
+    every user with its output."""
     pytest.importorskip("torch")
     import fcntl
     import os
@@ -68,9 +72,23 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
             root.mkdir(parents=True, exist_ok=True)
             env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80"}  # as in a log file
             try:
-                proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "demo", "--store",
-                                       str(root / "store"), "--workdir", str(root / "work")], cwd=root, env=env,
-                                      capture_output=True, text=True, timeout=900)
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "faultlens.controller.cli.main",
+                        "demo",
+                        "--store",
+                        str(root / "store"),
+                        "--workdir",
+                        str(root / "work"),
+                    ],
+                    cwd=root,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
                 text, ok = proc.stdout[-6000:] + proc.stderr[-6000:], proc.returncode == 0
                 (done if ok else failed).write_text(proc.stdout if ok else text)
             except subprocess.TimeoutExpired as exc:

@@ -1,6 +1,7 @@
-"""Row builders for the attribution tests: rows exactly as the interfaces of the helper brief describe them
-(process_events of interface 3, gpu_events of interface 2, steps/ranks of the schema), written into a real store
-through the real SegmentSink so every test reads them back through DuckDB."""
+"""Row builders for the attribution tests: rows exactly as the interfaces of the helper brief
+describe them (process_events of interface 3, gpu_events of interface 2, steps/ranks of the schema),
+written into a real store through the real SegmentSink so every test reads them back through DuckDB.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +34,16 @@ def ranks_rows(job: str, attempt: int, world: int, per_node: int, *, start: floa
     for rank in range(world):
         local = rank % per_node
         row: dict[str, Any] = {
-            "ts": at(start), "job_id": job, "attempt": attempt, "rank": rank, "local_rank": local,
-            "node": node_of(rank, per_node), "world_size": world, "local_world_size": per_node, "pid": 1000 + rank}
+            "ts": at(start),
+            "job_id": job,
+            "attempt": attempt,
+            "rank": rank,
+            "local_rank": local,
+            "node": node_of(rank, per_node),
+            "world_size": world,
+            "local_world_size": per_node,
+            "pid": 1000 + rank,
+        }
         if with_gpu:
             row.update(gpu_index=local, gpu_uuid=f"GPU-{rank // per_node:02d}{local:02d}aaaa",
                        pci_bus_id=f"00000000:{0x18 + local:02X}:00.0")
@@ -47,11 +56,21 @@ def ranks_rows(job: str, attempt: int, world: int, per_node: int, *, start: floa
 SectionFn = Callable[[int, int], Mapping[str, float]]
 
 
-def steps_rows(job: str, attempt: int, world: int, per_node: int, steps: Iterable[int], *, start: float = 0.0,
-               sections: SectionFn, comm_absorbs: bool = True, phase: Callable[[int], str] | None = None,
-               step_gap: float = 0.0) -> list[dict[str, Any]]:
-    """Synchronous steps: every rank's step ends when the slowest rank's compute ends (the others wait in
-    `comm`), as real data-parallel training does."""
+def steps_rows(
+    job: str,
+    attempt: int,
+    world: int,
+    per_node: int,
+    steps: Iterable[int],
+    *,
+    start: float = 0.0,
+    sections: SectionFn,
+    comm_absorbs: bool = True,
+    phase: Callable[[int], str] | None = None,
+    step_gap: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Synchronous steps: every rank's step ends when the slowest rank's compute ends (the others
+    wait in `comm`), as real data-parallel training does."""
     rows = []
     clock = start
     for step in steps:
@@ -63,20 +82,38 @@ def steps_rows(job: str, attempt: int, world: int, per_node: int, steps: Iterabl
             secs = dict(compute[rank])
             if comm_absorbs:
                 secs["comm"] = duration - totals[rank]
-            rows.append({
-                "ts": at(clock + duration), "job_id": job, "attempt": attempt, "rank": rank,
-                "local_rank": rank % per_node, "node": node_of(rank, per_node), "step": step,
-                "phase": phase(step) if phase else "train", "start_ts": at(clock), "end_ts": at(clock + duration),
-                "duration_s": duration, "sections": secs})
+            rows.append(
+                {
+                    "ts": at(clock + duration),
+                    "job_id": job,
+                    "attempt": attempt,
+                    "rank": rank,
+                    "local_rank": rank % per_node,
+                    "node": node_of(rank, per_node),
+                    "step": step,
+                    "phase": phase(step) if phase else "train",
+                    "start_ts": at(clock),
+                    "end_ts": at(clock + duration),
+                    "duration_s": duration,
+                    "sections": secs,
+                }
+            )
         clock += duration + step_gap
     return rows
 
 
 def event(kind: str, rank: int | None, seconds: float, *, job: str = "job-1", attempt: int = 0,
           node: str | None = None, per_node: int = 4, **columns: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {"ts": at(seconds), "job_id": job, "attempt": attempt, "rank": rank, "kind": kind,
-                           "node": node if node is not None else (node_of(rank, per_node) if rank is not None
-                                                                  else None)}
+    row: dict[str, Any] = {
+        "ts": at(seconds),
+        "job_id": job,
+        "attempt": attempt,
+        "rank": rank,
+        "kind": kind,
+        "node": node
+        if node is not None
+        else (node_of(rank, per_node) if rank is not None else None),
+    }
     if rank is not None:
         row["local_rank"] = rank % per_node
     row.update(columns)
@@ -85,9 +122,9 @@ def event(kind: str, rank: int | None, seconds: float, *, job: str = "job-1", at
 
 def ingest_torch_artifacts(artifact: Path, store: Path, *, dumps: str | None = None,
                            job: str | None = None) -> None:
-    """Put what a real torchrun scenario (interface 6) left into a store, through the producers' own readers:
-    its step timer's store, its torchrun --log-dir tree and stderr report (the process source), and optionally a
-    flight-recorder dump directory (the dump reader)."""
+    """Put what a real torchrun scenario (interface 6) left into a store, through the producers' own
+    readers: its step timer's store, its torchrun --log-dir tree and stderr report (the process
+    source), and optionally a flight-recorder dump directory (the dump reader)."""
     import shutil
 
     from faultlens.collectors.artifacts.flight_recorder import read_dump_dir

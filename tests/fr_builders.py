@@ -1,8 +1,10 @@
-"""Flight-recorder dumps built from the fields the reference lists (NCCL-flavoured by default), and a small
-synchronous job simulator that produces the dumps of a multi-group job where one rank misbehaves.
+"""Flight-recorder dumps built from the fields the reference lists (NCCL-flavoured by default), and
+a small synchronous job simulator that produces the dumps of a multi-group job where one rank
+misbehaves.
 
-Only the *shape* of a dump is made here; the real artifacts (the public NCCL set, the gloo torchrun fixtures) are
-what the analysis is validated on. These exercise formats and cases no single real set covers.
+Only the *shape* of a dump is made here; the real artifacts (the public NCCL set, the gloo torchrun
+fixtures) are what the analysis is validated on. These exercise formats and cases no single real set
+covers.
 """
 
 from __future__ import annotations
@@ -17,38 +19,87 @@ from typing import Any
 T0 = 1_758_580_156_000_000_000
 
 
-def entry(*, record_id: int, seq: int, group: tuple[str, str] = ("0", "default_pg"), pg_id: int = 0,
-          op: str = "nccl:all_reduce", sizes: Sequence[Sequence[int]] = ((1024,),), dtype: str = "Float",
-          out_sizes: Sequence[Sequence[int]] | None = None, state: str = "completed", t: int | None = None,
-          retired: bool | None = None, p2p_seq: int = 0, is_p2p: bool = False, frames: bool = True,
-          timeout_ms: int = 600_000) -> dict[str, Any]:
+def entry(
+    *,
+    record_id: int,
+    seq: int,
+    group: tuple[str, str] = ("0", "default_pg"),
+    pg_id: int = 0,
+    op: str = "nccl:all_reduce",
+    sizes: Sequence[Sequence[int]] = ((1024,),),
+    dtype: str = "Float",
+    out_sizes: Sequence[Sequence[int]] | None = None,
+    state: str = "completed",
+    t: int | None = None,
+    retired: bool | None = None,
+    p2p_seq: int = 0,
+    is_p2p: bool = False,
+    frames: bool = True,
+    timeout_ms: int = 600_000,
+) -> dict[str, Any]:
     created = T0 + record_id * 1_000_000 if t is None else t
     done = state == "completed"
     return {
-        "record_id": record_id, "pg_id": pg_id, "process_group": group, "thread_name": "pt_main_thread",
-        "thread_id": "140000000000000", "collective_seq_id": seq, "p2p_seq_id": p2p_seq, "op_id": seq,
-        "profiling_name": op, "time_created_ns": created, "input_sizes": [list(s) for s in sizes],
+        "record_id": record_id,
+        "pg_id": pg_id,
+        "process_group": group,
+        "thread_name": "pt_main_thread",
+        "thread_id": "140000000000000",
+        "collective_seq_id": seq,
+        "p2p_seq_id": p2p_seq,
+        "op_id": seq,
+        "profiling_name": op,
+        "time_created_ns": created,
+        "input_sizes": [list(s) for s in sizes],
         "input_dtypes": [dtype] * len(sizes),
         "output_sizes": [list(s) for s in (out_sizes if out_sizes is not None else sizes)],
         "output_dtypes": [dtype] * len(out_sizes if out_sizes is not None else sizes),
         "state": state,
         "time_discovered_started_ns": created + 1000 if state in ("started", "completed") else None,
         "time_discovered_completed_ns": created + 5000 if done else None,
-        "retired": done if retired is None else retired, "timeout_ms": timeout_ms, "is_p2p": is_p2p,
-        **({"frames": [
-            {"name": op.split(":")[-1], "filename": "/opt/torch/distributed/distributed_c10d.py", "line": 3245},
-            {"name": "forward", "filename": "/workspace/model/layers.py", "line": 512 + seq % 7},
-        ]} if frames else {}),
+        "retired": done if retired is None else retired,
+        "timeout_ms": timeout_ms,
+        "is_p2p": is_p2p,
+        **(
+            {
+                "frames": [
+                    {
+                        "name": op.split(":")[-1],
+                        "filename": "/opt/torch/distributed/distributed_c10d.py",
+                        "line": 3245,
+                    },
+                    {
+                        "name": "forward",
+                        "filename": "/workspace/model/layers.py",
+                        "line": 512 + seq % 7,
+                    },
+                ]
+            }
+            if frames
+            else {}
+        ),
     }
 
 
 def pg_config(groups: dict[str, tuple[str, Sequence[int]]]) -> dict[str, dict[str, str]]:
-    """{name: (desc, ranks)} -> pg_config as NCCL writes it (keyed by group name, ranks as a string)."""
-    return {name: {"name": name, "desc": desc, "ranks": str(list(ranks))} for name, (desc, ranks) in groups.items()}
+    """{name: (desc, ranks)} -> pg_config as NCCL writes it (keyed by group name, ranks as a
+    string).
+    """
+    return {
+        name: {"name": name, "desc": desc, "ranks": str(list(ranks))}
+        for name, (desc, ranks) in groups.items()
+    }
 
 
-def dump(entries: list[dict[str, Any]], config: dict[str, Any], *, version: str = "2.9",
-         pg_status: dict[str, Any] | None = None, rank: int | None = None, nccl: bool = True) -> dict[str, Any]:
+def dump(
+    entries: list[dict[str, Any]],
+    config: dict[str, Any],
+    *,
+    version: str = "2.9",
+    pg_status: dict[str, Any] | None = None,
+    rank: int | None = None,
+    nccl: bool = True,
+) -> dict[str, Any]:
     top: dict[str, Any] = {"version": version, "pg_config": config}
     if nccl:
         top["nccl_version"] = "2.27.3"
@@ -66,19 +117,29 @@ def _status(entries: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     for e in entries:
         if e["is_p2p"]:
             continue
-        s = status.setdefault(str(e["pg_id"]), {"last_enqueued_collective": -1, "last_started_collective": -1,
-                                                 "last_completed_collective": -1})
+        s = status.setdefault(
+            str(e["pg_id"]),
+            {
+                "last_enqueued_collective": -1,
+                "last_started_collective": -1,
+                "last_completed_collective": -1,
+            },
+        )
         s["last_enqueued_collective"] = max(s["last_enqueued_collective"], e["collective_seq_id"])
         if e["state"] == "completed" or e["retired"]:
-            s["last_completed_collective"] = max(s["last_completed_collective"], e["collective_seq_id"])
+            s["last_completed_collective"] = max(
+                s["last_completed_collective"], e["collective_seq_id"]
+            )
     return status
 
 
 def json_form(top: dict[str, Any]) -> dict[str, Any]:
-    """The JSON dump's differences (reference): no frames, time_discovered_* 0 instead of None, process_group a
-    list, pg_status values strings, an extra nccl_comm_state."""
+    """The JSON dump's differences (reference): no frames, time_discovered_* 0 instead of None,
+    process_group a list, pg_status values strings, an extra nccl_comm_state."""
     out = {k: v for k, v in top.items() if k != "entries"}
-    out["pg_status"] = {k: {kk: str(vv) for kk, vv in v.items()} for k, v in top.get("pg_status", {}).items()}
+    out["pg_status"] = {
+        k: {kk: str(vv) for kk, vv in v.items()} for k, v in top.get("pg_status", {}).items()
+    }
     out["nccl_comm_state"] = {}
     entries = []
     for e in top.get("entries", []):
@@ -102,8 +163,9 @@ def write_set(directory: Path, dumps: dict[int, dict[str, Any]], *, fmt: str = "
     return directory
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# a synchronous job: a collective completes when every member has entered it; a rank blocks in it until then
+# --------------------------------------------------------------------------------------------------
+# a synchronous job: a collective completes when every member has entered it; a rank blocks in it
+# until then
 
 
 @dataclass
@@ -148,8 +210,14 @@ class Job:
                     if name is None:
                         continue
                     item = Step(name, generic.op, generic.sizes)
-                    fault = next((f for f in self.faults if f.rank == rank and f.step == step and f.index == index),
-                                 None)
+                    fault = next(
+                        (
+                            f
+                            for f in self.faults
+                            if f.rank == rank and f.step == step and f.index == index
+                        ),
+                        None,
+                    )
                     if fault and fault.kind == "stop":
                         plan.append((step, index, Step("__stop__")))
                         break
@@ -189,10 +257,20 @@ class Job:
                 entered.setdefault((item.group, s), set()).add(rank)
                 clock += 1
                 pg_id = local_ids[rank].setdefault(item.group, len(local_ids[rank]))
-                entries[rank].append(entry(
-                    record_id=len(entries[rank]), seq=s, group=(item.group, self.groups[item.group][0]),
-                    pg_id=pg_id, op=item.op.replace("nccl:", f"{self.comm}:"), sizes=item.sizes,
-                    state="scheduled", retired=False, t=T0 + clock * 1_000_000, frames=False))
+                entries[rank].append(
+                    entry(
+                        record_id=len(entries[rank]),
+                        seq=s,
+                        group=(item.group, self.groups[item.group][0]),
+                        pg_id=pg_id,
+                        op=item.op.replace("nccl:", f"{self.comm}:"),
+                        sizes=item.sizes,
+                        state="scheduled",
+                        retired=False,
+                        t=T0 + clock * 1_000_000,
+                        frames=False,
+                    )
+                )
                 waiting[rank] = (item.group, s)
                 progressed = True
         # completion: a collective every member entered is complete
@@ -202,11 +280,20 @@ class Job:
                 if entered[(e["process_group"][0], e["collective_seq_id"])] >= members:
                     e["state"] = "completed" if self.comm == "nccl" else "scheduled"
                     e["retired"] = True
-                    e["time_discovered_completed_ns"] = e["time_created_ns"] + 500 if self.comm == "nccl" else None
+                    e["time_discovered_completed_ns"] = (
+                        e["time_created_ns"] + 500 if self.comm == "nccl" else None
+                    )
         config = pg_config(self.groups)
-        return {rank: dump(entries[rank], {k: v for k, v in config.items() if rank in self.groups[k][1]},
-                           rank=rank, nccl=self.comm == "nccl", version="2.9" if self.comm == "nccl" else "2.10")
-                for rank in world}
+        return {
+            rank: dump(
+                entries[rank],
+                {k: v for k, v in config.items() if rank in self.groups[k][1]},
+                rank=rank,
+                nccl=self.comm == "nccl",
+                version="2.9" if self.comm == "nccl" else "2.10",
+            )
+            for rank in world
+        }
 
 
 def megatron_like(tp: int = 2, dp: int = 2, pp: int = 2) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -221,10 +308,16 @@ def megatron_like(tp: int = 2, dp: int = 2, pp: int = 2) -> dict[str, tuple[str,
             name += 1
     for stage in range(pp):
         for t in range(tp):
-            groups[str(name)] = ("DATA_PARALLEL_GROUP", tuple(stage * tp * dp + d * tp + t for d in range(dp)))
+            groups[str(name)] = (
+                "DATA_PARALLEL_GROUP",
+                tuple(stage * tp * dp + d * tp + t for d in range(dp)),
+            )
             name += 1
     for i in range(tp * dp):
-        groups[str(name)] = ("PIPELINE_MODEL_PARALLEL_GROUP", tuple(i + s * tp * dp for s in range(pp)))
+        groups[str(name)] = (
+            "PIPELINE_MODEL_PARALLEL_GROUP",
+            tuple(i + s * tp * dp for s in range(pp)),
+        )
         name += 1
     return groups
 

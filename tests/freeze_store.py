@@ -1,10 +1,12 @@
-"""Freezes the telemetry of a real run's store into a test fixture: one segment per table (process_events, ranks,
-steps, heartbeats and, where the run left them, collectives), in the store layout, rows and columns as they are.
+"""Freezes the telemetry of a real run's store into a test fixture: one segment per table
+(process_events, ranks, steps, heartbeats and, where the run left them, collectives), in the store
+layout, rows and columns as they are.
 
     python -m tests.freeze_store STORE OUT_DIR [ATTEMPT]   # e.g. a `faultlens campaign` scenario's store/;
                                                             # ATTEMPT: only that attempt's rows
 
-How tests/data/teardown/* were made (tests/test_follow_on.py replays them cut at every moment a row landed)."""
+How tests/data/teardown/* were made (tests/test_follow_on.py replays them cut at every moment a row
+landed)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ def freeze(store: str | Path, out: str | Path, attempt: int | None = None) -> li
             rows = reader.query(f"SELECT * FROM {table}{where}")
             if rows.num_rows == 0:
                 continue
-            rows = validate(table, rows.select([c for c in rows.column_names if c in TABLES[table].names]))
+            rows = validate(
+                table, rows.select([c for c in rows.column_names if c in TABLES[table].names])
+            )
             job = rows.column("job_id")[0].as_py()
             day = rows.column("ts")[0].as_py().date().isoformat()
             target = (Path(out) / table / f"job={safe_value(job)}" / f"date={day}" / "node=all"

@@ -1,4 +1,6 @@
-"""Rows for any table of the schema, with every column filled (or null), for round-trip tests and benchmarks."""
+"""Rows for any table of the schema, with every column filled (or null), for round-trip tests and
+benchmarks.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ def value_for(field: pa.Field, i: int, rng: random.Random) -> Any:
     if pa.types.is_map(t):
         return {f"s{k}": float(k) / 4 for k in range(rng.randint(0, 3))}
     if pa.types.is_list(t):
-        return [value_for(pa.field("x", t.value_type), i + k, rng) for k in range(rng.randint(0, 3))]
+        return [
+            value_for(pa.field("x", t.value_type), i + k, rng) for k in range(rng.randint(0, 3))
+        ]
     if pa.types.is_struct(t):
         return {sub.name: value_for(sub, i, rng) for sub in t}
     raise TypeError(f"no generator for {t}")

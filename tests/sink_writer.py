@@ -1,14 +1,14 @@
-"""A writer for the crash test: writes numbered step rows through the sink forever, and after every flush that
-returned prints how many rows are committed. The test SIGKILLs it at random moments.
+"""A writer for the crash test: writes numbered step rows through the sink forever, and after every
+flush that returned prints how many rows are committed. The test SIGKILLs it at random moments.
 
     python -m tests.sink_writer STORE SEED JOB      # one writer, its acknowledgements on stdout
     python -m tests.sink_writer --zygote            # many writers, one per request line, each a fork
 
 The zygote imports pyarrow and the sink once and forks one writer per request line on stdin
-("STORE SEED JOB ACKFILE"): it answers "pid N", the writer writes its acknowledgements to ACKFILE (line by line,
-flushed), and once the writer is gone the zygote answers "exit STATUS" (os.waitpid's status). The writer is a
-real process with nothing started before the fork: its sink, threads and files are its own, and it dies by a real
-SIGKILL; only the imports are shared.
+("STORE SEED JOB ACKFILE"): it answers "pid N", the writer writes its acknowledgements to ACKFILE
+(line by line, flushed), and once the writer is gone the zygote answers "exit STATUS" (os.waitpid's
+status). The writer is a real process with nothing started before the fork: its sink, threads and
+files are its own, and it dies by a real SIGKILL; only the imports are shared.
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ def write_forever(store: str, seed: int, job: str, out: TextIO) -> None:
     while True:
         n = rng.randint(1, 5000)
         ids = pa.array(range(written, written + n), pa.int64())
-        ts = pa.array([base + dt.timedelta(seconds=i % 86_000) for i in range(written, written + n)],
-                      schema.field("ts").type)
+        ts = pa.array(
+            [base + dt.timedelta(seconds=i % 86_000) for i in range(written, written + n)],
+            schema.field("ts").type,
+        )
         nodes = pa.array([f"node-{i % 3}" for i in range(written, written + n)])
-        sink.write("steps", pa.table({"ts": ts, "node": nodes, "job_id": pa.array([job] * n), "step": ids}))
+        sink.write(
+            "steps", pa.table({"ts": ts, "node": nodes, "job_id": pa.array([job] * n), "step": ids})
+        )
         written += n
         if rng.random() < 0.6:
             sink.flush()

@@ -1,5 +1,6 @@
-"""A decision the issuing supervisor carried out is recorded `applied` and is never delivered again, whatever the
-hooks' state; a decision that still waits for a human is. Real Parquet store, real file-drop hook."""
+"""A decision the issuing supervisor carried out is recorded `applied` and is never delivered again,
+whatever the hooks' state; a decision that still waits for a human is. Real Parquet store, real
+file-drop hook."""
 
 from __future__ import annotations
 
@@ -15,13 +16,29 @@ AT = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.UTC)
 
 
 def _decision(name: str, action: Action) -> Decision:
-    incident = Incident(incident_id=f"inc-{name}", incident_class=IncidentClass.CRASH, cause=Cause.GPU_HARDWARE,
-                        first_signal_ts=AT, detected_ts=AT, confidence=0.95, rule="test", summary="", job_id="job",
-                        attempt=0, culprit_nodes=("node-1",))
+    incident = Incident(
+        incident_id=f"inc-{name}",
+        incident_class=IncidentClass.CRASH,
+        cause=Cause.GPU_HARDWARE,
+        first_signal_ts=AT,
+        detected_ts=AT,
+        confidence=0.95,
+        rule="test",
+        summary="",
+        job_id="job",
+        attempt=0,
+        culprit_nodes=("node-1",),
+    )
     failover = action is Action.FAILOVER
-    return Decision.for_incident(incident, action=action, policy_rule="test", reason="test", issued_at=AT,
-                                 exclude_nodes=("node-1",) if failover else (),
-                                 restore=Restore("durable", 10) if failover else None)
+    return Decision.for_incident(
+        incident,
+        action=action,
+        policy_rule="test",
+        reason="test",
+        issued_at=AT,
+        exclude_nodes=("node-1",) if failover else (),
+        restore=Restore("durable", 10) if failover else None,
+    )
 
 
 class _Failing:
@@ -34,7 +51,8 @@ class _Failing:
 
 def test_applied_decisions_are_never_redelivered(store_dir, tmp_path):
     applied, escalation = _decision("a", Action.FAILOVER), _decision("b", Action.ESCALATE)
-    supervisor = Deliverer(str(store_dir), [])  # the supervisor runs without hooks: persisted, pending
+    # the supervisor runs without hooks: persisted, pending
+    supervisor = Deliverer(str(store_dir), [])
     supervisor.submit(applied)
     supervisor.mark_applied(applied, note="applied by the supervisor: excluded node-1")
     supervisor.submit(escalation)
@@ -47,10 +65,13 @@ def test_applied_decisions_are_never_redelivered(store_dir, tmp_path):
     later = Deliverer(str(store_dir), [FileDropHook(drop)])
     results = later.redeliver()
     later.close()
-    assert [(r.decision_id, r.status) for r in results] == [(escalation.decision_id, DeliveryStatus.DELIVERED)]
+    assert [(r.decision_id, r.status) for r in results] == [
+        (escalation.decision_id, DeliveryStatus.DELIVERED)
+    ]
     assert {p.stem for p in drop.glob("*.json")} == {escalation.decision_id}
     with Store(store_dir) as reader:
-        rows = reader.query("SELECT hook, delivery_status, reason FROM decisions WHERE decision_id = ? ORDER BY ts",
+        rows = reader.query("SELECT hook, delivery_status, reason FROM decisions WHERE decision_id "
+                            "= ? ORDER BY ts",
                             [applied.decision_id]).to_pylist()
     assert rows[-1]["hook"] == "supervisor" and rows[-1]["delivery_status"] == "applied"
     assert "applied by the supervisor" in rows[-1]["reason"]

@@ -1,6 +1,6 @@
-"""The fault-injection campaign (controller/lab): the scenario file, the scoring's own arithmetic, the recorded GPU
-faults, and the CI subset: real training jobs (torch, gloo, CPU) under `faultlens run`, faults injected from
-outside the user's script, each scored against its truth."""
+"""The fault-injection campaign (controller/lab): the scenario file, the scoring's own arithmetic,
+the recorded GPU faults, and the CI subset: real training jobs (torch, gloo, CPU) under `faultlens
+run`, faults injected from outside the user's script, each scored against its truth."""
 
 from __future__ import annotations
 
@@ -28,8 +28,23 @@ def test_shipped_campaign_covers_the_issue() -> None:
     assert len(healthy) >= 10
     assert sum(1 for s in healthy if s.cpu_hog) * 2 >= len(healthy)
     kinds = {f.kind for s in scenarios for f in s.faults}
-    assert {"exception", "signal", "external_signal", "abort", "stuck", "gil_hog", "skip_collective", "node_loss",
-            "agent_loss", "gpu", "slow", "nan", "oom", "slow_checkpoint", "cpu_hog"} <= kinds
+    assert {
+        "exception",
+        "signal",
+        "external_signal",
+        "abort",
+        "stuck",
+        "gil_hog",
+        "skip_collective",
+        "node_loss",
+        "agent_loss",
+        "gpu",
+        "slow",
+        "nan",
+        "oom",
+        "slow_checkpoint",
+        "cpu_hog",
+    } <= kinds
     signals = {f.params.get("signal") for s in scenarios for f in s.faults if "signal" in f.kind}
     assert {"SIGSEGV", "SIGKILL", "SIGTERM", "SIGINT", "SIGSTOP"} <= signals
     timelines = {f.params.get("timeline") for s in scenarios for f in s.faults if f.kind == "gpu"}
@@ -40,21 +55,39 @@ def test_shipped_campaign_covers_the_issue() -> None:
     assert len(campaign.select(ci=True)) == 6
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("format_version: 2\n", "format_version: expected 1"),
-    ("format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: b}]\n", "scenario s.script"),
-    ("format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a, faults: [{kind: zap}]}]\n",
-     "scenario s.faults[0].kind"),
-    ("format_version: 1\nscripts: {a: {path: x.py}}\n"
-     "scenarios: [{name: s, script: a, expect: {incidents: [{class: crash, cause: bad, action: failover}]}}]\n",
-     "scenario s.expect.incidents[0].cause: unknown cause 'bad'"),
-    ("format_version: 1\nscripts: {a: {path: x.py}}\n"
-     "scenarios: [{name: s, script: a, faults: [{kind: gpu, node: node-1, params: {timeline: nope}}]}]\n",
-     "gpu fault f0"),
-    ("format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a}, {name: s, script: a}]\n",
-     "duplicate name"),
-    ("format_version: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("format_version: 2\n", "format_version: expected 1"),
+        (
+            "format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: b}]\n",
+            "scenario s.script",
+        ),
+        (
+            "format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a, faults: "
+            "[{kind: zap}]}]\n",
+            "scenario s.faults[0].kind",
+        ),
+        (
+            "format_version: 1\nscripts: {a: {path: x.py}}\n"
+            "scenarios: [{name: s, script: a, expect: {incidents: [{class: crash, cause: bad, action: "
+            "failover}]}}]\n",
+            "scenario s.expect.incidents[0].cause: unknown cause 'bad'",
+        ),
+        (
+            "format_version: 1\nscripts: {a: {path: x.py}}\n"
+            "scenarios: [{name: s, script: a, faults: [{kind: gpu, node: node-1, params: {timeline: "
+            "nope}}]}]\n",
+            "gpu fault f0",
+        ),
+        (
+            "format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a}, {name: s, "
+            "script: a}]\n",
+            "duplicate name",
+        ),
+        ("format_version: [\n", "not valid YAML"),
+    ],
+)
 def test_bad_scenario_files_name_file_and_key(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)
@@ -99,16 +132,18 @@ def test_plan_roundtrip_and_targets() -> None:
 
 
 def test_recorded_gpu_fault_fires_on_marker(tmp_path: Path) -> None:
-    """The supervisor-side recorded NVML backend stays healthy until a rank writes the node's marker, then the
-    campaign's timeline entries (Xid 79, GPU lost) come through the real RecordedBackend."""
+    """The supervisor-side recorded NVML backend stays healthy until a rank writes the node's
+    marker, then the campaign's timeline entries (Xid 79, GPU lost) come through the real
+    RecordedBackend."""
     from faultlens.collectors.sources.recorded_backend import RecordedBackend
     from faultlens.controller.supervisor.gpus import node_timeline
 
     campaign = load_campaign()
     marker = tmp_path / "node-1.fire"
     clock = MarkerClock(marker, 1000.0)
-    backend = RecordedBackend(fault_timeline(node_timeline(1, 2), campaign.gpu_timelines["xid79"], 1, 1000.0),
-                              clock=clock)
+    backend = RecordedBackend(
+        fault_timeline(node_timeline(1, 2), campaign.gpu_timelines["xid79"], 1, 1000.0), clock=clock
+    )
     devices = backend.open()
     assert backend.wait_events(0.01) == []
     marker.write_text(json.dumps({"gpu": 1}))
@@ -133,24 +168,36 @@ def _injector(tmp_path: Path, *faults: FaultSpec, attempt: int = 0, rank: int = 
 def test_injector_fires_at_its_rank_step_and_attempt_only(tmp_path: Path) -> None:
     from faultlens.controller.lab.plan import read_injections
 
-    fault = FaultSpec(id="boom", kind="exception", rank=3, step=5, params={"type": "KeyError", "message": "x"})
+    fault = FaultSpec(
+        id="boom", kind="exception", rank=3, step=5, params={"type": "KeyError", "message": "x"}
+    )
     _injector(tmp_path, fault, rank=2).on_step(5, "train", None)  # another rank
-    _injector(tmp_path, fault, attempt=1).on_step(5, "train", None)  # another attempt (default: attempt 0 only)
+    # another attempt (default: attempt 0 only)
+    _injector(tmp_path, fault, attempt=1).on_step(5, "train", None)
     injector = _injector(tmp_path, fault)
     injector.on_step(4, "train", None)
-    injector.on_step(5, "eval", None)  # an eval pass at the same step number is not the training step
+    # an eval pass at the same step number is not the training step
+    injector.on_step(5, "eval", None)
     assert read_injections(tmp_path) == []
     with pytest.raises(KeyError):
         injector.on_step(5, "train", None)
     [row] = read_injections(tmp_path)
-    assert (row["fault"], row["rank"], row["node"], row["step"], row["attempt"]) == ("boom", 3, "node-1", 5, 0)
+    assert (row["fault"], row["rank"], row["node"], row["step"], row["attempt"]) == (
+        "boom",
+        3,
+        "node-1",
+        5,
+        0,
+    )
     follows = FaultSpec(id="f", kind="exception", rank=3, step=5, attempts=None)
     with pytest.raises(RuntimeError):
         _injector(tmp_path, follows, attempt=2).on_step(5, "train", None)
 
 
 def test_injector_skips_one_collective_of_the_named_group(tmp_path: Path) -> None:
-    fault = FaultSpec(id="s", kind="skip_collective", rank=3, step=7, params={"op": "all_reduce", "group": "sub"})
+    fault = FaultSpec(
+        id="s", kind="skip_collective", rank=3, step=7, params={"op": "all_reduce", "group": "sub"}
+    )
     injector = _injector(tmp_path, fault)
     injector.on_step(7, "train", None)
     assert not injector.skip("all_reduce", None)  # the world group is not the one named
@@ -161,7 +208,8 @@ def test_injector_skips_one_collective_of_the_named_group(tmp_path: Path) -> Non
 
 def test_external_fault_writes_a_trigger(tmp_path: Path) -> None:
     fault = FaultSpec(id="kill", kind="node_loss", node_rank=1, local_rank=0, step=3)
-    _injector(tmp_path, fault, rank=3).on_step(3, "train", None)  # local rank 1: not the one that triggers
+    # local rank 1: not the one that triggers
+    _injector(tmp_path, fault, rank=3).on_step(3, "train", None)
     assert not (tmp_path / "triggers").exists()
     _injector(tmp_path, fault, rank=2).on_step(3, "train", None)
     doc = json.loads((tmp_path / "triggers" / "kill-a0.json").read_text())
@@ -178,19 +226,29 @@ def test_sitecustomize_is_inert_outside_a_campaign(tmp_path: Path) -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAULTLENS_")}
     env.update(PYTHONPATH=f"{SITE_DIR}{os.pathsep}{REPO_ROOT}", RANK="0", LOCAL_RANK="0")
-    out = subprocess.run([sys.executable, "-c", "import sys; print('faultlens.controller.lab.inject' in sys.modules)"],
+    out = subprocess.run([sys.executable, "-c", "import sys; "
+                                                "print('faultlens.controller.lab.inject' in "
+                                                "sys.modules)"],
                          env=env, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
     plan = tmp_path / "plan.json"
-    plan.write_text(InjectionPlan((FaultSpec(id="x", kind="exception", rank=0, step=2),), {}, 1).to_json())
-    env.update(FAULTLENS_LAB_DIR=str(tmp_path), FAULTLENS_LAB_PLAN=str(plan), FAULTLENS_NODE="node-0")
+    plan.write_text(
+        InjectionPlan((FaultSpec(id="x", kind="exception", rank=0, step=2),), {}, 1).to_json()
+    )
+    env.update(
+        FAULTLENS_LAB_DIR=str(tmp_path), FAULTLENS_LAB_PLAN=str(plan), FAULTLENS_NODE="node-0"
+    )
     code = ("from faultlens.collectors.training.step_timer import StepTimer\n"
             "timer = StepTimer(None, start=False)\n"
             "for n in range(4):\n"
             "    with timer.step(n):\n"
             "        print(n, flush=True)\n")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert out.returncode != 0 and out.stdout.split() == ["0", "1"] and "injected fault" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (
+        out.returncode != 0 and out.stdout.split() == ["0", "1"] and "injected fault" in out.stderr
+    )
     assert (tmp_path / "pids" / "a0-node-0-r0.json").exists()
 
 
@@ -199,19 +257,23 @@ def test_sitecustomize_is_inert_outside_a_campaign(tmp_path: Path) -> None:
 CI_XFAIL: dict[str, str] = {}  # issue 11 follow-ons fixed (tests/test_follow_on.py); none left
 
 _RUNS: dict[str, Future] = {}
-CI_CONCURRENT = 2  # CI jobs run two at a time (each 2 nodes x 1 rank): a hang's wait overlaps another job's work
+# CI jobs run two at a time (each 2 nodes x 1 rank): a hang's wait overlaps another job's work
+CI_CONCURRENT = 2
 
 
 def _run(name: str, tmp_root: Path):  # type: ignore[no-untyped-def]
-    """(scenario, artifacts, score) of a CI scenario. The first call starts every CI scenario, two at a time, the
-    slowest to settle (the stuck rank: the hang floor's wait) first; each call waits for its own."""
+    """(scenario, artifacts, score) of a CI scenario. The first call starts every CI scenario, two
+    at a time, the slowest to settle (the stuck rank: the hang floor's wait) first; each call waits
+    for its own."""
     from faultlens.controller.lab.runner import run_scenario
     from faultlens.controller.lab.score import score
 
     if not _RUNS:
         campaign = load_campaign()
         pool = ThreadPoolExecutor(max_workers=CI_CONCURRENT, thread_name_prefix="ci-scenario")
-        ordered = sorted(campaign.select(ci=True), key=lambda s: not any(f.kind == "stuck" for f in s.faults))
+        ordered = sorted(
+            campaign.select(ci=True), key=lambda s: not any(f.kind == "stuck" for f in s.faults)
+        )
 
         def one(scenario):  # type: ignore[no-untyped-def]
             art = run_scenario(scenario, tmp_root, dict(campaign.gpu_timelines))
@@ -232,8 +294,15 @@ def campaign_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 CI_NAMES = [s.name for s in load_campaign().select(ci=True)]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.xfail(strict=False, reason=CI_XFAIL[n])]
-                                               if n in CI_XFAIL else []) for n in CI_NAMES])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n, marks=[pytest.mark.xfail(strict=False, reason=CI_XFAIL[n])] if n in CI_XFAIL else []
+        )
+        for n in CI_NAMES
+    ],
+)
 def test_ci_scenario_scores_right(name: str, campaign_root: Path) -> None:
     _, art, result = _run(name, campaign_root)
     assert not art.timed_out, f"{name}: the run timed out"
@@ -247,9 +316,14 @@ def test_ci_scenario_scores_right(name: str, campaign_root: Path) -> None:
 
 
 def test_scoring_catches_a_wrong_truth(campaign_root: Path) -> None:
-    """The score is not a rubber stamp: the same real run scored against a truth wrong on every field fails on
-    every field."""
-    from faultlens.controller.lab.scenarios import CAUSE_FAMILIES, CLASSES, ExpectedIncident, cause_family
+    """The score is not a rubber stamp: the same real run scored against a truth wrong on every
+    field fails on every field."""
+    from faultlens.controller.lab.scenarios import (
+        CAUSE_FAMILIES,
+        CLASSES,
+        ExpectedIncident,
+        cause_family,
+    )
     from faultlens.controller.lab.score import score
 
     scenario, art, right = _run("ci-sigsegv", campaign_root)
@@ -257,8 +331,12 @@ def test_scoring_catches_a_wrong_truth(campaign_root: Path) -> None:
         pytest.skip("the run produced no incident to compare against")
     seen = right.incidents
     cls = next(c for c in sorted(CLASSES - {"any"}) if all(o.incident_class != c for o in seen))
-    cause = next(c for c in CAUSE_FAMILIES if all(cause_family(o.cause) != cause_family(c) for o in seen))
-    action = next(a for a in ("drain", "notify", "escalate", "failover") if all(o.action != a for o in seen))
+    cause = next(
+        c for c in CAUSE_FAMILIES if all(cause_family(o.cause) != cause_family(c) for o in seen)
+    )
+    action = next(
+        a for a in ("drain", "notify", "escalate", "failover") if all(o.action != a for o in seen)
+    )
     culprit = "none" if all(o.nodes for o in seen) else "fault"
     wrong = dataclasses.replace(scenario, truth=dataclasses.replace(
         scenario.truth, incidents=(ExpectedIncident(cls, (cause,), action, culprit),),
@@ -271,7 +349,9 @@ def test_scoring_catches_a_wrong_truth(campaign_root: Path) -> None:
     healthy = dataclasses.replace(scenario, truth=dataclasses.replace(scenario.truth, incidents=()))
     result = score(healthy, art)
     assert not result.incident_count_ok and not result.ok
-    assert result.healthy_excluded == tuple(n for o in seen if o.action == "failover" for n in o.exclude)
+    assert result.healthy_excluded == tuple(
+        n for o in seen if o.action == "failover" for n in o.exclude
+    )
 
 
 def test_incidents_are_matched_by_class_and_extras_stay_wrong() -> None:

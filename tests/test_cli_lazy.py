@@ -1,5 +1,5 @@
-"""The lazy start-up lists exactly the commands (names, order, help lines) the eager CLI registers, and each
-command still parses its full options when it is the one run."""
+"""The lazy start-up lists exactly the commands (names, order, help lines) the eager CLI registers,
+and each command still parses its full options when it is the one run."""
 
 from __future__ import annotations
 
@@ -17,11 +17,17 @@ def _commands(parser: argparse.ArgumentParser) -> list[tuple[str, str | None]]:
 def test_lazy_listing_matches_the_eager_parser():
     eager = _commands(build_parser())
     assert _commands(build_parser(lazy=True)) == eager
-    assert [name for name, _ in eager][:2] == ["demo", "run"] and ("report", eager[-1][1]) == eager[-1]
+    assert [name for name, _ in eager][:2] == ["demo", "run"] and ("report", eager[-1][1]) == eager[
+        -1
+    ]
 
 
 def test_the_command_run_gets_its_real_parser():
-    for argv, dest in ((["sql", "SELECT 1"], "query"), (["jobs", "--json"], "fmt"),
-                       (["incident", "inc-1"], "incident_id"), (["retention", "--days", "3", "--dry-run"], "dry_run")):
+    for argv, dest in (
+        (["sql", "SELECT 1"], "query"),
+        (["jobs", "--json"], "fmt"),
+        (["incident", "inc-1"], "incident_id"),
+        (["retention", "--days", "3", "--dry-run"], "dry_run"),
+    ):
         args = build_parser(argv[0], lazy=True).parse_args(argv)
         assert hasattr(args, dest) and args.func is not None

@@ -16,20 +16,37 @@ from tests.conftest import REPO_ROOT
 def small_store(store_dir):
     now = dt.datetime(2026, 11, 30, 9, tzinfo=dt.UTC)
     with SegmentSink(store_dir) as sink:
-        sink.write("gpu_events", [{"ts": now, "node": "node-07", "kind": "xid", "code": 79,
-                                   "message": "GPU has fallen off the bus."},
-                                  {"ts": now, "node": "node-02", "kind": "xid", "code": 13, "message": "Graphics"}])
+        sink.write(
+            "gpu_events",
+            [
+                {
+                    "ts": now,
+                    "node": "node-07",
+                    "kind": "xid",
+                    "code": 79,
+                    "message": "GPU has fallen off the bus.",
+                },
+                {"ts": now, "node": "node-02", "kind": "xid", "code": 13, "message": "Graphics"},
+            ],
+        )
     return store_dir
 
 
 def test_help_lists_commands():
-    out = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "--help"], cwd=REPO_ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "faultlens.controller.cli.main", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for command in ("demo", "tables", "sql", "compact", "retention", "ingest"):
         assert command in out
 
 
-@pytest.mark.parametrize("command", [["tables"], ["sql", "SELECT 1"], ["compact"], ["retention", "--days", "3"]])
+@pytest.mark.parametrize(
+    "command", [["tables"], ["sql", "SELECT 1"], ["compact"], ["retention", "--days", "3"]]
+)
 def test_nonexistent_store_is_one_line_exit_2(tmp_path, capsys, command):
     missing = tmp_path / "nope"
     code = main([*command[:1], "--store", str(missing), *command[1:]])
@@ -47,20 +64,37 @@ def test_store_path_that_is_a_file(tmp_path, capsys):
 
 
 def test_store_path_from_subprocess_has_no_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "tables", "--store",
-                          str(tmp_path / "x")],
-                          cwd=REPO_ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "tables",
+            "--store",
+            str(tmp_path / "x"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr and proc.stderr.strip().startswith("faultlens tables: error:")
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().startswith("faultlens tables: "
+                                                                             "error:")
 
 
 def test_sql_outputs(small_store, capsys):
     query = "SELECT node, code FROM gpu_events ORDER BY code DESC"
     assert main(["sql", "--store", str(small_store), query, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == [{"node": "node-07", "code": 79}, {"node": "node-02", "code": 13}]
+    assert json.loads(capsys.readouterr().out) == [
+        {"node": "node-07", "code": 79},
+        {"node": "node-02", "code": 13},
+    ]
     assert main(["sql", "--store", str(small_store), query, "--csv"]) == 0
-    assert list(csv.reader(io.StringIO(capsys.readouterr().out))) == [["node", "code"], ["node-07", "79"],
-                                                                       ["node-02", "13"]]
+    assert list(csv.reader(io.StringIO(capsys.readouterr().out))) == [
+        ["node", "code"],
+        ["node-07", "79"],
+        ["node-02", "13"],
+    ]
     assert main(["sql", "--store", str(small_store), query]) == 0
     table = capsys.readouterr().out
     assert "node-07" in table and "79" in table
@@ -82,6 +116,7 @@ def test_store_from_environment(small_store, capsys, monkeypatch):
 
 def test_compact_and_retention_commands(small_store, capsys):
     assert main(["compact", "--store", str(small_store)]) == 0
-    assert "compacted 0 partitions" in capsys.readouterr().out  # one segment per partition: nothing to merge
+    # one segment per partition: nothing to merge
+    assert "compacted 0 partitions" in capsys.readouterr().out
     assert main(["retention", "--store", str(small_store), "--days", "100000"]) == 0
     assert "removed 0 partitions" in capsys.readouterr().out

@@ -1,6 +1,6 @@
-"""`faultlens jobs`, `faultlens incident ID` and `faultlens report` over a store made by the simulator, attributed
-by the engine and decided by the policy (the same path a real store takes); the report opened in headless
-Chromium (Debian's chromium package, installed by .ci/run)."""
+"""`faultlens jobs`, `faultlens incident ID` and `faultlens report` over a store made by the
+simulator, attributed by the engine and decided by the policy (the same path a real store takes);
+the report opened in headless Chromium (Debian's chromium package, installed by .ci/run)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,27 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 def sim_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("views")
     store = root / "store"
-    assert main(["simulate", "--store", str(store), "--nodes", "2", "--gpus-per-node", "2", "--hours", "0.5",
-                 "--faults-per-day", "200", "--seed", "0", "--json"]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--store",
+                str(store),
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "2",
+                "--hours",
+                "0.5",
+                "--faults-per-day",
+                "200",
+                "--seed",
+                "0",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert main(["attribute", "--store", str(store), "--json"]) == 0
     assert main(["decide", "--store", str(store), "--json"]) == 0
     return store
@@ -60,7 +79,8 @@ def test_incident_view_and_json(sim_store, capsys, monkeypatch):
     assert data["incident_id"] == incident_id and data["evidence"] and data["decisions"]
     assert data["decisions"][0]["policy_rule"]
     monkeypatch.setenv("COLUMNS", "80")
-    assert main(["incident", "--store", str(sim_store), incident_id[4:10]]) == 0  # a prefix, without "inc-"
+    # a prefix, without "inc-"
+    assert main(["incident", "--store", str(sim_store), incident_id[4:10]]) == 0
     out = capsys.readouterr().out
     for label in ("what", "where", "when", "why", "evidence", "decision"):
         assert re.search(rf"^{label}\s", out, re.M), (label, out)
@@ -77,7 +97,10 @@ def test_incident_unknown_or_ambiguous_is_one_line_exit_2(sim_store, capsys):
 
 
 def test_report_unknown_job_is_one_line(sim_store, tmp_path, capsys):
-    assert main(["report", "--store", str(sim_store), "--job", "nope", "-o", str(tmp_path / "r.html")]) == 2
+    assert (
+        main(["report", "--store", str(sim_store), "--job", "nope", "-o", str(tmp_path / "r.html")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no job 'nope'" in err and "pretrain-0" in err
     assert not (tmp_path / "r.html").exists()
@@ -94,16 +117,32 @@ def test_report_is_self_contained_and_renders_in_chromium(sim_store, tmp_path, c
     html = page.read_text()
     for section in ("summary", "timeline", "heatmap", "gpu", "decisions", "goodput"):
         assert f'<section id="{section}">' in html
-    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html), "the page must not fetch anything"
-    assert "<rect" in html and "<polyline" in html  # the timeline/heatmap and the GPU charts were drawn
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html), (
+        "the page must not fetch anything"
+    )
+    # the timeline/heatmap and the GPU charts were drawn
+    assert "<rect" in html and "<polyline" in html
     browser = _chromium()
     if browser is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium; .ci/run does)")
     profile = tmp_path / "profile"
     profile.mkdir()
-    proc = subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr",
-                           "--v=0", "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path)})
+    proc = subprocess.run(
+        [
+            browser,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     dom = proc.stdout
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]

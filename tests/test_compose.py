@@ -1,7 +1,8 @@
-"""The deployment files, checked without a Docker engine: docker-compose.yml parsed with pyyaml, every faultlens
-command (including those inside a service's shell loop, the DaemonSet and the systemd unit) parsed by the real CLI
-parser, every image pinned, the Dockerfile's base pinned, every referenced file present, the OTel Collector config
-consistent, and every hooks file loadable by the real hook loader."""
+"""The deployment files, checked without a Docker engine: docker-compose.yml parsed with pyyaml,
+every faultlens command (including those inside a service's shell loop, the DaemonSet and the
+systemd unit) parsed by the real CLI parser, every image pinned, the Dockerfile's base pinned, every
+referenced file present, the OTel Collector config consistent, and every hooks file loadable by the
+real hook loader."""
 
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ DOCKERFILE = REPO_ROOT / "Dockerfile"
 DEPLOY = REPO_ROOT / "docs" / "deploy"
 PLACEHOLDER = "placeholder"
 
-_COMPOSE_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_COMPOSE_VAR = re.compile(
+    r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)"
+)
 _SHELL_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def compose_interpolate(value: str) -> str:
-    """Compose's own interpolation with an empty environment: ${VAR:-default} -> default, ${VAR} -> a placeholder,
-    $$ -> $ (a literal dollar for the container's shell)."""
+    """Compose's own interpolation with an empty environment: ${VAR:-default} -> default, ${VAR} ->
+    a placeholder, $$ -> $ (a literal dollar for the container's shell)."""
     def expand(match: re.Match) -> str:
         if match.group(0) == "$$":
             return "$"
@@ -55,15 +58,17 @@ def compose() -> dict[str, Any]:
 
 
 def faultlens_commands(service: dict[str, Any]) -> list[list[str]]:
-    """The faultlens invocations a service runs: its command, or each `faultlens ...` inside a `sh -c` script
-    (shell variables expanded from the service's environment)."""
+    """The faultlens invocations a service runs: its command, or each `faultlens ...` inside a `sh
+    -c` script (shell variables expanded from the service's environment)."""
     entrypoint = service.get("entrypoint") or []
     command = service.get("command") or []
     if isinstance(command, str):
         command = shlex.split(command)
     if entrypoint[:2] == ["/bin/sh", "-c"] or entrypoint[:2] == ["sh", "-c"]:
         env = {k: str(v) for k, v in (service.get("environment") or {}).items()}
-        script = _SHELL_VAR.sub(lambda m: env.get(m.group(1) or m.group(2), PLACEHOLDER), " ".join(command))
+        script = _SHELL_VAR.sub(
+            lambda m: env.get(m.group(1) or m.group(2), PLACEHOLDER), " ".join(command)
+        )
         lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
         lexer.whitespace_split = True
         commands, current, at_start = [], None, True
@@ -91,7 +96,8 @@ def test_every_faultlens_command_parses_with_the_real_cli(compose):
     checked = {}
     for name, service in compose["services"].items():
         for argv in faultlens_commands(service):
-            args = parser.parse_args(argv)  # argparse exits (SystemExit) on anything the CLI does not accept
+            # argparse exits (SystemExit) on anything the CLI does not accept
+            args = parser.parse_args(argv)
             checked[name] = args.command
     assert checked == {"node-agent": "collect", "attribution": "attribute", "decider": "decide"}
 
@@ -108,18 +114,35 @@ def _pinned(image: str) -> bool:
     if "@sha256:" in image:
         return True
     name, _, tag = image.rpartition(":")
-    return bool(name) and "/" not in tag and tag not in ("", "latest") and any(c.isdigit() for c in tag)
+    return (
+        bool(name)
+        and "/" not in tag
+        and tag not in ("", "latest")
+        and any(c.isdigit() for c in tag)
+    )
 
 
 def test_every_image_is_pinned(compose):
     images = {name: service.get("image") for name, service in compose["services"].items()}
-    assert all(images.values()), f"services without an image: {[n for n, i in images.items() if not i]}"
+    assert all(images.values()), (
+        f"services without an image: {[n for n, i in images.items() if not i]}"
+    )
     unpinned = [image for image in images.values() if not _pinned(image)]
     assert not unpinned
-    assert not _pinned("minio/minio") and not _pinned("minio/minio:latest") and _pinned("otel/x:0.123.0")
+    assert (
+        not _pinned("minio/minio")
+        and not _pinned("minio/minio:latest")
+        and _pinned("otel/x:0.123.0")
+    )
     # the image faultlens builds carries the package version
-    version = re.search(r'^version = "([^"]+)"', (REPO_ROOT / "pyproject.toml").read_text(), re.M).group(1)
-    built = {service["image"] for service in compose["services"].values() if "faultlens" in service["image"]}
+    version = re.search(
+        r'^version = "([^"]+)"', (REPO_ROOT / "pyproject.toml").read_text(), re.M
+    ).group(1)
+    built = {
+        service["image"]
+        for service in compose["services"].values()
+        if "faultlens" in service["image"]
+    }
     assert built == {f"faultlens:{version}"}
 
 
@@ -131,8 +154,11 @@ def test_dockerfile_base_is_pinned_and_its_sources_exist():
         for path in source.split():
             assert (REPO_ROOT / path).exists(), f"Dockerfile copies {path}, which is missing"
     extras = re.search(r"ARG EXTRAS=(\S+)", text).group(1).split(",")
-    declared = re.search(r"\[project\.optional-dependencies\](.*?)\n\[", (REPO_ROOT / "pyproject.toml").read_text(),
-                         re.S).group(1)
+    declared = re.search(
+        r"\[project\.optional-dependencies\](.*?)\n\[",
+        (REPO_ROOT / "pyproject.toml").read_text(),
+        re.S,
+    ).group(1)
     assert all(re.search(rf"^{extra} = ", declared, re.M) for extra in extras)
     assert "torch==2.13.0" in text
 
@@ -144,7 +170,11 @@ def test_referenced_files_exist(compose):
             if source.startswith("."):
                 assert (REPO_ROOT / source).exists(), f"{name} mounts {source}, which is missing"
         if "build" in service:
-            context = service["build"] if isinstance(service["build"], str) else service["build"]["context"]
+            context = (
+                service["build"]
+                if isinstance(service["build"], str)
+                else service["build"]["context"]
+            )
             assert (REPO_ROOT / context / "Dockerfile").is_file()
         for argv in faultlens_commands(service):
             for flag in ("--thresholds", "--rules", "--policy"):
@@ -191,8 +221,10 @@ def test_daemonset_and_systemd_unit_run_a_real_command():
     assert argv[0] == "faultlens" and parser.parse_args(argv[1:]).command == "collect"
     assert {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True} in container["volumeMounts"]
     assert "nvidia.com/gpu" not in str(container.get("resources"))  # never takes GPUs from training
-    assert daemonset["spec"]["selector"]["matchLabels"].items() <= daemonset["spec"]["template"]["metadata"][
-        "labels"].items()
+    assert (
+        daemonset["spec"]["selector"]["matchLabels"].items()
+        <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    )
 
     unit = (DEPLOY / "systemd" / "faultlens-collect.service").read_text()
     exec_start = re.search(r"^ExecStart=(.+)$", unit, re.M).group(1).replace("%H", "node-07")
@@ -200,11 +232,16 @@ def test_daemonset_and_systemd_unit_run_a_real_command():
     assert os.path.basename(argv[0]) == "faultlens"
     assert parser.parse_args(argv[1:]).command == "collect"
     env_file = re.search(r"^EnvironmentFile=(.+)$", unit, re.M).group(1)
-    assert Path(env_file).name == "faultlens.env" and (DEPLOY / "systemd" / "faultlens.env").is_file()
+    assert (
+        Path(env_file).name == "faultlens.env" and (DEPLOY / "systemd" / "faultlens.env").is_file()
+    )
 
 
-@pytest.mark.parametrize("path", sorted(str(p.relative_to(REPO_ROOT)) for p in DEPLOY.rglob("hooks.yaml")))
+@pytest.mark.parametrize(
+    "path", sorted(str(p.relative_to(REPO_ROOT)) for p in DEPLOY.rglob("hooks.yaml"))
+)
 def test_hooks_files_load(path, monkeypatch):
-    monkeypatch.setenv("FAULTLENS_WEBHOOK_SECRET", "s3cret")  # a webhook hook refuses to load without its secret
+    # a webhook hook refuses to load without its secret
+    monkeypatch.setenv("FAULTLENS_WEBHOOK_SECRET", "s3cret")
     hooks = load_hooks(REPO_ROOT / path)
     assert hooks and len({hook.name for hook in hooks}) == len(hooks)

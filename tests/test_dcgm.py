@@ -1,5 +1,5 @@
-"""dcgm-exporter scrapes: old and new metric names, blank sentinels, host labels, events, fuzzing, a real HTTP
-server on 127.0.0.1, and the `faultlens ingest dcgm` command."""
+"""dcgm-exporter scrapes: old and new metric names, blank sentinels, host labels, events, fuzzing, a
+real HTTP server on 127.0.0.1, and the `faultlens ingest dcgm` command."""
 
 from __future__ import annotations
 
@@ -38,11 +38,21 @@ def test_samples_from_both_name_generations(path):
     assert gpu["pci_bus_id"] == "00000000:AB:00.0"
     assert gpu["gpu_name"] == "NVIDIA H100 80GB HBM3"
     assert gpu["source"] == "dcgm"
-    assert (gpu["sm_clock_mhz"], gpu["temp_c"], gpu["power_w"], gpu["energy_mj"]) == (1980, 59.0, 633.2, 93123456789)
+    assert (gpu["sm_clock_mhz"], gpu["temp_c"], gpu["power_w"], gpu["energy_mj"]) == (
+        1980,
+        59.0,
+        633.2,
+        93123456789,
+    )
     assert gpu["mem_used_bytes"] == 70911 * 1024 * 1024
     assert gpu["mem_total_bytes"] == (9491 + 70911 + 1157) * 1024 * 1024
-    assert (gpu["ecc_dbe_volatile"], gpu["remapped_rows_uncorrectable"], gpu["remap_failure"]) == (1, 1, False)
-    assert rows[3]["clocks_event_reasons"] == 0x60  # CLOCK_THROTTLE_REASONS (old) / CLOCKS_EVENT_REASONS (new)
+    assert (gpu["ecc_dbe_volatile"], gpu["remapped_rows_uncorrectable"], gpu["remap_failure"]) == (
+        1,
+        1,
+        False,
+    )
+    # CLOCK_THROTTLE_REASONS (old) / CLOCKS_EVENT_REASONS (new)
+    assert rows[3]["clocks_event_reasons"] == 0x60
     assert rows[1]["hbm_temp_c"] is None  # 9223372036854775794: DCGM blank
     assert all(row["retired_pages_pending"] is None for row in samples)  # blank for every GPU
     assert stats.bad_lines == 0
@@ -59,8 +69,15 @@ def test_events_old_names():
 
 def test_events_new_names_count_and_health():
     _, events, _ = read_scrape(str(NEW), IDENTITY)
-    assert sorted((e["gpu_index"], e["kind"], e["code"], e["message"]) for e in events if e["gpu_index"] == 2) == [
-        (2, "ecc_dbe", None, "1 volatile double-bit ECC error(s) since the last GPU reset (present at first sample)"),
+    assert sorted(
+        (e["gpu_index"], e["kind"], e["code"], e["message"]) for e in events if e["gpu_index"] == 2
+    ) == [
+        (
+            2,
+            "ecc_dbe",
+            None,
+            "1 volatile double-bit ECC error(s) since the last GPU reset (present at first sample)",
+        ),
         (2, "ecc_dbe", None, "DCGM health MEM FAIL: DCGM_FR_VOLATILE_DBE_DETECTED"),
         (2, "remap_pending", None, "DCGM health MEM WARN: DCGM_FR_PENDING_ROW_REMAP"),
         (2, "xid", 48, "1 Xid 48 in the last 300000 ms (DCGM count)"),
@@ -77,19 +94,31 @@ def test_repeated_scrapes_report_changes_once():
     changed = text.replace('DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="2"', "X{").replace(
         'X{,UUID="GPU-a65c1b07', 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="2",UUID="GPU-a65c1b07')
     changed = changed.replace('"nvidia2",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-07",'
-                              'DCGM_FI_DRIVER_VERSION="550.127.05"} 1\nDCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3"',
+                              'DCGM_FI_DRIVER_VERSION="550.127.05"} '
+                              '1\nDCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3"',
                               '"nvidia2",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-07",'
-                              'DCGM_FI_DRIVER_VERSION="550.127.05"} 3\nDCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3"')
+                              'DCGM_FI_DRIVER_VERSION="550.127.05"} '
+                              '3\nDCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="3"')
     assert changed != text
     events = parser.parse(changed, IDENTITY, ts_ns=3, monotonic=2.0)[1]
     assert [(e["gpu_index"], e["kind"]) for e in events] == [(2, "ecc_dbe")]
     assert "ecc_dbe_volatile 1 -> 3" in events[0]["message"]
 
 
-@pytest.mark.parametrize(("value", "expected"), [("9223372036854775792", None), ("9223372036854775807", None),
-                                                  ("9223372036854775791", 9223372036854775791), ("NaN", None)])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("9223372036854775792", None),
+        ("9223372036854775807", None),
+        ("9223372036854775791", 9223372036854775791),
+        ("NaN", None),
+    ],
+)
 def test_blank_sentinel_threshold(value, expected):
-    text = f'DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{gpu="0",UUID="GPU-1",pci_bus_id="00000000:18:00.0"}} {value}\n'
+    text = (
+        f'DCGM_FI_DEV_PCIE_REPLAY_COUNTER{{gpu="0",UUID="GPU-1",pci_bus_id="00000000:18:00.0"}} '
+        f"{value}\n"
+    )
     samples, _ = DcgmParser().parse(text, IDENTITY)
     assert samples[0]["pcie_replay_count"] == expected
 
@@ -103,8 +132,10 @@ def test_uuid_label_of_the_old_namespace_and_no_host_label():
 
 
 def test_bad_lines_counted_and_the_rest_kept():
-    text = OLD.read_text().replace("DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"", "DCGM_FI_DEV_GPU_TEMP{gpu=\"0") + \
-        "garbage line here\nDCGM_FI_DEV_SM_CLOCK{gpu=\"9\"} not-a-number\n"
+    text = (
+        OLD.read_text().replace('DCGM_FI_DEV_GPU_TEMP{gpu="0"', 'DCGM_FI_DEV_GPU_TEMP{gpu="0')
+        + 'garbage line here\nDCGM_FI_DEV_SM_CLOCK{gpu="9"} not-a-number\n'
+    )
     parser = DcgmParser()
     samples, _ = parser.parse(text, IDENTITY)
     assert parser.stats.bad_lines == 3
@@ -112,10 +143,40 @@ def test_bad_lines_counted_and_the_rest_kept():
     assert by_gpu(samples)[0].get("temp_c") is None and by_gpu(samples)[1]["temp_c"] == 57.0
 
 
-_TOKENS = st.sampled_from(["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_COUNT",
-                           "DCGM_EXP_GPU_HEALTH_STATUS", "{", "}", "gpu=", '"0"', '"x"', ",", " ", "1", "-1", "1e400",
-                           "9223372036854775794", "NaN", "+Inf", "# TYPE ", "# HELP ", "counter", "gauge", "\\",
-                           '"', "err_code=", "xid=", "health_error_code=", "DCGM_FR_XID_ERROR", "\n", "=", "é"])
+_TOKENS = st.sampled_from(
+    [
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        "DCGM_EXP_GPU_HEALTH_STATUS",
+        "{",
+        "}",
+        "gpu=",
+        '"0"',
+        '"x"',
+        ",",
+        " ",
+        "1",
+        "-1",
+        "1e400",
+        "9223372036854775794",
+        "NaN",
+        "+Inf",
+        "# TYPE ",
+        "# HELP ",
+        "counter",
+        "gauge",
+        "\\",
+        '"',
+        "err_code=",
+        "xid=",
+        "health_error_code=",
+        "DCGM_FR_XID_ERROR",
+        "\n",
+        "=",
+        "é",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -133,7 +194,9 @@ def test_fuzz_parser_never_raises(text):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.text(max_size=80).filter(lambda s: "\n" not in s and "\r" not in s), max_size=10))
+@given(
+    st.lists(st.text(max_size=80).filter(lambda s: "\n" not in s and "\r" not in s), max_size=10)
+)
 def test_fuzz_garbage_lines_do_not_hide_good_ones(garbage):
     good = 'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-1",pci_bus_id="00000000:18:00.0"} 44\n'
     parser = DcgmParser()
@@ -173,7 +236,8 @@ def test_source_over_http(exporter, caplog):
     source = DcgmSource(NodeIdentity("node-a"), url, timeout_s=2.0)
     first = source.poll()
     assert first["gpu_samples"].num_rows == 4
-    assert set(first["gpu_samples"].column("node").to_pylist()) == {"node-a"}  # the agent's node wins
+    # the agent's node wins
+    assert set(first["gpu_samples"].column("node").to_pylist()) == {"node-a"}
     assert "xid" in first["gpu_events"].column("kind").to_pylist()
     assert "gpu_events" not in source.poll()  # nothing new
     handler.status = 500
@@ -184,9 +248,14 @@ def test_source_over_http(exporter, caplog):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT,
-                          capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "faultlens.controller.cli.main", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
 
 
 def test_cli_ingest_dcgm_url_then_query(exporter, store_dir):
@@ -196,21 +265,37 @@ def test_cli_ingest_dcgm_url_then_query(exporter, store_dir):
     assert result.returncode == 0, result.stderr
     assert "4 GPU samples" in result.stdout
     store = Store(store_dir)
-    assert store.query("SELECT count(*) AS n FROM gpu_samples WHERE node = 'gpu-node-07' AND source = 'dcgm'"
+    assert store.query("SELECT count(*) AS n FROM gpu_samples WHERE node = 'gpu-node-07' AND "
+                       "source = 'dcgm'"
                        ).to_pylist() == [{"n": 4}]
-    assert store.query("SELECT count(*) AS n FROM gpu_events WHERE kind = 'xid' AND code = 48").to_pylist()[0]["n"] == 2
+    assert (
+        store.query(
+            "SELECT count(*) AS n FROM gpu_events WHERE kind = 'xid' AND code = 48"
+        ).to_pylist()[0]["n"]
+        == 2
+    )
 
 
 @pytest.mark.parametrize(("location", "message"), [
     ("{tmp}/absent.prom", "absent.prom: cannot read"),
-    ("{tmp}/empty.prom", "empty.prom: not a dcgm-exporter scrape: no DCGM_FI_* / DCGM_EXP_* GPU metric"),
-    ("{tmp}/garbage.prom", "garbage.prom: not a dcgm-exporter scrape: 2 bad line(s), first at line 1"),
+    ("{tmp}/empty.prom", "empty.prom: not a dcgm-exporter scrape: no DCGM_FI_* / DCGM_EXP_* GPU "
+                         "metric"),
+    ("{tmp}/garbage.prom", "garbage.prom: not a dcgm-exporter scrape: 2 bad line(s), first at line "
+                           "1"),
     ("http://127.0.0.1:9/metrics", "dcgm http://127.0.0.1:9/metrics: cannot fetch"),
 ])
 def test_cli_ingest_dcgm_bad_input(tmp_path, store_dir, location, message):
     (tmp_path / "empty.prom").write_text("# nothing here\n")
     (tmp_path / "garbage.prom").write_text("not a metric line\n{}\n")
-    result = _cli("ingest", "dcgm", location.format(tmp=tmp_path), "--store", str(store_dir), "--timeout", "2s")
+    result = _cli(
+        "ingest",
+        "dcgm",
+        location.format(tmp=tmp_path),
+        "--store",
+        str(store_dir),
+        "--timeout",
+        "2s",
+    )
     assert result.returncode == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1

@@ -1,8 +1,9 @@
-"""dcgm samples whose meaning depends on the one before (Xid counts, health status, last Xid): any pair of values,
-in one scrape or in consecutive scrapes, is used or is a bad line with its line number; never an exception the
-parser had to contain. Found by the fuzz bench (bench/bench_parse_fuzz.py --only dcgm): an Xid count of -Inf
-followed by any count raised OverflowError (`int(count - (-inf))` in the event message), which `parse()` contained
-as an internal error and counted as a bad sample of a good line."""
+"""dcgm samples whose meaning depends on the one before (Xid counts, health status, last Xid): any
+pair of values, in one scrape or in consecutive scrapes, is used or is a bad line with its line
+number; never an exception the parser had to contain. Found by the fuzz bench
+(bench/bench_parse_fuzz.py --only dcgm): an Xid count of -Inf followed by any count raised
+OverflowError (`int(count - (-inf))` in the event message), which `parse()` contained as an internal
+error and counted as a bad sample of a good line."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ METRICS = {
     "xid_last": 'DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-e2f47a98-61b3-4d5c-9f0e-8a4b7c3d2e07",'
                 'pci_bus_id="00000000:BA:00.0",hostname="gpu-node-07"}',
 }
-INTERNAL = re.compile(r"^[A-Za-z_:][\w:]*: [A-Z]\w*(Error|Exception): ")  # what the parser contained
+# what the parser contained
+INTERNAL = re.compile(r"^[A-Za-z_:][\w:]*: [A-Z]\w*(Error|Exception): ")
 
 
 def _check(parser: DcgmParser, text: str, lines: int) -> None:
@@ -45,7 +47,8 @@ def _check(parser: DcgmParser, text: str, lines: int) -> None:
                 re.match(r"^[A-Z]\w*(Error|Exception): ", reason)]
     assert not internal, (text, internal)
     for line_no, _reason in parser.stats.bad_examples:
-        assert 1 <= line_no <= lines, (text, parser.stats.bad_examples)  # a bad sample names its line
+        # a bad sample names its line
+        assert 1 <= line_no <= lines, (text, parser.stats.bad_examples)
     assert parser.stats.bad_lines - before <= lines
     rows_to_batch("gpu_samples", samples)  # what the parser returns always fits the tables
     rows_to_batch("gpu_events", events)
@@ -70,6 +73,8 @@ def test_negative_infinite_xid_count_is_a_bad_line_and_the_next_count_an_event()
     parser = DcgmParser()
     _samples, events = parser.parse(f"{head} 1\n{head} -Inf\n", IDENTITY, ts_ns=TS)
     assert [e["code"] for e in events] == [48]
-    assert parser.stats.bad_examples == [(2, "DCGM_EXP_XID_ERRORS_COUNT: Xid 48 count -inf is not a count")]
+    assert parser.stats.bad_examples == [(2, "DCGM_EXP_XID_ERRORS_COUNT: Xid 48 count -inf is not "
+                                             "a count")]
     _samples, events = parser.parse(f"{head} 2\n", IDENTITY, ts_ns=TS)
-    assert [e["message"].split(" Xid")[0] for e in events] == ["1"]  # counted from the last good count (1)
+    # counted from the last good count (1)
+    assert [e["message"].split(" Xid")[0] for e in events] == ["1"]

@@ -1,5 +1,6 @@
-"""Issue 11: the demo's store holds exactly one incident per fault (none made of the supervisor's own signals), and
-`faultlens attribute` re-run in batch over the store written live gives the same incidents and decisions."""
+"""Issue 11: the demo's store holds exactly one incident per fault (none made of the supervisor's
+own signals), and `faultlens attribute` re-run in batch over the store written live gives the same
+incidents and decisions."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ DEMO_THRESHOLDS = Path(__file__).resolve().parents[1] / "rules" / "thresholds-de
 def _live(store: Path) -> tuple[dict[str, dict], dict[str, dict]]:
     with Store(store) as reader:
         incidents = {row["incident_id"]: row for row in reader.query(
-            "SELECT * FROM incidents QUALIFY row_number() OVER (PARTITION BY incident_id ORDER BY ts) = 1"
+            "SELECT * FROM incidents QUALIFY row_number() OVER (PARTITION BY incident_id ORDER BY "
+            "ts) = 1"
         ).to_pylist()}
         decisions = {row["incident_id"]: row for row in reader.query(
             "SELECT incident_id, action, exclude_nodes FROM decisions "
@@ -62,5 +64,7 @@ def test_batch_over_the_live_store_agrees_with_live(demo_store, tmp_path):
         decision = policy.decide(incident)
         deliverer.submit(decision)
         expected = live_decisions[incident.incident_id]
-        assert (decision.action.value, list(decision.exclude_nodes)) == (expected["action"],
-                                                                         expected["exclude_nodes"]), incident
+        assert (decision.action.value, list(decision.exclude_nodes)) == (
+            expected["action"],
+            expected["exclude_nodes"],
+        ), incident

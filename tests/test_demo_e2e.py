@@ -1,5 +1,6 @@
-"""End to end: `faultlens demo` runs a real DDP/gloo CPU job under the supervisor with its five faults; every
-incident has the right class, culprit and decision, and each restart resumed from the checkpoint the policy chose.
+"""End to end: `faultlens demo` runs a real DDP/gloo CPU job under the supervisor with its five
+faults; every incident has the right class, culprit and decision, and each restart resumed from the
+checkpoint the policy chose.
 """
 
 import json
@@ -10,7 +11,8 @@ from faultlens.attribution.reading.store import Store
 
 pytest.importorskip("torch")
 
-# attempt -> (injected fault, incident class, culprit node, culprit rank, cause check, action, excluded node)
+# attempt -> (injected fault, incident class, culprit node, culprit rank, cause check, action,
+# excluded node)
 EXPECTED = [
     ("straggler", "straggler", "node-1", 3, {"thermal"}, "failover", "node-1"),
     ("hang", "collective_hang", "node-0", 1, None, "failover", "node-0"),
@@ -30,9 +32,13 @@ def test_every_fault_is_attributed_and_decided(demo_store):
             SELECT attempt, "class", cause, action, exclude_nodes, restore_step, restore_tier, document
             FROM decisions QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts) = 1
             ORDER BY attempt""").to_pylist()
-        incidents = {row["incident_id"]: row for row in reader.query("SELECT * FROM incidents").to_pylist()}
+        incidents = {
+            row["incident_id"]: row for row in reader.query("SELECT * FROM incidents").to_pylist()
+        }
     assert [d["attempt"] for d in decisions] == list(range(len(EXPECTED)))
-    for decision, (fault, cls, node, rank, causes, action, excluded) in zip(decisions, EXPECTED, strict=True):
+    for decision, (fault, cls, node, rank, causes, action, excluded) in zip(
+        decisions, EXPECTED, strict=True
+    ):
         document = json.loads(decision["document"])
         incident = incidents[document["incident_id"]]
         assert incident["class"] == cls, (fault, incident)
@@ -53,11 +59,17 @@ def test_each_restart_resumed_from_the_chosen_checkpoint(demo_store):
             SELECT attempt, restore_step, restore_tier, exclude_nodes FROM decisions
             WHERE action = 'failover' QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts) = 1
             ORDER BY attempt""").to_pylist()
-        first_steps = {row["attempt"]: row["first"] for row in reader.query(
-            "SELECT attempt, min(step) AS first FROM steps WHERE phase = 'train' GROUP BY attempt").to_pylist()}
+        first_steps = {
+            row["attempt"]: row["first"]
+            for row in reader.query(
+                "SELECT attempt, min(step) AS first FROM steps WHERE phase = 'train' GROUP BY attempt"
+            ).to_pylist()
+        }
         ranks = reader.query("SELECT DISTINCT attempt, node FROM ranks").to_pylist()
-        launches = reader.query("SELECT attempt, count(DISTINCT node) AS nodes FROM process_events "
-                                "WHERE kind = 'start' GROUP BY attempt ORDER BY attempt").to_pylist()
+        launches = reader.query(
+            "SELECT attempt, count(DISTINCT node) AS nodes FROM process_events "
+            "WHERE kind = 'start' GROUP BY attempt ORDER BY attempt"
+        ).to_pylist()
     assert first_steps[0] == 0
     excluded_so_far: set[str] = set()
     # the supervisor records each node's launch (goodput counts start-up from it)
@@ -76,12 +88,19 @@ def test_each_restart_resumed_from_the_chosen_checkpoint(demo_store):
         assert not later & set(decision["exclude_nodes"])
 
 
-def test_the_supervisor_records_agent_exits_and_its_own_signals_and_marks_failovers_applied(demo_store):
+def test_the_supervisor_records_agent_exits_and_its_own_signals_and_marks_failovers_applied(
+    demo_store,
+):
     store, _, _ = demo_store
     with Store(store) as reader:
-        rows = reader.query("SELECT attempt, node, kind, pid, exit_code, signal, is_secondary, message, ts "
-                            "FROM process_events WHERE source = 'supervisor' ORDER BY ts").to_pylist()
-        decisions = reader.query("SELECT decision_id, action, hook, delivery_status FROM decisions").to_pylist()
+        rows = reader.query(
+            "SELECT attempt, node, kind, pid, exit_code, signal, is_secondary, "
+            "message, ts "
+            "FROM process_events WHERE source = 'supervisor' ORDER BY ts"
+        ).to_pylist()
+        decisions = reader.query(
+            "SELECT decision_id, action, hook, delivery_status FROM decisions"
+        ).to_pylist()
     starts = {(r["attempt"], r["node"]) for r in rows if r["kind"] == "start"}
     exits = {(r["attempt"], r["node"]): r for r in rows if r["kind"] == "agent_exit"}
     assert set(exits) == starts  # every agent's exit is recorded
@@ -89,11 +108,22 @@ def test_the_supervisor_records_agent_exits_and_its_own_signals_and_marks_failov
     assert signals and {r["attempt"] for r in signals} <= {a for a, _ in starts}
     for (attempt, node), row in exits.items():
         assert (row["exit_code"] is None) == (row["signal"] is not None), row
-        if row["is_secondary"]:  # stopped by the supervisor: the signal was recorded before it was sent
-            assert any(s["attempt"] == attempt and s["node"] == node and s["ts"] <= row["ts"] for s in signals), row
-    assert all(s["is_secondary"] and s["message"] and s["signal"] in ("SIGTERM", "SIGKILL") for s in signals)
+        # stopped by the supervisor: the signal was recorded before it was sent
+        if row["is_secondary"]:
+            assert any(
+                s["attempt"] == attempt and s["node"] == node and s["ts"] <= row["ts"]
+                for s in signals
+            ), row
+    assert all(
+        s["is_secondary"] and s["message"] and s["signal"] in ("SIGTERM", "SIGKILL")
+        for s in signals
+    )
     failovers = {d["decision_id"] for d in decisions if d["action"] == "failover"}
-    applied = {d["decision_id"] for d in decisions if d["delivery_status"] == "applied" and d["hook"] == "supervisor"}
+    applied = {
+        d["decision_id"]
+        for d in decisions
+        if d["delivery_status"] == "applied" and d["hook"] == "supervisor"
+    }
     assert failovers and applied == failovers
 
 
@@ -106,15 +136,31 @@ def test_faultlens_deliver_never_redelivers_what_the_supervisor_applied(demo_sto
     from tests.conftest import REPO_ROOT
 
     store = tmp_path / "store"
-    shutil.copytree(demo_store.store, store)  # deliver appends rows: the session's store stays as the demo left it
+    # deliver appends rows: the session's store stays as the demo left it
+    shutil.copytree(demo_store.store, store)
     drop = tmp_path / "drop"
-    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "deliver", "--store", str(store),
-                           "--drop-dir", str(drop), "--json"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "deliver",
+            "--store",
+            str(store),
+            "--drop-dir",
+            str(drop),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     with Store(store) as reader:
         actions = {r["decision_id"]: r["action"] for r in reader.query(
             "SELECT DISTINCT decision_id, action FROM decisions").to_pylist()}
     delivered = {path.stem for path in drop.glob("*.json")}
-    # the escalation still waits for a human and goes out; the failovers were carried out and never go again
+    # the escalation still waits for a human and goes out; the failovers were carried out and never
+    # go again
     assert delivered == {d for d, action in actions.items() if action != "failover"} != set()

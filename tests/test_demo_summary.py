@@ -1,5 +1,6 @@
-"""The demo's closing summary, as a log file gets it (80 columns, not a terminal): every line fits, no raw JSON,
-the software bug's culprit is the code (not `? rank 0,1,2,3`), and the HTML report it wrote opens."""
+"""The demo's closing summary, as a log file gets it (80 columns, not a terminal): every line fits,
+no raw JSON, the software bug's culprit is the code (not `? rank 0,1,2,3`), and the HTML report it
+wrote opens."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ def test_summary_reads_in_a_log_file(demo_store):
     assert '{"action"' not in demo_store.output and '"decision_id"' not in demo_store.output
     assert "? rank" not in demo_store.output and "? ranks" not in demo_store.output
     text = " ".join(demo_store.output.split())
-    assert re.search(r"found crash / software: the code \(every rank that ran it: 0-3\)", text), text[-3000:]
+    assert re.search(r"found crash / software: the code \(every rank that ran it: 0-3\)", text), (
+        text[-3000:]
+    )
     for attempt in range(5):
         assert f"attempt {attempt} on node-" in text
     assert "escalated: faultlens incident --store" in text

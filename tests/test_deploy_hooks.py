@@ -1,8 +1,8 @@
-"""The example decision receivers of docs/deploy/ do what docs/operations.md says, delivered by the real hooks:
-the Slurm requeue script (through CommandHook; sbatch/squeue/scancel/scontrol are recording stand-ins, since no
-Slurm runs here), the Kubernetes webhook receiver (a real HTTP server reached by the real WebhookHook; kubectl is
-a recording stand-in) and the torchrun wrapper (a real launcher process that fails, then a real file-drop
-decision)."""
+"""The example decision receivers of docs/deploy/ do what docs/operations.md says, delivered by the
+real hooks: the Slurm requeue script (through CommandHook; sbatch/squeue/scancel/scontrol are
+recording stand-ins, since no Slurm runs here), the Kubernetes webhook receiver (a real HTTP server
+reached by the real WebhookHook; kubectl is a recording stand-in) and the torchrun wrapper (a real
+launcher process that fails, then a real file-drop decision)."""
 
 from __future__ import annotations
 
@@ -33,16 +33,42 @@ T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 RESTORE = Restore("durable", 1200, "s3://ckpt/llm-7b/step-1200")
 
 
-def decision(n: int, action: Action = Action.FAILOVER, *, job: str = "llm-7b", attempt: int = 0,
-             exclude: tuple[str, ...] = ("node-07",), restore: Restore | None = RESTORE) -> Decision:
-    incident = Incident(f"inc-{n}", IncidentClass.CRASH, Cause.GPU_HARDWARE, T0, T0, 0.97, "xid-79", "Xid 79",
-                        job_id=job, attempt=attempt, culprit_nodes=exclude, culprit_ranks=(2,))
-    return Decision.for_incident(incident, action=action, policy_rule="hardware-failover", reason="Xid 79 on node-07",
-                                 issued_at=T0, exclude_nodes=exclude if action is not Action.ESCALATE else (),
-                                 restore=restore if action is Action.FAILOVER else None)
+def decision(
+    n: int,
+    action: Action = Action.FAILOVER,
+    *,
+    job: str = "llm-7b",
+    attempt: int = 0,
+    exclude: tuple[str, ...] = ("node-07",),
+    restore: Restore | None = RESTORE,
+) -> Decision:
+    incident = Incident(
+        f"inc-{n}",
+        IncidentClass.CRASH,
+        Cause.GPU_HARDWARE,
+        T0,
+        T0,
+        0.97,
+        "xid-79",
+        "Xid 79",
+        job_id=job,
+        attempt=attempt,
+        culprit_nodes=exclude,
+        culprit_ranks=(2,),
+    )
+    return Decision.for_incident(
+        incident,
+        action=action,
+        policy_rule="hardware-failover",
+        reason="Xid 79 on node-07",
+        issued_at=T0,
+        exclude_nodes=exclude if action is not Action.ESCALATE else (),
+        restore=restore if action is Action.FAILOVER else None,
+    )
 
 
-# ---------------------------------------------------------------------------------------------- Slurm
+# ----------------------------------------------------------------------------------------------
+# Slurm
 
 SLURM_STANDIN = textwrap.dedent("""\
     #!/usr/bin/env bash
@@ -85,7 +111,8 @@ def test_slurm_failover_requeues_with_exclude_and_restore(slurm):
         "scancel 4242",
         "sbatch --job-name llm-7b --export ALL\\,FAULTLENS_JOB_ID=llm-7b\\,FAULTLENS_ATTEMPT=1\\,"
         "FAULTLENS_RESTORE_TIER=durable\\,FAULTLENS_RESTORE_STEP=1200\\,FAULTLENS_RESTORE_URI=s3://ckpt/llm-7b/"
-        "step-1200 --exclude node-07 /shared/train.sbatch"]
+        "step-1200 --exclude node-07 /shared/train.sbatch",
+    ]
     hook.deliver(first, first.to_json())  # at-least-once: a second delivery does nothing
     assert len(_calls(log)) == 4
     second = decision(2, exclude=("node-09",), attempt=1)
@@ -114,11 +141,14 @@ def test_slurm_hook_refuses_a_hostile_job_id(slurm):
     assert _calls(log) == []
 
 
-# ---------------------------------------------------------------------------------------------- Kubernetes
+# ----------------------------------------------------------------------------------------------
+# Kubernetes
 
 
 def _receiver_module():
-    spec = importlib.util.spec_from_file_location("webhook_receiver", DEPLOY / "kubernetes" / "webhook_receiver.py")
+    spec = importlib.util.spec_from_file_location(
+        "webhook_receiver", DEPLOY / "kubernetes" / "webhook_receiver.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -128,8 +158,11 @@ def _receiver_module():
 def k8s(tmp_path):
     module = _receiver_module()
     calls: list[tuple[list[str], str | None]] = []
-    receiver = module.DecisionReceiver("training", kubectl=lambda args, stdin: calls.append((list(args), stdin)),
-                                       state_file=tmp_path / "handled.txt")
+    receiver = module.DecisionReceiver(
+        "training",
+        kubectl=lambda args, stdin: calls.append((list(args), stdin)),
+        state_file=tmp_path / "handled.txt",
+    )
     server = module.make_server(receiver, "s3cret", host="127.0.0.1", port=0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -148,9 +181,17 @@ def test_k8s_receiver_cordons_records_the_restore_and_restarts_pods(k8s):
     assert calls[1][0] == ["apply", "-f", "-"]
     configmap = json.loads(calls[1][1])
     assert configmap["metadata"]["name"] == "llm-7b-faultlens-restore"
-    assert configmap["data"] == {"decision_id": first.decision_id, "attempt": "1", "tier": "durable",
-                                 "uri": "s3://ckpt/llm-7b/step-1200", "step": "1200"}
-    assert calls[2] == (["-n", "training", "delete", "pods", "-l", "faultlens.io/job=llm-7b", "--wait=false"], None)
+    assert configmap["data"] == {
+        "decision_id": first.decision_id,
+        "attempt": "1",
+        "tier": "durable",
+        "uri": "s3://ckpt/llm-7b/step-1200",
+        "step": "1200",
+    }
+    assert calls[2] == (
+        ["-n", "training", "delete", "pods", "-l", "faultlens.io/job=llm-7b", "--wait=false"],
+        None,
+    )
     hook.deliver(first, first.to_json())  # a duplicate delivery is acknowledged, nothing runs twice
     assert len(calls) == 3
     # the handled ids survive a restart of the receiver
@@ -167,7 +208,8 @@ def test_k8s_receiver_rejects_a_bad_signature(k8s):
     assert calls == []
 
 
-# ---------------------------------------------------------------------------------------------- torchrun
+# ----------------------------------------------------------------------------------------------
+# torchrun
 
 LAUNCHER = textwrap.dedent("""\
     import os, sys
@@ -185,8 +227,13 @@ def _wrapper(tmp_path: Path, node: str, spool: Path) -> subprocess.Popen:
     env = {**os.environ, "FAULTLENS_JOB_ID": "llm-7b", "FAULTLENS_DECISION_SPOOL": str(spool),
            "FAULTLENS_NODE": node, "FAULTLENS_DECISION_WAIT": "30",
            "FAULTLENS_TORCHRUN": f"{sys.executable} {script} {tmp_path / (node + '.log')}"}
-    return subprocess.Popen([str(DEPLOY / "torchrun" / "faultlens-torchrun.sh"), "--nproc-per-node", "8",
-                             "train.py"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [str(DEPLOY / "torchrun" / "faultlens-torchrun.sh"), "--nproc-per-node", "8", "train.py"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_torchrun_wrapper_restarts_from_the_decision_or_leaves_when_excluded(tmp_path):
@@ -196,7 +243,9 @@ def test_torchrun_wrapper_restarts_from_the_decision_or_leaves_when_excluded(tmp
     spool.mkdir()
     healthy, excluded = _wrapper(tmp_path, "node-01", spool), _wrapper(tmp_path, "node-07", spool)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not all((tmp_path / f"{n}.log").exists() for n in ("node-01", "node-07")):
+    while time.monotonic() < deadline and not all(
+        (tmp_path / f"{n}.log").exists() for n in ("node-01", "node-07")
+    ):
         time.sleep(0.05)
     failover = decision(1)
     FileDropHook(spool, name="spool").deliver(failover, failover.to_json())
@@ -206,7 +255,8 @@ def test_torchrun_wrapper_restarts_from_the_decision_or_leaves_when_excluded(tmp
     assert (tmp_path / "node-01.log").read_text().splitlines() == [
         "0 - ['--nproc-per-node', '8', 'train.py']", "1 1200 ['--nproc-per-node', '8', 'train.py']"]
     assert excluded.returncode == 0 and "excluded" in err_excluded
-    assert (tmp_path / "node-07.log").read_text().splitlines() == ["0 - ['--nproc-per-node', '8', 'train.py']"]
+    assert (tmp_path / "node-07.log").read_text().splitlines() == ["0 - ['--nproc-per-node', '8', "
+                                                                   "'train.py']"]
 
 
 def test_torchrun_wrapper_stops_on_escalation(tmp_path):

@@ -1,7 +1,8 @@
-"""The engine's one extension point (attribution/detectors/base.py): the Detector protocol and its registry. The
-built-in detectors are registered in the order that carries the judgment; an engine runs what is registered, so a
-new incident class is one detector and one register() call; a registry refuses a name twice and an unknown name.
-Run on the real `faultlens demo` store of tests/data/teardown/demo-sigkill."""
+"""The engine's one extension point (attribution/detectors/base.py): the Detector protocol and its
+registry. The built-in detectors are registered in the order that carries the judgment; an engine
+runs what is registered, so a new incident class is one detector and one register() call; a registry
+refuses a name twice and an unknown name. Run on the real `faultlens demo` store of
+tests/data/teardown/demo-sigkill."""
 
 from __future__ import annotations
 
@@ -62,19 +63,25 @@ class _Echo:
 def test_a_new_detector_is_one_class_and_one_registration() -> None:
     registry = REGISTRY.copy()
     registry.register(_Echo.name, _Echo)
-    assert REGISTRY.names() == ("crash", "hang", "straggler", "loss", "health")  # the copy took it, not the original
+    # the copy took it, not the original
+    assert REGISTRY.names() == ("crash", "hang", "straggler", "loss", "health")
     engine = Engine()
-    engine.detectors = registry.build(DetectorInputs(engine.crash_rules, engine.thresholds, engine.catalog))
+    engine.detectors = registry.build(
+        DetectorInputs(engine.crash_rules, engine.thresholds, engine.catalog)
+    )
     echo = engine.detector("echo")
     store = Store(str(DEMO_SIGKILL))
     try:
         telemetry = load_from_store(store, None)
         found = {}
         for job in telemetry.jobs:
-            found[job] = sorted(i.incident_id for i in engine.run_job(telemetry.for_job(job), NOW, NOW))
+            found[job] = sorted(
+                i.incident_id for i in engine.run_job(telemetry.for_job(job), NOW, NOW)
+            )
     finally:
         store.close()
-    assert echo.seen == list(found.values()) and any(found.values())  # after every other JOB detector, once a job
+    # after every other JOB detector, once a job
+    assert echo.seen == list(found.values()) and any(found.values())
 
 
 def test_a_registry_refuses_a_name_twice_and_an_unknown_name() -> None:
@@ -84,4 +91,6 @@ def test_a_registry_refuses_a_name_twice_and_an_unknown_name() -> None:
         registry.register("echo", _Echo)
     engine = Engine()
     with pytest.raises(DetectorRegistryError, match="no detector named nan-loss"):
-        registry.build(DetectorInputs(engine.crash_rules, engine.thresholds, engine.catalog), ["nan-loss"])
+        registry.build(
+            DetectorInputs(engine.crash_rules, engine.thresholds, engine.catalog), ["nan-loss"]
+        )

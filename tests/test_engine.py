@@ -1,5 +1,5 @@
-"""The engine: batch pass, incidents written exactly once, follow mode tailing only new segments, the lag from a
-segment landing to its incident row, and the CLI."""
+"""The engine: batch pass, incidents written exactly once, follow mode tailing only new segments,
+the lag from a segment landing to its incident row, and the CLI."""
 
 from __future__ import annotations
 
@@ -29,9 +29,24 @@ def flat(rank: int, step: int) -> dict[str, float]:
 
 
 def crash_rows(job: str = "job-1", attempt: int = 0, base: float = 100.0) -> list[dict]:
-    rows = [event("exit", 2, base, job=job, attempt=attempt, exit_code=-9, signal="SIGKILL", source="supervisor")]
-    rows += [event("comm_error", r, base + 0.5, job=job, attempt=attempt, message=CLOSED, is_secondary=True)
-             for r in (0, 1, 3)]
+    rows = [
+        event(
+            "exit",
+            2,
+            base,
+            job=job,
+            attempt=attempt,
+            exit_code=-9,
+            signal="SIGKILL",
+            source="supervisor",
+        )
+    ]
+    rows += [
+        event(
+            "comm_error", r, base + 0.5, job=job, attempt=attempt, message=CLOSED, is_secondary=True
+        )
+        for r in (0, 1, 3)
+    ]
     return rows
 
 
@@ -56,7 +71,9 @@ def test_batch_pass_writes_each_incident_once(store_dir: Path, engine: Engine) -
     assert [i.incident_id for i in again] == [i.incident_id for i in first]  # deterministic ids
     assert write_new_incidents(str(store_dir), again) == []
 
-    assert incident_rows(store_dir) == [{"incident_id": first[0].incident_id, "class": "crash", "culprit_ranks": [2]}]
+    assert incident_rows(store_dir) == [
+        {"incident_id": first[0].incident_id, "class": "crash", "culprit_ranks": [2]}
+    ]
 
 
 def test_a_crashed_attempt_is_not_also_reported_as_a_hang(store_dir: Path, engine: Engine) -> None:
@@ -69,7 +86,9 @@ def test_a_crashed_attempt_is_not_also_reported_as_a_hang(store_dir: Path, engin
     assert [i.incident_class for i in found] == [IncidentClass.CRASH]
 
 
-def test_follow_tails_new_segments_and_writes_each_incident_exactly_once(store_dir: Path, engine: Engine) -> None:
+def test_follow_tails_new_segments_and_writes_each_incident_exactly_once(
+    store_dir: Path, engine: Engine
+) -> None:
     write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
     follower = Follower(str(store_dir), engine=engine)
     try:
@@ -133,7 +152,11 @@ def test_follow_detects_a_stall_and_requests_dumps_once(store_dir: Path, engine:
     assert incident.rule == "hang-no-dumps" and incident.cause == Cause.UNKNOWN
     assert incident.step == 29
     # the supervisor then kills the hung job: the end of the hang, not a second incident
-    write(store_dir, "process_events", [event("exit", r, 210.0, exit_code=-9, signal="SIGKILL") for r in range(4)])
+    write(
+        store_dir,
+        "process_events",
+        [event("exit", r, 210.0, exit_code=-9, signal="SIGKILL") for r in range(4)],
+    )
     again = Follower(str(store_dir), engine=hang_engine, clock=lambda: at(215))
     try:
         for _ in range(10):
@@ -149,10 +172,26 @@ def test_cli_attribute_and_incidents(store_dir: Path, capsys: pytest.CaptureFixt
 
     assert main(["attribute", "--store", str(store_dir), "--job", "job-2", "--json"]) == 0
     batch = json.loads(capsys.readouterr().out)
-    assert [(r["job_id"], r["class"], r["culprit_ranks"], r["new"]) for r in batch] == [("job-2", "crash", [2], True)]
+    assert [(r["job_id"], r["class"], r["culprit_ranks"], r["new"]) for r in batch] == [
+        ("job-2", "crash", [2], True)
+    ]
 
-    assert main(["attribute", "--store", str(store_dir), "--follow", "--interval", "0.1", "--max-polls", "8",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "attribute",
+                "--store",
+                str(store_dir),
+                "--follow",
+                "--interval",
+                "0.1",
+                "--max-polls",
+                "8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     live = capsys.readouterr().out
     assert '"job_id": "job-1"' in live and '"job_id": "job-2"' not in live
 
@@ -180,8 +219,9 @@ def test_now_must_be_a_time(store_dir: Path, capsys: pytest.CaptureFixture[str])
     assert isinstance(dt.datetime.fromisoformat("2026-11-30T12:00:00"), dt.datetime)
 
 
-def test_follow_on_real_torchrun_artifacts_landing_one_after_the_other(torch_artifacts: dict[str, Path],
-                                                                       tmp_path: Path, engine: Engine) -> None:
+def test_follow_on_real_torchrun_artifacts_landing_one_after_the_other(
+    torch_artifacts: dict[str, Path], tmp_path: Path, engine: Engine
+) -> None:
     live = tmp_path / "live"
     live.mkdir()
     follower = Follower(str(live), engine=engine)
@@ -200,8 +240,11 @@ def test_follow_on_real_torchrun_artifacts_landing_one_after_the_other(torch_art
     finally:
         follower.close()
     by_job = sorted((i.job_id, i.attempt, i.culprit_ranks) for i in written)
-    assert by_job == [("faultlens-crash-exception", 0, (2,)), ("faultlens-crash-exception", 1, (2,)),
-                      ("faultlens-crash-sigkill", 0, (1,))]
+    assert by_job == [
+        ("faultlens-crash-exception", 0, (2,)),
+        ("faultlens-crash-exception", 1, (2,)),
+        ("faultlens-crash-sigkill", 0, (1,)),
+    ]
     assert len(incident_rows(live)) == 3
     assert all(r.lag_s is not None for r in follower.stats.lag)
 
@@ -212,16 +255,21 @@ def kernel_log(tmp_path: Path, lines: list[str]) -> list[dict]:
     return read_kernel_log(log, NodeIdentity(node="unused"), host_from_line=True).rows
 
 
-def test_critical_gpu_events_without_a_failure_become_one_health_incident_per_gpu(store_dir: Path, tmp_path: Path,
-                                                                                  engine: Engine) -> None:
-    dbe = ("NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error "
-           "(DBE) has been detected on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1.")
+def test_critical_gpu_events_without_a_failure_become_one_health_incident_per_gpu(
+    store_dir: Path, tmp_path: Path, engine: Engine
+) -> None:
+    dbe = ("NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable "
+           "double bit error "
+           "(DBE) has been detected on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, "
+           "subpartition 1.")
     write(store_dir, "gpu_events", kernel_log(tmp_path, [
         f"{at(10).isoformat()} node-07 kernel: {dbe}",
         f"{at(70).isoformat()} node-07 kernel: {dbe}",  # the same GPU again: the same incident
-        f"{at(20).isoformat()} node-03 kernel: NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from "
+        f"{at(20).isoformat()} node-03 kernel: NVRM: Xid (PCI:0018:01:00): 154, GPU recovery "
+        "action changed from "
         "0x0 (None) to 0x2 (Node Reboot Required)",
-        f"{at(30).isoformat()} node-05 kernel: NVRM: Xid (PCI:0000:00:07): 13, pid=1, name=python3, Graphics "
+        f"{at(30).isoformat()} node-05 kernel: NVRM: Xid (PCI:0000:00:07): 13, pid=1, "
+        "name=python3, Graphics "
         "SM Warp Exception",  # an application error: the GPU is healthy
     ]))
 
@@ -229,7 +277,9 @@ def test_critical_gpu_events_without_a_failure_become_one_health_incident_per_gp
 
     assert set(found) == {"node-07", "node-03"}
     assert all(i.incident_class == IncidentClass.HEALTH for i in found.values())
-    assert found["node-07"].cause == Cause.HBM and found["node-07"].culprit_gpus == ("00000000:07:00.0",)
+    assert found["node-07"].cause == Cause.HBM and found["node-07"].culprit_gpus == (
+        "00000000:07:00.0",
+    )
     assert found["node-07"].first_signal_ts == at(10)
     assert len([e for e in found["node-07"].evidence if "Xid 48" in e.text]) == 2
     assert found["node-03"].rule == "health-recovery-action"
@@ -240,7 +290,8 @@ def test_a_gpu_event_that_a_crash_explains_is_no_health_incident(store_dir: Path
     write(store_dir, "ranks", ranks_rows("job-1", 0, 4, 4))
     write(store_dir, "process_events", crash_rows())
     write(store_dir, "gpu_events", kernel_log(tmp_path, [
-        f"{at(95).isoformat()} node-00 kernel: NVRM: Xid (PCI:0000:1a:00): 79, GPU has fallen off the bus."]))
+        f"{at(95).isoformat()} node-00 kernel: NVRM: Xid (PCI:0000:1a:00): 79, GPU has fallen off "
+        "the bus."]))
 
     found = attribute(str(store_dir), engine=engine)
 
@@ -250,17 +301,34 @@ def test_a_gpu_event_that_a_crash_explains_is_no_health_incident(store_dir: Path
 def test_follow_finds_a_straggler_as_its_steps_stream_in(store_dir: Path, engine: Engine) -> None:
     def sections(rank: int, step: int) -> dict[str, float]:
         slow = rank == 6 and step >= 20
-        return {"forward": 0.3 * (1.7 if slow else 1.0) + 0.001 * ((rank * 7 + step) % 5), "backward": 0.6}
+        return {
+            "forward": 0.3 * (1.7 if slow else 1.0) + 0.001 * ((rank * 7 + step) % 5),
+            "backward": 0.6,
+        }
 
     write(store_dir, "ranks", ranks_rows("job-1", 0, 16, 8))
     follower = Follower(str(store_dir), engine=engine, clock=lambda: at(10_000))
     follower.config = follower.config.model_copy(update={"straggler_check_s": 0.0})
     found = []
     try:
-        for first in range(0, 60, 10):  # ten steps per segment, as a timer flushing every few seconds would
-            write(store_dir, "steps", steps_rows("job-1", 0, 16, 8, range(first, first + 10), start=first * 1.3,
-                                                 sections=sections))
-            found += [i for i in follower.poll_once() if i.incident_class == IncidentClass.STRAGGLER]
+        # ten steps per segment, as a timer flushing every few seconds would
+        for first in range(0, 60, 10):
+            write(
+                store_dir,
+                "steps",
+                steps_rows(
+                    "job-1",
+                    0,
+                    16,
+                    8,
+                    range(first, first + 10),
+                    start=first * 1.3,
+                    sections=sections,
+                ),
+            )
+            found += [
+                i for i in follower.poll_once() if i.incident_class == IncidentClass.STRAGGLER
+            ]
     finally:
         follower.close()
     (incident,) = found

@@ -1,5 +1,6 @@
-"""One error base (issue 14): every error class of the project derives from FaultlensError and keeps its other
-bases; the CLI turns any FaultlensError into one line and its exit code in one place (controller/cli/main.py)."""
+"""One error base (issue 14): every error class of the project derives from FaultlensError and keeps
+its other bases; the CLI turns any FaultlensError into one line and its exit code in one place
+(controller/cli/main.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ from tests.conftest import REPO_ROOT
 
 ROOMS = ("collectors", "attribution", "controller")
 # modules that need a real training process or optional packages to import
-SKIP = ("faultlens.controller.demo.train", "faultlens.controller.lab.jobs", "faultlens.controller.lab.site")
+SKIP = (
+    "faultlens.controller.demo.train",
+    "faultlens.controller.lab.jobs",
+    "faultlens.controller.lab.site",
+)
 
 
 def _error_classes() -> list[type[BaseException]]:
@@ -47,8 +52,12 @@ def test_callers_that_catch_the_builtin_bases_still_catch_them():
     assert issubclass(HookError, RuntimeError)
 
 
-@pytest.mark.parametrize(("message", "code"), [("store s3://x: cannot list\n(a second line)", 2), ("gone", 3)])
-def test_the_cli_translates_any_faultlens_error_in_one_place(monkeypatch, capsys, tmp_path, message, code):
+@pytest.mark.parametrize(
+    ("message", "code"), [("store s3://x: cannot list\n(a second line)", 2), ("gone", 3)]
+)
+def test_the_cli_translates_any_faultlens_error_in_one_place(
+    monkeypatch, capsys, tmp_path, message, code
+):
     from faultlens.attribution.reading.store import QueryError
     from faultlens.controller.cli import main as cli_main
     from faultlens.controller.cli import store_cmds
@@ -68,11 +77,27 @@ def test_the_cli_translates_any_faultlens_error_in_one_place(monkeypatch, capsys
 
 
 def test_an_error_no_command_catches_reaches_the_user_as_one_line(tmp_path):
-    """`faultlens jobs` on a store path that is a file: the store's own error, no traceback, exit 2."""
+    """`faultlens jobs` on a store path that is a file: the store's own error, no traceback, exit 2.
+    """
     not_a_store = tmp_path / "store"
     not_a_store.write_text("a file")
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "incident", "x", "--store",
-                             str(not_a_store)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "incident",
+            "x",
+            "--store",
+            str(not_a_store),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
     assert "Traceback" not in result.stderr
     assert result.returncode == 2, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("faultlens incident: error: ")
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith(
+        "faultlens incident: error: "
+    )

@@ -1,5 +1,6 @@
-"""Traceback fingerprints: the same bug gives the same fingerprint on other ranks, attempts, nodes and sources;
-different bugs do not. Tracebacks come from real processes (the torchrun fixture, and scripts run here)."""
+"""Traceback fingerprints: the same bug gives the same fingerprint on other ranks, attempts, nodes
+and sources; different bugs do not. Tracebacks come from real processes (the torchrun fixture, and
+scripts run here)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faultlens.collectors.artifacts.fingerprint import fingerprint, normalise_message, normalise_path, parse_traceback
+from faultlens.collectors.artifacts.fingerprint import (
+    fingerprint,
+    normalise_message,
+    normalise_path,
+    parse_traceback,
+)
 from faultlens.collectors.artifacts.torchrun_report import parse_torchrun_output
 
 BUGGY = '''
@@ -36,17 +42,25 @@ def _error_json_traceback(path: Path) -> str:
     return json.loads(path.read_text())["message"]["extraInfo"]["py_callstack"]
 
 
-def test_same_exception_same_fingerprint_across_attempts_and_sources(torch_artifacts: dict[str, Path]) -> None:
+def test_same_exception_same_fingerprint_across_attempts_and_sources(
+    torch_artifacts: dict[str, Path],
+) -> None:
     art = torch_artifacts["crash_exception"]
     texts = {}
     for attempt in (0, 1):
         worker = next((art / "logdir").glob(f"*/attempt_{attempt}/2"))
         texts[f"error.json attempt {attempt}"] = _error_json_traceback(worker / "error.json")
         texts[f"stderr.log attempt {attempt}"] = (worker / "stderr.log").read_text()
-    # rank 2's entry in torchrun's report: torchrun's "Root Cause" is the earliest error-file second, and a survivor
-    # whose echo was stamped in the same second as the bug can be named instead (seen under load)
-    (bug,) = [f for f in parse_torchrun_output((art / "torchrun_stderr.txt").read_text()).reports[0].failures
-              if f.rank == 2]
+    # rank 2's entry in torchrun's report: torchrun's "Root Cause" is the earliest error-file
+    # second, and a survivor whose echo was stamped in the same second as the bug can be named
+    # instead (seen under load)
+    (bug,) = [
+        f
+        for f in parse_torchrun_output((art / "torchrun_stderr.txt").read_text())
+        .reports[0]
+        .failures
+        if f.rank == 2
+    ]
     texts["torchrun report"] = bug.traceback
     parsed = {name: parse_traceback(text) for name, text in texts.items()}
     assert all(p is not None and p.exception_type == "ValueError" for p in parsed.values())
@@ -57,7 +71,9 @@ def test_same_exception_same_fingerprint_across_attempts_and_sources(torch_artif
     assert parsed["error.json attempt 0"].frames[0].function == "wrapper"  # type: ignore[union-attr]
 
 
-def test_survivors_echo_has_one_fingerprint_across_ranks_and_jobs(torch_artifacts: dict[str, Path]) -> None:
+def test_survivors_echo_has_one_fingerprint_across_ranks_and_jobs(
+    torch_artifacts: dict[str, Path],
+) -> None:
     keys = ("Connection closed by peer", "for recv operation", "for send operation")
     fingerprints: dict[str, set[str]] = {key: set() for key in keys}
     messages: dict[str, set[str]] = {key: set() for key in keys}
@@ -71,20 +87,25 @@ def test_survivors_echo_has_one_fingerprint_across_ranks_and_jobs(torch_artifact
                     messages[key].add(parsed.message)
     assert sum(map(len, messages.values())) >= 3
     for key in keys:
-        assert len(fingerprints[key]) <= 1, (key, fingerprints[key])  # one fingerprint per kind of echo
+        # one fingerprint per kind of echo
+        assert len(fingerprints[key]) <= 1, (key, fingerprints[key])
     assert len(set().union(*fingerprints.values())) == len([k for k in keys if fingerprints[k]])
     # raw messages differ (peer ports; 5000 ms and 6000 ms timeouts) while each fingerprint is one
     assert any(len(found) > 1 for found in messages.values())
 
 
-def _run_buggy(directory: Path, rank: int, prefix_lines: int = 0, message_change: str | None = None) -> str:
+def _run_buggy(
+    directory: Path, rank: int, prefix_lines: int = 0, message_change: str | None = None
+) -> str:
     directory.mkdir(parents=True)
     source = "\n" * prefix_lines + BUGGY
     if message_change:
         source = source.replace("bad batch", message_change)
     script = directory / "train.py"
     script.write_text(source)
-    result = subprocess.run([sys.executable, str(script), str(rank)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(script), str(rank)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1
     return result.stderr
 
@@ -97,7 +118,9 @@ def test_same_bug_on_two_nodes(tmp_path: Path) -> None:
     assert a is not None and b is not None
     assert a.message != b.message and a.frames[-1].line != b.frames[-1].line
     assert a.fingerprint == b.fingerprint
-    other_bug = parse_traceback(_run_buggy(tmp_path / "node-c", rank=3, message_change="empty batch"))
+    other_bug = parse_traceback(
+        _run_buggy(tmp_path / "node-c", rank=3, message_change="empty batch")
+    )
     assert other_bug is not None and other_bug.fingerprint != a.fingerprint
 
 
@@ -107,7 +130,9 @@ def test_chained_exception_fingerprints_the_raised_one(tmp_path: Path) -> None:
         "def load():\n    raise KeyError('shard 7')\n\n"
         "def main():\n    try:\n        load()\n    except KeyError as exc:\n"
         "        raise RuntimeError('checkpoint incomplete') from exc\n\nmain()\n")
-    stderr = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60).stderr
+    stderr = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+    ).stderr
     parsed = parse_traceback(stderr)
     assert parsed is not None
     assert (parsed.exception_type, parsed.message) == ("RuntimeError", "checkpoint incomplete")
@@ -115,26 +140,38 @@ def test_chained_exception_fingerprints_the_raised_one(tmp_path: Path) -> None:
 
 
 def test_frames_matter() -> None:
-    parsed = parse_traceback('Traceback (most recent call last):\n  File "/a/train.py", line 3, in step\n'
+    parsed = parse_traceback('Traceback (most recent call last):\n  File "/a/train.py", line 3, in '
+                             'step\n'
                              "    x()\nValueError: bad\n")
     assert parsed is not None
-    elsewhere = parse_traceback('Traceback (most recent call last):\n  File "/a/train.py", line 3, in other\n'
+    elsewhere = parse_traceback('Traceback (most recent call last):\n  File "/a/train.py", line 3, '
+                                'in other\n'
                                 "    x()\nValueError: bad\n")
     assert elsewhere is not None and parsed.fingerprint != elsewhere.fingerprint
-    assert fingerprint("ValueError", "bad", parsed.frames) != fingerprint("TypeError", "bad", parsed.frames)
+    assert fingerprint("ValueError", "bad", parsed.frames) != fingerprint(
+        "TypeError", "bad", parsed.frames
+    )
 
 
 def test_normalisation() -> None:
-    assert normalise_path("/usr/lib/python3/dist-packages/torch/nn/module.py") == "torch/nn/module.py"
-    assert normalise_path("/home/x/.venv/lib/python3.11/site-packages/torch/nn/module.py") == "torch/nn/module.py"
+    assert (
+        normalise_path("/usr/lib/python3/dist-packages/torch/nn/module.py") == "torch/nn/module.py"
+    )
+    assert (
+        normalise_path("/home/x/.venv/lib/python3.11/site-packages/torch/nn/module.py")
+        == "torch/nn/module.py"
+    )
     assert normalise_path("/tmp/pytest-12/train.py") == "train.py"
     assert normalise_path("<frozen runpy>") == "<frozen runpy>"
     text = ("[/__w/pytorch/third_party/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
             "[10.1.2.3]:15242 at 0x7f3a2b1c pid 4242 id 3f2a9c1e4b5d6e7f8a9b")
-    assert normalise_message(text) == ("[pair.cc:<n>] Connection closed by peer <host> at <addr> pid <n> "
+    assert normalise_message(text) == ("[pair.cc:<n>] Connection closed by peer <host> at <addr> "
+                                       "pid <n> "
                                        "id <hex>")
 
 
 @given(st.integers(min_value=0, max_value=10**9), st.integers(min_value=0, max_value=10**9))
 def test_numbers_never_change_the_fingerprint(first: int, second: int) -> None:
-    assert fingerprint("RuntimeError", f"step {first} rank {second}") == fingerprint("RuntimeError", "step 0 rank 1")
+    assert fingerprint("RuntimeError", f"step {first} rank {second}") == fingerprint(
+        "RuntimeError", "step 0 rank 1"
+    )

@@ -1,5 +1,6 @@
-"""The two pickle readers (compiled scanner, restricted unpickler) accept and refuse exactly the same dumps, and a
-small seed set of the fuzz bench (bench/bench_fr_fuzz.py) finds no crash, traceback or disagreement. Both run in
+"""The two pickle readers (compiled scanner, restricted unpickler) accept and refuse exactly the
+same dumps, and a small seed set of the fuzz bench (bench/bench_fr_fuzz.py) finds no crash,
+traceback or disagreement. Both run in
 subprocesses: a scanner regression that segfaults fails the test instead of killing pytest."""
 
 from __future__ import annotations
@@ -47,11 +48,26 @@ _DIFFERENTIAL = textwrap.dedent("""
 """)
 
 
-def test_scanner_and_restricted_unpickler_agree_on_one_byte_mutants_of_real_dumps(tmp_path: Path) -> None:
-    """175 of 2,000 one-byte mutants of a real dump were refused by one reader and read (with replacement
-    characters) by the other: whether a corrupt dump was refused depended on the set's size."""
-    proc = subprocess.run([sys.executable, "-c", _DIFFERENTIAL, str(DATA_DIR / "nccl-fr-gpu_error_2nd"),
-                           str(tmp_path / "mutants"), "1200"], cwd=REPO, capture_output=True, text=True, timeout=900)
+def test_scanner_and_restricted_unpickler_agree_on_one_byte_mutants_of_real_dumps(
+    tmp_path: Path,
+) -> None:
+    """175 of 2,000 one-byte mutants of a real dump were refused by one reader and read (with
+    replacement characters) by the other: whether a corrupt dump was refused depended on the set's
+    size."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _DIFFERENTIAL,
+            str(DATA_DIR / "nccl-fr-gpu_error_2nd"),
+            str(tmp_path / "mutants"),
+            "1200",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["files"] == 1200
@@ -60,8 +76,13 @@ def test_scanner_and_restricted_unpickler_agree_on_one_byte_mutants_of_real_dump
 
 
 def test_fuzz_seed_set_finds_no_crash_traceback_or_disagreement() -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench.bench_fr_fuzz", "--n", "500", "--json"], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bench_fr_fuzz", "--n", "500", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = {r["reader"]: r for r in json.loads(proc.stdout)}
     for reader in ("pickle", "json"):

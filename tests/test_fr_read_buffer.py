@@ -1,7 +1,7 @@
-"""The reader's per-thread read buffer (flight_recorder/files.py _read_bytes): each file is read into a buffer the
-thread keeps, so nothing a dump keeps may point into it. Two different files read one after the other in one
-thread (both orders, a larger one then a smaller one) give the same rows as each read alone in a thread of its
-own, and no array of a dump shares memory with the buffer."""
+"""The reader's per-thread read buffer (flight_recorder/files.py _read_bytes): each file is read
+into a buffer the thread keeps, so nothing a dump keeps may point into it. Two different files read
+one after the other in one thread (both orders, a larger one then a smaller one) give the same rows
+as each read alone in a thread of its own, and no array of a dump shares memory with the buffer."""
 
 from __future__ import annotations
 
@@ -21,17 +21,50 @@ from tests import fr_builders as fb
 
 
 def _dumps(directory: Path) -> dict[str, Path]:
-    """Three pickles of different sizes and contents (big > mid > small) and the JSON form of the big one."""
+    """Three pickles of different sizes and contents (big > mid > small) and the JSON form of the
+    big one.
+    """
     groups = {"0": ("default_pg", tuple(range(8))), "3": ("TENSOR_MODEL_PARALLEL_GROUP", (0, 1))}
-    big = fb.dump([fb.entry(record_id=i, seq=i, op="nccl:all_gather", state="scheduled" if i == 59 else "completed")
-                   for i in range(60)], fb.pg_config(groups), rank=2)
-    mid = fb.dump([fb.entry(record_id=i, seq=i, group=("3", "TENSOR_MODEL_PARALLEL_GROUP"), pg_id=3, dtype="Half")
-                   for i in range(25)], fb.pg_config({"3": groups["3"]}), rank=1)
-    small = fb.dump([fb.entry(record_id=7, seq=7, op="nccl:broadcast", state="started")], fb.pg_config(groups), rank=0)
+    big = fb.dump(
+        [
+            fb.entry(
+                record_id=i,
+                seq=i,
+                op="nccl:all_gather",
+                state="scheduled" if i == 59 else "completed",
+            )
+            for i in range(60)
+        ],
+        fb.pg_config(groups),
+        rank=2,
+    )
+    mid = fb.dump(
+        [
+            fb.entry(
+                record_id=i,
+                seq=i,
+                group=("3", "TENSOR_MODEL_PARALLEL_GROUP"),
+                pg_id=3,
+                dtype="Half",
+            )
+            for i in range(25)
+        ],
+        fb.pg_config({"3": groups["3"]}),
+        rank=1,
+    )
+    small = fb.dump(
+        [fb.entry(record_id=7, seq=7, op="nccl:broadcast", state="started")],
+        fb.pg_config(groups),
+        rank=0,
+    )
     fb.write_set(directory, {2: big, 1: mid, 0: small})
     fb.write_set(directory, {2: big}, fmt="json", name="rank_{rank}.json")
-    paths = {"big": directory / "_dump_2", "mid": directory / "_dump_1", "small": directory / "_dump_0",
-             "json": directory / "rank_2.json"}
+    paths = {
+        "big": directory / "_dump_2",
+        "mid": directory / "_dump_1",
+        "small": directory / "_dump_0",
+        "json": directory / "rank_2.json",
+    }
     sizes = [paths[k].stat().st_size for k in ("big", "mid", "small")]
     assert sizes == sorted(sizes, reverse=True), sizes
     return paths
@@ -52,7 +85,9 @@ def _in_new_thread(fn: Any) -> Any:
 
 
 def _arrays(value: Any) -> list[np.ndarray]:
-    """Every numpy array a dump holds (its fields, columns and their nested tuples, lists and dicts)."""
+    """Every numpy array a dump holds (its fields, columns and their nested tuples, lists and
+    dicts).
+    """
     if isinstance(value, np.ndarray):
         return [value]
     if isinstance(value, dict):
@@ -65,10 +100,20 @@ def _arrays(value: Any) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("fast_path", [True, False])
-@pytest.mark.parametrize("order", [("big", "small"), ("small", "big"), ("big", "mid", "small"),
-                                   ("small", "mid", "big"), ("json", "small"), ("small", "json", "mid")])
-def test_a_reused_buffer_never_leaks_into_another_dump(tmp_path: Path, order: tuple[str, ...],
-                                                       fast_path: bool) -> None:
+@pytest.mark.parametrize(
+    "order",
+    [
+        ("big", "small"),
+        ("small", "big"),
+        ("big", "mid", "small"),
+        ("small", "mid", "big"),
+        ("json", "small"),
+        ("small", "json", "mid"),
+    ],
+)
+def test_a_reused_buffer_never_leaks_into_another_dump(
+    tmp_path: Path, order: tuple[str, ...], fast_path: bool
+) -> None:
     paths = _dumps(tmp_path)
     limits = default_limits()
     alone = {name: _in_new_thread(
@@ -80,7 +125,8 @@ def test_a_reused_buffer_never_leaks_into_another_dump(tmp_path: Path, order: tu
         return dumps, fr_files._local.read_buffer
 
     dumps, buffer = _in_new_thread(in_turn)
-    for name, dump in zip(order, dumps, strict=True):  # assembled after every read: the buffer holds the last file
+    # assembled after every read: the buffer holds the last file
+    for name, dump in zip(order, dumps, strict=True):
         assert not any(np.shares_memory(array, buffer) for array in _arrays(dump)), name
         table = _table(dump)
         assert table.equals(alone[name]), name
@@ -102,7 +148,9 @@ def test_files_beyond_the_reused_size_and_a_growing_buffer(tmp_path: Path, monke
         return out
 
     tables = _in_new_thread(in_turn)
-    assert [t.equals(alone[n]) for (t, _), n in zip(tables, ("small", "big", "small"), strict=True)] == [True] * 3
+    assert [
+        t.equals(alone[n]) for (t, _), n in zip(tables, ("small", "big", "small"), strict=True)
+    ] == [True] * 3
     # a buffer too small is replaced by a larger one
     monkeypatch.setattr(fr_files, "_REUSED_MAX_BYTES", 16 << 20)
     fr_files._local.read_buffer = np.empty(16, np.uint8)

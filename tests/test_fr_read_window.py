@@ -1,6 +1,6 @@
-"""How the flight-recorder reader reads files: a dump is read by its stat size (a file that grew since the stat is
-read again, whole), and the threads parse ahead of the assembly by a byte budget, in file order. On the real NCCL
-dumps in tests/data."""
+"""How the flight-recorder reader reads files: a dump is read by its stat size (a file that grew
+since the stat is read again, whole), and the threads parse ahead of the assembly by a byte budget,
+in file order. On the real NCCL dumps in tests/data."""
 
 from __future__ import annotations
 
@@ -58,12 +58,14 @@ def test_parse_ahead_is_bounded_by_bytes_and_keeps_file_order(monkeypatch) -> No
         with lock:
             assert len(started) <= taken - 1 + 2 * workers
     assert seen == files
-    # a budget above the whole set: every file is handed to the threads before the first result is taken
+    # a budget above the whole set: every file is handed to the threads before the first result is
+    # taken
     monkeypatch.setattr(fr_parts, "PARSE_AHEAD_BYTES", 1 << 40)
     started.clear()
     iterator = fr_parts._loaded(files, load, workers)
     first = next(iterator)
-    deadline = time.monotonic() + 30  # submitted before the first result; the threads start them as they can
+    # submitted before the first result; the threads start them as they can
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(started) < len(files):
         time.sleep(0.01)
     assert len(started) == len(files)

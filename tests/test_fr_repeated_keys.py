@@ -1,13 +1,14 @@
-"""A dict of a dump that holds a key twice (and so, in a dump of fixed shape, lacks another) reads the same through
-both pickle readers: the compiled scanner and the restricted unpickler accept it with the same columns, or both
-refuse it with a one-line DumpFileError naming the file.
+"""A dict of a dump that holds a key twice (and so, in a dump of fixed shape, lacks another) reads
+the same through both pickle readers: the compiled scanner and the restricted unpickler accept it
+with the same columns, or both refuse it with a one-line DumpFileError naming the file.
 
-Found by the fuzz bench (input 26,083 of seed 1, a one-byte mutant of a real NCCL dump: one BINGET fetched the
-memoized 'last_completed_collective' where 'last_enqueued_collective' had been): the scanner counted three known
-keys in the pg_status group and read the absent one as -1, the reference (the last of a repeated key wins, the
-absent one is None) as unknown. The family: every dict the readers look into (pg_status groups, pg_config groups,
-the top level, entries, frames), a key repeated with the same or another type, before or after the others.
-Run in a subprocess, as the other scanner tests: a scanner crash fails the test instead of killing pytest."""
+Found by the fuzz bench (input 26,083 of seed 1, a one-byte mutant of a real NCCL dump: one BINGET
+fetched the memoized 'last_completed_collective' where 'last_enqueued_collective' had been): the
+scanner counted three known keys in the pg_status group and read the absent one as -1, the reference
+(the last of a repeated key wins, the absent one is None) as unknown. The family: every dict the
+readers look into (pg_status groups, pg_config groups, the top level, entries, frames), a key
+repeated with the same or another type, before or after the others. Run in a subprocess, as the
+other scanner tests: a scanner crash fails the test instead of killing pytest."""
 
 from __future__ import annotations
 
@@ -116,7 +117,9 @@ _CHECK = textwrap.dedent(r'''
 
 
 def test_both_pickle_readers_agree_on_dicts_with_a_key_twice() -> None:
-    proc = subprocess.run([sys.executable, "-c", _CHECK], cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHECK], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["cases"] > 300

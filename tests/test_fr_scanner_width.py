@@ -1,6 +1,7 @@
-"""The compiled scanner's tape is 32-bit (fr_fastpickle.MAX_BUFFER_BYTES): a buffer it cannot index is declined, and
-the restricted unpickler reads it to the same rows. Shown on the real NCCL dump set with the limit lowered below
-its files' sizes (a 2 GiB dump is not made here), against the set read with the limit as shipped."""
+"""The compiled scanner's tape is 32-bit (fr_fastpickle.MAX_BUFFER_BYTES): a buffer it cannot index
+is declined, and the restricted unpickler reads it to the same rows. Shown on the real NCCL dump set
+with the limit lowered below its files' sizes (a 2 GiB dump is not made here), against the set read
+with the limit as shipped."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ NCCL_SET = Path(__file__).parent / "data" / "nccl-fr-gpu_error_2nd"
 def test_the_tape_is_32_bit_and_the_limit_is_below_its_range() -> None:
     workspace = fr_fastpickle.Workspace(1024)
     assert workspace.echild.dtype == np.int32 and workspace.head.dtype == np.int32
-    # every opcode adds at most one node, edge or run: a buffer under the limit cannot overflow an int32 id
+    # every opcode adds at most one node, edge or run: a buffer under the limit cannot overflow an
+    # int32 id
     assert np.iinfo(np.int32).max > fr_fastpickle.MAX_BUFFER_BYTES + 16
 
 

@@ -1,8 +1,8 @@
-"""The set-wide dictionaries of input_sizes and input_dtypes values (flight_recorder/shapes.py) that a dictionary
-read keeps: the compiled and the Python forms give the same codes in first-seen order, each value decodes to what
-the entry held, the hash table grows past its first size, a value's signature in the hang analysis is the same as a
-dictionary code or as a list (dtypes: the same lists tell apart), and a dictionary read decodes to the plain read's
-rows (one process and several)."""
+"""The set-wide dictionaries of input_sizes and input_dtypes values (flight_recorder/shapes.py) that
+a dictionary read keeps: the compiled and the Python forms give the same codes in first-seen order,
+each value decodes to what the entry held, the hash table grows past its first size, a value's
+signature in the hang analysis is the same as a dictionary code or as a list (dtypes: the same lists
+tell apart), and a dictionary read decodes to the plain read's rows (one process and several)."""
 
 from __future__ import annotations
 
@@ -24,13 +24,30 @@ NCCL_SET = Path(__file__).parent / "data" / "nccl-fr-gpu_error_2nd"
 
 
 def _entries(seed: int, count: int) -> list[list[list[int]] | None]:
-    """Entries' input_sizes: nulls, empty lists, scalars ([]), one or several tensors, repeats, negative and
-    64-bit dims (what a hostile dump may hold), values that differ only in where a dim sits."""
+    """Entries' input_sizes: nulls, empty lists, scalars ([]), one or several tensors, repeats,
+    negative and 64-bit dims (what a hostile dump may hold), values that differ only in where a dim
+    sits."""
     rng = random.Random(seed)
-    pool: list[list[list[int]] | None] = [None, [], [[]], [[1, 2]], [[1], [2]], [[2], [1]], [[12]], [[-1, 3]],
-                                          [[2**62, 5]], [[1, 2], []], [[], [1, 2]]]
-    pool += [[[rng.randrange(1, 9000) for _ in range(rng.randrange(0, 4))] for _ in range(rng.randrange(0, 4))]
-             for _ in range(300)]
+    pool: list[list[list[int]] | None] = [
+        None,
+        [],
+        [[]],
+        [[1, 2]],
+        [[1], [2]],
+        [[2], [1]],
+        [[12]],
+        [[-1, 3]],
+        [[2**62, 5]],
+        [[1, 2], []],
+        [[], [1, 2]],
+    ]
+    pool += [
+        [
+            [rng.randrange(1, 9000) for _ in range(rng.randrange(0, 4))]
+            for _ in range(rng.randrange(0, 4))
+        ]
+        for _ in range(300)
+    ]
     return [rng.choice(pool) for _ in range(count)]
 
 
@@ -102,12 +119,22 @@ def test_a_values_signature_is_the_same_as_a_code_or_a_list() -> None:
 
 
 def test_string_lists_decode_to_the_entries_lists() -> None:
-    """input_dtypes values: lists of names (null lists, empty lists, a null name, repeats), stored as one-shape
-    values of the names' set-wide codes; the dictionary grows with new names and keeps the earlier codes."""
+    """input_dtypes values: lists of names (null lists, empty lists, a null name, repeats), stored
+    as one-shape values of the names' set-wide codes; the dictionary grows with new names and keeps
+    the earlier codes."""
     strings = SetStrings()
     lists = SetStringLists(strings)
     rng = random.Random(5)
-    pool = [None, [], ["Float"], ["Float", "Float"], ["BFloat16"], [None], ["Float", None, "Int"], ["Half"]]
+    pool = [
+        None,
+        [],
+        ["Float"],
+        ["Float", "Float"],
+        ["BFloat16"],
+        [None],
+        ["Float", None, "Int"],
+        ["Half"],
+    ]
     batches = [[rng.choice(pool[:5]) for _ in range(300)], [rng.choice(pool) for _ in range(300)]]
     seen: list[np.ndarray] = []
     for batch in batches:
@@ -119,7 +146,8 @@ def test_string_lists_decode_to_the_entries_lists() -> None:
         codes = lists.codes(counts, items.astype(np.int64), compiled=True)
         assert lists.array(codes).to_pylist() == batch
         seen.append(codes)
-    assert lists.array(seen[0]).to_pylist() == batches[0]  # earlier codes under the grown dictionary
+    # earlier codes under the grown dictionary
+    assert lists.array(seen[0]).to_pylist() == batches[0]
     assert len(lists) == len({repr(e) for b in batches for e in b if e is not None})
 
 
@@ -135,8 +163,9 @@ def test_a_dictionary_read_decodes_to_the_plain_read(processes: int) -> None:
 
 
 def test_dtype_signatures_tell_the_same_lists_apart_as_plain_lists() -> None:
-    """Signatures of input_dtypes as a dictionary read keeps them: rows with the same list have the same
-    signature and rows with different lists different ones, as the plain column's signatures do."""
+    """Signatures of input_dtypes as a dictionary read keeps them: rows with the same list have the
+    same signature and rows with different lists different ones, as the plain column's signatures
+    do."""
     plain = read_dump_dir(NCCL_SET, columns=COLUMNS).table.column("input_dtypes")
     coded = read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True).table.column("input_dtypes")
     rows = np.arange(len(plain), dtype=np.int64)
@@ -151,8 +180,8 @@ def test_dtype_signatures_tell_the_same_lists_apart_as_plain_lists() -> None:
 
 
 def test_sizes_that_do_not_add_up_leave_no_rows_and_the_next_dump_is_read() -> None:
-    """An assembly refuses a dump whose input_sizes do not add up before it takes any row for it (the reader then
-    reports the file), and the next dump's rows are whole."""
+    """An assembly refuses a dump whose input_sizes do not add up before it takes any row for it
+    (the reader then reports the file), and the next dump's rows are whole."""
     from faultlens.collectors.artifacts.flight_recorder.assembly import Assembly
     from faultlens.collectors.artifacts.flight_recorder.files import find_dump_files, load_file
     from faultlens.collectors.artifacts.flight_recorder.model import SizesColumn

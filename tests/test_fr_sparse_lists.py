@@ -28,4 +28,8 @@ def test_sparse_lists_are_the_lists_from_counts() -> None:
         got = sparse_lists(total, rows, values)
         got.validate(full=True)
         expected = _from_counts(total, rows, values)
-        assert got.equals(expected) and got.type == expected.type and got.null_count == expected.null_count
+        assert (
+            got.equals(expected)
+            and got.type == expected.type
+            and got.null_count == expected.null_count
+        )

@@ -1,6 +1,7 @@
 """The scanner's pg_id grouping (fr_fastpickle.unique_first) against the reference path's numpy one
-(flight_recorder.assembly._unique_first): the same distinct values, first rows and codes, with few and with many
-distinct values (the linear search and the sorted fallback), nulls and empty columns."""
+(flight_recorder.assembly._unique_first): the same distinct values, first rows and codes, with few
+and with many distinct values (the linear search and the sorted fallback), nulls and empty columns.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Hang analysis: the real NCCL set (ground truth ranks 9 and 14), real gloo dumps from torchrun jobs (with their
-repaired pg_config and as gloo writes it), and built multi-group jobs for root cause vs follow-ons and every
-verdict."""
+"""Hang analysis: the real NCCL set (ground truth ranks 9 and 14), real gloo dumps from torchrun
+jobs (with their repaired pg_config and as gloo writes it), and built multi-group jobs for root
+cause vs follow-ons and every verdict."""
 
 from __future__ import annotations
 
@@ -30,8 +30,16 @@ def _analyze(directory: Path, expected: range | None = None) -> HangReport:
     return analyze_collectives(read_dump_dir(directory).table, expected_ranks=expected)
 
 
-def _job(tmp_path: Path, faults: list[fb.Fault], *, tp: int = 2, dp: int = 2, pp: int = 2, steps: int = 6,
-         program: list[fb.Step] | None = None) -> Path:
+def _job(
+    tmp_path: Path,
+    faults: list[fb.Fault],
+    *,
+    tp: int = 2,
+    dp: int = 2,
+    pp: int = 2,
+    steps: int = 6,
+    program: list[fb.Step] | None = None,
+) -> Path:
     job = fb.Job(fb.megatron_like(tp, dp, pp), program or PROGRAM, steps, faults)
     return fb.write_set(tmp_path / "dumps", job.run())
 
@@ -46,22 +54,37 @@ def test_real_nccl_set_blames_ranks_9_and_14_only() -> None:
     assert report.never_joined == (9, 14) and report.missing_dumps == ()
     assert report.pg_desc in ("EXPERT_MODEL_PARALLEL_GROUP", "TENSOR_MODEL_PARALLEL_GROUP")
     assert report.confidence >= 0.9
-    # the waiting ranks (stage 0 through p2p, peers in TP/EP/DP groups) show up only as follow-on evidence
+    # the waiting ranks (stage 0 through p2p, peers in TP/EP/DP groups) show up only as follow-on
+    # evidence
     assert any("rank(s) 8, 10, 11 entered it, rank(s) 9 never did" in e for e in report.evidence)
     assert any("rank(s) 12, 13, 15 entered it, rank(s) 14 never did" in e for e in report.evidence)
 
 
 def test_real_nccl_set_torch_analyzer_lists_follow_ons(tmp_path: Path) -> None:
-    """Side by side: torch's analyzer output on the same set names more ranks than the two culprits."""
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(NCCL_SET),
-                             "-p", "_dump_"], capture_output=True, text=True, timeout=300)
+    """Side by side: torch's analyzer output on the same set names more ranks than the two culprits.
+    """
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.flight_recorder.fr_trace",
+            str(NCCL_SET),
+            "-p",
+            "_dump_",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     text = result.stdout + result.stderr
     assert result.returncode == 0  # it exits 0 whatever it finds
     named = set()
     for found in re.findall(r"missing ranks: \{([0-9, ]+)\}", text):
         named.update(int(r) for r in found.split(","))
     assert {9, 14} <= named
-    assert named - {9, 14}, "torch lists follow-on ranks (e.g. pipeline peers of 9 and 14) as missing too"
+    assert named - {9, 14}, (
+        "torch lists follow-on ranks (e.g. pipeline peers of 9 and 14) as missing too"
+    )
     assert _analyze(NCCL_SET).culprit_ranks == (9, 14)
 
 
@@ -69,8 +92,8 @@ def test_real_nccl_set_torch_analyzer_lists_follow_ons(tmp_path: Path) -> None:
 
 
 def test_stuck_rank_is_blamed_not_the_ranks_waiting_on_it_in_other_groups(tmp_path: Path) -> None:
-    # rank 5 stops before its DP all_gather at step 3: its TP peer, DP peers and pipeline peer wait on it, and the
-    # ranks waiting on *those* lag in their own TP/DP/PP groups
+    # rank 5 stops before its DP all_gather at step 3: its TP peer, DP peers and pipeline peer wait
+    # on it, and the ranks waiting on *those* lag in their own TP/DP/PP groups
     report = _analyze(_job(tmp_path, [fb.Fault(5, 3, 1)]))
     assert report.culprit_ranks == (5,) and report.verdict == HangVerdict.NEVER_JOINED
     follow_ons = [e for e in report.evidence if e.startswith("follow-on:")]
@@ -79,8 +102,8 @@ def test_stuck_rank_is_blamed_not_the_ranks_waiting_on_it_in_other_groups(tmp_pa
 
 
 def test_rank_that_skips_and_goes_on_is_blamed_through_the_cycle(tmp_path: Path) -> None:
-    # rank 2 leaves out one pipeline all_reduce and goes on: its pipeline peer waits on it, while it waits on its TP
-    # peer, who waits ... (a cycle broken by program-order precedent)
+    # rank 2 leaves out one pipeline all_reduce and goes on: its pipeline peer waits on it, while it
+    # waits on its TP peer, who waits ... (a cycle broken by program-order precedent)
     report = _analyze(_job(tmp_path, [fb.Fault(2, 3, 3, kind="skip")]))
     assert report.culprit_ranks == (2,)
     assert report.pg_desc == PP and report.verdict == HangVerdict.NEVER_JOINED
@@ -99,10 +122,16 @@ def test_two_independent_stuck_ranks_are_both_blamed(tmp_path: Path) -> None:
 
 def _two_group_set(*, follow_on_mismatch_after: bool) -> dict[int, dict]:
     """4 ranks; TP groups A=[0,1], B=[2,3]; DP group C=[0,2] and D=[1,3].
-    Rank 1 never joins TP-A seq 3 (rank 0 waits in it). Later, in DP-D, rank 3 (whose error path runs an
-    extra collective) issues a barrier where rank 1 ... the op mismatch in a second group is a follow-on."""
-    groups = {"0": ("default_pg", (0, 1, 2, 3)), "10": (TP, (0, 1)), "11": (TP, (2, 3)), "20": (DP, (0, 2)),
-              "21": (DP, (1, 3))}
+    Rank 1 never joins TP-A seq 3 (rank 0 waits in it). Later, in DP-D, rank 3 (whose error path
+    runs an extra collective) issues a barrier where rank 1 ... the op mismatch in a second group is
+    a follow-on."""
+    groups = {
+        "0": ("default_pg", (0, 1, 2, 3)),
+        "10": (TP, (0, 1)),
+        "11": (TP, (2, 3)),
+        "20": (DP, (0, 2)),
+        "21": (DP, (1, 3)),
+    }
     config = fb.pg_config(groups)
     t0 = fb.T0
     second = 10**9  # ns
@@ -111,8 +140,16 @@ def _two_group_set(*, follow_on_mismatch_after: bool) -> dict[int, dict]:
 
     def e(rid: int, seq: int, name: str, *, op: str = "nccl:all_reduce", t: int, done: bool = True,
           sizes=((1024,),)) -> dict:
-        return fb.entry(record_id=rid, seq=seq, group=(name, groups[name][0]), pg_id=int(name), op=op, t=t,
-                        state="completed" if done else "scheduled", sizes=sizes)
+        return fb.entry(
+            record_id=rid,
+            seq=seq,
+            group=(name, groups[name][0]),
+            pg_id=int(name),
+            op=op,
+            t=t,
+            state="completed" if done else "scheduled",
+            sizes=sizes,
+        )
 
     dumps = {
         0: [e(0, 1, "10", t=t0), e(1, 2, "10", t=t0 + second), e(2, 3, "10", t=hang_t, done=False)],
@@ -137,14 +174,20 @@ def test_a_mismatch_before_the_hang_is_the_root_cause(tmp_path: Path) -> None:
     directory = fb.write_set(tmp_path, _two_group_set(follow_on_mismatch_after=False))
     report = _analyze(directory)
     assert report.verdict == HangVerdict.OP_MISMATCH and report.pg_name == "21"
-    assert report.culprit_ranks == (1,)  # a 1:1 tie, resolved by the wait-for graph (rank 1 is the one others wait on)
+    # a 1:1 tie, resolved by the wait-for graph (rank 1 is the one others wait on)
+    assert report.culprit_ranks == (1,)
 
 
 # -- each verdict on built NCCL sets
 
 
-def _group_set(states: dict[int, list[tuple[int, str]]], *, op: dict[int, str] | None = None,
-               sizes: dict[int, tuple] | None = None, dtype: dict[int, str] | None = None) -> dict[int, dict]:
+def _group_set(
+    states: dict[int, list[tuple[int, str]]],
+    *,
+    op: dict[int, str] | None = None,
+    sizes: dict[int, tuple] | None = None,
+    dtype: dict[int, str] | None = None,
+) -> dict[int, dict]:
     config = fb.pg_config({"0": ("default_pg", tuple(states))})
     out = {}
     for rank, seq_states in states.items():
@@ -164,7 +207,11 @@ def test_never_joined(tmp_path: Path) -> None:
     states = {r: [(1, "completed"), (2, "completed"), (3, "started")] for r in range(4)}
     states[2] = [(1, "completed"), (2, "completed")]
     report = _analyze(fb.write_set(tmp_path, _group_set(states)))
-    assert (report.verdict, report.culprit_ranks, report.never_joined) == (HangVerdict.NEVER_JOINED, (2,), (2,))
+    assert (report.verdict, report.culprit_ranks, report.never_joined) == (
+        HangVerdict.NEVER_JOINED,
+        (2,),
+        (2,),
+    )
     assert report.collective_seq_id == 3 and report.op == "nccl:all_reduce"
 
 
@@ -172,7 +219,11 @@ def test_joined_and_stalled(tmp_path: Path) -> None:
     states = {r: [(1, "completed"), (2, "completed"), (3, "completed")] for r in range(4)}
     states[1] = [(1, "completed"), (2, "completed"), (3, "started")]
     report = _analyze(fb.write_set(tmp_path, _group_set(states)))
-    assert (report.verdict, report.culprit_ranks, report.stalled) == (HangVerdict.STALLED, (1,), (1,))
+    assert (report.verdict, report.culprit_ranks, report.stalled) == (
+        HangVerdict.STALLED,
+        (1,),
+        (1,),
+    )
     assert report.collective_seq_id == 3
 
 
@@ -193,7 +244,11 @@ def test_whole_group_stuck_together_blames_nobody(tmp_path: Path) -> None:
 def test_size_mismatch_points_at_the_odd_rank(tmp_path: Path) -> None:
     states = {r: [(1, "completed"), (2, "completed")] for r in range(4)}
     report = _analyze(fb.write_set(tmp_path, _group_set(states, sizes={3: ((512,),)})))
-    assert (report.verdict, report.culprit_ranks, report.collective_seq_id) == (HangVerdict.SIZE_MISMATCH, (3,), 2)
+    assert (report.verdict, report.culprit_ranks, report.collective_seq_id) == (
+        HangVerdict.SIZE_MISMATCH,
+        (3,),
+        2,
+    )
 
 
 def test_dtype_mismatch_is_a_size_mismatch_of_the_odd_rank(tmp_path: Path) -> None:
@@ -205,7 +260,11 @@ def test_dtype_mismatch_is_a_size_mismatch_of_the_odd_rank(tmp_path: Path) -> No
 def test_op_mismatch_points_at_the_odd_rank(tmp_path: Path) -> None:
     states = {r: [(1, "completed"), (2, "started")] for r in range(4)}
     report = _analyze(fb.write_set(tmp_path, _group_set(states, op={1: "nccl:broadcast"})))
-    assert (report.verdict, report.culprit_ranks, report.op) == (HangVerdict.OP_MISMATCH, (1,), "nccl:all_reduce")
+    assert (report.verdict, report.culprit_ranks, report.op) == (
+        HangVerdict.OP_MISMATCH,
+        (1,),
+        "nccl:all_reduce",
+    )
 
 
 def test_all_to_all_uneven_splits_are_not_a_mismatch(tmp_path: Path) -> None:
@@ -220,7 +279,11 @@ def test_missing_dump_is_the_culprit(tmp_path: Path) -> None:
     sets = _group_set(states)
     del sets[2]
     report = _analyze(fb.write_set(tmp_path, sets))
-    assert (report.verdict, report.culprit_ranks, report.missing_dumps) == (HangVerdict.MISSING_DUMPS, (2,), (2,))
+    assert (report.verdict, report.culprit_ranks, report.missing_dumps) == (
+        HangVerdict.MISSING_DUMPS,
+        (2,),
+        (2,),
+    )
 
 
 def test_missing_highest_rank_needs_the_expected_world(tmp_path: Path) -> None:
@@ -233,7 +296,8 @@ def test_missing_highest_rank_needs_the_expected_world(tmp_path: Path) -> None:
     assert _analyze(directory).verdict == HangVerdict.NO_HANG
     report = _analyze(directory, expected=range(4))
     assert (report.verdict, report.culprit_ranks) == (HangVerdict.MISSING_DUMPS, (3,))
-    # every rank that dumped completed everything: nothing waits on rank 3, whose dump may just be lost or late
+    # every rank that dumped completed everything: nothing waits on rank 3, whose dump may just be
+    # lost or late
     assert report.confidence < load_policy().confidence_threshold and report.waited_missing == ()
 
 
@@ -246,7 +310,9 @@ def test_healthy_set_is_no_hang(tmp_path: Path) -> None:
 
 
 def _raw_copy(directory: Path, out: Path) -> Path:
-    """The dumps as gloo writes them: pg_config keyed '' with ranks '[]', no rank/world_size/node keys."""
+    """The dumps as gloo writes them: pg_config keyed '' with ranks '[]', no rank/world_size/node
+    keys.
+    """
     out.mkdir(parents=True)
     for path in sorted(directory.glob("rank_*.pkl")):
         top = safe_load(path)
@@ -258,8 +324,12 @@ def _raw_copy(directory: Path, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("raw", [False, True], ids=["repaired", "raw"])
-@pytest.mark.parametrize("scenario", ["hang", "subgroup_hang", "mismatch", "crash_sigkill", "crash_exception"])
-def test_real_gloo_dumps(torch_artifacts: dict[str, Path], tmp_path: Path, scenario: str, raw: bool) -> None:
+@pytest.mark.parametrize(
+    "scenario", ["hang", "subgroup_hang", "mismatch", "crash_sigkill", "crash_exception"]
+)
+def test_real_gloo_dumps(
+    torch_artifacts: dict[str, Path], tmp_path: Path, scenario: str, raw: bool
+) -> None:
     meta = json.loads((torch_artifacts[scenario] / "meta.json").read_text())
     directory = torch_artifacts[scenario] / "dumps"
     if raw:
@@ -282,7 +352,9 @@ def test_real_gloo_dumps(torch_artifacts: dict[str, Path], tmp_path: Path, scena
 
 
 @pytest.mark.parametrize("scenario", ["hang", "subgroup_hang"])
-def test_real_gloo_dumps_taken_after_the_timeout(torch_artifacts: dict[str, Path], scenario: str) -> None:
+def test_real_gloo_dumps_taken_after_the_timeout(
+    torch_artifacts: dict[str, Path], scenario: str
+) -> None:
     directory = torch_artifacts[scenario] / "dumps_on_exit"
     if not any(directory.glob("rank_*")):
         pytest.skip(f"{scenario}: no dumps on exit in this artifact set")
@@ -291,15 +363,28 @@ def test_real_gloo_dumps_taken_after_the_timeout(torch_artifacts: dict[str, Path
     assert report.culprit_ranks == tuple(meta["culprit_ranks"]), report.reason
 
 
-def test_torch_analyzer_fails_on_raw_gloo_dumps(torch_artifacts: dict[str, Path], tmp_path: Path) -> None:
-    """The same raw dumps that faultlens reads: torch's own analyzer dies (KeyError on the gloo pg_config) or, with
-    a rank missing, cannot decide."""
+def test_torch_analyzer_fails_on_raw_gloo_dumps(
+    torch_artifacts: dict[str, Path], tmp_path: Path
+) -> None:
+    """The same raw dumps that faultlens reads: torch's own analyzer dies (KeyError on the gloo
+    pg_config) or, with a rank missing, cannot decide."""
     outcomes = {}
     for scenario in ("hang", "subgroup_hang", "crash_sigkill"):
         raw = _raw_copy(torch_artifacts[scenario] / "dumps", tmp_path / scenario)
-        result = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(raw),
-                                 "-p", "_dump_", "--allow-incomplete-ranks"], capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.flight_recorder.fr_trace",
+                str(raw),
+                "-p",
+                "_dump_",
+                "--allow-incomplete-ranks",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         outcomes[scenario] = (result.returncode, result.stdout + result.stderr)
     for scenario, (code, text) in outcomes.items():
         assert code != 0 or "cannot decide" in text.lower(), (scenario, text[-500:])
@@ -310,9 +395,13 @@ def test_torch_analyzer_fails_on_raw_gloo_dumps(torch_artifacts: dict[str, Path]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT,
-                          capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "faultlens.controller.cli.main", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_analyze_hang_text_and_json() -> None:

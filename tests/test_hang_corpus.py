@@ -1,8 +1,10 @@
-"""The hang corpus (tests/torch_jobs/hang_corpus): real dump sets of an 8-rank gloo job (TP 2 x DP 2 x PP 2 groups
-from new_group, pipeline send/recv), 23 scenarios with known truth, generated once per session and cached.
+"""The hang corpus (tests/torch_jobs/hang_corpus): real dump sets of an 8-rank gloo job (TP 2 x DP 2
+x PP 2 groups from new_group, pipeline send/recv), 23 scenarios with known truth, generated once per
+session and cached.
 
-Every scenario: the exact culprit set, no victim named, the culprits' kinds kept distinct, the frame a stuck rank
-is in; a cycle nothing can order is reported whole below the policy's confidence threshold."""
+Every scenario: the exact culprit set, no victim named, the culprits' kinds kept distinct, the frame
+a stuck rank is in; a cycle nothing can order is reported whole below the policy's confidence
+threshold."""
 
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ def _analyze(directory: Path, *, stacks: bool = True) -> HangReport:
 
 
 def _threshold() -> float:
-    return float(yaml.safe_load((REPO_ROOT / "rules" / "policy.yaml").read_text())["confidence_threshold"])
+    return float(
+        yaml.safe_load((REPO_ROOT / "rules" / "policy.yaml").read_text())["confidence_threshold"]
+    )
 
 
 def test_corpus_is_big_enough_and_has_truth(hang_corpus: dict[str, Path]) -> None:
@@ -64,7 +68,8 @@ def test_corpus_is_big_enough_and_has_truth(hang_corpus: dict[str, Path]) -> Non
 @pytest.mark.parametrize("name", NAMES)
 def test_exact_culprits_no_victims(hang_corpus: dict[str, Path], name: str) -> None:
     if py_spy_path() is None and name in P2P_BLOCKED:
-        pytest.skip("py-spy not installed: gloo does not record send/recv, only the stacks show those waits")
+        pytest.skip("py-spy not installed: gloo does not record send/recv, only the stacks show "
+                    "those waits")
     truth = _truth(hang_corpus[name])
     report = _analyze(hang_corpus[name])
     assert report.culprit_ranks == tuple(truth["culprits"]), (report.reason, report.evidence[:6])
@@ -80,21 +85,28 @@ def test_exact_culprits_no_victims(hang_corpus: dict[str, Path], name: str) -> N
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in P2P_BLOCKED])
 def test_exact_culprits_from_the_trace_alone(hang_corpus: dict[str, Path], name: str) -> None:
-    """Without stacks, every scenario whose waits the flight recorder shows still gets its exact culprits."""
+    """Without stacks, every scenario whose waits the flight recorder shows still gets its exact
+    culprits.
+    """
     truth = _truth(hang_corpus[name])
     report = _analyze(hang_corpus[name], stacks=False)
     assert report.culprit_ranks == tuple(truth["culprits"]), report.reason
 
 
 @pytest.mark.parametrize("name", sorted(P2P_BLOCKED))
-def test_unrecorded_send_recv_waits_come_from_the_stacks(hang_corpus: dict[str, Path], name: str) -> None:
-    """gloo records no send/recv: from the trace alone a rank blocked in recv looks as if it never joined; its
-    Python stack shows the recv and the peer, and turns it into a follow-on of the real culprit."""
+def test_unrecorded_send_recv_waits_come_from_the_stacks(
+    hang_corpus: dict[str, Path], name: str
+) -> None:
+    """gloo records no send/recv: from the trace alone a rank blocked in recv looks as if it never
+    joined; its Python stack shows the recv and the peer, and turns it into a follow-on of the real
+    culprit."""
     if py_spy_path() is None:
         pytest.skip("py-spy not installed")
     truth = _truth(hang_corpus[name])
     alone = _analyze(hang_corpus[name], stacks=False)
-    assert set(truth["culprits"]) <= set(alone.culprit_ranks) and alone.culprit_ranks != tuple(truth["culprits"])
+    assert set(truth["culprits"]) <= set(alone.culprit_ranks) and alone.culprit_ranks != tuple(
+        truth["culprits"]
+    )
     report = _analyze(hang_corpus[name])
     assert report.culprit_ranks == tuple(truth["culprits"])
     assert any("blocked in recv with rank" in e for e in report.evidence)
@@ -110,12 +122,15 @@ def test_culprit_kinds_are_distinct(hang_corpus: dict[str, Path], name: str) -> 
     for rank, kind in truth["kinds"].items():
         want = {KIND_OF_TRUTH[kind].value}
         if kind == "crashed" and py_spy_path() is None:
-            want.add(HangVerdict.STUCK_OUTSIDE.value)  # without a stack, a crashed rank looks stuck outside
+            # without a stack, a crashed rank looks stuck outside
+            want.add(HangVerdict.STUCK_OUTSIDE.value)
         assert kinds[int(rank)] in want, (name, rank, kinds)
 
 
-@pytest.mark.parametrize("name", ["stuck_tp", "stuck_world", "pipeline_send_hang", "hang_plus_crash",
-                                  "two_independent_apart"])
+@pytest.mark.parametrize(
+    "name",
+    ["stuck_tp", "stuck_world", "pipeline_send_hang", "hang_plus_crash", "two_independent_apart"],
+)
 def test_stuck_rank_evidence_names_its_frame(hang_corpus: dict[str, Path], name: str) -> None:
     if py_spy_path() is None:
         pytest.skip("py-spy not installed")
@@ -125,7 +140,9 @@ def test_stuck_rank_evidence_names_its_frame(hang_corpus: dict[str, Path], name:
         if kind != "stuck_outside":
             continue
         frame = "save_checkpoint" if name == "stuck_world" else "DataLoader.__next__"
-        assert any(e.startswith(f"rank {rank} is in {frame} (") for e in report.evidence), report.evidence[:5]
+        assert any(e.startswith(f"rank {rank} is in {frame} (") for e in report.evidence), (
+            report.evidence[:5]
+        )
         root = next(root for root in report.roots if int(rank) in root.ranks)
         assert any(frame in w for w in root.where)
 
@@ -135,12 +152,18 @@ def test_every_independent_root_has_its_own_group_and_waiters(hang_corpus: dict[
     assert [root.ranks for root in sorted(report.roots, key=lambda r: r.ranks)] == [(2,), (7,)]
     by_rank = {root.ranks[0]: root for root in report.roots}
     assert set(by_rank[2].waiting_ranks) == {0, 1, 3} and set(by_rank[7].waiting_ranks) == {4, 5, 6}
-    assert by_rank[2].collective_seq_id != by_rank[7].collective_seq_id  # dozens of collectives apart
+    # dozens of collectives apart
+    assert by_rank[2].collective_seq_id != by_rank[7].collective_seq_id
     mixed = _analyze(hang_corpus["mismatch_then_hang"])
-    assert {root.kind for root in mixed.roots} == {HangVerdict.SIZE_MISMATCH, HangVerdict.STUCK_OUTSIDE}
+    assert {root.kind for root in mixed.roots} == {
+        HangVerdict.SIZE_MISMATCH,
+        HangVerdict.STUCK_OUTSIDE,
+    }
 
 
-def test_a_cycle_nothing_orders_is_reported_whole_below_the_policy_threshold(hang_corpus: dict[str, Path]) -> None:
+def test_a_cycle_nothing_orders_is_reported_whole_below_the_policy_threshold(
+    hang_corpus: dict[str, Path],
+) -> None:
     report = _analyze(hang_corpus["unorderable_cycle"])
     assert report.unresolved_cycle and report.culprit_ranks == (2, 5)
     assert report.confidence < _threshold()
@@ -148,8 +171,9 @@ def test_a_cycle_nothing_orders_is_reported_whole_below_the_policy_threshold(han
 
 
 @pytest.mark.parametrize("name", ["skip_early_subgroup", "skip_early_dp", "invert_order"])
-def test_a_skip_before_any_history_is_ordered_by_the_others_entry_order(hang_corpus: dict[str, Path],
-                                                                        name: str) -> None:
+def test_a_skip_before_any_history_is_ordered_by_the_others_entry_order(
+    hang_corpus: dict[str, Path], name: str
+) -> None:
     report = _analyze(hang_corpus[name], stacks=False)
     assert not report.unresolved_cycle and report.confidence >= _threshold()
     assert any("outside the cycle" in e and "skipped" in e for e in report.evidence)
@@ -164,14 +188,28 @@ def test_hostile_and_truncated_dumps_are_named_and_the_rest_analysed(hang_corpus
     source = hang_corpus["two_independent_apart"]
     dumps = tmp_path / "dumps"
     shutil.copytree(source / "dumps", dumps)
-    if (source / "stacks").is_dir():  # where the ranks were: rank 2 in its data loader waits on nobody
+    # where the ranks were: rank 2 in its data loader waits on nobody
+    if (source / "stacks").is_dir():
         shutil.copytree(source / "stacks", tmp_path / "stacks")
     (dumps / "rank_0.pkl").write_bytes(b"\x80\x02cos\nsystem\n(S'touch /tmp/pwned'\ntR.")  # hostile
     full = (dumps / "rank_4.pkl").read_bytes()
     (dumps / "rank_4.pkl").write_bytes(full[: len(full) // 2])  # truncated
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "analyze-hang", str(dumps),
-                             "--json",
-                             "--expected-ranks", "8"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "analyze-hang",
+            str(dumps),
+            "--json",
+            "--expected-ranks",
+            "8",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(warnings) == 2
@@ -180,7 +218,8 @@ def test_hostile_and_truncated_dumps_are_named_and_the_rest_analysed(hang_corpus
     assert document["dumps"]["ranks_read"] == 6
     assert set(document["missing_dumps"]) == {0, 4}
     if py_spy_path() is not None:
-        # both real roots still found from the other six dumps; the unreadable ones are not blamed for them
+        # both real roots still found from the other six dumps; the unreadable ones are not blamed
+        # for them
         assert set(document["culprit_ranks"]) == {2, 7}
     else:
         assert 7 in document["culprit_ranks"]

@@ -1,14 +1,15 @@
-"""The batch pass reads a job's heartbeats reduced (attribution/reading/windows.py: a digest per (attempt, rank) and the
-lowest ranks' steps for the progress baseline's fallback), never whole: heartbeats are about a row per rank per
-second. Every detector's reading of them is the same from the reduction as from every beat:
+"""The batch pass reads a job's heartbeats reduced (attribution/reading/windows.py: a digest per
+(attempt, rank) and the lowest ranks' steps for the progress baseline's fallback), never whole:
+heartbeats are about a row per rank per second. Every detector's reading of them is the same from
+the reduction as from every beat:
 
-- on the stores of real torch jobs (DDP over gloo under real torchrun agents, tests/test_live_judgment.py's runs:
-  healthy, a SIGSEGV in two attempts, a NaN loss, a node loss, an agent loss): the windowed pass finds exactly
-  the incidents of the whole-store pass;
-- on heartbeats written through the real sink as the heartbeat source emits them (a beat per rank per second,
-  steps of their own pace, ranks that close, a NaN loss, three attempts), with more ranks than the fallback reads:
-  closed ranks, ranks alive after a time, last progress, completed steps, placements, the NaN loss and the
-  fallback's intervals, per attempt.
+- on the stores of real torch jobs (DDP over gloo under real torchrun agents,
+  tests/test_live_judgment.py's runs: healthy, a SIGSEGV in two attempts, a NaN loss, a node loss,
+  an agent loss): the windowed pass finds exactly the incidents of the whole-store pass;
+- on heartbeats written through the real sink as the heartbeat source emits them (a beat per rank
+  per second, steps of their own pace, ranks that close, a NaN loss, three attempts), with more
+  ranks than the fallback reads: closed ranks, ranks alive after a time, last progress, completed
+  steps, placements, the NaN loss and the fallback's intervals, per attempt.
 """
 
 from __future__ import annotations
@@ -55,10 +56,12 @@ def test_real_torch_jobs_windowed_with_reduced_heartbeats_find_what_the_whole_st
     assert _identity(windowed) == _identity(whole)
 
 
-def _beats(rng: random.Random, attempt: int, ranks: int, seconds: int, start: dt.datetime) -> list[dict]:
-    """A beat per rank per second as HeartbeatSource emits them: the rank's last completed step and when it
-    ended, the step in progress; rank 1 closes its timer at the end of attempt 0, every rank at the end of
-    attempt 2; rank 2's loss goes NaN at step 40 of attempt 1; node-<rank // 8>."""
+def _beats(
+    rng: random.Random, attempt: int, ranks: int, seconds: int, start: dt.datetime
+) -> list[dict]:
+    """A beat per rank per second as HeartbeatSource emits them: the rank's last completed step and
+    when it ended, the step in progress; rank 1 closes its timer at the end of attempt 0, every rank
+    at the end of attempt 2; rank 2's loss goes NaN at step 40 of attempt 1; node-<rank // 8>."""
     rows = []
     for rank in range(ranks):
         step_s = 0.6 + 0.1 * (rank % 3)
@@ -68,12 +71,30 @@ def _beats(rng: random.Random, attempt: int, ranks: int, seconds: int, start: dt
             done = int(second / step_s) - 1
             if done >= 0:
                 last_end = start + dt.timedelta(seconds=(done + 1) * step_s)
-            closed = (attempt == 0 and rank == 1 and second == seconds - 1) or (attempt == 2 and second == seconds - 1)
+            closed = (attempt == 0 and rank == 1 and second == seconds - 1) or (
+                attempt == 2 and second == seconds - 1
+            )
             bad = 40 if attempt == 1 and rank == 2 and done >= 40 else None
-            rows.append({"ts": now, "node": f"node-{rank // 8}", "job_id": "beats", "attempt": attempt, "rank": rank,
-                         "local_rank": rank % 8, "pid": 1000 + rank, "step": done if done >= 0 else None,
-                         "step_ts": last_end, "steps": done + 1, "current_step": done + 1, "in_step": not closed,
-                         "phase": "train", "loss": None if bad else 2.0, "bad_loss_step": bad, "closed": closed})
+            rows.append(
+                {
+                    "ts": now,
+                    "node": f"node-{rank // 8}",
+                    "job_id": "beats",
+                    "attempt": attempt,
+                    "rank": rank,
+                    "local_rank": rank % 8,
+                    "pid": 1000 + rank,
+                    "step": done if done >= 0 else None,
+                    "step_ts": last_end,
+                    "steps": done + 1,
+                    "current_step": done + 1,
+                    "in_step": not closed,
+                    "phase": "train",
+                    "loss": None if bad else 2.0,
+                    "bad_loss_step": bad,
+                    "closed": closed,
+                }
+            )
     return rows
 
 
@@ -85,8 +106,20 @@ def beats_store(tmp_path_factory: pytest.TempPathFactory) -> str:
     start = T0
     for attempt, (ranks, seconds) in enumerate(((24, 50), (24, 60), (16, 8))):
         sink.write("heartbeats", _beats(rng, attempt, ranks, seconds, start))
-        sink.write("ranks", [{"ts": start, "node": f"node-{r // 8}", "job_id": "beats", "attempt": attempt,
-                              "rank": r, "local_rank": r % 8} for r in range(ranks)])
+        sink.write(
+            "ranks",
+            [
+                {
+                    "ts": start,
+                    "node": f"node-{r // 8}",
+                    "job_id": "beats",
+                    "attempt": attempt,
+                    "rank": r,
+                    "local_rank": r % 8,
+                }
+                for r in range(ranks)
+            ],
+        )
         start += dt.timedelta(seconds=seconds + 30)
     sink.close()
     return str(path)
@@ -112,18 +145,25 @@ def test_every_reading_of_the_heartbeats_is_the_same_from_the_reduction(beats_st
         assert _last_progress(pd.DataFrame(), mine) == _last_progress(pd.DataFrame(), every)
         assert _latest_beats(mine).sort_values("rank").reset_index(drop=True).equals(
             _latest_beats(every).sort_values("rank").reset_index(drop=True))
-        assert completed_steps(windows.context, attempt, ranks) == completed_steps(whole, attempt, ranks)
-        assert placements(pd.DataFrame(), attempt, reduced) == placements(pd.DataFrame(), attempt, full)
+        assert completed_steps(windows.context, attempt, ranks) == completed_steps(
+            whole, attempt, ranks
+        )
+        assert placements(pd.DataFrame(), attempt, reduced) == placements(
+            pd.DataFrame(), attempt, full
+        )
         intervals = _heartbeat_intervals(every, WARMUP)
         assert _heartbeat_intervals(mine, WARMUP) == intervals
-        if attempt < 2:  # the fallback stops early: the reduction holds the beats of only its lowest ranks
+        # the fallback stops early: the reduction holds the beats of only its lowest ranks
+        if attempt < 2:
             assert len(intervals) >= HEARTBEAT_INTERVALS
             assert mine["rank"].value_counts().max() < every["rank"].value_counts().max() or \
                 len(mine) < len(every) // 2
 
 
 def test_the_history_read_follows_the_warmup_it_is_given(beats_store: str) -> None:
-    """The fallback skips `warmup_steps` steps: the reduction read for another warm-up answers for that one."""
+    """The fallback skips `warmup_steps` steps: the reduction read for another warm-up answers for
+    that one.
+    """
     with Store(beats_store) as opened:
         whole = load_from_store(opened).for_job("beats")
         for warmup in (0, 10):

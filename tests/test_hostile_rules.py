@@ -1,6 +1,6 @@
-"""Broken rules files (issue 16): 20,000-deep nesting, UTF-16/UTF-32 text, alias bombs give one clean line naming
-the file, from every loader of rules/*.yaml (copies of the real files), and rules/xid.yaml is user-replaceable like
-the others (--xid-catalog, $FAULTLENS_XID_CATALOG)."""
+"""Broken rules files (issue 16): 20,000-deep nesting, UTF-16/UTF-32 text, alias bombs give one
+clean line naming the file, from every loader of rules/*.yaml (copies of the real files), and
+rules/xid.yaml is user-replaceable like the others (--xid-catalog, $FAULTLENS_XID_CATALOG)."""
 
 from __future__ import annotations
 
@@ -40,15 +40,22 @@ def _copy_rules(tmp_path):
 def _variants(text: str) -> dict[str, bytes]:
     return {
         "deep_flow_sequence": (text + "\ndeep_key: " + "[" * DEEP + "]" * DEEP + "\n").encode(),
-        "deep_flow_mapping": (text + "\ndeep_key: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n").encode(),
+        "deep_flow_mapping": (
+            text + "\ndeep_key: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n"
+        ).encode(),
         "deep_only": ("[" * DEEP + "]" * DEEP + "\n").encode(),
         "utf16_le_bom": text.encode("utf-16"),
         "utf16_be_bom": b"\xfe\xff" + text.encode("utf-16-be"),
         "utf16_no_bom": text.encode("utf-16-le"),
         "utf32": text.encode("utf-32"),
-        "alias_bomb": ("a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-            f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(9))
-            + "format_version: 1\n").encode(),
+        "alias_bomb": (
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n"
+                for i in range(9)
+            )
+            + "format_version: 1\n"
+        ).encode(),
     }
 
 
@@ -83,10 +90,23 @@ def _env(**extra: str) -> dict[str, str]:
 def test_cli_reports_a_deep_rules_file_in_one_line(tmp_path, store_dir):
     path = tmp_path / "crash.yaml"
     path.write_bytes(_variants((RULES / "crash.yaml").read_text())["deep_flow_sequence"])
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "attribute", "--store",
-                             str(store_dir),
-                             "--rules", str(path)], capture_output=True, text=True, timeout=120, env=_env(),
-                            cwd=REPO_ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "attribute",
+            "--store",
+            str(store_dir),
+            "--rules",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=REPO_ROOT,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and "Traceback" not in result.stderr
@@ -109,10 +129,23 @@ def test_xid_catalog_is_user_replaceable(tmp_path, monkeypatch):
 def test_cli_xid_catalog_option_names_a_bad_file(tmp_path, store_dir):
     bad = tmp_path / "xid.yaml"
     bad.write_bytes((RULES / "xid.yaml").read_text().encode("utf-16"))
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "attribute", "--store",
-                             str(store_dir),
-                             "--xid-catalog", str(bad)], capture_output=True, text=True, timeout=120, env=_env(),
-                            cwd=REPO_ROOT)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "attribute",
+            "--store",
+            str(store_dir),
+            "--xid-catalog",
+            str(bad),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+        cwd=REPO_ROOT,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "UTF-16" in lines[0]

@@ -1,7 +1,8 @@
-"""StepTimer never loses a row silently (issue 16): rows pushed out of the full queue by a slow store are logged
-(rate-limited) and counted, rows still queued or in the sink's buffer when close() gives up are counted, and after
-close() every step is either in the store or counted: steps == rows_written + dropped, rows_written == what the
-store holds. Real SegmentSink on a real store; the slowness is a real sleep in its segment write."""
+"""StepTimer never loses a row silently (issue 16): rows pushed out of the full queue by a slow
+store are logged (rate-limited) and counted, rows still queued or in the sink's buffer when close()
+gives up are counted, and after close() every step is either in the store or counted: steps ==
+rows_written + dropped, rows_written == what the store holds. Real SegmentSink on a real store; the
+slowness is a real sleep in its segment write."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ IDENTITY = RankIdentity(rank=0, job_id="job-1", node="node-1")
 class SlowSink(SegmentSink):
     """A real sink whose segment writes take `delay_s` (a slow object store), or wait for `gate`."""
 
-    def __init__(self, store, delay_s: float = 0.0, gate: threading.Event | None = None, **kwargs) -> None:
+    def __init__(
+        self, store, delay_s: float = 0.0, gate: threading.Event | None = None, **kwargs
+    ) -> None:
         super().__init__(store, flush_age_s=3600.0, **kwargs)
         self.delay_s = delay_s
         self.gate = gate
@@ -63,7 +66,10 @@ def test_queue_overflow_with_a_slow_sink_is_logged_and_counted(store_dir, caplog
     assert _stored(store_dir) == stats.rows_written
     warnings = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
     assert 1 <= len(warnings) <= 3  # rate-limited, never one per row
-    assert "pushed out of the full queue" in warnings[-1] and f"of {stats.steps} in all" in warnings[-1]
+    assert (
+        "pushed out of the full queue" in warnings[-1]
+        and f"of {stats.steps} in all" in warnings[-1]
+    )
 
 
 @pytest.mark.parametrize("rows", [10, 500, 3000])
@@ -87,7 +93,8 @@ def test_close_that_gives_up_counts_rows_in_the_queue_and_the_sink_buffer(store_
     with timer.step(10**6):
         pass
     assert stats.steps == stats.dropped + stats.rows_written
-    # the store comes back: the rows the writer had handed over land after all, and the counts follow
+    # the store comes back: the rows the writer had handed over land after all, and the counts
+    # follow
     gate.set()
     timer._writer.join(30)
     assert stats.steps == stats.rows_written + stats.dropped
@@ -101,7 +108,8 @@ def test_store_failing_at_close_counts_the_sink_buffer(tmp_path):
     _run(timer, 300)
     assert timer.flush()
     shutil.rmtree(store_dir)
-    store_dir.write_text("the store is gone: a file in its place")  # every later write fails for real
+    # every later write fails for real
+    store_dir.write_text("the store is gone: a file in its place")
     _run(timer, 200)
     timer.close(timeout_s=10)
     stats = timer.stats

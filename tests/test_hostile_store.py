@@ -1,6 +1,7 @@
-"""One broken segment never hides the rest of the store (issue 16): 0-byte, truncated, corrupt, wrong-schema and
-wrong-type segments beside real ones written by the real sink; `faultlens doctor` lists and quarantines them;
-compaction leaves them out and cleans the temporary files of SIGKILLed writers; an unreachable store is an error."""
+"""One broken segment never hides the rest of the store (issue 16): 0-byte, truncated, corrupt,
+wrong-schema and wrong-type segments beside real ones written by the real sink; `faultlens doctor`
+lists and quarantines them; compaction leaves them out and cleans the temporary files of SIGKILLed
+writers; an unreachable store is an error."""
 
 from __future__ import annotations
 
@@ -31,15 +32,39 @@ GOOD_STEPS = 30
 
 
 def _real_store(store_dir):
-    """Real segments: gpu_samples of node-1 in two flushes, steps of node-1 (the sink's own layout)."""
+    """Real segments: gpu_samples of node-1 in two flushes, steps of node-1 (the sink's own layout).
+    """
     with SegmentSink(store_dir) as sink:
         for half in range(2):
-            sink.write("gpu_samples", [{"ts": T0 + dt.timedelta(seconds=half * 100 + i), "node": "node-1",
-                                        "gpu_index": i % 8, "source": "nvml", "temp_c": 50.0 + i, "sm_clock_mhz": 1980}
-                                       for i in range(GOOD_SAMPLES // 2)])
+            sink.write(
+                "gpu_samples",
+                [
+                    {
+                        "ts": T0 + dt.timedelta(seconds=half * 100 + i),
+                        "node": "node-1",
+                        "gpu_index": i % 8,
+                        "source": "nvml",
+                        "temp_c": 50.0 + i,
+                        "sm_clock_mhz": 1980,
+                    }
+                    for i in range(GOOD_SAMPLES // 2)
+                ],
+            )
             sink.flush()
-        sink.write("steps", [{"ts": T0 + dt.timedelta(seconds=i), "node": "node-1", "job_id": "job-1", "rank": 0,
-                              "step": i, "duration_s": 1.0} for i in range(GOOD_STEPS)])
+        sink.write(
+            "steps",
+            [
+                {
+                    "ts": T0 + dt.timedelta(seconds=i),
+                    "node": "node-1",
+                    "job_id": "job-1",
+                    "rank": 0,
+                    "step": i,
+                    "duration_s": 1.0,
+                }
+                for i in range(GOOD_STEPS)
+            ],
+        )
     (partition,) = {path.parent for path in (store_dir / "gpu_samples").rglob("*.parquet")}
     return partition
 
@@ -61,33 +86,53 @@ def _break(kind: str, partition, store_dir) -> str:
         for i in range(4, len(data) - footer):
             middle[i] = (middle[i] * 7 + 13) % 256
         target.write_bytes(bytes(middle))
-    elif kind == "wrong_table":  # a steps segment in the gpu_samples directory: phantom all-null rows before
+    # a steps segment in the gpu_samples directory: phantom all-null rows before
+    elif kind == "wrong_table":
         shutil.copy(next((store_dir / "steps").rglob("*.parquet")), target)
     elif kind == "wrong_types":  # temp_c as text: crashed attribute in pandas before
         table = pa.table({"ts": pa.array([T0], pa.timestamp("ns", tz="UTC")), "node": ["node-1"],
                           "temp_c": ["hot"], "sm_clock_mhz": ["fast"]})
         pq.write_table(table, target)
     elif kind == "no_ts":
-        pq.write_table(pa.table({"node": ["node-1"], "temp_c": pa.array([1.0], pa.float32())}), target)
+        pq.write_table(
+            pa.table({"node": ["node-1"], "temp_c": pa.array([1.0], pa.float32())}), target
+        )
     else:  # pragma: no cover
         raise ValueError(kind)
     return str(target)
 
 
-KINDS = ["zero_bytes", "truncated", "not_parquet", "corrupt_pages", "wrong_table", "wrong_types", "no_ts"]
+KINDS = [
+    "zero_bytes",
+    "truncated",
+    "not_parquet",
+    "corrupt_pages",
+    "wrong_table",
+    "wrong_types",
+    "no_ts",
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_one_bad_segment_is_skipped_with_one_warning_and_everything_else_reads(store_dir, kind, caplog):
+def test_one_bad_segment_is_skipped_with_one_warning_and_everything_else_reads(
+    store_dir, kind, caplog
+):
     partition = _real_store(store_dir)
     bad = _break(kind, partition, store_dir)
     with caplog.at_level(logging.WARNING, logger="faultlens.store"), Store(store_dir) as store:
         assert store.query("SELECT count(*) AS n FROM steps").to_pylist() == [{"n": GOOD_STEPS}]
-        assert store.query("SELECT count(*) AS n FROM gpu_samples").to_pylist() == [{"n": GOOD_SAMPLES}]
+        assert store.query("SELECT count(*) AS n FROM gpu_samples").to_pylist() == [
+            {"n": GOOD_SAMPLES}
+        ]
         # no phantom rows, the columns keep their types
         frame = store.read_table("gpu_samples").to_pandas()
         assert frame["temp_c"].dtype.kind == "f" and frame["node"].notna().all()
-        assert store.query("SELECT count(*) AS n FROM gpu_samples WHERE temp_c > 0").to_pylist()[0]["n"] == 40
+        assert (
+            store.query("SELECT count(*) AS n FROM gpu_samples WHERE temp_c > 0").to_pylist()[0][
+                "n"
+            ]
+            == 40
+        )
         summary = {s.table: s for s in store.summary()}
         assert summary["gpu_samples"].bad_segments == 1 and summary["steps"].bad_segments == 0
         assert [b.path for b in store.bad_segments()] == [bad]
@@ -98,10 +143,15 @@ def test_one_bad_segment_is_skipped_with_one_warning_and_everything_else_reads(s
 
 def test_several_bad_segments_in_several_tables(store_dir, capsys):
     partition = _real_store(store_dir)
-    bad = [_break(kind, partition, store_dir) for kind in ("zero_bytes", "wrong_table", "corrupt_pages")]
+    bad = [
+        _break(kind, partition, store_dir)
+        for kind in ("zero_bytes", "wrong_table", "corrupt_pages")
+    ]
     steps_dir = next((store_dir / "steps").rglob("*.parquet")).parent
     (steps_dir / "00000000000000000001-trunc.parquet").write_bytes(b"PAR1\x15\x04")
-    assert main(["sql", "--store", str(store_dir), "SELECT count(*) AS n FROM steps", "--json"]) == 0
+    assert (
+        main(["sql", "--store", str(store_dir), "SELECT count(*) AS n FROM steps", "--json"]) == 0
+    )
     assert '"n": 30' in capsys.readouterr().out
     assert main(["tables", "--store", str(store_dir), "--json"]) == 0
     captured = capsys.readouterr()
@@ -119,7 +169,9 @@ def test_several_bad_segments_in_several_tables(store_dir, capsys):
     assert "no problems found" in capsys.readouterr().err
     with Store(store_dir) as store:
         assert store.bad_segments() == []
-        assert store.query("SELECT count(*) AS n FROM gpu_samples").to_pylist() == [{"n": GOOD_SAMPLES}]
+        assert store.query("SELECT count(*) AS n FROM gpu_samples").to_pylist() == [
+            {"n": GOOD_SAMPLES}
+        ]
 
 
 def test_doctor_finds_corrupt_data_behind_a_good_footer_unless_quick(store_dir, capsys):
@@ -143,24 +195,41 @@ def test_compaction_leaves_bad_segments_out_and_cleans_dead_writers_temp_files(s
     partition = _real_store(store_dir)
     bad = _break("truncated", partition, store_dir)
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    # writers that die half-way through a segment: forked children SIGKILL themselves after writing part of it
-    script = ("import os, sys\nfrom faultlens.collectors.store.layout import temp_name\nfor n in range(5):\n"
+    # writers that die half-way through a segment: forked children SIGKILL themselves after writing
+    # part of it
+    script = ("import os, sys\nfrom faultlens.collectors.store.layout import temp_name\nfor n in "
+              "range(5):\n"
               "    pid = os.fork()\n    if pid == 0:\n"
-              "        open(os.path.join(sys.argv[1], temp_name(f'{n:020d}-x.parquet')), 'wb').write(b'PAR1 half')\n"
+              "        open(os.path.join(sys.argv[1], temp_name(f'{n:020d}-x.parquet')), "
+              "'wb').write(b'PAR1 half')\n"
               "        os.kill(os.getpid(), 9)\n    os.waitpid(pid, 0)\n")
-    subprocess.run([sys.executable, "-c", script, str(partition)], env=env, timeout=60, cwd=REPO_ROOT, check=True)
-    # the real sink SIGKILLed at random moments while writing (the 60-kill probe of the issue, shortened)
+    subprocess.run(
+        [sys.executable, "-c", script, str(partition)],
+        env=env,
+        timeout=60,
+        cwd=REPO_ROOT,
+        check=True,
+    )
+    # the real sink SIGKILLed at random moments while writing (the 60-kill probe of the issue,
+    # shortened)
     rng = random.Random(16)
     for trial in range(2):
-        proc = subprocess.Popen([sys.executable, "-m", "tests.sink_writer", str(store_dir), str(trial), "job-k"],
-                                cwd=REPO_ROOT, stdout=subprocess.PIPE, env=env, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.sink_writer", str(store_dir), str(trial), "job-k"],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.05, 0.3))
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
-    own = partition / f".{'0' * 20}-live.parquet.{os.getpid()}@{'x'}.tmp"  # another host's live writer: kept
+    # another host's live writer: kept
+    own = partition / f".{'0' * 20}-live.parquet.{os.getpid()}@{'x'}.tmp"
     own.write_bytes(b"PAR1")
-    legacy_dead = partition / ".00000000000000000002-y.parquet.4194304.tmp"  # older name form, pid past pid_max
+    # older name form, pid past pid_max
+    legacy_dead = partition / ".00000000000000000002-y.parquet.4194304.tmp"
     legacy_dead.write_bytes(b"PAR1")
     dead_temps = [p for p in store_dir.rglob(".*.tmp") if p not in (own,)]
     assert len(dead_temps) >= 6
@@ -169,7 +238,9 @@ def test_compaction_leaves_bad_segments_out_and_cleans_dead_writers_temp_files(s
     assert [p for p in store_dir.rglob(".*.tmp")] == [own]
     assert os.path.exists(bad) and any(bad in r.getMessage() for r in caplog.records)
     with Store(store_dir) as store:
-        assert store.query("SELECT count(*) AS n FROM gpu_samples").to_pylist() == [{"n": GOOD_SAMPLES}]
+        assert store.query("SELECT count(*) AS n FROM gpu_samples").to_pylist() == [
+            {"n": GOOD_SAMPLES}
+        ]
         assert len([p for p in store.segments("gpu_samples") if p.endswith(".parquet")]) == 1
 
 

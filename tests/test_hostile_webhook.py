@@ -1,7 +1,8 @@
-"""Webhook delivery under attack (issue 16), over real HTTP on 127.0.0.1: the attempt header counts per decision;
-the example Kubernetes receiver refuses replays (signed timestamp), keeps handled ids durably by default, refuses a
-known decision_id with other content, answers hostile requests with a clean 4xx before the signature check, and
-300 idle connections hold no thread each. kubectl is the boundary (recorded, not run)."""
+"""Webhook delivery under attack (issue 16), over real HTTP on 127.0.0.1: the attempt header counts
+per decision; the example Kubernetes receiver refuses replays (signed timestamp), keeps handled ids
+durably by default, refuses a known decision_id with other content, answers hostile requests with a
+clean 4xx before the signature check, and 300 idle connections hold no thread each. kubectl is the
+boundary (recorded, not run)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ import pytest
 from faultlens.attribution.decision import Action, Decision, Restore
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.controller.hooks import HookError, PermanentHookError, WebhookHook
-from faultlens.controller.hooks.webhook import ATTEMPT_HEADER, DECISION_ID_HEADER, verify_timestamped
+from faultlens.controller.hooks.webhook import (
+    ATTEMPT_HEADER,
+    DECISION_ID_HEADER,
+    verify_timestamped,
+)
 from tests.conftest import REPO_ROOT
 
 SECRET = "s3cret"
@@ -31,15 +36,34 @@ RECEIVER = REPO_ROOT / "docs" / "deploy" / "kubernetes" / "webhook_receiver.py"
 
 
 def decision(n: int) -> Decision:
-    incident = Incident(f"inc-{n}", IncidentClass.CRASH, Cause.GPU_HARDWARE, T0, T0, 0.97, "xid-79", "x",
-                        job_id="llm-7b", attempt=0, culprit_nodes=("node-07",), culprit_ranks=(2,),
-                        evidence=(Evidence("gpu_events", T0, "Xid 79"),))
-    return Decision.for_incident(incident, action=Action.FAILOVER, policy_rule="hardware-failover", reason="xid",
-                                 issued_at=T0, exclude_nodes=("node-07",),
-                                 restore=Restore("durable", 1200, "s3://ckpt/llm-7b/step-1200"))
+    incident = Incident(
+        f"inc-{n}",
+        IncidentClass.CRASH,
+        Cause.GPU_HARDWARE,
+        T0,
+        T0,
+        0.97,
+        "xid-79",
+        "x",
+        job_id="llm-7b",
+        attempt=0,
+        culprit_nodes=("node-07",),
+        culprit_ranks=(2,),
+        evidence=(Evidence("gpu_events", T0, "Xid 79"),),
+    )
+    return Decision.for_incident(
+        incident,
+        action=Action.FAILOVER,
+        policy_rule="hardware-failover",
+        reason="xid",
+        issued_at=T0,
+        exclude_nodes=("node-07",),
+        restore=Restore("durable", 1200, "s3://ckpt/llm-7b/step-1200"),
+    )
 
 
-# -- the sender's attempt header ------------------------------------------------------------------------------------
+# -- the sender's attempt header
+# ------------------------------------------------------------------------------------
 def test_attempt_header_counts_per_decision_not_per_hook_object():
     seen: list[tuple[str, str]] = []
     script = [503, 503, 200, 200, 503, 200]
@@ -71,7 +95,8 @@ def test_attempt_header_counts_per_decision_not_per_hook_object():
     assert hook.attempt_of(first.decision_id) == 3 and hook.attempts == 6
 
 
-# -- the example receiver --------------------------------------------------------------------------------------------
+# -- the example receiver
+# --------------------------------------------------------------------------------------------
 def _module(monkeypatch, state_path):
     monkeypatch.setenv("FAULTLENS_RECEIVER_STATE", str(state_path))
     spec = importlib.util.spec_from_file_location("webhook_receiver_hostile", RECEIVER)
@@ -84,9 +109,12 @@ def _module(monkeypatch, state_path):
 def k8s(tmp_path, monkeypatch):
     module = _module(monkeypatch, tmp_path / "state" / "handled.jsonl")
     calls: list = []
-    receiver = module.DecisionReceiver("training", kubectl=lambda args, stdin: calls.append(list(args)))
-    server = module.make_server(receiver, SECRET, host="127.0.0.1", port=0, read_timeout_s=0.5, workers=4,
-                                backlog=8)
+    receiver = module.DecisionReceiver(
+        "training", kubectl=lambda args, stdin: calls.append(list(args))
+    )
+    server = module.make_server(
+        receiver, SECRET, host="127.0.0.1", port=0, read_timeout_s=0.5, workers=4, backlog=8
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/faultlens/decisions"
     yield url, calls, module, server
@@ -131,23 +159,41 @@ def test_a_captured_request_is_not_replayable_later(k8s):
     with pytest.raises(PermanentHookError, match="401"):
         old.deliver(decision(2), decision(2).to_json())
     # the timestamp is signed: moving it forward breaks the signature
-    fresh = urllib.request.Request(url, data=request.data, method="POST",
-                                   headers={**request.headers, "X-faultlens-timestamp": str(int(time.time()) + 7)})
+    fresh = urllib.request.Request(
+        url,
+        data=request.data,
+        method="POST",
+        headers={**request.headers, "X-faultlens-timestamp": str(int(time.time()) + 7)},
+    )
     status, text = _send(fresh)
     assert (status, text) == (401, "bad signature")
-    # without a signed timestamp (an old sender's body-only signature): refused unless explicitly allowed
-    legacy = urllib.request.Request(url, data=decision(3).to_json().encode(), method="POST",
-                                    headers={k: v for k, v in request.headers.items()
-                                             if k.lower() not in ("x-faultlens-timestamp", "x-faultlens-signature-v2")})
+    # without a signed timestamp (an old sender's body-only signature): refused unless explicitly
+    # allowed
+    legacy = urllib.request.Request(
+        url,
+        data=decision(3).to_json().encode(),
+        method="POST",
+        headers={
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("x-faultlens-timestamp", "x-faultlens-signature-v2")
+        },
+    )
     assert _send(legacy)[0] == 401
     assert len(calls) == 3
 
 
 def test_verify_timestamped_refuses_every_hostile_header():
     body = b"{}"
-    for timestamp, signature in [(None, None), ("abc", "sha256=00"), ("-1", "sha256=00"), ("1" * 40, "sha256=00"),
-                                 ("１２３", "sha256=00"), (str(int(time.time())), "sha256=ÿÿ"),
-                                 (str(int(time.time())), "sha256=" + "0" * 64)]:
+    for timestamp, signature in [
+        (None, None),
+        ("abc", "sha256=00"),
+        ("-1", "sha256=00"),
+        ("1" * 40, "sha256=00"),
+        ("１２３", "sha256=00"),
+        (str(int(time.time())), "sha256=ÿÿ"),
+        (str(int(time.time())), "sha256=" + "0" * 64),
+    ]:
         assert verify_timestamped(SECRET, body, timestamp, signature) is not None
 
 
@@ -155,7 +201,9 @@ def test_handled_ids_survive_a_restart_by_default(k8s, monkeypatch, tmp_path):
     url, calls, module, _ = k8s
     item = decision(1)
     WebhookHook(url, secret=SECRET).deliver(item, item.to_json())
-    restarted = module.DecisionReceiver("training", kubectl=lambda args, stdin: calls.append(list(args)))
+    restarted = module.DecisionReceiver(
+        "training", kubectl=lambda args, stdin: calls.append(list(args))
+    )
     assert restarted.state_file == tmp_path / "state" / "handled.jsonl"
     assert restarted.handle(json.loads(item.to_json())) == "duplicate"
     assert len(calls) == 3  # the cordon did not run again
@@ -193,8 +241,11 @@ HOSTILE = {
     "content_length_negative": (b"Content-Length: -1\r\n", 400),
     "content_length_missing": (b"", 411),
     "content_length_unicode_digits": ("Content-Length: ４２\r\n".encode(), 400),
-    "non_ascii_signature": (b"Content-Length: 2\r\nX-Faultlens-Signature: sha256=\xff\xfe\r\n"
-                           b"X-Faultlens-Timestamp: 1\r\nX-Faultlens-Signature-V2: \xc3\xa9\r\n", 401),
+    "non_ascii_signature": (
+        b"Content-Length: 2\r\nX-Faultlens-Signature: sha256=\xff\xfe\r\n"
+        b"X-Faultlens-Timestamp: 1\r\nX-Faultlens-Signature-V2: \xc3\xa9\r\n",
+        401,
+    ),
     "body_never_sent": (b"Content-Length: 100\r\n", 408),
 }
 
@@ -212,7 +263,8 @@ def test_hostile_requests_get_a_clean_4xx_before_the_signature_check(k8s, case, 
     assert calls == []
     assert not any(r.exc_info for r in caplog.records)  # no traceback
     time.sleep(0.2)
-    assert threading.active_count() <= before + 4  # nothing left holding a thread beyond the fixed pool
+    # nothing left holding a thread beyond the fixed pool
+    assert threading.active_count() <= before + 4
 
 
 def test_300_idle_connections_hold_no_thread_each(k8s):

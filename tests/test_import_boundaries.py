@@ -1,12 +1,13 @@
-"""The one-way data flow of docs/architecture.md, checked on the source: collectors imports nothing of attribution
-or controller; attribution imports only collectors' contracts (the store room, the rule loader, the error base,
-the declared environment, and the few vocabularies other rooms share). Read with ast from the files, so a lazy
-import inside a function counts too (a room named at top level: tests/test_wheel.py).
+"""The one-way data flow of docs/architecture.md, checked on the source: collectors imports nothing
+of attribution or controller; attribution imports only collectors' contracts (the store room, the
+rule loader, the error base, the declared environment, and the few vocabularies other rooms share).
+Read with ast from the files, so a lazy import inside a function counts too (a room named at top
+level: tests/test_wheel.py).
 
-Inside the rooms: no import circle (the module graph of faultlens has no strongly connected component of
-more than one module), no module imports a private name of another, nothing outside the lab imports the
-lab, the report and the demo import nothing of the CLI, and the package root imports no room when it
-loads."""
+Inside the rooms: no import circle (the module graph of faultlens has no strongly connected
+component of more than one module), no module imports a private name of another, nothing outside the
+lab imports the lab, the report and the demo import nothing of the CLI, and the package root imports
+no room when it loads."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-#: the rooms and the package root: top-level directories installed as faultlens.<room> (setup.py), and
-#: faultlens/ itself
+#: the rooms and the package root: top-level directories installed as faultlens.<room> (setup.py),
+#: and faultlens/ itself
 ROOMS = ("collectors", "attribution", "controller", "faultlens")
 
-# what attribution may import from collectors: the store contract (schema, layout, the sink incidents are written
-# through), the rule-file loader and its models, the error base, the declared environment variables, and the
-# vocabularies the node side defines and attribution reads (XID catalog, process-event sources, py-spy stacks)
+# what attribution may import from collectors: the store contract (schema, layout, the sink
+# incidents are written through), the rule-file loader and its models, the error base, the declared
+# environment variables, and the vocabularies the node side defines and attribution reads (XID
+# catalog, process-event sources, py-spy stacks)
 ATTRIBUTION_MAY_IMPORT = (
     "faultlens.collectors.store",
     "faultlens.collectors.rule_loader",
@@ -44,8 +46,8 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from package import module` names the module: record package.name (a class or function name
-            # under a module is within that module)
+            # `from package import module` names the module: record package.name (a class or
+            # function name under a module is within that module)
             found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
     return found
 
@@ -77,7 +79,10 @@ def test_the_boundary_check_sees_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from faultlens.controller.cli import main\n"
                       "    import faultlens.attribution.engine\n")
-    assert _imports(module) == [(2, "faultlens.controller.cli.main"), (3, "faultlens.attribution.engine")]
+    assert _imports(module) == [
+        (2, "faultlens.controller.cli.main"),
+        (3, "faultlens.attribution.engine"),
+    ]
     assert _within("faultlens.controller.cli.main", ("faultlens.controller",))
     assert not _within("faultlens.collectors.environmental", ("faultlens.environment",))
 

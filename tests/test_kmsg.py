@@ -1,5 +1,6 @@
-"""Kernel-log parser and source: golden tests from the real lines of docs/reference/gpu-signals.md, every Xid form
-the issue lists, the transports (kmsg records, journalctl JSON, syslog, dmesg), fuzzing, and the file source."""
+"""Kernel-log parser and source: golden tests from the real lines of docs/reference/gpu-signals.md,
+every Xid form the issue lists, the transports (kmsg records, journalctl JSON, syslog, dmesg),
+fuzzing, and the file source."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from hypothesis import strategies as st
 
 from faultlens.attribution.reading.store import Store
 from faultlens.collectors.sources.gpu_backend import GpuDevice
-from faultlens.collectors.sources.kmsg import KernelLogFileError, KernelLogParser, KmsgSource, read_kernel_log
+from faultlens.collectors.sources.kmsg import (
+    KernelLogFileError,
+    KernelLogParser,
+    KmsgSource,
+    read_kernel_log,
+)
 from faultlens.collectors.sources.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
@@ -28,36 +34,54 @@ def parse(lines, **kwargs):
     return parser, parser.feed_lines(lines)
 
 
-# (line, code, NVML bus id, pid, process name, message): the "Real examples" block of the reference, verbatim
+# (line, code, NVML bus id, pid, process name, message): the "Real examples" block of the reference,
+# verbatim
 REAL_LINES = [
     ("NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
      79, "00000000:2B:00.0", None, None, "GPU has fallen off the bus."),
-    ("NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has "
+    ("NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable double bit "
+     "error (DBE) has "
      "been detected on GPU in the framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1.",
-     48, "00000000:07:00.0", None, None, "An uncorrectable double bit error (DBE) has been detected on GPU in the "
+     48, "00000000:07:00.0", None, None, "An uncorrectable double bit error (DBE) has been "
+                                         "detected on GPU in the "
      "framebuffer at physAddr 0x7fffa8860 partition 7, subpartition 1."),
-    ("NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset gpu to activate.",
-     63, "00000000:10:1C.0", 1896, None, "Row Remapper: New row marked for remapping, reset gpu to activate."),
-    ("NVRM: Xid (PCI:0000:00:08): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: No, D-RST: No",
+    ("NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, reset "
+     "gpu to activate.",
+     63, "00000000:10:1C.0", 1896, None, "Row Remapper: New row marked for remapping, reset gpu to "
+                                         "activate."),
+    ("NVRM: Xid (PCI:0000:00:08): 94, pid='<unknown>', name=<unknown>, Contained: SM (0x1). RST: "
+     "No, D-RST: No",
      94, "00000000:00:08.0", None, None, "Contained: SM (0x1). RST: No, D-RST: No"),
-    ("NVRM: Xid (PCI:0000:00:07): 31, pid=2512125, name=python3.10, Ch 00000008, intr 00000000. MMU Fault: ENGINE "
-     "GRAPHICS GPCCLIENT_T1_8 faulted @ 0x73ac_1c000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE",
-     31, "00000000:00:07.0", 2512125, "python3.10", "Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS "
+    ("NVRM: Xid (PCI:0000:00:07): 31, pid=2512125, name=python3.10, Ch 00000008, intr 00000000. "
+     "MMU Fault: ENGINE "
+     "GRAPHICS GPCCLIENT_T1_8 faulted @ 0x73ac_1c000000. Fault is of type FAULT_PDE "
+     "ACCESS_TYPE_VIRT_WRITE",
+     31, "00000000:00:07.0", 2512125, "python3.10", "Ch 00000008, intr 00000000. MMU Fault: ENGINE "
+                                                    "GRAPHICS "
      "GPCCLIENT_T1_8 faulted @ 0x73ac_1c000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE"),
-    ("NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, errorString CTX SWITCH "
+    ("NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, Ch 00000008, errorString "
+     "CTX SWITCH "
      "TIMEOUT, Info 0x58005",
-     109, "00000000:CB:00.0", 1797828, "pt_main_thread", "Ch 00000008, errorString CTX SWITCH TIMEOUT, Info 0x58005"),
-    ("NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of waiting for RPC response "
+     109, "00000000:CB:00.0", 1797828, "pt_main_thread", "Ch 00000008, errorString CTX SWITCH "
+                                                         "TIMEOUT, Info 0x58005"),
+    ("NVRM: Xid (PCI:0000:9b:00): 119, pid=2024380, name=nvidia-smi, Timeout after 6s of waiting "
+     "for RPC response "
      "from GPU4 GSP! Expected function 103 (GSP_RM_ALLOC) (0x2081 0x4).",
-     119, "00000000:9B:00.0", 2024380, "nvidia-smi", "Timeout after 6s of waiting for RPC response from GPU4 GSP! "
+     119, "00000000:9B:00.0", 2024380, "nvidia-smi", "Timeout after 6s of waiting for RPC response "
+                                                     "from GPU4 GSP! "
      "Expected function 103 (GSP_RM_ALLOC) (0x2081 0x4)."),
-    ("NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149",
+    ("NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous "
+     "Xid 149",
      45, "00000000:DC:00.0", 1818990, "python3", "Ch 00000001 caused by previous Xid 149"),
-    ("NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 09 (0x004525c6 0x00000000 …)",
-     149, "00000018:01:00.0", None, None, "NETIR_LINK_EVT Fatal XC0 i0 Link 09 (0x004525c6 0x00000000 …)"),
-    ("NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from 0x4 (Drain and Reset) to 0x1 (GPU Reset "
+    ("NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 09 (0x004525c6 0x00000000 "
+     "…)",
+     149, "00000018:01:00.0", None, None, "NETIR_LINK_EVT Fatal XC0 i0 Link 09 (0x004525c6 "
+                                          "0x00000000 …)"),
+    ("NVRM: Xid (PCI:0018:01:00): 154, GPU recovery action changed from 0x4 (Drain and Reset) to "
+     "0x1 (GPU Reset "
      "Required)",
-     154, "00000018:01:00.0", None, None, "GPU recovery action changed from 0x4 (Drain and Reset) to 0x1 (GPU Reset "
+     154, "00000018:01:00.0", None, None, "GPU recovery action changed from 0x4 (Drain and Reset) "
+                                          "to 0x1 (GPU Reset "
      "Required)"),
 ]
 
@@ -69,8 +93,13 @@ def test_golden_real_lines(line, code, pci, pid, name, message):
     xid = [e for e in events if e.kind == "xid"]
     assert len(xid) == 1
     event = xid[0]
-    assert (event.code, event.pci_bus_id, event.pid, event.process_name, event.message) == (code, pci, pid, name,
-                                                                                             message)
+    assert (event.code, event.pci_bus_id, event.pid, event.process_name, event.message) == (
+        code,
+        pci,
+        pid,
+        name,
+        message,
+    )
     assert event.raw == line
     assert parser.stats.bad_lines == 0
 
@@ -80,9 +109,11 @@ def test_golden_real_lines(line, code, pci, pid, name, message):
     (REAL_LINES[1][0], "ecc_dbe", None),
     (REAL_LINES[2][0], "remap_pending", None),
     (REAL_LINES[9][0], "recovery_action", 1),
-    ("NVRM: Xid (PCI:0000:3b:00): 64, pid='<unknown>', name=<unknown>, Row Remapper Error: (0x000000000000abcd) - "
+    ("NVRM: Xid (PCI:0000:3b:00): 64, pid='<unknown>', name=<unknown>, Row Remapper Error: "
+     "(0x000000000000abcd) - "
      "All reserved rows for bank are remapped", "remap_failure", None),
-    ("NVRM: Xid (PCI:0000:3b:00): 63, pid=12, name=x, Dynamic Page Retirement: New page retired, reboot to activate",
+    ("NVRM: Xid (PCI:0000:3b:00): 63, pid=12, name=x, Dynamic Page Retirement: New page retired, "
+     "reboot to activate",
      "retired_page_pending", None),
 ])
 def test_xids_that_state_a_gpu_condition_also_give_its_kind(line, derived_kind, derived_code):
@@ -119,15 +150,23 @@ def test_mig_instances(line, gi, ci):
 
 
 def test_pid_without_quotes_and_unknown_forms():
-    _, events = parse(["NVRM: Xid (PCI:0000:07:00): 13, pid=<unknown>, name=<unknown>, Graphics Exception"])
-    assert (events[0].pid, events[0].process_name, events[0].message) == (None, None, "Graphics Exception")
+    _, events = parse(["NVRM: Xid (PCI:0000:07:00): 13, pid=<unknown>, name=<unknown>, Graphics "
+                       "Exception"])
+    assert (events[0].pid, events[0].process_name, events[0].message) == (
+        None,
+        None,
+        "Graphics Exception",
+    )
 
 
 def test_nvswitch_sxid_and_its_continuation_lines():
     lines = [
-        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 46 egress non-posted PRIV error (First)",
-        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Severity 0 Engine instance 46 Sub-engine instance 00",
-        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Data {0x00000000, 0x00000000, 0x00000000}",
+        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 46 egress non-posted "
+        "PRIV error (First)",
+        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Severity 0 Engine instance 46 "
+        "Sub-engine instance 00",
+        "nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Data {0x00000000, 0x00000000, "
+        "0x00000000}",
     ]
     parser, events = parse(lines)
     assert len(events) == 1
@@ -139,11 +178,14 @@ def test_nvswitch_sxid_and_its_continuation_lines():
 
 def test_fallen_off_the_bus_without_xid():
     _, events = parse(["NVRM: GPU 0000:18:00.0: GPU has fallen off the bus."])
-    assert [(e.kind, e.code, e.pci_bus_id) for e in events] == [("gpu_lost", None, "00000000:18:00.0")]
+    assert [(e.kind, e.code, e.pci_bus_id) for e in events] == [
+        ("gpu_lost", None, "00000000:18:00.0")
+    ]
 
 
 def test_fallen_off_the_bus_multi_line_form():
-    lines = ["NVRM: The NVIDIA GPU 0000:3b:00.0", "NVRM: (PCI ID: 10de:2330) installed in this system has",
+    lines = ["NVRM: The NVIDIA GPU 0000:3b:00.0", "NVRM: (PCI ID: 10de:2330) installed in this "
+                                                  "system has",
              "NVRM: fallen off the bus and is not responding to commands."]
     _, events = parse(lines)
     assert [(e.kind, e.pci_bus_id) for e in events] == [("gpu_lost", "00000000:3B:00.0")]
@@ -164,9 +206,17 @@ def test_uuid_line_is_remembered_for_later_xids():
 def test_transports_and_timestamps():
     boot = 1_796_000_000_000_000_000
     line = REAL_LINES[0][0]
-    journal = json.dumps({"MESSAGE": line, "__REALTIME_TIMESTAMP": "1796040000123456", "_HOSTNAME": "node-3",
-                          "_TRANSPORT": "kernel"})
-    journal_bytes = json.dumps({"MESSAGE": list(line.encode()), "__REALTIME_TIMESTAMP": "1796040001000000"})
+    journal = json.dumps(
+        {
+            "MESSAGE": line,
+            "__REALTIME_TIMESTAMP": "1796040000123456",
+            "_HOSTNAME": "node-3",
+            "_TRANSPORT": "kernel",
+        }
+    )
+    journal_bytes = json.dumps(
+        {"MESSAGE": list(line.encode()), "__REALTIME_TIMESTAMP": "1796040001000000"}
+    )
     lines = [
         f"4,2231,9123456789,-;{line}",
         journal,
@@ -200,8 +250,13 @@ def test_syslog_year_is_last_year_for_a_future_date():
 
 
 def test_bad_lines_are_counted_and_skipped():
-    lines = ["NVRM: Xid (PCI:zzzz:00:00): 79, broken", '{"MESSAGE": "NVRM: Xid (PCI', REAL_LINES[4][0],
-             "NVRM: Xid (PCI:0000:2b:00): 31, pid=abc, name=x, y", "completely unrelated line"]
+    lines = [
+        "NVRM: Xid (PCI:zzzz:00:00): 79, broken",
+        '{"MESSAGE": "NVRM: Xid (PCI',
+        REAL_LINES[4][0],
+        "NVRM: Xid (PCI:0000:2b:00): 31, pid=abc, name=x, y",
+        "completely unrelated line",
+    ]
     parser, events = parse(lines)
     assert [e.code for e in events] == [31]
     assert parser.stats.bad_lines == 3
@@ -209,15 +264,51 @@ def test_bad_lines_are_counted_and_skipped():
     assert [n for n, _ in parser.stats.bad_examples] == [1, 2, 4]
 
 
-# -- fuzzing ----------------------------------------------------------------------------------------------------------
-_FRAGMENTS = st.sampled_from(["NVRM: ", "Xid ", "(PCI:", "0000:2b:00", "GPU-I:", ") ", "): ", "79", ", ", "pid=",
-                              "'<unknown>'", "name=", "<unknown>", "SXid", "fallen off the bus", "{", "}", '"MESSAGE"',
-                              ":", "[", "]", "6,1,2,-;", "caused by previous Xid ", "recovery action changed from ",
-                              "0x", " to ", "The NVIDIA GPU ", "\x00", "é", "\ud800"])
+# -- fuzzing
+# ----------------------------------------------------------------------------------------------------------
+_FRAGMENTS = st.sampled_from(
+    [
+        "NVRM: ",
+        "Xid ",
+        "(PCI:",
+        "0000:2b:00",
+        "GPU-I:",
+        ") ",
+        "): ",
+        "79",
+        ", ",
+        "pid=",
+        "'<unknown>'",
+        "name=",
+        "<unknown>",
+        "SXid",
+        "fallen off the bus",
+        "{",
+        "}",
+        '"MESSAGE"',
+        ":",
+        "[",
+        "]",
+        "6,1,2,-;",
+        "caused by previous Xid ",
+        "recovery action changed from ",
+        "0x",
+        " to ",
+        "The NVIDIA GPU ",
+        "\x00",
+        "é",
+        "\ud800",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(st.text(max_size=200), st.lists(_FRAGMENTS, max_size=20).map("".join)), max_size=30))
+@given(
+    st.lists(
+        st.one_of(st.text(max_size=200), st.lists(_FRAGMENTS, max_size=20).map("".join)),
+        max_size=30,
+    )
+)
 def test_fuzz_text_lines_never_raise(lines):
     parser = KernelLogParser(boot_time_ns=0, tz=UTC, now=lambda: NOW)
     events = parser.feed_lines(lines)
@@ -225,13 +316,24 @@ def test_fuzz_text_lines_never_raise(lines):
     assert stats.lines == len(lines)
     assert stats.bad_lines + stats.ignored <= stats.lines
     for event in events:
-        assert event.kind in {"xid", "sxid", "gpu_lost", "ecc_dbe", "remap_pending", "remap_failure",
-                              "retired_page_pending", "recovery_action"}
+        assert event.kind in {
+            "xid",
+            "sxid",
+            "gpu_lost",
+            "ecc_dbe",
+            "remap_pending",
+            "remap_failure",
+            "retired_page_pending",
+            "recovery_action",
+        }
         assert event.pci_bus_id is None or len(event.pci_bus_id) == 16
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(max_size=300), max_size=20), st.integers(min_value=0, max_value=len(REAL_LINES) - 1))
+@given(
+    st.lists(st.binary(max_size=300), max_size=20),
+    st.integers(min_value=0, max_value=len(REAL_LINES) - 1),
+)
 def test_fuzz_bytes_around_a_good_line(garbage, which):
     line = REAL_LINES[which][0]
     parser = KernelLogParser(tz=UTC, now=lambda: NOW)
@@ -240,8 +342,11 @@ def test_fuzz_bytes_around_a_good_line(garbage, which):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(min_value=0, max_value=len(REAL_LINES) - 1), st.integers(min_value=0, max_value=200),
-       st.text(max_size=5))
+@given(
+    st.integers(min_value=0, max_value=len(REAL_LINES) - 1),
+    st.integers(min_value=0, max_value=200),
+    st.text(max_size=5),
+)
 def test_fuzz_mutated_xid_lines(which, position, insert):
     line = REAL_LINES[which][0]
     position = min(position, len(line))
@@ -250,18 +355,26 @@ def test_fuzz_mutated_xid_lines(which, position, insert):
     assert parser.stats.lines == 2
 
 
-# -- the source -------------------------------------------------------------------------------------------------------
+# -- the source
+# -------------------------------------------------------------------------------------------------------
 def test_file_source_follows_appends_and_truncation(tmp_path):
     log_file = tmp_path / "kern.log"
     log_file.write_text("old line before the agent\n" + REAL_LINES[3][0] + "\n")
     devices = [GpuDevice(index=4, uuid="GPU-1234", pci_bus_id="00000000:2B:00.0")]
-    source = KmsgSource(NodeIdentity("node-1"), log_file, devices=devices, clock_ns=lambda: 1_796_000_000 * 10**9)
+    source = KmsgSource(
+        NodeIdentity("node-1"), log_file, devices=devices, clock_ns=lambda: 1_796_000_000 * 10**9
+    )
     assert source.poll() == {}  # starts at the end by default
     with log_file.open("a") as handle:
-        handle.write(REAL_LINES[0][0] + "\n" + REAL_LINES[4][0][:30])  # a partial line is kept for later
+        # a partial line is kept for later
+        handle.write(REAL_LINES[0][0] + "\n" + REAL_LINES[4][0][:30])
     rows = source.poll()["gpu_events"].to_pylist()
-    assert [(r["kind"], r["code"], r["gpu_index"], r["gpu_uuid"], r["source"], r["node"]) for r in rows] == [
-        ("xid", 79, 4, "GPU-1234", "kmsg", "node-1"), ("gpu_lost", None, 4, "GPU-1234", "kmsg", "node-1")]
+    assert [
+        (r["kind"], r["code"], r["gpu_index"], r["gpu_uuid"], r["source"], r["node"]) for r in rows
+    ] == [
+        ("xid", 79, 4, "GPU-1234", "kmsg", "node-1"),
+        ("gpu_lost", None, 4, "GPU-1234", "kmsg", "node-1"),
+    ]
     with log_file.open("a") as handle:
         handle.write(REAL_LINES[4][0][30:] + "\n")
     assert source.poll()["gpu_events"].column("code").to_pylist() == [31]
@@ -277,7 +390,16 @@ def test_file_source_from_start_and_missing_file(tmp_path, caplog):
     path = DATA_DIR / "gpu" / "node-kern.log"
     source = KmsgSource(NodeIdentity("n"), path, from_start=True, tz=UTC)
     kinds = source.poll()["gpu_events"].column("kind").to_pylist()
-    assert kinds == ["xid", "ecc_dbe", "xid", "remap_pending", "xid", "recovery_action", "xid", "gpu_lost"]
+    assert kinds == [
+        "xid",
+        "ecc_dbe",
+        "xid",
+        "remap_pending",
+        "xid",
+        "recovery_action",
+        "xid",
+        "gpu_lost",
+    ]
 
 
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="/dev/kmsg is not readable here")
@@ -301,32 +423,41 @@ def test_read_kernel_log_file_errors(tmp_path):
         read_kernel_log(binary, NodeIdentity("n"))
     bad = tmp_path / "bad.json"
     bad.write_text('{"MESSAGE": "NVRM: Xid (PCI\n{"MESSAGE": 12, "x": "NVRM"}\n')
-    with pytest.raises(KernelLogFileError, match=r"bad\.json: no GPU event could be read: 2 bad line\(s\), first at "
+    with pytest.raises(KernelLogFileError, match=r"bad\.json: no GPU event could be read: 2 bad "
+                                                 r"line\(s\), first at "
                                                  r"line 1: not a JSON object"):
         read_kernel_log(bad, NodeIdentity("n"))
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", *args], cwd=REPO_ROOT,
-                          capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "faultlens.controller.cli.main", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
+    )
 
 
 def test_cli_ingest_kmsg_then_query_the_store(store_dir, tmp_path):
     log_file = tmp_path / "kern.log"
-    log_file.write_text((DATA_DIR / "gpu" / "node-kern.log").read_text() + "NVRM: Xid (PCI:zz): 1, x\n")
+    log_file.write_text((DATA_DIR / "gpu" / "node-kern.log").read_text() + "NVRM: Xid (PCI:zz): 1, "
+                                                                           "x\n")
     result = _cli("ingest", "kmsg", str(log_file), "--store", str(store_dir), "--utc")
     assert result.returncode == 0, result.stderr
     assert "8 GPU events" in result.stdout
     assert "skipped 1 bad line(s), first at line 15" in result.stderr
-    rows = Store(store_dir).query("SELECT node, kind, code, pci_bus_id, gpu_uuid, pid, process_name, ts "
+    rows = Store(store_dir).query("SELECT node, kind, code, pci_bus_id, gpu_uuid, pid, "
+                                  "process_name, ts "
                                   "FROM gpu_events ORDER BY ts, kind").to_pylist()
     assert {r["node"] for r in rows} == {"gpu-node-07"}
     lost = next(r for r in rows if r["code"] == 79)
     assert lost["pci_bus_id"] == "00000000:5D:00.0"
     assert lost["gpu_uuid"] == "GPU-19ab5f62-e3c7-4d08-a54b-6f2c8e0d7b04"
     today = dt.datetime.now(UTC)
-    year = today.year if (today.month, today.day) >= (11, 30) else today.year - 1  # syslog lines carry no year
+    # syslog lines carry no year
+    year = today.year if (today.month, today.day) >= (11, 30) else today.year - 1
     assert lost["ts"] == dt.datetime(year, 11, 30, 11, 56, 3, tzinfo=UTC)
     remap = next(r for r in rows if r["code"] == 63)
     assert (remap["pid"], remap["process_name"]) == (48213, "pt_main_thread")

@@ -1,10 +1,11 @@
-"""Issue 11, the engine's judgment, on real torch jobs (DDP over gloo under real torchrun agents, one per simulated
-node, tests/torch_jobs/live_jobs.py) and their real store rows: each test is one bullet of "What was seen".
+"""Issue 11, the engine's judgment, on real torch jobs (DDP over gloo under real torchrun agents,
+one per simulated node, tests/torch_jobs/live_jobs.py) and their real store rows: each test is one
+bullet of "What was seen".
 
-The live engine's view at a moment T is rebuilt from the store as it was then: the segments that had landed by T
-(their files appear by an atomic rename, so a segment's mtime is when a live reader could first see it), judged
-at T. Moments are chosen from the data (never from how fast the machine ran), so the tests do not depend on
-timing.
+The live engine's view at a moment T is rebuilt from the store as it was then: the segments that had
+landed by T (their files appear by an atomic rename, so a segment's mtime is when a live reader
+could first see it), judged at T. Moments are chosen from the data (never from how fast the machine
+ran), so the tests do not depend on timing.
 """
 
 from __future__ import annotations
@@ -33,11 +34,21 @@ from faultlens.attribution.rules import load_thresholds
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[1]
-HASHED = ("tests/torch_jobs/train_live.py", "tests/torch_jobs/live_jobs.py", "collectors/training/step_timer.py",
-          "collectors/training/timer_model.py", "collectors/training/timer_writer.py",
-          "collectors/training/heartbeat.py", "collectors/store/schema.py",
-          *sorted(str(p.relative_to(REPO)) for p in (REPO / "collectors/sources/process_events").glob("*.py")),
-          "collectors/store/sink.py", "tests/test_live_judgment.py")  # the job specs are in this file
+HASHED = (
+    "tests/torch_jobs/train_live.py",
+    "tests/torch_jobs/live_jobs.py",
+    "collectors/training/step_timer.py",
+    "collectors/training/timer_model.py",
+    "collectors/training/timer_writer.py",
+    "collectors/training/heartbeat.py",
+    "collectors/store/schema.py",
+    *sorted(
+        str(p.relative_to(REPO)) for p in (REPO / "collectors/sources/process_events").glob("*.py")
+    ),
+    # the job specs are in this file
+    "collectors/store/sink.py",
+    "tests/test_live_judgment.py",
+)
 
 
 def _key() -> str:
@@ -49,7 +60,9 @@ def _key() -> str:
 
 def _running_past_agent_death(heartbeat_step: Callable[[Any], int], step: int,
                                seconds: float) -> Callable[[list[Any]], bool]:
-    """stop_at for the agent-loss run: node-1's workers past `step`, `seconds` after its agent was seen dead."""
+    """stop_at for the agent-loss run: node-1's workers past `step`, `seconds` after its agent was
+    seen dead.
+    """
     seen_dead: list[float] = []
 
     def stop(agents: list[Any]) -> bool:
@@ -63,59 +76,125 @@ def _running_past_agent_death(heartbeat_step: Callable[[Any], int], step: int,
 
 
 def _generate(root: Path) -> dict:
-    """Two jobs at a time (each is a handful of processes that mostly wait), the two attempts of one job in order."""
+    """Two jobs at a time (each is a handful of processes that mostly wait), the two attempts of one
+    job in order.
+    """
     import concurrent.futures
 
     from tests.torch_jobs.live_jobs import heartbeat_step, kill_node_at, run_job
 
     fast = {"FAULTLENS_LIVE_STEP_S": "0.03"}
     jobs: dict[str, list[dict]] = {
-        # a healthy job: flushes its step rows every 4 s, tears down for 3 s with no step open, exits 0
-        "healthy": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
-                         env={"FAULTLENS_LIVE_STEPS": "150", "FAULTLENS_LIVE_FLUSH_S": "4",
-                              "FAULTLENS_LIVE_TEARDOWN_S": "3", "FAULTLENS_LIVE_STEP_S": "0.05"})],
-        # global rank 3 SIGSEGVs inside step 20 in every attempt; the second attempt runs it on another node
-        "sigsegv": [dict(attempt=attempt, scenario="sigsegv", nodes=nodes, nproc=2,
-                         env={"FAULTLENS_LIVE_STEPS": "40", "FAULTLENS_LIVE_AT": "20", "FAULTLENS_LIVE_RANK": "3",
-                              "FAULTLENS_LIVE_FLUSH_S": "2", **fast})
-                    for attempt, nodes in ((0, ["node-0", "node-1"]), (1, ["node-0", "node-2"]))],
+        # a healthy job: flushes its step rows every 4 s, tears down for 3 s with no step open,
+        # exits 0
+        "healthy": [
+            dict(
+                attempt=0,
+                scenario="healthy",
+                nodes=["node-0", "node-1"],
+                nproc=2,
+                env={
+                    "FAULTLENS_LIVE_STEPS": "150",
+                    "FAULTLENS_LIVE_FLUSH_S": "4",
+                    "FAULTLENS_LIVE_TEARDOWN_S": "3",
+                    "FAULTLENS_LIVE_STEP_S": "0.05",
+                },
+            )
+        ],
+        # global rank 3 SIGSEGVs inside step 20 in every attempt; the second attempt runs it on
+        # another node
+        "sigsegv": [
+            dict(
+                attempt=attempt,
+                scenario="sigsegv",
+                nodes=nodes,
+                nproc=2,
+                env={
+                    "FAULTLENS_LIVE_STEPS": "40",
+                    "FAULTLENS_LIVE_AT": "20",
+                    "FAULTLENS_LIVE_RANK": "3",
+                    "FAULTLENS_LIVE_FLUSH_S": "2",
+                    **fast,
+                },
+            )
+            for attempt, nodes in ((0, ["node-0", "node-1"]), (1, ["node-0", "node-2"]))
+        ],
         # loss NaN from step 12 on every rank
-        "nan": [dict(attempt=0, scenario="nan", nodes=["node-0", "node-1"], nproc=2,
-                     env={"FAULTLENS_LIVE_STEPS": "20", "FAULTLENS_LIVE_AT": "12", **fast})],
+        "nan": [
+            dict(
+                attempt=0,
+                scenario="nan",
+                nodes=["node-0", "node-1"],
+                nproc=2,
+                env={"FAULTLENS_LIVE_STEPS": "20", "FAULTLENS_LIVE_AT": "12", **fast},
+            )
+        ],
         # node loss: node-1's agent and workers SIGKILLed together at step 15
-        "nodeloss": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
-                          env={"FAULTLENS_LIVE_STEPS": "2000", **fast}, kill=kill_node_at("node-1", 15))],
-        # node loss in pieces: node-1's agent and its first worker SIGKILLed; its other worker echoes the lost
-        # peer on its way down, and no agent is left to report how it ended
-        "nodeloss-echo": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
-                               env={"FAULTLENS_LIVE_STEPS": "2000", **fast},
-                               kill=kill_node_at("node-1", 15, workers=1))],
-        # agent loss: only node-1's agent is SIGKILLed at step 15; its workers train on until the test
-        # supervisor stops the attempt (signal_sent rows first) once they reached step 40 and ran 3 s past the
-        # agent's death as the runner saw it (25 steps of 0.03 s alone are under the 1 s the rule looks past it,
-        # and under load the runner notices the death late)
-        "agentloss": [dict(attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2,
-                           env={"FAULTLENS_LIVE_STEPS": "2000", **fast},
-                           kill=kill_node_at("node-1", 15, agent_only=True),
-                           stop_at=_running_past_agent_death(heartbeat_step, step=40, seconds=3.0))],
+        "nodeloss": [
+            dict(
+                attempt=0,
+                scenario="healthy",
+                nodes=["node-0", "node-1"],
+                nproc=2,
+                env={"FAULTLENS_LIVE_STEPS": "2000", **fast},
+                kill=kill_node_at("node-1", 15),
+            )
+        ],
+        # node loss in pieces: node-1's agent and its first worker SIGKILLed; its other worker
+        # echoes the lost peer on its way down, and no agent is left to report how it ended
+        "nodeloss-echo": [
+            dict(
+                attempt=0,
+                scenario="healthy",
+                nodes=["node-0", "node-1"],
+                nproc=2,
+                env={"FAULTLENS_LIVE_STEPS": "2000", **fast},
+                kill=kill_node_at("node-1", 15, workers=1),
+            )
+        ],
+        # agent loss: only node-1's agent is SIGKILLed at step 15; its workers train on until the
+        # test supervisor stops the attempt (signal_sent rows first) once they reached step 40 and
+        # ran 3 s past the agent's death as the runner saw it (25 steps of 0.03 s alone are under
+        # the 1 s the rule looks past it, and under load the runner notices the death late)
+        "agentloss": [
+            dict(
+                attempt=0,
+                scenario="healthy",
+                nodes=["node-0", "node-1"],
+                nproc=2,
+                env={"FAULTLENS_LIVE_STEPS": "2000", **fast},
+                kill=kill_node_at("node-1", 15, agent_only=True),
+                stop_at=_running_past_agent_death(heartbeat_step, step=40, seconds=3.0),
+            )
+        ],
     }
 
     def run(name: str) -> list[dict]:
         done = []
         for spec in jobs[name]:
             result = run_job(root / name / "store", root / name / "work", job_id=name, **spec)  # type: ignore[arg-type]
-            done.append({"attempt": result.attempt, "exit_codes": result.exit_codes, "events": result.events})
+            done.append(
+                {
+                    "attempt": result.attempt,
+                    "exit_codes": result.exit_codes,
+                    "events": result.events,
+                }
+            )
         return done
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run, name)
-                   for name in ("sigsegv", "healthy", "nodeloss", "nodeloss-echo", "agentloss", "nan")}
+        futures = {
+            name: pool.submit(run, name)
+            for name in ("sigsegv", "healthy", "nodeloss", "nodeloss-echo", "agentloss", "nan")
+        }
         return {name: future.result() for name, future in futures.items()}
 
 
 @pytest.fixture(scope="session")
 def live_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The runs above, generated once per code version ($FAULTLENS_LIVE_ARTIFACTS keeps them across sessions)."""
+    """The runs above, generated once per code version ($FAULTLENS_LIVE_ARTIFACTS keeps them across
+    sessions).
+    """
     configured = os.environ.get("FAULTLENS_LIVE_ARTIFACTS")
     base = Path(configured) if configured else tmp_path_factory.getbasetemp() / "live-runs"
     base.mkdir(parents=True, exist_ok=True)
@@ -160,8 +239,9 @@ def _judge(store: Path, at: dt.datetime, out: Path, engine: Engine) -> list:
 
 
 def test_a_long_flush_interval_is_not_a_stall(live_runs: Path, tmp_path: Path) -> None:
-    """Step rows land every 4 s, the floor is 1.5 s: at a moment when the newest visible step row is older than the
-    floor plus a second while the heartbeats show the job stepping, no hang is raised (before: a hang)."""
+    """Step rows land every 4 s, the floor is 1.5 s: at a moment when the newest visible step row is
+    older than the floor plus a second while the heartbeats show the job stepping, no hang is raised
+    (before: a hang)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -171,7 +251,8 @@ def test_a_long_flush_interval_is_not_a_stall(live_runs: Path, tmp_path: Path) -
                 for p in (store / "steps").rglob("*.parquet")]
     with Store(store) as reader:
         last = reader.query("SELECT max(end_ts) AS t FROM steps").to_pylist()[0]["t"]
-        beats = reader.query("SELECT ts, step_ts FROM heartbeats WHERE step_ts IS NOT NULL ORDER BY ts").to_pylist()
+        beats = reader.query("SELECT ts, step_ts FROM heartbeats WHERE step_ts IS NOT NULL ORDER "
+                             "BY ts").to_pylist()
     moments = []
     for beat in beats:  # candidate moments: just after a heartbeat showed a fresh step completion
         at = beat["ts"] + dt.timedelta(milliseconds=300)
@@ -180,20 +261,27 @@ def test_a_long_flush_interval_is_not_a_stall(live_runs: Path, tmp_path: Path) -
         visible = [end for landed, end in segments if landed <= at and end is not None]
         if visible and at - max(visible) >= dt.timedelta(seconds=FAST["floor_s"] + 1.0):
             moments.append(at)
-    assert moments, "the run never had stale step rows while stepping: it did not exercise the flush interval"
+    assert moments, (
+        "the run never had stale step rows while stepping: it did not exercise the flush interval"
+    )
     engine = Engine(thresholds=_thresholds(**FAST))
     for i, at in enumerate(moments[:: max(1, len(moments) // 3)][:3]):
         found = _judge(store, at, tmp_path / f"view-{i}", engine)
-        assert not [f for f in found if f.incident_class == IncidentClass.COLLECTIVE_HANG], (at, found)
+        assert not [f for f in found if f.incident_class == IncidentClass.COLLECTIVE_HANG], (
+            at,
+            found,
+        )
 
 
 def test_teardown_after_the_last_step_is_not_a_hang(live_runs: Path, tmp_path: Path) -> None:
-    """Two seconds into a 3 s teardown (no rank inside a step, nobody exited yet) the job is not hung (before: a
-    hang with no culprit); the finished job as a whole has no incident at all."""
+    """Two seconds into a 3 s teardown (no rank inside a step, nobody exited yet) the job is not
+    hung (before: a hang with no culprit); the finished job as a whole has no incident at all."""
     store = live_runs / "healthy" / "store"
     with Store(store) as reader:
         last = reader.query("SELECT max(end_ts) AS t FROM steps").to_pylist()[0]["t"]
-        exits = reader.query("SELECT min(ts) AS t FROM process_events WHERE kind = 'agent_exit'").to_pylist()[0]["t"]
+        exits = reader.query(
+            "SELECT min(ts) AS t FROM process_events WHERE kind = 'agent_exit'"
+        ).to_pylist()[0]["t"]
     at = last + dt.timedelta(seconds=2.0)
     assert exits is None or exits > at
     found = _judge(store, at, tmp_path / "view", Engine(thresholds=_thresholds(**FAST)))
@@ -205,7 +293,8 @@ def test_teardown_after_the_last_step_is_not_a_hang(live_runs: Path, tmp_path: P
 
 
 def _decide_in_order(store: Path, incidents: list) -> list:
-    """The policy's decisions, in order, each with the store's history as it was when it was made."""
+    """The policy's decisions, in order, each with the store's history as it was when it was made.
+    """
     from faultlens.controller.delivery import Deliverer
 
     policy = DecisionPolicy(history=StoreHistory(Store(store)))
@@ -219,8 +308,9 @@ def _decide_in_order(store: Path, incidents: list) -> list:
     return decisions
 
 
-def test_a_signal_death_that_follows_the_rank_is_escalated_at_its_second_occurrence(live_runs: Path,
-                                                                                     tmp_path: Path) -> None:
+def test_a_signal_death_that_follows_the_rank_is_escalated_at_its_second_occurrence(
+    live_runs: Path, tmp_path: Path
+) -> None:
     store = tmp_path / "store"
     shutil.copytree(live_runs / "sigsegv" / "store", store)
     incidents = sorted(attribute(store), key=lambda i: i.attempt)
@@ -239,21 +329,26 @@ def test_a_signal_death_that_follows_the_rank_is_escalated_at_its_second_occurre
 # ------------------------------------------------------------------ node loss and agent loss
 
 
-#: a node loss as CI once saw it: rank 3 of node-1 echoed rank 2's death between the two SIGKILLs (README there)
+#: a node loss as CI once saw it: rank 3 of node-1 echoed rank 2's death between the two SIGKILLs
+#: (README there)
 ECHO_RACE = REPO / "tests" / "data" / "live-nodeloss-echo-race" / "store"
 STEP_AFTER_ECHO = REPO / "tests" / "data" / "live-nodeloss-step-after-echo" / "store"
-KEPT = {"echo-race": ECHO_RACE, "step-after-echo": STEP_AFTER_ECHO}  # CI stores kept unedited (their READMEs)
+# CI stores kept unedited (their READMEs)
+KEPT = {"echo-race": ECHO_RACE, "step-after-echo": STEP_AFTER_ECHO}
 NODE_LOSSES = ["nodeloss", "nodeloss-echo", "echo-race", "step-after-echo"]
 
 
 def _node_loss_store(live_runs: Path, name: str) -> Path:
-    """The store of a node-1 loss: the live run `name`, or the CI store kept in tests/data; for the two with an
-    echo, checked to hold one (a node-1 rank's comm_error), so the case is really exercised."""
+    """The store of a node-1 loss: the live run `name`, or the CI store kept in tests/data; for the
+    two with an echo, checked to hold one (a node-1 rank's comm_error), so the case is really
+    exercised."""
     store = KEPT[name] if name in KEPT else live_runs / name / "store"
     if name != "nodeloss":
         with Store(store) as reader:
-            echoes = reader.query("SELECT count(*) AS n FROM process_events WHERE node = 'node-1' "
-                                  "AND kind = 'comm_error' AND rank IS NOT NULL").to_pylist()[0]["n"]
+            echoes = reader.query(
+                "SELECT count(*) AS n FROM process_events WHERE node = 'node-1' "
+                "AND kind = 'comm_error' AND rank IS NOT NULL"
+            ).to_pylist()[0]["n"]
         assert echoes, f"{name}: no rank of node-1 echoed its node-mate's loss"
     return store
 
@@ -273,20 +368,23 @@ def test_node_loss_is_a_host_crash_of_that_node(live_runs: Path, name: str) -> N
 
 @pytest.mark.parametrize("name", NODE_LOSSES)
 def test_node_loss_without_an_agent_report_still_names_the_node(live_runs: Path, name: str) -> None:
-    """No supervisor rows at all (a cluster without one): every rank of node-1 fell silent (or only echoed its
-    node-mate's loss and left no exit) while node-0's ranks lost contact."""
+    """No supervisor rows at all (a cluster without one): every rank of node-1 fell silent (or only
+    echoed its node-mate's loss and left no exit) while node-0's ranks lost contact."""
     with Store(_node_loss_store(live_runs, name)) as reader:
         telemetry = load_from_store(reader)
     events = telemetry.process_events
     telemetry.process_events = events[events["source"] != "supervisor"].reset_index(drop=True)
     now = dt.datetime.now(dt.UTC)
     incidents = Engine().run(telemetry, now, telemetry.as_of)
-    assert [(i.cause, i.culprit_nodes, i.culprit_ranks) for i in incidents] == [(Cause.HOST, ("node-1",), (2, 3))], \
-        incidents
+    assert [(i.cause, i.culprit_nodes, i.culprit_ranks) for i in incidents] == [
+        (Cause.HOST, ("node-1",), (2, 3))
+    ], incidents
     assert DecisionPolicy().decide(incidents[0]).action == Action.FAILOVER
 
 
-def test_agent_loss_names_the_node_and_the_supervisors_teardown_is_no_crash(live_runs: Path) -> None:
+def test_agent_loss_names_the_node_and_the_supervisors_teardown_is_no_crash(
+    live_runs: Path,
+) -> None:
     store = live_runs / "agentloss" / "store"
     incidents = attribute(store)
     assert len(incidents) == 1, incidents
@@ -299,7 +397,9 @@ def test_agent_loss_names_the_node_and_the_supervisors_teardown_is_no_crash(live
 # ------------------------------------------------------------------ NaN loss
 
 
-def test_nan_loss_is_data_corruption_restored_from_before_the_first_bad_step(live_runs: Path) -> None:
+def test_nan_loss_is_data_corruption_restored_from_before_the_first_bad_step(
+    live_runs: Path,
+) -> None:
     incidents = attribute(live_runs / "nan" / "store")
     assert len(incidents) == 1, incidents
     incident = incidents[0]
@@ -310,7 +410,11 @@ def test_nan_loss_is_data_corruption_restored_from_before_the_first_bad_step(liv
 
     def newest_before(request: RestoreRequest) -> Restore | None:
         requests.append(request)
-        return Restore("durable", 10) if request.before_step is not None and request.before_step > 10 else None
+        return (
+            Restore("durable", 10)
+            if request.before_step is not None and request.before_step > 10
+            else None
+        )
 
     decision = DecisionPolicy(restore_chooser=newest_before).decide(incident)
     # a rollback: no node left out, the newest checkpoint from before the first bad step

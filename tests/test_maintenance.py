@@ -15,15 +15,24 @@ from faultlens.collectors.store.sink import SegmentSink
 BASE = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
 
 
-def _write_small_segments(store_dir, segments: int, rows_per: int, job: str = "j", nodes: int = 4) -> int:
+def _write_small_segments(
+    store_dir, segments: int, rows_per: int, job: str = "j", nodes: int = 4
+) -> int:
     ts_type = TABLES["steps"].field("ts").type
     with SegmentSink(store_dir, flush_rows=rows_per) as sink:
         for s in range(segments):
             ids = list(range(s * rows_per, (s + 1) * rows_per))
-            sink.write("steps", pa.table({
-                "ts": pa.array([BASE + dt.timedelta(seconds=i) for i in ids], ts_type),
-                "node": pa.array([f"n{(i // rows_per) % nodes}" for i in ids]), "job_id": pa.array([job] * len(ids)),
-                "step": pa.array(ids, pa.int64())}))
+            sink.write(
+                "steps",
+                pa.table(
+                    {
+                        "ts": pa.array([BASE + dt.timedelta(seconds=i) for i in ids], ts_type),
+                        "node": pa.array([f"n{(i // rows_per) % nodes}" for i in ids]),
+                        "job_id": pa.array([job] * len(ids)),
+                        "step": pa.array(ids, pa.int64()),
+                    }
+                ),
+            )
     return segments * rows_per
 
 
@@ -40,14 +49,17 @@ def test_compaction_under_a_concurrent_reader(store_dir):
             with Store(store_dir) as store:
                 while not stop.is_set():
                     store.refresh(["steps"])
-                    row = store.query("SELECT count(*) AS n, count(DISTINCT step) AS d FROM steps").to_pylist()[0]
+                    row = store.query(
+                        "SELECT count(*) AS n, count(DISTINCT step) AS d FROM steps"
+                    ).to_pylist()[0]
                     observations.append((row["n"], row["d"]))
         except Exception as exc:  # surfaced in the test thread below
             errors.append(repr(exc))
 
     def paced_clock() -> float:
-        """compact() asks the time as it starts each partition: it starts one only after the reader finished one
-        more query, so the reads interleave with the compaction however loaded the machine is."""
+        """compact() asks the time as it starts each partition: it starts one only after the reader
+        finished one more query, so the reads interleave with the compaction however loaded the
+        machine is."""
         target = len(observations) + 1
         deadline = time.monotonic() + 60
         while len(observations) < target and not errors and time.monotonic() < deadline:
@@ -62,13 +74,22 @@ def test_compaction_under_a_concurrent_reader(store_dir):
         stop.set()
         thread.join(timeout=60)
     assert not errors, errors[0]
-    assert {r.partition.rsplit("/", 1)[-1] for r in results} == {"node=n0", "node=n1", "node=n2", "node=n3"}
+    assert {r.partition.rsplit("/", 1)[-1] for r in results} == {
+        "node=n0",
+        "node=n1",
+        "node=n2",
+        "node=n3",
+    }
     assert sum(r.segments_in for r in results) == segments_before
-    assert len(observations) >= 2, f"the reader ran only {len(observations)} times during compaction"
+    assert len(observations) >= 2, (
+        f"the reader ran only {len(observations)} times during compaction"
+    )
     assert all(obs == (total, total) for obs in observations), set(observations)
     assert len(list(store_dir.rglob("*.parquet"))) == 4
     with Store(store_dir) as store:
-        assert store.query("SELECT count(DISTINCT step) AS d FROM steps").to_pylist() == [{"d": total}]
+        assert store.query("SELECT count(DISTINCT step) AS d FROM steps").to_pylist() == [
+            {"d": total}
+        ]
     # compacting again with new small segments merges the compacted one too
     _write_small_segments(store_dir, segments=2, rows_per=10, job="j")
     compact(store_dir, ["steps"])
@@ -85,8 +106,9 @@ def test_reader_drops_segments_a_compacted_one_replaces(store_dir):
     for path, data in saved.items():  # put the sources back, as if deletion never happened
         path.write_bytes(data)
     with Store(store_dir) as store:
-        assert store.query("SELECT count(*) AS n, count(DISTINCT step) AS d FROM steps").to_pylist() == [
-            {"n": 15, "d": 15}]
+        assert store.query(
+            "SELECT count(*) AS n, count(DISTINCT step) AS d FROM steps"
+        ).to_pylist() == [{"n": 15, "d": 15}]
     compact(store_dir, ["steps"])  # the next compaction removes the leftovers
     assert not any(p.exists() for p in saved)
 
@@ -95,8 +117,16 @@ def test_retention_removes_only_old_partitions(store_dir):
     ts_type = TABLES["gpu_events"].field("ts").type
     with SegmentSink(store_dir) as sink:
         for days_ago in (0, 5, 40):
-            sink.write("gpu_events", pa.table({
-                "ts": pa.array([BASE - dt.timedelta(days=days_ago)], ts_type), "node": ["n1"], "kind": ["xid"]}))
+            sink.write(
+                "gpu_events",
+                pa.table(
+                    {
+                        "ts": pa.array([BASE - dt.timedelta(days=days_ago)], ts_type),
+                        "node": ["n1"],
+                        "kind": ["xid"],
+                    }
+                ),
+            )
     removed = retention(store_dir, 30, today=BASE.date())
     assert [r.partition.split("date=")[1].split("/")[0] for r in removed] == ["2026-10-21"]
     with Store(store_dir) as store:

@@ -1,5 +1,5 @@
-"""The NVML source over the recorded backend (stepped clock), the real pynvml backend's error mapping and API use,
-health deltas, and timeline validation."""
+"""The NVML source over the recorded backend (stepped clock), the real pynvml backend's error
+mapping and API use, health deltas, and timeline validation."""
 
 from __future__ import annotations
 
@@ -13,11 +13,21 @@ import pynvml
 import pytest
 import yaml
 
-from faultlens.collectors.sources.gpu_backend import SAMPLE_COLUMNS, GpuBackend, GpuDevice, GpuLostError, GpuReading
+from faultlens.collectors.sources.gpu_backend import (
+    SAMPLE_COLUMNS,
+    GpuBackend,
+    GpuDevice,
+    GpuLostError,
+    GpuReading,
+)
 from faultlens.collectors.sources.gpu_deltas import sample_changes
 from faultlens.collectors.sources.nvml_backend import NvmlBackend, field_value
 from faultlens.collectors.sources.nvml_source import NvmlSource
-from faultlens.collectors.sources.recorded_backend import RecordedBackend, RecordedTimelineError, load_timeline
+from faultlens.collectors.sources.recorded_backend import (
+    RecordedBackend,
+    RecordedTimelineError,
+    load_timeline,
+)
 from faultlens.collectors.sources.source import NodeIdentity
 from tests.conftest import DATA_DIR, REPO_ROOT
 
@@ -57,14 +67,20 @@ def test_recorded_timeline_through_the_source():
     samples = first["gpu_samples"].to_pylist()
     assert [s["gpu_index"] for s in samples] == list(range(8))
     assert {s["source"] for s in samples} == {"recorded"}
-    assert samples[3]["pci_bus_id"] == "00000000:5D:00.0" and samples[3]["gpu_uuid"].startswith("GPU-19ab5f62")
+    assert samples[3]["pci_bus_id"] == "00000000:5D:00.0" and samples[3]["gpu_uuid"].startswith(
+        "GPU-19ab5f62"
+    )
     assert samples[0]["retired_pages_sbe"] is None  # NOT_SUPPORTED on Hopper -> null
     assert samples[0]["job_id"] == "job-1" and samples[0]["node"] == "gpu-node-07"
     assert kinds(first) == []
     clock.t = 0.6
     assert kinds(source.poll()) == [(6, "thermal_slowdown_start", None)]
     clock.t = 1.2
-    assert kinds(source.poll()) == [(5, "ecc_dbe", None), (5, "remap_pending", None), (5, "recovery_action", 1)]
+    assert kinds(source.poll()) == [
+        (5, "ecc_dbe", None),
+        (5, "remap_pending", None),
+        (5, "recovery_action", 1),
+    ]
     clock.t = 1.6
     result = source.poll()
     assert kinds(result) == [(3, "gpu_lost", None)]
@@ -90,7 +106,11 @@ def test_event_thread_delivers_xids_without_duplicating_the_recovery_action():
             break
         time.sleep(0.05)
     source.close()
-    assert [k for k in collected if k[1] == "xid"] == [(5, "xid", 48), (5, "xid", 63), (5, "xid", 154)]
+    assert [k for k in collected if k[1] == "xid"] == [
+        (5, "xid", 48),
+        (5, "xid", 63),
+        (5, "xid", 154),
+    ]
     assert [k for k in collected if k[1] == "recovery_action"] == [(5, "recovery_action", 1)]
 
 
@@ -105,7 +125,8 @@ def test_no_gpu_here_says_nvml_unavailable_once(caplog):
     source.close()
 
 
-# -- the real pynvml backend: its error mapping with pynvml's own exceptions and structures --------------------------
+# -- the real pynvml backend: its error mapping with pynvml's own exceptions and structures
+# --------------------------
 def test_not_supported_becomes_none_lost_raises_reset_marks():
     backend = NvmlBackend(pynvml)
     device = GpuDevice(index=2, pci_bus_id="00000000:3A:00.0")
@@ -116,10 +137,15 @@ def test_not_supported_becomes_none_lost_raises_reset_marks():
             raise pynvml.NVMLError(code)
         return query
 
-    assert backend._call(reading, device, "hbm_temp_c", raises(pynvml.NVML_ERROR_NOT_SUPPORTED)) is None
+    assert (
+        backend._call(reading, device, "hbm_temp_c", raises(pynvml.NVML_ERROR_NOT_SUPPORTED))
+        is None
+    )
     assert backend._call(reading, device, "x", raises(pynvml.NVML_ERROR_NO_PERMISSION)) is None
     assert reading.errors == [] and not reading.reset_required
-    assert backend._call(reading, device, "temp_c", raises(pynvml.NVML_ERROR_RESET_REQUIRED)) is None
+    assert (
+        backend._call(reading, device, "temp_c", raises(pynvml.NVML_ERROR_RESET_REQUIRED)) is None
+    )
     assert reading.reset_required
     assert backend._call(reading, device, "power_w", raises(pynvml.NVML_ERROR_UNKNOWN)) is None
     assert reading.errors == ["power_w: Unknown Error"]
@@ -149,10 +175,12 @@ def test_every_pynvml_name_the_backend_uses_exists():
                      for name in ("nvml_backend.py", "nvml_sampling.py"))
     names = set(re.findall(r"\bnvml\.(\w+)", source)) | set(re.findall(r'fn\("(\w+)"\)', source))
     names |= set(re.findall(r'"(NVML_\w+)"', source))
-    optional = {"nvmlDeviceGetCurrentClocksThrottleReasons"}  # fallback for old bindings, removed in CUDA 14
+    # fallback for old bindings, removed in CUDA 14
+    optional = {"nvmlDeviceGetCurrentClocksThrottleReasons"}
     missing = sorted(name for name in names - optional if not hasattr(pynvml, name))
     assert names and missing == []
-    assert hasattr(pynvml, "nvmlEventTypeGpuRecoveryAction")  # 13.x: the recovery-action event is registered
+    # 13.x: the recovery-action event is registered
+    assert hasattr(pynvml, "nvmlEventTypeGpuRecoveryAction")
 
 
 def test_event_device_handles_map_back_to_indexes():
@@ -177,7 +205,8 @@ def test_event_device_handles_map_back_to_indexes():
     assert "Node Reboot Required" in event.message and "MIG GPU-I 3" in event.message
 
 
-# -- deltas -----------------------------------------------------------------------------------------------------------
+# -- deltas
+# -----------------------------------------------------------------------------------------------------------
 def base(**values):
     row = {column: 0 for column in SAMPLE_COLUMNS}
     row.update(remap_pending=False, remap_failure=False, retired_pages_pending=False, temp_c=60.0)
@@ -185,27 +214,53 @@ def base(**values):
     return row
 
 
-@pytest.mark.parametrize(("prev", "cur", "elapsed", "expected"), [
-    (base(clocks_event_reasons=0x40), base(clocks_event_reasons=0), 1.0, ["thermal_slowdown_end"]),
-    (base(), base(clocks_event_reasons=0x80), 1.0, ["power_slowdown_start"]),
-    (base(), base(clocks_event_reasons=0x4), 1.0, []),  # SwPowerCap alone: normal at full load
-    (base(clocks_event_reasons=0x80), base(clocks_event_reasons=0x0), 1.0, ["power_slowdown_end"]),
-    (base(), base(ecc_sbe_volatile=5000), 1.0, ["ecc_sbe_storm"]),
-    (base(), base(ecc_sbe_volatile=10), 1.0, []),
-    (base(), base(nvlink_replay_errors=1), 1.0, ["nvlink_error"]),
-    (base(), base(nvlink_crc_errors=150), 1.0, ["nvlink_error"]),
-    (base(), base(nvlink_crc_errors=150), 10.0, []),
-    (base(), base(pcie_replay_count=7), 1.0, ["pcie_replay"]),
-    (base(), base(remap_failure=True), 1.0, ["remap_failure"]),
-    (base(), base(retired_pages_pending=True), 1.0, ["retired_page_pending"]),
-    (base(ecc_dbe_aggregate=2), base(ecc_dbe_aggregate=2), 1.0, []),
-    (base(ecc_dbe_volatile=None, ecc_dbe_aggregate=1), base(ecc_dbe_volatile=None, ecc_dbe_aggregate=2), 1.0,
-     ["ecc_dbe"]),
-    (base(recovery_action=2), base(recovery_action=0), 1.0, []),
-    (None, base(ecc_dbe_aggregate=9, ecc_sbe_volatile=999999, recovery_action=4, clocks_event_reasons=0x20), None,
-     ["recovery_action", "thermal_slowdown_start"]),
-    (None, base(ecc_dbe_volatile=2), None, ["ecc_dbe"]),
-])
+@pytest.mark.parametrize(
+    ("prev", "cur", "elapsed", "expected"),
+    [
+        (
+            base(clocks_event_reasons=0x40),
+            base(clocks_event_reasons=0),
+            1.0,
+            ["thermal_slowdown_end"],
+        ),
+        (base(), base(clocks_event_reasons=0x80), 1.0, ["power_slowdown_start"]),
+        (base(), base(clocks_event_reasons=0x4), 1.0, []),  # SwPowerCap alone: normal at full load
+        (
+            base(clocks_event_reasons=0x80),
+            base(clocks_event_reasons=0x0),
+            1.0,
+            ["power_slowdown_end"],
+        ),
+        (base(), base(ecc_sbe_volatile=5000), 1.0, ["ecc_sbe_storm"]),
+        (base(), base(ecc_sbe_volatile=10), 1.0, []),
+        (base(), base(nvlink_replay_errors=1), 1.0, ["nvlink_error"]),
+        (base(), base(nvlink_crc_errors=150), 1.0, ["nvlink_error"]),
+        (base(), base(nvlink_crc_errors=150), 10.0, []),
+        (base(), base(pcie_replay_count=7), 1.0, ["pcie_replay"]),
+        (base(), base(remap_failure=True), 1.0, ["remap_failure"]),
+        (base(), base(retired_pages_pending=True), 1.0, ["retired_page_pending"]),
+        (base(ecc_dbe_aggregate=2), base(ecc_dbe_aggregate=2), 1.0, []),
+        (
+            base(ecc_dbe_volatile=None, ecc_dbe_aggregate=1),
+            base(ecc_dbe_volatile=None, ecc_dbe_aggregate=2),
+            1.0,
+            ["ecc_dbe"],
+        ),
+        (base(recovery_action=2), base(recovery_action=0), 1.0, []),
+        (
+            None,
+            base(
+                ecc_dbe_aggregate=9,
+                ecc_sbe_volatile=999999,
+                recovery_action=4,
+                clocks_event_reasons=0x20,
+            ),
+            None,
+            ["recovery_action", "thermal_slowdown_start"],
+        ),
+        (None, base(ecc_dbe_volatile=2), None, ["ecc_dbe"]),
+    ],
+)
 def test_sample_changes(prev, cur, elapsed, expected):
     assert [c.kind for c in sample_changes(prev, cur, elapsed)] == expected
 
@@ -215,7 +270,8 @@ def test_sram_dbe_is_located():
     assert change.message.endswith("in SRAM")
 
 
-# -- timeline validation ----------------------------------------------------------------------------------------------
+# -- timeline validation
+# ----------------------------------------------------------------------------------------------
 def test_timeline_file_is_valid_and_realistic():
     document = load_timeline(TIMELINE)
     assert len(document["gpus"]) == 8
@@ -226,9 +282,12 @@ def test_timeline_file_is_valid_and_realistic():
     (lambda d: d["gpus"][0]["values"].update(temp_c="hot"),
      "gpus[0].values.temp_c: expected a valid number, got 'hot'"),
     (lambda d: d["defaults"].update(fan_rpm=3), "defaults.fan_rpm: unknown key (not allowed here)"),
-    (lambda d: d["timeline"][0].update(gpu=9), "timeline[0].gpu: expected one of the GPU indexes [0, 1, 2, 3, 4, "),
-    (lambda d: d["timeline"][1]["event"].update(kind="meltdown"), "timeline[1].event.kind: expected one of "),
-    (lambda d: d["gpus"][1].update(pci_bus_id="nowhere"), "gpus[1].pci_bus_id: expected a PCI address"),
+    (lambda d: d["timeline"][0].update(gpu=9), "timeline[0].gpu: expected one of the GPU indexes "
+                                               "[0, 1, 2, 3, 4, "),
+    (lambda d: d["timeline"][1]["event"].update(kind="meltdown"), "timeline[1].event.kind: "
+                                                                  "expected one of "),
+    (lambda d: d["gpus"][1].update(pci_bus_id="nowhere"), "gpus[1].pci_bus_id: expected a PCI "
+                                                          "address"),
     (lambda d: d.update(format_version=7), "format_version: expected 1, got 7"),
 ])
 def test_bad_timeline_names_file_key_and_expectation(tmp_path, mutate, expected):
@@ -245,5 +304,7 @@ def test_bad_timeline_names_file_key_and_expectation(tmp_path, mutate, expected)
 def test_timeline_not_yaml(tmp_path):
     path = Path(tmp_path / "t.yaml")
     path.write_text("gpus: [\n")
-    with pytest.raises(RecordedTimelineError, match=r"t\.yaml: line \d+, column \d+: not valid YAML"):
+    with pytest.raises(
+        RecordedTimelineError, match=r"t\.yaml: line \d+, column \d+: not valid YAML"
+    ):
         load_timeline(path)

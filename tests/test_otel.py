@@ -1,5 +1,5 @@
-"""OpenTelemetry export: the SDK's in-memory reader/exporter, the OTEL_* exporter choice, and real OTLP/HTTP to a
-local server on 127.0.0.1 decoded with opentelemetry-proto."""
+"""OpenTelemetry export: the SDK's in-memory reader/exporter, the OTEL_* exporter choice, and real
+OTLP/HTTP to a local server on 127.0.0.1 decoded with opentelemetry-proto."""
 
 from __future__ import annotations
 
@@ -30,8 +30,12 @@ TIMELINE = DATA_DIR / "gpu" / "timeline-8gpu.yaml"
 
 def recorded_batches():
     clock = [0.0]
-    source = NvmlSource(RecordedBackend(TIMELINE, clock=lambda: clock[0]), NodeIdentity("gpu-node-07"),
-                        monotonic=lambda: clock[0], events=False)
+    source = NvmlSource(
+        RecordedBackend(TIMELINE, clock=lambda: clock[0]),
+        NodeIdentity("gpu-node-07"),
+        monotonic=lambda: clock[0],
+        events=False,
+    )
     first = source.poll()
     clock[0] = 2.0
     later = source.poll()
@@ -46,22 +50,33 @@ def test_samples_as_metrics_and_events_as_log_records():
     first, later = recorded_batches()
     points = exporter.export("gpu_samples", first["gpu_samples"])
     assert set(GPU_METRICS) == set(SAMPLE_COLUMNS)  # every metric column of gpu_samples is exported
-    assert points == 8 * (len(SAMPLE_COLUMNS) - 3)  # retired-page columns are null on the timeline's H100s
+    # retired-page columns are null on the timeline's H100s
+    assert points == 8 * (len(SAMPLE_COLUMNS) - 3)
     exporter.export("gpu_samples", later["gpu_samples"])
     emitted = exporter.export("gpu_events", later["gpu_events"])
     assert emitted == later["gpu_events"].num_rows == 5
 
     data = reader.get_metrics_data()
-    metrics = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    metrics = {
+        m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
     temps = {p.attributes["gpu.index"]: p for p in metrics["gpu.temperature"].data.data_points}
     assert sorted(temps) == list(range(8))
     assert temps[6].value == 91  # the last value set (the thermally throttled GPU at 2 s)
     assert temps[3].value == 60  # GPU 3 lost at 1.5 s: its last point is from the first poll
     assert dict(temps[5].attributes) == {
-        "node": "gpu-node-07", "gpu.index": 5, "gpu.uuid": "GPU-a65c1b07-94de-4f32-b8a0-3c7e2d6f1906",
-        "gpu.pci_bus_id": "00000000:AB:00.0", "gpu.name": "NVIDIA H100 80GB HBM3"}
+        "node": "gpu-node-07",
+        "gpu.index": 5,
+        "gpu.uuid": "GPU-a65c1b07-94de-4f32-b8a0-3c7e2d6f1906",
+        "gpu.pci_bus_id": "00000000:AB:00.0",
+        "gpu.name": "NVIDIA H100 80GB HBM3",
+    }
     assert metrics["gpu.temperature"].unit == "Cel"
-    assert {p.value for p in metrics["gpu.remap.pending"].data.data_points if p.attributes["gpu.index"] == 5} == {1}
+    assert {
+        p.value
+        for p in metrics["gpu.remap.pending"].data.data_points
+        if p.attributes["gpu.index"] == 5
+    } == {1}
     event_counts = {(p.attributes["gpu.index"], p.attributes["gpu.event.kind"]): p.value
                     for p in metrics["gpu.events"].data.data_points}
     assert event_counts[(3, "gpu_lost")] == 1
@@ -78,14 +93,26 @@ def test_samples_as_metrics_and_events_as_log_records():
     exporter.shutdown()
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({}, ExporterChoice("none", "none")),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ExporterChoice("otlp", "otlp")),
-    ({"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://c:4318/v1/logs"}, ExporterChoice("none", "otlp")),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_LOGS_EXPORTER": "none"}, ExporterChoice("otlp", "none")),
-    ({"OTEL_METRICS_EXPORTER": "console"}, ExporterChoice("console", "none")),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, ExporterChoice("none", "none")),
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, ExporterChoice("none", "none")),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ExporterChoice("otlp", "otlp")),
+        (
+            {"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://c:4318/v1/logs"},
+            ExporterChoice("none", "otlp"),
+        ),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_LOGS_EXPORTER": "none"},
+            ExporterChoice("otlp", "none"),
+        ),
+        ({"OTEL_METRICS_EXPORTER": "console"}, ExporterChoice("console", "none")),
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"},
+            ExporterChoice("none", "none"),
+        ),
+    ],
+)
 def test_exporter_choice_follows_otel_env(env, expected):
     assert choose_exporters(env) == expected
     exporter = GpuOtelExporter.from_env(env)
@@ -94,10 +121,16 @@ def test_exporter_choice_follows_otel_env(env, expected):
         exporter.shutdown()
 
 
-@pytest.mark.parametrize(("env", "message"), [
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "http/protobuf only"),
-    ({"OTEL_METRICS_EXPORTER": "prometheus"}, "expected otlp, console or none"),
-])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "http/protobuf only",
+        ),
+        ({"OTEL_METRICS_EXPORTER": "prometheus"}, "expected otlp, console or none"),
+    ],
+)
 def test_unsupported_otel_env_is_refused(env, message):
     with pytest.raises(OtelConfigError, match=message):
         choose_exporters(env)
@@ -124,7 +157,9 @@ def test_real_otlp_http_export_to_a_local_collector(monkeypatch):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}"
+        )
         exporter = GpuOtelExporter.from_env(node="gpu-node-07")
         first, later = recorded_batches()
         exporter.export("gpu_samples", first["gpu_samples"])
@@ -143,7 +178,9 @@ def test_real_otlp_http_export_to_a_local_collector(monkeypatch):
             logs.ParseFromString(body)
             bodies += [r.body.string_value for rl in logs.resource_logs for sl in rl.scope_logs
                        for r in sl.log_records]
-            resource = {a.key: a.value.string_value for a in logs.resource_logs[0].resource.attributes}
+            resource = {
+                a.key: a.value.string_value for a in logs.resource_logs[0].resource.attributes
+            }
             assert resource["host.name"] == "gpu-node-07"
     assert any("fallen off the bus" in body for body in bodies)
     metric_names = set()
@@ -151,5 +188,10 @@ def test_real_otlp_http_export_to_a_local_collector(monkeypatch):
         if path == "/v1/metrics":
             request = ExportMetricsServiceRequest()
             request.ParseFromString(body)
-            metric_names |= {m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+            metric_names |= {
+                m.name
+                for rm in request.resource_metrics
+                for sm in rm.scope_metrics
+                for m in sm.metrics
+            }
     assert {"gpu.temperature", "gpu.power", "gpu.ecc.dbe.volatile"} <= metric_names

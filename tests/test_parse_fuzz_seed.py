@@ -1,6 +1,6 @@
-"""The CI's small seed set of bench/bench_parse_fuzz.py (the bench runs >= 10^5 inputs per parser): mutants of the
-real kernel-log lines and dcgm-exporter scrapes of tests/data/gpu/ never escape the parsers, and every row they
-return fits its table."""
+"""The CI's small seed set of bench/bench_parse_fuzz.py (the bench runs >= 10^5 inputs per parser):
+mutants of the real kernel-log lines and dcgm-exporter scrapes of tests/data/gpu/ never escape the
+parsers, and every row they return fits its table."""
 
 from __future__ import annotations
 

@@ -26,13 +26,34 @@ from faultlens.controller.delivery import Deliverer
 NOW = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.UTC)
 
 
-def incident(n: int = 1, *, cls: IncidentClass = IncidentClass.CRASH, cause: Cause = Cause.GPU_HARDWARE,
-             nodes: tuple[str, ...] = ("node-1",), confidence: float = 0.95, job: str = "job-a", attempt: int = 0,
-             fingerprint: str | None = None, step: int | None = None, ts: dt.datetime = NOW) -> Incident:
+def incident(
+    n: int = 1,
+    *,
+    cls: IncidentClass = IncidentClass.CRASH,
+    cause: Cause = Cause.GPU_HARDWARE,
+    nodes: tuple[str, ...] = ("node-1",),
+    confidence: float = 0.95,
+    job: str = "job-a",
+    attempt: int = 0,
+    fingerprint: str | None = None,
+    step: int | None = None,
+    ts: dt.datetime = NOW,
+) -> Incident:
     return Incident(
-        incident_id=f"inc-{job}-{n}", incident_class=cls, cause=cause, first_signal_ts=ts - dt.timedelta(seconds=3),
-        detected_ts=ts, confidence=confidence, rule="test-rule", summary="test", job_id=job, attempt=attempt,
-        culprit_nodes=nodes, culprit_ranks=(2,), fingerprint=fingerprint, step=step,
+        incident_id=f"inc-{job}-{n}",
+        incident_class=cls,
+        cause=cause,
+        first_signal_ts=ts - dt.timedelta(seconds=3),
+        detected_ts=ts,
+        confidence=confidence,
+        rule="test-rule",
+        summary="test",
+        job_id=job,
+        attempt=attempt,
+        culprit_nodes=nodes,
+        culprit_ranks=(2,),
+        fingerprint=fingerprint,
+        step=step,
         evidence=(Evidence("gpu_events", ts, "Xid 79"),),
     )
 
@@ -53,8 +74,18 @@ def test_default_policy_file_loads() -> None:
     assert config.rules[-1].id == "default-escalate"
 
 
-@pytest.mark.parametrize("cause", [Cause.GPU_HARDWARE, Cause.HBM, Cause.NVLINK, Cause.PCIE, Cause.THERMAL,
-                                   Cause.HOST, Cause.NETWORK])
+@pytest.mark.parametrize(
+    "cause",
+    [
+        Cause.GPU_HARDWARE,
+        Cause.HBM,
+        Cause.NVLINK,
+        Cause.PCIE,
+        Cause.THERMAL,
+        Cause.HOST,
+        Cause.NETWORK,
+    ],
+)
 def test_hardware_cause_fails_over_excluding_the_culprit(cause: Cause) -> None:
     decision = policy().decide(incident(cause=cause))
     assert decision.action is Action.FAILOVER
@@ -63,8 +94,12 @@ def test_hardware_cause_fails_over_excluding_the_culprit(cause: Cause) -> None:
     assert decision.issued_at == NOW and decision.incident_id == "inc-job-a-1"
 
 
-@pytest.mark.parametrize("cls", [IncidentClass.COLLECTIVE_HANG, IncidentClass.STRAGGLER, IncidentClass.CRASH])
-def test_single_node_hang_straggler_or_crash_without_known_cause_fails_over(cls: IncidentClass) -> None:
+@pytest.mark.parametrize(
+    "cls", [IncidentClass.COLLECTIVE_HANG, IncidentClass.STRAGGLER, IncidentClass.CRASH]
+)
+def test_single_node_hang_straggler_or_crash_without_known_cause_fails_over(
+    cls: IncidentClass,
+) -> None:
     decision = policy().decide(incident(cls=cls, cause=Cause.UNKNOWN, confidence=0.9))
     assert decision.action is Action.FAILOVER
     assert decision.policy_rule == "single-node-failover"
@@ -85,15 +120,22 @@ def test_software_escalates(cause: Cause) -> None:
 
 
 def test_workload_imbalance_notifies_and_the_job_keeps_running() -> None:
-    decision = policy().decide(incident(cls=IncidentClass.STRAGGLER, cause=Cause.WORKLOAD_IMBALANCE))
-    assert decision.action is Action.NOTIFY  # a slowdown never stops a running job (tests/test_straggler_policy.py)
+    decision = policy().decide(
+        incident(cls=IncidentClass.STRAGGLER, cause=Cause.WORKLOAD_IMBALANCE)
+    )
+    # a slowdown never stops a running job (tests/test_straggler_policy.py)
+    assert decision.action is Action.NOTIFY
     assert decision.policy_rule == "straggler-systemic" and decision.exclude_nodes == ()
 
 
 def test_software_is_never_failed_over_even_by_a_permissive_rule_order() -> None:
-    document = {"format_version": 1, "confidence_threshold": 0.5, "never_failover_causes": ["software", "oom"],
-                "retry_budget": {"default": 10},
-                "rules": [{"id": "everything-fails-over", "when": {}, "action": "failover"}]}
+    document = {
+        "format_version": 1,
+        "confidence_threshold": 0.5,
+        "never_failover_causes": ["software", "oom"],
+        "retry_budget": {"default": 10},
+        "rules": [{"id": "everything-fails-over", "when": {}, "action": "failover"}],
+    }
     config = policy_from_document(document, source="permissive.yaml")
     decision = DecisionPolicy(config, clock=lambda: NOW).decide(incident(cause=Cause.SOFTWARE))
     assert decision.action is Action.ESCALATE
@@ -102,7 +144,9 @@ def test_software_is_never_failed_over_even_by_a_permissive_rule_order() -> None
 
 
 def test_same_fingerprint_on_several_nodes_is_software() -> None:
-    decision = policy().decide(incident(cause=Cause.UNKNOWN, nodes=("node-1", "node-2"), fingerprint="fp-9"))
+    decision = policy().decide(
+        incident(cause=Cause.UNKNOWN, nodes=("node-1", "node-2"), fingerprint="fp-9")
+    )
     assert decision.action is Action.ESCALATE
     assert decision.policy_rule == "software-repeat"
     assert decision.cause is Cause.SOFTWARE
@@ -145,7 +189,8 @@ def test_no_certain_culprit_escalates() -> None:
     assert low.action is Action.ESCALATE and low.policy_rule == "low-confidence"
     nobody = policy().decide(incident(nodes=()))
     assert nobody.action is Action.ESCALATE and nobody.policy_rule == "no-culprit"
-    # the straggler threshold is stricter (confidence_by_class); an uncertain straggler is notified, not stopped
+    # the straggler threshold is stricter (confidence_by_class); an uncertain straggler is notified,
+    # not stopped
     assert policy().decide(incident(cls=IncidentClass.STRAGGLER, cause=Cause.UNKNOWN,
                                     confidence=0.65)).action is Action.NOTIFY
 
@@ -164,18 +209,30 @@ def test_retry_budget_per_root_cause(store_dir: Path) -> None:
     with Store(str(store_dir)) as store:
         history = StoreHistory(store)
         for n in range(budget):
-            decision = policy(history=history).decide(incident(n, cls=IncidentClass.COLLECTIVE_HANG,
-                                                               cause=Cause.UNKNOWN, nodes=(f"node-{n}",)))
+            decision = policy(history=history).decide(
+                incident(
+                    n, cls=IncidentClass.COLLECTIVE_HANG, cause=Cause.UNKNOWN, nodes=(f"node-{n}",)
+                )
+            )
             assert decision.action is Action.FAILOVER
             deliverer.submit(decision)
-        spent = policy(history=history).decide(incident(9, cls=IncidentClass.COLLECTIVE_HANG, cause=Cause.UNKNOWN,
-                                                        nodes=("node-9",)))
+        spent = policy(history=history).decide(
+            incident(9, cls=IncidentClass.COLLECTIVE_HANG, cause=Cause.UNKNOWN, nodes=("node-9",))
+        )
         assert spent.action is Action.ESCALATE
         assert spent.policy_rule == "single-node-failover:retry-budget-spent"
         # another root cause has its own budget; another job too
-        assert policy(history=history).decide(incident(10, cause=Cause.HBM)).action is Action.FAILOVER
-        assert policy(history=history).decide(incident(11, cls=IncidentClass.COLLECTIVE_HANG, cause=Cause.UNKNOWN,
-                                                       job="job-b")).action is Action.FAILOVER
+        assert (
+            policy(history=history).decide(incident(10, cause=Cause.HBM)).action is Action.FAILOVER
+        )
+        assert (
+            policy(history=history)
+            .decide(
+                incident(11, cls=IncidentClass.COLLECTIVE_HANG, cause=Cause.UNKNOWN, job="job-b")
+            )
+            .action
+            is Action.FAILOVER
+        )
     deliverer.close()
 
 
@@ -184,12 +241,16 @@ def test_lemon_node_is_excluded_proactively(store_dir: Path) -> None:
     history_incidents = [
         incident(1, nodes=("node-9",), job="job-x", ts=old),
         incident(2, nodes=("node-9",), job="job-y", ts=old),
-        incident(3, cause=Cause.HBM, nodes=("node-9",), job="job-y", ts=old + dt.timedelta(hours=1)),
+        incident(
+            3, cause=Cause.HBM, nodes=("node-9",), job="job-y", ts=old + dt.timedelta(hours=1)
+        ),
         incident(4, nodes=("node-5",), job="job-x", ts=old),  # once: not a lemon
-        incident(5, nodes=("node-6",), job="job-z", ts=old),  # three times in one job: not across jobs
+        # three times in one job: not across jobs
+        incident(5, nodes=("node-6",), job="job-z", ts=old),
         incident(6, nodes=("node-6",), job="job-z", ts=old),
         incident(7, nodes=("node-6",), job="job-z", ts=old),
-        incident(8, cause=Cause.SOFTWARE, nodes=("node-7",), job="job-x", ts=old),  # software does not count
+        # software does not count
+        incident(8, cause=Cause.SOFTWARE, nodes=("node-7",), job="job-x", ts=old),
         incident(9, cause=Cause.SOFTWARE, nodes=("node-7",), job="job-y", ts=old),
         incident(10, cause=Cause.SOFTWARE, nodes=("node-7",), job="job-z", ts=old),
     ]
@@ -205,7 +266,9 @@ def test_lemon_node_is_excluded_proactively(store_dir: Path) -> None:
         assert decision.exclude_nodes == ("node-1", "node-9")
         assert "lemon" in decision.reason and "node-9 (3 incidents in 2 jobs)" in decision.reason
         # a job that does not run on the lemon is not touched by it
-        assert p.decide(incident(21, job="job-other", nodes=("node-1",))).exclude_nodes == ("node-1",)
+        assert p.decide(incident(21, job="job-other", nodes=("node-1",))).exclude_nodes == (
+            "node-1",
+        )
         # the window: the same history seen 40 days later has no lemons
         later = DecisionPolicy(load_policy(), history=StoreHistory(store),
                                clock=lambda: NOW + dt.timedelta(days=40))
@@ -214,16 +277,27 @@ def test_lemon_node_is_excluded_proactively(store_dir: Path) -> None:
 
 @pytest.mark.parametrize("when", [{"class": ["health"]}, {"class": ["crash"]}, {}])
 def test_a_notify_rule_matched_by_class_or_catch_all_never_fails_over(when: dict) -> None:
-    """A user's rule `action: notify` chosen by class (not by cause) or as the catch-all is a notification, for
-    every class: it used to fall through to the failover guards and fail the culprit node over."""
-    document = {"format_version": 1, "confidence_threshold": 0.5, "never_failover_causes": ["software", "oom"],
-                "retry_budget": {"default": 10},
-                "rules": [{"id": "tell-me", "when": when, "action": "notify", "reason": "watch it"},
-                          {"id": "the-rest", "when": {}, "action": "failover"}]}
+    """A user's rule `action: notify` chosen by class (not by cause) or as the catch-all is a
+    notification, for every class: it used to fall through to the failover guards and fail the
+    culprit node over."""
+    document = {
+        "format_version": 1,
+        "confidence_threshold": 0.5,
+        "never_failover_causes": ["software", "oom"],
+        "retry_budget": {"default": 10},
+        "rules": [
+            {"id": "tell-me", "when": when, "action": "notify", "reason": "watch it"},
+            {"id": "the-rest", "when": {}, "action": "failover"},
+        ],
+    }
     config = policy_from_document(document, source="notify.yaml")
     cls = IncidentClass.HEALTH if when.get("class") == ["health"] else IncidentClass.CRASH
     decision = DecisionPolicy(config, clock=lambda: NOW).decide(incident(cls=cls, cause=Cause.HBM))
-    assert (decision.action, decision.policy_rule, decision.exclude_nodes) == (Action.NOTIFY, "tell-me", ())
+    assert (decision.action, decision.policy_rule, decision.exclude_nodes) == (
+        Action.NOTIFY,
+        "tell-me",
+        (),
+    )
 
 
 def test_critical_health_event_gives_a_proactive_drain() -> None:
@@ -278,19 +352,40 @@ def test_bad_yaml_names_the_file_and_line(tmp_path: Path) -> None:
     assert "not valid YAML" in str(info.value)
 
 
-@pytest.mark.parametrize(("edit", "expected"), [
-    (lambda t: t.replace("confidence_threshold: 0.6", "confidence_threshold: 2"),
-     ": confidence_threshold: expected less than or equal to 1, got 2"),
-    (lambda t: t.replace("format_version: 1", "format_version: 7"), ": format_version: expected 1, got 7"),
-    (lambda t: t.replace("action: drain", "action: reboot"),
-     ": rules[0].action: expected one of failover, escalate, notify, drain, got 'reboot'"),
-    (lambda t: t.replace("    unknown: 2", "    cosmic: 2"), ": retry_budget.by_cause.cosmic: expected one of "),
-    (lambda t: t.replace("when: {cause: [gpu_hardware,", "when: {cause: [software, gpu_hardware,"),
-     ": rules[3].when.cause: a failover rule may not match a never_failover cause (software)"),
-    (lambda t: t.replace("  - id: default-escalate\n    when: {}\n", "  - id: default-escalate\n"
-                                                                      "    when: {class: [crash]}\n"),
-     ": rules: expected a last catch-all rule"),
-])
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            lambda t: t.replace("confidence_threshold: 0.6", "confidence_threshold: 2"),
+            ": confidence_threshold: expected less than or equal to 1, got 2",
+        ),
+        (
+            lambda t: t.replace("format_version: 1", "format_version: 7"),
+            ": format_version: expected 1, got 7",
+        ),
+        (
+            lambda t: t.replace("action: drain", "action: reboot"),
+            ": rules[0].action: expected one of failover, escalate, notify, drain, got 'reboot'",
+        ),
+        (
+            lambda t: t.replace("    unknown: 2", "    cosmic: 2"),
+            ": retry_budget.by_cause.cosmic: expected one of ",
+        ),
+        (
+            lambda t: t.replace(
+                "when: {cause: [gpu_hardware,", "when: {cause: [software, gpu_hardware,"
+            ),
+            ": rules[3].when.cause: a failover rule may not match a never_failover cause (software)",
+        ),
+        (
+            lambda t: t.replace(
+                "  - id: default-escalate\n    when: {}\n",
+                "  - id: default-escalate\n    when: {class: [crash]}\n",
+            ),
+            ": rules: expected a last catch-all rule",
+        ),
+    ],
+)
 def test_invalid_policy_names_file_key_and_expectation(tmp_path: Path, edit, expected: str) -> None:
     text = DEFAULT_POLICY_PATH.read_text()
     changed = edit(text)

@@ -1,5 +1,5 @@
-"""Hang detection from progress (steps) and from collective-timeout reports, then the dump request and the hang
-analysis of the dump set, mapped to nodes and GPUs."""
+"""Hang detection from progress (steps) and from collective-timeout reports, then the dump request
+and the hang analysis of the dump set, mapped to nodes and GPUs."""
 
 from __future__ import annotations
 
@@ -38,15 +38,30 @@ def telemetry_of(store_dir: Path) -> Telemetry:
 
 def training(store_dir: Path, steps: range, *, phase=None, attempt: int = 0, start: float = 0.0,
              sections=flat, step_gap: float = 0.0) -> float:
-    """Writes 8 ranks x steps (1.01 s each + step_gap); returns when the last one completed (seconds from T0)."""
-    rows = steps_rows("job-1", attempt, 8, 4, steps, start=start, sections=sections, phase=phase, step_gap=step_gap)
+    """Writes 8 ranks x steps (1.01 s each + step_gap); returns when the last one completed (seconds
+    from T0).
+    """
+    rows = steps_rows(
+        "job-1",
+        attempt,
+        8,
+        4,
+        steps,
+        start=start,
+        sections=sections,
+        phase=phase,
+        step_gap=step_gap,
+    )
     write(store_dir, "ranks", ranks_rows("job-1", attempt, 8, 4, start=start))
     write(store_dir, "steps", rows)
     return max(r["end_ts"] for r in rows).timestamp() - at(0).timestamp()
 
 
-def test_stall_longer_than_k_times_recent_step_time_is_a_suspect(store_dir: Path, monitor: ProgressMonitor) -> None:
-    # 1.01 s steps with 10 s of data loading between them: recent step time ~11 s, threshold 5 x 11 = 55 s
+def test_stall_longer_than_k_times_recent_step_time_is_a_suspect(
+    store_dir: Path, monitor: ProgressMonitor
+) -> None:
+    # 1.01 s steps with 10 s of data loading between them: recent step time ~11 s, threshold 5 x 11
+    # = 55 s
     last = training(store_dir, range(50), step_gap=10.0)
     telemetry = telemetry_of(store_dir)
 
@@ -60,16 +75,21 @@ def test_stall_longer_than_k_times_recent_step_time_is_a_suspect(store_dir: Path
     assert "8 of 8 ranks finished step 49" in suspect.evidence[0].text
 
 
-def test_floor_keeps_fast_jobs_from_alarming_on_short_pauses(store_dir: Path, monitor: ProgressMonitor) -> None:
+def test_floor_keeps_fast_jobs_from_alarming_on_short_pauses(
+    store_dir: Path, monitor: ProgressMonitor
+) -> None:
     last = training(store_dir, range(50))  # 1 s steps: 5 x 1 s = 5 s, but the floor is 10 s
 
     assert monitor.suspects(telemetry_of(store_dir), at(last + 8)) == []
     assert len(monitor.suspects(telemetry_of(store_dir), at(last + 11))) == 1
 
 
-def test_warm_up_without_a_baseline_uses_the_startup_floor(store_dir: Path, monitor: ProgressMonitor) -> None:
+def test_warm_up_without_a_baseline_uses_the_startup_floor(
+    store_dir: Path, monitor: ProgressMonitor
+) -> None:
     def slow_start(rank: int, step: int) -> dict[str, float]:
-        return {"forward": 90.0 if step < 2 else 0.3}  # compilation and autotuning in the first steps
+        # compilation and autotuning in the first steps
+        return {"forward": 90.0 if step < 2 else 0.3}
 
     last = training(store_dir, range(3), sections=slow_start)
 
@@ -88,7 +108,9 @@ def test_warm_up_steps_stay_out_of_the_baseline(store_dir: Path, monitor: Progre
     assert monitor.suspects(telemetry_of(store_dir), at(last + 35)) != []
 
 
-def test_periodic_evaluation_is_allowed_when_it_is_due(store_dir: Path, monitor: ProgressMonitor) -> None:
+def test_periodic_evaluation_is_allowed_when_it_is_due(
+    store_dir: Path, monitor: ProgressMonitor
+) -> None:
     def sections(rank: int, step: int) -> dict[str, float]:
         return {"forward": 60.0} if step % 20 == 19 else flat(rank, step)
 
@@ -103,7 +125,9 @@ def test_periodic_evaluation_is_allowed_when_it_is_due(store_dir: Path, monitor:
     assert len(monitor.suspects(telemetry_of(store_dir), at(last + 125))) == 1
 
 
-def test_evaluation_not_due_does_not_widen_the_allowance(store_dir: Path, monitor: ProgressMonitor) -> None:
+def test_evaluation_not_due_does_not_widen_the_allowance(
+    store_dir: Path, monitor: ProgressMonitor
+) -> None:
     def sections(rank: int, step: int) -> dict[str, float]:
         return {"forward": 60.0} if step % 20 == 19 else flat(rank, step)
 
@@ -113,7 +137,9 @@ def test_evaluation_not_due_does_not_widen_the_allowance(store_dir: Path, monito
     assert len(monitor.suspects(telemetry_of(store_dir), at(last + 40))) == 1
 
 
-def test_a_checkpoint_seen_once_may_come_at_any_step(store_dir: Path, monitor: ProgressMonitor) -> None:
+def test_a_checkpoint_seen_once_may_come_at_any_step(
+    store_dir: Path, monitor: ProgressMonitor
+) -> None:
     def sections(rank: int, step: int) -> dict[str, float]:
         return {"checkpoint": 100.0} if step == 10 else flat(rank, step)
 
@@ -131,12 +157,15 @@ def test_a_finished_job_is_not_hung(store_dir: Path, monitor: ProgressMonitor) -
     assert monitor.suspects(telemetry_of(store_dir), at(last + 3600)) == []
 
 
-def test_an_earlier_attempt_that_stalled_before_the_restart_is_a_suspect(store_dir: Path,
-                                                                          monitor: ProgressMonitor) -> None:
+def test_an_earlier_attempt_that_stalled_before_the_restart_is_a_suspect(
+    store_dir: Path, monitor: ProgressMonitor
+) -> None:
     last = training(store_dir, range(20), attempt=0)
-    training(store_dir, range(20, 40), attempt=1, start=last + 300)  # restarted 300 s after progress stopped
+    # restarted 300 s after progress stopped
+    training(store_dir, range(20, 40), attempt=1, start=last + 300)
 
-    suspects = monitor.suspects(telemetry_of(store_dir), at(last + 330))  # attempt 1 is still running
+    # attempt 1 is still running
+    suspects = monitor.suspects(telemetry_of(store_dir), at(last + 330))
 
     assert [(s.attempt, s.last_step) for s in suspects] == [(0, 19)]
 
@@ -158,15 +187,17 @@ def engine() -> Engine:
     return Engine(catalog=load_xid_catalog())
 
 
-def test_real_gloo_timeouts_trigger_the_hang_analysis_of_the_live_dumps(torch_artifacts: dict[str, Path],
-                                                                        store_dir: Path, engine: Engine) -> None:
+def test_real_gloo_timeouts_trigger_the_hang_analysis_of_the_live_dumps(
+    torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine
+) -> None:
     artifact = torch_artifacts["hang"]
     meta = _meta(artifact)
     ingest_torch_artifacts(artifact, store_dir, dumps="dumps", job=meta["run_id"])
 
     found = attribute(str(store_dir), engine=engine)
 
-    assert [i.incident_class for i in found] == [IncidentClass.COLLECTIVE_HANG]  # timeouts everywhere: no crash
+    # timeouts everywhere: no crash
+    assert [i.incident_class for i in found] == [IncidentClass.COLLECTIVE_HANG]
     (incident,) = found
     assert incident.culprit_ranks == tuple(meta["culprit_ranks"])
     assert incident.culprit_nodes == (meta["node"],)  # through the ranks table of the step timer
@@ -178,20 +209,25 @@ def test_real_gloo_timeouts_trigger_the_hang_analysis_of_the_live_dumps(torch_ar
     assert any("Timed out waiting" in e.text for e in incident.evidence)
 
 
-def test_real_progress_stall_requests_dumps_and_blames_the_skipping_rank(torch_artifacts: dict[str, Path],
-                                                                        store_dir: Path) -> None:
+def test_real_progress_stall_requests_dumps_and_blames_the_skipping_rank(
+    torch_artifacts: dict[str, Path], store_dir: Path
+) -> None:
     artifact = torch_artifacts["hang"]
     meta = _meta(artifact)
-    shutil.copytree(artifact / "store", store_dir, dirs_exist_ok=True)  # only progress: the steps stopped
+    # only progress: the steps stopped
+    shutil.copytree(artifact / "store", store_dir, dirs_exist_ok=True)
     requests = []
 
     def request_dumps(suspect):
-        """What a live requester does once the job is asked (signal or trigger file): read the dumps written."""
+        """What a live requester does once the job is asked (signal or trigger file): read the dumps
+        written.
+        """
         requests.append(suspect)
         identity = NodeIdentity(node=None, job_id=suspect.job_id, attempt=suspect.attempt)  # type: ignore[arg-type]
         return read_dump_dir(artifact / "dumps", identity=identity).table
 
-    # the fixture job ran only 3 steps before the hang: count them all in the baseline (no warm-up to skip)
+    # the fixture job ran only 3 steps before the hang: count them all in the baseline (no warm-up
+    # to skip)
     defaults = load_thresholds()
     short_job = defaults.model_copy(update={"progress": defaults.progress.model_copy(
         update={"warmup_steps": 0, "min_baseline_steps": 2})})
@@ -211,8 +247,9 @@ def test_real_progress_stall_requests_dumps_and_blames_the_skipping_rank(torch_a
     assert abs((incident.first_signal_ts - last).total_seconds()) < 1e-5
 
 
-def test_real_subgroup_hang_names_the_sub_group_and_its_skipping_rank(torch_artifacts: dict[str, Path],
-                                                                      store_dir: Path, engine: Engine) -> None:
+def test_real_subgroup_hang_names_the_sub_group_and_its_skipping_rank(
+    torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine
+) -> None:
     artifact = torch_artifacts["subgroup_hang"]
     meta = _meta(artifact)
     ingest_torch_artifacts(artifact, store_dir, dumps="dumps", job=meta["run_id"])
@@ -224,14 +261,17 @@ def test_real_subgroup_hang_names_the_sub_group_and_its_skipping_rank(torch_arti
     assert "pair_2_3" in incident.summary
 
 
-def test_cli_dump_requester_touches_the_trigger_and_stores_the_dump_set(torch_artifacts: dict[str, Path],
-                                                                        store_dir: Path, tmp_path: Path) -> None:
+def test_cli_dump_requester_touches_the_trigger_and_stores_the_dump_set(
+    torch_artifacts: dict[str, Path], store_dir: Path, tmp_path: Path
+) -> None:
     from faultlens.attribution.detectors.progress import HangSuspect
     from faultlens.controller.cli.attribution_cmds import DumpRequester
 
     artifact = torch_artifacts["hang"]
     trigger = tmp_path / "fr" / "trigger"
-    requester = DumpRequester(str(store_dir), artifact / "dumps", trigger=trigger, wait_s=0.3, host="node-0")
+    requester = DumpRequester(
+        str(store_dir), artifact / "dumps", trigger=trigger, wait_s=0.3, host="node-0"
+    )
     suspect = HangSuspect("faultlens-hang", 0, at(0), "progress", 2, 60.0, 30.0, ())
 
     table = requester(suspect)
@@ -239,5 +279,7 @@ def test_cli_dump_requester_touches_the_trigger_and_stores_the_dump_set(torch_ar
     assert trigger.exists()  # the ranks poll its mtime (interface 4)
     assert sorted(set(table.column("rank").to_pylist())) == [0, 1, 2, 3]
     with Store(str(store_dir)) as store:
-        stored = store.query("SELECT DISTINCT job_id, attempt, rank FROM collectives ORDER BY rank").to_pylist()
+        stored = store.query(
+            "SELECT DISTINCT job_id, attempt, rank FROM collectives ORDER BY rank"
+        ).to_pylist()
     assert stored == [{"job_id": "faultlens-hang", "attempt": 0, "rank": r} for r in range(4)]

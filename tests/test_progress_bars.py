@@ -1,4 +1,6 @@
-"""Progress bars on long commands: on a terminal they draw on stderr; in a pipe or log file they print nothing."""
+"""Progress bars on long commands: on a terminal they draw on stderr; in a pipe or log file they
+print nothing.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +13,17 @@ import sys
 from faultlens.controller.cli.main import main
 from tests.conftest import REPO_ROOT
 
-SIM = ["simulate", "--nodes", "2", "--gpus-per-node", "2", "--hours", "1", "--faults-per-day", "150"]
+SIM = [
+    "simulate",
+    "--nodes",
+    "2",
+    "--gpus-per-node",
+    "2",
+    "--hours",
+    "1",
+    "--faults-per-day",
+    "150",
+]
 
 
 def test_quiet_when_not_a_terminal(tmp_path, capsys, monkeypatch):
@@ -28,9 +40,21 @@ def test_bar_on_a_terminal(tmp_path):
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "100", "TERM": "xterm"}
     env.pop("FAULTLENS_PROGRESS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "faultlens.controller.cli.main", *SIM, "--store",
-                            str(tmp_path / "s")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, cwd=REPO_ROOT, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            *SIM,
+            "--store",
+            str(tmp_path / "s"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=slave,
+        cwd=REPO_ROOT,
+        env=env,
+    )
     os.close(slave)
     seen = b""
     while True:

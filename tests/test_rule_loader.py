@@ -1,5 +1,6 @@
-"""One loader, one error shape (issue 14): a mistake in any kind of rule file (copies of the real files) gives one
-line `<file>: <field path>: expected ..., got ...`, and the CLI prints it as one line and exits 2."""
+"""One loader, one error shape (issue 14): a mistake in any kind of rule file (copies of the real
+files) gives one line `<file>: <field path>: expected ..., got ...`, and the CLI prints it as one
+line and exits 2."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from tests.conftest import REPO_ROOT
 
 RULES = REPO_ROOT / "rules"
 
-# (file, loader, (old, new) edit of the real file, the field path and expectation the one line must hold)
+# (file, loader, (old, new) edit of the real file, the field path and expectation the one line must
+# hold)
 CASES = [
     ("policy.yaml", load_policy, ("when: {class: [health]}", "when: {class: [crsh]}"),
      r"rules\[\d+\]\.when\.class\[0\]: expected one of crash, .*collective_hang.*, got 'crsh'$"),
@@ -49,8 +51,9 @@ def _shape(path, tail: str) -> re.Pattern[str]:
 
 
 @pytest.mark.parametrize(("name", "loader", "edit", "expected"), CASES, ids=[c[0] for c in CASES])
-def test_a_mistake_in_each_kind_of_rule_file_is_one_line_naming_file_and_field(tmp_path, name, loader, edit,
-                                                                               expected):
+def test_a_mistake_in_each_kind_of_rule_file_is_one_line_naming_file_and_field(
+    tmp_path, name, loader, edit, expected
+):
     text = (RULES / name).read_text()
     assert edit[0] in text, f"{name} no longer holds {edit[0]!r}: update the case"
     path = tmp_path / name
@@ -77,17 +80,38 @@ def test_not_yaml_and_missing_files_have_the_same_shape_in_every_loader(tmp_path
     loader = next(c[1] for c in CASES if c[0] == name)
     path = tmp_path / name
     path.write_text("format_version: 1\nrules: [\n")
-    with pytest.raises(RuleFileError, match=re.escape(str(path)) + r": line \d+, column \d+: not valid YAML: "):
+    with pytest.raises(RuleFileError, match=re.escape(str(path)) + r": line \d+, column \d+: not "
+                                                                   r"valid YAML: "):
         loader(path)
-    with pytest.raises(RuleFileError, match=re.escape(str(tmp_path / "nope.yaml")) + ": cannot read: "):
+    with pytest.raises(
+        RuleFileError, match=re.escape(str(tmp_path / "nope.yaml")) + ": cannot read: "
+    ):
         loader(tmp_path / "nope.yaml")
 
 
 def test_cli_prints_a_policy_mistake_as_one_line_and_exits_2(tmp_path, store_dir):
     path = tmp_path / "policy.yaml"
-    path.write_text((RULES / "policy.yaml").read_text().replace("when: {class: [health]}", "when: {class: [crsh]}", 1))
-    result = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "decide", "--store", str(store_dir),
-                             "--policy", str(path)], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    path.write_text(
+        (RULES / "policy.yaml")
+        .read_text()
+        .replace("when: {class: [health]}", "when: {class: [crsh]}", 1)
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "decide",
+            "--store",
+            str(store_dir),
+            "--policy",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -118,6 +142,7 @@ def test_a_timeline_step_that_does_nothing_is_refused():
     document["timeline"].append({"at": 1, "gpu": 0})
     from faultlens.collectors.sources.recorded_backend import validate_timeline
 
-    with pytest.raises(RuleFileError, match=r"^t: timeline\[\d+\]: expected at least one of set, event, lost, "
+    with pytest.raises(RuleFileError, match=r"^t: timeline\[\d+\]: expected at least one of set, "
+                                            r"event, lost, "
                                             r"reset_required$"):
         validate_timeline(document, "t")

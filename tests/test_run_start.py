@@ -1,7 +1,8 @@
-"""`faultlens run` says why a job failed to start (the first error line of the worker or agent log, and the log's
-path) and that its GPU samples are simulated. The logs are real: a real `faultlens run` with a typo in the script
-path, and real interpreters failing the ways a start fails (torch missing, a syntax error, a bad import, an
-argparse error), their stderr laid out as torchrun writes it."""
+"""`faultlens run` says why a job failed to start (the first error line of the worker or agent log,
+and the log's path) and that its GPU samples are simulated. The logs are real: a real `faultlens
+run` with a typo in the script path, and real interpreters failing the ways a start fails (torch
+missing, a syntax error, a bad import, an argparse error), their stderr laid out as torchrun writes
+it."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _worker_log(attempt_dir: Path, local_rank: int) -> Path:
-    path = attempt_dir / "logs" / "node-0" / "none_abc" / "attempt_0" / str(local_rank) / "stderr.log"
+    path = (
+        attempt_dir / "logs" / "node-0" / "none_abc" / "attempt_0" / str(local_rank) / "stderr.log"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -36,8 +39,11 @@ def test_torch_missing_is_found_in_the_agent_log(tmp_path, bare_python):
     attempt.mkdir()
     agent_log = attempt / "torchrun-node-0.stderr"
     with open(agent_log, "wb") as err:
-        subprocess.run([bare_python, "-m", "torch.distributed.run", "--nnodes=1", "train.py"], stderr=err,
-                       timeout=60)
+        subprocess.run(
+            [bare_python, "-m", "torch.distributed.run", "--nnodes=1", "train.py"],
+            stderr=err,
+            timeout=60,
+        )
     found = first_error(attempt)
     assert found is not None and found.path == agent_log
     assert "No module named 'torch'" in found.line
@@ -45,12 +51,21 @@ def test_torch_missing_is_found_in_the_agent_log(tmp_path, bare_python):
     assert "failed to start" in lines[0] and str(agent_log) in lines[1]
 
 
-@pytest.mark.parametrize(("script", "expected"), [
-    ("def broken(:\n    pass\n", "SyntaxError"),
-    ("import no_such_module_xyz\n", "No module named 'no_such_module_xyz'"),
-    ("import argparse\nargparse.ArgumentParser(prog='train.py').parse_args(['--lr'])\n", "train.py: error:"),
-    ("raise RuntimeError('CUDA error: no kernel image is available')\n", "RuntimeError: CUDA error"),
-])
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("def broken(:\n    pass\n", "SyntaxError"),
+        ("import no_such_module_xyz\n", "No module named 'no_such_module_xyz'"),
+        (
+            "import argparse\nargparse.ArgumentParser(prog='train.py').parse_args(['--lr'])\n",
+            "train.py: error:",
+        ),
+        (
+            "raise RuntimeError('CUDA error: no kernel image is available')\n",
+            "RuntimeError: CUDA error",
+        ),
+    ],
+)
 def test_first_error_of_a_worker_that_died_at_start(tmp_path, bare_python, script, expected):
     attempt = tmp_path / "attempt-0"
     source = tmp_path / "train.py"
@@ -61,7 +76,8 @@ def test_first_error_of_a_worker_that_died_at_start(tmp_path, bare_python, scrip
     with open(log, "wb") as err:
         subprocess.run([bare_python, str(source)], stderr=err, timeout=60)
     (attempt / "torchrun-node-0.stderr").write_text(
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n  traceback : To enable traceback\n")
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n  traceback : To "
+        "enable traceback\n")
     found = first_error(attempt)
     assert found is not None and found.path == log, found
     assert expected in found.line
@@ -70,17 +86,38 @@ def test_first_error_of_a_worker_that_died_at_start(tmp_path, bare_python, scrip
 def test_no_log_at_all_still_points_at_the_directory(tmp_path):
     (tmp_path / "attempt-2" / "logs").mkdir(parents=True)
     lines = start_failure_lines(tmp_path, 2)
-    assert lines == [f"attempt 2 ended before its first step; its logs: {tmp_path / 'attempt-2' / 'logs'}"]
+    assert lines == ["attempt 2 ended before its first step; its logs: "
+                     f"{tmp_path / 'attempt-2' / 'logs'}"]
 
 
 def test_faultlens_run_with_a_typo_in_the_script_path(tmp_path):
     pytest.importorskip("torch")
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80"}
-    proc = subprocess.run([sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store",
-                           str(tmp_path / "store"),
-                           "--workdir", str(tmp_path / "work"), "--nnodes", "1", "--nproc-per-node", "2",
-                           "--max-attempts", "1", "--", "trian.py"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "run",
+            "--store",
+            str(tmp_path / "store"),
+            "--workdir",
+            str(tmp_path / "work"),
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--max-attempts",
+            "1",
+            "--",
+            "trian.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
     assert "GPU samples are simulated" in out
@@ -88,4 +125,8 @@ def test_faultlens_run_with_a_typo_in_the_script_path(tmp_path):
     shown = next(line for line in out.splitlines() if line.startswith("  in ")).split("in ", 1)[1]
     assert (tmp_path / shown).is_file() and "trian.py" in (tmp_path / shown).read_text()
     # every line fits, but a path (one word) is never broken to make it fit
-    assert all(len(line) <= 80 or len(line.split()) == 1 for line in out.splitlines() if not line.startswith("  in "))
+    assert all(
+        len(line) <= 80 or len(line.split()) == 1
+        for line in out.splitlines()
+        if not line.startswith("  in ")
+    )

@@ -1,4 +1,6 @@
-"""The object-store path against moto's real S3 HTTP server on 127.0.0.1: write, list, query, compact."""
+"""The object-store path against moto's real S3 HTTP server on 127.0.0.1: write, list, query,
+compact.
+"""
 
 import datetime as dt
 import socket
@@ -38,7 +40,12 @@ def s3_endpoint():
 
 @pytest.fixture
 def s3_options(s3_endpoint):
-    return {"endpoint_url": s3_endpoint, "key": "testing", "secret": "testing", "skip_instance_cache": True}
+    return {
+        "endpoint_url": s3_endpoint,
+        "key": "testing",
+        "secret": "testing",
+        "skip_instance_cache": True,
+    }
 
 
 def test_write_list_query_compact_on_s3(s3_options):
@@ -54,12 +61,17 @@ def test_write_list_query_compact_on_s3(s3_options):
     sink.close()
     location = resolve_store(url, **s3_options)
     segments = list_segments(location, "gpu_events")
-    assert len(segments) == 8 and all(s.startswith("telemetry/faultlens/gpu_events/job=_node/date=2026-11-30/")
-                                      for s in segments)
+    assert len(segments) == 8 and all(
+        s.startswith("telemetry/faultlens/gpu_events/job=_node/date=2026-11-30/") for s in segments
+    )
     with Store(url, storage_options=s3_options) as store:
-        got = store.query("SELECT node, count(*) AS n, max(code) AS worst FROM gpu_events GROUP BY node "
+        got = store.query("SELECT node, count(*) AS n, max(code) AS worst FROM gpu_events GROUP BY "
+                          "node "
                           "ORDER BY node").to_pylist()
-        assert got == [{"node": "node-0", "n": 6, "worst": 13}, {"node": "node-1", "n": 6, "worst": 79}]
+        assert got == [
+            {"node": "node-0", "n": 6, "worst": 13},
+            {"node": "node-1", "n": 6, "worst": 79},
+        ]
         results = compact(location, ["gpu_events"])
         assert sorted(r.segments_in for r in results) == [4, 4]
         store.refresh()

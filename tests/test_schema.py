@@ -16,8 +16,18 @@ from faultlens.collectors.store.schema import (
 )
 from faultlens.collectors.store.sink import SegmentSink
 
-DESIGN_TABLES = {"ranks", "gpu_samples", "gpu_events", "steps", "collectives", "process_events", "incidents",
-                 "decisions", "checkpoints", "heartbeats"}
+DESIGN_TABLES = {
+    "ranks",
+    "gpu_samples",
+    "gpu_events",
+    "steps",
+    "collectives",
+    "process_events",
+    "incidents",
+    "decisions",
+    "checkpoints",
+    "heartbeats",
+}
 
 
 def test_every_design_table_has_identity_columns_first():
@@ -29,8 +39,11 @@ def test_every_design_table_has_identity_columns_first():
 
 
 def test_wrong_column_type_names_table_and_column():
-    batch = pa.table({"ts": pa.array([0], pa.timestamp("ns", tz="UTC")), "code": pa.array(["seventy-nine"])})
-    with pytest.raises(SchemaError, match=r"table 'gpu_events': column 'code': expected int32, got string"):
+    batch = pa.table(
+        {"ts": pa.array([0], pa.timestamp("ns", tz="UTC")), "code": pa.array(["seventy-nine"])}
+    )
+    with pytest.raises(SchemaError, match=r"table 'gpu_events': column 'code': expected int32, got "
+                                          r"string"):
         validate("gpu_events", batch)
 
 

@@ -1,5 +1,5 @@
-"""SIGKILL a writer at random moments: no partial file is ever visible, and every row whose flush had returned
-is read back exactly once."""
+"""SIGKILL a writer at random moments: no partial file is ever visible, and every row whose flush
+had returned is read back exactly once."""
 
 import os
 import random
@@ -18,16 +18,26 @@ TRIALS = 50
 
 
 class Zygote:
-    """tests.sink_writer --zygote: forks one real writer process per trial (the imports are paid once)."""
+    """tests.sink_writer --zygote: forks one real writer process per trial (the imports are paid
+    once).
+    """
 
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.sink_writer", "--zygote"], cwd=REPO_ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.sink_writer", "--zygote"],
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
 
-    def run_and_kill(self, store: str, seed: int, job: str, ack: Path, delay: float, after_first_flush: bool) -> int:
-        """Start a writer, wait for it to be ready (and for its first flush), SIGKILL it after `delay` seconds;
-        the number of rows its last returned flush had committed."""
+    def run_and_kill(
+        self, store: str, seed: int, job: str, ack: Path, delay: float, after_first_flush: bool
+    ) -> int:
+        """Start a writer, wait for it to be ready (and for its first flush), SIGKILL it after
+        `delay` seconds; the number of rows its last returned flush had committed."""
         self.proc.stdin.write(f"{store} {seed} {job} {ack}\n")
         self.proc.stdin.flush()
         kind, pid = self.proc.stdout.readline().split()
@@ -41,7 +51,11 @@ class Zygote:
         time.sleep(delay)
         os.kill(int(pid), signal.SIGKILL)
         kind, status = self.proc.stdout.readline().split()
-        assert kind == "exit" and os.WIFSIGNALED(int(status)) and os.WTERMSIG(int(status)) == signal.SIGKILL
+        assert (
+            kind == "exit"
+            and os.WIFSIGNALED(int(status))
+            and os.WTERMSIG(int(status)) == signal.SIGKILL
+        )
         committed = [int(line) for line in _lines(ack)[1:]]
         return committed[-1] if committed else 0
 
@@ -51,7 +65,9 @@ class Zygote:
 
 
 def _lines(path: Path) -> list[str]:
-    """The complete lines of a file another process is writing (a line without its newline is not yet there)."""
+    """The complete lines of a file another process is writing (a line without its newline is not
+    yet there).
+    """
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -67,8 +83,14 @@ def test_sigkill_never_leaves_partial_visible_files(tmp_path):
     checked: set[Path] = set()
     for trial in range(TRIALS):
         job = f"trial-{trial:02d}"
-        acknowledged[job] = zygote.run_and_kill(str(store), seed=trial, job=job, ack=tmp_path / f"{job}.ack",
-                                                delay=rng.uniform(0.0, 0.3), after_first_flush=trial % 2 == 1)
+        acknowledged[job] = zygote.run_and_kill(
+            str(store),
+            seed=trial,
+            job=job,
+            ack=tmp_path / f"{job}.ack",
+            delay=rng.uniform(0.0, 0.3),
+            after_first_flush=trial % 2 == 1,
+        )
         for path in store.rglob("*"):
             if path.is_file() and not path.name.startswith(".") and path not in checked:
                 assert path.suffix == ".parquet", path
@@ -76,11 +98,15 @@ def test_sigkill_never_leaves_partial_visible_files(tmp_path):
                 checked.add(path)  # a visible segment never changes (it lands by an atomic rename)
     with Store(store) as reader:
         for job, committed in acknowledged.items():
-            ids = reader.query("SELECT step FROM steps WHERE job_id = ? ORDER BY step", [job]).column(0).to_pylist()
+            ids = (
+                reader.query("SELECT step FROM steps WHERE job_id = ? ORDER BY step", [job])
+                .column(0)
+                .to_pylist()
+            )
             assert len(ids) == len(set(ids)), f"{job}: a row was read twice"
             assert ids[:committed] == list(range(committed)), f"{job}: acknowledged rows missing"
-            # rows of the flush the kill interrupted may have landed for some partitions (each segment is
-            # atomic on its own), never rows that were not written
+            # rows of the flush the kill interrupted may have landed for some partitions (each
+            # segment is atomic on its own), never rows that were not written
             assert all(i >= committed for i in ids[committed:])
     zygote.close()
     assert sum(acknowledged.values()) > 0

@@ -1,4 +1,6 @@
-"""Rows written through the sink come back through DuckDB identical: types, nulls, tz timestamps, lists, maps."""
+"""Rows written through the sink come back through DuckDB identical: types, nulls, tz timestamps,
+lists, maps.
+"""
 
 import datetime as dt
 
@@ -31,7 +33,10 @@ def test_round_trip_every_table(store_dir, table):
     for field in schema:
         got_type = got.schema.field(field.name).type
         if pa.types.is_timestamp(field.type):
-            assert got_type.unit == "us" and got_type.tz in ("UTC", "Etc/UTC"), (field.name, got_type)
+            assert got_type.unit == "us" and got_type.tz in ("UTC", "Etc/UTC"), (
+                field.name,
+                got_type,
+            )
         else:
             assert got_type.equals(field.type), (field.name, got_type, field.type)
     got = got.cast(schema.remove_metadata())
@@ -42,7 +47,9 @@ def test_partition_layout_and_pruning(store_dir):
     rows = make_rows("steps", 30, seed=3, null_every=0)
     with SegmentSink(store_dir) as sink:
         sink.write("steps", rows)
-    dirs = sorted({p.parent.relative_to(store_dir).as_posix() for p in store_dir.rglob("*.parquet")})
+    dirs = sorted(
+        {p.parent.relative_to(store_dir).as_posix() for p in store_dir.rglob("*.parquet")}
+    )
     assert all(d.startswith("steps/job=job-") and "/date=2026-11-30/node=node-0" in d for d in dirs)
     assert len(dirs) == 2 * 3  # 2 jobs x 3 nodes, one date
     with Store(store_dir, jobs=["job-1"], nodes=["node-02"]) as store:
@@ -55,8 +62,14 @@ def test_partition_layout_and_pruning(store_dir):
 def test_older_segment_with_fewer_columns_still_reads(store_dir):
     """A segment written by an older schema (fewer columns) reads with nulls in the new columns."""
     now = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
-    old = pa.table({"ts": pa.array([now], pa.timestamp("ns", tz="UTC")), "node": ["n1"], "job_id": ["j"],
-                    "step": pa.array([5], pa.int64())})
+    old = pa.table(
+        {
+            "ts": pa.array([now], pa.timestamp("ns", tz="UTC")),
+            "node": ["n1"],
+            "job_id": ["j"],
+            "step": pa.array([5], pa.int64()),
+        }
+    )
     directory = store_dir / "steps" / "job=j" / "date=2026-11-30" / "node=n1"
     directory.mkdir(parents=True)
     pq.write_table(old, directory / "00000000000000000001-old.parquet")
@@ -64,7 +77,10 @@ def test_older_segment_with_fewer_columns_still_reads(store_dir):
         sink.write("steps", [{"ts": now, "node": "n1", "job_id": "j", "step": 6, "loss": 1.5}])
     with Store(store_dir) as store:
         got = store.query("SELECT step, loss, sections FROM steps ORDER BY step").to_pylist()
-    assert got == [{"step": 5, "loss": None, "sections": None}, {"step": 6, "loss": 1.5, "sections": None}]
+    assert got == [
+        {"step": 5, "loss": None, "sections": None},
+        {"step": 6, "loss": 1.5, "sections": None},
+    ]
 
 
 def test_empty_store_has_every_view(store_dir):
@@ -85,14 +101,17 @@ def test_temporary_files_are_invisible(store_dir):
 
 
 def test_segments_dictionary_encode_strings_only(store_dir):
-    """String leaves (node, phase, the section names of the map) are dictionary encoded; numbers are written plain
-    (a dictionary of mostly distinct floats costs twice the encoding time and ends larger after zstd)."""
+    """String leaves (node, phase, the section names of the map) are dictionary encoded; numbers are
+    written plain (a dictionary of mostly distinct floats costs twice the encoding time and ends
+    larger after zstd)."""
     rows = make_rows("steps", 40, seed=5, null_every=0)
     with SegmentSink(store_dir) as sink:
         sink.write("steps", rows)
     segment = next(store_dir.rglob("*.parquet"))
     meta = pq.ParquetFile(segment).metadata.row_group(0)
-    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    encodings = {
+        meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)
+    }
     dictionary = {path for path, found in encodings.items() if "RLE_DICTIONARY" in found}
     assert {"node", "job_id", "phase", "sections.key_value.key"} <= dictionary
     assert not {"duration_s", "sections.key_value.value", "step", "ts"} & dictionary

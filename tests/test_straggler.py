@@ -1,8 +1,9 @@
-"""Straggler detection: per-rank compute sections against peers and own history, persistence, one worker vs
-systemic imbalance, and the GPU clocks-event reasons that explain a slow GPU.
+"""Straggler detection: per-rank compute sections against peers and own history, persistence, one
+worker vs systemic imbalance, and the GPU clocks-event reasons that explain a slow GPU.
 
-Steps are synchronous as in real data-parallel training (every rank's step lasts as long as the slowest rank's
-compute; the others wait in `comm`), so the step wall time alone never points at anyone."""
+Steps are synchronous as in real data-parallel training (every rank's step lasts as long as the
+slowest rank's compute; the others wait in `comm`), so the step wall time alone never points at
+anyone."""
 
 from __future__ import annotations
 
@@ -25,27 +26,50 @@ def engine() -> Engine:
 
 
 def stragglers(store: Path, engine: Engine) -> list:
-    return [i for i in attribute(str(store), engine=engine) if i.incident_class == IncidentClass.STRAGGLER]
+    return [
+        i
+        for i in attribute(str(store), engine=engine)
+        if i.incident_class == IncidentClass.STRAGGLER
+    ]
 
 
 def jittered(seed: int):
     rng = random.Random(seed)
 
     def sections(rank: int, step: int) -> dict[str, float]:
-        return {"data": 0.005 * rng.uniform(0.9, 1.1), "forward": 0.10 * rng.uniform(0.97, 1.03),
-                "backward": 0.20 * rng.uniform(0.97, 1.03), "optimizer": 0.02 * rng.uniform(0.97, 1.03)}
+        return {
+            "data": 0.005 * rng.uniform(0.9, 1.1),
+            "forward": 0.10 * rng.uniform(0.97, 1.03),
+            "backward": 0.20 * rng.uniform(0.97, 1.03),
+            "optimizer": 0.02 * rng.uniform(0.97, 1.03),
+        }
 
     return sections
 
 
-def job(store: Path, world: int, per_node: int, sections, *, steps: int = 100, pp: int | None = None,
-        phase=None) -> None:
+def job(
+    store: Path,
+    world: int,
+    per_node: int,
+    sections,
+    *,
+    steps: int = 100,
+    pp: int | None = None,
+    phase=None,
+) -> None:
     write(store, "ranks", ranks_rows("job-1", 0, world, per_node, pp_size=pp))
-    write(store, "steps", steps_rows("job-1", 0, world, per_node, range(steps), start=1.0, sections=sections,
-                                     phase=phase))
+    write(
+        store,
+        "steps",
+        steps_rows(
+            "job-1", 0, world, per_node, range(steps), start=1.0, sections=sections, phase=phase
+        ),
+    )
 
 
-def test_one_slow_rank_is_found_by_its_compute_section_not_step_time(store_dir: Path, engine: Engine) -> None:
+def test_one_slow_rank_is_found_by_its_compute_section_not_step_time(
+    store_dir: Path, engine: Engine
+) -> None:
     base = jittered(1)
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -63,10 +87,14 @@ def test_one_slow_rank_is_found_by_its_compute_section_not_step_time(store_dir: 
     assert incident.culprit_gpus == ("GPU-0105aaaa",)
     assert incident.cause == Cause.UNKNOWN  # no GPU samples to explain it
     assert incident.first_signal_ts >= at(30 * 0.33)  # not before the slowdown began
-    assert any("slowest section forward" in e.text and "became slow" in e.text for e in incident.evidence)
+    assert any(
+        "slowest section forward" in e.text and "became slow" in e.text for e in incident.evidence
+    )
 
 
-def test_thermal_throttling_on_the_culprit_gpu_gives_cause_thermal(store_dir: Path, engine: Engine) -> None:
+def test_thermal_throttling_on_the_culprit_gpu_gives_cause_thermal(
+    store_dir: Path, engine: Engine
+) -> None:
     base = jittered(2)
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -82,11 +110,20 @@ def test_thermal_throttling_on_the_culprit_gpu_gives_cause_thermal(store_dir: Pa
         for node in ("node-00", "node-01"):
             for index in range(8):
                 hot = node == "node-00" and index == 5
-                samples.append({"ts": at(second), "node": node, "gpu_index": index, "source": "recorded",
-                                "gpu_uuid": f"GPU-{node[-2:]}{index:02d}aaaa",
-                                "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
-                                "temp_c": 91.0 if hot else 64.0, "sm_clock_mhz": 1200 if hot else 1980,
-                                "power_w": 500.0, "clocks_event_reasons": 0x40 | 0x08 if hot else 0})
+                samples.append(
+                    {
+                        "ts": at(second),
+                        "node": node,
+                        "gpu_index": index,
+                        "source": "recorded",
+                        "gpu_uuid": f"GPU-{node[-2:]}{index:02d}aaaa",
+                        "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
+                        "temp_c": 91.0 if hot else 64.0,
+                        "sm_clock_mhz": 1200 if hot else 1980,
+                        "power_w": 500.0,
+                        "clocks_event_reasons": 0x40 | 0x08 if hot else 0,
+                    }
+                )
     write(store_dir, "gpu_samples", samples)
 
     (incident,) = stragglers(store_dir, engine)
@@ -98,7 +135,9 @@ def test_thermal_throttling_on_the_culprit_gpu_gives_cause_thermal(store_dir: Pa
     assert any("temperature 91" in e.text for e in incident.evidence)
 
 
-def test_whole_pipeline_stage_slower_is_workload_imbalance_with_no_node(store_dir: Path, engine: Engine) -> None:
+def test_whole_pipeline_stage_slower_is_workload_imbalance_with_no_node(
+    store_dir: Path, engine: Engine
+) -> None:
     base = jittered(3)
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -117,7 +156,9 @@ def test_whole_pipeline_stage_slower_is_workload_imbalance_with_no_node(store_di
     assert "pipeline stage 3" in incident.evidence[0].text
 
 
-def test_slow_ranks_spread_over_nodes_without_stage_info_are_systemic(store_dir: Path, engine: Engine) -> None:
+def test_slow_ranks_spread_over_nodes_without_stage_info_are_systemic(
+    store_dir: Path, engine: Engine
+) -> None:
     base = jittered(4)
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -152,7 +193,9 @@ def test_imbalance_that_moves_between_ranks_blames_no_node(store_dir: Path, engi
     assert incident.culprit_nodes == () and incident.culprit_ranks == ()
 
 
-def test_transient_one_off_slow_steps_and_eval_steps_raise_nothing(store_dir: Path, engine: Engine) -> None:
+def test_transient_one_off_slow_steps_and_eval_steps_raise_nothing(
+    store_dir: Path, engine: Engine
+) -> None:
     base = jittered(6)
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -208,39 +251,46 @@ def test_bad_thresholds_name_file_key_and_expectation(tmp_path: Path) -> None:
     good = (Path(__file__).resolve().parents[1] / "rules" / "thresholds.yaml").read_text()
     bad = tmp_path / "thresholds.yaml"
     bad.write_text(good.replace("persistence: 0.6", "persistence: 1.5"))
-    with pytest.raises(RulesError, match=r"thresholds\.yaml: straggler\.persistence: expected less than or equal"):
+    with pytest.raises(RulesError, match=r"thresholds\.yaml: straggler\.persistence: expected less "
+                                         r"than or equal"):
         load_thresholds(bad)
     bad.write_text(good.replace("min_window_steps: 8", "min_window_steps: 80"))
-    with pytest.raises(RulesError, match=r"straggler: expected min_window_steps at most window_steps \(20\)"):
+    with pytest.raises(RulesError, match=r"straggler: expected min_window_steps at most "
+                                         r"window_steps \(20\)"):
         load_thresholds(bad)
     bad.write_text(good.replace("  peer_z: 3.5\n", "  peer_z: 3.5\n  peer_zz: 1\n"))
     with pytest.raises(RulesError, match=r"straggler\.peer_zz: unknown key"):
         load_thresholds(bad)
 
 
-def test_real_straggler_steps_blame_the_slow_rank_and_its_section(torch_artifacts: dict[str, Path],
-                                                                 store_dir: Path, engine: Engine) -> None:
+def test_real_straggler_steps_blame_the_slow_rank_and_its_section(
+    torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine
+) -> None:
     artifact = torch_artifacts["straggler"]
     meta = json.loads((artifact / "meta.json").read_text())
     ingest_torch_artifacts(artifact, store_dir)
 
     found = attribute(str(store_dir), engine=engine)
 
-    assert [i.incident_class for i in found] == [IncidentClass.STRAGGLER]  # a clean run: nothing else
+    # a clean run: nothing else
+    assert [i.incident_class for i in found] == [IncidentClass.STRAGGLER]
     (incident,) = found
     assert incident.culprit_ranks == tuple(meta["culprit_ranks"])
     assert incident.culprit_nodes == (meta["node"],)
     assert f"slowest section {meta['expected']['section']}" in incident.evidence[0].text
 
 
-def test_real_steps_of_ranks_that_are_not_slow_raise_nothing(torch_artifacts: dict[str, Path],
-                                                            store_dir: Path, engine: Engine) -> None:
+def test_real_steps_of_ranks_that_are_not_slow_raise_nothing(
+    torch_artifacts: dict[str, Path], store_dir: Path, engine: Engine
+) -> None:
     ingest_torch_artifacts(torch_artifacts["mismatch"], store_dir)  # a clean run with no straggler
 
     assert stragglers(store_dir, engine) == []
 
 
-def test_thermal_slowdown_events_on_the_culprits_node_give_cause_thermal(store_dir: Path, engine: Engine) -> None:
+def test_thermal_slowdown_events_on_the_culprits_node_give_cause_thermal(
+    store_dir: Path, engine: Engine
+) -> None:
     base = jittered(9)
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -250,17 +300,33 @@ def test_thermal_slowdown_events_on_the_culprits_node_give_cause_thermal(store_d
         return s
 
     job(store_dir, 24, 8, sections, steps=60)
-    write(store_dir, "gpu_events", [{"ts": at(6.5), "node": "node-01", "gpu_index": 2, "source": "nvml_sample",
-                                     "kind": "thermal_slowdown_start", "message": "HwThermalSlowdown set"}])
+    write(
+        store_dir,
+        "gpu_events",
+        [
+            {
+                "ts": at(6.5),
+                "node": "node-01",
+                "gpu_index": 2,
+                "source": "nvml_sample",
+                "kind": "thermal_slowdown_start",
+                "message": "HwThermalSlowdown set",
+            }
+        ],
+    )
 
     (incident,) = stragglers(store_dir, engine)
 
     assert incident.culprit_ranks == (10,)
     assert incident.cause == Cause.THERMAL
-    assert any(e.table == "gpu_events" and "thermal_slowdown_start" in e.text for e in incident.evidence)
+    assert any(
+        e.table == "gpu_events" and "thermal_slowdown_start" in e.text for e in incident.evidence
+    )
 
 
-def test_thermal_slowdown_of_another_gpu_of_the_node_explains_nothing(store_dir: Path, engine: Engine) -> None:
+def test_thermal_slowdown_of_another_gpu_of_the_node_explains_nothing(
+    store_dir: Path, engine: Engine
+) -> None:
     base = jittered(9)
 
     def sections(rank: int, step: int) -> dict[str, float]:
@@ -270,8 +336,20 @@ def test_thermal_slowdown_of_another_gpu_of_the_node_explains_nothing(store_dir:
         return s
 
     job(store_dir, 24, 8, sections, steps=60)
-    write(store_dir, "gpu_events", [{"ts": at(6.5), "node": "node-01", "gpu_index": 7, "source": "nvml_sample",
-                                     "kind": "thermal_slowdown_start", "message": "HwThermalSlowdown set"}])
+    write(
+        store_dir,
+        "gpu_events",
+        [
+            {
+                "ts": at(6.5),
+                "node": "node-01",
+                "gpu_index": 7,
+                "source": "nvml_sample",
+                "kind": "thermal_slowdown_start",
+                "message": "HwThermalSlowdown set",
+            }
+        ],
+    )
 
     (incident,) = stragglers(store_dir, engine)
 

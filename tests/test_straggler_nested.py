@@ -1,12 +1,13 @@
 """Communication timed inside a compute section is waiting, not work.
 
-The fixture is the telemetry of a real `faultlens campaign` run (tests/freeze_store.py, attempt 0): the pipeline
-job controller/lab/jobs/pipeline_train.py (2 stages x 2 replicas, gloo, CPU) with stage 1 sleeping 0.12 s more in
-its forward from step 8. Its send/recv calls are timed in sections nested in forward and backward (`forward/recv`,
-`backward/send`). Before, a nested section was left out of the score and its parent's whole time counted as own
-work, and with the p2p inside forward both stages' forward grew by the same ~0.10 s (stage 0 waits for stage 1 in
-its send): no timing tells that from the whole job slowing down, and the campaign's slow-stage scenario found
-nothing. The nested communication is now taken out of its parent (attribution/detectors/straggler/sections.py:
+The fixture is the telemetry of a real `faultlens campaign` run (tests/freeze_store.py, attempt 0):
+the pipeline job controller/lab/jobs/pipeline_train.py (2 stages x 2 replicas, gloo, CPU) with stage
+1 sleeping 0.12 s more in its forward from step 8. Its send/recv calls are timed in sections nested
+in forward and backward (`forward/recv`, `backward/send`). Before, a nested section was left out of
+the score and its parent's whole time counted as own work, and with the p2p inside forward both
+stages' forward grew by the same ~0.10 s (stage 0 waits for stage 1 in its send): no timing tells
+that from the whole job slowing down, and the campaign's slow-stage scenario found nothing. The
+nested communication is now taken out of its parent (attribution/detectors/straggler/sections.py:
 own_time).
 """
 
@@ -24,7 +25,13 @@ from faultlens.attribution.engine import Engine
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy
 from faultlens.attribution.reading.store import Store
-from faultlens.attribution.reading.telemetry import SAMPLE_COLUMNS, SECTION_PREFIX, Telemetry, load_from_store, to_frame
+from faultlens.attribution.reading.telemetry import (
+    SAMPLE_COLUMNS,
+    SECTION_PREFIX,
+    Telemetry,
+    load_from_store,
+    to_frame,
+)
 
 FIXTURE = Path(__file__).parent / "data" / "slow-stage-nested"
 NOW = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
@@ -53,8 +60,9 @@ def test_a_slow_stage_is_found_when_its_neighbours_wait_in_nested_sections() -> 
 
 
 def test_without_the_nested_sections_the_same_run_shows_no_stage() -> None:
-    """The limit the fix lifts, on the same rows: with the nested sections' names unknown (the waits inside the
-    parents, as a script that does not time them), both stages' forward grew alike and nothing stands out."""
+    """The limit the fix lifts, on the same rows: with the nested sections' names unknown (the waits
+    inside the parents, as a script that does not time them), both stages' forward grew alike and
+    nothing stands out."""
     telemetry = _load()
     nested = [c for c in telemetry.steps.columns if c.startswith(SECTION_PREFIX) and "/" in c]
     assert nested  # the fixture holds what the test is about
@@ -62,7 +70,10 @@ def test_without_the_nested_sections_the_same_run_shows_no_stage() -> None:
         SECTION_PREFIX + "forward"].median().unstack()
     grew = forward[True] - forward[False]
     assert (grew > 0.08).all() and abs(grew[0] - grew[1]) < 0.03  # both stages' forward +~0.1 s
-    assert _stragglers(dataclasses.replace(telemetry, steps=telemetry.steps.drop(columns=nested))) == []
+    assert (
+        _stragglers(dataclasses.replace(telemetry, steps=telemetry.steps.drop(columns=nested)))
+        == []
+    )
 
 
 def test_own_time_takes_out_only_the_outermost_nested_communication() -> None:

@@ -1,5 +1,6 @@
-"""Webhook delivery against a real HTTP server on 127.0.0.1 (http.server in a thread): retry with backoff,
-HMAC signature, duplicates recognisable by decision_id, persisted before delivery, never lost."""
+"""Webhook delivery against a real HTTP server on 127.0.0.1 (http.server in a thread): retry with
+backoff, HMAC signature, duplicates recognisable by decision_id, persisted before delivery, never
+lost."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from faultlens.attribution.decision import Action, Decision, DeliveryStatus, Res
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.reading.store import Store
 from faultlens.controller.delivery import DecisionLog, Deliverer
-from faultlens.controller.hooks import PermanentHookError, RetryPolicy, WebhookHook, sign, verify_signature
+from faultlens.controller.hooks import (
+    PermanentHookError,
+    RetryPolicy,
+    WebhookHook,
+    sign,
+    verify_signature,
+)
 from faultlens.controller.hooks.webhook import DECISION_ID_HEADER, SIGNATURE_HEADER
 
 SECRET = "s3cret-for-tests"
@@ -24,16 +31,36 @@ T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 
 
 def make_decision(n: int = 1) -> Decision:
-    incident = Incident(f"inc-{n}", IncidentClass.CRASH, Cause.GPU_HARDWARE, T0, T0, 0.97, "xid-79", "x",
-                        job_id="job-1", attempt=0, culprit_nodes=("node-1",), culprit_ranks=(2,),
-                        evidence=(Evidence("gpu_events", T0, "Xid 79"),))
-    return Decision.for_incident(incident, action=Action.FAILOVER, policy_rule="hardware-failover", reason="xid",
-                                 issued_at=T0, exclude_nodes=("node-1",), restore=Restore("durable", 100, None))
+    incident = Incident(
+        f"inc-{n}",
+        IncidentClass.CRASH,
+        Cause.GPU_HARDWARE,
+        T0,
+        T0,
+        0.97,
+        "xid-79",
+        "x",
+        job_id="job-1",
+        attempt=0,
+        culprit_nodes=("node-1",),
+        culprit_ranks=(2,),
+        evidence=(Evidence("gpu_events", T0, "Xid 79"),),
+    )
+    return Decision.for_incident(
+        incident,
+        action=Action.FAILOVER,
+        policy_rule="hardware-failover",
+        reason="xid",
+        issued_at=T0,
+        exclude_nodes=("node-1",),
+        restore=Restore("durable", 100, None),
+    )
 
 
 class Receiver:
-    """A job controller's endpoint: verifies the signature, answers from a script of status codes, and keeps the
-    decision ids it has already acted on (a duplicate is recognised by X-Faultlens-Decision-Id)."""
+    """A job controller's endpoint: verifies the signature, answers from a script of status codes,
+    and keeps the decision ids it has already acted on (a duplicate is recognised by
+    X-Faultlens-Decision-Id)."""
 
     def __init__(self, store_dir: Path) -> None:
         self.store_dir = store_dir
@@ -53,9 +80,17 @@ class Receiver:
                                     [decision_id]).to_pylist()[0]["n"]
         with self.lock:
             status = self.script.pop(0) if self.script else self.default_status
-            self.requests.append({"body": body, "headers": dict(handler.headers), "status": status,
-                                  "persisted_rows": persisted,
-                                  "signature_ok": verify_signature(SECRET, body, handler.headers[SIGNATURE_HEADER])})
+            self.requests.append(
+                {
+                    "body": body,
+                    "headers": dict(handler.headers),
+                    "status": status,
+                    "persisted_rows": persisted,
+                    "signature_ok": verify_signature(
+                        SECRET, body, handler.headers[SIGNATURE_HEADER]
+                    ),
+                }
+            )
             if status == 200:
                 if decision_id in self.acted_on:
                     self.duplicates.append(decision_id)
@@ -113,7 +148,9 @@ def test_first_attempt_fails_retry_succeeds_signature_verifies(receiver, store_d
     assert state.requests[0]["body"] == state.requests[1]["body"]  # same bytes on every attempt
     assert [r["headers"]["X-Faultlens-Delivery-Attempt"] for r in state.requests] == ["1", "2"]
     # a wrong secret does not verify, a tampered body does not verify
-    assert not verify_signature("other", state.requests[0]["body"], state.requests[0]["headers"][SIGNATURE_HEADER])
+    assert not verify_signature(
+        "other", state.requests[0]["body"], state.requests[0]["headers"][SIGNATURE_HEADER]
+    )
     tampered = state.requests[0]["body"].replace(b"failover", b"escalate")
     assert not verify_signature(SECRET, tampered, state.requests[0]["headers"][SIGNATURE_HEADER])
 
@@ -123,7 +160,8 @@ def test_decision_is_persisted_before_any_delivery(receiver, store_dir: Path) ->
     deliverer = Deliverer(store_dir, [hook(url)], sleep=lambda s: None)
     deliverer.submit(make_decision())
     deliverer.close()
-    assert state.requests[0]["persisted_rows"] >= 1  # the row was visible when the first request arrived
+    # the row was visible when the first request arrived
+    assert state.requests[0]["persisted_rows"] >= 1
     with Store(str(store_dir)) as store:
         rows = store.query("SELECT hook, delivery_status FROM decisions ORDER BY ts").to_pylist()
     assert rows[0] == {"hook": None, "delivery_status": "pending"}
@@ -134,7 +172,8 @@ def test_duplicate_delivery_is_recognisable_by_decision_id(receiver, store_dir: 
     state, url = receiver
     decision = make_decision()
     webhook = hook(url)
-    # at-least-once: the controller acted on it, but the answer was lost and the sender delivers again
+    # at-least-once: the controller acted on it, but the answer was lost and the sender delivers
+    # again
     webhook.deliver(decision, decision.to_json())
     webhook.deliver(decision, decision.to_json())
     assert state.duplicates == [decision.decision_id]
@@ -170,7 +209,9 @@ def test_a_failing_hook_never_loses_the_decision(receiver, store_dir: Path) -> N
     state.default_status = 200
     again = Deliverer(store_dir, [hook(url)], sleep=lambda s: None)
     results = again.redeliver()
-    assert [(r.decision_id, r.status) for r in results] == [(decision.decision_id, DeliveryStatus.DELIVERED)]
+    assert [(r.decision_id, r.status) for r in results] == [
+        (decision.decision_id, DeliveryStatus.DELIVERED)
+    ]
     assert again.log.records()[decision.decision_id].status is DeliveryStatus.DELIVERED
     assert again.redeliver() == []
     again.close()
@@ -194,8 +235,13 @@ def test_unreachable_endpoint_fails_with_backoff_and_keeps_the_decision(store_di
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     sleeps: list[float] = []
-    webhook = WebhookHook(f"http://127.0.0.1:{port}/x", secret=SECRET, name="controller", timeout_s=2,
-                          retry=RetryPolicy(attempts=4, initial_s=0.01, factor=3.0, max_s=0.05))
+    webhook = WebhookHook(
+        f"http://127.0.0.1:{port}/x",
+        secret=SECRET,
+        name="controller",
+        timeout_s=2,
+        retry=RetryPolicy(attempts=4, initial_s=0.01, factor=3.0, max_s=0.05),
+    )
     deliverer = Deliverer(store_dir, [webhook], sleep=sleeps.append)
     results = deliverer.submit(make_decision(3))
     deliverer.close()
@@ -225,18 +271,24 @@ def test_payload_is_the_canonical_contract(receiver, store_dir: Path) -> None:
 
 
 def test_decisions_written_by_an_older_schema_are_still_read(store_dir: Path) -> None:
-    """A segment without the delivery_error/delivery_attempts columns (schema before they were added)."""
+    """A segment without the delivery_error/delivery_attempts columns (schema before they were
+    added).
+    """
     import pyarrow as pa
 
     from faultlens.collectors.store.layout import partition_dir, resolve_store, write_segment
     from faultlens.collectors.store.schema import TABLES
 
     decision = make_decision(11)
-    old_schema = pa.schema([f for f in TABLES["decisions"] if f.name not in ("delivery_error", "delivery_attempts")])
+    old_schema = pa.schema(
+        [f for f in TABLES["decisions"] if f.name not in ("delivery_error", "delivery_attempts")]
+    )
     row = decision.to_row()
     table = pa.Table.from_pylist([{f.name: row.get(f.name) for f in old_schema}], schema=old_schema)
     location = resolve_store(str(store_dir))
-    write_segment(location, partition_dir(location, "decisions", "job-1", "2026-11-30", "node-1"), table)
+    write_segment(
+        location, partition_dir(location, "decisions", "job-1", "2026-11-30", "node-1"), table
+    )
     log = DecisionLog(store_dir)
     assert log.records()[decision.decision_id].decision == decision
     log.close()

@@ -16,10 +16,44 @@ from faultlens.collectors.sources.xid_catalog import (
     load_xid_catalog,
 )
 
-# every Xid of docs/reference/gpu-signals.md section 1 (119/120, 144-150 and 155/156/158 expanded) and Xid 54
-# (the only CHECK_MECHANICALS one, named in the bucket legend)
-REFERENCE_XIDS = [13, 31, 43, 45, 48, 54, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 119, 120, 121, 140, 143,
-                  144, 145, 146, 147, 148, 149, 150, 154, 155, 156, 158]
+# every Xid of docs/reference/gpu-signals.md section 1 (119/120, 144-150 and 155/156/158 expanded)
+# and Xid 54 (the only CHECK_MECHANICALS one, named in the bucket legend)
+REFERENCE_XIDS = [
+    13,
+    31,
+    43,
+    45,
+    48,
+    54,
+    61,
+    62,
+    63,
+    64,
+    68,
+    69,
+    74,
+    79,
+    92,
+    94,
+    95,
+    109,
+    119,
+    120,
+    121,
+    140,
+    143,
+    144,
+    145,
+    146,
+    147,
+    148,
+    149,
+    150,
+    154,
+    155,
+    156,
+    158,
+]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +82,9 @@ def test_every_reference_xid_is_listed(catalog):
     (154, "RECOVERY_ACTION_CHANGED", XidComponent.GPU, "XID_154", XidScope.UNKNOWN),
 ])
 def test_entries(catalog, code, name, component, action, leave):
-    assert catalog.get(code) == XidInfo(code=code, name=name, component=component, action=action, leave=leave)
+    assert catalog.get(code) == XidInfo(
+        code=code, name=name, component=component, action=action, leave=leave
+    )
 
 
 def test_unlisted_code_is_unknown(catalog):
@@ -59,7 +95,13 @@ def test_unlisted_code_is_unknown(catalog):
 
 
 def test_application_errors_follow_the_device_plugin(catalog):
-    assert {code for code in REFERENCE_XIDS if catalog.is_application_error(code)} == {13, 31, 43, 45, 68}
+    assert {code for code in REFERENCE_XIDS if catalog.is_application_error(code)} == {
+        13,
+        31,
+        43,
+        45,
+        68,
+    }
 
 
 def test_hardware_xids_never_say_none(catalog):
@@ -77,16 +119,29 @@ def _good() -> dict:
     return yaml.safe_load(DEFAULT_XID_PATH.read_text())
 
 
-@pytest.mark.parametrize(("mutate", "expected"), [
-    (lambda d: d["xids"][3].update(leave="rack"),
-     ["xids[3].leave: expected one of none, gpu, node, unknown, got 'rack'"]),
-    (lambda d: d["xids"][0].pop("component"), ["xids[0].component: required key is missing"]),
-    (lambda d: d["xids"][1].update(code="31"), ["xids[1].code: expected a valid integer, got '31'"]),
-    (lambda d: d.update(format_version=2), ["format_version: expected 1, got 2"]),
-    (lambda d: d["xids"][2].update(colour="red"), ["xids[2].colour: unknown key (not allowed here)"]),
-    (lambda d: d["xids"].append(dict(d["xids"][0])),
-     ["xids[34].code", "expected a unique Xid, 13 is already at xids[0]"]),
-])
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (
+            lambda d: d["xids"][3].update(leave="rack"),
+            ["xids[3].leave: expected one of none, gpu, node, unknown, got 'rack'"],
+        ),
+        (lambda d: d["xids"][0].pop("component"), ["xids[0].component: required key is missing"]),
+        (
+            lambda d: d["xids"][1].update(code="31"),
+            ["xids[1].code: expected a valid integer, got '31'"],
+        ),
+        (lambda d: d.update(format_version=2), ["format_version: expected 1, got 2"]),
+        (
+            lambda d: d["xids"][2].update(colour="red"),
+            ["xids[2].colour: unknown key (not allowed here)"],
+        ),
+        (
+            lambda d: d["xids"].append(dict(d["xids"][0])),
+            ["xids[34].code", "expected a unique Xid, 13 is already at xids[0]"],
+        ),
+    ],
+)
 def test_bad_catalog_names_file_key_and_expectation(tmp_path, mutate, expected):
     document = _good()
     mutate(document)

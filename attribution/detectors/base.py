@@ -60,7 +60,8 @@ class DetectorInputs:
     thresholds: Thresholds
     catalog: Any  # an XID catalog (attribution.hardware.XidCatalogLike)
     analyzer: Any = None  # the hang analyzer (dumps -> report); None: the built-in analysis
-    dump_requester: Any = None  # asks the supervisor or agents for flight-recorder dumps; None: none asked
+    # asks the supervisor or agents for flight-recorder dumps; None: none asked
+    dump_requester: Any = None
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,13 @@ class JobOptions:
     """How a job pass runs (live mode passes these per poll)."""
 
     settled: Callable[[str | None, int | None], bool] | None = None
-    # live mode: when a failure of the attempt was first seen (None: not seen yet, or a batch pass): the waits for
-    # the other nodes' reports count from then, never from the failure's own stamp alone (torchrun's error files
-    # carry whole seconds, and a loaded collector delivers a report seconds after it was written)
+    # live mode: when a failure of the attempt was first seen (None: not seen yet, or a batch pass):
+    # the waits for the other nodes' reports count from then, never from the failure's own stamp
+    # alone (torchrun's error files carry whole seconds, and a loaded collector delivers a report
+    # seconds after it was written)
     failure_seen: Callable[[str | None, int | None], dt.datetime | None] | None = None
-    already: frozenset[str] = frozenset()  # incident ids reported before: not reported (or analysed) again
+    # incident ids reported before: not reported (or analysed) again
+    already: frozenset[str] = frozenset()
     hangs: bool = True
     stragglers: bool = True
     straggler_last_steps: int | None = None
@@ -80,17 +83,21 @@ class JobOptions:
 
 @dataclass
 class JobPass:
-    """One job's pass: its telemetry and options, the incidents found so far (in order, first wins) and what the
-    detectors noted for the ones after them."""
+    """One job's pass: its telemetry and options, the incidents found so far (in order, first wins)
+    and what the detectors noted for the ones after them."""
 
     telemetry: Telemetry
     now: dt.datetime
     as_of: dt.datetime | None
     options: JobOptions = field(default_factory=JobOptions)
-    hung: dict[AttemptKey, dt.datetime] = field(default_factory=dict)  # attempts reported hung, and since when
-    failed: dict[AttemptKey, dt.datetime] = field(default_factory=dict)  # attempts reported crashed (live)
-    busy: set[AttemptKey] = field(default_factory=set)  # attempts that crashed or are not settled: no hang pass
-    notes: dict[str, Any] = field(default_factory=dict)  # what one detector leaves for the next (by name)
+    # attempts reported hung, and since when
+    hung: dict[AttemptKey, dt.datetime] = field(default_factory=dict)
+    # attempts reported crashed (live)
+    failed: dict[AttemptKey, dt.datetime] = field(default_factory=dict)
+    # attempts that crashed or are not settled: no hang pass
+    busy: set[AttemptKey] = field(default_factory=set)
+    # what one detector leaves for the next (by name)
+    notes: dict[str, Any] = field(default_factory=dict)
     incidents: dict[str, Incident] = field(default_factory=dict)
 
     def add(self, found: Iterable[Incident]) -> None:
@@ -100,8 +107,9 @@ class JobPass:
 
 @dataclass(frozen=True)
 class StorePass:
-    """The pass over every node's GPU events, after the jobs: `failures` are the crash and hang incidents that
-    may explain an event; `settled_before`: only events older than this (live: a failure is reported first)."""
+    """The pass over every node's GPU events, after the jobs: `failures` are the crash and hang
+    incidents that may explain an event; `settled_before`: only events older than this (live: a
+    failure is reported first)."""
 
     gpu_events: pd.DataFrame
     now: dt.datetime
@@ -322,12 +330,15 @@ class DetectorRegistry:
     def names(self) -> tuple[str, ...]:
         return tuple(self._factories)
 
-    def build(self, inputs: DetectorInputs, names: Iterable[str] | None = None) -> tuple[Detector, ...]:
+    def build(
+        self, inputs: DetectorInputs, names: Iterable[str] | None = None
+    ) -> tuple[Detector, ...]:
         """The detectors (all, or `names` in registration order), each built once from `inputs`."""
         wanted = set(self._factories) if names is None else set(names)
         unknown = wanted - set(self._factories)
         if unknown:
-            raise DetectorRegistryError(f"no detector named {', '.join(sorted(unknown))} (registered: "
+            raise DetectorRegistryError(f"no detector named {', '.join(sorted(unknown))} "
+                                        "(registered: "
                                         f"{', '.join(self._factories)})")
         return tuple(factory(inputs) for name, factory in self._factories.items() if name in wanted)
 

@@ -1,6 +1,7 @@
-"""The built-in detectors, registered in the order the engine runs them: crash, hang, straggler, loss (JOB), health
-(STORE). Each wraps one attributor of this room; the order carries the judgment: a crashed attempt is not also a
-hang, a hang's ending is no new crash, and a slowdown that begins after an attempt's failure is its aftermath.
+"""The built-in detectors, registered in the order the engine runs them: crash, hang, straggler,
+loss (JOB), health (STORE). Each wraps one attributor of this room; the order carries the judgment:
+a crashed attempt is not also a hang, a hang's ending is no new crash, and a slowdown that begins
+after an attempt's failure is its aftermath.
 
 Each JOB detector runs two ways (base.py): `detect` over a job's telemetry (JobPass), and
 `detect_attempt` over one attempt of the windowed batch pass (AttemptPass), reading only the windows
@@ -48,8 +49,9 @@ log = logging.getLogger(__name__)
 
 
 def evidence_start(incident: Incident) -> dt.datetime:
-    """When the error signals an incident is made of began: its first signal, unless that was moved back to the
-    culprit's last progress (a silent node), which says when it stopped, not when anything failed."""
+    """When the error signals an incident is made of began: its first signal, unless that was moved
+    back to the culprit's last progress (a silent node), which says when it stopped, not when
+    anything failed."""
     start = incident.details.get("failures_from") if isinstance(incident.details, dict) else None
     if isinstance(start, str):
         try:
@@ -59,11 +61,13 @@ def evidence_start(incident: Incident) -> dt.datetime:
     return incident.first_signal_ts
 
 
-def attempt_failure_starts(telemetry: Telemetry, failures: Iterable[Incident],
-                           failed: dict[AttemptKey, dt.datetime] | None) -> dict[AttemptKey, dt.datetime]:
-    """(job, attempt) -> when the attempt's failure began: its crash incident, the supervisor's first stopping
-    signal (a decided hang's teardown too), a torchrun agent's non-zero exit. Whatever starts later is the
-    failure's aftermath. A hang suspect alone does not count: progress after it disproves it."""
+def attempt_failure_starts(
+    telemetry: Telemetry, failures: Iterable[Incident], failed: dict[AttemptKey, dt.datetime] | None
+) -> dict[AttemptKey, dt.datetime]:
+    """(job, attempt) -> when the attempt's failure began: its crash incident, the supervisor's
+    first stopping signal (a decided hang's teardown too), a torchrun agent's non-zero exit.
+    Whatever starts later is the failure's aftermath. A hang suspect alone does not count: progress
+    after it disproves it."""
     starts: dict[AttemptKey, dt.datetime] = {}
 
     def note(key: AttemptKey, ts: object) -> None:
@@ -83,7 +87,13 @@ def attempt_failure_starts(telemetry: Telemetry, failures: Iterable[Incident],
         exits = events[(events["kind"] == "agent_exit")
                        & (pd.to_numeric(events["exit_code"], errors="coerce").fillna(0) != 0)]
         for job, attempt, ts in zip(exits["job_id"], exits["attempt"], exits["ts"], strict=True):
-            note((None if job is None or job != job else job, None if attempt != attempt else int(attempt)), ts)
+            note(
+                (
+                    None if job is None or job != job else job,
+                    None if attempt != attempt else int(attempt),
+                ),
+                ts,
+            )
     return starts
 
 
@@ -93,9 +103,12 @@ def is_follow_on(incident: Incident, starts: dict[AttemptKey, dt.datetime]) -> b
     return start is not None and incident.first_signal_ts >= start
 
 
-def hung_since(stalled: Iterable[HangSuspect], notice_slack_s: float) -> dict[AttemptKey, dt.datetime]:
-    """(job, attempt) -> from when a failure of it is the ending of its hang: its progress had stopped for longer
-    than allowed (a death by signal is stamped when it was noticed, up to the notice slack late; see crash/)."""
+def hung_since(
+    stalled: Iterable[HangSuspect], notice_slack_s: float
+) -> dict[AttemptKey, dt.datetime]:
+    """(job, attempt) -> from when a failure of it is the ending of its hang: its progress had
+    stopped for longer than allowed (a death by signal is stamped when it was noticed, up to the
+    notice slack late; see crash/)."""
     hung: dict[AttemptKey, dt.datetime] = {}
     for suspect in stalled:
         if suspect.threshold_s is not None:
@@ -105,12 +118,17 @@ def hung_since(stalled: Iterable[HangSuspect], notice_slack_s: float) -> dict[At
     return hung
 
 
-def without_follow_ons(slowdowns: Iterable[Incident], ended: dict[AttemptKey, dt.datetime]) -> list[Incident]:
-    """The slowdowns that do not begin after their attempt's failure began (those are its aftermath)."""
+def without_follow_ons(
+    slowdowns: Iterable[Incident], ended: dict[AttemptKey, dt.datetime]
+) -> list[Incident]:
+    """The slowdowns that do not begin after their attempt's failure began (those are its
+    aftermath).
+    """
     kept = []
     for incident in slowdowns:
         if is_follow_on(incident, ended):
-            log.info("straggler %s of %s attempt %s begins after the attempt's failure: a follow-on, not reported",
+            log.info("straggler %s of %s attempt %s begins after the attempt's failure: a "
+                     "follow-on, not reported",
                      incident.incident_id, incident.job_id, incident.attempt)
             continue
         kept.append(incident)
@@ -127,9 +145,9 @@ class CrashNotes:
 
 
 class CrashDetector:
-    """Primary failures per attempt. An attempt whose progress had stopped for longer than allowed before it
-    failed hung first: the failure that ends the hang is no new crash (live, the hang was reported then; a batch
-    pass agrees)."""
+    """Primary failures per attempt. An attempt whose progress had stopped for longer than allowed
+    before it failed hung first: the failure that ends the hang is no new crash (live, the hang was
+    reported then; a batch pass agrees)."""
 
     name = "crash"
     scope = Scope.JOB
@@ -149,16 +167,31 @@ class CrashDetector:
 
     def detect(self, run: JobPass) -> list[Incident]:
         telemetry = run.telemetry
-        crash = self.attributor.attribute(telemetry, run.now, run.options.settled, run.options.failure_seen)
-        stalled = self.progress.suspects(telemetry, run.as_of) if run.options.hangs and run.as_of is not None \
+        crash = self.attributor.attribute(
+            telemetry, run.now, run.options.settled, run.options.failure_seen
+        )
+        stalled = (
+            self.progress.suspects(telemetry, run.as_of)
+            if run.options.hangs and run.as_of is not None
             else []
+        )
         for key, noticed in hung_since(stalled, self.rules.signal_notice_slack_s).items():
             run.hung[key] = min(run.hung.get(key, noticed), noticed)
-        crashes = [i for i in crash.incidents
-                   if not ((i.job_id, i.attempt) in run.hung and evidence_start(i) >= run.hung[(i.job_id, i.attempt)])]
+        crashes = [
+            i
+            for i in crash.incidents
+            if not (
+                (i.job_id, i.attempt) in run.hung
+                and evidence_start(i) >= run.hung[(i.job_id, i.attempt)]
+            )
+        ]
         run.busy |= {(i.job_id, i.attempt) for i in crashes} | set(crash.pending)
         run.notes[self.name] = CrashNotes(crash, tuple(stalled))
-        return [self.with_dump_evidence(i, telemetry) for i in crashes if i.incident_id not in run.options.already]
+        return [
+            self.with_dump_evidence(i, telemetry)
+            for i in crashes
+            if i.incident_id not in run.options.already
+        ]
 
     def prepare_job(self, run: WindowedPass) -> None:
         """The job's crashes, once, before its attempts: the crash attribution over the job's
@@ -193,23 +226,35 @@ class CrashDetector:
         return [self.with_dump_evidence(i, run.attempt_context()) for i in crashes]
 
     def with_dump_evidence(self, incident: Incident, telemetry: Telemetry) -> Incident:
-        """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors' dumps (the dead
-        rank wrote none, or never joined the collective the others waited in) corroborates the culprit."""
+        """A crash whose attempt left flight-recorder dumps: the hang analysis of the survivors'
+        dumps (the dead rank wrote none, or never joined the collective the others waited in)
+        corroborates the culprit."""
         dumps = latest_dump_set(telemetry.collectives, incident.job_id, incident.attempt)
         if dumps.num_rows == 0 or not incident.culprit_ranks:
             return incident
-        placement = placements(telemetry.ranks, incident.attempt, telemetry.process_events, telemetry.steps,
-                               telemetry.heartbeats)
+        placement = placements(
+            telemetry.ranks,
+            incident.attempt,
+            telemetry.process_events,
+            telemetry.steps,
+            telemetry.heartbeats,
+        )
         try:
             report = self.analyzer(dumps, sorted(placement) or None)
         except Exception as exc:  # evidence only: a failing analysis must not lose the crash
-            log.warning("hang analysis of the dumps of %s attempt %s failed: %s", incident.job_id, incident.attempt,
-                        exc)
+            log.warning(
+                "hang analysis of the dumps of %s attempt %s failed: %s",
+                incident.job_id,
+                incident.attempt,
+                exc,
+            )
             return incident
         culprits = set(getattr(report, "culprit_ranks", ()) or ())
         if not culprits & set(incident.culprit_ranks):
             return incident
-        verdict = getattr(getattr(report, "verdict", None), "value", getattr(report, "verdict", None))
+        verdict = getattr(
+            getattr(report, "verdict", None), "value", getattr(report, "verdict", None)
+        )
         reason = getattr(report, "reason", "")
         line = Evidence("collectives", None, f"flight-recorder dumps agree: {verdict}: {reason}")
         evidence = (*incident.evidence[: self.rules.evidence_limit - 1], line)
@@ -218,14 +263,17 @@ class CrashDetector:
 
 
 class HangDetector:
-    """Collective hangs: the crash rules' hang triggers (collective timeouts) and the attempts whose progress
-    stopped, unless they crashed or are not settled; each suspect's dumps through the hang analysis."""
+    """Collective hangs: the crash rules' hang triggers (collective timeouts) and the attempts whose
+    progress stopped, unless they crashed or are not settled; each suspect's dumps through the hang
+    analysis."""
 
     name = "hang"
     scope = Scope.JOB
 
     def __init__(self, inputs: DetectorInputs) -> None:
-        self.attributor = HangAttributor(inputs.crash_rules, inputs.catalog, inputs.analyzer, inputs.dump_requester)
+        self.attributor = HangAttributor(
+            inputs.crash_rules, inputs.catalog, inputs.analyzer, inputs.dump_requester
+        )
 
     def detect(self, run: JobPass) -> list[Incident]:
         notes = run.notes.get(CrashDetector.name)
@@ -233,14 +281,18 @@ class HangDetector:
             return []
         suspects: dict[str, HangSuspect] = {}
         for trigger in notes.result.hang_triggers:
-            suspect = suspect_from_trigger(trigger.job_id, trigger.attempt, trigger.ts, trigger.evidence,
-                                           run.telemetry.steps)
+            suspect = suspect_from_trigger(
+                trigger.job_id, trigger.attempt, trigger.ts, trigger.evidence, run.telemetry.steps
+            )
             suspects.setdefault(suspect.incident_id, suspect)
         for suspect in notes.stalled:
             if (suspect.job_id, suspect.attempt) not in run.busy:
                 suspects.setdefault(suspect.incident_id, suspect)
-        return [self.attributor.attribute(suspect, run.telemetry, run.now) for incident_id, suspect in suspects.items()
-                if incident_id not in run.options.already and incident_id not in run.incidents]
+        return [
+            self.attributor.attribute(suspect, run.telemetry, run.now)
+            for incident_id, suspect in suspects.items()
+            if incident_id not in run.options.already and incident_id not in run.incidents
+        ]
 
     def detect_attempt(self, run: AttemptPass) -> list[Incident]:
         """The attempt's hang triggers, and its stalled progress unless it crashed or is not
@@ -263,7 +315,9 @@ class HangDetector:
 
 
 class StragglerSlowdowns:
-    """Stragglers; a slowdown that begins after its attempt's failure began is its aftermath, not reported."""
+    """Stragglers; a slowdown that begins after its attempt's failure began is its aftermath, not
+    reported.
+    """
 
     name = "straggler"
     scope = Scope.JOB
@@ -275,8 +329,9 @@ class StragglerSlowdowns:
         if not run.options.stragglers:
             return []
         ended = attempt_failure_starts(run.telemetry, run.incidents.values(), run.failed)
-        return without_follow_ons(self.detector.attribute(run.telemetry, run.now, run.options.straggler_last_steps),
-                                  ended)
+        return without_follow_ons(
+            self.detector.attribute(run.telemetry, run.now, run.options.straggler_last_steps), ended
+        )
 
     def detect_attempt(self, run: AttemptPass) -> list[Incident]:
         """The attempt's slowdowns, scored over its step rows chunk by chunk, less those that begin
@@ -298,7 +353,11 @@ class LossDetector:
         self.monitor = LossMonitor(inputs.thresholds.loss)
 
     def detect(self, run: JobPass) -> list[Incident]:
-        return [i for i in self.monitor.attribute(run.telemetry, run.now) if i.incident_id not in run.options.already]
+        return [
+            i
+            for i in self.monitor.attribute(run.telemetry, run.now)
+            if i.incident_id not in run.options.already
+        ]
 
     def detect_attempt(self, run: AttemptPass) -> list[Incident]:
         """The attempt's first bad step: its step rows that carry a loss, the heartbeats."""
@@ -307,8 +366,8 @@ class LossDetector:
 
 
 class HealthDetector:
-    """Critical GPU events (row-remap failure, DBE, GPU lost, recovery action, leave-the-job XIDs) that no crash
-    or hang explains: a node to drain before it fails a job."""
+    """Critical GPU events (row-remap failure, DBE, GPU lost, recovery action, leave-the-job XIDs)
+    that no crash or hang explains: a node to drain before it fails a job."""
 
     name = "health"
     scope = Scope.STORE
@@ -317,7 +376,9 @@ class HealthDetector:
         self.monitor = HealthMonitor(inputs.thresholds.health, inputs.crash_rules, inputs.catalog)
 
     def detect(self, run: StorePass) -> list[Incident]:
-        return self.monitor.attribute(run.gpu_events, run.failures, run.now, settled_before=run.settled_before)
+        return self.monitor.attribute(
+            run.gpu_events, run.failures, run.now, settled_before=run.settled_before
+        )
 
 
 for _detector in (CrashDetector, HangDetector, StragglerSlowdowns, LossDetector, HealthDetector):

@@ -1,13 +1,14 @@
-"""The numerics detector: a NaN/Inf loss, or a sudden loss spike, is an incident of class `numerics`, cause
-`data_corruption` (docs/design.md "Numerics"), so the restore picks the newest complete checkpoint from before the
-first bad step.
+"""The numerics detector: a NaN/Inf loss, or a sudden loss spike, is an incident of class
+`numerics`, cause `data_corruption` (docs/design.md "Numerics"), so the restore picks the newest
+complete checkpoint from before the first bad step.
 
-The loss comes from the step rows (StepTimer records `step.loss`; the `loss_nonfinite` column of the steps frame
-keeps NaN apart from "no loss given") and from the heartbeats, which carry the first step whose loss was not
-finite as soon as the step ends, whatever the flush interval. One incident per attempt: the first bad step. A
-spike (rules/thresholds.yaml `loss`): the step's mean loss over its ranks is at least spike_factor x the median
-of the previous window_steps steps' means. The culprit ranks are those whose loss went bad at the first bad step;
-loss alone cannot tell a corrupt GPU from a corrupt batch, so no node is named.
+The loss comes from the step rows (StepTimer records `step.loss`; the `loss_nonfinite` column of the
+steps frame keeps NaN apart from "no loss given") and from the heartbeats, which carry the first
+step whose loss was not finite as soon as the step ends, whatever the flush interval. One incident
+per attempt: the first bad step. A spike (rules/thresholds.yaml `loss`): the step's mean loss over
+its ranks is at least spike_factor x the median of the previous window_steps steps' means. The
+culprit ranks are those whose loss went bad at the first bad step; loss alone cannot tell a corrupt
+GPU from a corrupt batch, so no node is named.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class LossMonitor:
         for frame in (steps, beats):
             if frame.empty:
                 continue
-            for job, attempt in frame[["job_id", "attempt"]].drop_duplicates().itertuples(index=False):
+            for job, attempt in (
+                frame[["job_id", "attempt"]].drop_duplicates().itertuples(index=False)
+            ):
                 if job is None or job is pd.NA:
                     continue
                 keys.add((str(job), None if attempt is None or attempt is pd.NA else int(attempt)))
@@ -77,10 +80,15 @@ class LossMonitor:
                 step = int(means.index[i])
                 at = finite[finite["step"] == step]
                 high = at[at["loss"] >= t.spike_factor * median]
-                ranks = tuple(sorted(int(r) for r in (high if not high.empty else at)["rank"].dropna().unique()))
+                ranks = tuple(
+                    sorted(
+                        int(r) for r in (high if not high.empty else at)["rank"].dropna().unique()
+                    )
+                )
                 ts = as_datetime(_done(at).max())
                 return BadLoss(step, ts, ranks, "spike",
-                               f"loss spiked to {values[i]:.4g} at step {step} ({values[i] / median:.1f}x the median "
+                               f"loss spiked to {values[i]:.4g} at step {step} "
+                               f"({values[i] / median:.1f}x the median "
                                f"{median:.4g} of the previous {len(history)} steps; threshold "
                                f"{t.spike_factor:g}x)", "steps")
         return None
@@ -92,13 +100,25 @@ class LossMonitor:
             f"ranks {list(bad.ranks)}" if bad.ranks else "some ranks")
         rule = "numerics-nonfinite-loss" if bad.kind == "nonfinite" else "numerics-loss-spike"
         confidence = 0.95 if bad.kind == "nonfinite" else 0.75
-        summary = (f"numerics: {'NaN/Inf loss' if bad.kind == 'nonfinite' else 'loss spike'} from step {bad.step} "
+        summary = (f"numerics: {'NaN/Inf loss' if bad.kind == 'nonfinite' else 'loss spike'} from "
+                   f"step {bad.step} "
                    f"on {spread}; cause data_corruption: restore from before step {bad.step}")
         return Incident(
-            incident_id=Incident.make_id("numerics", job, attempt, bad.step), incident_class=IncidentClass.NUMERICS,
-            cause=Cause.DATA_CORRUPTION, first_signal_ts=bad.ts, detected_ts=now, confidence=confidence, rule=rule,
-            summary=summary, job_id=job, attempt=attempt, culprit_ranks=bad.ranks,
-            evidence=(Evidence(bad.table, bad.ts, bad.text),), step=bad.step, details={"kind": bad.kind})
+            incident_id=Incident.make_id("numerics", job, attempt, bad.step),
+            incident_class=IncidentClass.NUMERICS,
+            cause=Cause.DATA_CORRUPTION,
+            first_signal_ts=bad.ts,
+            detected_ts=now,
+            confidence=confidence,
+            rule=rule,
+            summary=summary,
+            job_id=job,
+            attempt=attempt,
+            culprit_ranks=bad.ranks,
+            evidence=(Evidence(bad.table, bad.ts, bad.text),),
+            step=bad.step,
+            details={"kind": bad.kind},
+        )
 
 
 def _pick(frame: pd.DataFrame, job: str, attempt: int | None) -> pd.DataFrame:
@@ -132,7 +152,8 @@ def _first_nonfinite(rows: pd.DataFrame, beats: pd.DataFrame) -> BadLoss | None:
             ranks = tuple(sorted(int(r) for r in at["rank"].dropna().unique()))
             ts = as_datetime(_done(at).min())
             candidates.append(BadLoss(step, ts, ranks, "nonfinite",
-                                      f"loss is NaN/Inf at step {step} on {len(ranks)} rank(s) {list(ranks)}",
+                                      f"loss is NaN/Inf at step {step} on {len(ranks)} rank(s) "
+                                      f"{list(ranks)}",
                                       "steps"))
     if not beats.empty and "bad_loss_step" in beats.columns:
         bad = beats[beats["bad_loss_step"].notna()]
@@ -142,7 +163,8 @@ def _first_nonfinite(rows: pd.DataFrame, beats: pd.DataFrame) -> BadLoss | None:
             ranks = tuple(sorted(int(r) for r in at["rank"].dropna().unique()))
             ts = as_datetime(at["ts"].min())
             candidates.append(BadLoss(step, ts, ranks, "nonfinite",
-                                      f"heartbeat: loss went NaN/Inf at step {step} on rank(s) {list(ranks)}",
+                                      f"heartbeat: loss went NaN/Inf at step {step} on rank(s) "
+                                      f"{list(ranks)}",
                                       "heartbeats"))
     if not candidates:
         return None

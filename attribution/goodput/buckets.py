@@ -8,7 +8,9 @@ from faultlens.errors import FaultlensError
 
 
 class GoodputError(ValueError, FaultlensError):
-    """The job cannot be accounted (no telemetry for it, or an empty window): the message says which."""
+    """The job cannot be accounted (no telemetry for it, or an empty window): the message says
+    which.
+    """
 
 
 class Bucket(StrEnum):
@@ -23,8 +25,15 @@ class Bucket(StrEnum):
 
 
 # the bucket that wins where several definitions cover the same instant; UNKNOWN is what is left
-PRIORITY: tuple[Bucket, ...] = (Bucket.CHECKPOINT, Bucket.LOST_WORK, Bucket.PRODUCTIVE, Bucket.STARTUP,
-                                Bucket.RESTART, Bucket.DECISION, Bucket.DETECTION)
+PRIORITY: tuple[Bucket, ...] = (
+    Bucket.CHECKPOINT,
+    Bucket.LOST_WORK,
+    Bucket.PRODUCTIVE,
+    Bucket.STARTUP,
+    Bucket.RESTART,
+    Bucket.DECISION,
+    Bucket.DETECTION,
+)
 BUCKETS: tuple[Bucket, ...] = (*PRIORITY, Bucket.UNKNOWN)
 BADPUT: tuple[Bucket, ...] = tuple(b for b in BUCKETS if b is not Bucket.PRODUCTIVE)
 

@@ -12,14 +12,16 @@ from faultlens.attribution.goodput.clock import NS_PER_S
 
 _INDEX = {bucket: i for i, bucket in enumerate(BUCKETS)}  # a bucket's label in Timeline.labels
 
-# ---------------------------------------------------------------------------------------------- the timeline
+# ---------------------------------------------------------------------------------------------- the
+# timeline
 
 
 @dataclass(frozen=True, eq=False)
 class Timeline:
     """The window cut into elementary segments [bounds[i], bounds[i+1]) with one bucket each."""
 
-    bounds: np.ndarray  # int64 ns, strictly increasing, bounds[0] = window start, bounds[-1] = window end
+    # int64 ns, strictly increasing, bounds[0] = window start, bounds[-1] = window end
+    bounds: np.ndarray
     labels: np.ndarray  # int8 index into BUCKETS, len(bounds) - 1
     _cumulative: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
@@ -45,7 +47,9 @@ class Timeline:
         return self._cumulative[index]
 
     def cumulative(self, bucket: Bucket, at_ns: np.ndarray | int) -> np.ndarray:
-        """Seconds of `bucket` from the window's start up to each time in `at_ns` (clipped to the window)."""
+        """Seconds of `bucket` from the window's start up to each time in `at_ns` (clipped to the
+        window).
+        """
         t = np.clip(np.asarray(at_ns, dtype=np.int64), self.bounds[0], self.bounds[-1])
         cum = self._cum(bucket)
         i = np.clip(np.searchsorted(self.bounds, t, side="right") - 1, 0, len(self.labels) - 1)
@@ -82,8 +86,8 @@ def _coverage(bounds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
 
 def build_timeline(intervals: Mapping[Bucket, tuple[np.ndarray, np.ndarray]], start_ns: int,
                    end_ns: int) -> Timeline:
-    """Cut [start_ns, end_ns] by the intervals of every bucket; each segment takes the first bucket of PRIORITY
-    that covers it, else UNKNOWN."""
+    """Cut [start_ns, end_ns] by the intervals of every bucket; each segment takes the first bucket
+    of PRIORITY that covers it, else UNKNOWN."""
     if end_ns <= start_ns:
         raise GoodputError("the window is empty (its end is not after its start)")
     clipped: dict[Bucket, tuple[np.ndarray, np.ndarray]] = {}

@@ -1,6 +1,6 @@
-"""The policy file: rules/policy.yaml's model (PolicyFile), its loaded form (PolicyConfig with its PolicyRule,
-SoftwareRepeatRule, LemonRule and SlowdownPolicy: the numbers slowdown.py weighs) and the loader
-that turns one into the other (load_policy, policy_from_document)."""
+"""The policy file: rules/policy.yaml's model (PolicyFile), its loaded form (PolicyConfig with its
+PolicyRule, SoftwareRepeatRule, LemonRule and SlowdownPolicy: the numbers slowdown.py weighs) and
+the loader that turns one into the other (load_policy, policy_from_document)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from faultlens.collectors.rule_model import (
 )
 from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_POLICY_PATH = shipped_rule_file("policy.yaml")  # packaged; load_policy reads rule_file (FAULTLENS_RULES)
+# packaged; load_policy reads rule_file (FAULTLENS_RULES)
+DEFAULT_POLICY_PATH = shipped_rule_file("policy.yaml")
 
 
 class PolicyError(RuleFileError):
@@ -75,7 +76,9 @@ class _When(FileModel):
 class _Rule(FileModel):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
     when: _When
-    action: Literal[Action.FAILOVER.value, Action.ESCALATE.value, Action.NOTIFY.value, Action.DRAIN.value]
+    action: Literal[
+        Action.FAILOVER.value, Action.ESCALATE.value, Action.NOTIFY.value, Action.DRAIN.value
+    ]
     reason: str | None = None
     # a failover that needs no culprit node: restart in place from an older checkpoint
     without_culprit: bool = False
@@ -129,7 +132,8 @@ class PolicyRule:
         return not (self.max_nodes is not None and nodes > self.max_nodes)
 
     def when_cause_matched(self, incident: Incident) -> bool:
-        """The rule names causes and this incident's cause is one of them (not a catch-all match)."""
+        """The rule names causes and this incident's cause is one of them (not a catch-all match).
+        """
         return self.causes is not None and incident.cause in self.causes
 
 
@@ -189,8 +193,8 @@ class PolicyConfig:
 
 
 def load_policy(path: str | Path | None = None) -> PolicyConfig:
-    """Load and validate a policy file (default rules/policy.yaml). Raises PolicyError naming file, key and
-    expectation."""
+    """Load and validate a policy file (default rules/policy.yaml). Raises PolicyError naming file,
+    key and expectation."""
     path = Path(path) if path is not None else rule_file("policy.yaml")
     document = load_rule_document(path, PolicyFile, error=PolicyError)
     return policy_from_document(document, source=str(path))
@@ -213,15 +217,21 @@ def policy_from_document(document: Mapping[str, Any], *, source: str) -> PolicyC
             without_culprit=bool(raw.get("without_culprit", False)),
         )
         if rule.id in ids:
-            raise PolicyError(f"{source}: rules[{index}].id: expected a unique id, {rule.id!r} is used twice")
+            raise PolicyError(f"{source}: rules[{index}].id: expected a unique id, {rule.id!r} is "
+                              "used twice")
         ids.add(rule.id)
         if rule.action is Action.FAILOVER and rule.causes is not None and rule.causes & never:
             bad = ", ".join(sorted(c.value for c in rule.causes & never))
-            raise PolicyError(f"{source}: rules[{index}].when.cause: a failover rule may not match a "
+            raise PolicyError(f"{source}: rules[{index}].when.cause: a failover rule may not match "
+                              "a "
                               f"never_failover cause ({bad})")
         rules.append(rule)
-    if not any(not r.classes and not r.causes and r.min_nodes is None and r.max_nodes is None for r in rules):
-        raise PolicyError(f"{source}: rules: expected a last catch-all rule (`when: {{}}`) so every incident gets "
+    if not any(
+        not r.classes and not r.causes and r.min_nodes is None and r.max_nodes is None
+        for r in rules
+    ):
+        raise PolicyError(f"{source}: rules: expected a last catch-all rule (`when: {{}}`) so "
+                          "every incident gets "
                           "exactly one decision")
     repeat = document.get("software_repeat", {})
     lemon = document.get("lemon")
@@ -229,7 +239,9 @@ def policy_from_document(document: Mapping[str, Any], *, source: str) -> PolicyC
     return PolicyConfig(
         source=source,
         confidence_threshold=float(document["confidence_threshold"]),
-        confidence_by_class={IncidentClass(k): float(v) for k, v in document.get("confidence_by_class", {}).items()},
+        confidence_by_class={
+            IncidentClass(k): float(v) for k, v in document.get("confidence_by_class", {}).items()
+        },
         never_failover_causes=never,
         retry_budget_default=int(budget["default"]),
         retry_budget_by_cause={Cause(k): int(v) for k, v in budget.get("by_cause", {}).items()},
@@ -237,14 +249,21 @@ def policy_from_document(document: Mapping[str, Any], *, source: str) -> PolicyC
         software_repeat=SoftwareRepeatRule(
             same_fingerprint_on_other_nodes=repeat.get("same_fingerprint_on_other_nodes", True),
             same_step_after_restart=repeat.get("same_step_after_restart", True),
-            applies_to_causes=frozenset(Cause(c) for c in repeat.get("applies_to_causes",
-                                                                      ["unknown", "software", "oom"])),
+            applies_to_causes=frozenset(
+                Cause(c) for c in repeat.get("applies_to_causes", ["unknown", "software", "oom"])
+            ),
         ),
-        lemon=None if lemon is None else LemonRule(
-            min_incidents=int(lemon["min_incidents"]), min_jobs=int(lemon["min_jobs"]),
+        lemon=None
+        if lemon is None
+        else LemonRule(
+            min_incidents=int(lemon["min_incidents"]),
+            min_jobs=int(lemon["min_jobs"]),
             window_days=float(lemon["window_days"]),
-            causes=frozenset(Cause(c) for c in lemon["causes"]) if "causes" in lemon else None),
-        corruption_causes=frozenset(Cause(c) for c in document.get("corruption_causes", ["data_corruption"])),
+            causes=frozenset(Cause(c) for c in lemon["causes"]) if "causes" in lemon else None,
+        ),
+        corruption_causes=frozenset(
+            Cause(c) for c in document.get("corruption_causes", ["data_corruption"])
+        ),
         max_exclude_nodes=int(document.get("max_exclude_nodes", 2)),
         straggler=SlowdownPolicy.from_document(document.get("straggler")),
     )

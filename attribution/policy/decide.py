@@ -1,6 +1,6 @@
-"""DecisionPolicy: a PolicyConfig applied to one incident -> exactly one decision, in the order of evaluation
-of the package docstring (attribution/policy/__init__.py); the restore is asked of a RestoreChooser with a
-RestoreRequest."""
+"""DecisionPolicy: a PolicyConfig applied to one incident -> exactly one decision, in the order of
+evaluation of the package docstring (attribution/policy/__init__.py); the restore is asked of a
+RestoreChooser with a RestoreRequest."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from faultlens.attribution.policy.slowdown import slowdown_action, slowdown_gate
 
 @dataclass(frozen=True)
 class RestoreRequest:
-    """What the checkpoint catalog needs to choose a restore: the nodes that leave (their local tiers are gone)
-    and, when the cause suggests corruption, a bound the checkpoint must be older than."""
+    """What the checkpoint catalog needs to choose a restore: the nodes that leave (their local
+    tiers are gone) and, when the cause suggests corruption, a bound the checkpoint must be older
+    than."""
 
     job_id: str | None
     exclude_nodes: tuple[str, ...]
@@ -57,11 +58,17 @@ class DecisionPolicy:
         nodes = tuple(dict.fromkeys(incident.culprit_nodes))
 
         def escalate(policy_rule: str, reason: str, cause: Cause | None = None) -> Decision:
-            return Decision.for_incident(incident, action=slowdown_action(incident, Action.ESCALATE),
-                                         policy_rule=policy_rule, reason=reason, issued_at=now, cause=cause)
+            return Decision.for_incident(
+                incident,
+                action=slowdown_action(incident, Action.ESCALATE),
+                policy_rule=policy_rule,
+                reason=reason,
+                issued_at=now,
+                cause=cause,
+            )
 
-        # 0. slowdowns (attribution/policy/slowdown.py): never stopped; systemic, several nodes at once, uncertain
-        #    or not worth a restart -> notify
+        # 0. slowdowns (attribution/policy/slowdown.py): never stopped; systemic, several nodes at
+        # once, uncertain or not worth a restart -> notify
         gated = slowdown_gate(self, incident)
         if gated is not None:
             return gated
@@ -71,33 +78,51 @@ class DecisionPolicy:
         if repeat is not None:
             return escalate("software-repeat", repeat, Cause.SOFTWARE)
 
-        # 2. an escalation the evidence itself asks for (software, systemic imbalance) needs no culprit node:
-        #    say why, rather than "no culprit"
-        rule = next(r for r in config.rules if r.matches(incident))  # the last rule is a catch-all (loader checks)
+        # 2. an escalation the evidence itself asks for (software, systemic imbalance) needs no
+        # culprit node: say why, rather than "no culprit"
+        # the last rule is a catch-all (loader checks)
+        rule = next(r for r in config.rules if r.matches(incident))
         if rule.action is Action.ESCALATE and rule.when_cause_matched(incident):
             return escalate(rule.id, rule.reason)
         if rule.action is Action.NOTIFY and rule.when_cause_matched(incident):
-            return Decision.for_incident(incident, action=Action.NOTIFY, policy_rule=rule.id, reason=rule.reason,
-                                         issued_at=now)
+            return Decision.for_incident(
+                incident,
+                action=Action.NOTIFY,
+                policy_rule=rule.id,
+                reason=rule.reason,
+                issued_at=now,
+            )
 
         # 3. no certain culprit
         threshold = config.threshold_for(incident.incident_class)
         if not nodes and not rule.without_culprit:
             return escalate("no-culprit", "no culprit node identified; a human must look")
         if incident.confidence < threshold:
-            return escalate("low-confidence", f"culprit not certain: confidence {incident.confidence:.2f} < "
+            return escalate("low-confidence", "culprit not certain: confidence "
+                                              f"{incident.confidence:.2f} < "
                                               f"{threshold:.2f}")
 
         # 4. the first matching rule
         if rule.action is Action.ESCALATE:
             return escalate(rule.id, rule.reason)
-        if rule.action is Action.NOTIFY:  # matched by class (or a catch-all): a notification, never a failover
-            return Decision.for_incident(incident, action=Action.NOTIFY, policy_rule=rule.id, reason=rule.reason,
-                                         issued_at=now)
+        # matched by class (or a catch-all): a notification, never a failover
+        if rule.action is Action.NOTIFY:
+            return Decision.for_incident(
+                incident,
+                action=Action.NOTIFY,
+                policy_rule=rule.id,
+                reason=rule.reason,
+                issued_at=now,
+            )
         if rule.action is Action.DRAIN:
-            return Decision.for_incident(incident, action=Action.DRAIN, policy_rule=rule.id,
-                                         reason=f"{rule.reason}: drain {', '.join(nodes)}", issued_at=now,
-                                         exclude_nodes=nodes)
+            return Decision.for_incident(
+                incident,
+                action=Action.DRAIN,
+                policy_rule=rule.id,
+                reason=f"{rule.reason}: drain {', '.join(nodes)}",
+                issued_at=now,
+                exclude_nodes=nodes,
+            )
 
         # 5. failover guards, then the failover itself
         guarded = self._failover_guard(incident, rule, nodes, escalate)
@@ -107,35 +132,55 @@ class DecisionPolicy:
 
     def _failover_guard(self, incident: Incident, rule: PolicyRule, nodes: tuple[str, ...],
                         escalate: Callable[[str, str], Decision]) -> Decision | None:
-        """An escalation where a failover must not happen: a cause never failed over, too many nodes (systemic),
-        or the cause's retry budget spent."""
+        """An escalation where a failover must not happen: a cause never failed over, too many nodes
+        (systemic), or the cause's retry budget spent."""
         config = self.config
         if incident.cause in config.never_failover_causes:
-            return escalate(f"{rule.id}:never-failover", f"cause {incident.cause.value} is never failed over "
+            return escalate(f"{rule.id}:never-failover", f"cause {incident.cause.value} is never "
+                                                         "failed over "
                                                          "(a restart would repeat it)")
         if len(nodes) > config.max_exclude_nodes:
-            return escalate(f"{rule.id}:too-many-nodes", f"{len(nodes)} culprit nodes exceed max_exclude_nodes "
-                                                         f"{config.max_exclude_nodes}: systemic, not one node")
+            return escalate(f"{rule.id}:too-many-nodes", f"{len(nodes)} culprit nodes exceed "
+                                                         "max_exclude_nodes "
+                                                         f"{config.max_exclude_nodes}: systemic, "
+                                                         "not one node")
         budget = config.retry_budget(incident.cause)
-        # the root cause is the kind of failure and its cause: a straggler and a crash of unknown cause are two
+        # the root cause is the kind of failure and its cause: a straggler and a crash of unknown
+        # cause are two
         used = self.history.prior_failovers(incident.job_id, incident.cause, incident.incident_id,
                                             incident.incident_class)
         if used >= budget:
             return escalate(f"{rule.id}:retry-budget-spent",
-                            f"retry budget for cause {incident.cause.value} spent: {used} failovers of {budget}")
+                            f"retry budget for cause {incident.cause.value} spent: {used} "
+                            f"failovers of {budget}")
         return None
 
-    def _failover(self, incident: Incident, rule: PolicyRule, nodes: tuple[str, ...], job_nodes: Iterable[str] | None,
-                  now: dt.datetime, escalate: Callable[[str, str], Decision]) -> Decision:
-        """The failover: the culprit nodes and proactive lemons excluded, and the checkpoint to restore."""
+    def _failover(
+        self,
+        incident: Incident,
+        rule: PolicyRule,
+        nodes: tuple[str, ...],
+        job_nodes: Iterable[str] | None,
+        now: dt.datetime,
+        escalate: Callable[[str, str], Decision],
+    ) -> Decision:
+        """The failover: the culprit nodes and proactive lemons excluded, and the checkpoint to
+        restore.
+        """
         config = self.config
         exclude = list(nodes)
-        reasons = [f"{rule.reason}: exclude {', '.join(nodes)}" if nodes else f"{rule.reason}: exclude no node"]
+        reasons = [f"{rule.reason}: exclude {', '.join(nodes)}" if nodes else f"{rule.reason}: "
+                                                                              "exclude no node"]
         lemons = self._job_lemons(incident, job_nodes, nodes)
         if lemons:
             exclude.extend(lemon.node for lemon in lemons)
-            reasons.append("lemon node(s) excluded proactively: " + ", ".join(
-                f"{lemon.node} ({lemon.incidents} incidents in {lemon.jobs} jobs)" for lemon in lemons))
+            reasons.append(
+                "lemon node(s) excluded proactively: "
+                + ", ".join(
+                    f"{lemon.node} ({lemon.incidents} incidents in {lemon.jobs} jobs)"
+                    for lemon in lemons
+                )
+            )
         restore = None
         if self.restore_chooser is not None:
             corrupt = incident.cause in config.corruption_causes
@@ -144,17 +189,26 @@ class DecisionPolicy:
                                      before_step=incident.step if corrupt else None)
             restore = self.restore_chooser(request)
             if restore is None:
-                reasons.append("no usable checkpoint survives the exclusion: restart from the beginning")
+                reasons.append("no usable checkpoint survives the exclusion: restart from the "
+                               "beginning")
             else:
                 where = f"{restore.tier} step {restore.step}"
-                reasons.append(f"restore {where}" + (" (older than the incident: corruption suspected)"
+                reasons.append(f"restore {where}" + (" (older than the incident: corruption "
+                                                     "suspected)"
                                                      if corrupt else ""))
         if not exclude and restore is None:  # a rollback with nothing to roll back to
-            return escalate(f"{rule.id}:nothing-to-restore", "no node to leave out and no usable checkpoint from "
+            return escalate(f"{rule.id}:nothing-to-restore", "no node to leave out and no usable "
+                                                             "checkpoint from "
                                                              "before the fault: a human must look")
-        return Decision.for_incident(incident, action=Action.FAILOVER, policy_rule=rule.id,
-                                     reason="; ".join(reasons), issued_at=now, exclude_nodes=tuple(exclude),
-                                     restore=restore)
+        return Decision.for_incident(
+            incident,
+            action=Action.FAILOVER,
+            policy_rule=rule.id,
+            reason="; ".join(reasons),
+            issued_at=now,
+            exclude_nodes=tuple(exclude),
+            restore=restore,
+        )
 
     def _software_repeat(self, incident: Incident) -> str | None:
         rule = self.config.software_repeat
@@ -170,17 +224,29 @@ class DecisionPolicy:
         for other in others:
             if other.cause not in rule.applies_to_causes:
                 continue
-            if (rule.same_fingerprint_on_other_nodes and incident.fingerprint
-                    and other.fingerprint == incident.fingerprint and set(other.culprit_nodes) - nodes):
+            if (
+                rule.same_fingerprint_on_other_nodes
+                and incident.fingerprint
+                and other.fingerprint == incident.fingerprint
+                and set(other.culprit_nodes) - nodes
+            ):
                 return (f"the same failure (fingerprint {incident.fingerprint}) seen before on "
-                        f"{', '.join(sorted(set(other.culprit_nodes) - nodes))} (incident {other.incident_id}): "
+                        f"{', '.join(sorted(set(other.culprit_nodes) - nodes))} (incident "
+                        f"{other.incident_id}): "
                         "software")
-            if (rule.same_step_after_restart and incident.step is not None and other.step == incident.step
-                    and other.incident_class == incident.incident_class
-                    and incident.attempt is not None and other.attempt is not None
-                    and other.attempt < incident.attempt):
-                return (f"the job failed again at step {incident.step} after a restart (attempt {other.attempt} "
-                        f"-> {incident.attempt}, incident {other.incident_id}): a deterministic repeat, software")
+            if (
+                rule.same_step_after_restart
+                and incident.step is not None
+                and other.step == incident.step
+                and other.incident_class == incident.incident_class
+                and incident.attempt is not None
+                and other.attempt is not None
+                and other.attempt < incident.attempt
+            ):
+                return (f"the job failed again at step {incident.step} after a restart (attempt "
+                        f"{other.attempt} "
+                        f"-> {incident.attempt}, incident {other.incident_id}): a deterministic "
+                        "repeat, software")
         return None
 
     def _job_lemons(self, incident: Incident, job_nodes: Iterable[str] | None,
@@ -190,5 +256,7 @@ class DecisionPolicy:
         lemons = self.history.lemon_nodes(self.config.lemon, self.clock())
         if not lemons:
             return []
-        members = set(job_nodes) if job_nodes is not None else self.history.job_nodes(incident.job_id)
+        members = (
+            set(job_nodes) if job_nodes is not None else self.history.job_nodes(incident.job_id)
+        )
         return [lemon for lemon in lemons if lemon.node in members and lemon.node not in culprits]

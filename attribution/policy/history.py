@@ -1,5 +1,6 @@
-"""What the policy knows of the past: the PolicyHistory protocol, NoHistory (nothing in it) and StoreHistory (the
-incidents, decisions and ranks tables of a faultlens store), and the lemon nodes they report."""
+"""What the policy knows of the past: the PolicyHistory protocol, NoHistory (nothing in it) and
+StoreHistory (the incidents, decisions and ranks tables of a faultlens store), and the lemon nodes
+they report."""
 
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ class StoreHistory:
     def job_nodes(self, job_id: str | None) -> set[str]:
         if job_id is None:
             return set()
-        rows = self._query(["ranks"], "SELECT DISTINCT node FROM ranks WHERE job_id = ? AND node IS NOT NULL",
+        rows = self._query(["ranks"], "SELECT DISTINCT node FROM ranks WHERE job_id = ? AND node "
+                                      "IS NOT NULL",
                            [job_id])
         return {r["node"] for r in rows}

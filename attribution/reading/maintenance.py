@@ -1,9 +1,10 @@
 """Store maintenance: compaction of small segments and retention by partition date.
 
-Compaction merges the visible segments of one partition into one `c-` segment whose metadata names the segments
-it replaces, then deletes them. A reader listing at any moment sees each row once: before the merged segment
-appears it reads the small ones; after, it drops the replaced ones even if they are still listed; if one
-disappears under a running query the store reader lists again and retries.
+Compaction merges the visible segments of one partition into one `c-` segment whose metadata names
+the segments it replaces, then deletes them. A reader listing at any moment sees each row once:
+before the merged segment appears it reads the small ones; after, it drops the replaced ones even if
+they are still listed; if one disappears under a running query the store reader lists again and
+retries.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from faultlens.collectors.store.layout import (
 from faultlens.collectors.store.schema import TABLE_NAMES, validate
 
 log = logging.getLogger("faultlens.maintenance")
-TEMP_MAX_AGE_S = 3600.0  # a temporary file older than this is removed whoever wrote it (a write takes seconds)
+# a temporary file older than this is removed whoever wrote it (a write takes seconds)
+TEMP_MAX_AGE_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,12 @@ def _partition_files(location: StoreLocation, partition: str) -> tuple[list[str]
     return segments, temps
 
 
-def _remove_leftovers(location: StoreLocation, segments: list[str], temps: list[str], now: float) -> list[str]:
-    """Delete sources that an earlier compaction replaced but could not delete, and stale temp files."""
+def _remove_leftovers(
+    location: StoreLocation, segments: list[str], temps: list[str], now: float
+) -> list[str]:
+    """Delete sources that an earlier compaction replaced but could not delete, and stale temp
+    files.
+    """
     replaced: set[str] = set()
     for path in segments:
         directory, name = path.rsplit("/", 1)
@@ -80,8 +86,8 @@ def _remove_leftovers(location: StoreLocation, segments: list[str], temps: list[
 
 
 def stale_temps(location: StoreLocation, temps: list[str], now: float) -> list[str]:
-    """Temporary files no writer will finish: their writer (this host, by pid) is dead, or they are older than
-    TEMP_MAX_AGE_S. A temp file of a live writer is left alone."""
+    """Temporary files no writer will finish: their writer (this host, by pid) is dead, or they are
+    older than TEMP_MAX_AGE_S. A temp file of a live writer is left alone."""
     stale = []
     for path in temps:
         if writer_is_gone(path.rsplit("/", 1)[-1], local=location.is_local):
@@ -97,8 +103,8 @@ def stale_temps(location: StoreLocation, temps: list[str], now: float) -> list[s
 
 
 def _read_for_compaction(location: StoreLocation, table: str, path: str) -> pa.Table | None:
-    """The segment's rows, or None (with a warning) when it is broken: a broken segment is never merged nor
-    deleted by compaction; `faultlens doctor --quarantine` moves it aside."""
+    """The segment's rows, or None (with a warning) when it is broken: a broken segment is never
+    merged nor deleted by compaction; `faultlens doctor --quarantine` moves it aside."""
     reason = check_segment(location, table, path)
     if reason is None:
         try:
@@ -109,12 +115,19 @@ def _read_for_compaction(location: StoreLocation, table: str, path: str) -> pa.T
         except Exception as exc:
             text = str(exc).strip().splitlines()
             reason = f"unreadable data: {text[0][:200] if text else type(exc).__name__}"
-    log.warning("compact: leaving %s segment %s out: %s (see faultlens doctor)", table, path, reason)
+    log.warning(
+        "compact: leaving %s segment %s out: %s (see faultlens doctor)", table, path, reason
+    )
     return None
 
 
-def compact(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES, *, min_segments: int = 2,
-            clock: Callable[[], float] = time.time) -> list[CompactionResult]:
+def compact(
+    store: str | StoreLocation,
+    tables: Sequence[str] = TABLE_NAMES,
+    *,
+    min_segments: int = 2,
+    clock: Callable[[], float] = time.time,
+) -> list[CompactionResult]:
     """Merge the segments of every partition holding at least `min_segments` of them."""
     location = resolve_store(store)
     results = []
@@ -135,18 +148,25 @@ def compact(store: str | StoreLocation, tables: Sequence[str] = TABLE_NAMES, *, 
                 continue
             merged = pa.concat_tables(parts).sort_by("ts")
             names = ",".join(path.rsplit("/", 1)[-1] for path in segments)
-            merged_path = write_segment(location, partition, merged, name=new_segment_name(COMPACTED_PREFIX),
-                                        metadata={REPLACES_KEY: names.encode()})
+            merged_path = write_segment(
+                location,
+                partition,
+                merged,
+                name=new_segment_name(COMPACTED_PREFIX),
+                metadata={REPLACES_KEY: names.encode()},
+            )
             for path in segments:
                 location.fs.rm_file(path)
-            results.append(CompactionResult(table, partition, len(segments), merged.num_rows, merged_path))
+            results.append(
+                CompactionResult(table, partition, len(segments), merged.num_rows, merged_path)
+            )
     return results
 
 
 def retention(store: str | StoreLocation, days: int, tables: Sequence[str] = TABLE_NAMES, *,
               today: dt.date | None = None, dry_run: bool = False) -> list[RetentionResult]:
-    """Delete every partition whose date is more than `days` days before `today` (UTC); `dry_run`: only say
-    which."""
+    """Delete every partition whose date is more than `days` days before `today` (UTC); `dry_run`:
+    only say which."""
     if days < 0:
         raise ValueError(f"retention days must be >= 0, got {days}")
     location = resolve_store(store)

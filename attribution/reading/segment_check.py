@@ -1,8 +1,10 @@
-"""Is a listed segment one the store reader can use? Its Parquet footer must read, and its columns must be columns
-of its table with types the table's schema can take (union by name). A segment that fails is skipped by readers
-(one warning naming it), counted in `faultlens tables`, listed and quarantined by `faultlens doctor`.
+"""Is a listed segment one the store reader can use? Its Parquet footer must read, and its columns
+must be columns of its table with types the table's schema can take (union by name). A segment that
+fails is skipped by readers (one warning naming it), counted in `faultlens tables`, listed and
+quarantined by `faultlens doctor`.
 
-Only the footer is read (a few KB per segment), once per segment and reader: segments are immutable once visible.
+Only the footer is read (a few KB per segment), once per segment and reader: segments are immutable
+once visible.
 """
 
 from __future__ import annotations
@@ -24,20 +26,27 @@ class BadSegment:
 
 
 def _compatible(actual: pa.DataType, expected: pa.DataType) -> bool:
-    """Types a union by name with the table's own schema reads without changing the column's type's kind."""
+    """Types a union by name with the table's own schema reads without changing the column's type's
+    kind.
+    """
     if actual.equals(expected) or pa.types.is_null(actual):
         return True
-    if pa.types.is_integer(actual) and (pa.types.is_integer(expected) or pa.types.is_floating(expected)):
+    if pa.types.is_integer(actual) and (
+        pa.types.is_integer(expected) or pa.types.is_floating(expected)
+    ):
         return True
     if pa.types.is_floating(actual) and pa.types.is_floating(expected):
         return True
     if pa.types.is_timestamp(actual) and pa.types.is_timestamp(expected):
         return actual.tz is not None and expected.tz is not None
-    if pa.types.is_struct(actual) and pa.types.is_struct(expected):  # evidence: a version-1 segment's ns inside
+    # evidence: a version-1 segment's ns inside
+    if pa.types.is_struct(actual) and pa.types.is_struct(expected):
         return as_ns_type(actual).equals(as_ns_type(expected))
     if pa.types.is_dictionary(actual):
         return _compatible(actual.value_type, expected)
-    if (pa.types.is_large_string(actual) or pa.types.is_string_view(actual)) and pa.types.is_string(expected):
+    if (pa.types.is_large_string(actual) or pa.types.is_string_view(actual)) and pa.types.is_string(
+        expected
+    ):
         return True
     if pa.types.is_large_list(actual) and pa.types.is_list(expected):
         return _compatible(actual.value_type, expected.value_type)
@@ -59,7 +68,8 @@ def check_segment(location: StoreLocation, table: str, path: str) -> str | None:
 @dataclass(frozen=True)
 class SegmentInfo:
     reason: str | None  # None: usable
-    legacy_units: bool = False  # a timestamp column of a unit other than the schema's (version 1: nanoseconds)
+    # a timestamp column of a unit other than the schema's (version 1: nanoseconds)
+    legacy_units: bool = False
 
 
 def _legacy_units(schema: pa.Schema, expected: pa.Schema) -> bool:
@@ -74,7 +84,9 @@ def _legacy_units(schema: pa.Schema, expected: pa.Schema) -> bool:
 
 
 def inspect_segment(location: StoreLocation, table: str, path: str) -> SegmentInfo:
-    """check_segment's answer, and whether the segment's timestamps need converting to the schema's unit."""
+    """check_segment's answer, and whether the segment's timestamps need converting to the schema's
+    unit.
+    """
     reason = _check(location, table, path)
     if isinstance(reason, pa.Schema):
         return SegmentInfo(None, _legacy_units(reason, schema_for(table)))
@@ -82,12 +94,15 @@ def inspect_segment(location: StoreLocation, table: str, path: str) -> SegmentIn
 
 
 def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | None:
-    """Why `path` is not a usable segment of `table`, or its Arrow schema (None: gone since the listing)."""
+    """Why `path` is not a usable segment of `table`, or its Arrow schema (None: gone since the
+    listing).
+    """
     expected = schema_for(table)
     try:
         size = location.fs.size(path)
     except FileNotFoundError:
-        return None  # gone since the listing (compaction, retention): not bad, the reader lists again
+        # gone since the listing (compaction, retention): not bad, the reader lists again
+        return None
     except Exception as exc:
         return f"cannot stat: {_first_line(exc)}"
     if not size:
@@ -97,7 +112,8 @@ def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | 
             schema = pq.ParquetFile(handle).schema_arrow
     except FileNotFoundError:
         return None
-    except Exception as exc:  # ArrowInvalid (truncated, not Parquet), OSError, anything a broken footer raises
+    # ArrowInvalid (truncated, not Parquet), OSError, anything a broken footer raises
+    except Exception as exc:
         return f"not a readable Parquet file ({size} bytes): {_first_line(exc)}"
     owner = (schema.metadata or {}).get(METADATA_TABLE_KEY)
     if owner is not None and owner.decode("utf-8", "replace") != table:

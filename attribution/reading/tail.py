@@ -1,12 +1,13 @@
-"""Tailing a store: after Store.refresh(), read only the segments not seen before, and keep a bounded window of
-rows per table in memory for the live engine.
+"""Tailing a store: after Store.refresh(), read only the segments not seen before, and keep a
+bounded window of rows per table in memory for the live engine.
 
-A tail given a `PartitionListing` (the follower of one job) lists only the partitions its window can hold rows of,
-instead of the whole of each table: see PartitionListing for what it lists and when a new segment is seen.
+A tail given a `PartitionListing` (the follower of one job) lists only the partitions its window can
+hold rows of, instead of the whole of each table: see PartitionListing for what it lists and when a
+new segment is seen.
 
-Compaction replaces small segments by one merged `c-` segment; a merged segment whose replaced segments were all
-read already is skipped, so a row is never counted twice. A segment that cannot be read is logged, counted and
-skipped (it is not retried forever); the engine goes on with the others.
+Compaction replaces small segments by one merged `c-` segment; a merged segment whose replaced
+segments were all read already is skipped, so a row is never counted twice. A segment that cannot be
+read is logged, counted and skipped (it is not retried forever); the engine goes on with the others.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ class NewSegment:
     table: str
     path: str
     rows: int
-    landed_at: float | None  # wall-clock seconds when the segment became visible (its mtime), if known
+    # wall-clock seconds when the segment became visible (its mtime), if known
+    landed_at: float | None
 
 
 @dataclass
@@ -52,8 +54,9 @@ class TailState:
 
 
 class SegmentTail:
-    """Reads new segments of some tables of a Store and keeps their rows (bounded) in memory: as pandas frames
-    (converted once per segment, by `to_frame`), or as Arrow for the tables named in `arrow_tables`."""
+    """Reads new segments of some tables of a Store and keeps their rows (bounded) in memory: as
+    pandas frames (converted once per segment, by `to_frame`), or as Arrow for the tables named in
+    `arrow_tables`."""
 
     def __init__(self, store: object, tables: Sequence[str], *, retain_s: float, max_rows: int,
                  to_frame: Callable[[pa.Table, str], pd.DataFrame],
@@ -67,8 +70,11 @@ class SegmentTail:
         self.arrow_tables = set(arrow_tables)
         self.state = TailState(
             tables={t: empty_table(t) for t in self.tables if t in self.arrow_tables},
-            frames={t: to_frame(empty_table(t), t) for t in self.tables if t not in self.arrow_tables},
-            seen={t: set() for t in self.tables})
+            frames={
+                t: to_frame(empty_table(t), t) for t in self.tables if t not in self.arrow_tables
+            },
+            seen={t: set() for t in self.tables},
+        )
 
     def table(self, name: str) -> pa.Table:
         return self.state.tables[name]
@@ -93,7 +99,9 @@ class SegmentTail:
             for path in fresh:
                 seen.add(path)
                 if path.rsplit("/", 1)[-1].startswith(COMPACTED_PREFIX):
-                    replaced = {f"{path.rsplit('/', 1)[0]}/{old}" for old in replaced_by(location, path)}
+                    replaced = {
+                        f"{path.rsplit('/', 1)[0]}/{old}" for old in replaced_by(location, path)
+                    }
                     if replaced and replaced <= seen:
                         continue  # its rows were read from the segments it replaces
                     if replaced & seen:
@@ -107,19 +115,25 @@ class SegmentTail:
             if not parts:
                 continue
             if name in self.arrow_tables:
-                self.state.tables[name] = self._trim(pa.concat_tables([self.state.tables[name], *parts]))
+                self.state.tables[name] = self._trim(
+                    pa.concat_tables([self.state.tables[name], *parts])
+                )
             else:
                 new = [self.to_frame(part, name) for part in parts]
                 current = self.state.frames[name]
                 frames = [f for f in (current, *new) if not f.empty]
-                merged = pd.concat(frames, ignore_index=True) if len(frames) > 1 else (frames[0] if frames
-                                                                                     else current)
+                merged = (
+                    pd.concat(frames, ignore_index=True)
+                    if len(frames) > 1
+                    else (frames[0] if frames else current)
+                )
                 self.state.frames[name] = self._trim_frame(merged)
         return arrived
 
     def oldest_date(self, name: str) -> str | None:
-        """The UTC date (YYYY-MM-DD) of the window start of table `name`: every row of an older date partition
-        would be dropped on arrival. None while the table holds no rows (any date may hold its first ones)."""
+        """The UTC date (YYYY-MM-DD) of the window start of table `name`: every row of an older date
+        partition would be dropped on arrival. None while the table holds no rows (any date may hold
+        its first ones)."""
         if name in self.arrow_tables:
             table = self.state.tables[name]
             newest = pc.max(table.column("ts")).as_py() if table.num_rows else None
@@ -136,7 +150,8 @@ class SegmentTail:
             known = [c for c in table.column_names if schema_for(name).get_field_index(c) >= 0]
             return validate(name, table.select(known).replace_schema_metadata(None))
         except FileNotFoundError:
-            return None  # compacted away between listing and reading: its rows are in the merged segment
+            # compacted away between listing and reading: its rows are in the merged segment
+            return None
         except (OSError, pa.ArrowException, SchemaError) as exc:
             self.state.unreadable += 1
             log.warning("segment %s of %s cannot be read, skipped: %s", path, name, exc)
@@ -147,7 +162,9 @@ class SegmentTail:
             return table
         cutoff = self._cutoff(pc.max(table.column("ts")).as_py())
         if cutoff is not None:
-            keep = pc.greater_equal(table.column("ts"), pa.scalar(cutoff, table.schema.field("ts").type))
+            keep = pc.greater_equal(
+                table.column("ts"), pa.scalar(cutoff, table.schema.field("ts").type)
+            )
             if not pc.all(keep).as_py():
                 table = table.filter(keep)
         if table.num_rows > self.max_rows:
@@ -158,8 +175,8 @@ class SegmentTail:
     def _cutoff(self, newest: dt.datetime | None) -> dt.datetime | None:
         if newest is None:
             return None
-        # relative to the newest row, but never to a row from the future (a skewed clock must not push
-        # everything else out)
+        # relative to the newest row, but never to a row from the future (a skewed clock must not
+        # push everything else out)
         return min(newest, dt.datetime.now(dt.UTC)) - self.retain
 
     def _trim_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
@@ -189,7 +206,8 @@ def _mtime(location: object, path: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-# ---------------------------------------------------------------- the listing of one job's partitions
+# ---------------------------------------------------------------- the listing of one job's
+# partitions
 
 NODE_JOB = "_node"  # the job= value of node-level rows (GPU samples and events of no job)
 
@@ -198,13 +216,17 @@ def _is_plain_s3(fs: object) -> bool:
     """s3fs without object versions: listed here by ListObjectsV2 with StartAfter."""
     protocol = getattr(fs, "protocol", ())
     protocols = {protocol} if isinstance(protocol, str) else set(protocol)
-    return bool({"s3", "s3a"} & protocols) and hasattr(fs, "call_s3") and not getattr(fs, "version_aware", False)
+    return (
+        bool({"s3", "s3a"} & protocols)
+        and hasattr(fs, "call_s3")
+        and not getattr(fs, "version_aware", False)
+    )
 
 
 def _s3_listing(fs: object, directory: str, start_after: str | None) -> list[dict] | None:
     """The objects below `directory` on S3 whose keys sort after `directory/start_after`: one flat
-    ListObjectsV2 per 1,000 keys, from StartAfter on, as s3fs info dicts. None when `fs` is not a plain S3
-    filesystem (then the caller lists the fsspec way)."""
+    ListObjectsV2 per 1,000 keys, from StartAfter on, as s3fs info dicts. None when `fs` is not a
+    plain S3 filesystem (then the caller lists the fsspec way)."""
     if not _is_plain_s3(fs):
         return None
     bucket, key, _ = fs.split_path(directory)  # type: ignore[attr-defined]
@@ -225,34 +247,36 @@ def _s3_listing(fs: object, directory: str, start_after: str | None) -> list[dic
 
 
 class PartitionListing:
-    """What the follower of one job lists on each poll: the partitions its window can hold rows of, and nothing
-    else of the store.
+    """What the follower of one job lists on each poll: the partitions its window can hold rows of,
+    and nothing else of the store.
 
-    For every tailed table, two prefixes: `<table>/job=<job>/`, and `<table>/job=_node/` (node-level rows: GPU
-    samples and events belong to no job) kept to the nodes of the job (every `node=` value seen so far in the
-    job's own partitions, of any table). Within each prefix only the date partitions on or after `since[table]`, the
-    UTC date of the table's window start (SegmentTail.oldest_date: retain_s behind the table's newest row, or
-    behind now when that row is in the future); every date while the table's window is empty. On S3 a prefix
-    costs one ListObjectsV2 request per 1,000 keys of those dates (StartAfter=`date=<since>`: older dates and other
-    jobs are never sent); elsewhere, a listing of the date directories and one find per date wanted. Node-level
-    partitions of other nodes within those dates are listed (a prefix per node and date would cost a request
-    each) but never read.
+    For every tailed table, two prefixes: `<table>/job=<job>/`, and `<table>/job=_node/` (node-level
+    rows: GPU samples and events belong to no job) kept to the nodes of the job (every `node=` value
+    seen so far in the job's own partitions, of any table). Within each prefix only the date
+    partitions on or after `since[table]`, the UTC date of the table's window start
+    (SegmentTail.oldest_date: retain_s behind the table's newest row, or behind now when that row is
+    in the future); every date while the table's window is empty. On S3 a prefix costs one
+    ListObjectsV2 request per 1,000 keys of those dates (StartAfter=`date=<since>`: older dates and
+    other jobs are never sent); elsewhere, a listing of the date directories and one find per date
+    wanted. Node-level partitions of other nodes within those dates are listed (a prefix per node
+    and date would cost a request each) but never read.
 
-    The bound: a segment that lands in a listed partition, whatever its date and however late it lands, is in the
-    next refresh; a node-level segment of a node the job's partitions do not name yet, in the refresh after the
-    one that first sees the node in them (the same refresh when both are there: the job's prefixes are listed
-    first). Never listed: other jobs; node-level rows of nodes that never wrote into the job's partitions (a job's
-    follower finds health incidents on its own nodes only: follow the whole store for the others); and dates before
-    a table's window start, whose rows are all older than that start (a date partition holds the rows of its UTC
-    day of `ts`, collectors/store/layout.py), so the tail would drop every one of them on arrival. The one
-    difference from listing everything: a table at its max_rows cap keeps its newest rows by arrival, not by time,
-    and would have kept some rows of a late segment of such a date.
+    The bound: a segment that lands in a listed partition, whatever its date and however late it
+    lands, is in the next refresh; a node-level segment of a node the job's partitions do not name
+    yet, in the refresh after the one that first sees the node in them (the same refresh when both
+    are there: the job's prefixes are listed first). Never listed: other jobs; node-level rows of
+    nodes that never wrote into the job's partitions (a job's follower finds health incidents on its
+    own nodes only: follow the whole store for the others); and dates before a table's window start,
+    whose rows are all older than that start (a date partition holds the rows of its UTC day of
+    `ts`, collectors/store/layout.py), so the tail would drop every one of them on arrival. The one
+    difference from listing everything: a table at its max_rows cap keeps its newest rows by
+    arrival, not by time, and would have kept some rows of a late segment of such a date.
 
-    On S3 the listing of each partition listed replaces fsspec's cached listing of it (s3fs answers `info` and
-    `open` of a segment from its parent's cached listing, and a stale one says a new segment does not exist);
-    elsewhere the cache is emptied before listing, as list_segments does. Compacted segments are handled as by
-    list_segments (the segments they replace are left out); the names a compacted segment replaces are read from
-    its footer once, not on every poll.
+    On S3 the listing of each partition listed replaces fsspec's cached listing of it (s3fs answers
+    `info` and `open` of a segment from its parent's cached listing, and a stale one says a new
+    segment does not exist); elsewhere the cache is emptied before listing, as list_segments does.
+    Compacted segments are handled as by list_segments (the segments they replace are left out); the
+    names a compacted segment replaces are read from its footer once, not on every poll.
     """
 
     def __init__(self, location: StoreLocation, job: str) -> None:
@@ -260,14 +284,18 @@ class PartitionListing:
         self.job = safe_value(job)
         self.nodes: set[str] = set()  # node= values of the job's partitions
         self._segments: dict[str, list[str]] = {}
-        self._replaces: dict[str, list[str]] = {}  # compacted segment -> the names it replaces (immutable)
+        # compacted segment -> the names it replaces (immutable)
+        self._replaces: dict[str, list[str]] = {}
 
     def segments(self, table: str) -> list[str]:
-        """The segments of `table` the last refresh found, sorted, replaced ones left out (Store.refresh's lister)."""
+        """The segments of `table` the last refresh found, sorted, replaced ones left out
+        (Store.refresh's lister).
+        """
         return list(self._segments.get(table, []))
 
     def refresh(self, since: Mapping[str, str | None]) -> None:
-        """List what the tables of `since` need (table -> oldest date wanted, None for every date)."""
+        """List what the tables of `since` need (table -> oldest date wanted, None for every date).
+        """
         if not self.location.is_local and not _is_plain_s3(self.location.fs):
             self.location.fs.invalidate_cache()
         try:
@@ -297,8 +325,12 @@ class PartitionListing:
         kept = []
         for path in paths:
             parts = path[len(base):].strip("/").split("/")
-            if len(parts) != 3 or not parts[0].startswith("date=") or not parts[1].startswith("node=") \
-                    or not is_segment_name(parts[2]):
+            if (
+                len(parts) != 3
+                or not parts[0].startswith("date=")
+                or not parts[1].startswith("node=")
+                or not is_segment_name(parts[2])
+            ):
                 continue
             if low is not None and parts[0][len("date="):] < low:
                 continue
@@ -324,7 +356,8 @@ class PartitionListing:
 
     def _cache(self, base: str, entries: list[dict]) -> None:
         fs = self.location.fs
-        fs.invalidate_cache(base)  # base and its ancestors (their listings may lack new date or node directories)
+        # base and its ancestors (their listings may lack new date or node directories)
+        fs.invalidate_cache(base)
         by_directory: dict[str, list[dict]] = {}
         for entry in entries:
             by_directory.setdefault(entry["name"].rsplit("/", 1)[0], []).append(entry)

@@ -1,8 +1,10 @@
-"""The telemetry one attribution pass looks at, as pandas frames, from the store (batch) or from memory (follow).
+"""The telemetry one attribution pass looks at, as pandas frames, from the store (batch) or from
+memory (follow).
 
-Every detector takes a Telemetry bundle rather than a store, so the batch pass (SQL over the whole store) and the
-live pass (rows of new segments accumulated in memory) run the same code. Steps are widened here: the `sections`
-map becomes one float column per section (`sec:<name>`), which is what the straggler detector scores.
+Every detector takes a Telemetry bundle rather than a store, so the batch pass (SQL over the whole
+store) and the live pass (rows of new segments accumulated in memory) run the same code. Steps are
+widened here: the `sections` map becomes one float column per section (`sec:<name>`), which is what
+the straggler detector scores.
 """
 
 from __future__ import annotations
@@ -19,17 +21,41 @@ import pyarrow.compute as pc
 from faultlens.collectors.store.schema import TABLES, empty_table
 
 SECTION_PREFIX = "sec:"
-SAMPLE_COLUMNS = ("ts", "node", "gpu_index", "gpu_uuid", "pci_bus_id", "temp_c", "hbm_temp_c", "power_w",
-                  "sm_clock_mhz", "clocks_event_reasons", "gpu_util_pct")
-PLACEMENT_COLUMNS = ("job_id", "attempt", "rank", "node", "local_rank", "gpu_index", "gpu_uuid", "pci_bus_id",
-                     "pp_rank", "dp_rank", "tp_rank", "world_size", "ts")
+SAMPLE_COLUMNS = (
+    "ts",
+    "node",
+    "gpu_index",
+    "gpu_uuid",
+    "pci_bus_id",
+    "temp_c",
+    "hbm_temp_c",
+    "power_w",
+    "sm_clock_mhz",
+    "clocks_event_reasons",
+    "gpu_util_pct",
+)
+PLACEMENT_COLUMNS = (
+    "job_id",
+    "attempt",
+    "rank",
+    "node",
+    "local_rank",
+    "gpu_index",
+    "gpu_uuid",
+    "pci_bus_id",
+    "pp_rank",
+    "dp_rank",
+    "tp_rank",
+    "world_size",
+    "ts",
+)
 
 SampleFetcher = Callable[[Sequence[str], dt.datetime, dt.datetime], pd.DataFrame]
 
 
 def to_frame(table: pa.Table | None, name: str) -> pd.DataFrame:
-    """An Arrow table of store table `name` as a pandas frame (timestamps tz-aware UTC nanoseconds, whatever the
-    store's unit: the detectors' arithmetic is in ns; ints nullable)."""
+    """An Arrow table of store table `name` as a pandas frame (timestamps tz-aware UTC nanoseconds,
+    whatever the store's unit: the detectors' arithmetic is in ns; ints nullable)."""
     if table is None:
         table = empty_table(name)
     if name == "steps":
@@ -46,13 +72,20 @@ def _types_mapper(arrow_type: pa.DataType) -> object | None:
 
 
 def steps_frame(table: pa.Table) -> pd.DataFrame:
-    """Steps rows as a frame with one `sec:<name>` float column per section name found in the `sections` map."""
+    """Steps rows as a frame with one `sec:<name>` float column per section name found in the
+    `sections` map.
+    """
     sections = table.column("sections") if "sections" in table.column_names else None
     base = table.drop_columns(["sections"]) if sections is not None else table
     frame = base.to_pandas(types_mapper=_types_mapper, coerce_temporal_nanoseconds=True)
-    if "loss" in table.column_names:  # NaN and null are one value in pandas: keep "not finite" apart from "none"
+    # NaN and null are one value in pandas: keep "not finite" apart from "none"
+    if "loss" in table.column_names:
         loss = table.column("loss")
-        bad = pc.fill_null(pc.invert(pc.is_finite(loss)), False) if table.num_rows else pa.array([], pa.bool_())
+        bad = (
+            pc.fill_null(pc.invert(pc.is_finite(loss)), False)
+            if table.num_rows
+            else pa.array([], pa.bool_())
+        )
         frame["loss_nonfinite"] = np.asarray(bad.to_numpy(zero_copy_only=False), dtype=bool)
     if sections is None or table.num_rows == 0:
         return frame
@@ -64,17 +97,22 @@ def steps_frame(table: pa.Table) -> pd.DataFrame:
     encoded = pc.dictionary_encode(array.keys.slice(start, stop - start))
     names = encoded.dictionary.to_pylist()
     which = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    values = array.items.slice(start, stop - start).to_numpy(zero_copy_only=False).astype(np.float64)
+    values = (
+        array.items.slice(start, stop - start).to_numpy(zero_copy_only=False).astype(np.float64)
+    )
     row_of_entry = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     cells = which * table.num_rows + row_of_entry
     finite = ~np.isnan(values)
     size = len(names) * table.num_rows
     # a section named twice in one row is summed
-    wide = np.bincount(cells[finite], weights=values[finite], minlength=size).reshape(len(names), table.num_rows)
+    wide = np.bincount(cells[finite], weights=values[finite], minlength=size).reshape(
+        len(names), table.num_rows
+    )
     present = np.bincount(cells[finite], minlength=size).reshape(len(names), table.num_rows) > 0
     wide[~present] = np.nan
     frame = frame.reset_index(drop=True)
-    for i, name in enumerate(names):  # added in place: a concat would copy every other column of a large frame
+    # added in place: a concat would copy every other column of a large frame
+    for i, name in enumerate(names):
         frame[f"{SECTION_PREFIX}{name}"] = wide[i]
     return frame
 
@@ -104,18 +142,29 @@ class Telemetry:
                 return frame
             return frame[frame["job_id"] == job].reset_index(drop=True)
 
-        nodes = job_nodes(pick(self.ranks), pick(self.steps), pick(self.process_events), pick(self.heartbeats))
+        nodes = job_nodes(
+            pick(self.ranks), pick(self.steps), pick(self.process_events), pick(self.heartbeats)
+        )
         events = self.gpu_events
         if not events.empty:
-            events = events[events["node"].isin(nodes) | (events["job_id"] == job)].reset_index(drop=True)
+            events = events[events["node"].isin(nodes) | (events["job_id"] == job)].reset_index(
+                drop=True
+            )
         collectives = self.collectives
         if collectives.num_rows:
             mask = pc.equal(collectives.column("job_id"), pa.scalar(job))
             collectives = collectives.filter(pc.fill_null(mask, False))
-        return Telemetry(ranks=pick(self.ranks), steps=pick(self.steps), process_events=pick(self.process_events),
-                         gpu_events=events, collectives=collectives, fetch_samples=self.fetch_samples,
-                         jobs=(job,), as_of={job: self.as_of[job]} if job in self.as_of else {},
-                         heartbeats=pick(self.heartbeats))
+        return Telemetry(
+            ranks=pick(self.ranks),
+            steps=pick(self.steps),
+            process_events=pick(self.process_events),
+            gpu_events=events,
+            collectives=collectives,
+            fetch_samples=self.fetch_samples,
+            jobs=(job,),
+            as_of={job: self.as_of[job]} if job in self.as_of else {},
+            heartbeats=pick(self.heartbeats),
+        )
 
 
 def job_nodes(*frames: pd.DataFrame) -> list[str]:
@@ -152,7 +201,8 @@ class Placement:
     @property
     def gpu_label(self) -> str | None:
         return self.gpu_uuid or self.pci_bus_id or (
-            str(self.gpu_index) if self.gpu_index is not None else None)  # an index, never an invented name
+            # an index, never an invented name
+            str(self.gpu_index) if self.gpu_index is not None else None)
 
 
 def _value(row: pd.Series, column: str) -> object | None:
@@ -164,10 +214,12 @@ def _value(row: pd.Series, column: str) -> object | None:
     return value
 
 
-def placements(ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame) -> dict[int, Placement]:
-    """rank -> Placement for one attempt: from the ranks table (latest row per rank), else from the node and
-    local_rank columns of other rows of that attempt (`fallback`, least trusted first: a later frame's values
-    win over an earlier one's)."""
+def placements(
+    ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame
+) -> dict[int, Placement]:
+    """rank -> Placement for one attempt: from the ranks table (latest row per rank), else from the
+    node and local_rank columns of other rows of that attempt (`fallback`, least trusted first: a
+    later frame's values win over an earlier one's)."""
     found: dict[int, Placement] = {}
     for frame in (*fallback, ranks):  # ranks last: it wins
         if frame.empty or "rank" not in frame.columns:
@@ -176,8 +228,20 @@ def placements(ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame
         if attempt is not None and "attempt" in rows.columns:
             same = rows[rows["attempt"] == attempt]
             rows = same if not same.empty else rows
-        wanted = [c for c in ("rank", "ts", "node", "local_rank", "gpu_index", "gpu_uuid", "pci_bus_id", "pp_rank")
-                  if c in rows.columns]
+        wanted = [
+            c
+            for c in (
+                "rank",
+                "ts",
+                "node",
+                "local_rank",
+                "gpu_index",
+                "gpu_uuid",
+                "pci_bus_id",
+                "pp_rank",
+            )
+            if c in rows.columns
+        ]
         rows = rows[wanted]
         if rows.empty:
             continue
@@ -191,8 +255,11 @@ def placements(ranks: pd.DataFrame, attempt: int | None, *fallback: pd.DataFrame
                 value = _value(row, name)
                 if value is None and previous is not None:
                     value = getattr(previous, name)
-                merged[name] = int(value) if name in {"local_rank", "gpu_index", "pp_rank"} and value is not None \
+                merged[name] = (
+                    int(value)
+                    if name in {"local_rank", "gpu_index", "pp_rank"} and value is not None
                     else value
+                )
             found[rank] = Placement(rank=rank, **merged)
     return found
 
@@ -206,8 +273,8 @@ def sql_in_list(values: Iterable[str]) -> str:
 
 
 def load_from_store(store: object, job: str | None = None) -> Telemetry:
-    """Read what attribution needs from a Store (faultlens.attribution.reading.store.Store); GPU samples are fetched on
-    demand."""
+    """Read what attribution needs from a Store (faultlens.attribution.reading.store.Store); GPU
+    samples are fetched on demand."""
     query = store.query  # type: ignore[attr-defined]
     where = "WHERE job_id = ?" if job is not None else "WHERE job_id IS NOT NULL"
     params = [job] if job is not None else None
@@ -225,17 +292,25 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     else:
         gpu_events = to_frame(None, "gpu_events")
     jobs = list_jobs(ranks, steps, events, heartbeats) if job is None else [job]
-    # a replay observes each job up to its own newest row: node telemetry that goes on after a job ended (GPU
-    # samples) does not make a finished job look hung
+    # a replay observes each job up to its own newest row: node telemetry that goes on after a job
+    # ended (GPU samples) does not make a finished job look hung
     as_of = {}
     for name in jobs:
         newest = job_as_of(store, name)
         if newest is not None:
             as_of[name] = newest
 
-    return Telemetry(ranks=ranks, steps=steps, process_events=events, gpu_events=gpu_events,
-                     collectives=collectives if collectives.num_rows else empty_table("collectives"),
-                     fetch_samples=sample_fetcher(store), jobs=tuple(jobs), as_of=as_of, heartbeats=heartbeats)
+    return Telemetry(
+        ranks=ranks,
+        steps=steps,
+        process_events=events,
+        gpu_events=gpu_events,
+        collectives=collectives if collectives.num_rows else empty_table("collectives"),
+        fetch_samples=sample_fetcher(store),
+        jobs=tuple(jobs),
+        as_of=as_of,
+        heartbeats=heartbeats,
+    )
 
 
 def job_as_of(store: object, job: str) -> dt.datetime | None:
@@ -245,13 +320,16 @@ def job_as_of(store: object, job: str) -> dt.datetime | None:
         "SELECT max(end_ts) FROM steps WHERE job_id = ? UNION ALL "
         "SELECT max(ts) FROM process_events WHERE job_id = ? UNION ALL "
         "SELECT max(ts) FROM heartbeats WHERE job_id = ? UNION ALL "
-        "SELECT max(ts) FROM collectives WHERE job_id = ? UNION ALL SELECT max(ts) FROM ranks WHERE job_id = ?)",
+        "SELECT max(ts) FROM collectives WHERE job_id = ? UNION ALL SELECT max(ts) FROM ranks "
+        "WHERE job_id = ?)",
         [job] * 6).to_pylist()[0]
     return row["t"]
 
 
 def sample_fetcher(store: object) -> SampleFetcher:
-    """GPU samples of some nodes over a time range, read from the store when a detector asks for them."""
+    """GPU samples of some nodes over a time range, read from the store when a detector asks for
+    them.
+    """
     query = store.query  # type: ignore[attr-defined]
 
     def fetch(sample_nodes: Sequence[str], start: dt.datetime, end: dt.datetime) -> pd.DataFrame:

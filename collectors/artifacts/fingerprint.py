@@ -1,12 +1,14 @@
-"""Python traceback parsing and fingerprints that stay equal for the same bug on other nodes, ranks and attempts.
+"""Python traceback parsing and fingerprints that stay equal for the same bug on other nodes, ranks
+and attempts.
 
-A fingerprint hashes the exception type, the message with its variable parts replaced (addresses, hosts and ports,
-paths, hex ids, numbers: ranks, pids, steps, sizes), and the innermost frames as (normalised file, function): line
-numbers are left out (the same frames on a node with a patched copy still match), files are reduced to their path
-inside site-packages or to their base name (install prefixes, checkouts and temporary directories differ between
-nodes). Only the innermost frames count, and start-up frames (module level, runpy, torch's @record wrapper) are left
-out, because the same exception is reported with different outer frames by different sources (torch's error.json
-starts at the @record wrapper, stderr at <module>).
+A fingerprint hashes the exception type, the message with its variable parts replaced (addresses,
+hosts and ports, paths, hex ids, numbers: ranks, pids, steps, sizes), and the innermost frames as
+(normalised file, function): line numbers are left out (the same frames on a node with a patched
+copy still match), files are reduced to their path inside site-packages or to their base name
+(install prefixes, checkouts and temporary directories differ between nodes). Only the innermost
+frames count, and start-up frames (module level, runpy, torch's @record wrapper) are left out,
+because the same exception is reported with different outer frames by different sources (torch's
+error.json starts at the @record wrapper, stderr at <module>).
 """
 
 from __future__ import annotations
@@ -22,10 +24,14 @@ FINGERPRINT_FRAMES = 6
 
 _TRACEBACK_HEADER = "Traceback (most recent call last):"
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+?))?\s*$')
-_EXCEPTION_LINE_RE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|"
-                                r"NotMet|Timeout|Fault)|[A-Za-z_][\w.]*\.[A-Z]\w*)(?::\s?(?P<message>.*))?$")
-_CHAIN_RE = re.compile(r"^(During handling of the above exception|The above exception was the direct cause)")
-#: glog-style lines (torch's C++ and torchrun's logging): "W1130 04:20:25.214000 8192 file.py:1028] ..."
+_EXCEPTION_LINE_RE = re.compile(
+    r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure|"
+    r"NotMet|Timeout|Fault)|[A-Za-z_][\w.]*\.[A-Z]\w*)(?::\s?(?P<message>.*))?$"
+)
+_CHAIN_RE = re.compile(r"^(During handling of the above exception|The above exception was the "
+                       r"direct cause)")
+#: glog-style lines (torch's C++ and torchrun's logging): "W1130 04:20:25.214000 8192 file.py:1028]
+#: ..."
 _LOG_LINE_RE = re.compile(r"^\[?[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+ ")
 #: prefixes torch and torchrun put in front of a worker's lines: "[default2]:[rank2]: ", "[rank2]: "
 LINE_PREFIX_RE = re.compile(r"^(?:\[default(?P<local>\d+)\]:)?(?:\[rank(?P<rank>\d+)\]:)?\s?")
@@ -34,8 +40,16 @@ _MESSAGE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
     (re.compile(r"\[?\b\d{1,3}(?:\.\d{1,3}){3}\]?(?::\d+)?"), "<host>"),
     (re.compile(r"\[?[0-9a-fA-F:]*::[0-9a-fA-F:]*\]?:\d+"), "<host>"),
-    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
-    (re.compile(r"(?:[A-Za-z]:)?(?:/[^\s/:'\"\]\[,)(]+)+/(?P<base>[^\s/:'\"\]\[,)(]+)"), r"\g<base>"),
+    (
+        re.compile(
+            r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
+        ),
+        "<uuid>",
+    ),
+    (
+        re.compile(r"(?:[A-Za-z]:)?(?:/[^\s/:'\"\]\[,)(]+)+/(?P<base>[^\s/:'\"\]\[,)(]+)"),
+        r"\g<base>",
+    ),
     (re.compile(r"\b(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{12,}\b"), "<hex>"),
     (re.compile(r"(?<![A-Za-z_])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "<n>"),
     (re.compile(r"\s+"), " "),
@@ -80,9 +94,13 @@ def normalise_path(path: str) -> str:
 
 
 def is_entry_frame(frame: Frame) -> bool:
-    """Start-up plumbing that one source shows and another does not: module level, runpy, torch's @record."""
+    """Start-up plumbing that one source shows and another does not: module level, runpy, torch's
+    @record.
+    """
     path = normalise_path(frame.filename)
-    return frame.function == "<module>" or path.startswith("<frozen") or path.startswith(_ENTRY_PATHS)
+    return (
+        frame.function == "<module>" or path.startswith("<frozen") or path.startswith(_ENTRY_PATHS)
+    )
 
 
 def normalise_message(message: str) -> str:
@@ -93,9 +111,14 @@ def normalise_message(message: str) -> str:
     return text.strip()
 
 
-def fingerprint(exception_type: str | None, message: str, frames: tuple[Frame, ...] | list[Frame] = (),
-                depth: int = FINGERPRINT_FRAMES) -> str:
-    """16 hex digits identifying a bug: same type, same normalised message, same innermost frames."""
+def fingerprint(
+    exception_type: str | None,
+    message: str,
+    frames: tuple[Frame, ...] | list[Frame] = (),
+    depth: int = FINGERPRINT_FRAMES,
+) -> str:
+    """16 hex digits identifying a bug: same type, same normalised message, same innermost frames.
+    """
     short_type = (exception_type or "").rsplit(".", 1)[-1]
     parts = [short_type, normalise_message(message)]
     inner = [f for f in frames if not is_entry_frame(f)][-depth:]
@@ -104,7 +127,9 @@ def fingerprint(exception_type: str | None, message: str, frames: tuple[Frame, .
 
 
 def split_exception_line(line: str) -> tuple[str | None, str]:
-    """('ValueError', 'bad value') from 'ValueError: bad value'; (None, line) when it names no exception."""
+    """('ValueError', 'bad value') from 'ValueError: bad value'; (None, line) when it names no
+    exception.
+    """
     match = _EXCEPTION_LINE_RE.match(line.strip())
     if not match:
         return None, line.strip()
@@ -112,8 +137,9 @@ def split_exception_line(line: str) -> tuple[str | None, str]:
 
 
 def parse_traceback(text: str) -> ParsedTraceback | None:
-    """The last traceback of `text` (worker prefixes stripped, any common indentation allowed), or None when it
-    holds none. A message continued over several lines is kept until a blank or a log line."""
+    """The last traceback of `text` (worker prefixes stripped, any common indentation allowed), or
+    None when it holds none. A message continued over several lines is kept until a blank or a log
+    line."""
     found = None
     for found in iter_tracebacks(text.splitlines()):  # noqa: B007 - the last one is wanted
         pass
@@ -121,8 +147,8 @@ def parse_traceback(text: str) -> ParsedTraceback | None:
 
 
 def iter_tracebacks(lines: list[str]) -> Iterator[ParsedTraceback]:
-    """Every traceback in `lines`, in order; of a chain ("During handling of the above exception ...") only the
-    last, the one that was raised."""
+    """Every traceback in `lines`, in order; of a chain ("During handling of the above exception
+    ...") only the last, the one that was raised."""
     cleaned = [strip_prefixes(line.rstrip("\n")) for line in lines]
     index = 0
     while index < len(cleaned):
@@ -144,7 +170,13 @@ def _parse_block(lines: list[str], start: int) -> tuple[ParsedTraceback, int]:
         line = lines[index]
         match = _FRAME_RE.match(line)
         if match:
-            frames.append(Frame(match.group("file"), int(match.group("line")), (match.group("func") or "").strip()))
+            frames.append(
+                Frame(
+                    match.group("file"),
+                    int(match.group("line")),
+                    (match.group("func") or "").strip(),
+                )
+            )
             frame_indent = _indent(line)
         elif not line.strip() or (frame_indent is not None and _indent(line) > frame_indent):
             pass  # the source line and caret markers under a frame

@@ -1,24 +1,26 @@
 """A compiled, data-only scanner for flight-recorder pickles: entries straight into column arrays.
 
-``pickle.load`` of a 2,000-entry dump builds ~100,000 Python objects, and turning them into rows builds as many
-again; at 16,384 ranks that is minutes. This scanner (numba, no GIL) walks the pickle opcodes once and writes what
-the collectives table needs into NumPy arrays, without creating Python objects for entries.
+``pickle.load`` of a 2,000-entry dump builds ~100,000 Python objects, and turning them into rows
+builds as many again; at 16,384 ranks that is minutes. This scanner (numba, no GIL) walks the pickle
+opcodes once and writes what the collectives table needs into NumPy arrays, without creating Python
+objects for entries.
 
-Safety: it understands only the opcodes that spell plain data (containers, strings, bytes, ints, floats, bools,
-None, the memo). Any other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, EXT*, PERSID, text
-protocol-0 forms, sets), any value it cannot hold (an int wider than 64 bits, a memo index out of range), and any
-truncation or inconsistency makes it return a non-zero status, and the caller hands the file to the restricted
-unpickler (faultlens.collectors.artifacts.safe_pickle), which loads it or refuses it with the error a user sees.
-Nothing here
-calls code named by the pickle.
+Safety: it understands only the opcodes that spell plain data (containers, strings, bytes, ints,
+floats, bools, None, the memo). Any other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ,
+NEWOBJ, EXT*, PERSID, text protocol-0 forms, sets), any value it cannot hold (an int wider than 64
+bits, a memo index out of range), and any truncation or inconsistency makes it return a non-zero
+status, and the caller hands the file to the restricted unpickler
+(faultlens.collectors.artifacts.safe_pickle), which loads it or refuses it with the error a user
+sees. Nothing here calls code named by the pickle.
 
-Layout: pass 1 builds a "tape": node kind, value or string offset/length, and each container's children as runs
-of a child array (a container filled by one APPENDS/SETITEMS/TUPLE is one run; a long list appended in batches is
-a chain of runs), so memoized containers shared through BINGET stay one node. Pass 2 reads the fields of every
-entry dict under the top-level 'entries' key, and the top-level fields, pg_config and pg_status, into arrays.
-Workspace arrays are reused across files by each thread (allocating them per file costs more than parsing).
-numba did not inline helper functions taking arrays here (each call paid reference counting), so the hot loops
-are written out by hand.
+Layout: pass 1 builds a "tape": node kind, value or string offset/length, and each container's
+children as runs of a child array (a container filled by one APPENDS/SETITEMS/TUPLE is one run; a
+long list appended in batches is a chain of runs), so memoized containers shared through BINGET stay
+one node. Pass 2 reads the fields of every entry dict under the top-level 'entries' key, and the
+top-level fields, pg_config and pg_status, into arrays. Workspace arrays are reused across files by
+each thread (allocating them per file costs more than parsing). numba did not inline helper
+functions taking arrays here (each call paid reference counting), so the hot loops are written out
+by hand.
 """
 
 # ruff: noqa: SIM109  (explicit == chains keep the numba hot loop free of tuple membership tests)
@@ -31,25 +33,66 @@ OK = 0
 UNSUPPORTED = 1  # an opcode outside plain data: let the restricted unpickler decide (and refuse)
 CORRUPT = 2  # truncated or inconsistent: let the restricted unpickler produce the error message
 NOT_A_DUMP = 3  # well-formed plain data, but not a dict with an 'entries' list of dicts
-LIMIT = 4  # more than the output arrays or the element budget hold: the restricted path applies the limits
+# more than the output arrays or the element budget hold: the restricted path applies the limits
+LIMIT = 4
 
-# Contract with the restricted unpickler (the reference): the scanner returns OK only for input that the reference
-# loads to the same value; everything else (any doubt) is declined with a non-zero status and the reference
-# decides. So both readers accept and refuse exactly the same files. Every read of `buf` is preceded by a bounds
-# check written without overflow (`length > n - pos`), and every write to a workspace array by a capacity check.
+# Contract with the restricted unpickler (the reference): the scanner returns OK only for input that
+# the reference loads to the same value; everything else (any doubt) is declined with a non-zero
+# status and the reference decides. So both readers accept and refuse exactly the same files. Every
+# read of `buf` is preceded by a bounds check written without overflow (`length > n - pos`), and
+# every write to a workspace array by a capacity check.
 
 K_NONE, K_FALSE, K_TRUE, K_INT, K_FLOAT, K_STR, K_BYTES, K_LIST, K_DICT, K_TUPLE = range(10)
 
 ENTRY_KEYS = (
-    "record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
-    "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
-    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "is_p2p", "frames",
-    "name", "filename", "line", "entries",
+    "record_id",
+    "pg_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "profiling_name",
+    "time_created_ns",
+    "input_sizes",
+    "input_dtypes",
+    "output_sizes",
+    "output_dtypes",
+    "state",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "retired",
+    "timeout_ms",
+    "is_p2p",
+    "frames",
+    "name",
+    "filename",
+    "line",
+    "entries",
     # top level, pg_config and pg_status (read by _top)
-    "version", "pg_config", "pg_status", "rank", "world_size", "node", "comm_lib_version", "nccl_version", "desc",
-    "ranks", "last_enqueued_collective", "last_started_collective", "last_completed_collective",
+    "version",
+    "pg_config",
+    "pg_status",
+    "rank",
+    "world_size",
+    "node",
+    "comm_lib_version",
+    "nccl_version",
+    "desc",
+    "ranks",
+    "last_enqueued_collective",
+    "last_started_collective",
+    "last_completed_collective",
 )
-TOP_FIELDS = ("version", "pg_config", "pg_status", "rank", "world_size", "node", "comm_lib_version", "nccl_version")
+TOP_FIELDS = (
+    "version",
+    "pg_config",
+    "pg_status",
+    "rank",
+    "world_size",
+    "node",
+    "comm_lib_version",
+    "nccl_version",
+)
 # int fields of an entry, in the order of the `ints` output rows
 INT_FIELDS = ("record_id", "pg_id", "collective_seq_id", "p2p_seq_id", "op_id", "time_created_ns",
               "time_discovered_started_ns", "time_discovered_completed_ns", "timeout_ms")
@@ -77,26 +120,82 @@ def _u32(buf, pos):
 
 
 @njit(cache=True, nogil=True)
-def _tape(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next,
-          max_string):
-    """Pass 1 into workspace arrays (capacity >= len(buf) + 2; memo and head all -1, and left all -1 but for the
-    heads of this tape's nodes, which the caller resets after reading them).
-    Returns (status, root, kind, ival, ilen, n_nodes, eparent, echild, n_edges, n_runs)."""
-    status, root, nn, ne, memo_hi, nr = _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo,
-                                                    head, tail, run_start, run_end, run_next, max_string)
+def _tape(
+    buf,
+    kind,
+    ival,
+    ilen,
+    eparent,
+    echild,
+    stack,
+    marks,
+    memo,
+    head,
+    tail,
+    run_start,
+    run_end,
+    run_next,
+    max_string,
+):
+    """Pass 1 into workspace arrays (capacity >= len(buf) + 2; memo and head all -1, and left all -1
+    but for the heads of this tape's nodes, which the caller resets after reading them). Returns
+    (status, root, kind, ival, ilen, n_nodes, eparent, echild, n_edges, n_runs)."""
+    status, root, nn, ne, memo_hi, nr = _tape_inner(
+        buf,
+        kind,
+        ival,
+        ilen,
+        eparent,
+        echild,
+        stack,
+        marks,
+        memo,
+        head,
+        tail,
+        run_start,
+        run_end,
+        run_next,
+        max_string,
+    )
     for i in range(memo_hi + 1):
         memo[i] = -1
     return status, root, kind, ival, ilen, nn, eparent, echild, ne, nr
 
 
 @njit(cache=True, nogil=True)
-def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end,
-                run_next, max_string):
+def _tape_inner(
+    buf,
+    kind,
+    ival,
+    ilen,
+    eparent,
+    echild,
+    stack,
+    marks,
+    memo,
+    head,
+    tail,
+    run_start,
+    run_end,
+    run_next,
+    max_string,
+):
     n = buf.shape[0]
     cap = kind.shape[0]
-    if (n + 2 > cap or echild.shape[0] < cap or stack.shape[0] < cap or marks.shape[0] < cap or memo.shape[0] < cap
-            or head.shape[0] < cap or tail.shape[0] < cap or run_start.shape[0] < cap or run_end.shape[0] < cap
-            or run_next.shape[0] < cap or ival.shape[0] < cap or ilen.shape[0] < cap):
+    if (
+        n + 2 > cap
+        or echild.shape[0] < cap
+        or stack.shape[0] < cap
+        or marks.shape[0] < cap
+        or memo.shape[0] < cap
+        or head.shape[0] < cap
+        or tail.shape[0] < cap
+        or run_start.shape[0] < cap
+        or run_end.shape[0] < cap
+        or run_next.shape[0] < cap
+        or ival.shape[0] < cap
+        or ilen.shape[0] < cap
+    ):
         return LIMIT, -1, 0, 0, -1, 0
     frame_end = -1
     nr = 0
@@ -107,11 +206,13 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
     ne = 0
     sp = 0
     mp = 0
-    fence = 0  # stack items below the last MARK cannot be popped (kept as MARKs are pushed and popped)
+    # stack items below the last MARK cannot be popped (kept as MARKs are pushed and popped)
+    fence = 0
     pos = 0
     root = -1
     while pos < n:
-        # (every opcode pushes at most one stack item, node, child or run, so n + 2 entries always suffice)
+        # (every opcode pushes at most one stack item, node, child or run, so n + 2 entries always
+        # suffice)
         if frame_end >= 0:  # inside a FRAME: an opcode straddling its end is left to the reference
             if pos > frame_end:
                 return UNSUPPORTED, pos, nn, ne, memo_hi, nr
@@ -149,7 +250,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                 pos += 4
             else:
                 idx = np.int64(memo_len)
-            if idx >= memo_cap or (op == 0x72 and idx >= n):  # the reference bounds a memo index by the size
+            # the reference bounds a memo index by the size
+            if idx >= memo_cap or (op == 0x72 and idx >= n):
                 return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             if memo[idx] < 0:
                 memo_len += 1
@@ -205,7 +307,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                 return LIMIT, pos, nn, ne, memo_hi, nr
             is_str = op == 0x58 or op == 0x8C or op == 0x8D
             if is_str:
-                # strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF), as the reference requires
+                # strict UTF-8 (no overlong forms, no surrogates, at most U+10FFFF), as the
+                # reference requires
                 i = pos
                 end = pos + length
                 while i < end:
@@ -226,8 +329,12 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                     c1 = buf[i + 1]
                     if (c1 & 0xC0) != 0x80:
                         return UNSUPPORTED, pos, nn, ne, memo_hi, nr
-                    if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 >= 0xA0) or (c == 0xF0 and c1 < 0x90) \
-                            or (c == 0xF4 and c1 >= 0x90):
+                    if (
+                        (c == 0xE0 and c1 < 0xA0)
+                        or (c == 0xED and c1 >= 0xA0)
+                        or (c == 0xF0 and c1 < 0x90)
+                        or (c == 0xF4 and c1 >= 0x90)
+                    ):
                         return UNSUPPORTED, pos, nn, ne, memo_hi, nr
                     for k in range(2, need + 1):
                         if (buf[i + k] & 0xC0) != 0x80:
@@ -315,7 +422,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if sp - 2 < fence or sp < 2 or kind[stack[sp - 2]] != K_LIST:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             echild[ne] = stack[sp - 1]
-            # children echild[ne:ne + 1] of stack[sp - 2]: extend its last run when contiguous, else link a new run
+            # children echild[ne:ne + 1] of stack[sp - 2]: extend its last run when contiguous, else
+            # link a new run
             _target = stack[sp - 2]
             _t = tail[_target]
             if head[_target] >= 0 and run_end[_t] == ne:
@@ -341,7 +449,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             start = marks[mp]
             if start < 1 or start > sp:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
-            if start - 1 < (marks[mp - 1] if mp > 0 else 0):  # the target is below the enclosing MARK
+            # the target is below the enclosing MARK
+            if start - 1 < (marks[mp - 1] if mp > 0 else 0):
                 return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             target = stack[start - 1]
             if op == 0x65 and kind[target] != K_LIST:
@@ -351,14 +460,16 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             if op == 0x75:
                 for i in range(start, sp, 2):
                     kk = kind[stack[i]]
-                    if kk == K_LIST or kk == K_DICT or kk == K_TUPLE or kk == K_FLOAT:  # unhashable or odd keys
+                    # unhashable or odd keys
+                    if kk == K_LIST or kk == K_DICT or kk == K_TUPLE or kk == K_FLOAT:
                         return UNSUPPORTED, pos, nn, ne, memo_hi, nr
             first = ne
             for i in range(start, sp):
                 echild[ne] = stack[i]
                 ne += 1
             if ne > first:
-                # children echild[first:ne] of target: extend its last run when contiguous, else link a new run
+                # children echild[first:ne] of target: extend its last run when contiguous, else
+                # link a new run
                 _target = target
                 _t = tail[_target]
                 if head[_target] >= 0 and run_end[_t] == first:
@@ -384,7 +495,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             target = stack[sp - 3]
             echild[ne] = stack[sp - 2]
             echild[ne + 1] = stack[sp - 1]
-            # children echild[ne:ne + 2] of target: extend its last run when contiguous, else link a new run
+            # children echild[ne:ne + 2] of target: extend its last run when contiguous, else link a
+            # new run
             _target = target
             _t = tail[_target]
             if head[_target] >= 0 and run_end[_t] == ne:
@@ -402,7 +514,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             ilen[_target] += ne + 2 - (ne)
             ne += 2
             sp -= 2
-        elif op == 0x74 or op == 0x6C or op == 0x64:  # TUPLE t, LIST l, DICT d: from the items since MARK
+        # TUPLE t, LIST l, DICT d: from the items since MARK
+        elif op == 0x74 or op == 0x6C or op == 0x64:
             if mp == 0:
                 return CORRUPT, pos, nn, ne, memo_hi, nr
             mp -= 1
@@ -423,7 +536,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
                 echild[ne] = stack[i]
                 ne += 1
             if ne > first:
-                # children echild[first:ne] of nn: extend its last run when contiguous, else link a new run
+                # children echild[first:ne] of nn: extend its last run when contiguous, else link a
+                # new run
                 _target = nn
                 _t = tail[_target]
                 if head[_target] >= 0 and run_end[_t] == first:
@@ -454,7 +568,8 @@ def _tape_inner(buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head
             for i in range(sp - count, sp):
                 echild[ne] = stack[i]
                 ne += 1
-            # children echild[first:ne] of nn: extend its last run when contiguous, else link a new run
+            # children echild[first:ne] of nn: extend its last run when contiguous, else link a new
+            # run
             _target = nn
             _t = tail[_target]
             if head[_target] >= 0 and run_end[_t] == first:
@@ -532,12 +647,39 @@ def _key_of(node, buf, kind, ival, ilen, key_bytes, key_offsets, cache):
 
 
 @njit(cache=True, nogil=True)
-def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, key_bytes, key_offsets,
-             int_slot_of_key, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line,
-             scratch_a, scratch_b, scratch_c, budget, entry_budget):
-    """Pass 2: the fields of every entry. Returns status and the column arrays (see parse_dump). Elements
-    (entries + shapes + dims + dtypes + frames kept, counted as the reference counts them) beyond `budget`, entries
-    beyond `entry_budget`, or output beyond the workspace's arrays: LIMIT (the reference then applies the limits)."""
+def _extract(
+    buf,
+    root,
+    kind,
+    ival,
+    ilen,
+    nn,
+    head,
+    run_start,
+    run_end,
+    run_next,
+    echild,
+    key_bytes,
+    key_offsets,
+    int_slot_of_key,
+    max_frames,
+    cache,
+    tensor_dims,
+    dims,
+    dtype_nodes,
+    frame_name,
+    frame_file,
+    frame_line,
+    scratch_a,
+    scratch_b,
+    scratch_c,
+    budget,
+    entry_budget,
+):
+    """Pass 2: the fields of every entry. Returns status and the column arrays (see parse_dump).
+    Elements (entries + shapes + dims + dtypes + frames kept, counted as the reference counts them)
+    beyond `budget`, entries beyond `entry_budget`, or output beyond the workspace's arrays: LIMIT
+    (the reference then applies the limits)."""
     out_cap = min(tensor_dims.shape[1], dims.shape[1], dtype_nodes.shape[1])
     frame_cap = min(frame_name.shape[0], frame_file.shape[0], frame_line.shape[0])
     for i in range(nn):
@@ -570,7 +712,8 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
             arr = scratch_b
             first = 0
         for j in range(first, first + count, 2):
-            if _key_of(arr[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache) == 22:  # 'entries'
+            # 'entries'
+            if _key_of(arr[j], buf, kind, ival, ilen, key_bytes, key_offsets, cache) == 22:
                 entries = arr[j + 1]
         if entries >= 0:
             if kind[entries] != K_LIST:
@@ -601,8 +744,8 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
     flags = np.full((2, n_ent), -1, np.int8)
     # string node ids per entry: 0 op, 1 state, 2 pg name, 3 pg desc (-1 null)
     strs = np.full((4, n_ent), -1, np.int64)
-    # list columns: per entry counts for input_sizes(0), output_sizes(1), input_dtypes(2), output_dtypes(3),
-    # frames(4); -1 = null
+    # list columns: per entry counts for input_sizes(0), output_sizes(1), input_dtypes(2),
+    # output_dtypes(3), frames(4); -1 = null
     counts = np.full((5, n_ent), -1, np.int64)
     # workspace: tensor_dims/dims/dtype_nodes are (2, capacity), frame_* (capacity,)
     n_tensors = np.zeros(2, np.int64)
@@ -641,12 +784,14 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
         for j in range(dfirst, dfirst + dcount, 2):
             key_node = darr[j]
             key = cache[key_node] if kind[key_node] == K_STR else -1
-            if key == -2:  # first time this key string is seen (calls cost array reference counting: rare here)
+            # first time this key string is seen (calls cost array reference counting: rare here)
+            if key == -2:
                 key = _key_of(key_node, buf, kind, ival, ilen, key_bytes, key_offsets, cache)
             if key < 0:
                 continue
             bit = np.int64(1) << key
-            if seen_keys & bit:  # a key twice in one entry: the reference keeps the last, whole; leave it to it
+            # a key twice in one entry: the reference keeps the last, whole; leave it to it
+            if seen_keys & bit:
                 status = UNSUPPORTED
                 break
             seen_keys |= bit
@@ -677,7 +822,8 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                     status = UNSUPPORTED
             elif key == 2:  # process_group: (name, desc)
                 if vk == K_TUPLE or vk == K_LIST:
-                    # children of value (one batch: a slice of echild; several: copied into scratch_c)
+                    # children of value (one batch: a slice of echild; several: copied into
+                    # scratch_c)
                     _r = head[value]
                     if _r < 0:
                         garr = echild
@@ -707,7 +853,8 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
             elif key == 8 or key == 10:  # input_sizes, output_sizes: list of lists of ints
                 side = 0 if key == 8 else 1
                 if vk == K_LIST or vk == K_TUPLE:
-                    # children of value (one batch: a slice of echild; several: copied into scratch_c)
+                    # children of value (one batch: a slice of echild; several: copied into
+                    # scratch_c)
                     _r = head[value]
                     if _r < 0:
                         larr = echild
@@ -759,7 +906,8 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
             elif key == 9 or key == 11:  # input_dtypes, output_dtypes: list of str
                 side = 0 if key == 9 else 1
                 if vk == K_LIST or vk == K_TUPLE:
-                    # children of value (one batch: a slice of echild; several: copied into scratch_c)
+                    # children of value (one batch: a slice of echild; several: copied into
+                    # scratch_c)
                     _r = head[value]
                     if _r < 0:
                         larr = echild
@@ -794,7 +942,8 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                     status = UNSUPPORTED
             elif key == 18 and max_frames > 0:  # frames: list of {name, filename, line}
                 if vk == K_LIST or vk == K_TUPLE:
-                    # children of value (one batch: a slice of echild; several: copied into scratch_c)
+                    # children of value (one batch: a slice of echild; several: copied into
+                    # scratch_c)
                     _r = head[value]
                     if _r < 0:
                         larr = echild
@@ -833,7 +982,9 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
                                 fnode = echild[f]
                                 fk = cache[fnode] if kind[fnode] == K_STR else -1
                                 if fk == -2:
-                                    fk = _key_of(fnode, buf, kind, ival, ilen, key_bytes, key_offsets, cache)
+                                    fk = _key_of(
+                                        fnode, buf, kind, ival, ilen, key_bytes, key_offsets, cache
+                                    )
                                 fv = echild[f + 1]
                                 fvk = kind[fv]
                                 if fk == 19 or fk == 20:
@@ -869,15 +1020,34 @@ def _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next
     sizes = (tensor_dims[0, :n_tensors[0]].copy(), dims[0, :n_dims[0]].copy(),
              tensor_dims[1, :n_tensors[1]].copy(), dims[1, :n_dims[1]].copy())
     dtypes = (dtype_nodes[0, :n_dtype[0]].copy(), dtype_nodes[1, :n_dtype[1]].copy())
-    frames = (frame_name[:n_frames].copy(), frame_file[:n_frames].copy(), frame_line[:n_frames].copy())
+    frames = (
+        frame_name[:n_frames].copy(),
+        frame_file[:n_frames].copy(),
+        frame_line[:n_frames].copy(),
+    )
     return status, entries, (ints, valid, strs, flags), counts, sizes, dtypes, frames
 
 
 @njit(cache=True, nogil=True)
-def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, key_bytes, key_offsets, cache):
-    """The root's small fields without Python objects: value nodes of TOP_FIELDS (-1 absent); pg_config rows
-    (key, name, desc, ranks nodes); pg_status rows (key node, enqueued, started, completed; -1 absent). ok is
-    False when a shape is unexpected (the caller then walks the tape generically)."""
+def _top(
+    buf,
+    root,
+    kind,
+    ival,
+    ilen,
+    head,
+    run_start,
+    run_end,
+    run_next,
+    echild,
+    key_bytes,
+    key_offsets,
+    cache,
+):
+    """The root's small fields without Python objects: value nodes of TOP_FIELDS (-1 absent);
+    pg_config rows (key, name, desc, ranks nodes); pg_status rows (key node, enqueued, started,
+    completed; -1 absent). ok is False when a shape is unexpected (the caller then walks the tape
+    generically)."""
     top = np.full(9, -1, np.int64)  # TOP_FIELDS, then 'entries'
     ok = True
     r = head[root]
@@ -928,8 +1098,9 @@ def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild
             st[i, 0] = echild[j]
             value = echild[j + 1]
             if kind[value] == K_DICT:
-                # which of the three keys were seen (a bit each, not a count: a key written twice, e.g. completed
-                # twice and enqueued absent, counted three and read the absent one as -1)
+                # which of the three keys were seen (a bit each, not a count: a key written twice,
+                # e.g. completed twice and enqueued absent, counted three and read the absent one as
+                # -1)
                 found = 0
                 q = head[value]
                 while q >= 0:
@@ -943,8 +1114,8 @@ def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild
                             else:
                                 ok = False
                     q = run_next[q]
-                # exactly the three keys, each once, else the generic walk (absent != -1; the last of a repeated
-                # key wins, as in the reference)
+                # exactly the three keys, each once, else the generic walk (absent != -1; the last
+                # of a repeated key wins, as in the reference)
                 if found != 7 or ilen[value] != 6:
                     ok = False
             else:
@@ -954,15 +1125,18 @@ def _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild
     return ok, top, cfg, st
 
 
-#: the tape's node ids, child edges, runs and string lengths are int32 (half the workspace of int64: the tape of a
-#: 0.5 MB dump stays in a core's L2 cache, and the scan is ~12% faster); every opcode adds at most one node, edge or
-#: run, so a buffer below this size cannot overflow them. Larger buffers are left to the restricted unpickler
-#: (Workspace.parse declines them), which only a raised FAULTLENS_FR_MAX_FILE_BYTES lets through.
+#: the tape's node ids, child edges, runs and string lengths are int32 (half the workspace of int64:
+#: the tape of a 0.5 MB dump stays in a core's L2 cache, and the scan is ~12% faster); every opcode
+#: adds at most one node, edge or run, so a buffer below this size cannot overflow them. Larger
+#: buffers are left to the restricted unpickler (Workspace.parse declines them), which only a raised
+#: FAULTLENS_FR_MAX_FILE_BYTES lets through.
 MAX_BUFFER_BYTES = (1 << 31) - (1 << 20)
 
 
 class Workspace:
-    """Scratch arrays reused across files by one thread (allocating them per file costs more than parsing)."""
+    """Scratch arrays reused across files by one thread (allocating them per file costs more than
+    parsing).
+    """
 
     def __init__(self, capacity: int = 1 << 16) -> None:
         self.capacity = 0
@@ -978,7 +1152,8 @@ class Workspace:
         self.kind = np.empty(cap, np.int8)
         self.ival = np.empty(cap, np.int64)
         self.ilen = np.empty(cap, np.int32)
-        self.eparent = np.empty(1, np.int64)  # unused by the tape now (kept in the kernel signature)
+        # unused by the tape now (kept in the kernel signature)
+        self.eparent = np.empty(1, np.int64)
         self.echild = np.empty(cap, np.int32)
         self.stack = np.empty(cap, np.int32)
         self.marks = np.empty(cap, np.int32)
@@ -1003,67 +1178,209 @@ class Workspace:
         self.capacity = cap
 
     def intern(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Dense codes (int32, -1 null) for node ids and the distinct nodes in first-seen order (after a parse)."""
+        """Dense codes (int32, -1 null) for node ids and the distinct nodes in first-seen order
+        (after a parse).
+        """
         return intern(np.ascontiguousarray(nodes), self.intern_table, self.intern_order)
 
     def parse(self, buf: np.ndarray, max_frames: int, bounds: np.ndarray | None = None) -> tuple:
-        """parse_dump of `buf` (uint8) with this workspace; call release() when done with the tape. bounds: int64
-        (max string bytes, element budget, entry budget); default: no limit beyond the workspace's arrays. ValueError
-        from MAX_BUFFER_BYTES on (the caller's reference reader takes those)."""
+        """parse_dump of `buf` (uint8) with this workspace; call release() when done with the tape.
+        bounds: int64 (max string bytes, element budget, entry budget); default: no limit beyond the
+        workspace's arrays. ValueError from MAX_BUFFER_BYTES on (the caller's reference reader takes
+        those)."""
         if buf.shape[0] >= MAX_BUFFER_BYTES:
             raise ValueError(f"{buf.shape[0]} bytes: more than the scanner's 32-bit tape holds")
         self.ensure(int(buf.shape[0]))
         if bounds is None:
             bounds = np.array([1 << 62, 1 << 62, 1 << 62], np.int64)
         stale, self._stale = self._stale, 0
-        result = parse_dump(buf, max_frames, self.kind, self.ival, self.ilen, self.eparent, self.echild, self.stack,
-                            self.marks, self.memo, self.head, self.tail, self.run_start, self.run_end,
-                            self.run_next, self.cache, self.tensor_dims, self.dims, self.dtype_nodes,
-                            self.frame_name, self.frame_file, self.frame_line, self.scratch_a, self.scratch_b,
-                            self.scratch_c, bounds, self.intern_table, self.intern_order, stale)
+        result = parse_dump(
+            buf,
+            max_frames,
+            self.kind,
+            self.ival,
+            self.ilen,
+            self.eparent,
+            self.echild,
+            self.stack,
+            self.marks,
+            self.memo,
+            self.head,
+            self.tail,
+            self.run_start,
+            self.run_end,
+            self.run_next,
+            self.cache,
+            self.tensor_dims,
+            self.dims,
+            self.dtype_nodes,
+            self.frame_name,
+            self.frame_file,
+            self.frame_line,
+            self.scratch_a,
+            self.scratch_b,
+            self.scratch_c,
+            bounds,
+            self.intern_table,
+            self.intern_order,
+            stale,
+        )
         self._used = int(result[6])
         return result
 
     def release(self) -> None:
-        """Done with the last parse's tape: the node heads it set are reset (the workspace's invariant: all -1
-        when a parse starts) by the next parse, in its compiled call."""
+        """Done with the last parse's tape: the node heads it set are reset (the workspace's
+        invariant: all -1 when a parse starts) by the next parse, in its compiled call."""
         self._stale = max(self._stale, self._used)
         self._used = 0
 
 
 @njit(cache=True, nogil=True)
-def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start,
-               run_end, run_next, cache, tensor_dims, dims, dtype_nodes, frame_name, frame_file, frame_line,
-               scratch_a, scratch_b, scratch_c, bounds, intern_table, intern_order, stale):
-    """Both passes, and the string columns interned. Returns (status, root, kind, ival, ilen, (head, run_start,
-    run_end, run_next, echild), n_nodes, (ints, valid, strs, flags), counts, sizes, dtypes, frames, top, (codes,
-    distinct), pg_groups); the tape arrays are the workspace's (valid until its next parse). codes and distinct:
-    per string column (the four rows of strs, then the two dtypes columns), `intern` of its nodes; pg_groups:
-    `unique_first` of the entries' pg_id."""
-    # bounds: (max string bytes, element budget, entry budget) from faultlens.collectors.artifacts.fr_limits;
-    # stale: node heads the previous parse set (Workspace.release)
+def parse_dump(
+    buf,
+    max_frames,
+    kind,
+    ival,
+    ilen,
+    eparent,
+    echild,
+    stack,
+    marks,
+    memo,
+    head,
+    tail,
+    run_start,
+    run_end,
+    run_next,
+    cache,
+    tensor_dims,
+    dims,
+    dtype_nodes,
+    frame_name,
+    frame_file,
+    frame_line,
+    scratch_a,
+    scratch_b,
+    scratch_c,
+    bounds,
+    intern_table,
+    intern_order,
+    stale,
+):
+    """Both passes, and the string columns interned. Returns (status, root, kind, ival, ilen, (head,
+    run_start, run_end, run_next, echild), n_nodes, (ints, valid, strs, flags), counts, sizes,
+    dtypes, frames, top, (codes, distinct), pg_groups); the tape arrays are the workspace's (valid
+    until its next parse). codes and distinct: per string column (the four rows of strs, then the
+    two dtypes columns), `intern` of its nodes; pg_groups: `unique_first` of the entries' pg_id."""
+    # bounds: (max string bytes, element budget, entry budget) from
+    # faultlens.collectors.artifacts.fr_limits; stale: node heads the previous parse set
+    # (Workspace.release)
     for i in range(min(stale, head.shape[0])):
         head[i] = -1
     status, root, kind, ival, ilen, nn, eparent, echild, _ne, _nr = _tape(
-        buf, kind, ival, ilen, eparent, echild, stack, marks, memo, head, tail, run_start, run_end, run_next,
-        bounds[0])
+        buf,
+        kind,
+        ival,
+        ilen,
+        eparent,
+        echild,
+        stack,
+        marks,
+        memo,
+        head,
+        tail,
+        run_start,
+        run_end,
+        run_next,
+        bounds[0],
+    )
     links = (head, run_start, run_end, run_next, echild)
     if status != OK:
         empty = np.empty(0, np.int64)
         no_codes = np.empty(0, np.int32)
-        return (status, root, kind, ival, ilen, links, nn,
-                (np.empty((9, 0), np.int64), np.empty((9, 0), np.int8), np.empty((4, 0), np.int64),
-                 np.empty((2, 0), np.int8)),
-                np.empty((5, 0), np.int64), (empty, empty, empty, empty), (empty, empty), (empty, empty, empty),
-                (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64), np.empty((0, 4), np.int64)),
-                ((no_codes, no_codes, no_codes, no_codes, no_codes, no_codes),
-                 (empty, empty, empty, empty, empty, empty)), (empty, empty, no_codes))
-    result = _extract(buf, root, kind, ival, ilen, nn, head, run_start, run_end, run_next, echild, KEY_BYTES,
-                      KEY_OFFSETS, INT_SLOT_OF_KEY, max_frames, cache, tensor_dims, dims, dtype_nodes, frame_name,
-                      frame_file, frame_line, scratch_a, scratch_b, scratch_c, bounds[1], bounds[2])
-    top = _top(buf, root, kind, ival, ilen, head, run_start, run_end, run_next, echild, KEY_BYTES, KEY_OFFSETS,
-               cache) if result[0] == OK else (False, np.full(9, -1, np.int64), np.empty((0, 4), np.int64),
-                                               np.empty((0, 4), np.int64))
+        return (
+            status,
+            root,
+            kind,
+            ival,
+            ilen,
+            links,
+            nn,
+            (
+                np.empty((9, 0), np.int64),
+                np.empty((9, 0), np.int8),
+                np.empty((4, 0), np.int64),
+                np.empty((2, 0), np.int8),
+            ),
+            np.empty((5, 0), np.int64),
+            (empty, empty, empty, empty),
+            (empty, empty),
+            (empty, empty, empty),
+            (
+                False,
+                np.full(9, -1, np.int64),
+                np.empty((0, 4), np.int64),
+                np.empty((0, 4), np.int64),
+            ),
+            (
+                (no_codes, no_codes, no_codes, no_codes, no_codes, no_codes),
+                (empty, empty, empty, empty, empty, empty),
+            ),
+            (empty, empty, no_codes),
+        )
+    result = _extract(
+        buf,
+        root,
+        kind,
+        ival,
+        ilen,
+        nn,
+        head,
+        run_start,
+        run_end,
+        run_next,
+        echild,
+        KEY_BYTES,
+        KEY_OFFSETS,
+        INT_SLOT_OF_KEY,
+        max_frames,
+        cache,
+        tensor_dims,
+        dims,
+        dtype_nodes,
+        frame_name,
+        frame_file,
+        frame_line,
+        scratch_a,
+        scratch_b,
+        scratch_c,
+        bounds[1],
+        bounds[2],
+    )
+    top = (
+        _top(
+            buf,
+            root,
+            kind,
+            ival,
+            ilen,
+            head,
+            run_start,
+            run_end,
+            run_next,
+            echild,
+            KEY_BYTES,
+            KEY_OFFSETS,
+            cache,
+        )
+        if result[0] == OK
+        else (
+            False,
+            np.full(9, -1, np.int64),
+            np.empty((0, 4), np.int64),
+            np.empty((0, 4), np.int64),
+        )
+    )
     strs = result[2][2]
     dtypes = result[5]
     c0, d0 = intern(strs[0], intern_table, intern_order)
@@ -1073,8 +1390,23 @@ def parse_dump(buf, max_frames, kind, ival, ilen, eparent, echild, stack, marks,
     c4, d4 = intern(dtypes[0], intern_table, intern_order)
     c5, d5 = intern(dtypes[1], intern_table, intern_order)
     groups = unique_first(result[2][0][1], result[2][1][1])  # pg_id: INT_FIELDS[1]
-    return (result[0], root, kind, ival, ilen, links, nn, result[2], result[3], result[4], result[5], result[6],
-            top, ((c0, c1, c2, c3, c4, c5), (d0, d1, d2, d3, d4, d5)), groups)
+    return (
+        result[0],
+        root,
+        kind,
+        ival,
+        ilen,
+        links,
+        nn,
+        result[2],
+        result[3],
+        result[4],
+        result[5],
+        result[6],
+        top,
+        ((c0, c1, c2, c3, c4, c5), (d0, d1, d2, d3, d4, d5)),
+        groups,
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -1105,9 +1437,10 @@ _FEW = 16  # distinct values found by a linear search; more: sorted (stable)
 
 @njit(cache=True, nogil=True)
 def unique_first(values, valid):
-    """np.unique(values[valid], return_index=True) in rows, and each row's code: the distinct values sorted, the
-    first row of each, and each row's index into them (int32, -1 where not valid). A dump's entries name a few
-    process groups: those are found by a linear search; beyond _FEW distinct values, by a stable sort."""
+    """np.unique(values[valid], return_index=True) in rows, and each row's code: the distinct values
+    sorted, the first row of each, and each row's index into them (int32, -1 where not valid). A
+    dump's entries name a few process groups: those are found by a linear search; beyond _FEW
+    distinct values, by a stable sort."""
     n = values.shape[0]
     codes = np.full(n, -1, np.int32)
     seen = np.empty(_FEW, values.dtype)
@@ -1148,7 +1481,8 @@ def unique_first(values, valid):
             rows[m] = i
             m += 1
     rows = rows[:m]
-    order = np.argsort(values[rows], kind="mergesort")  # stable: the first of equal values is the first row
+    # stable: the first of equal values is the first row
+    order = np.argsort(values[rows], kind="mergesort")
     distinct = np.empty(m, values.dtype)
     first = np.empty(m, np.int64)
     codes[:] = -1

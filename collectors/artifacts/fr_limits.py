@@ -1,27 +1,31 @@
 """Resource limits on one flight-recorder dump: what a real dump can hold, and no more.
 
-A dump is read from a directory anybody on the node can write to, so every reader bounds what a file can make it
-allocate or compute. A dump beyond any limit is refused with a one-line error naming the file and the limit (it is
-then a missing dump in the set, which is itself evidence); every other dump of the set is still read. The defaults
-are far above what torch writes (a 2,000-entry NCCL dump with stack frames is ~0.5 MB; the largest training jobs
-have ~10^5 ranks) and far below what hurts the reader. Override them per call (``read_dump_dir(limits=...)``) or
-per process with the environment variables named below (``FAULTLENS_FR_MAX_WORLD_SIZE=2000000``).
+A dump is read from a directory anybody on the node can write to, so every reader bounds what a file
+can make it allocate or compute. A dump beyond any limit is refused with a one-line error naming the
+file and the limit (it is then a missing dump in the set, which is itself evidence); every other
+dump of the set is still read. The defaults are far above what torch writes (a 2,000-entry NCCL dump
+with stack frames is ~0.5 MB; the largest training jobs have ~10^5 ranks) and far below what hurts
+the reader. Override them per call (``read_dump_dir(limits=...)``) or per process with the
+environment variables named below (``FAULTLENS_FR_MAX_WORLD_SIZE=2000000``).
 
 - ``max_file_bytes`` (FAULTLENS_FR_MAX_FILE_BYTES, 256 MiB): a bigger file is not read at all.
-- ``max_world_size`` (FAULTLENS_FR_MAX_WORLD_SIZE, 2^18 = 262,144): a dump's ``world_size`` and ``rank``, the rank
-  in its file name and every rank in ``pg_config`` must be below it (analysis allocates per rank of the world).
+- ``max_world_size`` (FAULTLENS_FR_MAX_WORLD_SIZE, 2^18 = 262,144): a dump's ``world_size`` and
+  ``rank``, the rank in its file name and every rank in ``pg_config`` must be below it (analysis
+  allocates per rank of the world).
 - ``max_string_bytes`` (FAULTLENS_FR_MAX_STRING_BYTES, 4 MiB): one string or bytes value.
-- ``max_int_bytes`` (16): one pickled integer (LONG1/LONG4: 128 bits; text INT/LONG: 40 digits); integer fields
-  that are read (ids, sizes, times, ranks) must fit 64 bits, and an integer written as a string at most 20 digits.
-- memo: a memo index must be below the file's size (a real pickler numbers its memo 0, 1, 2, ... and each entry
-  costs at least two bytes), so the memo never outgrows the file.
-- ``elements_per_byte`` / ``min_elements`` / ``max_elements`` (1.0 / 4,096 / 2^26): what one dump expands to
-  (entries + tensor shapes + dims + dtypes + stack frames kept). Plain data costs at least a byte per element, so
-  only shared references ("billion laughs": one memoized list referenced by every entry) can go beyond.
-- ``bytes_per_entry`` / ``min_entries`` (16 / 256): entries may not be cheaper than this (a real entry is ~100-2,000
-  bytes; a shared entry repeated by DUP costs one).
-- ``max_depth`` (64): nesting of the values that are decoded (top-level fields; FR dumps nest ~5 deep). JSON dumps
-  nested deeper than the interpreter can parse are refused the same way.
+- ``max_int_bytes`` (16): one pickled integer (LONG1/LONG4: 128 bits; text INT/LONG: 40 digits);
+  integer fields that are read (ids, sizes, times, ranks) must fit 64 bits, and an integer written
+  as a string at most 20 digits.
+- memo: a memo index must be below the file's size (a real pickler numbers its memo 0, 1, 2, ... and
+  each entry costs at least two bytes), so the memo never outgrows the file.
+- ``elements_per_byte`` / ``min_elements`` / ``max_elements`` (1.0 / 4,096 / 2^26): what one dump
+  expands to (entries + tensor shapes + dims + dtypes + stack frames kept). Plain data costs at
+  least a byte per element, so only shared references ("billion laughs": one memoized list
+  referenced by every entry) can go beyond.
+- ``bytes_per_entry`` / ``min_entries`` (16 / 256): entries may not be cheaper than this (a real
+  entry is ~100-2,000 bytes; a shared entry repeated by DUP costs one).
+- ``max_depth`` (64): nesting of the values that are decoded (top-level fields; FR dumps nest ~5
+  deep). JSON dumps nested deeper than the interpreter can parse are refused the same way.
 """
 
 from __future__ import annotations
@@ -57,8 +61,12 @@ class DumpLimits:
     max_depth: int = 64
 
     def element_budget(self, file_bytes: int) -> int:
-        """Elements (entries + shapes + dims + dtypes + frames) a dump of `file_bytes` may expand to."""
-        return int(min(self.max_elements, max(self.min_elements, self.elements_per_byte * file_bytes)))
+        """Elements (entries + shapes + dims + dtypes + frames) a dump of `file_bytes` may expand
+        to.
+        """
+        return int(
+            min(self.max_elements, max(self.min_elements, self.elements_per_byte * file_bytes))
+        )
 
     def entry_budget(self, file_bytes: int) -> int:
         """Entries a dump of `file_bytes` may hold."""

@@ -1,6 +1,6 @@
-"""The opcode pre-passes of the restricted unpickler, run before the C unpickler sees a pickle: check_opcodes
-(refused opcodes and globals, lengths, memo indices, limits; linear, allocating nothing an argument's size) and the
-tuple-hashing bound it runs for pickles with tuples."""
+"""The opcode pre-passes of the restricted unpickler, run before the C unpickler sees a pickle:
+check_opcodes (refused opcodes and globals, lengths, memo indices, limits; linear, allocating
+nothing an argument's size) and the tuple-hashing bound it runs for pickles with tuples."""
 
 from __future__ import annotations
 
@@ -9,10 +9,15 @@ import re
 from typing import Any
 
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
-from faultlens.collectors.artifacts.safe_pickle_admitted import ADMITTED_GLOBALS, PickleLoadError, UnsafePickleError
+from faultlens.collectors.artifacts.safe_pickle_admitted import (
+    ADMITTED_GLOBALS,
+    PickleLoadError,
+    UnsafePickleError,
+)
 
-# runs of opcodes that need no check (their arguments cannot allocate) are skipped at C speed: fixed-size ones,
-# LONG1 up to 8 bytes, and LONG_BINPUT with an index that the data's size admits (see _fixed_run)
+# runs of opcodes that need no check (their arguments cannot allocate) are skipped at C speed:
+# fixed-size ones, LONG1 up to 8 bytes, and LONG_BINPUT with an index that the data's size admits
+# (see _fixed_run)
 _FIXED_BODY = (rb"[(012NR\]adelsu}\x88\x89\x8f-\x91\x94]|[Khq].|M..|[Jj]....|G.{8}|\x8a(?:"
                + b"|".join(re.escape(bytes([k])) + b"." * k for k in range(9)) + b")")
 _FIXED_RUNS = [
@@ -30,8 +35,18 @@ def _fixed_run(n: int) -> Any:
 
 _FIXED_OPS = frozenset(b"()012NR]adelstu}\x85\x86\x87\x88\x89\x8f\x90\x91\x94KhqMJjG")
 _REFUSED_OPS = {
-    ord("b"): "BUILD", ord("i"): "INST", ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x93: "STACK_GLOBAL",
-    0x82: "EXT1", 0x83: "EXT2", 0x84: "EXT4", ord("P"): "PERSID", ord("Q"): "BINPERSID", 0x97: "NEXT_BUFFER",
+    ord("b"): "BUILD",
+    ord("i"): "INST",
+    ord("o"): "OBJ",
+    0x81: "NEWOBJ",
+    0x92: "NEWOBJ_EX",
+    0x93: "STACK_GLOBAL",
+    0x82: "EXT1",
+    0x83: "EXT2",
+    0x84: "EXT4",
+    ord("P"): "PERSID",
+    ord("Q"): "BINPERSID",
+    0x97: "NEXT_BUFFER",
     0x98: "READONLY_BUFFER",
 }
 # length-prefixed data: opcode -> (length bytes, signed, what)
@@ -50,13 +65,15 @@ _SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
 
 
 def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
-    """Walk the opcodes up to the first STOP; raise UnsafePickleError / PickleLoadError (no source prefix) for what
-    the module docstring lists. Linear in the data, allocates nothing the size of an argument. Returns whether the
-    loaded value must still be checked for surrogates (protocol 0 text with \\u escapes).
+    """Walk the opcodes up to the first STOP; raise UnsafePickleError / PickleLoadError (no source
+    prefix) for what the module docstring lists. Linear in the data, allocates nothing the size of
+    an argument. Returns whether the loaded value must still be checked for surrogates (protocol 0
+    text with \\u escapes).
 
-    The opcodes every dump is full of (strings, tuples, large memo indices) are checked in this loop; the rare
-    ones (protocol 0 text, PROTO, FRAME, refused and unknown opcodes) in a call each (_check_text_op,
-    _check_rare_op), which keeps the loop short without a call per common opcode."""
+    The opcodes every dump is full of (strings, tuples, large memo indices) are checked in this
+    loop; the rare ones (protocol 0 text, PROTO, FRAME, refused and unknown opcodes) in a call each
+    (_check_text_op, _check_rare_op), which keeps the loop short without a call per common opcode.
+    """
     limits = limits or default_limits()
     n = len(data)
     pos = 0
@@ -89,22 +106,29 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
             if length < 0:
                 raise PickleLoadError(f"negative {what} length at offset {pos}")
             if what == "int" and length > max_int:
-                raise PickleLoadError(f"integer of {length} bytes at offset {pos} (limit {max_int})")
+                raise PickleLoadError(
+                    f"integer of {length} bytes at offset {pos} (limit {max_int})"
+                )
             if length > n - start:
-                raise PickleLoadError(f"truncated: a {what} of {length} bytes at offset {pos} runs past the end")
+                raise PickleLoadError(f"truncated: a {what} of {length} bytes at offset {pos} runs "
+                                      "past the end")
             if length > max_string:
-                raise PickleLoadError(f"{what} of {length} bytes at offset {pos} (limit {max_string})")
+                raise PickleLoadError(f"{what} of {length} bytes at offset {pos} (limit "
+                                      f"{max_string})")
             if what == "string" and _SURROGATE_BYTES.search(data, start, start + length):
-                raise PickleLoadError(f"string at offset {pos} is not valid UTF-8 (an encoded surrogate)")
+                raise PickleLoadError(f"string at offset {pos} is not valid UTF-8 (an encoded "
+                                      "surrogate)")
             pos = start + length
         elif op == 0x72:  # LONG_BINPUT
             if arg + 4 > n:
                 raise PickleLoadError("truncated (ran out of input)")
             index = int.from_bytes(data[arg:arg + 4], "little")
             if index >= n:
-                raise PickleLoadError(f"memo index {index} at offset {pos} beyond the data's {n} bytes")
+                raise PickleLoadError(f"memo index {index} at offset {pos} beyond the data's {n} "
+                                      "bytes")
             pos = arg + 4
-        elif op in _TEXT_OPS or op == 0x63:  # text arguments (protocol 0), GLOBAL: newline-terminated
+        # text arguments (protocol 0), GLOBAL: newline-terminated
+        elif op in _TEXT_OPS or op == 0x63:
             pos, escapes = _check_text_op(data, pos, op, limits)
             walk = walk or escapes
         else:
@@ -112,7 +136,9 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
 
 
 def _check_rare_op(data: bytes, pos: int, op: int) -> int:
-    """PROTO and FRAME (checked: returns the next opcode's offset); a refused, cut or unknown opcode raises."""
+    """PROTO and FRAME (checked: returns the next opcode's offset); a refused, cut or unknown opcode
+    raises.
+    """
     n = len(data)
     arg = pos + 1
     if op == 0x80:  # PROTO
@@ -126,10 +152,12 @@ def _check_rare_op(data: bytes, pos: int, op: int) -> int:
             raise PickleLoadError("truncated (ran out of input)")
         length = int.from_bytes(data[arg:arg + 8], "little")
         if length > n - arg - 8:
-            raise PickleLoadError(f"truncated: a frame of {length} bytes at offset {pos} runs past the end")
+            raise PickleLoadError(f"truncated: a frame of {length} bytes at offset {pos} runs past "
+                                  "the end")
         return arg + 8
     if op in _REFUSED_OPS:
-        raise UnsafePickleError(f"refused opcode {_REFUSED_OPS[op]} at offset {pos}: only builtin containers "
+        raise UnsafePickleError(f"refused opcode {_REFUSED_OPS[op]} at offset {pos}: only builtin "
+                                "containers "
                                 "and scalars are admitted")
     if op in _FIXED_OPS:
         raise PickleLoadError("truncated (ran out of input)")
@@ -137,8 +165,9 @@ def _check_rare_op(data: bytes, pos: int, op: int) -> int:
 
 
 def _check_text_op(data: bytes, pos: int, op: int, limits: DumpLimits) -> tuple[int, bool]:
-    """A protocol 0 opcode with newline-terminated text (GLOBAL: two lines): the next opcode's offset, and whether
-    the text may spell a surrogate (raw-unicode-escape: then the loaded value is checked after the load)."""
+    """A protocol 0 opcode with newline-terminated text (GLOBAL: two lines): the next opcode's
+    offset, and whether the text may spell a surrogate (raw-unicode-escape: then the loaded value is
+    checked after the load)."""
     max_string = limits.max_string_bytes
     lines = 2 if op == 0x63 else 1
     end = pos + 1
@@ -149,10 +178,13 @@ def _check_text_op(data: bytes, pos: int, op: int, limits: DumpLimits) -> tuple[
         if stop < 0:
             raise PickleLoadError("truncated (ran out of input)")
         if op in (ord("S"), ord("V")):
-            if op == ord("V") and (data.find(b"\\u", end, stop) >= 0 or data.find(b"\\U", end, stop) >= 0):
+            if op == ord("V") and (
+                data.find(b"\\u", end, stop) >= 0 or data.find(b"\\U", end, stop) >= 0
+            ):
                 escapes = True
             if stop - end > 4 * max_string:
-                raise PickleLoadError(f"string of {stop - end} bytes at offset {pos} (limit {max_string})")
+                raise PickleLoadError(f"string of {stop - end} bytes at offset {pos} (limit "
+                                      f"{max_string})")
         elif op == 0x63:
             if stop - end > 256:
                 raise UnsafePickleError(f"refused global of {stop - end} bytes at offset {pos}")
@@ -161,39 +193,56 @@ def _check_text_op(data: bytes, pos: int, op: int, limits: DumpLimits) -> tuple[
             _check_number_text(bytes(data[end:stop]), pos, op, len(data), limits)
         end = stop + 1
     if op == 0x63 and tuple(names) not in ADMITTED_GLOBALS:
-        raise UnsafePickleError(f"refused global {names[0][:80]}.{names[1][:80]}: only builtin containers "
+        raise UnsafePickleError(f"refused global {names[0][:80]}.{names[1][:80]}: only builtin "
+                                "containers "
                                 "and scalars are admitted")
     return end, escapes
 
 
 def _check_number_text(text: bytes, pos: int, op: int, n: int, limits: DumpLimits) -> None:
-    """INT, LONG, FLOAT, GET, PUT: a number within the limits; a memo index a real value and below the data's size."""
+    """INT, LONG, FLOAT, GET, PUT: a number within the limits; a memo index a real value and below
+    the data's size.
+    """
     if len(text) > limits.max_int_digits + 2:
-        raise PickleLoadError(f"number of {len(text)} characters at offset {pos} (limit {limits.max_int_digits})")
+        raise PickleLoadError(f"number of {len(text)} characters at offset {pos} (limit "
+                              f"{limits.max_int_digits})")
     if op in (ord("g"), ord("p")):
         if not _DIGITS.fullmatch(text) or text.startswith(b"-"):
             raise PickleLoadError(f"bad memo index at offset {pos}")
         if op == ord("p") and int(text) >= n:
-            raise PickleLoadError(f"memo index {int(text)} at offset {pos} beyond the data's {n} bytes")
+            raise PickleLoadError(f"memo index {int(text)} at offset {pos} beyond the data's {n} "
+                                  "bytes")
 
 
 _TUPLE_OPS = frozenset(b")t\x85\x86\x87")  # EMPTY_TUPLE, TUPLE, TUPLE1-3
 # ints, floats, None, bools, EMPTY_LIST / DICT / SET: opcode -> its size with the argument
-_SIMPLE_PUSH = {ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, ord("N"): 1, 0x88: 1, 0x89: 1, ord("]"): 1,
-                ord("}"): 1, 0x8F: 1}
+_SIMPLE_PUSH = {
+    ord("K"): 2,
+    ord("M"): 3,
+    ord("J"): 5,
+    ord("G"): 9,
+    ord("N"): 1,
+    0x88: 1,
+    0x89: 1,
+    ord("]"): 1,
+    ord("}"): 1,
+    0x8F: 1,
+}
 _ARG_WIDTH = {**{op: 1 for op in b"Khq\x80"}, **{op: 2 for op in b"M"}, **{op: 4 for op in b"Jjr"},
               **{op: 8 for op in b"G\x95"}}
 
 
 def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
-    """A tuple's hash is not cached and visits every item, so a few shared tuples used as dict keys or set items
-    ("billion laughs" of tuples) would make the C unpickler hash for hours inside one opcode. This second pass
-    (only for pickles with tuples: their weights are tracked through the stack and the memo) bounds what the
-    keys and set items of the pickle cost to hash: refused beyond limits.element_budget(size). The first pass
-    has checked every length, so arguments can be skipped without checks. The opcodes dumps are made of stay in
-    this loop (a call per opcode would cost more than the opcode), the rare ones go to _hash_rare_op."""
+    """A tuple's hash is not cached and visits every item, so a few shared tuples used as dict keys
+    or set items ("billion laughs" of tuples) would make the C unpickler hash for hours inside one
+    opcode. This second pass (only for pickles with tuples: their weights are tracked through the
+    stack and the memo) bounds what the keys and set items of the pickle cost to hash: refused
+    beyond limits.element_budget(size). The first pass has checked every length, so arguments can be
+    skipped without checks. The opcodes dumps are made of stay in this loop (a call per opcode would
+    cost more than the opcode), the rare ones go to _hash_rare_op."""
     budget = limits.element_budget(len(data))
-    stack: list[int] = []  # per stack item: its weight if it is a tuple (items a hash visits), else 0
+    # per stack item: its weight if it is a tuple (items a hash visits), else 0
+    stack: list[int] = []
     push = stack.append
     marks: list[int] = []
     memo: dict[int, int] = {}
@@ -254,7 +303,8 @@ def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
             pos += 1
             if hashed > budget:
                 break
-        elif op == 0x75 or op == 0x64 or op == 0x90 or op == 0x91:  # SETITEMS, DICT, ADDITEMS, FROZENSET
+        # SETITEMS, DICT, ADDITEMS, FROZENSET
+        elif op == 0x75 or op == 0x64 or op == 0x90 or op == 0x91:
             start = marks.pop() if marks else 0
             items = stack[start:]
             hashed += sum(items[::2]) if op in (0x75, 0x64) else sum(items)
@@ -271,12 +321,17 @@ def _check_hashing(data: bytes, end: int, limits: DumpLimits) -> None:
         else:
             pos = _hash_rare_op(data, pos, op, stack, marks, memo)
     if hashed > budget:
-        raise PickleLoadError(f"tuples used as keys or set items would cost more than {budget} steps to hash "
+        raise PickleLoadError(f"tuples used as keys or set items would cost more than {budget} "
+                              "steps to hash "
                               "(shared references?)")
 
 
-def _hash_rare_op(data: bytes, pos: int, op: int, stack: list[int], marks: list[int], memo: dict[int, int]) -> int:
-    """_check_hashing's step for an opcode dumps seldom hold: its effect on the weights; the next opcode's offset."""
+def _hash_rare_op(
+    data: bytes, pos: int, op: int, stack: list[int], marks: list[int], memo: dict[int, int]
+) -> int:
+    """_check_hashing's step for an opcode dumps seldom hold: its effect on the weights; the next
+    opcode's offset.
+    """
     if op == 0x8D or op == 0x8E or op == 0x96:  # 8-byte lengths
         stack.append(0)
         return pos + 9 + int.from_bytes(data[pos + 1:pos + 9], "little")

@@ -1,15 +1,16 @@
-"""Per-rank timing tables users already have (Megatron timer logs turned into a table, a profiler export) -> the
-steps and ranks tables, so their stragglers can be analysed offline.
+"""Per-rank timing tables users already have (Megatron timer logs turned into a table, a profiler
+export) -> the steps and ranks tables, so their stragglers can be analysed offline.
 
-Input: a Parquet or CSV file with one row per (rank, step, section) timing: rank, step, section, start (a timestamp,
-or a number of `start_unit` since the epoch) and duration (in `duration_unit`); a section timed several times in a
-step (one row per microbatch) adds up. Optional columns: node, job_id, attempt, phase and the parallel coordinates
-dp_rank, pp_rank, tp_rank, cp_rank, ep_rank; the placement may also come from a second table (rank plus any of node
-and the coordinates). A `mapping` renames the user's columns to these names ({"rank": "global_rank", ...}).
+Input: a Parquet or CSV file with one row per (rank, step, section) timing: rank, step, section,
+start (a timestamp, or a number of `start_unit` since the epoch) and duration (in `duration_unit`);
+a section timed several times in a step (one row per microbatch) adds up. Optional columns: node,
+job_id, attempt, phase and the parallel coordinates dp_rank, pp_rank, tp_rank, cp_rank, ep_rank; the
+placement may also come from a second table (rank plus any of node and the coordinates). A `mapping`
+renames the user's columns to these names ({"rank": "global_rank", ...}).
 
-Output: one steps row per (rank, step): start_ts the earliest start, end_ts the latest end, duration_s between
-them, the sections map; one ranks row per rank with its node and coordinates. A bad file is a StepTableError with
-one line naming the file, the column and the problem.
+Output: one steps row per (rank, step): start_ts the earliest start, end_ts the latest end,
+duration_s between them, the sections map; one ranks row per rank with its node and coordinates. A
+bad file is a StepTableError with one line naming the file, the column and the problem.
 """
 
 from __future__ import annotations
@@ -53,14 +54,20 @@ def _read(path: Path) -> pd.DataFrame:
     except FileNotFoundError:
         raise StepTableError(f"{path}: no such file") from None
     except Exception as exc:  # pyarrow/pandas parse errors carry no common type
-        raise StepTableError(f"{path}: cannot read as {suffix[1:]}: {str(exc).splitlines()[0]}") from None
-    raise StepTableError(f"{path}: unknown format {suffix or '(no suffix)'}: expected .parquet or .csv")
+        raise StepTableError(
+            f"{path}: cannot read as {suffix[1:]}: {str(exc).splitlines()[0]}"
+        ) from None
+    raise StepTableError(f"{path}: unknown format {suffix or '(no suffix)'}: expected .parquet or "
+                         ".csv")
 
 
-def _columns(frame: pd.DataFrame, path: Path, mapping: Mapping[str, str], required: tuple[str, ...]) -> pd.DataFrame:
+def _columns(
+    frame: pd.DataFrame, path: Path, mapping: Mapping[str, str], required: tuple[str, ...]
+) -> pd.DataFrame:
     unknown = sorted(set(mapping) - set(REQUIRED + OPTIONAL + COORDS))
     if unknown:
-        raise StepTableError(f"{path}: mapping names unknown column {unknown[0]!r}; expected one of "
+        raise StepTableError(f"{path}: mapping names unknown column {unknown[0]!r}; expected one "
+                             "of "
                              f"{', '.join(REQUIRED + OPTIONAL + COORDS)}")
     renamed = {}
     for name in REQUIRED + OPTIONAL + COORDS:
@@ -80,7 +87,8 @@ def _numbers(series: pd.Series, path: Path, name: str, *, integer: bool = False,
     bad = values.isna() & (series.notna() | (not allow_missing))
     if bad.any():
         where = int(np.flatnonzero(bad.to_numpy())[0])
-        raise StepTableError(f"{path}: column {name!r}: expected {'integers' if integer else 'numbers'}, row "
+        raise StepTableError(f"{path}: column {name!r}: expected "
+                             f"{'integers' if integer else 'numbers'}, row "
                              f"{where + 1} has {series.iloc[where]!r}")
     if integer and (values.dropna() % 1 != 0).any():
         where = int(np.flatnonzero((values % 1 != 0).to_numpy())[0])
@@ -99,15 +107,24 @@ def _starts(series: pd.Series, path: Path, unit: str) -> pd.Series:
     parsed = pd.to_datetime(series, errors="coerce", utc=True, format="mixed")
     if parsed.isna().any():
         where = int(np.flatnonzero(parsed.isna().to_numpy())[0])
-        raise StepTableError(f"{path}: column 'start': expected timestamps or numbers of {unit} since the epoch, "
+        raise StepTableError(f"{path}: column 'start': expected timestamps or numbers of {unit} "
+                             "since the epoch, "
                              f"row {where + 1} has {series.iloc[where]!r}")
     return parsed
 
 
-def read_step_table(path: str | Path, *, mapping: Mapping[str, str] | None = None, duration_unit: str = "s",
-                    start_unit: str = "s", placement: str | Path | None = None,
-                    placement_mapping: Mapping[str, str] | None = None, job_id: str | None = None,
-                    attempt: int | None = None, node: str | None = None) -> StepTables:
+def read_step_table(
+    path: str | Path,
+    *,
+    mapping: Mapping[str, str] | None = None,
+    duration_unit: str = "s",
+    start_unit: str = "s",
+    placement: str | Path | None = None,
+    placement_mapping: Mapping[str, str] | None = None,
+    job_id: str | None = None,
+    attempt: int | None = None,
+    node: str | None = None,
+) -> StepTables:
     """Read a per-rank timing table (and an optional placement table) into steps and ranks rows."""
     path = Path(path)
     for unit in (duration_unit, start_unit):
@@ -122,7 +139,8 @@ def read_step_table(path: str | Path, *, mapping: Mapping[str, str] | None = Non
     duration = _numbers(frame["duration"], path, "duration") * UNITS[duration_unit]
     if (duration < 0).any():
         where = int(np.flatnonzero((duration < 0).to_numpy())[0])
-        raise StepTableError(f"{path}: column 'duration': expected seconds >= 0, row {where + 1} has "
+        raise StepTableError(f"{path}: column 'duration': expected seconds >= 0, row {where + 1} "
+                             "has "
                              f"{frame['duration'].iloc[where]!r}")
     if frame["section"].isna().any():
         where = int(np.flatnonzero(frame["section"].isna().to_numpy())[0])
@@ -134,8 +152,11 @@ def read_step_table(path: str | Path, *, mapping: Mapping[str, str] | None = Non
     for name in (*COORDS, "attempt"):
         if name in frame.columns:
             frame[name] = _numbers(frame[name], path, name, integer=True, allow_missing=True)
-    frame["job_id"] = job_id if job_id is not None else (frame["job_id"].astype(object) if "job_id" in frame
-                                                         else None)
+    frame["job_id"] = (
+        job_id
+        if job_id is not None
+        else (frame["job_id"].astype(object) if "job_id" in frame else None)
+    )
     if attempt is not None or "attempt" not in frame:
         frame["attempt"] = attempt if attempt is not None else 0
     if node is not None or "node" not in frame:
@@ -148,7 +169,9 @@ def read_step_table(path: str | Path, *, mapping: Mapping[str, str] | None = Non
     grouped = frame.groupby(keys, sort=True, dropna=False)
     spans = grouped.agg(start_ts=("start", "min"), end_ts=("end", "max"), node=("node", "first"),
                         phase=("phase", "first")).reset_index()
-    sections = frame.groupby([*keys, "section"], sort=True, dropna=False)["duration"].sum().reset_index()
+    sections = (
+        frame.groupby([*keys, "section"], sort=True, dropna=False)["duration"].sum().reset_index()
+    )
     per_row = sections.groupby(keys, sort=True, dropna=False)
     maps = [list(zip(g["section"], g["duration"].astype(float), strict=True)) for _, g in per_row]
     spans["sections"] = maps
@@ -162,13 +185,17 @@ def read_step_table(path: str | Path, *, mapping: Mapping[str, str] | None = Non
         coords = _merge_placement(coords, Path(placement), placement_mapping or {})
     if "node" in coords.columns:
         node_of = coords.set_index("rank")["node"]
-        spans["node"] = spans["rank"].map(node_of).where(spans["rank"].map(node_of).notna(), spans["node"])
+        spans["node"] = (
+            spans["rank"].map(node_of).where(spans["rank"].map(node_of).notna(), spans["node"])
+        )
     coords["job_id"] = coords["job_id"].replace("", None)
     coords["ts"] = spans.groupby("rank")["start_ts"].min().reindex(coords["rank"]).to_numpy()
     coords["world_size"] = len(coords)
     steps_table = _table("steps", spans)
     ranks_table = _table("ranks", coords)
-    return StepTables(steps_table, ranks_table, len(frame), tuple(sorted(frame["section"].unique())))
+    return StepTables(
+        steps_table, ranks_table, len(frame), tuple(sorted(frame["section"].unique()))
+    )
 
 
 def _merge_placement(coords: pd.DataFrame, path: Path, mapping: Mapping[str, str]) -> pd.DataFrame:
@@ -180,7 +207,8 @@ def _merge_placement(coords: pd.DataFrame, path: Path, mapping: Mapping[str, str
             table[name] = _numbers(table[name], path, name, integer=True, allow_missing=True)
     extra = [c for c in ("node", *COORDS) if c in table.columns]
     if not extra:
-        raise StepTableError(f"{path}: column 'node' or a coordinate (dp_rank, pp_rank, ...) expected beside 'rank'")
+        raise StepTableError(f"{path}: column 'node' or a coordinate (dp_rank, pp_rank, ...) "
+                             "expected beside 'rank'")
     merged = coords.drop(columns=[c for c in extra if c in coords.columns]).merge(
         table[["rank", *extra]].drop_duplicates("rank"), on="rank", how="left")
     missing = merged[extra[0]].isna()
@@ -197,12 +225,21 @@ def _table(name: str, frame: pd.DataFrame) -> pa.Table:
             values = frame[field.name]
             if pa.types.is_integer(field.type):
                 values = values.astype("Int64")
-            if pa.types.is_timestamp(field.type):  # pandas holds ns; the store's unit is coarser: truncate
-                arrays.append(pa.array(values, type=as_ns_type(field.type), from_pandas=True).cast(field.type,
-                                                                                                    safe=False))
+            # pandas holds ns; the store's unit is coarser: truncate
+            if pa.types.is_timestamp(field.type):
+                arrays.append(
+                    pa.array(values, type=as_ns_type(field.type), from_pandas=True).cast(
+                        field.type, safe=False
+                    )
+                )
                 continue
-            arrays.append(pa.array(values.tolist() if field.name == "sections" else values, type=field.type,
-                                   from_pandas=True))
+            arrays.append(
+                pa.array(
+                    values.tolist() if field.name == "sections" else values,
+                    type=field.type,
+                    from_pandas=True,
+                )
+            )
         else:
             arrays.append(pa.nulls(len(frame), field.type))
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,6 +1,6 @@
-"""torchrun's failure report, parsed from its stderr: the `Failures:` and `Root Cause (first observed failure):`
-blocks of a ChildFailedError, plus the agent's `failed (exitcode: ...)` and `Sending process N closing signal`
-lines.
+"""torchrun's failure report, parsed from its stderr: the `Failures:` and `Root Cause (first
+observed failure):` blocks of a ChildFailedError, plus the agent's `failed (exitcode: ...)` and
+`Sending process N closing signal` lines.
 
     ============================================================
     train.py FAILED
@@ -19,9 +19,10 @@ lines.
       ...
     ============================================================
 
-The report is recorded as torchrun wrote it: its root cause is the earliest timestamp it saw, which can be a
-survivor (a SIGKILLed rank is stamped when torchrun noticed it). `time` is the torchrun host's local time with
-second resolution; pass `tz` when the report comes from a host in another zone.
+The report is recorded as torchrun wrote it: its root cause is the earliest timestamp it saw, which
+can be a survivor (a SIGKILLed rank is stamped when torchrun noticed it). `time` is the torchrun
+host's local time with second resolution; pass `tz` when the report comes from a host in another
+zone.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ _FIELD_RE = re.compile(r"^  (time|host|rank|exitcode|error_file|traceback)\s*:\s
 _RANK_RE = re.compile(r"^(-?\d+) \(local_rank: (-?\d+)\)\s*$")
 _EXITCODE_RE = re.compile(r"^(-?\d+) \(pid: (\d+)\)\s*(?:\((\w+)\))?\s*$")
 _SIGTERM_SENT_RE = re.compile(r"Sending process (\d+) closing signal (SIG\w+)")
-_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of (?:binary|fn): (.*)$")
+_FAILED_RE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\) of "
+                        r"(?:binary|fn): (.*)$")
 _ATTEMPT_RE = re.compile(r"/attempt_(\d+)/(\d+)/[^/]*$")
 
 
 class TorchrunReportError(ValueError, FaultlensError):
-    """A report block that does not have torchrun's shape: the message names the source and the line."""
+    """A report block that does not have torchrun's shape: the message names the source and the
+    line.
+    """
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,9 @@ class TorchrunFailure:
 
     @property
     def attempt(self) -> int | None:
-        """The restart count, when the error file path tells it (<log dir>/<run>/attempt_<n>/<local rank>/)."""
+        """The restart count, when the error file path tells it (<log dir>/<run>/attempt_<n>/<local
+        rank>/).
+        """
         match = _ATTEMPT_RE.search(self.error_file or "")
         return int(match.group(1)) if match else None
 
@@ -80,7 +86,9 @@ class TorchrunFailure:
 
 @dataclass(frozen=True)
 class AgentFailureLine:
-    """`failed (exitcode: 1) local_rank: 0 (pid: 8205) of binary: /usr/bin/python`: one per failed round."""
+    """`failed (exitcode: 1) local_rank: 0 (pid: 8205) of binary: /usr/bin/python`: one per failed
+    round.
+    """
 
     exit_code: int
     local_rank: int
@@ -119,7 +127,9 @@ class TorchrunOutput:
 
 
 def parse_report_time(text: str, tz: dt.tzinfo | None = None) -> dt.datetime | None:
-    """torchrun's `2026-11-30_04:32:41` (local time of its host) as an aware datetime; None if it is not one."""
+    """torchrun's `2026-11-30_04:32:41` (local time of its host) as an aware datetime; None if it is
+    not one.
+    """
     try:
         naive = dt.datetime.fromisoformat(text.strip().replace("_", "T", 1))
     except ValueError:
@@ -129,8 +139,12 @@ def parse_report_time(text: str, tz: dt.tzinfo | None = None) -> dt.datetime | N
     return naive.replace(tzinfo=tz) if tz is not None else naive.astimezone()
 
 
-def parse_torchrun_output(text: str, *, source: str = "<stderr>", tz: dt.tzinfo | None = None) -> TorchrunOutput:
-    """Parse torchrun's stderr. Raises TorchrunReportError for a report block that is cut or malformed."""
+def parse_torchrun_output(
+    text: str, *, source: str = "<stderr>", tz: dt.tzinfo | None = None
+) -> TorchrunOutput:
+    """Parse torchrun's stderr. Raises TorchrunReportError for a report block that is cut or
+    malformed.
+    """
     lines = text.splitlines()
     reports = []
     agent_failures = []
@@ -138,7 +152,11 @@ def parse_torchrun_output(text: str, *, source: str = "<stderr>", tz: dt.tzinfo 
     index = 0
     while index < len(lines):
         line = lines[index]
-        if _BORDER_RE.match(line) and index + 1 < len(lines) and lines[index + 1].rstrip().endswith(" FAILED"):
+        if (
+            _BORDER_RE.match(line)
+            and index + 1 < len(lines)
+            and lines[index + 1].rstrip().endswith(" FAILED")
+        ):
             report, index = _parse_block(lines, index, source, tz)
             reports.append(report)
             continue
@@ -147,13 +165,22 @@ def parse_torchrun_output(text: str, *, source: str = "<stderr>", tz: dt.tzinfo 
             signals_sent.append((int(sent.group(1)), sent.group(2)))
         failed = _FAILED_RE.search(line)
         if failed:
-            agent_failures.append(AgentFailureLine(int(failed.group(1)), int(failed.group(2)), int(failed.group(3)),
-                                                   failed.group(4).strip(), index + 1))
+            agent_failures.append(
+                AgentFailureLine(
+                    int(failed.group(1)),
+                    int(failed.group(2)),
+                    int(failed.group(3)),
+                    failed.group(4).strip(),
+                    index + 1,
+                )
+            )
         index += 1
     return TorchrunOutput(tuple(reports), tuple(agent_failures), tuple(signals_sent))
 
 
-def _parse_block(lines: list[str], start: int, source: str, tz: dt.tzinfo | None) -> tuple[TorchrunReport, int]:
+def _parse_block(
+    lines: list[str], start: int, source: str, tz: dt.tzinfo | None
+) -> tuple[TorchrunReport, int]:
     title = lines[start + 1].strip()
     index = start + 2
     failures: list[TorchrunFailure] = []
@@ -163,9 +190,11 @@ def _parse_block(lines: list[str], start: int, source: str, tz: dt.tzinfo | None
         line = lines[index].rstrip("\n")
         if _BORDER_RE.match(line):
             if not failures:
-                raise TorchrunReportError(f"{source}:{start + 1}: torchrun report '{title}' lists no failure")
+                raise TorchrunReportError(f"{source}:{start + 1}: torchrun report '{title}' lists "
+                                          "no failure")
             if not seen_root_header:
-                raise TorchrunReportError(f"{source}:{index + 1}: torchrun report '{title}' has no Root Cause section")
+                raise TorchrunReportError(f"{source}:{index + 1}: torchrun report '{title}' has no "
+                                          "Root Cause section")
             return TorchrunReport(title, tuple(failures), start + 1), index + 1
         stripped = line.strip()
         if stripped.startswith("Root Cause"):
@@ -176,7 +205,8 @@ def _parse_block(lines: list[str], start: int, source: str, tz: dt.tzinfo | None
             failures.append(failure)
             continue
         index += 1
-    raise TorchrunReportError(f"{source}:{start + 1}: torchrun report '{title}' is cut off (no closing '=====' line)")
+    raise TorchrunReportError(f"{source}:{start + 1}: torchrun report '{title}' is cut off (no "
+                              "closing '=====' line)")
 
 
 def _parse_entry(lines: list[str], start: int, number: int, is_root: bool, source: str,
@@ -194,7 +224,8 @@ def _parse_entry(lines: list[str], start: int, number: int, is_root: bool, sourc
             match = _FIELD_RE.match(line)
             if match is None:
                 if line.strip():
-                    raise TorchrunReportError(f"{source}:{index + 1}: expected a '  key : value' line of failure "
+                    raise TorchrunReportError(f"{source}:{index + 1}: expected a '  key : value' "
+                                              "line of failure "
                                               f"[{number}], got {line.strip()[:80]!r}")
             else:
                 fields[match.group(1)] = match.group(2).strip()
@@ -203,14 +234,17 @@ def _parse_entry(lines: list[str], start: int, number: int, is_root: bool, sourc
         index += 1
     missing = [key for key in ("rank", "exitcode") if key not in fields]
     if missing:
-        raise TorchrunReportError(f"{source}:{start + 1}: failure [{number}] has no {missing[0]!r} field")
+        raise TorchrunReportError(f"{source}:{start + 1}: failure [{number}] has no {missing[0]!r} "
+                                  "field")
     rank_match = _RANK_RE.match(fields["rank"])
     exit_match = _EXITCODE_RE.match(fields["exitcode"])
     if rank_match is None:
-        raise TorchrunReportError(f"{source}:{start + 1}: failure [{number}]: rank {fields['rank']!r} is not "
+        raise TorchrunReportError(f"{source}:{start + 1}: failure [{number}]: rank "
+                                  f"{fields['rank']!r} is not "
                                   "'N (local_rank: M)'")
     if exit_match is None:
-        raise TorchrunReportError(f"{source}:{start + 1}: failure [{number}]: exitcode {fields['exitcode']!r} is not "
+        raise TorchrunReportError(f"{source}:{start + 1}: failure [{number}]: exitcode "
+                                  f"{fields['exitcode']!r} is not "
                                   "'CODE (pid: PID)'")
     error_file = fields.get("error_file")
     while traceback_lines and not traceback_lines[-1].strip():

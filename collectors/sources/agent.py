@@ -1,10 +1,11 @@
-"""The node agent: polls every source each interval, writes what they return through a SegmentSink (Parquet
-segments in the store), optionally exports GPU telemetry over OpenTelemetry, and flushes aged buffers.
-The sources come built, in the order they are polled (`faultlens collect` builds them through the
-source registry, registry.py); the agent knows nothing of any one source.
+"""The node agent: polls every source each interval, writes what they return through a SegmentSink
+(Parquet segments in the store), optionally exports GPU telemetry over OpenTelemetry, and flushes
+aged buffers. The sources come built, in the order they are polled (`faultlens collect` builds them
+through the source registry, registry.py); the agent knows nothing of any one source.
 
-It never raises: a source that fails is logged once per kind of failure and the others go on; a sink write that
-fails keeps its rows buffered in the sink (nothing already stored is lost) and is retried at the next flush.
+It never raises: a source that fails is logged once per kind of failure and the others go on; a sink
+write that fails keeps its rows buffered in the sink (nothing already stored is lost) and is retried
+at the next flush.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ class AgentStats:
 
 
 class NodeAgent:
-    """Runs sources on one node. `exporter` is an optional GpuOtelExporter (anything with export(table, batch))."""
+    """Runs sources on one node. `exporter` is an optional GpuOtelExporter (anything with
+    export(table, batch)).
+    """
 
     def __init__(self, sources: Sequence[Source], sink: SegmentSink, *, interval_s: float = 1.0,
                  exporter: object | None = None, monotonic: Callable[[], float] = time.monotonic,
@@ -74,23 +77,32 @@ class NodeAgent:
                     self.stats.rows[table] = self.stats.rows.get(table, 0) + batch.num_rows
                 except Exception as exc:
                     self.stats.sink_errors += 1
-                    self._once(f"sink:{table}:{type(exc).__name__}", "cannot store %s rows from %s: %s: %s",
+                    self._once(f"sink:{table}:{type(exc).__name__}", "cannot store %s rows from "
+                                                                     "%s: %s: %s",
                                table, name, type(exc).__name__, exc)
                 if self.exporter is not None:
                     try:
                         self.exporter.export(table, batch)
                     except Exception as exc:
                         self.stats.export_errors += 1
-                        self._once(f"otel:{type(exc).__name__}", "OpenTelemetry export failed: %s: %s",
+                        self._once(f"otel:{type(exc).__name__}", "OpenTelemetry export failed: %s: "
+                                                                 "%s",
                                    type(exc).__name__, exc)
         try:
             self.sink.flush_aged()
         except Exception as exc:
             self.stats.sink_errors += 1
-            self._once(f"flush:{type(exc).__name__}", "cannot flush segments: %s: %s", type(exc).__name__, exc)
+            self._once(
+                f"flush:{type(exc).__name__}",
+                "cannot flush segments: %s: %s",
+                type(exc).__name__,
+                exc,
+            )
 
     def run(self, duration_s: float | None = None) -> AgentStats:
-        """Tick every interval until stop() or `duration_s` has passed; then close the sources and flush."""
+        """Tick every interval until stop() or `duration_s` has passed; then close the sources and
+        flush.
+        """
         started = self._monotonic()
         next_tick = started
         try:
@@ -106,7 +118,8 @@ class NodeAgent:
                 if duration_s is not None:
                     delay = min(delay, max(0.0, started + duration_s - self._monotonic()))
                 self.stop_event.wait(delay)
-        except BaseException as exc:  # KeyboardInterrupt included: stop cleanly, keep what was collected
+        # KeyboardInterrupt included: stop cleanly, keep what was collected
+        except BaseException as exc:
             self._log.warning("agent stopping: %s", type(exc).__name__)
         finally:
             self.close()

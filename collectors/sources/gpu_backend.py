@@ -1,9 +1,10 @@
-"""The small interface every GPU telemetry backend implements (the real pynvml one, the recorded timeline one).
+"""The small interface every GPU telemetry backend implements (the real pynvml one, the recorded
+timeline one).
 
-A backend enumerates GPUs, reads one sample of one GPU as gpu_samples columns, and waits for GPU events (Xid,
-recovery-action changes). It raises only the exceptions defined here: BackendUnavailable from open() (no driver, no
-library, no permission) and GpuLostError from sample() (the GPU fell off the bus). Everything else a backend cannot
-read becomes None in the reading.
+A backend enumerates GPUs, reads one sample of one GPU as gpu_samples columns, and waits for GPU
+events (Xid, recovery-action changes). It raises only the exceptions defined here:
+BackendUnavailable from open() (no driver, no library, no permission) and GpuLostError from sample()
+(the GPU fell off the bus). Everything else a backend cannot read becomes None in the reading.
 """
 
 from __future__ import annotations
@@ -16,21 +17,43 @@ from faultlens.collectors.store.schema import IDENTITY_FIELDS, TABLES
 from faultlens.errors import FaultlensError
 
 _NOT_METRICS = {f.name for f in IDENTITY_FIELDS} | {"source", "gpu_name"}
-SAMPLE_COLUMNS: tuple[str, ...] = tuple(f.name for f in TABLES["gpu_samples"] if f.name not in _NOT_METRICS)
+SAMPLE_COLUMNS: tuple[str, ...] = tuple(
+    f.name for f in TABLES["gpu_samples"] if f.name not in _NOT_METRICS
+)
 """The metric columns of gpu_samples a backend fills (identity, source and name are filled by the source)."""
 
-EVENT_KINDS: frozenset[str] = frozenset({
-    "xid", "sxid", "ecc_dbe", "ecc_sbe_storm", "remap_pending", "remap_failure", "retired_page_pending",
-    "recovery_action", "gpu_lost", "thermal_slowdown_start", "thermal_slowdown_end", "power_slowdown_start",
-    "power_slowdown_end", "nvlink_error", "pcie_replay",
-})
+EVENT_KINDS: frozenset[str] = frozenset(
+    {
+        "xid",
+        "sxid",
+        "ecc_dbe",
+        "ecc_sbe_storm",
+        "remap_pending",
+        "remap_failure",
+        "retired_page_pending",
+        "recovery_action",
+        "gpu_lost",
+        "thermal_slowdown_start",
+        "thermal_slowdown_end",
+        "power_slowdown_start",
+        "power_slowdown_end",
+        "nvlink_error",
+        "pcie_replay",
+    }
+)
 """gpu_events.kind values (interface 2 of the helper brief)."""
 
 EVENT_SOURCES: frozenset[str] = frozenset({"nvml_event", "nvml_sample", "kmsg", "dcgm", "recorded"})
 
 RECOVERY_ACTIONS: dict[int, str] = {
-    0: "None", 1: "GPU Reset Required", 2: "Node Reboot Required", 3: "Drain P2P", 4: "Drain and Reset",
-    5: "Recover IMEX Domain", 6: "Bus Reset", 7: "System Reboot",
+    0: "None",
+    1: "GPU Reset Required",
+    2: "Node Reboot Required",
+    3: "Drain P2P",
+    4: "Drain and Reset",
+    5: "Recover IMEX Domain",
+    6: "Bus Reset",
+    7: "System Reboot",
 }
 """NVML_GPU_RECOVERY_ACTION_* values and the words the driver prints for them."""
 
@@ -67,13 +90,16 @@ class GpuReading:
 
 @dataclass(frozen=True)
 class BackendEvent:
-    """An event a backend delivered: kind is a gpu_events kind (xid, recovery_action, ecc_sbe_storm...)."""
+    """An event a backend delivered: kind is a gpu_events kind (xid, recovery_action,
+    ecc_sbe_storm...).
+    """
 
     gpu_index: int | None
     kind: str
     code: int | None
     message: str
-    ts_ns: int | None = None  # when the backend knows it; otherwise the source stamps the time of receipt
+    # when the backend knows it; otherwise the source stamps the time of receipt
+    ts_ns: int | None = None
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
 

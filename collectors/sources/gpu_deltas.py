@@ -1,11 +1,12 @@
 """Health changes between two samples of one GPU -> gpu_events kinds.
 
-Counters and flags are diffed: a new double-bit ECC error, a single-bit storm, row remap pending / failure, page
-retirement pending, a recovery action other than NONE, thermal or power slowdown starting or ending (clocks-event
-reason bits; "power" is the hardware power brake, SwPowerCap stays in the samples only because it is normal at full
-load), NVLink replay/recovery errors (any increase) or CRC errors (rate), PCIe replays. On the first sample of a GPU
-only the states that need action now are reported (volatile DBE > 0, pending/failed remap, pending retirement,
-recovery action, slowdown active); lifetime counters are not.
+Counters and flags are diffed: a new double-bit ECC error, a single-bit storm, row remap pending /
+failure, page retirement pending, a recovery action other than NONE, thermal or power slowdown
+starting or ending (clocks-event reason bits; "power" is the hardware power brake, SwPowerCap stays
+in the samples only because it is normal at full load), NVLink replay/recovery errors (any increase)
+or CRC errors (rate), PCIe replays. On the first sample of a GPU only the states that need action
+now are reported (volatile DBE > 0, pending/failed remap, pending retirement, recovery action,
+slowdown active); lifetime counters are not.
 """
 
 from __future__ import annotations
@@ -63,9 +64,17 @@ def _flag_set(prev: Mapping[str, Any] | None, cur: Mapping[str, Any], column: st
 
 
 def _reason_names(bits: int) -> str:
-    names = [name for bit, name in ((SW_POWER_CAP, "SwPowerCap"), (HW_SLOWDOWN, "HwSlowdown"),
-                                    (SW_THERMAL, "SwThermalSlowdown"), (HW_THERMAL, "HwThermalSlowdown"),
-                                    (HW_POWER_BRAKE, "HwPowerBrakeSlowdown")) if bits & bit]
+    names = [
+        name
+        for bit, name in (
+            (SW_POWER_CAP, "SwPowerCap"),
+            (HW_SLOWDOWN, "HwSlowdown"),
+            (SW_THERMAL, "SwThermalSlowdown"),
+            (HW_THERMAL, "HwThermalSlowdown"),
+            (HW_POWER_BRAKE, "HwPowerBrakeSlowdown"),
+        )
+        if bits & bit
+    ]
     return "+".join(names) or "none"
 
 
@@ -75,21 +84,35 @@ def recovery_action_text(code: int | None) -> str:
     return f"0x{code:x} ({RECOVERY_ACTIONS.get(code, 'unknown action')})"
 
 
-def sample_changes(prev: Mapping[str, Any] | None, cur: Mapping[str, Any], elapsed_s: float | None = None,
-                   thresholds: DeltaThresholds = DeltaThresholds()) -> list[HealthChange]:
-    """The gpu_events a new sample implies, given the previous sample of the same GPU (None: first sample)."""
+def sample_changes(
+    prev: Mapping[str, Any] | None,
+    cur: Mapping[str, Any],
+    elapsed_s: float | None = None,
+    thresholds: DeltaThresholds = DeltaThresholds(),
+) -> list[HealthChange]:
+    """The gpu_events a new sample implies, given the previous sample of the same GPU (None: first
+    sample).
+    """
     changes: list[HealthChange] = []
     first = prev is None
 
-    # double-bit ECC: volatile counter first, then aggregate, then the by-location uncorrected counters
-    for column in ("ecc_dbe_volatile", "ecc_dbe_aggregate", "ecc_dram_uncorrected", "ecc_sram_uncorrected"):
+    # double-bit ECC: volatile counter first, then aggregate, then the by-location uncorrected
+    # counters
+    for column in (
+        "ecc_dbe_volatile",
+        "ecc_dbe_aggregate",
+        "ecc_dram_uncorrected",
+        "ecc_sram_uncorrected",
+    ):
         if _int(cur.get(column)) is None:
             continue
         if first:
             count = _int(cur.get(column)) or 0
             if column == "ecc_dbe_volatile" and count > 0:
-                changes.append(HealthChange("ecc_dbe", None, f"{count} volatile double-bit ECC error(s) since the "
-                                                               "last GPU reset (present at first sample)"))
+                changes.append(HealthChange("ecc_dbe", None, f"{count} volatile double-bit ECC "
+                                                             "error(s) since the "
+                                                               "last GPU reset (present at first "
+                                                               "sample)"))
             if column == "ecc_dbe_volatile":
                 break
             continue
@@ -97,31 +120,45 @@ def sample_changes(prev: Mapping[str, Any] | None, cur: Mapping[str, Any], elaps
         if delta:
             where = _dbe_location(prev, cur)
             changes.append(HealthChange("ecc_dbe", None,
-                                        f"{delta} new double-bit ECC error(s) ({column} {prev.get(column)} -> "
+                                        f"{delta} new double-bit ECC error(s) ({column} "
+                                        f"{prev.get(column)} -> "
                                         f"{cur.get(column)}){where}"))
         break
 
     if not first:
         sbe = _increase(prev, cur, "ecc_sbe_volatile")
         if sbe >= thresholds.sbe_storm_per_sample:
-            changes.append(HealthChange("ecc_sbe_storm", None, f"{sbe} new single-bit ECC errors in one sample"))
+            changes.append(HealthChange("ecc_sbe_storm", None, f"{sbe} new single-bit ECC errors "
+                                                               "in one sample"))
 
     if _flag_set(prev, cur, "remap_pending"):
-        changes.append(HealthChange("remap_pending", None, "row remap pending: reset the GPU to activate"
+        changes.append(HealthChange("remap_pending", None, "row remap pending: reset the GPU to "
+                                                           "activate"
                                     + (" (present at first sample)" if first else "")))
     if _flag_set(prev, cur, "remap_failure"):
-        changes.append(HealthChange("remap_failure", None, "row remapping failed: escalate, do not re-admit the GPU"
+        changes.append(HealthChange("remap_failure", None, "row remapping failed: escalate, do not "
+                                                           "re-admit the GPU"
                                     + (" (present at first sample)" if first else "")))
     if _flag_set(prev, cur, "retired_pages_pending"):
-        changes.append(HealthChange("retired_page_pending", None, "page retirement pending: reset the GPU to activate"
+        changes.append(HealthChange("retired_page_pending", None, "page retirement pending: reset "
+                                                                  "the GPU to activate"
                                     + (" (present at first sample)" if first else "")))
 
     action = _int(cur.get("recovery_action"))
     before_action = _int(prev.get("recovery_action")) if prev is not None else None
     if action is not None and action != 0 and action != before_action:
-        source = "present at first sample" if first else f"changed from {recovery_action_text(before_action)}"
-        changes.append(HealthChange("recovery_action", action,
-                                    f"GPU recovery action {recovery_action_text(action)} ({source})"))
+        source = (
+            "present at first sample"
+            if first
+            else f"changed from {recovery_action_text(before_action)}"
+        )
+        changes.append(
+            HealthChange(
+                "recovery_action",
+                action,
+                f"GPU recovery action {recovery_action_text(action)} ({source})",
+            )
+        )
 
     reasons = _int(cur.get("clocks_event_reasons"))
     before_reasons = _int(prev.get("clocks_event_reasons")) if prev is not None else None
@@ -132,9 +169,11 @@ def sample_changes(prev: Mapping[str, Any] | None, cur: Mapping[str, Any], elaps
                 temp = cur.get("temp_c")
                 detail = f", GPU {temp:.0f} C" if isinstance(temp, (int, float)) else ""
                 changes.append(HealthChange(f"{kind}_start", None,
-                                            f"clocks-event reasons 0x{reasons:x} ({_reason_names(reasons)}){detail}"))
+                                            f"clocks-event reasons 0x{reasons:x} "
+                                            f"({_reason_names(reasons)}){detail}"))
             elif not first and before_reasons is not None and was & mask and not reasons & mask:
-                changes.append(HealthChange(f"{kind}_end", None, f"clocks-event reasons 0x{reasons:x} "
+                changes.append(HealthChange(f"{kind}_end", None, "clocks-event reasons "
+                                                                 f"0x{reasons:x} "
                                                                  f"({_reason_names(reasons)})"))
 
     if not first:
@@ -150,11 +189,16 @@ def sample_changes(prev: Mapping[str, Any] | None, cur: Mapping[str, Any], elaps
         pcie = _increase(prev, cur, "pcie_replay_count")
         if pcie:
             total = cur.get("pcie_replay_count")
-            changes.append(HealthChange("pcie_replay", None, f"+{pcie} PCIe replays (total {total})"))
+            changes.append(
+                HealthChange("pcie_replay", None, f"+{pcie} PCIe replays (total {total})")
+            )
     return changes
 
 
 def _dbe_location(prev: Mapping[str, Any], cur: Mapping[str, Any]) -> str:
-    places = [name for column, name in (("ecc_dram_uncorrected", "DRAM/HBM"), ("ecc_sram_uncorrected", "SRAM"))
-              if _increase(prev, cur, column)]
+    places = [
+        name
+        for column, name in (("ecc_dram_uncorrected", "DRAM/HBM"), ("ecc_sram_uncorrected", "SRAM"))
+        if _increase(prev, cur, column)
+    ]
     return f" in {', '.join(places)}" if places else ""

@@ -1,15 +1,19 @@
-"""The real GPU backend: NVML through `pynvml` (the module shipped by nvidia-ml-py, 12.535 and 13.x).
+"""The real GPU backend: NVML through `pynvml` (the module shipped by nvidia-ml-py, 12.535 and
+13.x).
 
-Every gpu_samples metric is one NVML query; a query the GPU does not support (NVML_ERROR_NOT_SUPPORTED, no
-permission, function missing in an older driver or binding) gives None, never an error. NVML_ERROR_GPU_IS_LOST from
-any query raises GpuLostError for that GPU. NVML_ERROR_RESET_REQUIRED marks the reading (the source turns it into a
-recovery_action event). Xid and recovery-action events arrive through an NVML event set (nvmlEventSetWait).
+Every gpu_samples metric is one NVML query; a query the GPU does not support
+(NVML_ERROR_NOT_SUPPORTED, no permission, function missing in an older driver or binding) gives
+None, never an error. NVML_ERROR_GPU_IS_LOST from any query raises GpuLostError for that GPU.
+NVML_ERROR_RESET_REQUIRED marks the reading (the source turns it into a recovery_action event). Xid
+and recovery-action events arrive through an NVML event set (nvmlEventSetWait).
 
-Counter choices: ECC by location (DRAM, SRAM) reads the volatile counters, so they move together with
-ecc_*_volatile; NVLink errors are the totals over all links (field values), summed per link through
-nvmlDeviceGetNvLinkErrorCounter when the total fields are not supported; retired pages count the pages per cause.
+Counter choices: ECC by location (DRAM, SRAM) reads the volatile counters, so they move together
+with ecc_*_volatile; NVLink errors are the totals over all links (field values), summed per link
+through nvmlDeviceGetNvLinkErrorCounter when the total fields are not supported; retired pages count
+the pages per cause.
 
-The sampling queries are NvmlBackend's base class, NvmlSampling (collectors/sources/nvml_sampling.py).
+The sampling queries are NvmlBackend's base class, NvmlSampling
+(collectors/sources/nvml_sampling.py).
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class NvmlBackend(NvmlSampling):
         self._nvlink_links: dict[int, list[int]] = {}
         self._event_types: dict[int, str] = {}
 
-    # -- lifecycle -----------------------------------------------------------------------------------------------
+    # -- lifecycle
+    # -----------------------------------------------------------------------------------------------
     def open(self) -> Sequence[GpuDevice]:
         nvml = self._nvml
         if nvml is None:
@@ -88,7 +93,8 @@ class NvmlBackend(NvmlSampling):
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
         except nvml.NVMLError:
-            # a lost GPU may refuse a handle: it is still listed so the source reports it (sample() raises)
+            # a lost GPU may refuse a handle: it is still listed so the source reports it (sample()
+            # raises)
             return GpuDevice(index=index)
         self._handles[index] = handle
         address = ctypes.cast(handle, ctypes.c_void_p).value
@@ -138,7 +144,9 @@ class NvmlBackend(NvmlSampling):
             except nvml.NVMLError:
                 # e.g. NOT_SUPPORTED for one type on this GPU: fall back to Xid only
                 try:
-                    nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+                    nvml.nvmlDeviceRegisterEvents(
+                        handle, nvml.nvmlEventTypeXidCriticalError, event_set
+                    )
                     registered += 1
                 except nvml.NVMLError:
                     continue
@@ -161,7 +169,8 @@ class NvmlBackend(NvmlSampling):
                 self._initialised = False
             self._handles.clear()
 
-    # -- events --------------------------------------------------------------------------------------------------
+    # -- events
+    # --------------------------------------------------------------------------------------------------
     def supports_events(self) -> bool:
         return self._event_set is not None
 
@@ -203,17 +212,25 @@ class NvmlBackend(NvmlSampling):
         gi = int(data.gpuInstanceId)
         ci = int(data.computeInstanceId)
         gi_value = gi if gi != any_instance else None
-        ci_value = ci if ci != getattr(self._nvml, "NVML_COMPUTE_INSTANCE_ID_ANY", 0xFFFFFFFF) else None
+        ci_value = (
+            ci if ci != getattr(self._nvml, "NVML_COMPUTE_INSTANCE_ID_ANY", 0xFFFFFFFF) else None
+        )
         mig = ""
         if gi_value is not None:
             mig = f" (MIG GPU-I {gi_value}" + (f" CI {ci_value})" if ci_value is not None else ")")
         if kind == "xid":
-            message = f"NVML Xid event {value}" if value != 999 else "NVML Xid event (unknown Xid, 999)"
+            message = (
+                f"NVML Xid event {value}" if value != 999 else "NVML Xid event (unknown Xid, 999)"
+            )
             return BackendEvent(index, "xid", value, message + mig, gpu_instance_id=gi_value,
                                 compute_instance_id=ci_value)
         if kind == "recovery_action":
-            return BackendEvent(index, "recovery_action", value,
-                                f"NVML GPU recovery action event: {recovery_action_text(value)}" + mig)
+            return BackendEvent(
+                index,
+                "recovery_action",
+                value,
+                f"NVML GPU recovery action event: {recovery_action_text(value)}" + mig,
+            )
         return BackendEvent(index, kind, None, "NVML single-bit ECC error storm event" + mig)
 
 

@@ -1,9 +1,10 @@
-"""The NVML source: samples every GPU through a GpuBackend, turns sample changes into gpu_events, and runs a thread
-that waits on the backend's events (Xid, recovery action).
+"""The NVML source: samples every GPU through a GpuBackend, turns sample changes into gpu_events,
+and runs a thread that waits on the backend's events (Xid, recovery action).
 
 Never raises into its caller (collectors' error regime): a backend that cannot open is said once
-("NVML unavailable: <reason>") and retried quietly every `retry_open_s`; a GPU that is lost gives one gpu_lost event
-and is no longer sampled while the other GPUs go on; any other per-GPU failure is logged once per kind and counted.
+("NVML unavailable: <reason>") and retried quietly every `retry_open_s`; a GPU that is lost gives
+one gpu_lost event and is no longer sampled while the other GPUs go on; any other per-GPU failure is
+logged once per kind and counted.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from faultlens.collectors.sources.gpu_backend import (
     GpuDevice,
     GpuLostError,
 )
-from faultlens.collectors.sources.gpu_deltas import DeltaThresholds, recovery_action_text, sample_changes
+from faultlens.collectors.sources.gpu_deltas import (
+    DeltaThresholds,
+    recovery_action_text,
+    sample_changes,
+)
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.store.batches import rows_to_batch
 
@@ -57,15 +62,24 @@ class _GpuState:
 
 
 class NvmlSource:
-    """Source of gpu_samples and gpu_events from a GpuBackend (NvmlBackend on a GPU node, RecordedBackend in
-    tests and demos)."""
+    """Source of gpu_samples and gpu_events from a GpuBackend (NvmlBackend on a GPU node,
+    RecordedBackend in tests and demos)."""
 
     name = "nvml"
 
-    def __init__(self, backend: GpuBackend, identity: NodeIdentity, *,
-                 clock_ns: Callable[[], int] = time.time_ns, monotonic: Callable[[], float] = time.monotonic,
-                 events: bool = True, event_wait_s: float = 0.5, retry_open_s: float = 60.0,
-                 thresholds: DeltaThresholds | None = None, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        backend: GpuBackend,
+        identity: NodeIdentity,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        monotonic: Callable[[], float] = time.monotonic,
+        events: bool = True,
+        event_wait_s: float = 0.5,
+        retry_open_s: float = 60.0,
+        thresholds: DeltaThresholds | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
         self.backend = backend
         self.identity = identity
         self._clock_ns = clock_ns
@@ -84,7 +98,8 @@ class NvmlSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    # -- lifecycle -----------------------------------------------------------------------------------------------
+    # -- lifecycle
+    # -----------------------------------------------------------------------------------------------
     def open(self) -> bool:
         """Open the backend if not open yet; False when it is unavailable (said once)."""
         if self._opened:
@@ -111,7 +126,9 @@ class NvmlSource:
         self._opened = True
         self.stats.unavailable = None
         if self._events_enabled and self._safe_supports_events():
-            self._thread = threading.Thread(target=self._event_loop, name="faultlens-nvml-events", daemon=True)
+            self._thread = threading.Thread(
+                target=self._event_loop, name="faultlens-nvml-events", daemon=True
+            )
             self._thread.start()
         return True
 
@@ -137,19 +154,33 @@ class NvmlSource:
             self._thread.join(timeout=2.0)
             self._thread = None
 
-    # -- rows ----------------------------------------------------------------------------------------------------
+    # -- rows
+    # ----------------------------------------------------------------------------------------------------
     def _identity_columns(self, device: GpuDevice | None, ts_ns: int) -> dict[str, Any]:
         row: dict[str, Any] = {"ts": ts_ns, **self.identity.columns()}
         if device is not None:
             row.update(gpu_index=device.index, gpu_uuid=device.uuid, pci_bus_id=device.pci_bus_id)
         return row
 
-    def _event_row(self, device: GpuDevice | None, ts_ns: int, source: str, kind: str, code: int | None,
-                   message: str) -> dict[str, Any]:
-        return {**self._identity_columns(device, ts_ns), "source": source, "kind": kind, "code": code,
-                "message": message}
+    def _event_row(
+        self,
+        device: GpuDevice | None,
+        ts_ns: int,
+        source: str,
+        kind: str,
+        code: int | None,
+        message: str,
+    ) -> dict[str, Any]:
+        return {
+            **self._identity_columns(device, ts_ns),
+            "source": source,
+            "kind": kind,
+            "code": code,
+            "message": message,
+        }
 
-    # -- event thread --------------------------------------------------------------------------------------------
+    # -- event thread
+    # --------------------------------------------------------------------------------------------
     def _event_loop(self) -> None:
         failures = 0
         while not self._stop.is_set():
@@ -160,7 +191,9 @@ class NvmlSource:
                 failures += 1
                 self.stats.event_errors += 1
                 if failures == 1:
-                    self._log.warning("NVML event wait failed: %s: %s (retrying)", type(exc).__name__, exc)
+                    self._log.warning(
+                        "NVML event wait failed: %s: %s (retrying)", type(exc).__name__, exc
+                    )
                 self._stop.wait(min(5.0, 0.5 * failures))
                 continue
             for event in events:
@@ -169,7 +202,9 @@ class NvmlSource:
                     self._queue.append(row)
 
     def _backend_event_row(self, event: BackendEvent) -> dict[str, Any] | None:
-        """The gpu_events row of a backend event; None for a recovery action the samples already reported."""
+        """The gpu_events row of a backend event; None for a recovery action the samples already
+        reported.
+        """
         state = self._gpus.get(event.gpu_index) if event.gpu_index is not None else None
         device = state.device if state is not None else None
         if device is None and event.gpu_index is not None:
@@ -178,10 +213,17 @@ class NvmlSource:
             if state.reported_recovery == event.code:
                 return None
             state.reported_recovery = event.code
-        return self._event_row(device, event.ts_ns or self._clock_ns(), self.backend.event_source, event.kind,
-                               event.code, event.message)
+        return self._event_row(
+            device,
+            event.ts_ns or self._clock_ns(),
+            self.backend.event_source,
+            event.kind,
+            event.code,
+            event.message,
+        )
 
-    # -- poll ----------------------------------------------------------------------------------------------------
+    # -- poll
+    # ----------------------------------------------------------------------------------------------------
     def poll(self) -> Mapping[str, pa.RecordBatch]:
         try:
             return self._poll()
@@ -210,7 +252,9 @@ class NvmlSource:
             self.stats.events += len(events)
         return result
 
-    def _sample_one(self, state: _GpuState, samples: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+    def _sample_one(
+        self, state: _GpuState, samples: list[dict[str, Any]], events: list[dict[str, Any]]
+    ) -> None:
         device = state.device
         ts_ns = self._clock_ns()
         now = self._monotonic()
@@ -219,10 +263,21 @@ class NvmlSource:
         except GpuLostError as exc:
             state.lost = True
             self.stats.lost_gpus += 1
-            self._log.warning("GPU %s (%s) is lost: %s", device.index, device.pci_bus_id, exc.reason)
-            events.append(self._event_row(device, ts_ns, self.backend.delta_source, "gpu_lost", None,
-                                          f"{exc.reason}: fallen off the bus or otherwise inaccessible; "
-                                          "reboot the node to recover this GPU"))
+            self._log.warning(
+                "GPU %s (%s) is lost: %s", device.index, device.pci_bus_id, exc.reason
+            )
+            events.append(
+                self._event_row(
+                    device,
+                    ts_ns,
+                    self.backend.delta_source,
+                    "gpu_lost",
+                    None,
+                    f"{exc.reason}: fallen off the bus or otherwise "
+                    "inaccessible; "
+                    "reboot the node to recover this GPU",
+                )
+            )
             return
         except Exception as exc:
             self.stats.sample_errors += 1
@@ -250,16 +305,37 @@ class NvmlSource:
                 if state.reported_recovery == change.code:
                     continue
                 state.reported_recovery = change.code
-            events.append(self._event_row(device, ts_ns, self.backend.delta_source, change.kind, change.code,
-                                          change.message))
+            events.append(
+                self._event_row(
+                    device,
+                    ts_ns,
+                    self.backend.delta_source,
+                    change.kind,
+                    change.code,
+                    change.message,
+                )
+            )
         action = values.get("recovery_action")
         if action == 0:
             state.reported_recovery = 0
-        if reading.reset_required and not state.reset_required and state.reported_recovery != RECOVERY_GPU_RESET:
+        if (
+            reading.reset_required
+            and not state.reset_required
+            and state.reported_recovery != RECOVERY_GPU_RESET
+        ):
             state.reported_recovery = RECOVERY_GPU_RESET
-            events.append(self._event_row(device, ts_ns, self.backend.delta_source, "recovery_action",
-                                          RECOVERY_GPU_RESET, "NVML answers RESET_REQUIRED: GPU recovery action "
-                                          f"{recovery_action_text(RECOVERY_GPU_RESET)}"))
+            events.append(
+                self._event_row(
+                    device,
+                    ts_ns,
+                    self.backend.delta_source,
+                    "recovery_action",
+                    RECOVERY_GPU_RESET,
+                    "NVML answers RESET_REQUIRED: GPU "
+                    "recovery action "
+                    f"{recovery_action_text(RECOVERY_GPU_RESET)}",
+                )
+            )
         state.reset_required = reading.reset_required
         state.previous = dict(values)
         state.previous_t = now

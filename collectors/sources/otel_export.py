@@ -1,12 +1,16 @@
-"""OpenTelemetry export of GPU telemetry: gpu_samples as OTel metrics (gauges with attributes node, gpu.index,
-gpu.uuid, gpu.pci_bus_id), gpu_events as OTel log records (body = message; attributes kind, code, source, ...).
+"""OpenTelemetry export of GPU telemetry: gpu_samples as OTel metrics (gauges with attributes node,
+gpu.index, gpu.uuid, gpu.pci_bus_id), gpu_events as OTel log records (body = message; attributes
+kind, code, source, ...).
 
 The exporter follows the standard OTEL_* environment variables:
   OTEL_SDK_DISABLED=true                          -> nothing is exported
   OTEL_METRICS_EXPORTER / OTEL_LOGS_EXPORTER      -> "otlp", "console" or "none" (per signal)
-  otherwise                                       -> OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or the per-signal
-                                                     OTEL_EXPORTER_OTLP_{METRICS,LOGS}_ENDPOINT) is set, else none
-  OTEL_EXPORTER_OTLP_PROTOCOL                     -> http/protobuf (the installed exporter); grpc is refused
+  otherwise                                       -> OTLP when OTEL_EXPORTER_OTLP_ENDPOINT (or the
+  per-signal
+                                                     OTEL_EXPORTER_OTLP_{METRICS,LOGS}_ENDPOINT) is
+                                                     set, else none
+  OTEL_EXPORTER_OTLP_PROTOCOL                     -> http/protobuf (the installed exporter); grpc is
+  refused
 Endpoint, headers, timeout, compression, OTEL_METRIC_EXPORT_INTERVAL, OTEL_SERVICE_NAME and
 OTEL_RESOURCE_ATTRIBUTES are read by the SDK and the exporter themselves.
 """
@@ -24,7 +28,11 @@ from opentelemetry._logs import SeverityNumber
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, ConsoleLogRecordExporter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 
 from faultlens.errors import FaultlensError
@@ -57,8 +65,10 @@ GPU_METRICS: dict[str, tuple[str, str, str]] = {
     "retired_pages_sbe": ("gpu.retired_pages.sbe", "{page}", "pages retired for single-bit errors"),
     "retired_pages_dbe": ("gpu.retired_pages.dbe", "{page}", "pages retired for double-bit errors"),
     "retired_pages_pending": ("gpu.retired_pages.pending", "1", "page retirement pending (0/1)"),
-    "remapped_rows_correctable": ("gpu.remapped_rows.correctable", "{row}", "rows remapped, correctable"),
-    "remapped_rows_uncorrectable": ("gpu.remapped_rows.uncorrectable", "{row}", "rows remapped, uncorrectable"),
+    "remapped_rows_correctable": ("gpu.remapped_rows.correctable", "{row}", "rows remapped, "
+                                                                            "correctable"),
+    "remapped_rows_uncorrectable": ("gpu.remapped_rows.uncorrectable", "{row}", "rows remapped, "
+                                                                                "uncorrectable"),
     "remap_pending": ("gpu.remap.pending", "1", "row remap pending (0/1)"),
     "remap_failure": ("gpu.remap.failure", "1", "row remap failure (0/1)"),
     "recovery_action": ("gpu.recovery_action", "1", "NVML GPU recovery action"),
@@ -69,11 +79,18 @@ GPU_METRICS: dict[str, tuple[str, str, str]] = {
 }
 
 _SEVERITY = {
-    "gpu_lost": SeverityNumber.FATAL, "remap_failure": SeverityNumber.ERROR, "ecc_dbe": SeverityNumber.ERROR,
-    "xid": SeverityNumber.ERROR, "sxid": SeverityNumber.ERROR, "recovery_action": SeverityNumber.ERROR,
-    "nvlink_error": SeverityNumber.WARN, "remap_pending": SeverityNumber.WARN,
-    "retired_page_pending": SeverityNumber.WARN, "ecc_sbe_storm": SeverityNumber.WARN,
-    "thermal_slowdown_start": SeverityNumber.WARN, "power_slowdown_start": SeverityNumber.WARN,
+    "gpu_lost": SeverityNumber.FATAL,
+    "remap_failure": SeverityNumber.ERROR,
+    "ecc_dbe": SeverityNumber.ERROR,
+    "xid": SeverityNumber.ERROR,
+    "sxid": SeverityNumber.ERROR,
+    "recovery_action": SeverityNumber.ERROR,
+    "nvlink_error": SeverityNumber.WARN,
+    "remap_pending": SeverityNumber.WARN,
+    "retired_page_pending": SeverityNumber.WARN,
+    "ecc_sbe_storm": SeverityNumber.WARN,
+    "thermal_slowdown_start": SeverityNumber.WARN,
+    "power_slowdown_start": SeverityNumber.WARN,
     "pcie_replay": SeverityNumber.WARN,
 }
 
@@ -99,18 +116,29 @@ def choose_exporters(env: Mapping[str, str] | None = None) -> ExporterChoice:
         if explicit:
             first = explicit.split(",")[0].strip()
             if first not in ("otlp", "console", "none"):
-                raise OtelConfigError(f"OTEL_{signal}_EXPORTER={explicit!r}: expected otlp, console or none")
+                raise OtelConfigError(f"OTEL_{signal}_EXPORTER={explicit!r}: expected otlp, "
+                                      "console or none")
             return first
-        endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+        endpoint = env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(
+            f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"
+        )
         return "otlp" if endpoint else "none"
 
     choice = ExporterChoice(pick("METRICS"), pick("LOGS"))
     if "otlp" in (choice.metrics, choice.logs):
         for signal in ("METRICS", "LOGS"):
-            protocol = (env.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-                        or "http/protobuf").strip().lower()
+            protocol = (
+                (
+                    env.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+                    or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                    or "http/protobuf"
+                )
+                .strip()
+                .lower()
+            )
             if protocol != "http/protobuf":
-                raise OtelConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: this build exports OTLP over "
+                raise OtelConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: this build "
+                                      "exports OTLP over "
                                       "http/protobuf only (opentelemetry-exporter-otlp-proto-http)")
     return choice
 
@@ -124,7 +152,9 @@ class GpuOtelExporter:
         meter = meter_provider.get_meter(SCOPE)
         self._gauges = {column: meter.create_gauge(name, unit=unit, description=description)
                         for column, (name, unit, description) in GPU_METRICS.items()}
-        self._event_counter = meter.create_counter("gpu.events", unit="{event}", description="GPU health events")
+        self._event_counter = meter.create_counter(
+            "gpu.events", unit="{event}", description="GPU health events"
+        )
         self._logger = logger_provider.get_logger(SCOPE)
 
     @classmethod
@@ -138,8 +168,12 @@ class GpuOtelExporter:
         return cls(meters, loggers)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, node: str | None = None) -> GpuOtelExporter | None:
-        """The exporter the OTEL_* environment asks for; None when it asks for none. Raises OtelConfigError."""
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, node: str | None = None
+    ) -> GpuOtelExporter | None:
+        """The exporter the OTEL_* environment asks for; None when it asks for none. Raises
+        OtelConfigError.
+        """
         choice = choose_exporters(env)
         if choice.metrics == "none" and choice.logs == "none":
             return None
@@ -166,15 +200,24 @@ class GpuOtelExporter:
     @staticmethod
     def _attributes(row: Mapping[str, Any]) -> dict[str, Any]:
         attributes: dict[str, Any] = {}
-        for column, key in (("node", "node"), ("cluster", "cluster"), ("job_id", "job.id"), ("gpu_index", "gpu.index"),
-                            ("gpu_uuid", "gpu.uuid"), ("pci_bus_id", "gpu.pci_bus_id"), ("gpu_name", "gpu.name")):
+        for column, key in (
+            ("node", "node"),
+            ("cluster", "cluster"),
+            ("job_id", "job.id"),
+            ("gpu_index", "gpu.index"),
+            ("gpu_uuid", "gpu.uuid"),
+            ("pci_bus_id", "gpu.pci_bus_id"),
+            ("gpu_name", "gpu.name"),
+        ):
             value = row.get(column)
             if value is not None:
                 attributes[key] = value
         return attributes
 
     def export_samples(self, batch: pa.RecordBatch | pa.Table) -> int:
-        """Record one gauge point per non-null metric of every sample row; returns the points recorded."""
+        """Record one gauge point per non-null metric of every sample row; returns the points
+        recorded.
+        """
         points = 0
         for row in batch.to_pylist():
             attributes = self._attributes(row)
@@ -202,9 +245,14 @@ class GpuOtelExporter:
             ts = row.get("ts")
             timestamp = int(ts.timestamp() * 1e9) if hasattr(ts, "timestamp") else None
             severity = _SEVERITY.get(row.get("kind") or "", SeverityNumber.INFO)
-            self._logger.emit(timestamp=timestamp, severity_number=severity, severity_text=severity.name,
-                              body=row.get("message") or row.get("kind") or "", attributes=attributes,
-                              event_name="faultlens.gpu_event")
+            self._logger.emit(
+                timestamp=timestamp,
+                severity_number=severity,
+                severity_text=severity.name,
+                body=row.get("message") or row.get("kind") or "",
+                attributes=attributes,
+                event_name="faultlens.gpu_event",
+            )
             self._event_counter.add(1, {k: v for k, v in attributes.items()
                                         if k in ("node", "gpu.index", "gpu.event.kind")})
             count += 1

@@ -1,8 +1,9 @@
 """PCI bus ids in NVML's form, so kernel-log, dcgm-exporter and NVML rows of one GPU join.
 
-The kernel log prints `domain:bus:device` (`PCI:0000:2b:00`, very old drivers without `PCI:`), NVSwitch lines and
-`GPU has fallen off the bus` lines print `domain:bus:device.function`, NVML's `busId` and dcgm-exporter's
-`pci_bus_id` label are `00000000:2B:00.0` (8 hex digit domain, upper-case). Everything is converted to the last.
+The kernel log prints `domain:bus:device` (`PCI:0000:2b:00`, very old drivers without `PCI:`),
+NVSwitch lines and `GPU has fallen off the bus` lines print `domain:bus:device.function`, NVML's
+`busId` and dcgm-exporter's `pci_bus_id` label are `00000000:2B:00.0` (8 hex digit domain,
+upper-case). Everything is converted to the last.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ _PCI_RE = re.compile(
 
 
 def normalize_pci_bus_id(text: str | bytes | None) -> str | None:
-    """`0000:2b:00`, `PCI:0000:2b:00`, `0000:2b:00.0`, `00000000:2B:00.0` -> `00000000:2B:00.0`; None when `text`
-    is not a PCI address."""
+    """`0000:2b:00`, `PCI:0000:2b:00`, `0000:2b:00.0`, `00000000:2B:00.0` -> `00000000:2B:00.0`;
+    None when `text` is not a PCI address."""
     if text is None:
         return None
     if isinstance(text, bytes):

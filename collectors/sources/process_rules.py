@@ -1,8 +1,9 @@
-"""The error-text rules of the process source (rules/process_errors.yaml): which text is an OOM, a communication
-error, a watchdog timeout, and which of those are survivors' echoes of someone else's failure.
+"""The error-text rules of the process source (rules/process_errors.yaml): which text is an OOM, a
+communication error, a watchdog timeout, and which of those are survivors' echoes of someone else's
+failure.
 
-Rules are data: the file carries `format_version`, is validated with pydantic, and a bad file fails fast with a
-ProcessRulesError naming the file, the key and what was expected.
+Rules are data: the file carries `format_version`, is validated with pydantic, and a bad file fails
+fast with a ProcessRulesError naming the file, the key and what was expected.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from faultlens.collectors.rule_loader import RuleFileError, load_rule_file
 from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_RULES_PATH = shipped_rule_file("process_errors.yaml")  # the packaged file; loading reads rule_file
+# the packaged file; loading reads rule_file
+DEFAULT_RULES_PATH = shipped_rule_file("process_errors.yaml")
 SUPPORTED_FORMAT_VERSIONS = (1,)
 
 
@@ -35,7 +37,9 @@ class EventKind(StrEnum):
 
 
 class ProcessRulesError(RuleFileError):
-    """rules/process_errors.yaml is missing or invalid: the message names the file, the key and the expectation."""
+    """rules/process_errors.yaml is missing or invalid: the message names the file, the key and the
+    expectation.
+    """
 
 
 class _Pattern(BaseModel):
@@ -91,7 +95,8 @@ class ProcessRules:
     path: str
 
     def classify(self, text: str) -> Classification:
-        """The first matching pattern decides; text nothing matches is a plain exception, primary."""
+        """The first matching pattern decides; text nothing matches is a plain exception, primary.
+        """
         for rule_id, kind, secondary, regex in self.patterns:
             if regex.search(text):
                 return Classification(kind, secondary, rule_id)
@@ -104,8 +109,8 @@ class ProcessRules:
 
 
 def load_process_rules(path: str | Path | None = None) -> ProcessRules:
-    """Load and validate the rules file (default: process_errors.yaml of the rules directory, $FAULTLENS_RULES
-    else the packaged rules/)."""
+    """Load and validate the rules file (default: process_errors.yaml of the rules directory,
+    $FAULTLENS_RULES else the packaged rules/)."""
     return _load(str(Path(path) if path is not None else rule_file("process_errors.yaml")))
 
 

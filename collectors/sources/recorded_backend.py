@@ -1,10 +1,12 @@
-"""The recorded GPU backend: replays a timeline file through the GpuBackend interface, for machines without a GPU.
+"""The recorded GPU backend: replays a timeline file through the GpuBackend interface, for machines
+without a GPU.
 
-The timeline (docs/recorded-timeline.md) lists the GPUs of a node with their starting values (gpu_samples metric
-columns) and timed steps: `set` changes values, `event` delivers an event through wait_events() (an Xid, a
-recovery-action change), `lost` makes the GPU fall off the bus (sample() then raises GpuLostError), and
-`reset_required` marks readings as NVML_ERROR_RESET_REQUIRED would. Times are seconds after open(), scaled by
-`time_scale`. The clock is a constructor argument, so tests can step time by hand.
+The timeline (docs/recorded-timeline.md) lists the GPUs of a node with their starting values
+(gpu_samples metric columns) and timed steps: `set` changes values, `event` delivers an event
+through wait_events() (an Xid, a recovery-action change), `lost` makes the GPU fall off the bus
+(sample() then raises GpuLostError), and `reset_required` marks readings as
+NVML_ERROR_RESET_REQUIRED would. Times are seconds after open(), scaled by `time_scale`. The clock
+is a constructor argument, so tests can step time by hand.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ import pyarrow as pa
 from pydantic import Field, create_model, model_validator
 
 from faultlens.collectors.rule_loader import RuleFileError, field_error, read_document, validate
-from faultlens.collectors.rule_model import FileModel, FormatVersion1, NonNegative, NonNegativeInt, Text
+from faultlens.collectors.rule_model import (
+    FileModel,
+    FormatVersion1,
+    NonNegative,
+    NonNegativeInt,
+    Text,
+)
 from faultlens.collectors.sources.gpu_backend import (
     EVENT_KINDS,
     SAMPLE_COLUMNS,
@@ -50,8 +58,11 @@ def _column_type(column: str) -> Any:
 
 
 # the metric columns of gpu_samples, each optional (null: not read)
-_Values = create_model("_Values", __base__=FileModel,
-                       **{column: (_column_type(column), None) for column in SAMPLE_COLUMNS})  # type: ignore[call-overload]
+_Values = create_model(
+    "_Values",
+    __base__=FileModel,
+    **{column: (_column_type(column), None) for column in SAMPLE_COLUMNS},
+)  # type: ignore[call-overload]
 
 
 class _Gpu(FileModel):
@@ -116,15 +127,18 @@ def validate_timeline(document: Any, source: str = "<timeline>") -> None:
     indexes = [gpu["index"] for gpu in document["gpus"]]
     for position, index in enumerate(indexes):
         if indexes.index(index) != position:
-            raise field_error(source, ["gpus", position, "index"], f"expected a unique index, {index} repeats",
+            raise field_error(source, ["gpus", position, "index"], "expected a unique index, "
+                                                                   f"{index} repeats",
                               RecordedTimelineError)
     for position, gpu in enumerate(document["gpus"]):
         if "pci_bus_id" in gpu and normalize_pci_bus_id(gpu["pci_bus_id"]) is None:
-            raise RecordedTimelineError(f"{source}: gpus[{position}].pci_bus_id: expected a PCI address like "
+            raise RecordedTimelineError(f"{source}: gpus[{position}].pci_bus_id: expected a PCI "
+                                        "address like "
                                         f"00000000:18:00.0, got {gpu['pci_bus_id']!r}")
     for position, step in enumerate(document.get("timeline") or []):
         if step["gpu"] not in indexes:
-            raise RecordedTimelineError(f"{source}: timeline[{position}].gpu: expected one of the GPU indexes "
+            raise RecordedTimelineError(f"{source}: timeline[{position}].gpu: expected one of the "
+                                        "GPU indexes "
                                         f"{sorted(indexes)}, got {step['gpu']}")
 
 
@@ -136,8 +150,13 @@ class RecordedBackend:
     event_source = "recorded"
     delta_source = "recorded"
 
-    def __init__(self, timeline: Mapping[str, Any] | str | Path, *, clock: Callable[[], float] = time.monotonic,
-                 time_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        timeline: Mapping[str, Any] | str | Path,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        time_scale: float = 1.0,
+    ) -> None:
         if isinstance(timeline, (str, Path)):
             self.source = str(timeline)
             document = load_timeline(timeline)
@@ -162,9 +181,17 @@ class RecordedBackend:
             values.update(defaults)
             values.update(gpu.get("values") or {})
             self._base[gpu["index"]] = values
-        steps = [_Step(at=float(s["at"]) * time_scale, gpu=s["gpu"], values=s.get("set"), event=s.get("event"),
-                       lost=s.get("lost"), reset_required=s.get("reset_required"))
-                 for s in document.get("timeline") or []]
+        steps = [
+            _Step(
+                at=float(s["at"]) * time_scale,
+                gpu=s["gpu"],
+                values=s.get("set"),
+                event=s.get("event"),
+                lost=s.get("lost"),
+                reset_required=s.get("reset_required"),
+            )
+            for s in document.get("timeline") or []
+        ]
         self._steps = sorted(steps, key=lambda s: s.at)
         self._event_steps = [s for s in self._steps if s.event is not None]
         self._delivered = 0
@@ -204,12 +231,21 @@ class RecordedBackend:
     def _due(self, now: float) -> list[BackendEvent]:
         events = []
         with self._lock:
-            while self._delivered < len(self._event_steps) and self._event_steps[self._delivered].at <= now:
+            while (
+                self._delivered < len(self._event_steps)
+                and self._event_steps[self._delivered].at <= now
+            ):
                 step = self._event_steps[self._delivered]
                 self._delivered += 1
                 event = step.event or {}
-                events.append(BackendEvent(gpu_index=step.gpu, kind=event["kind"], code=event.get("code"),
-                                           message=event.get("message") or f"recorded {event['kind']} event"))
+                events.append(
+                    BackendEvent(
+                        gpu_index=step.gpu,
+                        kind=event["kind"],
+                        code=event.get("code"),
+                        message=event.get("message") or f"recorded {event['kind']} event",
+                    )
+                )
         return events
 
     def wait_events(self, timeout_s: float) -> list[BackendEvent]:
@@ -219,8 +255,14 @@ class RecordedBackend:
         if events or timeout_s <= 0:
             return events
         with self._lock:
-            upcoming = self._event_steps[self._delivered].at if self._delivered < len(self._event_steps) else None
-        wait = timeout_s if upcoming is None else max(0.0, min(timeout_s, upcoming - self._elapsed()))
+            upcoming = (
+                self._event_steps[self._delivered].at
+                if self._delivered < len(self._event_steps)
+                else None
+            )
+        wait = (
+            timeout_s if upcoming is None else max(0.0, min(timeout_s, upcoming - self._elapsed()))
+        )
         self._wake.wait(wait)
         if self._closed:
             return []

@@ -1,8 +1,9 @@
 """The Source protocol every node-side signal source implements, and the identity rows carry.
 
-A source is a small class whose system boundary (NVML backend, /dev/kmsg path, dump directory, clock) is passed to
-its constructor. `poll()` returns what it saw since the last call as record batches keyed by table name; it never
-raises (collectors log, count and go on); `close()` releases what it holds.
+A source is a small class whose system boundary (NVML backend, /dev/kmsg path, dump directory,
+clock) is passed to its constructor. `poll()` returns what it saw since the last call as record
+batches keyed by table name; it never raises (collectors log, count and go on); `close()` releases
+what it holds.
 
 `faultlens collect` builds its sources by name through the source registry (registry.py), each from
 a SourceInputs that carries this identity; the built-in ones are registered in builtin.py.
@@ -43,7 +44,9 @@ class NodeIdentity:
 
     @classmethod
     def from_env(cls, node: str | None = None) -> NodeIdentity:
-        """Node name from FAULTLENS_NODE or the hostname; job and attempt from torchrun's environment."""
+        """Node name from FAULTLENS_NODE or the hostname; job and attempt from torchrun's
+        environment.
+        """
         attempt = environment.ATTEMPT.get() or os.environ.get("TORCHELASTIC_RESTART_COUNT")
         return cls(
             node=node or environment.NODE.get() or socket.gethostname(),
@@ -53,4 +56,9 @@ class NodeIdentity:
         )
 
     def columns(self) -> dict[str, object]:
-        return {"cluster": self.cluster, "node": self.node, "job_id": self.job_id, "attempt": self.attempt}
+        return {
+            "cluster": self.cluster,
+            "node": self.node,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+        }

@@ -1,6 +1,7 @@
-"""The XID catalog (interface 1 of the helper brief): what each Xid means, NVIDIA's immediate action, and what must
-leave the job. Loaded from rules/xid.yaml, validated against a pydantic model (XidFile); a bad file fails with the
-file, the key and what was expected. attribution may import this module (the catalog is a contract, like the schema)."""
+"""The XID catalog (interface 1 of the helper brief): what each Xid means, NVIDIA's immediate
+action, and what must leave the job. Loaded from rules/xid.yaml, validated against a pydantic model
+(XidFile); a bad file fails with the file, the key and what was expected. attribution may import
+this module (the catalog is a contract, like the schema)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from faultlens.collectors.rule_model import FileModel, FormatVersion1, Text
 from faultlens.resources import rule_file, shipped_rule_file
 
 DEFAULT_XID_PATH = shipped_rule_file("xid.yaml")  # packaged; load_xid_catalog reads rule_file
-XID_CATALOG_ENV = environment.XID_CATALOG.name  # a user's copy of rules/xid.yaml replaces the shipped one
+# a user's copy of rules/xid.yaml replaces the shipped one
+XID_CATALOG_ENV = environment.XID_CATALOG.name
 FORMAT_VERSION = 1
 
 
@@ -63,7 +65,9 @@ class _Entry(FileModel):
     action: Text
     investigatory: Text | None = None
     leave: Literal[tuple(s.value for s in XidScope)]  # type: ignore[valid-type]
-    old_causes: list[Literal["all", "H", "D", "A", "S", "B", "T", "F"]] = Field(default_factory=list)
+    old_causes: list[Literal["all", "H", "D", "A", "S", "B", "T", "F"]] = Field(
+        default_factory=list
+    )
     app_error: bool = False
     note: str = ""
 
@@ -117,21 +121,33 @@ def parse_xid_catalog(document: Any, source: str = "<memory>") -> XidCatalog:
     for position, raw in enumerate(document["xids"]):
         code = raw["code"]
         if code in entries:
-            raise field_error(source, ["xids", position, "code"],
-                              f"expected a unique Xid, {code} is already at xids[{positions[code]}]", XidCatalogError)
+            raise field_error(
+                source,
+                ["xids", position, "code"],
+                f"expected a unique Xid, {code} is already at xids[{positions[code]}]",
+                XidCatalogError,
+            )
         positions[code] = position
-        entries[code] = XidInfo(code=code, name=raw["name"], component=XidComponent(raw["component"]),
-                                action=raw["action"], leave=XidScope(raw["leave"]))
+        entries[code] = XidInfo(
+            code=code,
+            name=raw["name"],
+            component=XidComponent(raw["component"]),
+            action=raw["action"],
+            leave=XidScope(raw["leave"]),
+        )
         if raw.get("app_error"):
             app_errors.add(code)
-    return XidCatalog(entries, app_errors=frozenset(app_errors), revision=document.get("catalog_revision"),
-                      path=source)
+    return XidCatalog(
+        entries,
+        app_errors=frozenset(app_errors),
+        revision=document.get("catalog_revision"),
+        path=source,
+    )
 
 
 def load_xid_catalog(path: str | Path | None = None) -> XidCatalog:
-    """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else xid.yaml of the rules directory
-    ($FAULTLENS_RULES, else the packaged rules/).
-    Raises XidCatalogError."""
+    """Load and validate the catalog: `path`, else $FAULTLENS_XID_CATALOG, else xid.yaml of the
+    rules directory ($FAULTLENS_RULES, else the packaged rules/). Raises XidCatalogError."""
     if path is None:
         path = environment.XID_CATALOG.get()
     file = Path(path) if path is not None else rule_file("xid.yaml")

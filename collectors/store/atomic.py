@@ -1,7 +1,7 @@
-"""The one atomic file write: a hidden temporary name in the target's directory, written, flushed (and fsynced),
-then renamed over the target with os.replace, so a reader sees the old file or the whole new one, never a part.
-The temporary is removed when anything fails. Imports only the standard library: the code in the training process
-(the dump trigger, the heartbeat) uses it too.
+"""The one atomic file write: a hidden temporary name in the target's directory, written, flushed
+(and fsynced), then renamed over the target with os.replace, so a reader sees the old file or the
+whole new one, never a part. The temporary is removed when anything fails. Imports only the standard
+library: the code in the training process (the dump trigger, the heartbeat) uses it too.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ def temp_path(path: str | os.PathLike[str]) -> Path:
 def atomic_write(path: str | os.PathLike[str], data: bytes | str | Callable[[BinaryIO], object], *,
                  fsync: bool = True, make_dirs: bool = True, encoding: str = "utf-8",
                  temporary: str | os.PathLike[str] | None = None) -> Path:
-    """Make `path` appear complete or not at all. `data`: bytes, text (encoded with `encoding`), or a function
-    that writes into the open binary handle (pyarrow's writer, say); `temporary`: the name to write first (default
-    temp_path). Raises OSError (the temporary is gone)."""
+    """Make `path` appear complete or not at all. `data`: bytes, text (encoded with `encoding`), or
+    a function that writes into the open binary handle (pyarrow's writer, say); `temporary`: the
+    name to write first (default temp_path). Raises OSError (the temporary is gone)."""
     target = Path(path)
     if make_dirs:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,9 @@ from faultlens.collectors.store.schema import rows_to_table
 
 
 def rows_to_batch(table: str, rows: Sequence[Mapping[str, Any]]) -> pa.RecordBatch:
-    """Conform `rows` to `table`'s schema (SchemaError names the column) and return them as one batch."""
+    """Conform `rows` to `table`'s schema (SchemaError names the column) and return them as one
+    batch.
+    """
     conformed = rows_to_table(table, rows).combine_chunks()
     batches = conformed.to_batches()
     if not batches:

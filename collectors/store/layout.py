@@ -1,11 +1,13 @@
-"""The store layout contract (docs/design.md): where segments live, how they become visible, how readers list them.
+"""The store layout contract (docs/design.md): where segments live, how they become visible, how
+readers list them.
 
     <root>/<table>/job=<job_id or _node>/date=<YYYY-MM-DD>/node=<node>/<ts>-<uuid>.parquet
 
-A segment is written under a hidden temporary name and renamed into place when complete (local filesystems),
-or uploaded with one PUT (object stores), so a reader never sees a partial file. Compaction writes a merged
-segment named `c-<ts>-<uuid>.parquet` whose metadata lists the segments it replaces; readers drop replaced
-segments that are still listed, so a concurrent reader never counts a row twice.
+A segment is written under a hidden temporary name and renamed into place when complete (local
+filesystems), or uploaded with one PUT (object stores), so a reader never sees a partial file.
+Compaction writes a merged segment named `c-<ts>-<uuid>.parquet` whose metadata lists the segments
+it replaces; readers drop replaced segments that are still listed, so a concurrent reader never
+counts a row twice.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ _SAFE_VALUE_RE = re.compile(r"[^A-Za-z0-9._:@+-]")
 
 
 class StoreError(OSError, FaultlensError):
-    """The store cannot be opened, listed or written: the message names the location and the problem."""
+    """The store cannot be opened, listed or written: the message names the location and the
+    problem.
+    """
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,12 @@ def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
-def resolve_store(url: str | StoreLocation, *, create: bool = False, **storage_options: object) -> StoreLocation:
-    """Turn a path or URL (`./store`, `file:///x`, `s3://bucket/prefix`, `memory://x`) into a StoreLocation.
-    With create=False a local root that does not exist or is not a readable directory raises StoreError."""
+def resolve_store(
+    url: str | StoreLocation, *, create: bool = False, **storage_options: object
+) -> StoreLocation:
+    """Turn a path or URL (`./store`, `file:///x`, `s3://bucket/prefix`, `memory://x`) into a
+    StoreLocation. With create=False a local root that does not exist or is not a readable directory
+    raises StoreError."""
     if isinstance(url, StoreLocation):
         return url
     try:
@@ -73,7 +80,9 @@ def resolve_store(url: str | StoreLocation, *, create: bool = False, **storage_o
             try:
                 os.makedirs(location.root, exist_ok=True)
             except OSError as exc:
-                raise StoreError(f"store {url!r}: cannot create directory: {exc.strerror or exc}") from None
+                raise StoreError(
+                    f"store {url!r}: cannot create directory: {exc.strerror or exc}"
+                ) from None
         if not os.path.exists(location.root):
             raise StoreError(f"store {url!r}: no such directory")
         if not os.path.isdir(location.root):
@@ -84,8 +93,9 @@ def resolve_store(url: str | StoreLocation, *, create: bool = False, **storage_o
 
 
 def probe_store(location: StoreLocation) -> None:
-    """Raise StoreError when an object store cannot be reached (connection refused, DNS, credentials): a reader
-    must not take an unreachable store for an empty one. A root that does not exist yet is fine (empty store)."""
+    """Raise StoreError when an object store cannot be reached (connection refused, DNS,
+    credentials): a reader must not take an unreachable store for an empty one. A root that does not
+    exist yet is fine (empty store)."""
     if location.is_local:
         return
     try:
@@ -95,7 +105,8 @@ def probe_store(location: StoreLocation) -> None:
         return
     except Exception as exc:
         text = str(exc).strip().splitlines()
-        raise StoreError(f"store {location.url!r}: cannot reach: {text[0] if text else type(exc).__name__}") \
+        raise StoreError(f"store {location.url!r}: cannot reach: "
+                         f"{text[0] if text else type(exc).__name__}") \
             from None
 
 
@@ -106,7 +117,9 @@ def safe_value(value: str) -> str:
 
 
 def partition_dir(location: StoreLocation, table: str, job: str, date: str, node: str) -> str:
-    return location.join(table, f"job={safe_value(job)}", f"date={safe_value(date)}", f"node={safe_value(node)}")
+    return location.join(
+        table, f"job={safe_value(job)}", f"date={safe_value(date)}", f"node={safe_value(node)}"
+    )
 
 
 def new_segment_name(prefix: str = "") -> str:
@@ -121,13 +134,14 @@ def _host_tag() -> str:
 
 
 def temp_name(name: str) -> str:
-    """The hidden name a segment is written under: `.<name>.<pid>@<host>.tmp` (who wrote it, so that compaction
-    can tell a dead writer's leftover from a segment being written now)."""
+    """The hidden name a segment is written under: `.<name>.<pid>@<host>.tmp` (who wrote it, so that
+    compaction can tell a dead writer's leftover from a segment being written now)."""
     return f".{name}.{os.getpid()}@{_host_tag()}{TEMP_SUFFIX}"
 
 
 def temp_writer(name: str) -> tuple[int | None, str | None]:
-    """(pid, host) of a temporary file's writer; host None for the older `.<name>.<pid>.tmp` form."""
+    """(pid, host) of a temporary file's writer; host None for the older `.<name>.<pid>.tmp` form.
+    """
     if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
         return None, None
     body = name[1:-len(TEMP_SUFFIX)]
@@ -162,9 +176,10 @@ def is_segment_name(name: str) -> bool:
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:
-    """The Parquet leaf columns worth dictionary encoding: strings (node, job, phase, section names, the keys of a
-    map). Numbers (times, durations, samples) are written plain: a dictionary of mostly distinct floats costs twice
-    the encoding time and ends larger once zstd has run over it."""
+    """The Parquet leaf columns worth dictionary encoding: strings (node, job, phase, section names,
+    the keys of a map). Numbers (times, durations, samples) are written plain: a dictionary of
+    mostly distinct floats costs twice the encoding time and ends larger once zstd has run over it.
+    """
 
     def leaves(field: pa.Field, prefix: str) -> list[str]:
         kind, path = field.type, f"{prefix}{field.name}"
@@ -184,10 +199,14 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
 
 def write_parquet(table: pa.Table, where: object, compression: str = "zstd") -> None:
     """Every segment is written here: zstd, dictionaries for string columns only."""
-    pq.write_table(table, where, compression=compression, use_dictionary=dictionary_columns(table.schema))
+    pq.write_table(
+        table, where, compression=compression, use_dictionary=dictionary_columns(table.schema)
+    )
 
 
-def parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes] | None = None, compression: str = "zstd") -> bytes:
+def parquet_bytes(
+    table: pa.Table, metadata: dict[bytes, bytes] | None = None, compression: str = "zstd"
+) -> bytes:
     if metadata:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     buffer = io.BytesIO()
@@ -195,9 +214,18 @@ def parquet_bytes(table: pa.Table, metadata: dict[bytes, bytes] | None = None, c
     return buffer.getvalue()
 
 
-def write_segment(location: StoreLocation, directory: str, table: pa.Table, *, name: str | None = None,
-                  metadata: dict[bytes, bytes] | None = None, compression: str = "zstd") -> str:
-    """Write `table` as one segment in `directory`; it becomes visible only when complete. Returns its path."""
+def write_segment(
+    location: StoreLocation,
+    directory: str,
+    table: pa.Table,
+    *,
+    name: str | None = None,
+    metadata: dict[bytes, bytes] | None = None,
+    compression: str = "zstd",
+) -> str:
+    """Write `table` as one segment in `directory`; it becomes visible only when complete. Returns
+    its path.
+    """
     name = name or new_segment_name()
     final = f"{directory}/{name}"
     if location.is_local:
@@ -205,8 +233,12 @@ def write_segment(location: StoreLocation, directory: str, table: pa.Table, *, n
         temp = f"{directory}/{temp_name(name)}"
         if metadata:
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-        atomic_write(final, lambda handle: write_parquet(table, handle, compression=compression), make_dirs=False,
-                     temporary=temp)
+        atomic_write(
+            final,
+            lambda handle: write_parquet(table, handle, compression=compression),
+            make_dirs=False,
+            temporary=temp,
+        )
         _fsync_dir(directory)
     else:
         location.fs.pipe_file(final, parquet_bytes(table, metadata, compression))
@@ -226,8 +258,12 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def _partition_filter(path_parts: list[str], jobs: set[str] | None, dates: tuple[str | None, str | None],
-                      nodes: set[str] | None) -> bool:
+def _partition_filter(
+    path_parts: list[str],
+    jobs: set[str] | None,
+    dates: tuple[str | None, str | None],
+    nodes: set[str] | None,
+) -> bool:
     values: dict[str, str] = {}
     for part in path_parts:
         match = _PART_RE.match(part)
@@ -258,12 +294,13 @@ def list_partitions(location: StoreLocation, table: str) -> list[str]:
 def list_segments(location: StoreLocation, table: str, *, jobs: Iterable[str] | None = None,
                   date_from: str | None = None, date_to: str | None = None,
                   nodes: Iterable[str] | None = None) -> list[str]:
-    """The visible segments of `table`, pruned by partition, with segments that a compacted segment replaces
-    left out. Paths are sorted (by partition, then by time of writing)."""
+    """The visible segments of `table`, pruned by partition, with segments that a compacted segment
+    replaces left out. Paths are sorted (by partition, then by time of writing)."""
     job_set = {safe_value(j) for j in jobs} if jobs is not None else None
     node_set = {safe_value(n) for n in nodes} if nodes is not None else None
     base = location.join(table)
-    location.fs.invalidate_cache()  # object-store listings are cached; a reader must see new segments
+    # object-store listings are cached; a reader must see new segments
+    location.fs.invalidate_cache()
     try:
         found = location.fs.find(base)
     except FileNotFoundError:
@@ -288,7 +325,8 @@ def replaced_by(location: StoreLocation, compacted_path: str) -> list[str]:
     except FileNotFoundError:
         return []
     except (OSError, pa.ArrowException, ValueError):
-        return []  # a broken compacted segment replaces nothing: the reader skips it, doctor names it
+        # a broken compacted segment replaces nothing: the reader skips it, doctor names it
+        return []
     raw = metadata.get(REPLACES_KEY, b"")
     return [name for name in raw.decode().split(",") if name]
 

@@ -1,7 +1,9 @@
-"""One bad row never costs a whole batch: dict rows -> one Arrow batch of a table, leaving out (and reporting) the
-rows that do not fit the table's schema (a value out of its column's range, text that is not valid Unicode, ...).
+"""One bad row never costs a whole batch: dict rows -> one Arrow batch of a table, leaving out (and
+reporting) the rows that do not fit the table's schema (a value out of its column's range, text that
+is not valid Unicode, ...).
 
-The fast path converts all rows at once; only when that fails is each row converted alone to find the bad ones.
+The fast path converts all rows at once; only when that fails is each row converted alone to find
+the bad ones.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ class RejectedRow:
     reason: str
 
 
-def guarded_batch(table: str, rows: Sequence[Mapping[str, Any]], line_nos: Sequence[int | None] | None = None
-                  ) -> tuple[pa.RecordBatch | None, list[RejectedRow]]:
-    """(batch of the good rows or None when there is none, the rows left out). Never raises for bad values; an
-    unknown table still raises SchemaError (a programming error)."""
+def guarded_batch(
+    table: str, rows: Sequence[Mapping[str, Any]], line_nos: Sequence[int | None] | None = None
+) -> tuple[pa.RecordBatch | None, list[RejectedRow]]:
+    """(batch of the good rows or None when there is none, the rows left out). Never raises for bad
+    values; an unknown table still raises SchemaError (a programming error)."""
     if not rows:
         return None, []
     try:

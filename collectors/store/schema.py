@@ -1,14 +1,17 @@
-"""Arrow schemas of every faultlens table: the contract between collectors, the store and attribution.
+"""Arrow schemas of every faultlens table: the contract between collectors, the store and
+attribution.
 
-Every table starts with the identity columns (docs/design.md, "Tables"); a column that does not apply to a row is null.
-SCHEMA_VERSION is written into the key-value metadata of every Parquet segment. Columns may be added in later
-versions (readers union by name); a column is never renamed or retyped without a version bump.
+Every table starts with the identity columns (docs/design.md, "Tables"); a column that does not
+apply to a row is null. SCHEMA_VERSION is written into the key-value metadata of every Parquet
+segment. Columns may be added in later versions (readers union by name); a column is never renamed
+or retyped without a version bump.
 
-Timestamps are UTC microseconds (Parquet INT64 TIMESTAMP(MICROS, isAdjustedToUTC=true)), the type Spark, Trino,
-BigQuery and Athena read natively. Version 1 stored them as nanoseconds; such segments stay readable (every reader
-conforms them to these schemas, truncating below the microsecond). Producers keep one convention: an integer given
-for a timestamp column is nanoseconds since the epoch (time.time_ns()); rows_to_table and validate turn it, and any
-timestamp of another unit, into microseconds.
+Timestamps are UTC microseconds (Parquet INT64 TIMESTAMP(MICROS, isAdjustedToUTC=true)), the type
+Spark, Trino, BigQuery and Athena read natively. Version 1 stored them as nanoseconds; such segments
+stay readable (every reader conforms them to these schemas, truncating below the microsecond).
+Producers keep one convention: an integer given for a timestamp column is nanoseconds since the
+epoch (time.time_ns()); rows_to_table and validate turn it, and any timestamp of another unit, into
+microseconds.
 
 Each table is declared once (TABLE_SPECS): its columns, its Scope (whose rows it holds) and its
 Roles (what the follower, the batch pass, the supervisor, the lab do with it). The tuples of tables
@@ -33,13 +36,16 @@ METADATA_VERSION_KEY = b"faultlens.schema_version"
 METADATA_TABLE_KEY = b"faultlens.table"
 
 TS = pa.timestamp("us", tz="UTC")
-TS_NS = pa.timestamp("ns", tz="UTC")  # schema version 1, and what an integer given for a timestamp means
+# schema version 1, and what an integer given for a timestamp means
+TS_NS = pa.timestamp("ns", tz="UTC")
 INT_LIST = pa.list_(pa.int64())
 STR_LIST = pa.list_(pa.string())
 
 
 class SchemaError(ValueError, FaultlensError):
-    """A batch does not fit its table: the message names the table, the column and what was expected."""
+    """A batch does not fit its table: the message names the table, the column and what was
+    expected.
+    """
 
 
 def _f(name: str, typ: pa.DataType, nullable: bool = True) -> pa.Field:
@@ -137,8 +143,8 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("cp_rank", pa.int32()),
         _f("ep_rank", pa.int32()),
         _f("pp_size", pa.int32()),
-        # the steps the job declares it will run (StepTimer(total_steps=), FAULTLENS_TOTAL_STEPS, `faultlens run
-        # --total-steps`): with the recent step time, the job's remaining time
+        # the steps the job declares it will run (StepTimer(total_steps=), FAULTLENS_TOTAL_STEPS,
+        # `faultlens run --total-steps`): with the recent step time, the job's remaining time
         _f("total_steps", pa.int64()),
     )),
     # one periodic NVML (or dcgm-exporter) sample of one GPU
@@ -181,7 +187,8 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
     TableSpec("gpu_events", Scope.NODE, {Role.TAILED: 3, Role.URGENT: 1, Role.REPLAYED: 3,
                                          Role.SIMULATED_ROWS: 2}, (
         _f("source", pa.string()),  # nvml_event, kmsg, dcgm, sample_delta, recorded
-        _f("kind", pa.string()),  # xid, sxid, ecc_dbe, remap_pending, remap_failure, gpu_lost, thermal, ...
+        # xid, sxid, ecc_dbe, remap_pending, remap_failure, gpu_lost, thermal, ...
+        _f("kind", pa.string()),
         _f("code", pa.int32()),  # XID number where kind is xid/sxid
         _f("message", pa.string()),
         _f("pid", pa.int64()),
@@ -196,7 +203,8 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("start_ts", TS),
         _f("end_ts", TS),
         _f("duration_s", pa.float64()),
-        _f("sections", pa.map_(pa.string(), pa.float64())),  # section name -> seconds (user-defined allowed)
+        # section name -> seconds (user-defined allowed)
+        _f("sections", pa.map_(pa.string(), pa.float64())),
         _f("tokens", pa.int64()),
         _f("samples", pa.int64()),
         _f("loss", pa.float64()),
@@ -236,8 +244,10 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
     TableSpec("process_events", Scope.JOB, {Role.READ_WHOLE: 1, Role.PER_ATTEMPT: 2, Role.TAILED: 2,
                                             Role.URGENT: 0, Role.JOB_VIEW: 2, Role.REPLAYED: 2,
                                             Role.SIMULATED_ROWS: 1}, (
-        _f("kind", pa.string()),  # start, exit, signal, exception, watchdog_timeout, comm_error, oom; agent_exit,
-        # signal_sent (written by a supervisor: collectors/sources/process_events/rows.py SupervisorKind)
+        # start, exit, signal, exception, watchdog_timeout, comm_error, oom; agent_exit,
+        _f("kind", pa.string()),
+        # signal_sent (written by a supervisor: collectors/sources/process_events/rows.py
+        # SupervisorKind)
         _f("source", pa.string()),  # torchrun_log, error_json, stderr, supervisor
         _f("pid", pa.int64()),
         _f("exit_code", pa.int32()),
@@ -249,13 +259,15 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("is_secondary", pa.bool_()),  # a survivor's echo of someone else's failure
         _f("step", pa.int64()),
         _f("error_file", pa.string()),
-        _f("reported_root_cause", pa.bool_()),  # torchrun named this failure its "Root Cause" (may be a survivor)
+        # torchrun named this failure its "Root Cause" (may be a survivor)
+        _f("reported_root_cause", pa.bool_()),
     )),
     # one attributed incident
     TableSpec("incidents", Scope.RECORD, {}, (
         _f("incident_id", pa.string()),
         _f("class", pa.string()),  # crash, collective_hang, straggler, health
-        _f("cause", pa.string()),  # gpu_hardware, hbm, nvlink, pcie, network, thermal, software, ...
+        # gpu_hardware, hbm, nvlink, pcie, network, thermal, software, ...
+        _f("cause", pa.string()),
         _f("culprit_nodes", STR_LIST),
         _f("culprit_ranks", pa.list_(pa.int32())),
         _f("culprit_gpus", STR_LIST),
@@ -268,7 +280,8 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("fingerprint", pa.string()),
         _f("step", pa.int64()),
     )),
-    # one decision for one incident (append-only: a later row with the same decision_id updates delivery)
+    # one decision for one incident (append-only: a later row with the same decision_id updates
+    # delivery)
     TableSpec("decisions", Scope.RECORD, {}, (
         _f("decision_id", pa.string()),
         _f("incident_id", pa.string()),
@@ -289,8 +302,8 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("delivery_error", pa.string()),  # why the last attempt of this hook failed
         _f("delivery_attempts", pa.int32()),  # attempts made by this hook in this pass
     )),
-    # one heartbeat of one rank (collectors/training/heartbeat.py reads the record the step timer keeps; ts = last
-    # seen alive)
+    # one heartbeat of one rank (collectors/training/heartbeat.py reads the record the step timer
+    # keeps; ts = last seen alive)
     TableSpec("heartbeats", Scope.JOB, {Role.PER_ATTEMPT: 3, Role.TAILED: 6, Role.JOB_VIEW: 3}, (
         _f("pid", pa.int64()),
         _f("step", pa.int64()),  # the last completed step (null: none yet)
@@ -298,7 +311,8 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("steps", pa.int64()),  # steps completed by this process
         _f("current_step", pa.int64()),  # the step in progress (null: between steps)
         _f("in_step", pa.bool_()),
-        _f("phase", pa.string()),  # the phase of the step in progress (train, eval, warmup, checkpoint; null: none)
+        # the phase of the step in progress (train, eval, warmup, checkpoint; null: none)
+        _f("phase", pa.string()),
         _f("loss", pa.float64()),  # the last step's loss (null when not finite: see bad_loss_step)
         _f("bad_loss_step", pa.int64()),  # the first step whose loss was NaN or Inf
         _f("closed", pa.bool_()),  # the step timer was closed: this rank steps no more
@@ -355,8 +369,8 @@ check_specs(TABLE_SPECS)
 
 
 def ts_array(ns_since_epoch: Any) -> pa.Array:
-    """Integers of ns since the epoch (a numpy array or a sequence; None/NaN-free) as a column of TS: microseconds,
-    truncated, as validate() does."""
+    """Integers of ns since the epoch (a numpy array or a sequence; None/NaN-free) as a column of
+    TS: microseconds, truncated, as validate() does."""
     return pa.array(ns_since_epoch, pa.int64()).cast(TS_NS).cast(TS, safe=False)
 
 
@@ -365,11 +379,15 @@ def schema_for(table: str) -> pa.Schema:
     try:
         return TABLES[table]
     except KeyError:
-        raise SchemaError(f"unknown table {table!r}: expected one of {', '.join(TABLE_NAMES)}") from None
+        raise SchemaError(
+            f"unknown table {table!r}: expected one of {', '.join(TABLE_NAMES)}"
+        ) from None
 
 
 def as_ns_type(typ: pa.DataType) -> pa.DataType:
-    """`typ` with every timestamp in it (nested in lists, structs and maps too) made nanoseconds, time zone kept."""
+    """`typ` with every timestamp in it (nested in lists, structs and maps too) made nanoseconds,
+    time zone kept.
+    """
     if pa.types.is_timestamp(typ):
         return pa.timestamp("ns", tz=typ.tz)
     if pa.types.is_list(typ):
@@ -377,7 +395,9 @@ def as_ns_type(typ: pa.DataType) -> pa.DataType:
     if pa.types.is_large_list(typ):
         return pa.large_list(typ.value_field.with_type(as_ns_type(typ.value_type)))
     if pa.types.is_struct(typ):
-        return pa.struct([typ.field(i).with_type(as_ns_type(typ.field(i).type)) for i in range(typ.num_fields)])
+        return pa.struct(
+            [typ.field(i).with_type(as_ns_type(typ.field(i).type)) for i in range(typ.num_fields)]
+        )
     if pa.types.is_map(typ):
         return pa.map_(typ.key_field.with_type(as_ns_type(typ.key_type)),
                        typ.item_field.with_type(as_ns_type(typ.item_type)))
@@ -391,12 +411,16 @@ def _has_timestamp(typ: pa.DataType) -> bool:
 
 
 def _castable(actual: pa.DataType, expected: pa.DataType) -> bool:
-    """Lossless-in-kind conversions we accept from producers (width and unit changes, null columns)."""
+    """Lossless-in-kind conversions we accept from producers (width and unit changes, null columns).
+    """
     if pa.types.is_null(actual):
         return True
-    if _has_timestamp(expected) and not pa.types.is_timestamp(expected):  # nested (evidence): units may differ
+    # nested (evidence): units may differ
+    if _has_timestamp(expected) and not pa.types.is_timestamp(expected):
         return as_ns_type(actual).equals(as_ns_type(expected))
-    if pa.types.is_integer(actual) and (pa.types.is_integer(expected) or pa.types.is_floating(expected)):
+    if pa.types.is_integer(actual) and (
+        pa.types.is_integer(expected) or pa.types.is_floating(expected)
+    ):
         return True
     if pa.types.is_floating(actual) and pa.types.is_floating(expected):
         return True
@@ -406,54 +430,65 @@ def _castable(actual: pa.DataType, expected: pa.DataType) -> bool:
 
 
 def validate(table: str, data: pa.RecordBatch | pa.Table) -> pa.Table:
-    """Check `data` against `table`'s schema and return it conformed (column order, types, missing nullable
-    columns filled with nulls). Raises SchemaError naming the table, the column and what was expected."""
+    """Check `data` against `table`'s schema and return it conformed (column order, types, missing
+    nullable columns filled with nulls). Raises SchemaError naming the table, the column and what
+    was expected."""
     schema = schema_for(table)
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
-        raise SchemaError(f"table {table!r}: expected a pyarrow Table or RecordBatch, got {type(data).__name__}")
+        raise SchemaError(f"table {table!r}: expected a pyarrow Table or RecordBatch, got "
+                          f"{type(data).__name__}")
     names = data.column_names  # (a new list per access: once, not per field)
     unknown = [name for name in names if schema.get_field_index(name) < 0]
     if unknown:
-        raise SchemaError(f"table {table!r}: column {unknown[0]!r} is not in the schema (version {SCHEMA_VERSION})")
+        raise SchemaError(f"table {table!r}: column {unknown[0]!r} is not in the schema (version "
+                          f"{SCHEMA_VERSION})")
     present = set(names)
     columns = []
     for field in schema:
         if field.name not in present:
             if not field.nullable:
-                raise SchemaError(f"table {table!r}: column {field.name!r} is required ({field.type}) but missing")
+                raise SchemaError(f"table {table!r}: column {field.name!r} is required "
+                                  f"({field.type}) but missing")
             columns.append(pa.nulls(data.num_rows, field.type))
             continue
         column = data.column(field.name)
         if not column.type.equals(field.type):
             if not _castable(column.type, field.type):
                 raise SchemaError(
-                    f"table {table!r}: column {field.name!r}: expected {field.type}, got {column.type}"
+                    f"table {table!r}: column {field.name!r}: expected {field.type}, got "
+                    f"{column.type}"
                 )
             try:
-                # timestamps of a finer unit (a version-1 segment, a producer's nanoseconds) are truncated to the
-                # schema's microseconds: the one conversion here that may drop digits, and it is meant to
+                # timestamps of a finer unit (a version-1 segment, a producer's nanoseconds) are
+                # truncated to the schema's microseconds: the one conversion here that may drop
+                # digits, and it is meant to
                 column = column.cast(field.type, safe=not _has_timestamp(field.type))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise SchemaError(
-                    f"table {table!r}: column {field.name!r}: expected {field.type}, cannot convert: {exc}"
+                    f"table {table!r}: column {field.name!r}: expected {field.type}, cannot "
+                    f"convert: {exc}"
                 ) from None
         if not field.nullable and column.null_count:
-            raise SchemaError(f"table {table!r}: column {field.name!r}: expected no nulls, found {column.null_count}")
+            raise SchemaError(f"table {table!r}: column {field.name!r}: expected no nulls, found "
+                              f"{column.null_count}")
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]] | Iterable[Mapping[str, Any]]) -> pa.Table:
-    """Build a conforming table from dict rows (missing keys are nulls). A value of the wrong kind raises
-    SchemaError naming the table and the column."""
+def rows_to_table(
+    table: str, rows: Sequence[Mapping[str, Any]] | Iterable[Mapping[str, Any]]
+) -> pa.Table:
+    """Build a conforming table from dict rows (missing keys are nulls). A value of the wrong kind
+    raises SchemaError naming the table and the column."""
     schema = schema_for(table)
     rows = list(rows)
     for row in rows:
         for key in row:
             if schema.get_field_index(key) < 0:
-                raise SchemaError(f"table {table!r}: column {key!r} is not in the schema (version {SCHEMA_VERSION})")
+                raise SchemaError(f"table {table!r}: column {key!r} is not in the schema (version "
+                                  f"{SCHEMA_VERSION})")
     arrays = []
     for field in schema:
         values = [row.get(field.name) for row in rows]
@@ -461,13 +496,14 @@ def rows_to_table(table: str, rows: Sequence[Mapping[str, Any]] | Iterable[Mappi
             # timestamps built as nanoseconds first: an integer a producer gives is time.time_ns()
             arrays.append(pa.array(values, type=as_ns_type(field.type)))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-            raise SchemaError(f"table {table!r}: column {field.name!r}: expected {field.type}: {exc}") from None
+            raise SchemaError(f"table {table!r}: column {field.name!r}: expected {field.type}: "
+                              f"{exc}") from None
     return validate(table, pa.Table.from_arrays(arrays, names=schema.names))
 
 
 def empty_table(table: str) -> pa.Table:
-    """A zero-row table with `table`'s schema (built from null arrays: Schema.empty_table() and pa.array() import
-    pandas, a second of CLI start-up)."""
+    """A zero-row table with `table`'s schema (built from null arrays: Schema.empty_table() and
+    pa.array() import pandas, a second of CLI start-up)."""
     schema = schema_for(table)
     return pa.Table.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
 
@@ -477,8 +513,8 @@ US_PER_DAY = 86_400 * 1_000_000
 
 
 def partition_keys(table: pa.Table) -> tuple[pa.ChunkedArray, pa.ChunkedArray, pa.ChunkedArray]:
-    """The (job, day number since epoch, node) partition values of every row, as in the store layout of
-    docs/design.md; `partition_date(day)` turns a day number into the YYYY-MM-DD of the path."""
+    """The (job, day number since epoch, node) partition values of every row, as in the store layout
+    of docs/design.md; `partition_date(day)` turns a day number into the YYYY-MM-DD of the path."""
     import pyarrow.compute as pc  # here, not at import: a third of `faultlens sql`'s start-up
 
     job = pc.fill_null(table.column("job_id"), "_node")

@@ -1,8 +1,9 @@
 """The segment sink: per-table buffers flushed into Parquet segments by row count or by age.
 
-`write()` validates and buffers; a buffer becomes segments (one per job/date/node partition) when it holds
-`flush_rows` rows, when its oldest row is `flush_age_s` old (checked on write and by `flush_aged()`), or on
-`flush()` / `close()`. When `flush()` returns, every row written before it is in a visible, complete segment.
+`write()` validates and buffers; a buffer becomes segments (one per job/date/node partition) when it
+holds `flush_rows` rows, when its oldest row is `flush_age_s` old (checked on write and by
+`flush_aged()`), or on `flush()` / `close()`. When `flush()` returns, every row written before it is
+in a visible, complete segment.
 """
 
 from __future__ import annotations
@@ -17,8 +18,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from faultlens.collectors.store.layout import StoreLocation, partition_dir, resolve_store, write_segment
-from faultlens.collectors.store.schema import partition_date, partition_keys, rows_to_table, validate
+from faultlens.collectors.store.layout import (
+    StoreLocation,
+    partition_dir,
+    resolve_store,
+    write_segment,
+)
+from faultlens.collectors.store.schema import (
+    partition_date,
+    partition_keys,
+    rows_to_table,
+    validate,
+)
 
 
 @dataclass
@@ -38,18 +49,27 @@ class FlushResult:
 class SegmentSink:
     """Buffers rows per table and writes them as crash-safe Parquet segments in the store layout."""
 
-    def __init__(self, store: str | StoreLocation, *, flush_rows: int = 100_000, flush_age_s: float = 5.0,
-                 compression: str = "zstd", clock: Callable[[], float] = time.monotonic,
-                 storage_options: Mapping[str, Any] | None = None, write_threads: int = 8,
-                 write_through: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        store: str | StoreLocation,
+        *,
+        flush_rows: int = 100_000,
+        flush_age_s: float = 5.0,
+        compression: str = "zstd",
+        clock: Callable[[], float] = time.monotonic,
+        storage_options: Mapping[str, Any] | None = None,
+        write_threads: int = 8,
+        write_through: Iterable[str] = (),
+    ) -> None:
         self.location = resolve_store(store, create=True, **dict(storage_options or {}))
         self.flush_rows = flush_rows
         self.flush_age_s = flush_age_s
-        # tables flushed at every write, whatever their age: the few rows a live decision waits on (a process's
-        # death, a GPU event) land at once instead of after flush_age_s
+        # tables flushed at every write, whatever their age: the few rows a live decision waits on
+        # (a process's death, a GPU event) land at once instead of after flush_age_s
         self.write_through = frozenset(write_through)
         self.compression = compression
-        self.write_threads = write_threads  # segments written at once by a flush spanning several partitions
+        # segments written at once by a flush spanning several partitions
+        self.write_threads = write_threads
         self._clock = clock
         self._buffers: dict[str, _Buffer] = {}
         self._lock = threading.Lock()
@@ -57,7 +77,9 @@ class SegmentSink:
         self.rows_written = 0
         self.segments_written = 0
 
-    def write(self, table: str, data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]) -> None:
+    def write(
+        self, table: str, data: pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]]
+    ) -> None:
         """Validate and buffer rows of `table`; flushes that table if its buffer is full or old."""
         if isinstance(data, (pa.Table, pa.RecordBatch)):
             conformed = validate(table, data)
@@ -122,7 +144,9 @@ class SegmentSink:
         return results
 
     def _write_table(self, name: str, table: pa.Table) -> list[str]:
-        """One segment per (job, date, node) partition: rows are sorted by partition once, then sliced."""
+        """One segment per (job, date, node) partition: rows are sorted by partition once, then
+        sliced.
+        """
         job, day, node = partition_keys(table)
         uniques = [pc.unique(column) for column in (job, day, node)]
         if all(len(u) == 1 for u in uniques):
@@ -132,27 +156,44 @@ class SegmentSink:
         # sort by small integer codes (dictionary indices), not by the strings themselves
         job_codes = job.combine_chunks().dictionary_encode()
         node_codes = node.combine_chunks().dictionary_encode()
-        keys = pa.table({"j": job_codes.indices, "d": day.combine_chunks(), "n": node_codes.indices})
-        order = pc.sort_indices(keys, sort_keys=[("j", "ascending"), ("d", "ascending"), ("n", "ascending")])
-        groups = keys.take(order).group_by(["j", "d", "n"], use_threads=False).aggregate([([], "count_all")])
+        keys = pa.table(
+            {"j": job_codes.indices, "d": day.combine_chunks(), "n": node_codes.indices}
+        )
+        order = pc.sort_indices(
+            keys, sort_keys=[("j", "ascending"), ("d", "ascending"), ("n", "ascending")]
+        )
+        groups = (
+            keys.take(order)
+            .group_by(["j", "d", "n"], use_threads=False)
+            .aggregate([([], "count_all")])
+        )
         job_names = job_codes.dictionary.to_pylist()
         node_names = node_codes.dictionary.to_pylist()
         parts = []
         offset = 0
-        for j_code, d, n_code, count in zip(*(groups.column(c).to_pylist() for c in ("j", "d", "n", "count_all")),
-                                            strict=True):
+        for j_code, d, n_code, count in zip(
+            *(groups.column(c).to_pylist() for c in ("j", "d", "n", "count_all")), strict=True
+        ):
             j, n = job_names[j_code], node_names[n_code]
-            parts.append((partition_dir(self.location, name, j, partition_date(d), n), order.slice(offset, count)))
+            parts.append(
+                (
+                    partition_dir(self.location, name, j, partition_date(d), n),
+                    order.slice(offset, count),
+                )
+            )
             offset += count
         return self._write_parts(table.combine_chunks(), parts)
 
     def _write_parts(self, table: pa.Table, parts: list[tuple[str, pa.Array]]) -> list[str]:
-        """Write one segment per partition (its rows: `table` taken at the partition's indices), a few at a time:
-        taking rows and Parquet encoding release the GIL and each segment waits on two fsyncs (file, directory),
-        so a whole-job flush of 128 partitions overlaps them. Every segment is complete and visible when this
-        returns; the first failure is raised after the others end."""
+        """Write one segment per partition (its rows: `table` taken at the partition's indices), a
+        few at a time: taking rows and Parquet encoding release the GIL and each segment waits on
+        two fsyncs (file, directory), so a whole-job flush of 128 partitions overlaps them. Every
+        segment is complete and visible when this returns; the first failure is raised after the
+        others end."""
         def write(part: tuple[str, pa.Array]) -> str:
-            return write_segment(self.location, part[0], table.take(part[1]), compression=self.compression)
+            return write_segment(
+                self.location, part[0], table.take(part[1]), compression=self.compression
+            )
 
         if len(parts) < 2 or self.write_threads < 2:
             return [write(part) for part in parts]

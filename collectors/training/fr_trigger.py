@@ -1,20 +1,23 @@
-"""Flight-recorder trigger inside the training process: on SIGUSR1 or a touched trigger file, write this rank's
-flight-recorder dump (pickle and JSON) into a dump directory; optionally once more on the way out of an exception.
+"""Flight-recorder trigger inside the training process: on SIGUSR1 or a touched trigger file, write
+this rank's flight-recorder dump (pickle and JSON) into a dump directory; optionally once more on
+the way out of an exception.
 
-Why a sigwait thread (reference/flight-recorder.md): a plain `signal.signal` handler only runs in the main thread
-between bytecodes, and the main thread of a hung rank is blocked inside a gloo/NCCL wait, so it never runs. Instead
-the signal is blocked with `pthread_sigmask` before `init_process_group` (so every thread torch creates inherits
-the mask) and a daemon thread `sigwait()`s for it and dumps while the main thread stays blocked.
+Why a sigwait thread (reference/flight-recorder.md): a plain `signal.signal` handler only runs in
+the main thread between bytecodes, and the main thread of a hung rank is blocked inside a gloo/NCCL
+wait, so it never runs. Instead the signal is blocked with `pthread_sigmask` before
+`init_process_group` (so every thread torch creates inherits the mask) and a daemon thread
+`sigwait()`s for it and dumps while the main thread stays blocked.
 
-Files (interface 4): `<dump_dir>/rank_<N>.pkl` (pickle protocol 2 of the dict torch's `_dump_fr_trace` returns,
-with `pg_config` repaired from torch's group tables and top-level `rank`, `world_size`, `node`) and
-`<dump_dir>/rank_<N>.json` (torch's JSON form with the same repairs); each written to a temporary name and renamed.
-Beside them, `<dump_dir>/own-stacks/rank_<N>.json`: the Python stacks of the process's other threads at that moment,
-in py-spy's JSON form (own_stack.py): where the training thread is, without py-spy or ptrace.
+Files (interface 4): `<dump_dir>/rank_<N>.pkl` (pickle protocol 2 of the dict torch's
+`_dump_fr_trace` returns, with `pg_config` repaired from torch's group tables and top-level `rank`,
+`world_size`, `node`) and `<dump_dir>/rank_<N>.json` (torch's JSON form with the same repairs); each
+written to a temporary name and renamed. Beside them, `<dump_dir>/own-stacks/rank_<N>.json`: the
+Python stacks of the process's other threads at that moment, in py-spy's JSON form (own_stack.py):
+where the training thread is, without py-spy or ptrace.
 
-With `dump_on_sigterm=True` SIGTERM is blocked too and the sigwait thread writes a dump into the exit directory
-before letting SIGTERM end the process as it would have (torchrun SIGTERMs the survivors of a failure, and they
-hold the evidence of which collective the culprit never joined).
+With `dump_on_sigterm=True` SIGTERM is blocked too and the sigwait thread writes a dump into the
+exit directory before letting SIGTERM end the process as it would have (torchrun SIGTERMs the
+survivors of a failure, and they hold the evidence of which collective the culprit never joined).
 
 Never raises into training: every failure is logged and counted in `stats`.
 
@@ -61,7 +64,9 @@ GroupTables = Callable[[], dict[str, dict[str, str]]]
 
 
 def torch_dump_api(include_stack_traces: bool, only_active: bool) -> tuple[bytes, str]:
-    """The real boundary: torch's flight-recorder dump functions (torch >= 2.7 names, older NCCL names as fallback)."""
+    """The real boundary: torch's flight-recorder dump functions (torch >= 2.7 names, older NCCL
+    names as fallback).
+    """
     from torch._C import _distributed_c10d as c10d
 
     dump = getattr(c10d, "_dump_fr_trace", None) or c10d._dump_nccl_trace
@@ -70,8 +75,9 @@ def torch_dump_api(include_stack_traces: bool, only_active: bool) -> tuple[bytes
 
 
 def torch_group_tables() -> dict[str, dict[str, str]]:
-    """pg_config rebuilt from torch's own tables: every group this rank belongs to, keyed by group name, with
-    global ranks (gloo records pg_config before groups are named: key '', ranks '[]', groups overwrite)."""
+    """pg_config rebuilt from torch's own tables: every group this rank belongs to, keyed by group
+    name, with global ranks (gloo records pg_config before groups are named: key '', ranks '[]',
+    groups overwrite)."""
     from torch.distributed import distributed_c10d as c10d
 
     world = c10d._world
@@ -83,8 +89,12 @@ def torch_group_tables() -> dict[str, dict[str, str]]:
     return config
 
 
-def repair_pg_config(recorded: Mapping[str, Any], tables: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
-    """torch's recorded pg_config with gloo's unnamed placeholder dropped and every group from `tables` set."""
+def repair_pg_config(
+    recorded: Mapping[str, Any], tables: Mapping[str, Mapping[str, str]]
+) -> dict[str, Any]:
+    """torch's recorded pg_config with gloo's unnamed placeholder dropped and every group from
+    `tables` set.
+    """
     repaired = {
         key: value
         for key, value in recorded.items()
@@ -119,15 +129,28 @@ def _env_int(name: str) -> int | None:
 
 
 class FlightRecorderTrigger:
-    """Writes this rank's flight-recorder dump on SIGUSR1, on a trigger file's change, or on an exception."""
+    """Writes this rank's flight-recorder dump on SIGUSR1, on a trigger file's change, or on an
+    exception.
+    """
 
-    def __init__(self, dump_dir: str | os.PathLike[str], *, rank: int | None = None,
-                 world_size: int | None = None, node: str | None = None, signum: int | None = signal.SIGUSR1,
-                 trigger_file: str | os.PathLike[str] | None = None, poll_interval_s: float = 0.2,
-                 exit_dump_dir: str | os.PathLike[str] | None = None, dump_on_sigterm: bool = False,
-                 include_stack_traces: bool = True, include_own_stacks: bool = True,
-                 only_active: bool = False, dump_api: DumpApi | None = None,
-                 group_tables: GroupTables | None = None) -> None:
+    def __init__(
+        self,
+        dump_dir: str | os.PathLike[str],
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        node: str | None = None,
+        signum: int | None = signal.SIGUSR1,
+        trigger_file: str | os.PathLike[str] | None = None,
+        poll_interval_s: float = 0.2,
+        exit_dump_dir: str | os.PathLike[str] | None = None,
+        dump_on_sigterm: bool = False,
+        include_stack_traces: bool = True,
+        include_own_stacks: bool = True,
+        only_active: bool = False,
+        dump_api: DumpApi | None = None,
+        group_tables: GroupTables | None = None,
+    ) -> None:
         self.dump_dir = Path(dump_dir)
         self.exit_dump_dir = Path(exit_dump_dir) if exit_dump_dir else self.dump_dir
         self._rank = rank
@@ -150,10 +173,11 @@ class FlightRecorderTrigger:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> FlightRecorderTrigger | None:
-        """A trigger configured from FAULTLENS_FR_DIR (required), FAULTLENS_FR_TRIGGER, FAULTLENS_FR_EXIT_DIR,
-        FAULTLENS_FR_DUMP_ON_SIGTERM (1: dump on SIGTERM) and FAULTLENS_FR_STACK_TRACES (0 turns Python stack
-        traces off: the first dump with them imports torch._dynamo, about 1 s of CPU, unless the job already did);
-        None when FAULTLENS_FR_DIR is not set."""
+        """A trigger configured from FAULTLENS_FR_DIR (required), FAULTLENS_FR_TRIGGER,
+        FAULTLENS_FR_EXIT_DIR, FAULTLENS_FR_DUMP_ON_SIGTERM (1: dump on SIGTERM) and
+        FAULTLENS_FR_STACK_TRACES (0 turns Python stack traces off: the first dump with them imports
+        torch._dynamo, about 1 s of CPU, unless the job already did); None when FAULTLENS_FR_DIR is
+        not set."""
         dump_dir = overrides.pop("dump_dir", None) or environment.FR_DIR.get()
         if not dump_dir:
             return None
@@ -166,7 +190,8 @@ class FlightRecorderTrigger:
                 overrides.setdefault(option, value)
         return cls(dump_dir, **overrides)
 
-    # -- identity -------------------------------------------------------------------------------------------
+    # -- identity
+    # -------------------------------------------------------------------------------------------
     @property
     def rank(self) -> int:
         if self._rank is not None:
@@ -192,12 +217,14 @@ class FlightRecorderTrigger:
             return None
         return None
 
-    # -- installation ---------------------------------------------------------------------------------------
+    # -- installation
+    # ---------------------------------------------------------------------------------------
     def install(self) -> FlightRecorderTrigger:
-        """Block the trigger signal in this (main) thread and start the sigwait and trigger-file threads.
-        Call it first thing in the process, before `init_process_group` and before starting threads, so every
-        thread inherits the blocked mask (a thread that does not block SIGUSR1 can receive it, and its default
-        action ends the process; the step timer's writer thread blocks it itself)."""
+        """Block the trigger signal in this (main) thread and start the sigwait and trigger-file
+        threads. Call it first thing in the process, before `init_process_group` and before starting
+        threads, so every thread inherits the blocked mask (a thread that does not block SIGUSR1 can
+        receive it, and its default action ends the process; the step timer's writer thread blocks
+        it itself)."""
         if self._installed:
             return self
         self._installed = True
@@ -205,7 +232,8 @@ class FlightRecorderTrigger:
             watched = self._watched_signals()
             if watched:
                 if threading.current_thread() is not threading.main_thread():
-                    log.warning("fr_trigger: install() outside the main thread; the signal mask covers only "
+                    log.warning("fr_trigger: install() outside the main thread; the signal mask "
+                                "covers only "
                                 "threads started from this one")
                 signal.pthread_sigmask(signal.SIG_BLOCK, watched)
                 self._start_thread(self._sigwait_loop, "faultlens-fr-sigwait")
@@ -260,21 +288,32 @@ class FlightRecorderTrigger:
         """Stop the polling thread (the sigwait thread is a daemon and ends with the process)."""
         self._stop.set()
 
-    # -- dumping --------------------------------------------------------------------------------------------
-    def dump(self, reason: str = "requested", directory: str | os.PathLike[str] | None = None) -> DumpResult | None:
+    # -- dumping
+    # --------------------------------------------------------------------------------------------
+    def dump(
+        self, reason: str = "requested", directory: str | os.PathLike[str] | None = None
+    ) -> DumpResult | None:
         """Write this rank's dump now. Returns what was written, or None after logging a failure."""
         with self._lock:
             started = time.perf_counter()
             try:
-                result = self._write_dump(reason, Path(directory) if directory else self.dump_dir, started)
+                result = self._write_dump(
+                    reason, Path(directory) if directory else self.dump_dir, started
+                )
             except Exception as exc:
                 self._failed(f"dump ({reason})", exc)
                 return None
             self.stats.dumps += 1
             self.stats.last_dump_s = result.seconds
             self.stats.reasons.append(reason)
-            log.info("fr_trigger: rank %s wrote %s (%d entries, %.3fs, %s)", self.rank, result.pickle_path,
-                     result.entries, result.seconds, reason)
+            log.info(
+                "fr_trigger: rank %s wrote %s (%d entries, %.3fs, %s)",
+                self.rank,
+                result.pickle_path,
+                result.entries,
+                result.seconds,
+                reason,
+            )
             return result
 
     def _write_dump(self, reason: str, directory: Path, started: float) -> DumpResult:
@@ -294,7 +333,8 @@ class FlightRecorderTrigger:
         trace.update(extra)
         as_json = json.loads(raw_json)
         if not isinstance(as_json, dict):
-            raise TypeError(f"flight-recorder JSON dump is a {type(as_json).__name__}, expected an object")
+            raise TypeError(f"flight-recorder JSON dump is a {type(as_json).__name__}, expected an "
+                            "object")
         as_json["pg_config"] = repair_pg_config(as_json.get("pg_config") or {}, tables)
         as_json.update(extra)
 
@@ -309,7 +349,9 @@ class FlightRecorderTrigger:
         return DumpResult(reason, pickle_path, json_path, entries, time.perf_counter() - started)
 
     def _write_own_stacks(self, directory: Path, rank: int) -> None:
-        """This process's other threads' Python stacks beside the dump; a failure is counted, the dump stands."""
+        """This process's other threads' Python stacks beside the dump; a failure is counted, the
+        dump stands.
+        """
         try:
             stacks = own_stacks({t.ident for t in self._threads if t.ident is not None})
             target = directory / OWN_STACKS_DIR
@@ -320,7 +362,9 @@ class FlightRecorderTrigger:
 
     @contextlib.contextmanager
     def dump_on_exception(self) -> Iterator[FlightRecorderTrigger]:
-        """On the way out of any exception (SystemExit(0) aside) write a dump into exit_dump_dir, then re-raise."""
+        """On the way out of any exception (SystemExit(0) aside) write a dump into exit_dump_dir,
+        then re-raise.
+        """
         try:
             yield self
         except BaseException as exc:
@@ -335,12 +379,14 @@ class FlightRecorderTrigger:
 
 
 def _die_of(signum: int) -> None:
-    """End the process by `signum` with its default action, as if it had not been intercepted: unblock it in this
-    thread only (every other thread still blocks it, so this one receives it) and send it to the process."""
+    """End the process by `signum` with its default action, as if it had not been intercepted:
+    unblock it in this thread only (every other thread still blocks it, so this one receives it) and
+    send it to the process."""
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
         os.kill(os.getpid(), signum)
-        time.sleep(5.0)  # a Python-level handler may be installed: give the main thread time to act on it
+        # a Python-level handler may be installed: give the main thread time to act on it
+        time.sleep(5.0)
     finally:
         os._exit(128 + signum)
 

@@ -1,23 +1,26 @@
-"""Heartbeats: a per-rank progress record the step timer keeps in shared memory, read into the `heartbeats` table.
+"""Heartbeats: a per-rank progress record the step timer keeps in shared memory, read into the
+`heartbeats` table.
 
-Progress must not be judged from how often step rows are flushed, so every rank's StepTimer also keeps one small
-memory-mapped file, `<dir>/hb-<job>-a<attempt>-r<rank>.bin` (dir: $FAULTLENS_HEARTBEAT_DIR, default
-/dev/shm/faultlens-heartbeats). The training thread updates it at every step's begin and end with plain memory
-writes (no system call, no flush: ~1 us), so it is exact at any flush interval and survives the process (a SIGKILL
-or SIGSEGV leaves the last completed step in the page cache); the timer's writer thread stamps `alive_ns` about
-once a second. Layout (little-endian): a 72-byte record under a sequence lock (odd while being written)
+Progress must not be judged from how often step rows are flushed, so every rank's StepTimer also
+keeps one small memory-mapped file, `<dir>/hb-<job>-a<attempt>-r<rank>.bin` (dir:
+$FAULTLENS_HEARTBEAT_DIR, default /dev/shm/faultlens-heartbeats). The training thread updates it at
+every step's begin and end with plain memory writes (no system call, no flush: ~1 us), so it is
+exact at any flush interval and survives the process (a SIGKILL or SIGSEGV leaves the last completed
+step in the page cache); the timer's writer thread stamps `alive_ns` about once a second. Layout
+(little-endian): a 72-byte record under a sequence lock (odd while being written)
 
     magic "FLHB", version u32, seq u64, last_step i64 (-1: none), last_end_ns i64, steps u64,
-    current_step i64 (-1: none), bad_loss_step i64 (-1: none), loss f64, flags u32 (1 in a step, 2 closed,
-    4 loss known), phase u32 (of the step in progress: 0 unknown, 1 train, 2 eval, 3 warmup, 4 checkpoint;
-    written as 0 by writers before it existed)
+    current_step i64 (-1: none), bad_loss_step i64 (-1: none), loss f64, flags u32 (1 in a step, 2
+    closed, 4 loss known), phase u32 (of the step in progress: 0 unknown, 1 train, 2 eval, 3 warmup,
+    4 checkpoint; written as 0 by writers before it existed)
 
-then alive_ns i64 at 80, pid i64 at 88, and at 128 a u32 length and the rank's identity as JSON (the identity
-columns of its rows). `read_heartbeat(path)` decodes one; HeartbeatSource (a collectors Source) lists a directory
-each poll and emits a `heartbeats` row per rank whose record changed since the last row it emitted (at most one
-per `min_interval_s`, except that closing and a first bad loss are emitted at once), and at least every
-`keepalive_s` while `alive_ns` advances. A file whose process stopped stamping it more than `max_age_s` ago
-when first seen is an old attempt's: skipped. A file that cannot be read is counted and logged once.
+then alive_ns i64 at 80, pid i64 at 88, and at 128 a u32 length and the rank's identity as JSON (the
+identity columns of its rows). `read_heartbeat(path)` decodes one; HeartbeatSource (a collectors
+Source) lists a directory each poll and emits a `heartbeats` row per rank whose record changed since
+the last row it emitted (at most one per `min_interval_s`, except that closing and a first bad loss
+are emitted at once), and at least every `keepalive_s` while `alive_ns` advances. A file whose
+process stopped stamping it more than `max_age_s` ago when first seen is an old attempt's: skipped.
+A file that cannot be read is counted and logged once.
 """
 
 from __future__ import annotations
@@ -53,13 +56,15 @@ _RECORD = struct.Struct("<4sIQqqQqqdII")
 _ALIVE = struct.Struct("<q")
 _ALIVE_AT, _PID_AT, _IDENTITY_AT = 80, 88, 128
 IN_STEP, CLOSED, HAS_LOSS = 1, 2, 4
-#: the step timer's phases, as the record's phase field holds them (0: unknown, or a writer without the field)
+#: the step timer's phases, as the record's phase field holds them (0: unknown, or a writer without
+#: the field)
 PHASE_CODES = {"train": 1, "eval": 2, "warmup": 3, "checkpoint": 4}
 _PHASE_NAMES = {code: name for name, code in PHASE_CODES.items()}
 
 
 def default_dir() -> Path:
-    """$FAULTLENS_HEARTBEAT_DIR, else /dev/shm/faultlens-heartbeats (else under the temp directory)."""
+    """$FAULTLENS_HEARTBEAT_DIR, else /dev/shm/faultlens-heartbeats (else under the temp directory).
+    """
     configured = environment.HEARTBEAT_DIR.raw()
     if configured:
         return Path(configured)
@@ -81,10 +86,17 @@ def heartbeat_name(job_id: Any, attempt: Any, rank: Any) -> str:
 
 
 class HeartbeatWriter:
-    """One rank's heartbeat record (the StepTimer owns one). Never raises: a failure is counted in `failures`."""
+    """One rank's heartbeat record (the StepTimer owns one). Never raises: a failure is counted in
+    `failures`.
+    """
 
-    def __init__(self, path: str | os.PathLike[str], identity: Mapping[str, Any], pid: int | None = None,
-                 wall_clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        identity: Mapping[str, Any],
+        pid: int | None = None,
+        wall_clock: Callable[[], int] = time.time_ns,
+    ) -> None:
         self.path = Path(path)
         self.failures = 0
         self.last_error: str | None = None
@@ -94,7 +106,9 @@ class HeartbeatWriter:
         # last_step, last_end_ns, steps, current, bad_loss, loss, flags, phase of the current step
         self._state = [-1, 0, 0, -1, -1, 0.0, 0, 0]
         try:
-            blob = json.dumps({k: v for k, v in identity.items() if v is not None}).encode()[: SIZE - 132]
+            blob = json.dumps({k: v for k, v in identity.items() if v is not None}).encode()[
+                : SIZE - 132
+            ]
             content = bytearray(SIZE)
             _RECORD.pack_into(content, 0, MAGIC, VERSION, 0, -1, 0, 0, -1, -1, 0.0, 0, 0)
             _ALIVE.pack_into(content, _ALIVE_AT, self._wall())
@@ -125,8 +139,21 @@ class HeartbeatWriter:
             self._seq += 1  # odd: being written
             struct.pack_into("<Q", view, 8, self._seq)
             last, end_ns, steps, current, bad, loss, flags, phase = self._state
-            _RECORD.pack_into(view, 0, MAGIC, VERSION, self._seq, last, end_ns, steps, current, bad, loss, flags,
-                              phase)
+            _RECORD.pack_into(
+                view,
+                0,
+                MAGIC,
+                VERSION,
+                self._seq,
+                last,
+                end_ns,
+                steps,
+                current,
+                bad,
+                loss,
+                flags,
+                phase,
+            )
             self._seq += 1
             struct.pack_into("<Q", view, 8, self._seq)
         except Exception as exc:
@@ -163,7 +190,9 @@ class HeartbeatWriter:
                 self._fail(exc)
 
     def close(self) -> None:
-        """Mark this rank closed (it steps no more) and release the mapping; the file stays for the readers."""
+        """Mark this rank closed (it steps no more) and release the mapping; the file stays for the
+        readers.
+        """
         if self._map is None:
             return
         self._state[6] |= CLOSED
@@ -195,15 +224,20 @@ class Heartbeat:
 
 
 def read_heartbeat(path: str | os.PathLike[str], tries: int = 5) -> Heartbeat:
-    """Decode one heartbeat file (ValueError when it is not one; retried while a writer holds the lock)."""
+    """Decode one heartbeat file (ValueError when it is not one; retried while a writer holds the
+    lock).
+    """
     with open(path, "rb") as handle:
         data = handle.read(SIZE)
     for _ in range(tries):
         if len(data) < _IDENTITY_AT + 4:
             raise ValueError(f"{path}: {len(data)} bytes, not a heartbeat record")
-        magic, version, seq, last, end_ns, steps, current, bad, loss, flags, phase = _RECORD.unpack_from(data, 0)
+        magic, version, seq, last, end_ns, steps, current, bad, loss, flags, phase = (
+            _RECORD.unpack_from(data, 0)
+        )
         if magic != MAGIC or version != VERSION:
-            raise ValueError(f"{path}: not a faultlens heartbeat (magic {magic!r}, version {version})")
+            raise ValueError(f"{path}: not a faultlens heartbeat (magic {magic!r}, version "
+                             f"{version})")
         if seq % 2 == 0:
             break
         time.sleep(0.001)
@@ -217,11 +251,21 @@ def read_heartbeat(path: str | os.PathLike[str], tries: int = 5) -> Heartbeat:
         raise ValueError(f"{path}: identity is not a JSON object")
     (alive,) = _ALIVE.unpack_from(data, _ALIVE_AT)
     (pid,) = _ALIVE.unpack_from(data, _PID_AT)
-    return Heartbeat(identity=identity, pid=pid or None, last_step=last if last >= 0 else None,
-                     last_end_ns=end_ns or None, steps=steps, current_step=current if current >= 0 else None,
-                     bad_loss_step=bad if bad >= 0 else None, loss=loss if flags & HAS_LOSS else None,
-                     in_step=bool(flags & IN_STEP), closed=bool(flags & CLOSED), alive_ns=alive, seq=seq,
-                     phase=_PHASE_NAMES.get(phase) if flags & IN_STEP else None)
+    return Heartbeat(
+        identity=identity,
+        pid=pid or None,
+        last_step=last if last >= 0 else None,
+        last_end_ns=end_ns or None,
+        steps=steps,
+        current_step=current if current >= 0 else None,
+        bad_loss_step=bad if bad >= 0 else None,
+        loss=loss if flags & HAS_LOSS else None,
+        in_step=bool(flags & IN_STEP),
+        closed=bool(flags & CLOSED),
+        alive_ns=alive,
+        seq=seq,
+        phase=_PHASE_NAMES.get(phase) if flags & IN_STEP else None,
+    )
 
 
 @dataclass
@@ -233,14 +277,21 @@ class HeartbeatStats:
 
 
 class HeartbeatSource:
-    """Reads the heartbeat files of one directory (their identity comes from the files; `identity` fills what a
-    file leaves out)."""
+    """Reads the heartbeat files of one directory (their identity comes from the files; `identity`
+    fills what a file leaves out)."""
 
     name = "heartbeats"
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None, identity: NodeIdentity | None = None, *,
-                 min_interval_s: float = 1.0, keepalive_s: float = 2.0, max_age_s: float = 600.0,
-                 wall_clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        identity: NodeIdentity | None = None,
+        *,
+        min_interval_s: float = 1.0,
+        keepalive_s: float = 2.0,
+        max_age_s: float = 600.0,
+        wall_clock: Callable[[], int] = time.time_ns,
+    ) -> None:
         self.directory = Path(directory) if directory is not None else default_dir()
         self.identity = identity
         self.keepalive_s = keepalive_s
@@ -248,13 +299,18 @@ class HeartbeatSource:
         self.max_age_s = max_age_s
         self._wall = wall_clock
         self.stats = HeartbeatStats()
-        self._emitted: dict[str, tuple[tuple[Any, ...], int, int]] = {}  # file -> (state, alive_ns, when) emitted
+        # file -> (state, alive_ns, when) emitted
+        self._emitted: dict[str, tuple[tuple[Any, ...], int, int]] = {}
         self._ignored: set[str] = set()
         self._said: set[str] = set()
 
     def poll(self) -> Mapping[str, pa.RecordBatch]:
         try:
-            entries = [e for e in os.scandir(self.directory) if e.name.startswith("hb-") and e.name.endswith(".bin")]
+            entries = [
+                e
+                for e in os.scandir(self.directory)
+                if e.name.startswith("hb-") and e.name.endswith(".bin")
+            ]
         except FileNotFoundError:
             return {}
         except OSError as exc:
@@ -273,18 +329,32 @@ class HeartbeatSource:
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 self.stats.unreadable += 1
                 self._ignored.add(name)
-                self._once(f"read:{name}", "heartbeats: %s: unreadable (%s); counted and skipped", entry.path, exc)
+                self._once(
+                    f"read:{name}",
+                    "heartbeats: %s: unreadable (%s); counted and skipped",
+                    entry.path,
+                    exc,
+                )
                 continue
             previous = self._emitted.get(name)
             if previous is None and (now - beat.alive_ns) / 1e9 > self.max_age_s:
                 self.stats.skipped_stale += 1
                 self._ignored.add(name)
                 continue
-            state = (beat.last_step, beat.steps, beat.current_step, beat.in_step, beat.closed, beat.bad_loss_step,
-                     beat.phase)
+            state = (
+                beat.last_step,
+                beat.steps,
+                beat.current_step,
+                beat.in_step,
+                beat.closed,
+                beat.bad_loss_step,
+                beat.phase,
+            )
             if previous is not None:
                 old, alive, emitted_at = previous
-                if old == state and (beat.alive_ns <= alive or (beat.alive_ns - alive) / 1e9 < self.keepalive_s):
+                if old == state and (
+                    beat.alive_ns <= alive or (beat.alive_ns - alive) / 1e9 < self.keepalive_s
+                ):
                     continue
                 urgent = beat.closed != old[4] or beat.bad_loss_step != old[5]
                 if not urgent and (now - emitted_at) / 1e9 < self.min_interval_s:
@@ -310,8 +380,17 @@ class HeartbeatSource:
     def _row(self, beat: Heartbeat) -> dict[str, Any]:
         own = self.identity.columns() if self.identity is not None else {}
         row: dict[str, Any] = {}
-        for column in ("cluster", "node", "job_id", "attempt", "rank", "local_rank", "gpu_index", "gpu_uuid",
-                       "pci_bus_id"):
+        for column in (
+            "cluster",
+            "node",
+            "job_id",
+            "attempt",
+            "rank",
+            "local_rank",
+            "gpu_index",
+            "gpu_uuid",
+            "pci_bus_id",
+        ):
             value = beat.identity.get(column)
             row[column] = value if value is not None else own.get(column)
         loss = beat.loss
@@ -331,5 +410,14 @@ class HeartbeatSource:
         pass
 
 
-__all__ = ["ENV_DIR", "PHASE_CODES", "Heartbeat", "HeartbeatSource", "HeartbeatStats", "HeartbeatWriter", "default_dir",
-           "heartbeat_name", "read_heartbeat"]
+__all__ = [
+    "ENV_DIR",
+    "PHASE_CODES",
+    "Heartbeat",
+    "HeartbeatSource",
+    "HeartbeatStats",
+    "HeartbeatWriter",
+    "default_dir",
+    "heartbeat_name",
+    "read_heartbeat",
+]

@@ -10,23 +10,26 @@
                     ...
             step.loss = loss.item()
 
-Section durations are wall-clock seconds on the training thread, keyed by the nesting path; a name entered twice in
-a step adds up. Rows are buffered in a bounded queue and written off the training thread by a daemon writer
-through a SegmentSink; when the store is slow or gone the oldest rows are dropped and counted (`stats.dropped`),
-so memory stays bounded. Nothing here raises into the training loop: errors are logged and counted.
+Section durations are wall-clock seconds on the training thread, keyed by the nesting path; a name
+entered twice in a step adds up. Rows are buffered in a bounded queue and written off the training
+thread by a daemon writer through a SegmentSink; when the store is slow or gone the oldest rows are
+dropped and counted (`stats.dropped`), so memory stays bounded. Nothing here raises into the
+training loop: errors are logged and counted.
 
 Progress is also published at every step's begin and end in a shared-memory heartbeat record
 (collectors/training/heartbeat.py;
 `heartbeat_dir=`, else $FAULTLENS_HEARTBEAT_DIR, else /dev/shm/faultlens-heartbeats; an empty
-FAULTLENS_HEARTBEAT_DIR or `heartbeat=False` turns it off; only for a process with a rank), independently of
-how often rows are flushed: attribution judges progress from it.
+FAULTLENS_HEARTBEAT_DIR or `heartbeat=False` turns it off; only for a process with a rank),
+independently of how often rows are flushed: attribution judges progress from it.
 
-With `cuda_events=True` and torch with CUDA, every section also records a pair of CUDA events; the writer thread
-resolves them (never the training thread) and adds `cuda/<path>` entries (GPU seconds) to the row's sections.
+With `cuda_events=True` and torch with CUDA, every section also records a pair of CUDA events; the
+writer thread resolves them (never the training thread) and adds `cuda/<path>` entries (GPU seconds)
+to the row's sections.
 
-This module is the training-thread side (StepTimer, the step and section contexts); the writer thread and its row
-bookkeeping are StepTimer's base class (collectors/training/timer_writer.py), and the identity, phases, counts and
-sink protocol are collectors/training/timer_model.py (all importable from here).
+This module is the training-thread side (StepTimer, the step and section contexts); the writer
+thread and its row bookkeeping are StepTimer's base class (collectors/training/timer_writer.py), and
+the identity, phases, counts and sink protocol are collectors/training/timer_model.py (all
+importable from here).
 """
 
 from __future__ import annotations
@@ -61,7 +64,9 @@ class _Step:
 
     __slots__ = ("_timer", "loss", "number", "phase", "samples", "tokens")
 
-    def __init__(self, timer: StepTimer, number: int, phase: Phase, tokens: int | None, samples: int | None):
+    def __init__(
+        self, timer: StepTimer, number: int, phase: Phase, tokens: int | None, samples: int | None
+    ):
         self._timer = timer
         self.number = number
         self.phase = phase
@@ -79,7 +84,9 @@ class _Step:
 
 
 class _Section:
-    """Reusable per name; the timing state lives on the timer's stack, so nesting and reuse are safe."""
+    """Reusable per name; the timing state lives on the timer's stack, so nesting and reuse are
+    safe.
+    """
 
     __slots__ = ("_name", "_timer")
 
@@ -103,13 +110,16 @@ class _Section:
                 return False
             sections = timer._sections
             sections[path] = sections.get(path, 0) + (end - start)
-        except Exception as exc:  # an unbalanced stack (a section exited twice): count it, never raise
+        # an unbalanced stack (a section exited twice): count it, never raise
+        except Exception as exc:
             timer._error("section", exc)
         return False
 
 
 class _CudaSection(_Section):
-    """A section that also records CUDA events around the block (resolved later by the writer thread)."""
+    """A section that also records CUDA events around the block (resolved later by the writer
+    thread).
+    """
 
     __slots__ = ()
 
@@ -152,7 +162,9 @@ def _torch_cuda_event_factory() -> Callable[[], Any] | None:
 
 
 class StepTimer(RowWriter):
-    """Times steps and named sections of one training thread and writes them to the store off that thread."""
+    """Times steps and named sections of one training thread and writes them to the store off that
+    thread.
+    """
 
     def __init__(self, sink: RowSink | None, *, identity: RankIdentity | None = None,
                  parallel: ParallelCoords | None = None, max_buffered_rows: int = 4096,
@@ -163,7 +175,9 @@ class StepTimer(RowWriter):
                  total_steps: int | None = None) -> None:
         self.sink = sink
         # the job's declared length (its ranks row), else $FAULTLENS_TOTAL_STEPS; None: not declared
-        self.total_steps = total_steps if total_steps is not None else environment.TOTAL_STEPS.get_int()
+        self.total_steps = (
+            total_steps if total_steps is not None else environment.TOTAL_STEPS.get_int()
+        )
         if self.total_steps is not None and self.total_steps <= 0:
             self.total_steps = None
         self.identity = identity or RankIdentity.from_env()
@@ -174,7 +188,9 @@ class StepTimer(RowWriter):
         self._clock = clock
         self._wall_clock = wall_clock
         self._identity_columns = self.identity.columns()
-        self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=self.max_buffered_rows)
+        self._queue: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=self.max_buffered_rows
+        )
         self._pending_ranks: list[dict[str, Any]] = []
         self._section_cache: dict[str, _Section] = {}
         self._stack: list[tuple[str, int]] = []
@@ -182,8 +198,12 @@ class StepTimer(RowWriter):
         self._step: _Step | None = None
         self._step_start = 0
         self._step_wall_start = 0
-        self._new_event = cuda_event_factory or (_torch_cuda_event_factory() if cuda_events else None)
-        self._section_class: type[_Section] = _CudaSection if self._new_event is not None else _Section
+        self._new_event = cuda_event_factory or (
+            _torch_cuda_event_factory() if cuda_events else None
+        )
+        self._section_class: type[_Section] = (
+            _CudaSection if self._new_event is not None else _Section
+        )
         self._cuda_open: list[Any] = []
         self._cuda_pairs: list[tuple[str, Any, Any]] = []
         self._wake = threading.Event()
@@ -191,21 +211,27 @@ class StepTimer(RowWriter):
         self._writer: threading.Thread | None = None
         self._write_lock = threading.Lock()
         self._closed = False
-        self._account = threading.Lock()  # the writer's and close()'s bookkeeping of rows taken from the queue
-        self._handed = 0  # step rows taken from the queue, not yet confirmed written (or counted as dropped)
-        self._gave_up = False  # close() counted the handed rows as lost; a later confirmation takes them back
+        # the writer's and close()'s bookkeeping of rows taken from the queue
+        self._account = threading.Lock()
+        # step rows taken from the queue, not yet confirmed written (or counted as dropped)
+        self._handed = 0
+        # close() counted the handed rows as lost; a later confirmation takes them back
+        self._gave_up = False
         self._late = 0  # of those, rows the writer had handed to the sink (it may still write them)
         self._drops_reported = 0
         self._drops_logged_at: float | None = None
-        self.drop_log_interval_s = 30.0  # at most one "rows not written" warning per this many seconds
+        # at most one "rows not written" warning per this many seconds
+        self.drop_log_interval_s = 30.0
         self.heartbeat = _heartbeat_writer(self.identity, heartbeat, heartbeat_dir, wall_clock)
         if start:
             self.start()
 
     @classmethod
-    def from_env(cls, store: str | None = None, *, flush_rows: int = 10_000, **kwargs: Any) -> StepTimer:
-        """A timer writing to `store` (else $FAULTLENS_STORE; no store: rows are counted and dropped). A store
-        that cannot be opened is logged, never raised."""
+    def from_env(
+        cls, store: str | None = None, *, flush_rows: int = 10_000, **kwargs: Any
+    ) -> StepTimer:
+        """A timer writing to `store` (else $FAULTLENS_STORE; no store: rows are counted and
+        dropped). A store that cannot be opened is logged, never raised."""
         url = store or environment.STORE.raw()
         sink = None
         if url:
@@ -214,14 +240,16 @@ class StepTimer(RowWriter):
 
                 sink = SegmentSink(url, flush_rows=flush_rows, flush_age_s=3600.0)
             except Exception as exc:
-                log.warning("step_timer: store %r cannot be opened (%s); steps will be counted, not stored", url, exc)
+                log.warning("step_timer: store %r cannot be opened (%s); steps will be counted, "
+                            "not stored", url, exc)
         return cls(sink, **kwargs)
 
     @property
     def cuda_events(self) -> bool:
         return self._new_event is not None
 
-    # -- the training-thread API ----------------------------------------------------------------------------
+    # -- the training-thread API
+    # ----------------------------------------------------------------------------
     def step(self, number: int, phase: str | Phase = Phase.TRAIN, *, tokens: int | None = None,
              samples: int | None = None) -> _Step:
         """Context manager timing step `number` (phase train, eval, warmup or checkpoint)."""
@@ -231,14 +259,16 @@ class StepTimer(RowWriter):
         return _Step(self, number, parsed, tokens, samples)
 
     def section(self, name: str) -> _Section:
-        """Context manager timing a named section of the current step (nesting gives 'outer/inner')."""
+        """Context manager timing a named section of the current step (nesting gives 'outer/inner').
+        """
         section = self._section_cache.get(name)
         if section is None:
             section = self._section_cache[name] = self._section_class(self, str(name))
         return section
 
     def _begin_step(self, step: _Step) -> None:
-        if self._step is not None:  # a step inside a step: close the outer one's sections into it first
+        # a step inside a step: close the outer one's sections into it first
+        if self._step is not None:
             self.stats.errors += 1
         self._step = step
         self._sections = {}
@@ -257,15 +287,22 @@ class StepTimer(RowWriter):
             if failed:
                 if self.heartbeat is not None:
                     self.heartbeat.end(step.number, 0, None, completed=False)
-                return  # an exception left the step: it did not complete, there is no duration to report
+                # an exception left the step: it did not complete, there is no duration to report
+                return
             duration_ns = end - self._step_start
             start_wall = self._step_wall_start
             row = dict(self._identity_columns)
             row.update(
-                ts=start_wall + duration_ns, step=step.number, phase=step.phase.value, start_ts=start_wall,
-                end_ts=start_wall + duration_ns, duration_s=duration_ns / 1e9,
+                ts=start_wall + duration_ns,
+                step=step.number,
+                phase=step.phase.value,
+                start_ts=start_wall,
+                end_ts=start_wall + duration_ns,
+                duration_s=duration_ns / 1e9,
                 sections={path: ns / 1e9 for path, ns in self._sections.items()},
-                tokens=step.tokens, samples=step.samples, loss=_float_or_none(step.loss),
+                tokens=step.tokens,
+                samples=step.samples,
+                loss=_float_or_none(step.loss),
             )
             if self._cuda_pairs:
                 row["_cuda"] = self._cuda_pairs
@@ -286,20 +323,28 @@ class StepTimer(RowWriter):
         except Exception as exc:
             self._error("step", exc)
 
-    # -- lifecycle ------------------------------------------------------------------------------------------
+    # -- lifecycle
+    # ------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Queue the ranks row and start the writer thread."""
         if self._writer is not None:
             return
         try:
             row = dict(self._identity_columns)
-            row.update(ts=self._wall_clock(), pid=self.identity.pid, world_size=self.identity.world_size,
-                       local_world_size=self.identity.local_world_size, hostname=self.identity.hostname,
-                       **asdict(self.parallel))
+            row.update(
+                ts=self._wall_clock(),
+                pid=self.identity.pid,
+                world_size=self.identity.world_size,
+                local_world_size=self.identity.local_world_size,
+                hostname=self.identity.hostname,
+                **asdict(self.parallel),
+            )
             if self.total_steps is not None:
                 row["total_steps"] = int(self.total_steps)
             self._pending_ranks.append(row)
-            self._writer = threading.Thread(target=self._writer_loop, name="faultlens-step-timer", daemon=True)
+            self._writer = threading.Thread(
+                target=self._writer_loop, name="faultlens-step-timer", daemon=True
+            )
             self._writer.start()
             atexit.register(_close_if_alive, weakref.ref(self))
         except Exception as exc:
@@ -316,8 +361,9 @@ class StepTimer(RowWriter):
             self._write_lock.release()
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the writer after a last flush (bounded by timeout_s when the store hangs). Rows it could not
-        write by then (still queued, or in the sink's buffer) are counted in stats.lost_at_close and logged."""
+        """Stop the writer after a last flush (bounded by timeout_s when the store hangs). Rows it
+        could not write by then (still queued, or in the sink's buffer) are counted in
+        stats.lost_at_close and logged."""
         if self._closed:
             return
         self._closed = True
@@ -338,20 +384,35 @@ class StepTimer(RowWriter):
         self.close()
 
 
-def _heartbeat_writer(identity: RankIdentity, enabled: bool, directory: str | os.PathLike[str] | None,
-                      wall_clock: Clock) -> Any:
-    """The heartbeat record of a rank process (None: off, no rank, or it could not be created; logged)."""
-    if not enabled or identity.rank is None or (directory is None and environment.HEARTBEAT_DIR.raw() == ""):
+def _heartbeat_writer(
+    identity: RankIdentity,
+    enabled: bool,
+    directory: str | os.PathLike[str] | None,
+    wall_clock: Clock,
+) -> Any:
+    """The heartbeat record of a rank process (None: off, no rank, or it could not be created;
+    logged).
+    """
+    if (
+        not enabled
+        or identity.rank is None
+        or (directory is None and environment.HEARTBEAT_DIR.raw() == "")
+    ):
         return None
     try:
         from pathlib import Path
 
-        from faultlens.collectors.training.heartbeat import HeartbeatWriter, default_dir, heartbeat_name
+        from faultlens.collectors.training.heartbeat import (
+            HeartbeatWriter,
+            default_dir,
+            heartbeat_name,
+        )
 
         path = Path(directory if directory is not None else default_dir()) / heartbeat_name(
             identity.job_id, identity.attempt, identity.rank)
-        writer = HeartbeatWriter(path, {**identity.columns(), "hostname": identity.hostname}, identity.pid,
-                                 wall_clock)
+        writer = HeartbeatWriter(
+            path, {**identity.columns(), "hostname": identity.hostname}, identity.pid, wall_clock
+        )
         return writer if writer.active else None
     except Exception as exc:
         log.warning("step_timer: no heartbeat (%s: %s)", type(exc).__name__, exc)

@@ -1,6 +1,7 @@
-"""What a step timer's rows are made of: the step phases, who the rank is (RankIdentity, from torchrun's
-environment), its place in the parallel layout, the timer's counts (TimerStats) and the sink protocol it writes
-through. Imported by the training process: nothing beyond the standard library and faultlens.environment."""
+"""What a step timer's rows are made of: the step phases, who the rank is (RankIdentity, from
+torchrun's environment), its place in the parallel layout, the timer's counts (TimerStats) and the
+sink protocol it writes through. Imported by the training process: nothing beyond the standard
+library and faultlens.environment."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ class Phase(StrEnum):
 
 
 class RowSink(Protocol):
-    """What the timer writes through: faultlens.collectors.store.sink.SegmentSink, or any object with these methods."""
+    """What the timer writes through: faultlens.collectors.store.sink.SegmentSink, or any object
+    with these methods.
+    """
 
     def write(self, table: str, data: Any) -> None: ...
 
@@ -69,9 +72,9 @@ class RankIdentity:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> RankIdentity:
-        """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID (or FAULTLENS_JOB_ID),
-        FAULTLENS_ATTEMPT (a supervisor that restarts torchrun itself) or TORCHELASTIC_RESTART_COUNT, node from
-        FAULTLENS_NODE or the hostname, FAULTLENS_CLUSTER."""
+        """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID (or
+        FAULTLENS_JOB_ID), FAULTLENS_ATTEMPT (a supervisor that restarts torchrun itself) or
+        TORCHELASTIC_RESTART_COUNT, node from FAULTLENS_NODE or the hostname, FAULTLENS_CLUSTER."""
         env = os.environ if environ is None else environ
         hostname = socket.gethostname()
         values: dict[str, Any] = {
@@ -82,8 +85,9 @@ class RankIdentity:
             "node": environment.NODE.get(env) or hostname,
             "hostname": hostname,
             "job_id": environment.JOB_ID.get(env) or env.get("TORCHELASTIC_RUN_ID") or None,
-            "attempt": _env_int(env, environment.ATTEMPT.name) if environment.ATTEMPT.get(env) else _env_int(
-                env, "TORCHELASTIC_RESTART_COUNT"),
+            "attempt": _env_int(env, environment.ATTEMPT.name)
+            if environment.ATTEMPT.get(env)
+            else _env_int(env, "TORCHELASTIC_RESTART_COUNT"),
             "cluster": environment.CLUSTER.get(env),
             "pid": os.getpid(),
         }
@@ -93,16 +97,22 @@ class RankIdentity:
     def columns(self) -> dict[str, Any]:
         """The identity columns every row carries."""
         return {
-            "cluster": self.cluster, "node": self.node, "job_id": self.job_id, "attempt": self.attempt,
-            "rank": self.rank, "local_rank": self.local_rank, "gpu_index": self.gpu_index,
-            "gpu_uuid": self.gpu_uuid, "pci_bus_id": self.pci_bus_id,
+            "cluster": self.cluster,
+            "node": self.node,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "gpu_index": self.gpu_index,
+            "gpu_uuid": self.gpu_uuid,
+            "pci_bus_id": self.pci_bus_id,
         }
 
 
 @dataclass(frozen=True)
 class ParallelCoords:
-    """This rank's place in the parallel layout, when the training code declares it (straggler analysis uses it to
-    tell one slow worker from a slow pipeline stage)."""
+    """This rank's place in the parallel layout, when the training code declares it (straggler
+    analysis uses it to tell one slow worker from a slow pipeline stage)."""
 
     dp_rank: int | None = None
     pp_rank: int | None = None
@@ -115,7 +125,8 @@ class ParallelCoords:
 @dataclass
 class TimerStats:
     """What the timer did. Every completed step is written or counted: once close() has returned,
-    steps == rows_written + dropped; dropped is the sum of the dropped_* counts and lost_at_close."""
+    steps == rows_written + dropped; dropped is the sum of the dropped_* counts and lost_at_close.
+    """
 
     steps: int = 0
     rows_written: int = 0
@@ -126,8 +137,10 @@ class TimerStats:
     unknown_phases: int = 0
     heartbeat_failures: int = 0
     last_error: str | None = None
-    dropped_queue_full: int = 0  # the oldest queued rows pushed out by new ones while the store was slow
+    # the oldest queued rows pushed out by new ones while the store was slow
+    dropped_queue_full: int = 0
     dropped_refused: int = 0  # rows the sink refused (never buffered)
     dropped_no_store: int = 0  # rows of a timer without a store
-    lost_at_close: int = 0  # rows still queued or in the sink's buffer when close() gave up (store slow or failing)
+    # rows still queued or in the sink's buffer when close() gave up (store slow or failing)
+    lost_at_close: int = 0
     ranks_dropped: int = 0  # ranks rows (one per start) not written

@@ -1,6 +1,7 @@
-"""The writer-thread half of StepTimer (its base class; the training-thread API is in step_timer.py): the daemon
-loop that drains the bounded row queue into the sink, CUDA event pairs resolved into GPU seconds there, and the
-bookkeeping that counts every row as written or dropped. Nothing here raises into the training loop."""
+"""The writer-thread half of StepTimer (its base class; the training-thread API is in
+step_timer.py): the daemon loop that drains the bounded row queue into the sink, CUDA event pairs
+resolved into GPU seconds there, and the bookkeeping that counts every row as written or dropped.
+Nothing here raises into the training loop."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ log = logging.getLogger("faultlens.collectors.training.step_timer")  # the timer
 
 
 class RowWriter:
-    """Base class of StepTimer: its writer thread and row bookkeeping. StepTimer.__init__ sets every attribute
-    below; the training thread appends step rows to `_queue` and the writer takes them from it."""
+    """Base class of StepTimer: its writer thread and row bookkeeping. StepTimer.__init__ sets every
+    attribute below; the training thread appends step rows to `_queue` and the writer takes them
+    from it."""
 
     sink: RowSink | None
     stats: TimerStats
@@ -54,10 +56,12 @@ class RowWriter:
             self.stats.ranks_dropped += ranks
         self._report_drops(force=True)
 
-    # -- the writer thread ----------------------------------------------------------------------------------
+    # -- the writer thread
+    # ----------------------------------------------------------------------------------
     def _writer_loop(self) -> None:
-        # never the thread a process-directed SIGUSR1/SIGTERM lands on: the flight-recorder trigger waits for them
-        # in its own thread, and a thread started before the trigger's install() would not have them blocked
+        # never the thread a process-directed SIGUSR1/SIGTERM lands on: the flight-recorder trigger
+        # waits for them in its own thread, and a thread started before the trigger's install()
+        # would not have them blocked
         with contextlib.suppress(Exception):
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
         next_flush = time.monotonic() + self.flush_interval_s
@@ -82,25 +86,40 @@ class RowWriter:
                 return
 
     def _report_drops(self, force: bool = False) -> None:
-        """One warning for the rows not written since the last one, at most every drop_log_interval_s."""
+        """One warning for the rows not written since the last one, at most every
+        drop_log_interval_s.
+        """
         stats = self.stats
         new = stats.dropped - self._drops_reported
         if new <= 0 and not (force and stats.ranks_dropped):
             return
         now = time.monotonic()
-        if not force and self._drops_logged_at is not None and now - self._drops_logged_at < self.drop_log_interval_s:
+        if (
+            not force
+            and self._drops_logged_at is not None
+            and now - self._drops_logged_at < self.drop_log_interval_s
+        ):
             return
-        log.warning("step_timer: %d step row(s) not written since the last report (%d of %d in all: %d pushed out "
-                    "of the full queue, %d refused by the store, %d without a store, %d left at close)%s", new,
-                    stats.dropped, stats.steps, stats.dropped_queue_full, stats.dropped_refused,
-                    stats.dropped_no_store, stats.lost_at_close,
-                    f"; {stats.ranks_dropped} ranks row(s) not written" if stats.ranks_dropped else "")
+        log.warning(
+            "step_timer: %d step row(s) not written since the last report (%d of %d in "
+            "all: %d pushed out "
+            "of the full queue, %d refused by the store, %d without a store, %d left at "
+            "close)%s",
+            new,
+            stats.dropped,
+            stats.steps,
+            stats.dropped_queue_full,
+            stats.dropped_refused,
+            stats.dropped_no_store,
+            stats.lost_at_close,
+            f"; {stats.ranks_dropped} ranks row(s) not written" if stats.ranks_dropped else "",
+        )
         self._drops_reported = stats.dropped
         self._drops_logged_at = now
 
     def _drain(self) -> bool:
-        """Move queued rows into the sink and flush it. Bounded: rows stay queued (oldest dropped) while the
-        sink still holds a failed batch of max_buffered_rows."""
+        """Move queued rows into the sink and flush it. Bounded: rows stay queued (oldest dropped)
+        while the sink still holds a failed batch of max_buffered_rows."""
         sink = self.sink
         if sink is None:
             with self._account:
@@ -125,7 +144,8 @@ class RowWriter:
                     except Exception:
                         after = _pending(sink)
                         if before is None or after is None or after - before < len(rows):
-                            self._forget(len(rows), refused=True)  # refused before buffering: these rows are gone
+                            # refused before buffering: these rows are gone
+                            self._forget(len(rows), refused=True)
                         raise  # (else the sink kept them buffered: a later flush writes them)
             sink.flush()
             self._confirm()
@@ -138,7 +158,8 @@ class RowWriter:
     def _take_rows(self) -> list[dict[str, Any]]:
         rows = []
         queue = self._queue
-        with self._account:  # taken rows are counted as handed at once, so close() never misses them
+        # taken rows are counted as handed at once, so close() never misses them
+        with self._account:
             while queue:
                 try:
                     rows.append(queue.popleft())
@@ -179,7 +200,9 @@ class RowWriter:
         self.stats.errors += 1
         self.stats.last_error = f"{what}: {type(exc).__name__}: {exc}"
         if self.stats.errors <= 10 or self.stats.errors % 1000 == 0:
-            log.warning("step_timer: %s (%d errors so far)", self.stats.last_error, self.stats.errors)
+            log.warning(
+                "step_timer: %s (%d errors so far)", self.stats.last_error, self.stats.errors
+            )
 
 
 def _pending(sink: Any) -> int | None:
@@ -190,7 +213,9 @@ def _pending(sink: Any) -> int | None:
 
 
 def _resolve_cuda(pairs: list[tuple[str, Any, Any]], timer: RowWriter) -> dict[str, float]:
-    """GPU seconds per section path from recorded CUDA event pairs (waits for the events on the writer thread)."""
+    """GPU seconds per section path from recorded CUDA event pairs (waits for the events on the
+    writer thread).
+    """
     seconds: dict[str, float] = {}
     for path, start_event, end_event in pairs:
         try:

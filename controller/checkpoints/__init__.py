@@ -1,4 +1,6 @@
-"""Multi-tier checkpoints: tiers, the catalog and restore choice, and a tiered checkpointer for training loops."""
+"""Multi-tier checkpoints: tiers, the catalog and restore choice, and a tiered checkpointer for
+training loops.
+"""
 
 from faultlens.controller.checkpoints.catalog import (
     CheckpointCatalog,
@@ -8,7 +10,14 @@ from faultlens.controller.checkpoints.catalog import (
     RankSource,
     RestoreChoice,
 )
-from faultlens.controller.checkpoints.tiers import Tier, TierError, TierKind, load_tiers, parse_tier_spec, parse_tiers
+from faultlens.controller.checkpoints.tiers import (
+    Tier,
+    TierError,
+    TierKind,
+    load_tiers,
+    parse_tier_spec,
+    parse_tiers,
+)
 
 __all__ = [
     "CheckpointCatalog",

@@ -1,18 +1,20 @@
-"""The checkpoint catalog: every checkpoint in every tier, whether it is complete and verified, and the restore
-choice of docs/design.md:
+"""The checkpoint catalog: every checkpoint in every tier, whether it is complete and verified, and
+the restore choice of docs/design.md:
 
-    the newest checkpoint that is complete, verified, present for every rank in tiers that survive the exclusion
-    (a local or peer tier on an excluded node is gone), and older than the incident when the incident suggests
-    corruption.
+    the newest checkpoint that is complete, verified, present for every rank in tiers that survive
+    the exclusion (a local or peer tier on an excluded node is gone), and older than the incident
+    when the incident suggests corruption.
 
-A local-tier path belongs to its node, whichever tier lists it: a checkpoint whose directory lies under the root
-of an excluded node's local (or peer) tier is never read, even when a shared filesystem would let another node
-read it (`owners`). Nodes excluded once stay excluded for the catalog's life (`retire`), so a later restore never
-reads what an earlier failover took out of the job.
+A local-tier path belongs to its node, whichever tier lists it: a checkpoint whose directory lies
+under the root of an excluded node's local (or peer) tier is never read, even when a shared
+filesystem would let another node read it (`owners`). Nodes excluded once stay excluded for the
+catalog's life (`retire`), so a later restore never reads what an earlier failover took out of the
+job.
 
-Ranks may come from different tiers (a node's own ranks from its local tier, the excluded node's ranks from their
-peer replica); the fastest tier is preferred per rank (local, then peer, then durable). Checksums are verified
-lazily, only for the files a restore would read, newest step first, and cached.
+Ranks may come from different tiers (a node's own ranks from its local tier, the excluded node's
+ranks from their peer replica); the fastest tier is preferred per rank (local, then peer, then
+durable). Checksums are verified lazily, only for the files a restore would read, newest step first,
+and cached.
 """
 
 from __future__ import annotations
@@ -30,23 +32,45 @@ import fsspec
 from faultlens.attribution.decision import Restore
 from faultlens.attribution.policy import RestoreRequest
 from faultlens.controller.checkpoints.directory import COMMIT_DIR, STEP_DIR_RE, inspect_checkpoint
-from faultlens.controller.checkpoints.entry import CheckpointEntry, ChecksumStatus, Layout, RankSource, RestoreChoice
+from faultlens.controller.checkpoints.entry import (
+    CheckpointEntry,
+    ChecksumStatus,
+    Layout,
+    RankSource,
+    RestoreChoice,
+)
 from faultlens.controller.checkpoints.fsutil import is_local
 from faultlens.controller.checkpoints.manifest import ShardFile
 from faultlens.controller.checkpoints.tiers import TIER_ORDER, Tier
 
-__all__ = ["COMMIT_DIR", "STEP_DIR_RE", "CheckpointCatalog", "CheckpointEntry", "ChecksumStatus", "Layout",
-           "RankSource", "RestoreChoice"]
+__all__ = [
+    "COMMIT_DIR",
+    "STEP_DIR_RE",
+    "CheckpointCatalog",
+    "CheckpointEntry",
+    "ChecksumStatus",
+    "Layout",
+    "RankSource",
+    "RestoreChoice",
+]
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointCatalog:
-    """Checkpoints over a set of tiers. Usable as the policy's RestoreChooser (call it with a RestoreRequest)."""
+    """Checkpoints over a set of tiers. Usable as the policy's RestoreChooser (call it with a
+    RestoreRequest).
+    """
 
-    def __init__(self, tiers: Sequence[Tier], *, job_id: str | None = None, cluster: str | None = None,
-                 use_torch: bool | None = None, clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
-                 ) -> None:
+    def __init__(
+        self,
+        tiers: Sequence[Tier],
+        *,
+        job_id: str | None = None,
+        cluster: str | None = None,
+        use_torch: bool | None = None,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
         self.tiers = list(tiers)
         self.job_id = job_id
         self.cluster = cluster
@@ -55,9 +79,11 @@ class CheckpointCatalog:
         self._verified: dict[tuple[str, int, str], bool] = {}
         self._lock = threading.Lock()
         self.retired: set[str] = set()  # nodes out of the job for good: their local tiers are gone
-        self._roots: list[tuple[str, str, str]] | None = None  # (filesystem key, root, node) of node-owned tiers
+        # (filesystem key, root, node) of node-owned tiers
+        self._roots: list[tuple[str, str, str]] | None = None
 
-    # --- ownership ---------------------------------------------------------------------------------------------
+    # --- ownership
+    # ---------------------------------------------------------------------------------------------
 
     def retire(self, nodes: Iterable[str]) -> None:
         """Nodes excluded from the job: no later restore reads their local or peer tiers."""
@@ -84,8 +110,9 @@ class CheckpointCatalog:
         return self._roots
 
     def owners(self, entry: CheckpointEntry) -> frozenset[str]:
-        """The nodes whose storage holds `entry`: its tier's node, and any node whose local or peer tier root
-        contains the entry's directory (one path reached through two tiers on a shared filesystem)."""
+        """The nodes whose storage holds `entry`: its tier's node, and any node whose local or peer
+        tier root contains the entry's directory (one path reached through two tiers on a shared
+        filesystem)."""
         owners = {entry.tier.node} if entry.tier.node else set()
         key, place = self._place(entry.tier, entry.path)
         for root_key, root, node in self._node_roots():
@@ -98,7 +125,8 @@ class CheckpointCatalog:
         gone = set(exclude_nodes) | self.retired
         return not (self.owners(entry) & gone)
 
-    # --- scanning ----------------------------------------------------------------------------------------------
+    # --- scanning
+    # ----------------------------------------------------------------------------------------------
 
     def scan(self) -> list[CheckpointEntry]:
         """Every checkpoint directory of every tier, complete or not, newest step first."""
@@ -106,11 +134,15 @@ class CheckpointCatalog:
         for tier in self.tiers:
             entries.extend(self.scan_tier(tier))
         tier_rank = {kind: i for i, kind in enumerate(TIER_ORDER)}
-        return sorted(entries, key=lambda e: (-e.step, tier_rank.get(e.tier.kind, 9), e.tier.node or "", e.uri))
+        return sorted(
+            entries,
+            key=lambda e: (-e.step, tier_rank.get(e.tier.kind, 9), e.tier.node or "", e.uri),
+        )
 
     def scan_tier(self, tier: Tier) -> list[CheckpointEntry]:
         fs, root = tier.filesystem()
-        fs.invalidate_cache(root)  # object-store listings are cached per filesystem instance: list afresh
+        # object-store listings are cached per filesystem instance: list afresh
+        fs.invalidate_cache(root)
         try:
             children = fs.ls(root, detail=True)
         except FileNotFoundError:
@@ -125,14 +157,23 @@ class CheckpointCatalog:
             name = posixpath.basename(child["name"].rstrip("/"))
             match = STEP_DIR_RE.match(name)
             if match:
-                entries.append(self.inspect(tier, fs, child["name"].rstrip("/"), int(match.group(1))))
+                entries.append(
+                    self.inspect(tier, fs, child["name"].rstrip("/"), int(match.group(1)))
+                )
         return entries
 
-    def inspect(self, tier: Tier, fs: fsspec.AbstractFileSystem, path: str, step: int) -> CheckpointEntry:
-        """Completeness of one checkpoint directory from its listing, its manifest and/or DCP metadata."""
-        return inspect_checkpoint(tier, fs, path, step, use_torch=self.use_torch, cached_status=self._cached_status)
+    def inspect(
+        self, tier: Tier, fs: fsspec.AbstractFileSystem, path: str, step: int
+    ) -> CheckpointEntry:
+        """Completeness of one checkpoint directory from its listing, its manifest and/or DCP
+        metadata.
+        """
+        return inspect_checkpoint(
+            tier, fs, path, step, use_torch=self.use_torch, cached_status=self._cached_status
+        )
 
-    # --- verification ------------------------------------------------------------------------------------------
+    # --- verification
+    # ------------------------------------------------------------------------------------------
 
     def _cached_status(self, uri: str, files: Iterable[ShardFile]) -> ChecksumStatus:
         results = [self._verified.get((uri, f.bytes, f.path + f.sha256)) for f in files]
@@ -143,7 +184,9 @@ class CheckpointCatalog:
         return ChecksumStatus.UNVERIFIED
 
     def verify_file(self, entry: CheckpointEntry, shard: ShardFile) -> bool:
-        """sha256 of one file against the manifest (cached per checkpoint, file and expected digest)."""
+        """sha256 of one file against the manifest (cached per checkpoint, file and expected
+        digest).
+        """
         key = (entry.uri, shard.bytes, shard.path + shard.sha256)
         with self._lock:
             if key in self._verified:
@@ -161,7 +204,9 @@ class CheckpointCatalog:
             log.warning("checkpoint %s: cannot read %s: %s", entry.uri, shard.path, exc)
             return False  # not cached: a transient read error is not a checksum mismatch
         if not ok:
-            log.warning("checkpoint %s: %s does not match its sha256 in the manifest", entry.uri, shard.path)
+            log.warning(
+                "checkpoint %s: %s does not match its sha256 in the manifest", entry.uri, shard.path
+            )
         with self._lock:
             self._verified[key] = ok
         return ok
@@ -182,13 +227,21 @@ class CheckpointCatalog:
         shard = entry.file_for(rank)
         return shard is not None and self.verify_file(entry, shard)
 
-    # --- the restore choice ------------------------------------------------------------------------------------
+    # --- the restore choice
+    # ------------------------------------------------------------------------------------
 
-    def choose(self, exclude_nodes: Iterable[str] = (), *, before_ts: dt.datetime | None = None,
-               before_step: int | None = None, world_size: int | None = None, step: int | None = None,
-               entries: Sequence[CheckpointEntry] | None = None) -> RestoreChoice | None:
-        """The restore per docs/design.md, or None when no checkpoint qualifies. `step` pins the step (used to rebuild
-        the per-rank sources of a decision already made)."""
+    def choose(
+        self,
+        exclude_nodes: Iterable[str] = (),
+        *,
+        before_ts: dt.datetime | None = None,
+        before_step: int | None = None,
+        world_size: int | None = None,
+        step: int | None = None,
+        entries: Sequence[CheckpointEntry] | None = None,
+    ) -> RestoreChoice | None:
+        """The restore per docs/design.md, or None when no checkpoint qualifies. `step` pins the
+        step (used to rebuild the per-rank sources of a decision already made)."""
         exclude = set(exclude_nodes)
         entries = list(entries) if entries is not None else self.scan()
         usable = [e for e in entries if e.complete and self.survives(e, exclude)
@@ -209,13 +262,25 @@ class CheckpointCatalog:
                 return choice
         return None
 
-    def _choose_step(self, step: int, group: list[CheckpointEntry], world_size: int | None) -> RestoreChoice | None:
+    def _choose_step(
+        self, step: int, group: list[CheckpointEntry], world_size: int | None
+    ) -> RestoreChoice | None:
         for entry in group:  # a complete DCP checkpoint serves every rank by itself
             if entry.layout is Layout.DCP and self._usable_for(entry, None):
                 ranks = range(world_size) if world_size else ()
-                sources = tuple(RankSource(r, entry.uri, entry.tier.kind, entry.tier.node, Layout.DCP) for r in ranks)
-                return RestoreChoice(step, Layout.DCP, (entry.tier.kind,), entry.uri, world_size or entry.world_size,
-                                     sources, (entry,))
+                sources = tuple(
+                    RankSource(r, entry.uri, entry.tier.kind, entry.tier.node, Layout.DCP)
+                    for r in ranks
+                )
+                return RestoreChoice(
+                    step,
+                    Layout.DCP,
+                    (entry.tier.kind,),
+                    entry.uri,
+                    world_size or entry.world_size,
+                    sources,
+                    (entry,),
+                )
         shards = [e for e in group if e.layout is Layout.SHARDS]
         sizes = {e.world_size for e in shards if e.world_size}
         world = world_size or (max(sizes) if sizes else None)
@@ -229,21 +294,38 @@ class CheckpointCatalog:
             if entry is None:
                 return None
             shard = entry.file_for(rank)
-            sources.append(RankSource(rank, f"{entry.uri}/{shard.path}", entry.tier.kind, entry.tier.node,
-                                      Layout.SHARDS))
+            sources.append(
+                RankSource(
+                    rank,
+                    f"{entry.uri}/{shard.path}",
+                    entry.tier.kind,
+                    entry.tier.node,
+                    Layout.SHARDS,
+                )
+            )
             if entry not in used:
                 used.append(entry)
         tier_rank = {kind: i for i, kind in enumerate(TIER_ORDER)}
         kinds = tuple(sorted({e.tier.kind for e in used}, key=lambda k: tier_rank.get(k, 9)))
-        return RestoreChoice(step, Layout.SHARDS, kinds, used[0].uri if len(used) == 1 else None, world,
-                             tuple(sources), tuple(used))
+        return RestoreChoice(
+            step,
+            Layout.SHARDS,
+            kinds,
+            used[0].uri if len(used) == 1 else None,
+            world,
+            tuple(sources),
+            tuple(used),
+        )
 
     def __call__(self, request: RestoreRequest) -> Restore | None:
         """The policy's RestoreChooser."""
-        choice = self.choose(request.exclude_nodes, before_ts=request.before_ts, before_step=request.before_step)
+        choice = self.choose(
+            request.exclude_nodes, before_ts=request.before_ts, before_step=request.before_step
+        )
         return None if choice is None else choice.to_restore()
 
-    # --- checkpoints table -------------------------------------------------------------------------------------
+    # --- checkpoints table
+    # -------------------------------------------------------------------------------------
 
     def rows(self, entries: Sequence[CheckpointEntry] | None = None) -> list[dict[str, Any]]:
         """checkpoints-table rows, one per checkpoint directory and tier."""

@@ -1,11 +1,12 @@
-"""torch.distributed.checkpoint (DCP) directories: `.metadata` (written last by torch) and `__<rank>_<n>.distcp`
-data files.
+"""torch.distributed.checkpoint (DCP) directories: `.metadata` (written last by torch) and
+`__<rank>_<n>.distcp` data files.
 
-A DCP directory is complete when `.metadata` exists and every file it references exists and holds the byte ranges
-the metadata points at. With torch installed the metadata is read (through a restricted unpickler: `.metadata` is a
-pickle, and a checkpoint directory must never execute code); without torch the file listing decides (the metadata
-present and, for every writing rank, data files numbered 0..n without gaps). A DCP checkpoint can be loaded at any
-world size (DCP reshards), so a complete one covers every rank.
+A DCP directory is complete when `.metadata` exists and every file it references exists and holds
+the byte ranges the metadata points at. With torch installed the metadata is read (through a
+restricted unpickler: `.metadata` is a pickle, and a checkpoint directory must never execute code);
+without torch the file listing decides (the metadata present and, for every writing rank, data files
+numbered 0..n without gaps). A DCP checkpoint can be loaded at any world size (DCP reshards), so a
+complete one covers every rank.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ _ALLOWED_GLOBALS = {
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    """Admits the DCP metadata classes (dataclasses and enums of torch.distributed.checkpoint), torch.Size, torch
-    dtypes and layouts, paths and builtin containers; nothing that can run code."""
+    """Admits the DCP metadata classes (dataclasses and enums of torch.distributed.checkpoint),
+    torch.Size, torch dtypes and layouts, paths and builtin containers; nothing that can run code.
+    """
 
     def find_class(self, module: str, name: str) -> Any:
         import torch
@@ -66,7 +68,9 @@ class _RestrictedUnpickler(pickle.Unpickler):
             return getattr(torch, name)
         if module in _ALLOWED_MODULES:
             value = getattr(importlib.import_module(module), name, None)
-            if isinstance(value, type) and ("__dataclass_fields__" in vars(value) or _is_enum(value)):
+            if isinstance(value, type) and (
+                "__dataclass_fields__" in vars(value) or _is_enum(value)
+            ):
                 return value
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in DCP metadata")
 
@@ -89,9 +93,19 @@ def read_metadata(data: bytes, source: str) -> Any:
     """The torch Metadata object of a `.metadata` file, unpickled with the restricted unpickler."""
     try:
         return _RestrictedUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError,
-            IndexError, KeyError) as exc:
-        raise DcpMetadataError(f"{source}: cannot read DCP metadata: {type(exc).__name__}: {exc}") from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        AttributeError,
+        ImportError,
+        TypeError,
+        ValueError,
+        IndexError,
+        KeyError,
+    ) as exc:
+        raise DcpMetadataError(
+            f"{source}: cannot read DCP metadata: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def inspect_dcp(listing: Mapping[str, int], metadata: bytes | None, source: str,
@@ -104,7 +118,8 @@ def inspect_dcp(listing: Mapping[str, int], metadata: bytes | None, source: str,
             writer_files.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
     writers = tuple(sorted(writer_files))
     if metadata is None:
-        return DcpInspection(False, "listing", writers, {}, problem=f"{METADATA_NAME} missing (not committed)")
+        return DcpInspection(False, "listing", writers, {}, problem=f"{METADATA_NAME} missing (not "
+                                                                    "committed)")
     use_torch = torch_available() if use_torch is None else use_torch
     if use_torch:
         try:
@@ -113,7 +128,8 @@ def inspect_dcp(listing: Mapping[str, int], metadata: bytes | None, source: str,
             return DcpInspection(False, "metadata", writers, {}, problem=str(exc))
         storage = getattr(meta, "storage_data", None)
         if not isinstance(storage, Mapping):
-            return DcpInspection(False, "metadata", writers, {}, problem=f"{source}: metadata has no storage_data")
+            return DcpInspection(False, "metadata", writers, {}, problem=f"{source}: metadata has "
+                                                                         "no storage_data")
         required: dict[str, int] = {}
         for info in storage.values():
             path = getattr(info, "relative_path", None)
@@ -124,14 +140,18 @@ def inspect_dcp(listing: Mapping[str, int], metadata: bytes | None, source: str,
             required[path] = max(required.get(path, 0), end)
         for path, size in sorted(required.items()):
             if path not in listing:
-                return DcpInspection(False, "metadata", writers, required, problem=f"{path} missing")
+                return DcpInspection(
+                    False, "metadata", writers, required, problem=f"{path} missing"
+                )
             if listing[path] < size:
                 return DcpInspection(False, "metadata", writers, required,
-                                     problem=f"{path} holds {listing[path]} bytes, metadata needs {size}")
+                                     problem=f"{path} holds {listing[path]} bytes, metadata needs "
+                                             f"{size}")
         tensors = len(getattr(meta, "state_dict_metadata", {}) or {})
         return DcpInspection(True, "metadata", writers, required, tensors=tensors)
     if not writers:
-        return DcpInspection(False, "listing", writers, {}, problem="no __<rank>_<n>.distcp data files")
+        return DcpInspection(False, "listing", writers, {}, problem="no __<rank>_<n>.distcp data "
+                                                                    "files")
     for rank, numbers in writer_files.items():
         if numbers != set(range(len(numbers))):
             return DcpInspection(False, "listing", writers, {},

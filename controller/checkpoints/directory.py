@@ -1,5 +1,5 @@
-"""One checkpoint directory: the names of step directories (STEP_DIR_RE, COMMIT_DIR) and its completeness from
-its listing, its manifest and/or DCP metadata (inspect_checkpoint)."""
+"""One checkpoint directory: the names of step directories (STEP_DIR_RE, COMMIT_DIR) and its
+completeness from its listing, its manifest and/or DCP metadata (inspect_checkpoint)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ import fsspec
 from faultlens.controller.checkpoints.dcp import METADATA_NAME, inspect_dcp
 from faultlens.controller.checkpoints.entry import CheckpointEntry, ChecksumStatus, Layout
 from faultlens.controller.checkpoints.fsutil import uri_of
-from faultlens.controller.checkpoints.manifest import MANIFEST_NAME, ManifestError, ShardFile, parse_manifest
+from faultlens.controller.checkpoints.manifest import (
+    MANIFEST_NAME,
+    ManifestError,
+    ShardFile,
+    parse_manifest,
+)
 from faultlens.controller.checkpoints.tiers import Tier
 
 STEP_DIR_RE = re.compile(r"^(?:step|global_step|checkpoint|ckpt)[-_]?(\d+)$")
@@ -41,8 +46,15 @@ def _mtime(info: dict[str, Any]) -> dt.datetime | None:
     return None
 
 
-def inspect_checkpoint(tier: Tier, fs: fsspec.AbstractFileSystem, path: str, step: int, *, use_torch: bool | None,
-                       cached_status: Callable[[str, Iterable[ShardFile]], ChecksumStatus]) -> CheckpointEntry:
+def inspect_checkpoint(
+    tier: Tier,
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    step: int,
+    *,
+    use_torch: bool | None,
+    cached_status: Callable[[str, Iterable[ShardFile]], ChecksumStatus],
+) -> CheckpointEntry:
     """Completeness of one checkpoint directory from its listing, its manifest and/or DCP metadata;
     `cached_status` gives the checksum status already known for a manifest's files."""
     uri = uri_of(fs, path)
@@ -55,7 +67,9 @@ def inspect_checkpoint(tier: Tier, fs: fsspec.AbstractFileSystem, path: str, ste
     prefix = path.rstrip("/") + "/"
     for full, info in found.items():
         relative = full[len(prefix):] if full.startswith(prefix) else posixpath.basename(full)
-        if relative.startswith(COMMIT_DIR + "/") or posixpath.basename(relative).startswith(".tmp-"):
+        if relative.startswith(COMMIT_DIR + "/") or posixpath.basename(relative).startswith(
+            ".tmp-"
+        ):
             continue
         listing[relative] = int(info.get("size") or 0)
         infos[relative] = info
@@ -64,7 +78,9 @@ def inspect_checkpoint(tier: Tier, fs: fsspec.AbstractFileSystem, path: str, ste
 
     if MANIFEST_NAME in listing:
         try:
-            manifest = parse_manifest(fs.cat_file(f"{prefix}{MANIFEST_NAME}"), f"{uri}/{MANIFEST_NAME}")
+            manifest = parse_manifest(
+                fs.cat_file(f"{prefix}{MANIFEST_NAME}"), f"{uri}/{MANIFEST_NAME}"
+            )
         except (ManifestError, OSError) as exc:
             return _incomplete(tier, step, path, uri, layout, str(exc))
         layout = Layout(manifest.layout)
@@ -72,7 +88,8 @@ def inspect_checkpoint(tier: Tier, fs: fsspec.AbstractFileSystem, path: str, ste
         total = sum(f.bytes for f in manifest.files)
         for entry in manifest.files:
             if entry.path not in listing:
-                return _incomplete(tier, step, path, uri, layout, f"{entry.path} (rank {entry.rank}) "
+                return _incomplete(tier, step, path, uri, layout, f"{entry.path} (rank "
+                                                                  f"{entry.rank}) "
                                    "missing", manifest.world_size, created, total)
             if listing[entry.path] != entry.bytes:
                 return _incomplete(tier, step, path, uri, layout,
@@ -80,7 +97,9 @@ def inspect_checkpoint(tier: Tier, fs: fsspec.AbstractFileSystem, path: str, ste
                                    f"{entry.bytes}", manifest.world_size, created, total)
         ranks: frozenset[int] | None = manifest.ranks
         if layout is Layout.DCP:
-            inspection = inspect_dcp(listing, _cat(fs, prefix + METADATA_NAME, listing), uri, use_torch)
+            inspection = inspect_dcp(
+                listing, _cat(fs, prefix + METADATA_NAME, listing), uri, use_torch
+            )
             if not inspection.complete:
                 return _incomplete(tier, step, path, uri, layout, inspection.problem,
                                    manifest.world_size, created, total)
@@ -99,9 +118,23 @@ def inspect_checkpoint(tier: Tier, fs: fsspec.AbstractFileSystem, path: str, ste
         created = _mtime(infos[METADATA_NAME]) if METADATA_NAME in infos else None
         world = len(inspection.writer_ranks) or None
         if not inspection.complete:
-            return _incomplete(tier, step, path, uri, layout, inspection.problem, world, created, total)
-        return CheckpointEntry(tier, step, path, uri, Layout.DCP, True, world, None, (), total, created,
-                               ChecksumStatus.UNVERIFIED)
+            return _incomplete(
+                tier, step, path, uri, layout, inspection.problem, world, created, total
+            )
+        return CheckpointEntry(
+            tier,
+            step,
+            path,
+            uri,
+            Layout.DCP,
+            True,
+            world,
+            None,
+            (),
+            total,
+            created,
+            ChecksumStatus.UNVERIFIED,
+        )
     return _incomplete(tier, step, path, uri, Layout.SHARDS, f"no {MANIFEST_NAME} (not committed)",
                        None, None, sum(listing.values()))
 
@@ -118,5 +151,18 @@ def _cat(fs: fsspec.AbstractFileSystem, path: str, listing: dict[str, int]) -> b
 def _incomplete(tier: Tier, step: int, path: str, uri: str, layout: Layout, problem: str | None,
                 world_size: int | None = None, created: dt.datetime | None = None,
                 total: int = 0) -> CheckpointEntry:
-    return CheckpointEntry(tier, step, path, uri, layout, False, world_size, frozenset(), (), total, created,
-                           ChecksumStatus.UNKNOWN, problem)
+    return CheckpointEntry(
+        tier,
+        step,
+        path,
+        uri,
+        layout,
+        False,
+        world_size,
+        frozenset(),
+        (),
+        total,
+        created,
+        ChecksumStatus.UNKNOWN,
+        problem,
+    )

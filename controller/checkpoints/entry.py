@@ -1,5 +1,6 @@
-"""The catalog's records: one checkpoint directory in one tier (CheckpointEntry: its layout, completeness and
-checksum status) and a restore choice with the source of every rank (RestoreChoice, RankSource)."""
+"""The catalog's records: one checkpoint directory in one tier (CheckpointEntry: its layout,
+completeness and checksum status) and a restore choice with the source of every rank (RestoreChoice,
+RankSource)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class CheckpointEntry:
     complete: bool
     world_size: int | None
     ranks: frozenset[int] | None  # the ranks it holds; None: any rank (a DCP checkpoint reshards)
-    files: tuple[ShardFile, ...]  # with checksums (from the manifest); empty for a plain DCP directory
+    # with checksums (from the manifest); empty for a plain DCP directory
+    files: tuple[ShardFile, ...]
     bytes: int
     created_at: dt.datetime | None
     checksum_status: ChecksumStatus

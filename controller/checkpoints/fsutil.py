@@ -13,8 +13,8 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
 
 
 def atomic_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Make `path` appear complete or not at all: a hidden temporary name renamed into place on a local
-    filesystem (with fsync), one PUT on an object store."""
+    """Make `path` appear complete or not at all: a hidden temporary name renamed into place on a
+    local filesystem (with fsync), one PUT on an object store."""
     if is_local(fs):
         local_atomic_write(path, data)
         return

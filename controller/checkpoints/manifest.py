@@ -1,9 +1,10 @@
 """The per-rank shard layout's commit manifest (`manifest.json`, "faultlens.shards/1").
 
-A checkpoint directory holds one file per rank (any names) and, written last and atomically, `manifest.json`
-listing every file with its rank, size and sha256. Without the manifest the directory is not a checkpoint
-(incomplete). The same manifest can sit beside a torch.distributed.checkpoint directory (layout "dcp") to add
-checksums to it. A manifest may cover a subset of the ranks (a node-local tier holds its node's ranks only).
+A checkpoint directory holds one file per rank (any names) and, written last and atomically,
+`manifest.json` listing every file with its rank, size and sha256. Without the manifest the
+directory is not a checkpoint (incomplete). The same manifest can sit beside a
+torch.distributed.checkpoint directory (layout "dcp") to add checksums to it. A manifest may cover a
+subset of the ranks (a node-local tier holds its node's ranks only).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ MANIFEST_FORMAT = "faultlens.shards/1"
 
 
 class ManifestError(ValueError, FaultlensError):
-    """A manifest is unreadable or does not fit the format: the message names the file and the key."""
+    """A manifest is unreadable or does not fit the format: the message names the file and the key.
+    """
 
 
 @dataclass(frozen=True)
@@ -57,16 +59,22 @@ class Manifest:
             "step": self.step,
             "world_size": self.world_size,
             "layout": self.layout,
-            "created_at": (self.created_at or dt.datetime.now(dt.UTC)).astimezone(dt.UTC).isoformat(),
+            "created_at": (self.created_at or dt.datetime.now(dt.UTC))
+            .astimezone(dt.UTC)
+            .isoformat(),
             "node": self.node,
             "job_id": self.job_id,
-            "files": [{"rank": f.rank, "path": f.path, "bytes": f.bytes, "sha256": f.sha256} for f in self.files],
+            "files": [
+                {"rank": f.rank, "path": f.path, "bytes": f.bytes, "sha256": f.sha256}
+                for f in self.files
+            ],
         }
         return json.dumps(document, indent=1, sort_keys=True).encode()
 
 
 class _Open(FileModel):
-    model_config = ConfigDict(extra="ignore", regex_engine="python-re")  # a later writer may add keys
+    # a later writer may add keys
+    model_config = ConfigDict(extra="ignore", regex_engine="python-re")
 
 
 class _File(_Open):
@@ -107,13 +115,20 @@ def parse_manifest(data: bytes, source: str) -> Manifest:
     try:
         created_at = dt.datetime.fromisoformat(created) if created else None
     except ValueError:
-        raise ManifestError(f"{source}: created_at: expected an ISO 8601 time, got {created!r}") from None
+        raise ManifestError(
+            f"{source}: created_at: expected an ISO 8601 time, got {created!r}"
+        ) from None
     if created_at is not None and created_at.tzinfo is None:
         created_at = created_at.replace(tzinfo=dt.UTC)
     return Manifest(
-        step=document["step"], world_size=document["world_size"],
-        files=tuple(ShardFile(f.get("rank"), f["path"], f["bytes"], f["sha256"]) for f in document["files"]),
-        created_at=created_at, layout=document.get("layout", "shards"), node=document.get("node"),
+        step=document["step"],
+        world_size=document["world_size"],
+        files=tuple(
+            ShardFile(f.get("rank"), f["path"], f["bytes"], f["sha256"]) for f in document["files"]
+        ),
+        created_at=created_at,
+        layout=document.get("layout", "shards"),
+        node=document.get("node"),
         job_id=document.get("job_id"),
     )
 

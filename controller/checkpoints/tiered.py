@@ -1,16 +1,18 @@
-"""A small tiered checkpointer for training loops: every `every_local` steps each rank writes its shard to the
-node's local tier; every `every_durable` steps the shards are copied to the durable tier (and, when configured,
-to a peer replica) by a background thread, so the training loop only pays for the local write.
+"""A small tiered checkpointer for training loops: every `every_local` steps each rank writes its
+shard to the node's local tier; every `every_durable` steps the shards are copied to the durable
+tier (and, when configured, to a peer replica) by a background thread, so the training loop only
+pays for the local write.
 
-A checkpoint never looks complete before it is: each rank writes its shard, then a small commit marker
-(`_commit/rank_<r>.json`); the committer (local rank 0 for a node's local and peer directories, global rank 0 for
-the durable one) waits for every expected marker and only then writes `manifest.json`, atomically, last. A rank
-that dies midway leaves a directory without a manifest, which the catalog reports as incomplete and never
-restores. Ranks coordinate through the files only: no collective is called from the background thread.
+A checkpoint never looks complete before it is: each rank writes its shard, then a small commit
+marker (`_commit/rank_<r>.json`); the committer (local rank 0 for a node's local and peer
+directories, global rank 0 for the durable one) waits for every expected marker and only then writes
+`manifest.json`, atomically, last. A rank that dies midway leaves a directory without a manifest,
+which the catalog reports as incomplete and never restores. Ranks coordinate through the files only:
+no collective is called from the background thread.
 
-Collector rule: the checkpointer runs inside the training process, so background failures are logged and kept in
-`errors`, never raised into the loop. `save()` itself raises only if the local write fails (the caller asked for
-a checkpoint and did not get one).
+Collector rule: the checkpointer runs inside the training process, so background failures are logged
+and kept in `errors`, never raised into the loop. `save()` itself raises only if the local write
+fails (the caller asked for a checkpoint and did not get one).
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ import fsspec
 
 from faultlens.controller.checkpoints.directory import COMMIT_DIR, STEP_DIR_RE
 from faultlens.controller.checkpoints.fsutil import atomic_write, is_local
-from faultlens.controller.checkpoints.manifest import MANIFEST_NAME, Manifest, ShardFile, parse_manifest
+from faultlens.controller.checkpoints.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ShardFile,
+    parse_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +73,26 @@ class _Target:
 
 
 class TieredCheckpointer:
-    def __init__(self, *, local: str, rank: int = 0, world_size: int = 1, local_rank: int | None = None,
-                 local_world_size: int | None = None, durable: str | None = None, peer: str | None = None,
-                 every_local: int = 1, every_durable: int = 5, keep_local: int = 2, node: str | None = None,
-                 job_id: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                 serialize: Callable[[Any, BinaryIO], None] = _torch_save, commit_timeout_s: float = 120.0,
-                 poll_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        *,
+        local: str,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        durable: str | None = None,
+        peer: str | None = None,
+        every_local: int = 1,
+        every_durable: int = 5,
+        keep_local: int = 2,
+        node: str | None = None,
+        job_id: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        serialize: Callable[[Any, BinaryIO], None] = _torch_save,
+        commit_timeout_s: float = 120.0,
+        poll_s: float = 0.05,
+    ) -> None:
         if every_local < 1 or every_durable < 1:
             raise ValueError("every_local and every_durable must be >= 1")
         self.rank = rank
@@ -89,39 +110,62 @@ class TieredCheckpointer:
         options = tuple(sorted((storage_options or {}).items()))
         node_committer = self.local_rank == 0
         self.local = _Target("local", local, self.local_world_size, node_committer)
-        self.peer = _Target("peer", peer, self.local_world_size, node_committer, options) if peer else None
-        self.durable = _Target("durable", durable, world_size, rank == 0, options) if durable else None
+        self.peer = (
+            _Target("peer", peer, self.local_world_size, node_committer, options) if peer else None
+        )
+        self.durable = (
+            _Target("durable", durable, world_size, rank == 0, options) if durable else None
+        )
         self.errors: list[str] = []
         self.committed: list[tuple[str, int]] = []  # (tier kind, step) manifests this rank wrote
         self._captured: dict[int, dt.datetime] = {}  # step -> when save() took this rank's state
-        self._queue: queue.Queue[tuple[str, _Target | None, int, threading.Event | None] | None] = queue.Queue()
-        self._worker = threading.Thread(target=self._run, name=f"faultlens-ckpt-rank{rank}", daemon=True)
+        self._queue: queue.Queue[tuple[str, _Target | None, int, threading.Event | None] | None] = (
+            queue.Queue()
+        )
+        self._worker = threading.Thread(
+            target=self._run, name=f"faultlens-ckpt-rank{rank}", daemon=True
+        )
         self._worker.start()
 
     @classmethod
-    def from_env(cls, local: str, environ: Mapping[str, str] | None = None, **kwargs: Any) -> TieredCheckpointer:
-        """Rank layout from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE)."""
+    def from_env(
+        cls, local: str, environ: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> TieredCheckpointer:
+        """Rank layout from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE).
+        """
         env = os.environ if environ is None else environ
-        return cls(local=local, rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
-                   local_rank=int(env.get("LOCAL_RANK", env.get("RANK", 0))),
-                   local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1))), **kwargs)
+        return cls(
+            local=local,
+            rank=int(env.get("RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_rank=int(env.get("LOCAL_RANK", env.get("RANK", 0))),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1))),
+            **kwargs,
+        )
 
-    # --- the training-loop side --------------------------------------------------------------------------------
+    # --- the training-loop side
+    # --------------------------------------------------------------------------------
 
     def due(self, step: int) -> bool:
         return step > 0 and step % self.every_local == 0
 
     def durable_due(self, step: int) -> bool:
-        return step > 0 and step % self.every_durable == 0 and (self.durable is not None or self.peer is not None)
+        return (
+            step > 0
+            and step % self.every_durable == 0
+            and (self.durable is not None or self.peer is not None)
+        )
 
     def save(self, step: int, state: Any, *, force: bool = False) -> bool:
-        """Write this rank's shard for `step` if a checkpoint is due (or `force`); copies to the other tiers
-        happen in the background. Returns whether a checkpoint was written."""
+        """Write this rank's shard for `step` if a checkpoint is due (or `force`); copies to the
+        other tiers happen in the background. Returns whether a checkpoint was written."""
         replicate = self.durable_due(step)
         if not (force or self.due(step) or replicate):
             return False
-        self._captured[step] = dt.datetime.now(dt.UTC)  # when this rank's state was taken, whatever tier copies it
-        for old in sorted(self._captured)[:-64]:  # bounded: only steps whose copies may still be running matter
+        # when this rank's state was taken, whatever tier copies it
+        self._captured[step] = dt.datetime.now(dt.UTC)
+        # bounded: only steps whose copies may still be running matter
+        for old in sorted(self._captured)[:-64]:
             del self._captured[old]
         buffer = io.BytesIO()
         self.serialize(state, buffer)
@@ -145,7 +189,8 @@ class TieredCheckpointer:
         self._queue.put(None)
         self._worker.join(timeout)
 
-    # --- files -------------------------------------------------------------------------------------------------
+    # --- files
+    # -------------------------------------------------------------------------------------------------
 
     def _dir(self, target: _Target, step: int) -> tuple[fsspec.AbstractFileSystem, str]:
         fs, root = target.filesystem()
@@ -157,11 +202,20 @@ class TieredCheckpointer:
         fs.makedirs(directory, exist_ok=True)
         atomic_write(fs, f"{directory}/{name}", data)
         captured = self._captured.get(step)
-        marker = {"rank": self.rank, "path": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                  "node": self.node, "captured_at": captured.isoformat() if captured else None}
-        atomic_write(fs, f"{directory}/{COMMIT_DIR}/rank_{self.rank}.json", json.dumps(marker).encode())
+        marker = {
+            "rank": self.rank,
+            "path": name,
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "node": self.node,
+            "captured_at": captured.isoformat() if captured else None,
+        }
+        atomic_write(
+            fs, f"{directory}/{COMMIT_DIR}/rank_{self.rank}.json", json.dumps(marker).encode()
+        )
 
-    # --- the background side -----------------------------------------------------------------------------------
+    # --- the background side
+    # -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
@@ -182,14 +236,15 @@ class TieredCheckpointer:
                     if target.committer:
                         self._commit(target, step)
             except Exception as exc:  # never into the training loop
-                message = f"{kind} {target.kind if target else ''} step {step}: {type(exc).__name__}: {exc}"
+                message = (f"{kind} {target.kind if target else ''} step {step}: "
+                           f"{type(exc).__name__}: {exc}")
                 log.warning("tiered checkpointer rank %s: %s", self.rank, message)
                 self.errors.append(message)
 
     def _replicate(self, target: _Target, step: int) -> None:
-        """Copy this rank's local shard to `target` (streamed: a multipart upload on object stores), then write
-        its marker with the size and sha256 recorded when the shard was written locally. The copy is verified
-        against that sha256 when a restore reads it."""
+        """Copy this rank's local shard to `target` (streamed: a multipart upload on object stores),
+        then write its marker with the size and sha256 recorded when the shard was written locally.
+        The copy is verified against that sha256 when a restore reads it."""
         local_fs, local_dir = self._dir(self.local, step)
         name = shard_name(self.rank)
         source = f"{local_dir}/{name}"
@@ -200,7 +255,9 @@ class TieredCheckpointer:
             fs.put_file(source, f"{directory}/{name}")
         else:
             fs.pipe_file(f"{directory}/{name}", local_fs.cat_file(source))
-        atomic_write(fs, f"{directory}/{COMMIT_DIR}/rank_{self.rank}.json", json.dumps(marker).encode())
+        atomic_write(
+            fs, f"{directory}/{COMMIT_DIR}/rank_{self.rank}.json", json.dumps(marker).encode()
+        )
 
     def _commit(self, target: _Target, step: int) -> None:
         """Wait for every expected rank's marker, then write the manifest (last, atomically)."""
@@ -210,7 +267,9 @@ class TieredCheckpointer:
         while True:
             fs.invalidate_cache(f"{directory}/{COMMIT_DIR}")
             try:
-                names = [posixpath.basename(p) for p in fs.ls(f"{directory}/{COMMIT_DIR}", detail=False)]
+                names = [
+                    posixpath.basename(p) for p in fs.ls(f"{directory}/{COMMIT_DIR}", detail=False)
+                ]
             except FileNotFoundError:
                 names = []
             for name in names:
@@ -221,25 +280,36 @@ class TieredCheckpointer:
             if len(markers) >= target.expected_ranks:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{target.kind} step {step}: {len(markers)} of {target.expected_ranks} ranks "
-                                   f"committed within {self.commit_timeout_s}s; the checkpoint stays incomplete")
+                raise TimeoutError(f"{target.kind} step {step}: {len(markers)} of "
+                                   f"{target.expected_ranks} ranks "
+                                   f"committed within {self.commit_timeout_s}s; the checkpoint "
+                                   "stays incomplete")
             time.sleep(self.poll_s)
         files = tuple(ShardFile(m["rank"], m["path"], int(m["bytes"]), m["sha256"])
                       for _, m in sorted(markers.items()))
         node = self.node if target.kind != "durable" else None
-        # the checkpoint is as old as the state it holds (the last rank's capture), not as its copy: a durable copy
-        # finished after a fault still holds the state of before it
-        captured = [dt.datetime.fromisoformat(m["captured_at"]) for m in markers.values() if m.get("captured_at")]
-        manifest = Manifest(step=step, world_size=self.world_size, files=files,
-                            created_at=max(captured) if len(captured) == len(markers) else dt.datetime.now(dt.UTC),
-                            node=node, job_id=self.job_id)
+        # the checkpoint is as old as the state it holds (the last rank's capture), not as its copy:
+        # a durable copy finished after a fault still holds the state of before it
+        captured = [
+            dt.datetime.fromisoformat(m["captured_at"])
+            for m in markers.values()
+            if m.get("captured_at")
+        ]
+        manifest = Manifest(
+            step=step,
+            world_size=self.world_size,
+            files=files,
+            created_at=max(captured) if len(captured) == len(markers) else dt.datetime.now(dt.UTC),
+            node=node,
+            job_id=self.job_id,
+        )
         atomic_write(fs, f"{directory}/{MANIFEST_NAME}", manifest.to_json())
         self.committed.append((target.kind, step))
 
     def _prune_local(self) -> None:
-        """Keep the newest `keep_local` committed local checkpoints. A step still waiting for its durable copy is
-        kept (another rank may still be reading its shard); the manifest goes first so a half-deleted directory
-        never looks complete."""
+        """Keep the newest `keep_local` committed local checkpoints. A step still waiting for its
+        durable copy is kept (another rank may still be reading its shard); the manifest goes first
+        so a half-deleted directory never looks complete."""
         if self.keep_local <= 0:
             return
         fs, root = self.local.filesystem()

@@ -45,7 +45,8 @@ class Tier:
 
     def __post_init__(self) -> None:
         if self.kind in (TierKind.LOCAL, TierKind.PEER) and not self.node:
-            raise TierError(f"tier {self.kind.value}={self.url}: a {self.kind.value} tier needs the node it is on "
+            raise TierError(f"tier {self.kind.value}={self.url}: a {self.kind.value} tier needs "
+                            "the node it is on "
                             f"(KIND@NODE=URL)")
 
     @property
@@ -65,18 +66,25 @@ class Tier:
 
 
 def parse_tier_spec(spec: str, storage_options: Mapping[str, Any] | None = None) -> Tier:
-    """`KIND[@NODE]=URL`, e.g. `local@node-0=/nvme/ckpt`, `peer@node-1=/nvme/peer/node-0`, `durable=s3://b/job`."""
+    """`KIND[@NODE]=URL`, e.g. `local@node-0=/nvme/ckpt`, `peer@node-1=/nvme/peer/node-0`,
+    `durable=s3://b/job`.
+    """
     head, sep, url = spec.partition("=")
     if not sep or not url:
-        raise TierError(f"tier {spec!r}: expected KIND[@NODE]=URL (KIND one of local, peer, durable)")
+        raise TierError(f"tier {spec!r}: expected KIND[@NODE]=URL (KIND one of local, peer, "
+                        "durable)")
     kind_text, _, node = head.partition("@")
     try:
         kind = TierKind(kind_text.strip())
     except ValueError:
-        raise TierError(f"tier {spec!r}: kind {kind_text!r}: expected local, peer or durable") from None
+        raise TierError(
+            f"tier {spec!r}: kind {kind_text!r}: expected local, peer or durable"
+        ) from None
     if kind is TierKind.UNKNOWN:
         raise TierError(f"tier {spec!r}: kind: expected local, peer or durable")
-    return Tier(kind, url.strip(), node.strip() or None, tuple(sorted((storage_options or {}).items())))
+    return Tier(
+        kind, url.strip(), node.strip() or None, tuple(sorted((storage_options or {}).items()))
+    )
 
 
 class _TierItem(FileModel):

@@ -38,8 +38,9 @@ def _rules_dir(value: str) -> Path:
 
 
 def add_rules_dir_arg(parser: argparse.ArgumentParser) -> None:
-    """`--rules DIR`: rule files that replace the shipped ones of the same name (main() applies it through
-    faultlens.resources.use_rules_dir, so the processes the command starts read them too)."""
+    """`--rules DIR`: rule files that replace the shipped ones of the same name (main() applies it
+    through faultlens.resources.use_rules_dir, so the processes the command starts read them too).
+    """
     parser.add_argument("--rules", type=_rules_dir, metavar="DIR",
                         help="directory of rule files replacing the shipped ones of the same name "
                              "(default: $FAULTLENS_RULES, else the packaged rules)")
@@ -75,8 +76,13 @@ def json_default(value: Any) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    """Map columns come back as lists of (key, value) pairs; show them as dicts. NaN becomes null."""
-    if isinstance(value, list) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+    """Map columns come back as lists of (key, value) pairs; show them as dicts. NaN becomes null.
+    """
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, tuple) and len(v) == 2 for v in value)
+    ):
         return {k: _plain(v) for k, v in value}
     if isinstance(value, list):
         return [_plain(v) for v in value]

@@ -1,5 +1,5 @@
-"""Decision commands: decisions (list), decide (policy over new incidents), deliver (redelivery pass),
-checkpoints (the catalog and the restore it would choose)."""
+"""Decision commands: decisions (list), decide (policy over new incidents), deliver (redelivery
+pass), checkpoints (the catalog and the restore it would choose)."""
 
 from __future__ import annotations
 
@@ -15,50 +15,72 @@ from faultlens.attribution.reading.queries import decided_incident_ids, incident
 from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.layout import StoreError
 from faultlens.controller.checkpoints import CheckpointCatalog, parse_tiers
-from faultlens.controller.cli.common import CliError, add_format_args, add_rules_dir_arg, add_store_arg, emit
+from faultlens.controller.cli.common import (
+    CliError,
+    add_format_args,
+    add_rules_dir_arg,
+    add_store_arg,
+    emit,
+)
 from faultlens.controller.delivery import DecisionLog, Deliverer
 from faultlens.controller.hooks import hooks_from_config, load_hooks
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    decisions = subparsers.add_parser("decisions", help="decisions in the store with their latest delivery status")
+    decisions = subparsers.add_parser("decisions", help="decisions in the store with their latest "
+                                                        "delivery status")
     add_store_arg(decisions)
     add_format_args(decisions)
     decisions.add_argument("--job", help="only this job")
     decisions.set_defaults(func=cmd_decisions)
 
-    decide = subparsers.add_parser("decide", help="apply the decision policy to incidents that have no decision "
-                                                  "yet; persist the decisions and deliver them to the hooks")
+    decide = subparsers.add_parser("decide", help="apply the decision policy to incidents that "
+                                                  "have no decision "
+                                                  "yet; persist the decisions and deliver them to "
+                                                  "the hooks")
     add_store_arg(decide)
     add_format_args(decide)
     decide.add_argument("--job", help="only this job's incidents")
-    decide.add_argument("--policy", help="policy file (default policy.yaml of --rules DIR, else rules/policy.yaml)")
+    decide.add_argument("--policy", help="policy file (default policy.yaml of --rules DIR, else "
+                                         "rules/policy.yaml)")
     add_rules_dir_arg(decide)
-    decide.add_argument("--hooks", help="hooks YAML file; without hooks decisions are persisted, delivered later "
+    decide.add_argument("--hooks", help="hooks YAML file; without hooks decisions are persisted, "
+                                        "delivered later "
                                         "by `faultlens deliver`")
     _add_hook_args(decide)
-    decide.add_argument("--tiers", nargs="+", metavar="TIER", help="checkpoint tiers for the restore choice: a "
-                                                                   "YAML file or KIND[@NODE]=URL ...")
+    decide.add_argument("--tiers", nargs="+", metavar="TIER", help="checkpoint tiers for the "
+                                                                   "restore choice: a "
+                                                                   "YAML file or KIND[@NODE]=URL "
+                                                                   "...")
     decide.set_defaults(func=cmd_decide)
 
-    deliver = subparsers.add_parser("deliver", help="redeliver pending or failed decisions to the hooks")
+    deliver = subparsers.add_parser("deliver", help="redeliver pending or failed decisions to the "
+                                                    "hooks")
     add_store_arg(deliver)
     add_format_args(deliver)
     deliver.add_argument("--hooks", help="hooks YAML file")
     _add_hook_args(deliver)
     deliver.set_defaults(func=cmd_deliver)
 
-    checkpoints = subparsers.add_parser("checkpoints", help="checkpoints in each tier and the restore that "
+    checkpoints = subparsers.add_parser("checkpoints", help="checkpoints in each tier and the "
+                                                            "restore that "
                                                             "would be chosen")
     add_format_args(checkpoints)
     checkpoints.add_argument("--tiers", nargs="+", required=True, metavar="TIER",
-                             help="a tiers YAML file, or KIND[@NODE]=URL (local@node-0=/nvme/ckpt, durable=s3://b/j)")
-    checkpoints.add_argument("--exclude", action="append", default=[], metavar="NODE", help="node leaving the job")
-    checkpoints.add_argument("--before-step", type=int, help="only checkpoints older than this step (corruption)")
-    checkpoints.add_argument("--before", help="only checkpoints written before this ISO time (corruption)")
+                             help="a tiers YAML file, or KIND[@NODE]=URL (local@node-0=/nvme/ckpt, "
+                                  "durable=s3://b/j)")
+    checkpoints.add_argument(
+        "--exclude", action="append", default=[], metavar="NODE", help="node leaving the job"
+    )
+    checkpoints.add_argument("--before-step", type=int, help="only checkpoints older than this "
+                                                             "step (corruption)")
+    checkpoints.add_argument("--before", help="only checkpoints written before this ISO time "
+                                              "(corruption)")
     checkpoints.add_argument("--world-size", type=int, help="ranks the restore must cover")
-    checkpoints.add_argument("--verify", action="store_true", help="verify every checksum, not just the chosen")
-    checkpoints.add_argument("--record", action="store_true", help="write the catalog to the checkpoints table")
+    checkpoints.add_argument("--verify", action="store_true", help="verify every checksum, not "
+                                                                   "just the chosen")
+    checkpoints.add_argument("--record", action="store_true", help="write the catalog to the "
+                                                                   "checkpoints table")
     checkpoints.add_argument("--job", help="job id for recorded rows")
     add_store_arg(checkpoints)
     checkpoints.set_defaults(func=cmd_checkpoints)
@@ -68,9 +90,14 @@ def _add_hook_args(parser: argparse.ArgumentParser) -> None:
     """Hooks from arguments (added to those of --hooks)."""
     group = parser.add_argument_group("hooks from arguments")
     group.add_argument("--webhook", action="append", default=[], metavar="URL",
-                       help="POST each decision here, signed with the secret in --webhook-secret-env")
-    group.add_argument("--webhook-secret-env", default=environment.WEBHOOK_SECRET.name, metavar="VAR",
-                       help="environment variable holding the webhook's HMAC secret (default: %(default)s)")
+                       help="POST each decision here, signed with the secret in "
+                            "--webhook-secret-env")
+    group.add_argument(
+        "--webhook-secret-env",
+        default=environment.WEBHOOK_SECRET.name,
+        metavar="VAR",
+        help="environment variable holding the webhook's HMAC secret (default: %(default)s)",
+    )
     group.add_argument("--command", dest="hook_command", action="append", default=[], metavar="CMD",
                        help="run CMD with the decision JSON on stdin")
     group.add_argument("--drop-dir", action="append", default=[], metavar="DIR",
@@ -113,7 +140,8 @@ def _decision_rows(log: DecisionLog, job: str | None) -> list[dict]:
             "cause": decision.cause.value,
             "culprit_nodes": list(decision.culprit.nodes),
             "exclude_nodes": list(decision.exclude_nodes),
-            "restore": None if decision.restore is None else f"{decision.restore.tier} step {decision.restore.step}",
+            "restore": None if decision.restore is None else f"{decision.restore.tier} step "
+                                                             f"{decision.restore.step}",
             "confidence": round(decision.confidence, 3),
             "policy_rule": decision.policy_rule,
             "status": record.status.value,
@@ -130,9 +158,19 @@ def cmd_decisions(args: argparse.Namespace) -> int:
         rows = _decision_rows(log, args.job)
     finally:
         log.close()
-    if args.fmt == "table":  # the full record is in --json / --csv; the table keeps what fits a terminal
-        keep = ("decision_id", "incident_id", "job_id", "action", "cause", "exclude_nodes", "restore", "status",
-                "hooks")
+    # the full record is in --json / --csv; the table keeps what fits a terminal
+    if args.fmt == "table":
+        keep = (
+            "decision_id",
+            "incident_id",
+            "job_id",
+            "action",
+            "cause",
+            "exclude_nodes",
+            "restore",
+            "status",
+            "hooks",
+        )
         rows = [{key: row[key] for key in keep} for row in rows]
     emit(rows, args.fmt, title=f"decisions in {args.store}")
     return 0
@@ -149,7 +187,9 @@ def _hooks(args: argparse.Namespace) -> list:
     hooks += hooks_from_config(_hook_items(args), source="arguments")
     names = [hook.name for hook in hooks]
     if len(set(names)) != len(names):
-        raise CliError(f"hook names must be unique across --hooks and arguments: {', '.join(names)}")
+        raise CliError(
+            f"hook names must be unique across --hooks and arguments: {', '.join(names)}"
+        )
     return hooks
 
 
@@ -172,11 +212,19 @@ def cmd_decide(args: argparse.Namespace) -> int:
             decision: Decision = policy.decide(incident)
             results = deliverer.submit(decision)
             failed += sum(1 for r in results if r.status.value != "delivered")
-            rows.append({"incident_id": incident.incident_id, "decision_id": decision.decision_id,
-                         "action": decision.action.value, "exclude_nodes": list(decision.exclude_nodes),
-                         "restore": None if decision.restore is None else
-                         f"{decision.restore.tier} step {decision.restore.step}",
-                         "delivery": {r.hook: r.status.value for r in results}, "reason": decision.reason})
+            rows.append(
+                {
+                    "incident_id": incident.incident_id,
+                    "decision_id": decision.decision_id,
+                    "action": decision.action.value,
+                    "exclude_nodes": list(decision.exclude_nodes),
+                    "restore": None
+                    if decision.restore is None
+                    else f"{decision.restore.tier} step {decision.restore.step}",
+                    "delivery": {r.hook: r.status.value for r in results},
+                    "reason": decision.reason,
+                }
+            )
     finally:
         deliverer.close()
         store.close()
@@ -187,7 +235,8 @@ def cmd_decide(args: argparse.Namespace) -> int:
 def cmd_deliver(args: argparse.Namespace) -> int:
     hooks = _hooks(args)
     if not hooks:
-        raise CliError("no hooks configured (--hooks FILE, --webhook, --command, --drop-dir, --entry-point): "
+        raise CliError("no hooks configured (--hooks FILE, --webhook, --command, --drop-dir, "
+                       "--entry-point): "
                        "nothing to deliver to")
     _open_store(args.store).close()
     deliverer = Deliverer(args.store, hooks)
@@ -195,11 +244,24 @@ def cmd_deliver(args: argparse.Namespace) -> int:
         results = deliverer.redeliver()
     finally:
         deliverer.close()
-    emit([{"decision_id": r.decision_id, "hook": r.hook, "status": r.status.value, "attempts": r.attempts,
-           "error": r.error} for r in results], args.fmt, title=f"{len(results)} delivery attempt(s)")
+    emit(
+        [
+            {
+                "decision_id": r.decision_id,
+                "hook": r.hook,
+                "status": r.status.value,
+                "attempts": r.attempts,
+                "error": r.error,
+            }
+            for r in results
+        ],
+        args.fmt,
+        title=f"{len(results)} delivery attempt(s)",
+    )
     failed = sum(1 for r in results if r.status.value != "delivered")
     if failed:
-        print(f"faultlens deliver: {failed} delivery(ies) still failing; they stay in the store for the next pass",
+        print(f"faultlens deliver: {failed} delivery(ies) still failing; they stay in the store "
+              "for the next pass",
               file=sys.stderr)
     return 1 if failed else 0
 
@@ -249,6 +311,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         if choice is None:
             print("restore: no checkpoint qualifies (a failover would start from the beginning)")
         else:
-            print(f"restore: step {choice.step} from {choice.tier}"
-                  + (f" ({choice.uri})" if choice.uri else f" ({len(choice.sources)} rank sources)"))
+            print(
+                f"restore: step {choice.step} from {choice.tier}"
+                + (f" ({choice.uri})" if choice.uri else f" ({len(choice.sources)} rank sources)")
+            )
     return 0

@@ -1,4 +1,5 @@
-"""GPU health commands: `faultlens collect` (the node agent) and `faultlens ingest kmsg|dcgm` (one-shot imports).
+"""GPU health commands: `faultlens collect` (the node agent) and `faultlens ingest kmsg|dcgm`
+(one-shot imports).
 
 `collect` offers and builds the sources of the source registry (collectors/sources/builtin.py
 REGISTRY, read when the parser is built and when it runs: a source registered there is offered by
@@ -35,7 +36,8 @@ def parse_duration(text: str) -> float:
     """'500ms', '1s', '2.5', '5m', '1h' -> seconds."""
     match = _DURATION_RE.match(text)
     if not match:
-        raise argparse.ArgumentTypeError(f"expected a duration like 500ms, 1s, 5m or 1h, got {text!r}")
+        raise argparse.ArgumentTypeError("expected a duration like 500ms, 1s, 5m or 1h, got "
+                                         f"{text!r}")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
@@ -59,7 +61,8 @@ def parse_time(text: str) -> int:
     try:
         moment = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time like 2026-11-30T08:00:00Z, got {text!r}") \
+        raise argparse.ArgumentTypeError("expected an ISO 8601 time like 2026-11-30T08:00:00Z, "
+                                         f"got {text!r}") \
             from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
@@ -68,9 +71,12 @@ def parse_time(text: str) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     collect = subparsers.add_parser(
-        "collect", help="run the node agent: GPU health sources -> store (and OpenTelemetry when OTEL_* says so)",
-        description="Runs the GPU health sources of one node and writes gpu_samples/gpu_events segments. Without a "
-        "GPU the nvml source says once 'NVML unavailable: <reason>' and the other sources go on. --nvml-timeline "
+        "collect", help="run the node agent: GPU health sources -> store (and OpenTelemetry when "
+                        "OTEL_* says so)",
+        description="Runs the GPU health sources of one node and writes gpu_samples/gpu_events "
+                    "segments. Without a "
+        "GPU the nvml source says once 'NVML unavailable: <reason>' and the other sources go on. "
+        "--nvml-timeline "
         "replays a recorded timeline (docs/recorded-timeline.md) instead of asking NVML.")
     add_store_arg(collect)
     collect.add_argument("--node", help="node name (default: $FAULTLENS_NODE or the hostname)")
@@ -78,17 +84,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     collect.add_argument("--job", help="job id the rows belong to (default: none, node-level rows)")
     collect.add_argument("--sources", type=parse_sources, default=list(REGISTRY.names()),
                          help=f"comma list of {', '.join(REGISTRY.names())} (default: all)")
-    collect.add_argument("--interval", type=parse_duration, default=1.0, help="poll interval (default: 1s)")
-    collect.add_argument("--duration", type=parse_duration, help="stop after this long (default: run until killed)")
+    collect.add_argument("--interval", type=parse_duration, default=1.0, help="poll interval "
+                                                                              "(default: 1s)")
+    collect.add_argument("--duration", type=parse_duration, help="stop after this long (default: "
+                                                                 "run until killed)")
     collect.add_argument("--kmsg-path", default="/dev/kmsg",
-                         help="kernel log: /dev/kmsg, a log file, or a file of journalctl -k -o json (default: "
+                         help="kernel log: /dev/kmsg, a log file, or a file of journalctl -k -o "
+                              "json (default: "
                          "%(default)s)")
     collect.add_argument("--kmsg-from-start", action="store_true",
-                         help="also read what the kernel log already holds (default: only new lines)")
+                         help="also read what the kernel log already holds (default: only new "
+                              "lines)")
     collect.add_argument("--dcgm-url", default="http://127.0.0.1:9400/metrics",
                          help="dcgm-exporter URL or scrape file (default: %(default)s)")
     collect.add_argument("--nvml-timeline", type=Path,
-                         help="use the recorded backend with this timeline file instead of NVML (tests, demos)")
+                         help="use the recorded backend with this timeline file instead of NVML "
+                              "(tests, demos)")
     collect.add_argument("--nvml-timeline-scale", type=float, default=1.0,
                          help="stretch the timeline's times by this factor (default: 1)")
     collect.add_argument("--flush-age", type=parse_duration, default=5.0,
@@ -97,21 +108,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def register_ingest(kinds: argparse._SubParsersAction) -> None:
-    kmsg = kinds.add_parser("kmsg", help="import GPU events from a kernel log (text, /dev/kmsg dump, journalctl -k "
+    kmsg = kinds.add_parser("kmsg", help="import GPU events from a kernel log (text, /dev/kmsg "
+                                         "dump, journalctl -k "
                             "-o json)")
     add_store_arg(kmsg)
     kmsg.add_argument("file", type=Path, help="the kernel log file")
-    kmsg.add_argument("--node", help="node name for every row (default: the line's hostname, else this host)")
+    kmsg.add_argument("--node", help="node name for every row (default: the line's hostname, else "
+                                     "this host)")
     kmsg.add_argument("--boot-time", type=parse_time,
-                      help="boot time of the machine that wrote the log, for lines stamped relative to boot")
-    kmsg.add_argument("--utc", action="store_true", help="syslog / dmesg -T times are UTC (default: local time)")
+                      help="boot time of the machine that wrote the log, for lines stamped "
+                           "relative to boot")
+    kmsg.add_argument("--utc", action="store_true", help="syslog / dmesg -T times are UTC "
+                                                         "(default: local time)")
     kmsg.set_defaults(func=cmd_ingest_kmsg)
 
     dcgm = kinds.add_parser("dcgm", help="import one dcgm-exporter scrape (file or http URL)")
     add_store_arg(dcgm)
     dcgm.add_argument("location", help="scrape file or http(s) URL of dcgm-exporter's /metrics")
-    dcgm.add_argument("--node", help="node name for every row (default: the hostname label, else this host)")
-    dcgm.add_argument("--timeout", type=parse_duration, default=5.0, help="HTTP timeout (default: 5s)")
+    dcgm.add_argument("--node", help="node name for every row (default: the hostname label, else "
+                                     "this host)")
+    dcgm.add_argument("--timeout", type=parse_duration, default=5.0, help="HTTP timeout (default: "
+                                                                          "5s)")
     dcgm.set_defaults(func=cmd_ingest_dcgm)
 
 
@@ -167,27 +184,39 @@ def _write(store: str, table_rows: dict[str, list[dict]], what: str) -> dict[str
 
 def cmd_ingest_kmsg(args: argparse.Namespace) -> int:
     identity = NodeIdentity.from_env(args.node)
-    result = read_kernel_log(args.file, identity, host_from_line=args.node is None, boot_time=args.boot_time,
-                             tz=dt.UTC if args.utc else None)
+    result = read_kernel_log(
+        args.file,
+        identity,
+        host_from_line=args.node is None,
+        boot_time=args.boot_time,
+        tz=dt.UTC if args.utc else None,
+    )
     written = _write(args.store, {"gpu_events": result.rows}, f"kmsg {args.file}")
     stats = result.stats
     if stats.bad_lines:
         line_no, reason = stats.bad_examples[0]
-        print(f"faultlens ingest: warning: kmsg {args.file}: skipped {stats.bad_lines} bad line(s), first at line "
+        print(f"faultlens ingest: warning: kmsg {args.file}: skipped {stats.bad_lines} bad "
+              "line(s), first at line "
               f"{line_no}: {reason}", file=sys.stderr)
-    print(f"kmsg {args.file}: {stats.lines} lines, {written.get('gpu_events', 0)} GPU events -> {args.store}")
+    print(f"kmsg {args.file}: {stats.lines} lines, {written.get('gpu_events', 0)} GPU events -> "
+          f"{args.store}")
     return 0
 
 
 def cmd_ingest_dcgm(args: argparse.Namespace) -> int:
     identity = NodeIdentity.from_env(args.node)
-    samples, events, stats = read_scrape(args.location, identity, host_from_labels=args.node is None,
-                                         timeout_s=args.timeout)
-    written = _write(args.store, {"gpu_samples": samples, "gpu_events": events}, f"dcgm {args.location}")
+    samples, events, stats = read_scrape(
+        args.location, identity, host_from_labels=args.node is None, timeout_s=args.timeout
+    )
+    written = _write(
+        args.store, {"gpu_samples": samples, "gpu_events": events}, f"dcgm {args.location}"
+    )
     if stats.bad_lines:
         line_no, reason = stats.bad_examples[0]
-        print(f"faultlens ingest: warning: dcgm {args.location}: skipped {stats.bad_lines} bad line(s), first at "
+        print(f"faultlens ingest: warning: dcgm {args.location}: skipped {stats.bad_lines} bad "
+              "line(s), first at "
               f"line {line_no}: {reason}", file=sys.stderr)
-    print(f"dcgm {args.location}: {written.get('gpu_samples', 0)} GPU samples, {written.get('gpu_events', 0)} "
+    print(f"dcgm {args.location}: {written.get('gpu_samples', 0)} GPU samples, "
+          f"{written.get('gpu_events', 0)} "
           f"GPU events -> {args.store}")
     return 0

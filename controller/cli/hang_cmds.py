@@ -1,4 +1,6 @@
-"""`faultlens analyze-hang DIR` (hang analysis straight on a dump directory) and `faultlens ingest fr DIR`."""
+"""`faultlens analyze-hang DIR` (hang analysis straight on a dump directory) and `faultlens ingest
+fr DIR`.
+"""
 
 from __future__ import annotations
 
@@ -21,18 +23,24 @@ from faultlens.controller.hang_dump_dir import analyze_dump_dir
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "analyze-hang", help="find the rank(s) a hung job waits on, from a directory of flight-recorder dumps",
-        description="Reads every flight-recorder dump in DIR (pickle or JSON, NCCL or gloo) and reports the culprit "
+        "analyze-hang", help="find the rank(s) a hung job waits on, from a directory of "
+                             "flight-recorder dumps",
+        description="Reads every flight-recorder dump in DIR (pickle or JSON, NCCL or gloo) and "
+                    "reports the culprit "
         "ranks, the process group and collective, and why.")
     parser.add_argument("directory", metavar="DIR", help="directory of per-rank dumps")
     parser.add_argument("--json", action="store_true", help="JSON output")
     parser.add_argument("--expected-ranks", type=int, metavar="N", default=None,
-                        help="world size: ranks 0..N-1 should each have a dump (default: from the dumps)")
+                        help="world size: ranks 0..N-1 should each have a dump (default: from the "
+                             "dumps)")
     parser.add_argument("--processes", type=int, default=None, metavar="P",
-                        help="reader processes (default: one per CPU, at most 8, from 1,024 dumps on)")
+                        help="reader processes (default: one per CPU, at most 8, from 1,024 dumps "
+                             "on)")
     parser.add_argument("--stacks", metavar="SDIR", default=None,
-                        help="the ranks' Python stacks (py-spy JSON, rank_<N>.json) taken during the hang "
-                        "(default: DIR/stacks, then the ranks' own in DIR/own-stacks, else DIR/../stacks)")
+                        help="the ranks' Python stacks (py-spy JSON, rank_<N>.json) taken during "
+                             "the hang "
+                        "(default: DIR/stacks, then the ranks' own in DIR/own-stacks, else "
+                        "DIR/../stacks)")
     parser.set_defaults(func=run_analyze)
 
 
@@ -41,7 +49,8 @@ def register_ingest(kinds: argparse._SubParsersAction) -> None:
     parser.add_argument("directory", metavar="DIR", help="directory of per-rank dumps")
     add_store_arg(parser)
     parser.add_argument("--job", default=None, help="job id written into the rows")
-    parser.add_argument("--node", default=None, help="node name (default: the dumps' own `node` key)")
+    parser.add_argument("--node", default=None, help="node name (default: the dumps' own `node` "
+                                                     "key)")
     parser.add_argument("--cluster", default=None, help="cluster name written into the rows")
     parser.set_defaults(func=run_ingest)
 
@@ -67,17 +76,26 @@ def run_analyze(args: argparse.Namespace) -> int:
     stacks = _stacks(args.directory, args.stacks)
     # read and analysed together: the analysis' first pass runs on the rows as they are read
     dumps, report = analyze_dump_dir(
-        args.directory, expected_ranks=range(args.expected_ranks) if args.expected_ranks is not None else None,
-        stacks=stacks, processes=processes)
+        args.directory,
+        expected_ranks=range(args.expected_ranks) if args.expected_ranks is not None else None,
+        stacks=stacks,
+        processes=processes,
+    )
     if not dumps.files:
         first = dumps.errors[0] if dumps.errors else None
         raise CliError(f"{args.directory}: no readable dump" + (f" ({first})" if first else ""))
     seconds = time.perf_counter() - started
     if args.json:
-        document = report.to_dict() | {"dumps": {
-            "directory": args.directory, "ranks_read": len(dumps.ranks), "rows": dumps.table.num_rows,
-            "errors": [str(e) for e in dumps.errors], "read_seconds": round(dumps.seconds, 3),
-            "seconds": round(seconds, 3)}}
+        document = report.to_dict() | {
+            "dumps": {
+                "directory": args.directory,
+                "ranks_read": len(dumps.ranks),
+                "rows": dumps.table.num_rows,
+                "errors": [str(e) for e in dumps.errors],
+                "read_seconds": round(dumps.seconds, 3),
+                "seconds": round(seconds, 3),
+            }
+        }
         json.dump(document, sys.stdout, indent=1, default=json_default)
         sys.stdout.write("\n")
     else:
@@ -88,8 +106,8 @@ def run_analyze(args: argparse.Namespace) -> int:
 
 
 def _stacks(directory: str, given: str | None) -> dict[int, ProcessStack]:
-    """--stacks SDIR, else DIR/stacks (py-spy's) with DIR/own-stacks (the ranks' own, the trigger's) where a rank
-    has none there, else DIR/../stacks."""
+    """--stacks SDIR, else DIR/stacks (py-spy's) with DIR/own-stacks (the ranks' own, the trigger's)
+    where a rank has none there, else DIR/../stacks."""
     if given is not None:
         if not Path(given).is_dir():
             raise CliError(f"{given}: no such directory (--stacks)")
@@ -102,12 +120,17 @@ def _stacks(directory: str, given: str | None) -> dict[int, ProcessStack]:
 def _print_report(report: HangReport, dumps: DumpSet, seconds: float) -> None:
     out = sys.stdout
     culprits = ", ".join(map(str, report.culprit_ranks)) or "none"
-    out.write(f"verdict: {report.verdict.value}   culprit rank(s): {culprits}   confidence: {report.confidence:.2f}\n")
+    out.write(f"verdict: {report.verdict.value}   culprit rank(s): {culprits}   confidence: "
+              f"{report.confidence:.2f}\n")
     if report.pg_name is not None:
         out.write(f"group: {report.pg_name}" + (f" ({report.pg_desc})" if report.pg_desc else "")
                   + (f"  local pg_id {report.pg_id}" if report.pg_id else "") + "\n")
     if report.collective_seq_id is not None:
-        out.write(f"collective: seq {report.collective_seq_id}" + (f" {report.op}" if report.op else "") + "\n")
+        out.write(
+            f"collective: seq {report.collective_seq_id}"
+            + (f" {report.op}" if report.op else "")
+            + "\n"
+        )
     for label, ranks in (("never joined", report.never_joined), ("stalled", report.stalled),
                          ("missing dumps", report.missing_dumps)):
         if ranks:
@@ -117,9 +140,13 @@ def _print_report(report: HangReport, dumps: DumpSet, seconds: float) -> None:
         out.write(f"independent roots: {len(report.roots)}\n")
         for i, root in enumerate(report.roots, 1):
             group = root.pg_desc or root.pg_name or "-"
-            out.write(f"  {i}. rank(s) {', '.join(map(str, root.ranks))}: {root.kind.value} in {group}"
-                      + (f" seq {root.collective_seq_id}" if root.collective_seq_id is not None else "")
-                      + f"; {len(root.waiting_ranks)} rank(s) wait on it; confidence {root.confidence:.2f}\n")
+            out.write(
+                f"  {i}. rank(s) {', '.join(map(str, root.ranks))}: {root.kind.value} in "
+                f"{group}"
+                + (f" seq {root.collective_seq_id}" if root.collective_seq_id is not None else "")
+                + f"; {len(root.waiting_ranks)} rank(s) wait on it; confidence "
+                f"{root.confidence:.2f}\n"
+            )
             for line in root.where:
                 out.write(f"     {line}\n")
     if report.evidence:
@@ -141,7 +168,8 @@ def run_ingest(args: argparse.Namespace) -> int:
     finally:
         sink.close()
     entries = dumps.table.num_rows
-    print(f"ingested {entries} rows from {len(dumps.files)} dump(s) (ranks {_span(dumps.ranks)}) into {args.store}")
+    print(f"ingested {entries} rows from {len(dumps.files)} dump(s) (ranks {_span(dumps.ranks)}) "
+          f"into {args.store}")
     for error in dumps.errors:
         print(f"faultlens ingest fr: error: {error}", file=sys.stderr)
     return 1 if dumps.errors else 0

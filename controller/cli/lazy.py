@@ -1,6 +1,7 @@
-"""Start-up without importing every command: the names and help lines of a command module's subcommands read
-from its source (the `subparsers.add_parser("name", help="...")` calls in its `register`), so `faultlens --help`
-and `faultlens sql` import only what they run (no torch, sklearn, numba, OpenTelemetry or pandas for them)."""
+"""Start-up without importing every command: the names and help lines of a command module's
+subcommands read from its source (the `subparsers.add_parser("name", help="...")` calls in its
+`register`), so `faultlens --help` and `faultlens sql` import only what they run (no torch, sklearn,
+numba, OpenTelemetry or pandas for them)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from functools import lru_cache
 from pathlib import Path
 
 CLI_DIR = Path(__file__).resolve().parent
-PACKAGE_DIR = CLI_DIR.parents[1]  # the directory faultlens.controller is installed from (controller/)
+# the directory faultlens.controller is installed from (controller/)
+PACKAGE_DIR = CLI_DIR.parents[1]
 
 
 def _source(module: str) -> Path:
-    """The source file of a command module: a bare name under controller/cli, else a faultlens.controller.* name
-    (found from the path, so listing imports nothing)."""
+    """The source file of a command module: a bare name under controller/cli, else a
+    faultlens.controller.* name (found from the path, so listing imports nothing)."""
     if "." not in module:
         return CLI_DIR / f"{module}.py"
     parts = module.split(".")
@@ -31,13 +33,15 @@ def _literal(node: ast.AST | None) -> str | None:
 
 @lru_cache(maxsize=64)
 def listed_commands(module: str) -> tuple[tuple[str, str | None], ...] | None:
-    """(name, help) of each top-level subcommand the command module `module` registers; None when its source
-    does not say them literally (then the module is imported to know)."""
+    """(name, help) of each top-level subcommand the command module `module` registers; None when
+    its source does not say them literally (then the module is imported to know)."""
     try:
         tree = ast.parse(_source(module).read_text(encoding="utf-8"))
     except (OSError, SyntaxError):
         return None
-    register = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "register"), None)
+    register = next(
+        (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "register"), None
+    )
     if register is None or not register.args.args:
         return None
     receiver = register.args.args[0].arg

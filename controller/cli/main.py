@@ -11,14 +11,25 @@ from pathlib import Path
 from faultlens.errors import FaultlensError
 from faultlens.resources import use_rules_dir
 
-# Each module adds its subcommands with register(subparsers); the order here is the order in --help. Entries are
-# module names (a bare name is under faultlens.controller.cli; the lab's commands live in the lab, which nothing
-# outside it imports), imported only when one of their commands runs (controller/cli/lazy.py), or module objects
-# (imported up front).
+# Each module adds its subcommands with register(subparsers); the order here is the order in --help.
+# Entries are module names (a bare name is under faultlens.controller.cli; the lab's commands live
+# in the lab, which nothing outside it imports), imported only when one of their commands runs
+# (controller/cli/lazy.py), or module objects (imported up front).
 LAB_COMMANDS = "faultlens.controller.lab.commands"
-COMMAND_MODULES: list = ["run_cmds", "store_cmds", "ingest_cmds", "gpu_cmds", "decision_cmds", "hang_cmds",
-                         "attribution_cmds", f"{LAB_COMMANDS}.sim_cmds", "goodput_cmds",
-                         f"{LAB_COMMANDS}.campaign_cmds", "doctor_cmds", "view_cmds"]
+COMMAND_MODULES: list = [
+    "run_cmds",
+    "store_cmds",
+    "ingest_cmds",
+    "gpu_cmds",
+    "decision_cmds",
+    "hang_cmds",
+    "attribution_cmds",
+    f"{LAB_COMMANDS}.sim_cmds",
+    "goodput_cmds",
+    f"{LAB_COMMANDS}.campaign_cmds",
+    "doctor_cmds",
+    "view_cmds",
+]
 
 
 def module_name(entry: str) -> str:
@@ -31,13 +42,14 @@ def _module(entry):
 
 
 def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
-    """The whole CLI; `lazy`: modules whose commands do not include `command` are listed from their source
-    (names and help only) instead of imported."""
+    """The whole CLI; `lazy`: modules whose commands do not include `command` are listed from their
+    source (names and help only) instead of imported."""
     from faultlens.controller.cli.lazy import listed_commands
 
     parser = argparse.ArgumentParser(
         prog="faultlens",
-        description="Fault attribution for large distributed training jobs: crash, hang or straggler; "
+        description="Fault attribution for large distributed training jobs: crash, hang or "
+                    "straggler; "
         "which node, rank and GPU; why; and what to do.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -58,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(command, lazy=True)
     args = parser.parse_args(argv)
     rules = getattr(args, "rules", None)
-    if rules is not None and Path(rules).is_dir():  # `--rules DIR` (a file stays the command's own argument)
+    # `--rules DIR` (a file stays the command's own argument)
+    if rules is not None and Path(rules).is_dir():
         use_rules_dir(rules)
         args.rules = None
     try:

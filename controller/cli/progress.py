@@ -1,5 +1,6 @@
-"""Progress for long commands (simulate, eval, batch attribute): a rich bar or spinner on stderr when stderr is a
-terminal, nothing at all otherwise (pipes, log files, CI). FAULTLENS_PROGRESS=0/1 forces it off/on."""
+"""Progress for long commands (simulate, eval, batch attribute): a rich bar or spinner on stderr
+when stderr is a terminal, nothing at all otherwise (pipes, log files, CI). FAULTLENS_PROGRESS=0/1
+forces it off/on."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def enabled(stream: Any = None) -> bool:
 
 
 class Task:
-    """One bar (total known) or spinner (total None); all methods do nothing when progress is off."""
+    """One bar (total known) or spinner (total None); all methods do nothing when progress is off.
+    """
 
     def __init__(self, progress: Any = None, task_id: Any = None) -> None:
         self._progress, self._id = progress, task_id
@@ -47,13 +49,20 @@ class Task:
 
 @contextmanager
 def progress(description: str, total: float | None = None, *, stream: Any = None) -> Iterator[Task]:
-    """`with progress("simulating", total=1.0) as task: task.update(completed=0.4)`; transient (the bar is gone
-    when the block ends, the command's own output stays)."""
+    """`with progress("simulating", total=1.0) as task: task.update(completed=0.4)`; transient (the
+    bar is gone when the block ends, the command's own output stays)."""
     if not enabled(stream):
         yield Task()
         return
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        SpinnerColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     columns = [SpinnerColumn(), TextColumn("{task.description}", markup=False)]
     if total is not None:

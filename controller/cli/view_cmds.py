@@ -1,5 +1,5 @@
-"""`faultlens jobs`, `faultlens incident ID` and `faultlens report --job J -o report.html`: the store as an operator
-reads it (what ran, what broke, what was decided), without SQL."""
+"""`faultlens jobs`, `faultlens incident ID` and `faultlens report --job J -o report.html`: the
+store as an operator reads it (what ran, what broke, what was decided), without SQL."""
 
 from __future__ import annotations
 
@@ -14,13 +14,23 @@ from faultlens.controller.cli.common import CliError, add_store_arg, json_defaul
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    jobs = subparsers.add_parser("jobs", help="the jobs in the store: attempts, state, incidents, decisions, ETTR")
+    jobs = subparsers.add_parser("jobs", help="the jobs in the store: attempts, state, incidents, "
+                                              "decisions, ETTR")
     add_store_arg(jobs)
-    jobs.add_argument("--json", dest="fmt", action="store_const", const="json", default="table", help="JSON output")
-    jobs.add_argument("--no-ettr", action="store_true", help="skip the goodput accounting (faster on big stores)")
+    jobs.add_argument(
+        "--json",
+        dest="fmt",
+        action="store_const",
+        const="json",
+        default="table",
+        help="JSON output",
+    )
+    jobs.add_argument("--no-ettr", action="store_true", help="skip the goodput accounting (faster "
+                                                             "on big stores)")
     jobs.set_defaults(func=cmd_jobs)
 
-    incident = subparsers.add_parser("incident", help="one incident: what, where, why, the evidence as a "
+    incident = subparsers.add_parser("incident", help="one incident: what, where, why, the "
+                                                      "evidence as a "
                                                       "timeline, the decision and the restore")
     add_store_arg(incident)
     incident.add_argument("incident_id", metavar="ID", help="incident id or a unique prefix of it")
@@ -28,11 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="JSON output")
     incident.set_defaults(func=cmd_incident)
 
-    report = subparsers.add_parser("report", help="one job as a self-contained HTML page: attempts and incidents "
-                                                  "on a timeline, step-time heatmap, GPU signals, decisions, goodput")
+    report = subparsers.add_parser("report", help="one job as a self-contained HTML page: attempts "
+                                                  "and incidents "
+                                                  "on a timeline, step-time heatmap, GPU signals, "
+                                                  "decisions, goodput")
     add_store_arg(report)
     report.add_argument("--job", required=True, help="the job id (faultlens jobs lists them)")
-    report.add_argument("-o", "--output", default=None, help="the HTML file (default: report-<job>.html)")
+    report.add_argument("-o", "--output", default=None, help="the HTML file (default: "
+                                                             "report-<job>.html)")
     report.set_defaults(func=cmd_report)
 
 
@@ -52,11 +65,21 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         json.dump([r.to_dict() for r in rows], sys.stdout, default=json_default, indent=1)
         sys.stdout.write("\n")
         return 0
-    table = [{"job": r.job_id, "attempts": r.attempts, "state": r.state, "incidents": r.incidents,
-              "decisions": r.decisions, "ETTR": "-" if r.ettr is None else f"{r.ettr:.0%}"} for r in rows]
+    table = [
+        {
+            "job": r.job_id,
+            "attempts": r.attempts,
+            "state": r.state,
+            "incidents": r.incidents,
+            "decisions": r.decisions,
+            "ETTR": "-" if r.ettr is None else f"{r.ettr:.0%}",
+        }
+        for r in rows
+    ]
     render_table(table, title=f"{len(rows)} job(s) in {args.store}")
     if rows:
-        render_text(f"incidents of a job: faultlens incidents --store {args.store} --job {rows[-1].job_id}",
+        render_text(f"incidents of a job: faultlens incidents --store {args.store} --job "
+                    f"{rows[-1].job_id}",
                     hanging="  ")
     return 0
 
@@ -78,18 +101,36 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
 
     lines: list[tuple[str, str]] = []
     first, detected = incident.get("first_signal_ts"), incident.get("detected_ts")
-    lines.append(("what", f"{incident['class']} / {incident['cause']}: {incident.get('summary') or ''}".strip()))
-    where = culprit_text(incident.get("culprit_nodes"), incident.get("culprit_ranks"), incident.get("culprit_gpus"),
-                         incident.get("cause"))
-    lines.append(("where", where + (f", step {incident['step']}" if incident.get("step") is not None else "")))
+    lines.append(("what", f"{incident['class']} / {incident['cause']}: "
+                          f"{incident.get('summary') or ''}".strip()))
+    where = culprit_text(
+        incident.get("culprit_nodes"),
+        incident.get("culprit_ranks"),
+        incident.get("culprit_gpus"),
+        incident.get("cause"),
+    )
+    lines.append(
+        (
+            "where",
+            where + (f", step {incident['step']}" if incident.get("step") is not None else ""),
+        )
+    )
     lines.append(("job", f"{incident.get('job_id') or '-'} attempt {incident.get('attempt')}"))
     when = f"first signal {first.isoformat(sep=' ') if first else '-'}"
     if first and detected:
         when += f", detected {(detected - first).total_seconds():.1f} s later"
     lines.append(("when", when))
-    lines.append(("why", f"rule {incident.get('rule')}, confidence {incident.get('confidence') or 0:.2f}"
-                  + (f", fingerprint {incident['fingerprint']}" if incident.get("fingerprint") else "")))
-    evidence = sorted(incident.get("evidence") or [], key=lambda e: (e["ts"] is None, e["ts"] or first))
+    lines.append(
+        (
+            "why",
+            f"rule {incident.get('rule')}, confidence "
+            f"{incident.get('confidence') or 0:.2f}"
+            + (f", fingerprint {incident['fingerprint']}" if incident.get("fingerprint") else ""),
+        )
+    )
+    evidence = sorted(
+        incident.get("evidence") or [], key=lambda e: (e["ts"] is None, e["ts"] or first)
+    )
     for item in evidence:
         when = " ".join(p for p in (_offset(item["ts"], first), _clock(item["ts"])) if p)
         lines.append(("evidence", f"{when} [{item['table']}] {item['text']}"))
@@ -104,11 +145,17 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
         if excluded and excluded not in reason:
             text += f"; exclude {excluded}"
         if decision.get("issued_ts") and detected:
-            text += f"; issued {(decision['issued_ts'] - detected).total_seconds():.1f} s after detection"
+            text += (f"; issued {(decision['issued_ts'] - detected).total_seconds():.1f} s after "
+                     "detection")
         lines.append(("decision", text))
         if decision.get("restore_step") is not None:
-            lines.append(("restore", restore_text(decision["restore_step"], decision.get("restore_tier"))
-                          + (f" ({decision['restore_uri']})" if decision.get("restore_uri") else "")))
+            lines.append(
+                (
+                    "restore",
+                    restore_text(decision["restore_step"], decision.get("restore_tier"))
+                    + (f" ({decision['restore_uri']})" if decision.get("restore_uri") else ""),
+                )
+            )
         elif decision["action"] == "failover":
             lines.append(("restore", "from scratch (no usable checkpoint)"))
         for delivery in decision.get("deliveries") or []:

@@ -1,1 +1,3 @@
-"""The demo: a real CPU training job (DDP over gloo) with injectable faults, run under the supervisor."""
+"""The demo: a real CPU training job (DDP over gloo) with injectable faults, run under the
+supervisor.
+"""

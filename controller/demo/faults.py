@@ -1,25 +1,34 @@
 """Faults the demo training script can inject into itself, chosen per attempt by the supervisor.
 
-The supervisor passes one fault to an attempt as JSON in FAULTLENS_DEMO_FAULT; the script applies it only to the
-ranks it names, at the step it names. Without a supervisor (plain `torchrun --max-restarts N`, which restarts the
-same job on the same nodes), FAULTLENS_DEMO_FAULTS holds a JSON list indexed by torchrun's restart count
-(TORCHELASTIC_RESTART_COUNT), or by the supervisor's attempt (FAULTLENS_ATTEMPT) when a supervisor set one; each
-item is one fault or a list of faults for that restart. A fault with
-`"relative": true` counts its step from the step the attempt resumes at. Kinds:
+The supervisor passes one fault to an attempt as JSON in FAULTLENS_DEMO_FAULT; the script applies it
+only to the ranks it names, at the step it names. Without a supervisor (plain `torchrun
+--max-restarts N`, which restarts the same job on the same nodes), FAULTLENS_DEMO_FAULTS holds a
+JSON list indexed by torchrun's restart count (TORCHELASTIC_RESTART_COUNT), or by the supervisor's
+attempt (FAULTLENS_ATTEMPT) when a supervisor set one; each item is one fault or a list of faults
+for that restart. A fault with `"relative": true` counts its step from the step the attempt resumes
+at. Kinds:
 
-- straggler:  `rank` sleeps `extra_s` more in its forward section from `step` on (slowed compute), and writes
-              `<FAULTLENS_DEMO_DIR>/gpu_hot-<node>` so the simulated NVML shows its GPU in thermal slowdown;
+- straggler:  `rank` sleeps `extra_s` more in its forward section from `step` on (slowed compute),
+  and writes
+              `<FAULTLENS_DEMO_DIR>/gpu_hot-<node>` so the simulated NVML shows its GPU in thermal
+              slowdown;
 - hang:       `rank` skips the loss all_reduce at `step` and stays stuck outside any collective;
 - sigkill:    `rank` SIGKILLs itself at `step` (it writes no flight-recorder dump, no error file);
-- gpu_lost:   local rank 0 on `node` dies as a process does after its GPU fell off the bus (CUDA error); it first
-              writes `<FAULTLENS_DEMO_DIR>/gpu_lost-<node>` so the supervisor's recorded NVML backend reports
-              Xid 79 / GPU lost for that GPU at that moment; the other ranks die of the broken collectives;
-- software:   every rank raises the same exception at `step` (a bug in the code: restarting cannot fix it); it
-              first writes `<FAULTLENS_DEMO_DIR>/software_bug-a<attempt>-r<rank>` holding the time (epoch seconds);
+- gpu_lost:   local rank 0 on `node` dies as a process does after its GPU fell off the bus (CUDA
+  error); it first
+              writes `<FAULTLENS_DEMO_DIR>/gpu_lost-<node>` so the supervisor's recorded NVML
+              backend reports Xid 79 / GPU lost for that GPU at that moment; the other ranks die of
+              the broken collectives;
+- software:   every rank raises the same exception at `step` (a bug in the code: restarting cannot
+  fix it); it
+              first writes `<FAULTLENS_DEMO_DIR>/software_bug-a<attempt>-r<rank>` holding the time
+              (epoch seconds);
 - exception:  `rank` (every rank when none is named) raises ValueError(`message`) at `step`;
-- agent_loss: at `step`, local rank 0 on `node` (or `rank`'s node) SIGKILLs its node's torchrun agent and nothing
+- agent_loss: at `step`, local rank 0 on `node` (or `rank`'s node) SIGKILLs its node's torchrun
+  agent and nothing
               else: the workers, in their own sessions, train on;
-- node_loss:  at `step`, the node's agent and every worker of it are SIGKILLed together (the node is gone).
+- node_loss:  at `step`, the node's agent and every worker of it are SIGKILLed together (the node is
+  gone).
 """
 
 from __future__ import annotations
@@ -80,32 +89,47 @@ class Fault:
             kind = FaultKind(doc.get("kind", "none"))
         except ValueError:
             kind = FaultKind.UNKNOWN
-        return cls(kind=kind, step=int(doc.get("step", 0)), rank=doc.get("rank"), node=doc.get("node"),
-                   extra_s=float(doc.get("extra_s", 0.0)), relative=bool(doc.get("relative", False)),
-                   message=str(doc.get("message", "")))
+        return cls(
+            kind=kind,
+            step=int(doc.get("step", 0)),
+            rank=doc.get("rank"),
+            node=doc.get("node"),
+            extra_s=float(doc.get("extra_s", 0.0)),
+            relative=bool(doc.get("relative", False)),
+            message=str(doc.get("message", "")),
+        )
 
     def resolved(self, start_step: int) -> Fault:
         """The fault with an absolute step, for an attempt that starts at `start_step`."""
         return replace(self, step=start_step + self.step, relative=False) if self.relative else self
 
     def describe(self) -> str:
-        where = f"rank {self.rank}" if self.rank is not None else (f"node {self.node}" if self.node else "all ranks")
+        where = (
+            f"rank {self.rank}"
+            if self.rank is not None
+            else (f"node {self.node}" if self.node else "all ranks")
+        )
         return {
-            FaultKind.STRAGGLER: f"straggler: {where}'s GPU overheats, computes {self.extra_s * 1000:.0f} ms "
+            FaultKind.STRAGGLER: f"straggler: {where}'s GPU overheats, computes "
+                                 f"{self.extra_s * 1000:.0f} ms "
                                  f"slower from step {self.step}",
             FaultKind.HANG: f"collective hang: {where} skips an all_reduce at step {self.step}",
             FaultKind.SIGKILL: f"crash: {where} is SIGKILLed at step {self.step}",
             FaultKind.GPU_LOST: f"Xid 79: a GPU of {where} falls off the bus at step {self.step}",
-            FaultKind.SOFTWARE: f"software bug: the same exception on every rank at step {self.step}",
+            FaultKind.SOFTWARE: "software bug: the same exception on every rank at step "
+                                f"{self.step}",
             FaultKind.EXCEPTION: f"exception on {where} at step {self.step}",
-            FaultKind.AGENT_LOSS: f"agent loss: the torchrun agent of {where} is SIGKILLed at step {self.step}",
-            FaultKind.NODE_LOSS: f"node loss: {where}'s agent and workers are SIGKILLed at step {self.step}",
+            FaultKind.AGENT_LOSS: f"agent loss: the torchrun agent of {where} is SIGKILLed at step "
+                                  f"{self.step}",
+            FaultKind.NODE_LOSS: f"node loss: {where}'s agent and workers are SIGKILLed at step "
+                                 f"{self.step}",
         }.get(self.kind, "no fault")
 
 
 def faults_from_env(environ: Mapping[str, str] | None = None) -> tuple[Fault, ...]:
-    """The faults of this attempt: FAULTLENS_DEMO_FAULT (from the supervisor), then the item of FAULTLENS_DEMO_FAULTS
-    for torchrun's restart count (none past the end of the list). A malformed value raises ValueError naming it."""
+    """The faults of this attempt: FAULTLENS_DEMO_FAULT (from the supervisor), then the item of
+    FAULTLENS_DEMO_FAULTS for torchrun's restart count (none past the end of the list). A malformed
+    value raises ValueError naming it."""
     env = os.environ if environ is None else environ
     faults: list[Fault] = []
     try:
@@ -126,6 +150,7 @@ def faults_from_env(environ: Mapping[str, str] | None = None) -> tuple[Fault, ..
         items = item if isinstance(item, list) else [item]
         faults.extend(Fault.from_dict(doc) for doc in items if doc)
     except (ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"{ENV_FAULTS}: expected a JSON list (indexed by {ENV_RESTART_COUNT}) of fault objects or "
+        raise ValueError(f"{ENV_FAULTS}: expected a JSON list (indexed by {ENV_RESTART_COUNT}) of "
+                         "fault objects or "
                          f"lists of them: {exc}") from None
     return tuple(faults)

@@ -1,5 +1,5 @@
-"""The demo's fault schedule: one fault per attempt, in the order the issue asks for, each placed a few steps
-after the step the attempt resumes from."""
+"""The demo's fault schedule: one fault per attempt, in the order the issue asks for, each placed a
+few steps after the step the attempt resumes from."""
 
 from __future__ import annotations
 
@@ -28,11 +28,22 @@ def demo_fault(attempt: int, nodes: Sequence[str], start_step: int, nproc_per_no
     node = nodes[rank // nproc_per_node]
     if kind is FaultKind.GPU_LOST:
         fault = Fault(kind, step=step, node=node)
-        return AttemptFault(env={"FAULTLENS_DEMO_FAULT": fault.to_json()}, gpu_node=node, gpu_local_rank=0,
-                            gpu_fault="lost", description=fault.describe())
+        return AttemptFault(
+            env={"FAULTLENS_DEMO_FAULT": fault.to_json()},
+            gpu_node=node,
+            gpu_local_rank=0,
+            gpu_fault="lost",
+            description=fault.describe(),
+        )
     fault = Fault(kind, step=step, rank=None if kind is FaultKind.SOFTWARE else rank,
                   extra_s=straggler_extra_s if kind is FaultKind.STRAGGLER else 0.0)
-    if kind is FaultKind.STRAGGLER:  # a GPU that overheats and throttles: the slowdown shows in NVML too
-        return AttemptFault(env={"FAULTLENS_DEMO_FAULT": fault.to_json()}, gpu_node=node,
-                            gpu_local_rank=rank % nproc_per_node, gpu_fault="hot", description=fault.describe())
+    # a GPU that overheats and throttles: the slowdown shows in NVML too
+    if kind is FaultKind.STRAGGLER:
+        return AttemptFault(
+            env={"FAULTLENS_DEMO_FAULT": fault.to_json()},
+            gpu_node=node,
+            gpu_local_rank=rank % nproc_per_node,
+            gpu_fault="hot",
+            description=fault.describe(),
+        )
     return AttemptFault(env={"FAULTLENS_DEMO_FAULT": fault.to_json()}, description=fault.describe())

@@ -1,16 +1,19 @@
-"""The demo's training job: a small MLP trained with DDP over gloo on the CPU, instrumented with faultlens.
+"""The demo's training job: a small MLP trained with DDP over gloo on the CPU, instrumented with
+faultlens.
 
     python -m torch.distributed.run ... -m faultlens.controller.demo.train --steps 60
 
-Every rank installs the flight-recorder trigger before init_process_group, times its steps (data, forward,
-backward, comm, optimizer sections) into the store, checkpoints through the tiered checkpointer (local every
-`--ckpt-every` steps, durable every `--durable-every`), resumes from the restore plan the supervisor hands it
-(FAULTLENS_RESTORE_PLAN), and applies the fault it was given for this attempt (FAULTLENS_DEMO_FAULT).
+Every rank installs the flight-recorder trigger before init_process_group, times its steps (data,
+forward, backward, comm, optimizer sections) into the store, checkpoints through the tiered
+checkpointer (local every `--ckpt-every` steps, durable every `--durable-every`), resumes from the
+restore plan the supervisor hands it (FAULTLENS_RESTORE_PLAN), and applies the fault it was given
+for this attempt (FAULTLENS_DEMO_FAULT).
 
-Without a supervisor, under plain `torchrun --max-restarts N`: FAULTLENS_RESUME_LATEST=1 makes it resume by itself
-from the newest complete checkpoint every rank can load (its node's local tier or the durable tier), and
-FAULTLENS_DEMO_FAULTS gives the faults per torchrun restart (controller/demo/faults.py). A restarted attempt joins
-the process group through a per-attempt key prefix in torchrun's store.
+Without a supervisor, under plain `torchrun --max-restarts N`: FAULTLENS_RESUME_LATEST=1 makes it
+resume by itself from the newest complete checkpoint every rank can load (its node's local tier or
+the durable tier), and FAULTLENS_DEMO_FAULTS gives the faults per torchrun restart
+(controller/demo/faults.py). A restarted attempt joins the process group through a per-attempt key
+prefix in torchrun's store.
 """
 
 from __future__ import annotations
@@ -44,18 +47,25 @@ def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--step-sleep", type=float, default=0.05, help="simulated compute per step (s)")
+    parser.add_argument("--step-sleep", type=float, default=0.05, help="simulated compute per step "
+                                                                       "(s)")
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--durable-every", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=60.0, help="collective timeout (s)")
     parser.add_argument("--teardown-sleep", type=float, default=0.0,
-                        help="seconds every rank spends after its last step before it exits (a slow teardown)")
+                        help="seconds every rank spends after its last step before it exits (a "
+                             "slow teardown)")
     return parser.parse_args()
 
 
 def _model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
-                               torch.nn.Linear(128, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 128),
+        torch.nn.ReLU(),
+        torch.nn.Linear(128, 1),
+    )
 
 
 class DemoJob:
@@ -68,9 +78,13 @@ class DemoJob:
         torch.manual_seed(7)  # same initial weights everywhere; DDP broadcasts rank 0's anyway
         self.model = DistributedDataParallel(_model())
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
-        # one (simulated) GPU per local rank, as on a real node: gpu_index joins steps to the node's GPU telemetry
-        self.timer = StepTimer.from_env(flush_interval_s=0.2, identity=RankIdentity.from_env(gpu_index=self.local_rank),
-                                        parallel=ParallelCoords(dp_rank=self.rank, pp_rank=0, tp_rank=0, pp_size=1))
+        # one (simulated) GPU per local rank, as on a real node: gpu_index joins steps to the node's
+        # GPU telemetry
+        self.timer = StepTimer.from_env(
+            flush_interval_s=0.2,
+            identity=RankIdentity.from_env(gpu_index=self.local_rank),
+            parallel=ParallelCoords(dp_rank=self.rank, pp_rank=0, tp_rank=0, pp_size=1),
+        )
         self.checkpointer = TieredCheckpointer.from_env(
             environment.CKPT_LOCAL.raw(), durable=environment.CKPT_DURABLE.get(),
             every_local=args.ckpt_every, every_durable=args.durable_every, node=self.node,
@@ -89,8 +103,8 @@ class DemoJob:
         self.data = torch.Generator().manual_seed(1000 + self.rank)
 
     def _resume_latest(self) -> None:
-        """No supervisor: the newest complete checkpoint every rank can read by itself (own node's local tier or
-        the durable tier), as a training script under plain torchrun does."""
+        """No supervisor: the newest complete checkpoint every rank can read by itself (own node's
+        local tier or the durable tier), as a training script under plain torchrun does."""
         catalog = CheckpointCatalog(rank_tiers(environment.CKPT_LOCAL.get(),
                                                environment.CKPT_DURABLE.get(), self.node),
                                     job_id=environment.JOB_ID.get())
@@ -101,7 +115,11 @@ class DemoJob:
             self.start_step = int(state["step"]) + 1
 
     def _state(self, step: int) -> dict:
-        return {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(), "step": step}
+        return {
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": step,
+        }
 
     def _inject_before_forward(self, step: int) -> None:
         for fault in self.faults:
@@ -111,7 +129,8 @@ class DemoJob:
         if step < fault.step:
             return
         if fault.kind is FaultKind.STRAGGLER and self.rank == fault.rank:
-            if step == fault.step:  # the GPU starts to overheat: the supervisor's simulated NVML shows it
+            # the GPU starts to overheat: the supervisor's simulated NVML shows it
+            if step == fault.step:
                 (Path(environment.DEMO_DIR.get()) / f"gpu_hot-{self.node}").write_text(str(step))
             time.sleep(fault.extra_s)
         if step != fault.step:
@@ -119,18 +138,21 @@ class DemoJob:
         if fault.kind is FaultKind.SIGKILL and self.rank == fault.rank:
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind is FaultKind.GPU_LOST and self.node == fault.node and self.local_rank == 0:
-            # this rank's GPU falls off the bus: the driver logs Xid 79, then the CUDA runtime fails the process;
-            # the node's other ranks die of the broken collectives, as they would
+            # this rank's GPU falls off the bus: the driver logs Xid 79, then the CUDA runtime fails
+            # the process; the node's other ranks die of the broken collectives, as they would
             marker = Path(environment.DEMO_DIR.get()) / f"gpu_lost-{self.node}"
             marker.write_text(dt.datetime.now(dt.UTC).isoformat())
             time.sleep(1.0)
-            raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors might be asynchronously "
-                               "reported at some other API call, so the stacktrace below might be incorrect.")
+            raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors might "
+                               "be asynchronously "
+                               "reported at some other API call, so the stacktrace below might be "
+                               "incorrect.")
         if fault.kind is FaultKind.EXCEPTION and fault.rank in (None, self.rank):
             raise ValueError(fault.message or "the injected exception")
         if fault.kind in (FaultKind.AGENT_LOSS, FaultKind.NODE_LOSS) and self._on_fault_node(fault):
             if self.local_rank == 0:
-                os.kill(os.getppid(), signal.SIGKILL)  # this node's torchrun agent: the worker's parent
+                # this node's torchrun agent: the worker's parent
+                os.kill(os.getppid(), signal.SIGKILL)
             if fault.kind is FaultKind.NODE_LOSS:
                 os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind is FaultKind.SOFTWARE:
@@ -148,13 +170,16 @@ class DemoJob:
 
     def run(self) -> None:
         for step in range(self.start_step, self.args.steps):
-            with self.timer.step(step, tokens=self.args.batch * 64, samples=self.args.batch) as record_step:
+            with self.timer.step(
+                step, tokens=self.args.batch * 64, samples=self.args.batch
+            ) as record_step:
                 with self.timer.section("data"):
                     inputs = torch.randn(self.args.batch, 64, generator=self.data)
                     targets = inputs[:, :1].clone()
                 with self.timer.section("forward"):
                     self._inject_before_forward(step)
-                    time.sleep(self.args.step_sleep)  # stands in for the model's compute on a real GPU
+                    # stands in for the model's compute on a real GPU
+                    time.sleep(self.args.step_sleep)
                     loss = torch.nn.functional.mse_loss(self.model(inputs), targets)
                 with self.timer.section("backward"):
                     self.optimizer.zero_grad(set_to_none=True)
@@ -169,7 +194,9 @@ class DemoJob:
                     self.checkpointer.save(step, self._state(step))
 
     def _average_loss(self, loss: torch.Tensor, step: int) -> None:
-        if any(f.kind is FaultKind.HANG and step == f.step and self.rank == f.rank for f in self.faults):
+        if any(
+            f.kind is FaultKind.HANG and step == f.step and self.rank == f.rank for f in self.faults
+        ):
             # the bug: this rank skips the all_reduce and is stuck outside any collective
             time.sleep(STUCK_S)
         dist.all_reduce(loss)
@@ -184,12 +211,23 @@ def _init_process_group(timeout: dt.timedelta) -> None:
     if restart == 0:
         dist.init_process_group("gloo", timeout=timeout)
         return
-    # torchrun (2.13) keeps one agent store across restarts and gloo finds the dead attempt's addresses in it
-    # ("connectFullMesh failed ... Connection refused"); a per-attempt key prefix avoids them
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
-                          is_master=False, timeout=timeout)
-    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt_{restart}", store), timeout=timeout,
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    # torchrun (2.13) keeps one agent store across restarts and gloo finds the dead attempt's
+    # addresses in it ("connectFullMesh failed ... Connection refused"); a per-attempt key prefix
+    # avoids them
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timeout,
+    )
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"attempt_{restart}", store),
+        timeout=timeout,
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
 
 
 @record
@@ -198,14 +236,16 @@ def main() -> None:
     faults = faults_from_env()
     trigger = FlightRecorderTrigger.from_env()
     if trigger is not None:
-        trigger.install()  # before init_process_group, so torch's threads inherit the blocked signal
+        # before init_process_group, so torch's threads inherit the blocked signal
+        trigger.install()
     _init_process_group(dt.timedelta(seconds=args.timeout))
     job = DemoJob(args, faults)
     try:
         job.run()
         dist.barrier()
         if args.teardown_sleep > 0:
-            time.sleep(args.teardown_sleep)  # training is over; a slow teardown (a long flush, a slow exit)
+            # training is over; a slow teardown (a long flush, a slow exit)
+            time.sleep(args.teardown_sleep)
     finally:
         job.close()
     dist.destroy_process_group()

@@ -1,4 +1,6 @@
-"""Decision hooks: how a decision reaches the job controller (webhook, command, file drop, entry point)."""
+"""Decision hooks: how a decision reaches the job controller (webhook, command, file drop, entry
+point).
+"""
 
 from faultlens.controller.hooks.base import Hook, HookError, PermanentHookError, RetryPolicy
 from faultlens.controller.hooks.command import CommandHook

@@ -1,4 +1,6 @@
-"""What a decision hook is: an object with a `name` and `deliver(decision, document)` that raises on failure."""
+"""What a decision hook is: an object with a `name` and `deliver(decision, document)` that raises on
+failure.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +17,15 @@ class HookError(RuntimeError, FaultlensError):
 
 
 class PermanentHookError(HookError):
-    """A delivery failed in a way a retry will not fix now (e.g. HTTP 400/401): no more attempts in this pass;
-    the decision stays `failed` for that hook and a later redelivery pass tries again."""
+    """A delivery failed in a way a retry will not fix now (e.g. HTTP 400/401): no more attempts in
+    this pass; the decision stays `failed` for that hook and a later redelivery pass tries again."""
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff: attempts in total, the first delay, the growth factor, the longest delay."""
+    """Exponential backoff: attempts in total, the first delay, the growth factor, the longest
+    delay.
+    """
 
     attempts: int = 4
     initial_s: float = 0.5
@@ -41,6 +45,6 @@ class Hook(Protocol):
     name: str
 
     def deliver(self, decision: Decision, document: str) -> None:
-        """Hand over one decision (`document` is its canonical JSON). Must be idempotent by decision_id: it may be
-        called again with the same decision (at-least-once delivery)."""
+        """Hand over one decision (`document` is its canonical JSON). Must be idempotent by
+        decision_id: it may be called again with the same decision (at-least-once delivery)."""
         ...

@@ -1,5 +1,6 @@
 """Command hook: run a program with the decision JSON on stdin (and FAULTLENS_DECISION_ID /
-FAULTLENS_DECISION_ACTION in its environment). Exit 0 is delivered; anything else is a failure to retry."""
+FAULTLENS_DECISION_ACTION in its environment). Exit 0 is delivered; anything else is a failure to
+retry."""
 
 from __future__ import annotations
 
@@ -13,10 +14,19 @@ from faultlens.controller.hooks.base import HookError, PermanentHookError, Retry
 
 
 class CommandHook:
-    def __init__(self, command: str | Sequence[str], *, name: str = "command", timeout_s: float = 60.0,
-                 env: Mapping[str, str] | None = None, cwd: str | None = None,
-                 retry: RetryPolicy | None = None) -> None:
-        self.argv = shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+    def __init__(
+        self,
+        command: str | Sequence[str],
+        *,
+        name: str = "command",
+        timeout_s: float = 60.0,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.argv = (
+            shlex.split(command) if isinstance(command, str) else [str(part) for part in command]
+        )
         if not self.argv:
             raise ValueError(f"command hook {name}: empty command")
         self.name = name
@@ -29,8 +39,15 @@ class CommandHook:
         env = {**os.environ, **self.env, "FAULTLENS_DECISION_ID": decision.decision_id,
                "FAULTLENS_DECISION_ACTION": decision.action.value}
         try:
-            result = subprocess.run(self.argv, input=document.encode(), capture_output=True, env=env,
-                                    cwd=self.cwd, timeout=self.timeout_s, check=False)
+            result = subprocess.run(
+                self.argv,
+                input=document.encode(),
+                capture_output=True,
+                env=env,
+                cwd=self.cwd,
+                timeout=self.timeout_s,
+                check=False,
+            )
         except FileNotFoundError:
             raise PermanentHookError(f"{self.argv[0]}: no such program") from None
         except PermissionError:

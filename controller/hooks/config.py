@@ -2,11 +2,13 @@
 
     format_version: 1
     hooks:
-      - {type: webhook, name: controller, url: "https://ctl/hooks/faultlens", secret_env: FAULTLENS_HOOK_SECRET,
+      - {type: webhook, name: controller, url: "https://ctl/hooks/faultlens", secret_env:
+        FAULTLENS_HOOK_SECRET,
          timeout_s: 5, retry: {attempts: 5, initial_s: 0.5, factor: 2, max_s: 30}}
       - {type: command, name: requeue, command: ["/opt/slurm/requeue.sh"], timeout_s: 30}
       - {type: file, name: spool, directory: /var/spool/faultlens}
-      - {type: entry_point, name: restore, entry_point: restore, options: {tiers: [...], plan_file: plan.json}}
+      - {type: entry_point, name: restore, entry_point: restore, options: {tiers: [...], plan_file:
+        plan.json}}
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ class HooksFile(FileModel):
     """A hooks file (rules/hooks.example.yaml)."""
 
     format_version: FormatVersion1
-    hooks: list[Annotated[_Webhook | _Command | _FileDrop | _EntryPoint, Field(discriminator="type")]]
+    hooks: list[
+        Annotated[_Webhook | _Command | _FileDrop | _EntryPoint, Field(discriminator="type")]
+    ]
 
 
 def _retry(item: Mapping[str, Any]) -> RetryPolicy | None:
@@ -87,25 +91,42 @@ def _retry(item: Mapping[str, Any]) -> RetryPolicy | None:
 
 
 def hooks_from_config(items: Iterable[Mapping[str, Any]], *, source: str = "hooks") -> list[Hook]:
-    """Build hooks from config items (validated here too, so arguments get the same checks as a file)."""
+    """Build hooks from config items (validated here too, so arguments get the same checks as a
+    file).
+    """
     items = list(items)
-    validate_against({"format_version": 1, "hooks": items}, HooksFile, source, error=HookConfigError)
+    validate_against(
+        {"format_version": 1, "hooks": items}, HooksFile, source, error=HookConfigError
+    )
     hooks: list[Hook] = []
     names: set[str] = set()
     for index, item in enumerate(items):
         kind = item["type"]
         name = item.get("name", kind)
         if name in names:
-            raise HookConfigError(f"{source}: hooks[{index}].name: expected a unique name, {name!r} is used twice")
+            raise HookConfigError(f"{source}: hooks[{index}].name: expected a unique name, "
+                                  f"{name!r} is used twice")
         names.add(name)
         try:
             if kind == "webhook":
-                hook: Hook = WebhookHook(item["url"], secret=item.get("secret"), secret_env=item.get("secret_env"),
-                                         name=name, timeout_s=item.get("timeout_s", 10.0),
-                                         headers=item.get("headers"), retry=_retry(item))
+                hook: Hook = WebhookHook(
+                    item["url"],
+                    secret=item.get("secret"),
+                    secret_env=item.get("secret_env"),
+                    name=name,
+                    timeout_s=item.get("timeout_s", 10.0),
+                    headers=item.get("headers"),
+                    retry=_retry(item),
+                )
             elif kind == "command":
-                hook = CommandHook(item["command"], name=name, timeout_s=item.get("timeout_s", 60.0),
-                                   env=item.get("env"), cwd=item.get("cwd"), retry=_retry(item))
+                hook = CommandHook(
+                    item["command"],
+                    name=name,
+                    timeout_s=item.get("timeout_s", 60.0),
+                    env=item.get("env"),
+                    cwd=item.get("cwd"),
+                    retry=_retry(item),
+                )
             elif kind == "file":
                 hook = FileDropHook(item["directory"], name=name, retry=_retry(item))
             else:

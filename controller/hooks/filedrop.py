@@ -1,5 +1,6 @@
-"""File drop hook: write `<directory>/<decision_id>.json` atomically (temporary name, then rename). Writing the
-same decision again replaces the file with identical content: idempotent by decision_id."""
+"""File drop hook: write `<directory>/<decision_id>.json` atomically (temporary name, then rename).
+Writing the same decision again replaces the file with identical content: idempotent by decision_id.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from faultlens.controller.hooks.base import HookError, RetryPolicy
 
 
 class FileDropHook:
-    def __init__(self, directory: str | Path, *, name: str = "file", retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, directory: str | Path, *, name: str = "file", retry: RetryPolicy | None = None
+    ) -> None:
         self.directory = Path(directory)
         self.name = name
         self.retry = retry

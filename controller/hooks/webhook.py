@@ -1,12 +1,13 @@
 """HTTP webhook hook: POST the decision JSON, signed with HMAC-SHA256.
 
 Headers: `X-Faultlens-Signature: sha256=<hex HMAC-SHA256 of the body with the shared secret>`,
-`X-Faultlens-Timestamp: <unix seconds when sent>` and `X-Faultlens-Signature-V2: sha256=<hex HMAC-SHA256 of
-"<timestamp>." + body>` (a receiver refuses a signed timestamp outside its window, so a captured request cannot be
-replayed later), `X-Faultlens-Decision-Id` (a receiver recognises a duplicate delivery by it: deliveries are
-at-least-once), `X-Faultlens-Delivery-Attempt` (1, 2, ... for each decision, counted per decision by this hook
-object), `Content-Type: application/json`. 2xx is delivered; 408, 425, 429 and 5xx or a
-connection error are retried with backoff; other 4xx are permanent for this pass.
+`X-Faultlens-Timestamp: <unix seconds when sent>` and `X-Faultlens-Signature-V2: sha256=<hex
+HMAC-SHA256 of "<timestamp>." + body>` (a receiver refuses a signed timestamp outside its window, so
+a captured request cannot be replayed later), `X-Faultlens-Decision-Id` (a receiver recognises a
+duplicate delivery by it: deliveries are at-least-once), `X-Faultlens-Delivery-Attempt` (1, 2, ...
+for each decision, counted per decision by this hook object), `Content-Type: application/json`. 2xx
+is delivered; 408, 425, 429 and 5xx or a connection error are retried with backoff; other 4xx are
+permanent for this pass.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ TIMESTAMP_HEADER = "X-Faultlens-Timestamp"
 SIGNATURE_V2_HEADER = "X-Faultlens-Signature-V2"
 RETRYABLE_STATUS = {408, 425, 429}
 DEFAULT_WINDOW_S = 300.0  # how far a signed timestamp may be from the receiver's clock
-_ATTEMPTS_REMEMBERED = 10_000  # decisions whose attempt count a hook object keeps (oldest forgotten first)
+# decisions whose attempt count a hook object keeps (oldest forgotten first)
+_ATTEMPTS_REMEMBERED = 10_000
 
 
 def sign(secret: bytes | str, body: bytes) -> str:
@@ -40,8 +42,8 @@ def sign(secret: bytes | str, body: bytes) -> str:
 
 
 def verify_signature(secret: bytes | str, body: bytes, header: str | None) -> bool:
-    """For receivers: does `header` (X-Faultlens-Signature) sign `body` with `secret`? Constant-time compare.
-    A header that is not ASCII is simply not a signature (never an exception)."""
+    """For receivers: does `header` (X-Faultlens-Signature) sign `body` with `secret`? Constant-time
+    compare. A header that is not ASCII is simply not a signature (never an exception)."""
     if not header or not isinstance(header, str) or not header.isascii():
         return False
     return hmac.compare_digest(sign(secret, body).encode(), header.strip().encode())
@@ -50,13 +52,24 @@ def verify_signature(secret: bytes | str, body: bytes, header: str | None) -> bo
 def sign_timestamped(secret: bytes | str, timestamp: int, body: bytes) -> str:
     """X-Faultlens-Signature-V2: HMAC-SHA256 of `<timestamp>.` + body."""
     key = secret.encode() if isinstance(secret, str) else secret
-    return "sha256=" + hmac.new(key, str(int(timestamp)).encode() + b"." + body, hashlib.sha256).hexdigest()
+    return (
+        "sha256="
+        + hmac.new(key, str(int(timestamp)).encode() + b"." + body, hashlib.sha256).hexdigest()
+    )
 
 
-def verify_timestamped(secret: bytes | str, body: bytes, timestamp: str | None, signature: str | None, *,
-                       now: float | None = None, window_s: float = DEFAULT_WINDOW_S) -> str | None:
-    """For receivers: None when X-Faultlens-Signature-V2 signs `<timestamp>.body` and the timestamp is within
-    `window_s` of `now`; else the reason to refuse (one line). Never raises on hostile headers."""
+def verify_timestamped(
+    secret: bytes | str,
+    body: bytes,
+    timestamp: str | None,
+    signature: str | None,
+    *,
+    now: float | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
+) -> str | None:
+    """For receivers: None when X-Faultlens-Signature-V2 signs `<timestamp>.body` and the timestamp
+    is within `window_s` of `now`; else the reason to refuse (one line). Never raises on hostile
+    headers."""
     if not timestamp or not signature:
         return "missing signed timestamp"
     if not (isinstance(timestamp, str) and timestamp.isascii() and timestamp.strip().isdigit()
@@ -70,22 +83,35 @@ def verify_timestamped(secret: bytes | str, body: bytes, timestamp: str | None, 
         return "bad signature"
     skew = abs((time.time() if now is None else now) - value)
     if skew > window_s:
-        return f"timestamp outside the {window_s:g} s window (off by {skew:.0f} s): a replay or a wrong clock"
+        return (f"timestamp outside the {window_s:g} s window (off by {skew:.0f} s): a replay or a "
+                "wrong clock")
     return None
 
 
 class WebhookHook:
-    def __init__(self, url: str, *, secret: str | bytes | None = None, secret_env: str | None = None,
-                 name: str = "webhook", timeout_s: float = 10.0, headers: dict[str, str] | None = None,
-                 retry: RetryPolicy | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: str | bytes | None = None,
+        secret_env: str | None = None,
+        name: str = "webhook",
+        timeout_s: float = 10.0,
+        headers: dict[str, str] | None = None,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"webhook {name}: url {url!r}: expected http:// or https://")
         if secret is None and secret_env:
             secret = os.environ.get(secret_env)
             if not secret:
-                raise ValueError(f"webhook {name}: secret_env {secret_env}: the variable is not set")
+                raise ValueError(
+                    f"webhook {name}: secret_env {secret_env}: the variable is not set"
+                )
         if not secret:
-            raise ValueError(f"webhook {name}: a secret (or secret_env) is required to sign deliveries")
+            raise ValueError(f"webhook {name}: a secret (or secret_env) is required to sign "
+                             "deliveries")
         self.url = url
         self.secret = secret
         self.name = name

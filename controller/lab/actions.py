@@ -1,7 +1,8 @@
-"""Faults the campaign carries out from outside the job: a signal to a rank's PID, a node lost (its torchrun agent
-and its workers SIGKILLed together), an agent lost alone, a CPU hog beside the job; and the clean-up of every
-process a scenario started. Processes are found through the pid files the injected ranks write (plan.py) and
-checked to belong to this scenario (its lab directory in their environment) before any signal is sent.
+"""Faults the campaign carries out from outside the job: a signal to a rank's PID, a node lost (its
+torchrun agent and its workers SIGKILLed together), an agent lost alone, a CPU hog beside the job;
+and the clean-up of every process a scenario started. Processes are found through the pid files the
+injected ranks write (plan.py) and checked to belong to this scenario (its lab directory in their
+environment) before any signal is sent.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ HOG_CODE = "import time\nwhile True:\n    sum(i * i for i in range(10000))\n"
 
 
 def ours(pid: int, lab_dir: Path) -> bool:
-    """Is `pid` alive and a process of this scenario (FAULTLENS_LAB_DIR=<lab_dir> in its environment)?"""
+    """Is `pid` alive and a process of this scenario (FAULTLENS_LAB_DIR=<lab_dir> in its
+    environment)?
+    """
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -54,7 +57,9 @@ def pid_records(lab_dir: Path, attempt: int | None = None) -> list[dict]:
 
 
 class ExternalActions:
-    """Polls triggers/ and carries out the external faults of a scenario, logging the moment each one lands."""
+    """Polls triggers/ and carries out the external faults of a scenario, logging the moment each
+    one lands.
+    """
 
     def __init__(self, faults: Sequence[FaultSpec], lab_dir: Path, poll_s: float = 0.05) -> None:
         self.faults = {f.id: f for f in faults}
@@ -97,16 +102,27 @@ class ExternalActions:
         if fault.kind == "external_signal":
             signum = getattr(signal, str(fault.params.get("signal", "SIGTERM")))
             log_injection(self.lab_dir, fault, attempt=attempt, node=node, rank=trigger.get("rank"),
-                          step=trigger.get("step"), by="campaign", detail=f"{signum.name} to pid {trigger['pid']}")
+                          step=trigger.get("step"), by="campaign", detail=f"{signum.name} to pid "
+                                                                          f"{trigger['pid']}")
             if not _kill(int(trigger["pid"]), signum, self.lab_dir):
                 self.errors.append(f"{fault.id}: pid {trigger['pid']} is gone")
             return
         agent = int(trigger["agent_pid"])
-        workers = [int(r["pid"]) for r in pid_records(self.lab_dir, attempt) if r.get("node") == node]
+        workers = [
+            int(r["pid"]) for r in pid_records(self.lab_dir, attempt) if r.get("node") == node
+        ]
         victims = [agent] if fault.kind == "agent_loss" else [agent, *workers]
-        log_injection(self.lab_dir, fault, attempt=attempt, node=node, rank=None, step=trigger.get("step"),
-                      by="campaign", detail=f"SIGKILL to {'agent' if fault.kind == 'agent_loss' else 'agent+workers'} "
-                                            f"{victims}")
+        log_injection(
+            self.lab_dir,
+            fault,
+            attempt=attempt,
+            node=node,
+            rank=None,
+            step=trigger.get("step"),
+            by="campaign",
+            detail=f"SIGKILL to {'agent' if fault.kind == 'agent_loss' else 'agent+workers'} "
+            f"{victims}",
+        )
         for pid in victims:  # as one machine going away: every process at once
             _kill(pid, signal.SIGKILL, self.lab_dir)
 
@@ -121,8 +137,15 @@ class CpuHog:
     def start(self) -> CpuHog:
         env = environment.without_faultlens(os.environ)
         for _ in range(self.processes):
-            self.procs.append(subprocess.Popen([sys.executable, "-c", HOG_CODE], env=env, stdin=subprocess.DEVNULL,
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", HOG_CODE],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         return self
 
     def stop(self) -> None:
@@ -134,7 +157,9 @@ class CpuHog:
 
 
 def reap(lab_dir: Path, grace_s: float = 2.0) -> int:
-    """SIGKILL every process of this scenario still alive (workers and their agents; stopped ones included)."""
+    """SIGKILL every process of this scenario still alive (workers and their agents; stopped ones
+    included).
+    """
     pids: set[int] = set()
     for record in pid_records(lab_dir):
         pids.update(int(p) for p in (record.get("pid"), record.get("agent_pid")) if p)

@@ -18,8 +18,9 @@ def run_campaign(campaign: Campaign, scenarios: Sequence[Scenario], out_dir: Pat
                  on_score: Callable[[ScenarioScore], None] | None = None,
                  deadline_s: float | None = None, resume: bool = False
                  ) -> tuple[list[ScenarioScore], dict[str, Any]]:
-    """Run and score `scenarios`; stop starting new ones past `deadline_s` (those are listed as not run). With
-    `resume`, a scenario that already has a finished run under `out_dir` is scored from it, not run again."""
+    """Run and score `scenarios`; stop starting new ones past `deadline_s` (those are listed as not
+    run). With `resume`, a scenario that already has a finished run under `out_dir` is scored from
+    it, not run again."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.jsonl"
     results.write_text("")
@@ -41,14 +42,18 @@ def run_campaign(campaign: Campaign, scenarios: Sequence[Scenario], out_dir: Pat
             handle.write(json.dumps(result.to_dict(), default=str) + "\n")
         if on_score is not None:
             on_score(result)
-    summary = {**summarize(scores), "not_run": skipped, "wall_s": round(time.monotonic() - started, 1)}
+    summary = {
+        **summarize(scores),
+        "not_run": skipped,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return scores, summary
 
 
 def interleave(scenarios: Sequence[Scenario]) -> list[Scenario]:
-    """Healthy and faulty scenarios alternated (each in file order), so a campaign cut short by its deadline still
-    has both kinds."""
+    """Healthy and faulty scenarios alternated (each in file order), so a campaign cut short by its
+    deadline still has both kinds."""
     healthy = [s for s in scenarios if s.truth.healthy]
     faulty = [s for s in scenarios if not s.truth.healthy]
     ratio = max(1, round(len(faulty) / max(1, len(healthy))))

@@ -1,9 +1,10 @@
-"""Ground-truth labels of injected faults: the contract between the cluster simulator (which writes them) and the
-evaluator (which scores incidents against them).
+"""Ground-truth labels of injected faults: the contract between the cluster simulator (which writes
+them) and the evaluator (which scores incidents against them).
 
-One JSON object per line. A label is kept OUT of the store on purpose: nothing the engine reads may say which rank
-is guilty. Benign noise injected to provoke false alarms is labelled too (class "benign", expected action "none"),
-so the evaluator can say which kind of noise a false alarm came from.
+One JSON object per line. A label is kept OUT of the store on purpose: nothing the engine reads may
+say which rank is guilty. Benign noise injected to provoke false alarms is labelled too (class
+"benign", expected action "none"), so the evaluator can say which kind of noise a false alarm came
+from.
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ class LabelError(ValueError, FaultlensError):
 
 @dataclass(frozen=True)
 class FaultLabel:
-    """One injected fault (or one piece of benign noise) and what a correct system would conclude."""
+    """One injected fault (or one piece of benign noise) and what a correct system would conclude.
+    """
 
     fault_id: str
     kind: str  # simulator fault kind, e.g. "gpu_xid79", "hbm_dbe", "software_bug"
-    category: str  # the Llama 3 table row it stands for ("Faulty GPU", "Software Bug", ...) or "Straggler"/"Benign"
+    # the Llama 3 table row it stands for ("Faulty GPU", "Software Bug", ...) or
+    # "Straggler"/"Benign"
+    category: str
     label_class: LabelClass
     cause: str  # a faultlens.attribution.incident.Cause value
     expected_action: ExpectedAction
@@ -61,7 +65,8 @@ class FaultLabel:
     culprit_ranks: tuple[int, ...] = ()
     culprit_gpus: tuple[str, ...] = ()
     repeat_of: str | None = None  # a deterministic software bug hitting again after a restart
-    onset_ts: dt.datetime | None = None  # when the fault's first symptoms began, if before injected_ts
+    # when the fault's first symptoms began, if before injected_ts
+    onset_ts: dt.datetime | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -99,9 +104,11 @@ class FaultLabel:
             try:
                 parsed = dt.datetime.fromisoformat(str(value))
             except ValueError:
-                raise LabelError(f"{where}: key {key!r}: expected an ISO-8601 timestamp, got {value!r}") from None
+                raise LabelError(f"{where}: key {key!r}: expected an ISO-8601 timestamp, got "
+                                 f"{value!r}") from None
             if parsed.tzinfo is None:
-                raise LabelError(f"{where}: key {key!r}: expected a timestamp with a time zone, got {value!r}")
+                raise LabelError(f"{where}: key {key!r}: expected a timestamp with a time zone, "
+                                 f"got {value!r}")
             return parsed.astimezone(dt.UTC)
 
         def enum(enum_type: type[StrEnum], key: str) -> Any:
@@ -110,7 +117,9 @@ class FaultLabel:
                 return enum_type(value)
             except ValueError:
                 allowed = ", ".join(e.value for e in enum_type)
-                raise LabelError(f"{where}: key {key!r}: expected one of {allowed}, got {value!r}") from None
+                raise LabelError(
+                    f"{where}: key {key!r}: expected one of {allowed}, got {value!r}"
+                ) from None
 
         def str_list(key: str) -> tuple[str, ...]:
             value = row.get(key) or []
@@ -159,7 +168,9 @@ def write_labels(labels: Iterable[FaultLabel], out: str | Path | TextIO) -> int:
 
 
 def read_labels(path: str | Path) -> list[FaultLabel]:
-    """Read a labels file; a bad line raises LabelError naming the file, the line number and the problem."""
+    """Read a labels file; a bad line raises LabelError naming the file, the line number and the
+    problem.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -1,6 +1,7 @@
-"""The in-process fault injector: loaded into every training process by the campaign's sitecustomize (put on
-PYTHONPATH by the runner), so the user's script is not changed. It follows the step through the project's step
-timer (StepTimer._begin_step, sections) and fires the plan's faults at the chosen rank, node, attempt and step:
+"""The in-process fault injector: loaded into every training process by the campaign's sitecustomize
+(put on PYTHONPATH by the runner), so the user's script is not changed. It follows the step through
+the project's step timer (StepTimer._begin_step, sections) and fires the plan's faults at the chosen
+rank, node, attempt and step:
 
     exception        raise `params.type` (default RuntimeError) with `params.message`
     signal           this process sends itself `params.signal` (SIGSEGV, SIGABRT, SIGKILL, ...)
@@ -9,7 +10,8 @@ timer (StepTimer._begin_step, sections) and fires the plan's faults at the chose
     gil_hog          a thread enters a C call that holds the GIL (catastrophic regex backtracking) for good
     oom              raise torch.OutOfMemoryError with the CUDA caching allocator's message
     gpu              the node's recorded GPU timeline `params.timeline` fires (gpu/<node>.fire); unless
-                     `params.die` is false, the process then fails as CUDA does after it (`params.message`)
+                     `params.die` is false, the process then fails as CUDA does after it
+                     (`params.message`)
     slow             sleep `params.extra_s` in section `params.section` (default forward) from `step` on
     nan              every module's output becomes NaN from `step` on (global forward hook): the loss, the
                      gradients and the weights go NaN as in a real divergence
@@ -18,7 +20,8 @@ timer (StepTimer._begin_step, sections) and fires the plan's faults at the chose
     skip_collective  the first `params.op` (default all_reduce) of group `params.group` (world | sub) at `step`
                      returns without running
     slow_checkpoint  TieredCheckpointer.save sleeps `params.extra_s` first (every rank that matches)
-    external_signal, node_loss, agent_loss: the rank writes triggers/<fault>-a<attempt>.json at `step` and
+    external_signal, node_loss, agent_loss: the rank writes triggers/<fault>-a<attempt>.json at
+    `step` and
                      the runner carries the fault out from outside (controller/lab/actions.py)
 
 Nothing here raises into the training process except the faults themselves.
@@ -36,22 +39,35 @@ from pathlib import Path
 from typing import Any
 
 from faultlens import environment
-from faultlens.controller.lab.plan import EXTERNAL_KINDS, FaultSpec, InjectionPlan, log_injection, write_json
+from faultlens.controller.lab.plan import (
+    EXTERNAL_KINDS,
+    FaultSpec,
+    InjectionPlan,
+    log_injection,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
-ONE_SHOT = frozenset({"exception", "signal", "abort", "stuck", "gil_hog", "oom", "gpu"}) | EXTERNAL_KINDS
-CUDA_LOST = ("CUDA error: unspecified launch failure\nCUDA kernel errors might be asynchronously reported at some "
+ONE_SHOT = (
+    frozenset({"exception", "signal", "abort", "stuck", "gil_hog", "oom", "gpu"}) | EXTERNAL_KINDS
+)
+CUDA_LOST = ("CUDA error: unspecified launch failure\nCUDA kernel errors might be asynchronously "
+             "reported at some "
              "other API call, so the stacktrace below might be incorrect.")
-OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which "
-            "1.19 GiB is free. Of the allocated memory 74.30 GiB is allocated by PyTorch, and 2.10 GiB is reserved "
+OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 "
+            "GiB of which "
+            "1.19 GiB is free. Of the allocated memory 74.30 GiB is allocated by PyTorch, and 2.10 "
+            "GiB is reserved "
             "by PyTorch but unallocated.")
 
 
 class WorkerInjector:
     """The faults of one training process (one rank of one attempt)."""
 
-    def __init__(self, plan: InjectionPlan, lab_dir: Path, environ: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, plan: InjectionPlan, lab_dir: Path, environ: dict[str, str] | None = None
+    ) -> None:
         env = os.environ if environ is None else environ
         self.plan = plan
         self.lab_dir = lab_dir
@@ -69,8 +85,13 @@ class WorkerInjector:
     # ------------------------------------------------------------------ matching
 
     def _mine(self, fault: FaultSpec) -> bool:
-        return fault.targets(rank=self.rank, node=self.node, node_rank=self.node_rank, local_rank=self.local_rank,
-                             stage=self.stage)
+        return fault.targets(
+            rank=self.rank,
+            node=self.node,
+            node_rank=self.node_rank,
+            local_rank=self.local_rank,
+            stage=self.stage,
+        )
 
     def _active(self, fault: FaultSpec) -> bool:
         """A continuous fault (slow, nan, slow_checkpoint) holds from its step to until_step."""
@@ -81,8 +102,16 @@ class WorkerInjector:
     def _log(self, fault: FaultSpec, detail: str = "") -> None:
         if fault.id not in self.fired:
             self.fired.add(fault.id)
-            log_injection(self.lab_dir, fault, attempt=self.attempt, node=self.node, rank=self.rank, step=self.step,
-                          by="worker", detail=detail)
+            log_injection(
+                self.lab_dir,
+                fault,
+                attempt=self.attempt,
+                node=self.node,
+                rank=self.rank,
+                step=self.step,
+                by="worker",
+                detail=detail,
+            )
 
     # ------------------------------------------------------------------ hooks
 
@@ -93,14 +122,23 @@ class WorkerInjector:
         if self.phase != "train":
             return
         for fault in self.faults:
-            if fault.kind in ONE_SHOT and fault.id not in self.fired and self.step == fault.step and self._mine(fault):
+            if (
+                fault.kind in ONE_SHOT
+                and fault.id not in self.fired
+                and self.step == fault.step
+                and self._mine(fault)
+            ):
                 self._fire(fault)
 
     def on_section(self, name: str) -> None:
         if self.phase != "train":
             return
         for fault in self.faults:
-            if fault.kind == "slow" and name == fault.params.get("section", "forward") and self._active(fault):
+            if (
+                fault.kind == "slow"
+                and name == fault.params.get("section", "forward")
+                and self._active(fault)
+            ):
                 self._log(fault, f"+{fault.params.get('extra_s', 0.1)} s in {name}")
                 time.sleep(float(fault.params.get("extra_s", 0.1)))
 
@@ -122,7 +160,9 @@ class WorkerInjector:
         return None
 
     def nan_active(self) -> bool:
-        return self.phase == "train" and any(f.kind == "nan" and self._active(f) for f in self.faults)
+        return self.phase == "train" and any(
+            f.kind == "nan" and self._active(f) for f in self.faults
+        )
 
     def skip(self, op: str, group: Any) -> bool:
         for fault in self.faults:
@@ -141,24 +181,41 @@ class WorkerInjector:
     def _fire(self, fault: FaultSpec) -> None:
         kind, params = fault.kind, fault.params
         if kind in EXTERNAL_KINDS:
-            self._log(fault, "trigger")  # the runner logs the moment it acts; this line marks the step
-            write_json(self.lab_dir / "triggers" / f"{fault.id}-a{self.attempt}.json",
-                       {"fault": fault.id, "pid": os.getpid(), "agent_pid": os.getppid(), "node": self.node,
-                        "rank": self.rank, "step": self.step, "attempt": self.attempt, "ts": time.time()})
+            # the runner logs the moment it acts; this line marks the step
+            self._log(fault, "trigger")
+            write_json(
+                self.lab_dir / "triggers" / f"{fault.id}-a{self.attempt}.json",
+                {
+                    "fault": fault.id,
+                    "pid": os.getpid(),
+                    "agent_pid": os.getppid(),
+                    "node": self.node,
+                    "rank": self.rank,
+                    "step": self.step,
+                    "attempt": self.attempt,
+                    "ts": time.time(),
+                },
+            )
             if params.get("wait_s"):
                 time.sleep(float(params["wait_s"]))  # hold the step until the runner has acted
             return
         if kind == "gpu":
             self._log(fault, f"GPU timeline {params.get('timeline')}")
-            write_json(self.lab_dir / "gpu" / f"{self.node}.fire", {"timeline": params.get("timeline"),
-                                                                 "gpu": self.local_rank, "ts": time.time()})
+            write_json(
+                self.lab_dir / "gpu" / f"{self.node}.fire",
+                {"timeline": params.get("timeline"), "gpu": self.local_rank, "ts": time.time()},
+            )
             if not params.get("die", True):
                 return
-            time.sleep(float(params.get("settle_s", 1.5)))  # the node's NVML source samples the failure first
+            # the node's NVML source samples the failure first
+            time.sleep(float(params.get("settle_s", 1.5)))
             raise RuntimeError(params.get("message", CUDA_LOST))
         self._log(fault)
         if kind == "exception":
-            raise _exception(str(params.get("type", "RuntimeError")), str(params.get("message", "injected fault")))
+            raise _exception(
+                str(params.get("type", "RuntimeError")),
+                str(params.get("message", "injected fault")),
+            )
         if kind == "signal":
             os.kill(os.getpid(), getattr(signal, str(params.get("signal", "SIGSEGV"))))
             time.sleep(5.0)  # a stop or a caught signal: the process goes on from here
@@ -195,7 +252,9 @@ def _is_world(group: Any) -> bool:
     try:
         import torch.distributed as dist
 
-        return group is dist.GroupMember.WORLD or dist.get_world_size(group) == dist.get_world_size()
+        return (
+            group is dist.GroupMember.WORLD or dist.get_world_size(group) == dist.get_world_size()
+        )
     except Exception:
         return False
 
@@ -203,16 +262,39 @@ def _is_world(group: Any) -> bool:
 # ---------------------------------------------------------------------- installing the hooks
 
 _INJECTOR: WorkerInjector | None = None
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "send", "recv", "isend",
-               "irecv", "all_gather_object", "all_to_all", "reduce", "gather", "scatter")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "all_gather_object",
+    "all_to_all",
+    "reduce",
+    "gather",
+    "scatter",
+)
 
 
 def install_worker(plan: InjectionPlan, lab_dir: Path) -> WorkerInjector:
     global _INJECTOR
     injector = _INJECTOR = WorkerInjector(plan, lab_dir)
-    write_json(lab_dir / "pids" / f"a{injector.attempt}-{injector.node}-r{injector.rank}.json",
-               {"pid": os.getpid(), "agent_pid": os.getppid(), "node": injector.node, "rank": injector.rank,
-                "local_rank": injector.local_rank, "attempt": injector.attempt, "ts": time.time()})
+    write_json(
+        lab_dir / "pids" / f"a{injector.attempt}-{injector.node}-r{injector.rank}.json",
+        {
+            "pid": os.getpid(),
+            "agent_pid": os.getppid(),
+            "node": injector.node,
+            "rank": injector.rank,
+            "local_rank": injector.local_rank,
+            "attempt": injector.attempt,
+            "ts": time.time(),
+        },
+    )
     if not injector.faults:
         return injector
     _patch_timer(injector)
@@ -306,7 +388,9 @@ def _patch_modules(injector: WorkerInjector) -> None:
 
 
 def install_from_env() -> None:
-    """The sitecustomize entry: a training process under a campaign gets its injector; nothing else changes."""
+    """The sitecustomize entry: a training process under a campaign gets its injector; nothing else
+    changes.
+    """
     lab = environment.LAB_DIR.get()
     if not lab:
         return

@@ -1,8 +1,9 @@
-"""Recorded GPU faults for the supervisor's simulated nodes (the one boundary this machine cannot reach: NVML
-without a GPU). In the `faultlens run` process of a campaign scenario, the supervisor's per-node recorded NVML
-backend (controller/supervisor/gpus.py) gets the campaign's timeline for that node: healthy until a training
-process writes <lab>/gpu/<node>.fire, then the entries of the named timeline from the campaign YAML (Xid 79,
-double-bit ECC, row-remap failure, thermal slowdown) at their offsets, through the real NVML source.
+"""Recorded GPU faults for the supervisor's simulated nodes (the one boundary this machine cannot
+reach: NVML without a GPU). In the `faultlens run` process of a campaign scenario, the supervisor's
+per-node recorded NVML backend (controller/supervisor/gpus.py) gets the campaign's timeline for that
+node: healthy until a training process writes <lab>/gpu/<node>.fire, then the entries of the named
+timeline from the campaign YAML (Xid 79, double-bit ECC, row-remap failure, thermal slowdown) at
+their offsets, through the real NVML source.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ NODE_PREFIX = "node-"
 
 
 class MarkerClock:
-    """Seconds on a recorded timeline: held below `fault_at` until the marker file appears, then the offset from
-    the moment it was seen. The marker is renamed once seen, so a later attempt's backend on the same node starts
-    healthy again."""
+    """Seconds on a recorded timeline: held below `fault_at` until the marker file appears, then the
+    offset from the moment it was seen. The marker is renamed once seen, so a later attempt's
+    backend on the same node starts healthy again."""
 
-    def __init__(self, marker: Path, fault_at: float, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, marker: Path, fault_at: float, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.marker = marker
         self.fault_at = fault_at
         self._monotonic = monotonic
@@ -45,18 +48,26 @@ class MarkerClock:
                 self._fired_at = now
         if self._fired_at is None:
             return min(now - self._start, self.fault_at - 1.0)
-        return self.fault_at + (now - self._start)  # a reader that opened at t0 sees the fault from its moment
+        # a reader that opened at t0 sees the fault from its moment
+        return self.fault_at + (now - self._start)
 
 
-def fault_timeline(base: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], gpu: int, fault_at: float
-                   ) -> dict[str, Any]:
-    """`base` (a node's healthy timeline) with the fault `entries` (offsets `at` from the fault) on GPU `gpu`."""
-    timeline = [dict(entry, at=fault_at + float(entry.get("at", 0.0)), gpu=gpu) for entry in entries]
+def fault_timeline(
+    base: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], gpu: int, fault_at: float
+) -> dict[str, Any]:
+    """`base` (a node's healthy timeline) with the fault `entries` (offsets `at` from the fault) on
+    GPU `gpu`.
+    """
+    timeline = [
+        dict(entry, at=fault_at + float(entry.get("at", 0.0)), gpu=gpu) for entry in entries
+    ]
     return {**base, "timeline": [*base.get("timeline", []), *timeline]}
 
 
 def install_supervisor_gpus(plan: InjectionPlan, lab_dir: Path) -> None:
-    """Replace the supervisor's recorded-backend factory with one that reads the campaign's GPU faults."""
+    """Replace the supervisor's recorded-backend factory with one that reads the campaign's GPU
+    faults.
+    """
     from faultlens.collectors.sources.recorded_backend import RecordedBackend
     from faultlens.controller.supervisor import gpus
 
@@ -64,7 +75,9 @@ def install_supervisor_gpus(plan: InjectionPlan, lab_dir: Path) -> None:
     original = gpus.recorded_backend
     fault_at = getattr(gpus, "FAULT_AT_S", 1_000_000.0)
 
-    def recorded_backend(node_index: int, n_gpus: int, clock: Any, *args: Any, **kwargs: Any) -> Any:
+    def recorded_backend(
+        node_index: int, n_gpus: int, clock: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         node = f"{NODE_PREFIX}{node_index}"
         fault = gpu_faults.get(node)
         if fault is None:
@@ -72,6 +85,8 @@ def install_supervisor_gpus(plan: InjectionPlan, lab_dir: Path) -> None:
         entries = plan.gpu_timelines.get(str(fault.params.get("timeline")), ())
         gpu = int(fault.local_rank or 0)
         timeline = fault_timeline(gpus.node_timeline(node_index, n_gpus), entries, gpu, fault_at)
-        return RecordedBackend(timeline, clock=MarkerClock(lab_dir / "gpu" / f"{node}.fire", fault_at))
+        return RecordedBackend(
+            timeline, clock=MarkerClock(lab_dir / "gpu" / f"{node}.fire", fault_at)
+        )
 
     gpus.recorded_backend = recorded_backend

@@ -1,5 +1,5 @@
-"""The injection plan one scenario hands to its processes (a JSON file named by FAULTLENS_LAB_PLAN), and the
-files the injected processes and the campaign runner share under FAULTLENS_LAB_DIR:
+"""The injection plan one scenario hands to its processes (a JSON file named by FAULTLENS_LAB_PLAN),
+and the files the injected processes and the campaign runner share under FAULTLENS_LAB_DIR:
 
     pids/a<attempt>-<node>-r<rank>.json   every training process at start: pid, its agent's pid, node, rank
     triggers/<fault>-a<attempt>.json      a rank reached the step of an external fault: the runner acts on it
@@ -24,8 +24,22 @@ ENV_PLAN = environment.LAB_PLAN.name
 ENV_DIR = environment.LAB_DIR.name
 
 # fault kinds carried out inside the training process (controller/lab/inject.py)
-WORKER_KINDS = frozenset({"exception", "signal", "abort", "stuck", "gil_hog", "oom", "gpu", "slow", "nan",
-                          "skip_collective", "slow_checkpoint", "loss_spike"})
+WORKER_KINDS = frozenset(
+    {
+        "exception",
+        "signal",
+        "abort",
+        "stuck",
+        "gil_hog",
+        "oom",
+        "gpu",
+        "slow",
+        "nan",
+        "skip_collective",
+        "slow_checkpoint",
+        "loss_spike",
+    }
+)
 # fault kinds carried out by the runner when a rank reaches the step (controller/lab/actions.py)
 EXTERNAL_KINDS = frozenset({"external_signal", "node_loss", "agent_loss"})
 # not tied to a step: started beside the job by the runner
@@ -35,8 +49,9 @@ FAULT_KINDS = WORKER_KINDS | EXTERNAL_KINDS | AMBIENT_KINDS
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """One fault: what, where (global rank, node name, node position in the attempt, local rank or pipeline
-    stage; none of them: every rank), at which step, in which attempts (None: every attempt)."""
+    """One fault: what, where (global rank, node name, node position in the attempt, local rank or
+    pipeline stage; none of them: every rank), at which step, in which attempts (None: every
+    attempt)."""
 
     id: str
     kind: str
@@ -74,10 +89,19 @@ class FaultSpec:
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> FaultSpec:
         attempts = doc.get("attempts", [0])
-        return cls(id=str(doc["id"]), kind=str(doc["kind"]), step=int(doc.get("step", 0)), rank=doc.get("rank"),
-                   node=doc.get("node"), node_rank=doc.get("node_rank"), local_rank=doc.get("local_rank"),
-                   stage=doc.get("stage"), attempts=None if attempts is None else tuple(int(a) for a in attempts),
-                   until_step=doc.get("until_step"), params=dict(doc.get("params") or {}))
+        return cls(
+            id=str(doc["id"]),
+            kind=str(doc["kind"]),
+            step=int(doc.get("step", 0)),
+            rank=doc.get("rank"),
+            node=doc.get("node"),
+            node_rank=doc.get("node_rank"),
+            local_rank=doc.get("local_rank"),
+            stage=doc.get("stage"),
+            attempts=None if attempts is None else tuple(int(a) for a in attempts),
+            until_step=doc.get("until_step"),
+            params=dict(doc.get("params") or {}),
+        )
 
 
 @dataclass(frozen=True)
@@ -87,14 +111,23 @@ class InjectionPlan:
     nproc_per_node: int = 1
 
     def to_json(self) -> str:
-        return json.dumps({"faults": [f.to_dict() for f in self.faults], "gpu_timelines": dict(self.gpu_timelines),
-                           "nproc_per_node": self.nproc_per_node}, indent=1)
+        return json.dumps(
+            {
+                "faults": [f.to_dict() for f in self.faults],
+                "gpu_timelines": dict(self.gpu_timelines),
+                "nproc_per_node": self.nproc_per_node,
+            },
+            indent=1,
+        )
 
     @classmethod
     def from_json(cls, text: str) -> InjectionPlan:
         doc = json.loads(text)
-        return cls(faults=tuple(FaultSpec.from_dict(f) for f in doc.get("faults") or ()),
-                   gpu_timelines=dict(doc.get("gpu_timelines") or {}), nproc_per_node=int(doc.get("nproc_per_node", 1)))
+        return cls(
+            faults=tuple(FaultSpec.from_dict(f) for f in doc.get("faults") or ()),
+            gpu_timelines=dict(doc.get("gpu_timelines") or {}),
+            nproc_per_node=int(doc.get("nproc_per_node", 1)),
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> InjectionPlan | None:
@@ -109,11 +142,32 @@ def write_json(path: Path, doc: Mapping[str, Any]) -> None:
     atomic_write(path, json.dumps(doc), fsync=False)
 
 
-def log_injection(lab_dir: Path, fault: FaultSpec, *, attempt: int | None, node: str | None, rank: int | None,
-                  step: int | None, by: str, detail: str = "", ts: float | None = None) -> None:
+def log_injection(
+    lab_dir: Path,
+    fault: FaultSpec,
+    *,
+    attempt: int | None,
+    node: str | None,
+    rank: int | None,
+    step: int | None,
+    by: str,
+    detail: str = "",
+    ts: float | None = None,
+) -> None:
     """Append one line to injections.jsonl, flushed to disk before the fault is carried out."""
-    line = json.dumps({"fault": fault.id, "kind": fault.kind, "attempt": attempt, "node": node, "rank": rank,
-                       "step": step, "ts": time.time() if ts is None else ts, "by": by, "detail": detail})
+    line = json.dumps(
+        {
+            "fault": fault.id,
+            "kind": fault.kind,
+            "attempt": attempt,
+            "node": node,
+            "rank": rank,
+            "step": step,
+            "ts": time.time() if ts is None else ts,
+            "by": by,
+            "detail": detail,
+        }
+    )
     path = lab_dir / "injections.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

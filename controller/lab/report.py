@@ -1,4 +1,6 @@
-"""Markdown tables of a campaign: per fault type, per scenario, and the aggregates the issue asks for."""
+"""Markdown tables of a campaign: per fault type, per scenario, and the aggregates the issue asks
+for.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ def by_fault_type(scores: Sequence[ScenarioScore]) -> str:
     types: dict[str, list[ScenarioScore]] = {}
     for s in scores:
         types.setdefault(s.fault_type, []).append(s)
-    lines = ["| fault type | runs | class | culprit node | culprit rank | cause family | action | restore | "
+    lines = ["| fault type | runs | class | culprit node | culprit rank | cause family | action | "
+             "restore | "
              "finished as expected | fault->incident s | fault->decision s | all right |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, group in types.items():
@@ -34,15 +37,24 @@ def by_fault_type(scores: Sequence[ScenarioScore]) -> str:
         firsts = [s.checks[0] for s in group if s.checks]
         healthy = all(s.healthy for s in group)
         class_flags = [s.incident_count_ok and all(c.class_ok for c in s.checks) for s in group]
-        lines.append(" | ".join([
-            f"| {name}", str(len(group)), _frac(class_flags),
-            "-" if healthy else _frac([c.culprit_node_ok for c in checks]),
-            "-" if healthy else _frac([c.culprit_rank_ok for c in checks]),
-            "-" if healthy else _frac([c.cause_ok for c in checks]),
-            "-" if healthy else _frac([c.action_ok for c in checks]),
-            _frac([s.restore_ok for s in group]), _frac([s.finished_ok for s in group]),
-            _med([c.latency_incident_s for c in firsts]), _med([c.latency_decision_s for c in firsts]),
-            f"{sum(s.ok for s in group)}/{len(group)} |"]))
+        lines.append(
+            " | ".join(
+                [
+                    f"| {name}",
+                    str(len(group)),
+                    _frac(class_flags),
+                    "-" if healthy else _frac([c.culprit_node_ok for c in checks]),
+                    "-" if healthy else _frac([c.culprit_rank_ok for c in checks]),
+                    "-" if healthy else _frac([c.cause_ok for c in checks]),
+                    "-" if healthy else _frac([c.action_ok for c in checks]),
+                    _frac([s.restore_ok for s in group]),
+                    _frac([s.finished_ok for s in group]),
+                    _med([c.latency_incident_s for c in firsts]),
+                    _med([c.latency_decision_s for c in firsts]),
+                    f"{sum(s.ok for s in group)}/{len(group)} |",
+                ]
+            )
+        )
     return "\n".join(lines)
 
 
@@ -52,11 +64,14 @@ def by_scenario(scores: Sequence[ScenarioScore]) -> str:
     for s in scores:
         expected = "; ".join(c.expected for c in s.checks) or "no incident"
         observed = "; ".join(f"{o.incident_class}/{o.cause} {','.join(o.nodes) or '-'} "
-                             f"r{','.join(map(str, o.ranks)) or '-'} ({o.confidence}) -> {o.action or '-'}"
+                             f"r{','.join(map(str, o.ranks)) or '-'} ({o.confidence}) -> "
+                             f"{o.action or '-'}"
                              for o in s.incidents) or "-"
         problems = "; ".join(s.problems) or "ok"
-        lines.append(f"| {s.name} | {expected} | {_cell(observed)} | {','.join(s.excluded) or '-'} | "
-                     f"{'; '.join(s.restores) or '-'} | {'yes' if s.finished else 'no'} | {s.wall_s:.0f} | "
+        lines.append(f"| {s.name} | {expected} | {_cell(observed)} | {','.join(s.excluded) or '-'} "
+                     "| "
+                     f"{'; '.join(s.restores) or '-'} | {'yes' if s.finished else 'no'} | "
+                     f"{s.wall_s:.0f} | "
                      f"{_cell(problems)} |")
     return "\n".join(lines)
 
@@ -70,9 +85,16 @@ def aggregates(summary: dict[str, Any]) -> str:
         ("cause family right", summary["cause_family_right"]),
         ("action right", summary["action_right"]),
         ("healthy nodes excluded", summary["healthy_nodes_excluded"]),
-        ("software bugs failed over more than once", summary["software_failed_over_more_than_once"]),
-        ("incidents on healthy runs", f"{summary['incidents_on_healthy_runs']} on {summary['healthy_runs']} runs "
-                                      f"({summary['healthy_runs_with_cpu_hog']} with a CPU hog)"),
+        (
+            "software bugs failed over more than once",
+            summary["software_failed_over_more_than_once"],
+        ),
+        (
+            "incidents on healthy runs",
+            f"{summary['incidents_on_healthy_runs']} on "
+            f"{summary['healthy_runs']} runs "
+            f"({summary['healthy_runs_with_cpu_hog']} with a CPU hog)",
+        ),
         ("restores right", summary["restores_right"]),
         ("finished / stopped as expected", summary["finished_as_expected"]),
     ]

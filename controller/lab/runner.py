@@ -1,6 +1,6 @@
-"""Runs one campaign scenario: the user's script under `faultlens run` (a subprocess, as a user runs it), the
-injector on PYTHONPATH, external faults and a CPU hog from here, the checkpoint tiers listed at each restore
-plan the supervisor writes; then every process of the scenario is reaped."""
+"""Runs one campaign scenario: the user's script under `faultlens run` (a subprocess, as a user runs
+it), the injector on PYTHONPATH, external faults and a CPU hog from here, the checkpoint tiers
+listed at each restore plan the supervisor writes; then every process of the scenario is reaped."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ class RunArtifacts:
     timed_out: bool = False
     started: float = 0.0
     ended: float = 0.0
-    snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)  # restore plan file -> tiers at that moment
+    # restore plan file -> tiers at that moment
+    snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -47,7 +48,9 @@ class RunArtifacts:
 
 
 def list_checkpoints(workdir: Path) -> list[dict[str, Any]]:
-    """Every checkpoint directory of the supervisor's tiers with a manifest: tier, node, step, ranks."""
+    """Every checkpoint directory of the supervisor's tiers with a manifest: tier, node, step,
+    ranks.
+    """
     found = []
     tiers = [("local", p.parent.name, p) for p in sorted((workdir / "nodes").glob("*/ckpt"))]
     tiers.append(("durable", None, workdir / "durable"))
@@ -58,14 +61,18 @@ def list_checkpoints(workdir: Path) -> list[dict[str, Any]]:
                 doc = json.loads(manifest.read_text())
             except (OSError, ValueError):
                 continue  # no manifest (yet): not a complete checkpoint
-            ranks = sorted({int(f["rank"]) for f in doc.get("files") or () if f.get("rank") is not None})
+            ranks = sorted(
+                {int(f["rank"]) for f in doc.get("files") or () if f.get("rank") is not None}
+            )
             found.append({"tier": tier, "node": node, "step": int(doc["step"]), "ranks": ranks,
                           "path": str(step_dir)})
     return found
 
 
 class PlanWatcher:
-    """Lists the checkpoint tiers the moment each restore-plan-N.json appears (before the next attempt writes)."""
+    """Lists the checkpoint tiers the moment each restore-plan-N.json appears (before the next
+    attempt writes).
+    """
 
     def __init__(self, workdir: Path, artifacts: RunArtifacts, poll_s: float = 0.05) -> None:
         self.workdir = workdir
@@ -86,7 +93,10 @@ class PlanWatcher:
     def _scan(self) -> None:
         for plan in sorted(self.workdir.glob("restore-plan-*.json")):
             if plan.name not in self.artifacts.snapshots:
-                self.artifacts.snapshots[plan.name] = {"ts": time.time(), "checkpoints": list_checkpoints(self.workdir)}
+                self.artifacts.snapshots[plan.name] = {
+                    "ts": time.time(),
+                    "checkpoints": list_checkpoints(self.workdir),
+                }
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -97,17 +107,44 @@ class PlanWatcher:
 
 def scenario_env(scenario: Scenario, lab_dir: Path, plan_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    path = [str(SITE_DIR), str(import_root()), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
-    env.update({"PYTHONPATH": os.pathsep.join(path), ENV_DIR: str(lab_dir), ENV_PLAN: str(plan_path),
-                "FAULTLENS_LAB_SUPERVISOR": "1", "PYTHONUNBUFFERED": "1"})
+    path = [
+        str(SITE_DIR),
+        str(import_root()),
+        *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []),
+    ]
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(path),
+            ENV_DIR: str(lab_dir),
+            ENV_PLAN: str(plan_path),
+            "FAULTLENS_LAB_SUPERVISOR": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
 def run_command(scenario: Scenario, art: RunArtifacts) -> list[str]:
-    command = [sys.executable, "-m", "faultlens.controller.cli.main", "run", "--store", str(art.store),
-               "--nnodes", str(scenario.nodes), "--nproc-per-node", str(scenario.ranks),
-               "--spares", str(scenario.spares), "--workdir", str(art.workdir), "--job", art.job_id,
-               "--max-attempts", str(scenario.max_attempts)]
+    command = [
+        sys.executable,
+        "-m",
+        "faultlens.controller.cli.main",
+        "run",
+        "--store",
+        str(art.store),
+        "--nnodes",
+        str(scenario.nodes),
+        "--nproc-per-node",
+        str(scenario.ranks),
+        "--spares",
+        str(scenario.spares),
+        "--workdir",
+        str(art.workdir),
+        "--job",
+        art.job_id,
+        "--max-attempts",
+        str(scenario.max_attempts),
+    ]
     if scenario.thresholds:
         command += ["--thresholds", str(shipped_path(scenario.thresholds))]
     if scenario.assume_remaining_s is not None:
@@ -126,18 +163,29 @@ def run_scenario(scenario: Scenario, out_dir: Path, gpu_timelines: dict | None =
     lab_dir.mkdir(parents=True)
     art = RunArtifacts(scenario.name, root, root / "store", root / "run", lab_dir,
                        job_id=f"{job_prefix}-{scenario.name}-{int(time.time())}")
-    plan = InjectionPlan(tuple(f for f in scenario.faults if f.kind != "cpu_hog"), dict(gpu_timelines or {}),
-                         scenario.ranks)
+    plan = InjectionPlan(
+        tuple(f for f in scenario.faults if f.kind != "cpu_hog"),
+        dict(gpu_timelines or {}),
+        scenario.ranks,
+    )
     plan_path = lab_dir / "plan.json"
     plan_path.write_text(plan.to_json())
     hog = CpuHog(scenario.cpu_hog).start() if scenario.cpu_hog else None
-    actions = ExternalActions([f for f in scenario.faults if f.kind in EXTERNAL_KINDS], lab_dir).start()
+    actions = ExternalActions(
+        [f for f in scenario.faults if f.kind in EXTERNAL_KINDS], lab_dir
+    ).start()
     watcher = PlanWatcher(art.workdir, art).start()
     art.started = time.time()
     with open(root / "supervisor.out", "wb") as out:
-        proc = subprocess.Popen(run_command(scenario, art), env=scenario_env(scenario, lab_dir, plan_path),
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=str(root))
+        proc = subprocess.Popen(
+            run_command(scenario, art),
+            env=scenario_env(scenario, lab_dir, plan_path),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(root),
+        )
         try:
             art.rc = proc.wait(timeout=scenario.timeout_s)
         except subprocess.TimeoutExpired:
@@ -153,13 +201,27 @@ def run_scenario(scenario: Scenario, out_dir: Path, gpu_timelines: dict | None =
     errors = lab_dir / "injector-errors.log"
     if errors.exists():
         art.errors.extend(errors.read_text().splitlines())
-    (root / "artifacts.json").write_text(json.dumps({
-        "scenario": art.scenario, "job_id": art.job_id, "rc": art.rc, "timed_out": art.timed_out,
-        "started": art.started, "ended": art.ended, "snapshots": art.snapshots, "errors": art.errors}, indent=1))
+    (root / "artifacts.json").write_text(
+        json.dumps(
+            {
+                "scenario": art.scenario,
+                "job_id": art.job_id,
+                "rc": art.rc,
+                "timed_out": art.timed_out,
+                "started": art.started,
+                "ended": art.ended,
+                "snapshots": art.snapshots,
+                "errors": art.errors,
+            },
+            indent=1,
+        )
+    )
     return art
 
 
-def _cleanup(watcher: PlanWatcher, actions: ExternalActions, hog: CpuHog | None, lab_dir: Path) -> None:
+def _cleanup(
+    watcher: PlanWatcher, actions: ExternalActions, hog: CpuHog | None, lab_dir: Path
+) -> None:
     watcher.stop()
     actions.stop()
     if hog is not None:
@@ -182,7 +244,18 @@ def _interrupt(proc: subprocess.Popen) -> int | None:
 def load_artifacts(root: Path) -> RunArtifacts:
     """A finished scenario run, from its directory (to score it again)."""
     doc = json.loads((root / "artifacts.json").read_text())
-    art = RunArtifacts(doc["scenario"], root, root / "store", root / "run", root / "lab", doc["job_id"], rc=doc["rc"],
-                       timed_out=doc["timed_out"], started=doc["started"], ended=doc["ended"],
-                       snapshots=doc.get("snapshots") or {}, errors=list(doc.get("errors") or []))
+    art = RunArtifacts(
+        doc["scenario"],
+        root,
+        root / "store",
+        root / "run",
+        root / "lab",
+        doc["job_id"],
+        rc=doc["rc"],
+        timed_out=doc["timed_out"],
+        started=doc["started"],
+        ended=doc["ended"],
+        snapshots=doc.get("snapshots") or {},
+        errors=list(doc.get("errors") or []),
+    )
     return art

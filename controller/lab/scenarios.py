@@ -1,5 +1,5 @@
-"""Campaign scenarios from YAML (rules/campaign.yaml): the job (script, nodes x ranks, spares), the faults, and the
-expected truth. A bad file fails with the file, the scenario and the key."""
+"""Campaign scenarios from YAML (rules/campaign.yaml): the job (script, nodes x ranks, spares), the
+faults, and the expected truth. A bad file fails with the file, the scenario and the key."""
 
 from __future__ import annotations
 
@@ -12,22 +12,35 @@ from faultlens.collectors.rule_loader import RuleFileError, read_document
 from faultlens.controller.lab.plan import FAULT_KINDS, FaultSpec
 from faultlens.resources import rooms_root, rule_file, shipped_path, shipped_rule_file
 
-REPO_ROOT = rooms_root()  # where the job scripts' paths (controller/lab/jobs/...) start: checkout or package
-DEFAULT_SCENARIOS = shipped_rule_file("campaign.yaml")  # the packaged file; load_campaign reads rule_file
+# where the job scripts' paths (controller/lab/jobs/...) start: checkout or package
+REPO_ROOT = rooms_root()
+# the packaged file; load_campaign reads rule_file
+DEFAULT_SCENARIOS = shipped_rule_file("campaign.yaml")
 
 CLASSES = frozenset({"crash", "collective_hang", "straggler", "health", "any"})
 ACTIONS = frozenset({"failover", "escalate", "notify", "drain"})
 CULPRITS = frozenset({"fault", "fault_node", "none"})
 # cause families: the scoring compares these (the exact cause is reported beside)
 CAUSE_FAMILIES: Mapping[str, str] = {
-    "gpu_hardware": "hardware", "hbm": "hardware", "nvlink": "hardware", "pcie": "hardware", "network": "hardware",
-    "thermal": "hardware", "host": "hardware", "software": "software", "oom": "software",
-    "data_corruption": "data", "workload_imbalance": "imbalance", "unknown": "unknown",
+    "gpu_hardware": "hardware",
+    "hbm": "hardware",
+    "nvlink": "hardware",
+    "pcie": "hardware",
+    "network": "hardware",
+    "thermal": "hardware",
+    "host": "hardware",
+    "software": "software",
+    "oom": "software",
+    "data_corruption": "data",
+    "workload_imbalance": "imbalance",
+    "unknown": "unknown",
 }
 
 
 class ScenarioError(RuleFileError):
-    """The scenarios file is unreadable or wrong: the message names the file, the scenario and the key."""
+    """The scenarios file is unreadable or wrong: the message names the file, the scenario and the
+    key.
+    """
 
 
 def cause_family(cause: str | None) -> str:
@@ -39,7 +52,8 @@ class ExpectedIncident:
     incident_class: str
     causes: tuple[str, ...]  # any of these (compared by family)
     action: str
-    culprit: str = "fault"  # fault: the injected node and rank; fault_node: the node only; none: no node
+    # fault: the injected node and rank; fault_node: the node only; none: no node
+    culprit: str = "fault"
 
     @property
     def families(self) -> frozenset[str]:
@@ -50,7 +64,8 @@ class ExpectedIncident:
 class Truth:
     incidents: tuple[ExpectedIncident, ...] = ()
     finished: bool = True  # training reaches its last step
-    restore: str = "newest"  # newest | before_fault (data corruption: from before the first bad step)
+    # newest | before_fault (data corruption: from before the first bad step)
+    restore: str = "newest"
 
     @property
     def healthy(self) -> bool:
@@ -74,7 +89,8 @@ class Scenario:
     steps: int = 0
     thresholds: str | None = None
     note: str = ""
-    assume_remaining_s: float | None = None  # the job stands for a long run: what the supervisor is told is left
+    # the job stands for a long run: what the supervisor is told is left
+    assume_remaining_s: float | None = None
 
     @property
     def cpu_hog(self) -> int:
@@ -140,7 +156,9 @@ def _fault(doc: Any, where: str, index: int) -> FaultSpec:
 
 
 def load_campaign(path: str | Path | None = None) -> Campaign:
-    """The campaign file: `path`, else campaign.yaml of the rules directory ($FAULTLENS_RULES, else packaged)."""
+    """The campaign file: `path`, else campaign.yaml of the rules directory ($FAULTLENS_RULES, else
+    packaged).
+    """
     path = path if path is not None else rule_file("campaign.yaml")
     source = str(path)
     doc = read_document(path, error=ScenarioError)
@@ -164,14 +182,18 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
         merged = {**defaults, **item}
         script_name = str(_need(merged, "script", where))
         if script_name not in scripts:
-            raise ScenarioError(f"{where}.script: expected one of {sorted(scripts)}, got {script_name!r}")
+            raise ScenarioError(f"{where}.script: expected one of {sorted(scripts)}, got "
+                                f"{script_name!r}")
         script = scripts[script_name]
         args = [*map(str, script.get("args") or []), *map(str, item.get("args") or [])]
-        faults = tuple(_fault(f, f"{where}.faults[{j}]", j) for j, f in enumerate(item.get("faults") or []))
+        faults = tuple(
+            _fault(f, f"{where}.faults[{j}]", j) for j, f in enumerate(item.get("faults") or [])
+        )
         for fault in faults:
             timeline = fault.params.get("timeline")
             if fault.kind == "gpu" and (timeline not in timelines or not fault.node):
-                raise ScenarioError(f"{where}: gpu fault {fault.id}: needs node and a timeline of gpu_timelines "
+                raise ScenarioError(f"{where}: gpu fault {fault.id}: needs node and a timeline of "
+                                    "gpu_timelines "
                                     f"({sorted(timelines)}), got {timeline!r}")
         expect = item.get("expect") or {}
         if not isinstance(expect, Mapping):
@@ -180,18 +202,34 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
                           for j, e in enumerate(expect.get("incidents") or []))
         restore = str(expect.get("restore", "newest"))
         if restore not in ("newest", "before_fault"):
-            raise ScenarioError(f"{where}.expect.restore: expected newest or before_fault, got {restore!r}")
+            raise ScenarioError(f"{where}.expect.restore: expected newest or before_fault, got "
+                                f"{restore!r}")
         steps = _steps(args)
         try:
-            scenarios.append(Scenario(
-                name=name, fault_type=str(item.get("type", name)), script=str(shipped_path(script["path"])),
-                args=tuple(args), nodes=int(merged.get("nodes", 2)), ranks=int(merged.get("ranks", 2)),
-                spares=int(merged.get("spares", 2)), max_attempts=int(merged.get("max_attempts", 4)),
-                timeout_s=float(merged.get("timeout_s", 300)), faults=faults,
-                truth=Truth(incidents, bool(expect.get("finished", True)), restore), ci=bool(item.get("ci", False)),
-                steps=steps, thresholds=merged.get("thresholds"), note=str(item.get("note", "")),
-                assume_remaining_s=(None if merged.get("assume_remaining_s") is None
-                                    else float(merged["assume_remaining_s"]))))
+            scenarios.append(
+                Scenario(
+                    name=name,
+                    fault_type=str(item.get("type", name)),
+                    script=str(shipped_path(script["path"])),
+                    args=tuple(args),
+                    nodes=int(merged.get("nodes", 2)),
+                    ranks=int(merged.get("ranks", 2)),
+                    spares=int(merged.get("spares", 2)),
+                    max_attempts=int(merged.get("max_attempts", 4)),
+                    timeout_s=float(merged.get("timeout_s", 300)),
+                    faults=faults,
+                    truth=Truth(incidents, bool(expect.get("finished", True)), restore),
+                    ci=bool(item.get("ci", False)),
+                    steps=steps,
+                    thresholds=merged.get("thresholds"),
+                    note=str(item.get("note", "")),
+                    assume_remaining_s=(
+                        None
+                        if merged.get("assume_remaining_s") is None
+                        else float(merged["assume_remaining_s"])
+                    ),
+                )
+            )
         except (TypeError, ValueError) as exc:
             raise ScenarioError(f"{where}: {exc}") from None
     if not scenarios:

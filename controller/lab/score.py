@@ -1,10 +1,12 @@
-"""Scores one scenario run against its truth, from what the run left: the store (incidents, decisions, steps), the
-restore plans the supervisor wrote with the checkpoint tiers as they were at that moment, the injection log (where
-and when each fault landed, wall clock) and the supervisor's exit status.
+"""Scores one scenario run against its truth, from what the run left: the store (incidents,
+decisions, steps), the restore plans the supervisor wrote with the checkpoint tiers as they were at
+that moment, the injection log (where and when each fault landed, wall clock) and the supervisor's
+exit status.
 
-The expected restore step is computed here from the checkpoint directories themselves (manifests), not through
-the catalog under test: the newest step whose every rank's shard is in the durable tier or in the local tier of a
-node not excluded so far, and from before the first bad step when the data is corrupt.
+The expected restore step is computed here from the checkpoint directories themselves (manifests),
+not through the catalog under test: the newest step whose every rank's shard is in the durable tier
+or in the local tier of a node not excluded so far, and from before the first bad step when the data
+is corrupt.
 """
 
 from __future__ import annotations
@@ -109,8 +111,8 @@ def _int(value: Any) -> int | None:
 
 
 def read_observed(store: Path, job_id: str) -> tuple[list[Observed], dict[int, tuple[int, int]]]:
-    """The job's incidents with their decisions (first row of each decision), oldest first; and per attempt
-    (first, last) train step."""
+    """The job's incidents with their decisions (first row of each decision), oldest first; and per
+    attempt (first, last) train step."""
     from faultlens.attribution.reading.store import Store
 
     if not store.exists():
@@ -118,8 +120,11 @@ def read_observed(store: Path, job_id: str) -> tuple[list[Observed], dict[int, t
     with Store(str(store)) as reader:
         incidents = reader.read_table("incidents", "job_id = ?", [job_id]).to_pylist()
         decisions = reader.read_table("decisions", "job_id = ?", [job_id]).to_pylist()
-        steps = reader.query("SELECT attempt, min(step) AS first, max(step) AS last FROM steps "
-                             "WHERE job_id = ? AND phase = 'train' GROUP BY attempt", [job_id]).to_pylist()
+        steps = reader.query(
+            "SELECT attempt, min(step) AS first, max(step) AS last FROM steps "
+            "WHERE job_id = ? AND phase = 'train' GROUP BY attempt",
+            [job_id],
+        ).to_pylist()
     by_incident: dict[str, dict[str, Any]] = {}
     for row in sorted(decisions, key=lambda r: _ts(r.get("issued_ts")) or 0.0):
         by_incident.setdefault(row["incident_id"], row)
@@ -129,19 +134,33 @@ def read_observed(store: Path, job_id: str) -> tuple[list[Observed], dict[int, t
             continue
         decision = by_incident.get(row["incident_id"], {})
         seen[row["incident_id"]] = Observed(
-            incident_id=row["incident_id"], attempt=_int(row.get("attempt")), incident_class=str(row.get("class")),
-            cause=str(row.get("cause")), nodes=tuple(row.get("culprit_nodes") or ()),
-            ranks=tuple(int(r) for r in row.get("culprit_ranks") or ()), confidence=row.get("confidence"),
-            rule=row.get("rule"), detected_ts=_ts(row.get("detected_ts")), action=decision.get("action"),
-            exclude=tuple(decision.get("exclude_nodes") or ()), issued_ts=_ts(decision.get("issued_ts")),
-            restore_step=_int(decision.get("restore_step")))
-    attempt_steps = {int(r["attempt"]): (int(r["first"]), int(r["last"])) for r in steps if r["attempt"] is not None}
+            incident_id=row["incident_id"],
+            attempt=_int(row.get("attempt")),
+            incident_class=str(row.get("class")),
+            cause=str(row.get("cause")),
+            nodes=tuple(row.get("culprit_nodes") or ()),
+            ranks=tuple(int(r) for r in row.get("culprit_ranks") or ()),
+            confidence=row.get("confidence"),
+            rule=row.get("rule"),
+            detected_ts=_ts(row.get("detected_ts")),
+            action=decision.get("action"),
+            exclude=tuple(decision.get("exclude_nodes") or ()),
+            issued_ts=_ts(decision.get("issued_ts")),
+            restore_step=_int(decision.get("restore_step")),
+        )
+    attempt_steps = {
+        int(r["attempt"]): (int(r["first"]), int(r["last"]))
+        for r in steps
+        if r["attempt"] is not None
+    }
     return list(seen.values()), attempt_steps
 
 
 def expected_restore(checkpoints: Sequence[Mapping[str, Any]], world: int, excluded: set[str],
                      before_step: int | None) -> int | None:
-    """The newest step every rank can be restored from without an excluded node (and before `before_step`)."""
+    """The newest step every rank can be restored from without an excluded node (and before
+    `before_step`).
+    """
     have: dict[int, set[int]] = {}
     for ckpt in checkpoints:
         if ckpt["tier"] == "local" and ckpt.get("node") in excluded:
@@ -154,17 +173,25 @@ def expected_restore(checkpoints: Sequence[Mapping[str, Any]], world: int, exclu
 
 
 def _targeted(spec: FaultSpec | None) -> bool:
-    return spec is not None and any(v is not None for v in (spec.rank, spec.node, spec.node_rank, spec.local_rank))
+    return spec is not None and any(
+        v is not None for v in (spec.rank, spec.node, spec.node_rank, spec.local_rank)
+    )
 
 
-def _injections_by_attempt(lab_dir: Path, faults: Mapping[str, FaultSpec]) -> dict[int, list[dict[str, Any]]]:
-    """Per attempt, the landed faults, earliest first: the campaign's own line for an external fault (the moment
-    it acted), the process's line otherwise."""
+def _injections_by_attempt(
+    lab_dir: Path, faults: Mapping[str, FaultSpec]
+) -> dict[int, list[dict[str, Any]]]:
+    """Per attempt, the landed faults, earliest first: the campaign's own line for an external fault
+    (the moment it acted), the process's line otherwise."""
     rows = read_injections(lab_dir)
     acted = {(r["fault"], r["attempt"]) for r in rows if r.get("by") == "campaign"}
     out: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
-        if row.get("by") == "worker" and row.get("detail") == "trigger" and (row["fault"], row["attempt"]) in acted:
+        if (
+            row.get("by") == "worker"
+            and row.get("detail") == "trigger"
+            and (row["fault"], row["attempt"]) in acted
+        ):
             continue
         if faults.get(row["fault"]) is not None and faults[row["fault"]].kind in AMBIENT_KINDS:
             continue
@@ -194,10 +221,22 @@ def _check(expected: ExpectedIncident, observed: Observed | None, landed: list[d
            faults: Mapping[str, FaultSpec]) -> Check:
     want = f"{expected.incident_class}/{'|'.join(expected.causes)} -> {expected.action}"
     if observed is None:
-        return Check(want, "-", False, False, False if expected.culprit == "fault" else None, False, False, None, None)
+        return Check(
+            want,
+            "-",
+            False,
+            False,
+            False if expected.culprit == "fault" else None,
+            False,
+            False,
+            None,
+            None,
+        )
     seen = (f"{observed.incident_class}/{observed.cause} {','.join(observed.nodes) or '-'} "
             f"r{','.join(map(str, observed.ranks)) or '-'} -> {observed.action or '-'}")
-    target = next((r for r in landed if _targeted(faults.get(r["fault"]))), landed[0] if landed else None)
+    target = next(
+        (r for r in landed if _targeted(faults.get(r["fault"]))), landed[0] if landed else None
+    )
     node_ok: bool | None
     rank_ok: bool | None = None
     if expected.culprit == "none":
@@ -209,16 +248,34 @@ def _check(expected: ExpectedIncident, observed: Observed | None, landed: list[d
         if expected.culprit == "fault":
             rank_ok = set(observed.ranks) == {target.get("rank")}
     injected = landed[0]["ts"] if landed else None
-    lat_i = None if injected is None or observed.detected_ts is None else observed.detected_ts - injected
-    lat_d = None if injected is None or observed.issued_ts is None else observed.issued_ts - injected
+    lat_i = (
+        None
+        if injected is None or observed.detected_ts is None
+        else observed.detected_ts - injected
+    )
+    lat_d = (
+        None if injected is None or observed.issued_ts is None else observed.issued_ts - injected
+    )
     class_ok = expected.incident_class in ("any", observed.incident_class)
-    return Check(want, seen, class_ok, node_ok, rank_ok, cause_family(observed.cause) in expected.families,
-                 observed.action == expected.action, lat_i, lat_d)
+    return Check(
+        want,
+        seen,
+        class_ok,
+        node_ok,
+        rank_ok,
+        cause_family(observed.cause) in expected.families,
+        observed.action == expected.action,
+        lat_i,
+        lat_d,
+    )
 
 
-def match_incidents(expected: Sequence[ExpectedIncident], observed: Sequence[Observed]) -> list[int | None]:
-    """For each expected incident, the index of the observed one it is judged against: in order, the next one of
-    its class, else the next one. Observed incidents left over are extra (wrong) incidents."""
+def match_incidents(
+    expected: Sequence[ExpectedIncident], observed: Sequence[Observed]
+) -> list[int | None]:
+    """For each expected incident, the index of the observed one it is judged against: in order, the
+    next one of its class, else the next one. Observed incidents left over are extra (wrong)
+    incidents."""
     picks: list[int | None] = []
     used: set[int] = set()
     last = -1
@@ -242,20 +299,27 @@ def score(scenario: Scenario, art: RunArtifacts) -> ScenarioScore:
     matched = match_incidents(scenario.truth.incidents, observed)
     for i, expected in enumerate(scenario.truth.incidents):
         seen = None if matched[i] is None else observed[matched[i]]
-        check = _check(expected, seen, landed.get(seen.attempt if seen and seen.attempt is not None else -1, []),
-                       faults)
+        check = _check(
+            expected,
+            seen,
+            landed.get(seen.attempt if seen and seen.attempt is not None else -1, []),
+            faults,
+        )
         checks.append(check)
         for flag, what in ((check.class_ok, "class"), (check.culprit_node_ok, "culprit node"),
                            (check.culprit_rank_ok, "culprit rank"), (check.cause_ok, "cause"),
                            (check.action_ok, "action")):
             if flag is False:
-                problems.append(f"incident {i + 1}: {what} (want {check.expected}, got {check.observed})")
+                problems.append(f"incident {i + 1}: {what} (want {check.expected}, got "
+                                f"{check.observed})")
     count_ok = len(observed) == len(scenario.truth.incidents)
     if not count_ok:
         extra = [o for i, o in enumerate(observed) if i not in matched]
         problems.append(f"{len(observed)} incidents, {len(scenario.truth.incidents)} expected"
-                        + (": extra " + "; ".join(f"{o.incident_class}/{o.cause} on {','.join(o.nodes) or '-'} "
-                                                   f"({o.rule}, {o.confidence}) -> {o.action or '-'}" for o in extra)
+                        + (": extra " + "; ".join(f"{o.incident_class}/{o.cause} on "
+                                                  f"{','.join(o.nodes) or '-'} "
+                                                   f"({o.rule}, {o.confidence}) -> "
+                                                   f"{o.action or '-'}" for o in extra)
                            if extra else ""))
     # exclusions: a failover the truth expects excludes exactly its culprit node
     allowed: set[str] = set()
@@ -276,7 +340,9 @@ def score(scenario: Scenario, art: RunArtifacts) -> ScenarioScore:
     refailover = software and failovers >= 2
     if refailover:
         problems.append(f"software bug failed over {failovers} times")
-    restore_ok, restores, resumed_ok = _restores(scenario, art, observed, attempt_steps, landed, problems)
+    restore_ok, restores, resumed_ok = _restores(
+        scenario, art, observed, attempt_steps, landed, problems
+    )
     final = max(attempt_steps) if attempt_steps else None
     finished = (art.rc == 0 and final is not None and scenario.steps > 0
                 and attempt_steps[final][1] == scenario.steps - 1)
@@ -296,10 +362,17 @@ def score(scenario: Scenario, art: RunArtifacts) -> ScenarioScore:
         problems=tuple(problems))
 
 
-def _restores(scenario: Scenario, art: RunArtifacts, observed: list[Observed],
-              attempt_steps: Mapping[int, tuple[int, int]], landed: Mapping[int, list[dict[str, Any]]],
-              problems: list[str]) -> tuple[bool | None, list[str], bool | None]:
-    """Each failover's restore plan against the expected step, and whether the next attempt resumed there."""
+def _restores(
+    scenario: Scenario,
+    art: RunArtifacts,
+    observed: list[Observed],
+    attempt_steps: Mapping[int, tuple[int, int]],
+    landed: Mapping[int, list[dict[str, Any]]],
+    problems: list[str],
+) -> tuple[bool | None, list[str], bool | None]:
+    """Each failover's restore plan against the expected step, and whether the next attempt resumed
+    there.
+    """
     world = scenario.nodes * scenario.ranks
     bad_step = None
     if scenario.truth.restore == "before_fault":
@@ -324,11 +397,15 @@ def _restores(scenario: Scenario, art: RunArtifacts, observed: list[Observed],
         bad_sources = [s for s in plan.get("sources") or () if s.get("node") in excluded
                        or any(f"/nodes/{n}/" in str(s.get("uri")) for n in excluded)]
         ok = got == want and not bad_sources
-        restores.append(f"a{obs.attempt + 1}: step {got} (expected {want})" + (" FROM EXCLUDED NODE" if bad_sources
-                                                                                else ""))
+        restores.append(
+            f"a{obs.attempt + 1}: step {got} (expected {want})"
+            + (" FROM EXCLUDED NODE" if bad_sources else "")
+        )
         if not ok:
-            problems.append(f"restore for attempt {obs.attempt + 1}: step {got}, expected {want}"
-                            + (f"; reads {len(bad_sources)} shards from excluded nodes" if bad_sources else ""))
+            problems.append(
+                f"restore for attempt {obs.attempt + 1}: step {got}, expected {want}"
+                + (f"; reads {len(bad_sources)} shards from excluded nodes" if bad_sources else "")
+            )
         restore_ok = ok if restore_ok is None else restore_ok and ok
         nxt = attempt_steps.get(obs.attempt + 1)
         start = 0 if got is None else got + 1
@@ -358,17 +435,28 @@ def summarize(scores: Sequence[ScenarioScore]) -> dict[str, Any]:
     latency: dict[str, dict[str, float | None]] = {}
     for cls in ("crash", "node_loss", "hang", "slowdown", "data"):
         firsts = [s.checks[0] for s in faulty if s.latency_class == cls and s.checks]
-        latency[cls] = {"fault_to_incident_s": _median([c.latency_incident_s for c in firsts]),
-                        "fault_to_decision_s": _median([c.latency_decision_s for c in firsts]), "n": len(firsts)}
+        latency[cls] = {
+            "fault_to_incident_s": _median([c.latency_incident_s for c in firsts]),
+            "fault_to_decision_s": _median([c.latency_decision_s for c in firsts]),
+            "n": len(firsts),
+        }
     return {
-        "scenarios": len(scores), "passed": sum(s.ok for s in scores),
+        "scenarios": len(scores),
+        "passed": sum(s.ok for s in scores),
         "class_accuracy": round(len(class_right) / len(scores), 3) if scores else None,
-        "culprit_node_exact": round(sum(node_checks) / len(node_checks), 3) if node_checks else None,
-        "cause_family_right": round(sum(c.cause_ok for c in checks) / len(checks), 3) if checks else None,
-        "action_right": round(sum(c.action_ok for c in checks) / len(checks), 3) if checks else None,
+        "culprit_node_exact": round(sum(node_checks) / len(node_checks), 3)
+        if node_checks
+        else None,
+        "cause_family_right": round(sum(c.cause_ok for c in checks) / len(checks), 3)
+        if checks
+        else None,
+        "action_right": round(sum(c.action_ok for c in checks) / len(checks), 3)
+        if checks
+        else None,
         "healthy_nodes_excluded": sum(len(s.healthy_excluded) for s in scores),
         "software_failed_over_more_than_once": sum(s.software_refailover for s in scores),
-        "healthy_runs": len(healthy), "healthy_runs_with_cpu_hog": sum(s.cpu_hog for s in healthy),
+        "healthy_runs": len(healthy),
+        "healthy_runs_with_cpu_hog": sum(s.cpu_hog for s in healthy),
         "incidents_on_healthy_runs": sum(len(s.incidents) for s in healthy),
         "restores_right": f"{sum(restores)}/{len(restores)}",
         "finished_as_expected": f"{sum(s.finished_ok for s in scores)}/{len(scores)}",

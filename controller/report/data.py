@@ -1,5 +1,6 @@
-"""What `faultlens jobs`, `faultlens incident` and the HTML report read from the store: jobs, one incident with
-its decisions, one job's attempts, incidents, step times and GPU signals. Plain dicts and lists (JSON-ready)."""
+"""What `faultlens jobs`, `faultlens incident` and the HTML report read from the store: jobs, one
+incident with its decisions, one job's attempts, incidents, step times and GPU signals. Plain dicts
+and lists (JSON-ready)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ RUNNING_WITHIN_S = 120.0  # a job whose last telemetry is this recent (to now) i
 
 
 class ViewError(ValueError, FaultlensError):
-    """What was asked for is not in the store (an unknown job or incident): the message says which."""
+    """What was asked for is not in the store (an unknown job or incident): the message says which.
+    """
 
 
 def job_ids(store: Store) -> list[dict[str, Any]]:
@@ -66,12 +68,21 @@ class JobRow:
     last_ts: dt.datetime | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "attempts": self.attempts, "state": self.state, "incidents": self.incidents,
-                "decisions": self.decisions, "ettr": None if self.ettr is None else round(self.ettr, 4),
-                "first_ts": self.first_ts, "last_ts": self.last_ts}
+        return {
+            "job_id": self.job_id,
+            "attempts": self.attempts,
+            "state": self.state,
+            "incidents": self.incidents,
+            "decisions": self.decisions,
+            "ettr": None if self.ettr is None else round(self.ettr, 4),
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+        }
 
 
-def list_jobs(store: Store, *, now: dt.datetime | None = None, with_ettr: bool = True) -> list[JobRow]:
+def list_jobs(
+    store: Store, *, now: dt.datetime | None = None, with_ettr: bool = True
+) -> list[JobRow]:
     now = now or dt.datetime.now(dt.UTC)
     jobs = job_ids(store)
     incidents = incident_rows(store)
@@ -97,7 +108,9 @@ def list_jobs(store: Store, *, now: dt.datetime | None = None, with_ettr: bool =
 
 
 def find_incident_id(store: Store, text: str) -> str:
-    """The incident id that `text` names: the id itself, or a unique prefix (with or without 'inc-')."""
+    """The incident id that `text` names: the id itself, or a unique prefix (with or without
+    'inc-').
+    """
     candidates = [text, f"inc-{text}"] if not text.startswith("inc-") else [text]
     ids = incident_ids_starting(store, candidates)
     if text in ids:
@@ -105,7 +118,8 @@ def find_incident_id(store: Store, text: str) -> str:
     if not ids:
         raise ViewError(f"no incident {text!r} in the store (faultlens incidents lists them)")
     if len(ids) > 1:
-        raise ViewError(f"{text!r} names {len(ids)} incidents ({', '.join(ids[:4])}...): give more of the id")
+        raise ViewError(f"{text!r} names {len(ids)} incidents ({', '.join(ids[:4])}...): give more "
+                        "of the id")
     return ids[0]
 
 
@@ -120,16 +134,23 @@ def load_incident(store: Store, incident_id: str) -> dict[str, Any]:
     deliveries = latest_deliveries(store, incident_id)
     for decision in decisions:
         decision["policy_rule"] = _policy_rule(decision)
-        decision["deliveries"] = [{"hook": d["hook"], "status": d["delivery_status"], "error": d["delivery_error"],
-                                   "attempts": d["delivery_attempts"]}
-                                  for d in deliveries if d["decision_id"] == decision["decision_id"] and d["hook"]]
+        decision["deliveries"] = [
+            {
+                "hook": d["hook"],
+                "status": d["delivery_status"],
+                "error": d["delivery_error"],
+                "attempts": d["delivery_attempts"],
+            }
+            for d in deliveries
+            if d["decision_id"] == decision["decision_id"] and d["hook"]
+        ]
     incident["decisions"] = decisions
     return incident
 
 
 def _policy_rule(decision: dict[str, Any]) -> str | None:
-    """The policy rule that chose the action: in the decision's JSON document (the row's `rule` is the
-    attribution rule)."""
+    """The policy rule that chose the action: in the decision's JSON document (the row's `rule` is
+    the attribution rule)."""
     import json
 
     try:
@@ -150,7 +171,9 @@ def job_data(store: Store, job_id: str) -> dict[str, Any]:
     known = {j["job_id"]: j for j in job_ids(store)}
     if job_id not in known:
         hint = ", ".join(list(known)[:5])
-        raise ViewError(f"no job {job_id!r} in the store" + (f" (jobs: {hint})" if hint else " (it is empty)"))
+        raise ViewError(
+            f"no job {job_id!r} in the store" + (f" (jobs: {hint})" if hint else " (it is empty)")
+        )
     params = [job_id]
     attempts = store.query(
         """WITH t AS (SELECT attempt, ts, node FROM ranks WHERE job_id = ?
@@ -182,11 +205,14 @@ GPU_NODES = 4
 
 
 def _step_grid(store: Store, job_id: str) -> dict[str, Any]:
-    """Mean step time per (attempt, step bucket, rank bucket): at most MAX_STEP_COLUMNS step buckets per attempt
-    and MAX_RANK_ROWS rank buckets, so a long job on many ranks still makes a page a browser opens at once."""
-    span = store.query("""SELECT coalesce(attempt, 0) AS attempt, min(step) AS lo, max(step) AS hi, max(rank) AS ranks
+    """Mean step time per (attempt, step bucket, rank bucket): at most MAX_STEP_COLUMNS step buckets
+    per attempt and MAX_RANK_ROWS rank buckets, so a long job on many ranks still makes a page a
+    browser opens at once."""
+    span = store.query(
+        """SELECT coalesce(attempt, 0) AS attempt, min(step) AS lo, max(step) AS hi, max(rank) AS ranks
                           FROM steps WHERE job_id = ? AND rank IS NOT NULL GROUP BY 1 ORDER BY 1""",
-                       [job_id]).to_pylist()
+        [job_id],
+    ).to_pylist()
     if not span:
         return {"step_bucket": 1, "rank_bucket": 1, "cells": []}
     widest = max(r["hi"] - r["lo"] + 1 for r in span)
@@ -203,8 +229,9 @@ def _step_grid(store: Store, job_id: str) -> dict[str, Any]:
 
 def _gpu_around(store: Store, incident: dict[str, Any], job_nodes: list[str],
                 attempt_start: dt.datetime | None = None) -> dict[str, Any]:
-    """GPU samples and events of the incident's culprit nodes (else the job's first nodes) from GPU_BEFORE_S
-    before its first signal (at the earliest its attempt's start) to GPU_AFTER_S after its detection."""
+    """GPU samples and events of the incident's culprit nodes (else the job's first nodes) from
+    GPU_BEFORE_S before its first signal (at the earliest its attempt's start) to GPU_AFTER_S after
+    its detection."""
     nodes = list(incident.get("culprit_nodes") or []) or job_nodes[:GPU_NODES]
     first = incident.get("first_signal_ts") or incident.get("detected_ts")
     last = incident.get("detected_ts") or first
@@ -217,9 +244,17 @@ def _gpu_around(store: Store, incident: dict[str, Any], job_nodes: list[str],
     samples = store.query(
         f"""SELECT ts, node, gpu_index, gpu_uuid, source, temp_c, power_w, sm_clock_mhz, gpu_util_pct
             FROM gpu_samples
-            WHERE node IN ({marks}) AND ts BETWEEN ? AND ? ORDER BY ts LIMIT 20000""", [*nodes, lo, hi]).to_pylist()
+            WHERE node IN ({marks}) AND ts BETWEEN ? AND ? ORDER BY ts LIMIT 20000""",
+        [*nodes, lo, hi],
+    ).to_pylist()
     events = store.query(
         f"""SELECT ts, node, gpu_index, kind, code, message FROM gpu_events
             WHERE node IN ({marks}) AND ts BETWEEN ? AND ? ORDER BY ts LIMIT 200""", [*nodes, lo, hi]).to_pylist()
-    return {"incident_id": incident["incident_id"], "nodes": nodes, "from": lo, "to": hi, "samples": samples,
-            "events": events}
+    return {
+        "incident_id": incident["incident_id"],
+        "nodes": nodes,
+        "from": lo,
+        "to": hi,
+        "samples": samples,
+        "events": events,
+    }

@@ -1,18 +1,24 @@
-"""How the CLI shows rows: literally (cell text is never read as markup) and within the output's width.
+"""How the CLI shows rows: literally (cell text is never read as markup) and within the output's
+width.
 
-The one function a command calls is `render_table(rows, columns=None, *, title=None, out=None, width=None)`:
+The one function a command calls is `render_table(rows, columns=None, *, title=None, out=None,
+width=None)`:
 
-- every cell is shown as its own text (`[rank0]: Traceback` stays `[rank0]: Traceback`; no rich markup, no
-  highlighting, no emoji codes);
-- the table fits the width: the terminal's when `out` is a terminal, else $COLUMNS, else 80 (a pipe, a log file);
-- each column gets at least a readable width (its header's longest word, at least MIN_COLUMN characters, or its
-  widest cell when that is narrower); when the columns cannot all get that, the rows are shown one record at a
-  time, `key : value` lines (a vertical record view, like psql's \\x), instead of a table folded one word per line;
-- a cell longer than a table cell can reasonably hold is cut with an ellipsis and a note says so (--json and --csv
-  always have the whole text); multi-line cells keep at most MAX_CELL_LINES lines in a table.
+- every cell is shown as its own text (`[rank0]: Traceback` stays `[rank0]: Traceback`; no rich
+  markup, no highlighting, no emoji codes);
+- the table fits the width: the terminal's when `out` is a terminal, else $COLUMNS, else 80 (a pipe,
+  a log file);
+- each column gets at least a readable width (its header's longest word, at least MIN_COLUMN
+  characters, or its widest cell when that is narrower); when the columns cannot all get that, the
+  rows are shown one record at a time, `key : value` lines (a vertical record view, like psql's
+  \\x), instead of a table folded one word per line;
+- a cell longer than a table cell can reasonably hold is cut with an ellipsis and a note says so
+  (--json and --csv always have the whole text); multi-line cells keep at most MAX_CELL_LINES lines
+  in a table.
 
-`render_record(record, ...)` shows one mapping as `key : value` lines; `render_text(text, ...)` writes a paragraph
-folded at word boundaries to the same width. All three write plain text when `out` is not a terminal.
+`render_record(record, ...)` shows one mapping as `key : value` lines; `render_text(text, ...)`
+writes a paragraph folded at word boundaries to the same width. All three write plain text when
+`out` is not a terminal.
 """
 
 from __future__ import annotations
@@ -58,7 +64,9 @@ def _json_default(value: Any) -> Any:
 
 
 def cell_text(value: Any) -> str:
-    """The text of one cell: '' for null/NaN, JSON for lists and mappings, ISO for times, str() otherwise."""
+    """The text of one cell: '' for null/NaN, JSON for lists and mappings, ISO for times, str()
+    otherwise.
+    """
     if value is None:
         return ""
     if isinstance(value, float) and math.isnan(value):
@@ -73,16 +81,29 @@ def cell_text(value: Any) -> str:
 
 
 def _fold(text: str, width: int) -> list[str]:
-    """Fold text at word boundaries (breaking words longer than the width), keeping its own line breaks."""
+    """Fold text at word boundaries (breaking words longer than the width), keeping its own line
+    breaks.
+    """
     lines: list[str] = []
     for line in text.expandtabs(4).splitlines() or [""]:
-        lines.extend(textwrap.wrap(line, width=max(1, width), break_long_words=True, break_on_hyphens=False,
-                                   replace_whitespace=False, drop_whitespace=True) or [""])
+        lines.extend(
+            textwrap.wrap(
+                line,
+                width=max(1, width),
+                break_long_words=True,
+                break_on_hyphens=False,
+                replace_whitespace=False,
+                drop_whitespace=True,
+            )
+            or [""]
+        )
     return lines
 
 
 def _min_width(header: str, cells: Sequence[str]) -> int:
-    natural = max([len(header), *(max((len(line) for line in c.splitlines()), default=0) for c in cells)])
+    natural = max(
+        [len(header), *(max((len(line) for line in c.splitlines()), default=0) for c in cells)]
+    )
     readable = max(MIN_COLUMN, max((len(word) for word in header.split()), default=0))
     return min(natural, readable)
 
@@ -90,13 +111,16 @@ def _min_width(header: str, cells: Sequence[str]) -> int:
 def _console(out: TextIO, width: int):
     from rich.console import Console
 
-    return Console(file=out, width=width, markup=False, highlight=False, emoji=False, soft_wrap=False)
+    return Console(
+        file=out, width=width, markup=False, highlight=False, emoji=False, soft_wrap=False
+    )
 
 
 def render_text(text: str, *, out: TextIO | None = None, width: int | None = None, indent: str = "",
                 hanging: str = "", break_words: bool = True) -> None:
-    """Write a paragraph literally, folded at word boundaries to the width (`hanging` indents the folded lines;
-    `break_words=False` keeps a word longer than the width whole, e.g. a path to copy)."""
+    """Write a paragraph literally, folded at word boundaries to the width (`hanging` indents the
+    folded lines; `break_words=False` keeps a word longer than the width whole, e.g. a path to
+    copy)."""
     out = out or sys.stdout
     width = width or output_width(out)
     for i, line in enumerate(text.splitlines() or [""]):
@@ -139,16 +163,26 @@ def render_record(record: Mapping[str, Any], *, title: str | None = None, out: T
 
 
 def _cut(text: str, column_width: int) -> tuple[str, bool]:
-    """At most MAX_CELL_LINES lines of the text folded to the column's width; True when something was cut."""
+    """At most MAX_CELL_LINES lines of the text folded to the column's width; True when something
+    was cut.
+    """
     lines = _fold(text, column_width)
     if len(lines) <= MAX_CELL_LINES:
         return text, False
     return "\n".join(lines[:MAX_CELL_LINES]).rstrip()[:-1] + ELLIPSIS, True
 
 
-def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, *,
-                 title: str | None = None, out: TextIO | None = None, width: int | None = None) -> None:
-    """Show rows as a table that fits the width, or as vertical records when it cannot (see the module doc)."""
+def render_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str] | None = None,
+    *,
+    title: str | None = None,
+    out: TextIO | None = None,
+    width: int | None = None,
+) -> None:
+    """Show rows as a table that fits the width, or as vertical records when it cannot (see the
+    module doc).
+    """
     out = out or sys.stdout
     width = width or output_width(out)
     rows = list(rows)
@@ -192,6 +226,7 @@ def render_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     console = _console(out, width)
     console.print(table)
     if cut_any:
-        render_text(f"(long cells cut to {MAX_CELL_LINES} lines: --json or --csv show the whole text)",
+        render_text(f"(long cells cut to {MAX_CELL_LINES} lines: --json or --csv show the whole "
+                    "text)",
                     out=out, width=width)
     out.flush()

@@ -1,5 +1,5 @@
-"""Short phrases for people: rank lists, culprits, restores, durations (shared by the demo summary, `faultlens
-jobs`, `faultlens incident` and the HTML report)."""
+"""Short phrases for people: rank lists, culprits, restores, durations (shared by the demo summary,
+`faultlens jobs`, `faultlens incident` and the HTML report)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,15 @@ def ranks_text(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def culprit_text(nodes: Sequence[str] | None, ranks: Sequence[int] | None, gpus: Sequence[str] | None = (),
-                 cause: str | None = None) -> str:
-    """'node-1 rank 3 (GPU GPU-1a2b...)'; a fault of the code: 'the code (ranks 0-3)'; nothing known: 'unknown'."""
+def culprit_text(
+    nodes: Sequence[str] | None,
+    ranks: Sequence[int] | None,
+    gpus: Sequence[str] | None = (),
+    cause: str | None = None,
+) -> str:
+    """'node-1 rank 3 (GPU GPU-1a2b...)'; a fault of the code: 'the code (ranks 0-3)'; nothing
+    known: 'unknown'.
+    """
     nodes, ranks, gpus = list(nodes or ()), list(ranks or ()), list(gpus or ())
     rank_part = ""
     if ranks:
@@ -43,7 +49,9 @@ def culprit_text(nodes: Sequence[str] | None, ranks: Sequence[int] | None, gpus:
 
 
 def short_path(path: str | Path) -> str:
-    """A path relative to the working directory when it lies below it (shorter, still copy-pasteable)."""
+    """A path relative to the working directory when it lies below it (shorter, still
+    copy-pasteable).
+    """
     try:
         return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
     except (ValueError, OSError):

@@ -1,9 +1,10 @@
-"""Simulated GPUs of the supervisor's nodes: a recorded NVML backend per node, sampled by the real NVML source.
+"""Simulated GPUs of the supervisor's nodes: a recorded NVML backend per node, sampled by the real
+NVML source.
 
-The demo has no GPU. Each simulated node gets a RecordedBackend (collectors/sources/recorded_backend.py) with one GPU
-per
-local rank; its timeline is held at "nothing happened" until a fault fires, then jumps to the fault's entries
-(Xid 79, then GPU lost), so the hardware event lands in gpu_events at the moment the fault is injected.
+The demo has no GPU. Each simulated node gets a RecordedBackend
+(collectors/sources/recorded_backend.py) with one GPU per local rank; its timeline is held at
+"nothing happened" until a fault fires, then jumps to the fault's entries (Xid 79, then GPU lost),
+so the hardware event lands in gpu_events at the moment the fault is injected.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ class FaultClock:
 
 def node_timeline(node_index: int, gpus: int, fault_gpu: int | None = None, fault: str | None = None
                   ) -> dict[str, Any]:
-    """A timeline for one simulated node: healthy H100s; at the fault, GPU `fault_gpu` either falls off the bus
-    (`fault="lost"`: Xid 79, then GPU lost) or overheats (`fault="hot"`: HW thermal slowdown, clocks down)."""
+    """A timeline for one simulated node: healthy H100s; at the fault, GPU `fault_gpu` either falls
+    off the bus (`fault="lost"`: Xid 79, then GPU lost) or overheats (`fault="hot"`: HW thermal
+    slowdown, clocks down)."""
     devices = []
     for index in range(gpus):
         bus = 0x18 + 0x10 * index + node_index
@@ -59,21 +61,51 @@ def node_timeline(node_index: int, gpus: int, fault_gpu: int | None = None, faul
     timeline: list[dict[str, Any]] = []
     if fault_gpu is not None and fault == "lost":
         timeline = [
-            {"at": FAULT_AT_S, "gpu": fault_gpu, "event": {"kind": "xid", "code": 79,
-                                                           "message": "GPU has fallen off the bus."}},
-            {"at": FAULT_AT_S + 0.05, "gpu": fault_gpu, "lost": "GPU is lost (NVML_ERROR_GPU_IS_LOST)"},
+            {
+                "at": FAULT_AT_S,
+                "gpu": fault_gpu,
+                "event": {"kind": "xid", "code": 79, "message": "GPU has fallen off the bus."},
+            },
+            {
+                "at": FAULT_AT_S + 0.05,
+                "gpu": fault_gpu,
+                "lost": "GPU is lost (NVML_ERROR_GPU_IS_LOST)",
+            },
         ]
     elif fault_gpu is not None and fault == "hot":
-        timeline = [{"at": FAULT_AT_S, "gpu": fault_gpu,
-                     "set": {"temp_c": 93, "hbm_temp_c": 96, "clocks_event_reasons": 0x40, "sm_clock_mhz": 1095,
-                             "power_w": 301.0}}]
+        timeline = [
+            {
+                "at": FAULT_AT_S,
+                "gpu": fault_gpu,
+                "set": {
+                    "temp_c": 93,
+                    "hbm_temp_c": 96,
+                    "clocks_event_reasons": 0x40,
+                    "sm_clock_mhz": 1095,
+                    "power_w": 301.0,
+                },
+            }
+        ]
     return {
         "format_version": 1,
         "description": f"simulated node {node_index} of the faultlens demo",
-        "defaults": {"temp_c": 61, "hbm_temp_c": 70, "power_w": 412.0, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619,
-                     "gpu_util_pct": 97, "mem_util_pct": 41, "mem_used_bytes": 61 * 2**30,
-                     "mem_total_bytes": 80 * 2**30, "clocks_event_reasons": 0, "ecc_sbe_volatile": 0,
-                     "ecc_dbe_volatile": 0, "remap_pending": False, "remap_failure": False, "recovery_action": 0},
+        "defaults": {
+            "temp_c": 61,
+            "hbm_temp_c": 70,
+            "power_w": 412.0,
+            "sm_clock_mhz": 1980,
+            "mem_clock_mhz": 2619,
+            "gpu_util_pct": 97,
+            "mem_util_pct": 41,
+            "mem_used_bytes": 61 * 2**30,
+            "mem_total_bytes": 80 * 2**30,
+            "clocks_event_reasons": 0,
+            "ecc_sbe_volatile": 0,
+            "ecc_dbe_volatile": 0,
+            "remap_pending": False,
+            "remap_failure": False,
+            "recovery_action": 0,
+        },
         "gpus": devices,
         "timeline": timeline,
     }

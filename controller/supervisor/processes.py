@@ -1,13 +1,15 @@
-"""What the supervisor does to processes, recorded before it is done: agent exits and the signals it sends.
+"""What the supervisor does to processes, recorded before it is done: agent exits and the signals it
+sends.
 
-- `EventRecorder` writes process_events rows of source "supervisor" straight into the store (flushed at once):
-  `agent_exit` when a torchrun agent exits, `signal_sent` just BEFORE the supervisor signals any process, so a
-  death by that signal is never read as a primary failure (collectors/sources/process_events/rows.py, SupervisorKind).
-- `WorkerTracker` knows the worker processes of one agent. torchrun (2.13) starts every worker in its own
-  session, so signalling the agent's process group never reaches them, and an agent that dies leaves them
-  training unwatched. The tracker records the agent's descendants while it lives and adds the pids the ranks
-  table names for the node (checked against the process's own environment, so a reused pid is never hit), and
-  kills what is left when the agent is gone.
+- `EventRecorder` writes process_events rows of source "supervisor" straight into the store (flushed
+  at once): `agent_exit` when a torchrun agent exits, `signal_sent` just BEFORE the supervisor
+  signals any process, so a death by that signal is never read as a primary failure
+  (collectors/sources/process_events/rows.py, SupervisorKind).
+- `WorkerTracker` knows the worker processes of one agent. torchrun (2.13) starts every worker in
+  its own session, so signalling the agent's process group never reaches them, and an agent that
+  dies leaves them training unwatched. The tracker records the agent's descendants while it lives
+  and adds the pids the ranks table names for the node (checked against the process's own
+  environment, so a reused pid is never hit), and kills what is left when the agent is gone.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from dataclasses import dataclass
 import psutil
 
 from faultlens import environment
-from faultlens.collectors.sources.process_events import EventContext, agent_exit_row, signal_sent_row
+from faultlens.collectors.sources.process_events import (
+    EventContext,
+    agent_exit_row,
+    signal_sent_row,
+)
 from faultlens.collectors.store.sink import SegmentSink
 
 log = logging.getLogger(__name__)
@@ -31,7 +37,9 @@ TABLE = "process_events"
 
 
 class EventRecorder:
-    """process_events rows of the supervisor, each flushed into a visible segment before the call returns."""
+    """process_events rows of the supervisor, each flushed into a visible segment before the call
+    returns.
+    """
 
     def __init__(self, sink: SegmentSink, *, job_id: str, cluster: str | None = None,
                  clock: Callable[[], int] = time.time_ns) -> None:
@@ -52,15 +60,37 @@ class EventRecorder:
 
     def agent_exit(self, *, node: str, attempt: int, returncode: int, pid: int | None, message: str,
                    by_us: bool) -> dict:
-        row = agent_exit_row(self._context(node, attempt), self.clock(), returncode=returncode, pid=pid,
-                             message=message, is_secondary=by_us)
+        row = agent_exit_row(
+            self._context(node, attempt),
+            self.clock(),
+            returncode=returncode,
+            pid=pid,
+            message=message,
+            is_secondary=by_us,
+        )
         self._write(row)
         return row
 
-    def signal_sent(self, *, node: str | None, attempt: int | None, pid: int, signal: str, message: str,
-                    rank: int | None = None, local_rank: int | None = None) -> dict:
-        row = signal_sent_row(self._context(node, attempt), self.clock(), pid=pid, signal=signal, message=message,
-                              rank=rank, local_rank=local_rank)
+    def signal_sent(
+        self,
+        *,
+        node: str | None,
+        attempt: int | None,
+        pid: int,
+        signal: str,
+        message: str,
+        rank: int | None = None,
+        local_rank: int | None = None,
+    ) -> dict:
+        row = signal_sent_row(
+            self._context(node, attempt),
+            self.clock(),
+            pid=pid,
+            signal=signal,
+            message=message,
+            rank=rank,
+            local_rank=local_rank,
+        )
         self._write(row)
         return row
 
@@ -106,8 +136,9 @@ class WorkerTracker:
                 self.workers[child.pid] = Worker(child, rank, local_rank)
 
     def add_ranks(self, ranks: Iterable[tuple[int, int | None, int | None]]) -> None:
-        """(pid, rank, local_rank) from the ranks table of this node and attempt. A pid not yet known is taken
-        only when the process is one of this node's workers of this attempt by its own environment."""
+        """(pid, rank, local_rank) from the ranks table of this node and attempt. A pid not yet
+        known is taken only when the process is one of this node's workers of this attempt by its
+        own environment."""
         for pid, rank, local_rank in ranks:
             worker = self.workers.get(pid)
             if worker is None:
@@ -116,7 +147,9 @@ class WorkerTracker:
                     env = process.environ()
                 except psutil.Error:
                     continue
-                if environment.NODE.raw(env) != self.node or environment.ATTEMPT.raw(env) != str(self.attempt):
+                if environment.NODE.raw(env) != self.node or environment.ATTEMPT.raw(env) != str(
+                    self.attempt
+                ):
                     continue
                 worker = self.workers[pid] = Worker(process)
             worker.rank = rank if rank is not None else worker.rank
@@ -132,7 +165,9 @@ class WorkerTracker:
                 continue
         return alive
 
-    def kill(self, recorder: EventRecorder, reason: str, signum: int = signal_module.SIGKILL) -> list[int]:
+    def kill(
+        self, recorder: EventRecorder, reason: str, signum: int = signal_module.SIGKILL
+    ) -> list[int]:
         """Signal every live worker (recording each signal first); returns the pids signalled."""
         sent = []
         for worker in self.alive():

@@ -1,6 +1,6 @@
-"""What the supervisor is given and what it returns: the run's configuration (RunConfig), the fault injected
-into an attempt (AttemptFault), each attempt's record (AttemptRecord), the run's result (RunResult, Outcome) and
-its JSON summary (summary_rows, write_summary)."""
+"""What the supervisor is given and what it returns: the run's configuration (RunConfig), the fault
+injected into an attempt (AttemptFault), each attempt's record (AttemptRecord), the run's result
+(RunResult, Outcome) and its JSON summary (summary_rows, write_summary)."""
 
 from __future__ import annotations
 
@@ -41,22 +41,30 @@ class RunConfig:
     dump_wait_s: float = 8.0
     node_prefix: str = "node-"
     stop_grace_s: float = 5.0  # SIGTERM -> SIGKILL
-    hang_grace_s: float = 15.0  # after a hang naming no stuck rank: time for a job only tearing down to end itself
-    checkpoint_wait_s: float = 120.0  # a slowdown's failover waits at most this for the next checkpoint boundary
-    finish_wait_s: float = 6.0  # after every agent exited with a failure: time for the engine to attribute it
-    total_steps: int | None = None  # the job's declared length (FAULTLENS_TOTAL_STEPS for the step timer)
-    # the remaining run time the slowdown policy assumes for a job that declares no length (None: the policy file's)
+    # after a hang naming no stuck rank: time for a job only tearing down to end itself
+    hang_grace_s: float = 15.0
+    # a slowdown's failover waits at most this for the next checkpoint boundary
+    checkpoint_wait_s: float = 120.0
+    # after every agent exited with a failure: time for the engine to attribute it
+    finish_wait_s: float = 6.0
+    # the job's declared length (FAULTLENS_TOTAL_STEPS for the step timer)
+    total_steps: int | None = None
+    # the remaining run time the slowdown policy assumes for a job that declares no length (None:
+    # the policy file's)
     assumed_remaining_s: float | None = None
 
 
 @dataclass(frozen=True)
 class AttemptFault:
-    """What the caller injects into one attempt: env for the ranks, and which node's GPU fails with it."""
+    """What the caller injects into one attempt: env for the ranks, and which node's GPU fails with
+    it.
+    """
 
     env: dict[str, str] = field(default_factory=dict)
     gpu_node: str | None = None  # the node whose simulated GPU fails with the fault
     gpu_local_rank: int = 0
-    gpu_fault: str | None = None  # "lost" (Xid 79) or "hot" (thermal slowdown); fires on <workdir>/gpu_<fault>-<node>
+    # "lost" (Xid 79) or "hot" (thermal slowdown); fires on <workdir>/gpu_<fault>-<node>
+    gpu_fault: str | None = None
     description: str = ""
 
 
@@ -73,7 +81,8 @@ class AttemptRecord:
     decision: Decision | None = None
     fault: str = ""
     exit_codes: dict[str, int | None] = field(default_factory=dict)
-    notices: list[Decision] = field(default_factory=list)  # decisions delivered while the job kept running
+    # decisions delivered while the job kept running
+    notices: list[Decision] = field(default_factory=list)
     completed: bool = False
 
 
@@ -93,22 +102,47 @@ def summary_rows(result: RunResult) -> list[dict[str, object]]:
     rows = []
     for record in result.attempts:
         incident, decision = record.incident, record.decision
-        rows.append({
-            "attempt": record.attempt, "nodes": ",".join(record.nodes), "fault": record.fault,
-            "resumed": "-" if record.restored_step is None else f"step {record.restored_step} ({record.restored_tier})",
-            "last_step": record.last_step,
-            "incident": "-" if incident is None else f"{incident.incident_class.value}/{incident.cause.value}",
-            "culprit": "-" if incident is None else (
-                f"{','.join(incident.culprit_nodes)} r{','.join(map(str, incident.culprit_ranks))}"),
-            "decision": "-" if decision is None else decision.action.value,
-            "excluded": "-" if decision is None else ",".join(decision.exclude_nodes) or "-",
-            "kept_running": ",".join(f"{d.action.value}:{d.incident_class.value}" for d in record.notices) or "-",
-            "seconds": round(((record.ended or record.started) - record.started).total_seconds(), 1),
-        })
+        rows.append(
+            {
+                "attempt": record.attempt,
+                "nodes": ",".join(record.nodes),
+                "fault": record.fault,
+                "resumed": "-"
+                if record.restored_step is None
+                else f"step {record.restored_step} ({record.restored_tier})",
+                "last_step": record.last_step,
+                "incident": "-"
+                if incident is None
+                else f"{incident.incident_class.value}/{incident.cause.value}",
+                "culprit": "-"
+                if incident is None
+                else (
+                    f"{','.join(incident.culprit_nodes)} r{','.join(map(str, incident.culprit_ranks))}"
+                ),
+                "decision": "-" if decision is None else decision.action.value,
+                "excluded": "-" if decision is None else ",".join(decision.exclude_nodes) or "-",
+                "kept_running": ",".join(
+                    f"{d.action.value}:{d.incident_class.value}" for d in record.notices
+                )
+                or "-",
+                "seconds": round(
+                    ((record.ended or record.started) - record.started).total_seconds(), 1
+                ),
+            }
+        )
     return rows
 
 
 def write_summary(result: RunResult, path: Path) -> None:
-    path.write_text(json.dumps({"outcome": result.outcome.value, "job_id": result.job_id,
-                                "excluded": result.excluded, "attempts": summary_rows(result)}, indent=1,
-                               default=str))
+    path.write_text(
+        json.dumps(
+            {
+                "outcome": result.outcome.value,
+                "job_id": result.job_id,
+                "excluded": result.excluded,
+                "attempts": summary_rows(result),
+            },
+            indent=1,
+            default=str,
+        )
+    )

@@ -1,30 +1,34 @@
-"""The reference supervisor: `faultlens run --nnodes N --nproc-per-node P [--spares S] -- train.py ARGS`.
+"""The reference supervisor: `faultlens run --nnodes N --nproc-per-node P [--spares S] -- train.py
+ARGS`.
 
-It runs a torchrun job as N simulated nodes on loopback (one torchrun agent each, own node name, own local
-checkpoint tier), with the node-side collectors (process source over each agent's stderr and --log-dir, a
-recorded NVML backend per node), the attribution engine following the store, and the decision policy. On a
-failover decision it stops the attempt, excludes the culprit node(s) (taking spares), writes the restore plan
-and starts the next attempt from it; on escalate it stops and prints the decision for a human. A collective
-hang is confirmed by requesting flight-recorder dumps from every rank (the trigger file the ranks poll) and
-analysing them.
+It runs a torchrun job as N simulated nodes on loopback (one torchrun agent each, own node name, own
+local checkpoint tier), with the node-side collectors (process source over each agent's stderr and
+--log-dir, a recorded NVML backend per node), the attribution engine following the store, and the
+decision policy. On a failover decision it stops the attempt, excludes the culprit node(s) (taking
+spares), writes the restore plan and starts the next attempt from it; on escalate it stops and
+prints the decision for a human. A collective hang is confirmed by requesting flight-recorder dumps
+from every rank (the trigger file the ranks poll) and analysing them.
 
 What an action means here (docs/design.md "What an action means"):
-- a notify, and any decision on a slowdown (straggler, workload imbalance) that is not a failover, is delivered
-  and the job keeps running: a running job is never stopped for a slowdown;
-- a failover of a slowdown waits (bounded) for the next checkpoint boundary: a complete checkpoint newer than the
-  one there was at decision time, which survives the exclusion; then the attempt stops and restarts from it;
-- a failover the supervisor carried out is marked applied (never delivered again by `faultlens deliver`);
-- a job whose agents all exited 0 has ended: an incident raised while it tore down (a hang of a job that had
-  finished) is not acted on; after a hang incident that names no stuck rank the job gets a short grace to end by
-  itself first.
+- a notify, and any decision on a slowdown (straggler, workload imbalance) that is not a failover,
+  is delivered and the job keeps running: a running job is never stopped for a slowdown;
+- a failover of a slowdown waits (bounded) for the next checkpoint boundary: a complete checkpoint
+  newer than the one there was at decision time, which survives the exclusion; then the attempt
+  stops and restarts from it;
+- a failover the supervisor carried out is marked applied (never delivered again by `faultlens
+  deliver`);
+- a job whose agents all exited 0 has ended: an incident raised while it tore down (a hang of a job
+  that had finished) is not acted on; after a hang incident that names no stuck rank the job gets a
+  short grace to end by itself first.
 
-What the supervisor sees and does is telemetry (process_events, source supervisor): each node's launch (start),
-each torchrun agent's exit (agent_exit), and every signal it sends, written before it sends it (signal_sent).
-An agent that dies (node or agent loss) leaves its workers in their own sessions: the supervisor kills them.
+What the supervisor sees and does is telemetry (process_events, source supervisor): each node's
+launch (start), each torchrun agent's exit (agent_exit), and every signal it sends, written before
+it sends it (signal_sent). An agent that dies (node or agent loss) leaves its workers in their own
+sessions: the supervisor kills them.
 
-Here: the Supervisor (nodes, attempts, hang confirmation, failover); watching one attempt is watch.py
-(AttemptWatcher, given a WatchInputs), the configuration, records and summary are records.py; which
-decision keeps the job running or waits for a checkpoint boundary is the policy's
+Here: the Supervisor (nodes, attempts, hang confirmation, failover); watching one attempt is
+watch.py (AttemptWatcher, given a WatchInputs), the configuration, records and summary are
+records.py; which decision keeps the job running or waits for a checkpoint boundary is the policy's
 (attribution/policy/running.py).
 """
 
@@ -93,8 +97,11 @@ class Supervisor:
         self.workdir = Path(config.workdir).resolve()
         self.pool = [f"{config.node_prefix}{i}" for i in range(config.nnodes + config.spares)]
         self.excluded: list[str] = []
-        # a death or a GPU event lands at once (a decision waits on it); steps and samples every 0.5 s
-        self.sink = SegmentSink(config.store, flush_rows=10_000, flush_age_s=0.5, write_through=URGENT_TABLES)
+        # a death or a GPU event lands at once (a decision waits on it); steps and samples every 0.5
+        # s
+        self.sink = SegmentSink(
+            config.store, flush_rows=10_000, flush_age_s=0.5, write_through=URGENT_TABLES
+        )
         thresholds = load_thresholds(config.thresholds_path) if config.thresholds_path else None
         self._current_dump_dir: Path | None = None
         self._current_trigger: Path | None = None
@@ -123,18 +130,23 @@ class Supervisor:
         return self.workdir / "durable"
 
     def _tiers(self) -> list[Tier]:
-        tiers = [Tier(TierKind.LOCAL, str(self.node_dir(node) / "ckpt"), node=node) for node in self.pool]
+        tiers = [
+            Tier(TierKind.LOCAL, str(self.node_dir(node) / "ckpt"), node=node) for node in self.pool
+        ]
         return [*tiers, Tier(TierKind.DURABLE, str(self.durable_dir()))]
 
     # ------------------------------------------------------------------ hang confirmation
 
     def _request_dumps(self, suspect: HangSuspect) -> pa.Table | None:
-        """Ask every rank of the current attempt for its flight-recorder dump, wait for them, store them."""
+        """Ask every rank of the current attempt for its flight-recorder dump, wait for them, store
+        them.
+        """
         if self._current_trigger is None or self._current_dump_dir is None:
             return None
         if suspect.attempt is not None and suspect.attempt != self.current_attempt:
             return None
-        self.say(f"progress stopped ({suspect.detected_by}); requesting flight-recorder dumps from every rank")
+        self.say(f"progress stopped ({suspect.detected_by}); requesting flight-recorder dumps from "
+                 "every rank")
         self._current_trigger.write_text(str(time.time()))
         world = self.config.nnodes * self.config.nproc_per_node
         deadline = time.monotonic() + self.config.dump_wait_s
@@ -153,7 +165,8 @@ class Supervisor:
         if table is not None and table.num_rows:
             self.sink.write("collectives", table)
             self.sink.flush("collectives")
-            # where each rank is while the hang is live (py-spy, when installed): names a stuck rank's frame
+            # where each rank is while the hang is live (py-spy, when installed): names a stuck
+            # rank's frame
             table = attach_stacks(table, capture_dump_dir_stacks(self._current_dump_dir))
         return table
 
@@ -165,8 +178,9 @@ class Supervisor:
             return None
         return healthy[: self.config.nnodes]
 
-    def _start_attempt(self, attempt: int, nodes: Sequence[str], plan_path: Path | None,
-                       fault: AttemptFault) -> tuple[list[TorchrunAgent], list[CollectorAgent], Path]:
+    def _start_attempt(
+        self, attempt: int, nodes: Sequence[str], plan_path: Path | None, fault: AttemptFault
+    ) -> tuple[list[TorchrunAgent], list[CollectorAgent], Path]:
         attempt_dir = self.workdir / f"attempt-{attempt}"
         if attempt_dir.exists():
             shutil.rmtree(attempt_dir)
@@ -174,24 +188,37 @@ class Supervisor:
         self._current_dump_dir = attempt_dir / "dumps"
         self._current_trigger = attempt_dir / "fr.trigger"
         self.current_attempt = attempt
-        spec = LaunchSpec(script=tuple(self.config.script), nnodes=self.config.nnodes,
-                          nproc_per_node=self.config.nproc_per_node, master_port=free_port(), workdir=attempt_dir,
-                          env={"FAULTLENS_STORE": str(self.config.store), "FAULTLENS_JOB_ID": self.config.job_id,
-                               "FAULTLENS_ATTEMPT": str(attempt), "FAULTLENS_FR_DIR": str(attempt_dir / "dumps"),
-                               "FAULTLENS_FR_TRIGGER": str(self._current_trigger),
-                               "FAULTLENS_FR_STACK_TRACES": "0",
-                               "FAULTLENS_CKPT_DURABLE": str(self.durable_dir()),
-                               "FAULTLENS_DEMO_DIR": str(attempt_dir),
-                               **({"FAULTLENS_RESTORE_PLAN": str(plan_path)} if plan_path else {}),
-                               **({environment.TOTAL_STEPS.name: str(self.config.total_steps)}
-                                  if self.config.total_steps else {}),
-                               **fault.env})
+        spec = LaunchSpec(
+            script=tuple(self.config.script),
+            nnodes=self.config.nnodes,
+            nproc_per_node=self.config.nproc_per_node,
+            master_port=free_port(),
+            workdir=attempt_dir,
+            env={
+                "FAULTLENS_STORE": str(self.config.store),
+                "FAULTLENS_JOB_ID": self.config.job_id,
+                "FAULTLENS_ATTEMPT": str(attempt),
+                "FAULTLENS_FR_DIR": str(attempt_dir / "dumps"),
+                "FAULTLENS_FR_TRIGGER": str(self._current_trigger),
+                "FAULTLENS_FR_STACK_TRACES": "0",
+                "FAULTLENS_CKPT_DURABLE": str(self.durable_dir()),
+                "FAULTLENS_DEMO_DIR": str(attempt_dir),
+                **({"FAULTLENS_RESTORE_PLAN": str(plan_path)} if plan_path else {}),
+                **(
+                    {environment.TOTAL_STEPS.name: str(self.config.total_steps)}
+                    if self.config.total_steps
+                    else {}
+                ),
+                **fault.env,
+            },
+        )
         agents = []
         collectors = []
         for node_rank, node in enumerate(nodes):
             ckpt = self.node_dir(node) / "ckpt"
             ckpt.mkdir(parents=True, exist_ok=True)
-            heartbeats = attempt_dir / "heartbeats" / node  # the node's step timers' progress records
+            # the node's step timers' progress records
+            heartbeats = attempt_dir / "heartbeats" / node
             agent = start_agent(spec, node, node_rank, {"FAULTLENS_CKPT_LOCAL": str(ckpt),
                                                         "FAULTLENS_HEARTBEAT_DIR": str(heartbeats)},
                                 attempt=attempt)
@@ -200,14 +227,26 @@ class Supervisor:
             clock = FaultClock()
             faulty = fault.gpu_node == node and fault.gpu_fault is not None
             self.gpu_clocks[node] = clock
-            self.gpu_markers[node] = attempt_dir / f"gpu_{fault.gpu_fault}-{node}" if faulty else None
-            backend = recorded_backend(self.pool.index(node), self.config.nproc_per_node, clock,
-                                       fault.gpu_local_rank if faulty else None, fault.gpu_fault if faulty else None)
+            self.gpu_markers[node] = (
+                attempt_dir / f"gpu_{fault.gpu_fault}-{node}" if faulty else None
+            )
+            backend = recorded_backend(
+                self.pool.index(node),
+                self.config.nproc_per_node,
+                clock,
+                fault.gpu_local_rank if faulty else None,
+                fault.gpu_fault if faulty else None,
+            )
             process_source = ProcessSource(identity, paths=[agent.stderr_path, agent.log_dir])
             # the launch itself is telemetry: goodput counts an attempt's start-up from this row
-            process_source.record_start(rank=None, local_rank=None, pid=agent.process.pid, attempt=attempt)
-            sources = [process_source, HeartbeatSource(heartbeats, identity, min_interval_s=0.0, keepalive_s=0.5),
-                       NvmlSource(backend, NodeIdentity(node=node))]
+            process_source.record_start(
+                rank=None, local_rank=None, pid=agent.process.pid, attempt=attempt
+            )
+            sources = [
+                process_source,
+                HeartbeatSource(heartbeats, identity, min_interval_s=0.0, keepalive_s=0.5),
+                NvmlSource(backend, NodeIdentity(node=node)),
+            ]
             collectors.append(CollectorAgent(sources, self.sink, interval_s=self.config.poll_s))
         return agents, collectors, attempt_dir
 
@@ -218,13 +257,16 @@ class Supervisor:
                 clock.fire()
                 self.say(f"{node}: " + ("the driver reports Xid 79 (GPU has fallen off the bus)"
                                         if marker.name.startswith("gpu_lost") else
-                                        "a GPU reports HW thermal slowdown (93 C, SM clock 1095 MHz)"))
+                                        "a GPU reports HW thermal slowdown (93 C, SM clock 1095 "
+                                        "MHz)"))
 
     def _progress(self) -> int | None:
         frame = self.follower.tail.frame("steps")
         if frame is None or frame.empty:
             return None
-        rows = frame[(frame["job_id"] == self.config.job_id) & (frame["attempt"] == self.current_attempt)]
+        rows = frame[
+            (frame["job_id"] == self.config.job_id) & (frame["attempt"] == self.current_attempt)
+        ]
         return None if rows.empty else int(rows["step"].max())
 
     def run(self) -> RunResult:
@@ -243,12 +285,28 @@ class Supervisor:
             nodes = self._choose_nodes()
             if nodes is None:
                 self.say("not enough healthy nodes left: a human must add capacity")
-                return RunResult(Outcome.NO_CAPACITY, self.config.job_id, attempts, self.excluded, self.config.store)
+                return RunResult(
+                    Outcome.NO_CAPACITY,
+                    self.config.job_id,
+                    attempts,
+                    self.excluded,
+                    self.config.store,
+                )
             fault = self.faults(attempt, nodes, 0 if restored[0] is None else restored[0] + 1)
-            record = AttemptRecord(attempt, tuple(nodes), dt.datetime.now(dt.UTC), restored_step=restored[0],
-                                   restored_tier=restored[1], fault=fault.description)
+            record = AttemptRecord(
+                attempt,
+                tuple(nodes),
+                dt.datetime.now(dt.UTC),
+                restored_step=restored[0],
+                restored_tier=restored[1],
+                fault=fault.description,
+            )
             attempts.append(record)
-            where = f"from step {restored[0]} ({restored[1]})" if restored[0] is not None else "from scratch"
+            where = (
+                f"from step {restored[0]} ({restored[1]})"
+                if restored[0] is not None
+                else "from scratch"
+            )
             self.say(f"attempt {attempt}: starting on {', '.join(nodes)} {where}"
                      + (f"; injected: {fault.description}" if fault.description else ""))
             agents, collectors, attempt_dir = self._start_attempt(attempt, nodes, plan_path, fault)
@@ -258,22 +316,40 @@ class Supervisor:
             record.last_step = self._progress()
             if record.completed:
                 self.say(f"attempt {attempt}: training completed")
-                return RunResult(Outcome.COMPLETED, self.config.job_id, attempts, self.excluded, self.config.store)
+                return RunResult(
+                    Outcome.COMPLETED,
+                    self.config.job_id,
+                    attempts,
+                    self.excluded,
+                    self.config.store,
+                )
             record.incident, record.decision = incident, decision
             if incident is None or decision is None:
                 self.say(f"attempt {attempt}: ended without an attributed incident (exit codes "
                          f"{record.exit_codes}); giving up")
-                return RunResult(Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store)
+                return RunResult(
+                    Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store
+                )
             if decision.action is not Action.FAILOVER:
-                for item in decision.evidence[:2]:  # what the human is called for (data: printed literally)
+                # what the human is called for (data: printed literally)
+                for item in decision.evidence[:2]:
                     self.say(f"evidence ({item.table}): {item.text}")
-                self.say(f"escalated to a human; the job is stopped (decision {decision.decision_id}; its JSON: "
-                         f"faultlens decisions --store {self.config.store} --job {self.config.job_id} --json)")
-                return RunResult(Outcome.ESCALATED, self.config.job_id, attempts, self.excluded, self.config.store)
+                self.say("escalated to a human; the job is stopped (decision "
+                         f"{decision.decision_id}; its JSON: "
+                         f"faultlens decisions --store {self.config.store} --job "
+                         f"{self.config.job_id} --json)")
+                return RunResult(
+                    Outcome.ESCALATED,
+                    self.config.job_id,
+                    attempts,
+                    self.excluded,
+                    self.config.store,
+                )
             for node in decision.exclude_nodes:
                 if node not in self.excluded:
                     self.excluded.append(node)
-            self.catalog.retire(self.excluded)  # their local tiers are gone for every later restore too
+            # their local tiers are gone for every later restore too
+            self.catalog.retire(self.excluded)
             plan = plan_restore(decision, self.catalog, world_size=world)
             plan_path = self.workdir / f"restore-plan-{attempt + 1}.json"
             if plan is not None:
@@ -281,17 +357,33 @@ class Supervisor:
                 restored = (plan.step, plan.tier)
             else:
                 plan_path, restored = None, (None, None)
-            self.deliverer.mark_applied(decision, note=(
-                f"applied by the supervisor: excluded {', '.join(decision.exclude_nodes)}; restart "
-                + (f"from step {restored[0]} ({restored[1]})" if restored[0] is not None else "from scratch")))
-        return RunResult(Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store)
+            self.deliverer.mark_applied(
+                decision,
+                note=(
+                    f"applied by the supervisor: excluded {', '.join(decision.exclude_nodes)}; restart "
+                    + (
+                        f"from step {restored[0]} ({restored[1]})"
+                        if restored[0] is not None
+                        else "from scratch"
+                    )
+                ),
+            )
+        return RunResult(
+            Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store
+        )
 
     # ------------------------------------------------------------------ watching one attempt
 
-    def _watch(self, agents: list[TorchrunAgent], collectors: list[CollectorAgent], attempt_dir: Path,
-               record: AttemptRecord, nodes: Sequence[str]) -> tuple[Incident | None, Decision | None]:
-        """Watch one attempt until it completes, or an incident's decision ends it (returned, not yet applied),
-        or it fails with nothing attributed (controller/supervisor/watch.py)."""
+    def _watch(
+        self,
+        agents: list[TorchrunAgent],
+        collectors: list[CollectorAgent],
+        attempt_dir: Path,
+        record: AttemptRecord,
+        nodes: Sequence[str],
+    ) -> tuple[Incident | None, Decision | None]:
+        """Watch one attempt until it completes, or an incident's decision ends it (returned, not
+        yet applied), or it fails with nothing attributed (controller/supervisor/watch.py)."""
         watcher = AttemptWatcher(self._watch_inputs())
         return watcher.watch(agents, collectors, attempt_dir, record, nodes)
 

@@ -1,7 +1,7 @@
-"""Watching one attempt of the reference supervisor (AttemptWatcher): the agents' exits and their orphaned workers,
-the engine's incidents and the policy's decisions on them (delivered while the job keeps running, a slowdown's
-failover held until the next checkpoint boundary, or the decision that ends the attempt), and the node-side
-collectors ticking on their own thread meanwhile.
+"""Watching one attempt of the reference supervisor (AttemptWatcher): the agents' exits and their
+orphaned workers, the engine's incidents and the policy's decisions on them (delivered while the job
+keeps running, a slowdown's failover held until the next checkpoint boundary, or the decision that
+ends the attempt), and the node-side collectors ticking on their own thread meanwhile.
 
 Which of those a decision is, is the policy's judgment (attribution/policy/running.py): this
 module carries it out. What it needs of the supervisor comes in as a value (WatchInputs), so it
@@ -62,7 +62,9 @@ class WatchInputs:
 
 
 class AttemptWatcher:
-    """One attempt watched with the supervisor's engine follower, policy, deliverer, recorder and catalog."""
+    """One attempt watched with the supervisor's engine follower, policy, deliverer, recorder and
+    catalog.
+    """
 
     def __init__(self, inputs: WatchInputs) -> None:
         self.config = inputs.config
@@ -78,7 +80,8 @@ class AttemptWatcher:
         self.fire_gpu_faults = inputs.fire_gpu_faults
 
     def _poll_agents(self, agents: list[TorchrunAgent], *, track: bool) -> None:
-        """Record agent exits; an agent that is gone leaves no worker of its own running unwatched."""
+        """Record agent exits; an agent that is gone leaves no worker of its own running unwatched.
+        """
         ranks = self._rank_pids() if track else {}
         for agent in agents:
             if agent.poll() is None:
@@ -90,39 +93,62 @@ class AttemptWatcher:
                 agent.exit_recorded = True
                 code = agent.exit_code if agent.exit_code is not None else 0
                 how = (f"killed by {signal_text(code)}" if code < 0 else f"exited with code {code}")
-                self.recorder.agent_exit(node=agent.node, attempt=agent.attempt, returncode=code, pid=agent.pid,
-                                         message=f"torchrun agent of {agent.node} {how}"
-                                                 + (" (stopped by the supervisor)" if agent.stopped_by_us else ""),
-                                         by_us=agent.stopped_by_us)
+                self.recorder.agent_exit(
+                    node=agent.node,
+                    attempt=agent.attempt,
+                    returncode=code,
+                    pid=agent.pid,
+                    message=f"torchrun agent of {agent.node} {how}"
+                    + (" (stopped by the supervisor)" if agent.stopped_by_us else ""),
+                    by_us=agent.stopped_by_us,
+                )
                 if not agent.stopped_by_us and code != 0:
                     self.say(f"{agent.node}: torchrun agent {how}")
             if agent.tracker is not None and agent.tracker.alive():
-                reason = (f"the torchrun agent of {agent.node} is gone ({'exit ' + str(agent.exit_code)}): its "
+                reason = (f"the torchrun agent of {agent.node} is gone "
+                          f"({'exit ' + str(agent.exit_code)}): its "
                           "workers must not train on unwatched")
                 pids = kill_workers(agent, self.recorder, reason)
                 if pids:
-                    self.say(f"{agent.node}: the agent is gone; killed its {len(pids)} orphaned worker(s) "
+                    self.say(f"{agent.node}: the agent is gone; killed its {len(pids)} orphaned "
+                             "worker(s) "
                              f"(pids {', '.join(map(str, pids))})")
 
     def _rank_pids(self) -> dict[str, list[tuple[int, int | None, int | None]]]:
         frame = self.follower.tail.frame("ranks")
         if frame is None or frame.empty or "pid" not in frame.columns:
             return {}
-        rows = frame[(frame["job_id"] == self.config.job_id) & (frame["attempt"] == self.current_attempt)
-                     & frame["pid"].notna()]
+        rows = frame[
+            (frame["job_id"] == self.config.job_id)
+            & (frame["attempt"] == self.current_attempt)
+            & frame["pid"].notna()
+        ]
         found: dict[str, list[tuple[int, int | None, int | None]]] = {}
-        for node, pid, rank, local in zip(rows["node"], rows["pid"], rows["rank"], rows["local_rank"], strict=True):
-            found.setdefault(str(node), []).append((int(pid), _int_or_none(rank), _int_or_none(local)))
+        for node, pid, rank, local in zip(
+            rows["node"], rows["pid"], rows["rank"], rows["local_rank"], strict=True
+        ):
+            found.setdefault(str(node), []).append(
+                (int(pid), _int_or_none(rank), _int_or_none(local))
+            )
         return found
 
     def _newest_restore(self, exclude: Sequence[str]) -> Restore | None:
-        choice = self.catalog.choose(exclude, world_size=self.config.nnodes * self.config.nproc_per_node)
+        choice = self.catalog.choose(
+            exclude, world_size=self.config.nnodes * self.config.nproc_per_node
+        )
         return None if choice is None else choice.to_restore()
 
-    def watch(self, agents: list[TorchrunAgent], collectors: list[CollectorAgent], attempt_dir: Path,
-              record: AttemptRecord, nodes: Sequence[str]) -> tuple[Incident | None, Decision | None]:
-        """Watch one attempt until it completes, or an incident's decision ends it (returned, not yet applied),
-        or it fails with nothing attributed. Decisions that leave the job running are delivered here."""
+    def watch(
+        self,
+        agents: list[TorchrunAgent],
+        collectors: list[CollectorAgent],
+        attempt_dir: Path,
+        record: AttemptRecord,
+        nodes: Sequence[str],
+    ) -> tuple[Incident | None, Decision | None]:
+        """Watch one attempt until it completes, or an incident's decision ends it (returned, not
+        yet applied), or it fails with nothing attributed. Decisions that leave the job running are
+        delivered here."""
         collecting = _Collecting(collectors, self.fire_gpu_faults, self.config.poll_s)
         collecting.start()
         watch = _AttemptWatch()
@@ -130,41 +156,59 @@ class AttemptWatcher:
             self._watch_until_over(agents, record, nodes, watch, collecting.news)
             return self._conclude(agents, record, watch)
         finally:
-            stop_agents(agents, self.config.stop_grace_s, recorder=self.recorder, reason=watch.stop_reason)
+            stop_agents(
+                agents, self.config.stop_grace_s, recorder=self.recorder, reason=watch.stop_reason
+            )
             self._poll_agents(agents, track=False)
             collecting.stop()
             for collector in collectors:
                 collector.tick()  # the last lines the agents wrote as they stopped
             self.sink.flush()
 
-    def _watch_until_over(self, agents: list[TorchrunAgent], record: AttemptRecord, nodes: Sequence[str],
-                          watch: _AttemptWatch, news: threading.Event) -> None:
-        """Poll the agents and the engine until a decision ends the attempt, a pending failover reaches its
-        checkpoint boundary, every agent has exited, or the attempt's time is up."""
+    def _watch_until_over(
+        self,
+        agents: list[TorchrunAgent],
+        record: AttemptRecord,
+        nodes: Sequence[str],
+        watch: _AttemptWatch,
+        news: threading.Event,
+    ) -> None:
+        """Poll the agents and the engine until a decision ends the attempt, a pending failover
+        reaches its checkpoint boundary, every agent has exited, or the attempt's time is up."""
         started = time.monotonic()
         while time.monotonic() - started < self.config.attempt_timeout_s:
             self._poll_agents(agents, track=True)
             for found in self.follower.poll_once():
-                if found.attempt not in (None, record.attempt) or found.job_id != self.config.job_id:
+                if (
+                    found.attempt not in (None, record.attempt)
+                    or found.job_id != self.config.job_id
+                ):
                     continue
                 self._on_incident(found, agents, record, nodes, watch)
-            if watch.ending is not None or self._boundary_reached(watch) or self._agents_done(agents, record, watch):
+            if (
+                watch.ending is not None
+                or self._boundary_reached(watch)
+                or self._agents_done(agents, record, watch)
+            ):
                 return
             news.wait(self.config.poll_s)
             news.clear()
 
     def _on_incident(self, found: Incident, agents: list[TorchrunAgent], record: AttemptRecord,
                      nodes: Sequence[str], watch: _AttemptWatch) -> None:
-        """An incident of this attempt: not acted on (the job ended, or a failover is already pending), delivered
-        while the job keeps running, a failover that waits for the next checkpoint boundary, or the decision that
-        ends the attempt (watch.ending)."""
+        """An incident of this attempt: not acted on (the job ended, or a failover is already
+        pending), delivered while the job keeps running, a failover that waits for the next
+        checkpoint boundary, or the decision that ends the attempt (watch.ending)."""
         self.say(f"incident: {found.incident_class.value} / {found.cause.value} on "
-                 f"{', '.join(found.culprit_nodes) or 'no single node:'} ranks {list(found.culprit_ranks)} "
+                 f"{', '.join(found.culprit_nodes) or 'no single node:'} ranks "
+                 f"{list(found.culprit_ranks)} "
                  f"({found.rule}, confidence {found.confidence:.2f})")
         if watch.ending is not None:
             return
         if self._ended_ok(agents):
-            self.say("every agent had already exited 0: the job ended; the incident is not acted on")
+            self.say(
+                "every agent had already exited 0: the job ended; the incident is not acted on"
+            )
             return
         # when the job fails over is the policy's judgment (attribution/policy/running.py)
         if watch.boundary is not None and waits_for_pending_failover(found):
@@ -175,20 +219,24 @@ class AttemptWatcher:
         if keeps_running(found, decision):
             self.deliverer.submit(decision)
             record.notices.append(decision)
-            self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}; "
+            self.say(f"decision: {decision.action.value} ({decision.policy_rule}): "
+                     f"{decision.reason}; "
                      "delivered, the job keeps running")
             return
         if fails_over_at_boundary(found, decision):
             watch.boundary = self._pending_failover(found, decision)
             return
         if watch.boundary is not None:
-            self.say(f"the pending failover of the {watch.boundary.incident.incident_class.value} is "
+            self.say(f"the pending failover of the {watch.boundary.incident.incident_class.value} "
+                     "is "
                      "superseded by this incident")
             watch.boundary = None
         watch.ending = (found, decision)
 
     def _pending_failover(self, found: Incident, decision: Decision) -> _Boundary:
-        """A slowdown's failover, to be carried out at the next checkpoint boundary (bounded by checkpoint_wait_s)."""
+        """A slowdown's failover, to be carried out at the next checkpoint boundary (bounded by
+        checkpoint_wait_s).
+        """
         exclude = [*self.excluded, *decision.exclude_nodes]
         newest = self._newest_restore(exclude)
         boundary = _Boundary(found, decision, None if newest is None else newest.step, exclude,
@@ -200,8 +248,8 @@ class AttemptWatcher:
         return boundary
 
     def _boundary_reached(self, watch: _AttemptWatch) -> bool:
-        """A pending failover (checked once a second) whose checkpoint boundary came, or whose wait is over: it
-        becomes the decision that ends the attempt."""
+        """A pending failover (checked once a second) whose checkpoint boundary came, or whose wait
+        is over: it becomes the decision that ends the attempt."""
         boundary = watch.boundary
         if boundary is None or time.monotonic() < boundary.next_check:
             return False
@@ -217,9 +265,11 @@ class AttemptWatcher:
                       "failing over from the newest there is")
         return True
 
-    def _agents_done(self, agents: list[TorchrunAgent], record: AttemptRecord, watch: _AttemptWatch) -> bool:
-        """Every agent has exited: all 0 (the job completed), or a failure the engine has had finish_wait_s to
-        attribute."""
+    def _agents_done(
+        self, agents: list[TorchrunAgent], record: AttemptRecord, watch: _AttemptWatch
+    ) -> bool:
+        """Every agent has exited: all 0 (the job completed), or a failure the engine has had
+        finish_wait_s to attribute."""
         if not all(a.exit_code is not None for a in agents):
             return False
         if self._ended_ok(agents):
@@ -236,20 +286,22 @@ class AttemptWatcher:
 
     def _conclude(self, agents: list[TorchrunAgent], record: AttemptRecord,
                   watch: _AttemptWatch) -> tuple[Incident | None, Decision | None]:
-        """The decision that ends the attempt, delivered; none when there is none, or when the job ends by itself
-        within the grace after the incident."""
+        """The decision that ends the attempt, delivered; none when there is none, or when the job
+        ends by itself within the grace after the incident."""
         if watch.ending is None:
             return None, None
         incident, decision = watch.ending
         if self._ends_by_itself(agents, incident):
             record.completed = True
             watch.stop_reason = "end of job: every agent exited 0"
-            self.say("every agent exited 0 within the grace after the incident: the job had finished and "
+            self.say("every agent exited 0 within the grace after the incident: the job had "
+                     "finished and "
                      "was tearing down; the incident is not acted on")
             return None, None
         self.deliverer.submit(decision)
         self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}")
-        watch.stop_reason = (f"teardown after incident {incident.incident_id} ({incident.incident_class.value}/"
+        watch.stop_reason = (f"teardown after incident {incident.incident_id} "
+                             f"({incident.incident_class.value}/"
                              f"{incident.cause.value}): decision {decision.action.value}")
         return watch.ending
 
@@ -257,18 +309,29 @@ class AttemptWatcher:
         return all(a.poll() == 0 and not a.stopped_by_us for a in agents)
 
     def _ends_by_itself(self, agents: list[TorchrunAgent], incident: Incident) -> bool:
-        """Before acting on an incident: does the job end by itself, every agent exiting 0, within hang_grace_s?
-        Asked after a hang incident that names no live stuck rank (the dumps show nobody stuck, or none came, or
-        only ranks whose worker has exited: what a finished job tearing down slowly looks like too) and after any
-        incident raised once no worker is left on any node (agents in torchrun's exit barrier, whose own store may
-        already be gone). A real failure ends the wait as soon as an agent exits non-zero; a hang with a live
-        culprit is acted on at once."""
-        workers_gone = all(a.poll() is not None or (a.tracker is not None and not a.tracker.alive()) for a in agents)
-        alive = {w.rank for a in agents if a.tracker is not None for w in a.tracker.alive() if w.rank is not None}
-        # a hang naming no stuck rank, or naming only ranks whose process has already exited (a worker that
-        # finished; one that failed makes its agent report it within the grace)
-        teardown_like = incident.incident_class is IncidentClass.COLLECTIVE_HANG and not (set(incident.culprit_ranks)
-                                                                                         & alive)
+        """Before acting on an incident: does the job end by itself, every agent exiting 0, within
+        hang_grace_s? Asked after a hang incident that names no live stuck rank (the dumps show
+        nobody stuck, or none came, or only ranks whose worker has exited: what a finished job
+        tearing down slowly looks like too) and after any incident raised once no worker is left on
+        any node (agents in torchrun's exit barrier, whose own store may already be gone). A real
+        failure ends the wait as soon as an agent exits non-zero; a hang with a live culprit is
+        acted on at once."""
+        workers_gone = all(
+            a.poll() is not None or (a.tracker is not None and not a.tracker.alive())
+            for a in agents
+        )
+        alive = {
+            w.rank
+            for a in agents
+            if a.tracker is not None
+            for w in a.tracker.alive()
+            if w.rank is not None
+        }
+        # a hang naming no stuck rank, or naming only ranks whose process has already exited (a
+        # worker that finished; one that failed makes its agent report it within the grace)
+        teardown_like = incident.incident_class is IncidentClass.COLLECTIVE_HANG and not (
+            set(incident.culprit_ranks) & alive
+        )
         if not (teardown_like or workers_gone) or self._worker_failure_reported():
             return False
         deadline = time.monotonic() + self.config.hang_grace_s
@@ -283,14 +346,18 @@ class AttemptWatcher:
             time.sleep(self.config.poll_s)
 
     def _worker_failure_reported(self) -> bool:
-        """A worker of this attempt failed: torchrun reported its non-zero exit, or it wrote an error file (only an
-        exception leaving the script does). Its agent runs with --max-restarts=0, so it exits non-zero too and the
-        job cannot end by itself."""
+        """A worker of this attempt failed: torchrun reported its non-zero exit, or it wrote an
+        error file (only an exception leaving the script does). Its agent runs with
+        --max-restarts=0, so it exits non-zero too and the job cannot end by itself."""
         frame = self.follower.tail.frame("process_events")
         if frame is None or frame.empty or "exit_code" not in frame.columns:
             return False
-        rows = frame[(frame["job_id"] == self.config.job_id) & (frame["attempt"] == self.current_attempt)]
-        exits = rows[(rows["kind"] == "exit") & (rows["source"] != Source.SUPERVISOR)]["exit_code"].dropna()
+        rows = frame[
+            (frame["job_id"] == self.config.job_id) & (frame["attempt"] == self.current_attempt)
+        ]
+        exits = rows[(rows["kind"] == "exit") & (rows["source"] != Source.SUPERVISOR)][
+            "exit_code"
+        ].dropna()
         raised = (rows["kind"] == "error") & (rows["source"] == Source.ERROR_JSON)
         if "is_secondary" in rows.columns:
             raised &= ~rows["is_secondary"].fillna(False).astype(bool)
@@ -312,16 +379,22 @@ class _Boundary:
         """The decision as carried out: restoring from the checkpoint of the boundary."""
         if restore is None:
             return self.decision
-        note = (f"carried out at the checkpoint boundary: restore {restore.tier} step {restore.step}" if reached
+        note = (f"carried out at the checkpoint boundary: restore {restore.tier} step "
+                f"{restore.step}" if reached
                 else f"no newer checkpoint in time: restore {restore.tier} step {restore.step}")
-        return dataclasses.replace(self.decision, restore=restore, reason=f"{self.decision.reason}; {note}")
+        return dataclasses.replace(
+            self.decision, restore=restore, reason=f"{self.decision.reason}; {note}"
+        )
 
 
 class _Collecting:
-    """The node-side collectors ticking on their own thread while an attempt runs. `news` is set when a tick
-    stored a death or a GPU event: the watch loop looks at once, not at its next poll."""
+    """The node-side collectors ticking on their own thread while an attempt runs. `news` is set
+    when a tick stored a death or a GPU event: the watch loop looks at once, not at its next poll.
+    """
 
-    def __init__(self, collectors: list[CollectorAgent], after_tick: Callable[[], None], poll_s: float) -> None:
+    def __init__(
+        self, collectors: list[CollectorAgent], after_tick: Callable[[], None], poll_s: float
+    ) -> None:
         self.collectors = collectors
         self.after_tick = after_tick
         self.poll_s = poll_s
@@ -354,10 +427,13 @@ class _Collecting:
 class _AttemptWatch:
     """What watching one attempt has come to so far."""
 
-    ending: tuple[Incident, Decision] | None = None  # the decision that ends the attempt, with its incident
-    boundary: _Boundary | None = None  # a slowdown's failover waiting for the next checkpoint boundary
+    # the decision that ends the attempt, with its incident
+    ending: tuple[Incident, Decision] | None = None
+    # a slowdown's failover waiting for the next checkpoint boundary
+    boundary: _Boundary | None = None
     finished_at: float | None = None  # when every agent had exited, not all with 0
-    stop_reason: str = "the attempt ran past its time limit"  # the reason the agents' stop signals carry
+    # the reason the agents' stop signals carry
+    stop_reason: str = "the attempt ran past its time limit"
 
 
 def signal_text(returncode: int) -> str:

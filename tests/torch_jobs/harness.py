@@ -3,18 +3,20 @@
     python tests/torch_jobs/harness.py OUT_DIR [SCENARIO ...]      # generate into OUT_DIR
     cached_artifacts()                                             # what the pytest fixture calls
 
-Each scenario directory holds: dumps/ (flight-recorder dumps of the ranks that could write one), logdir/ (torchrun
---log-dir tree), torchrun_stderr.txt, torchrun_stdout.txt, store/ (steps and ranks rows of the step timer),
-progress/ (the markers the ranks wrote before a collective that would not complete), meta.json. Hang scenarios
-also have dumps_on_exit/ (dumps written on the way out of the timeout exception); crash_exception runs with one
-restart, so its second attempt's dumps are in dumps_attempt_1/.
+Each scenario directory holds: dumps/ (flight-recorder dumps of the ranks that could write one),
+logdir/ (torchrun --log-dir tree), torchrun_stderr.txt, torchrun_stdout.txt, store/ (steps and ranks
+rows of the step timer), progress/ (the markers the ranks wrote before a collective that would not
+complete), meta.json. Hang scenarios also have dumps_on_exit/ (dumps written on the way out of the
+timeout exception); crash_exception runs with one restart, so its second attempt's dumps are in
+dumps_attempt_1/.
 
-The cache directory is keyed by a hash of the scripts and collectors they run (this harness included) plus the
-torch version, and guarded by a file lock, so pytest-xdist workers and several checkouts with the same code
-generate it once. Each time the cache is used, every scenario's outcome is checked again (_check_outputs: the
-primary failure torch must report, the dumps and rows the tests read; never which secondary error a survivor
-printed); a scenario whose cached outcome is not the expected one is generated again, alone, so one bad run on a
-loaded machine never fails every later session.
+The cache directory is keyed by a hash of the scripts and collectors they run (this harness
+included) plus the torch version, and guarded by a file lock, so pytest-xdist workers and several
+checkouts with the same code generate it once. Each time the cache is used, every scenario's outcome
+is checked again (_check_outputs: the primary failure torch must report, the dumps and rows the
+tests read; never which secondary error a survivor printed); a scenario whose cached outcome is not
+the expected one is generated again, alone, so one bad run on a loaded machine never fails every
+later session.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class Scenario:
     culprit_ranks: tuple[int, ...]
     description: str
     timeout_s: float = 5.0  # the process-group timeout
-    request: str | None = None  # how the harness asks for live dumps: 'signal', 'trigger_file' or None
+    # how the harness asks for live dumps: 'signal', 'trigger_file' or None
+    request: str | None = None
     stack_traces: bool = False
     separate_exit_dumps: bool = False  # exception dumps into dumps_on_exit/ instead of dumps/
     monitor_interval_s: float = 0.5
@@ -78,39 +81,83 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("hang", (2,), "rank 2 skips a world all_reduce and is stuck outside collectives; ranks 0, 1, 3 "
-                 "wait in it until the gloo timeout", timeout_s=6.0, request="signal", stack_traces=True,
-                 separate_exit_dumps=True,
-                 expected={"verdict": "NEVER_JOINED", "op": "gloo:all_reduce", "pg_desc": "default_pg"}),
-        Scenario("mismatch", (1,), "rank 1 all_reduces its gradients with shape [1, n] where the others use [n]; "
-                 "gloo completes it, only the flight recorder shows it; dumps written at the end of the run",
-                 expect_failure=False,
-                 expected={"verdict": "SIZE_MISMATCH", "op": "gloo:all_reduce", "pg_desc": "default_pg"}),
-        Scenario("subgroup_hang", (3,), "rank 3 skips an all_reduce in the sub-group new_group([2, 3]); rank 2 "
-                 "waits in it, ranks 0, 1, 3 wait in the next world all_reduce", request="trigger_file",
-                 separate_exit_dumps=True,
-                 expected={"verdict": "NEVER_JOINED", "op": "gloo:all_reduce", "pg_desc": "pair_2_3",
-                           "pg_ranks": [2, 3]}),
-        Scenario("crash_exception", (2,), "rank 2 raises ValueError in its forward section at step 3, in both "
-                 "attempts (torchrun --max-restarts 1); survivors fail with 'Connection closed by peer'",
-                 monitor_interval_s=1.0, max_restarts=1,
-                 expected={"exception_type": "ValueError", "step": 3}),
-        Scenario("crash_sigkill", (1,), "rank 1 is SIGKILLed at step 3 and writes no dump; survivors fail with "
-                 "'Connection closed by peer' and dump on the way out", monitor_interval_s=1.0,
-                 expected={"signal": "SIGKILL", "step": 3}),
-        Scenario("straggler", (3,), "rank 3 sleeps 20 ms extra inside its forward section every step; no failure",
-                 expect_failure=False, expected={"section": "forward", "extra_s": 0.02}),
+        Scenario(
+            "hang",
+            (2,),
+            "rank 2 skips a world all_reduce and is stuck outside collectives; "
+            "ranks 0, 1, 3 "
+            "wait in it until the gloo timeout",
+            timeout_s=6.0,
+            request="signal",
+            stack_traces=True,
+            separate_exit_dumps=True,
+            expected={"verdict": "NEVER_JOINED", "op": "gloo:all_reduce", "pg_desc": "default_pg"},
+        ),
+        Scenario(
+            "mismatch",
+            (1,),
+            "rank 1 all_reduces its gradients with shape [1, n] where the "
+            "others use [n]; "
+            "gloo completes it, only the flight recorder shows it; dumps written at the end "
+            "of the run",
+            expect_failure=False,
+            expected={"verdict": "SIZE_MISMATCH", "op": "gloo:all_reduce", "pg_desc": "default_pg"},
+        ),
+        Scenario(
+            "subgroup_hang",
+            (3,),
+            "rank 3 skips an all_reduce in the sub-group new_group([2, "
+            "3]); rank 2 "
+            "waits in it, ranks 0, 1, 3 wait in the next world all_reduce",
+            request="trigger_file",
+            separate_exit_dumps=True,
+            expected={
+                "verdict": "NEVER_JOINED",
+                "op": "gloo:all_reduce",
+                "pg_desc": "pair_2_3",
+                "pg_ranks": [2, 3],
+            },
+        ),
+        Scenario(
+            "crash_exception",
+            (2,),
+            "rank 2 raises ValueError in its forward section at step "
+            "3, in both "
+            "attempts (torchrun --max-restarts 1); survivors fail with 'Connection closed by "
+            "peer'",
+            monitor_interval_s=1.0,
+            max_restarts=1,
+            expected={"exception_type": "ValueError", "step": 3},
+        ),
+        Scenario(
+            "crash_sigkill",
+            (1,),
+            "rank 1 is SIGKILLed at step 3 and writes no dump; "
+            "survivors fail with "
+            "'Connection closed by peer' and dump on the way out",
+            monitor_interval_s=1.0,
+            expected={"signal": "SIGKILL", "step": 3},
+        ),
+        Scenario(
+            "straggler",
+            (3,),
+            "rank 3 sleeps 20 ms extra inside its forward section every step; no failure",
+            expect_failure=False,
+            expected={"section": "forward", "extra_s": 0.02},
+        ),
     )
 }
 
 
 class GenerationError(RuntimeError):
-    """A scenario did not produce what it must: the message says which and shows torchrun's stderr tail."""
+    """A scenario did not produce what it must: the message says which and shows torchrun's stderr
+    tail.
+    """
 
 
 def files_key(files: Sequence[Path], *extra: bytes) -> str:
-    """A cache key of generated torch artifacts: the generating files' names and bytes, torch's and Python's
-    versions, and whatever else the generator's output depends on (`extra`)."""
+    """A cache key of generated torch artifacts: the generating files' names and bytes, torch's and
+    Python's versions, and whatever else the generator's output depends on (`extra`)."""
     import torch
 
     digest = hashlib.sha256()
@@ -125,8 +172,8 @@ def files_key(files: Sequence[Path], *extra: bytes) -> str:
 
 
 def generated_once(root: Path, key: str, generate: Callable[[Path], object]) -> Path:
-    """`root/key`, made by `generate` once per key under a file lock (other test processes wait for it); a
-    directory left incomplete by an interrupted run is made again."""
+    """`root/key`, made by `generate` once per key under a file lock (other test processes wait for
+    it); a directory left incomplete by an interrupted run is made again."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / key
     with open(root / f"{key}.lock", "w") as lock:
@@ -150,7 +197,9 @@ def default_cache_root() -> Path:
     return Path(tempfile.gettempdir()) / f"faultlens-torch-artifacts-{os.getuid()}"
 
 
-def cached_artifacts(cache_root: Path | None = None, parallel: int | None = None) -> dict[str, Path]:
+def cached_artifacts(
+    cache_root: Path | None = None, parallel: int | None = None
+) -> dict[str, Path]:
     """The artifact directory of every scenario, generated once per cache key under a file lock."""
     root = cache_root or default_cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -159,14 +208,19 @@ def cached_artifacts(cache_root: Path | None = None, parallel: int | None = None
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (final / "COMPLETE").exists():
-            # generated in place (torchrun's report names files by absolute path); COMPLETE is written last, so a
-            # generation that died half-way is removed and done again by the next holder of the lock
+            # generated in place (torchrun's report names files by absolute path); COMPLETE is
+            # written last, so a generation that died half-way is removed and done again by the next
+            # holder of the lock
             if final.exists():
                 shutil.rmtree(final)
             generate(final, parallel=parallel)
             (final / "COMPLETE").write_text(dt.datetime.now(dt.UTC).isoformat())
         else:
-            stale = [name for name in SCENARIOS if outcome_problem(SCENARIOS[name], final / name) is not None]
+            stale = [
+                name
+                for name in SCENARIOS
+                if outcome_problem(SCENARIOS[name], final / name) is not None
+            ]
             if stale:
                 generate(final, stale, parallel=parallel)
                 with open(final / "REGENERATED", "a") as log:
@@ -187,8 +241,9 @@ def outcome_problem(scenario: Scenario, art: Path) -> str | None:
 
 
 def default_parallel() -> int:
-    """All scenarios at once (they mostly wait on timeouts; CPU-bound start-up overlaps), as many as memory allows:
-    a scenario is five processes that import torch, about 2 GiB with headroom. $FAULTLENS_TORCH_PARALLEL wins."""
+    """All scenarios at once (they mostly wait on timeouts; CPU-bound start-up overlaps), as many as
+    memory allows: a scenario is five processes that import torch, about 2 GiB with headroom.
+    $FAULTLENS_TORCH_PARALLEL wins."""
     configured = os.environ.get(ENV_PARALLEL, "").strip()
     if configured.isdigit() and int(configured) > 0:
         return int(configured)
@@ -201,15 +256,19 @@ def default_parallel() -> int:
 
 def generate(out_dir: Path, scenarios: Iterable[str] | None = None, parallel: int | None = None,
              attempts: int = 2) -> dict[str, Path]:
-    """Run the scenarios (some at a time) into out_dir/<scenario>; a scenario whose required outputs are missing
-    (a lost race on a loaded machine) is run once more before GenerationError."""
+    """Run the scenarios (some at a time) into out_dir/<scenario>; a scenario whose required outputs
+    are missing (a lost race on a loaded machine) is run once more before GenerationError."""
     names = list(scenarios or SCENARIOS)
     out_dir.mkdir(parents=True, exist_ok=True)
     workers = max(1, min(parallel or default_parallel(), len(names)))
     # the long hang scenarios first, so they overlap with the short ones
-    order = sorted(names, key=lambda n: -SCENARIOS[n].timeout_s * (1 if SCENARIOS[n].request else 0))
+    order = sorted(
+        names, key=lambda n: -SCENARIOS[n].timeout_s * (1 if SCENARIOS[n].request else 0)
+    )
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_with_retries, SCENARIOS[n], out_dir / n, attempts): n for n in order}
+        futures = {
+            pool.submit(_run_with_retries, SCENARIOS[n], out_dir / n, attempts): n for n in order
+        }
         for future in concurrent.futures.as_completed(futures):
             future.result()
     return {name: out_dir / name for name in names}
@@ -264,16 +323,39 @@ def run_scenario(scenario: Scenario, art: Path, generation_try: int = 1) -> Path
     run_id = f"faultlens-{scenario.name.replace('_', '-')}"
     port = _free_port()
     command = [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", str(WORLD_SIZE),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
-        "--max-restarts", str(scenario.max_restarts), "--monitor-interval", str(scenario.monitor_interval_s),
-        "--log-dir", str(art / "logdir"), "--tee", "3",
-        str(SCRIPT), scenario.name, str(art),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(WORLD_SIZE),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        run_id,
+        "--max-restarts",
+        str(scenario.max_restarts),
+        "--monitor-interval",
+        str(scenario.monitor_interval_s),
+        "--log-dir",
+        str(art / "logdir"),
+        "--tee",
+        "3",
+        str(SCRIPT),
+        scenario.name,
+        str(art),
     ]
     request: dict = {}
-    with open(art / "torchrun_stdout.txt", "wb") as out, open(art / "torchrun_stderr.txt", "wb") as err:
-        process = subprocess.Popen(command, cwd=art, env=env, stdout=out, stderr=err, start_new_session=True)
+    with (
+        open(art / "torchrun_stdout.txt", "wb") as out,
+        open(art / "torchrun_stderr.txt", "wb") as err,
+    ):
+        process = subprocess.Popen(
+            command, cwd=art, env=env, stdout=out, stderr=err, start_new_session=True
+        )
         try:
             if scenario.request:
                 request = _request_live_dumps(scenario, art, process)
@@ -321,30 +403,44 @@ def _read_progress(art: Path) -> dict:
 
 
 def _expected_collective(scenario: Scenario, progress: dict) -> dict:
-    """The collective the scenario breaks, as torch's own recorder numbered it just before (from the markers)."""
+    """The collective the scenario breaks, as torch's own recorder numbered it just before (from the
+    markers).
+    """
     if scenario.name == "hang":
         marker = progress.get("rank_0", {})
         return {"pg_name": marker.get("group"), "collective_seq_id": marker.get("next_seq")}
     if scenario.name == "subgroup_hang":
         marker = progress.get("rank_2", {})
         follow = progress.get("rank_0", {})
-        return {"pg_name": marker.get("group"), "collective_seq_id": marker.get("next_seq"),
-                "follow_on": {"pg_name": follow.get("group"), "collective_seq_id": follow.get("next_seq")}}
+        return {
+            "pg_name": marker.get("group"),
+            "collective_seq_id": marker.get("next_seq"),
+            "follow_on": {
+                "pg_name": follow.get("group"),
+                "collective_seq_id": follow.get("next_seq"),
+            },
+        }
     if scenario.name == "mismatch":
         return {"pg_name": "0", "collective_seq_id": progress.get("mismatch", {}).get("seq")}
     return {}
 
 
-def _request_live_dumps(scenario: Scenario, art: Path, process: subprocess.Popen, wait_s: float = 60.0) -> dict:
-    """Wait until every rank has announced it is about to block, then ask for dumps while the hang is live."""
+def _request_live_dumps(
+    scenario: Scenario, art: Path, process: subprocess.Popen, wait_s: float = 60.0
+) -> dict:
+    """Wait until every rank has announced it is about to block, then ask for dumps while the hang
+    is live.
+    """
     deadline = time.monotonic() + wait_s
     markers: dict[int, dict] = {}
     while len(markers) < WORLD_SIZE:
         if process.poll() is not None:
-            raise GenerationError(f"{scenario.name}: torchrun exited ({process.returncode}) before the hang; "
+            raise GenerationError(f"{scenario.name}: torchrun exited ({process.returncode}) before "
+                                  "the hang; "
                                   f"stderr tail:\n{_tail(art / 'torchrun_stderr.txt')}")
         if time.monotonic() > deadline:
-            raise GenerationError(f"{scenario.name}: only ranks {sorted(markers)} reached the hang in {wait_s}s")
+            raise GenerationError(f"{scenario.name}: only ranks {sorted(markers)} reached the hang "
+                                  f"in {wait_s}s")
         for rank in range(WORLD_SIZE):
             path = art / "progress" / f"rank_{rank}.json"
             if rank not in markers and path.exists():
@@ -365,15 +461,21 @@ def _request_live_dumps(scenario: Scenario, art: Path, process: subprocess.Popen
             break
         time.sleep(0.05)
     written = sorted(int(p.stem.split("_")[1]) for p in dumps.glob("rank_*.json"))
-    return {"method": scenario.request, "ranks_written": written,
-            "seconds_to_all_dumps": round(time.monotonic() - requested, 3) if len(written) == WORLD_SIZE else None}
+    return {
+        "method": scenario.request,
+        "ranks_written": written,
+        "seconds_to_all_dumps": round(time.monotonic() - requested, 3)
+        if len(written) == WORLD_SIZE
+        else None,
+    }
 
 
 def _check_outputs(scenario: Scenario, art: Path, returncode: int) -> None:
     problems = []
     failed = returncode != 0
     if failed != scenario.expect_failure:
-        problems.append(f"torchrun exit code {returncode}, expected {'failure' if scenario.expect_failure else 0}")
+        problems.append(f"torchrun exit code {returncode}, expected "
+                        f"{'failure' if scenario.expect_failure else 0}")
     have = {int(p.stem.split("_")[1]) for p in (art / "dumps").glob("rank_*.pkl")}
     if scenario.request:
         request = json.loads((art / "meta.json").read_text())["dump_request"]
@@ -393,14 +495,17 @@ def _check_outputs(scenario: Scenario, art: Path, returncode: int) -> None:
         for attempt in range(scenario.max_restarts + 1):
             files = list((art / "logdir").glob(f"*/attempt_{attempt}/2/error.json"))
             if not files or "ValueError" not in files[0].read_text(errors="replace"):
-                problems.append(f"attempt {attempt}: rank 2 did not fail with the injected ValueError")
+                problems.append(f"attempt {attempt}: rank 2 did not fail with the injected "
+                                "ValueError")
     stderr = _tail(art / "torchrun_stderr.txt", 200_000)
     if scenario.name == "crash_sigkill" and "Signal 9 (SIGKILL)" not in stderr:
-        problems.append("torchrun did not report rank 1's SIGKILL")  # the primary failure the tests read
+        # the primary failure the tests read
+        problems.append("torchrun did not report rank 1's SIGKILL")
     if scenario.name == "crash_exception" and "injected bug" not in stderr:
         problems.append("torchrun's output does not show rank 2's injected ValueError")
     if scenario.name != "crash_sigkill" and not (art / "store" / "steps").exists():
-        problems.append("no steps rows in the store")  # crash_sigkill's ranks may all die before a flush
+        # crash_sigkill's ranks may all die before a flush
+        problems.append("no steps rows in the store")
     if problems:
         raise GenerationError(f"{scenario.name}: {'; '.join(problems)}; torchrun stderr tail:\n"
                               f"{_tail(art / 'torchrun_stderr.txt')}")
@@ -415,8 +520,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     generate(out, names)
     summary = {n: json.loads((out / n / "meta.json").read_text()) for n in names}
-    print(json.dumps({n: {k: m[k] for k in ("torchrun_exit_code", "seconds", "dump_request", "expected")}
-                      for n, m in summary.items()}, indent=1))
+    print(
+        json.dumps(
+            {
+                n: {k: m[k] for k in ("torchrun_exit_code", "seconds", "dump_request", "expected")}
+                for n, m in summary.items()
+            },
+            indent=1,
+        )
+    )
     print(f"generated {len(names)} scenarios in {time.monotonic() - started:.1f}s")
     return 0
 
@@ -425,4 +537,11 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["SCENARIOS", "GenerationError", "Scenario", "cached_artifacts", "generate", "run_scenario"]
+__all__ = [
+    "SCENARIOS",
+    "GenerationError",
+    "Scenario",
+    "cached_artifacts",
+    "generate",
+    "run_scenario",
+]

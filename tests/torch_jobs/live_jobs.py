@@ -1,14 +1,15 @@
-"""Real torchrun jobs for the live-judgment tests: each simulated node is one torchrun agent (its own node name,
-heartbeat directory and log dir, as `faultlens run` lays them out), watched by the node-side collectors (process
-events from the agent's stderr and --log-dir, heartbeats) writing into one store. The runner plays the
-supervisor's part of the process_events contract itself (kinds `start`, `agent_exit`, `signal_sent`, source
-"supervisor"), from what it really saw of its agents.
+"""Real torchrun jobs for the live-judgment tests: each simulated node is one torchrun agent (its
+own node name, heartbeat directory and log dir, as `faultlens run` lays them out), watched by the
+node-side collectors (process events from the agent's stderr and --log-dir, heartbeats) writing into
+one store. The runner plays the supervisor's part of the process_events contract itself (kinds
+`start`, `agent_exit`, `signal_sent`, source "supervisor"), from what it really saw of its agents.
 
-    run_job(store, workdir, job_id=..., attempt=0, scenario="healthy", nodes=["node-0", "node-1"], nproc=2)
+    run_job(store, workdir, job_id=..., attempt=0, scenario="healthy", nodes=["node-0", "node-1"],
+    nproc=2)
 
-`kill` (optional) is called every tick with the job's heartbeats and may kill processes (a node loss); `stop_at`
-(optional) tells when the runner stops the attempt itself (SIGTERM to every agent's process group after writing
-signal_sent rows).
+`kill` (optional) is called every tick with the job's heartbeats and may kill processes (a node
+loss); `stop_at` (optional) tells when the runner stops the attempt itself (SIGTERM to every agent's
+process group after writing signal_sent rows).
 """
 
 from __future__ import annotations
@@ -91,20 +92,36 @@ def _supervisor_row(sink: SegmentSink, **row: object) -> None:
     sink.flush("process_events")
 
 
-def run_job(store: Path, workdir: Path, *, job_id: str, attempt: int, scenario: str, nodes: Sequence[str],
-            nproc: int, env: Mapping[str, str] | None = None,
-            kill: Callable[[list[Agent]], str | None] | None = None,
-            stop_at: Callable[[list[Agent]], bool] | None = None, timeout_s: float = 150.0) -> AttemptResult:
+def run_job(
+    store: Path,
+    workdir: Path,
+    *,
+    job_id: str,
+    attempt: int,
+    scenario: str,
+    nodes: Sequence[str],
+    nproc: int,
+    env: Mapping[str, str] | None = None,
+    kill: Callable[[list[Agent]], str | None] | None = None,
+    stop_at: Callable[[list[Agent]], bool] | None = None,
+    timeout_s: float = 150.0,
+) -> AttemptResult:
     workdir = workdir / f"attempt-{attempt}"
     workdir.mkdir(parents=True, exist_ok=True)
     sink = SegmentSink(str(store), flush_rows=10_000, flush_age_s=0.2)
     port = _free_port()
     agents: list[Agent] = []
     collectors: list[NodeAgent] = []
-    base_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                                          os.environ.get("PYTHONPATH")])),
-                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "FAULTLENS_STORE": str(store),
-                "FAULTLENS_JOB_ID": job_id, "FAULTLENS_ATTEMPT": str(attempt), **(env or {})}
+    base_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "FAULTLENS_STORE": str(store),
+        "FAULTLENS_JOB_ID": job_id,
+        "FAULTLENS_ATTEMPT": str(attempt),
+        **(env or {}),
+    }
     base_env.pop("FAULTLENS_FR_DIR", None)
     result = AttemptResult(attempt, tuple(nodes), {})
     for node_rank, node in enumerate(nodes):
@@ -112,20 +129,45 @@ def run_job(store: Path, workdir: Path, *, job_id: str, attempt: int, scenario: 
         log_dir.mkdir(parents=True, exist_ok=True)
         beats = workdir / "heartbeats" / node
         stderr = workdir / f"torchrun-{node}.stderr"
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}",
-                   f"--nproc-per-node={nproc}", f"--node-rank={node_rank}", "--master-addr=127.0.0.1",
-                   f"--master-port={port}", "--max-restarts=0", "--monitor-interval=0.5", f"--log-dir={log_dir}",
-                   "--redirects=3", "--tee=3", str(SCRIPT), scenario]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={len(nodes)}",
+            f"--nproc-per-node={nproc}",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            "--max-restarts=0",
+            "--monitor-interval=0.5",
+            f"--log-dir={log_dir}",
+            "--redirects=3",
+            "--tee=3",
+            str(SCRIPT),
+            scenario,
+        ]
         with open(stderr, "wb") as err, open(workdir / f"torchrun-{node}.stdout", "wb") as out:
-            process = subprocess.Popen(command, env={**base_env, "FAULTLENS_NODE": node,
-                                                     "FAULTLENS_HEARTBEAT_DIR": str(beats)},
-                                       stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                env={**base_env, "FAULTLENS_NODE": node, "FAULTLENS_HEARTBEAT_DIR": str(beats)},
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         agents.append(Agent(node, process, beats, stderr, log_dir))
         identity = NodeIdentity(node=node, job_id=job_id, attempt=attempt)
         source = ProcessSource(identity, paths=[stderr, log_dir])
-        collectors.append(NodeAgent([source, HeartbeatSource(beats, identity, min_interval_s=0.0, keepalive_s=0.5)],
-                                    sink, interval_s=0.2))
-        _supervisor_row(sink, kind="start", node=node, job_id=job_id, attempt=attempt, pid=process.pid)
+        collectors.append(
+            NodeAgent(
+                [source, HeartbeatSource(beats, identity, min_interval_s=0.0, keepalive_s=0.5)],
+                sink,
+                interval_s=0.2,
+            )
+        )
+        _supervisor_row(
+            sink, kind="start", node=node, job_id=job_id, attempt=attempt, pid=process.pid
+        )
     stop = threading.Event()
 
     def collect() -> None:
@@ -143,11 +185,17 @@ def run_job(store: Path, workdir: Path, *, job_id: str, attempt: int, scenario: 
                 if agent.exit_code is None and agent.process.poll() is not None:
                     agent.exit_code = agent.process.returncode
                     died_by = -agent.exit_code if agent.exit_code < 0 else None
-                    _supervisor_row(sink, kind="agent_exit", node=agent.node, job_id=job_id, attempt=attempt,
-                                    exit_code=None if died_by else agent.exit_code,
-                                    signal=signal.Signals(died_by).name if died_by else None,
-                                    pid=agent.process.pid,
-                                    message=f"torchrun agent exited ({agent.exit_code})")
+                    _supervisor_row(
+                        sink,
+                        kind="agent_exit",
+                        node=agent.node,
+                        job_id=job_id,
+                        attempt=attempt,
+                        exit_code=None if died_by else agent.exit_code,
+                        signal=signal.Signals(died_by).name if died_by else None,
+                        pid=agent.process.pid,
+                        message=f"torchrun agent exited ({agent.exit_code})",
+                    )
             if all(a.exit_code is not None for a in agents):
                 break
             if kill is not None:
@@ -160,9 +208,16 @@ def run_job(store: Path, workdir: Path, *, job_id: str, attempt: int, scenario: 
                 for agent in agents:
                     if agent.exit_code is None:
                         agent.stopped = True
-                        _supervisor_row(sink, kind="signal_sent", node=agent.node, job_id=job_id, attempt=attempt,
-                                        pid=agent.process.pid, signal="SIGTERM",
-                                        message="stopping the attempt (test supervisor)")
+                        _supervisor_row(
+                            sink,
+                            kind="signal_sent",
+                            node=agent.node,
+                            job_id=job_id,
+                            attempt=attempt,
+                            pid=agent.process.pid,
+                            signal="SIGTERM",
+                            message="stopping the attempt (test supervisor)",
+                        )
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(agent.process.pid, signal.SIGTERM)
                         for pid in heartbeat_pids(agent).values():  # workers in their own session
@@ -194,10 +249,11 @@ def run_job(store: Path, workdir: Path, *, job_id: str, attempt: int, scenario: 
 
 def kill_node_at(node: str, step: int, *, agent_only: bool = False,
                  workers: int | None = None) -> Callable[[list[Agent]], str | None]:
-    """A fault: once `node`'s workers completed `step`, SIGKILL its agent (and its workers, unless agent_only).
-    workers: SIGKILL only that many of them (lowest ranks first) with the agent; the rest of the node then dies of
-    its lost node-mates, unwatched (a node that goes process by process: its last ranks echo the loss, and no
-    agent reports how they ended)."""
+    """A fault: once `node`'s workers completed `step`, SIGKILL its agent (and its workers, unless
+    agent_only).
+    workers: SIGKILL only that many of them (lowest ranks first) with the agent; the rest of the
+    node then dies of its lost node-mates, unwatched (a node that goes process by process: its last
+    ranks echo the loss, and no agent reports how they ended)."""
 
     def kill(agents: list[Agent]) -> str | None:
         agent = next(a for a in agents if a.node == node)
@@ -210,7 +266,13 @@ def kill_node_at(node: str, step: int, *, agent_only: bool = False,
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        what = "" if agent_only else " and workers" if len(doomed) == len(pids) else f" and {len(doomed)} worker(s)"
+        what = (
+            ""
+            if agent_only
+            else " and workers"
+            if len(doomed) == len(pids)
+            else f" and {len(doomed)} worker(s)"
+        )
         return f"{node}: SIGKILL agent{what} at step {step} ({dt.datetime.now(dt.UTC).isoformat()})"
 
     return kill

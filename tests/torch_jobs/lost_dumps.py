@@ -1,6 +1,7 @@
-"""A dump set as if one healthy rank had written no dump (written late, lost, its node's disk full): each healthy
-rank of each set left out in turn, with its stack kept ("all"), without it ("lost-rank-without"), or with no stacks
-at all ("none": the trace alone). Shared by tests/test_hang_perturbed.py and bench/bench_hang_lost_dump.py."""
+"""A dump set as if one healthy rank had written no dump (written late, lost, its node's disk full):
+each healthy rank of each set left out in turn, with its stack kept ("all"), without it
+("lost-rank-without"), or with no stacks at all ("none": the trace alone). Shared by
+tests/test_hang_perturbed.py and bench/bench_hang_lost_dump.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ STACK_MODES = ("all", "lost-rank-without", "none")
 
 
 def without(source: Path, target: Path, lost: int) -> Path:
-    """The set's dump directory without rank `lost`'s dump (hard links where the file system allows)."""
+    """The set's dump directory without rank `lost`'s dump (hard links where the file system
+    allows).
+    """
     target.mkdir(parents=True)
     for path in source.iterdir():
         if path.name != f"rank_{lost}.pkl":
@@ -31,9 +34,9 @@ def without(source: Path, target: Path, lost: int) -> Path:
 
 def lost_dump_reports(scenarios: dict[str, Path], stacks: str, workdir: Path,
                       needs_stacks: set[str]) -> Iterator[tuple[str, int, set[int], HangReport]]:
-    """(set name, the rank left out, the set's culprits, the analysis) for every set and healthy rank; sets whose
-    name (after the '/') is in needs_stacks are left out where there are no stacks (their waits are in gloo
-    send/recv, which only stacks show)."""
+    """(set name, the rank left out, the set's culprits, the analysis) for every set and healthy
+    rank; sets whose name (after the '/') is in needs_stacks are left out where there are no stacks
+    (their waits are in gloo send/recv, which only stacks show)."""
     for name, directory in sorted(scenarios.items()):
         if stacks == "none" and name.split("/")[-1] in needs_stacks:
             continue
@@ -42,7 +45,19 @@ def lost_dump_reports(scenarios: dict[str, Path], stacks: str, workdir: Path,
         dumped = {int(path.stem.split("_")[1]) for path in (directory / "dumps").glob("rank_*.pkl")}
         all_stacks = load_stack_dir(directory / "stacks") if stacks != "none" else {}
         for lost in sorted(dumped - culprits):
-            own = {r: st for r, st in all_stacks.items() if not (stacks == "lost-rank-without" and r == lost)}
-            dumps = read_dump_dir(without(directory / "dumps", workdir / stacks / name / str(lost), lost))
-            yield name, lost, culprits, analyze_collectives(dumps.table, expected_ranks=range(truth["world_size"]),
-                                                            stacks=own)
+            own = {
+                r: st
+                for r, st in all_stacks.items()
+                if not (stacks == "lost-rank-without" and r == lost)
+            }
+            dumps = read_dump_dir(
+                without(directory / "dumps", workdir / stacks / name / str(lost), lost)
+            )
+            yield (
+                name,
+                lost,
+                culprits,
+                analyze_collectives(
+                    dumps.table, expected_ranks=range(truth["world_size"]), stacks=own
+                ),
+            )

@@ -1,12 +1,13 @@
-"""A user's DDP training script (torch, gloo, CPU) for the live-judgment tests, written as a user would: the step
-timer from the environment, loss recorded, the timer closed at interpreter exit.
+"""A user's DDP training script (torch, gloo, CPU) for the live-judgment tests, written as a user
+would: the step timer from the environment, loss recorded, the timer closed at interpreter exit.
 
     torchrun ... train_live.py SCENARIO
 
 Scenarios (env FAULTLENS_LIVE_STEPS: steps, FAULTLENS_LIVE_FLUSH_S: the timer's flush interval):
   healthy      trains every step, then tears down slowly (FAULTLENS_LIVE_TEARDOWN_S) and exits 0
-  sigsegv      global rank FAULTLENS_LIVE_RANK SIGSEGVs inside step FAULTLENS_LIVE_AT (every attempt)
-  nan          from step FAULTLENS_LIVE_AT the loss is NaN on every rank; training goes on to the end
+  sigsegv      global rank FAULTLENS_LIVE_RANK SIGSEGVs inside step FAULTLENS_LIVE_AT (every
+  attempt) nan          from step FAULTLENS_LIVE_AT the loss is NaN on every rank; training goes on
+  to the end
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def main() -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    timer = StepTimer.from_env(flush_interval_s=float(os.environ.get("FAULTLENS_LIVE_FLUSH_S", "2")))
+    timer = StepTimer.from_env(
+        flush_interval_s=float(os.environ.get("FAULTLENS_LIVE_FLUSH_S", "2"))
+    )
     data = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
     target = torch.randn(8, 1, generator=torch.Generator().manual_seed(100 + rank))
     for step in range(steps):
@@ -54,7 +57,8 @@ def main() -> None:
             time.sleep(pause)
             record.loss = loss.item()
     if scenario == "healthy":
-        time.sleep(float(os.environ.get("FAULTLENS_LIVE_TEARDOWN_S", "0")))  # a slow teardown: no step open
+        # a slow teardown: no step open
+        time.sleep(float(os.environ.get("FAULTLENS_LIVE_TEARDOWN_S", "0")))
     dist.barrier()
     dist.destroy_process_group()
 

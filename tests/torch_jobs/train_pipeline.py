@@ -1,28 +1,31 @@
-"""A small pipeline-parallel training job (gloo, CPU) with data-parallel replicas, as a user would write it with
-Megatron-style timer names, that can be made slow in chosen places.
+"""A small pipeline-parallel training job (gloo, CPU) with data-parallel replicas, as a user would
+write it with Megatron-style timer names, that can be made slow in chosen places.
 
     python -m torch.distributed.run --nproc-per-node 8 train_pipeline.py CONFIG_JSON
 
-CONFIG_JSON: {"store": DIR, "replicas": D, "stages": P, "microbatches": M, "steps": N, "ranks_per_node": K,
-"base_s": seconds of "device" work per microbatch and pass, "slow": [{"replica": d or null, "stage": p or null,
-"section": "forward-compute" | "backward-compute", "extra_s": seconds, "from_step": k, "to_step": k2 (exclusive,
-optional), "background": true (optional: a standing slowness, not the one measured)}, ...], "total_steps": N
-(optional: the length the job declares to the step timer)}. A slow "forward-send" is a slow pipeline link: the
-extra sleep is spent in the sender's send section (communication, not compute). CONFIG_JSON may instead hold
-{"replicas", "stages", "ranks_per_node", "cases": [{"job": JOB_ID, "store", "timings", "microbatches", "steps",
-"base_s", "slow", "total_steps"}, ...]}: the cases run one after the other in the same processes and process group
-(a barrier between them), each with its own step timer, job id, store and timer log, so several cases pay one
-start-up (importing torch in 8 processes costs more than a case's steps).
+CONFIG_JSON: {"store": DIR, "replicas": D, "stages": P, "microbatches": M, "steps": N,
+"ranks_per_node": K, "base_s": seconds of "device" work per microbatch and pass, "slow":
+[{"replica": d or null, "stage": p or null, "section": "forward-compute" | "backward-compute",
+"extra_s": seconds, "from_step": k, "to_step": k2 (exclusive, optional), "background": true
+(optional: a standing slowness, not the one measured)}, ...], "total_steps": N (optional: the length
+the job declares to the step timer)}. A slow "forward-send" is a slow pipeline link: the extra sleep
+is spent in the sender's send section (communication, not compute). CONFIG_JSON may instead hold
+{"replicas", "stages", "ranks_per_node", "cases": [{"job": JOB_ID, "store", "timings",
+"microbatches", "steps", "base_s", "slow", "total_steps"}, ...]}: the cases run one after the other
+in the same processes and process group (a barrier between them), each with its own step timer, job
+id, store and timer log, so several cases pay one start-up (importing torch in 8 processes costs
+more than a case's steps).
 
-Rank r is replica r // P, stage r % P, on node "node-<r // K>". Every step runs a GPipe schedule: M microbatch
-forwards (recv from the previous stage, compute, send to the next), M backwards in reverse, then the gradients are
-all_reduced across the replicas of each stage (a sub-group per stage), then a tiny optimizer step. Device work is a
-sleep of base_s (a GPU kernel costs the host no CPU; sleeping keeps the timing honest on a loaded CPU) plus a real
-small matmul; slowness is extra sleep in the chosen section of the chosen ranks ("null" = every replica or every
-stage). Sections are timed with the step timer into the store, ranks declare dp_rank/pp_rank. With "timings": DIR
-every rank also writes the raw timer log a user would export (DIR/rank_<r>.csv: global_rank, iteration, timer,
-start_ns, elapsed_ms, one row per section instance, so once per microbatch) and rank 0 the placement
-(DIR/placement.csv: global_rank, host, data_parallel_rank, pipeline_rank).
+Rank r is replica r // P, stage r % P, on node "node-<r // K>". Every step runs a GPipe schedule: M
+microbatch forwards (recv from the previous stage, compute, send to the next), M backwards in
+reverse, then the gradients are all_reduced across the replicas of each stage (a sub-group per
+stage), then a tiny optimizer step. Device work is a sleep of base_s (a GPU kernel costs the host no
+CPU; sleeping keeps the timing honest on a loaded CPU) plus a real small matmul; slowness is extra
+sleep in the chosen section of the chosen ranks ("null" = every replica or every stage). Sections
+are timed with the step timer into the store, ranks declare dp_rank/pp_rank. With "timings": DIR
+every rank also writes the raw timer log a user would export (DIR/rank_<r>.csv: global_rank,
+iteration, timer, start_ns, elapsed_ms, one row per section instance, so once per microbatch) and
+rank 0 the placement (DIR/placement.csv: global_rank, host, data_parallel_rank, pipeline_rank).
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def run_case(config: dict, rank: int, world: int, replicas: int, stages: int, per_node: int, groups: list) -> None:
+def run_case(
+    config: dict, rank: int, world: int, replicas: int, stages: int, per_node: int, groups: list
+) -> None:
     """One case: `config["steps"]` GPipe steps, timed into the case's store under its job id."""
     micro = int(config["microbatches"])
     replica, stage = divmod(rank, stages)
@@ -89,7 +94,10 @@ def run_case(config: dict, rank: int, world: int, replicas: int, stages: int, pe
     def device_work(section: str, step: int) -> None:
         time.sleep(base + extra_s(section, step))
 
-    prev_rank, next_rank = (rank - 1 if stage > 0 else None), (rank + 1 if stage < stages - 1 else None)
+    prev_rank, next_rank = (
+        (rank - 1 if stage > 0 else None),
+        (rank + 1 if stage < stages - 1 else None),
+    )
     try:
         for step in range(int(config["steps"])):
             current["step"] = step
@@ -143,7 +151,9 @@ def run_case(config: dict, rank: int, world: int, replicas: int, stages: int, pe
             with open(out / "placement.csv", "w", newline="") as handle:
                 writer = csv.writer(handle)
                 writer.writerow(["global_rank", "host", "data_parallel_rank", "pipeline_rank"])
-                writer.writerows([r, f"node-{r // per_node}", r // stages, r % stages] for r in range(world))
+                writer.writerows(
+                    [r, f"node-{r // per_node}", r // stages, r % stages] for r in range(world)
+                )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""The cause of a primary failure and the incident it makes: what was found around it (the same fingerprint on
-other ranks and nodes, repeats in earlier attempts, hardware GPU events, a known signature), the rule that decides
-the cause, culprits and confidence from that, and the incident's evidence and summary."""
+"""The cause of a primary failure and the incident it makes: what was found around it (the same
+fingerprint on other ranks and nodes, repeats in earlier attempts, hardware GPU events, a known
+signature), the rule that decides the cause, culprits and confidence from that, and the incident's
+evidence and summary."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentCl
 from faultlens.attribution.reading.telemetry import Placement
 from faultlens.attribution.rules import CrashRules, CrashSignature
 
-#: an earlier attempt whose primary failure had the same fingerprint: (attempt, its failure, the same step)
+#: an earlier attempt whose primary failure had the same fingerprint: (attempt, its failure, the
+#: same step)
 Repeat = tuple[int | None, RankFailure, bool]
 
 
@@ -34,7 +36,9 @@ class CrashFindings:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The cause decided for a primary failure, by which rule, with what confidence, and whom it blames."""
+    """The cause decided for a primary failure, by which rule, with what confidence, and whom it
+    blames.
+    """
 
     cause: Cause
     rule: str
@@ -56,8 +60,9 @@ def _default_cause(rules: CrashRules, primary: RankFailure) -> tuple[Cause, str,
 
 
 def decide_cause(rules: CrashRules, found: CrashFindings) -> Verdict:
-    """The first rule that holds: the same fingerprint on other nodes, a repeat at the same step, hardware events,
-    a repeat at another step (not for a known network/hardware error text), a signature, else the default."""
+    """The first rule that holds: the same fingerprint on other nodes, a repeat at the same step,
+    hardware events, a repeat at another step (not for a known network/hardware error text), a
+    signature, else the default."""
     primary, node, own = found.primary, found.node, found.own
     culprit_ranks = [primary.rank] if primary.rank is not None else []
     culprit_nodes = [node] if node else []
@@ -68,7 +73,9 @@ def decide_cause(rules: CrashRules, found: CrashFindings) -> Verdict:
     if same:
         culprit_ranks = sorted({primary.rank, *(f.rank for f in same)} - {None})
     if same and found.other_nodes:
-        cause = Cause.OOM if signature is not None and signature.cause == Cause.OOM else Cause.SOFTWARE
+        cause = (
+            Cause.OOM if signature is not None and signature.cause == Cause.OOM else Cause.SOFTWARE
+        )
         rule = "crash-software-same-fingerprint-multi-node"
         confidence = rules.conf(rule)
         culprit_nodes = []
@@ -86,8 +93,9 @@ def decide_cause(rules: CrashRules, found: CrashFindings) -> Verdict:
             culprit_gpus = [best.gpu] if best.gpu else culprit_gpus
         first_signal = min(first_signal, best.ts)
     elif repeats and not (signature is not None and signature.cause.is_hardware):
-        # the same code position failing again at another step is a bug, unless the failure is a known
-        # network/hardware error: those fail in the same collective call wherever and whenever a link dies
+        # the same code position failing again at another step is a bug, unless the failure is a
+        # known network/hardware error: those fail in the same collective call wherever and whenever
+        # a link dies
         cause = Cause.SOFTWARE
         rule = "crash-software-repeat-signal" if primary.kind == FailureKind.KILLED else \
             "crash-software-repeat-fingerprint"
@@ -95,22 +103,34 @@ def decide_cause(rules: CrashRules, found: CrashFindings) -> Verdict:
         culprit_nodes, culprit_gpus = [], []
     elif signature is not None:
         cause, rule, confidence = signature.cause, signature.id, signature.confidence
-    if cause == Cause.OOM:  # the job asked for more memory than it has: the workload's, no node to blame
+    # the job asked for more memory than it has: the workload's, no node to blame
+    if cause == Cause.OOM:
         culprit_nodes, culprit_gpus = [], []
-    return Verdict(cause, rule, confidence, tuple(int(r) for r in culprit_ranks), tuple(culprit_nodes),
-                   tuple(culprit_gpus), first_signal)
+    return Verdict(
+        cause,
+        rule,
+        confidence,
+        tuple(int(r) for r in culprit_ranks),
+        tuple(culprit_nodes),
+        tuple(culprit_gpus),
+        first_signal,
+    )
 
 
 def _evidence(rules: CrashRules, found: CrashFindings, verdict: Verdict,
               secondary_line: Evidence | None) -> tuple[Evidence, ...]:
-    """The primary's own rows, then what decided (or backs) the cause, then the survivors' echoes in one line."""
+    """The primary's own rows, then what decided (or backs) the cause, then the survivors' echoes in
+    one line.
+    """
     primary, same, signature = found.primary, found.same, found.signature
     evidence: list[Evidence] = list(primary.evidence)
     if same:
         other_nodes = found.other_nodes
         evidence.append(Evidence("process_events", same[0].ts,
-                                 f"same fingerprint {primary.fingerprint} on {len(same)} more rank(s)"
-                                 + (f" on {len(other_nodes)} other node(s): {', '.join(sorted(other_nodes))}"
+                                 f"same fingerprint {primary.fingerprint} on {len(same)} more "
+                                 "rank(s)"
+                                 + (f" on {len(other_nodes)} other node(s): "
+                                    f"{', '.join(sorted(other_nodes))}"
                                     if other_nodes else " of the same node")))
     for previous_attempt, previous, same_step in found.repeats[:3]:
         what = f"same death ({primary.fingerprint})" if primary.kind == FailureKind.KILLED else \
@@ -128,23 +148,53 @@ def _evidence(rules: CrashRules, found: CrashFindings, verdict: Verdict,
     return tuple(evidence[: rules.evidence_limit])
 
 
-def crash_incident(rules: CrashRules, job: str | None, attempt: int | None, failures: list[RankFailure],
-                   found: CrashFindings, secondary_line: Evidence | None, now: dt.datetime) -> Incident:
+def crash_incident(
+    rules: CrashRules,
+    job: str | None,
+    attempt: int | None,
+    failures: list[RankFailure],
+    found: CrashFindings,
+    secondary_line: Evidence | None,
+    now: dt.datetime,
+) -> Incident:
     """The crash incident of an attempt whose primary failure is `found.primary`."""
     verdict = decide_cause(rules, found)
     primary, node, step = found.primary, found.node, found.step
-    what = {FailureKind.KILLED: f"killed by {primary.signal}", FailureKind.OOM: "ran out of memory",
-            FailureKind.EXCEPTION: f"raised {primary.exception_type or 'an exception'}",
-            FailureKind.EXITED: f"exited with code {primary.exit_code}"}.get(primary.kind, str(primary.kind))
-    summary = (f"crash: rank {primary.rank}" + (f" on {node}" if node else "") + f" {what}"
-               + (f" at step {step}" if step is not None else "") + f"; cause {verdict.cause.value} ({verdict.rule})")
+    what = {
+        FailureKind.KILLED: f"killed by {primary.signal}",
+        FailureKind.OOM: "ran out of memory",
+        FailureKind.EXCEPTION: f"raised {primary.exception_type or 'an exception'}",
+        FailureKind.EXITED: f"exited with code {primary.exit_code}",
+    }.get(primary.kind, str(primary.kind))
+    summary = (
+        f"crash: rank {primary.rank}"
+        + (f" on {node}" if node else "")
+        + f" {what}"
+        + (f" at step {step}" if step is not None else "")
+        + f"; cause {verdict.cause.value} ({verdict.rule})"
+    )
     if len(verdict.culprit_ranks) > 1:
         summary += f"; {len(verdict.culprit_ranks)} ranks failed the same way"
     return Incident(
-        incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH, cause=verdict.cause,
-        first_signal_ts=verdict.first_signal, detected_ts=now, confidence=round(float(verdict.confidence), 3),
-        rule=verdict.rule, summary=summary, job_id=job, attempt=attempt, culprit_nodes=verdict.culprit_nodes,
-        culprit_ranks=verdict.culprit_ranks, culprit_gpus=verdict.culprit_gpus,
-        evidence=_evidence(rules, found, verdict, secondary_line), fingerprint=primary.fingerprint, step=step,
-        details={"primary_kind": primary.kind.value, "failures": len(failures),
-                 "secondary_rows": sum(f.secondary_rows for f in failures)})
+        incident_id=Incident.make_id("crash", job, attempt),
+        incident_class=IncidentClass.CRASH,
+        cause=verdict.cause,
+        first_signal_ts=verdict.first_signal,
+        detected_ts=now,
+        confidence=round(float(verdict.confidence), 3),
+        rule=verdict.rule,
+        summary=summary,
+        job_id=job,
+        attempt=attempt,
+        culprit_nodes=verdict.culprit_nodes,
+        culprit_ranks=verdict.culprit_ranks,
+        culprit_gpus=verdict.culprit_gpus,
+        evidence=_evidence(rules, found, verdict, secondary_line),
+        fingerprint=primary.fingerprint,
+        step=step,
+        details={
+            "primary_kind": primary.kind.value,
+            "failures": len(failures),
+            "secondary_rows": sum(f.secondary_rows for f in failures),
+        },
+    )

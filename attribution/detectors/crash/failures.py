@@ -1,4 +1,6 @@
-"""The crash attribution's public types: failure kinds, one rank's failure, a hang trigger, the result."""
+"""The crash attribution's public types: failure kinds, one rank's failure, a hang trigger, the
+result.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +11,18 @@ from enum import StrEnum
 from faultlens.attribution.incident import Evidence, Incident
 
 FAILURE_KINDS = {"exit", "exception", "oom", "comm_error", "watchdog_timeout", "signal"}
-SIGNALS_BY_NUMBER = {1: "SIGHUP", 2: "SIGINT", 4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
-                     11: "SIGSEGV", 13: "SIGPIPE", 15: "SIGTERM"}
+SIGNALS_BY_NUMBER = {
+    1: "SIGHUP",
+    2: "SIGINT",
+    4: "SIGILL",
+    6: "SIGABRT",
+    7: "SIGBUS",
+    8: "SIGFPE",
+    9: "SIGKILL",
+    11: "SIGSEGV",
+    13: "SIGPIPE",
+    15: "SIGTERM",
+}
 
 
 class FailureKind(StrEnum):
@@ -50,7 +62,9 @@ class RankFailure:
 
 @dataclass(frozen=True)
 class HangTrigger:
-    """An attempt whose error signals say a collective timed out, with no primary failure: a hang to analyse."""
+    """An attempt whose error signals say a collective timed out, with no primary failure: a hang to
+    analyse.
+    """
 
     job_id: str | None
     attempt: int | None
@@ -65,4 +79,5 @@ WAIT = object()  # an attempt whose attribution waits for a report still to come
 class CrashResult:
     incidents: list[Incident] = field(default_factory=list)
     hang_triggers: list[HangTrigger] = field(default_factory=list)
-    pending: list[tuple[str | None, int | None]] = field(default_factory=list)  # attempts not settled yet
+    # attempts not settled yet
+    pending: list[tuple[str | None, int | None]] = field(default_factory=list)

@@ -1,6 +1,6 @@
-"""The lifecycle the supervisor records (process_events rows of source "supervisor"): when it began stopping an
-attempt (its teardown: whatever fails from then on is a termination, not a crash), the torchrun agents it started
-and saw exit, and the agents lost to a signal it did not send."""
+"""The lifecycle the supervisor records (process_events rows of source "supervisor"): when it began
+stopping an attempt (its teardown: whatever fails from then on is a termination, not a crash), the
+torchrun agents it started and saw exit, and the agents lost to a signal it did not send."""
 
 from __future__ import annotations
 
@@ -17,16 +17,29 @@ TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGKILL
 
 
 def teardown_starts(events: pd.DataFrame) -> dict[tuple[Any, Any], pd.Timestamp]:
-    """(job or "", attempt or -1) -> when the supervisor began stopping that attempt (its first signal_sent row
-    with a stopping signal)."""
+    """(job or "", attempt or -1) -> when the supervisor began stopping that attempt (its first
+    signal_sent row with a stopping signal)."""
     if events.empty or "kind" not in events.columns:
         return {}
     sent = events[events["kind"] == "signal_sent"]
     if sent.empty:
         return {}
     if "signal" in sent.columns:
-        names = sent["signal"].astype(object).map(lambda v: None if v is None or v is pd.NA or v != v else (
-            str(v).upper() if str(v).upper().startswith("SIG") else f"SIG{str(v).upper()}"))
+        names = (
+            sent["signal"]
+            .astype(object)
+            .map(
+                lambda v: (
+                    None
+                    if v is None or v is pd.NA or v != v
+                    else (
+                        str(v).upper()
+                        if str(v).upper().startswith("SIG")
+                        else f"SIG{str(v).upper()}"
+                    )
+                )
+            )
+        )
         sent = sent[names.isin(TEARDOWN_SIGNALS) | names.isna()]
     if sent.empty:
         return {}
@@ -53,10 +66,11 @@ def _whole_seconds(events: pd.DataFrame) -> pd.Series:
 
 
 def at_or_after(events: pd.DataFrame, starts: dict[tuple[Any, Any], pd.Timestamp]) -> pd.Series:
-    """Rows at or after the start of their attempt's teardown (`starts`, see teardown_starts), each compared at
-    the resolution of its own time: a row stamped to the whole second happened somewhere in that second, so it
-    is at or after the start when its second is the start's second or later (torch's error file of an echo
-    written 0.2 s after the supervisor's SIGTERM reads .000, before it)."""
+    """Rows at or after the start of their attempt's teardown (`starts`, see teardown_starts), each
+    compared at the resolution of its own time: a row stamped to the whole second happened somewhere
+    in that second, so it is at or after the start when its second is the start's second or later
+    (torch's error file of an echo written 0.2 s after the supervisor's SIGTERM reads .000, before
+    it)."""
     keys = attempt_keys(events)
     start = keys.map(lambda key: starts.get(key))
     second = start.map(lambda value: None if value is None else pd.Timestamp(value).floor("s"))
@@ -64,9 +78,11 @@ def at_or_after(events: pd.DataFrame, starts: dict[tuple[Any, Any], pd.Timestamp
     return (start.notna() & (events["ts"] >= start.where(start.notna(), events["ts"]))).astype(bool)
 
 
-def lost_agents(events: pd.DataFrame) -> dict[tuple[Any, Any], list[tuple[str, dt.datetime, str, str]]]:
-    """(job or "", attempt or -1) -> [(node, ts, signal, text)] of torchrun agents that died by a signal before the
-    supervisor began stopping the attempt (the supervisor's agent_exit rows)."""
+def lost_agents(
+    events: pd.DataFrame,
+) -> dict[tuple[Any, Any], list[tuple[str, dt.datetime, str, str]]]:
+    """(job or "", attempt or -1) -> [(node, ts, signal, text)] of torchrun agents that died by a
+    signal before the supervisor began stopping the attempt (the supervisor's agent_exit rows)."""
     if events.empty or "kind" not in events.columns:
         return {}
     exits = events[events["kind"] == "agent_exit"]
@@ -86,7 +102,11 @@ def lost_agents(events: pd.DataFrame) -> dict[tuple[Any, Any], list[tuple[str, d
         if start is not None and row["ts"] >= start:
             continue  # the supervisor was stopping it
         message = row_value(row, "message")
-        text = f"{node}: torchrun agent died by {signal}" + (f": {message}" if message else "") + " [supervisor]"
+        text = (
+            f"{node}: torchrun agent died by {signal}"
+            + (f": {message}" if message else "")
+            + " [supervisor]"
+        )
         found.setdefault(key, []).append((str(node), ts, signal, text))
     return found
 
@@ -95,8 +115,13 @@ def running_agents(events: pd.DataFrame, job: str | None, attempt: int | None) -
     """Nodes whose torchrun agent the supervisor started in this attempt and has not seen exit."""
     if events.empty or "kind" not in events.columns:
         return set()
-    rows = events[events["kind"].isin(["start", "agent_exit"]) & (events.get("source") == "supervisor")] \
-        if "source" in events.columns else events[events["kind"].isin(["start", "agent_exit"])]
+    rows = (
+        events[
+            events["kind"].isin(["start", "agent_exit"]) & (events.get("source") == "supervisor")
+        ]
+        if "source" in events.columns
+        else events[events["kind"].isin(["start", "agent_exit"])]
+    )
     if job is not None and "job_id" in rows.columns:
         rows = rows[rows["job_id"] == job]
     if attempt is not None and "attempt" in rows.columns:
@@ -107,8 +132,8 @@ def running_agents(events: pd.DataFrame, job: str | None, attempt: int | None) -
 
 
 def ended_agents(events: pd.DataFrame, job: str | None, attempt: int | None) -> set[str]:
-    """Nodes whose torchrun agent exited 0 in this attempt (the supervisor's agent_exit rows): they ended their
-    part of the job."""
+    """Nodes whose torchrun agent exited 0 in this attempt (the supervisor's agent_exit rows): they
+    ended their part of the job."""
     if events.empty or "kind" not in events.columns:
         return set()
     exits = events[events["kind"] == "agent_exit"]

@@ -1,5 +1,5 @@
-"""What the ranks' own progress says about a failure: which ranks closed their step timer, which were still alive
-after it, when they last completed a step, and the step a rank died in."""
+"""What the ranks' own progress says about a failure: which ranks closed their step timer, which
+were still alive after it, when they last completed a step, and the step a rank died in."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from faultlens.attribution.reading.telemetry import Telemetry
 
 
 def closed_ranks(heartbeats: pd.DataFrame, attempt: int | None) -> dict[int, dt.datetime]:
-    """rank -> when its step timer closed (its first heartbeat that says so) in `attempt`: the rank ended its
-    training loop itself (after the last step, or unwinding from an error of its own)."""
+    """rank -> when its step timer closed (its first heartbeat that says so) in `attempt`: the rank
+    ended its training loop itself (after the last step, or unwinding from an error of its own)."""
     if heartbeats.empty or "closed" not in heartbeats.columns or "rank" not in heartbeats.columns:
         return {}
     rows = heartbeats[heartbeats["closed"].fillna(False).astype(bool) & heartbeats["rank"].notna()]
@@ -23,7 +23,11 @@ def closed_ranks(heartbeats: pd.DataFrame, attempt: int | None) -> dict[int, dt.
     if rows.empty:
         return {}
     first = rows.groupby("rank")["ts"].min()
-    return {int(rank): ts for rank, ts in ((r, as_datetime(t)) for r, t in first.items()) if ts is not None}
+    return {
+        int(rank): ts
+        for rank, ts in ((r, as_datetime(t)) for r, t in first.items())
+        if ts is not None
+    }
 
 
 def alive_after(heartbeats: pd.DataFrame, attempt: int | None, ranks: list[int],
@@ -39,7 +43,9 @@ def alive_after(heartbeats: pd.DataFrame, attempt: int | None, ranks: list[int],
     return sorted(int(r) for r in rows["rank"].dropna().unique())
 
 
-def last_progress(telemetry: Telemetry, attempt: int | None, ranks: list[int]) -> dt.datetime | None:
+def last_progress(
+    telemetry: Telemetry, attempt: int | None, ranks: list[int]
+) -> dt.datetime | None:
     """When any of `ranks` last completed a step in `attempt` (heartbeats and step rows)."""
     times = []
     for frame, column in ((telemetry.heartbeats, "step_ts"), (telemetry.steps, "end_ts")):
@@ -56,8 +62,8 @@ def last_progress(telemetry: Telemetry, attempt: int | None, ranks: list[int]) -
 
 
 def death_step(telemetry: Telemetry, attempt: int | None, rank: int | None) -> int | None:
-    """The step a rank was in when it failed: the heartbeat's step in progress, else one past its last completed
-    step (heartbeat or step rows) of that attempt."""
+    """The step a rank was in when it failed: the heartbeat's step in progress, else one past its
+    last completed step (heartbeat or step rows) of that attempt."""
     if rank is None:
         return None
     candidates = []
@@ -76,7 +82,8 @@ def death_step(telemetry: Telemetry, attempt: int | None, rank: int | None) -> i
     from_rows = _failure_step(telemetry.steps, attempt, rank)
     if from_rows is not None:
         candidates.append(from_rows)
-    if not candidates:  # nothing of its own survived (a kill loses unflushed rows): synchronous peers' progress
+    # nothing of its own survived (a kill loses unflushed rows): synchronous peers' progress
+    if not candidates:
         peers = telemetry.steps if attempt is None or telemetry.steps.empty else \
             telemetry.steps[telemetry.steps["attempt"] == attempt]
         if not peers.empty and peers["step"].notna().any():
@@ -85,9 +92,10 @@ def death_step(telemetry: Telemetry, attempt: int | None, rank: int | None) -> i
 
 
 def _failure_step(steps: pd.DataFrame, attempt: int | None, rank: int | None) -> int | None:
-    """The step a rank was in when it failed: one past the last step any rank of the attempt completed (synchronous
-    training: no rank completes a step the failed one never finished; the failed rank's own last rows may never
-    have been flushed, a SIGKILL loses its step timer's buffer)."""
+    """The step a rank was in when it failed: one past the last step any rank of the attempt
+    completed (synchronous
+    training: no rank completes a step the failed one never finished; the failed rank's own last
+    rows may never have been flushed, a SIGKILL loses its step timer's buffer)."""
     if steps.empty or rank is None or "step" not in steps.columns:
         return None
     rows = steps

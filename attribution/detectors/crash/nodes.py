@@ -1,15 +1,24 @@
-"""Attempts with no primary failure of a rank of their own: a node lost (its torchrun agent died by a signal nobody
-sent, or every rank of it fell silent while its peers echoed the loss), a node whose GPU reported hardware errors
-while its peers lost contact, collective timeouts only (a hang to analyse), or nothing to blame. Also the line that
-folds the survivors' echoes into an incident."""
+"""Attempts with no primary failure of a rank of their own: a node lost (its torchrun agent died by
+a signal nobody sent, or every rank of it fell silent while its peers echoed the loss), a node whose
+GPU reported hardware errors while its peers lost contact, collective timeouts only (a hang to
+analyse), or nothing to blame. Also the line that folds the survivors' echoes into an incident."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
 
-from faultlens.attribution.detectors.crash.failures import WAIT, FailureKind, HangTrigger, RankFailure
-from faultlens.attribution.detectors.crash.lifecycle import ended_agents, lost_agents, running_agents
+from faultlens.attribution.detectors.crash.failures import (
+    WAIT,
+    FailureKind,
+    HangTrigger,
+    RankFailure,
+)
+from faultlens.attribution.detectors.crash.lifecycle import (
+    ended_agents,
+    lost_agents,
+    running_agents,
+)
 from faultlens.attribution.detectors.crash.liveness import (
     alive_after,
     closed_ranks,
@@ -25,9 +34,11 @@ from faultlens.attribution.rules import CrashRules
 def node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt: int | None,
               failures: list[RankFailure], placement: dict[int, Placement],
               secondary_line: Evidence | None, now: dt.datetime) -> Incident | None:
-    """A node whose torchrun agent died by a signal nobody in the job sent: the host (its ranks died with it,
-    or train on unwatched)."""
-    lost = lost_agents(telemetry.process_events).get((job or "", attempt if attempt is not None else -1), [])
+    """A node whose torchrun agent died by a signal nobody in the job sent: the host (its ranks died
+    with it, or train on unwatched)."""
+    lost = lost_agents(telemetry.process_events).get(
+        (job or "", attempt if attempt is not None else -1), []
+    )
     nodes = sorted({node for node, _, _, _ in lost})
     if len(nodes) != 1:
         return None
@@ -42,7 +53,8 @@ def node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt:
     rule = "crash-agent-lost" if alive else "crash-node-lost"
     evidence = [Evidence("process_events", ts, text)]
     if alive:
-        evidence.append(Evidence("heartbeats", None, f"ranks {alive} of {node} kept running after their agent "
+        evidence.append(Evidence("heartbeats", None, f"ranks {alive} of {node} kept running after "
+                                                     "their agent "
                                                      "died: unwatched"))
     else:
         silent = [r for r in ranks if r not in {f.rank for f in own}]
@@ -51,17 +63,34 @@ def node_lost(rules: CrashRules, telemetry: Telemetry, job: str | None, attempt:
     if secondary_line:
         evidence.append(secondary_line)
     gpus = sorted({placement[r].gpu_label for r in ranks if placement[r].gpu_label})
-    step = next((s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None)
+    step = next(
+        (s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None
+    )
     first = min([ts, *(f.ts for f in failures)])
-    what = "its torchrun agent was lost (" + signal + ")" + (", its ranks run on unwatched" if alive else
-                                                              ", its ranks with it")
+    what = (
+        "its torchrun agent was lost ("
+        + signal
+        + ")"
+        + (", its ranks run on unwatched" if alive else ", its ranks with it")
+    )
     return Incident(
-        incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
-        cause=Cause.HOST, first_signal_ts=first, detected_ts=now, confidence=rules.conf(rule, 0.85),
-        rule=rule, summary=f"crash: node loss: {node}: {what}; cause host", job_id=job, attempt=attempt,
-        culprit_nodes=(node,), culprit_ranks=tuple(ranks), culprit_gpus=tuple(gpus),
-        evidence=tuple(evidence[: rules.evidence_limit]), step=step,
-        details={"primary_kind": "node_lost", "failures": len(failures), "alive": alive})
+        incident_id=Incident.make_id("crash", job, attempt),
+        incident_class=IncidentClass.CRASH,
+        cause=Cause.HOST,
+        first_signal_ts=first,
+        detected_ts=now,
+        confidence=rules.conf(rule, 0.85),
+        rule=rule,
+        summary=f"crash: node loss: {node}: {what}; cause host",
+        job_id=job,
+        attempt=attempt,
+        culprit_nodes=(node,),
+        culprit_ranks=tuple(ranks),
+        culprit_gpus=tuple(gpus),
+        evidence=tuple(evidence[: rules.evidence_limit]),
+        step=step,
+        details={"primary_kind": "node_lost", "failures": len(failures), "alive": alive},
+    )
 
 
 def secondary_summary(failures: list[RankFailure], primary: RankFailure | None) -> Evidence | None:
@@ -73,20 +102,29 @@ def secondary_summary(failures: list[RankFailure], primary: RankFailure | None) 
     kinds = Counter(f.kind.value for f in others)
     first = min(f.ts for f in others)
     parts = ", ".join(f"{kind} x{count}" for kind, count in kinds.most_common())
-    return Evidence("process_events", first, f"{rows} more error signal(s) from {len(others)} other rank(s), "
+    return Evidence("process_events", first, f"{rows} more error signal(s) from {len(others)} "
+                                             "other rank(s), "
                                              f"folded into this incident ({parts})")
 
 
 def _vanished_echoes(failures: list[RankFailure]) -> set[int]:
-    """Ranks that only echoed a lost peer and left no record of how they ended (no exit row, no signal): a node
-    dies process by process, and a rank can print its node-mate's loss in the moment before it goes too."""
-    return {f.rank for f in failures
-            if f.rank is not None and f.kind == FailureKind.SECONDARY and f.exit_code is None and f.signal is None}
+    """Ranks that only echoed a lost peer and left no record of how they ended (no exit row, no
+    signal): a node dies process by process, and a rank can print its node-mate's loss in the moment
+    before it goes too."""
+    return {
+        f.rank
+        for f in failures
+        if f.rank is not None
+        and f.kind == FailureKind.SECONDARY
+        and f.exit_code is None
+        and f.signal is None
+    }
 
 
-#: how long after the others began failing a node's last step or heartbeat still belongs to the same moment: every
-#: rank's aborted step closes as the exception unwinds, a few ms after the echo lines are stamped (a CI run's lost
-#: node ended its last step 3 ms after them and was read as still training)
+#: how long after the others began failing a node's last step or heartbeat still belongs to the same
+#: moment: every rank's aborted step closes as the exception unwinds, a few ms after the echo lines
+#: are stamped (a CI run's lost node ended its last step 3 ms after them and was read as still
+#: training)
 _GRACE = dt.timedelta(seconds=2)
 
 
@@ -94,10 +132,10 @@ def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attem
                  failures: list[RankFailure], placement: dict[int, Placement], silent: list[int],
                  vanished_echoes: set[int], candidates: list[str], secondary_line: Evidence | None,
                  now: dt.datetime) -> Incident | None:
-    """Every rank of one node said nothing (or only echoed a node-mate's loss and vanished with no exit) while
-    ranks of other nodes echoed a lost peer, and that node made no progress after they began failing: the node
-    was lost (no agent report needed). vanished_echoes: _vanished_echoes(failures); candidates: the nodes it may
-    be (one, or nothing is said)."""
+    """Every rank of one node said nothing (or only echoed a node-mate's loss and vanished with no
+    exit) while ranks of other nodes echoed a lost peer, and that node made no progress after they
+    began failing: the node was lost (no agent report needed). vanished_echoes:
+    _vanished_echoes(failures); candidates: the nodes it may be (one, or nothing is said)."""
     if len(candidates) != 1:
         return None
     node = candidates[0]
@@ -117,38 +155,60 @@ def _silent_node(rules: CrashRules, telemetry: Telemetry, job: str | None, attem
     if alive_after(telemetry.heartbeats, attempt, ranks, first + _GRACE):
         return None
     rule = "crash-node-silent"
-    echoed = f"; ranks {sorted(vanished)} only echoed a node-mate's loss, then vanished with no exit" \
-        if vanished else ""
-    evidence = [Evidence("process_events", first, f"every rank of {node} ({ranks}) fell silent while "
-                                                  f"{len(others)} rank(s) of other nodes lost contact{echoed}")]
+    echoed = (
+        f"; ranks {sorted(vanished)} only echoed a node-mate's loss, then vanished with no exit"
+        if vanished
+        else ""
+    )
+    evidence = [Evidence("process_events", first, f"every rank of {node} ({ranks}) fell silent "
+                                                  "while "
+                                                  f"{len(others)} rank(s) of other nodes lost "
+                                                  f"contact{echoed}")]
     evidence.extend(e for f in sorted(others, key=lambda f: f.ts)[:2] for e in f.evidence[:1])
     if secondary_line:
         evidence.append(secondary_line)
     gpus = sorted({placement[r].gpu_label for r in ranks if placement[r].gpu_label})
     return Incident(
-        incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
-        cause=Cause.HOST, first_signal_ts=min([first, progressed or first, *(f.ts for f in failures)]),
-        detected_ts=now, confidence=rules.conf(rule, 0.75), rule=rule,
-        summary=f"crash: node loss: every rank of {node} fell silent while its peers lost contact; cause host",
-        job_id=job, attempt=attempt, culprit_nodes=(node,), culprit_ranks=tuple(ranks), culprit_gpus=tuple(gpus),
+        incident_id=Incident.make_id("crash", job, attempt),
+        incident_class=IncidentClass.CRASH,
+        cause=Cause.HOST,
+        first_signal_ts=min([first, progressed or first, *(f.ts for f in failures)]),
+        detected_ts=now,
+        confidence=rules.conf(rule, 0.75),
+        rule=rule,
+        summary=f"crash: node loss: every rank of {node} fell silent while its peers lost contact; "
+        "cause host",
+        job_id=job,
+        attempt=attempt,
+        culprit_nodes=(node,),
+        culprit_ranks=tuple(ranks),
+        culprit_gpus=tuple(gpus),
         evidence=tuple(evidence[: rules.evidence_limit]),
-        step=next((s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None),
-        details={"primary_kind": "node_silent", "failures": len(failures), "vanished_echoes": sorted(vanished),
-                 "failures_from": first.isoformat()})
+        step=next(
+            (s for s in (death_step(telemetry, attempt, r) for r in ranks) if s is not None), None
+        ),
+        details={
+            "primary_kind": "node_silent",
+            "failures": len(failures),
+            "vanished_echoes": sorted(vanished),
+            "failures_from": first.isoformat(),
+        },
+    )
 
 
 def no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Telemetry,
                job: str | None, attempt: int | None, failures: list[RankFailure],
                placement: dict[int, Placement], secondary_line: Evidence | None,
                now: dt.datetime) -> Incident | HangTrigger | object | None:
-    """An attempt whose failing ranks all echoed another's failure or were stopped: a node whose GPU reported
-    hardware errors, nothing (stopped from outside), a hang (collective timeouts), WAIT (a report still to come),
-    a silent node, else a crash with no primary seen."""
+    """An attempt whose failing ranks all echoed another's failure or were stopped: a node whose GPU
+    reported hardware errors, nothing (stopped from outside), a hang (collective timeouts), WAIT (a
+    report still to come), a silent node, else a crash with no primary seen."""
     first = min(f.ts for f in failures)
-    # a node whose ranks said nothing while the others echoed a failure, or whose GPU reported hardware errors
+    # a node whose ranks said nothing while the others echoed a failure, or whose GPU reported
+    # hardware errors
     reported = {f.rank for f in failures}
-    # a rank that closed its step timer ended its training loop itself: it is not silent (a lost node's
-    # processes never close anything)
+    # a rank that closed its step timer ended its training loop itself: it is not silent (a lost
+    # node's processes never close anything)
     closed = closed_ranks(telemetry.heartbeats, attempt)
     silent = sorted(r for r in placement if r not in reported and r not in closed)
     nodes = sorted({p.node for p in placement.values() if p.node})
@@ -164,12 +224,22 @@ def no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Tel
         if secondary_line:
             evidence.append(secondary_line)
         return Incident(
-            incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
-            cause=best.cause, first_signal_ts=min(best.ts, first), detected_ts=now,
-            confidence=min(rules.conf(rule), best.confidence), rule=rule,
-            summary=f"crash: {node} reported {best.kind} and its peers lost contact; cause {best.cause.value}",
-            job_id=job, attempt=attempt, culprit_nodes=(node,), culprit_ranks=tuple(ranks),
-            culprit_gpus=(best.gpu,) if best.gpu else (), evidence=tuple(evidence[: rules.evidence_limit]))
+            incident_id=Incident.make_id("crash", job, attempt),
+            incident_class=IncidentClass.CRASH,
+            cause=best.cause,
+            first_signal_ts=min(best.ts, first),
+            detected_ts=now,
+            confidence=min(rules.conf(rule), best.confidence),
+            rule=rule,
+            summary=f"crash: {node} reported {best.kind} and its peers lost contact; cause "
+            f"{best.cause.value}",
+            job_id=job,
+            attempt=attempt,
+            culprit_nodes=(node,),
+            culprit_ranks=tuple(ranks),
+            culprit_gpus=(best.gpu,) if best.gpu else (),
+            evidence=tuple(evidence[: rules.evidence_limit]),
+        )
     if all(f.kind == FailureKind.TERMINATED for f in failures):
         return None  # stopped from outside (cancelled, preempted): not a crash to attribute
     timeouts = [f for f in failures if f.timeout_rows]
@@ -179,32 +249,58 @@ def no_primary(rules: CrashRules, catalog: XidCatalogLike | None, telemetry: Tel
     silent_nodes = sorted({placement[r].node for r in silent if placement[r].node}
                           - {f.node for f in failures if f.node})
     running = running_agents(telemetry.process_events, job, attempt)
-    # a silent rank whose agent still runs: that agent's report of what happened to it is still to come (its
-    # node-mates' own error files and teed lines land first, so the node is not silent as a whole)
+    # a silent rank whose agent still runs: that agent's report of what happened to it is still to
+    # come (its node-mates' own error files and teed lines land first, so the node is not silent as
+    # a whole)
     unreported = {placement[r].node for r in silent if placement[r].node} & running
     if (unreported or (silent_nodes and set(silent_nodes) <= running)) and \
             (now - first).total_seconds() < rules.silent_node_wait_s:
         return WAIT
-    # a lost node may have said something on its way down: a rank that only echoed its node-mate's death and left
-    # no exit (nobody was left to report one) goes with the node's silent ranks
+    # a lost node may have said something on its way down: a rank that only echoed its node-mate's
+    # death and left no exit (nobody was left to report one) goes with the node's silent ranks
     vanished = _vanished_echoes(failures)
     lost_nodes = sorted({placement[r].node for r in silent if placement[r].node}
                         - {f.node or (placement[f.rank].node if f.rank in placement else None)
                            for f in failures if f.rank not in vanished})
-    silent_node = _silent_node(rules, telemetry, job, attempt, failures, placement, silent, vanished,
-                               silent_nodes or lost_nodes, secondary_line, now)
+    silent_node = _silent_node(
+        rules,
+        telemetry,
+        job,
+        attempt,
+        failures,
+        placement,
+        silent,
+        vanished,
+        silent_nodes or lost_nodes,
+        secondary_line,
+        now,
+    )
     if silent_node is not None:
         return silent_node
     rule = "crash-no-primary"
     evidence = [e for f in sorted(failures, key=lambda f: f.ts)[:3] for e in f.evidence[:1]]
     if silent:
-        evidence.insert(0, Evidence("process_events", first, f"ranks {silent} reported no failure while "
+        evidence.insert(0, Evidence("process_events", first, f"ranks {silent} reported no failure "
+                                                             "while "
                                                              f"{len(failures)} others echoed one"))
     return Incident(
-        incident_id=Incident.make_id("crash", job, attempt), incident_class=IncidentClass.CRASH,
-        cause=Cause.UNKNOWN, first_signal_ts=first, detected_ts=now, confidence=rules.conf(rule),
-        rule=rule, summary="crash: every failing rank echoed another's failure; the primary one was not seen"
-        + (f" (silent ranks {silent} on {', '.join(silent_nodes) or 'unknown nodes'})" if silent else ""),
-        job_id=job, attempt=attempt, culprit_nodes=tuple(silent_nodes) if len(silent_nodes) == 1 else (),
+        incident_id=Incident.make_id("crash", job, attempt),
+        incident_class=IncidentClass.CRASH,
+        cause=Cause.UNKNOWN,
+        first_signal_ts=first,
+        detected_ts=now,
+        confidence=rules.conf(rule),
+        rule=rule,
+        summary="crash: every failing rank echoed another's failure; the primary one "
+        "was not seen"
+        + (
+            f" (silent ranks {silent} on {', '.join(silent_nodes) or 'unknown nodes'})"
+            if silent
+            else ""
+        ),
+        job_id=job,
+        attempt=attempt,
+        culprit_nodes=tuple(silent_nodes) if len(silent_nodes) == 1 else (),
         culprit_ranks=tuple(silent) if silent_nodes and len(silent_nodes) == 1 else (),
-        evidence=tuple(evidence[: rules.evidence_limit]))
+        evidence=tuple(evidence[: rules.evidence_limit]),
+    )

@@ -1,5 +1,5 @@
-"""process_events rows one at a time: a column's value, the signal that ended a process, a death's identity, the
-attempt a row belongs to, a row in words."""
+"""process_events rows one at a time: a column's value, the signal that ended a process, a death's
+identity, the attempt a row belongs to, a row in words."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ def row_value(row: Any, key: str) -> Any:
 
 
 def signal_of(row: Any) -> str | None:
-    """The signal that ended a process: the row's `signal`, or decoded from exit codes -N and 128+N."""
+    """The signal that ended a process: the row's `signal`, or decoded from exit codes -N and 128+N.
+    """
     signal = row_value(row, "signal")
     if signal:
         text = str(signal).upper()
@@ -48,7 +49,9 @@ def signal_from_code(code: Any, kind: Any) -> str | None:
 
 
 def signal_identity(signal: Any, rank: Any) -> str | None:
-    """The identity of a death by signal (it has no traceback fingerprint): `<signal>@rank<global rank>`."""
+    """The identity of a death by signal (it has no traceback fingerprint): `<signal>@rank<global
+    rank>`.
+    """
     if not signal or rank is None or rank is pd.NA:
         return None
     return f"{signal}@rank{int(rank)}"
@@ -56,11 +59,24 @@ def signal_identity(signal: Any, rank: Any) -> str | None:
 
 def attempt_keys(frame: pd.DataFrame) -> pd.Series:
     """Per row, its attempt's key (job or "", attempt or -1), as teardown_starts keys them."""
-    job = frame["job_id"].astype(object).where(frame["job_id"].notna(), "") if "job_id" in frame.columns else ""
+    job = (
+        frame["job_id"].astype(object).where(frame["job_id"].notna(), "")
+        if "job_id" in frame.columns
+        else ""
+    )
     attempt = frame["attempt"].astype(object).where(frame["attempt"].notna(), -1) \
         if "attempt" in frame.columns else -1
-    return pd.Series(list(zip(pd.Series(job, index=frame.index), pd.Series(attempt, index=frame.index),
-                              strict=True)), index=frame.index, dtype=object)
+    return pd.Series(
+        list(
+            zip(
+                pd.Series(job, index=frame.index),
+                pd.Series(attempt, index=frame.index),
+                strict=True,
+            )
+        ),
+        index=frame.index,
+        dtype=object,
+    )
 
 
 def describe_process_event(row: Any) -> str:

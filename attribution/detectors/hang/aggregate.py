@@ -1,9 +1,10 @@
-"""Pass-1 aggregates in compiled code: progress per (group, rank) and collective signatures per (group, seq),
-kept in open-addressing hash tables across the table's slices (numba, no GIL).
+"""Pass-1 aggregates in compiled code: progress per (group, rank) and collective signatures per
+(group, seq), kept in open-addressing hash tables across the table's slices (numba, no GIL).
 
-A 16,384-rank set has ~33 M rows and ~4 M (group, seq) keys: an Arrow group-by per slice, then another over the
-concatenated parts, cost ~4 s of the analysis' 8; these tables are filled in one pass over each slice's rows and
-never merged. Keys come out in first-seen order (the order of the rows), as the group-bys gave them.
+A 16,384-rank set has ~33 M rows and ~4 M (group, seq) keys: an Arrow group-by per slice, then
+another over the concatenated parts, cost ~4 s of the analysis' 8; these tables are filled in one
+pass over each slice's rows and never merged. Keys come out in first-seen order (the order of the
+rows), as the group-bys gave them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ _UINT_MAX = np.iinfo(np.uint64).max
 
 @njit(cache=True, nogil=True)
 def _find(keys, used, shift, key):
-    """The slot holding `key`, else the free slot where it goes (linear probing; the table is at most half full)."""
+    """The slot holding `key`, else the free slot where it goes (linear probing; the table is at
+    most half full).
+    """
     mask = keys.shape[0] - 1
     slot = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(shift))
     while used[slot]:
@@ -36,7 +39,9 @@ def _find(keys, used, shift, key):
 
 @njit(cache=True, nogil=True)
 def _rehash(keys, used, new_keys, new_used, new_shift):
-    """Every used slot's key into the new (empty, larger) table; returns old slot -> new slot (-1: unused)."""
+    """Every used slot's key into the new (empty, larger) table; returns old slot -> new slot (-1:
+    unused).
+    """
     moved = np.full(keys.shape[0], -1, np.int64)
     for i in range(keys.shape[0]):
         if used[i]:
@@ -48,8 +53,8 @@ def _rehash(keys, used, new_keys, new_used, new_shift):
 
 
 class _KeyTable:
-    """Slots of int64 keys with value arrays beside them, grown (and rehashed) before they are half full; `order`
-    holds the slots in insertion order."""
+    """Slots of int64 keys with value arrays beside them, grown (and rehashed) before they are half
+    full; `order` holds the slots in insertion order."""
 
     def __init__(self, values: dict[str, tuple[type, int]], capacity: int = 1 << 12) -> None:
         self._spec = values
@@ -61,7 +66,9 @@ class _KeyTable:
         self.used = np.zeros(capacity, np.int8)
         self.order = np.empty(capacity // 2 + 1, np.int64)
         self.shift = 64 - (capacity.bit_length() - 1)
-        self.values = {name: np.full(capacity, init, dtype) for name, (dtype, init) in self._spec.items()}
+        self.values = {
+            name: np.full(capacity, init, dtype) for name, (dtype, init) in self._spec.items()
+        }
 
     @property
     def limit(self) -> int:
@@ -83,11 +90,34 @@ class _KeyTable:
 
 
 @njit(cache=True, nogil=True)
-def _add_progress(keys, used, order, count, limit, shift, group_of, rank_of, s_max, inc_min, inc_max, started_max,
-                  complete_max, d_min, group, rank, seq, coll, complete, started, desc, collectives, start):
-    """Rows start.. of a slice in a named group (group >= 0), its collective entries (collectives) or its other
-    rows (not collectives: only the desc counts), into the (group, rank) table; returns (next row, keys) when the
-    table is at its limit, else (rows, keys)."""
+def _add_progress(
+    keys,
+    used,
+    order,
+    count,
+    limit,
+    shift,
+    group_of,
+    rank_of,
+    s_max,
+    inc_min,
+    inc_max,
+    started_max,
+    complete_max,
+    d_min,
+    group,
+    rank,
+    seq,
+    coll,
+    complete,
+    started,
+    desc,
+    collectives,
+    start,
+):
+    """Rows start.. of a slice in a named group (group >= 0), its collective entries (collectives)
+    or its other rows (not collectives: only the desc counts), into the (group, rank) table; returns
+    (next row, keys) when the table is at its limit, else (rows, keys)."""
     n = group.shape[0]
     i = start
     while i < n:
@@ -129,37 +159,74 @@ def _add_progress(keys, used, order, count, limit, shift, group_of, rank_of, s_m
 
 
 class ProgressTable:
-    """Per (group, rank): over its collective entries, the highest sequence id entered, the lowest and highest not
-    completed, the highest started and completed, and the group's desc code (`progress`); over its other named rows
-    (status rows, p2p entries), the desc code (`seen`). Each in its own table, keys in first-seen order of its rows."""
+    """Per (group, rank): over its collective entries, the highest sequence id entered, the lowest
+    and highest not completed, the highest started and completed, and the group's desc code
+    (`progress`); over its other named rows (status rows, p2p entries), the desc code (`seen`). Each
+    in its own table, keys in first-seen order of its rows."""
 
     _SPEC: ClassVar[dict[str, tuple[type, int]]] = {
-        "group": (np.int32, -1), "rank": (np.int32, -1), "s_max": (np.int64, 0), "inc_min": (np.int64, _INT_MAX),
-        "inc_max": (np.int64, _INT_MIN), "started_max": (np.int64, _INT_MIN), "complete_max": (np.int64, _INT_MIN),
-        "d_min": (np.int32, np.iinfo(np.int32).max)}
+        "group": (np.int32, -1),
+        "rank": (np.int32, -1),
+        "s_max": (np.int64, 0),
+        "inc_min": (np.int64, _INT_MAX),
+        "inc_max": (np.int64, _INT_MIN),
+        "started_max": (np.int64, _INT_MIN),
+        "complete_max": (np.int64, _INT_MIN),
+        "d_min": (np.int32, np.iinfo(np.int32).max),
+    }
 
     def __init__(self) -> None:
         self.collectives = _KeyTable(self._SPEC)
         self.others = _KeyTable(self._SPEC)
 
-    def add(self, group: np.ndarray, rank: np.ndarray, seq: np.ndarray, coll: np.ndarray, complete: np.ndarray,
-            started: np.ndarray, desc: np.ndarray) -> None:
+    def add(
+        self,
+        group: np.ndarray,
+        rank: np.ndarray,
+        seq: np.ndarray,
+        coll: np.ndarray,
+        complete: np.ndarray,
+        started: np.ndarray,
+        desc: np.ndarray,
+    ) -> None:
         """One slice's rows (group -1: not in a named group, skipped)."""
         for t, collectives in ((self.collectives, True), (self.others, False)):
             start = 0
             while True:
                 v = t.values
                 start, t.count = _add_progress(
-                    t.keys, t.used, t.order, t.count, t.limit, t.shift, v["group"], v["rank"], v["s_max"],
-                    v["inc_min"], v["inc_max"], v["started_max"], v["complete_max"], v["d_min"], group, rank, seq,
-                    coll, complete, started, desc, collectives, start)
+                    t.keys,
+                    t.used,
+                    t.order,
+                    t.count,
+                    t.limit,
+                    t.shift,
+                    v["group"],
+                    v["rank"],
+                    v["s_max"],
+                    v["inc_min"],
+                    v["inc_max"],
+                    v["started_max"],
+                    v["complete_max"],
+                    v["d_min"],
+                    group,
+                    rank,
+                    seq,
+                    coll,
+                    complete,
+                    started,
+                    desc,
+                    collectives,
+                    start,
+                )
                 if start >= group.shape[0]:
                     break
                 t.grow()
 
     def progress(self) -> pa.Table:
         """The (group, rank) pairs with collective entries: g, r, s_max_max, s_incomplete_min_min,
-        s_incomplete_max_max, s_started_max_max, s_complete_max_max, d_min_min (null where nothing counted)."""
+        s_incomplete_max_max, s_started_max_max, s_complete_max_max, d_min_min (null where nothing
+        counted)."""
         slots = self.collectives.slots()
         v = self.collectives.values
         inc_min, inc_max = v["inc_min"][slots], v["inc_max"][slots]
@@ -197,7 +264,9 @@ def _find_row(table, used, shift, key):
 
 @njit(cache=True, nogil=True)
 def _add_signatures(table, used, order, count, limit, shift, rows, group, seq, sig, start):
-    """Rows rows[start:] (collective entries) into a (key, lowest, highest signature) table, as _add_progress."""
+    """Rows rows[start:] (collective entries) into a (key, lowest, highest signature) table, as
+    _add_progress.
+    """
     i = start
     while i < rows.shape[0]:
         row = rows[i]
@@ -224,7 +293,9 @@ def _add_signatures(table, used, order, count, limit, shift, rows, group, seq, s
 
 @njit(cache=True, nogil=True)
 def _merge_signatures(table, used, order, count, limit, shift, source, slots, start):
-    """The rows source[slots[start:]] of another such table into this one, in that order, as _add_signatures."""
+    """The rows source[slots[start:]] of another such table into this one, in that order, as
+    _add_signatures.
+    """
     i = start
     while i < slots.shape[0]:
         other = slots[i]
@@ -250,7 +321,9 @@ def _merge_signatures(table, used, order, count, limit, shift, source, slots, st
 
 @njit(cache=True, nogil=True)
 def _first_differing(table, order, count, at_most):
-    """The keys of the first `at_most` used slots (insertion order) whose lowest and highest signatures differ."""
+    """The keys of the first `at_most` used slots (insertion order) whose lowest and highest
+    signatures differ.
+    """
     out = np.empty(max(0, min(at_most, count)), np.int64)
     found = 0
     for i in range(count):
@@ -264,8 +337,8 @@ def _first_differing(table, order, count, at_most):
 
 
 class _Signatures:
-    """Rows (key, lowest signature, highest signature) in one array (one cache line per key looked up), grown
-    before half full; `order` holds the used slots in insertion order."""
+    """Rows (key, lowest signature, highest signature) in one array (one cache line per key looked
+    up), grown before half full; `order` holds the used slots in insertion order."""
 
     def __init__(self, capacity: int) -> None:
         capacity = 1 << max(10, (capacity - 1).bit_length())
@@ -279,11 +352,24 @@ class _Signatures:
     def limit(self) -> int:
         return self.table.shape[0] // 2
 
-    def add_rows(self, rows: np.ndarray, group: np.ndarray, seq: np.ndarray, signatures: np.ndarray) -> None:
+    def add_rows(
+        self, rows: np.ndarray, group: np.ndarray, seq: np.ndarray, signatures: np.ndarray
+    ) -> None:
         start = 0
         while True:
-            start, self.count = _add_signatures(self.table, self.used, self.order, self.count, self.limit,
-                                                self.shift, rows, group, seq, signatures, start)
+            start, self.count = _add_signatures(
+                self.table,
+                self.used,
+                self.order,
+                self.count,
+                self.limit,
+                self.shift,
+                rows,
+                group,
+                seq,
+                signatures,
+                start,
+            )
             if start >= rows.shape[0]:
                 return
             self.grow(4 * self.table.shape[0])
@@ -292,8 +378,17 @@ class _Signatures:
         slots = other.slots()
         start = 0
         while True:
-            start, self.count = _merge_signatures(self.table, self.used, self.order, self.count, self.limit,
-                                                  self.shift, other.table, slots, start)
+            start, self.count = _merge_signatures(
+                self.table,
+                self.used,
+                self.order,
+                self.count,
+                self.limit,
+                self.shift,
+                other.table,
+                slots,
+                start,
+            )
             if start >= slots.shape[0]:
                 return
             self.grow(4 * self.table.shape[0])
@@ -317,11 +412,12 @@ class _Signatures:
 
 
 class SignatureTable:
-    """Per (group, seq) key: the lowest and highest signature of its ranks' entries (op, sizes, dtypes). A slice's
-    rows go into a slice-sized table first (it stays in cache; the ranks of a group sit close together, so it holds
-    several times fewer keys than rows), and that into the set's: one random access per key, not per row. The
-    set's table is sized once from the keys of the first slices and the rows to come (`rows`: the table's), not
-    grown step by step (each step rehashes every key)."""
+    """Per (group, seq) key: the lowest and highest signature of its ranks' entries (op, sizes,
+    dtypes). A slice's rows go into a slice-sized table first (it stays in cache; the ranks of a
+    group sit close together, so it holds several times fewer keys than rows), and that into the
+    set's: one random access per key, not per row. The set's table is sized once from the keys of
+    the first slices and the rows to come (`rows`: the table's), not grown step by step (each step
+    rehashes every key)."""
 
     def __init__(self, rows: int = 0) -> None:
         self.rows_total = rows
@@ -331,7 +427,9 @@ class SignatureTable:
 
     def add(self, rows: np.ndarray, group: np.ndarray, seq: np.ndarray, signatures: np.ndarray,
             slice_rows: int = 0) -> None:
-        """The signatures of a slice's rows `rows` (one per row, in that order); slice_rows: the slice's length."""
+        """The signatures of a slice's rows `rows` (one per row, in that order); slice_rows: the
+        slice's length.
+        """
         local = self._slice
         local.clear()
         local.add_rows(rows, group, seq, signatures)
@@ -344,8 +442,8 @@ class SignatureTable:
 
     def differing(self, at_most: int) -> list[tuple[int, int]]:
         """The first `at_most` (group, seq) keys, in first-seen order, whose signatures differ."""
-        # a scan in insertion order that stops at `at_most` (a gather of every key's row was ~0.4 GB at 16,384
-        # ranks)
+        # a scan in insertion order that stops at `at_most` (a gather of every key's row was ~0.4 GB
+        # at 16,384 ranks)
         keys = _first_differing(self.table.table, self.table.order, self.table.count, at_most)
         groups, seqs = key_parts(keys)
         return list(zip(groups.tolist(), seqs.tolist(), strict=True))

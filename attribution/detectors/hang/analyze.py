@@ -1,4 +1,6 @@
-"""analyze_collectives: pass 1 (progress per group and rank), pass 2 (details of the keys that need them)."""
+"""analyze_collectives: pass 1 (progress per group and rank), pass 2 (details of the keys that need
+them).
+"""
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -18,7 +20,12 @@ from faultlens.attribution.detectors.hang.details import (
     p2p_divergences,
     stack_edges,
 )
-from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, MissingGroup, ranks_text
+from faultlens.attribution.detectors.hang.graph import (
+    Analysis,
+    Divergence,
+    MissingGroup,
+    ranks_text,
+)
 from faultlens.attribution.detectors.hang.lookups import install as install_lookups
 from faultlens.attribution.detectors.hang.lookups import rows_for_keys
 from faultlens.attribution.detectors.hang.partners import partner_mismatches
@@ -37,16 +44,19 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
                         first_pass: PassOneStream | None = None) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
-    stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken; default: the table's
-    schema metadata `faultlens.stacks` (attach_stacks), else none. They name where a culprit that never joined is,
-    and give the send/recv waits that gloo does not record.
+    stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken;
+    default: the table's schema metadata `faultlens.stacks` (attach_stacks), else none. They name
+    where a culprit that never joined is, and give the send/recv waits that gloo does not record.
 
-    The table may hold only the columns the analysis reads (COLUMNS) and may keep strings dictionary-encoded;
-    it is read in slices of SLICE_ROWS, so the analysis' own memory stays bounded on very large sets.
+    The table may hold only the columns the analysis reads (COLUMNS) and may keep strings
+    dictionary-encoded; it is read in slices of SLICE_ROWS, so the analysis' own memory stays
+    bounded on very large sets.
 
-    first_pass: a PassOneStream (stream.py) that ran pass 1 on the table's chunks while they were read; used where
-    its chunks are the table's slices, else pass 1 runs here."""
-    missing_columns = [c for c in ("rank", "collective_seq_id") if c not in collectives.column_names]
+    first_pass: a PassOneStream (stream.py) that ran pass 1 on the table's chunks while they were
+    read; used where its chunks are the table's slices, else pass 1 runs here."""
+    missing_columns = [
+        c for c in ("rank", "collective_seq_id") if c not in collectives.column_names
+    ]
     if missing_columns:
         raise ValueError(f"collectives table lacks column(s) {', '.join(missing_columns)}")
     table = collectives
@@ -67,19 +77,27 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     agg = first.progress.progress()
     analysis = _membership(first, agg, decoder, expected_ranks)
     progress = _progress(agg)
-    # completion is evidence only where entries carry device states (NCCL's 'started'/'completed'); gloo's are
-    # always 'scheduled' and `retired` depends on when each rank dumped (a rank that dumped at the end of a run
-    # before its last barrier was retired is no stalled rank), so there only entering is compared
+    # completion is evidence only where entries carry device states (NCCL's 'started'/'completed');
+    # gloo's are always 'scheduled' and `retired` depends on when each rank dumped (a rank that
+    # dumped at the end of a run before its last barrier was retired is no stalled rank), so there
+    # only entering is compared
     device_states = any(str(v) in ("started", "completed") for v in decoder.states.values)
     # gloo records no send/recv: a rank blocked in one looks stuck in its own code (hidden_p2p.py)
     analysis.p2p_unrecorded = any(str(v).startswith("gloo:") for v in decoder.ops.values)
     pending, stuck_pending = _group_divergences(analysis, progress, device_states)
     bad_keys = first.signatures.differing(MAX_MISMATCH_KEYS)  # (group, seq) whose ranks disagree
     first.signatures = SignatureTable()
-    times = _pass_two(analysis, table, decoder, pending, stuck_pending, bad_keys, sizes_column, dtypes_column)
+    times = _pass_two(
+        analysis, table, decoder, pending, stuck_pending, bad_keys, sizes_column, dtypes_column
+    )
     break_ties(analysis, decoder, table)
-    partner_mismatches(analysis, decoder, table, times, {g: max(v[0] for v in by_rank.values())
-                                                         for g, by_rank in progress.items() if by_rank})
+    partner_mismatches(
+        analysis,
+        decoder,
+        table,
+        times,
+        {g: max(v[0] for v in by_rank.values()) for g, by_rank in progress.items() if by_rank},
+    )
     _mismatch_waits(analysis, progress)
     p2p_all = np.concatenate(first.p2p_rows) if first.p2p_rows else np.empty(0, np.int64)
     p2p_divergences(analysis, table, p2p_all, decoder, times)
@@ -91,21 +109,27 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
 
 
 def rows_by_value(values: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """(value, its rows in ascending order) for each distinct value, ascending: one sort (a mask per value was
-    values x rows: ~0.3 s for the groups of 16,384 ranks)."""
+    """(value, its rows in ascending order) for each distinct value, ascending: one sort (a mask per
+    value was values x rows: ~0.3 s for the groups of 16,384 ranks)."""
     if values.shape[0] == 0:
         return []
     order = np.argsort(values, kind="stable")
     ordered = values[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
     ends = np.r_[starts[1:], ordered.shape[0]]
-    return [(value, order[start:end]) for value, start, end in zip(ordered[starts].tolist(), starts.tolist(),
-                                                                  ends.tolist(), strict=True)]
+    return [
+        (value, order[start:end])
+        for value, start, end in zip(
+            ordered[starts].tolist(), starts.tolist(), ends.tolist(), strict=True
+        )
+    ]
 
 
 def _membership(first: PassOne, agg: pa.Table, decoder: SliceDecoder,
                 expected_ranks: Sequence[int] | None) -> Analysis:
-    """Each group's members (its config where sound, else the ranks seen in it), the expected and missing ranks."""
+    """Each group's members (its config where sound, else the ranks seen in it), the expected and
+    missing ranks.
+    """
     seen_table = first.progress.seen()
     group_descs: dict[int, str | None] = {}
     seen: dict[int, set[int]] = defaultdict(set)
@@ -158,14 +182,22 @@ def _progress(agg: pa.Table) -> _Progress:
     first_inc = agg.column("s_incomplete_min_min").fill_null(big).to_numpy()
     last_inc = agg.column("s_incomplete_max_max").fill_null(-1).to_numpy()
     last_done = agg.column("s_complete_max_max").fill_null(-1).to_numpy()
-    # collectives of one group complete in order: a completed entry means every earlier one completed too (gloo
-    # leaves some entries unretired that did complete, e.g. an async all_reduce right after a send)
+    # collectives of one group complete in order: a completed entry means every earlier one
+    # completed too (gloo leaves some entries unretired that did complete, e.g. an async all_reduce
+    # right after a send)
     c_arr = np.maximum(np.where(first_inc == big, e_arr, first_inc - 1), last_done)
     has_inc = last_inc > last_done
     s_arr = np.maximum(agg.column("s_started_max_max").fill_null(-1).to_numpy(), last_done)
     progress: _Progress = defaultdict(dict)
-    for g, r, e, c, st, inc in zip(agg.column("g").to_pylist(), agg.column("r").to_pylist(), e_arr.tolist(),
-                                   c_arr.tolist(), s_arr.tolist(), has_inc.tolist(), strict=True):
+    for g, r, e, c, st, inc in zip(
+        agg.column("g").to_pylist(),
+        agg.column("r").to_pylist(),
+        e_arr.tolist(),
+        c_arr.tolist(),
+        s_arr.tolist(),
+        has_inc.tolist(),
+        strict=True,
+    ):
         progress[g][r] = (e, c, st, inc)
     return progress
 
@@ -176,7 +208,9 @@ _StuckPending = list[tuple[int, int, tuple[int, ...]]]
 
 def _group_divergences(analysis: Analysis, progress: _Progress,
                        device_states: bool) -> tuple[_Pending, _StuckPending]:
-    """Divergences per group (times and ops are filled in by pass 2), and groups where every member is stuck."""
+    """Divergences per group (times and ops are filled in by pass 2), and groups where every member
+    is stuck.
+    """
     pending: _Pending = []
     stuck_pending: _StuckPending = []
     for g, by_rank in progress.items():
@@ -193,13 +227,22 @@ def _group_divergences(analysis: Analysis, progress: _Progress,
     return pending, stuck_pending
 
 
-def _missing_divergence(analysis: Analysis, g: int, by_rank: dict[int, tuple[int, int, int, bool]],
-                        present: list[int], absent_missing: tuple[int, ...], pending: _Pending) -> None:
-    """Members of group g without a dump: the present members inside one of its collectives (an entry not
-    completed) wait on them (unless a member that did dump explains that wait: waits.settle_missing). The members
-    at the group's latest collective are kept for the waits of ranks that stopped early."""
+def _missing_divergence(
+    analysis: Analysis,
+    g: int,
+    by_rank: dict[int, tuple[int, int, int, bool]],
+    present: list[int],
+    absent_missing: tuple[int, ...],
+    pending: _Pending,
+) -> None:
+    """Members of group g without a dump: the present members inside one of its collectives (an
+    entry not completed) wait on them (unless a member that did dump explains that wait:
+    waits.settle_missing). The members at the group's latest collective are kept for the waits of
+    ranks that stopped early."""
     top = max(by_rank[r][0] for r in present)
-    analysis.missing_groups.append(MissingGroup(g, absent_missing, tuple(r for r in present if by_rank[r][0] == top)))
+    analysis.missing_groups.append(
+        MissingGroup(g, absent_missing, tuple(r for r in present if by_rank[r][0] == top))
+    )
     waiting = tuple(sorted(r for r in present if by_rank[r][3]))
     if waiting:
         seq = min(by_rank[r][1] for r in waiting) + 1
@@ -211,19 +254,21 @@ def _missing_divergence(analysis: Analysis, g: int, by_rank: dict[int, tuple[int
 def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], present: list[int],
                       absent_dumped: list[int], device_states: bool, pending: _Pending,
                       stuck_pending: _StuckPending, any_missing: bool) -> None:
-    """One group's members compared: who never entered, entered but never completed, or never started; else
-    whether the whole group is stuck."""
+    """One group's members compared: who never entered, entered but never completed, or never
+    started; else whether the whole group is stuck."""
     e_values = {r: by_rank[r][0] for r in present}
     below = min(e_values.values()) - 1
     for r in absent_dumped:
-        # a dumped member with no entry of this group: it has not entered anything the dump still holds
+        # a dumped member with no entry of this group: it has not entered anything the dump still
+        # holds
         e_values[r] = below
     e_min, e_max = min(e_values.values()), max(e_values.values())
     if e_min < e_max:
         laggards = tuple(sorted(r for r, e in e_values.items() if e == e_min))
         waiters = tuple(sorted(r for r, e in e_values.items() if e > e_min))
         pending.append((Divergence(g, "entered", e_min + 1, laggards, waiters, 0), waiters,
-                        f"rank(s) {ranks_text(waiters)} entered it, rank(s) {ranks_text(laggards)} never did "
+                        f"rank(s) {ranks_text(waiters)} entered it, rank(s) {ranks_text(laggards)} "
+                        "never did "
                         f"(last entered: {e_min})"))
         return
     c_values = {r: by_rank[r][1] for r in present}
@@ -234,13 +279,15 @@ def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], pr
         laggards = tuple(sorted(r for r, c in c_values.items() if c == c_min))
         waiters = tuple(sorted(r for r, c in c_values.items() if c > c_min))
         pending.append((Divergence(g, "completed", c_min + 1, laggards, waiters, 0), None,
-                        f"rank(s) {ranks_text(laggards)} entered it but never completed it; rank(s) "
+                        f"rank(s) {ranks_text(laggards)} entered it but never completed it; "
+                        "rank(s) "
                         f"{ranks_text(waiters)} did"))
     elif s_min < s_max and s_min < e_max and device_states:
         laggards = tuple(sorted(r for r, st in s_values.items() if st == s_min))
         waiters = tuple(sorted(r for r, st in s_values.items() if st > s_min))
         pending.append((Divergence(g, "started", s_min + 1, laggards, waiters, 0), None,
-                        f"started on rank(s) {ranks_text(waiters)}, not on rank(s) {ranks_text(laggards)}"))
+                        f"started on rank(s) {ranks_text(waiters)}, not on rank(s) "
+                        f"{ranks_text(laggards)}"))
     elif (any if device_states else all)(by_rank[r][3] for r in present) and not any_missing:
         stuck_pending.append((g, c_min + 1, tuple(sorted(r for r in present if by_rank[r][3]))))
 
@@ -248,9 +295,13 @@ def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], pr
 def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pending: _Pending,
               stuck_pending: _StuckPending, bad_keys: list[tuple[int, int]], sizes_column: Any,
               dtypes_column: Any) -> LazyColumn:
-    """Pass 2: the rows of the keys that need detail (divergent collectives, mismatches); returns the lazy time
-    column the p2p pass reuses."""
-    wanted = {(d.group, d.seq) for d, _, _ in pending} | {(g, s) for g, s, _ in stuck_pending} | set(bad_keys)
+    """Pass 2: the rows of the keys that need detail (divergent collectives, mismatches); returns
+    the lazy time column the p2p pass reuses."""
+    wanted = (
+        {(d.group, d.seq) for d, _, _ in pending}
+        | {(g, s) for g, s, _ in stuck_pending}
+        | set(bad_keys)
+    )
     rows_of = rows_for_keys(decoder, wanted)
     times = LazyColumn(table, "time_created")
     details = KeyDetails(table, rows_of, times, decoder)
@@ -268,11 +319,12 @@ def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pendin
 
 
 def _mismatch_waits(analysis: Analysis, progress: _Progress) -> None:
-    """A mismatched collective its group is stuck in (every member entered it, none went past it: an all_gather
-    against an all_reduce) holds the majority because of the odd ranks: the majority members that have not
-    completed it wait on them (a divergence "mismatch"), so the odd ranks are the root and the majority, and
-    everyone waiting on the majority, follow-ons. A mismatch the group went past (gloo completes an all_reduce of
-    another shape) holds nobody; a tie says nobody's side."""
+    """A mismatched collective its group is stuck in (every member entered it, none went past it: an
+    all_gather against an all_reduce) holds the majority because of the odd ranks: the majority
+    members that have not completed it wait on them (a divergence "mismatch"), so the odd ranks are
+    the root and the majority, and everyone waiting on the majority, follow-ons. A mismatch the
+    group went past (gloo completes an all_reduce of another shape) holds nobody; a tie says
+    nobody's side."""
     for m in analysis.mismatches:
         if m.tie:
             continue
@@ -284,12 +336,15 @@ def _mismatch_waits(analysis: Analysis, progress: _Progress) -> None:
         if waiters:
             analysis.divergences.append(Divergence(
                 m.group, "mismatch", m.seq, tuple(m.odd), waiters, m.time, m.op, m.pg_id,
-                f"{m.detail}; rank(s) {ranks_text(waiters)} wait in it for rank(s) {ranks_text(m.odd)}"))
+                f"{m.detail}; rank(s) {ranks_text(waiters)} wait in it for rank(s) "
+                f"{ranks_text(m.odd)}"))
 
 
-def _attach_history(analysis: Analysis, decoder: SliceDecoder, progress: _Progress, device_states: bool) -> None:
-    """What the root decision reads lazily: each rank's own entry order across groups, and the key orders
-    (lookups.py: cached, and batched for many ranks)."""
+def _attach_history(
+    analysis: Analysis, decoder: SliceDecoder, progress: _Progress, device_states: bool
+) -> None:
+    """What the root decision reads lazily: each rank's own entry order across groups, and the key
+    orders (lookups.py: cached, and batched for many ranks)."""
     install_lookups(analysis, decoder)
     analysis.device_states = device_states
     analysis.incomplete = {r for by_rank in progress.values() for r, v in by_rank.items() if v[3]}

@@ -4,7 +4,7 @@
 import numpy as np
 import pyarrow as pa
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # columns
 
 
@@ -16,22 +16,25 @@ def single_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def primitive_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
-    """A fixed-width array's values as a (read-only) view of its buffer, nulls left as they lie, and its validity
-    (None where it has no null): no copy, no fill (Arrow's fill_null copies the whole array)."""
+    """A fixed-width array's values as a (read-only) view of its buffer, nulls left as they lie, and
+    its validity (None where it has no null): no copy, no fill (Arrow's fill_null copies the whole
+    array)."""
     buffers = array.buffers()
     plain = pa.Array.from_buffers(array.type, len(array), [None, buffers[1]], offset=array.offset)
     values = plain.to_numpy(zero_copy_only=True)
     if not array.null_count:
         return values, None
     bits = np.frombuffer(buffers[0], np.uint8)
-    valid = np.unpackbits(bits, bitorder="little", count=array.offset + len(array))[array.offset:].view(bool)
+    valid = np.unpackbits(bits, bitorder="little", count=array.offset + len(array))[
+        array.offset :
+    ].view(bool)
     return values, valid
 
 
 def valid_rows(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """The rows (int64, ascending) where a column is not null, from its validity bitmaps: only the bytes with a
-    set bit are expanded (pg_ranks is set on a few thousand of millions of rows: a boolean array of every row was
-    ~0.2 s at 16,384 ranks)."""
+    """The rows (int64, ascending) where a column is not null, from its validity bitmaps: only the
+    bytes with a set bit are expanded (pg_ranks is set on a few thousand of millions of rows: a
+    boolean array of every row was ~0.2 s at 16,384 ranks)."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     out: list[np.ndarray] = []
     base = 0
@@ -57,7 +60,8 @@ def int_column(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> tuple[np.n
 
 def int_column_raw(column: pa.ChunkedArray | pa.Array,
                    fill: int = -1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """int_column, and the values with nulls as they lie (a view of the column's buffer where it is one int64
+    """int_column, and the values with nulls as they lie (a view of the column's buffer where it is
+    one int64
     chunk: what is kept of a column long after its decode then costs no memory of its own)."""
     if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit
         column = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64())
@@ -81,8 +85,9 @@ def code_column(array: pa.Array) -> np.ndarray:
 
 
 def take_rows(data: pa.Table | pa.ChunkedArray, rows: np.ndarray) -> pa.Table | pa.ChunkedArray:
-    """data.take(rows), chunk by chunk: Arrow's take of a chunked column concatenates every chunk first (a copy of
-    the whole column: ~0.5 s for a list column of 8 M rows, for any number of rows taken)."""
+    """data.take(rows), chunk by chunk: Arrow's take of a chunked column concatenates every chunk
+    first (a copy of the whole column: ~0.5 s for a list column of 8 M rows, for any number of rows
+    taken)."""
     rows = np.asarray(rows, np.int64)
     column = data.column(0) if isinstance(data, pa.Table) and data.num_columns else data
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
@@ -106,8 +111,8 @@ def take_rows(data: pa.Table | pa.ChunkedArray, rows: np.ndarray) -> pa.Table | 
 
 
 class LazyColumn:
-    """An int64 column read only at the rows asked for (time_created, record_id: needed for a few rows; a full
-    copy of 33 M rows would cost 260 MB each)."""
+    """An int64 column read only at the rows asked for (time_created, record_id: needed for a few
+    rows; a full copy of 33 M rows would cost 260 MB each)."""
 
     def __init__(self, table: pa.Table, name: str) -> None:
         self.column = table.column(name) if name in table.column_names else None

@@ -1,4 +1,6 @@
-"""The collectives table decoded in slices into dense group/rank/op codes (bounded memory at 33 M rows)."""
+"""The collectives table decoded in slices into dense group/rank/op codes (bounded memory at 33 M
+rows).
+"""
 
 import itertools
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from faultlens.attribution.detectors.hang.columns import (
 from faultlens.attribution.detectors.hang.kernels import group_codes, remap_codes
 from faultlens.attribution.detectors.hang.report import P2P_OP
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # analysis
 
 
@@ -47,7 +49,10 @@ class _GlobalCodes:
         self._cache: dict[tuple[int, int], np.ndarray] = {}
 
     def _remap(self, dictionary: pa.Array) -> np.ndarray:
-        key = (dictionary.buffers()[1].address if dictionary.buffers()[1] is not None else 0, len(dictionary))
+        key = (
+            dictionary.buffers()[1].address if dictionary.buffers()[1] is not None else 0,
+            len(dictionary),
+        )
         cached = self._cache.get(key)
         if cached is not None and len(cached) == len(dictionary):
             return cached
@@ -70,7 +75,9 @@ class _GlobalCodes:
             if not pa.types.is_dictionary(chunk.type):
                 chunk = pc.dictionary_encode(chunk)
             values, valid = primitive_values(chunk.indices)
-            codes, bad = remap_codes(values, _NO_MASK if valid is None else valid, self._remap(chunk.dictionary)[:-1])
+            codes, bad = remap_codes(
+                values, _NO_MASK if valid is None else valid, self._remap(chunk.dictionary)[:-1]
+            )
             if bad:
                 raise IndexError(f"dictionary index out of range in {bad} row(s)")
             pieces.append(codes)
@@ -92,14 +99,15 @@ class DecodedSlice:
     pg_id: np.ndarray
     complete: np.ndarray
     started: np.ndarray
-    seq_raw: np.ndarray  # seq with nulls as they lie (a view of the table's column where it can be): read at coll rows
+    # seq with nulls as they lie (a view of the table's column where it can be): read at coll rows
+    seq_raw: np.ndarray
 
 
 @dataclass(frozen=True)
 class SliceIndex:
-    """What the later reads need of a slice's collective entries, kept from its first decode (5 bytes a row of its
-    own, and views of the table's rank and seq columns: the passes after the first read these instead of decoding
-    the slice again)."""
+    """What the later reads need of a slice's collective entries, kept from its first decode (5
+    bytes a row of its own, and views of the table's rank and seq columns: the passes after the
+    first read these instead of decoding the slice again)."""
 
     start: int
     group: np.ndarray  # int32 group code of each row, -1 where it is no collective entry
@@ -121,29 +129,43 @@ class SliceDecoder:
         self.states = _GlobalCodes()
         self.group_of: dict[tuple[str, Any], int] = {}
         self.group_names: list[str] = []
-        # per name code, its group (-1: an empty name) and whether it is empty; per id code, its group (_groups)
+        # per name code, its group (-1: an empty name) and whether it is empty; per id code, its
+        # group (_groups)
         self._name_group: list[int] = []
         self._name_empty: list[bool] = []
         self._id_group: list[int] = []
-        # per slice start: the ranks and the groups of its collective entries (sorted codes), noted as a slice is
-        # first decoded, so that a later pass after a few ranks or groups decodes only the slices holding them
+        # per slice start: the ranks and the groups of its collective entries (sorted codes), noted
+        # as a slice is first decoded, so that a later pass after a few ranks or groups decodes only
+        # the slices holding them
         self.holds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.index: dict[int, SliceIndex] = {}  # per slice start, from its first decode (indexed())
 
     def column(self, part: pa.Table, name: str) -> pa.ChunkedArray | None:
         return part.column(name) if name in part.column_names else None
 
-    def _groups(self, name_codes: np.ndarray, id_codes: np.ndarray, is_entry: np.ndarray) -> np.ndarray:
-        """Group codes of rows (group_codes), the group of each new name and then of each new id numbered as first
-        met (names before ids, as the decode of each slice meets them)."""
+    def _groups(
+        self, name_codes: np.ndarray, id_codes: np.ndarray, is_entry: np.ndarray
+    ) -> np.ndarray:
+        """Group codes of rows (group_codes), the group of each new name and then of each new id
+        numbered as first met (names before ids, as the decode of each slice meets them)."""
         for code in range(len(self._name_group), len(self.names.values)):
             value = self.names.values[code]
-            self._name_group.append(self.group_of.setdefault(("name", value), len(self.group_of)) if value else -1)
+            self._name_group.append(
+                self.group_of.setdefault(("name", value), len(self.group_of)) if value else -1
+            )
             self._name_empty.append(not value)
         for code in range(len(self._id_group), len(self.ids.values)):
-            self._id_group.append(self.group_of.setdefault(("id", self.ids.values[code]), len(self.group_of)))
-        return group_codes(name_codes, id_codes, np.asarray(self._name_group, np.int32),
-                           np.asarray(self._name_empty, bool), np.asarray(self._id_group, np.int32), is_entry)
+            self._id_group.append(
+                self.group_of.setdefault(("id", self.ids.values[code]), len(self.group_of))
+            )
+        return group_codes(
+            name_codes,
+            id_codes,
+            np.asarray(self._name_group, np.int32),
+            np.asarray(self._name_empty, bool),
+            np.asarray(self._id_group, np.int32),
+            is_entry,
+        )
 
     def labels(self) -> list[str]:
         out = [""] * len(self.group_of)
@@ -155,7 +177,9 @@ class SliceDecoder:
         return self.decode_part(self.table.slice(start, length), start)
 
     def decode_part(self, part: pa.Table, start: int) -> DecodedSlice:
-        """Rows of the table (`part`, its first row at `start`; or rows of the same columns read elsewhere) decoded."""
+        """Rows of the table (`part`, its first row at `start`; or rows of the same columns read
+        elsewhere) decoded.
+        """
         n = part.num_rows
         rank = code_column(single_chunk(part.column("rank")))  # -1 where null
         name_codes = self.names.codes(self.column(part, "pg_name"), n)
@@ -175,12 +199,27 @@ class SliceDecoder:
         state = state_rank[state_codes]
         complete = (state == 2) | bool_column(self.column(part, "retired"), n)
         coll = is_entry & seq_valid & ~p2p & (group >= 0)
-        return DecodedSlice(start, rank, group, is_entry, seq, coll, p2p & is_entry & (group >= 0), op, id_codes,
-                            complete, state >= 1, seq_raw)
+        return DecodedSlice(
+            start,
+            rank,
+            group,
+            is_entry,
+            seq,
+            coll,
+            p2p & is_entry & (group >= 0),
+            op,
+            id_codes,
+            complete,
+            state >= 1,
+            seq_raw,
+        )
 
-    def _bounds(self, ranks: np.ndarray | None, groups: np.ndarray | None) -> Iterator[tuple[int, int]]:
-        """(start, stop) of the slices, on the table's own chunk boundaries, each at most SLICE_ROWS rows; with
-        `ranks` or `groups`, only those whose collective entries may hold one of them (see slices)."""
+    def _bounds(
+        self, ranks: np.ndarray | None, groups: np.ndarray | None
+    ) -> Iterator[tuple[int, int]]:
+        """(start, stop) of the slices, on the table's own chunk boundaries, each at most SLICE_ROWS
+        rows; with `ranks` or `groups`, only those whose collective entries may hold one of them
+        (see slices)."""
         bounds = [0]
         for chunk in self.table.column("rank").chunks:
             end = bounds[-1] + len(chunk)
@@ -196,14 +235,19 @@ class SliceDecoder:
                 continue
             yield start, stop
 
-    def slices(self, ranks: np.ndarray | None = None, groups: np.ndarray | None = None) -> Iterator[DecodedSlice]:
-        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows. With `ranks` or
-        `groups` (sorted codes): the slices whose collective entries may hold one of them (every slice not yet
-        decoded once, and those whose noted ranks or groups meet them); the others hold none of their rows."""
+    def slices(
+        self, ranks: np.ndarray | None = None, groups: np.ndarray | None = None
+    ) -> Iterator[DecodedSlice]:
+        """Slices on the table's own chunk boundaries (zero-copy), each at most SLICE_ROWS rows.
+        With `ranks` or `groups` (sorted codes): the slices whose collective entries may hold one of
+        them (every slice not yet decoded once, and those whose noted ranks or groups meet them);
+        the others hold none of their rows."""
         for start, stop in self._bounds(ranks, groups):
             yield self._decode_noted(start, stop)
 
-    def indexed(self, ranks: np.ndarray | None = None, groups: np.ndarray | None = None) -> Iterator[SliceIndex]:
+    def indexed(
+        self, ranks: np.ndarray | None = None, groups: np.ndarray | None = None
+    ) -> Iterator[SliceIndex]:
         """The index of each slice slices() would give, decoding only those never decoded before."""
         for start, stop in self._bounds(ranks, groups):
             if start not in self.index:
@@ -222,29 +266,42 @@ class SliceDecoder:
         """At a slice's first decode, what it holds and its index are noted."""
         start = part.start
         if start not in self.holds:
-            self.holds[start] = (present_codes(part.rank[part.coll]), present_codes(part.group[part.coll]))
-            self.index[start] = SliceIndex(start, np.where(part.coll, part.group, -1).astype(np.int32),
-                                           part.seq_raw, part.rank, part.complete)
+            self.holds[start] = (
+                present_codes(part.rank[part.coll]),
+                present_codes(part.group[part.coll]),
+            )
+            self.index[start] = SliceIndex(
+                start,
+                np.where(part.coll, part.group, -1).astype(np.int32),
+                part.seq_raw,
+                part.rank,
+                part.complete,
+            )
         return part
 
 
 def present_codes(codes: np.ndarray) -> np.ndarray:
-    """The distinct non-negative codes, sorted (a count per code: no sort of a slice's millions of rows)."""
+    """The distinct non-negative codes, sorted (a count per code: no sort of a slice's millions of
+    rows).
+    """
     codes = codes[codes >= 0]
     if codes.shape[0] == 0:
         return np.empty(0, np.int64)
-    if int(codes.max()) > 4 * codes.shape[0] + (1 << 20):  # sparse (a hostile rank number): sort instead
+    # sparse (a hostile rank number): sort instead
+    if int(codes.max()) > 4 * codes.shape[0] + (1 << 20):
         return np.unique(codes).astype(np.int64)
     return np.flatnonzero(np.bincount(codes))
 
 
 def member_of(values: np.ndarray, wanted_sorted: np.ndarray) -> np.ndarray:
-    """values in wanted_sorted (sorted, unique), as np.isin but without sorting `values` (a slice of 4 M rows):
-    one compiled pass through a hash set of the wanted values (a binary search per value, and its temporaries,
-    cost ~4x more)."""
+    """values in wanted_sorted (sorted, unique), as np.isin but without sorting `values` (a slice of
+    4 M rows): one compiled pass through a hash set of the wanted values (a binary search per value,
+    and its temporaries, cost ~4x more)."""
     if wanted_sorted.shape[0] == 0:
         return np.zeros(values.shape[0], bool)
-    return kernels.member_of(np.ascontiguousarray(values, np.int64), np.ascontiguousarray(wanted_sorted, np.int64))
+    return kernels.member_of(
+        np.ascontiguousarray(values, np.int64), np.ascontiguousarray(wanted_sorted, np.int64)
+    )
 
 
 def _meets(held: np.ndarray, wanted: np.ndarray) -> bool:

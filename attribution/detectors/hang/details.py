@@ -1,4 +1,5 @@
-"""The details pass: cross-group entry order, stack edges, signatures, mismatches, p2p divergences."""
+"""The details pass: cross-group entry order, stack edges, signatures, mismatches, p2p divergences.
+"""
 
 import re
 from collections import Counter, defaultdict
@@ -10,10 +11,21 @@ import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.columns import LazyColumn, int_column, take_rows
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder
-from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Mismatch, ranks_text
+from faultlens.attribution.detectors.hang.graph import (
+    BIG,
+    Analysis,
+    Divergence,
+    Mismatch,
+    ranks_text,
+)
 from faultlens.attribution.detectors.hang.kernels import combine_signatures, row_signatures
 from faultlens.attribution.detectors.hang.lookups import rows_for_keys
-from faultlens.attribution.detectors.hang.report import INPUT_AT_ROOT_ONLY, P2P_OP, SHAPE_MUST_MATCH, HangVerdict
+from faultlens.attribution.detectors.hang.report import (
+    INPUT_AT_ROOT_ONLY,
+    P2P_OP,
+    SHAPE_MUST_MATCH,
+    HangVerdict,
+)
 from faultlens.attribution.detectors.hang.skips import group_role, groups_by_role
 
 
@@ -24,16 +36,17 @@ def _ops_matching(ops: list[Any], pattern: re.Pattern[str]) -> np.ndarray:
 
 def bound_signatures(ops: list[Any], op_codes: np.ndarray, size_sig: np.ndarray,
                      dtype_sig: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The size and dtype signatures of rows with op codes `op_codes`, each 0 where its ranks need not agree on
-    it: sizes outside the shape-bound ops (SHAPE_MUST_MATCH), dtypes of an op whose input only the root holds (a
-    scatter's other members record no input at all)."""
+    """The size and dtype signatures of rows with op codes `op_codes`, each 0 where its ranks need
+    not agree on
+    it: sizes outside the shape-bound ops (SHAPE_MUST_MATCH), dtypes of an op whose input only the
+    root holds (a scatter's other members record no input at all)."""
     return (np.where(_ops_matching(ops, SHAPE_MUST_MATCH)[op_codes], size_sig, np.uint64(0)),
             np.where(_ops_matching(ops, INPUT_AT_ROOT_ONLY)[op_codes], np.uint64(0), dtype_sig))
 
 
 def stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
-    """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not record) waits on
-    its peer: an edge of the wait-for graph the trace alone cannot show."""
+    """Where each rank's Python stack puts it; a rank blocked in a send/recv (which gloo does not
+    record) waits on its peer: an edge of the wait-for graph the trace alone cannot show."""
     from faultlens.collectors.sources.pystack import StackPlace, where
 
     for rank, stack in stacks.items():
@@ -45,13 +58,18 @@ def stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
         if place.kind == StackPlace.UNKNOWN:
             continue
         if place.kind == StackPlace.OUTSIDE:
-            # stuck in its own code, it waits on nobody: not even on a member without a dump whose group it
-            # last completed
+            # stuck in its own code, it waits on nobody: not even on a member without a dump whose
+            # group it last completed
             for d in analysis.divergences:
                 if d.level == "missing" and rank in d.waiters:
                     d.waiters = tuple(w for w in d.waiters if w != rank)
         peer = place.peer
-        if place.kind != StackPlace.IN_P2P or peer is None or peer == rank or peer not in analysis.expected:
+        if (
+            place.kind != StackPlace.IN_P2P
+            or peer is None
+            or peer == rank
+            or peer not in analysis.expected
+        ):
             continue
         shared = [g for g, m in analysis.members.items() if rank in m and peer in m and len(m) == 2]
         group = shared[0] if shared else -1
@@ -62,8 +80,8 @@ def stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
 
 def slice_signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | None,
                      dtypes: pa.ChunkedArray | None, ops: list[Any], at: int) -> np.ndarray:
-    """The signature (op + sizes (for shape-bound ops) + dtypes) of each of a slice's collective rows `rows`; the
-    slice's rows start at row `at` of the sizes and dtypes columns."""
+    """The signature (op + sizes (for shape-bound ops) + dtypes) of each of a slice's collective
+    rows `rows`; the slice's rows start at row `at` of the sizes and dtypes columns."""
     c_ops = part.op[rows]
     length = len(part.rank)
     size_sig, dtype_sig = bound_signatures(ops, c_ops, *row_signatures(
@@ -75,20 +93,31 @@ def slice_signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArra
 class KeyDetails:
     """Per (group, seq): the ranks, times, ops and local pg ids of its rows."""
 
-    def __init__(self, table: pa.Table, rows_of: dict[tuple[int, int], np.ndarray], times: LazyColumn,
-                 decoder: SliceDecoder) -> None:
+    def __init__(
+        self,
+        table: pa.Table,
+        rows_of: dict[tuple[int, int], np.ndarray],
+        times: LazyColumn,
+        decoder: SliceDecoder,
+    ) -> None:
         self.rows_of = rows_of
         all_rows = np.concatenate(list(rows_of.values())) if rows_of else np.empty(0, np.int64)
         index = {int(r): i for i, r in enumerate(all_rows.tolist())}
         self.index = index
-        needed = [c for c in ("rank", "op", "pg_id", "input_sizes", "input_dtypes") if c in table.column_names]
+        needed = [
+            c
+            for c in ("rank", "op", "pg_id", "input_sizes", "input_dtypes")
+            if c in table.column_names
+        ]
         small = table.select(needed)
         taken = take_rows(small, all_rows) if all_rows.shape[0] else small.slice(0, 0)
         self.rank = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
         self.time, self.time_valid = times.at(all_rows)
         n = taken.num_rows
         self.op = decoder.ops.codes(taken.column("op") if "op" in taken.column_names else None, n)
-        self.pg_id = decoder.ids.codes(taken.column("pg_id") if "pg_id" in taken.column_names else None, n)
+        self.pg_id = decoder.ids.codes(
+            taken.column("pg_id") if "pg_id" in taken.column_names else None, n
+        )
         self.decoder = decoder
         self.taken = taken
 
@@ -98,7 +127,9 @@ class KeyDetails:
             return np.empty(0, np.int64)
         return np.array([self.index[int(r)] for r in rows.tolist()], np.int64)
 
-    def time_op(self, g: int, s: int, among: Sequence[int] | None) -> tuple[int, str | None, str | None]:
+    def time_op(
+        self, g: int, s: int, among: Sequence[int] | None
+    ) -> tuple[int, str | None, str | None]:
         pos = self.positions(g, s)
         if among is not None and pos.shape[0]:
             pos = pos[np.isin(self.rank[pos], np.asarray(among))]
@@ -135,24 +166,36 @@ def key_mismatch(analysis: Analysis, table: pa.Table, details: KeyDetails, g: in
         return None
     top = ranked[0][1]
     tie = ranked[1][1] == top
-    majority_sig = ranked[0][0] if not tie else min(
-        (sig for sig, c in ranked if c == top), key=lambda sig: min(r for r, v in signature.items() if v == sig))
+    majority_sig = (
+        ranked[0][0]
+        if not tie
+        else min(
+            (sig for sig, c in ranked if c == top),
+            key=lambda sig: min(r for r, v in signature.items() if v == sig),
+        )
+    )
     odd = tuple(sorted(r for r, v in signature.items() if v != majority_sig))
     majority = tuple(sorted(r for r, v in signature.items() if v == majority_sig))
-    kind = HangVerdict.OP_MISMATCH if len({v[0] for v in signature.values()}) > 1 else HangVerdict.SIZE_MISMATCH
+    kind = (
+        HangVerdict.OP_MISMATCH
+        if len({v[0] for v in signature.values()}) > 1
+        else HangVerdict.SIZE_MISMATCH
+    )
     valid = details.time_valid[pos]
     t = int(details.time[pos][valid].min()) if valid.any() else np.iinfo(np.int64).max
     describe = _describe_entries(taken, ranks, [ops[c] if c >= 0 else None for c in op_codes])
     op = ops[majority_sig[0]] if 0 <= majority_sig[0] < len(ops) else None
     pid = Counter(int(c) for c in details.pg_id[pos[:64]]).most_common(1)[0][0]
     what = "op" if kind == HangVerdict.OP_MISMATCH else "size/dtype"
-    detail = (f"{analysis.label(g)} seq {s}: {what} mismatch, rank(s) {ranks_text(odd)} differ from "
+    detail = (f"{analysis.label(g)} seq {s}: {what} mismatch, rank(s) {ranks_text(odd)} differ "
+              "from "
               f"rank(s) {ranks_text(majority)}{' (a tie)' if tie else ''}: {describe}")
     return Mismatch(g, s, kind, odd, majority, tie, t, detail, op,
                      str(details.decoder.ids.values[pid]) if pid >= 0 else None)
 
 
-Signature = tuple[int, int, int]  # (op code, size signature (0 where shapes need not agree), dtype signature)
+# (op code, size signature (0 where shapes need not agree), dtype signature)
+Signature = tuple[int, int, int]
 
 
 def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
@@ -167,9 +210,15 @@ def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
     taken = take_rows(table.select(needed), all_rows)
     n = taken.num_rows
     ops = decoder.ops.codes(taken.column("op") if "op" in needed else None, n)
-    size_sig, dtype_sig = bound_signatures(decoder.ops.values, ops, *row_signatures(
-        taken.column("input_sizes") if "input_sizes" in needed else None,
-        taken.column("input_dtypes") if "input_dtypes" in needed else None, np.arange(n, dtype=np.int64)))
+    size_sig, dtype_sig = bound_signatures(
+        decoder.ops.values,
+        ops,
+        *row_signatures(
+            taken.column("input_sizes") if "input_sizes" in needed else None,
+            taken.column("input_dtypes") if "input_dtypes" in needed else None,
+            np.arange(n, dtype=np.int64),
+        ),
+    )
     ranks = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
     by_key: dict[tuple[int, int], dict[int, Signature]] = {}
     i = 0
@@ -183,11 +232,12 @@ def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
 
 
 def break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> None:
-    """A mismatch between equally many ranks (a group of two: its members disagree, one against one) says nobody's
-    side by count. The same collective elsewhere does: first the same sequence id in the other groups playing the
-    same part (the other DP groups' DP all_reduce of that step), then the group's own neighbouring collectives.
-    Where exactly one side's op, sizes and dtypes are those the others agree on, that side is the majority and
-    the other the odd ranks; else the tie stands."""
+    """A mismatch between equally many ranks (a group of two: its members disagree, one against one)
+    says nobody's side by count. The same collective elsewhere does: first the same sequence id in
+    the other groups playing the same part (the other DP groups' DP all_reduce of that step), then
+    the group's own neighbouring collectives. Where exactly one side's op, sizes and dtypes are
+    those the others agree on, that side is the majority and the other the odd ranks; else the tie
+    stands."""
     ties = [m for m in analysis.mismatches if m.tie]
     if not ties:
         return
@@ -195,7 +245,9 @@ def break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> No
     references: list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] = []
     wanted: set[tuple[int, int]] = set()
     for m in ties:
-        same = [(g, m.seq) for g in by_role.get(group_role(analysis, m.group), ()) if g != m.group][:64]
+        same = [(g, m.seq) for g in by_role.get(group_role(analysis, m.group), ()) if g != m.group][
+            :64
+        ]
         own = [(m.group, m.seq + d) for d in (-3, -2, -1, 1, 2, 3) if m.seq + d >= 0]
         references.append((same, own))
         wanted |= {(m.group, m.seq), *same, *own}
@@ -213,11 +265,16 @@ def break_ties(analysis: Analysis, decoder: SliceDecoder, table: pa.Table) -> No
             matching = [sig for sig in sides if sig in agreed]
             if len(matching) == 1 and len(sides) >= 2:
                 majority = tuple(sorted(sides[matching[0]]))
-                odd = tuple(sorted(r for sig, who in sides.items() if sig != matching[0] for r in who))
-                before = f"rank(s) {ranks_text(m.odd)} differ from rank(s) {ranks_text(m.majority)} (a tie)"
-                m.detail = (m.detail.replace(before, f"rank(s) {ranks_text(odd)} differ from rank(s) "
+                odd = tuple(
+                    sorted(r for sig, who in sides.items() if sig != matching[0] for r in who)
+                )
+                before = (f"rank(s) {ranks_text(m.odd)} differ from rank(s) "
+                          f"{ranks_text(m.majority)} (a tie)")
+                m.detail = (m.detail.replace(before, f"rank(s) {ranks_text(odd)} differ from "
+                                                     "rank(s) "
                                                      f"{ranks_text(majority)}")
-                            + f"; the tie is broken by {how}: rank(s) {ranks_text(majority)} match them, rank(s) "
+                            + f"; the tie is broken by {how}: rank(s) {ranks_text(majority)} match "
+                              "them, rank(s) "
                               f"{ranks_text(odd)} do not")
                 m.odd, m.majority, m.tie = odd, majority, False
                 break
@@ -254,7 +311,11 @@ def p2p_divergences(analysis: Analysis, table: pa.Table, rows: np.ndarray, decod
         rank = int(part.rank[i])
         peers[(g, rank)].add(peer)
         key = (g, rank, peer)
-        value = (int(p2p_seq[i]), bool(part.complete[i]), int(created[i]) if created_valid[i] else 0)
+        value = (
+            int(p2p_seq[i]),
+            bool(part.complete[i]),
+            int(created[i]) if created_valid[i] else 0,
+        )
         if key not in best or value[0] > best[key][0]:
             best[key] = (value[0], value[1] and best.get(key, (0, True, 0))[1], value[2])
         elif not value[1]:
@@ -274,7 +335,8 @@ def p2p_divergences(analysis: Analysis, table: pa.Table, rows: np.ndarray, decod
         if seq_a > seq_b and not done_a:
             analysis.divergences.append(Divergence(
                 g, "p2p", seq_b + 1, (b,), (a,), t_a, None, None,
-                f"{analysis.label(g)} p2p: rank {a} posted p2p op {seq_a} with rank {b}, which is at {seq_b}"))
+                f"{analysis.label(g)} p2p: rank {a} posted p2p op {seq_a} with rank {b}, which is "
+                f"at {seq_b}"))
 
 
 def _replace_table(decoder: SliceDecoder, table: pa.Table) -> SliceDecoder:
@@ -282,14 +344,19 @@ def _replace_table(decoder: SliceDecoder, table: pa.Table) -> SliceDecoder:
     clone = SliceDecoder.__new__(SliceDecoder)
     clone.__dict__.update(decoder.__dict__)
     clone.table = table
-    clone.holds, clone.index = {}, {}  # what the original's slices hold and their index are not this table's
+    # what the original's slices hold and their index are not this table's
+    clone.holds, clone.index = {}, {}
     return clone
 
 
 def _describe_entries(taken: pa.Table, ranks: np.ndarray, ops: list[Any]) -> str:
     parts = []
     shown: dict[tuple[Any, Any], list[int]] = defaultdict(list)
-    sizes = taken.column("input_sizes").to_pylist() if "input_sizes" in taken.column_names else [None] * len(ranks)
+    sizes = (
+        taken.column("input_sizes").to_pylist()
+        if "input_sizes" in taken.column_names
+        else [None] * len(ranks)
+    )
     dtypes = taken.column("input_dtypes").to_pylist() if "input_dtypes" in taken.column_names \
         else [None] * len(ranks)
     for i in range(len(ranks)):

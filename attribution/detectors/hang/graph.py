@@ -1,4 +1,6 @@
-"""The wait-for graph's parts: divergences, mismatches, the analysis state, strongly connected components."""
+"""The wait-for graph's parts: divergences, mismatches, the analysis state, strongly connected
+components.
+"""
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -8,16 +10,18 @@ import numpy as np
 
 from faultlens.attribution.detectors.hang.report import HangVerdict
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # the wait-for graph
 
-BIG = np.iinfo(np.int64).max  # a time after every other (a divergence or root with no time of its own sorts last)
+# a time after every other (a divergence or root with no time of its own sorts last)
+BIG = np.iinfo(np.int64).max
 
 
 @dataclass
 class Divergence:
     group: int  # group code
-    level: str  # "entered", "completed", "started", "mismatch", "p2p", "stack", "missing", "stopped" (waits.py)
+    # "entered", "completed", "started", "mismatch", "p2p", "stack", "missing", "stopped" (waits.py)
+    level: str
     seq: int | None  # first divergent sequence id
     laggards: tuple[int, ...]
     waiters: tuple[int, ...]
@@ -25,14 +29,17 @@ class Divergence:
     op: str | None = None
     pg_id: str | None = None
     detail: str = ""
-    # a "stopped" wait (ranks inside no collective wait on missing ones: errored on a dead peer, or stuck in their
-    # own code) is confirmed by a stack showing the waiter gone, never by the trace alone
+    # a "stopped" wait (ranks inside no collective wait on missing ones: errored on a dead peer, or
+    # stuck in their own code) is confirmed by a stack showing the waiter gone, never by the trace
+    # alone
     confirmed: bool = True
 
 
 @dataclass(frozen=True)
 class MissingGroup:
-    """A group with members that wrote no dump: who is missing, and its present members at its latest collective."""
+    """A group with members that wrote no dump: who is missing, and its present members at its
+    latest collective.
+    """
 
     group: int
     missing: tuple[int, ...]
@@ -67,20 +74,27 @@ class Analysis:
     stuck_groups: list[tuple[int, int, tuple[int, ...], int]] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     missing_groups: list[MissingGroup] = field(default_factory=list)
-    # groups where members without a dump are not what the others wait on (a member that dumped lags there)
+    # groups where members without a dump are not what the others wait on (a member that dumped lags
+    # there)
     unexplained_missing: list[str] = field(default_factory=list)
-    waited_missing: set[int] = field(default_factory=set)  # missing ranks some rank that dumped waits on
-    # a rank that stopped alone on a missing one, no stack to say why: not an edge, both named (waits.py)
+    # missing ranks some rank that dumped waits on
+    waited_missing: set[int] = field(default_factory=set)
+    # a rank that stopped alone on a missing one, no stack to say why: not an edge, both named
+    # (waits.py)
     ambiguous_stops: list[Divergence] = field(default_factory=list)
     history: Any = None  # rank -> (seqs, groups, index of first incomplete) in record order
-    incomplete: set[int] = field(default_factory=set)  # ranks with an entry not completed (inside a collective)
+    # ranks with an entry not completed (inside a collective)
+    incomplete: set[int] = field(default_factory=set)
     # rank -> faultlens.collectors.sources.pystack.Whereabouts, from stacks
     where: dict[int, Any] = field(default_factory=dict)
     key_rows: Any = None  # (due key, later keys) -> {key: {rank: (record of due, record of key)}}
-    batch: Any = None  # (ranks, check) -> {rank: check(rank)}, the table read once for them all (lookups.py)
-    device_states: bool = False  # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
+    # (ranks, check) -> {rank: check(rank)}, the table read once for them all (lookups.py)
+    batch: Any = None
+    # entries carry 'started'/'completed' states (NCCL), not only `retired` (gloo)
+    device_states: bool = False
     p2p_unrecorded: bool = False  # the dumps' library records no send/recv (gloo): hidden_p2p.py
-    roles: dict[int, tuple] | None = None  # desc-less group -> the part it plays (skips.creation_runs), lazily
+    # desc-less group -> the part it plays (skips.creation_runs), lazily
+    roles: dict[int, tuple] | None = None
     parts: dict[tuple, list[int]] | None = None  # part -> its groups (skips.groups_by_role), lazily
 
     def label(self, group: int) -> str:
@@ -93,8 +107,8 @@ class Analysis:
 
 @dataclass
 class Root:
-    """A root of the wait-for graph while the roots are decided: its ranks, the divergences and mismatches it
-    explains, whether it is a cycle, and who waits on it."""
+    """A root of the wait-for graph while the roots are decided: its ranks, the divergences and
+    mismatches it explains, whether it is a cycle, and who waits on it."""
 
     ranks: list[int]
     divergences: list[Divergence] = field(default_factory=list)
@@ -104,8 +118,12 @@ class Root:
     uncertain: str = ""  # why its ranks may not be the cause (an ambiguous stop), else ""
 
 
-def checked(analysis: Analysis, ranks: list[int], check: Callable[[int], str | None]) -> dict[int, str | None]:
-    """check(rank) for each rank, with the table read once for them all where the analysis can batch its reads."""
+def checked(
+    analysis: Analysis, ranks: list[int], check: Callable[[int], str | None]
+) -> dict[int, str | None]:
+    """check(rank) for each rank, with the table read once for them all where the analysis can batch
+    its reads.
+    """
     if analysis.batch is not None and ranks:
         return analysis.batch(ranks, check)
     return {rank: check(rank) for rank in ranks}

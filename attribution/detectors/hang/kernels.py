@@ -1,9 +1,9 @@
-"""Compiled helpers for the hang analysis: per-row signatures of list columns without Python objects, and the
-decode of a slice's codes.
+"""Compiled helpers for the hang analysis: per-row signatures of list columns without Python
+objects, and the decode of a slice's codes.
 
-A 16,384-rank dump set has ~33 M entries; hashing their shapes and dtypes through Python lists would take minutes.
-These kernels read the Arrow offsets and values buffers directly (numba, no GIL), in one pass where NumPy would
-make a temporary array per step.
+A 16,384-rank dump set has ~33 M entries; hashing their shapes and dtypes through Python lists would
+take minutes. These kernels read the Arrow offsets and values buffers directly (numba, no GIL), in
+one pass where NumPy would make a temporary array per step.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def _validity(array: pa.Array) -> np.ndarray:
 
 
 def _filled(array: pa.Array, fill: int) -> np.ndarray:
-    """An integer array's values with nulls as `fill` (zero-copy where it has none: the children of a slice's list
-    columns hold millions of values)."""
+    """An integer array's values with nulls as `fill` (zero-copy where it has none: the children of
+    a slice's list columns hold millions of values)."""
     if array.null_count:
         array = array.fill_null(fill)
     return array.to_numpy(zero_copy_only=False)
@@ -90,7 +90,9 @@ def _filled(array: pa.Array, fill: int) -> np.ndarray:
 def _list_of_lists_hash(array: pa.Array, rows: np.ndarray) -> np.ndarray:
     inner = array.values
     values = _filled(inner.values, -1).astype(np.int64, copy=False)
-    return _nested_hash(rows, _validity(array), array.offsets.to_numpy(), inner.offsets.to_numpy(), values)
+    return _nested_hash(
+        rows, _validity(array), array.offsets.to_numpy(), inner.offsets.to_numpy(), values
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -106,33 +108,42 @@ def _take_signatures(values_sig, indices, rows):
 
 def row_signatures(sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None,
                    rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """uint64 signatures of input_sizes (list<list<int>>) and input_dtypes (list<str>), or dictionaries of those
-    values as a dictionary read keeps them, for the given rows (0 where the column is absent or null); comparable
-    within one table (a sizes value's signature is the same in either form)."""
+    """uint64 signatures of input_sizes (list<list<int>>) and input_dtypes (list<str>), or
+    dictionaries of those values as a dictionary read keeps them, for the given rows (0 where the
+    column is absent or null); comparable within one table (a sizes value's signature is the same in
+    either form)."""
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     size_sig = np.zeros(rows.shape[0], np.uint64)
     dtype_sig = np.zeros(rows.shape[0], np.uint64)
     if sizes is not None and rows.shape[0]:
         array = _single(sizes)
-        if pa.types.is_dictionary(array.type):  # a reader's shapes dictionary: each distinct value hashed once
-            values_sig = _list_of_lists_hash(array.dictionary, np.arange(len(array.dictionary), dtype=np.int64))
-            size_sig = _take_signatures(values_sig, _filled(array.indices, -1).astype(np.int64, copy=False), rows)
+        # a reader's shapes dictionary: each distinct value hashed once
+        if pa.types.is_dictionary(array.type):
+            values_sig = _list_of_lists_hash(
+                array.dictionary, np.arange(len(array.dictionary), dtype=np.int64)
+            )
+            size_sig = _take_signatures(
+                values_sig, _filled(array.indices, -1).astype(np.int64, copy=False), rows
+            )
         else:
             size_sig = _list_of_lists_hash(array, rows)
     if dtypes is not None and rows.shape[0]:
         array = _single(dtypes)
-        if pa.types.is_dictionary(array.type):  # a reader's dictionary of the lists: each hashed once
+        # a reader's dictionary of the lists: each hashed once
+        if pa.types.is_dictionary(array.type):
             values = array.dictionary
             values_sig = _string_lists_hash(values, np.arange(len(values), dtype=np.int64))
-            dtype_sig = _take_signatures(values_sig, _filled(array.indices, -1).astype(np.int64, copy=False), rows)
+            dtype_sig = _take_signatures(
+                values_sig, _filled(array.indices, -1).astype(np.int64, copy=False), rows
+            )
         else:
             dtype_sig = _string_lists_hash(array, rows)
     return size_sig, dtype_sig
 
 
 def _string_lists_hash(array: pa.Array, rows: np.ndarray) -> np.ndarray:
-    """Signatures of list<string> (or list<dictionary<string>>) rows, from their strings' codes: comparable
-    within one array (the codes are its own)."""
+    """Signatures of list<string> (or list<dictionary<string>>) rows, from their strings' codes:
+    comparable within one array (the codes are its own)."""
     child = array.values
     if pa.types.is_dictionary(child.type):
         codes = _filled(child.indices, -1)
@@ -152,8 +163,8 @@ def combine_signatures(a, b, c):
 
 @njit(cache=True, nogil=True)
 def remap_codes(values, valid, table):
-    """table[values] as int32, -1 where not valid (an empty `valid`: all are) or out of the table; returns (codes,
-    count of values out of it)."""
+    """table[values] as int32, -1 where not valid (an empty `valid`: all are) or out of the table;
+    returns (codes, count of values out of it)."""
     out = np.empty(values.shape[0], np.int32)
     bad = 0
     check = valid.shape[0] > 0
@@ -172,8 +183,8 @@ def remap_codes(values, valid, table):
 
 @njit(cache=True, nogil=True)
 def group_codes(name_codes, id_codes, name_group, name_empty, id_group, is_entry):
-    """Each row's group: by its name, else (no name) by its local pg id; -1 for a status row (not an entry) whose
-    name is missing or empty (it names no group). Codes -1 (null) index nothing."""
+    """Each row's group: by its name, else (no name) by its local pg id; -1 for a status row (not an
+    entry) whose name is missing or empty (it names no group). Codes -1 (null) index nothing."""
     out = np.empty(name_codes.shape[0], np.int32)
     for i in range(name_codes.shape[0]):
         n = name_codes[i]
@@ -189,7 +200,9 @@ def group_codes(name_codes, id_codes, name_group, name_empty, id_group, is_entry
 
 @njit(cache=True, nogil=True)
 def member_of(values, wanted):
-    """values[i] in wanted (int64, distinct) for each i, through an open-addressing set of the wanted values."""
+    """values[i] in wanted (int64, distinct) for each i, through an open-addressing set of the
+    wanted values.
+    """
     size = 16
     bits = 4
     while size < 2 * wanted.shape[0]:

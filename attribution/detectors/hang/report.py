@@ -1,4 +1,6 @@
-"""The hang report's public types: verdict kinds, one root, the report; the shared patterns and columns."""
+"""The hang report's public types: verdict kinds, one root, the report; the shared patterns and
+columns.
+"""
 
 import re
 from dataclasses import dataclass
@@ -13,21 +15,26 @@ class HangVerdict(StrEnum):
     SIZE_MISMATCH = "size_mismatch"
     OP_MISMATCH = "op_mismatch"
     MISSING_DUMPS = "missing_dumps"
-    STUCK_OUTSIDE = "stuck_outside"  # never joined, and inside no collective at all (a root's kind only)
+    # never joined, and inside no collective at all (a root's kind only)
+    STUCK_OUTSIDE = "stuck_outside"
     SKIPPED = "skipped"  # left the collective out and went on (a root's kind only)
     CYCLE = "cycle"  # waits on the others of a cycle nothing could order (a root's kind only)
     UNKNOWN = "unknown"
 
 
-#: the coarse report-level family of each root kind (report.verdict keeps the families the decision rules know)
-VERDICT_FAMILY = {HangVerdict.STUCK_OUTSIDE: HangVerdict.NEVER_JOINED, HangVerdict.SKIPPED: HangVerdict.NEVER_JOINED,
-           HangVerdict.CYCLE: HangVerdict.NEVER_JOINED}
+#: the coarse report-level family of each root kind (report.verdict keeps the families the decision
+#: rules know)
+VERDICT_FAMILY = {
+    HangVerdict.STUCK_OUTSIDE: HangVerdict.NEVER_JOINED,
+    HangVerdict.SKIPPED: HangVerdict.NEVER_JOINED,
+    HangVerdict.CYCLE: HangVerdict.NEVER_JOINED,
+}
 
 
 @dataclass(frozen=True)
 class HangRoot:
-    """One independent root cause: the ranks that others wait on (directly or through other ranks), what they
-    did, where, and who waits on them."""
+    """One independent root cause: the ranks that others wait on (directly or through other ranks),
+    what they did, where, and who waits on them."""
 
     kind: HangVerdict
     ranks: tuple[int, ...]
@@ -41,14 +48,25 @@ class HangRoot:
     where: tuple[str, ...]  # per rank, where its Python stack says it is (when stacks were given)
     confidence: float
     reason: str
-    evidence: tuple[str, ...]  # the chain: the root's own divergences first, then the ranks waiting on it
+    # the chain: the root's own divergences first, then the ranks waiting on it
+    evidence: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "ranks": list(self.ranks), "kinds": {str(r): k for r, k in self.kinds},
-                "pg_id": self.pg_id, "pg_name": self.pg_name, "pg_desc": self.pg_desc,
-                "collective_seq_id": self.collective_seq_id, "op": self.op,
-                "waiting_ranks": list(self.waiting_ranks), "where": list(self.where),
-                "confidence": self.confidence, "reason": self.reason, "evidence": list(self.evidence)}
+        return {
+            "kind": self.kind.value,
+            "ranks": list(self.ranks),
+            "kinds": {str(r): k for r, k in self.kinds},
+            "pg_id": self.pg_id,
+            "pg_name": self.pg_name,
+            "pg_desc": self.pg_desc,
+            "collective_seq_id": self.collective_seq_id,
+            "op": self.op,
+            "waiting_ranks": list(self.waiting_ranks),
+            "where": list(self.where),
+            "confidence": self.confidence,
+            "reason": self.reason,
+            "evidence": list(self.evidence),
+        }
 
 
 @dataclass(frozen=True)
@@ -66,32 +84,64 @@ class HangReport:
     reason: str
     confidence: float
     evidence: tuple[str, ...]
-    roots: tuple[HangRoot, ...] = ()  # every independent root; the fields above describe roots[0] (the headline)
+    # every independent root; the fields above describe roots[0] (the headline)
+    roots: tuple[HangRoot, ...] = ()
     follow_ons: tuple[int, ...] = ()  # ranks whose lag is explained by waiting on a root
-    unresolved_cycle: bool = False  # a cycle no information could order was reported whole (low confidence)
-    waited_missing: tuple[int, ...] = ()  # ranks without a dump that ranks which dumped wait on (named or not)
+    # a cycle no information could order was reported whole (low confidence)
+    unresolved_cycle: bool = False
+    # ranks without a dump that ranks which dumped wait on (named or not)
+    waited_missing: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "verdict": self.verdict.value, "culprit_ranks": list(self.culprit_ranks), "pg_id": self.pg_id,
-            "pg_name": self.pg_name, "pg_desc": self.pg_desc, "collective_seq_id": self.collective_seq_id,
-            "op": self.op, "never_joined": list(self.never_joined), "stalled": list(self.stalled),
-            "missing_dumps": list(self.missing_dumps), "reason": self.reason, "confidence": self.confidence,
-            "evidence": list(self.evidence), "roots": [r.to_dict() for r in self.roots],
-            "follow_ons": list(self.follow_ons), "unresolved_cycle": self.unresolved_cycle,
+            "verdict": self.verdict.value,
+            "culprit_ranks": list(self.culprit_ranks),
+            "pg_id": self.pg_id,
+            "pg_name": self.pg_name,
+            "pg_desc": self.pg_desc,
+            "collective_seq_id": self.collective_seq_id,
+            "op": self.op,
+            "never_joined": list(self.never_joined),
+            "stalled": list(self.stalled),
+            "missing_dumps": list(self.missing_dumps),
+            "reason": self.reason,
+            "confidence": self.confidence,
+            "evidence": list(self.evidence),
+            "roots": [r.to_dict() for r in self.roots],
+            "follow_ons": list(self.follow_ons),
+            "unresolved_cycle": self.unresolved_cycle,
             "waited_missing": list(self.waited_missing),
         }
 
 
-# ops whose input shapes must agree on every member (others: all_to_all, scatter/gather roots, coalesced, p2p)
-SHAPE_MUST_MATCH = re.compile(r":(all_reduce|allreduce|_allreduce_base|broadcast|reduce|all_gather|allgather|"
-                               r"_all_gather_base|all_gather_into_tensor|reduce_scatter|_reduce_scatter_base|"
-                               r"reduce_scatter_tensor|barrier)(_coalesced)?$")
-# ops whose input only the root holds (scatter): the other members' empty input lists say nothing of dtypes
+# ops whose input shapes must agree on every member (others: all_to_all, scatter/gather roots,
+# coalesced, p2p)
+SHAPE_MUST_MATCH = re.compile(
+    r":(all_reduce|allreduce|_allreduce_base|broadcast|reduce|all_gather|allgather|"
+    r"_all_gather_base|all_gather_into_tensor|reduce_scatter|_reduce_scatter_base|"
+    r"reduce_scatter_tensor|barrier)(_coalesced)?$"
+)
+# ops whose input only the root holds (scatter): the other members' empty input lists say nothing of
+# dtypes
 INPUT_AT_ROOT_ONLY = re.compile(r":scatter$")
 P2P_OP = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
-COLUMNS = ("rank", "pg_id", "pg_name", "pg_desc", "pg_ranks", "record_id", "collective_seq_id", "p2p_seq_id",
-           "is_p2p", "op", "state", "retired", "time_created", "input_sizes", "input_dtypes")
+COLUMNS = (
+    "rank",
+    "pg_id",
+    "pg_name",
+    "pg_desc",
+    "pg_ranks",
+    "record_id",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "is_p2p",
+    "op",
+    "state",
+    "retired",
+    "time_created",
+    "input_sizes",
+    "input_dtypes",
+)
 MAX_EVIDENCE = 24
 
 

@@ -1,5 +1,6 @@
-"""Breaking cycles: did a rank skip a collective it lags in? By the order the ranks outside the cycle entered the
-same collectives (in groups playing the same part), or else by the rank's own periodic history."""
+"""Breaking cycles: did a rank skip a collective it lags in? By the order the ranks outside the
+cycle entered the same collectives (in groups playing the same part), or else by the rank's own
+periodic history."""
 
 from collections import defaultdict
 
@@ -7,9 +8,10 @@ from faultlens.attribution.detectors.hang.graph import Analysis, Divergence
 
 
 def group_role(analysis: Analysis, group: int) -> tuple:
-    """Groups that play the same part in the program (one desc, one size: Megatron's TP groups) are compared by
-    sequence id across ranks. Groups without a usable desc (new_group / new_subgroups without group_desc:
-    'undefined') play the part of their creation run (creation_runs); a group in no run plays only its own."""
+    """Groups that play the same part in the program (one desc, one size: Megatron's TP groups) are
+    compared by sequence id across ranks. Groups without a usable desc (new_group / new_subgroups
+    without group_desc: 'undefined') play the part of their creation run (creation_runs); a group in
+    no run plays only its own."""
     desc = analysis.group_descs.get(group)
     if desc and desc not in ("undefined", "default_pg"):
         return ("desc", desc, len(analysis.members.get(group, ())))
@@ -19,8 +21,8 @@ def group_role(analysis: Analysis, group: int) -> tuple:
 
 
 def groups_by_role(analysis: Analysis) -> dict[tuple, list[int]]:
-    """Every group under the part it plays (group_role), in group order (computed once: membership is settled
-    before any part is asked for)."""
+    """Every group under the part it plays (group_role), in group order (computed once: membership
+    is settled before any part is asked for)."""
     if analysis.parts is None:
         by_role: dict[tuple, list[int]] = defaultdict(list)
         for g in analysis.members:
@@ -30,16 +32,17 @@ def groups_by_role(analysis: Analysis) -> dict[tuple, list[int]]:
 
 
 def creation_runs(analysis: Analysis) -> dict[int, tuple]:
-    """The parts desc-less groups play, from how jobs create groups: one part's groups in a loop, one after another
-    (torch names groups by a counter: '7', '8', ...), of one size, disjoint (each rank in one of them). A run of
-    such groups with consecutive names ends at a gap, another size, or a group that shares a rank with the run
-    (the next part's first group: a TP group after the PP groups that cover every rank). Only runs of two or
-    more groups are parts; names that are no counter (hashed names) give none."""
+    """The parts desc-less groups play, from how jobs create groups: one part's groups in a loop,
+    one after another (torch names groups by a counter: '7', '8', ...), of one size, disjoint (each
+    rank in one of them). A run of such groups with consecutive names ends at a gap, another size,
+    or a group that shares a rank with the run (the next part's first group: a TP group after the PP
+    groups that cover every rank). Only runs of two or more groups are parts; names that are no
+    counter (hashed names) give none."""
     numbered = sorted((int(name), g) for g, name in enumerate(analysis.group_names)
                       if g in analysis.members and str(name).isdigit()
                       and analysis.group_descs.get(g) in (None, "undefined"))
-    # a name no dump recorded (every member that would have recorded it wrote no dump, or skipped it) is no gap:
-    # at most one such group per rank without a dump
+    # a name no dump recorded (every member that would have recorded it wrote no dump, or skipped
+    # it) is no gap: at most one such group per rank without a dump
     seen_names = {int(name) for name in analysis.group_names if str(name).isdigit()}
     unseen_allowed = len(analysis.missing)
     roles: dict[int, tuple] = {}
@@ -58,7 +61,11 @@ def creation_runs(analysis: Analysis) -> dict[int, tuple]:
 
     for number, g in numbered:
         ranks = set(analysis.members[g])
-        if run and (not consecutive(number) or len(ranks) != len(analysis.members[run[0]]) or ranks & covered):
+        if run and (
+            not consecutive(number)
+            or len(ranks) != len(analysis.members[run[0]])
+            or ranks & covered
+        ):
             close()
             run, covered = [], set()
         run.append(g)
@@ -75,17 +82,24 @@ def _role_text(analysis: Analysis, group: int) -> str:
     return str(role[1]) if role[0] == "desc" else f"group {analysis.group_names[group]!r}"
 
 
-def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int], divergences: list[Divergence],
-                         look_back: bool = False) -> str | None:
-    """Did `rank` go past a collective it lags in? Its own cross-group entry order says which collectives it
-    entered after its last one of the lagging group; the ranks outside the cycle that entered both (in groups of
-    the same part: the other TP groups for a TP collective) say which comes first in the program. No periodic
-    history is needed: one step of the others' order is enough.
+def skipped_by_consensus(
+    analysis: Analysis,
+    rank: int,
+    cycle: set[int],
+    divergences: list[Divergence],
+    look_back: bool = False,
+) -> str | None:
+    """Did `rank` go past a collective it lags in? Its own cross-group entry order says which
+    collectives it entered after its last one of the lagging group; the ranks outside the cycle that
+    entered both (in groups of the same part: the other TP groups for a TP collective) say which
+    comes first in the program. No periodic history is needed: one step of the others' order is
+    enough.
 
-    look_back (a terminal rank alone): where it entered nothing after its last collective of the lagging group
-    (the group's collective ends each step, and the rank has finished), the collectives it entered just before
-    that one: if the others entered their same-numbered collective of the group first, the rank runs one behind
-    in the group since it left one out (its later ones paired with its peers' earlier ones)."""
+    look_back (a terminal rank alone): where it entered nothing after its last collective of the
+    lagging group (the group's collective ends each step, and the rank has finished), the
+    collectives it entered just before that one: if the others entered their same-numbered
+    collective of the group first, the rank runs one behind in the group since it left one out (its
+    later ones paired with its peers' earlier ones)."""
     history = analysis.history(rank) if analysis.history else None
     if history is None or analysis.key_rows is None:
         return None
@@ -98,7 +112,9 @@ def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int], diverge
         after = [(groups_in_order[i], seqs[i]) for i in range(last + 1, len(seqs))
                  if groups_in_order[i] != d.group][:8]
         if after:
-            found = _went_past(analysis, rank, cycle, d, (group_role(analysis, d.group), d.seq), after, True)
+            found = _went_past(
+                analysis, rank, cycle, d, (group_role(analysis, d.group), d.seq), after, True
+            )
             if found:
                 return found
         if look_back and last >= 0:
@@ -106,25 +122,37 @@ def skipped_by_consensus(analysis: Analysis, rank: int, cycle: set[int], diverge
             before = [(groups_in_order[i], seqs[i]) for i in range(last - 1, previous, -1)
                       if groups_in_order[i] != d.group][:8]
             if before:
-                found = _went_past(analysis, rank, cycle, d, (group_role(analysis, d.group), seqs[last]), before,
-                                   False)
+                found = _went_past(
+                    analysis,
+                    rank,
+                    cycle,
+                    d,
+                    (group_role(analysis, d.group), seqs[last]),
+                    before,
+                    False,
+                )
                 if found:
                     return found
     return None
 
 
-def skipped_beside_missing(analysis: Analysis, rank: int, missing: set[int]) -> tuple[Divergence, str] | None:
-    """Did `rank`, which waits on ranks without a dump, skip a collective of a group it shares with them? Their
-    dumps would show them waiting in it (the skip's only trace); without them, the hypothesis "they entered the
-    group's next collective" is put to the same consensus: where the others entered their same-part collective
-    before the ones `rank` went on to, it skipped it. A group only the missing ranks and `rank` recorded nothing
-    of is invisible: a part whose groups hold every other rank but `rank` and missing ones stands for it (its
-    first collective). Returns that wait (missing ranks -> rank) as a divergence, and the evidence."""
+def skipped_beside_missing(
+    analysis: Analysis, rank: int, missing: set[int]
+) -> tuple[Divergence, str] | None:
+    """Did `rank`, which waits on ranks without a dump, skip a collective of a group it shares with
+    them? Their dumps would show them waiting in it (the skip's only trace); without them, the
+    hypothesis "they entered the group's next collective" is put to the same consensus: where the
+    others entered their same-part collective before the ones `rank` went on to, it skipped it. A
+    group only the missing ranks and `rank` recorded nothing of is invisible: a part whose groups
+    hold every other rank but `rank` and missing ones stands for it (its first collective). Returns
+    that wait (missing ranks -> rank) as a divergence, and the evidence."""
     history = analysis.history(rank) if analysis.history else None
     if history is None or analysis.key_rows is None:
         return None
     seqs, groups_in_order, _incomplete = history
-    for g, due, partners, visible in _shared_with_missing(analysis, rank, missing, seqs, groups_in_order):
+    for g, due, partners, visible in _shared_with_missing(
+        analysis, rank, missing, seqs, groups_in_order
+    ):
         hypothesis = Divergence(g, "entered", due, (rank,), partners, 0)
         found = skipped_by_consensus(analysis, rank, {rank}, [hypothesis])
         if found:
@@ -132,16 +160,19 @@ def skipped_beside_missing(analysis: Analysis, rank: int, missing: set[int]) -> 
                 f"its own {_role_text(analysis, g)} group (no rank that dumped recorded it)"
             found = found.replace(analysis.label(g), where, 1)
             hypothesis.detail = (f"{where} seq {due}: rank {rank} never entered it; rank(s) "
-                                 f"{', '.join(map(str, partners))}, which wrote no dump, would wait in it")
+                                 f"{', '.join(map(str, partners))}, which wrote no dump, would "
+                                 "wait in it")
             return hypothesis, found
     return None
 
 
-def _shared_with_missing(analysis: Analysis, rank: int, missing: set[int], seqs: list[int],
-                         groups_in_order: list[int]) -> list[tuple[int, int, tuple[int, ...], bool]]:
-    """(group, its next collective for `rank`, the missing members, True) for each group `rank` shares with
-    missing ranks; for each part none of whose groups holds `rank`, while they hold every other rank but missing
-    ones, (a group of the part, 1, the missing ranks the part leaves out, False)."""
+def _shared_with_missing(
+    analysis: Analysis, rank: int, missing: set[int], seqs: list[int], groups_in_order: list[int]
+) -> list[tuple[int, int, tuple[int, ...], bool]]:
+    """(group, its next collective for `rank`, the missing members, True) for each group `rank`
+    shares with missing ranks; for each part none of whose groups holds `rank`, while they hold
+    every other rank but missing ones, (a group of the part, 1, the missing ranks the part leaves
+    out, False)."""
     world = len(analysis.expected)
     shared = []
     for g, members in analysis.members.items():
@@ -153,7 +184,12 @@ def _shared_with_missing(analysis: Analysis, rank: int, missing: set[int], seqs:
         covered = {r for g in groups for r in analysis.members[g]}
         size = len(analysis.members[groups[0]])
         left_out = analysis.expected - covered
-        if len(groups) < 2 or rank not in left_out or not size < world or not left_out - {rank} <= analysis.missing:
+        if (
+            len(groups) < 2
+            or rank not in left_out
+            or not size < world
+            or not left_out - {rank} <= analysis.missing
+        ):
             continue
         partners = tuple(sorted(missing & left_out))
         if partners:
@@ -161,10 +197,18 @@ def _shared_with_missing(analysis: Analysis, rank: int, missing: set[int], seqs:
     return shared
 
 
-def _went_past(analysis: Analysis, rank: int, cycle: set[int], d: Divergence, due: tuple[tuple, int],
-               others: list[tuple[int, int]], after: bool) -> str | None:
-    """Do the ranks outside `cycle` enter `due` (role, seq) before each of `others` (group, seq), which `rank`
-    entered after (after=True: so it went past `due`) or before (after=False: so its `due` came late) it?"""
+def _went_past(
+    analysis: Analysis,
+    rank: int,
+    cycle: set[int],
+    d: Divergence,
+    due: tuple[tuple, int],
+    others: list[tuple[int, int]],
+    after: bool,
+) -> str | None:
+    """Do the ranks outside `cycle` enter `due` (role, seq) before each of `others` (group, seq),
+    which `rank` entered after (after=True: so it went past `due`) or before (after=False: so its
+    `due` came late) it?"""
     keyed = [(group_role(analysis, g), s, g, s) for g, s in others]
     orders = analysis.key_rows([due[0]], [due[1]], [k[0] for k in keyed], [k[1] for k in keyed])
     outside = "outside the cycle" if len(cycle) > 1 else "besides it"
@@ -181,26 +225,33 @@ def _went_past(analysis: Analysis, rank: int, cycle: set[int], d: Divergence, du
                 con += 1
         if pro and pro > con:
             if after:
-                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) {outside} "
-                        f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq {d.seq} before "
-                        f"their {_role_text(analysis, g)} seq {s_own}, which rank {rank} entered without it")
-            return (f"rank {rank} left a collective of {analysis.label(d.group)} out: {pro} rank(s) {outside} "
-                    f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq {due[1]} before their "
-                    f"{_role_text(analysis, g)} seq {s_own}; rank {rank} entered that one first, so its seq "
+                return (f"rank {rank} skipped {analysis.label(d.group)} seq {d.seq}: {pro} rank(s) "
+                        f"{outside} "
+                        f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq "
+                        f"{d.seq} before "
+                        f"their {_role_text(analysis, g)} seq {s_own}, which rank {rank} entered "
+                        "without it")
+            return (f"rank {rank} left a collective of {analysis.label(d.group)} out: {pro} "
+                    f"rank(s) {outside} "
+                    f"(e.g. rank {example}) entered their {_role_text(analysis, d.group)} seq "
+                    f"{due[1]} before their "
+                    f"{_role_text(analysis, g)} seq {s_own}; rank {rank} entered that one first, "
+                    "so its seq "
                     f"{due[1]} came a collective late and it never entered seq {d.seq}")
     return None
 
 
 def skipped(analysis: Analysis, rank: int, divergences: list[Divergence]) -> str | None:
-    """Program-order precedent: did `rank` skip a collective of a group it lags in? Returns the evidence text, or
-    None when its lag is explained by where it is blocked (or history cannot tell)."""
+    """Program-order precedent: did `rank` skip a collective of a group it lags in? Returns the
+    evidence text, or None when its lag is explained by where it is blocked (or history cannot
+    tell)."""
     history = analysis.history(rank) if analysis.history else None
     if history is None:
         return None
     seqs, groups_in_order, incomplete_at = history
     if incomplete_at is None:
-        # dumps taken after the timeout mark everything retired: the rank waits where it is ahead of its peers,
-        # its latest entry in such a group
+        # dumps taken after the timeout mark everything retired: the rank waits where it is ahead of
+        # its peers, its latest entry in such a group
         ahead = {d.group for d in divergences if rank in d.waiters}
         hits = [i for i, g in enumerate(groups_in_order) if g in ahead]
         if not hits:
@@ -225,14 +276,18 @@ def skipped(analysis: Analysis, rank: int, divergences: list[Divergence]) -> str
         if predicted is None:
             continue
         if blocked_seq > predicted:
-            return (f"rank {rank} skipped {analysis.label(lag_group)} seq {due_seq}: its own history puts that "
-                    f"collective before {analysis.label(blocked_group)} seq {predicted + 1}, yet it entered "
+            return (f"rank {rank} skipped {analysis.label(lag_group)} seq {due_seq}: its own "
+                    "history puts that "
+                    f"collective before {analysis.label(blocked_group)} seq {predicted + 1}, yet "
+                    "it entered "
                     f"{analysis.group_names[blocked_group]!r} seq {blocked_seq} without it")
     return None
 
 
 def _predict(points: list[tuple[int, int]], due_seq: int) -> int | None:
-    """K-count at which H seq `due_seq` was due, if the history of (H seq, K count) pairs is periodic."""
+    """K-count at which H seq `due_seq` was due, if the history of (H seq, K count) pairs is
+    periodic.
+    """
     by_seq = dict(points)
     for period in range(1, 17):
         if len(points) < period + 2:

@@ -1,4 +1,5 @@
-"""Python stacks of the ranks carried in the table's schema metadata (dump requester -> analysis)."""
+"""Python stacks of the ranks carried in the table's schema metadata (dump requester -> analysis).
+"""
 
 from collections.abc import Mapping
 from typing import Any
@@ -9,9 +10,9 @@ STACKS_METADATA_KEY = b"faultlens.stacks"
 
 
 def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
-    """The table with the ranks' Python stacks (faultlens.collectors.sources.pystack.ProcessStack) in its schema
-    metadata, so
-    that a dump requester can hand them to the analysis together with the rows."""
+    """The table with the ranks' Python stacks (faultlens.collectors.sources.pystack.ProcessStack)
+    in its schema metadata, so that a dump requester can hand them to the analysis together with the
+    rows."""
     import json
 
     from faultlens.collectors.sources.pystack import stack_to_json
@@ -19,7 +20,9 @@ def attach_stacks(table: pa.Table, stacks: Mapping[int, Any]) -> pa.Table:
     if not stacks:
         return table
     metadata = dict(table.schema.metadata or {})
-    metadata[STACKS_METADATA_KEY] = json.dumps({str(int(r)): stack_to_json(s) for r, s in stacks.items()}).encode()
+    metadata[STACKS_METADATA_KEY] = json.dumps(
+        {str(int(r)): stack_to_json(s) for r, s in stacks.items()}
+    ).encode()
     return table.replace_schema_metadata(metadata)
 
 

@@ -14,7 +14,12 @@ import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.desync import apart_text, completed_steps, ranks_apart
 from faultlens.attribution.detectors.progress.monitor import completion_times
-from faultlens.attribution.detectors.progress.suspect import DumpRequester, HangAnalyzer, HangSuspect, default_analyzer
+from faultlens.attribution.detectors.progress.suspect import (
+    DumpRequester,
+    HangAnalyzer,
+    HangSuspect,
+    default_analyzer,
+)
 from faultlens.attribution.hardware import XidCatalogLike, as_datetime, hardware_findings
 from faultlens.attribution.incident import Cause, Evidence, Incident, IncidentClass
 from faultlens.attribution.reading.telemetry import Placement, Telemetry, placements
@@ -29,17 +34,27 @@ def latest_dump_set(collectives: pa.Table, job: str | None, attempt: int | None)
     """The newest dump of every rank of one attempt (collectives rows of possibly many dumps)."""
     if collectives.num_rows == 0:
         return collectives
-    mask = pc.fill_null(pc.equal(collectives.column("job_id"), pa.scalar(job)), False) if job is not None \
+    mask = (
+        pc.fill_null(pc.equal(collectives.column("job_id"), pa.scalar(job)), False)
+        if job is not None
         else pc.is_null(collectives.column("job_id"))
+    )
     rows = collectives.filter(mask)
     if attempt is not None and rows.num_rows:
-        same = rows.filter(pc.fill_null(pc.equal(rows.column("attempt"), pa.scalar(attempt, pa.int32())), False))
+        same = rows.filter(
+            pc.fill_null(pc.equal(rows.column("attempt"), pa.scalar(attempt, pa.int32())), False)
+        )
         unknown = rows.filter(pc.is_null(rows.column("attempt")))
         rows = same if same.num_rows else unknown
     if rows.num_rows == 0:
         return rows
-    frame = pa.table({"rank": rows.column("rank"), "dump_id": pc.fill_null(rows.column("dump_id"), ""),
-                      "ts": rows.column("ts")})
+    frame = pa.table(
+        {
+            "rank": rows.column("rank"),
+            "dump_id": pc.fill_null(rows.column("dump_id"), ""),
+            "ts": rows.column("ts"),
+        }
+    )
     newest = frame.group_by(["rank", "dump_id"]).aggregate([("ts", "max")]).to_pandas()
     keep = newest.sort_values("ts_max").drop_duplicates("rank", keep="last")
     wanted = set(zip(keep["rank"].tolist(), keep["dump_id"].tolist(), strict=True))
@@ -53,10 +68,17 @@ def _verdict(report: Any) -> str:
 
 
 class HangAttributor:
-    """Turns a hang suspect into a collective_hang incident: dump request, hang analysis, culprits, cause."""
+    """Turns a hang suspect into a collective_hang incident: dump request, hang analysis, culprits,
+    cause.
+    """
 
-    def __init__(self, crash_rules: CrashRules, catalog: XidCatalogLike | None,
-                 analyzer: HangAnalyzer | None = None, dump_requester: DumpRequester | None = None) -> None:
+    def __init__(
+        self,
+        crash_rules: CrashRules,
+        catalog: XidCatalogLike | None,
+        analyzer: HangAnalyzer | None = None,
+        dump_requester: DumpRequester | None = None,
+    ) -> None:
         self.rules = crash_rules
         self.catalog = catalog
         self._analyzer = analyzer
@@ -69,7 +91,9 @@ class HangAttributor:
         return self._analyzer
 
     def dumps_for(self, suspect: HangSuspect, telemetry: Telemetry) -> tuple[pa.Table, str]:
-        """The dump set to analyse: what the dump requester returns, else the newest dumps in the store."""
+        """The dump set to analyse: what the dump requester returns, else the newest dumps in the
+        store.
+        """
         if self.dump_requester is not None:
             try:
                 requested = self.dump_requester(suspect)
@@ -79,24 +103,42 @@ class HangAttributor:
                 requested = None
             if requested is not None and requested.num_rows:
                 return requested, "requested dump set"
-        return latest_dump_set(telemetry.collectives, suspect.job_id, suspect.attempt), "dumps in the store"
+        return latest_dump_set(
+            telemetry.collectives, suspect.job_id, suspect.attempt
+        ), "dumps in the store"
 
     def attribute(self, suspect: HangSuspect, telemetry: Telemetry, now: dt.datetime) -> Incident:
-        placement = placements(telemetry.ranks, suspect.attempt, telemetry.process_events, telemetry.steps,
-                               telemetry.heartbeats)
+        placement = placements(
+            telemetry.ranks,
+            suspect.attempt,
+            telemetry.process_events,
+            telemetry.steps,
+            telemetry.heartbeats,
+        )
         expected = sorted(placement) or None
         dumps, origin = self.dumps_for(suspect, telemetry)
         evidence = list(suspect.evidence)
         if dumps.num_rows == 0:
-            evidence.append(Evidence("collectives", None, "no flight-recorder dumps for this attempt"))
-            return self._incident(suspect, now, Cause.UNKNOWN, "hang-no-dumps", 0.3, (), placement, evidence,
-                                  "collective hang suspected; no flight-recorder dumps to analyse")
+            evidence.append(Evidence("collectives", None, "no flight-recorder dumps for this "
+                                                          "attempt"))
+            return self._incident(
+                suspect,
+                now,
+                Cause.UNKNOWN,
+                "hang-no-dumps",
+                0.3,
+                (),
+                placement,
+                evidence,
+                "collective hang suspected; no flight-recorder dumps to analyse",
+            )
         report = self.analyzer(dumps, expected)
         verdict = _verdict(report)
         culprits = tuple(int(r) for r in getattr(report, "culprit_ranks", ()) or ())
         dump_ranks = len(set(dumps.column("rank").to_pylist()))
         evidence.append(Evidence("collectives", as_datetime(pc.max(dumps.column("ts")).as_py()),
-                                 f"hang analysis of {origin} ({dump_ranks} rank(s), {dumps.num_rows} entries): "
+                                 f"hang analysis of {origin} ({dump_ranks} rank(s), "
+                                 f"{dumps.num_rows} entries): "
                                  f"{verdict}: {getattr(report, 'reason', '')}"))
         lines = tuple(getattr(report, "evidence", ()) or ())[:5]
         evidence.extend(Evidence("collectives", None, str(line)) for line in lines)
@@ -104,24 +146,35 @@ class HangAttributor:
         cause, rule = Cause.UNKNOWN, f"hang-{verdict.replace('_', '-')}"
         lost = _lost_node(getattr(report, "missing_dumps", ()) or (), placement)
         if lost is not None and not _waited_on(report, lost[1]):
-            # nothing that dumped waits on them (a node's dumps lost or late, or its ranks waiting themselves):
-            # the analysis' own low-confidence answer stands
-            evidence.append(Evidence("collectives", None, f"every rank of {lost[0]} ({_ranks_short(lost[1])}) "
-                                                          "wrote no dump, but no rank that dumped waits on them"))
+            # nothing that dumped waits on them (a node's dumps lost or late, or its ranks waiting
+            # themselves): the analysis' own low-confidence answer stands
+            evidence.append(Evidence("collectives", None, f"every rank of {lost[0]} "
+                                                          f"({_ranks_short(lost[1])}) "
+                                                          "wrote no dump, but no rank that dumped "
+                                                          "waits on them"))
             lost = None
         if lost is not None and verdict not in {"size_mismatch", "op_mismatch"}:
-            # every rank of one node (and only those) wrote no dump while all the others did: the node is gone
-            # (power, kernel, board); the ranks its loss blocked elsewhere (pipeline peers, the groups waiting on
-            # it) are follow-ons, never culprits
+            # every rank of one node (and only those) wrote no dump while all the others did: the
+            # node is gone (power, kernel, board); the ranks its loss blocked elsewhere (pipeline
+            # peers, the groups waiting on it) are follow-ons, never culprits
             node, lost_ranks = lost
             others = sorted(r for r in culprits if r not in lost_ranks)
-            evidence.append(Evidence("collectives", None, f"every rank of {node} ({_ranks_short(lost_ranks)}) and "
-                                                          f"only those wrote no dump: {node} was lost"
-                                     + (f"; ranks {_ranks_short(others)} waited on it" if others else "")))
+            evidence.append(
+                Evidence(
+                    "collectives",
+                    None,
+                    f"every rank of {node} "
+                    f"({_ranks_short(lost_ranks)}) and "
+                    f"only those wrote no dump: {node} was "
+                    "lost" + (f"; ranks {_ranks_short(others)} waited on it" if others else ""),
+                )
+            )
             culprits = tuple(lost_ranks)
             verdict = "node_lost"
             cause, rule, confidence = Cause.HOST, "hang-node-lost", max(confidence, 0.9)
-            findings = hardware_findings(telemetry.gpu_events, node, suspect.since, self.rules, self.catalog)
+            findings = hardware_findings(
+                telemetry.gpu_events, node, suspect.since, self.rules, self.catalog
+            )
             if findings:
                 best = max(findings, key=lambda f: (f.same_gpu, f.confidence))
                 cause, rule = best.cause, "hang-node-lost-hardware"
@@ -132,9 +185,18 @@ class HangAttributor:
             cause = Cause.NETWORK
             confidence *= 0.7
         elif verdict in {"never_joined", "missing_dumps"}:
-            findings = [f for rank in culprits
-                        for f in hardware_findings(telemetry.gpu_events, _node(placement, rank), suspect.since,
-                                                   self.rules, self.catalog, placement.get(rank))]
+            findings = [
+                f
+                for rank in culprits
+                for f in hardware_findings(
+                    telemetry.gpu_events,
+                    _node(placement, rank),
+                    suspect.since,
+                    self.rules,
+                    self.catalog,
+                    placement.get(rank),
+                )
+            ]
             if findings:
                 best = max(findings, key=lambda f: (f.same_gpu, f.confidence))
                 cause, rule = best.cause, f"hang-{verdict.replace('_', '-')}-hardware"
@@ -144,43 +206,86 @@ class HangAttributor:
             culprits = ()
             confidence = min(confidence, 0.4)
         if getattr(report, "unresolved_cycle", False) and len(culprits) > 1:
-            # a cycle the dumps could not order (gloo records no send/recv): the member that completed a step
-            # whose collectives the others are still inside went past one of them; it left the sequence
+            # a cycle the dumps could not order (gloo records no send/recv): the member that
+            # completed a step whose collectives the others are still inside went past one of them;
+            # it left the sequence
             completed = completed_steps(telemetry, suspect.attempt, sorted(placement))
             apart, majority = ranks_apart(completed, set())
             if apart and set(apart) < set(culprits):
                 rule, culprits = "hang-cycle-progress", tuple(apart)
                 confidence = self.rules.conf(rule, 0.5)
                 evidence.append(Evidence("heartbeats", None, apart_text(
-                    completed, apart, majority, "it went past a collective the others wait in (it skipped it)")))
-        group = getattr(report, "pg_desc", None) or getattr(report, "pg_name", None) or getattr(report, "pg_id", None)
+                    completed, apart, majority, "it went past a collective the others wait in (it "
+                                                "skipped it)")))
+        group = (
+            getattr(report, "pg_desc", None)
+            or getattr(report, "pg_name", None)
+            or getattr(report, "pg_id", None)
+        )
         op = getattr(report, "op", None)
         seq = getattr(report, "collective_seq_id", None)
-        summary = (f"collective hang: {verdict}" + (f" in group {group}" if group else "")
-                   + (f" at {op} #{seq}" if op else "") + (f"; culprit ranks {list(culprits)}" if culprits else "")
-                   + f"; cause {cause.value}")
-        incident = self._incident(suspect, now, cause, rule, confidence, culprits, placement, evidence, summary)
-        incident.details.update({"verdict": verdict, "pg": group, "op": op, "collective_seq_id": seq})
+        summary = (
+            f"collective hang: {verdict}"
+            + (f" in group {group}" if group else "")
+            + (f" at {op} #{seq}" if op else "")
+            + (f"; culprit ranks {list(culprits)}" if culprits else "")
+            + f"; cause {cause.value}"
+        )
+        incident = self._incident(
+            suspect, now, cause, rule, confidence, culprits, placement, evidence, summary
+        )
+        incident.details.update(
+            {"verdict": verdict, "pg": group, "op": op, "collective_seq_id": seq}
+        )
         roots = getattr(report, "roots", ())
-        if roots:  # every independent root with its own kind (stuck_outside, skipped, stalled, ...), group, waiters
+        # every independent root with its own kind (stuck_outside, skipped, stalled, ...), group,
+        # waiters
+        if roots:
             incident.details["roots"] = [root.to_dict() for root in roots]
         return incident
 
-    def _incident(self, suspect: HangSuspect, now: dt.datetime, cause: Cause, rule: str, confidence: float,
-                  culprits: tuple[int, ...], placement: dict[int, Placement], evidence: list[Evidence],
-                  summary: str) -> Incident:
+    def _incident(
+        self,
+        suspect: HangSuspect,
+        now: dt.datetime,
+        cause: Cause,
+        rule: str,
+        confidence: float,
+        culprits: tuple[int, ...],
+        placement: dict[int, Placement],
+        evidence: list[Evidence],
+        summary: str,
+    ) -> Incident:
         nodes = sorted({p for p in (_node(placement, r) for r in culprits) if p})
-        gpus = sorted({placement[r].gpu_label for r in culprits if r in placement and placement[r].gpu_label})
+        gpus = sorted(
+            {placement[r].gpu_label for r in culprits if r in placement and placement[r].gpu_label}
+        )
         return Incident(
-            incident_id=suspect.incident_id, incident_class=IncidentClass.COLLECTIVE_HANG, cause=cause,
-            first_signal_ts=suspect.since, detected_ts=now, confidence=round(max(0.0, min(1.0, confidence)), 3),
-            rule=rule, summary=summary, job_id=suspect.job_id, attempt=suspect.attempt, culprit_nodes=tuple(nodes),
-            culprit_ranks=culprits, culprit_gpus=tuple(gpus), evidence=tuple(evidence[: self.rules.evidence_limit]),
-            step=suspect.last_step, details={"detected_by": suspect.detected_by})
+            incident_id=suspect.incident_id,
+            incident_class=IncidentClass.COLLECTIVE_HANG,
+            cause=cause,
+            first_signal_ts=suspect.since,
+            detected_ts=now,
+            confidence=round(max(0.0, min(1.0, confidence)), 3),
+            rule=rule,
+            summary=summary,
+            job_id=suspect.job_id,
+            attempt=suspect.attempt,
+            culprit_nodes=tuple(nodes),
+            culprit_ranks=culprits,
+            culprit_gpus=tuple(gpus),
+            evidence=tuple(evidence[: self.rules.evidence_limit]),
+            step=suspect.last_step,
+            details={"detected_by": suspect.detected_by},
+        )
 
 
-def _lost_node(missing: Sequence[int], placement: dict[int, Placement]) -> tuple[str, tuple[int, ...]] | None:
-    """(node, its ranks) when the ranks without a dump are exactly every rank of one node of several."""
+def _lost_node(
+    missing: Sequence[int], placement: dict[int, Placement]
+) -> tuple[str, tuple[int, ...]] | None:
+    """(node, its ranks) when the ranks without a dump are exactly every rank of one node of
+    several.
+    """
     missing_set = {int(r) for r in missing}
     if not missing_set:
         return None
@@ -195,8 +300,9 @@ def _lost_node(missing: Sequence[int], placement: dict[int, Placement]) -> tuple
 
 
 def _waited_on(report: object, ranks: Sequence[int]) -> bool:
-    """Whether ranks that dumped wait on one of `ranks` (a root of the analysis or not: a whole node without a
-    dump is a node lost, where the analysis alone could take one missing rank for a follow-on)."""
+    """Whether ranks that dumped wait on one of `ranks` (a root of the analysis or not: a whole node
+    without a dump is a node lost, where the analysis alone could take one missing rank for a
+    follow-on)."""
     waited = set(getattr(report, "waited_missing", ()) or ())
     named = {r for root in getattr(report, "roots", ()) or () if getattr(root, "waiting_ranks", ())
              for r in getattr(root, "ranks", ())}
@@ -207,16 +313,24 @@ def _ranks_short(ranks: Sequence[int]) -> str:
     ranks = list(ranks)
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[0] + len(ranks))):
         return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(str(r) for r in ranks[:12]) + (f", ... ({len(ranks)})" if len(ranks) > 12 else "")
+    return ", ".join(str(r) for r in ranks[:12]) + (
+        f", ... ({len(ranks)})" if len(ranks) > 12 else ""
+    )
 
 
 def _node(placement: dict[int, Placement], rank: int) -> str | None:
     return placement[rank].node if rank in placement else None
 
 
-def suspect_from_trigger(job: str | None, attempt: int | None, ts: dt.datetime, evidence: Sequence[Evidence],
-                         steps: pd.DataFrame) -> HangSuspect:
-    """A hang suspect from collective-timeout reports (watchdog / gloo timeouts) in process_events."""
+def suspect_from_trigger(
+    job: str | None,
+    attempt: int | None,
+    ts: dt.datetime,
+    evidence: Sequence[Evidence],
+    steps: pd.DataFrame,
+) -> HangSuspect:
+    """A hang suspect from collective-timeout reports (watchdog / gloo timeouts) in process_events.
+    """
     last_step = None
     since = ts
     if not steps.empty:

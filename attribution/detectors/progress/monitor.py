@@ -1,4 +1,6 @@
-"""Detection from progress: per attempt, steps and heartbeats against the baseline of the job's own pace."""
+"""Detection from progress: per attempt, steps and heartbeats against the baseline of the job's own
+pace.
+"""
 
 from __future__ import annotations
 
@@ -47,15 +49,19 @@ class ProgressMonitor:
     def __init__(self, thresholds: ProgressThresholds) -> None:
         self.t = thresholds
 
-    def baseline(self, attempt_steps: pd.DataFrame, beats: pd.DataFrame | None = None) -> ProgressBaseline:
-        """The allowed gap after the last completed step of `attempt_steps` (rows of one attempt; `beats`: its
-        heartbeats, which give the step time while few step rows were flushed yet)."""
+    def baseline(
+        self, attempt_steps: pd.DataFrame, beats: pd.DataFrame | None = None
+    ) -> ProgressBaseline:
+        """The allowed gap after the last completed step of `attempt_steps` (rows of one attempt;
+        `beats`: its heartbeats, which give the step time while few step rows were flushed yet)."""
         t = self.t
         rows = attempt_steps.assign(_done=completion_times(attempt_steps),
                                     _phase=_phase(attempt_steps))
         rows = rows[rows["step"].notna()]
         first_step = int(rows["step"].min()) if not rows.empty else 0
-        base = rows[rows["_phase"].isin(t.baseline_phases) & (rows["step"] >= first_step + t.warmup_steps)]
+        base = rows[
+            rows["_phase"].isin(t.baseline_phases) & (rows["step"] >= first_step + t.warmup_steps)
+        ]
         # one completion per step (synchronous training: the last rank to finish it)
         per_step = base.groupby("step")["_done"].max().sort_index()
         steps = per_step.index.to_numpy(dtype=np.int64)
@@ -66,17 +72,23 @@ class ProgressMonitor:
                 intervals.append((times[i] - times[i - 1]) / pd.Timedelta(seconds=1))
         if len(intervals) < t.min_baseline_steps and "duration_s" in base.columns:
             durations = base.groupby("step")["duration_s"].max().dropna()
-            intervals = [float(d) for d in durations.to_numpy()] if len(durations) > len(intervals) else intervals
+            intervals = (
+                [float(d) for d in durations.to_numpy()]
+                if len(durations) > len(intervals)
+                else intervals
+            )
         if len(intervals) < t.min_baseline_steps and beats is not None and not beats.empty:
             from_beats = _heartbeat_intervals(beats, t.warmup_steps)
             intervals = from_beats if len(from_beats) > len(intervals) else intervals
         intervals = [i for i in intervals if i >= 0][-t.recent_steps:]
         if len(intervals) < t.min_baseline_steps:
             return ProgressBaseline(t.startup_floor_s, None, len(intervals),
-                                    f"no baseline yet ({len(intervals)} steps): startup floor {t.startup_floor_s:g}s")
+                                    f"no baseline yet ({len(intervals)} steps): startup floor "
+                                    f"{t.startup_floor_s:g}s")
         baseline = float(np.median(intervals))
         threshold = max(t.floor_s, t.k * baseline)
-        reason = f"{t.k:g} x recent step time {baseline:.3g}s (median of {len(intervals)}), floor {t.floor_s:g}s"
+        reason = (f"{t.k:g} x recent step time {baseline:.3g}s (median of {len(intervals)}), floor "
+                  f"{t.floor_s:g}s")
         allowance = self._slow_phase_allowance(rows)
         if allowance is not None and allowance[0] > threshold:
             threshold = allowance[0]
@@ -84,9 +96,10 @@ class ProgressMonitor:
         return ProgressBaseline(threshold, baseline, len(intervals), reason)
 
     def _slow_phase_now(self, latest: pd.DataFrame, rows: pd.DataFrame) -> tuple[float, str] | None:
-        """The gap allowed while a rank is inside a step of a slow phase (its heartbeat says which): slow_phase_k x
-        the longest such step seen in the attempt, or slow_phase_floor_s for the first one (a checkpoint or an
-        evaluation takes what it takes; its peers may already wait for it in the next step)."""
+        """The gap allowed while a rank is inside a step of a slow phase (its heartbeat says which):
+        slow_phase_k x the longest such step seen in the attempt, or slow_phase_floor_s for the
+        first one (a checkpoint or an evaluation takes what it takes; its peers may already wait for
+        it in the next step)."""
         if latest.empty or "phase" not in latest.columns:
             return None
         inside = latest[latest["in_step"].fillna(False).astype(bool)]
@@ -99,11 +112,13 @@ class ProgressMonitor:
             longest = _longest_step(seen)
             if longest > 0:
                 allowance = self.t.slow_phase_k * longest
-                why = (f"a rank is in a {phase} step ({phase} steps take up to {longest:.3g}s): allowance "
+                why = (f"a rank is in a {phase} step ({phase} steps take up to {longest:.3g}s): "
+                       "allowance "
                        f"{allowance:.3g}s")
             else:
                 allowance = self.t.slow_phase_floor_s
-                why = f"a rank is in the attempt's first {phase} step: slow-phase floor {allowance:g}s"
+                why = (f"a rank is in the attempt's first {phase} step: slow-phase floor "
+                       f"{allowance:g}s")
             if best is None or allowance > best[0]:
                 best = (allowance, why)
         return best
@@ -125,23 +140,35 @@ class ProgressMonitor:
             if not due:
                 gaps = np.diff(occurrences)
                 if len(occurrences) >= 2 and len(set(gaps.tolist())) == 1:
-                    due = next_step >= occurrences[-1] + int(gaps[0]) - 1  # periodic: is the next one due?
+                    # periodic: is the next one due?
+                    due = next_step >= occurrences[-1] + int(gaps[0]) - 1
                 else:
                     due = True  # seen, period unknown: it may come at any step
             if due:
                 allowance = self.t.slow_phase_k * longest
                 if best is None or allowance > best[0]:
-                    best = (allowance, f"{phase} steps take up to {longest:.3g}s: allowance {allowance:.3g}s")
+                    best = (allowance, f"{phase} steps take up to {longest:.3g}s: allowance "
+                                       f"{allowance:.3g}s")
         return best
 
-    def suspects(self, telemetry: Telemetry, as_of: dt.datetime | dict[str, dt.datetime]) -> list[HangSuspect]:
-        """One suspect per attempt whose progress stopped too long (the latest attempt: until `as_of`; an earlier
+    def suspects(
+        self, telemetry: Telemetry, as_of: dt.datetime | dict[str, dt.datetime]
+    ) -> list[HangSuspect]:
+        """One suspect per attempt whose progress stopped too long (the latest attempt: until
+        `as_of`; an earlier
         one: until the next attempt started)."""
         steps, beats = telemetry.steps, telemetry.heartbeats
         if steps.empty and beats.empty:
             return []
         found = []
-        jobs = sorted({str(j) for frame in (steps, beats) if not frame.empty for j in frame["job_id"].dropna()})
+        jobs = sorted(
+            {
+                str(j)
+                for frame in (steps, beats)
+                if not frame.empty
+                for j in frame["job_id"].dropna()
+            }
+        )
         for job in jobs:
             end = as_of.get(job) if isinstance(as_of, dict) else as_of
             if end is None:
@@ -151,7 +178,9 @@ class ProgressMonitor:
             attempts = sorted({int(a) for frame in (job_steps, job_beats) if not frame.empty
                                for a in frame["attempt"].dropna().unique()}) or [None]
             starts = _attempt_starts(telemetry, job)
-            finished = _finished_attempts(telemetry.process_events, job) | _closed_attempts(job_beats)
+            finished = _finished_attempts(telemetry.process_events, job) | _closed_attempts(
+                job_beats
+            )
             events = telemetry.process_events
             teardown = teardown_starts(events[events["job_id"] == job]) if not events.empty else {}
             for attempt in attempts:
@@ -161,9 +190,14 @@ class ProgressMonitor:
                     job_steps[job_steps["attempt"] == attempt]
                 attempt_beats = job_beats if attempt is None or job_beats.empty else \
                     job_beats[job_beats["attempt"] == attempt]
-                newer = [t for a, t in starts.items() if a is not None and attempt is not None and a > attempt]
+                newer = [
+                    t
+                    for a, t in starts.items()
+                    if a is not None and attempt is not None and a > attempt
+                ]
                 stopped = teardown.get((job, attempt if attempt is not None else -1))
-                if stopped is not None:  # the supervisor began stopping it: what follows is no stall
+                # the supervisor began stopping it: what follows is no stall
+                if stopped is not None:
                     newer.append(as_datetime(stopped))
                 observed_until = min(newer) if newer else end
                 suspect = self._check(job, attempt, rows, attempt_beats, observed_until)
@@ -179,10 +213,11 @@ class ProgressMonitor:
         until = as_datetime(until) or until
         observed, clock = until, "the clock"
         if not beats.empty:
-            # the ranks themselves say how long the job went without progress: the newest moment a rank was seen
-            # alive (its step timer stamps its heartbeat) past the last completed step. Late or slow ingestion
-            # then never reads as a stall; only when every heartbeat stopped for the startup floor (every process
-            # frozen or gone) does the clock count again
+            # the ranks themselves say how long the job went without progress: the newest moment a
+            # rank was seen alive (its step timer stamps its heartbeat) past the last completed
+            # step. Late or slow ingestion then never reads as a stall; only when every heartbeat
+            # stopped for the startup floor (every process frozen or gone) does the clock count
+            # again
             alive = as_datetime(beats["ts"].max())
             if alive is not None and (until - alive).total_seconds() <= self.t.startup_floor_s:
                 observed, clock = min(alive, until), "heartbeats"
@@ -193,28 +228,49 @@ class ProgressMonitor:
         if not latest.empty and not latest["in_step"].fillna(False).astype(bool).any() \
                 and self.t.startup_floor_s > threshold:
             threshold = self.t.startup_floor_s
-            reason += f"; no rank is inside a step (between steps or ending): startup floor {threshold:g}s"
+            reason += ("; no rank is inside a step (between steps or ending): startup floor "
+                       f"{threshold:g}s")
         slow = self._slow_phase_now(latest, rows)
         if slow is not None and slow[0] > threshold:
             threshold, reason = slow[0], reason + f"; {slow[1]}"
         if gap <= threshold:
             return None
-        done_rows = rows[rows["step"] == last_step]["rank"].dropna() if last_step is not None and not rows.empty \
+        done_rows = (
+            rows[rows["step"] == last_step]["rank"].dropna()
+            if last_step is not None and not rows.empty
             else pd.Series(dtype=object)
-        done_beats = latest[latest["step"] >= last_step]["rank"].dropna() if last_step is not None and \
-            not latest.empty else pd.Series(dtype=object)
+        )
+        done_beats = (
+            latest[latest["step"] >= last_step]["rank"].dropna()
+            if last_step is not None and not latest.empty
+            else pd.Series(dtype=object)
+        )
         ranks_at_last = len(set(done_rows.astype(int)) | set(done_beats.astype(int)))
-        all_ranks = len({int(r) for frame in (rows, beats) if not frame.empty for r in frame["rank"].dropna()})
-        text = (f"no step completed for {gap:.1f}s after step {last_step} (allowed {threshold:.3g}s: {reason}); "
-                f"{ranks_at_last} of {all_ranks} ranks finished step {last_step} (progress from {source}, "
+        all_ranks = len(
+            {int(r) for frame in (rows, beats) if not frame.empty for r in frame["rank"].dropna()}
+        )
+        text = (f"no step completed for {gap:.1f}s after step {last_step} (allowed "
+                f"{threshold:.3g}s: {reason}); "
+                f"{ranks_at_last} of {all_ranks} ranks finished step {last_step} (progress from "
+                f"{source}, "
                 f"observed by {clock})")
-        return HangSuspect(job, attempt, last, "progress", last_step, gap, threshold,
-                           (Evidence("heartbeats" if source == "heartbeats" else "steps", last, text),))
+        return HangSuspect(
+            job,
+            attempt,
+            last,
+            "progress",
+            last_step,
+            gap,
+            threshold,
+            (Evidence("heartbeats" if source == "heartbeats" else "steps", last, text),),
+        )
 
 
 def _longest_step(rows: pd.DataFrame) -> float:
     """The longest step duration among `rows` (0.0 when none is known)."""
-    durations = rows["duration_s"].dropna() if "duration_s" in rows.columns else pd.Series(dtype=float)
+    durations = (
+        rows["duration_s"].dropna() if "duration_s" in rows.columns else pd.Series(dtype=float)
+    )
     return float(durations.max()) if not durations.empty else 0.0
 
 
@@ -226,7 +282,9 @@ def _latest_beats(beats: pd.DataFrame) -> pd.DataFrame:
     return ordered.drop_duplicates("rank", keep="last")
 
 
-def _last_progress(rows: pd.DataFrame, beats: pd.DataFrame) -> tuple[dt.datetime | None, int | None, str]:
+def _last_progress(
+    rows: pd.DataFrame, beats: pd.DataFrame
+) -> tuple[dt.datetime | None, int | None, str]:
     """When the newest step of the attempt completed, which step it was, and where that was read."""
     best: tuple[dt.datetime | None, int | None, str] = (None, None, "steps")
     if not rows.empty:
@@ -234,7 +292,11 @@ def _last_progress(rows: pd.DataFrame, beats: pd.DataFrame) -> tuple[dt.datetime
         if done.notna().any():
             index = done.idxmax()
             step = rows.loc[index, "step"]
-            best = (as_datetime(done.loc[index]), None if step is None or step is pd.NA else int(step), "steps")
+            best = (
+                as_datetime(done.loc[index]),
+                None if step is None or step is pd.NA else int(step),
+                "steps",
+            )
     if not beats.empty and "step_ts" in beats.columns:
         known = beats[beats["step_ts"].notna() & beats["step"].notna()]
         if not known.empty:
@@ -248,13 +310,15 @@ def _last_progress(rows: pd.DataFrame, beats: pd.DataFrame) -> tuple[dt.datetime
     return best
 
 
-#: heartbeat intervals enough for a baseline: ranks are read in ascending order until this many are found
+#: heartbeat intervals enough for a baseline: ranks are read in ascending order until this many are
+#: found
 HEARTBEAT_INTERVALS = 200
 
 
 def _heartbeat_intervals(beats: pd.DataFrame, warmup_steps: int) -> list[float]:
-    """Seconds per step between successive heartbeats of the same rank (warm-up steps left out), rank by rank in
-    ascending order until HEARTBEAT_INTERVALS are found (attribution/reading/windows.py reads those ranks' beats)."""
+    """Seconds per step between successive heartbeats of the same rank (warm-up steps left out),
+    rank by rank in ascending order until HEARTBEAT_INTERVALS are found
+    (attribution/reading/windows.py reads those ranks' beats)."""
     known = beats[beats["step_ts"].notna() & beats["step"].notna()]
     if known.empty:
         return []
@@ -304,8 +368,8 @@ def _attempt_starts(telemetry: Telemetry, job: str) -> dict[int | None, dt.datet
 
 
 def _finished_attempts(events: pd.DataFrame, job: str) -> set[int | None]:
-    """Attempts whose every reported rank (kind exit), or every torchrun agent (the supervisor's agent_exit rows),
-    exited with code 0 (the job finished: silence is not a hang)."""
+    """Attempts whose every reported rank (kind exit), or every torchrun agent (the supervisor's
+    agent_exit rows), exited with code 0 (the job finished: silence is not a hang)."""
     if events.empty:
         return set()
     finished: set[int | None] = set()
@@ -313,7 +377,8 @@ def _finished_attempts(events: pd.DataFrame, job: str) -> set[int | None]:
         rows = events[(events["job_id"] == job) & (events["kind"] == kind)]
         for attempt, group in rows.groupby("attempt", dropna=False):
             codes = group["exit_code"]
-            if kind == "agent_exit":  # one row per agent (the newest per node), and every launched node's
+            # one row per agent (the newest per node), and every launched node's
+            if kind == "agent_exit":
                 newest = group.sort_values("ts").drop_duplicates("node", keep="last")
                 codes = newest["exit_code"]
                 same = events["attempt"].isna() if attempt is pd.NA or attempt != attempt else \

@@ -1,6 +1,6 @@
-"""The what-if cost of a finding (attribution/detectors/straggler/whatif.py) over the rows where its culprit is slow,
-and
-the baselines its sections are compared with: peers in other replicas, or the other stages for a slow stage."""
+"""The what-if cost of a finding (attribution/detectors/straggler/whatif.py) over the rows where its
+culprit is slow, and the baselines its sections are compared with: peers in other replicas, or the
+other stages for a slow stage."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from faultlens.attribution.rules import StragglerThresholds
 
 
 def stage_section_refs(scores: StepScores, stages: list[int]) -> dict[str, np.ndarray]:
-    """Per section, the other stages' level for the ranks of the slow stages (an op kind of a slow stage is
-    compared with the same op kind of the other stages, not with its own stage in other replicas)."""
+    """Per section, the other stages' level for the ranks of the slow stages (an op kind of a slow
+    stage is compared with the same op kind of the other stages, not with its own stage in other
+    replicas)."""
     layout = scores.layout
     refs = {}
     for name, frame in scores.sections.items():
@@ -29,9 +30,17 @@ def stage_section_refs(scores: StepScores, stages: list[int]) -> dict[str, np.nd
     return refs
 
 
-def finding_what_if(t: StragglerThresholds, scores: StepScores, fixed: np.ndarray, rows: np.ndarray,
-                    mask: np.ndarray, section_refs: dict[str, np.ndarray] | None = None) -> WhatIf | None:
-    """The step time if the culprit cells (`mask`) ran at `fixed`, over `rows`; None when no row is selected."""
+def finding_what_if(
+    t: StragglerThresholds,
+    scores: StepScores,
+    fixed: np.ndarray,
+    rows: np.ndarray,
+    mask: np.ndarray,
+    section_refs: dict[str, np.ndarray] | None = None,
+) -> WhatIf | None:
+    """The step time if the culprit cells (`mask`) ran at `fixed`, over `rows`; None when no row is
+    selected.
+    """
     if not rows.any():
         return None
     compute = scores.compute.to_numpy(dtype=float)[rows]

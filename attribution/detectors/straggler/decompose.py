@@ -1,16 +1,19 @@
-"""Per-step decomposition of per-rank compute time over the parallel coordinates: a stage effect, a replica effect
-and a worker effect.
+"""Per-step decomposition of per-rank compute time over the parallel coordinates: a stage effect, a
+replica effect and a worker effect.
 
-- Stage effect: each stage's level (the median of its replicas' units with 3 or more replicas, the faster of two,
-  the one otherwise) against the median of the other stages' levels. Stages are always compared with each other.
-- Worker effect: a rank against the same place (stage, tp/cp/ep rank) in the other replicas: with 3 or more
-  replicas a robust z-score and ratio to the peers' median; with 2 a pairwise ratio (no z-score over two peers);
-  with 1 only against its own history (median and MAD of its earlier steps).
-- Replica effect: a replica whose stages are slow against the same stages of the other replicas (at least
-  replica_min_fraction of them, 2 at least). A worker inside a slow replica is flagged only for slowness beyond
-  its replica's.
-A single compute section can carry the slowness while the total hides it (DDP overlaps the all-reduce with
-backward): a rank is flagged too when one section's excess over its peers' is material.
+- Stage effect: each stage's level (the median of its replicas' units with 3 or more replicas, the
+  faster of two, the one otherwise) against the median of the other stages' levels. Stages are
+  always compared with each other.
+- Worker effect: a rank against the same place (stage, tp/cp/ep rank) in the other replicas: with 3
+  or more replicas a robust z-score and ratio to the peers' median; with 2 a pairwise ratio (no
+  z-score over two peers); with 1 only against its own history (median and MAD of its earlier
+  steps).
+- Replica effect: a replica whose stages are slow against the same stages of the other replicas (at
+  least replica_min_fraction of them, 2 at least). A worker inside a slow replica is flagged only
+  for slowness beyond its replica's.
+A single compute section can carry the slowness while the total hides it (DDP overlaps the
+all-reduce with backward): a rank is flagged too when one section's excess over its peers' is
+material.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ MAD_SCALE = 1.4826
 
 
 def nanmedian(values: np.ndarray, axis: int) -> np.ndarray:
-    """np.nanmedian, with numpy's fast median when there is no NaN (nanmedian goes through masked arrays)."""
+    """np.nanmedian, with numpy's fast median when there is no NaN (nanmedian goes through masked
+    arrays).
+    """
     if values.size and not np.isnan(values).any():
         return np.median(values, axis=axis)
     with warnings.catch_warnings():
@@ -37,8 +42,8 @@ def nanmedian(values: np.ndarray, axis: int) -> np.ndarray:
 
 
 def group_median(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the median of each group of columns: (steps x groups) and the sorted group ids. Groups of equal
-    size go through one median call."""
+    """Per row, the median of each group of columns: (steps x groups) and the sorted group ids.
+    Groups of equal size go through one median call."""
     ids, counts = np.unique(groups, return_counts=True)
     if len(ids) and (counts == counts[0]).all():
         order = np.argsort(groups, kind="stable").reshape(len(ids), counts[0])
@@ -72,8 +77,10 @@ def robust_z(values: np.ndarray, floor_frac: float) -> tuple[np.ndarray, np.ndar
 class Decomposition:
     """Aligned with (steps x ranks) or (steps x stages / replicas) of one attempt."""
 
-    peer_ref: np.ndarray  # steps x ranks: the same place in the other replicas (NaN with one replica)
-    worker_ratio: np.ndarray  # steps x ranks: compute / peer_ref (or / own history with one replica)
+    # steps x ranks: the same place in the other replicas (NaN with one replica)
+    peer_ref: np.ndarray
+    # steps x ranks: compute / peer_ref (or / own history with one replica)
+    worker_ratio: np.ndarray
     worker_flag: np.ndarray  # steps x ranks bool
     stage_level: np.ndarray  # steps x P
     stage_ratio: np.ndarray  # steps x P
@@ -84,13 +91,20 @@ class Decomposition:
     comparison: str  # how workers were compared
 
 
-def _own_history(block: np.ndarray, t: StragglerThresholds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _own_history(
+    block: np.ndarray, t: StragglerThresholds
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each column against the median of its own previous steps: (reference, ratio, slow)."""
     frame = pd.DataFrame(block)
     shifted = frame.shift(1)
     history = shifted.rolling(t.self_baseline_steps, min_periods=t.min_window_steps)
     median = history.median()
-    mad = (shifted - median).abs().rolling(t.self_baseline_steps, min_periods=t.min_window_steps).median()
+    mad = (
+        (shifted - median)
+        .abs()
+        .rolling(t.self_baseline_steps, min_periods=t.min_window_steps)
+        .median()
+    )
     median_v, mad_v = median.to_numpy(), mad.to_numpy()
     scale = MAD_SCALE * np.maximum(mad_v, t.mad_floor_frac * np.abs(median_v))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -100,8 +114,8 @@ def _own_history(block: np.ndarray, t: StragglerThresholds) -> tuple[np.ndarray,
 
 
 def own_baseline(block: np.ndarray, t: StragglerThresholds) -> np.ndarray:
-    """The reference of each column's own history, frozen at the first step it was flagged slow (a slowdown that
-    lasts must not become its own baseline)."""
+    """The reference of each column's own history, frozen at the first step it was flagged slow (a
+    slowdown that lasts must not become its own baseline)."""
     reference, _, slow = _own_history(block, t)
     frozen = reference.copy()
     for column in range(block.shape[1]):
@@ -132,22 +146,36 @@ def decompose(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layo
         comparison = "its own earlier median (1 replica)"
     units, unit_ratio = _unit_times(compute, worker_ratio, layout)
     stage_level, stage_ratio, stage_flag = _stage_effect(units, D, P, t)
-    replica_ratio, replica_flag, worker_flag = _replica_effect(unit_ratio, worker_ratio, worker_flag, layout, t)
-    return Decomposition(peer_ref, worker_ratio, worker_flag, stage_level, stage_ratio, stage_flag, replica_ratio,
-                         replica_flag, section_refs, comparison)
+    replica_ratio, replica_flag, worker_flag = _replica_effect(
+        unit_ratio, worker_ratio, worker_flag, layout, t
+    )
+    return Decomposition(
+        peer_ref,
+        worker_ratio,
+        worker_flag,
+        stage_level,
+        stage_ratio,
+        stage_flag,
+        replica_ratio,
+        replica_flag,
+        section_refs,
+        comparison,
+    )
 
 
-def _peer_effect(compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layout, t: StragglerThresholds
-                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Worker effect against the same place in the other replicas: the reference, the slow flags and each
-    section's reference (all NaN / False with one replica)."""
+def _peer_effect(
+    compute: np.ndarray, sections: dict[str, np.ndarray], layout: Layout, t: StragglerThresholds
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Worker effect against the same place in the other replicas: the reference, the slow flags and
+    each section's reference (all NaN / False with one replica)."""
     D = layout.replicas
     peer_ref = np.full_like(compute, np.nan)
     worker_flag = np.zeros_like(compute, dtype=bool)
     section_refs = {name: np.full_like(compute, np.nan) for name in sections}
     ids, counts = np.unique(layout.peer_key, return_counts=True)
     if D >= 2 and len(ids) and (counts == counts[0]).all() and counts[0] >= 3:
-        # every place has the same number of replicas: all peer groups at once, (steps x groups x replicas)
+        # every place has the same number of replicas: all peer groups at once, (steps x groups x
+        # replicas)
         order = np.argsort(layout.peer_key, kind="stable").reshape(len(ids), counts[0])
         block = compute[:, order]
         median = nanmedian(block, axis=2)[:, :, None]
@@ -166,14 +194,30 @@ def _peer_effect(compute: np.ndarray, sections: dict[str, np.ndarray], layout: L
         worker_flag[:, order] = slow
     elif D >= 2:
         for key in ids:
-            _peer_group(compute, sections, np.flatnonzero(layout.peer_key == key), t, peer_ref, worker_flag,
-                        section_refs)
+            _peer_group(
+                compute,
+                sections,
+                np.flatnonzero(layout.peer_key == key),
+                t,
+                peer_ref,
+                worker_flag,
+                section_refs,
+            )
     return peer_ref, worker_flag, section_refs
 
 
-def _peer_group(compute: np.ndarray, sections: dict[str, np.ndarray], cols: np.ndarray, t: StragglerThresholds,
-                peer_ref: np.ndarray, worker_flag: np.ndarray, section_refs: dict[str, np.ndarray]) -> None:
-    """One place's replicas (uneven counts): a robust z over 3 or more, each against the other for a pair."""
+def _peer_group(
+    compute: np.ndarray,
+    sections: dict[str, np.ndarray],
+    cols: np.ndarray,
+    t: StragglerThresholds,
+    peer_ref: np.ndarray,
+    worker_flag: np.ndarray,
+    section_refs: dict[str, np.ndarray],
+) -> None:
+    """One place's replicas (uneven counts): a robust z over 3 or more, each against the other for a
+    pair.
+    """
     block = compute[:, cols]
     if len(cols) >= 3:
         z, median, _ = robust_z(block, t.mad_floor_frac)
@@ -196,13 +240,16 @@ def _peer_group(compute: np.ndarray, sections: dict[str, np.ndarray], cols: np.n
             slow |= (part - sref) >= (t.min_ratio - 1.0) * ref
     slow = np.nan_to_num(slow.astype(float), nan=0.0).astype(bool)
     if len(cols) == 2:
-        # each slower than the other in some part of the same step: the pair cannot say which one is slow
+        # each slower than the other in some part of the same step: the pair cannot say which one is
+        # slow
         both = slow[:, 0] & slow[:, 1]
         slow[both] = False
     worker_flag[:, cols] = slow
 
 
-def _unit_times(compute: np.ndarray, worker_ratio: np.ndarray, layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+def _unit_times(
+    compute: np.ndarray, worker_ratio: np.ndarray, layout: Layout
+) -> tuple[np.ndarray, np.ndarray]:
     """Unit times (replica, stage): the median of the unit's ranks, (steps x replicas x stages)."""
     steps, D, P = compute.shape[0], layout.replicas, layout.stages
     units = np.full((steps, D * P), np.nan)
@@ -234,9 +281,16 @@ def _stage_effect(units: np.ndarray, D: int, P: int, t: StragglerThresholds
     return stage_level, stage_ratio, stage_flag
 
 
-def _replica_effect(unit_ratio: np.ndarray, worker_ratio: np.ndarray, worker_flag: np.ndarray, layout: Layout,
-                    t: StragglerThresholds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A replica slow in most of its stages; a worker inside one is flagged only for slowness beyond it."""
+def _replica_effect(
+    unit_ratio: np.ndarray,
+    worker_ratio: np.ndarray,
+    worker_flag: np.ndarray,
+    layout: Layout,
+    t: StragglerThresholds,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A replica slow in most of its stages; a worker inside one is flagged only for slowness beyond
+    it.
+    """
     steps, D, P = unit_ratio.shape[0], layout.replicas, layout.stages
     replica_ratio = np.full((steps, D), np.nan)
     replica_flag = np.zeros((steps, D), dtype=bool)

@@ -1,6 +1,7 @@
-"""Timing evidence of a finding and what it is worth: per culprit rank its ratio to its baseline (peers in other
-replicas, or its own history) and slowest section, whether it became slow or was slow from the start, the
-what-if and unknown sections, the incident's details, and the worker confidence."""
+"""Timing evidence of a finding and what it is worth: per culprit rank its ratio to its baseline
+(peers in other replicas, or its own history) and slowest section, whether it became slow or was
+slow from the start, the what-if and unknown sections, the incident's details, and the worker
+confidence."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ from faultlens.attribution.reading.telemetry import Placement
 from faultlens.attribution.rules import StragglerThresholds
 
 
-def section_ratios(scores: StepScores, rank: int, column: int, rows: np.ndarray) -> dict[str, float]:
-    """Each compute section of `rank` against its peers' reference, median over `rows` (finite ones only)."""
+def section_ratios(
+    scores: StepScores, rank: int, column: int, rows: np.ndarray
+) -> dict[str, float]:
+    """Each compute section of `rank` against its peers' reference, median over `rows` (finite ones
+    only).
+    """
     ratios = {}
     for name, frame in scores.sections.items():
         mine = frame[rank].to_numpy(dtype=float)[rows]
@@ -30,8 +35,8 @@ def section_ratios(scores: StepScores, rank: int, column: int, rows: np.ndarray)
 
 def describe_ranks(t: StragglerThresholds, finding: StragglerFinding, scores: StepScores,
                    placement: dict[int, Placement]) -> list[Evidence]:
-    """One sentence per culprit rank (the first four): its compute against its baseline, its slowest section,
-    how often it was slow in the window, and its own history."""
+    """One sentence per culprit rank (the first four): its compute against its baseline, its slowest
+    section, how often it was slow in the window, and its own history."""
     window = finding.window
     evidence = []
     end = as_datetime(scores.end_ts.get(finding.step))
@@ -56,20 +61,26 @@ def describe_ranks(t: StragglerThresholds, finding: StragglerFinding, scores: St
                 else f"its peers' median ({scores.group_kind})")
         lead = f"compute {ratio:.2f}x {base}"
         if finite and scores.group_kind != "own history" and finite[worst] > 1.1 * max(ratio, 1.0):
-            # the total hides the slow section (peers wait for the rank inside theirs): lead with the section
-            lead = (f"slowest section {worst} {finite[worst]:.2f}x peers, while its compute sections together "
+            # the total hides the slow section (peers wait for the rank inside theirs): lead with
+            # the section
+            lead = (f"slowest section {worst} {finite[worst]:.2f}x peers, while its compute "
+                    "sections together "
                     f"are {ratio:.2f}x {base} (its peers wait for it inside theirs)")
             section_text = ""
         evidence.append(Evidence(
             "steps", end, f"rank {rank}{where}{coords}: {lead}, "
-                          f"slow in {flagged} of {len(window)} steps ({window[0]}-{window[-1]}){section_text}"
+                          f"slow in {flagged} of {len(window)} steps "
+                          f"({window[0]}-{window[-1]}){section_text}"
                           f"{own}"))
     return evidence
 
 
-def own_history(t: StragglerThresholds, rank: int, column: int, window: list[int], scores: StepScores) -> str:
-    """Was the rank slow from the start (a weaker GPU, a heavier partition) or did it become slow (fail-slow)?
-    From its own steps: the strongest change point of its compute (median after / median before)."""
+def own_history(
+    t: StragglerThresholds, rank: int, column: int, window: list[int], scores: StepScores
+) -> str:
+    """Was the rank slow from the start (a weaker GPU, a heavier partition) or did it become slow
+    (fail-slow)? From its own steps: the strongest change point of its compute (median after /
+    median before)."""
     compute = scores.compute[rank].dropna()
     values = compute.to_numpy(dtype=float)
     least = max(3, t.min_window_steps // 2)
@@ -103,7 +114,8 @@ def common_evidence(finding: StragglerFinding, scores: StepScores, what: str) ->
     if scores.unknown_sections:
         names = ", ".join(f"{n} ({s:.0%} of step time)" for n, s in sorted(
             scores.unknown_sections.items(), key=lambda kv: -kv[1])[:4])
-        evidence.append(Evidence("steps", end, f"sections of unknown kind, not scored (neither compute nor "
+        evidence.append(Evidence("steps", end, "sections of unknown kind, not scored (neither "
+                                               "compute nor "
                                                f"communication in the vocabulary): {names}"))
     return evidence
 
@@ -116,21 +128,27 @@ def details(finding: StragglerFinding, scores: StepScores) -> dict:
         out["whatif"] = finding.whatif.details()
         out["saving_fraction"] = round(finding.whatif.saving_fraction, 4)
     # the slowdown policy weighs the saving over this (None: the job declares no length, unknown)
-    out.update(scores.remaining.details() if scores.remaining is not None else {"remaining_s": None})
+    out.update(
+        scores.remaining.details() if scores.remaining is not None else {"remaining_s": None}
+    )
     return out
 
 
-def _hidden_section_ratio(finding: StragglerFinding, scores: StepScores, rows: np.ndarray, ratio: float) -> float:
-    """Where the total hides it (peers wait for the rank inside their own sections): the slowest section's
-    excess over its peers', as the share of the step it adds (a millisecond section at 1.9x its peers adds
-    little; the section's own ratio would overstate it); `ratio` when that is larger."""
+def _hidden_section_ratio(
+    finding: StragglerFinding, scores: StepScores, rows: np.ndarray, ratio: float
+) -> float:
+    """Where the total hides it (peers wait for the rank inside their own sections): the slowest
+    section's excess over its peers', as the share of the step it adds (a millisecond section at
+    1.9x its peers adds little; the section's own ratio would overstate it); `ratio` when that is
+    larger."""
     step_s = float(np.nanmedian(scores.step_s[rows])) if rows.any() else np.nan
     for rank in finding.ranks[:4]:
         j = int(np.searchsorted(scores.layout.ranks, rank))
         mine = rows & scores.flagged[rank].to_numpy()
         chosen = mine if mine.any() else rows
         for name, frame in scores.sections.items():
-            with warnings.catch_warnings():  # a section the rank never timed in these steps: all NaN
+            # a section the rank never timed in these steps: all NaN
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 excess = float(np.nanmedian(frame[rank].to_numpy(dtype=float)[chosen]
                                             - scores.parts.section_refs[name][chosen, j]))
@@ -141,11 +159,11 @@ def _hidden_section_ratio(finding: StragglerFinding, scores: StepScores, rows: n
 
 def worker_confidence(t: StragglerThresholds, finding: StragglerFinding, scores: StepScores,
                       bonus: float) -> float:
-    """What was used: persistence and strength of the timing evidence, how it was compared (peers in other
-    replicas, a change against its own history), and GPU evidence (the bonus)."""
+    """What was used: persistence and strength of the timing evidence, how it was compared (peers in
+    other replicas, a change against its own history), and GPU evidence (the bonus)."""
     window_flags = scores.flagged.loc[finding.window, finding.ranks]
-    # persistence since the rank first turned slow in the window (a fail-slow from step k is not diluted by
-    # the healthy steps before it)
+    # persistence since the rank first turned slow in the window (a fail-slow from step k is not
+    # diluted by the healthy steps before it)
     persistence = 0.0
     for rank in window_flags.columns:
         flags = window_flags[rank].to_numpy(dtype=bool)
@@ -160,6 +178,8 @@ def worker_confidence(t: StragglerThresholds, finding: StragglerFinding, scores:
     ratio = _hidden_section_ratio(finding, scores, rows, ratio)
     strength = float(np.clip((ratio - 1.0) / (3.0 * (t.min_ratio - 1.0)), 0.0, 1.0))
     comparison = 0.0
-    if scores.layout.replicas >= 3 or (scores.layout.replicas == 2 and became_slow(t, finding, scores)):
+    if scores.layout.replicas >= 3 or (
+        scores.layout.replicas == 2 and became_slow(t, finding, scores)
+    ):
         comparison = 0.05
     return min(0.97, 0.45 + 0.2 * persistence + 0.2 * strength + comparison + bonus)

@@ -1,6 +1,7 @@
-"""Findings from one attempt's StepScores: a slow pipeline stage (in every replica), a slow replica (in every
-stage), slow workers (by node; on many nodes: systemic), and slow outliers that move between ranks. Each is
-persistent over a window and carries its what-if; one that would save too little is dropped."""
+"""Findings from one attempt's StepScores: a slow pipeline stage (in every replica), a slow replica
+(in every stage), slow workers (by node; on many nodes: systemic), and slow outliers that move
+between ranks. Each is persistent over a window and carries its what-if; one that would save too
+little is dropped."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import numpy as np
 
 from faultlens.attribution.detectors.straggler.costs import finding_what_if, stage_section_refs
 from faultlens.attribution.detectors.straggler.decompose import rolling_sum
-from faultlens.attribution.detectors.straggler.persistence import material, persistent, since, window
+from faultlens.attribution.detectors.straggler.persistence import (
+    material,
+    persistent,
+    since,
+    window,
+)
 from faultlens.attribution.detectors.straggler.report import (
     SYSTEMIC_MIN_NODES,
     StepScores,
@@ -21,7 +27,9 @@ from faultlens.attribution.reading.telemetry import Placement
 from faultlens.attribution.rules import StragglerThresholds
 
 
-def find(t: StragglerThresholds, scores: StepScores, placement: dict[int, Placement]) -> list[StragglerFinding]:
+def find(
+    t: StragglerThresholds, scores: StepScores, placement: dict[int, Placement]
+) -> list[StragglerFinding]:
     """Every material finding of one attempt: stage, replica, worker (rank or systemic), moving."""
     layout, parts = scores.layout, scores.parts
     steps = list(scores.compute.index)
@@ -61,7 +69,9 @@ def find(t: StragglerThresholds, scores: StepScores, placement: dict[int, Placem
 
 def _stage_finding(t: StragglerThresholds, scores: StepScores, valid: np.ndarray,
                    persistent_ranks: set[int]) -> StragglerFinding | None:
-    """Stage effect: slow in every replica; with one replica only when it did not become slow (own history)."""
+    """Stage effect: slow in every replica; with one replica only when it did not become slow (own
+    history).
+    """
     layout, parts = scores.layout, scores.parts
     steps = list(scores.compute.index)
     compute = scores.compute.to_numpy(dtype=float)
@@ -82,10 +92,13 @@ def _stage_finding(t: StragglerThresholds, scores: StepScores, valid: np.ndarray
     ratios = ", ".join(f"stage {p} {float(np.nanmedian(parts.stage_ratio[rows, p])):.2f}x"
                        for p in slow_stages)
     evidence = [Evidence("steps", as_datetime(scores.end_ts.get(step)),
-                         f"pipeline stage {', '.join(map(str, slow_stages))} (ranks {ranks_text(ranks)}) "
+                         f"pipeline stage {', '.join(map(str, slow_stages))} (ranks "
+                         f"{ranks_text(ranks)}) "
                          f"computes slower than the other stages' median in every replica "
-                         f"({layout.describe()}; {ratios}) over steps {steps_window[0]}-{steps_window[-1]}: a "
-                         f"pipeline imbalance (more layers, a heavier loss head) or a configuration, "
+                         f"({layout.describe()}; {ratios}) over steps "
+                         f"{steps_window[0]}-{steps_window[-1]}: a "
+                         "pipeline imbalance (more layers, a heavier loss head) or a "
+                         "configuration, "
                          f"no node to blame")]
     fixed = compute.copy()
     for p in slow_stages:
@@ -99,7 +112,9 @@ def _stage_finding(t: StragglerThresholds, scores: StepScores, valid: np.ndarray
                             steps_window, evidence, whatif, {"stages": slow_stages})
 
 
-def _replica_findings(t: StragglerThresholds, scores: StepScores, valid: np.ndarray) -> list[StragglerFinding]:
+def _replica_findings(
+    t: StragglerThresholds, scores: StepScores, valid: np.ndarray
+) -> list[StragglerFinding]:
     """Replica effect: every stage of one replica slow against the other replicas."""
     layout, parts = scores.layout, scores.parts
     steps = list(scores.compute.index)
@@ -116,40 +131,61 @@ def _replica_findings(t: StragglerThresholds, scores: StepScores, valid: np.ndar
                         if n and int(r) in ranks})
         rows = np.isin(scores.compute.index, steps_window)
         ratio = float(np.nanmedian(parts.replica_ratio[rows, d]))
-        shared = (f"its node {nodes[0]}" if len(nodes) == 1 else
-                  f"what its nodes {', '.join(nodes)} share (a switch, the network, storage)" if nodes
-                  else "a resource its ranks share")
+        shared = (
+            f"its node {nodes[0]}"
+            if len(nodes) == 1
+            else f"what its nodes {', '.join(nodes)} share (a switch, the network, storage)"
+            if nodes
+            else "a resource its ranks share"
+        )
         evidence = [Evidence("steps", as_datetime(scores.end_ts.get(step)),
-                             f"replica {d} (ranks {ranks_text(ranks)}) computes {ratio:.2f}x the same stages "
-                             f"of the other replicas in every stage ({layout.describe()}) over steps "
-                             f"{steps_window[0]}-{steps_window[-1]}: the slowness is the replica's, pointing at "
+                             f"replica {d} (ranks {ranks_text(ranks)}) computes {ratio:.2f}x the "
+                             "same stages "
+                             f"of the other replicas in every stage ({layout.describe()}) over "
+                             "steps "
+                             f"{steps_window[0]}-{steps_window[-1]}: the slowness is the "
+                             "replica's, pointing at "
                              f"{shared}")]
         cols = layout.replica == d
         fixed = compute.copy()
         fixed[:, cols] = np.minimum(compute[:, cols], parts.peer_ref[:, cols])
         slow_rows = since(steps, steps_window[0], parts.replica_flag[:, d])
         whatif = finding_what_if(t, scores, fixed, slow_rows, cols[None, :])
-        found.append(StragglerFinding("replica", step, ranks, f"replica:{d}", steps_window, evidence, whatif,
-                                      {"replica": d, "nodes": nodes}))
+        found.append(
+            StragglerFinding(
+                "replica",
+                step,
+                ranks,
+                f"replica:{d}",
+                steps_window,
+                evidence,
+                whatif,
+                {"replica": d, "nodes": nodes},
+            )
+        )
     return found
 
 
 def _worker_findings(t: StragglerThresholds, first: dict[int, int], placement: dict[int, Placement],
                      scores: StepScores) -> list[StragglerFinding]:
-    """Persistent slow workers (rank -> first persistent step): one finding per node, or one systemic finding
-    when they are on SYSTEMIC_MIN_NODES nodes or more."""
+    """Persistent slow workers (rank -> first persistent step): one finding per node, or one
+    systemic finding when they are on SYSTEMIC_MIN_NODES nodes or more."""
     steps = list(scores.compute.index)
     layout, parts = scores.layout, scores.parts
     compute = scores.compute.to_numpy(dtype=float)
     by_node: dict[str, list[int]] = {}
     for rank in first:
-        node = placement[rank].node if rank in placement and placement[rank].node else f"rank-{rank}"
+        node = (
+            placement[rank].node if rank in placement and placement[rank].node else f"rank-{rank}"
+        )
         by_node.setdefault(node, []).append(rank)
 
     def fixed_for(ranks: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cols = np.isin(layout.ranks, ranks)
         fixed = compute.copy()
-        fixed[:, cols] = np.minimum(compute[:, cols], np.nan_to_num(parts.peer_ref[:, cols], nan=np.inf))
+        fixed[:, cols] = np.minimum(
+            compute[:, cols], np.nan_to_num(parts.peer_ref[:, cols], nan=np.inf)
+        )
         flagged = scores.flagged.loc[:, ranks].to_numpy().any(axis=1)
         return fixed, flagged, cols
 
@@ -158,26 +194,47 @@ def _worker_findings(t: StragglerThresholds, first: dict[int, int], placement: d
         steps_window = window(t, steps, step)
         ranks = sorted(first)
         fixed, flagged, cols = fixed_for(ranks)
-        whatif = finding_what_if(t, scores, fixed, since(steps, steps_window[0], flagged), cols[None, :])
-        return [StragglerFinding("systemic", step, ranks, "systemic", steps_window, [Evidence(
-            "steps", as_datetime(scores.end_ts.get(step)),
-            f"{len(ranks)} ranks on {len(by_node)} nodes persistently slower than {scores.group_kind} from "
-            f"step {step}, in no one stage or replica: a systemic imbalance, not one node")], whatif,
-            {"nodes": sorted(by_node)})]
+        whatif = finding_what_if(
+            t, scores, fixed, since(steps, steps_window[0], flagged), cols[None, :]
+        )
+        return [
+            StragglerFinding(
+                "systemic",
+                step,
+                ranks,
+                "systemic",
+                steps_window,
+                [
+                    Evidence(
+                        "steps",
+                        as_datetime(scores.end_ts.get(step)),
+                        f"{len(ranks)} ranks on {len(by_node)} nodes persistently slower than "
+                        f"{scores.group_kind} from "
+                        f"step {step}, in no one stage or replica: a systemic imbalance, not one node",
+                    )
+                ],
+                whatif,
+                {"nodes": sorted(by_node)},
+            )
+        ]
     found = []
     for node, ranks in sorted(by_node.items()):
         step = min(first[r] for r in ranks)
         steps_window = window(t, steps, step)
         fixed, flagged, cols = fixed_for(sorted(ranks))
-        whatif = finding_what_if(t, scores, fixed, since(steps, steps_window[0], flagged), cols[None, :])
-        found.append(StragglerFinding("rank", step, sorted(ranks), f"node:{node}", steps_window, [], whatif))
+        whatif = finding_what_if(
+            t, scores, fixed, since(steps, steps_window[0], flagged), cols[None, :]
+        )
+        found.append(
+            StragglerFinding("rank", step, sorted(ranks), f"node:{node}", steps_window, [], whatif)
+        )
     return found
 
 
 def _moving_finding(t: StragglerThresholds, scores: StepScores, worker_persistent: np.ndarray,
                     valid: np.ndarray) -> StragglerFinding | None:
-    """Slow outliers in many steps, spread over many ranks, none of them persistent: the imbalance moves with
-    the data."""
+    """Slow outliers in many steps, spread over many ranks, none of them persistent: the imbalance
+    moves with the data."""
     w = t.window_steps
     steps = list(scores.compute.index)
     flagged_frame = scores.flagged
@@ -189,8 +246,13 @@ def _moving_finding(t: StragglerThresholds, scores: StepScores, worker_persisten
         distinct = (per_rank > 0).sum(axis=1)
         # moving: no rank is slow in more than half the share that would make it persistent
         concentrated = per_rank.max(axis=1) / window_count >= t.persistence / 2
-    pattern = ((step_fraction >= t.moving_min_step_fraction) & (distinct >= t.moving_min_distinct_ranks)
-               & ~worker_persistent.any(axis=1) & ~concentrated & (window_count >= t.min_window_steps))
+    pattern = (
+        (step_fraction >= t.moving_min_step_fraction)
+        & (distinct >= t.moving_min_distinct_ranks)
+        & ~worker_persistent.any(axis=1)
+        & ~concentrated
+        & (window_count >= t.min_window_steps)
+    )
     # the pattern itself must last (a load spike or a few noisy steps make it for a moment): held at
     # `persistence` of a full window of positions
     held = rolling_sum(pattern.astype(float), w)
@@ -205,10 +267,13 @@ def _moving_finding(t: StragglerThresholds, scores: StepScores, worker_persisten
     rows = np.isin(flagged_frame.index, steps_window)
     compute = scores.compute.to_numpy(dtype=float)
     cells = flagged_frame.to_numpy()
-    fixed = np.where(cells, np.minimum(compute, np.nan_to_num(scores.parts.peer_ref, nan=np.inf)), compute)
+    fixed = np.where(
+        cells, np.minimum(compute, np.nan_to_num(scores.parts.peer_ref, nan=np.inf)), compute
+    )
     whatif = finding_what_if(t, scores, fixed, rows, cells)
     return StragglerFinding("moving", step, ranks, "moving", steps_window, [Evidence(
         "steps", as_datetime(scores.end_ts.get(step)),
         f"slow outliers in {int(flagged.any(axis=1).sum())} of {len(steps_window)} steps "
-        f"({steps_window[0]}-{steps_window[-1]}), spread over {len(ranks)} ranks, none slow in more than "
+        f"({steps_window[0]}-{steps_window[-1]}), spread over {len(ranks)} ranks, none slow in "
+        "more than "
         f"{int(counts.max())} of them: the imbalance moves with the data")], whatif)

@@ -1,10 +1,11 @@
-"""The parallel layout of one attempt as the straggler analysis needs it: for every rank its data-parallel replica,
-its pipeline stage, its peer key (the coordinates it shares with its counterparts in the other replicas: stage,
-tensor, context and expert rank) and its node.
+"""The parallel layout of one attempt as the straggler analysis needs it: for every rank its
+data-parallel replica, its pipeline stage, its peer key (the coordinates it shares with its
+counterparts in the other replicas: stage, tensor, context and expert rank) and its node.
 
-Coordinates come from the ranks table (dp_rank, pp_rank, tp_rank, cp_rank, ep_rank) where the training code
-declares them. Without a dp_rank, the replicas of a stage are numbered in rank order (Megatron's order); without
-any coordinate every rank is its own replica of a single stage (plain data parallelism).
+Coordinates come from the ranks table (dp_rank, pp_rank, tp_rank, cp_rank, ep_rank) where the
+training code declares them. Without a dp_rank, the replicas of a stage are numbered in rank order
+(Megatron's order); without any coordinate every rank is its own replica of a single stage (plain
+data parallelism).
 """
 
 from __future__ import annotations
@@ -80,7 +81,11 @@ def build_layout(rank_ids: list[int], ranks_table: pd.DataFrame, attempt: int | 
     stage = _dense(stage_raw)
     extra = [coords.get(c, np.zeros(n, dtype=np.int64)) for c in ("tp_rank", "cp_rank", "ep_rank")]
     peer_tuple = np.stack([stage, *extra], axis=1) if n else np.zeros((0, 4), dtype=np.int64)
-    _, peer_key = np.unique(peer_tuple, axis=0, return_inverse=True) if n else (None, np.zeros(0, dtype=np.int64))
+    _, peer_key = (
+        np.unique(peer_tuple, axis=0, return_inverse=True)
+        if n
+        else (None, np.zeros(0, dtype=np.int64))
+    )
     peer_key = np.asarray(peer_key, dtype=np.int64).reshape(-1)
     if "dp_rank" in coords:
         replica = _dense(coords["dp_rank"])

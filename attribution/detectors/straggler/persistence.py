@@ -1,5 +1,6 @@
-"""The persistence and window logic: which flagged steps make a finding persistent, the window a finding is
-reported over, the rows its what-if is taken from, and whether it is worth an incident at all."""
+"""The persistence and window logic: which flagged steps make a finding persistent, the window a
+finding is reported over, the rows its what-if is taken from, and whether it is worth an incident at
+all."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from faultlens.attribution.detectors.straggler.report import StragglerFinding
 from faultlens.attribution.rules import StragglerThresholds
 
 
-def persistent(t: StragglerThresholds, flags: np.ndarray, valid: np.ndarray, *, pairwise: bool = False) -> np.ndarray:
-    """steps x k: persistent at step s (flagged in >= persistence of the last window_steps valid steps;
-    `pairwise`: each column was compared with one partner only, which needs pairwise_persistence).
-    A window not yet full (the first steps of an attempt, at least min_window_steps) needs stronger evidence,
-    rising linearly from the persistence at a full window to every step flagged at no steps: a few
-    contention spikes in the first steps of a loaded machine are not a straggler, a rank slow in every step
-    is one from min_window_steps on."""
+def persistent(
+    t: StragglerThresholds, flags: np.ndarray, valid: np.ndarray, *, pairwise: bool = False
+) -> np.ndarray:
+    """steps x k: persistent at step s (flagged in >= persistence of the last window_steps valid
+    steps; `pairwise`: each column was compared with one partner only, which needs
+    pairwise_persistence). A window not yet full (the first steps of an attempt, at least
+    min_window_steps) needs stronger evidence, rising linearly from the persistence at a full window
+    to every step flagged at no steps: a few contention spikes in the first steps of a loaded
+    machine are not a straggler, a rank slow in every step is one from min_window_steps on."""
     w = t.window_steps
     needed = max(t.persistence, t.pairwise_persistence) if pairwise else t.persistence
     counts = rolling_sum(valid.astype(float)[:, None], w)
@@ -40,7 +43,9 @@ def since(steps: list[int], first: int, flagged: np.ndarray) -> np.ndarray:
 
 
 def material(t: StragglerThresholds, finding: StragglerFinding) -> bool:
-    """Worth an incident: fixing it would save at least min_step_slowdown of step time (no what-if: kept)."""
+    """Worth an incident: fixing it would save at least min_step_slowdown of step time (no what-if:
+    kept).
+    """
     if finding.whatif is None:
         return True
     needed = t.moving_min_step_slowdown if finding.kind == "moving" else t.min_step_slowdown

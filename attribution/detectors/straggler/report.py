@@ -1,5 +1,5 @@
-"""The straggler detector's types: one attempt's step scores, the job's remaining time, one finding; the shared
-constants."""
+"""The straggler detector's types: one attempt's step scores, the job's remaining time, one finding;
+the shared constants."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from faultlens.attribution.incident import Evidence
 SYSTEMIC_MIN_NODES = 3
 MAX_PEER_NODES = 63  # peers whose GPU samples are compared with the culprit's
 UNKNOWN_SHARE_REPORTED = 0.02  # unknown sections holding at least this share of step time are named
-# the data-parallel sync: collectives across replicas whose waiting is a replica's slack behind the slowest one
+# the data-parallel sync: collectives across replicas whose waiting is a replica's slack behind the
+# slowest one
 SYNC_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
 
 
@@ -25,7 +26,8 @@ class StepScores:
     """Per-step, per-rank scores of one attempt (frames: index step, columns rank)."""
 
     compute: pd.DataFrame  # own-work seconds
-    ratio: pd.DataFrame  # worker ratio: compute / the same place in the other replicas (or own history)
+    # worker ratio: compute / the same place in the other replicas (or own history)
+    ratio: pd.DataFrame
     flagged: pd.DataFrame  # worker slow this step (bool)
     sections: dict[str, pd.DataFrame]  # own-work section -> seconds
     layout: Layout
@@ -34,10 +36,13 @@ class StepScores:
     start_ts: pd.Series  # per step: earliest start
     end_ts: pd.Series  # per step: latest end
     comm_sections: dict[str, str] = field(default_factory=dict)  # comm section -> collective kind
-    unknown_sections: dict[str, float] = field(default_factory=dict)  # unknown section -> share of step time
-    sync: pd.DataFrame | None = None  # seconds in data-parallel sync collectives (SYNC_OPS), where timed
+    # unknown section -> share of step time
+    unknown_sections: dict[str, float] = field(default_factory=dict)
+    # seconds in data-parallel sync collectives (SYNC_OPS), where timed
+    sync: pd.DataFrame | None = None
     ends: pd.DataFrame | None = None  # each rank's step end, epoch seconds (where sync is timed)
-    remaining: Remaining | None = None  # the job's remaining time, from the length it declares (None: unknown)
+    # the job's remaining time, from the length it declares (None: unknown)
+    remaining: Remaining | None = None
 
     @property
     def group_kind(self) -> str:
@@ -46,9 +51,10 @@ class StepScores:
 
 @dataclass(frozen=True)
 class Remaining:
-    """The job's remaining run time: the steps it declares it will run (the ranks rows' total_steps, which the step
-    timer writes from StepTimer(total_steps=), $FAULTLENS_TOTAL_STEPS or `faultlens run --total-steps`) less the
-    steps done, times the recent step time (the median of the last window's steps, the slowdown included)."""
+    """The job's remaining run time: the steps it declares it will run (the ranks rows' total_steps,
+    which the step timer writes from StepTimer(total_steps=), $FAULTLENS_TOTAL_STEPS or `faultlens
+    run --total-steps`) less the steps done, times the recent step time (the median of the last
+    window's steps, the slowdown included)."""
 
     seconds: float
     total_steps: int
@@ -62,8 +68,9 @@ class Remaining:
 
 def remaining_time(ranks_table: pd.DataFrame, attempt: int | None, last_step: int,
                    recent_step_s: float) -> Remaining | None:
-    """The job's remaining time from its declared total_steps (the ranks rows of `attempt`, else of the job;
-    ranks that disagree: the least), or None when nothing declares it or the step time is unknown."""
+    """The job's remaining time from its declared total_steps (the ranks rows of `attempt`, else of
+    the job; ranks that disagree: the least), or None when nothing declares it or the step time is
+    unknown."""
     if ranks_table is None or ranks_table.empty or "total_steps" not in ranks_table.columns:
         return None
     rows = ranks_table

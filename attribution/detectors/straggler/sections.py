@@ -1,5 +1,6 @@
-"""Section timing: which section columns are own work, communication or unknown; own time (nested communication
-taken out of its parent); one attempt's rows scattered into (step x rank) frames and decomposed into StepScores."""
+"""Section timing: which section columns are own work, communication or unknown; own time (nested
+communication taken out of its parent); one attempt's rows scattered into (step x rank) frames and
+decomposed into StepScores."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import pandas as pd
 
 from faultlens.attribution.detectors.straggler.decompose import decompose
 from faultlens.attribution.detectors.straggler.layout import build_layout
-from faultlens.attribution.detectors.straggler.report import SYNC_OPS, UNKNOWN_SHARE_REPORTED, StepScores
+from faultlens.attribution.detectors.straggler.report import (
+    SYNC_OPS,
+    UNKNOWN_SHARE_REPORTED,
+    StepScores,
+)
 from faultlens.attribution.detectors.straggler.vocab import SectionKind, Vocabulary
 from faultlens.attribution.reading.telemetry import SECTION_PREFIX, Placement, section_columns
 from faultlens.attribution.rules import StragglerThresholds
@@ -31,16 +36,27 @@ def classify_sections(t: StragglerThresholds, vocabulary: Vocabulary,
     return [SECTION_PREFIX + n for n in chosen], comm, unknown
 
 
-def own_time(steps: pd.DataFrame, sections: list[str], comm: dict[str, str]) -> dict[str, pd.Series]:
-    """The own-work section columns that hold communication timed inside them (`forward/recv` in `forward`), with
-    that time taken out: a stage waiting for its neighbour in a nested recv has not computed for longer. Only the
-    outermost communication below a section counts (an inner one is inside it already)."""
+def own_time(
+    steps: pd.DataFrame, sections: list[str], comm: dict[str, str]
+) -> dict[str, pd.Series]:
+    """The own-work section columns that hold communication timed inside them (`forward/recv` in
+    `forward`), with that time taken out: a stage waiting for its neighbour in a nested recv has not
+    computed for longer. Only the outermost communication below a section counts (an inner one is
+    inside it already)."""
     adjusted = {}
     for column in sections:
         name = column[len(SECTION_PREFIX):]
-        inner = [n for n in comm if n.startswith(name + "/")
-                 and not any(n.startswith(other + "/") for other in comm if other != n and other.startswith(name + "/"))
-                 and SECTION_PREFIX + n in steps.columns]
+        inner = [
+            n
+            for n in comm
+            if n.startswith(name + "/")
+            and not any(
+                n.startswith(other + "/")
+                for other in comm
+                if other != n and other.startswith(name + "/")
+            )
+            and SECTION_PREFIX + n in steps.columns
+        ]
         if not inner:
             continue
         waits = steps[[SECTION_PREFIX + n for n in inner]].astype(float).fillna(0.0).sum(axis=1)
@@ -49,7 +65,8 @@ def own_time(steps: pd.DataFrame, sections: list[str], comm: dict[str, str]) -> 
 
 
 class Matrix:
-    """Scatters per-row values into a (step x rank) frame; a (step, rank) given twice gets the mean."""
+    """Scatters per-row values into a (step x rank) frame; a (step, rank) given twice gets the mean.
+    """
 
     def __init__(self, steps: np.ndarray, ranks: np.ndarray) -> None:
         self.steps, step_of = np.unique(steps, return_inverse=True)
@@ -72,15 +89,24 @@ class Matrix:
         count = np.bincount(self.cells[finite], minlength=size)
         with np.errstate(invalid="ignore", divide="ignore"):
             mean = np.where(count > 0, total / np.maximum(count, 1), np.nan).reshape(self.shape)
-        return pd.DataFrame(mean, index=pd.Index(self.steps, name="step"), columns=pd.Index(self.ranks, name="rank"))
+        return pd.DataFrame(
+            mean, index=pd.Index(self.steps, name="step"), columns=pd.Index(self.ranks, name="rank")
+        )
 
 
-def _scored_rows(t: StragglerThresholds, attempt_steps: pd.DataFrame, sections: list[str], comm: dict[str, str],
-                 unknown: list[str], sync_columns: list[str],
-                 first_step: float | None) -> tuple[pd.DataFrame | None, float | None]:
-    """The rows that count (a step and a rank, a scored phase, past warm-up, some own work timed), own time in
-    the section columns and their total in `_compute` (None when no row is left), and the attempt's first scored
-    step (`first_step`: the one an earlier chunk of the attempt found; warm-up counts from it)."""
+def _scored_rows(
+    t: StragglerThresholds,
+    attempt_steps: pd.DataFrame,
+    sections: list[str],
+    comm: dict[str, str],
+    unknown: list[str],
+    sync_columns: list[str],
+    first_step: float | None,
+) -> tuple[pd.DataFrame | None, float | None]:
+    """The rows that count (a step and a rank, a scored phase, past warm-up, some own work timed),
+    own time in the section columns and their total in `_compute` (None when no row is left), and
+    the attempt's first scored step (`first_step`: the one an earlier chunk of the attempt found;
+    warm-up counts from it)."""
     wanted = [c for c in _ROW_COLUMNS if c in attempt_steps.columns]
     rows = attempt_steps[wanted + sections + [SECTION_PREFIX + n for n in unknown] + sync_columns]
     rows = rows.assign(**own_time(attempt_steps, sections, comm))
@@ -100,13 +126,23 @@ def _scored_rows(t: StragglerThresholds, attempt_steps: pd.DataFrame, sections: 
     if not keep.any():
         return None, first_step
     rows = rows[keep].assign(_compute=total_compute[keep])
-    return rows.assign(step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64)), first_step
+    return rows.assign(
+        step=rows["step"].astype(np.int64), rank=rows["rank"].astype(np.int64)
+    ), first_step
 
 
 def _step_times(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
     """Per row: (when the step ended, when it began, its duration in seconds)."""
-    done = rows["end_ts"].where(rows["end_ts"].notna(), rows["ts"]) if "end_ts" in rows.columns else rows["ts"]
-    begun = rows["start_ts"].where(rows["start_ts"].notna(), done) if "start_ts" in rows.columns else done
+    done = (
+        rows["end_ts"].where(rows["end_ts"].notna(), rows["ts"])
+        if "end_ts" in rows.columns
+        else rows["ts"]
+    )
+    begun = (
+        rows["start_ts"].where(rows["start_ts"].notna(), done)
+        if "start_ts" in rows.columns
+        else done
+    )
     duration = rows["duration_s"].astype(float) if "duration_s" in rows.columns else \
         pd.Series(np.nan, index=rows.index)
     duration = duration.where(duration.notna(), (done - begun).dt.total_seconds())
@@ -115,13 +151,19 @@ def _step_times(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
 
 def _sync_frames(rows: pd.DataFrame, matrix: Matrix, sync_columns: list[str],
                  done: pd.Series) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """(seconds in the data-parallel sync, each rank's step end in epoch seconds), where the sync is timed."""
+    """(seconds in the data-parallel sync, each rank's step end in epoch seconds), where the sync is
+    timed.
+    """
     if not sync_columns:
         return None, None
     waits = rows[sync_columns].to_numpy(dtype=float, na_value=np.nan)
     sync = matrix.frame(np.where(np.isfinite(waits).any(axis=1), np.nansum(waits, axis=1), np.nan))
     stamps = pd.to_datetime(done, utc=True, errors="coerce")
-    epoch = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=float, na_value=np.nan)
+    epoch = (
+        (stamps - pd.Timestamp(0, tz="UTC"))
+        .dt.total_seconds()
+        .to_numpy(dtype=float, na_value=np.nan)
+    )
     return sync, matrix.frame(epoch)
 
 
@@ -141,10 +183,14 @@ class _Chunk:
     duration_s: float  # seconds of step time in this chunk
 
 
-def _chunk_frames(rows: pd.DataFrame, sections: list[str], sync_columns: list[str], unknown: list[str]) -> _Chunk:
+def _chunk_frames(
+    rows: pd.DataFrame, sections: list[str], sync_columns: list[str], unknown: list[str]
+) -> _Chunk:
     matrix = Matrix(rows["step"].to_numpy(), rows["rank"].to_numpy())
     compute = matrix.frame(rows["_compute"].to_numpy(dtype=float))
-    frames = {c[len(SECTION_PREFIX):]: matrix.frame(rows[c].to_numpy(dtype=float)) for c in sections}
+    frames = {
+        c[len(SECTION_PREFIX) :]: matrix.frame(rows[c].to_numpy(dtype=float)) for c in sections
+    }
     timed = {c[len(SECTION_PREFIX):] for c in sections if rows[c].notna().any()}
     done, begun, duration = _step_times(rows)
     step_s = matrix.frame(duration.to_numpy(dtype=float)).median(axis=1)
@@ -157,8 +203,8 @@ def _chunk_frames(rows: pd.DataFrame, sections: list[str], sync_columns: list[st
 
 
 def _stacked(frames: list[pd.DataFrame], ranks: pd.Index) -> pd.DataFrame:
-    """(step x rank) frames of consecutive step ranges as one frame over every rank (NaN where a rank has no
-    row in a chunk), as one Matrix over all the rows would have made it."""
+    """(step x rank) frames of consecutive step ranges as one frame over every rank (NaN where a
+    rank has no row in a chunk), as one Matrix over all the rows would have made it."""
     if len(frames) == 1 and frames[0].columns.equals(ranks):
         return frames[0]
     return pd.concat([f.reindex(columns=ranks) for f in frames], axis=0)
@@ -180,22 +226,37 @@ def _unknown_shares(chunks: list[_Chunk], unknown: list[str]) -> dict[str, float
 def score_steps(t: StragglerThresholds, vocabulary: Vocabulary, attempt_steps: pd.DataFrame,
                 placement: dict[int, Placement], ranks_table: pd.DataFrame | None = None,
                 attempt: int | None = None) -> StepScores | None:
-    """Score one attempt's steps; None when there is nothing to score (no own-work sections, no steps)."""
+    """Score one attempt's steps; None when there is nothing to score (no own-work sections, no
+    steps).
+    """
     chunks = (attempt_steps,) if not attempt_steps.empty else ()
-    return score_chunks(t, vocabulary, list(attempt_steps.columns), chunks, placement, ranks_table, attempt)
+    return score_chunks(
+        t, vocabulary, list(attempt_steps.columns), chunks, placement, ranks_table, attempt
+    )
 
 
-def score_chunks(t: StragglerThresholds, vocabulary: Vocabulary, columns: list[str], chunks: Iterable[pd.DataFrame],
-                 placement: dict[int, Placement], ranks_table: pd.DataFrame | None = None,
-                 attempt: int | None = None) -> StepScores | None:
-    """Score one attempt whose step rows come in chunks (each a frame with `columns`): the chunks hold disjoint
-    step ranges in ascending order, every row of a step in one chunk (rows without a step are not scored).
-    Memory holds one chunk's rows and the (step x rank) frames, never every row; the StepScores are those of
-    one frame of all the rows. None when there is nothing to score (no own-work sections, no steps)."""
+def score_chunks(
+    t: StragglerThresholds,
+    vocabulary: Vocabulary,
+    columns: list[str],
+    chunks: Iterable[pd.DataFrame],
+    placement: dict[int, Placement],
+    ranks_table: pd.DataFrame | None = None,
+    attempt: int | None = None,
+) -> StepScores | None:
+    """Score one attempt whose step rows come in chunks (each a frame with `columns`): the chunks
+    hold disjoint step ranges in ascending order, every row of a step in one chunk (rows without a
+    step are not scored). Memory holds one chunk's rows and the (step x rank) frames, never every
+    row; the StepScores are those of one frame of all the rows. None when there is nothing to score
+    (no own-work sections, no steps)."""
     sections, comm, unknown = classify_sections(t, vocabulary, pd.DataFrame(columns=columns))
     if not sections:
         return None
-    sync_columns = [SECTION_PREFIX + n for n, op in comm.items() if op in SYNC_OPS and SECTION_PREFIX + n in columns]
+    sync_columns = [
+        SECTION_PREFIX + n
+        for n, op in comm.items()
+        if op in SYNC_OPS and SECTION_PREFIX + n in columns
+    ]
     scored: list[_Chunk] = []
     first_step: float | None = None
     for chunk in chunks:
@@ -205,10 +266,13 @@ def score_chunks(t: StragglerThresholds, vocabulary: Vocabulary, columns: list[s
         del rows, chunk
     if not scored:
         return None
-    ranks = pd.Index(np.unique(np.concatenate([c.compute.columns.to_numpy() for c in scored])), name="rank")
+    ranks = pd.Index(
+        np.unique(np.concatenate([c.compute.columns.to_numpy() for c in scored])), name="rank"
+    )
     compute = _stacked([c.compute for c in scored], ranks)
     if not (compute.index.is_monotonic_increasing and compute.index.is_unique):
-        raise ValueError("straggler scoring: chunks of an attempt must hold disjoint, ascending step ranges")
+        raise ValueError("straggler scoring: chunks of an attempt must hold disjoint, ascending "
+                         "step ranges")
     timed = set().union(*(c.timed for c in scored))
     section_frames = {}
     for column in sections:
@@ -224,13 +288,34 @@ def score_chunks(t: StragglerThresholds, vocabulary: Vocabulary, columns: list[s
     end_ts = pd.concat([c.end_ts for c in scored]).reindex(compute.index)
     unknown_shares = _unknown_shares(scored, unknown)
     del scored  # the chunks' frames: each is in a stacked frame now
-    layout = build_layout(list(compute.columns), ranks_table if ranks_table is not None else pd.DataFrame(),
-                          attempt, placement)
+    layout = build_layout(
+        list(compute.columns),
+        ranks_table if ranks_table is not None else pd.DataFrame(),
+        attempt,
+        placement,
+    )
     parts = decompose(compute.to_numpy(dtype=float),
                       {k: v.to_numpy(dtype=float) for k, v in section_frames.items()}, layout, t)
-    # views of the decomposition's arrays, not copies (one (step x rank) frame is 40 MB at 2,048 ranks x 2,500 steps)
-    ratio = pd.DataFrame(parts.worker_ratio, index=compute.index, columns=compute.columns, copy=False)
-    flagged = pd.DataFrame(parts.worker_flag, index=compute.index, columns=compute.columns, copy=False)
-    return StepScores(compute, ratio, flagged, section_frames, layout, parts, step_s, start_ts, end_ts,
-                      {n: op for n, op in comm.items() if SECTION_PREFIX + n in columns},
-                      unknown_shares, sync, ends)
+    # views of the decomposition's arrays, not copies (one (step x rank) frame is 40 MB at 2,048
+    # ranks x 2,500 steps)
+    ratio = pd.DataFrame(
+        parts.worker_ratio, index=compute.index, columns=compute.columns, copy=False
+    )
+    flagged = pd.DataFrame(
+        parts.worker_flag, index=compute.index, columns=compute.columns, copy=False
+    )
+    return StepScores(
+        compute,
+        ratio,
+        flagged,
+        section_frames,
+        layout,
+        parts,
+        step_s,
+        start_ts,
+        end_ts,
+        {n: op for n, op in comm.items() if SECTION_PREFIX + n in columns},
+        unknown_shares,
+        sync,
+        ends,
+    )

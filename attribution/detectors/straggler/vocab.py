@@ -1,6 +1,6 @@
-"""What a timed section measures: own work (compute, data), waiting for others (communication, by collective kind),
-a wrapper of other sections, a phase that is not training compute, or unknown. The names are data
-(rules/comm_ops.yaml, extendable by the user); see that file for the matching rules.
+"""What a timed section measures: own work (compute, data), waiting for others (communication, by
+collective kind), a wrapper of other sections, a phase that is not training compute, or unknown. The
+names are data (rules/comm_ops.yaml, extendable by the user); see that file for the matching rules.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from faultlens.attribution.rulefile import RuleFileError, load_rule_document
 from faultlens.collectors.rule_model import FileModel, FormatVersion1, Text
 from faultlens.resources import rule_file, shipped_rule_file
 
-DEFAULT_VOCABULARY = shipped_rule_file("comm_ops.yaml")  # the packaged file; loading reads rule_file (FAULTLENS_RULES)
+# the packaged file; loading reads rule_file (FAULTLENS_RULES)
+DEFAULT_VOCABULARY = shipped_rule_file("comm_ops.yaml")
 ENV_VOCABULARY = environment.SECTION_VOCABULARY.name
 CUDA_PREFIX = "cuda/"
 
@@ -77,7 +78,9 @@ class _Entry:
 
 
 class Vocabulary:
-    """Classifies section names; entries of later files are tried first (a user's file overrides the default)."""
+    """Classifies section names; entries of later files are tried first (a user's file overrides the
+    default).
+    """
 
     def __init__(self, entries: Sequence[_Entry], sources: Sequence[str]) -> None:
         self.entries = tuple(entries)
@@ -107,10 +110,10 @@ class Vocabulary:
         return UNKNOWN_SECTION
 
     def scored(self, names: Iterable[str]) -> tuple[list[str], dict[str, SectionClass]]:
-        """The sections to score as own work, and the class of every name. A nested section whose parent is
-        present is left out (the parent holds its time; communication nested in it is taken out of the parent's
-        own work by straggler.own_time); a host-side section with a `cuda/` twin is replaced by
-        the twin (GPU seconds)."""
+        """The sections to score as own work, and the class of every name. A nested section whose
+        parent is present is left out (the parent holds its time; communication nested in it is
+        taken out of the parent's own work by straggler.own_time); a host-side section with a
+        `cuda/` twin is replaced by the twin (GPU seconds)."""
         names = list(names)
         present = set(names)
         classes = {n: self.classify(n) for n in names}
@@ -136,7 +139,8 @@ def _entries(document: dict[str, Any], source: str) -> list[_Entry]:
             try:
                 patterns.append(re.compile(text.lower()))
             except re.error as exc:
-                raise VocabularyError(f"{source}: kinds[{index}].patterns[{j}]: expected a regular expression "
+                raise VocabularyError(f"{source}: kinds[{index}].patterns[{j}]: expected a regular "
+                                      "expression "
                                       f"({exc})") from None
         entries.append(_Entry(SectionClass(SectionKind(raw["kind"]), raw.get("op")),
                               frozenset(n.lower() for n in raw.get("exact", [])),
@@ -145,8 +149,8 @@ def _entries(document: dict[str, Any], source: str) -> list[_Entry]:
 
 
 def load_vocabulary(extra: Sequence[str | Path] = ()) -> Vocabulary:
-    """The default vocabulary, then each extra file (and $FAULTLENS_SECTION_VOCABULARY, os.pathsep-separated)
-    in order; later files win."""
+    """The default vocabulary, then each extra file (and $FAULTLENS_SECTION_VOCABULARY,
+    os.pathsep-separated) in order; later files win."""
     paths = [rule_file("comm_ops.yaml"), *(Path(p) for p in extra)]
     env = environment.SECTION_VOCABULARY.get(default="")
     paths += [Path(p) for p in env.split(os.pathsep) if p.strip()]

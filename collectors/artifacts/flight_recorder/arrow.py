@@ -11,7 +11,8 @@ import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.memory import mapped_empty
 
-_MAX_VOCABULARIES = 4096  # per column: dumps of one job share a handful; a hostile set cannot grow it without bound
+# per column: dumps of one job share a handful; a hostile set cannot grow it without bound
+_MAX_VOCABULARIES = 4096
 _MAX_CACHED_VOCABULARY = 256  # longer vocabularies (frames) are remapped each time, not kept
 
 
@@ -21,7 +22,8 @@ class SetStrings:
     def __init__(self) -> None:
         self.lookup: dict[str, int] = {}
         self.values: list[str] = []
-        self.tables: dict[tuple[str, ...], np.ndarray] = {}  # a dump's vocabulary -> its codes (remap)
+        # a dump's vocabulary -> its codes (remap)
+        self.tables: dict[tuple[str, ...], np.ndarray] = {}
         self._dictionary: pa.Array | None = None  # the values as an Arrow array (dictionary())
 
     def code(self, value: str | None) -> int:
@@ -35,8 +37,9 @@ class SetStrings:
         return code
 
     def table(self, column_values: Sequence[str]) -> np.ndarray:
-        """The set-wide code of each of a dump's local values, plus -1 last (where a null's code -1 lands); a code,
-        once given, never changes, so the table of one vocabulary is good for every later dump that has it."""
+        """The set-wide code of each of a dump's local values, plus -1 last (where a null's code -1
+        lands); a code, once given, never changes, so the table of one vocabulary is good for every
+        later dump that has it."""
         key = tuple(column_values)
         table = self.tables.get(key)
         if table is None:
@@ -57,7 +60,8 @@ class SetStrings:
         if not column_values:
             return codes.astype(np.int32, copy=False)
         table = self.table(column_values)
-        if codes.shape[0] and int(codes.min()) < -1:  # never from the parsers; kept null rather than wrapped
+        # never from the parsers; kept null rather than wrapped
+        if codes.shape[0] and int(codes.min()) < -1:
             codes = np.where(codes < 0, -1, codes)
         return table[codes]
 
@@ -68,16 +72,17 @@ class SetStrings:
         return self._dictionary
 
     def array(self, codes: np.ndarray, dictionary: bool) -> pa.Array:
-        """int32 codes (-1: null; all below len(values), as remap gives them) as a dictionary array over the values
-        so far (the indices unchecked and uncopied), or as plain strings."""
+        """int32 codes (-1: null; all below len(values), as remap gives them) as a dictionary array
+        over the values so far (the indices unchecked and uncopied), or as plain strings."""
         codes = np.ascontiguousarray(codes, np.int32)
         arr = pa.DictionaryArray.from_arrays(codes, self.dictionary(), from_pandas=True, safe=False)
         return arr if dictionary else arr.cast(pa.string())
 
 
 def with_dictionary(array: pa.Array, strings: SetStrings | None, dictionary: bool) -> pa.Array:
-    """A chunk's dictionary column (or list of dictionary) with the set's final dictionary, or cast to plain
-    strings. Dictionaries only grow by appending, so a chunk's indices are valid in the final one."""
+    """A chunk's dictionary column (or list of dictionary) with the set's final dictionary, or cast
+    to plain strings. Dictionaries only grow by appending, so a chunk's indices are valid in the
+    final one."""
     if strings is None:
         return array
     final = strings.dictionary()
@@ -95,11 +100,19 @@ def with_dictionary(array: pa.Array, strings: SetStrings | None, dictionary: boo
 
 
 def remapped_to_set(array: pa.Array, strings: SetStrings | None) -> pa.Array:
-    """A part's dictionary column (or list of dictionary) in codes of the merged, set-wide dictionary."""
+    """A part's dictionary column (or list of dictionary) in codes of the merged, set-wide
+    dictionary.
+    """
     if strings is not None and pa.types.is_dictionary(array.type):
-        codes = strings.remap(array.dictionary.to_pylist(), array.indices.fill_null(-1).to_numpy(zero_copy_only=False))
+        codes = strings.remap(
+            array.dictionary.to_pylist(), array.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+        )
         return strings.array(codes, True)
-    if strings is not None and pa.types.is_list(array.type) and pa.types.is_dictionary(array.type.value_type):
+    if (
+        strings is not None
+        and pa.types.is_list(array.type)
+        and pa.types.is_dictionary(array.type.value_type)
+    ):
         values = array.values
         codes = strings.remap(values.dictionary.to_pylist(),
                               values.indices.fill_null(-1).to_numpy(zero_copy_only=False))
@@ -135,8 +148,13 @@ def sparse_lists(total: int, rows: list[int], values: list[tuple[int, ...]]) -> 
         bits = mapped_empty((total + 7) // 8, np.uint8)
         np.bitwise_or.at(bits, at >> 3, np.left_shift(1, at & 7).astype(np.uint8))
         validity = pa.py_buffer(bits)
-    return pa.Array.from_buffers(pa.list_(pa.int32()), total, [validity, pa.py_buffer(offsets)], null_count=nulls,
-                                 children=[pa.array(items, pa.int32())])
+    return pa.Array.from_buffers(
+        pa.list_(pa.int32()),
+        total,
+        [validity, pa.py_buffer(offsets)],
+        null_count=nulls,
+        children=[pa.array(items, pa.int32())],
+    )
 
 
 def repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: bool) -> pa.Array:
@@ -155,5 +173,7 @@ def repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: b
                 values.append(value)
         codes[pos:pos + count] = code
         pos += count
-    arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), pa.array(values, pa.string()))
+    arr = pa.DictionaryArray.from_arrays(
+        pa.array(codes, pa.int32(), mask=codes < 0), pa.array(values, pa.string())
+    )
     return arr if dictionary else arr.cast(pa.string())

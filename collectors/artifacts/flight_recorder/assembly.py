@@ -1,7 +1,7 @@
-"""The assembly: dumps, as they come, written into the buffers of the chunk being filled (codes of set-wide
-dictionaries, the wanted columns only; chunks.py), built into Arrow chunks of CHUNK_ROWS rows, and the chunks into
-the set's table, with the process groups' membership (pg_ranks) from pg_config where it is sound, else rebuilt from
-the entries."""
+"""The assembly: dumps, as they come, written into the buffers of the chunk being filled (codes of
+set-wide dictionaries, the wanted columns only; chunks.py), built into Arrow chunks of CHUNK_ROWS
+rows, and the chunks into the set's table, with the process groups' membership (pg_ranks) from
+pg_config where it is sound, else rebuilt from the entries."""
 
 from __future__ import annotations
 
@@ -41,9 +41,12 @@ _STATUS_COLUMNS = (("pg_last_enqueued", "last_enqueued_collective"),
                    ("pg_last_completed", "last_completed_collective"))
 
 
-def _unique_first(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The valid values' distinct values (sorted), the first row of each, and each row's index into them (-1
-    where not valid); the fast path has them from the scanner (fr_fastpickle.unique_first)."""
+def _unique_first(
+    values: np.ndarray, valid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The valid values' distinct values (sorted), the first row of each, and each row's index into
+    them (-1 where not valid); the fast path has them from the scanner (fr_fastpickle.unique_first).
+    """
     valid_rows = np.flatnonzero(valid) if values.shape[0] else np.empty(0, np.int64)
     distinct, first_valid = np.unique(values[valid_rows], return_index=True)
     codes = np.full(values.shape[0], -1, np.int32)
@@ -70,18 +73,20 @@ class Assembly:
     group_first_row: dict[str, int] = field(default_factory=dict)
     group_desc: dict[str, str] = field(default_factory=dict)
     ranks_rows: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
-    carried: set[tuple[str, int]] = field(default_factory=set)  # (group, id of the cached ranks tuple)
+    # (group, id of the cached ranks tuple)
+    carried: set[tuple[str, int]] = field(default_factory=set)
     rows: int = 0  # rows so far in the whole set (row indices below are set-wide)
     chunk_rows: int = 0  # rows not yet built into a chunk
     chunks: list[pa.Table] = field(default_factory=list)
     world_size: int | None = None
     all_ranks: set[int] = field(default_factory=set)
     max_world_size: int | None = None  # fr_limits' (read once per set, not per dump)
-    compiled: bool = False  # the chunk buffers written through numba kernels (the sets the fast path reads)
+    # the chunk buffers written through numba kernels (the sets the fast path reads)
+    compiled: bool = False
 
     def __post_init__(self) -> None:
-        # a dictionary read keeps input_sizes and input_dtypes as codes of set-wide dictionaries of their values
-        # (shapes.py)
+        # a dictionary read keeps input_sizes and input_dtypes as codes of set-wide dictionaries of
+        # their values (shapes.py)
         self.buffers = ChunkBuffers(self.columns, self.compiled, coded_lists=self.dictionary)
         self.shapes = SetShapes()
         self.dtype_lists = SetStringLists(self.strings["input_dtypes"])
@@ -95,7 +100,8 @@ class Assembly:
         n = dump.n
         status_ids = [str(k) for k in dump.pg_status] or [None]
         end = n + len(status_ids)
-        list_codes = self._list_codes(dump)  # (before any row is taken: a value they refuse leaves no row behind)
+        # (before any row is taken: a value they refuse leaves no row behind)
+        list_codes = self._list_codes(dump)
         first = self.buffers.take(end)
         end += first
         # the order of the remaps below is the order codes are given in (the dictionaries' order)
@@ -107,8 +113,14 @@ class Assembly:
         self._add_lists(dump, first, n, end)
         self._add_membership(dump, names, descs)
         id_to_name = dict(zip(id_values, names[first_row_of_id].tolist(), strict=True))
-        self.buffers.put_codes("pg_name", first, n, end, None if self.buffers.fill is not None else names,
-                               [id_to_name.get(pid, -1) for pid in status_ids])
+        self.buffers.put_codes(
+            "pg_name",
+            first,
+            n,
+            end,
+            None if self.buffers.fill is not None else names,
+            [id_to_name.get(pid, -1) for pid in status_ids],
+        )
         self.buffers.put_status_ids(first + n, status_ids)
         self._add_dump_values(dump, dump_id, first, end)
         self.rows += end - first
@@ -122,17 +134,23 @@ class Assembly:
 
     def _add_groups(self, dump: Dump, first: int,
                     end: int) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray, np.ndarray]:
-        """Set-wide codes of the entries' strings and local pg ids; returns the entries' pg_name and pg_desc
-        codes, the local ids (as text), each entry's code into them (-1 = none) and the first entry of each."""
+        """Set-wide codes of the entries' strings and local pg ids; returns the entries' pg_name and
+        pg_desc codes, the local ids (as text), each entry's code into them (-1 = none) and the
+        first entry of each."""
         n = dump.n
         codes = {}
-        for key in ("pg_name", "op", "state", "pg_desc"):  # pg_name: the group key (name, else local id)
+        # pg_name: the group key (name, else local id)
+        for key in ("pg_name", "op", "state", "pg_desc"):
             column = dump.strings[key]
             # pg_name's status rows: written at the end of add
-            codes[key] = self.buffers.put_mapped(key, first, n, end, self.strings[key], column.values, column.codes)
+            codes[key] = self.buffers.put_mapped(
+                key, first, n, end, self.strings[key], column.values, column.codes
+            )
         unique_ids, first_rows, local_codes = dump.pg_groups or _unique_first(*dump.pg_id)
         id_values = [str(v) for v in unique_ids.tolist()]
-        self.buffers.put_mapped("pg_id", first, n, end, self.strings["pg_id"], id_values, local_codes)
+        self.buffers.put_mapped(
+            "pg_id", first, n, end, self.strings["pg_id"], id_values, local_codes
+        )
         return codes["pg_name"], codes["pg_desc"], id_values, local_codes, first_rows
 
     def _add_values(self, dump: Dump, first: int, end: int) -> None:
@@ -146,11 +164,16 @@ class Assembly:
                 continue
             values, valid = dump.ints[key]
             # the JSON form writes 0 for "not seen"
-            self.buffers.put_ints(column, first, n, end, values, valid, nonzero=column != "time_created")
-        if "ts" in self.columns:  # an entry's creation time, else (and on status rows) the dump's time
+            self.buffers.put_ints(
+                column, first, n, end, values, valid, nonzero=column != "time_created"
+            )
+        # an entry's creation time, else (and on status rows) the dump's time
+        if "ts" in self.columns:
             created, created_valid = dump.ints["time_created_ns"]
             dump_ts = self._dump_ts(dump)
-            self.buffers.put_codes("ts", first, n, end, np.where(created_valid, created, dump_ts), dump_ts)
+            self.buffers.put_codes(
+                "ts", first, n, end, np.where(created_valid, created, dump_ts), dump_ts
+            )
         self.buffers.put_codes("is_p2p", first, n, end, dump.is_p2p)
         self.buffers.put_codes("retired", first, n, end, dump.retired)
 
@@ -169,14 +192,20 @@ class Assembly:
                     by_id[i] = value
                     known[i] = True
             rows = [None if pid is None else status_value(status, pid, key) for pid in status_ids]
-            self.buffers.put_ints(column, first, n, end, by_id[local_codes], known[local_codes], rows)
+            self.buffers.put_ints(
+                column, first, n, end, by_id[local_codes], known[local_codes], rows
+            )
 
     def _list_codes(self, dump: Dump) -> dict[str, np.ndarray]:
-        """The entries' codes in the dictionaries of list values, for the list columns a dictionary read codes."""
+        """The entries' codes in the dictionaries of list values, for the list columns a dictionary
+        read codes.
+        """
         out = {}
         if "input_sizes" in self.buffers.coded_lists:
             sizes = dump.sizes["input_sizes"]
-            out["input_sizes"] = self.shapes.codes(sizes.counts, sizes.ndims, sizes.dims, self.compiled)
+            out["input_sizes"] = self.shapes.codes(
+                sizes.counts, sizes.ndims, sizes.dims, self.compiled
+            )
         if "input_dtypes" in self.buffers.coded_lists:
             column = dump.dtypes["input_dtypes"]
             items = self.strings["input_dtypes"].remap(column.values or [], column.items)
@@ -200,15 +229,24 @@ class Assembly:
             if frames is None:
                 self.buffers.put_list("frames", first, n, end, None)
             else:
-                self.buffers.put_list("frames", first, n, end, frames.counts,
-                                      self.strings["frames"].remap(frames.values or [], frames.items))
+                self.buffers.put_list(
+                    "frames",
+                    first,
+                    n,
+                    end,
+                    frames.counts,
+                    self.strings["frames"].remap(frames.values or [], frames.items),
+                )
 
     def _add_membership(self, dump: Dump, names: np.ndarray, descs: np.ndarray) -> None:
-        """Membership evidence of the dump's groups: the config where it is sound, else the ranks seen in
-        entries (rebuild_membership)."""
+        """Membership evidence of the dump's groups: the config where it is sound, else the ranks
+        seen in entries (rebuild_membership)."""
         base = self.rows
-        if self.buffers.fill is not None:  # codes below -1 never come: put_mapped writes -1 for those
-            names_in_dump, first_rows = self.buffers.fill.first_rows(names, len(self.strings["pg_name"].values))
+        # codes below -1 never come: put_mapped writes -1 for those
+        if self.buffers.fill is not None:
+            names_in_dump, first_rows = self.buffers.fill.first_rows(
+                names, len(self.strings["pg_name"].values)
+            )
         else:
             names_in_dump, first_rows = np.unique(names, return_index=True)
         for code, first in zip(names_in_dump.tolist(), first_rows.tolist(), strict=True):
@@ -222,7 +260,8 @@ class Assembly:
                 self.group_desc.setdefault(name, self.strings["pg_desc"].values[int(desc_code)])
             ranks = config_ranks(dump.pg_config, name, self.max_world_size)
             if ranks is not None:
-                # keyed by the cached tuple's identity: hashing a 16,384-rank tuple for every dump costs seconds
+                # keyed by the cached tuple's identity: hashing a 16,384-rank tuple for every dump
+                # costs seconds
                 key = (name, id(ranks))
                 if key not in self.carried:
                     self.carried.add(key)
@@ -249,12 +288,17 @@ class Assembly:
 
     def rebuild_membership(self) -> None:
         job = self.all_ranks | set(range(self.world_size or 0))
-        unconfigured = {name: members for name, members in self.group_members.items() if name not in self.group_configs}
+        unconfigured = {
+            name: members
+            for name, members in self.group_members.items()
+            if name not in self.group_configs
+        }
         completed = complete_partitions(unconfigured, self.group_desc, job)
         for name, members in unconfigured.items():
             ranks = set(members) | set(completed.get(name, ()))
             if self.group_desc.get(name) == "default_pg":
-                # the default group holds every rank: world_size when a dump says it, else 0..highest rank read
+                # the default group holds every rank: world_size when a dump says it, else
+                # 0..highest rank read
                 ranks |= set(range(self.world_size or max(self.all_ranks, default=-1) + 1))
             rebuilt = tuple(sorted(ranks))
             self.ranks_rows.append((self.group_first_row[name], rebuilt))
@@ -265,16 +309,22 @@ class Assembly:
     def flush_chunk(self, identity: NodeIdentity | None) -> None:
         """Build the rows so far into one Arrow chunk (memory: one chunk's buffers at a time)."""
         if self.chunk_rows:
-            self.chunks.append(self.buffers.build(self.strings, self.group_desc, identity, self.vocabularies))
+            self.chunks.append(
+                self.buffers.build(self.strings, self.group_desc, identity, self.vocabularies)
+            )
             self.chunk_rows = 0
 
     def table(self, identity: NodeIdentity | None) -> pa.Table:
-        """The whole set: the chunks (dictionaries rewrapped with the final, set-wide values) plus pg_ranks."""
+        """The whole set: the chunks (dictionaries rewrapped with the final, set-wide values) plus
+        pg_ranks.
+        """
         self.flush_chunk(identity)
         self.rebuild_membership()
         columns: dict[str, pa.ChunkedArray] = {}
         for name in self.chunks[0].column_names:
-            pieces = [self.final_dictionary(name, chunk.column(name).chunk(0)) for chunk in self.chunks]
+            pieces = [
+                self.final_dictionary(name, chunk.column(name).chunk(0)) for chunk in self.chunks
+            ]
             columns[name] = pa.chunked_array(pieces, type=pieces[0].type)
         self.chunks = []
         if "pg_ranks" in self.columns:
@@ -285,30 +335,41 @@ class Assembly:
         return pa.table({c: columns[c] for c in ordered})
 
     def final_dictionary(self, name: str, array: pa.Array, keep: bool | None = None) -> pa.Array:
-        """A chunk's column with the set's final dictionary (dictionaries only grow: its codes stay valid); string
-        columns decoded unless the read keeps dictionaries (keep: whatever the read does)."""
+        """A chunk's column with the set's final dictionary (dictionaries only grow: its codes stay
+        valid); string columns decoded unless the read keeps dictionaries (keep: whatever the read
+        does)."""
         keep = self.dictionary if keep is None else keep
         if name in self.vocabularies and pa.types.is_dictionary(array.type):
-            out = pa.DictionaryArray.from_arrays(array.indices, self.vocabularies[name].dictionary(), safe=False)
+            out = pa.DictionaryArray.from_arrays(
+                array.indices, self.vocabularies[name].dictionary(), safe=False
+            )
             return out if keep else out.dictionary_decode()
         return with_dictionary(array, self.strings.get(name), keep)
 
     def remapped(self, name: str, array: pa.Array) -> pa.Array:
-        """A column of a part another assembly read (its final dictionaries) in this assembly's codes."""
+        """A column of a part another assembly read (its final dictionaries) in this assembly's
+        codes.
+        """
         if name in self.vocabularies and pa.types.is_dictionary(array.type):
             return self.vocabularies[name].remap(array)
         return remapped_to_set(array, self.strings.get(name))
 
-    def _identity_columns(self, columns: dict[str, pa.ChunkedArray], identity: NodeIdentity) -> None:
-        """The node identity's values (job, attempt, ...) on every row (node aside: it is per dump)."""
+    def _identity_columns(
+        self, columns: dict[str, pa.ChunkedArray], identity: NodeIdentity
+    ) -> None:
+        """The node identity's values (job, attempt, ...) on every row (node aside: it is per dump).
+        """
         for name, value in identity.columns().items():
             if name in self.columns and name != "node" and value is not None:
                 if name == "attempt":
-                    columns[name] = pa.chunked_array([pa.array(mapped_full(self.rows, int(value), np.int32))])
+                    columns[name] = pa.chunked_array(
+                        [pa.array(mapped_full(self.rows, int(value), np.int32))]
+                    )
                 else:
                     columns[name] = pa.chunked_array(
                         [repeat_strings([(self.rows, str(value))], self.rows, self.dictionary)])
 
     def _pg_ranks_array(self, total: int) -> pa.Array:
-        rows = sorted(self.ranks_rows, key=lambda row_ranks: row_ranks[0])  # one group's first row each: distinct
+        # one group's first row each: distinct
+        rows = sorted(self.ranks_rows, key=lambda row_ranks: row_ranks[0])
         return sparse_lists(total, [row for row, _ in rows], [ranks for _, ranks in rows])

@@ -1,6 +1,7 @@
-"""The chunk being filled: one growing buffer per wanted column, which the assembly writes each dump's rows into as
-it comes (its n entry rows, then its status rows), and their build into one Arrow chunk. Each value is written
-once, straight into its column: no per-dump pieces are held and gathered again."""
+"""The chunk being filled: one growing buffer per wanted column, which the assembly writes each
+dump's rows into as it comes (its n entry rows, then its status rows), and their build into one
+Arrow chunk. Each value is written once, straight into its column: no per-dump pieces are held and
+gathered again."""
 
 from __future__ import annotations
 
@@ -23,21 +24,23 @@ from faultlens.collectors.sources.source import NodeIdentity
 STATUS_COLUMNS = ("pg_last_enqueued", "pg_last_started", "pg_last_completed")
 _CODES = ("dump_id", "fr_version", "comm_lib", "op", "state", "pg_desc", "pg_name", "pg_id", "node")
 _LISTS = ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames")
-CODED_LISTS = ("input_sizes", "input_dtypes")  # kept as codes of their values' dictionaries in dictionary reads
+# kept as codes of their values' dictionaries in dictionary reads
+CODED_LISTS = ("input_sizes", "input_dtypes")
 _FIRST_CAPACITY = 1 << 16
 
 
 class ChunkBuffers:
-    """The columns of the chunk being filled (the wanted ones, and those another needs: time_created for ts,
-    pg_name for the status rows' pg_desc)."""
+    """The columns of the chunk being filled (the wanted ones, and those another needs: time_created
+    for ts, pg_name for the status rows' pg_desc)."""
 
     def __init__(self, wanted: set[str], compiled: bool = False, coded_lists: bool = False) -> None:
         self.wanted = wanted
-        # the writes through fill.py's kernels (sets the fast path reads), else numpy (no numba compile)
+        # the writes through fill.py's kernels (sets the fast path reads), else numpy (no numba
+        # compile)
         self.fill = _fill() if compiled else None
-        # rows a new chunk's buffers hold: small for a small set; after a chunk is built, that chunk's size and
-        # an eighth, so that the chunks after the first are written once (outgrown, buffers are copied into
-        # twice the room)
+        # rows a new chunk's buffers hold: small for a small set; after a chunk is built, that
+        # chunk's size and an eighth, so that the chunks after the first are written once (outgrown,
+        # buffers are copied into twice the room)
         self.first_capacity = _FIRST_CAPACITY
         self.rows = 0
         group_wanted = bool(wanted & {"pg_name", "pg_id"})
@@ -45,11 +48,12 @@ class ChunkBuffers:
         self.ints = [c for c in (*INT_COLUMNS, *STATUS_COLUMNS, *TIME_COLUMNS) if c in wanted
                      or (c == "time_created" and "ts" in wanted)]
         self.flags = [c for c in ("is_p2p", "retired") if c in wanted]
-        # input_sizes and input_dtypes as codes of set-wide dictionaries of their values (shapes.py), where the read
-        # keeps dictionaries
+        # input_sizes and input_dtypes as codes of set-wide dictionaries of their values
+        # (shapes.py), where the read keeps dictionaries
         self.coded_lists = [c for c in CODED_LISTS if coded_lists and c in wanted]
         self.lists = [c for c in _LISTS if c in wanted and c not in self.coded_lists]
-        self.status_desc = "pg_desc" in wanted and group_wanted  # status rows take their group's desc
+        # status rows take their group's desc
+        self.status_desc = "pg_desc" in wanted and group_wanted
         self._reset()
 
     def _reset(self) -> None:
@@ -59,8 +63,11 @@ class ChunkBuffers:
         self.values: dict[str, np.ndarray] = {}
         self.valid: dict[str, np.ndarray] = {}
         self.items: dict[str, list[np.ndarray]] = {name: [] for name in self.lists}
-        self.inner: dict[str, list[np.ndarray]] = {name: [] for name in ("input_sizes", "output_sizes")}
-        self.status_ids: list[tuple[int, str]] = []  # (row, local pg id): coded when the chunk is built
+        self.inner: dict[str, list[np.ndarray]] = {
+            name: [] for name in ("input_sizes", "output_sizes")
+        }
+        # (row, local pg id): coded when the chunk is built
+        self.status_ids: list[tuple[int, str]] = []
         self.nodes: list[tuple[int, int, str | None]] = []  # (first row, end row, node) per dump
         self._grow(self.first_capacity)
 
@@ -116,8 +123,8 @@ class ChunkBuffers:
 
     def put_mapped(self, name: str, first: int, n: int, end: int, strings: SetStrings,
                    column_values: Sequence[str], codes: np.ndarray) -> np.ndarray:
-        """A dump's local string codes as the set's (strings.remap) on its entries, status rows -1; returns the
-        entries' set-wide codes (a view of the column while the dump is added)."""
+        """A dump's local string codes as the set's (strings.remap) on its entries, status rows -1;
+        returns the entries' set-wide codes (a view of the column while the dump is added)."""
         if self.fill is None or name not in self.values:
             mapped = strings.remap(column_values, codes)
             self.put_codes(name, first, n, end, mapped)
@@ -126,10 +133,19 @@ class ChunkBuffers:
         self.fill.put_mapped(column, first, n, end, strings.table(column_values), codes, -1)
         return column[first:first + n]
 
-    def put_ints(self, name: str, first: int, n: int, end: int, values: np.ndarray, valid: np.ndarray,
-                 status: Sequence[int | None] = (), nonzero: bool = False) -> None:
-        """Entries' values and validity (nonzero: a 0 is not valid); status rows null (0), or the given values
-        where not None."""
+    def put_ints(
+        self,
+        name: str,
+        first: int,
+        n: int,
+        end: int,
+        values: np.ndarray,
+        valid: np.ndarray,
+        status: Sequence[int | None] = (),
+        nonzero: bool = False,
+    ) -> None:
+        """Entries' values and validity (nonzero: a 0 is not valid); status rows null (0), or the
+        given values where not None."""
         if name not in self.values:
             return
         column, known = self.values[name], self.valid[name]
@@ -147,7 +163,8 @@ class ChunkBuffers:
 
     def put_list(self, name: str, first: int, n: int, end: int, counts: np.ndarray | None,
                  items: np.ndarray | SizesColumn | None = None) -> None:
-        """A list column's per-entry counts (None: null on every entry) and items; status rows null."""
+        """A list column's per-entry counts (None: null on every entry) and items; status rows null.
+        """
         if name not in self.values:
             return
         column = self.values[name]
@@ -176,7 +193,9 @@ class ChunkBuffers:
     def build(self, strings: dict[str, SetStrings], group_desc: dict[str, str],
               identity: NodeIdentity | None,
               vocabularies: Mapping[str, SetShapes | SetStringLists] | None = None) -> pa.Table:
-        """The chunk as an Arrow table (in the original reader's column order), and empty buffers for the next."""
+        """The chunk as an Arrow table (in the original reader's column order), and empty buffers
+        for the next.
+        """
         total = self.rows
         values = {name: column[:total] for name, column in self.values.items()}
         valid = {name: known[:total] for name, known in self.valid.items()}
@@ -188,7 +207,9 @@ class ChunkBuffers:
             nodes = values["node"]
             for first, end, node in self.nodes:
                 node = identity.node if identity and identity.node else node
-                nodes[first:end] = strings["node"].remap([node], np.zeros(1, np.int32))[0] if node else -1
+                nodes[first:end] = (
+                    strings["node"].remap([node], np.zeros(1, np.int32))[0] if node else -1
+                )
         if self.status_desc:
             self._status_descs(values["pg_desc"], values["pg_name"], strings, group_desc)
         cols: dict[str, pa.Array] = {}
@@ -210,7 +231,8 @@ class ChunkBuffers:
             cols[name] = pa.array(flags == 1, pa.bool_(), mask=flags < 0)
         for name in self.coded_lists:
             if vocabularies is None or name not in vocabularies:
-                raise ValueError(f"{name} kept as codes: the set's dictionary of its values is needed")
+                raise ValueError(f"{name} kept as codes: the set's dictionary of its values is "
+                                 "needed")
             cols[name] = vocabularies[name].array(values[name])
         for name in self.lists:
             cols[name] = self._list_array(name, values[name], strings)

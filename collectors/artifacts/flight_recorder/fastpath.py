@@ -1,7 +1,8 @@
 """The fast path: columns straight from the pickle bytes, through the compiled scanner
-(faultlens.collectors.artifacts.fr_fastpickle), which fills a tape of nodes and the entry columns in one pass.
-Here the tape's small parts (the top level, pg_config, pg_status) are decoded into Python values and its string
-nodes into codes. Any doubt returns None, and the restricted unpickler (the reference) decides."""
+(faultlens.collectors.artifacts.fr_fastpickle), which fills a tape of nodes and the entry columns in
+one pass. Here the tape's small parts (the top level, pg_config, pg_status) are decoded into Python
+values and its string nodes into codes. Any doubt returns None, and the restricted unpickler (the
+reference) decides."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ class _Decoder:
     def __init__(self, buf: np.ndarray, kind: np.ndarray, ival: np.ndarray, ilen: np.ndarray,
                  links: tuple[np.ndarray, ...], limits: DumpLimits | None = None) -> None:
         limits = limits or default_limits()
-        self.left = limits.element_budget(int(buf.shape[0]))  # values decoded (shared references count each time)
+        # values decoded (shared references count each time)
+        self.left = limits.element_budget(int(buf.shape[0]))
         self.max_depth = limits.max_depth
         self.buf = buf
         self.kind, self.ival, self.ilen = kind, ival, ilen
@@ -90,14 +92,22 @@ class _Decoder:
             if name not in ("pg_config", "pg_status") and top[i] >= 0:
                 out[name] = self.value(int(top[i]))
         out["pg_config"] = {
-            self.text(int(key)) if self.kind[key] == fast.K_STR else self.value(int(key)):
-                {"name": self._opt(int(name)), "desc": self._opt(int(desc)), "ranks": self._opt(int(ranks))}
-            for key, name, desc, ranks in cfg.tolist()}
+            self.text(int(key)) if self.kind[key] == fast.K_STR else self.value(int(key)): {
+                "name": self._opt(int(name)),
+                "desc": self._opt(int(desc)),
+                "ranks": self._opt(int(ranks)),
+            }
+            for key, name, desc, ranks in cfg.tolist()
+        }
         keys = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
         out["pg_status"] = {
-            (self.text(int(row[0])) if self.kind[row[0]] == fast.K_STR else self.value(int(row[0]))):
-                dict(zip(keys, row[1:], strict=True))
-            for row in status.tolist()}
+            (
+                self.text(int(row[0]))
+                if self.kind[row[0]] == fast.K_STR
+                else self.value(int(row[0]))
+            ): dict(zip(keys, row[1:], strict=True))
+            for row in status.tolist()
+        }
         return out
 
     def top_level(self, root: int) -> dict[str, Any]:
@@ -142,9 +152,10 @@ _LONG_TEXTS_KEPT = 256
 
 
 def _long_text(raw: bytes) -> str:
-    """A long string's text, as the same str object as the last one of its length when the bytes are the same
-    (compared, never hashed): the default group's ranks (~100 KB at 16,384 ranks) are the same in every dump, and
-    the caches keyed by that text (groups.parse_ranks) then hash it once, not once a dump. Per thread; bounded."""
+    """A long string's text, as the same str object as the last one of its length when the bytes are
+    the same (compared, never hashed): the default group's ranks (~100 KB at 16,384 ranks) are the
+    same in every dump, and the caches keyed by that text (groups.parse_ranks) then hash it once,
+    not once a dump. Per thread; bounded."""
     kept: dict[int, tuple[bytes, str]] | None = getattr(_local, "long_texts", None)
     if kept is None or len(kept) >= _LONG_TEXTS_KEPT:
         kept = _local.long_texts = {}
@@ -165,11 +176,14 @@ def _workspace() -> fast.Workspace:
 
 def dump_fast(buf: np.ndarray, path: Path, max_frames: int,
               limits: DumpLimits | None = None) -> Dump | None:
-    """Columns straight from the pickle bytes, or None when the scanner declines (then the restricted
-    unpickler decides: it is the reference, and gives the error message of a bad file)."""
+    """Columns straight from the pickle bytes, or None when the scanner declines (then the
+    restricted unpickler decides: it is the reference, and gives the error message of a bad file).
+    """
     limits = limits or default_limits()
     size = int(buf.shape[0])
-    bounds = np.array([limits.max_string_bytes, limits.element_budget(size), limits.entry_budget(size)], np.int64)
+    bounds = np.array(
+        [limits.max_string_bytes, limits.element_budget(size), limits.entry_budget(size)], np.int64
+    )
     workspace = _workspace()
     try:
         result = workspace.parse(buf, max_frames, bounds)
@@ -187,8 +201,9 @@ def _frame_column(decoder: _Decoder, workspace: fast.Workspace, frames: tuple,
     name_nodes, file_nodes, lines = frames
     names = decoder.strings(name_nodes, workspace)
     files = decoder.strings(file_nodes, workspace)
-    # one text per distinct (name, file, line): vectorised, frames repeat across thousands of entries; keys
-    # are composed from dense codes two at a time, so they stay below (frames + 1)^2 (no int64 overflow)
+    # one text per distinct (name, file, line): vectorised, frames repeat across thousands of
+    # entries; keys are composed from dense codes two at a time, so they stay below (frames + 1)^2
+    # (no int64 overflow)
     n_files = len(files.values) + 1
     pair_keys = (names.codes.astype(np.int64) + 1) * n_files + files.codes + 1
     pairs, pair_codes = np.unique(pair_keys, return_inverse=True)
@@ -212,12 +227,23 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
     status, root, kind, ival, ilen, links, _nodes = result[:7]
     if status != fast.OK:
         return None
-    (ints, valid, _strs, flags), counts, sizes, _dtypes, frames, small, (codes, distinct), groups = result[7:]
+    (
+        (ints, valid, _strs, flags),
+        counts,
+        sizes,
+        _dtypes,
+        frames,
+        small,
+        (codes, distinct),
+        groups,
+    ) = result[7:]
     decoder = _Decoder(buf, kind, ival, ilen, links, limits)
     top = check_top(decoder.top_fields(small) if small[0] else decoder.top_level(root))
     valid = valid.astype(bool)
     slot = {name: i for i, name in enumerate(fast.INT_FIELDS)}
-    int_columns = {name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"}
+    int_columns = {
+        name: (ints[slot[name]], valid[slot[name]]) for name in fast.INT_FIELDS if name != "pg_id"
+    }
     strings = {name: decoder.interned(codes[i], distinct[i])
                for i, name in enumerate(STRING_FIELDS)}
     dtype_columns = {}
@@ -226,12 +252,23 @@ def _dump_from_tape(workspace: fast.Workspace, result: tuple, buf: np.ndarray, p
         dtype_columns[key] = ListColumn(counts[2 + i], column.codes, column.values)
     frame_column = _frame_column(decoder, workspace, frames, counts[4]) if max_frames > 0 else None
     dump = Dump(
-        path=path, fmt="pickle", rank=-1, n=int(ints.shape[1]), **dump_header(top),
-        ints=int_columns, pg_id=(ints[slot["pg_id"]], valid[slot["pg_id"]]), is_p2p=flags[0], retired=flags[1],
+        path=path,
+        fmt="pickle",
+        rank=-1,
+        n=int(ints.shape[1]),
+        **dump_header(top),
+        ints=int_columns,
+        pg_id=(ints[slot["pg_id"]], valid[slot["pg_id"]]),
+        is_p2p=flags[0],
+        retired=flags[1],
         strings=strings,
-        sizes={"input_sizes": SizesColumn(counts[0], sizes[0], sizes[1]),
-               "output_sizes": SizesColumn(counts[1], sizes[2], sizes[3])},
-        dtypes=dtype_columns, frames=frame_column, pg_groups=groups,
+        sizes={
+            "input_sizes": SizesColumn(counts[0], sizes[0], sizes[1]),
+            "output_sizes": SizesColumn(counts[1], sizes[2], sizes[3]),
+        },
+        dtypes=dtype_columns,
+        frames=frame_column,
+        pg_groups=groups,
     )
     dump.rank = -1 if top.get("rank") is None else as_int(top.get("rank"), "rank")
     return dump

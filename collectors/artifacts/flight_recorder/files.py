@@ -1,5 +1,6 @@
-"""Dump files: which files of a directory are dumps, the rank a file name gives, and one file (or bytes) loaded
-into a Dump through the right parser, or a DumpFileError naming it (whatever it holds)."""
+"""Dump files: which files of a directory are dumps, the rank a file name gives, and one file (or
+bytes) loaded into a Dump through the right parser, or a DumpFileError naming it (whatever it
+holds)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, has_surr
 log = logging.getLogger(__name__)
 
 _RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?$", re.IGNORECASE)
-_JSON_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")  # a \uD800-\uDFFF escape (an unpaired one is refused)
+# a \uD800-\uDFFF escape (an unpaired one is refused)
+_JSON_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def rank_from_name(path: str | os.PathLike[str]) -> int | None:
-    """The last integer of a dump file name: `_dump_9`, `comm_lib_trace_rank_9`, `rank_9.pkl` -> 9 (a number of
-    more than 18 digits is no rank: None)."""
+    """The last integer of a dump file name: `_dump_9`, `comm_lib_trace_rank_9`, `rank_9.pkl` -> 9
+    (a number of more than 18 digits is no rank: None)."""
     match = _RANK_IN_NAME.search(Path(path).name)
     if not match or len(match.group(1)) > 18:
         return None
@@ -51,8 +53,8 @@ def file_size(path: Path) -> int:
 
 
 def _is_candidate(path: Path) -> bool:
-    """A file named as a dump. Not a folder; anything else so named (a FIFO, a device, a dangling link) is a
-    candidate too, which its reader refuses unread with a line naming it."""
+    """A file named as a dump. Not a folder; anything else so named (a FIFO, a device, a dangling
+    link) is a candidate too, which its reader refuses unread with a line naming it."""
     name = path.name
     if name.startswith(".") or name.endswith((".tmp", ".partial")) or path.is_dir():
         return False
@@ -63,7 +65,9 @@ def _is_candidate(path: Path) -> bool:
 
 
 def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """Dump files in `directory` (not recursive), pickles before their JSON twins; temp names are ignored."""
+    """Dump files in `directory` (not recursive), pickles before their JSON twins; temp names are
+    ignored.
+    """
     root = Path(directory)
     if not root.exists():
         raise DumpDirError(f"{root}: no such directory")
@@ -89,7 +93,9 @@ def _looks_like_json(head: bytes) -> bool:
 
 def load_file(path: Path, max_frames: int, fast_path: bool,
               limits: DumpLimits | None = None) -> Dump:
-    """One dump, or DumpFileError naming the file: whatever the file holds, no other exception leaves here."""
+    """One dump, or DumpFileError naming the file: whatever the file holds, no other exception
+    leaves here.
+    """
     limits = limits or default_limits()
     try:
         return _load_file_checked(path, max_frames, fast_path, limits)
@@ -99,21 +105,24 @@ def load_file(path: Path, max_frames: int, fast_path: bool,
         raise DumpFileError(path, "nested too deep") from None
     except MemoryError:
         raise DumpFileError(path, "out of memory while reading it") from None
-    except Exception as exc:  # a bad file is this file's problem, never the set's (the message says what it was)
+    # a bad file is this file's problem, never the set's (the message says what it was)
+    except Exception as exc:
         log.debug("unexpected error reading %s", path, exc_info=True)
         raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 _local = threading.local()
-#: files up to this size are read into a buffer each thread keeps (a fresh 0.5 MB array a dump cost its allocation
-#: and page faults); larger ones get an array of their own, so a thread never holds more than this
+#: files up to this size are read into a buffer each thread keeps (a fresh 0.5 MB array a dump cost
+#: its allocation and page faults); larger ones get an array of their own, so a thread never holds
+#: more than this
 _REUSED_MAX_BYTES = 16 << 20
 
 
 def _read_bytes(path: Path, count: int) -> np.ndarray:
-    """Up to `count` bytes of the file (fewer where it holds fewer), as np.fromfile(path, uint8, count) reads them.
-    Up to _REUSED_MAX_BYTES they are a view of this thread's read buffer, valid until the thread's next read: what
-    a dump keeps is copied out of it (the parsers' columns, strings and decoded values are their own objects)."""
+    """Up to `count` bytes of the file (fewer where it holds fewer), as np.fromfile(path, uint8,
+    count) reads them. Up to _REUSED_MAX_BYTES they are a view of this thread's read buffer, valid
+    until the thread's next read: what a dump keeps is copied out of it (the parsers' columns,
+    strings and decoded values are their own objects)."""
     if count > _REUSED_MAX_BYTES:
         return np.fromfile(path, dtype=np.uint8, count=count)
     buf = getattr(_local, "read_buffer", None)
@@ -136,15 +145,19 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):  # opening a FIFO blocks, reading a device never ends
-            raise DumpFileError(path, "not a regular file (a FIFO, device or socket): refused unread")
+            raise DumpFileError(path, "not a regular file (a FIFO, device or socket): refused "
+                                      "unread")
         size = info.st_size
         if size > limits.max_file_bytes:
-            raise DumpFileError(path, f"{size} bytes: larger than any real dump (limit {limits.max_file_bytes}, "
+            raise DumpFileError(path, f"{size} bytes: larger than any real dump (limit "
+                                      f"{limits.max_file_bytes}, "
                                       "FAULTLENS_FR_MAX_FILE_BYTES)")
-        # the size read (plus one byte, to see a file that grew since the stat): numpy allocates `count` bytes
-        # before it reads, and a count of the limit (256 MiB) cost 0.4 ms a 0.5 MB dump, 7x the read itself
+        # the size read (plus one byte, to see a file that grew since the stat): numpy allocates
+        # `count` bytes before it reads, and a count of the limit (256 MiB) cost 0.4 ms a 0.5 MB
+        # dump, 7x the read itself
         buf = _read_bytes(path, size + 1)
-        if buf.shape[0] > size:  # written to since the stat: read what it holds now, up to the limit
+        # written to since the stat: read what it holds now, up to the limit
+        if buf.shape[0] > size:
             buf = np.fromfile(path, dtype=np.uint8, count=limits.max_file_bytes + 1)
         mtime_ns = path.stat().st_mtime_ns
     except OSError as exc:
@@ -152,7 +165,9 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
     if buf.shape[0] == 0:
         raise DumpFileError(path, "empty file (a dump cut short?)")
     if buf.shape[0] > limits.max_file_bytes:
-        raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)")
+        raise DumpFileError(
+            path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)"
+        )
     dump = _load_buffer(buf, path, max_frames, fast_path, limits)
     dump.mtime_ns = mtime_ns
     return dump
@@ -160,8 +175,8 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
 
 def load_dump_bytes(data: bytes, name: str = "rank_0.pkl", *, fast_path: bool = False,
                     max_frames: int = DEFAULT_MAX_FRAMES, limits: DumpLimits | None = None) -> Dump:
-    """One dump from bytes, as the reader would read a file called `name` (tests and the fuzz bench compare the
-    two pickle paths with it). Raises DumpFileError naming `name`, and nothing else."""
+    """One dump from bytes, as the reader would read a file called `name` (tests and the fuzz bench
+    compare the two pickle paths with it). Raises DumpFileError naming `name`, and nothing else."""
     limits = limits or default_limits()
     path = Path(name)
     buf = np.frombuffer(data, dtype=np.uint8)
@@ -169,7 +184,8 @@ def load_dump_bytes(data: bytes, name: str = "rank_0.pkl", *, fast_path: bool = 
         if buf.shape[0] == 0:
             raise DumpFileError(path, "empty file (a dump cut short?)")
         if buf.shape[0] > limits.max_file_bytes:
-            raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} bytes)")
+            raise DumpFileError(path, f"larger than any real dump (limit {limits.max_file_bytes} "
+                                      "bytes)")
         return _load_buffer(buf, path, max_frames, fast_path, limits)
     except DumpFileError:
         raise
@@ -185,11 +201,16 @@ def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> Dump:
     try:
         obj = json.loads(buf.tobytes())
     except RecursionError:
-        raise DumpFileError(path, "not a usable JSON dump: nested deeper than the parser's limit") from None
+        raise DumpFileError(
+            path, "not a usable JSON dump: nested deeper than the parser's limit"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise DumpFileError(path, f"not valid JSON (truncated or corrupt?): {str(exc)[:200]}") from None
+        raise DumpFileError(
+            path, f"not valid JSON (truncated or corrupt?): {str(exc)[:200]}"
+        ) from None
     if _JSON_SURROGATE.search(buf.tobytes()) and has_surrogate(obj):
-        raise DumpFileError(path, "not a usable JSON dump: a string holds a lone surrogate (\\ud800-\\udfff)")
+        raise DumpFileError(path, "not a usable JSON dump: a string holds a lone surrogate "
+                                  "(\\ud800-\\udfff)")
     return dump_from_object(obj, path, "json", 0, limits, int(buf.shape[0]))
 
 
@@ -212,13 +233,16 @@ def _settle_rank(dump: Dump, path: Path, limits: DumpLimits) -> None:
         raise DumpFileError(path, f"world_size {dump.world_size} is not a job's (limit {world}, "
                                   "FAULTLENS_FR_MAX_WORLD_SIZE)")
     if dump.rank >= world:
-        raise DumpFileError(path, f"rank {dump.rank} is not a job's (limit {world}, FAULTLENS_FR_MAX_WORLD_SIZE)")
+        raise DumpFileError(path, f"rank {dump.rank} is not a job's (limit {world}, "
+                                  "FAULTLENS_FR_MAX_WORLD_SIZE)")
     if dump.rank < 0:
         from_name = rank_from_name(path)
         if from_name is None:
-            raise DumpFileError(path, "cannot tell the rank: no top-level 'rank' and no number in the file name")
+            raise DumpFileError(path, "cannot tell the rank: no top-level 'rank' and no number in "
+                                      "the file name")
         if from_name >= world:
-            raise DumpFileError(path, f"rank {from_name} (from the file name) is not a job's (limit {world}, "
+            raise DumpFileError(path, f"rank {from_name} (from the file name) is not a job's "
+                                      f"(limit {world}, "
                                       "FAULTLENS_FR_MAX_WORLD_SIZE)")
         dump.rank = from_name
 

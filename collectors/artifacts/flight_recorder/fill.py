@@ -1,7 +1,8 @@
-"""The chunk buffers' per-dump writes, compiled (numba, no GIL) for the sets the fast path reads: one call writes a
-column's rows for a dump (an entry's local string code through the set-wide table, or an integer column with its
-validity, status rows null), where the numpy form takes a remap array, a slice copy and a fill each. Small sets
-(read by the restricted unpickler) keep the numpy forms in chunks.py: they must not wait for a numba compile."""
+"""The chunk buffers' per-dump writes, compiled (numba, no GIL) for the sets the fast path reads:
+one call writes a column's rows for a dump (an entry's local string code through the set-wide table,
+or an integer column with its validity, status rows null), where the numpy form takes a remap array,
+a slice copy and a fill each. Small sets (read by the restricted unpickler) keep the numpy forms in
+chunks.py: they must not wait for a numba compile."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def put_mapped(column: np.ndarray, first: int, n: int, end: int, table: np.ndarray, codes: np.ndarray,
-               status: int) -> None:
-    """column[first:first+n] = the set-wide code of each local code (table; -1 and below: -1); status rows
-    `status`."""
+def put_mapped(
+    column: np.ndarray,
+    first: int,
+    n: int,
+    end: int,
+    table: np.ndarray,
+    codes: np.ndarray,
+    status: int,
+) -> None:
+    """column[first:first+n] = the set-wide code of each local code (table; -1 and below: -1);
+    status rows `status`."""
     size = table.shape[0] - 1  # table[-1] is -1, where a null lands
     for i in range(n):
         code = codes[i]
@@ -23,8 +31,16 @@ def put_mapped(column: np.ndarray, first: int, n: int, end: int, table: np.ndarr
 
 
 @njit(cache=True, nogil=True)
-def put_ints(column: np.ndarray, known: np.ndarray, first: int, n: int, end: int, values: np.ndarray,
-             valid: np.ndarray, nonzero: bool) -> None:
+def put_ints(
+    column: np.ndarray,
+    known: np.ndarray,
+    first: int,
+    n: int,
+    end: int,
+    values: np.ndarray,
+    valid: np.ndarray,
+    nonzero: bool,
+) -> None:
     """An integer column's entries and validity (nonzero: a 0 is not valid); status rows null."""
     for i in range(n):
         value = values[i]
@@ -36,9 +52,19 @@ def put_ints(column: np.ndarray, known: np.ndarray, first: int, n: int, end: int
 
 
 @njit(cache=True, nogil=True)
-def put_by_id(column: np.ndarray, known: np.ndarray, first: int, n: int, end: int, by_id: np.ndarray,
-              by_id_known: np.ndarray, local_codes: np.ndarray) -> None:
-    """A per-group value on each entry by its local group code (-1: the last slot); status rows null."""
+def put_by_id(
+    column: np.ndarray,
+    known: np.ndarray,
+    first: int,
+    n: int,
+    end: int,
+    by_id: np.ndarray,
+    by_id_known: np.ndarray,
+    local_codes: np.ndarray,
+) -> None:
+    """A per-group value on each entry by its local group code (-1: the last slot); status rows
+    null.
+    """
     last = by_id.shape[0] - 1
     for i in range(n):
         code = local_codes[i]
@@ -51,7 +77,9 @@ def put_by_id(column: np.ndarray, known: np.ndarray, first: int, n: int, end: in
 
 
 @njit(cache=True, nogil=True)
-def put_copy(column: np.ndarray, first: int, n: int, end: int, values: np.ndarray, status: int) -> None:
+def put_copy(
+    column: np.ndarray, first: int, n: int, end: int, values: np.ndarray, status: int
+) -> None:
     """Entries' values as they are (flags, list counts: -1 null); status rows `status`."""
     for i in range(n):
         column[first + i] = values[i]

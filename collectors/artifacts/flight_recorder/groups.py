@@ -1,5 +1,5 @@
-"""Process-group facts from a dump: the ranks of a group as pg_config spells them (parse_ranks), a group's
-pg_status counters, and the communication library a dump's ops name."""
+"""Process-group facts from a dump: the ranks of a group as pg_config spells them (parse_ranks), a
+group's pg_status counters, and the communication library a dump's ops name."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def _rank_list(values: Any, world: int) -> tuple[int, ...] | None:
 
 
 def parse_ranks(text: Any, max_world_size: int | None = None) -> tuple[int, ...] | None:
-    """pg_config 'ranks' ('[0, 1, 2]' or a list) -> sorted tuple; None when empty or unreadable, or when a rank is
-    not one of a real job (outside 0..max_world_size-1: fr_limits)."""
+    """pg_config 'ranks' ('[0, 1, 2]' or a list) -> sorted tuple; None when empty or unreadable, or
+    when a rank is not one of a real job (outside 0..max_world_size-1: fr_limits)."""
     world = max_world_size or default_limits().max_world_size
     if isinstance(text, (list, tuple)):
         return _rank_list(text, world)
@@ -83,12 +83,13 @@ def comm_lib_of(dump: Dump) -> str | None:
 
 def complete_partitions(members: Mapping[str, set[int]], descs: Mapping[str, str], ranks: set[int]
                         ) -> dict[str, list[int]]:
-    """Members the entries cannot show, for groups whose pg_config is unusable (gloo's): where the groups of one
-    desc split the job's ranks (a mesh dim's, Megatron's TP/DP/PP groups: each rank in one, all of one size), a
-    rank that never entered its group's first collective is in none of them. Where exactly one group is short and
-    the ranks outside every group of the desc fill it exactly, they are its members; anything else (several short
-    groups, a rank in two groups, sizes that cannot add up) is left as the entries say. `members`: group -> ranks
-    seen in its entries (those groups only); returns group -> the ranks to add."""
+    """Members the entries cannot show, for groups whose pg_config is unusable (gloo's): where the
+    groups of one desc split the job's ranks (a mesh dim's, Megatron's TP/DP/PP groups: each rank in
+    one, all of one size), a rank that never entered its group's first collective is in none of
+    them. Where exactly one group is short and the ranks outside every group of the desc fill it
+    exactly, they are its members; anything else (several short groups, a rank in two groups, sizes
+    that cannot add up) is left as the entries say. `members`: group -> ranks seen in its entries
+    (those groups only); returns group -> the ranks to add."""
     by_desc: dict[str, list[str]] = defaultdict(list)
     for name in members:
         desc = descs.get(name)
@@ -102,6 +103,8 @@ def complete_partitions(members: Mapping[str, set[int]], descs: Mapping[str, str
         if len(groups) < 2 or len(short) != 1 or len(covered) != len(set(covered)):
             continue
         outside = sorted(ranks - set(covered))
-        if len(outside) == size - len(members[short[0]]) and len(covered) + len(outside) == size * len(groups):
+        if len(outside) == size - len(members[short[0]]) and len(covered) + len(
+            outside
+        ) == size * len(groups):
             out[short[0]] = outside
     return out

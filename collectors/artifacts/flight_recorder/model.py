@@ -61,7 +61,8 @@ class FastPathDeclined(FaultlensError):
 
 @dataclass(frozen=True)
 class DumpSet:
-    """What read_dump_dir found: the rows, the ranks read, the files used and the per-file errors."""
+    """What read_dump_dir found: the rows, the ranks read, the files used and the per-file errors.
+    """
 
     table: pa.Table
     ranks: tuple[int, ...]
@@ -72,7 +73,7 @@ class DumpSet:
     seconds: float = 0.0
 
 
-# ---------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # per-dump columns, from either parser
 
 
@@ -125,5 +126,6 @@ class Dump:
     dtypes: dict[str, ListColumn]
     frames: ListColumn | None
     mtime_ns: int = 0
-    # pg_id's distinct values, the first entry of each and each entry's index into them, when the parser has them
+    # pg_id's distinct values, the first entry of each and each entry's index into them, when the
+    # parser has them
     pg_groups: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None

@@ -1,6 +1,6 @@
-"""The reference parser: columns of a dump loaded as Python objects (JSON, or a pickle the restricted unpickler
-loaded because the compiled scanner declined it). The fast path (fastpath.py) reads a file only where it gives
-exactly this."""
+"""The reference parser: columns of a dump loaded as Python objects (JSON, or a pickle the
+restricted unpickler loaded because the compiled scanner declined it). The fast path (fastpath.py)
+reads a file only where it gives exactly this."""
 
 from __future__ import annotations
 
@@ -27,8 +27,17 @@ from faultlens.collectors.artifacts.flight_recorder.values import (
 )
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 
-_INT_KEYS = ("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "timeout_ms", "time_created_ns",
-             "time_discovered_started_ns", "time_discovered_completed_ns", "pg_id")
+_INT_KEYS = (
+    "record_id",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "op_id",
+    "timeout_ms",
+    "time_created_ns",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "pg_id",
+)
 
 
 def _str_column(values: Sequence[Any], what: str) -> StrColumn:
@@ -178,7 +187,8 @@ def _frames_column(entries: list[Any], max_frames: int, budget: ElementBudget) -
 
 def dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int,
                      limits: DumpLimits | None = None, file_bytes: int = 0) -> Dump:
-    """Columns of a dump loaded as Python objects (JSON, or a pickle the fast scanner handed over). This is the
+    """Columns of a dump loaded as Python objects (JSON, or a pickle the fast scanner handed over).
+    This is the
     reference: the fast scanner reads a file only where it gives exactly this."""
     budget = ElementBudget(limits or default_limits(), file_bytes)
     top = check_top(obj)
@@ -187,7 +197,9 @@ def dump_from_object(obj: Any, path: Path, fmt: str, max_frames: int,
     pg_id = ints.pop("pg_id")
     strings = _string_columns(entries)
     sizes = {key: _sizes_column(entries, key, budget) for key in ("input_sizes", "output_sizes")}
-    dtypes = {key: _dtypes_column(entries, key, budget) for key in ("input_dtypes", "output_dtypes")}
+    dtypes = {
+        key: _dtypes_column(entries, key, budget) for key in ("input_dtypes", "output_dtypes")
+    }
     frames = _frames_column(entries, max_frames, budget) if max_frames > 0 else None
     rank = as_int(top.get("rank"), "rank")
     return Dump(

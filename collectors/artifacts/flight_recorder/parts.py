@@ -1,5 +1,6 @@
-"""Parts: what one reader (a process, or the caller) assembles from a contiguous range of files, with threads
-parsing a window of files ahead of the assembly; and the merge of parts read by separate processes."""
+"""Parts: what one reader (a process, or the caller) assembles from a contiguous range of files,
+with threads parsing a window of files ahead of the assembly; and the merge of parts read by
+separate processes."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from faultlens.collectors.sources.source import NodeIdentity
 
 log = logging.getLogger(__name__)
 
-PROCESS_MIN_FILES = 1024  # below this, threads in one process; above, the files are split over processes
-PARSE_AHEAD_BYTES = 64 << 20  # dump bytes parsed ahead of the assembly (their columns are about as large)
+# below this, threads in one process; above, the files are split over processes
+PROCESS_MIN_FILES = 1024
+# dump bytes parsed ahead of the assembly (their columns are about as large)
+PARSE_AHEAD_BYTES = 64 << 20
 
 
 @dataclass
@@ -56,10 +59,11 @@ def _loader(twins: dict[Path, Path], max_frames: int, fast_path: bool,
 
 def _loaded(primary: list[Path], load: Callable[[Path], Dump | DumpFileError],
             workers: int) -> Iterator[Dump | DumpFileError]:
-    """Dumps in file order, parsed ahead by `workers` threads (parsing releases the GIL). The window ahead is
-    bounded by the files' bytes (PARSE_AHEAD_BYTES), not a count: wide enough that the threads go on parsing
-    while the caller builds an Arrow chunk (a quarter of a second per million rows, during which a window of a
-    few dumps would leave them idle), narrow enough that only that many parsed dumps wait for assembly."""
+    """Dumps in file order, parsed ahead by `workers` threads (parsing releases the GIL). The window
+    ahead is bounded by the files' bytes (PARSE_AHEAD_BYTES), not a count: wide enough that the
+    threads go on parsing while the caller builds an Arrow chunk (a quarter of a second per million
+    rows, during which a window of a few dumps would leave them idle), narrow enough that only that
+    many parsed dumps wait for assembly."""
     if workers <= 1 or len(primary) <= 1:
         yield from map(load, primary)
         return
@@ -68,7 +72,9 @@ def _loaded(primary: list[Path], load: Callable[[Path], Dump | DumpFileError],
     next_index = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         while pending or next_index < len(primary):
-            while next_index < len(primary) and (len(pending) < 2 * workers or held < PARSE_AHEAD_BYTES):
+            while next_index < len(primary) and (
+                len(pending) < 2 * workers or held < PARSE_AHEAD_BYTES
+            ):
                 path = primary[next_index]
                 size = file_size(path)
                 pending.append((pool.submit(load, path), size))
@@ -81,7 +87,9 @@ def _loaded(primary: list[Path], load: Callable[[Path], Dump | DumpFileError],
 
 def _take(part: ReaderPart, result: Dump | DumpFileError, seen_ranks: dict[int, str],
           dir_name: str) -> None:
-    """One loaded dump (or error) into the part: a rank's first dump is assembled, a second one is an error."""
+    """One loaded dump (or error) into the part: a rank's first dump is assembled, a second one is
+    an error.
+    """
     if isinstance(result, DumpFileError):
         part.errors.append((result.path, result.problem))
         log.info("flight-recorder dump skipped: %s", result)
@@ -93,7 +101,8 @@ def _take(part: ReaderPart, result: Dump | DumpFileError, seen_ranks: dict[int, 
         return
     try:
         part.assembly.add(result, f"{dir_name}/{result.path.name}")
-    except Exception as exc:  # a dump the readers accepted but the assembly cannot take: this file's problem
+    # a dump the readers accepted but the assembly cannot take: this file's problem
+    except Exception as exc:
         log.debug("dump not assembled: %s", result.path, exc_info=True)
         part.errors.append((str(result.path), f"unusable ({type(exc).__name__}: {str(exc)[:200]})"))
         return
@@ -101,7 +110,8 @@ def _take(part: ReaderPart, result: Dump | DumpFileError, seen_ranks: dict[int, 
     part.seen.append((result.rank, str(result.path)))
 
 
-ChunkCallback = Callable[[int, pa.Table, float], None]  # (first row in the set, chunk, share of the files read)
+# (first row in the set, chunk, share of the files read)
+ChunkCallback = Callable[[int, pa.Table, float], None]
 
 
 def read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], dictionary: bool,
@@ -115,7 +125,9 @@ def read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], di
                         compiled=fast_path)
     part = ReaderPart(assembly, [], [], [])
     seen_ranks: dict[int, str] = {}
-    for done, result in enumerate(_loaded(primary, _loader(twins, max_frames, fast_path, limits), workers), 1):
+    for done, result in enumerate(
+        _loaded(primary, _loader(twins, max_frames, fast_path, limits), workers), 1
+    ):
         _take(part, result, seen_ranks, dir_name)
         if assembly.chunk_rows >= CHUNK_ROWS:
             on_chunk = _flush(assembly, identity, on_chunk, done / len(primary))
@@ -125,8 +137,9 @@ def read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], di
 
 def _flush(assembly: Assembly, identity: NodeIdentity | None, on_chunk: ChunkCallback | None,
            share: float) -> ChunkCallback | None:
-    """The rows so far built into a chunk, handed to on_chunk (its first row in the set, the chunk, the share of
-    the files read) as it is made; a callback that fails is logged and not called again (the read goes on)."""
+    """The rows so far built into a chunk, handed to on_chunk (its first row in the set, the chunk,
+    the share of the files read) as it is made; a callback that fails is logged and not called again
+    (the read goes on)."""
     built = len(assembly.chunks)
     assembly.flush_chunk(identity)
     if on_chunk is None or len(assembly.chunks) == built:
@@ -141,7 +154,9 @@ def _flush(assembly: Assembly, identity: NodeIdentity | None, on_chunk: ChunkCal
 
 
 def read_part_in_process(args: tuple) -> ReaderPart:
-    """Process-pool entry: the part, with its chunks' dictionaries made final so the caller can read them."""
+    """Process-pool entry: the part, with its chunks' dictionaries made final so the caller can read
+    them.
+    """
     part = read_part(*args)
     assembly = part.assembly
     assembly.chunks = [
@@ -171,8 +186,8 @@ def _merge_membership(merged: Assembly, other: Assembly, offset: int) -> None:
 
 
 def merge_parts(parts: list[ReaderPart], wanted: set[str], dictionary: bool) -> Assembly:
-    """One assembly from parts read by separate processes: dictionary indices remapped to set-wide codes, row
-    numbers offset, membership evidence merged."""
+    """One assembly from parts read by separate processes: dictionary indices remapped to set-wide
+    codes, row numbers offset, membership evidence merged."""
     merged = Assembly(columns=wanted, dictionary=dictionary)
     for part in parts:
         other = part.assembly
@@ -193,13 +208,13 @@ def merged_name(assembly: Assembly, row: int) -> str:
 
 
 def auto_processes(directory: str | os.PathLike[str]) -> int:
-    """Processes worth starting for a directory: the CPU count (at most 8) from PROCESS_MIN_FILES files on, else 1
-    (a process costs ~1 s of start-up: imports and the compiled scanner)."""
+    """Processes worth starting for a directory: the CPU count (at most 8) from PROCESS_MIN_FILES
+    files on, else 1 (a process costs ~1 s of start-up: imports and the compiled scanner)."""
     try:
         count = sum(1 for _ in os.scandir(directory))
     except OSError:
         return 1
     cpus = os.cpu_count() or 1
-    # with few cores the reader's threads already keep them busy (the scanner releases the GIL); measured on 2
-    # cores, 2 processes were slower than 1 process with 2 threads
+    # with few cores the reader's threads already keep them busy (the scanner releases the GIL);
+    # measured on 2 cores, 2 processes were slower than 1 process with 2 threads
     return min(8, cpus // 2) if count >= PROCESS_MIN_FILES and cpus >= 4 else 1

@@ -1,11 +1,13 @@
-"""Set-wide dictionaries of input_sizes and input_dtypes values, for reads that keep columns dictionary-encoded.
+"""Set-wide dictionaries of input_sizes and input_dtypes values, for reads that keep columns
+dictionary-encoded.
 
-An entry's input_sizes is a list of tensor shapes ([[2048, 1, 5120]]); a job has a few hundred distinct ones at
-most, repeated on millions of entries. As list<list<int64>> a row costs ~23 bytes (its offsets, its shapes'
-offsets, its dims) and its signature in the hang analysis is hashed row by row; as a dictionary code it costs 4
-bytes, and the analysis hashes each distinct value once. The values are stored once, as the rows of a
-list<list<int64>> array (dictionary()); codes are given in the order values are first seen and never change, so a
-chunk built while the dictionary was shorter stays valid under the final one (as for SetStrings).
+An entry's input_sizes is a list of tensor shapes ([[2048, 1, 5120]]); a job has a few hundred
+distinct ones at most, repeated on millions of entries. As list<list<int64>> a row costs ~23 bytes
+(its offsets, its shapes' offsets, its dims) and its signature in the hang analysis is hashed row by
+row; as a dictionary code it costs 4 bytes, and the analysis hashes each distinct value once. The
+values are stored once, as the rows of a list<list<int64>> array (dictionary()); codes are given in
+the order values are first seen and never change, so a chunk built while the dictionary was shorter
+stays valid under the final one (as for SetStrings).
 
 Entries' values come as the scanner and the unpickler give them (SizesColumn: tensors per entry, -1
 null; dims per tensor; all dims). The compiled form (numba, no GIL) serves the sets the fast path
@@ -35,10 +37,11 @@ def _mix(h: np.uint64, v: int) -> np.uint64:
 
 @njit(cache=True, nogil=True)
 def _codes(counts, ndims, dims, out, slots, code_hash, code_tensor, tensor_dim, stored_dims, state):
-    """out[i] = the code of entry i's value (-1 where null: a negative count), new values added. An entry's value
-    is its shapes: ndims[t:t + count] dims each, from dims[d:] end to end (indices, never array views: a view per
-    entry costs its reference counting). state: (codes, tensors, dims) stored so far; the caller made room for
-    every entry's value being new. Returns False, having read nothing, where the dims do not add up."""
+    """out[i] = the code of entry i's value (-1 where null: a negative count), new values added. An
+    entry's value is its shapes: ndims[t:t + count] dims each, from dims[d:] end to end (indices,
+    never array views: a view per entry costs its reference counting). state: (codes, tensors, dims)
+    stored so far; the caller made room for every entry's value being new. Returns False, having
+    read nothing, where the dims do not add up."""
     tensors_in = 0
     for i in range(counts.shape[0]):
         if counts[i] > 0:
@@ -124,9 +127,12 @@ def _rehash(slots, code_hash, codes):
 
 
 def _coded(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
-    """int32 codes (-1: null) over `dictionary`, the indices unchecked and uncopied (they came from it)."""
-    return pa.DictionaryArray.from_arrays(np.ascontiguousarray(codes, np.int32), dictionary, from_pandas=True,
-                                          safe=False)
+    """int32 codes (-1: null) over `dictionary`, the indices unchecked and uncopied (they came from
+    it).
+    """
+    return pa.DictionaryArray.from_arrays(
+        np.ascontiguousarray(codes, np.int32), dictionary, from_pandas=True, safe=False
+    )
 
 
 def _grown(array: np.ndarray, need: int) -> np.ndarray:
@@ -144,10 +150,13 @@ class SetShapes:
         self.state = np.zeros(3, np.int64)  # codes, tensors, dims stored
         self.slots = np.full(64, _EMPTY, np.int64)
         self.code_hash = np.empty(32, np.uint64)
-        self.code_tensor = np.zeros(33, np.int64)  # code -> its tensors [code_tensor[c], code_tensor[c + 1])
-        self.tensor_dim = np.zeros(33, np.int64)  # tensor -> its dims [tensor_dim[t], tensor_dim[t + 1])
+        # code -> its tensors [code_tensor[c], code_tensor[c + 1])
+        self.code_tensor = np.zeros(33, np.int64)
+        # tensor -> its dims [tensor_dim[t], tensor_dim[t + 1])
+        self.tensor_dim = np.zeros(33, np.int64)
         self.dims = np.empty(32, np.int64)
-        self.lookup: dict[tuple[tuple[int, ...], ...], int] = {}  # the Python form's index of the same codes
+        # the Python form's index of the same codes
+        self.lookup: dict[tuple[tuple[int, ...], ...], int] = {}
         self._dictionary: pa.Array | None = None
 
     def __len__(self) -> int:
@@ -166,26 +175,46 @@ class SetShapes:
             self.slots = np.full(size, _EMPTY, np.int64)
             _rehash(self.slots, self.code_hash, codes)
 
-    def codes(self, counts: np.ndarray, ndims: np.ndarray, dims: np.ndarray, compiled: bool) -> np.ndarray:
+    def codes(
+        self, counts: np.ndarray, ndims: np.ndarray, dims: np.ndarray, compiled: bool
+    ) -> np.ndarray:
         """int32 codes of the entries' values (-1: null)."""
         counts = np.ascontiguousarray(counts, np.int64)
         ndims = np.ascontiguousarray(ndims, np.int64)
         dims = np.ascontiguousarray(dims, np.int64)
         out = np.empty(counts.shape[0], np.int32)
         if not compiled:
-            if int(counts[counts > 0].sum()) != ndims.shape[0] or int(ndims.sum()) != dims.shape[0] \
-                    or (ndims.shape[0] and int(ndims.min()) < 0):
+            if (
+                int(counts[counts > 0].sum()) != ndims.shape[0]
+                or int(ndims.sum()) != dims.shape[0]
+                or (ndims.shape[0] and int(ndims.min()) < 0)
+            ):
                 raise ValueError("input_sizes: the tensors' dims do not add up")
             return self._codes_python(counts, ndims, dims, out)
         self._room(counts.shape[0], ndims.shape[0], dims.shape[0])
-        # (the kernel checks that the dims add up before it reads them: it indexes without bounds checks)
-        if not _codes(counts, ndims, dims, out, self.slots, self.code_hash, self.code_tensor, self.tensor_dim,
-                      self.dims, self.state):
+        # (the kernel checks that the dims add up before it reads them: it indexes without bounds
+        # checks)
+        if not _codes(
+            counts,
+            ndims,
+            dims,
+            out,
+            self.slots,
+            self.code_hash,
+            self.code_tensor,
+            self.tensor_dim,
+            self.dims,
+            self.state,
+        ):
             raise ValueError("input_sizes: the tensors' dims do not add up")
         return out
 
-    def _codes_python(self, counts: np.ndarray, ndims: np.ndarray, dims: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The same codes without numba: a dict keyed by the value, whose new values go into the same arrays."""
+    def _codes_python(
+        self, counts: np.ndarray, ndims: np.ndarray, dims: np.ndarray, out: np.ndarray
+    ) -> np.ndarray:
+        """The same codes without numba: a dict keyed by the value, whose new values go into the
+        same arrays.
+        """
         if len(self.lookup) != len(self):  # values the compiled form added: indexed once
             self.lookup = {value: code for code, value in enumerate(self.values())}
         t = d = 0
@@ -222,14 +251,18 @@ class SetShapes:
         """The values so far as a list<list<int64>> array (kept until a value is added)."""
         codes, tensors, stored = (int(v) for v in self.state)
         if self._dictionary is None or len(self._dictionary) != codes:
-            inner = pa.ListArray.from_arrays(pa.array(self.tensor_dim[:tensors + 1].astype(np.int32)),
-                                             pa.array(self.dims[:stored].copy(), pa.int64()))
-            self._dictionary = pa.ListArray.from_arrays(pa.array(self.code_tensor[:codes + 1].astype(np.int32)),
-                                                        inner)
+            inner = pa.ListArray.from_arrays(
+                pa.array(self.tensor_dim[: tensors + 1].astype(np.int32)),
+                pa.array(self.dims[:stored].copy(), pa.int64()),
+            )
+            self._dictionary = pa.ListArray.from_arrays(
+                pa.array(self.code_tensor[: codes + 1].astype(np.int32)), inner
+            )
         return self._dictionary
 
     def array(self, codes: np.ndarray) -> pa.Array:
-        """int32 codes (-1: null; all below len(self)) as a dictionary array over the values so far."""
+        """int32 codes (-1: null; all below len(self)) as a dictionary array over the values so far.
+        """
         return _coded(codes, self.dictionary())
 
     def remap(self, array: pa.DictionaryArray, compiled: bool = True) -> pa.DictionaryArray:
@@ -241,18 +274,24 @@ class SetShapes:
         inner_offsets = inner.offsets.to_numpy()
         counts = np.diff(outer).astype(np.int64)
         ndims = np.diff(inner_offsets[outer[0]:outer[-1] + 1]).astype(np.int64)
-        dims = inner.values.to_numpy(zero_copy_only=False)[inner_offsets[outer[0]]:inner_offsets[outer[-1]]]
+        dims = inner.values.to_numpy(zero_copy_only=False)[
+            inner_offsets[outer[0]] : inner_offsets[outer[-1]]
+        ]
         table = np.append(self.codes(counts, ndims, dims, compiled), np.int32(-1))
         indices = array.indices.fill_null(-1).to_numpy(zero_copy_only=False)
         return self.array(table[indices])
 
 
 def _insert_python(shapes: SetShapes, ndims: np.ndarray, flat: np.ndarray) -> int:
-    """One new value appended (the Python form: no numba), its hash and slot as the compiled form gives them."""
+    """One new value appended (the Python form: no numba), its hash and slot as the compiled form
+    gives them.
+    """
     h = _hash_python(ndims, flat)
     code, tensors, stored = (int(v) for v in shapes.state)
     shapes.code_hash[code] = h
-    shapes.tensor_dim[tensors + 1:tensors + 1 + ndims.shape[0]] = shapes.tensor_dim[tensors] + np.cumsum(ndims)
+    shapes.tensor_dim[tensors + 1 : tensors + 1 + ndims.shape[0]] = shapes.tensor_dim[
+        tensors
+    ] + np.cumsum(ndims)
     shapes.dims[stored:stored + flat.shape[0]] = flat
     shapes.code_tensor[code + 1] = tensors + ndims.shape[0]
     shapes.state[:] = (code + 1, tensors + ndims.shape[0], stored + flat.shape[0])
@@ -298,8 +337,8 @@ class SetStringLists:
         return len(self.lists)
 
     def codes(self, counts: np.ndarray, items: np.ndarray, compiled: bool) -> np.ndarray:
-        """int32 codes of the entries' lists (counts: names per entry, -1 null; items: the names' set-wide codes,
-        -1 a null name)."""
+        """int32 codes of the entries' lists (counts: names per entry, -1 null; items: the names'
+        set-wide codes, -1 a null name)."""
         counts = np.asarray(counts, np.int64)
         one_shape = np.where(counts < 0, -1, 1)
         return self.lists.codes(one_shape, counts[counts >= 0], items, compiled)
@@ -308,16 +347,20 @@ class SetStringLists:
         """The values so far as a list<string> array (kept until a value or a name is added)."""
         codes, tensors, stored = self.lists.state.tolist()
         if self._dictionary is None or len(self._dictionary) != codes:
-            # each value is one shape: its names are that shape's dims (names only ever added: the codes of the
-            # values so far stay good)
+            # each value is one shape: its names are that shape's dims (names only ever added: the
+            # codes of the values so far stay good)
             offsets = self.lists.tensor_dim[:tensors + 1].astype(np.int32)
-            items = pa.DictionaryArray.from_arrays(self.lists.dims[:stored].astype(np.int32),
-                                                   self.strings.dictionary(), from_pandas=True).dictionary_decode()
+            items = pa.DictionaryArray.from_arrays(
+                self.lists.dims[:stored].astype(np.int32),
+                self.strings.dictionary(),
+                from_pandas=True,
+            ).dictionary_decode()
             self._dictionary = pa.ListArray.from_arrays(pa.array(offsets), items)
         return self._dictionary
 
     def array(self, codes: np.ndarray) -> pa.Array:
-        """int32 codes (-1: null; all below len(self)) as a dictionary array over the lists so far."""
+        """int32 codes (-1: null; all below len(self)) as a dictionary array over the lists so far.
+        """
         return _coded(codes, self.dictionary())
 
     def remap(self, array: pa.DictionaryArray, compiled: bool = True) -> pa.DictionaryArray:
@@ -329,6 +372,8 @@ class SetStringLists:
         encoded = pc.dictionary_encode(flat)
         table = self.strings.table(encoded.dictionary.to_pylist())
         items = table[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)]
-        mapping = np.append(self.codes(np.diff(offsets).astype(np.int64), items.astype(np.int64), compiled),
-                            np.int32(-1))
+        mapping = np.append(
+            self.codes(np.diff(offsets).astype(np.int64), items.astype(np.int64), compiled),
+            np.int32(-1),
+        )
         return self.array(mapping[array.indices.fill_null(-1).to_numpy(zero_copy_only=False)])

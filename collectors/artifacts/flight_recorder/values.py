@@ -1,5 +1,6 @@
-"""Checks on the values a dump holds, shared by both parsers: integers that fit 64 bits, strings, the top level of
-a dump, the element budget (fr_limits) and short descriptions of bad values for error messages."""
+"""Checks on the values a dump holds, shared by both parsers: integers that fit 64 bits, strings,
+the top level of a dump, the element budget (fr_limits) and short descriptions of bad values for
+error messages."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ _DIGIT_TEXT = re.compile(r"-?\d+")
 
 
 def _show(value: Any) -> str:
-    """A short, bounded description of a value for an error message (never the repr of a container or of a huge
+    """A short, bounded description of a value for an error message (never the repr of a container
+    or of a huge
     integer: those can cost unbounded time)."""
     if isinstance(value, bool) or value is None:
         return repr(value)
@@ -62,8 +64,8 @@ def as_text(value: Any, what: str) -> str | None:
 
 
 class ElementBudget:
-    """Elements (entries + shapes + dims + dtypes + frames kept) one dump may expand to (fr_limits), counted the
-    same way by both readers."""
+    """Elements (entries + shapes + dims + dtypes + frames kept) one dump may expand to (fr_limits),
+    counted the same way by both readers."""
 
     def __init__(self, limits: DumpLimits, file_bytes: int) -> None:
         self.left = limits.element_budget(file_bytes)
@@ -98,7 +100,9 @@ def check_top(obj: Any) -> Mapping[str, Any]:
         raise DumpFormatError(f"not a flight-recorder dump: top level is a {type(obj).__name__}, "
                               "expected a dict")
     if "version" not in obj and "entries" not in obj:
-        keys = ", ".join(sorted(_show(k) if not isinstance(k, str) else k[:40] for k in list(obj)[:64])[:6])
+        keys = ", ".join(
+            sorted(_show(k) if not isinstance(k, str) else k[:40] for k in list(obj)[:64])[:6]
+        )
         raise DumpFormatError("not a flight-recorder dump: no 'version' or 'entries' key "
                               f"(keys: {keys})")
     _check_version(obj.get("version"))

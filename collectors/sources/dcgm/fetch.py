@@ -1,5 +1,5 @@
-"""Fetching a scrape's text: an http(s) URL or a file, bounded in size, decoded strictly; DcgmFetchError names the
-file or URL."""
+"""Fetching a scrape's text: an http(s) URL or a file, bounded in size, decoded strictly;
+DcgmFetchError names the file or URL."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ class DcgmFetchError(OSError, FaultlensError):
 
 
 def fetch_scrape(location: str, *, timeout_s: float = 5.0) -> str:
-    """The text of a scrape: an http(s) URL is fetched, anything else is read as a file. Raises DcgmFetchError."""
+    """The text of a scrape: an http(s) URL is fetched, anything else is read as a file. Raises
+    DcgmFetchError.
+    """
     if location.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(location, timeout=timeout_s) as response:
@@ -40,7 +42,9 @@ def fetch_scrape(location: str, *, timeout_s: float = 5.0) -> str:
     except OSError as exc:
         raise DcgmFetchError(f"dcgm {file}: cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_SCRAPE_CHARS:
-        raise DcgmFetchError(f"dcgm {file}: larger than {MAX_SCRAPE_CHARS // MIB} MiB, not a scrape")
+        raise DcgmFetchError(
+            f"dcgm {file}: larger than {MAX_SCRAPE_CHARS // MIB} MiB, not a scrape"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -1,5 +1,5 @@
-"""DcgmParser: scrapes into gpu_samples and gpu_events rows, keeping per GPU what it saw between scrapes so that
-Xids, health changes and sample deltas are reported once. Never raises."""
+"""DcgmParser: scrapes into gpu_samples and gpu_events rows, keeping per GPU what it saw between
+scrapes so that Xids, health changes and sample deltas are reported once. Never raises."""
 
 from __future__ import annotations
 
@@ -42,44 +42,62 @@ class DcgmParser:
         self._last_xid: dict[tuple[str | None, str | None], tuple[Any, ...]] = {}
         self._xid_counts: dict[tuple[Any, ...], float] = {}
         self._health: dict[tuple[Any, ...], float] = {}
-        self._lines: list[str] | None = None  # the scrape's lines, split only when a bad sample needs its number
+        # the scrape's lines, split only when a bad sample needs its number
+        self._lines: list[str] | None = None
         self._cursor = 0
 
     def count_bad(self, line_no: int, reason: str) -> None:
-        """Count a sample or line left out (line number, 0 when unknown, and why); the first 10 are kept."""
+        """Count a sample or line left out (line number, 0 when unknown, and why); the first 10 are
+        kept.
+        """
         self.stats.bad_lines += 1
         if len(self.stats.bad_examples) < 10:
             self.stats.bad_examples.append((line_no, reason))
 
-
-    def parse(self, text: str, identity: NodeIdentity, *, ts_ns: int | None = None, monotonic: float | None = None,
-              host_from_labels: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(gpu_samples rows, gpu_events rows) of one scrape. Never raises: a sample that cannot be used is counted
-        in stats.bad_lines (with its line number) and left out; the rest of the scrape is kept."""
+    def parse(
+        self,
+        text: str,
+        identity: NodeIdentity,
+        *,
+        ts_ns: int | None = None,
+        monotonic: float | None = None,
+        host_from_labels: bool = True,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(gpu_samples rows, gpu_events rows) of one scrape. Never raises: a sample that cannot be
+        used is counted in stats.bad_lines (with its line number) and left out; the rest of the
+        scrape is kept."""
         try:
-            return self._parse(text, identity, ts_ns=ts_ns, monotonic=monotonic, host_from_labels=host_from_labels)
+            return self._parse(
+                text, identity, ts_ns=ts_ns, monotonic=monotonic, host_from_labels=host_from_labels
+            )
         except Exception as exc:  # a parser bug must not cost the agent its loop
             self.count_bad(0, f"{type(exc).__name__}: {str(exc)[:120]}")
             return [], []
 
     def _example_line(self, text: str, sample: Sample) -> int:
-        """The line number of a bad sample where it is kept as an example (the first 10), else 0: only examples keep
-        line numbers, and a lookup that finds nothing reads the whole scrape (a 4 MB scrape of thousands of bad
-        samples spent its time here)."""
+        """The line number of a bad sample where it is kept as an example (the first 10), else 0:
+        only examples keep line numbers, and a lookup that finds nothing reads the whole scrape (a 4
+        MB scrape of thousands of bad samples spent its time here)."""
         return self._line_of(text, sample) if len(self.stats.bad_examples) < 10 else 0
 
     def _line_of(self, text: str, sample: Sample) -> int:
-        """The line number of a sample (looked up only for bad ones): the next line, from where the last lookup
-        stopped (samples come in text order, so all lookups of a scrape together read it about once), that holds
-        its name, labels and value."""
+        """The line number of a sample (looked up only for bad ones): the next line, from where the
+        last lookup stopped (samples come in text order, so all lookups of a scrape together read it
+        about once), that holds its name, labels and value."""
         if self._lines is None:
             self._lines = text.splitlines()
         number, self._cursor = sample_line(self._lines, self._cursor, sample)
         return number
 
-
-    def _parse(self, text: str, identity: NodeIdentity, *, ts_ns: int | None, monotonic: float | None,
-               host_from_labels: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def _parse(
+        self,
+        text: str,
+        identity: NodeIdentity,
+        *,
+        ts_ns: int | None,
+        monotonic: float | None,
+        host_from_labels: bool,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         if not isinstance(text, str):
             raise TypeError(f"expected the scrape's text, got {type(text).__name__}")
         self.stats.scrapes += 1
@@ -110,7 +128,11 @@ class DcgmParser:
         for key, row in gpus.items():
             values = row.pop("_values")
             free, reserved = row.pop("_fb_free", None), row.pop("_fb_reserved", None)
-            if values.get("mem_total_bytes") is None and free is not None and values.get("mem_used_bytes") is not None:
+            if (
+                values.get("mem_total_bytes") is None
+                and free is not None
+                and values.get("mem_used_bytes") is not None
+            ):
                 total = values["mem_used_bytes"] + free * MIB + (reserved or 0) * MIB
                 try:
                     values["mem_total_bytes"] = column_value("mem_total_bytes", total)
@@ -120,7 +142,9 @@ class DcgmParser:
             rows.append(row)
             previous = self._previous.get(key)
             elapsed = now_mono - previous[1] if previous else None
-            for change in sample_changes(previous[0] if previous else None, values, elapsed, self._thresholds):
+            for change in sample_changes(
+                previous[0] if previous else None, values, elapsed, self._thresholds
+            ):
                 events.append(self._event(row, change.kind, change.code, change.message, row["ts"]))
             self._previous[key] = (dict(values), now_mono)
         return rows, events
@@ -141,8 +165,15 @@ class DcgmParser:
     def _event(base: Mapping[str, Any], kind: str, code: int | None, message: str, ts_ns: int,
                raw: str | None = None) -> dict[str, Any]:
         keys = ("cluster", "node", "job_id", "attempt", "gpu_index", "gpu_uuid", "pci_bus_id")
-        return {"ts": ts_ns, **{k: base.get(k) for k in keys}, "source": "dcgm", "kind": kind, "code": code,
-                "message": message, "raw": raw}
+        return {
+            "ts": ts_ns,
+            **{k: base.get(k) for k in keys},
+            "source": "dcgm",
+            "kind": kind,
+            "code": code,
+            "message": message,
+            "raw": raw,
+        }
 
     def _one(self, sample: Sample, gpus: dict[Any, dict[str, Any]], events: list[dict[str, Any]],
              identity: NodeIdentity, now_ns: int, host_from_labels: bool) -> None:
@@ -160,8 +191,12 @@ class DcgmParser:
                 raise BadValue(f"timestamp {sample.timestamp} is out of range")
             ts = int(stamp)
         base = self._identity(labels, identity, ts, host_from_labels)
-        key = (base["gpu_uuid"] or base["pci_bus_id"] or (str(base["gpu_index"]) if base["gpu_index"] is not None
-                                                            else None), base["node"])
+        key = (
+            base["gpu_uuid"]
+            or base["pci_bus_id"]
+            or (str(base["gpu_index"]) if base["gpu_index"] is not None else None),
+            base["node"],
+        )
         raw = f"{sample.name}{dict(labels)} {sample.value}"
         if sample.name == XID_COUNT_METRIC:
             self._xid_count(sample, base, key, events, ts, raw)
@@ -200,12 +235,24 @@ class DcgmParser:
              labels: Mapping[str, str]) -> dict[str, Any]:
         row = gpus.get(key)
         if row is None:
-            row = {**base, "source": "dcgm", "gpu_name": labels.get("modelName") or None, "_values": {}}
+            row = {
+                **base,
+                "source": "dcgm",
+                "gpu_name": labels.get("modelName") or None,
+                "_values": {},
+            }
             gpus[key] = row
         return row
 
-    def _xid_last(self, sample: Sample, base: Mapping[str, Any], key: Any, events: list[dict[str, Any]], ts: int,
-                  raw: str) -> None:
+    def _xid_last(
+        self,
+        sample: Sample,
+        base: Mapping[str, Any],
+        key: Any,
+        events: list[dict[str, Any]],
+        ts: int,
+        raw: str,
+    ) -> None:
         if no_data(sample.value) or sample.value <= 0:
             return
         code_text = sample.labels.get("err_code")
@@ -221,14 +268,22 @@ class DcgmParser:
         message = sample.labels.get("err_msg") or "last Xid reported by DCGM"
         events.append(self._event(base, "xid", code, message, ts, raw))
 
-    def _xid_count(self, sample: Sample, base: Mapping[str, Any], key: Any, events: list[dict[str, Any]], ts: int,
-                   raw: str) -> None:
+    def _xid_count(
+        self,
+        sample: Sample,
+        base: Mapping[str, Any],
+        key: Any,
+        events: list[dict[str, Any]],
+        ts: int,
+        raw: str,
+    ) -> None:
         xid = sample.labels.get("xid")
         if no_data(sample.value) or not xid or not xid.isdigit():
             return
         if len(xid) > 9:
             raise BadValue(f"xid label {xid[:20]!r} is not an Xid number")
-        if not (math.isfinite(sample.value) and sample.value >= 0):  # -Inf, then any count: int(inf) in the message
+        # -Inf, then any count: int(inf) in the message
+        if not (math.isfinite(sample.value) and sample.value >= 0):
             raise BadValue(f"Xid {xid} count {sample.value!r} is not a count")
         count_key = (key, xid, sample.labels.get("window_size_in_ms"))
         before = self._xid_counts.get(count_key, 0.0)
@@ -236,11 +291,19 @@ class DcgmParser:
         if sample.value > before:
             window = sample.labels.get("window_size_in_ms")
             events.append(self._event(base, "xid", int(xid),
-                                      f"{int(sample.value - before)} Xid {xid} in the last {window} ms (DCGM count)",
+                                      f"{int(sample.value - before)} Xid {xid} in the last "
+                                      f"{window} ms (DCGM count)",
                                       ts, raw))
 
-    def _health_status(self, sample: Sample, base: Mapping[str, Any], key: Any, events: list[dict[str, Any]],
-                       ts: int, raw: str) -> None:
+    def _health_status(
+        self,
+        sample: Sample,
+        base: Mapping[str, Any],
+        key: Any,
+        events: list[dict[str, Any]],
+        ts: int,
+        raw: str,
+    ) -> None:
         if no_data(sample.value):
             return
         error = sample.labels.get("health_error_code") or ""
@@ -256,4 +319,6 @@ class DcgmParser:
             return
         kind, code = mapped
         word = HEALTH_WORDS.get(int(sample.value), str(sample.value))
-        events.append(self._event(base, kind, code, f"DCGM health {watch} {word}: {error}", ts, raw))
+        events.append(
+            self._event(base, kind, code, f"DCGM health {watch} {word}: {error}", ts, raw)
+        )

@@ -1,5 +1,5 @@
-"""DcgmSource: the node agent's Source of gpu_samples and gpu_events from a dcgm-exporter endpoint (or a file);
-fetch failures logged once, bad samples at most once a minute; never raises."""
+"""DcgmSource: the node agent's Source of gpu_samples and gpu_events from a dcgm-exporter endpoint
+(or a file); fetch failures logged once, bad samples at most once a minute; never raises."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ log = logging.getLogger("faultlens.collectors.sources.dcgm")
 
 
 class DcgmSource:
-    """Source of gpu_samples/gpu_events from a dcgm-exporter endpoint (or a file rewritten by something else)."""
+    """Source of gpu_samples/gpu_events from a dcgm-exporter endpoint (or a file rewritten by
+    something else).
+    """
 
     name = "dcgm"
 
@@ -51,8 +53,13 @@ class DcgmSource:
             if self._failing is not None:
                 self._log.info("dcgm %s: reachable again", self.location)
                 self._failing = None
-            samples, events = self.parser.parse(text, self.identity, ts_ns=self._clock_ns(),
-                                                monotonic=self._monotonic(), host_from_labels=self._host_from_labels)
+            samples, events = self.parser.parse(
+                text,
+                self.identity,
+                ts_ns=self._clock_ns(),
+                monotonic=self._monotonic(),
+                host_from_labels=self._host_from_labels,
+            )
             result: dict[str, pa.RecordBatch] = {}
             for table, rows in (("gpu_samples", samples), ("gpu_events", events)):
                 batch, rejected = guarded_batch(table, rows)
@@ -63,10 +70,23 @@ class DcgmSource:
             bad = self.parser.stats.bad_lines - self._bad_reported
             if bad > 0:
                 now = self._monotonic()
-                if self._bad_logged_at is None or now - self._bad_logged_at >= self.bad_log_interval_s:
-                    line_no, reason = self.parser.stats.bad_examples[-1] if self.parser.stats.bad_examples else (0, "")
-                    self._log.warning("dcgm %s: skipped %d bad sample(s) (%d in all), e.g. line %s: %s",
-                                      self.location, bad, self.parser.stats.bad_lines, line_no, reason)
+                if (
+                    self._bad_logged_at is None
+                    or now - self._bad_logged_at >= self.bad_log_interval_s
+                ):
+                    line_no, reason = (
+                        self.parser.stats.bad_examples[-1]
+                        if self.parser.stats.bad_examples
+                        else (0, "")
+                    )
+                    self._log.warning(
+                        "dcgm %s: skipped %d bad sample(s) (%d in all), e.g. line %s: %s",
+                        self.location,
+                        bad,
+                        self.parser.stats.bad_lines,
+                        line_no,
+                        reason,
+                    )
                     self._bad_reported = self.parser.stats.bad_lines
                     self._bad_logged_at = now
             return result

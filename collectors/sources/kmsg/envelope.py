@@ -1,5 +1,6 @@
-"""The transport around a kernel-log message: /dev/kmsg records, `journalctl -k -o json` objects, syslog, ISO
-timestamps, `dmesg -T` and plain dmesg prefixes stripped into the message, its time and its host."""
+"""The transport around a kernel-log message: /dev/kmsg records, `journalctl -k -o json` objects,
+syslog, ISO timestamps, `dmesg -T` and plain dmesg prefixes stripped into the message, its time and
+its host."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from dataclasses import dataclass
 from faultlens.collectors.sources.kmsg.events import BadLine
 
 KMSG_RE = re.compile(r"^(?P<pri>\d+),(?P<seq>\d+),(?P<us>\d+),(?P<flags>[^;]*);(?P<msg>.*)$")
-ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s+"
+ISO_RE = re.compile(r"^(?P<ts>\d{4}-\d{2}-\d{2}[T "
+                    r"]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?)\s+"
                     r"(?P<host>\S+)\s+(?P<msg>.*)$")
-SYSLOG_RE = re.compile(r"^(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\s+(?P<day>\d{1,2})\s+"
-                       r"(?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d+))?\s+(?P<host>\S+)\s+(?P<msg>.*)$")
-DMESG_T_RE = re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s+(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+"
-                        r"(?P<time>\d{2}:\d{2}:\d{2})\s+(?P<year>\d{4})\]\s?(?P<msg>.*)$")
+SYSLOG_RE = re.compile(
+    r"^(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)\s+(?P<day>\d{1,2})\s+"
+    r"(?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<frac>\d+))?\s+(?P<host>\S+)\s+(?P<msg>.*)$"
+)
+DMESG_T_RE = re.compile(
+    r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)\s+(?P<mon>[A-Z][a-z]{2})\s+(?P<day>\d{1,2})\s+"
+    r"(?P<time>\d{2}:\d{2}:\d{2})\s+(?P<year>\d{4})\]\s?(?P<msg>.*)$"
+)
 DMESG_REL_RE = re.compile(r"^\[\s*(?P<rel>\d+\.\d+)\]\s?(?P<msg>.*)$")
 KERNEL_TAG_RE = re.compile(r"^kernel:\s*(?:\[\s*\d+\.\d+\]\s*)?")
 _MONTHS = {name: number for number, name in enumerate(calendar.month_abbr) if name}
@@ -26,15 +32,21 @@ _MONTHS = {name: number for number, name in enumerate(calendar.month_abbr) if na
 
 @dataclass(frozen=True)
 class Envelope:
-    """A line's message with its transport stripped, the time the transport gave (ns; None: none) and its host."""
+    """A line's message with its transport stripped, the time the transport gave (ns; None: none)
+    and its host.
+    """
 
     message: str
     ts_ns: int | None
     host: str | None
 
 
-def local_ns(year: int, month: int, day: int, hms: str, frac: str | None, tz: dt.tzinfo | None) -> int:
-    """A wall-clock time with no zone (syslog, dmesg -T) in `tz` (None: this machine's local zone), in ns."""
+def local_ns(
+    year: int, month: int, day: int, hms: str, frac: str | None, tz: dt.tzinfo | None
+) -> int:
+    """A wall-clock time with no zone (syslog, dmesg -T) in `tz` (None: this machine's local zone),
+    in ns.
+    """
     hour, minute, second = (int(part) for part in hms.split(":"))
     moment = dt.datetime(year, month, day, hour, minute, second)
     moment = moment.replace(tzinfo=tz) if tz is not None else moment.astimezone()
@@ -44,9 +56,9 @@ def local_ns(year: int, month: int, day: int, hms: str, frac: str | None, tz: dt
 
 def read_envelope(line: str, *, boot_time_ns: int | None, tz: dt.tzinfo | None,
                   now: Callable[[], float]) -> Envelope | None:
-    """Strip the transport prefix; None for lines to ignore (kmsg continuation lines). `boot_time_ns` stamps
-    /dev/kmsg records and plain dmesg lines (None: no time), `tz` is the zone of times that name none (None: local)
-    and `now` picks the year of syslog lines."""
+    """Strip the transport prefix; None for lines to ignore (kmsg continuation lines).
+    `boot_time_ns` stamps /dev/kmsg records and plain dmesg lines (None: no time), `tz` is the zone
+    of times that name none (None: local) and `now` picks the year of syslog lines."""
     if line.startswith("{"):
         return journal_envelope(line)
     if line.startswith((" ", "\t")) and "=" in line and ";" not in line:
@@ -83,8 +95,14 @@ def read_envelope(line: str, *, boot_time_ns: int | None, tz: dt.tzinfo | None,
     match = DMESG_T_RE.match(line)
     if match and match.group("mon") in _MONTHS:
         try:
-            ts_ns = local_ns(int(match.group("year")), _MONTHS[match.group("mon")], int(match.group("day")),
-                             match.group("time"), None, tz)
+            ts_ns = local_ns(
+                int(match.group("year")),
+                _MONTHS[match.group("mon")],
+                int(match.group("day")),
+                match.group("time"),
+                None,
+                tz,
+            )
         except ValueError:
             ts_ns = None
         return Envelope(match.group("msg"), ts_ns, None)
@@ -98,8 +116,8 @@ def read_envelope(line: str, *, boot_time_ns: int | None, tz: dt.tzinfo | None,
 
 
 def journal_envelope(line: str) -> Envelope:
-    """One `journalctl -o json` object: MESSAGE (text, or the byte array journald writes for non-UTF-8), the
-    realtime stamp (µs) and _HOSTNAME."""
+    """One `journalctl -o json` object: MESSAGE (text, or the byte array journald writes for
+    non-UTF-8), the realtime stamp (µs) and _HOSTNAME."""
     try:
         record = json.loads(line)
     except (ValueError, RecursionError) as exc:

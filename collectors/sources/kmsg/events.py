@@ -1,5 +1,5 @@
-"""Kernel-log GPU events: the event a line yields (KernelGpuEvent), the parse counts, the bad-line error and the
-check that the store can hold an event."""
+"""Kernel-log GPU events: the event a line yields (KernelGpuEvent), the parse counts, the bad-line
+error and the check that the store can hold an event."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ MIN_TS_NS, MAX_TS_NS = 0, 2**63 - 1  # what the store's timestamp[ns] column hol
 class KernelGpuEvent:
     """One GPU event read from the kernel log (a gpu_events row before identity is added)."""
 
-    kind: str  # xid, sxid, gpu_lost, ecc_dbe, remap_pending, remap_failure, retired_page_pending, recovery_action
+    # xid, sxid, gpu_lost, ecc_dbe, remap_pending, remap_failure, retired_page_pending,
+    # recovery_action
+    kind: str
     code: int | None
     pci_bus_id: str | None  # NVML form 00000000:BB:DD.F
     message: str
@@ -38,7 +40,8 @@ class ParseStats:
     events: int = 0
     bad_lines: int = 0
     ignored: int = 0
-    bad_examples: list[tuple[int, str]] = field(default_factory=list)  # (line number, reason), first 10
+    # (line number, reason), first 10
+    bad_examples: list[tuple[int, str]] = field(default_factory=list)
 
 
 class BadLine(ValueError, FaultlensError):
@@ -55,7 +58,9 @@ def _check_text(what: str, value: str | None) -> None:
 
 
 def check_event(event: KernelGpuEvent) -> None:
-    """Refuse an event the store cannot hold (so that one bad line never fails the whole poll's batch)."""
+    """Refuse an event the store cannot hold (so that one bad line never fails the whole poll's
+    batch).
+    """
     if event.ts_ns is not None and not MIN_TS_NS <= event.ts_ns <= MAX_TS_NS:
         raise BadLine("time out of range (the store holds 1970..2262)")
     if event.pid is not None and not 0 <= event.pid <= MAX_PID:

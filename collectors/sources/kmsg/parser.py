@@ -1,5 +1,6 @@
-"""KernelLogParser: kernel-log lines into GPU events (Xid, SXid, fallen off the bus, the kinds some Xids imply),
-remembering PCI -> UUID lines and multi-line messages; bad lines are counted, never raised."""
+"""KernelLogParser: kernel-log lines into GPU events (Xid, SXid, fallen off the bus, the kinds some
+Xids imply), remembering PCI -> UUID lines and multi-line messages; bad lines are counted, never
+raised."""
 
 from __future__ import annotations
 
@@ -10,21 +11,30 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from faultlens.collectors.sources.kmsg.envelope import Envelope, read_envelope
-from faultlens.collectors.sources.kmsg.events import MAX_PID, BadLine, KernelGpuEvent, ParseStats, check_event
+from faultlens.collectors.sources.kmsg.events import (
+    MAX_PID,
+    BadLine,
+    KernelGpuEvent,
+    ParseStats,
+    check_event,
+)
 from faultlens.collectors.sources.pci import normalize_pci_bus_id
 
 _PCI = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>" + _PCI + r")(?:\s+GPU-I:(?P<gi>\d{1,4}))?(?:\s+GPU-CI:(?P<ci>\d{1,4}))?\):\s*"
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>"
+    + _PCI
+    + r")(?:\s+GPU-I:(?P<gi>\d{1,4}))?(?:\s+GPU-CI:(?P<ci>\d{1,4}))?\):\s*"
     r"(?P<code>\d{1,6})\s*(?:,\s*(?P<rest>.*))?$"
 )
 SXID_RE = re.compile(
     r"(?P<dev>nvidia-nvswitch\d+): SXid \((?:PCI:)?(?P<pci>" + _PCI + r")\):\s*(?P<code>\d{1,6})\s*"
     r"(?:,\s*(?P<rest>.*))?$"
 )
-# Every pattern below runs in time linear in the line's length: no two adjacent quantifiers can share characters
-# unboundedly (the old `name=[^,]*?\s*` and `\d+\s*\.?\s*$` forms backtracked quadratically: 169 s for a 64 KB
-# line), and the parts that repeat inside a message (`recovery action changed ...`) have bounded quantifiers.
+# Every pattern below runs in time linear in the line's length: no two adjacent quantifiers can
+# share characters unboundedly (the old `name=[^,]*?\s*` and `\d+\s*\.?\s*$` forms backtracked
+# quadratically: 169 s for a 64 KB line), and the parts that repeat inside a message (`recovery
+# action changed ...`) have bounded quantifiers.
 PID_RE = re.compile(r"^pid=(?P<pid>'<unknown>'|<unknown>|'?\d{1,24}'?)[ \t]*(?:,[ \t]*|$)")
 CAUSED_BY_RE = re.compile(r"caused by previous Xid (?P<code>\d{1,10})\Z")
 RECOVERY_RE = re.compile(r"recovery action changed from (?P<from>0x[0-9A-Fa-f]{1,16}|\d{1,10})"
@@ -32,15 +42,21 @@ RECOVERY_RE = re.compile(r"recovery action changed from (?P<from>0x[0-9A-Fa-f]{1
                          r"[ \t]{1,8}to[ \t]{1,8}(?P<to>0x[0-9A-Fa-f]{1,16}|\d{1,10})"
                          r"(?:[ \t]{0,8}\((?P<to_name>[^)]{0,120})\))?")
 UUID_RE = re.compile(r"NVRM: GPU at PCI:(?P<pci>" + _PCI + r"):\s*(?P<uuid>GPU-[0-9A-Fa-f-]+)")
-FALLEN_RE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r"):?\s*GPU has fallen off the bus")
+FALLEN_RE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r"):?\s*GPU has fallen off "
+                                                                       r"the bus")
 THE_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r")")
-ANY_PCI_RE = re.compile(r"(?<![0-9A-Fa-f:])(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)")
-_MULTILINE_WINDOW = 4  # lines after "The NVIDIA GPU <pci>" in which "fallen off the bus" belongs to it
+ANY_PCI_RE = re.compile(
+    r"(?<![0-9A-Fa-f:])(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
+)
+# lines after "The NVIDIA GPU <pci>" in which "fallen off the bus" belongs to it
+_MULTILINE_WINDOW = 4
 _MAX_LINE = 64 * 1024
 
 
 def _split_name(rest: str) -> tuple[str | None, str]:
-    """`name=<process>, <message>` -> (process name or None, message): the name runs to the first comma."""
+    """`name=<process>, <message>` -> (process name or None, message): the name runs to the first
+    comma.
+    """
     body = rest[len("name="):]
     comma = body.find(",")
     name, after = (body, "") if comma < 0 else (body[:comma], body[comma + 1:])
@@ -62,11 +78,13 @@ def _interesting(text: str) -> bool:
 
 
 class KernelLogParser:
-    """Stateful line parser (it remembers PCI -> UUID lines and multi-line "fallen off the bus" messages).
+    """Stateful line parser (it remembers PCI -> UUID lines and multi-line "fallen off the bus"
+    messages).
 
-    `boot_time_ns`: wall-clock time of boot, for /dev/kmsg records and plain dmesg lines (None: those lines get no
-    time and the source stamps them when read). `tz`: the zone of syslog / dmesg -T times (default: local).
-    `now`: the clock used to pick the year of syslog lines (which carry none).
+    `boot_time_ns`: wall-clock time of boot, for /dev/kmsg records and plain dmesg lines (None:
+    those lines get no time and the source stamps them when read). `tz`: the zone of syslog / dmesg
+    -T times (default: local). `now`: the clock used to pick the year of syslog lines (which carry
+    none).
     """
 
     def __init__(self, *, boot_time_ns: int | None = None, tz: dt.tzinfo | None = None,
@@ -81,7 +99,8 @@ class KernelLogParser:
         self._lost_reported: dict[str, int] = {}
         self._line_no: int | None = None
 
-    # -- messages ------------------------------------------------------------------------------------------------
+    # -- messages
+    # ------------------------------------------------------------------------------------------------
     def _xid(self, match: re.Match[str], env: Envelope, raw: str) -> list[KernelGpuEvent]:
         pci = normalize_pci_bus_id(match.group("pci"))
         if pci is None:
@@ -104,8 +123,17 @@ class KernelLogParser:
         message = rest.strip()
         caused = _caused_by(message)
         event = KernelGpuEvent(
-            kind="xid", code=code, pci_bus_id=pci, message=message, raw=raw, pid=pid, process_name=name,
-            ts_ns=env.ts_ns, host=env.host, gpu_uuid=self.uuids.get(pci), line_no=self._line_no,
+            kind="xid",
+            code=code,
+            pci_bus_id=pci,
+            message=message,
+            raw=raw,
+            pid=pid,
+            process_name=name,
+            ts_ns=env.ts_ns,
+            host=env.host,
+            gpu_uuid=self.uuids.get(pci),
+            line_no=self._line_no,
             gpu_instance_id=int(match.group("gi")) if match.group("gi") else None,
             compute_instance_id=int(match.group("ci")) if match.group("ci") else None,
             caused_by_xid=caused,
@@ -132,7 +160,8 @@ class KernelLogParser:
                 return []
             kind = "recovery_action"
             target = recovery.group("to")
-            derived_code = int(target, 16) if target[:2] in ("0x", "0X") else int(target)  # "01" is 1, not an error
+            # "01" is 1, not an error
+            derived_code = int(target, 16) if target[:2] in ("0x", "0X") else int(target)
             if derived_code > MAX_PID:  # an int32 column; the driver's actions are 0..4
                 raise BadLine(f"recovery action out of range: {recovery.group('to')}")
         if kind is None:
@@ -146,18 +175,42 @@ class KernelLogParser:
         rest = (match.group("rest") or "").strip()
         if rest.startswith(("Severity ", "Data {", "Data{")):
             return []  # continuation lines of the SXid just reported
-        return [KernelGpuEvent(kind="sxid", code=int(match.group("code")), pci_bus_id=pci, message=rest, raw=raw,
-                               ts_ns=env.ts_ns, host=env.host, device=match.group("dev"), line_no=self._line_no)]
+        return [
+            KernelGpuEvent(
+                kind="sxid",
+                code=int(match.group("code")),
+                pci_bus_id=pci,
+                message=rest,
+                raw=raw,
+                ts_ns=env.ts_ns,
+                host=env.host,
+                device=match.group("dev"),
+                line_no=self._line_no,
+            )
+        ]
 
-    def _fallen(self, pci: str | None, env: Envelope, raw: str, message: str) -> list[KernelGpuEvent]:
+    def _fallen(
+        self, pci: str | None, env: Envelope, raw: str, message: str
+    ) -> list[KernelGpuEvent]:
         if pci is not None:
             last = self._lost_reported.get(pci)
             if last is not None and self.stats.lines - last <= _MULTILINE_WINDOW:
                 return []  # same incident as a line just reported (Xid 79 or the multi-line form)
             self._lost_reported[pci] = self.stats.lines
         text = message.split("NVRM:", 1)[-1].strip()
-        return [KernelGpuEvent(kind="gpu_lost", code=None, pci_bus_id=pci, message=text, raw=raw, ts_ns=env.ts_ns,
-                               host=env.host, gpu_uuid=self.uuids.get(pci) if pci else None, line_no=self._line_no)]
+        return [
+            KernelGpuEvent(
+                kind="gpu_lost",
+                code=None,
+                pci_bus_id=pci,
+                message=text,
+                raw=raw,
+                ts_ns=env.ts_ns,
+                host=env.host,
+                gpu_uuid=self.uuids.get(pci) if pci else None,
+                line_no=self._line_no,
+            )
+        ]
 
     def _message(self, env: Envelope, raw: str) -> list[KernelGpuEvent] | None:
         """Events of one message; None when the message is not a GPU line."""
@@ -196,7 +249,8 @@ class KernelLogParser:
             self._pending_left -= 1
         return None
 
-    # -- public --------------------------------------------------------------------------------------------------
+    # -- public
+    # --------------------------------------------------------------------------------------------------
     def feed(self, line: str | bytes, line_no: int | None = None) -> list[KernelGpuEvent]:
         """Parse one line; returns its events ([] for most lines). Never raises."""
         self.stats.lines += 1
@@ -210,7 +264,11 @@ class KernelLogParser:
             if not _interesting(line) and not line.startswith("{"):
                 self.stats.ignored += 1
                 return []
-            if line.startswith("{") and not _interesting(line) and '"MESSAGE":[' not in line.replace(" ", ""):
+            if (
+                line.startswith("{")
+                and not _interesting(line)
+                and '"MESSAGE":[' not in line.replace(" ", "")
+            ):
                 self.stats.ignored += 1
                 return []
             env = read_envelope(line, boot_time_ns=self.boot_time_ns, tz=self.tz, now=self._now)
@@ -240,7 +298,9 @@ class KernelLogParser:
     def _bad(self, line_no: int | None, reason: str) -> None:
         self.stats.bad_lines += 1
         if len(self.stats.bad_examples) < 10:
-            self.stats.bad_examples.append((line_no if line_no is not None else self.stats.lines, reason))
+            self.stats.bad_examples.append(
+                (line_no if line_no is not None else self.stats.lines, reason)
+            )
 
     def feed_lines(self, lines: Iterable[str | bytes]) -> list[KernelGpuEvent]:
         events: list[KernelGpuEvent] = []

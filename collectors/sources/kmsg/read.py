@@ -1,5 +1,5 @@
-"""One-shot import of a whole kernel-log file (`faultlens ingest kmsg`): its rows and parse counts, or an error
-naming the file."""
+"""One-shot import of a whole kernel-log file (`faultlens ingest kmsg`): its rows and parse counts,
+or an error naming the file."""
 
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ class KernelLogImport:
 def read_kernel_log(path: str | Path, identity: NodeIdentity, *, host_from_line: bool = True,
                     boot_time: int | None = None, tz: dt.tzinfo | None = None,
                     devices: Iterable[GpuDevice] = ()) -> KernelLogImport:
-    """Parse a whole kernel-log file (text, /dev/kmsg records or journalctl -k -o json). Raises KernelLogFileError
-    when the file cannot be read, is binary, or holds bad lines and no good one."""
+    """Parse a whole kernel-log file (text, /dev/kmsg records or journalctl -k -o json). Raises
+    KernelLogFileError when the file cannot be read, is binary, or holds bad lines and no good one.
+    """
     file = Path(path)
     try:
         data = file.read_bytes()
@@ -41,10 +42,13 @@ def read_kernel_log(path: str | Path, identity: NodeIdentity, *, host_from_line:
     except OSError as exc:
         raise KernelLogFileError(f"kmsg {file}: cannot read: {exc.strerror or exc}") from None
     if b"\x00" in data[:65536]:
-        raise KernelLogFileError(f"kmsg {file}: binary data (NUL bytes), expected a text or JSON kernel log")
+        raise KernelLogFileError(f"kmsg {file}: binary data (NUL bytes), expected a text or JSON "
+                                 "kernel log")
     parser = KernelLogParser(boot_time_ns=boot_time, tz=tz)
     events = parser.feed_lines(data.splitlines())
-    rows = events_to_rows(events, identity, devices=device_directory(devices), host_from_line=host_from_line)
+    rows = events_to_rows(
+        events, identity, devices=device_directory(devices), host_from_line=host_from_line
+    )
     _, rejected = guarded_batch("gpu_events", rows, [event.line_no for event in events])
     if rejected:
         for row in rejected:
@@ -54,6 +58,7 @@ def read_kernel_log(path: str | Path, identity: NodeIdentity, *, host_from_line:
     stats = parser.stats
     if stats.bad_lines and not rows:
         line_no, reason = stats.bad_examples[0]
-        raise KernelLogFileError(f"kmsg {file}: no GPU event could be read: {stats.bad_lines} bad line(s), "
+        raise KernelLogFileError(f"kmsg {file}: no GPU event could be read: {stats.bad_lines} bad "
+                                 "line(s), "
                                  f"first at line {line_no}: {reason}")
     return KernelLogImport(rows=rows, stats=stats)

@@ -1,5 +1,5 @@
-"""KmsgSource: the node agent's Source of gpu_events from /dev/kmsg or a followed log file (rotation and
-truncation reopen it; bad lines reported at most once a minute; never raises)."""
+"""KmsgSource: the node agent's Source of gpu_events from /dev/kmsg or a followed log file (rotation
+and truncation reopen it; bad lines reported at most once a minute; never raises)."""
 
 from __future__ import annotations
 
@@ -25,30 +25,42 @@ log = logging.getLogger("faultlens.collectors.sources.kmsg")
 
 
 def boot_time_ns() -> int:
-    """Wall-clock time of this machine's boot (printk stamps count from it, like CLOCK_MONOTONIC)."""
+    """Wall-clock time of this machine's boot (printk stamps count from it, like CLOCK_MONOTONIC).
+    """
     return time.time_ns() - time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
 
 class KmsgSource:
-    """Source of gpu_events from the kernel log: /dev/kmsg (a character device: one record per read) or a text /
-    JSON log file followed like `tail -F` (rotation and truncation reopen it).
+    """Source of gpu_events from the kernel log: /dev/kmsg (a character device: one record per read)
+    or a text / JSON log file followed like `tail -F` (rotation and truncation reopen it).
 
     `from_start`: read what is already there (default: only what is logged from now on).
     """
 
     name = "kmsg"
 
-    def __init__(self, identity: NodeIdentity, path: str | Path = "/dev/kmsg", *, from_start: bool = False,
-                 boot_time: int | None = None, tz: dt.tzinfo | None = None,
-                 clock_ns: Callable[[], int] = time.time_ns, devices: Iterable[GpuDevice] = (),
-                 max_lines_per_poll: int = 100_000, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        path: str | Path = "/dev/kmsg",
+        *,
+        from_start: bool = False,
+        boot_time: int | None = None,
+        tz: dt.tzinfo | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        devices: Iterable[GpuDevice] = (),
+        max_lines_per_poll: int = 100_000,
+        logger: logging.Logger | None = None,
+    ) -> None:
         self.identity = identity
         self.path = str(path)
         self.from_start = from_start
         self._clock_ns = clock_ns
         self._log = logger or log
         self._max_lines = max_lines_per_poll
-        self.parser = KernelLogParser(boot_time_ns=boot_time if boot_time is not None else boot_time_ns(), tz=tz)
+        self.parser = KernelLogParser(
+            boot_time_ns=boot_time if boot_time is not None else boot_time_ns(), tz=tz
+        )
         self._devices = device_directory(devices)
         self._fd: int | None = None
         self._file: Any = None
@@ -57,7 +69,8 @@ class KmsgSource:
         self._is_device = False
         self._unavailable: str | None = None
         self._opened_once = False
-        self._line_no = 0  # lines read since the file (or device) was opened: the line number of bad-line reports
+        # lines read since the file (or device) was opened: the line number of bad-line reports
+        self._line_no = 0
         self._bad_reported = 0
         self._bad_logged_at: float | None = None
         self.bad_log_interval_s = 60.0
@@ -120,7 +133,8 @@ class KmsgSource:
             info = None
         handle = self._file
         if info is not None and (info.st_ino != self._inode or info.st_size < handle.tell()):
-            # rotated or truncated: finish nothing more from the old file, start the new one from its beginning
+            # rotated or truncated: finish nothing more from the old file, start the new one from
+            # its beginning
             self._close_handles()
             self.from_start = True
             self._line_no = 0
@@ -148,8 +162,12 @@ class KmsgSource:
                 events.extend(self.parser.feed(raw, self._line_no))
             batch = None
             if events:
-                rows = events_to_rows(events, self.identity, devices=self._devices, default_ts_ns=self._clock_ns())
-                batch, rejected = guarded_batch("gpu_events", rows, [event.line_no for event in events])
+                rows = events_to_rows(
+                    events, self.identity, devices=self._devices, default_ts_ns=self._clock_ns()
+                )
+                batch, rejected = guarded_batch(
+                    "gpu_events", rows, [event.line_no for event in events]
+                )
                 for row in rejected:
                     self.parser.reject(events[row.index], row.reason)
             self._report_bad()
@@ -159,7 +177,9 @@ class KmsgSource:
             return {}
 
     def _report_bad(self) -> None:
-        """Log skipped lines: at most once per bad_log_interval_s, with how many since the last report."""
+        """Log skipped lines: at most once per bad_log_interval_s, with how many since the last
+        report.
+        """
         stats = self.parser.stats
         new = stats.bad_lines - self._bad_reported
         if new <= 0:
@@ -168,8 +188,14 @@ class KmsgSource:
         if self._bad_logged_at is not None and now - self._bad_logged_at < self.bad_log_interval_s:
             return
         line_no, reason = stats.bad_examples[-1] if stats.bad_examples else (None, "?")
-        self._log.warning("kernel log %s: skipped %d bad line(s) (%d in all), e.g. line %s: %s", self.path, new,
-                          stats.bad_lines, line_no, reason)
+        self._log.warning(
+            "kernel log %s: skipped %d bad line(s) (%d in all), e.g. line %s: %s",
+            self.path,
+            new,
+            stats.bad_lines,
+            line_no,
+            reason,
+        )
         self._bad_reported = stats.bad_lines
         self._bad_logged_at = now
 

@@ -1,4 +1,6 @@
-"""Error files: a worker's error.json (torch's @record) or torchrun's TORCHELASTIC_ERROR_FILE into one error row."""
+"""Error files: a worker's error.json (torch's @record) or torchrun's TORCHELASTIC_ERROR_FILE into
+one error row.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +20,16 @@ from faultlens.collectors.sources.process_events.rows import (
 from faultlens.collectors.sources.process_rules import ProcessRules
 
 
-def rows_from_error_file(path: str | Path, context: EventContext | None = None, *, rank: int | None = None,
-                         local_rank: int | None = None, rules: ProcessRules | None = None) -> list[dict[str, Any]]:
-    """A worker's error.json (torch's @record) or torchrun's TORCHELASTIC_ERROR_FILE (which adds errorCode and is
-    the root cause torchrun chose): one error row."""
+def rows_from_error_file(
+    path: str | Path,
+    context: EventContext | None = None,
+    *,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    rules: ProcessRules | None = None,
+) -> list[dict[str, Any]]:
+    """A worker's error.json (torch's @record) or torchrun's TORCHELASTIC_ERROR_FILE (which adds
+    errorCode and is the root cause torchrun chose): one error row."""
     path = Path(path)
     context = context or EventContext()
     try:
@@ -31,10 +39,12 @@ def rows_from_error_file(path: str | Path, context: EventContext | None = None, 
     try:
         data = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise ProcessEventsError(f"{path}: not a torch error file: invalid JSON at line {exc.lineno} "
+        raise ProcessEventsError(f"{path}: not a torch error file: invalid JSON at line "
+                                 f"{exc.lineno} "
                                  f"column {exc.colno}") from None
     if not isinstance(data, dict) or "message" not in data:
-        raise ProcessEventsError(f"{path}: not a torch error file: expected an object with a 'message' key")
+        raise ProcessEventsError(f"{path}: not a torch error file: expected an object with a "
+                                 "'message' key")
     message_field = data["message"]
     error_code = None
     if isinstance(message_field, str):
@@ -43,22 +53,39 @@ def rows_from_error_file(path: str | Path, context: EventContext | None = None, 
         text = message_field.get("message")
         extra = message_field.get("extraInfo") or {}
         if not isinstance(text, str) or not isinstance(extra, dict):
-            raise ProcessEventsError(f"{path}: not a torch error file: 'message.message' must be text and "
+            raise ProcessEventsError(f"{path}: not a torch error file: 'message.message' must be "
+                                     "text and "
                                      "'message.extraInfo' an object")
         callstack, timestamp = extra.get("py_callstack"), extra.get("timestamp")
         error_code = message_field.get("errorCode")
     else:
-        raise ProcessEventsError(f"{path}: not a torch error file: 'message' must be text or an object")
+        raise ProcessEventsError(f"{path}: not a torch error file: 'message' must be text or an "
+                                 "object")
     try:
-        ts: dt.datetime | int = (dt.datetime.fromtimestamp(int(timestamp), dt.UTC) if timestamp not in (None, "")
-                                 else mtime_ns(path))
+        ts: dt.datetime | int = (
+            dt.datetime.fromtimestamp(int(timestamp), dt.UTC)
+            if timestamp not in (None, "")
+            else mtime_ns(path)
+        )
     except (TypeError, ValueError, OverflowError):
-        raise ProcessEventsError(f"{path}: timestamp {timestamp!r} is not seconds since the epoch") from None
+        raise ProcessEventsError(
+            f"{path}: timestamp {timestamp!r} is not seconds since the epoch"
+        ) from None
     exception_type, message = split_exception_line(text)
     parsed = parse_traceback(callstack) if isinstance(callstack, str) else None
-    row = error_row(context, ts, source=Source.ERROR_JSON, exception_type=exception_type, message=message,
-                    traceback=callstack if isinstance(callstack, str) else None, parsed=parsed, rules=rules,
-                    rank=rank, local_rank=local_rank, error_file=str(path),
-                    exit_code=int(error_code) if isinstance(error_code, int) else None,
-                    reported_root_cause=True if error_code is not None else None)
+    row = error_row(
+        context,
+        ts,
+        source=Source.ERROR_JSON,
+        exception_type=exception_type,
+        message=message,
+        traceback=callstack if isinstance(callstack, str) else None,
+        parsed=parsed,
+        rules=rules,
+        rank=rank,
+        local_rank=local_rank,
+        error_file=str(path),
+        exit_code=int(error_code) if isinstance(error_code, int) else None,
+        reported_root_cause=True if error_code is not None else None,
+    )
     return [row]

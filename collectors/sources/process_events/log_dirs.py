@@ -1,5 +1,5 @@
-"""torchrun --log-dir trees: the worker directories under one, and one worker directory (error.json, the tail of
-stderr.log) into rows."""
+"""torchrun --log-dir trees: the worker directories under one, and one worker directory (error.json,
+the tail of stderr.log) into rows."""
 
 from __future__ import annotations
 
@@ -10,8 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from faultlens.collectors.sources.process_events.error_file import rows_from_error_file
-from faultlens.collectors.sources.process_events.rows import EventContext, ProcessEventsError, mtime_ns
-from faultlens.collectors.sources.process_events.stderr import WorkerStream, rows_from_stream, split_worker_streams
+from faultlens.collectors.sources.process_events.rows import (
+    EventContext,
+    ProcessEventsError,
+    mtime_ns,
+)
+from faultlens.collectors.sources.process_events.stderr import (
+    WorkerStream,
+    rows_from_stream,
+    split_worker_streams,
+)
 from faultlens.collectors.sources.process_events.torchrun import run_id_from_dir
 from faultlens.collectors.sources.process_rules import ProcessRules, load_process_rules
 
@@ -31,18 +39,28 @@ class WorkerLogDir:
 
 
 def find_worker_dirs(root: str | Path) -> list[WorkerLogDir]:
-    """Every worker directory under a torchrun --log-dir (the base, a run directory or an attempt directory)."""
+    """Every worker directory under a torchrun --log-dir (the base, a run directory or an attempt
+    directory).
+    """
     root = Path(root)
     found = []
-    for attempt_dir in sorted({*root.glob("attempt_*"), *root.glob("*/attempt_*"), *root.glob("*/*/attempt_*")}
-                              | ({root} if _ATTEMPT_DIR_RE.match(root.name) else set())):
+    for attempt_dir in sorted(
+        {*root.glob("attempt_*"), *root.glob("*/attempt_*"), *root.glob("*/*/attempt_*")}
+        | ({root} if _ATTEMPT_DIR_RE.match(root.name) else set())
+    ):
         match = _ATTEMPT_DIR_RE.match(attempt_dir.name)
         if not match or not attempt_dir.is_dir():
             continue
         for worker in sorted(attempt_dir.iterdir()):
             if worker.is_dir() and worker.name.isdigit():
-                found.append(WorkerLogDir(worker, run_id_from_dir(attempt_dir.parent.name), int(match.group(1)),
-                                          int(worker.name)))
+                found.append(
+                    WorkerLogDir(
+                        worker,
+                        run_id_from_dir(attempt_dir.parent.name),
+                        int(match.group(1)),
+                        int(worker.name),
+                    )
+                )
     return found
 
 
@@ -57,12 +75,18 @@ def _read_tail(path: Path, limit: int = STDERR_TAIL_BYTES) -> str:
 
 def rows_from_worker_dir(worker: WorkerLogDir, context: EventContext | None = None,
                          rules: ProcessRules | None = None) -> list[dict[str, Any]]:
-    """One worker directory: its error.json row and its stderr tail's rows (a traceback already in error.json is
-    not repeated). The global rank comes from torch's '[rankN]:' prefixes in stderr when they are there."""
+    """One worker directory: its error.json row and its stderr tail's rows (a traceback already in
+    error.json is not repeated). The global rank comes from torch's '[rankN]:' prefixes in stderr
+    when they are there."""
     context = context or EventContext()
     rules = rules or load_process_rules()
-    row_context = EventContext(context.node, context.cluster, context.job_id or worker.run_id,
-                               context.attempt if context.attempt is not None else worker.attempt, context.tz)
+    row_context = EventContext(
+        context.node,
+        context.cluster,
+        context.job_id or worker.run_id,
+        context.attempt if context.attempt is not None else worker.attempt,
+        context.tz,
+    )
     stderr_path = worker.path / "stderr.log"
     streams: list[WorkerStream] = []
     if stderr_path.is_file():
@@ -76,12 +100,23 @@ def rows_from_worker_dir(worker: WorkerLogDir, context: EventContext | None = No
     rows: list[dict[str, Any]] = []
     error_path = worker.path / "error.json"
     if error_path.is_file():
-        rows.extend(rows_from_error_file(error_path, row_context, rank=rank, local_rank=worker.local_rank,
-                                         rules=rules))
+        rows.extend(
+            rows_from_error_file(
+                error_path, row_context, rank=rank, local_rank=worker.local_rank, rules=rules
+            )
+        )
     known = frozenset(r["fingerprint"] for r in rows if r.get("fingerprint"))
     fallback = mtime_ns(stderr_path)
     for stream in streams:
-        rows.extend(rows_from_stream(stream.lines, row_context, rank=stream.rank if stream.rank is not None else rank,
-                                     local_rank=worker.local_rank, fallback_ts=fallback, rules=rules,
-                                     skip_fingerprints=known))
+        rows.extend(
+            rows_from_stream(
+                stream.lines,
+                row_context,
+                rank=stream.rank if stream.rank is not None else rank,
+                local_rank=worker.local_rank,
+                fallback_ts=fallback,
+                rules=rules,
+                skip_fingerprints=known,
+            )
+        )
     return rows

@@ -1,5 +1,5 @@
-"""ProcessSource: the node agent's Source of process_events (supervisor-recorded starts and exits, watched paths
-re-read when they change, each row emitted once)."""
+"""ProcessSource: the node agent's Source of process_events (supervisor-recorded starts and exits,
+watched paths re-read when they change, each row emitted once)."""
 
 from __future__ import annotations
 
@@ -28,13 +28,21 @@ log = logging.getLogger("faultlens.collectors.sources.process_events")  # its na
 
 
 class ProcessSource:
-    """A Source of process_events: supervisor-recorded starts and exits, plus the rows of watched paths (log dirs,
-    torchrun stderr files, error files), re-read when they change; each row is emitted once. Never raises."""
+    """A Source of process_events: supervisor-recorded starts and exits, plus the rows of watched
+    paths (log dirs, torchrun stderr files, error files), re-read when they change; each row is
+    emitted once. Never raises."""
 
     name = "process"
 
-    def __init__(self, identity: NodeIdentity, *, paths: Sequence[str | Path] = (), rules: ProcessRules | None = None,
-                 clock: Callable[[], int] = time.time_ns, tz: dt.tzinfo | None = None) -> None:
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        *,
+        paths: Sequence[str | Path] = (),
+        rules: ProcessRules | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        tz: dt.tzinfo | None = None,
+    ) -> None:
         self.context = EventContext.from_identity(identity, tz)
         self.paths = [Path(p) for p in paths]
         self.rules = rules or load_process_rules()
@@ -48,19 +56,42 @@ class ProcessSource:
     def record_start(self, *, rank: int | None, local_rank: int | None, pid: int | None,
                      attempt: int | None = None) -> None:
         context = self._context(attempt)
-        self._pending.append(start_row(context, self._clock(), rank=rank, local_rank=local_rank, pid=pid))
+        self._pending.append(
+            start_row(context, self._clock(), rank=rank, local_rank=local_rank, pid=pid)
+        )
 
-    def record_exit(self, *, rank: int | None, local_rank: int | None, pid: int | None, returncode: int,
-                    attempt: int | None = None, terminated_by_us: bool = False) -> None:
-        """An exit seen by the supervisor (Popen returncode: negative for a signal). terminated_by_us: the
-        supervisor itself sent the signal (a survivor being shut down): the row is secondary."""
+    def record_exit(
+        self,
+        *,
+        rank: int | None,
+        local_rank: int | None,
+        pid: int | None,
+        returncode: int,
+        attempt: int | None = None,
+        terminated_by_us: bool = False,
+    ) -> None:
+        """An exit seen by the supervisor (Popen returncode: negative for a signal).
+        terminated_by_us: the supervisor itself sent the signal (a survivor being shut down): the
+        row is secondary."""
         context = self._context(attempt)
-        self._pending.append(exit_row(context, self._clock(), source=Source.SUPERVISOR, exit_code=returncode,
-                                      is_secondary=terminated_by_us, rank=rank, local_rank=local_rank, pid=pid))
+        self._pending.append(
+            exit_row(
+                context,
+                self._clock(),
+                source=Source.SUPERVISOR,
+                exit_code=returncode,
+                is_secondary=terminated_by_us,
+                rank=rank,
+                local_rank=local_rank,
+                pid=pid,
+            )
+        )
 
     def _context(self, attempt: int | None) -> EventContext:
         c = self.context
-        return EventContext(c.node, c.cluster, c.job_id, attempt if attempt is not None else c.attempt, c.tz)
+        return EventContext(
+            c.node, c.cluster, c.job_id, attempt if attempt is not None else c.attempt, c.tz
+        )
 
     def poll(self) -> Mapping[str, pa.RecordBatch]:
         rows, self._pending = self._pending, []
@@ -89,11 +120,14 @@ class ProcessSource:
 
     def _changed(self, path: Path) -> bool:
         try:
-            stats = [path.stat()] + ([p.stat() for p in path.rglob("*") if p.is_file()] if path.is_dir() else [])
+            stats = [path.stat()] + (
+                [p.stat() for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
+            )
         except OSError:
             return False
         if path.is_dir() and len(stats) == 1:
-            return False  # a watched log dir torchrun has not filled yet: nothing to read, nothing wrong
+            # a watched log dir torchrun has not filled yet: nothing to read, nothing wrong
+            return False
         signature = (sum(s.st_size for s in stats), max(s.st_mtime_ns for s in stats))
         key = str(path)
         if self._seen_files.get(key) == signature:

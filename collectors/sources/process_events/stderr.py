@@ -1,5 +1,6 @@
-"""Worker stderr: lines grouped by the worker that wrote them, and one worker's lines into rows (its tracebacks
-and the error lines the rules recognise outside them), stamped with the nearest glog time."""
+"""Worker stderr: lines grouped by the worker that wrote them, and one worker's lines into rows (its
+tracebacks and the error lines the rules recognise outside them), stamped with the nearest glog
+time."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ from faultlens.collectors.artifacts.fingerprint import (
     split_exception_line,
     strip_prefixes,
 )
-from faultlens.collectors.sources.process_events.rows import EventContext, Source, error_row, timestamp_ns
+from faultlens.collectors.sources.process_events.rows import (
+    EventContext,
+    Source,
+    error_row,
+    timestamp_ns,
+)
 from faultlens.collectors.sources.process_rules import ProcessRules, load_process_rules
 
 _GLOG_TS_RE = re.compile(r"^\[?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})\b")
@@ -30,10 +36,12 @@ class WorkerStream:
     lines: list[str] = field(default_factory=list)
 
 
-def split_worker_streams(lines: Iterable[str], default_rank: int | None = None,
-                         default_local_rank: int | None = None) -> tuple[list[WorkerStream], list[str]]:
-    """Group lines by the worker that wrote them ('[defaultN]:' from torchrun --tee, '[rankN]:' from torch).
-    Lines with no prefix go to the default worker when one is given, else they are returned apart."""
+def split_worker_streams(
+    lines: Iterable[str], default_rank: int | None = None, default_local_rank: int | None = None
+) -> tuple[list[WorkerStream], list[str]]:
+    """Group lines by the worker that wrote them ('[defaultN]:' from torchrun --tee, '[rankN]:' from
+    torch). Lines with no prefix go to the default worker when one is given, else they are returned
+    apart."""
     streams: dict[tuple[int | None, int | None], WorkerStream] = {}
     unprefixed: list[str] = []
     for line in lines:
@@ -52,7 +60,8 @@ def split_worker_streams(lines: Iterable[str], default_rank: int | None = None,
         if stream is None:
             stream = streams[(local, rank)] = WorkerStream(rank, local)
         stream.lines.append(strip_prefixes(line))
-    # a worker whose lines carry only [defaultN]: before init_process_group and [rankM]: after is one worker
+    # a worker whose lines carry only [defaultN]: before init_process_group and [rankM]: after is
+    # one worker
     by_local: dict[int, int] = {s.local_rank: s.rank for s in streams.values()
                                 if s.local_rank is not None and s.rank is not None}
     merged: dict[tuple[int | None, int | None], WorkerStream] = {}
@@ -75,11 +84,19 @@ def glog_ts(line: str, year: int) -> dt.datetime | None:
         return None
 
 
-def rows_from_stream(lines: Sequence[str], context: EventContext, *, rank: int | None, local_rank: int | None,
-                     fallback_ts: dt.datetime | int, rules: ProcessRules | None = None,
-                     skip_fingerprints: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """Rows from one worker's stderr lines (prefixes already stripped): one per traceback, one per recognised
-    error line outside a traceback (NCCL watchdog, OOM reports, ...), identical ones once."""
+def rows_from_stream(
+    lines: Sequence[str],
+    context: EventContext,
+    *,
+    rank: int | None,
+    local_rank: int | None,
+    fallback_ts: dt.datetime | int,
+    rules: ProcessRules | None = None,
+    skip_fingerprints: frozenset[str] = frozenset(),
+) -> list[dict[str, Any]]:
+    """Rows from one worker's stderr lines (prefixes already stripped): one per traceback, one per
+    recognised error line outside a traceback (NCCL watchdog, OOM reports, ...), identical ones
+    once."""
     rules = rules or load_process_rules()
     year = dt.datetime.fromtimestamp(timestamp_ns(fallback_ts) / 1e9).year  # type: ignore[operator]
     rows: list[dict[str, Any]] = []
@@ -119,7 +136,8 @@ def rows_from_stream(lines: Sequence[str], context: EventContext, *, rank: int |
 
 
 def _find_block(lines: list[str], parsed: ParsedTraceback, consumed: set[int]) -> int:
-    """Mark the lines of a parsed traceback as consumed (so they do not count again as free lines)."""
+    """Mark the lines of a parsed traceback as consumed (so they do not count again as free lines).
+    """
     block = parsed.text.splitlines()
     if not block:
         return 0

@@ -1,6 +1,6 @@
-"""Matching incidents to labelled faults: the fault's window, the pair score, greedy assignment best first;
-duplicates and false alarms (with the benign noise they coincide with); whether a replayed incident stands for a
-fault."""
+"""Matching incidents to labelled faults: the fault's window, the pair score, greedy assignment best
+first; duplicates and false alarms (with the benign noise they coincide with); whether a replayed
+incident stands for a fault."""
 
 from __future__ import annotations
 
@@ -22,9 +22,12 @@ def _window(label: FaultLabel) -> tuple[dt.datetime, dt.datetime]:
 
 
 def _span(incident: Incident) -> tuple[dt.datetime, dt.datetime]:
-    """From the incident's first signal to its newest evidence (a straggler's first signal is the start of the
-    scoring window, which can begin before the slowdown; its evidence lies inside it)."""
-    stamps = [e.ts for e in incident.evidence if e.ts is not None and e.ts >= incident.first_signal_ts]
+    """From the incident's first signal to its newest evidence (a straggler's first signal is the
+    start of the scoring window, which can begin before the slowdown; its evidence lies inside it).
+    """
+    stamps = [
+        e.ts for e in incident.evidence if e.ts is not None and e.ts >= incident.first_signal_ts
+    ]
     return incident.first_signal_ts, max([incident.first_signal_ts, *stamps])
 
 
@@ -55,13 +58,17 @@ def _pair_score(label: FaultLabel, incident: Incident) -> float:
 
 
 def stands_for(incident: Incident, label: FaultLabel) -> bool:
-    """Whether an incident reported during a live replay is the system's report of a labelled fault: it started
-    in the fault's window (a straggler's scoring window may begin a few minutes before the slowdown) and, when both
-    name nodes, they share one."""
+    """Whether an incident reported during a live replay is the system's report of a labelled fault:
+    it started in the fault's window (a straggler's scoring window may begin a few minutes before
+    the slowdown) and, when both name nodes, they share one."""
     if label.job_id and incident.job_id and label.job_id != incident.job_id:
         return False
     before = STRAGGLER_LEAD if label.label_class is LabelClass.STRAGGLER else BEFORE_SLACK
-    if not label.window_start - before <= incident.first_signal_ts <= label.effect_end_ts + AFTER_SLACK:
+    if (
+        not label.window_start - before
+        <= incident.first_signal_ts
+        <= label.effect_end_ts + AFTER_SLACK
+    ):
         return False
     if label.culprit_nodes and incident.culprit_nodes:
         return bool(set(incident.culprit_nodes) & set(label.culprit_nodes))
@@ -69,7 +76,9 @@ def stands_for(incident: Incident, label: FaultLabel) -> bool:
 
 
 def _assign(faults: Sequence[FaultLabel], incidents: Sequence[Incident]) -> dict[int, int]:
-    """Fault index -> incident index: pairs in a fault's window, best pair score first, each at most once."""
+    """Fault index -> incident index: pairs in a fault's window, best pair score first, each at most
+    once.
+    """
     pairs = []
     for li, label in enumerate(faults):
         for ii, incident in enumerate(incidents):
@@ -88,7 +97,9 @@ def _assign(faults: Sequence[FaultLabel], incidents: Sequence[Incident]) -> dict
 
 def _owner(incident: Incident, faults: Sequence[FaultLabel], incidents: Sequence[Incident],
            incident_of: dict[int, int]) -> int | None:
-    """The matched fault an unassigned incident duplicates (in its window, the same class or overlapping nodes)."""
+    """The matched fault an unassigned incident duplicates (in its window, the same class or
+    overlapping nodes).
+    """
     for li, label in enumerate(faults):
         if li not in incident_of or not _in_window(incident, label):
             continue
@@ -100,7 +111,9 @@ def _owner(incident: Incident, faults: Sequence[FaultLabel], incidents: Sequence
     return None
 
 
-def match(labels: Sequence[FaultLabel], incidents: Sequence[Incident]) -> tuple[list[Match], list[FalseAlarm]]:
+def match(
+    labels: Sequence[FaultLabel], incidents: Sequence[Incident]
+) -> tuple[list[Match], list[FalseAlarm]]:
     faults = [label for label in labels if label.is_fault]
     benign = [label for label in labels if not label.is_fault]
     incident_of = _assign(faults, incidents)
@@ -114,8 +127,15 @@ def match(labels: Sequence[FaultLabel], incidents: Sequence[Incident]) -> tuple[
         if owner is not None:
             duplicates[owner].append(incident)
             continue
-        noise = next((b.kind for b in benign if _in_window(incident, b)
-                      and (not b.culprit_nodes or set(b.culprit_nodes) & set(incident.culprit_nodes))), None)
+        noise = next(
+            (
+                b.kind
+                for b in benign
+                if _in_window(incident, b)
+                and (not b.culprit_nodes or set(b.culprit_nodes) & set(incident.culprit_nodes))
+            ),
+            None,
+        )
         false_alarms.append(FalseAlarm(incident, noise))
     matches = [Match(label, incidents[incident_of[li]] if li in incident_of else None,
                      duplicates=tuple(duplicates.get(li, ()))) for li, label in enumerate(faults)]

@@ -1,5 +1,5 @@
-"""The evaluation's types: a decision as scored, a precision/recall score, a fault's match, a false alarm, the
-report and its JSON and table forms; cause families."""
+"""The evaluation's types: a decision as scored, a precision/recall score, a fault's match, a false
+alarm, the report and its JSON and table forms; cause families."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ class Match:
     incident: Incident | None
     decision: DecisionView | None = None
     duplicates: tuple[Incident, ...] = ()
-    replay_detected_at: dt.datetime | None = None  # from a live replay (faultlens.controller.lab.replay), when one ran
+    # from a live replay (faultlens.controller.lab.replay), when one ran
+    replay_detected_at: dt.datetime | None = None
 
     @property
     def detected_at(self) -> dt.datetime | None:
@@ -83,13 +84,17 @@ class Match:
 
     @property
     def latency_s(self) -> float | None:
-        """Detection time minus the fault's onset (its first symptom; the injection time for most faults)."""
+        """Detection time minus the fault's onset (its first symptom; the injection time for most
+        faults).
+        """
         detected = self.detected_at
         return None if detected is None else (detected - self.label.window_start).total_seconds()
 
     @property
     def latency_after_progress_stop_s(self) -> float | None:
-        """Detection time minus the end of the last step completed before the fault (hangs: 'progress stops')."""
+        """Detection time minus the end of the last step completed before the fault (hangs:
+        'progress stops').
+        """
         detected = self.detected_at
         stopped = self.label.extra.get("last_step_end_ts")
         if detected is None or not stopped:
@@ -135,7 +140,10 @@ class EvalReport:
             "detection": self.detection.to_json(),
             "culprit_nodes": self.culprit_nodes.to_json(),
             "nodes_named_for_no_culprit_faults": self.nodes_named_for_no_culprit_faults,
-            "cause_accuracy": {"exact": _round(self.cause_exact), "family": _round(self.cause_family)},
+            "cause_accuracy": {
+                "exact": _round(self.cause_exact),
+                "family": _round(self.cause_family),
+            },
             "decisions": {
                 "source": self.decisions_source,
                 "software_failovers": self.software_failovers,
@@ -143,12 +151,17 @@ class EvalReport:
                 "healthy_exclusion_incidents": self.healthy_exclusion_incidents,
                 "escalation_rate": _round(self.escalation_rate),
                 "handled_without_human": _round(self.handled_without_human),
-                "handled_without_human_non_software": _round(self.handled_without_human_non_software),
+                "handled_without_human_non_software": _round(
+                    self.handled_without_human_non_software
+                ),
                 "by_rule": self.decision_rules,
             },
             "latency_s": self.latency,
             "by_kind": self.by_kind,
-            "false_alarms": {"total": len(self.false_alarms), "by_cause": self.false_alarms_by_cause},
+            "false_alarms": {
+                "total": len(self.false_alarms),
+                "by_cause": self.false_alarms_by_cause,
+            },
             "missed": sorted(m.label.fault_id for m in self.matches if m.incident is None),
             "fault_details": [_fault_json(m) for m in self.matches],
         }
@@ -157,15 +170,29 @@ class EvalReport:
 def _fault_json(m: Match) -> dict[str, Any]:
     incident = m.incident
     return {
-        "fault_id": m.label.fault_id, "kind": m.label.kind, "class": m.label.label_class.value,
-        "cause": m.label.cause, "culprit_nodes": list(m.label.culprit_nodes),
-        "expected_action": m.label.expected_action.value, "injected_ts": m.label.injected_ts.isoformat(),
-        "incident": None if incident is None else {
-            "incident_id": incident.incident_id, "class": incident.incident_class.value,
-            "cause": incident.cause.value, "culprit_nodes": list(incident.culprit_nodes), "rule": incident.rule},
-        "decision": None if m.decision is None else {"action": m.decision.action,
-                                                     "exclude_nodes": list(m.decision.exclude_nodes),
-                                                     "rule": m.decision.rule},
+        "fault_id": m.label.fault_id,
+        "kind": m.label.kind,
+        "class": m.label.label_class.value,
+        "cause": m.label.cause,
+        "culprit_nodes": list(m.label.culprit_nodes),
+        "expected_action": m.label.expected_action.value,
+        "injected_ts": m.label.injected_ts.isoformat(),
+        "incident": None
+        if incident is None
+        else {
+            "incident_id": incident.incident_id,
+            "class": incident.incident_class.value,
+            "cause": incident.cause.value,
+            "culprit_nodes": list(incident.culprit_nodes),
+            "rule": incident.rule,
+        },
+        "decision": None
+        if m.decision is None
+        else {
+            "action": m.decision.action,
+            "exclude_nodes": list(m.decision.exclude_nodes),
+            "rule": m.decision.rule,
+        },
         "duplicates": len(m.duplicates),
         "latency_s": _round(m.latency_s, 3),
         "replay_detected_ts": m.replay_detected_at.isoformat() if m.replay_detected_at else None,
@@ -174,12 +201,19 @@ def _fault_json(m: Match) -> dict[str, Any]:
 
 def report_rows(report: EvalReport) -> dict[str, list[dict[str, Any]]]:
     """The report as small tables (for the CLI's rich output)."""
-    scores = [{"metric": name, **score.to_json()} for name, score in
-              [*((f"class {k}", v) for k, v in report.per_class.items()), ("detection (any class)", report.detection),
-               ("culprit node", report.culprit_nodes)]]
+    scores = [
+        {"metric": name, **score.to_json()}
+        for name, score in [
+            *((f"class {k}", v) for k, v in report.per_class.items()),
+            ("detection (any class)", report.detection),
+            ("culprit node", report.culprit_nodes),
+        ]
+    ]
     data = report.to_json()
     decisions = [{"metric": k, "value": v} for k, v in data["decisions"].items() if k != "by_rule"]
-    decisions += [{"metric": f"decisions {rule}", "value": n} for rule, n in report.decision_rules.items()]
+    decisions += [
+        {"metric": f"decisions {rule}", "value": n} for rule, n in report.decision_rules.items()
+    ]
     decisions += [{"metric": "cause accuracy (exact)", "value": data["cause_accuracy"]["exact"]},
                   {"metric": "cause accuracy (family)", "value": data["cause_accuracy"]["family"]},
                   {"metric": "nodes named for faults without a culprit node",
@@ -190,6 +224,9 @@ def report_rows(report: EvalReport) -> dict[str, list[dict[str, Any]]]:
     kinds = [{"kind": k, **v} for k, v in report.by_kind.items()]
     basis = report.latency.get("basis", {}).get("source", "")
     if "not in simulated time" in basis:
-        latency = [{"class": "all", "n": None, "median": None, "p90": None, "min": None, "max": None}]
-    return {"scores": scores, "decisions": decisions, f"detection latency (s, simulated) from {basis}": latency,
+        latency = [
+            {"class": "all", "n": None, "median": None, "p90": None, "min": None, "max": None}
+        ]
+    return {"scores": scores, "decisions": decisions, "detection latency (s, simulated) from "
+                                                      f"{basis}": latency,
             "by fault kind": kinds}

@@ -1,1 +1,3 @@
-"""Training scripts the campaign runs, written as a user would write them (DDP; a pipeline with sub-groups)."""
+"""Training scripts the campaign runs, written as a user would write them (DDP; a pipeline with
+sub-groups).
+"""

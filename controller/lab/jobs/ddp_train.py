@@ -1,10 +1,11 @@
-"""A user's DDP training script: an MLP regression over gloo on the CPU, with faultlens's in-job instrumentation as
-docs/operations.md describes it (step timer, flight-recorder trigger, tiered checkpointer), resuming from the
-restore plan the supervisor hands it.
+"""A user's DDP training script: an MLP regression over gloo on the CPU, with faultlens's in-job
+instrumentation as docs/operations.md describes it (step timer, flight-recorder trigger, tiered
+checkpointer), resuming from the restore plan the supervisor hands it.
 
     faultlens run --nnodes 2 --nproc-per-node 2 -- controller/lab/jobs/ddp_train.py --steps 40
 
-Nothing here knows about fault injection: the campaign injects from outside (controller/lab/inject.py).
+Nothing here knows about fault injection: the campaign injects from outside
+(controller/lab/inject.py).
 """
 
 from __future__ import annotations
@@ -30,20 +31,28 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="DDP MLP training (gloo, CPU)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--compute-s", type=float, default=0.05, help="extra compute per step (s): a bigger model")
+    parser.add_argument("--compute-s", type=float, default=0.05, help="extra compute per step (s): "
+                                                                      "a bigger model")
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--durable-every", type=int, default=10)
-    parser.add_argument("--eval-every", type=int, default=0, help="run an eval phase every N steps (0: never)")
+    parser.add_argument("--eval-every", type=int, default=0, help="run an eval phase every N steps "
+                                                                  "(0: never)")
     parser.add_argument("--eval-batches", type=int, default=5)
-    parser.add_argument("--flush-s", type=float, default=2.0, help="step-row flush interval of the timer")
+    parser.add_argument("--flush-s", type=float, default=2.0, help="step-row flush interval of the "
+                                                                   "timer")
     parser.add_argument("--timeout", type=float, default=30.0, help="collective timeout (s)")
     return parser.parse_args()
 
 
 def build_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 1),
+    )
 
 
 @record
@@ -58,12 +67,19 @@ def main() -> None:
     node = environment.NODE.get()
     model = DistributedDataParallel(build_model())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    timer = StepTimer.from_env(flush_interval_s=args.flush_s, identity=RankIdentity.from_env(gpu_index=local_rank),
-                               parallel=ParallelCoords(dp_rank=rank, pp_rank=0, tp_rank=0, pp_size=1))
-    checkpointer = TieredCheckpointer.from_env(environment.CKPT_LOCAL.raw(),
-                                               durable=environment.CKPT_DURABLE.get(),
-                                               every_local=args.ckpt_every, every_durable=args.durable_every,
-                                               node=node, job_id=environment.JOB_ID.get())
+    timer = StepTimer.from_env(
+        flush_interval_s=args.flush_s,
+        identity=RankIdentity.from_env(gpu_index=local_rank),
+        parallel=ParallelCoords(dp_rank=rank, pp_rank=0, tp_rank=0, pp_size=1),
+    )
+    checkpointer = TieredCheckpointer.from_env(
+        environment.CKPT_LOCAL.raw(),
+        durable=environment.CKPT_DURABLE.get(),
+        every_local=args.ckpt_every,
+        every_durable=args.durable_every,
+        node=node,
+        job_id=environment.JOB_ID.get(),
+    )
     start = 0
     plan = load_restore_plan()
     if plan is not None and not plan.fresh_start:

@@ -1,15 +1,18 @@
-"""A user's pipeline-parallel training script: the model split in stages along the ranks of a node, activations
-and gradients passed with send/recv between neighbouring stages, gradients averaged over each stage's
-data-parallel sub-group (new_group), loss reported over the world group. Gloo, CPU; faultlens's step timer,
-flight-recorder trigger and tiered checkpointer; resumes from the restore plan the supervisor hands it.
+"""A user's pipeline-parallel training script: the model split in stages along the ranks of a node,
+activations and gradients passed with send/recv between neighbouring stages, gradients averaged over
+each stage's data-parallel sub-group (new_group), loss reported over the world group. Gloo, CPU;
+faultlens's step timer, flight-recorder trigger and tiered checkpointer; resumes from the restore
+plan the supervisor hands it.
 
-    faultlens run --nnodes 2 --nproc-per-node 2 -- controller/lab/jobs/pipeline_train.py --stages 2 --steps 30
+    faultlens run --nnodes 2 --nproc-per-node 2 -- controller/lab/jobs/pipeline_train.py --stages 2
+    --steps 30
 
 Rank layout: stage = rank % stages, data-parallel index = rank // stages.
 
-The send/recv calls are timed in sections nested in forward and backward (`forward/recv`, ...): a stage waiting
-for its neighbour has not computed, and without those sections a slow stage makes every stage's forward grow by
-the same wait (measured: +0.10 s on both stages), which no timing can tell from the whole job slowing down.
+The send/recv calls are timed in sections nested in forward and backward (`forward/recv`, ...): a
+stage waiting for its neighbour has not computed, and without those sections a slow stage makes
+every stage's forward grow by the same wait (measured: +0.10 s on both stages), which no timing can
+tell from the whole job slowing down.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--microbatches", type=int, default=2)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--compute-s", type=float, default=0.03, help="extra compute per micro-batch and stage (s)")
+    parser.add_argument("--compute-s", type=float, default=0.03, help="extra compute per "
+                                                                      "micro-batch and stage (s)")
     parser.add_argument("--ckpt-every", type=int, default=5)
     parser.add_argument("--durable-every", type=int, default=10)
     parser.add_argument("--flush-s", type=float, default=2.0)
@@ -66,19 +70,26 @@ def main() -> None:
         raise SystemExit(f"world size {world} is not a multiple of --stages {args.stages}")
     stage, dp_rank, dp_size = rank % args.stages, rank // args.stages, world // args.stages
     first, last = stage == 0, stage == args.stages - 1
-    dp_groups = [dist.new_group([d * args.stages + s for d in range(dp_size)]) for s in range(args.stages)]
+    dp_groups = [
+        dist.new_group([d * args.stages + s for d in range(dp_size)]) for s in range(args.stages)
+    ]
     dp_group = dp_groups[stage]
     model = stage_module(stage, args.stages)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    timer = StepTimer.from_env(flush_interval_s=args.flush_s, identity=RankIdentity.from_env(gpu_index=local_rank),
-                               parallel=ParallelCoords(dp_rank=dp_rank, pp_rank=stage, tp_rank=0,
-                                                       pp_size=args.stages))
-    checkpointer = TieredCheckpointer.from_env(environment.CKPT_LOCAL.raw(),
-                                               durable=environment.CKPT_DURABLE.get(),
-                                               every_local=args.ckpt_every, every_durable=args.durable_every,
-                                               node=environment.NODE.get(),
-                                               job_id=environment.JOB_ID.get())
+    timer = StepTimer.from_env(
+        flush_interval_s=args.flush_s,
+        identity=RankIdentity.from_env(gpu_index=local_rank),
+        parallel=ParallelCoords(dp_rank=dp_rank, pp_rank=stage, tp_rank=0, pp_size=args.stages),
+    )
+    checkpointer = TieredCheckpointer.from_env(
+        environment.CKPT_LOCAL.raw(),
+        durable=environment.CKPT_DURABLE.get(),
+        every_local=args.ckpt_every,
+        every_durable=args.durable_every,
+        node=environment.NODE.get(),
+        job_id=environment.JOB_ID.get(),
+    )
     start = 0
     plan = load_restore_plan()
     if plan is not None and not plan.fresh_start:
@@ -86,7 +97,8 @@ def main() -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"]) + 1
-    data = torch.Generator().manual_seed(200 + dp_rank)  # the stages of one pipeline see the same batches
+    # the stages of one pipeline see the same batches
+    data = torch.Generator().manual_seed(200 + dp_rank)
     mb = args.batch // args.microbatches
 
     try:
@@ -100,7 +112,8 @@ def main() -> None:
                     for x, y in zip(xs, ys, strict=True):
                         if not first:
                             x = torch.empty(mb, WIDTH)
-                            with timer.section("recv"):  # the wait for the previous stage, not this one's work
+                            # the wait for the previous stage, not this one's work
+                            with timer.section("recv"):
                                 dist.recv(x, src=rank - 1)
                             x.requires_grad_(True)
                         time.sleep(args.compute_s)
@@ -134,15 +147,23 @@ def main() -> None:
                     for g in grads:
                         g.copy_(flat[offset:offset + g.numel()].view_as(g))
                         offset += g.numel()
-                    reported = torch.tensor([float(sum(loss.item() for loss in losses)) if last else 0.0])
+                    reported = torch.tensor(
+                        [float(sum(loss.item() for loss in losses)) if last else 0.0]
+                    )
                     dist.all_reduce(reported)
                 with timer.section("optimizer"):
                     optimizer.step()
                 record_step.loss = float(reported.item()) / dp_size
             if checkpointer.due(step) or checkpointer.durable_due(step):
                 with timer.step(step, phase="checkpoint"):
-                    checkpointer.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                             "step": step})
+                    checkpointer.save(
+                        step,
+                        {
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "step": step,
+                        },
+                    )
         dist.barrier()
     finally:
         checkpointer.close(timeout=30)

@@ -1,4 +1,5 @@
-"""Cluster simulator: a labelled fault corpus written through the real sink (fault injection, like the demo's).
+"""Cluster simulator: a labelled fault corpus written through the real sink (fault injection, like
+the demo's).
 
     from faultlens.controller.lab.simulate import SimConfig, simulate
     result = simulate(SimConfig(nodes=16, hours=24, seed=1), "store-dir")

@@ -1,8 +1,10 @@
-"""Cluster identity and rank placement: physical nodes with their GPUs, and how a job's ranks map onto them.
+"""Cluster identity and rank placement: physical nodes with their GPUs, and how a job's ranks map
+onto them.
 
-Ranks follow Megatron's default order (tensor parallel fastest, then data parallel, then pipeline stage), with the
-tensor-parallel group filling one node: rank = tp + tp_size * (dp + dp_size * pp). A pipeline stage is therefore a
-contiguous block of nodes, which is why a slow stage looks like "several slow nodes" unless the pp_rank is read.
+Ranks follow Megatron's default order (tensor parallel fastest, then data parallel, then pipeline
+stage), with the tensor-parallel group filling one node: rank = tp + tp_size * (dp + dp_size * pp).
+A pipeline stage is therefore a contiguous block of nodes, which is why a slow stage looks like
+"several slow nodes" unless the pp_rank is read.
 """
 
 from __future__ import annotations
@@ -13,7 +15,24 @@ from dataclasses import dataclass
 import numpy as np
 
 # PCI bus numbers of the eight GPUs of an HGX H100 baseboard, in NVML index order.
-HGX_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB", "1B", "2B", "3B", "5E", "9B", "AC", "BB", "DC")
+HGX_BUSES = (
+    "18",
+    "2A",
+    "3A",
+    "5D",
+    "9A",
+    "AB",
+    "BA",
+    "DB",
+    "1B",
+    "2B",
+    "3B",
+    "5E",
+    "9B",
+    "AC",
+    "BB",
+    "DC",
+)
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 MEM_TOTAL_BYTES = 81_559 * 1024 * 1024
 
@@ -43,10 +62,14 @@ def _uuid(rng: np.random.Generator) -> str:
     return f"GPU-{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}"
 
 
-def make_nodes(count: int, gpus_per_node: int, rng: np.random.Generator, first: int = 0) -> list[Node]:
+def make_nodes(
+    count: int, gpus_per_node: int, rng: np.random.Generator, first: int = 0
+) -> list[Node]:
     nodes = []
     for i in range(first, first + count):
-        gpus = tuple(Gpu(g, _uuid(rng), f"00000000:{HGX_BUSES[g]}:00.0") for g in range(gpus_per_node))
+        gpus = tuple(
+            Gpu(g, _uuid(rng), f"00000000:{HGX_BUSES[g]}:00.0") for g in range(gpus_per_node)
+        )
         nodes.append(Node(f"node-{i:03d}", f"10.{64 + i // 250}.{i % 250}.{11 + (i % 7)}", gpus))
     return nodes
 
@@ -109,22 +132,33 @@ class Placement:
         nodes = tuple(spare if n.name == node_name else n for n in self.nodes)
         return Placement(nodes, self.tp_size, self.pp_size)
 
-    # process groups, as Megatron builds them -------------------------------------------------------------
+    # process groups, as Megatron builds them
+    # -------------------------------------------------------------
     def tp_groups(self) -> list[tuple[int, ...]]:
-        return [tuple(range(s * self.tp_size, (s + 1) * self.tp_size)) for s in range(len(self.nodes))]
+        return [
+            tuple(range(s * self.tp_size, (s + 1) * self.tp_size)) for s in range(len(self.nodes))
+        ]
 
     def dp_groups(self) -> list[tuple[int, ...]]:
         groups = []
         for pp in range(self.pp_size):
             for tp in range(self.tp_size):
-                groups.append(tuple(tp + self.tp_size * (dp + self.dp_size * pp) for dp in range(self.dp_size)))
+                groups.append(
+                    tuple(
+                        tp + self.tp_size * (dp + self.dp_size * pp) for dp in range(self.dp_size)
+                    )
+                )
         return groups
 
     def pp_groups(self) -> list[tuple[int, ...]]:
         groups = []
         for dp in range(self.dp_size):
             for tp in range(self.tp_size):
-                groups.append(tuple(tp + self.tp_size * (dp + self.dp_size * pp) for pp in range(self.pp_size)))
+                groups.append(
+                    tuple(
+                        tp + self.tp_size * (dp + self.dp_size * pp) for pp in range(self.pp_size)
+                    )
+                )
         return groups
 
 

@@ -1,10 +1,11 @@
 """GPU samples as the NVML source writes them, and the events it derives from sample deltas.
 
-Each physical GPU has stable traits (temperature and power offsets, a slow trickle of corrected ECC errors on a
-few GPUs). Faults and noise change a GPU through *conditions* (a time window of heat, lower clocks, clocks-event
-reason bits) and *counter changes* (an uncorrectable ECC error, a pending row remap, a recovery action). Event rows
-for thermal/power slowdowns, new DBEs, remap flags and recovery actions are derived from consecutive samples,
-exactly as the collector does it, so events and samples can never disagree.
+Each physical GPU has stable traits (temperature and power offsets, a slow trickle of corrected ECC
+errors on a few GPUs). Faults and noise change a GPU through *conditions* (a time window of heat,
+lower clocks, clocks-event reason bits) and *counter changes* (an uncorrectable ECC error, a pending
+row remap, a recovery action). Event rows for thermal/power slowdowns, new DBEs, remap flags and
+recovery actions are derived from consecutive samples, exactly as the collector does it, so events
+and samples can never disagree.
 """
 
 from __future__ import annotations
@@ -35,14 +36,35 @@ MAX_SM_CLOCK = 1980
 IDLE_SM_CLOCK = 345
 MEM_CLOCK = 2619
 
-COUNTERS = ("ecc_sbe_volatile", "ecc_dbe_volatile", "ecc_sbe_aggregate", "ecc_dbe_aggregate", "ecc_dram_corrected",
-            "ecc_dram_uncorrected", "ecc_sram_corrected", "ecc_sram_uncorrected", "remapped_rows_correctable",
-            "remapped_rows_uncorrectable", "pcie_replay_count", "nvlink_replay_errors", "nvlink_recovery_errors",
-            "nvlink_crc_errors")
+COUNTERS = (
+    "ecc_sbe_volatile",
+    "ecc_dbe_volatile",
+    "ecc_sbe_aggregate",
+    "ecc_dbe_aggregate",
+    "ecc_dram_corrected",
+    "ecc_dram_uncorrected",
+    "ecc_sram_corrected",
+    "ecc_sram_uncorrected",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "pcie_replay_count",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+    "nvlink_crc_errors",
+)
 LEVELS = ("remap_pending", "remap_failure", "recovery_action")
-# counters whose change the NVML source turns into events (a corrected-error trickle does not move these)
-DELTA_COUNTERS = ("ecc_dbe_volatile", "ecc_dbe_aggregate", "ecc_dram_uncorrected", "ecc_sram_uncorrected",
-                  "nvlink_replay_errors", "nvlink_recovery_errors", "nvlink_crc_errors", "pcie_replay_count")
+# counters whose change the NVML source turns into events (a corrected-error trickle does not move
+# these)
+DELTA_COUNTERS = (
+    "ecc_dbe_volatile",
+    "ecc_dbe_aggregate",
+    "ecc_dram_uncorrected",
+    "ecc_sram_uncorrected",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
+    "nvlink_crc_errors",
+    "pcie_replay_count",
+)
 
 
 @dataclass(frozen=True)
@@ -73,8 +95,10 @@ class GpuEffects:
 
     conditions: list[GpuCondition] = field(default_factory=list)
     changes: list[CounterChange] = field(default_factory=list)
-    gpu_stop: dict[tuple[str, int], int] = field(default_factory=dict)  # NVML can no longer read the GPU
-    presence: dict[str, list[list[int]]] = field(default_factory=lambda: defaultdict(list))  # node -> [[t0, t1]]
+    # NVML can no longer read the GPU
+    gpu_stop: dict[tuple[str, int], int] = field(default_factory=dict)
+    # node -> [[t0, t1]]
+    presence: dict[str, list[list[int]]] = field(default_factory=lambda: defaultdict(list))
 
     def join(self, node: str, t: int) -> None:
         spans = self.presence[node]
@@ -99,7 +123,9 @@ def _interval_mask(ticks: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> n
 
 @dataclass(frozen=True)
 class _Series:
-    """The sampled gauges of a node's GPUs, (GPU, tick) arrays: healthy baseline first, then the conditions."""
+    """The sampled gauges of a node's GPUs, (GPU, tick) arrays: healthy baseline first, then the
+    conditions.
+    """
 
     temp: np.ndarray
     hbm: np.ndarray
@@ -117,7 +143,11 @@ class _Series:
         power_off = rng.normal(0, 15, n_gpu)[:, None]
         temp = np.where(busy, 64.0, 35.0) + temp_off + rng.normal(0, 1.2, (n_gpu, n))
         hbm = temp + np.where(busy, 6.0, 2.0) + rng.normal(0, 0.8, (n_gpu, n))
-        power = np.where(busy, 640.0, 72.0) + np.where(busy, power_off, power_off / 6) + rng.normal(0, 18, (n_gpu, n))
+        power = (
+            np.where(busy, 640.0, 72.0)
+            + np.where(busy, power_off, power_off / 6)
+            + rng.normal(0, 18, (n_gpu, n))
+        )
         sm_clock = np.where(busy, MAX_SM_CLOCK, IDLE_SM_CLOCK) * np.ones((n_gpu, 1))
         util = np.where(busy, np.clip(rng.normal(98.5, 1.0, (n_gpu, n)), 80, 100), 0.0)
         mem_util = np.where(busy, np.clip(rng.normal(42, 4, (n_gpu, n)), 0, 100), 0.0)
@@ -130,8 +160,12 @@ class _Series:
         sm_clock = np.where(capped, sm_clock * 0.97, sm_clock)
         return cls(temp, hbm, power, sm_clock, util, mem_util, mem_used, reasons)
 
-    def apply(self, conditions: list[GpuCondition], node: str, ticks: np.ndarray, busy: np.ndarray) -> None:
-        """The node's conditions (heat, lower clocks, reason bits) while its GPUs are busy in their windows."""
+    def apply(
+        self, conditions: list[GpuCondition], node: str, ticks: np.ndarray, busy: np.ndarray
+    ) -> None:
+        """The node's conditions (heat, lower clocks, reason bits) while its GPUs are busy in their
+        windows.
+        """
         for cond in conditions:
             if cond.node != node:
                 continue
@@ -139,15 +173,17 @@ class _Series:
             g = cond.gpu
             self.temp[g] = np.where(window, self.temp[g] + cond.temp_add, self.temp[g])
             self.hbm[g] = np.where(window, self.hbm[g] + cond.temp_add * 0.7, self.hbm[g])
-            self.sm_clock[g] = np.where(window, self.sm_clock[g] * cond.sm_clock_mult, self.sm_clock[g])
+            self.sm_clock[g] = np.where(
+                window, self.sm_clock[g] * cond.sm_clock_mult, self.sm_clock[g]
+            )
             self.power[g] = np.where(window, self.power[g] * cond.power_mult, self.power[g])
             self.reasons[g] = np.where(window, self.reasons[g] | cond.reasons, self.reasons[g])
 
 
 def _counters(rng: np.random.Generator, changes: list[CounterChange], node: str, ticks: np.ndarray,
               n_gpu: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The error counters (COUNTERS) and levels (LEVELS) of a node's GPUs at each tick: each GPU's baseline history
-    and the node's counter changes."""
+    """The error counters (COUNTERS) and levels (LEVELS) of a node's GPUs at each tick: each GPU's
+    baseline history and the node's counter changes."""
     n = len(ticks)
     counters = {name: np.zeros((n_gpu, n), dtype=np.int64) for name in COUNTERS}
     # baseline history of each GPU: a few corrected errors and correctable remaps on some
@@ -172,15 +208,26 @@ def _counters(rng: np.random.Generator, changes: list[CounterChange], node: str,
         if change.name in counters:
             counters[change.name][change.gpu] += np.where(after, change.delta, 0)
         else:
-            levels[change.name][change.gpu] = np.where(after, change.value, levels[change.name][change.gpu])
+            levels[change.name][change.gpu] = np.where(
+                after, change.value, levels[change.name][change.gpu]
+            )
     return counters, levels
 
 
 class GpuSampler:
     """Generates gpu_samples tables per node and the sample-delta gpu_events rows."""
 
-    def __init__(self, *, cluster: str, job_id: str, sample_ns: int, seed: int, busy: list[tuple[int, int]],
-                 attempt_starts: list[int], end_ns: int) -> None:
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        job_id: str,
+        sample_ns: int,
+        seed: int,
+        busy: list[tuple[int, int]],
+        attempt_starts: list[int],
+        end_ns: int,
+    ) -> None:
         self.cluster = cluster
         self.job_id = job_id
         self.sample_ns = sample_ns
@@ -194,8 +241,8 @@ class GpuSampler:
 
     def node_samples(self, node: Node, spans: list[list[int]], effects: GpuEffects,
                      node_index: int) -> tuple[pa.Table | None, list[dict[str, Any]]]:
-        """The node's samples over its spans in the job (None when no tick falls into them) and the events derived
-        from them."""
+        """The node's samples over its spans in the job (None when no tick falls into them) and the
+        events derived from them."""
         rng = np.random.default_rng([self.seed, 7, node_index])
         ticks = self._ticks(rng, spans)
         if ticks is None:
@@ -214,10 +261,14 @@ class GpuSampler:
                 alive[g] = ticks < stop
         # power integrates into the energy counter (mJ)
         dt_s = self.sample_ns / 1e9
-        energy = rng.integers(10**9, 5 * 10**9, n_gpu)[:, None] + np.cumsum(series.power * dt_s * 1000, axis=1)
+        energy = rng.integers(10**9, 5 * 10**9, n_gpu)[:, None] + np.cumsum(
+            series.power * dt_s * 1000, axis=1
+        )
         energy = energy.astype(np.int64)
         table = self._table(node, ticks, attempt, alive, series, energy, {**counters, **levels})
-        events = self._derived_events(node, ticks, attempt, alive, series.reasons, counters, levels, series.temp)
+        events = self._derived_events(
+            node, ticks, attempt, alive, series.reasons, counters, levels, series.temp
+        )
         return table, events
 
     def _ticks(self, rng: np.random.Generator, spans: list[list[int]]) -> np.ndarray | None:
@@ -231,9 +282,19 @@ class GpuSampler:
                 tick_parts.append(np.arange(first, t1, self.sample_ns, dtype=np.int64))
         return np.concatenate(tick_parts) if tick_parts else None
 
-    def _table(self, node: Node, ticks: np.ndarray, attempt: np.ndarray, alive: np.ndarray, series: _Series,
-               energy: np.ndarray, counters: dict[str, np.ndarray]) -> pa.Table:
-        """The gpu_samples rows of the GPUs alive at each tick (`counters`: the counters and levels)."""
+    def _table(
+        self,
+        node: Node,
+        ticks: np.ndarray,
+        attempt: np.ndarray,
+        alive: np.ndarray,
+        series: _Series,
+        energy: np.ndarray,
+        counters: dict[str, np.ndarray],
+    ) -> pa.Table:
+        """The gpu_samples rows of the GPUs alive at each tick (`counters`: the counters and
+        levels).
+        """
         n_gpu, n = alive.shape
         sel = alive.ravel()
         gpu_idx = np.repeat(np.arange(n_gpu, dtype=np.int32), n)[sel]
@@ -274,13 +335,23 @@ class GpuSampler:
         for name, values in counters.items():
             data[name] = pa.array(col(values))
         schema = TABLES["gpu_samples"]
-        return pa.table({f.name: data.get(f.name, pa.nulls(rows, f.type)) for f in schema}, schema=schema)
+        return pa.table(
+            {f.name: data.get(f.name, pa.nulls(rows, f.type)) for f in schema}, schema=schema
+        )
 
-    def _derived_events(self, node: Node, ticks: np.ndarray, attempt: np.ndarray, alive: np.ndarray,
-                        reasons: np.ndarray, counters: dict[str, np.ndarray], levels: dict[str, np.ndarray],
-                        temp: np.ndarray) -> list[dict[str, Any]]:
-        """What the NVML source makes of consecutive samples of one GPU: its own sample_changes() on every pair of
-        samples where a watched value moved (and on the first sample)."""
+    def _derived_events(
+        self,
+        node: Node,
+        ticks: np.ndarray,
+        attempt: np.ndarray,
+        alive: np.ndarray,
+        reasons: np.ndarray,
+        counters: dict[str, np.ndarray],
+        levels: dict[str, np.ndarray],
+        temp: np.ndarray,
+    ) -> list[dict[str, Any]]:
+        """What the NVML source makes of consecutive samples of one GPU: its own sample_changes() on
+        every pair of samples where a watched value moved (and on the first sample)."""
         rows: list[dict[str, Any]] = []
         watched = {**{name: counters[name] for name in DELTA_COUNTERS}, **levels,
                    "slowdown_bits": reasons & (THERMAL_BITS | POWER_BITS)}
@@ -296,11 +367,22 @@ class GpuSampler:
             for j in np.flatnonzero(moved):
                 at = idx[j]
                 cur = self._reading(at, g, reasons, counters, levels, temp)
-                prev = self._reading(idx[j - 1], g, reasons, counters, levels, temp) if j > 0 else None
+                prev = (
+                    self._reading(idx[j - 1], g, reasons, counters, levels, temp) if j > 0 else None
+                )
                 elapsed = (ticks[at] - ticks[idx[j - 1]]) / 1e9 if j > 0 else None
                 for change in sample_changes(prev, cur, elapsed):
-                    rows.append(self.events.sample_event(int(ticks[at]), node, gpu, int(attempt[at]), change.kind,
-                                                         change.code, change.message))
+                    rows.append(
+                        self.events.sample_event(
+                            int(ticks[at]),
+                            node,
+                            gpu,
+                            int(attempt[at]),
+                            change.kind,
+                            change.code,
+                            change.message,
+                        )
+                    )
         return rows
 
     @staticmethod

@@ -1,5 +1,6 @@
-"""The mutable state of one simulation that fault injectors read and write: the current attempt (placement,
-pids, steps so far), the rows of the small tables, GPU effects, timing effects, and the labels."""
+"""The mutable state of one simulation that fault injectors read and write: the current attempt
+(placement, pids, steps so far), the rows of the small tables, GPU effects, timing effects, and the
+labels."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ NS = 1_000_000_000
 
 
 def to_datetime(ns: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(ns // NS, tz=dt.UTC) + dt.timedelta(microseconds=(ns % NS) // 1000)
+    return dt.datetime.fromtimestamp(ns // NS, tz=dt.UTC) + dt.timedelta(
+        microseconds=(ns % NS) // 1000
+    )
 
 
 @dataclass
@@ -61,7 +64,8 @@ class World:
         self._fault_counter = 0
         self._benign_counter = 0
 
-    # identities --------------------------------------------------------------------------------------------
+    # identities
+    # --------------------------------------------------------------------------------------------
     @property
     def current(self) -> Attempt:
         if self.attempt is None:
@@ -69,9 +73,18 @@ class World:
         return self.attempt
 
     def identity(self, place: RankPlace, ts: int) -> dict[str, Any]:
-        return {"ts": ts, "cluster": self.cfg.cluster, "node": place.node.name, "job_id": self.cfg.job,
-                "attempt": self.current.number, "rank": place.rank, "local_rank": place.local_rank,
-                "gpu_index": place.gpu.index, "gpu_uuid": place.gpu.uuid, "pci_bus_id": place.gpu.pci_bus_id}
+        return {
+            "ts": ts,
+            "cluster": self.cfg.cluster,
+            "node": place.node.name,
+            "job_id": self.cfg.job,
+            "attempt": self.current.number,
+            "rank": place.rank,
+            "local_rank": place.local_rank,
+            "gpu_index": place.gpu.index,
+            "gpu_uuid": place.gpu.uuid,
+            "pci_bus_id": place.gpu.pci_bus_id,
+        }
 
     def new_pid(self, rng: np.random.Generator) -> int:
         while True:
@@ -87,11 +100,20 @@ class World:
         self._fault_counter += 1
         return f"F{self._fault_counter:04d}"
 
-    def new_attempt(self, number: int, placement: Placement, start: int, first_step_start: int, first_step: int,
-                    rng: np.random.Generator) -> Attempt:
+    def new_attempt(
+        self,
+        number: int,
+        placement: Placement,
+        start: int,
+        first_step_start: int,
+        first_step: int,
+        rng: np.random.Generator,
+    ) -> Attempt:
         pids = [self.new_pid(rng) for _ in range(placement.world_size)]
         groups, member_of = build_groups(placement)
-        self.attempt = Attempt(number, placement, start, first_step_start, first_step, pids, groups, member_of)
+        self.attempt = Attempt(
+            number, placement, start, first_step_start, first_step, pids, groups, member_of
+        )
         return self.attempt
 
     def add(self, table: str, row: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
-"""Put on PYTHONPATH by `faultlens campaign` only: installs the fault injector in the processes of a campaign
-scenario (controller/lab/inject.py). Outside a campaign (no FAULTLENS_LAB_DIR) it does nothing."""
+"""Put on PYTHONPATH by `faultlens campaign` only: installs the fault injector in the processes of a
+campaign scenario (controller/lab/inject.py). Outside a campaign (no FAULTLENS_LAB_DIR) it does
+nothing."""
 
 try:
     from faultlens.environment import LAB_DIR

@@ -1,28 +1,34 @@
-"""Receive faultlens decisions in a Kubernetes cluster (the operator-hook sketch of docs/operations.md, runnable).
+"""Receive faultlens decisions in a Kubernetes cluster (the operator-hook sketch of
+docs/operations.md, runnable).
 
-faultlens' webhook hook POSTs each decision (JSON, schema faultlens.decision/1) signed with HMAC-SHA256. This
-receiver refuses what is not signed with a timestamp inside its window (X-Faultlens-Timestamp and
-X-Faultlens-Signature-V2 = HMAC of "<timestamp>." + body: a captured request cannot be replayed later), acknowledges
-a decision it has already handled (delivery is at-least-once; handled ids and a digest of each decision are kept in
-a state file, fsynced, so a restart forgets nothing), refuses a known decision_id with other content (409), and
-acts through kubectl:
+faultlens' webhook hook POSTs each decision (JSON, schema faultlens.decision/1) signed with
+HMAC-SHA256. This receiver refuses what is not signed with a timestamp inside its window
+(X-Faultlens-Timestamp and X-Faultlens-Signature-V2 = HMAC of "<timestamp>." + body: a captured
+request cannot be replayed later), acknowledges a decision it has already handled (delivery is
+at-least-once; handled ids and a digest of each decision are kept in a state file, fsynced, so a
+restart forgets nothing), refuses a known decision_id with other content (409), and acts through
+kubectl:
 
-- failover: cordon every excluded node; write the restore choice into the ConfigMap `<job>-faultlens-restore`
-  (keys tier, step, uri, attempt, decision_id) that the job's pods read at start; delete the job's pods (label
-  `faultlens.io/job=<job>`) so the job's own controller (JobSet, PyTorchJob, a Job with a pod failure policy)
-  recreates them, on other nodes, from that checkpoint.
-- drain: cordon the nodes (a proactive decision: no pod is touched; evict them with `kubectl drain` when due).
-- escalate: annotate the job's pods with the reason and touch nothing else: a human takes it from here.
+- failover: cordon every excluded node; write the restore choice into the ConfigMap
+  `<job>-faultlens-restore` (keys tier, step, uri, attempt, decision_id) that the job's pods read at
+  start; delete the job's pods (label `faultlens.io/job=<job>`) so the job's own controller (JobSet,
+  PyTorchJob, a Job with a pod failure policy) recreates them, on other nodes, from that checkpoint.
+- drain: cordon the nodes (a proactive decision: no pod is touched; evict them with `kubectl drain`
+  when due).
+- escalate: annotate the job's pods with the reason and touch nothing else: a human takes it from
+  here.
 
     FAULTLENS_WEBHOOK_SECRET=... python webhook_receiver.py --port 8080 --namespace training \
         --state-file /var/lib/faultlens-receiver/handled.jsonl
 
-Hostile clients: the body is at most --max-body bytes (Content-Length required: 411 without it, 400 when it is not
-a number, 413 when too large), every socket read has a --read-timeout (408), requests are served by --workers
-threads with at most --backlog connections waiting (more are closed at once): idle connections hold no threads.
+Hostile clients: the body is at most --max-body bytes (Content-Length required: 411 without it, 400
+when it is not a number, 413 when too large), every socket read has a --read-timeout (408), requests
+are served by --workers threads with at most --backlog connections waiting (more are closed at
+once): idle connections hold no threads.
 
-Run it as a Deployment with a ServiceAccount allowed to patch nodes, apply ConfigMaps and delete/annotate pods in
-the namespace; point the webhook hook's url at its Service (docs/deploy/kubernetes/hooks.yaml).
+Run it as a Deployment with a ServiceAccount allowed to patch nodes, apply ConfigMaps and
+delete/annotate pods in the namespace; point the webhook hook's url at its Service
+(docs/deploy/kubernetes/hooks.yaml).
 """
 
 from __future__ import annotations
@@ -55,7 +61,9 @@ from faultlens.controller.hooks.webhook import (
 log = logging.getLogger("faultlens.k8s-receiver")
 JOB_LABEL = "faultlens.io/job"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-DEFAULT_STATE_FILE = Path(os.environ.get("FAULTLENS_RECEIVER_STATE", "/var/lib/faultlens-receiver/handled.jsonl"))
+DEFAULT_STATE_FILE = Path(
+    os.environ.get("FAULTLENS_RECEIVER_STATE", "/var/lib/faultlens-receiver/handled.jsonl")
+)
 MAX_BODY = 1024 * 1024  # a decision document is a few KB
 READ_TIMEOUT_S = 10.0
 WORKERS = 8
@@ -65,12 +73,16 @@ Kubectl = Callable[[Sequence[str], str | None], None]
 
 
 class ConflictError(ValueError):
-    """A decision_id this receiver handled before, with other content: refused (409), never taken as a duplicate."""
+    """A decision_id this receiver handled before, with other content: refused (409), never taken as
+    a duplicate.
+    """
 
 
 def run_kubectl(args: Sequence[str], stdin: str | None = None) -> None:
     """The real boundary: kubectl with the pod's service account (or $KUBECONFIG)."""
-    subprocess.run(["kubectl", *args], input=stdin, text=True, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        ["kubectl", *args], input=stdin, text=True, check=True, capture_output=True, timeout=60
+    )
 
 
 def decision_digest(decision: dict) -> str:
@@ -80,15 +92,17 @@ def decision_digest(decision: dict) -> str:
 
 
 class DecisionReceiver:
-    """Turns one decision into kubectl actions; remembers handled decision ids and their digests in `state_file`
-    (JSON lines, fsynced before the reply; None keeps them in memory only, which a restart forgets)."""
+    """Turns one decision into kubectl actions; remembers handled decision ids and their digests in
+    `state_file` (JSON lines, fsynced before the reply; None keeps them in memory only, which a
+    restart forgets)."""
 
     def __init__(self, namespace: str, kubectl: Kubectl = run_kubectl,
                  state_file: Path | None = DEFAULT_STATE_FILE) -> None:
         self.namespace = namespace
         self.kubectl = kubectl
         self.state_file = state_file
-        self.handled: dict[str, str | None] = {}  # decision id -> digest (None: an older state line, id only)
+        # decision id -> digest (None: an older state line, id only)
+        self.handled: dict[str, str | None] = {}
         if state_file is not None:
             state_file.parent.mkdir(parents=True, exist_ok=True)
             if state_file.exists():
@@ -98,7 +112,11 @@ class DecisionReceiver:
     def handle(self, decision: dict) -> str:
         if not isinstance(decision, dict):
             raise ValueError("a decision is a JSON object")
-        decision_id, job, action = decision.get("decision_id"), decision.get("job_id") or "", decision.get("action")
+        decision_id, job, action = (
+            decision.get("decision_id"),
+            decision.get("job_id") or "",
+            decision.get("action"),
+        )
         if not isinstance(decision_id, str) or not decision_id or len(decision_id) > 200 or \
                 not decision_id.isprintable():
             raise ValueError("decision_id: expected a printable string")
@@ -109,11 +127,16 @@ class DecisionReceiver:
             if decision_id in self.handled:
                 known = self.handled[decision_id]
                 if known is not None and known != digest:
-                    raise ConflictError(f"decision {decision_id}: already handled with other content; refused")
+                    raise ConflictError(f"decision {decision_id}: already handled with other "
+                                        "content; refused")
                 return "duplicate"
             if not _NAME.match(job.lower()):
                 raise ValueError(f"decision {decision_id}: job id {job!r} is not a Kubernetes name")
-            nodes = [n for n in decision.get("exclude_nodes") or [] if isinstance(n, str) and _NAME.match(n)]
+            nodes = [
+                n
+                for n in decision.get("exclude_nodes") or []
+                if isinstance(n, str) and _NAME.match(n)
+            ]
             selector = f"{JOB_LABEL}={job}"
             if action in ("failover", "drain"):
                 for node in nodes:
@@ -125,19 +148,42 @@ class DecisionReceiver:
                 attempt = decision.get("attempt") or 0
                 if not isinstance(attempt, int):
                     raise ValueError(f"decision {decision_id}: attempt must be an integer")
-                data = {"decision_id": decision_id, "attempt": str(attempt + 1),
-                        "tier": str(restore.get("tier") or ""), "uri": str(restore.get("uri") or ""),
-                        "step": "" if restore.get("step") is None else str(restore["step"])}
-                configmap = {"apiVersion": "v1", "kind": "ConfigMap",
-                             "metadata": {"name": f"{job.lower()}-faultlens-restore", "namespace": self.namespace,
-                                          "labels": {JOB_LABEL: job}},
-                             "data": data}
+                data = {
+                    "decision_id": decision_id,
+                    "attempt": str(attempt + 1),
+                    "tier": str(restore.get("tier") or ""),
+                    "uri": str(restore.get("uri") or ""),
+                    "step": "" if restore.get("step") is None else str(restore["step"]),
+                }
+                configmap = {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": {
+                        "name": f"{job.lower()}-faultlens-restore",
+                        "namespace": self.namespace,
+                        "labels": {JOB_LABEL: job},
+                    },
+                    "data": data,
+                }
                 self.kubectl(["apply", "-f", "-"], json.dumps(configmap))
-                self.kubectl(["-n", self.namespace, "delete", "pods", "-l", selector, "--wait=false"], None)
+                self.kubectl(
+                    ["-n", self.namespace, "delete", "pods", "-l", selector, "--wait=false"], None
+                )
             elif action == "escalate":
                 reason = str(decision.get("reason") or "")[:200]
-                self.kubectl(["-n", self.namespace, "annotate", "pods", "-l", selector, "--overwrite",
-                              f"faultlens.io/escalated={decision_id}: {reason}"], None)
+                self.kubectl(
+                    [
+                        "-n",
+                        self.namespace,
+                        "annotate",
+                        "pods",
+                        "-l",
+                        selector,
+                        "--overwrite",
+                        f"faultlens.io/escalated={decision_id}: {reason}",
+                    ],
+                    None,
+                )
             elif action != "drain":
                 raise ValueError(f"decision {decision_id}: unknown action {action!r}")
             self._remember(decision_id, digest)
@@ -172,14 +218,22 @@ def _read_state(path: Path) -> dict[str, str | None]:
 
 
 class BoundedHTTPServer(HTTPServer):
-    """An HTTPServer with a fixed pool of worker threads and a bounded number of waiting connections: a flood of
-    idle connections costs file descriptors up to `backlog`, never a thread each; the rest are closed at once."""
+    """An HTTPServer with a fixed pool of worker threads and a bounded number of waiting
+    connections: a flood of idle connections costs file descriptors up to `backlog`, never a thread
+    each; the rest are closed at once."""
 
     daemon_threads = True
-    request_queue_size = 128  # the kernel's accept queue: connections are taken off it at once, see below
+    # the kernel's accept queue: connections are taken off it at once, see below
+    request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], *, workers: int = WORKERS,
-                 backlog: int = BACKLOG) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        workers: int = WORKERS,
+        backlog: int = BACKLOG,
+    ) -> None:
         super().__init__(address, handler)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="receiver")
         self._slots = threading.BoundedSemaphore(workers + backlog)
@@ -200,7 +254,9 @@ class BoundedHTTPServer(HTTPServer):
             self._slots.release()
 
     def handle_error(self, request: object, client_address: object) -> None:
-        log.warning("request from %s failed", client_address, exc_info=log.isEnabledFor(logging.DEBUG))
+        log.warning(
+            "request from %s failed", client_address, exc_info=log.isEnabledFor(logging.DEBUG)
+        )
 
     def server_close(self) -> None:
         super().server_close()
@@ -208,8 +264,8 @@ class BoundedHTTPServer(HTTPServer):
 
 
 class _DecisionHandler(BaseHTTPRequestHandler):
-    """One POSTed decision: size and time bounds, signature, then the receiver. make_server sets the class
-    attributes below on a subclass per server."""
+    """One POSTed decision: size and time bounds, signature, then the receiver. make_server sets the
+    class attributes below on a subclass per server."""
 
     receiver: DecisionReceiver
     secret: str
@@ -249,13 +305,19 @@ class _DecisionHandler(BaseHTTPRequestHandler):
             self._reply(422, str(exc)[:300] or type(exc).__name__)  # malformed: permanent (4xx)
             return
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-            log.warning("decision %s: kubectl failed: %s", _printable(self.headers.get(DECISION_ID_HEADER)), exc)
+            log.warning(
+                "decision %s: kubectl failed: %s",
+                _printable(self.headers.get(DECISION_ID_HEADER)),
+                exc,
+            )
             self._reply(503, "kubectl failed; retry")  # faultlens retries 5xx with backoff
             return
         self._reply(200, outcome)
 
     def _read_body(self, length: int) -> bytes | None:
-        """The body, read within 3 x read_timeout_s in all (a client trickling bytes cannot hold a worker)."""
+        """The body, read within 3 x read_timeout_s in all (a client trickling bytes cannot hold a
+        worker).
+        """
         deadline = time.monotonic() + 3 * self.read_timeout_s
         chunks, left = [], length
         try:
@@ -334,27 +396,42 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     parser.add_argument("--state-file", type=Path, default=DEFAULT_STATE_FILE,
-                        help="handled decision ids (and digests) survive a restart here (default: %(default)s, or "
+                        help="handled decision ids (and digests) survive a restart here (default: "
+                             "%(default)s, or "
                         "$FAULTLENS_RECEIVER_STATE)")
     parser.add_argument("--memory-only", action="store_true",
                         help="keep handled ids in memory only (a restart forgets them: tests only)")
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S,
                         help="seconds a signed timestamp may be off (default: %(default)s)")
     parser.add_argument("--accept-legacy-signature", action="store_true",
-                        help="also accept body-only signatures without a timestamp (replayable; old senders)")
-    parser.add_argument("--max-body", type=int, default=MAX_BODY, help="largest request body in bytes")
-    parser.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, help="seconds per socket read")
+                        help="also accept body-only signatures without a timestamp (replayable; "
+                             "old senders)")
+    parser.add_argument("--max-body", type=int, default=MAX_BODY, help="largest request body in "
+                                                                       "bytes")
+    parser.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, help="seconds per "
+                                                                                   "socket read")
     parser.add_argument("--workers", type=int, default=WORKERS, help="request worker threads")
-    parser.add_argument("--backlog", type=int, default=BACKLOG, help="connections waiting for a worker at most")
+    parser.add_argument("--backlog", type=int, default=BACKLOG, help="connections waiting for a "
+                                                                     "worker at most")
     args = parser.parse_args()
     secret = os.environ.get("FAULTLENS_WEBHOOK_SECRET")
     if not secret:
         parser.error("set FAULTLENS_WEBHOOK_SECRET (the webhook hook's secret)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    receiver = DecisionReceiver(args.namespace, state_file=None if args.memory_only else args.state_file)
-    server = make_server(receiver, secret, port=args.port, window_s=args.window,
-                         accept_legacy_signature=args.accept_legacy_signature, max_body=args.max_body,
-                         read_timeout_s=args.read_timeout, workers=args.workers, backlog=args.backlog)
+    receiver = DecisionReceiver(
+        args.namespace, state_file=None if args.memory_only else args.state_file
+    )
+    server = make_server(
+        receiver,
+        secret,
+        port=args.port,
+        window_s=args.window,
+        accept_legacy_signature=args.accept_legacy_signature,
+        max_body=args.max_body,
+        read_timeout_s=args.read_timeout,
+        workers=args.workers,
+        backlog=args.backlog,
+    )
     log.info("listening on :%d", args.port)
     server.serve_forever()
 

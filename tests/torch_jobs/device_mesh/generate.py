@@ -1,5 +1,6 @@
-"""The DeviceMesh hang sets of tests/data/device-mesh-hangs: 8-rank gloo jobs (rank.py), one per scenario, dumped
-while hung, in two forms (raw: torch's dump; stacks: faultlens' trigger). Truth: the ranks given a fault.
+"""The DeviceMesh hang sets of tests/data/device-mesh-hangs: 8-rank gloo jobs (rank.py), one per
+scenario, dumped while hung, in two forms (raw: torch's dump; stacks: faultlens' trigger). Truth:
+the ranks given a fault.
 
     python -m tests.torch_jobs.device_mesh.generate OUT_DIR [SCENARIO ...]
 
@@ -18,7 +19,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
-# name -> ((mesh shape, dim names), faults, culprits); mesh rank = sum(coord * stride), the last dim fastest
+# name -> ((mesh shape, dim names), faults, culprits); mesh rank = sum(coord * stride), the last dim
+# fastest
 M3 = ([2, 2, 2], ["pp", "dp", "tp"])
 S = {
     "A_tp": (M3, ["never:5:3:1"], [5]),
@@ -36,21 +38,45 @@ S = {
 }
 
 
-def launch(out: str, dims: list[int], names: list[str], faults: list[str], mode: str, dump_at: float = 22,
-           steps: int = 6) -> None:
+def launch(
+    out: str,
+    dims: list[int],
+    names: list[str],
+    faults: list[str],
+    mode: str,
+    dump_at: float = 22,
+    steps: int = 6,
+) -> None:
     """One job: its ranks started, ended once every rank has dumped (or after DUMP_AT + 90 s)."""
     world = math.prod(dims)
     os.makedirs(out, exist_ok=True)
     rendezvous = tempfile.mkdtemp(prefix="device-mesh-")
     init = "file://" + os.path.join(rendezvous, "init")
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), WORLD=str(world), INIT=init, DIMS=",".join(map(str, dims)),
-               NAMES=",".join(names), MODE=mode, OUT=out, FAULTS=";".join(faults), DUMP_AT=str(dump_at),
-               STEPS=str(steps), OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO_ROOT),
+        WORLD=str(world),
+        INIT=init,
+        DIMS=",".join(map(str, dims)),
+        NAMES=",".join(names),
+        MODE=mode,
+        OUT=out,
+        FAULTS=";".join(faults),
+        DUMP_AT=str(dump_at),
+        STEPS=str(steps),
+        OMP_NUM_THREADS="1",
+    )
     procs = []
     for r in range(world):
         with open(os.path.join(out, f".err_{r}"), "w") as err:
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.torch_jobs.device_mesh.rank"],
-                                          env=dict(env, RANK=str(r)), stdout=subprocess.DEVNULL, stderr=err))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.torch_jobs.device_mesh.rank"],
+                    env=dict(env, RANK=str(r)),
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
+            )
     deadline = time.time() + dump_at + 90
     while time.time() < deadline and not all(os.path.exists(os.path.join(out, f"rank_{r}.pkl"))
                                              for r in range(world)):

@@ -1,11 +1,13 @@
-"""One rank of a DeviceMesh hang job (gloo, CPU; generate.py launches it): groups from init_device_mesh, each step
-an all_reduce per mesh dim, a reduce_scatter and an all_gather on 'dp', a pipeline send/recv on 'pp' (which gloo
-does not record) and a world all_reduce. At DUMP_AT seconds it writes its flight-recorder dump, then waits to be
-ended (an early exit would break its peers' collectives).
+"""One rank of a DeviceMesh hang job (gloo, CPU; generate.py launches it): groups from
+init_device_mesh, each step an all_reduce per mesh dim, a reduce_scatter and an all_gather on 'dp',
+a pipeline send/recv on 'pp' (which gloo does not record) and a world all_reduce. At DUMP_AT seconds
+it writes its flight-recorder dump, then waits to be ended (an early exit would break its peers'
+collectives).
 
-Env: RANK WORLD INIT DIMS NAMES OUT FAULTS DUMP_AT STEPS MODE. FAULTS: ';'-separated 'kind:rank:step:op', kind
-`never` (the rank stops in its own code before that op) or `skip` (it leaves that op out and goes on). MODE `raw`:
-torch's own dump, unedited; `stacks`: faultlens' FlightRecorderTrigger (pg_config repaired, own stacks beside)."""
+Env: RANK WORLD INIT DIMS NAMES OUT FAULTS DUMP_AT STEPS MODE. FAULTS: ';'-separated
+'kind:rank:step:op', kind `never` (the rank stops in its own code before that op) or `skip` (it
+leaves that op out and goes on). MODE `raw`: torch's own dump, unedited; `stacks`: faultlens'
+FlightRecorderTrigger (pg_config repaired, own stacks beside)."""
 import datetime as dt
 import os
 import threading
@@ -27,7 +29,8 @@ parent = os.getppid()
 
 
 def wait_for_the_end() -> None:
-    """Sleep until the launcher ends this process; exit if the launcher is gone (killed outright)."""
+    """Sleep until the launcher ends this process; exit if the launcher is gone (killed outright).
+    """
     while os.getppid() == parent:
         time.sleep(1)
     os._exit(1)
@@ -50,11 +53,19 @@ def dumper():
         os.replace(os.path.join(out, f".rank_{rank}.tmp"), os.path.join(out, f"rank_{rank}.pkl"))
     else:
         from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger
-        trig = FlightRecorderTrigger(out, rank=rank, world_size=world, signum=None, include_stack_traces=False,
-                                     include_own_stacks=(mode == "stacks"))
+
+        trig = FlightRecorderTrigger(
+            out,
+            rank=rank,
+            world_size=world,
+            signum=None,
+            include_stack_traces=False,
+            include_own_stacks=(mode == "stacks"),
+        )
         trig.dump("probe")
         os.remove(os.path.join(out, f"rank_{rank}.json"))
-    wait_for_the_end()  # the launcher ends every rank once all have dumped (an early exit breaks its peers' ones)
+    # the launcher ends every rank once all have dumped (an early exit breaks its peers' ones)
+    wait_for_the_end()
 
 threading.Thread(target=dumper, daemon=True).start()
 

@@ -1,27 +1,29 @@
-"""One rank of the hang-corpus job: runs every scenario of scenarios.py at once, each in its own thread on its own
-process groups, and writes this rank's real flight-recorder dump per scenario when the generator asks.
+"""One rank of the hang-corpus job: runs every scenario of scenarios.py at once, each in its own
+thread on its own process groups, and writes this rank's real flight-recorder dump per scenario when
+the generator asks.
 
     python -m tests.torch_jobs.hang_corpus.worker RANK INIT_METHOD OUT_DIR [SUITE]
 
-SUITE (default: this corpus' scenarios module) names what to run as 'module' or 'module:attribute': an object with
-WORLD_SIZE (the processes of the launch) and SCENARIOS, each scenario with name, phase, faults, steps, world_size
-(its job's ranks: 0 .. world_size - 1 of the launch; the other processes create its groups and sit it out),
-group_specs() (its groups in creation order, see GroupSpec), program_of(rank) and, optionally, step_sleep_s
-(tests/torch_jobs/hang_heldout runs other layouts through it).
+SUITE (default: this corpus' scenarios module) names what to run as 'module' or 'module:attribute':
+an object with WORLD_SIZE (the processes of the launch) and SCENARIOS, each scenario with name,
+phase, faults, steps, world_size (its job's ranks: 0 .. world_size - 1 of the launch; the other
+processes create its groups and sit it out), group_specs() (its groups in creation order, see
+GroupSpec), program_of(rank) and, optionally, step_sleep_s (tests/torch_jobs/hang_heldout runs other
+layouts through it).
 
-Why one process per rank for all scenarios: 8 ranks x 23 scenarios as separate torch jobs would import torch 184
-times (minutes of CPU); here 8 processes import it once. Each scenario's groups are created with new_group (every
-rank calls new_group for every group in the same order, so names agree), and each scenario runs in a thread named
-"scenario:<name>". The flight recorder is per process: a scenario's dump is this rank's torch dump
-(`_dump_fr_trace`) restricted to that scenario's groups (entries, pg_status, and pg_config written from torch's own
-group tables, as collectors/training/fr_trigger.py repairs gloo's), its record ids renumbered 0, 1, ... in their order
-(as
-a process running one job numbers them), with the top-level rank, world_size and pid added; torch's JSON form of
-the same moment, restricted alike, goes to the scenario's dumps-json/.
+Why one process per rank for all scenarios: 8 ranks x 23 scenarios as separate torch jobs would
+import torch 184 times (minutes of CPU); here 8 processes import it once. Each scenario's groups are
+created with new_group (every rank calls new_group for every group in the same order, so names
+agree), and each scenario runs in a thread named "scenario:<name>". The flight recorder is per
+process: a scenario's dump is this rank's torch dump (`_dump_fr_trace`) restricted to that
+scenario's groups (entries, pg_status, and pg_config written from torch's own group tables, as
+collectors/training/fr_trigger.py repairs gloo's), its record ids renumbered 0, 1, ... in their
+order (as a process running one job numbers them), with the top-level rank, world_size and pid
+added; torch's JSON form of the same moment, restricted alike, goes to the scenario's dumps-json/.
 
-Control files (OUT_DIR/.control): the worker writes status_rank_<r>.json (each scenario's progress counter and
-state) every 0.2 s; the generator touches dump_<phase> to ask for dumps, go_2 to start phase 2; the worker answers
-dumped_<phase>_rank_<r>.
+Control files (OUT_DIR/.control): the worker writes status_rank_<r>.json (each scenario's progress
+counter and state) every 0.2 s; the generator touches dump_<phase> to ask for dumps, go_2 to start
+phase 2; the worker answers dumped_<phase>_rank_<r>.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from faultlens.collectors.artifacts.safe_pickle import safe_loads
 from tests.torch_jobs.hang_corpus import scenarios as sc
 
 N = 16
-RELEASE = threading.Event()  # never set: a stuck rank stays where it is until the generator ends the process
+# never set: a stuck rank stays where it is until the generator ends the process
+RELEASE = threading.Event()
 
 
 class DataLoader:
@@ -67,7 +70,9 @@ def load_suite(spec: str):
 
 
 class Groups:
-    """A scenario's groups, created as its group_specs() say (every process calls every creation, in order)."""
+    """A scenario's groups, created as its group_specs() say (every process calls every creation, in
+    order).
+    """
 
     def __init__(self, scenario, rank: int, timeout: dt.timedelta) -> None:
         self.names: dict[str, tuple[str, tuple[int, ...]]] = {}  # group name -> (desc, ranks)
@@ -77,11 +82,17 @@ class Groups:
             if spec.via == "default":
                 made = [dist.group.WORLD]
             elif spec.via == "new_subgroups":
-                _, made = dist.new_subgroups(group_size=len(lists[0]), timeout=timeout, group_desc=spec.desc)
+                _, made = dist.new_subgroups(
+                    group_size=len(lists[0]), timeout=timeout, group_desc=spec.desc
+                )
             elif spec.via == "enumeration":
-                _, made = dist.new_subgroups_by_enumeration(lists, timeout=timeout, group_desc=spec.desc)
+                _, made = dist.new_subgroups_by_enumeration(
+                    lists, timeout=timeout, group_desc=spec.desc
+                )
             else:
-                made = [dist.new_group(ranks, timeout=timeout, group_desc=spec.desc) for ranks in lists]
+                made = [
+                    dist.new_group(ranks, timeout=timeout, group_desc=spec.desc) for ranks in lists
+                ]
             if spec.via in ("new_subgroups", "enumeration"):
                 # every group, in list order; a rank's non-member ones are placeholders
                 made = [g if rank in ranks else None for g, ranks in zip(made, lists, strict=True)]
@@ -106,7 +117,8 @@ class Runner:
         self.status[self.s.name] = (counter + 1, state)
 
     def applied(self, kind: str, step: int, op: int) -> None:
-        """A fault this rank carried out (the generator checks each scenario's faults all happened)."""
+        """A fault this rank carried out (the generator checks each scenario's faults all happened).
+        """
         key = f"{self.s.name}{sc.FAULTS_SUFFIX}"
         self.status[key] = [*self.status.get(key, []), f"{kind} step {step} op {op}"]
 
@@ -168,18 +180,28 @@ class Runner:
             dist.broadcast(x, src=ranks[0], group=group)
         elif name == "gather":
             root = ranks[0]
-            dist.gather(x, [torch.empty_like(x) for _ in ranks] if self.rank == root else None, dst=root,
-                        group=group)
+            dist.gather(
+                x,
+                [torch.empty_like(x) for _ in ranks] if self.rank == root else None,
+                dst=root,
+                group=group,
+            )
         elif name == "scatter":  # only the root (the group's first rank) holds the input list
             root = ranks[0]
-            dist.scatter(torch.empty_like(x), [x.clone() for _ in ranks] if self.rank == root else None, src=root,
-                         group=group)
+            dist.scatter(
+                torch.empty_like(x),
+                [x.clone() for _ in ranks] if self.rank == root else None,
+                src=root,
+                group=group,
+            )
         elif name == "all_gather_into_tensor":  # FSDP's parameter gather
             dist.all_gather_into_tensor(torch.empty(len(ranks) * N), x, group=group)
         elif name == "reduce_scatter":  # FSDP's gradient reduce (reduce_scatter_tensor)
             dist.reduce_scatter_tensor(torch.empty(N), torch.ones(len(ranks) * N), group=group)
         elif name == "all_to_all":  # an MoE token exchange (all_to_all_single)
-            dist.all_to_all_single(torch.empty(len(ranks) * N), torch.ones(len(ranks) * N), group=group)
+            dist.all_to_all_single(
+                torch.empty(len(ranks) * N), torch.ones(len(ranks) * N), group=group
+            )
         elif name == "barrier":
             dist.barrier(group=group)
         elif name in ("send", "recv"):
@@ -189,7 +211,8 @@ class Runner:
             else:
                 dist.recv(x, src=peer, group=group)
         elif name in ("send_next", "send_prev", "recv_next", "recv_prev"):
-            # a pipeline of more than two stages: the group's ranks in stage order, the peer one stage on or back
+            # a pipeline of more than two stages: the group's ranks in stage order, the peer one
+            # stage on or back
             peer = ranks[ranks.index(self.rank) + (1 if name.endswith("next") else -1)]
             if name.startswith("send"):
                 dist.send(x, dst=peer, group=group)
@@ -201,17 +224,30 @@ class Runner:
 
 def _scenario_dump(trace: dict, groups: Groups, rank: int, world_size: int) -> dict:
     names = set(groups.names)
-    entries = [e for e in trace.get("entries", []) if str(e.get("process_group", ("",))[0]) in names]
-    # record ids count this process' entries of every scenario; a process running one job would number its own
-    # 0, 1, 2, ... in the same order (torch's analyzer relies on that), so they are renumbered, order kept
-    entries = [dict(e, record_id=i) for i, e in enumerate(sorted(entries, key=lambda e: e.get("record_id", 0)))]
+    entries = [
+        e for e in trace.get("entries", []) if str(e.get("process_group", ("",))[0]) in names
+    ]
+    # record ids count this process' entries of every scenario; a process running one job would
+    # number its own 0, 1, 2, ... in the same order (torch's analyzer relies on that), so they are
+    # renumbered, order kept
+    entries = [
+        dict(e, record_id=i)
+        for i, e in enumerate(sorted(entries, key=lambda e: e.get("record_id", 0)))
+    ]
     pg_ids = {str(e.get("pg_id")) for e in entries} | names
     status = {k: v for k, v in (trace.get("pg_status") or {}).items() if str(k) in pg_ids}
     config = {name: {"name": name, "desc": desc, "ranks": str(list(ranks))}
               for name, (desc, ranks) in groups.names.items()}
     out = {k: v for k, v in trace.items() if k not in ("entries", "pg_status", "pg_config")}
-    out.update(entries=entries, pg_status=status, pg_config=config, rank=rank, world_size=world_size,
-               pid=os.getpid(), node="node-0")
+    out.update(
+        entries=entries,
+        pg_status=status,
+        pg_config=config,
+        rank=rank,
+        world_size=world_size,
+        pid=os.getpid(),
+        node="node-0",
+    )
     return out
 
 
@@ -227,7 +263,9 @@ def main(argv: list[str]) -> int:
     suite = load_suite(argv[3]) if len(argv) > 3 else sc
     control = out / ".control"
     timeout = dt.timedelta(seconds=float(os.environ.get("FAULTLENS_CORPUS_PG_TIMEOUT_S", "300")))
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=suite.WORLD_SIZE, timeout=timeout)
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=suite.WORLD_SIZE, timeout=timeout
+    )
     groups = {s.name: Groups(s, rank, timeout) for s in suite.SCENARIOS}
     status: dict[str, tuple[int, str]] = {}
     stop = threading.Event()
@@ -237,12 +275,16 @@ def main(argv: list[str]) -> int:
     def report() -> None:
         writes = 0
         while not stop.is_set():
-            if os.getppid() != parent:  # the generator is gone (killed outright): never outlive it, spinning
+            # the generator is gone (killed outright): never outlive it, spinning
+            if os.getppid() != parent:
                 os._exit(1)
-            # WRITES_KEY counts the reports: the generator takes a quiet spell as settled only where this process
-            # was running all along (a starved process reports nothing new either)
+            # WRITES_KEY counts the reports: the generator takes a quiet spell as settled only where
+            # this process was running all along (a starved process reports nothing new either)
             writes += 1
-            _write(control / f"status_rank_{rank}.json", json.dumps({**status, sc.WRITES_KEY: writes}).encode())
+            _write(
+                control / f"status_rank_{rank}.json",
+                json.dumps({**status, sc.WRITES_KEY: writes}).encode(),
+            )
             time.sleep(0.2)
 
     threading.Thread(target=report, name="status", daemon=True).start()
@@ -254,22 +296,31 @@ def main(argv: list[str]) -> int:
                 time.sleep(0.05)
         for s in suite.SCENARIOS:
             if s.phase == phase:
-                t = threading.Thread(target=Runner(s, groups[s.name], rank, status).run, name=f"scenario:{s.name}",
-                                     daemon=True)
+                t = threading.Thread(
+                    target=Runner(s, groups[s.name], rank, status).run,
+                    name=f"scenario:{s.name}",
+                    daemon=True,
+                )
                 threads[s.name] = t
                 t.start()
         while not (control / f"dump_{phase}").exists():
             time.sleep(0.05)
-        trace = safe_loads(torch._C._distributed_c10d._dump_fr_trace(True, False, False), source="torch dump")
+        trace = safe_loads(
+            torch._C._distributed_c10d._dump_fr_trace(True, False, False), source="torch dump"
+        )
         as_json = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, False))
         for s in suite.SCENARIOS:
             if s.phase == phase and rank < s.world_size:
                 dump = _scenario_dump(trace, groups[s.name], rank, s.world_size)
                 _write(out / s.name / "dumps" / f"rank_{rank}.pkl", pickle.dumps(dump, protocol=2))
-                # torch's JSON form of the same moment (every scenario is quiet by now), apart: a set of JSON
-                # dumps only, as a cluster that keeps the JSON form has (dumps/ holds the pickles alone)
+                # torch's JSON form of the same moment (every scenario is quiet by now), apart: a
+                # set of JSON dumps only, as a cluster that keeps the JSON form has (dumps/ holds
+                # the pickles alone)
                 dump_json = _scenario_dump(as_json, groups[s.name], rank, s.world_size)
-                _write(out / s.name / "dumps-json" / f"rank_{rank}.json", json.dumps(dump_json).encode())
+                _write(
+                    out / s.name / "dumps-json" / f"rank_{rank}.json",
+                    json.dumps(dump_json).encode(),
+                )
         _write(control / f"dumped_{phase}_rank_{rank}", b"")
     stop.set()
     while os.getppid() == parent:  # the generator ends the process (or it is gone)

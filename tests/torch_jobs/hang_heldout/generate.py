@@ -1,12 +1,12 @@
-"""Generates the held-out hang set (scenarios.py) with the corpus' worker and generator: one launch per suite (16
-processes for MAIN, 4 for DEFAULT_ONLY), run side by side, each scenario's dumps/, stacks/ and truth.json under
-<out>/<suite>/<scenario>/.
+"""Generates the held-out hang set (scenarios.py) with the corpus' worker and generator: one launch
+per suite (16 processes for MAIN, 4 for DEFAULT_ONLY), run side by side, each scenario's dumps/,
+stacks/ and truth.json under <out>/<suite>/<scenario>/.
 
     python -m tests.torch_jobs.hang_heldout.generate OUT_DIR      # generate into OUT_DIR
     heldout()                                                     # what the tests call: cached
 
-Cached under $FAULTLENS_HANG_HELDOUT or <tmp>/faultlens-hang-heldout-<uid>/<key>, the key a hash of these files,
-the corpus worker and generator they run, torch, Python and whether py-spy is there.
+Cached under $FAULTLENS_HANG_HELDOUT or <tmp>/faultlens-hang-heldout-<uid>/<key>, the key a hash of
+these files, the corpus worker and generator they run, torch, Python and whether py-spy is there.
 """
 
 from __future__ import annotations
@@ -42,16 +42,24 @@ def generate(out: Path) -> dict[str, Path]:
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     with concurrent.futures.ThreadPoolExecutor(len(hs.SUITES)) as pool:
-        futures = [pool.submit(corpus_generate.generate, _suite_dir(out, spec), suite=suite, suite_spec=spec)
-                   for suite, spec in hs.SUITES]
+        futures = [
+            pool.submit(
+                corpus_generate.generate, _suite_dir(out, spec), suite=suite, suite_spec=spec
+            )
+            for suite, spec in hs.SUITES
+        ]
         for future in futures:
             future.result()
-    (out / "generation.json").write_text(json.dumps({"seconds": round(time.monotonic() - started, 2)}))
+    (out / "generation.json").write_text(
+        json.dumps({"seconds": round(time.monotonic() - started, 2)})
+    )
     return paths(out)
 
 
 def paths(out: Path) -> dict[str, Path]:
-    return {s.name: _suite_dir(out, spec) / s.name for suite, spec in hs.SUITES for s in suite.SCENARIOS}
+    return {
+        s.name: _suite_dir(out, spec) / s.name for suite, spec in hs.SUITES for s in suite.SCENARIOS
+    }
 
 
 def heldout(root: Path | None = None) -> dict[str, Path]:

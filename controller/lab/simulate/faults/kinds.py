@@ -1,5 +1,5 @@
-"""What a fault is: its mode, the target it hits, the outcome an injector reports, and the FaultKind that
-names its class, cause, expected action and injector."""
+"""What a fault is: its mode, the target it hits, the outcome an injector reports, and the FaultKind
+that names its class, cause, expected action and injector."""
 
 from __future__ import annotations
 
@@ -37,10 +37,12 @@ class Target:
 @dataclass
 class Outcome:
     label: FaultLabel
-    down_ts: int | None = None  # when the attempt's last process was gone (None: the job keeps running)
+    # when the attempt's last process was gone (None: the job keeps running)
+    down_ts: int | None = None
     exclude: str | None = None  # the node a supervisor takes out
     restart_delay_s: float = 0.0
-    repeat: Target | None = None  # a deterministic bug that fires again at the same step after a plain restart
+    # a deterministic bug that fires again at the same step after a plain restart
+    repeat: Target | None = None
     restore_before: int | None = None  # restore a checkpoint older than this (corruption)
 
 

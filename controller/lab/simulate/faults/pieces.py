@@ -1,5 +1,5 @@
-"""The pieces every injector uses: the target it hits, its label, Xid lines and recovery actions, the restart
-delay after a hardware fault."""
+"""The pieces every injector uses: the target it hits, its label, Xid lines and recovery actions,
+the restart delay after a hardware fault."""
 
 from __future__ import annotations
 
@@ -21,44 +21,79 @@ def pick_target(world: World, rng: np.random.Generator, t: int) -> Target:
     return Target(t, place.node, place.local_rank, rank)
 
 
-def make_label(world: World, kind: FaultKind, target: Target, *, nodes: tuple[str, ...] | None = None,
-               ranks: tuple[int, ...] | None = None, gpus: tuple[str, ...] | None = None, end: int | None = None,
-               step: int | None = None, notes: str = "", repeat_of: str | None = None,
-               extra: dict[str, Any] | None = None) -> FaultLabel:
+def make_label(
+    world: World,
+    kind: FaultKind,
+    target: Target,
+    *,
+    nodes: tuple[str, ...] | None = None,
+    ranks: tuple[int, ...] | None = None,
+    gpus: tuple[str, ...] | None = None,
+    end: int | None = None,
+    step: int | None = None,
+    notes: str = "",
+    repeat_of: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> FaultLabel:
     attempt = world.current
     gpu = target.node.gpus[target.gpu]
     extra = dict(extra or {})
     if kind.mode in (Mode.CRASH, Mode.HANG):
         last = attempt.steps.last_end_before(target.t)
-        if last is not None:  # progress stopped here: the reference point for hang detection latency
+        # progress stopped here: the reference point for hang detection latency
+        if last is not None:
             extra["last_step_end_ts"] = to_datetime(last).isoformat()
     return FaultLabel(
-        fault_id=world.next_fault_id(), kind=kind.kind, category=kind.category, label_class=kind.label_class,
-        cause=kind.cause, expected_action=kind.action, injected_ts=to_datetime(target.t),
-        effect_end_ts=to_datetime(end if end is not None else target.t), job_id=world.cfg.job,
-        attempt=attempt.number, step=step,
+        fault_id=world.next_fault_id(),
+        kind=kind.kind,
+        category=kind.category,
+        label_class=kind.label_class,
+        cause=kind.cause,
+        expected_action=kind.action,
+        injected_ts=to_datetime(target.t),
+        effect_end_ts=to_datetime(end if end is not None else target.t),
+        job_id=world.cfg.job,
+        attempt=attempt.number,
+        step=step,
         culprit_nodes=(target.node.name,) if nodes is None else nodes,
         culprit_ranks=(target.rank,) if ranks is None else ranks,
         culprit_gpus=(gpu.uuid,) if gpus is None else gpus,
-        repeat_of=repeat_of, onset_ts=to_datetime(target.onset) if target.onset is not None else None,
-        notes=notes, extra=extra,
+        repeat_of=repeat_of,
+        onset_ts=to_datetime(target.onset) if target.onset is not None else None,
+        notes=notes,
+        extra=extra,
     )
 
 
-def add_xid(world: World, rng: np.random.Generator, t: int, node, gpu_index: int, line: xids.XidLine,
-            nvml: bool = True) -> None:
+def add_xid(
+    world: World,
+    rng: np.random.Generator,
+    t: int,
+    node,
+    gpu_index: int,
+    line: xids.XidLine,
+    nvml: bool = True,
+) -> None:
     gpu = node.gpus[gpu_index]
     attempt = world.current.number
     for row in world.xid.kmsg_xid(t, node, gpu, attempt, line):
         world.add("gpu_events", row)
     if nvml:
-        world.add("gpu_events", world.xid.nvml_xid(t + int(rng.integers(1_000_000, 400_000_000)), node, gpu, attempt,
-                                                   line.code))
+        world.add(
+            "gpu_events",
+            world.xid.nvml_xid(
+                t + int(rng.integers(1_000_000, 400_000_000)), node, gpu, attempt, line.code
+            ),
+        )
 
 
-def recovery_action(world: World, rng: np.random.Generator, t: int, node, gpu_index: int, action: int) -> None:
+def recovery_action(
+    world: World, rng: np.random.Generator, t: int, node, gpu_index: int, action: int
+) -> None:
     add_xid(world, rng, t, node, gpu_index, xids.xid154(0, action), nvml=False)
-    world.effects.changes.append(CounterChange(node.name, gpu_index, t, "recovery_action", value=action))
+    world.effects.changes.append(
+        CounterChange(node.name, gpu_index, t, "recovery_action", value=action)
+    )
 
 
 def hw_restart_delay(rng: np.random.Generator) -> float:

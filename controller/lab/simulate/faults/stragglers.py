@@ -30,10 +30,15 @@ def strike_slow_gpu(world, rng, kind, target):
     world.slowdowns.append(Slowdown(t, until, factor, node=node, gpu=g))
     variant = ("hw_slowdown", "power_brake", "nvlink_replays", "no_reason")[int(rng.integers(0, 4))]
     if variant == "hw_slowdown":
-        world.effects.conditions.append(GpuCondition(node, g, t, until, sm_clock_mult=0.78, reasons=HW_SLOWDOWN))
+        world.effects.conditions.append(
+            GpuCondition(node, g, t, until, sm_clock_mult=0.78, reasons=HW_SLOWDOWN)
+        )
     elif variant == "power_brake":
-        world.effects.conditions.append(GpuCondition(node, g, t, until, sm_clock_mult=0.74, power_mult=0.62,
-                                                     reasons=HW_POWER_BRAKE))
+        world.effects.conditions.append(
+            GpuCondition(
+                node, g, t, until, sm_clock_mult=0.74, power_mult=0.62, reasons=HW_POWER_BRAKE
+            )
+        )
     elif variant == "nvlink_replays":
         for k, at in enumerate(range(t, until, int(180 * NS))):
             world.effects.changes.append(CounterChange(node, g, at, "nvlink_replay_errors",
@@ -49,12 +54,30 @@ def strike_thermal_node(world, rng, kind, target):
     factor = float(rng.uniform(1.1, 1.3))
     world.slowdowns.append(Slowdown(t, until, factor, node=node.name))
     for g in range(len(node.gpus)):
-        world.effects.conditions.append(GpuCondition(node.name, g, t, until, temp_add=float(rng.uniform(18, 25)),
-                                                     sm_clock_mult=float(rng.uniform(0.8, 0.88)),
-                                                     reasons=SW_THERMAL | (HW_THERMAL if rng.random() < 0.4 else 0)))
+        world.effects.conditions.append(
+            GpuCondition(
+                node.name,
+                g,
+                t,
+                until,
+                temp_add=float(rng.uniform(18, 25)),
+                sm_clock_mult=float(rng.uniform(0.8, 0.88)),
+                reasons=SW_THERMAL | (HW_THERMAL if rng.random() < 0.4 else 0),
+            )
+        )
     ranks = tuple(world.current.placement.ranks_of_node(node.name))
-    return Outcome(make_label(world, kind, target, ranks=ranks, gpus=tuple(g.uuid for g in node.gpus), end=until,
-                              notes="cooling failure on the whole node", extra={"factor": round(factor, 3)}))
+    return Outcome(
+        make_label(
+            world,
+            kind,
+            target,
+            ranks=ranks,
+            gpus=tuple(g.uuid for g in node.gpus),
+            end=until,
+            notes="cooling failure on the whole node",
+            extra={"factor": round(factor, 3)},
+        )
+    )
 
 
 def strike_stage_imbalance(world, rng, kind, target):

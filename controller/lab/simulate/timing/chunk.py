@@ -1,6 +1,7 @@
-"""The state of the step timer while it works out an attempt's steps: the placement as the timing needs it
-(TimingLayout), the compute multiplier of the slowdowns in force (SlowdownMultiplier), where the steps are
-(StepCursor), the random draws and times of up to K steps (StepChunk), and the spikes due (apply_spikes)."""
+"""The state of the step timer while it works out an attempt's steps: the placement as the timing
+needs it (TimingLayout), the compute multiplier of the slowdowns in force (SlowdownMultiplier),
+where the steps are (StepCursor), the random draws and times of up to K steps (StepChunk), and the
+spikes due (apply_spikes)."""
 
 from __future__ import annotations
 
@@ -36,15 +37,24 @@ class TimingLayout:
         ranks = placement.ranks()
         phys = [(p.node.name, p.gpu.index) for p in ranks]
         stage = placement.stage_of_rank()
-        return cls(n_nodes=len(placement.nodes), tp=placement.tp_size, dp_size=placement.dp_size, phys=phys,
-                   node_names=np.array([p.node.name for p in ranks], dtype=object),
-                   speed=np.array([gpu_speed.get(k, 1.0) for k in phys]), stage=stage,
-                   dp_of=placement.dp_of_rank(), last_stage=stage == placement.pp_size - 1)
+        return cls(
+            n_nodes=len(placement.nodes),
+            tp=placement.tp_size,
+            dp_size=placement.dp_size,
+            phys=phys,
+            node_names=np.array([p.node.name for p in ranks], dtype=object),
+            speed=np.array([gpu_speed.get(k, 1.0) for k in phys]),
+            stage=stage,
+            dp_of=placement.dp_of_rank(),
+            last_stage=stage == placement.pp_size - 1,
+        )
 
 
 @dataclass
 class SlowdownMultiplier:
-    """The compute multiplier per rank from the slowdowns in force, worked out again only at their change points."""
+    """The compute multiplier per rank from the slowdowns in force, worked out again only at their
+    change points.
+    """
 
     slowdowns: list[Slowdown]
     layout: TimingLayout
@@ -53,7 +63,9 @@ class SlowdownMultiplier:
     next_change: int | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self._change_points = sorted({s.t0 for s in self.slowdowns} | {s.t1 for s in self.slowdowns})
+        self._change_points = sorted(
+            {s.t0 for s in self.slowdowns} | {s.t1 for s in self.slowdowns}
+        )
 
     def reset(self, t: int) -> None:
         self.next_change = next((c for c in self._change_points if c > t), None)
@@ -90,8 +102,8 @@ class StepCursor:
 
 @dataclass
 class StepChunk:
-    """Up to K steps of all ranks: the random draws (made up front, K at a time) and the steps' times as they are
-    worked out."""
+    """Up to K steps of all ranks: the random draws (made up front, K at a time) and the steps'
+    times as they are worked out."""
 
     c_raw: np.ndarray  # compute (forward + backward) seconds, (K, R)
     split: np.ndarray  # forward's share of compute
@@ -122,18 +134,40 @@ class StepChunk:
         eval_s = rng.uniform(60.0, 150.0, K)
         jitter = rng.uniform(0, 0.003, (K, 2, R))
         loss_noise = rng.normal(0, 0.012, (K, layout.dp_size))
-        return cls(c_raw, split, data, opt, comm_base, ckpt_s, eval_s, jitter, loss_noise, mult_rows=np.ones((K, R)),
-                   steps_arr=np.zeros(K, dtype=np.int64), starts=np.zeros(K, dtype=np.int64), durs=np.zeros(K),
-                   ck=np.zeros(K), gaps=np.zeros(K))
+        return cls(
+            c_raw,
+            split,
+            data,
+            opt,
+            comm_base,
+            ckpt_s,
+            eval_s,
+            jitter,
+            loss_noise,
+            mult_rows=np.ones((K, R)),
+            steps_arr=np.zeros(K, dtype=np.int64),
+            starts=np.zeros(K, dtype=np.int64),
+            durs=np.zeros(K),
+            ck=np.zeros(K),
+            gaps=np.zeros(K),
+        )
 
     def head(self, n: int) -> StepChunk:
         """The first n steps."""
         return StepChunk(*(getattr(self, f)[:n] for f in self.__dataclass_fields__))
 
 
-def apply_spikes(pending: list[Spike], cur: StepCursor, chunk: StepChunk, k: int, phys: list[tuple[str, int]],
-                 out: AttemptSteps) -> bool:
-    """Apply the spikes due by the start of the chunk's step k; whether any hit a rank of this placement."""
+def apply_spikes(
+    pending: list[Spike],
+    cur: StepCursor,
+    chunk: StepChunk,
+    k: int,
+    phys: list[tuple[str, int]],
+    out: AttemptSteps,
+) -> bool:
+    """Apply the spikes due by the start of the chunk's step k; whether any hit a rank of this
+    placement.
+    """
     hit = False
     while cur.spike_pos < len(pending) and pending[cur.spike_pos].t <= cur.t:
         spike = pending[cur.spike_pos]

@@ -1,5 +1,5 @@
-"""What changes a job's step timing (Slowdown, Spike, LossEffect) and what an attempt's steps were (AttemptSteps,
-with the spikes that hit them: SpikeHit)."""
+"""What changes a job's step timing (Slowdown, Spike, LossEffect) and what an attempt's steps were
+(AttemptSteps, with the spikes that hit them: SpikeHit)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ NS = 1_000_000_000
 
 @dataclass(frozen=True)
 class Slowdown:
-    """Compute of some ranks is `factor` times slower during [t0, t1): one physical GPU, a whole node, or every
-    rank of a pipeline stage."""
+    """Compute of some ranks is `factor` times slower during [t0, t1): one physical GPU, a whole
+    node, or every rank of a pipeline stage."""
 
     t0: int
     t1: int
@@ -28,7 +28,8 @@ class Spike:
     """A one-off slow step (benign): the first step starting at or after t."""
 
     t: int
-    kind: str  # rank_compute (GC pause, allocator), rank_data (loader hiccup), job_data (shared filesystem)
+    # rank_compute (GC pause, allocator), rank_data (loader hiccup), job_data (shared filesystem)
+    kind: str
     amount: float  # factor for rank_compute, extra seconds otherwise
     node: str | None = None
     gpu: int | None = None
@@ -36,7 +37,9 @@ class Spike:
 
 @dataclass(frozen=True)
 class LossEffect:
-    """The loss of one data-parallel replica is multiplied by `factor` (NaN allowed) during [t0, t1)."""
+    """The loss of one data-parallel replica is multiplied by `factor` (NaN allowed) during [t0,
+    t1).
+    """
 
     t0: int
     t1: int

@@ -1,5 +1,5 @@
-"""The steps table of a chunk of steps: one training row per rank and step with its sections map and loss
-(train_table, sections_map, step_loss), and the evaluation passes (eval_table)."""
+"""The steps table of a chunk of steps: one training row per rank and step with its sections map and
+loss (train_table, sections_map, step_loss), and the evaluation passes (eval_table)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,26 @@ TRAIN_SECTIONS = ("data", "forward", "backward", "optimizer", "comm")
 TOKENS_PER_RANK_STEP = 8192 * 16
 
 
-def train_table(cluster: str, job_id: str, attempt: int, layout: TimingLayout, chunk: StepChunk, r_start: np.ndarray,
-                r_end: np.ndarray, dur_r: np.ndarray, sections: pa.MapArray, loss: np.ndarray) -> pa.Table:
+def train_table(
+    cluster: str,
+    job_id: str,
+    attempt: int,
+    layout: TimingLayout,
+    chunk: StepChunk,
+    r_start: np.ndarray,
+    r_end: np.ndarray,
+    dur_r: np.ndarray,
+    sections: pa.MapArray,
+    loss: np.ndarray,
+) -> pa.Table:
     """One row per rank and step."""
     n, R = r_end.shape
     rows = n * R
     rank_ids = np.tile(np.arange(R, dtype=np.int32), n)
     phase_arr = np.repeat(np.array(chunk.phases, dtype=object), R)
     end_flat = r_end.ravel()
-    loss_mask = np.broadcast_to(~layout.last_stage, (n, R))  # the loss is known on the last stage only
+    # the loss is known on the last stage only
+    loss_mask = np.broadcast_to(~layout.last_stage, (n, R))
     return pa.table({
         "ts": ts_array(end_flat),
         "cluster": pa.array(np.full(rows, cluster, dtype=object), pa.string()),
@@ -45,16 +56,28 @@ def train_table(cluster: str, job_id: str, attempt: int, layout: TimingLayout, c
         "loss": pa.array(np.round(loss.ravel(), 5), mask=loss_mask.ravel()),
     }, schema=TABLES["steps"])
 
-def eval_table(cluster: str, job_id: str, attempt: int, layout: TimingLayout, chunk: StepChunk, ends: np.ndarray,
-               ev: np.ndarray) -> pa.Table:
+def eval_table(
+    cluster: str,
+    job_id: str,
+    attempt: int,
+    layout: TimingLayout,
+    chunk: StepChunk,
+    ends: np.ndarray,
+    ev: np.ndarray,
+) -> pa.Table:
     """The evaluation passes after steps `ev`: one row per rank, sections {"eval": seconds}."""
     R = layout.world_size
     m = len(ev) * R
     ev_start = np.repeat(ends[ev], R) + (chunk.jitter[ev, 1, :].ravel() * NS).astype(np.int64)
-    ev_len = np.repeat(chunk.gaps[ev], R) * np.random.default_rng(int(ends[ev][0]) % 2**32).uniform(0.995, 1.0, m)
+    ev_len = np.repeat(chunk.gaps[ev], R) * np.random.default_rng(int(ends[ev][0]) % 2**32).uniform(
+        0.995, 1.0, m
+    )
     ev_end = ev_start + (ev_len * NS).astype(np.int64)
-    ev_sections = pa.MapArray.from_arrays(pa.array(np.arange(m + 1, dtype=np.int32)),
-                                          pa.array(["eval"] * m, pa.string()), pa.array(np.round(ev_len, 6)))
+    ev_sections = pa.MapArray.from_arrays(
+        pa.array(np.arange(m + 1, dtype=np.int32)),
+        pa.array(["eval"] * m, pa.string()),
+        pa.array(np.round(ev_len, 6)),
+    )
     ev_ranks = np.tile(np.arange(R, dtype=np.int32), len(ev))
     return pa.table({
         "ts": ts_array(ev_end),
@@ -80,8 +103,8 @@ def eval_table(cluster: str, job_id: str, attempt: int, layout: TimingLayout, ch
 
 
 def sections_map(ck: np.ndarray, R: int, values: list[np.ndarray]) -> pa.MapArray:
-    """The sections map of each row: the five training sections, and the checkpoint (`ck` seconds, per step) on
-    checkpoint steps."""
+    """The sections map of each row: the five training sections, and the checkpoint (`ck` seconds,
+    per step) on checkpoint steps."""
     has_ck = ck > 0
     rows = len(ck) * R
     counts = np.where(np.repeat(has_ck, R), 6, 5)
@@ -102,7 +125,9 @@ def sections_map(ck: np.ndarray, R: int, values: list[np.ndarray]) -> pa.MapArra
 
 
 def step_loss(chunk: StepChunk, layout: TimingLayout, losses: list[LossEffect]) -> np.ndarray:
-    """The loss of each rank and step: the training curve, the replica's noise and the loss effects in force."""
+    """The loss of each rank and step: the training curve, the replica's noise and the loss effects
+    in force.
+    """
     curve = 1.75 + 6.5 * np.exp(-chunk.steps_arr / 3000.0)
     loss = curve[:, None] + chunk.loss_noise[:, layout.dp_of]
     for effect in losses:

@@ -1,5 +1,5 @@
-"""StepTimer: an attempt's steps, chunk by chunk: each step's time from the draws, the slowdowns and spikes in
-force and the warm-up after a (re)start, written to the steps table."""
+"""StepTimer: an attempt's steps, chunk by chunk: each step's time from the draws, the slowdowns and
+spikes in force and the warm-up after a (re)start, written to the steps table."""
 
 from __future__ import annotations
 
@@ -15,16 +15,37 @@ from faultlens.controller.lab.simulate.timing.chunk import (
     TimingLayout,
     apply_spikes,
 )
-from faultlens.controller.lab.simulate.timing.records import NS, AttemptSteps, LossEffect, Slowdown, Spike
-from faultlens.controller.lab.simulate.timing.tables import eval_table, sections_map, step_loss, train_table
+from faultlens.controller.lab.simulate.timing.records import (
+    NS,
+    AttemptSteps,
+    LossEffect,
+    Slowdown,
+    Spike,
+)
+from faultlens.controller.lab.simulate.timing.tables import (
+    eval_table,
+    sections_map,
+    step_loss,
+    train_table,
+)
 
 
 class StepTimer:
     """Generates the steps table for one attempt, chunk by chunk."""
 
-    def __init__(self, *, cluster: str, job_id: str, step_seconds: float, checkpoint_every: int, eval_every: int,
-                 warmup_steps: int, day_origin_ns: int, gpu_speed: dict[tuple[str, int], float],
-                 chunk_steps: int = 1500) -> None:
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        job_id: str,
+        step_seconds: float,
+        checkpoint_every: int,
+        eval_every: int,
+        warmup_steps: int,
+        day_origin_ns: int,
+        gpu_speed: dict[tuple[str, int], float],
+        chunk_steps: int = 1500,
+    ) -> None:
         self.cluster = cluster
         self.job_id = job_id
         self.step_s = step_seconds
@@ -35,11 +56,23 @@ class StepTimer:
         self.gpu_speed = gpu_speed
         self.chunk_steps = chunk_steps
 
-    def run(self, rng: np.random.Generator, placement: Placement, attempt: int, first_step: int, t_start: int,
-            stop: int, slowdowns: list[Slowdown], spikes: list[Spike], losses: list[LossEffect],
-            sink_write, stop_at_step: int | None = None) -> AttemptSteps:
-        """Steps from `first_step`, the first starting at `t_start`, until the step in flight at `stop` (which is
-        not recorded: it never completed). Tables go to sink_write("steps", table)."""
+    def run(
+        self,
+        rng: np.random.Generator,
+        placement: Placement,
+        attempt: int,
+        first_step: int,
+        t_start: int,
+        stop: int,
+        slowdowns: list[Slowdown],
+        spikes: list[Spike],
+        losses: list[LossEffect],
+        sink_write,
+        stop_at_step: int | None = None,
+    ) -> AttemptSteps:
+        """Steps from `first_step`, the first starting at `t_start`, until the step in flight at
+        `stop` (which is not recorded: it never completed). Tables go to sink_write("steps", table).
+        """
         layout = TimingLayout.of(placement, self.gpu_speed)
         speed = SlowdownMultiplier(slowdowns, layout)
         pending = sorted(spikes, key=lambda s: s.t)
@@ -55,11 +88,20 @@ class StepTimer:
             out.next_step, out.next_start = cur.step, cur.t
         return out
 
-    def _time_steps(self, rng: np.random.Generator, chunk: StepChunk, cur: StepCursor, layout: TimingLayout,
-                    speed: SlowdownMultiplier, pending: list[Spike], stop: int, stop_at_step: int | None,
-                    out: AttemptSteps) -> int:
-        """Work out the chunk's steps from the cursor on, until the chunk is full, the step in flight at `stop` or
-        the step to stop at; returns how many completed."""
+    def _time_steps(
+        self,
+        rng: np.random.Generator,
+        chunk: StepChunk,
+        cur: StepCursor,
+        layout: TimingLayout,
+        speed: SlowdownMultiplier,
+        pending: list[Spike],
+        stop: int,
+        stop_at_step: int | None,
+        out: AttemptSteps,
+    ) -> int:
+        """Work out the chunk's steps from the cursor on, until the chunk is full, the step in
+        flight at `stop` or the step to stop at; returns how many completed."""
         speed.reset(cur.t)
         k = 0
         while k < len(chunk.steps_arr) and cur.t < stop:
@@ -74,7 +116,11 @@ class StepTimer:
             if self.checkpoint_every and cur.step > 0 and cur.step % self.checkpoint_every == 0:
                 chunk.ck[k] = chunk.ckpt_s[k]
                 phase = "checkpoint" if phase == "train" else phase
-            fb = chunk.c_raw[k] if speed.trivial and factor == 1.0 and not hit else chunk.c_raw[k] * row_mult
+            fb = (
+                chunk.c_raw[k]
+                if speed.trivial and factor == 1.0 and not hit
+                else chunk.c_raw[k] * row_mult
+            )
             fb_tp = np.repeat(fb.reshape(layout.n_nodes, layout.tp).max(axis=1), layout.tp)
             busy = chunk.data[k] + fb_tp + chunk.opt[k]
             T = float(busy.max()) + chunk.comm_base[k] + chunk.ck[k]
@@ -96,9 +142,11 @@ class StepTimer:
             k += 1
         return k
 
-    def _restart_factor(self, rng: np.random.Generator, chunk: StepChunk, k: int, cur: StepCursor) -> tuple[float, str]:
-        """The step's slowdown for everyone (the diurnal swing, the first step and warm-up after a (re)start) and
-        its phase."""
+    def _restart_factor(
+        self, rng: np.random.Generator, chunk: StepChunk, k: int, cur: StepCursor
+    ) -> tuple[float, str]:
+        """The step's slowdown for everyone (the diurnal swing, the first step and warm-up after a
+        (re)start) and its phase."""
         factor = 1.0 + 0.012 * math.sin(2 * math.pi * ((cur.t - self.day_origin_ns) / NS) / 86400.0)
         index = cur.index_in_attempt
         if index == 0:
@@ -110,8 +158,15 @@ class StepTimer:
             return factor, "warmup"
         return factor, "train"
 
-    def _emit(self, sink_write, attempt: int, layout: TimingLayout, losses: list[LossEffect], chunk: StepChunk,
-              out: AttemptSteps) -> None:
+    def _emit(
+        self,
+        sink_write,
+        attempt: int,
+        layout: TimingLayout,
+        losses: list[LossEffect],
+        chunk: StepChunk,
+        out: AttemptSteps,
+    ) -> None:
         """Write the chunk's step rows (and its evaluation passes) and record its steps in `out`."""
         fb = chunk.c_raw * chunk.mult_rows
         n, R = fb.shape
@@ -127,12 +182,29 @@ class StepTimer:
         comm = np.maximum(comm, 0.0)
         sections = sections_map(chunk.ck, R, [chunk.data, forward, backward, chunk.opt, comm])
         loss = step_loss(chunk, layout, losses)
-        sink_write("steps", train_table(self.cluster, self.job_id, attempt, layout, chunk, r_start, r_end, dur_r,
-                                        sections, loss))
+        sink_write(
+            "steps",
+            train_table(
+                self.cluster,
+                self.job_id,
+                attempt,
+                layout,
+                chunk,
+                r_start,
+                r_end,
+                dur_r,
+                sections,
+                loss,
+            ),
+        )
         ev = np.flatnonzero(chunk.gaps > 0)
         if len(ev):
-            sink_write("steps", eval_table(self.cluster, self.job_id, attempt, layout, chunk, ends, ev))
+            sink_write(
+                "steps", eval_table(self.cluster, self.job_id, attempt, layout, chunk, ends, ev)
+            )
         out.steps.extend(int(s) for s in chunk.steps_arr)
         out.starts.extend(int(s) for s in chunk.starts)
         out.ends.extend(int(e) for e in ends)
-        out.checkpoints.extend((int(chunk.steps_arr[i]), int(ends[i])) for i in np.flatnonzero(chunk.ck > 0))
+        out.checkpoints.extend(
+            (int(chunk.steps_arr[i]), int(ends[i])) for i in np.flatnonzero(chunk.ck > 0)
+        )
