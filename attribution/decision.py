@@ -36,6 +36,9 @@ class DecisionError(ValueError, FaultlensError):
 
 class Action(StrEnum):
     FAILOVER = "failover"  # exclude the culprit node(s), restart from the chosen checkpoint
+    # restart in place: same nodes, nothing excluded, from the newest good checkpoint (a first
+    # occurrence of a software or transient fault is no verdict on the code or on a node)
+    RESTART = "restart"
     ESCALATE = "escalate"  # stop and hand it to a human
     # tell a human; the job keeps running (slowdowns: a running job is never stopped for one)
     NOTIFY = "notify"
@@ -369,6 +372,11 @@ DECISION_JSON_SCHEMA: dict[str, Any] = {
         {
             "if": {"properties": {"action": {"const": "drain"}}},
             "then": {"properties": {"exclude_nodes": {"minItems": 1}}},
+        },
+        {
+            # a restart in place keeps every node: it excludes none
+            "if": {"properties": {"action": {"const": "restart"}}},
+            "then": {"properties": {"exclude_nodes": {"maxItems": 0}}},
         },
         {
             "if": {"properties": {"action": {"enum": ["escalate", "notify", "drain"]}}},

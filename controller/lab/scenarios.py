@@ -18,7 +18,7 @@ REPO_ROOT = rooms_root()
 DEFAULT_SCENARIOS = shipped_rule_file("campaign.yaml")
 
 CLASSES = frozenset({"crash", "collective_hang", "straggler", "health", "any"})
-ACTIONS = frozenset({"failover", "escalate", "notify", "drain"})
+ACTIONS = frozenset({"failover", "restart", "escalate", "notify", "drain"})
 CULPRITS = frozenset({"fault", "fault_node", "none"})
 # cause families: the scoring compares these (the exact cause is reported beside)
 CAUSE_FAMILIES: Mapping[str, str] = {
