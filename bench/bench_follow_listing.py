@@ -4,7 +4,8 @@ the tail) and now (attribution/reading/tail.py PartitionListing: the job's own p
 nodes' node-level ones, from the window's oldest date on), side by side in one run, on moto's S3
 server.
 
-    python -m bench.bench_follow_listing                       # 2,048 nodes: one job over 2 days; a 30-day store
+    # 2,048 nodes: one job over 2 days; a 30-day store
+    python -m bench.bench_follow_listing
     python -m bench.bench_follow_listing --nodes 256 --polls 2  # smaller
 
 Two stores of 2,048 nodes' worth of segments (one tiny segment per partition, as a compacted store

@@ -1,9 +1,11 @@
 """Fuzzing the flight-recorder dump readers: crashes, tracebacks, disagreements, memory and time per
 KB.
 
-    python -m bench.bench_fr_fuzz                          # 100,000 inputs per reader (pickle: both paths; JSON)
-    python -m bench.bench_fr_fuzz --n 2000 --json          # what the CI runs (tests/test_fr_fuzz.py)
-    python -m bench.bench_fr_fuzz --readers pickle-keys    # every key-name fetch retargeted (~209,000 inputs)
+    # 100,000 inputs per reader (pickle: both paths; JSON)
+    python -m bench.bench_fr_fuzz
+    python -m bench.bench_fr_fuzz --n 2000 --json        # what the CI runs (tests/test_fr_fuzz.py)
+    # every key-name fetch retargeted (~209,000 inputs)
+    python -m bench.bench_fr_fuzz --readers pickle-keys
 
 Seeds are real dumps: the public NCCL set (tests/data/nccl-fr-gpu_error_2nd, 16 ranks) and real gloo
 dumps from torchrun jobs (tests/data/gloo-fr-*, pickle and JSON). Each input is a mutant of a seed
@@ -223,13 +225,13 @@ def hostile_pickles() -> dict[str, bytes]:
             ),
             protocol=2,
         ),
-        "surrogate_string": b"\x80\x02}(X\x07\x00\x00\x00versionX\x03\x00\x00\x00\xed\xa0\x80X\x07\x00\x00\x00"
-        b"entries]u.",
-        "invalid_utf8_string": b"\x80\x02}(X\x07\x00\x00\x00versionX\x01\x00\x00\x00\xffX\x07\x00\x00\x00"
-        b"entries]u.",
+        "surrogate_string": b"\x80\x02}(X\x07\x00\x00\x00versionX\x03\x00\x00\x00\xed\xa0\x80"
+        b"X\x07\x00\x00\x00entries]u.",
+        "invalid_utf8_string": b"\x80\x02}(X\x07\x00\x00\x00versionX\x01\x00\x00\x00\xff"
+        b"X\x07\x00\x00\x00entries]u.",
         "list_key": b"\x80\x02}(]X\x01\x00\x00\x00aX\x07\x00\x00\x00entries]u.",
-        "build_defaults": b"\x80\x02c__builtin__\nset\nN}X\x0c\x00\x00\x00__defaults__(X\x08\x00\x00\x00POLLUTED"
-        b"tsb.",
+        "build_defaults": b"\x80\x02c__builtin__\nset\nN}X\x0c\x00\x00\x00__defaults__"
+        b"(X\x08\x00\x00\x00POLLUTEDtsb.",
         "return_function": b"\x80\x02c__builtin__\nset\n.",
         "global_os_system": b"cos\nsystem\n(S'true'\ntR.",
         "frame_line_2_62": pickle.dumps(

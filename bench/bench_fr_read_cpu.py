@@ -27,6 +27,7 @@ import json, os, resource, shutil, sys, tempfile, time
 from pathlib import Path
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.attribution.detectors.hang import COLUMNS
+
 directory = Path(sys.argv[1])
 warm = tempfile.mkdtemp()
 for path in sorted(directory.iterdir())[:4]:
@@ -38,10 +39,20 @@ cpu0, wall0 = time.process_time(), time.perf_counter()
 dumps = read_dump_dir(directory, columns=COLUMNS, dictionary=True, max_frames=0)
 cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
 n = len(dumps.ranks)
-print(json.dumps({"dumps": n, "rows": dumps.table.num_rows, "errors": len(dumps.errors), "wall_s": round(wall, 2),
-                  "cpu_s": round(cpu, 2), "cpu_ms_per_dump": round(1000 * cpu / n, 3),
-                  "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-                  "load_avg": os.getloadavg()[0]}))
+print(
+    json.dumps(
+        {
+            "dumps": n,
+            "rows": dumps.table.num_rows,
+            "errors": len(dumps.errors),
+            "wall_s": round(wall, 2),
+            "cpu_s": round(cpu, 2),
+            "cpu_ms_per_dump": round(1000 * cpu / n, 3),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "load_avg": os.getloadavg()[0],
+        }
+    )
+)
 """
 
 

@@ -288,6 +288,7 @@ _WARM_RUN = """
 import sys
 from faultlens.attribution.detectors.hang import analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+
 analyze_collectives(read_dump_dir(sys.argv[1], fast_path=True).table)
 """
 
@@ -295,9 +296,11 @@ _LIBRARY_RUN = """
 import json, sys, time
 t = time.perf_counter()
 from faultlens.controller.hang_dump_dir import analyze_dump_dir
-dumps, report = analyze_dump_dir(sys.argv[1])  # as analyze-hang: pass 1 on the rows as they are read
-print(json.dumps(report.to_dict() | {"dumps": {"read_seconds": dumps.seconds, "seconds": time.perf_counter() - t,
-                                               "rows": dumps.table.num_rows}}))
+# as analyze-hang: pass 1 on the rows as they are read
+dumps, report = analyze_dump_dir(sys.argv[1])
+seconds = time.perf_counter() - t
+read = {"read_seconds": dumps.seconds, "seconds": seconds, "rows": dumps.table.num_rows}
+print(json.dumps(report.to_dict() | {"dumps": read}))
 """
 
 

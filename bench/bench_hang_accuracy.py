@@ -57,8 +57,16 @@ NVRX_MODULE = "nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution"
 NVRX_ADAPTER = r"""
 import argparse, json, sys
 from nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution import CollectiveAnalyzer
-args = argparse.Namespace(fr_path=sys.argv[1], pattern="_dump_*", verbose=False, health_check=False, llm_analyze=False,
-                          model="nvdev/nvidia/llama-3.3-nemotron-super-49b-v1", debug=False)
+
+args = argparse.Namespace(
+    fr_path=sys.argv[1],
+    pattern="_dump_*",
+    verbose=False,
+    health_check=False,
+    llm_analyze=False,
+    model="nvdev/nvidia/llama-3.3-nemotron-super-49b-v1",
+    debug=False,
+)
 analyzer = CollectiveAnalyzer(args)
 loop = analyzer._loop
 text = loop.run_until_complete(analyzer.preprocess_FR_dumps())

@@ -42,11 +42,13 @@ from faultlens.attribution.reading.windows import JobWindows
 from faultlens.attribution.detectors.crash.liveness import closed_ranks
 from faultlens.attribution.detectors.progress.monitor import _heartbeat_intervals, _last_progress
 import pandas as pd
+
 began = time.perf_counter()
 with Store(sys.argv[1]) as store:
     if sys.argv[2] == "whole":
         beats = store.query("SELECT * FROM heartbeats WHERE job_id = 'beats'")
         from faultlens.attribution.reading.telemetry import to_frame
+
         beats = to_frame(beats, "heartbeats")
     else:
         beats = JobWindows.open(store, "beats", None, warmup_steps=3).context.heartbeats
@@ -55,8 +57,11 @@ answers = {}
 for attempt in sorted(int(a) for a in beats["attempt"].dropna().unique()):
     mine = beats[beats["attempt"] == attempt]
     last = _last_progress(pd.DataFrame(), mine)
-    answers[attempt] = {"closed": sorted(closed_ranks(beats, attempt)), "last": [str(last[0]), last[1], last[2]],
-                        "intervals": _heartbeat_intervals(mine, 3)[-20:]}
+    answers[attempt] = {
+        "closed": sorted(closed_ranks(beats, attempt)),
+        "last": [str(last[0]), last[1], last[2]],
+        "intervals": _heartbeat_intervals(mine, 3)[-20:],
+    }
 print(json.dumps({"rows": len(beats), "seconds": seconds, "answers": answers}, default=str))
 """
 

@@ -1,9 +1,12 @@
 """Straggler scoring at scale beside the implementation it replaces, and the what-if estimate
 against measured step-time changes of real torch jobs.
 
-    python bench/bench_straggler.py                       # 1,024 ranks x 500 steps, scoring (default)
-    python bench/bench_straggler.py --torch               # also: what-if vs measured on the real pipeline jobs
-    python bench/bench_straggler.py --whatif-only [--reuse DIR]   # the what-if alone (DIR: jobs generated before)
+    # 1,024 ranks x 500 steps, scoring (default)
+    python bench/bench_straggler.py
+    # also: what-if vs measured on the real pipeline jobs
+    python bench/bench_straggler.py --torch
+    # the what-if alone (DIR: jobs generated before)
+    python bench/bench_straggler.py --whatif-only [--reuse DIR]
 
 Scoring: a simulated job (controller/lab/simulate/straggler_cases.py: 128 nodes x 8 GPUs, 4 stages,
 32 replicas, one slow GPU from step 200) is written to a store once (cached under --cache) and read

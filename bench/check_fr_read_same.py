@@ -37,6 +37,7 @@ from pathlib import Path
 import pyarrow as pa, pyarrow.ipc as ipc
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 from faultlens.attribution.detectors.hang import COLUMNS
+
 cases, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 for i, case in enumerate(cases):
     options = dict(case["options"])
@@ -45,8 +46,13 @@ for i, case in enumerate(cases):
     dumps = read_dump_dir(case["dir"], **options)
     with ipc.new_file(out / f"{i}.arrow", dumps.table.schema) as writer:
         writer.write_table(dumps.table)
-    meta = {"ranks": list(dumps.ranks), "files": list(dumps.files), "errors": [str(e) for e in dumps.errors],
-            "world_size": dumps.world_size, "skipped": list(dumps.skipped)}
+    meta = {
+        "ranks": list(dumps.ranks),
+        "files": list(dumps.files),
+        "errors": [str(e) for e in dumps.errors],
+        "world_size": dumps.world_size,
+        "skipped": list(dumps.skipped),
+    }
     (out / f"{i}.json").write_text(json.dumps(meta))
 """
 

@@ -1,7 +1,8 @@
 """The one loader of every YAML rules/config file (rules/*.yaml, hook files, GPU timelines, campaign
 scenarios).
 
-    rules = load_rule_file(path, CrashRules, error=RulesError)   # a pydantic model: the file's schema
+    # a pydantic model: the file's schema
+    rules = load_rule_file(path, CrashRules, error=RulesError)
 
 Every rule file is described by a pydantic model (the only validation library of the runtime
 package; shared field types in collectors/rule_model.py).

@@ -2,8 +2,9 @@
 (process_events, ranks, steps, heartbeats and, where the run left them, collectives), in the store
 layout, rows and columns as they are.
 
-    python -m tests.freeze_store STORE OUT_DIR [ATTEMPT]   # e.g. a `faultlens campaign` scenario's store/;
-                                                            # ATTEMPT: only that attempt's rows
+    python -m tests.freeze_store STORE OUT_DIR [ATTEMPT]
+
+STORE: e.g. a `faultlens campaign` scenario's store/; ATTEMPT: only that attempt's rows.
 
 How tests/data/teardown/* were made (tests/test_follow_on.py replays them cut at every moment a row
 landed)."""

@@ -1,8 +1,8 @@
 """A writer for the crash test: writes numbered step rows through the sink forever, and after every
 flush that returned prints how many rows are committed. The test SIGKILLs it at random moments.
 
-    python -m tests.sink_writer STORE SEED JOB      # one writer, its acknowledgements on stdout
-    python -m tests.sink_writer --zygote            # many writers, one per request line, each a fork
+    python -m tests.sink_writer STORE SEED JOB  # one writer, its acknowledgements on stdout
+    python -m tests.sink_writer --zygote        # many writers, one per request line, each a fork
 
 The zygote imports pyarrow and the sink once and forks one writer per request line on stdin
 ("STORE SEED JOB ACKFILE"): it answers "pid N", the writer writes its acknowledgements to ACKFILE

@@ -64,25 +64,25 @@ def test_shipped_campaign_covers_the_issue() -> None:
             "scenario s.script",
         ),
         (
-            "format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a, faults: "
-            "[{kind: zap}]}]\n",
+            "format_version: 1\nscripts: {a: {path: x.py}}\n"
+            "scenarios: [{name: s, script: a, faults: [{kind: zap}]}]\n",
             "scenario s.faults[0].kind",
         ),
         (
             "format_version: 1\nscripts: {a: {path: x.py}}\n"
-            "scenarios: [{name: s, script: a, expect: {incidents: [{class: crash, cause: bad, action: "
-            "failover}]}}]\n",
+            "scenarios: [{name: s, script: a, expect: {incidents: "
+            "[{class: crash, cause: bad, action: failover}]}}]\n",
             "scenario s.expect.incidents[0].cause: unknown cause 'bad'",
         ),
         (
             "format_version: 1\nscripts: {a: {path: x.py}}\n"
-            "scenarios: [{name: s, script: a, faults: [{kind: gpu, node: node-1, params: {timeline: "
-            "nope}}]}]\n",
+            "scenarios: [{name: s, script: a, faults: "
+            "[{kind: gpu, node: node-1, params: {timeline: nope}}]}]\n",
             "gpu fault f0",
         ),
         (
-            "format_version: 1\nscripts: {a: {path: x.py}}\nscenarios: [{name: s, script: a}, {name: s, "
-            "script: a}]\n",
+            "format_version: 1\nscripts: {a: {path: x.py}}\n"
+            "scenarios: [{name: s, script: a}, {name: s, script: a}]\n",
             "duplicate name",
         ),
         ("format_version: [\n", "not valid YAML"),

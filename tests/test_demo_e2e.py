@@ -29,7 +29,8 @@ def test_every_fault_is_attributed_and_decided(demo_store):
     assert len(summary["attempts"]) == len(EXPECTED)
     with Store(store) as reader:
         decisions = reader.query("""
-            SELECT attempt, "class", cause, action, exclude_nodes, restore_step, restore_tier, document
+            SELECT attempt, "class", cause, action, exclude_nodes, restore_step, restore_tier,
+                document
             FROM decisions QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts) = 1
             ORDER BY attempt""").to_pylist()
         incidents = {
@@ -57,12 +58,14 @@ def test_each_restart_resumed_from_the_chosen_checkpoint(demo_store):
     with Store(store) as reader:
         decisions = reader.query("""
             SELECT attempt, restore_step, restore_tier, exclude_nodes FROM decisions
-            WHERE action = 'failover' QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts) = 1
+            WHERE action = 'failover'
+            QUALIFY row_number() OVER (PARTITION BY decision_id ORDER BY ts) = 1
             ORDER BY attempt""").to_pylist()
         first_steps = {
             row["attempt"]: row["first"]
             for row in reader.query(
-                "SELECT attempt, min(step) AS first FROM steps WHERE phase = 'train' GROUP BY attempt"
+                "SELECT attempt, min(step) AS first FROM steps WHERE phase = 'train' "
+                "GROUP BY attempt"
             ).to_pylist()
         }
         ranks = reader.query("SELECT DISTINCT attempt, node FROM ranks").to_pylist()

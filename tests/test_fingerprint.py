@@ -27,7 +27,8 @@ class Batch:
     pass
 
 def forward(batch, rank):
-    raise ValueError(f"bad batch {batch!r} on rank {rank} (pid {os.getpid()}) in {os.path.abspath(__file__)}")
+    where = os.path.abspath(__file__)
+    raise ValueError(f"bad batch {batch!r} on rank {rank} (pid {os.getpid()}) in {where}")
 
 def train(rank):
     for step in range(3):

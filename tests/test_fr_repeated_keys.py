@@ -25,9 +25,11 @@ _CHECK = textwrap.dedent(r'''
     from bench.bench_fr_fuzz import _apply_swap, _key_gets, _key_swap_edits, _one, seeds
     from faultlens.collectors.artifacts.fr_fastpickle import ENTRY_KEYS
 
+
     class D:  # a dict written pair by pair: repeated keys stay repeated in the pickle
         def __init__(self, *pairs):
             self.pairs = pairs
+
 
     def enc(v):
         if isinstance(v, D):
@@ -46,17 +48,46 @@ _CHECK = textwrap.dedent(r'''
             return (b"]" + body + b"e") if isinstance(v, list) else (body + b"t")
         raise TypeError(v)
 
+
     def dump(status=None, config=None, top=(), entry=(), frame=None):
-        group = status if status is not None else D(("last_enqueued_collective", 3), ("last_started_collective", 2),
-                                                   ("last_completed_collective", 1))
-        cfg = config if config is not None else D(("name", "0"), ("desc", "default_pg"), ("ranks", "[0, 1]"))
+        group = (
+            status
+            if status is not None
+            else D(
+                ("last_enqueued_collective", 3),
+                ("last_started_collective", 2),
+                ("last_completed_collective", 1),
+            )
+        )
+        cfg = (
+            config
+            if config is not None
+            else D(("name", "0"), ("desc", "default_pg"), ("ranks", "[0, 1]"))
+        )
         fr = frame if frame is not None else D(("name", "f"), ("filename", "x.py"), ("line", 7))
-        ent = D(("record_id", 0), ("pg_id", 0), ("process_group", ("0", "default_pg")), ("collective_seq_id", 1),
-                ("op_id", 1), ("profiling_name", "nccl:all_reduce"), ("time_created_ns", 5), ("input_sizes", [[4]]),
-                ("input_dtypes", ["Float"]), ("state", "scheduled"), ("frames", [fr]), *entry)
-        pairs = [("version", "2.9"), ("pg_config", D(("0", cfg))), ("pg_status", D(("0", group))),
-                 ("entries", [ent]), *top]
+        ent = D(
+            ("record_id", 0),
+            ("pg_id", 0),
+            ("process_group", ("0", "default_pg")),
+            ("collective_seq_id", 1),
+            ("op_id", 1),
+            ("profiling_name", "nccl:all_reduce"),
+            ("time_created_ns", 5),
+            ("input_sizes", [[4]]),
+            ("input_dtypes", ["Float"]),
+            ("state", "scheduled"),
+            ("frames", [fr]),
+            *entry,
+        )
+        pairs = [
+            ("version", "2.9"),
+            ("pg_config", D(("0", cfg))),
+            ("pg_status", D(("0", group))),
+            ("entries", [ent]),
+            *top,
+        ]
         return b"\x80\x02" + enc(D(*pairs)) + b"."
+
 
     L = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
     cases = {}
@@ -65,17 +96,33 @@ _CHECK = textwrap.dedent(r'''
             if twice != missing:
                 pairs = [(k, 10 + i) for i, k in enumerate(L) if k != missing] + [(twice, 20)]
                 cases[f"status {twice} twice, {missing} absent"] = dump(status=D(*pairs))
-                cases[f"status {twice} twice first, {missing} absent"] = dump(status=D(*pairs[::-1]))
+                cases[f"status {twice} twice first, {missing} absent"] = dump(
+                    status=D(*pairs[::-1])
+                )
     cases["status all three, one twice"] = dump(status=D(*[(k, 1) for k in L], (L[0], 9)))
     cases["status str then int"] = dump(status=D((L[0], "x"), *[(k, 1) for k in L]))
     cases["status int then str"] = dump(status=D(*[(k, 1) for k in L], (L[1], "x")))
     cases["status one key three times"] = dump(status=D((L[2], 1), (L[2], 2), (L[2], 3)))
-    cases["status group twice"] = (b"\x80\x02" + enc(D(("version", "2.9"), ("entries", []),
-                                   ("pg_status", D(("0", D(*[(k, 1) for k in L])), ("0", D((L[0], 5)))))))
-                                   + b".")
-    cases["config ranks twice"] = dump(config=D(("name", "0"), ("ranks", "[0, 1, 2]"), ("ranks", "[0, 1]")))
-    cases["config name for desc"] = dump(config=D(("name", "0"), ("name", "x"), ("ranks", "[0, 1]")))
-    cases["config ranks int then str"] = dump(config=D(("name", "0"), ("ranks", 5), ("ranks", "[0, 1]")))
+    cases["status group twice"] = (
+        b"\x80\x02"
+        + enc(
+            D(
+                ("version", "2.9"),
+                ("entries", []),
+                ("pg_status", D(("0", D(*[(k, 1) for k in L])), ("0", D((L[0], 5))))),
+            )
+        )
+        + b"."
+    )
+    cases["config ranks twice"] = dump(
+        config=D(("name", "0"), ("ranks", "[0, 1, 2]"), ("ranks", "[0, 1]"))
+    )
+    cases["config name for desc"] = dump(
+        config=D(("name", "0"), ("name", "x"), ("ranks", "[0, 1]"))
+    )
+    cases["config ranks int then str"] = dump(
+        config=D(("name", "0"), ("ranks", 5), ("ranks", "[0, 1]"))
+    )
     cases["top pg_status twice"] = dump(top=[("pg_status", D(("0", D((L[0], 7)))))])
     cases["top rank twice"] = dump(top=[("rank", 1), ("rank", 2)])
     cases["top entries twice"] = dump(top=[("entries", [])])
@@ -83,17 +130,33 @@ _CHECK = textwrap.dedent(r'''
     cases["entry state twice"] = dump(entry=[("state", "completed")])
     cases["entry record_id twice"] = dump(entry=[("record_id", 4)])
     cases["entry op_id str then int"] = dump(entry=[("op_id", "x"), ("op_id", 3)])
-    cases["frame line twice"] = dump(frame=D(("name", "f"), ("line", 1), ("filename", "x.py"), ("line", 2)))
+    cases["frame line twice"] = dump(
+        frame=D(("name", "f"), ("line", 1), ("filename", "x.py"), ("line", 2))
+    )
     cases["frame name for filename"] = dump(frame=D(("name", "f"), ("name", "g"), ("line", 1)))
-    cases["frame line str then int"] = dump(frame=D(("name", "f"), ("filename", "x"), ("line", "x"), ("line", 3)))
+    cases["frame line str then int"] = dump(
+        frame=D(("name", "f"), ("filename", "x"), ("line", "x"), ("line", 3))
+    )
 
-    # every key-name fetch of real dumps retargeted: exhaustively in the small dicts (pg_status, pg_config keys),
-    # a sample of the rest
+    # every key-name fetch of real dumps retargeted: exhaustively in the small dicts (pg_status,
+    # pg_config keys), a sample of the rest
     pickles, _ = seeds()
-    small = {"last_enqueued_collective", "last_started_collective", "last_completed_collective", "name", "desc",
-             "ranks", "pg_status", "pg_config", "version", "rank"}
+    small = {
+        "last_enqueued_collective",
+        "last_started_collective",
+        "last_completed_collective",
+        "name",
+        "desc",
+        "ranks",
+        "pg_status",
+        "pg_config",
+        "version",
+        "rank",
+    }
     rng = random.Random(16)
-    for s, data in enumerate((pickles[0], pickles[-1], pickles[-5])):  # NCCL, gloo straggler, gloo hang
+    for s, data in enumerate(
+        (pickles[0], pickles[-1], pickles[-5])
+    ):  # NCCL, gloo straggler, gloo hang
         edits = _key_swap_edits(data)
         gets, names = _key_gets(data, frozenset(ENTRY_KEYS))
         fetched = {pos: names[index] for pos, _n, index in gets}
@@ -108,11 +171,31 @@ _CHECK = textwrap.dedent(r'''
     for label, data in cases.items():
         fast = _one(data, "rank_0.pkl", True, False)
         ref = _one(data, "rank_0.pkl", False, False)
-        if "traceback" in (fast[0], ref[0]) or fast[0] != ref[0] or (fast[0] == "ok" and fast[1] != ref[1]):
-            bad.append([label, fast[0], ref[0], str(fast[1])[:200] if fast[0] != "ok" else None,
-                        str(ref[1])[:200] if ref[0] != "ok" else None])
+        if (
+            "traceback" in (fast[0], ref[0])
+            or fast[0] != ref[0]
+            or (fast[0] == "ok" and fast[1] != ref[1])
+        ):
+            bad.append(
+                [
+                    label,
+                    fast[0],
+                    ref[0],
+                    str(fast[1])[:200] if fast[0] != "ok" else None,
+                    str(ref[1])[:200] if ref[0] != "ok" else None,
+                ]
+            )
         accepted += fast[0] == "ok"
-    print(json.dumps({"cases": len(cases), "accepted": accepted, "disagree": bad[:20], "disagreements": len(bad)}))
+    print(
+        json.dumps(
+            {
+                "cases": len(cases),
+                "accepted": accepted,
+                "disagree": bad[:20],
+                "disagreements": len(bad),
+            }
+        )
+    )
 ''')
 
 

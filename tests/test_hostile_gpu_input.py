@@ -68,7 +68,9 @@ def test_64k_adversarial_lines_parse_in_linear_time():
         from faultlens.collectors.sources.kmsg import KernelLogParser
         lines = json.loads(sys.stdin.read())
         parser = KernelLogParser()
-        out = {name: [(e.kind, e.code) for e in parser.feed(line, 1)] for name, line in lines.items()}
+        out = {
+            name: [(e.kind, e.code) for e in parser.feed(line, 1)] for name, line in lines.items()
+        }
         print(json.dumps({"events": out, "bad": parser.stats.bad_lines}))
     """)
     result = subprocess.run(
@@ -209,16 +211,20 @@ OUT_OF_RANGE = {
     'pci_bus_id="00000000:18:00.0",hostname="gpu-node-07"} 3e9',
     "fb_free_-1e303": 'DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-3f1a9c2e-7b4d-4e0a-9c1f-2d8e6b5a4c01",'
     'pci_bus_id="00000000:18:00.0",hostname="gpu-node-07"} -1e303',
-    "power_-1e300": 'DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-8e2b7d41-0c5f-4a93-b6e2-71f0d3c9a802",'
+    "power_-1e300": 'DCGM_FI_DEV_POWER_USAGE{gpu="1",'
+    'UUID="GPU-8e2b7d41-0c5f-4a93-b6e2-71f0d3c9a802",'
     'pci_bus_id="00000000:2A:00.0",hostname="gpu-node-07"} -1e300',
-    "energy_-inf": 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="1",UUID="GPU-8e2b7d41-0c5f-4a93-b6e2-71f0d3c9a802",'
+    "energy_-inf": 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="1",'
+    'UUID="GPU-8e2b7d41-0c5f-4a93-b6e2-71f0d3c9a802",'
     'pci_bus_id="00000000:2A:00.0",hostname="gpu-node-07"} -Inf',
-    "timestamp_year_9999": 'DCGM_FI_DEV_GPU_TEMP{gpu="2",UUID="GPU-a65c1b07-94de-4f32-b8a0-3c7e2d6f1906",'
+    "timestamp_year_9999": 'DCGM_FI_DEV_GPU_TEMP{gpu="2",'
+    'UUID="GPU-a65c1b07-94de-4f32-b8a0-3c7e2d6f1906",'
     'pci_bus_id="00000000:AB:00.0",hostname="gpu-node-07"} 50 '
     "253402300799000",
     "xid_1e12": 'DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-e2f47a98-61b3-4d5c-9f0e-8a4b7c3d2e07",'
     'pci_bus_id="00000000:BA:00.0",hostname="gpu-node-07"} 1e12',
-    "gpu_index_huge": 'DCGM_FI_DEV_GPU_TEMP{gpu="99999999999999",UUID="GPU-x",hostname="gpu-node-07"} 40',
+    "gpu_index_huge": 'DCGM_FI_DEV_GPU_TEMP{gpu="99999999999999",UUID="GPU-x",'
+    'hostname="gpu-node-07"} 40',
 }
 
 

@@ -206,7 +206,7 @@ def test_event_device_handles_map_back_to_indexes():
 
 
 # -- deltas
-# -----------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def base(**values):
     row = {column: 0 for column in SAMPLE_COLUMNS}
     row.update(remap_pending=False, remap_failure=False, retired_pages_pending=False, temp_c=60.0)

@@ -375,7 +375,8 @@ def test_bad_yaml_names_the_file_and_line(tmp_path: Path) -> None:
             lambda t: t.replace(
                 "when: {cause: [gpu_hardware,", "when: {cause: [software, gpu_hardware,"
             ),
-            ": rules[3].when.cause: a failover rule may not match a never_failover cause (software)",
+            ": rules[3].when.cause: a failover rule may not match a never_failover cause "
+            "(software)",
         ),
         (
             lambda t: t.replace(

@@ -421,9 +421,9 @@ def test_benign_noise_is_present_and_unlabelled_in_the_store(sim) -> None:
     # a one-off slow step: one rank's compute far above its own median for exactly one step
     spikes = (
         store.query(
-            "WITH c AS (SELECT attempt, rank, step, sections['forward'] + sections['backward'] AS x "
-            "FROM steps "
-            "WHERE phase = 'train'), m AS (SELECT attempt, rank, median(x) AS med FROM c GROUP BY ALL) "
+            "WITH c AS (SELECT attempt, rank, step, "
+            "sections['forward'] + sections['backward'] AS x FROM steps WHERE phase = 'train'), "
+            "m AS (SELECT attempt, rank, median(x) AS med FROM c GROUP BY ALL) "
             "SELECT count(*) AS n FROM c JOIN m USING (attempt, rank) WHERE c.x > 1.8 * m.med"
         )
         .column("n")[0]

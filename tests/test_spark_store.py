@@ -168,10 +168,12 @@ def test_spark_table_definitions_of_the_docs(spark, demo_like_store: Path) -> No
     assert [row.asDict() for row in got] == per_node
     spark.sql(f"""
         CREATE TABLE gpu_events (
-            ts TIMESTAMP, cluster STRING, job_id STRING, attempt INT, `rank` INT, local_rank INT, gpu_index INT,
-            gpu_uuid STRING, pci_bus_id STRING, source STRING, kind STRING, code INT, message STRING, pid BIGINT,
-            process_name STRING, raw STRING, job STRING, date STRING, node STRING)
-        USING parquet PARTITIONED BY (job, date, node) LOCATION '{demo_like_store / 'gpu_events'}'""")
+            ts TIMESTAMP, cluster STRING, job_id STRING, attempt INT, `rank` INT, local_rank INT,
+            gpu_index INT, gpu_uuid STRING, pci_bus_id STRING, source STRING, kind STRING, code INT,
+            message STRING, pid BIGINT, process_name STRING, raw STRING, job STRING, date STRING,
+            node STRING)
+        USING parquet PARTITIONED BY (job, date, node)
+        LOCATION '{demo_like_store / 'gpu_events'}'""")
     spark.sql("MSCK REPAIR TABLE gpu_events")
     got = spark.sql("SELECT node, code, count(*) AS n FROM gpu_events WHERE kind = 'xid' AND date "
                     ">= '2026-01-01' "

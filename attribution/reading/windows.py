@@ -168,9 +168,9 @@ def _heartbeat_history(
             marks = ", ".join("?" * len(chosen))
             beats = to_frame(
                 query(  # type: ignore[operator]
-                    f"SELECT * FROM heartbeats WHERE job_id = ? AND attempt = ? AND rank IN ({marks}) "
-                    "AND step IS NOT "
-                    "NULL AND step_ts IS NOT NULL AND step >= ?",
+                    "SELECT * FROM heartbeats WHERE job_id = ? AND attempt = ? "
+                    f"AND rank IN ({marks}) "
+                    "AND step IS NOT NULL AND step_ts IS NOT NULL AND step >= ?",
                     [job, int(attempt), *chosen, first],
                 ),
                 "heartbeats",

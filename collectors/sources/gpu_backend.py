@@ -20,7 +20,8 @@ _NOT_METRICS = {f.name for f in IDENTITY_FIELDS} | {"source", "gpu_name"}
 SAMPLE_COLUMNS: tuple[str, ...] = tuple(
     f.name for f in TABLES["gpu_samples"] if f.name not in _NOT_METRICS
 )
-"""The metric columns of gpu_samples a backend fills (identity, source and name are filled by the source)."""
+"""The metric columns of gpu_samples a backend fills (identity, source and name are filled by the
+source)."""
 
 EVENT_KINDS: frozenset[str] = frozenset(
     {

@@ -60,7 +60,7 @@ class NvmlBackend(NvmlSampling):
         self._event_types: dict[int, str] = {}
 
     # -- lifecycle
-    # -----------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     def open(self) -> Sequence[GpuDevice]:
         nvml = self._nvml
         if nvml is None:
@@ -170,7 +170,7 @@ class NvmlBackend(NvmlSampling):
             self._handles.clear()
 
     # -- events
-    # --------------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     def supports_events(self) -> bool:
         return self._event_set is not None
 

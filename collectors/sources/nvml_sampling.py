@@ -33,7 +33,7 @@ class NvmlSampling:
     _nvlink_links: dict[int, list[int]]
 
     # -- sampling
-    # ------------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     def _code(self, name: str) -> int | None:
         return getattr(self._nvml, name, None)
 

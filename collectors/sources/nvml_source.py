@@ -99,7 +99,7 @@ class NvmlSource:
         self._thread: threading.Thread | None = None
 
     # -- lifecycle
-    # -----------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     def open(self) -> bool:
         """Open the backend if not open yet; False when it is unavailable (said once)."""
         if self._opened:
@@ -155,7 +155,7 @@ class NvmlSource:
             self._thread = None
 
     # -- rows
-    # ----------------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     def _identity_columns(self, device: GpuDevice | None, ts_ns: int) -> dict[str, Any]:
         row: dict[str, Any] = {"ts": ts_ns, **self.identity.columns()}
         if device is not None:
@@ -223,7 +223,7 @@ class NvmlSource:
         )
 
     # -- poll
-    # ----------------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
     def poll(self) -> Mapping[str, pa.RecordBatch]:
         try:
             return self._poll()

@@ -9,9 +9,10 @@ flight recorder (then it waits on its pipeline peer, and is a follow-on). py-spy
 process' interpreter from outside (ptrace); it needs no cooperation from the process, which is
 blocked anyway.
 
-    stack = capture(pid)                       # never raises: ProcessStack.error says why there is none
-    place = where(stack)                       # Whereabouts(kind, frame, op, peer, thread)
-    stacks = load_stack_dir(DIR)               # rank_<N>.json files of py-spy's JSON, as written by write_stack()
+    stack = capture(pid)          # never raises: ProcessStack.error says why there is none
+    place = where(stack)          # Whereabouts(kind, frame, op, peer, thread)
+    # rank_<N>.json files of py-spy's JSON, as written by write_stack()
+    stacks = load_stack_dir(DIR)
 
 Bad input: a stack file that is not py-spy JSON gives a ProcessStack with `error` naming the file;
 nothing raises.

@@ -190,7 +190,7 @@ class TieredCheckpointer:
         self._worker.join(timeout)
 
     # --- files
-    # -------------------------------------------------------------------------------------------------
+    # ----------------------------------------------------------------------------------------------
 
     def _dir(self, target: _Target, step: int) -> tuple[fsspec.AbstractFileSystem, str]:
         fs, root = target.filesystem()

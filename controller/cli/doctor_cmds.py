@@ -22,8 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Lists every segment the store reader skips (unreadable Parquet, 0 bytes, "
         "truncated, columns "
         "or types not of its table) and temporary files of writers that are gone. --quarantine "
-        "moves bad segments "
-        "to <store>/_quarantine/<same path> (nothing is deleted) and removes stale temporary files.",
+        "moves bad segments to <store>/_quarantine/<same path> (nothing is deleted) and removes "
+        "stale temporary files.",
     )
     add_store_arg(doctor)
     add_format_args(doctor)

@@ -1,10 +1,14 @@
 """The injection plan one scenario hands to its processes (a JSON file named by FAULTLENS_LAB_PLAN),
 and the files the injected processes and the campaign runner share under FAULTLENS_LAB_DIR:
 
-    pids/a<attempt>-<node>-r<rank>.json   every training process at start: pid, its agent's pid, node, rank
-    triggers/<fault>-a<attempt>.json      a rank reached the step of an external fault: the runner acts on it
-    gpu/<node>.fire                       a node's recorded GPU timeline jumps to its fault (supervisor side)
-    injections.jsonl                      one line per injected fault: what, where, at which step, wall clock
+    pids/a<attempt>-<node>-r<rank>.json
+        every training process at start: pid, its agent's pid, node, rank
+    triggers/<fault>-a<attempt>.json
+        a rank reached the step of an external fault: the runner acts on it
+    gpu/<node>.fire
+        a node's recorded GPU timeline jumps to its fault (supervisor side)
+    injections.jsonl
+        one line per injected fault: what, where, at which step, wall clock
 """
 
 from __future__ import annotations

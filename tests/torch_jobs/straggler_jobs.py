@@ -1,8 +1,10 @@
 """Real pipeline-parallel torch jobs (8 ranks, gloo, CPU) made slow in chosen places, run once per
 cache key.
 
-    python tests/torch_jobs/straggler_jobs.py [--sequential] OUT_DIR [CASE ...]      # generate into OUT_DIR
-    straggler_artifacts()                                            # what the pytest fixture calls
+    # generate into OUT_DIR
+    python tests/torch_jobs/straggler_jobs.py [--sequential] OUT_DIR [CASE ...]
+    # what the pytest fixture calls
+    straggler_artifacts()
 
 Two layouts: 2 replicas x 4 stages and 4 replicas x 2 stages (rank r = replica r // P, stage r % P,
 two ranks per simulated node). Cases: healthy; one slow worker (from step 10); one slow stage in

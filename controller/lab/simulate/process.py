@@ -217,7 +217,8 @@ class RowFactory:
         )
 
     def error_file(self, place: RankPlace, attempt: int) -> str:
-        return f"/var/log/torchelastic/{self.job_id}_r7x2k9qa/attempt_{attempt}/{place.local_rank}/error.json"
+        run_dir = f"/var/log/torchelastic/{self.job_id}_r7x2k9qa"
+        return f"{run_dir}/attempt_{attempt}/{place.local_rank}/error.json"
 
     def exception(
         self, ts: int, place: RankPlace, attempt: int, pid: int, spec: ExceptionSpec

@@ -3,8 +3,8 @@ scenario with dumps/ (the ranks' flight-recorder dumps), stacks/ (py-spy's JSON 
 scenario thread, taken while the hang is live; absent where py-spy is not installed) and truth.json
 (scenarios.py's truth plus what happened).
 
-    python -m tests.torch_jobs.hang_corpus.generate OUT_DIR      # generate into OUT_DIR
-    corpus()                                                     # what tests and the bench call: cached
+    python -m tests.torch_jobs.hang_corpus.generate OUT_DIR  # generate into OUT_DIR
+    corpus()                                                 # what tests and the bench call: cached
 
 Cached under $FAULTLENS_HANG_CORPUS or <tmp>/faultlens-hang-corpus-<uid>/<key>, the key a hash of
 the torch version, Python, whether py-spy is there, and this package's own files; a file lock makes

@@ -280,11 +280,9 @@ SCENARIOS: tuple[CorpusScenario, ...] = (
     ),
     _s(
         "unorderable_cycle",
-        "rank 5 runs WORLD before the [2, 5] group's all_reduce in step 0; the "
-        "group has no "
-        "peer group and no history, so nothing tells rank 5's order from rank 2's: the cycle {2, 5} "
-        "is the answer, "
-        "at low confidence",
+        "rank 5 runs WORLD before the [2, 5] group's all_reduce in step 0; the group has no "
+        "peer group and no history, so nothing tells rank 5's order from rank 2's: the cycle "
+        "{2, 5} is the answer, at low confidence",
         "extra_world",
         2,
         [(5, 0, 0, "invert")],
