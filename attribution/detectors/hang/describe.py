@@ -15,6 +15,7 @@ from faultlens.attribution.detectors.hang.graph import (
 )
 from faultlens.attribution.detectors.hang.hidden_p2p import silent_by_trace
 from faultlens.attribution.detectors.hang.report import (
+    COMPLETED_MISMATCH_CONFIDENCE,
     MAX_EVIDENCE,
     VERDICT_FAMILY,
     HangReport,
@@ -37,7 +38,12 @@ _LEVEL_RANK = {
 def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangRoot, ...],
                   skippers: dict[int, str], follow_on_mismatches: list[Mismatch]) -> HangReport:
     """The report of a hang with at least one root: the first root heads it, every root is listed.
-    """
+    A completed mismatch (no hang) heads it only where nothing hangs; beside a hang it is listed
+    after the hang's roots and names no culprit of the hang."""
+    hanging = tuple(r for r in hang_roots if r.kind != HangVerdict.COLLECTIVE_MISMATCH)
+    if hanging:
+        hang_roots = hanging + tuple(r for r in hang_roots if r not in hanging)
+    counted = hanging or hang_roots  # what the report's confidence is read from
     culprits = sorted({r for root in hang_roots for r in root.ranks})
     waiting = sorted({w for root in hang_roots for w in root.waiting_ranks} - set(culprits))
     unresolved = any(root.kind == HangVerdict.CYCLE for root in hang_roots)
@@ -48,6 +54,8 @@ def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangR
         else [head.reason]
     )
     lines = [*summary]
+    if not hanging:
+        lines.insert(0, "no hang: every member completed the mismatched collective(s)")
     for root in hang_roots:
         lines.extend(root.where)
     for root in hang_roots:
@@ -105,7 +113,7 @@ def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangR
         stalled=stalled,
         missing_dumps=tuple(sorted(analysis.missing)),
         reason=reason,
-        confidence=round(min(root.confidence for root in hang_roots), 3),
+        confidence=round(min(root.confidence for root in counted), 3),
         evidence=tuple(list(analysis.evidence) + lines),
         roots=hang_roots,
         follow_ons=tuple(waiting),
@@ -184,8 +192,9 @@ def rootless_report(analysis: Analysis) -> HangReport:
         verdict=HangVerdict.NO_HANG, culprit_ranks=(), pg_id=None, pg_name=None, pg_desc=None,
         collective_seq_id=None, op=None, never_joined=(), stalled=(), missing_dumps=(),
         reason=f"all {len(analysis.dumped)} dumps agree: every group's members reached and "
-               "completed the same "
-               "collectives, with matching ops and sizes",
+               "completed the same collectives"
+               + ("" if analysis.mismatches else ", with matching ops, sizes and dtypes (inputs "
+                  "and outputs) wherever they must match"),
         confidence=0.8, evidence=tuple(evidence))
 
 
@@ -252,11 +261,13 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
     use_mismatch = mismatch is not None and (
         head is None or mismatch.time <= head.time or head.level == "mismatch"
     )
+    # every member went past the mismatch and nobody waits on these ranks: no hang, a silent desync
+    completed_only = (
+        use_mismatch and mismatch.completed and not root.divergences and not root.waiting
+    )
     if use_mismatch:
-        kind = mismatch.kind
-        kinds = {
-            r: (mismatch.kind if r in mismatch.odd or mismatch.tie else k) for r, k in kinds.items()
-        }
+        kind = HangVerdict.COLLECTIVE_MISMATCH if completed_only else mismatch.kind
+        kinds = {r: (kind if r in mismatch.odd or mismatch.tie else k) for r, k in kinds.items()}
     else:
         kind = Counter(kinds.values()).most_common(1)[0][0]
     where = tuple(analysis.where[r].text(r) for r in root.ranks if r in analysis.where)
@@ -278,9 +289,14 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
             chain.append("follow-on: " + m.detail)
     if root.uncertain:
         chain.append("uncertain: " + root.uncertain)
+    if completed_only:
+        chain.append(f"{analysis.label(mismatch.group)} seq {mismatch.seq}: every member went past "
+                     "it; nobody waits on it (no hang)")
     # confidence
     if kind == HangVerdict.CYCLE:
         confidence = 0.5
+    elif completed_only:
+        confidence = min(COMPLETED_MISMATCH_CONFIDENCE, 0.4 if mismatch.tie else 1.0)
     elif use_mismatch:
         confidence = 0.95 if len(mismatch.majority) >= 2 * len(mismatch.odd) else 0.8
         if mismatch.tie:
@@ -330,6 +346,10 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
                                          "collective (stuck outside)",
               HangVerdict.SKIPPED: "left a collective out and went on (their peers wait in it)",
               HangVerdict.CYCLE: "wait on each other in a cycle nothing could order",
+              HangVerdict.COLLECTIVE_MISMATCH: "called a collective with another op, sizes or "
+                                               "dtypes than their peers, and every member "
+                                               "completed it (no hang: a silent desync, the "
+                                               "precursor of a hang or of corrupted training)",
               }.get(kind) or _verdict_phrase(kind)
     reason = f"rank(s) {ranks_text(root.ranks)} {phrase}: {what}"
     skip_text = [skippers[r] for r in root.ranks if r in skippers]

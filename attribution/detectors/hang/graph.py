@@ -58,6 +58,9 @@ class Mismatch:
     detail: str
     op: str | None
     pg_id: str | None
+    # every member went past it (entered a later collective of the group, or completed it): it holds
+    # nobody, whatever else hangs
+    completed: bool = False
 
 
 @dataclass
