@@ -16,7 +16,9 @@ How the answer is reached
    root of missing ranks that may itself be waiting (it shares a group with another root's ranks or
    waiters, its stack shows it blocked, a rank beside it is seen stuck in its own code, or a rank
    waiting on it skipped a collective they share) is noted, not named (missing_roots.py); what the
-   dumps cannot tell apart is named below any failover.
+   dumps cannot tell apart is named below any failover. Ranks without a dump whose own exits say
+   they waited (`timed_out`: "Timed out waiting", or the echo of a peer's exit) are never culprits
+   by absence: a rank that dumped and stopped in its own code is what they waited on.
 2. **Per group, match by sequence id.** For each member: E = the highest `collective_seq_id` it
    entered, C = the highest it completed in order (everything below its first incomplete entry;
    `state == completed` or `retired`), S = the highest it started. p2p entries are matched

@@ -3,7 +3,7 @@ them).
 """
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,8 @@ MAX_MISMATCH_KEYS = 256  # (group, seq) keys of mismatching signatures examined 
 
 def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
                         stacks: Mapping[int, Any] | None = None,
-                        first_pass: PassOneStream | None = None) -> HangReport:
+                        first_pass: PassOneStream | None = None,
+                        timed_out: Collection[int] = ()) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
     stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken;
@@ -53,7 +54,12 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     bounded on very large sets.
 
     first_pass: a PassOneStream (stream.py) that ran pass 1 on the table's chunks while they were
-    read; used where its chunks are the table's slices, else pass 1 runs here."""
+    read; used where its chunks are the table's slices, else pass 1 runs here.
+
+    timed_out: ranks whose own exit error says they were waiting on a peer (a collective's timeout,
+    "Timed out waiting ...", or the echo of a peer's exit, rules/crash.yaml secondary_patterns):
+    where they wrote no dump they are waiters, never culprits by absence; a rank that dumped and
+    stopped in its own code is what they waited on (describe.rootless_report)."""
     missing_columns = [
         c for c in ("rank", "collective_seq_id") if c not in collectives.column_names
     ]
@@ -74,6 +80,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         return report_empty(expected_ranks)
     agg = first.progress.progress()
     analysis = _membership(first, agg, decoder, expected_ranks)
+    analysis.timed_out = {int(r) for r in timed_out}
     progress = _progress(agg)
     # completion is evidence only where entries carry device states (NCCL's 'started'/'completed');
     # gloo's are always 'scheduled' and `retired` depends on when each rank dumped (a rank that

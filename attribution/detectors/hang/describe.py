@@ -126,6 +126,9 @@ def rootless_report(analysis: Analysis) -> HangReport:
     """No root: missing dumps, a group stuck as a whole, or no hang."""
     evidence = list(analysis.evidence)
     missing = tuple(sorted(analysis.missing))
+    waited_on = _waited_on_by_timeouts(analysis)
+    if waited_on is not None:
+        return waited_on
     if missing:
         # nobody that dumped waits on them: every dumped member of their groups completed what it
         # entered, or lags behind another member that dumped. They are all the dumps show, so they
@@ -196,6 +199,77 @@ def rootless_report(analysis: Analysis) -> HangReport:
                + ("" if analysis.mismatches else ", with matching ops, sizes and dtypes (inputs "
                   "and outputs) wherever they must match"),
         confidence=0.8, evidence=tuple(evidence))
+
+
+def _waited_on_by_timeouts(analysis: Analysis) -> HangReport | None:
+    """Ranks without a dump whose own exits say they timed out waiting, beside ranks that dumped and
+    stopped in their own code (a stack there, or, without one, every entry they recorded done):
+    the ones that dumped are what the others waited on; a missing dump is never a culprit by its
+    absence. None where that is not the case (a missing rank that did not say it waited, or no
+    rank that dumped stopped outside the collectives)."""
+    missing = sorted(analysis.missing)
+    if not missing or not set(missing) <= analysis.timed_out:
+        return None
+    outside = tuple(
+        r
+        for r in sorted(analysis.dumped)
+        if (
+            analysis.where.get(r) is not None
+            and analysis.where[r].kind.value == "outside_collectives"
+        )
+        or silent_by_trace(analysis, r)
+    )
+    if not outside:
+        return None
+    located = any(analysis.where.get(r) is not None for r in outside)
+    confidence = 0.85 if located else 0.55  # without a stack: may be in an unrecorded send/recv
+    where = tuple(analysis.where[r].text(r) for r in outside if r in analysis.where)
+    reason = (f"rank(s) {ranks_text(outside)} never joined the collective their peers waited in "
+              "and are inside no collective (stuck outside); rank(s) "
+              f"{ranks_text(missing)} timed out waiting (their own errors) and exited without a "
+              "dump")
+    if where:
+        reason += f"; {where[0]}"
+    evidence = [
+        *analysis.evidence,
+        reason,
+        *where,
+        f"rank(s) {ranks_text(missing)}: no dump, and their exits say they timed out waiting: "
+        "waiters, not culprits",
+    ]
+    root = HangRoot(
+        kind=HangVerdict.STUCK_OUTSIDE,
+        ranks=outside,
+        kinds=tuple((r, HangVerdict.STUCK_OUTSIDE.value) for r in outside),
+        pg_id=None,
+        pg_name=None,
+        pg_desc=None,
+        collective_seq_id=None,
+        op=None,
+        waiting_ranks=tuple(missing),
+        where=where,
+        confidence=confidence,
+        reason=reason,
+        evidence=tuple(evidence[len(analysis.evidence):]),
+    )
+    return HangReport(
+        verdict=HangVerdict.NEVER_JOINED,
+        culprit_ranks=outside,
+        pg_id=None,
+        pg_name=None,
+        pg_desc=None,
+        collective_seq_id=None,
+        op=None,
+        never_joined=outside,
+        stalled=(),
+        missing_dumps=tuple(missing),
+        reason=reason,
+        confidence=confidence,
+        evidence=tuple(evidence),
+        roots=(root,),
+        follow_ons=tuple(missing),
+        waited_missing=(),
+    )
 
 
 def _unexplained_lines(analysis: Analysis, ranks: Sequence[int]) -> list[str]:
