@@ -187,6 +187,7 @@ def _group_set(
     op: dict[int, str] | None = None,
     sizes: dict[int, tuple] | None = None,
     dtype: dict[int, str] | None = None,
+    out_sizes: dict[int, tuple] | None = None,
 ) -> dict[int, dict]:
     config = fb.pg_config({"0": ("default_pg", tuple(states))})
     out = {}
@@ -198,7 +199,8 @@ def _group_set(
                 record_id=i, seq=seq, state=state, t=fb.T0 + seq * 10**9 + rank,
                 op=(op or {}).get(rank, "nccl:all_reduce") if last else "nccl:all_reduce",
                 sizes=(sizes or {}).get(rank, ((1024,),)) if last else ((1024,),),
-                dtype=(dtype or {}).get(rank, "Float") if last else "Float"))
+                dtype=(dtype or {}).get(rank, "Float") if last else "Float",
+                out_sizes=(out_sizes or {}).get(rank) if last else None))
         out[rank] = fb.dump(entries, config, rank=rank)
     return out
 
@@ -241,20 +243,45 @@ def test_whole_group_stuck_together_blames_nobody(tmp_path: Path) -> None:
     assert report.stalled == (0, 1, 2, 3) and report.confidence < 0.5
 
 
-def test_size_mismatch_points_at_the_odd_rank(tmp_path: Path) -> None:
-    states = {r: [(1, "completed"), (2, "completed")] for r in range(4)}
-    report = _analyze(fb.write_set(tmp_path, _group_set(states, sizes={3: ((512,),)})))
+STUCK = {r: [(1, "completed"), (2, "started")] for r in range(4)}
+DONE = {r: [(1, "completed"), (2, "completed")] for r in range(4)}
+
+
+@pytest.mark.parametrize(("odd", "mismatch"), [
+    (3, {"sizes": {3: ((512,),)}}),
+    (0, {"dtype": {0: "BFloat16"}}),
+    # outputs compared like inputs: an all_reduce whose output another shape has
+    (2, {"out_sizes": {2: ((32, 32),)}}),
+    (1, {"out_sizes": {1: ((2048,),)}}),
+])
+def test_size_mismatch_the_group_is_stuck_in_points_at_the_odd_rank(tmp_path, odd, mismatch):
+    report = _analyze(fb.write_set(tmp_path, _group_set(STUCK, **mismatch)))
     assert (report.verdict, report.culprit_ranks, report.collective_seq_id) == (
         HangVerdict.SIZE_MISMATCH,
-        (3,),
+        (odd,),
         2,
     )
+    assert report.confidence >= load_policy().confidence_threshold
 
 
-def test_dtype_mismatch_is_a_size_mismatch_of_the_odd_rank(tmp_path: Path) -> None:
-    states = {r: [(1, "completed"), (2, "completed")] for r in range(4)}
-    report = _analyze(fb.write_set(tmp_path, _group_set(states, dtype={0: "BFloat16"})))
-    assert (report.verdict, report.culprit_ranks) == (HangVerdict.SIZE_MISMATCH, (0,))
+@pytest.mark.parametrize(("odd", "mismatch"), [
+    (3, {"sizes": {3: ((512,),)}}),
+    (0, {"dtype": {0: "BFloat16"}}),
+    (2, {"out_sizes": {2: ((32, 32),)}}),
+    (1, {"op": {1: "nccl:broadcast"}}),
+])
+def test_a_mismatch_every_member_completed_is_no_hang(tmp_path, odd, mismatch):
+    """Every entry completed, but one rank's differs: a collective mismatch (a silent desync), never
+    a failover on its own, and never "matching ops and sizes"."""
+    report = _analyze(fb.write_set(tmp_path, _group_set(DONE, **mismatch)))
+    assert (report.verdict, report.culprit_ranks, report.collective_seq_id) == (
+        HangVerdict.COLLECTIVE_MISMATCH,
+        (odd,),
+        2,
+    )
+    assert report.confidence < load_policy().confidence_threshold
+    assert report.roots[0].kind == HangVerdict.COLLECTIVE_MISMATCH
+    assert "matching" not in report.reason and "no hang" in report.reason
 
 
 def test_op_mismatch_points_at_the_odd_rank(tmp_path: Path) -> None:
@@ -336,7 +363,14 @@ def test_real_gloo_dumps(
         directory = _raw_copy(directory, tmp_path / "raw")
     report = _analyze(directory)
     assert report.culprit_ranks == tuple(meta["culprit_ranks"]), report.reason
-    expected = meta.get("expected", {})
+    expected = dict(meta.get("expected", {}))
+    if scenario == "mismatch":
+        # the harness' mismatch completes (gloo moves the bytes; the dumps are written at the end of
+        # the run): a collective mismatch, no hang, below any failover (its cached meta.json keeps
+        # the name of the mismatch it made)
+        assert expected.get("verdict") == "SIZE_MISMATCH"
+        expected["verdict"] = "COLLECTIVE_MISMATCH"
+        assert report.confidence < load_policy().confidence_threshold
     if "verdict" in expected:
         assert report.verdict == HangVerdict[expected["verdict"]]
         assert report.pg_name == expected["pg_name"]

@@ -26,8 +26,11 @@ from tests.torch_jobs.hang_corpus import scenarios as sc
 NAMES = [s.name for s in sc.SCENARIOS]
 #: scenarios whose waits the trace alone shows (no rank blocked in an unrecorded gloo send/recv)
 P2P_BLOCKED = {"stuck_tp", "pipeline_send_hang", "pipeline_bwd_hang"}
+# the corpora's size mismatches are all ones gloo completes (it moves the bytes) and every member
+# goes past: a collective mismatch (no hang); their op mismatches hold the group
 KIND_OF_TRUTH = {"stuck_outside": HangVerdict.STUCK_OUTSIDE, "skipped": HangVerdict.SKIPPED,
-                 "size_mismatch": HangVerdict.SIZE_MISMATCH, "op_mismatch": HangVerdict.OP_MISMATCH,
+                 "size_mismatch": HangVerdict.COLLECTIVE_MISMATCH,
+                 "op_mismatch": HangVerdict.OP_MISMATCH,
                  "missing_dump": HangVerdict.MISSING_DUMPS, "crashed": HangVerdict.NEVER_JOINED,
                  "cycle": HangVerdict.CYCLE}
 
@@ -156,9 +159,12 @@ def test_every_independent_root_has_its_own_group_and_waiters(hang_corpus: dict[
     assert by_rank[2].collective_seq_id != by_rank[7].collective_seq_id
     mixed = _analyze(hang_corpus["mismatch_then_hang"])
     assert {root.kind for root in mixed.roots} == {
-        HangVerdict.SIZE_MISMATCH,
+        HangVerdict.COLLECTIVE_MISMATCH,
         HangVerdict.STUCK_OUTSIDE,
     }
+    # the hang's own confidence, not the completed mismatch's
+    assert mixed.roots[0].kind == HangVerdict.STUCK_OUTSIDE
+    assert mixed.confidence >= _threshold()
 
 
 def test_a_cycle_nothing_orders_is_reported_whole_below_the_policy_threshold(

@@ -258,14 +258,20 @@ def test_bad_lines_are_counted_and_skipped():
         "completely unrelated line",
     ]
     parser, events = parse(lines)
-    assert [e.code for e in events] == [31]
-    assert parser.stats.bad_lines == 3
+    # an Xid whose PCI id is not one is kept without it (the node still had the error)
+    assert [(e.kind, e.code, e.pci_bus_id) for e in events] == [
+        ("xid", 79, None),
+        ("gpu_lost", None, None),
+        ("xid", 31, "00000000:00:07.0"),
+    ]
+    assert events[0].raw == lines[0]
+    assert parser.stats.bad_lines == 2
     assert parser.stats.ignored == 1
-    assert [n for n, _ in parser.stats.bad_examples] == [1, 2, 4]
+    assert [n for n, _ in parser.stats.bad_examples] == [2, 4]
 
 
 # -- fuzzing
-# ----------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------
 _FRAGMENTS = st.sampled_from(
     [
         "NVRM: ",
@@ -356,7 +362,7 @@ def test_fuzz_mutated_xid_lines(which, position, insert):
 
 
 # -- the source
-# -------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------
 def test_file_source_follows_appends_and_truncation(tmp_path):
     log_file = tmp_path / "kern.log"
     log_file.write_text("old line before the agent\n" + REAL_LINES[3][0] + "\n")
@@ -442,12 +448,16 @@ def _cli(*args, env=None):
 
 def test_cli_ingest_kmsg_then_query_the_store(store_dir, tmp_path):
     log_file = tmp_path / "kern.log"
-    log_file.write_text((DATA_DIR / "gpu" / "node-kern.log").read_text() + "NVRM: Xid (PCI:zz): 1, "
-                                                                           "x\n")
+    # an Xid whose PCI id is not one is kept without it; an unreadable pid is a bad line
+    log_file.write_text(
+        (DATA_DIR / "gpu" / "node-kern.log").read_text()
+        + "Nov 30 11:56:05 gpu-node-07 kernel: NVRM: Xid (PCI:zz): 1, x\n"
+        + "Nov 30 11:56:05 gpu-node-07 kernel: NVRM: Xid (PCI:0000:2b:00): 31, pid=abc, y\n"
+    )
     result = _cli("ingest", "kmsg", str(log_file), "--store", str(store_dir), "--utc")
     assert result.returncode == 0, result.stderr
-    assert "8 GPU events" in result.stdout
-    assert "skipped 1 bad line(s), first at line 15" in result.stderr
+    assert "9 GPU events" in result.stdout
+    assert "skipped 1 bad line(s), first at line 16" in result.stderr
     rows = Store(store_dir).query("SELECT node, kind, code, pci_bus_id, gpu_uuid, pid, "
                                   "process_name, ts "
                                   "FROM gpu_events ORDER BY ts, kind").to_pylist()

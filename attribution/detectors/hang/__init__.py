@@ -16,7 +16,9 @@ How the answer is reached
    root of missing ranks that may itself be waiting (it shares a group with another root's ranks or
    waiters, its stack shows it blocked, a rank beside it is seen stuck in its own code, or a rank
    waiting on it skipped a collective they share) is noted, not named (missing_roots.py); what the
-   dumps cannot tell apart is named below any failover.
+   dumps cannot tell apart is named below any failover. Ranks without a dump whose own exits say
+   they waited (`timed_out`: "Timed out waiting", or the echo of a peer's exit) are never culprits
+   by absence: a rank that dumped and stopped in its own code is what they waited on.
 2. **Per group, match by sequence id.** For each member: E = the highest `collective_seq_id` it
    entered, C = the highest it completed in order (everything below its first incomplete entry;
    `state == completed` or `retired`), S = the highest it started. p2p entries are matched
@@ -63,7 +65,8 @@ How the answer is reached
    checked by the same consensus, and is `skipped` where it went past the collective.
 5. **Mismatches.** At each (group, sequence id) the entries of all members are compared: op name,
    dtypes and, for ops whose shapes must agree (all_reduce, broadcast, reduce, all_gather,
-   reduce_scatter, barrier), the input sizes. The ranks outside the majority are the odd ones (gloo
+   reduce_scatter, barrier), the sizes, of inputs and outputs alike (an uneven broadcast, an
+   all_gather into another shape). The ranks outside the majority are the odd ones (gloo
    even completes an all_reduce of equal element count but different shape; only the trace shows
    it). A mismatch is its own root, or evidence of the root its odd ranks belong to (the root's
    headline when earlier than its divergence); a tie is decided by the roots the graph found; a
@@ -75,10 +78,14 @@ How the answer is reached
    (partners.py; unanimity only). A mismatched collective the group is stuck in (all entered, none
    went past: all_gather against all_reduce) makes its majority wait on the odd ranks (divergence
    level `mismatch`): the odd ranks are the root, with the mismatch's kind, and the majority
-   follow-ons.
+   follow-ons. A mismatch every member went past (entered a later collective of the group, or
+   completed it) that nobody waits on is kind `collective_mismatch`: no hang, a silent desync, at a
+   confidence below the policy's failover threshold; beside a hang it is listed after the hang's
+   roots and names none of its culprits.
 6. **Kinds** (HangRoot.kind; the report's `verdict` keeps the coarse family): never_joined,
    stuck_outside (never joined and inside no collective: every entry it recorded completed, or its
-   stack is in user code), skipped, stalled, size_mismatch, op_mismatch, missing_dumps, cycle.
+   stack is in user code), skipped, stalled, size_mismatch, op_mismatch, collective_mismatch,
+   missing_dumps, cycle.
    Confidence: the lowest of the roots'.
 
 On the real NCCL set (tests/data/nccl-fr-gpu_error_2nd: 16 ranks, TP/DP/EP/PP groups, GPU errors on

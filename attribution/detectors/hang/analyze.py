@@ -3,7 +3,7 @@ them).
 """
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,8 @@ MAX_MISMATCH_KEYS = 256  # (group, seq) keys of mismatching signatures examined 
 
 def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
                         stacks: Mapping[int, Any] | None = None,
-                        first_pass: PassOneStream | None = None) -> HangReport:
+                        first_pass: PassOneStream | None = None,
+                        timed_out: Collection[int] = ()) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
     stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken;
@@ -53,7 +54,12 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     bounded on very large sets.
 
     first_pass: a PassOneStream (stream.py) that ran pass 1 on the table's chunks while they were
-    read; used where its chunks are the table's slices, else pass 1 runs here."""
+    read; used where its chunks are the table's slices, else pass 1 runs here.
+
+    timed_out: ranks whose own exit error says they were waiting on a peer (a collective's timeout,
+    "Timed out waiting ...", or the echo of a peer's exit, rules/crash.yaml secondary_patterns):
+    where they wrote no dump they are waiters, never culprits by absence; a rank that dumped and
+    stopped in its own code is what they waited on (describe.rootless_report)."""
     missing_columns = [
         c for c in ("rank", "collective_seq_id") if c not in collectives.column_names
     ]
@@ -65,8 +71,6 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     if stacks is None:
         stacks = stacks_from_metadata(table)
     decoder = SliceDecoder(table)
-    sizes_column = table.column("input_sizes") if "input_sizes" in table.column_names else None
-    dtypes_column = table.column("input_dtypes") if "input_dtypes" in table.column_names else None
     taken = first_pass.take(table) if first_pass is not None else None
     if taken is not None:
         first, decoder = taken
@@ -76,6 +80,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         return report_empty(expected_ranks)
     agg = first.progress.progress()
     analysis = _membership(first, agg, decoder, expected_ranks)
+    analysis.timed_out = {int(r) for r in timed_out}
     progress = _progress(agg)
     # completion is evidence only where entries carry device states (NCCL's 'started'/'completed');
     # gloo's are always 'scheduled' and `retired` depends on when each rank dumped (a rank that
@@ -87,9 +92,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     pending, stuck_pending = _group_divergences(analysis, progress, device_states)
     bad_keys = first.signatures.differing(MAX_MISMATCH_KEYS)  # (group, seq) whose ranks disagree
     first.signatures = SignatureTable()
-    times = _pass_two(
-        analysis, table, decoder, pending, stuck_pending, bad_keys, sizes_column, dtypes_column
-    )
+    times = _pass_two(analysis, table, decoder, pending, stuck_pending, bad_keys)
     break_ties(analysis, decoder, table)
     partner_mismatches(
         analysis,
@@ -293,8 +296,7 @@ def _entry_divergence(g: int, by_rank: dict[int, tuple[int, int, int, bool]], pr
 
 
 def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pending: _Pending,
-              stuck_pending: _StuckPending, bad_keys: list[tuple[int, int]], sizes_column: Any,
-              dtypes_column: Any) -> LazyColumn:
+              stuck_pending: _StuckPending, bad_keys: list[tuple[int, int]]) -> LazyColumn:
     """Pass 2: the rows of the keys that need detail (divergent collectives, mismatches); returns
     the lazy time column the p2p pass reuses."""
     wanted = (
@@ -312,7 +314,7 @@ def _pass_two(analysis: Analysis, table: pa.Table, decoder: SliceDecoder, pendin
     for g, seq, stuck in stuck_pending:
         analysis.stuck_groups.append((g, seq, stuck, details.time_op(g, seq, None)[0]))
     for g, s in bad_keys:
-        mismatch = key_mismatch(analysis, table, details, g, s, sizes_column, dtypes_column)
+        mismatch = key_mismatch(analysis, details, g, s)
         if mismatch is not None:
             analysis.mismatches.append(mismatch)
     return times
@@ -326,10 +328,13 @@ def _mismatch_waits(analysis: Analysis, progress: _Progress) -> None:
     group went past (gloo completes an all_reduce of another shape) holds nobody; a tie says
     nobody's side."""
     for m in analysis.mismatches:
-        if m.tie:
-            continue
         by_rank = progress.get(m.group, {})
         involved = set(m.odd) | set(m.majority)
+        m.completed = bool(involved) and all(
+            r in by_rank and (by_rank[r][0] > m.seq or by_rank[r][1] >= m.seq) for r in involved
+        )
+        if m.tie:
+            continue
         if not involved or any(r not in by_rank or by_rank[r][0] != m.seq for r in involved):
             continue
         waiters = tuple(sorted(r for r in m.majority if by_rank[r][1] < m.seq))

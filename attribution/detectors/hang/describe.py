@@ -15,6 +15,7 @@ from faultlens.attribution.detectors.hang.graph import (
 )
 from faultlens.attribution.detectors.hang.hidden_p2p import silent_by_trace
 from faultlens.attribution.detectors.hang.report import (
+    COMPLETED_MISMATCH_CONFIDENCE,
     MAX_EVIDENCE,
     VERDICT_FAMILY,
     HangReport,
@@ -37,7 +38,12 @@ _LEVEL_RANK = {
 def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangRoot, ...],
                   skippers: dict[int, str], follow_on_mismatches: list[Mismatch]) -> HangReport:
     """The report of a hang with at least one root: the first root heads it, every root is listed.
-    """
+    A completed mismatch (no hang) heads it only where nothing hangs; beside a hang it is listed
+    after the hang's roots and names no culprit of the hang."""
+    hanging = tuple(r for r in hang_roots if r.kind != HangVerdict.COLLECTIVE_MISMATCH)
+    if hanging:
+        hang_roots = hanging + tuple(r for r in hang_roots if r not in hanging)
+    counted = hanging or hang_roots  # what the report's confidence is read from
     culprits = sorted({r for root in hang_roots for r in root.ranks})
     waiting = sorted({w for root in hang_roots for w in root.waiting_ranks} - set(culprits))
     unresolved = any(root.kind == HangVerdict.CYCLE for root in hang_roots)
@@ -48,6 +54,8 @@ def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangR
         else [head.reason]
     )
     lines = [*summary]
+    if not hanging:
+        lines.insert(0, "no hang: every member completed the mismatched collective(s)")
     for root in hang_roots:
         lines.extend(root.where)
     for root in hang_roots:
@@ -105,7 +113,7 @@ def rooted_report(analysis: Analysis, roots: list[Root], hang_roots: tuple[HangR
         stalled=stalled,
         missing_dumps=tuple(sorted(analysis.missing)),
         reason=reason,
-        confidence=round(min(root.confidence for root in hang_roots), 3),
+        confidence=round(min(root.confidence for root in counted), 3),
         evidence=tuple(list(analysis.evidence) + lines),
         roots=hang_roots,
         follow_ons=tuple(waiting),
@@ -118,6 +126,9 @@ def rootless_report(analysis: Analysis) -> HangReport:
     """No root: missing dumps, a group stuck as a whole, or no hang."""
     evidence = list(analysis.evidence)
     missing = tuple(sorted(analysis.missing))
+    waited_on = _waited_on_by_timeouts(analysis)
+    if waited_on is not None:
+        return waited_on
     if missing:
         # nobody that dumped waits on them: every dumped member of their groups completed what it
         # entered, or lags behind another member that dumped. They are all the dumps show, so they
@@ -184,9 +195,81 @@ def rootless_report(analysis: Analysis) -> HangReport:
         verdict=HangVerdict.NO_HANG, culprit_ranks=(), pg_id=None, pg_name=None, pg_desc=None,
         collective_seq_id=None, op=None, never_joined=(), stalled=(), missing_dumps=(),
         reason=f"all {len(analysis.dumped)} dumps agree: every group's members reached and "
-               "completed the same "
-               "collectives, with matching ops and sizes",
+               "completed the same collectives"
+               + ("" if analysis.mismatches else ", with matching ops, sizes and dtypes (inputs "
+                  "and outputs) wherever they must match"),
         confidence=0.8, evidence=tuple(evidence))
+
+
+def _waited_on_by_timeouts(analysis: Analysis) -> HangReport | None:
+    """Ranks without a dump whose own exits say they timed out waiting, beside ranks that dumped and
+    stopped in their own code (a stack there, or, without one, every entry they recorded done):
+    the ones that dumped are what the others waited on; a missing dump is never a culprit by its
+    absence. None where that is not the case (a missing rank that did not say it waited, or no
+    rank that dumped stopped outside the collectives)."""
+    missing = sorted(analysis.missing)
+    if not missing or not set(missing) <= analysis.timed_out:
+        return None
+    outside = tuple(
+        r
+        for r in sorted(analysis.dumped)
+        if (
+            analysis.where.get(r) is not None
+            and analysis.where[r].kind.value == "outside_collectives"
+        )
+        or silent_by_trace(analysis, r)
+    )
+    if not outside:
+        return None
+    located = any(analysis.where.get(r) is not None for r in outside)
+    confidence = 0.85 if located else 0.55  # without a stack: may be in an unrecorded send/recv
+    where = tuple(analysis.where[r].text(r) for r in outside if r in analysis.where)
+    reason = (f"rank(s) {ranks_text(outside)} never joined the collective their peers waited in "
+              "and are inside no collective (stuck outside); rank(s) "
+              f"{ranks_text(missing)} timed out waiting (their own errors) and exited without a "
+              "dump")
+    if where:
+        reason += f"; {where[0]}"
+    evidence = [
+        *analysis.evidence,
+        reason,
+        *where,
+        f"rank(s) {ranks_text(missing)}: no dump, and their exits say they timed out waiting: "
+        "waiters, not culprits",
+    ]
+    root = HangRoot(
+        kind=HangVerdict.STUCK_OUTSIDE,
+        ranks=outside,
+        kinds=tuple((r, HangVerdict.STUCK_OUTSIDE.value) for r in outside),
+        pg_id=None,
+        pg_name=None,
+        pg_desc=None,
+        collective_seq_id=None,
+        op=None,
+        waiting_ranks=tuple(missing),
+        where=where,
+        confidence=confidence,
+        reason=reason,
+        evidence=tuple(evidence[len(analysis.evidence):]),
+    )
+    return HangReport(
+        verdict=HangVerdict.NEVER_JOINED,
+        culprit_ranks=outside,
+        pg_id=None,
+        pg_name=None,
+        pg_desc=None,
+        collective_seq_id=None,
+        op=None,
+        never_joined=outside,
+        stalled=(),
+        missing_dumps=tuple(missing),
+        reason=reason,
+        confidence=confidence,
+        evidence=tuple(evidence),
+        roots=(root,),
+        follow_ons=tuple(missing),
+        waited_missing=(),
+    )
 
 
 def _unexplained_lines(analysis: Analysis, ranks: Sequence[int]) -> list[str]:
@@ -252,11 +335,13 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
     use_mismatch = mismatch is not None and (
         head is None or mismatch.time <= head.time or head.level == "mismatch"
     )
+    # every member went past the mismatch and nobody waits on these ranks: no hang, a silent desync
+    completed_only = (
+        use_mismatch and mismatch.completed and not root.divergences and not root.waiting
+    )
     if use_mismatch:
-        kind = mismatch.kind
-        kinds = {
-            r: (mismatch.kind if r in mismatch.odd or mismatch.tie else k) for r, k in kinds.items()
-        }
+        kind = HangVerdict.COLLECTIVE_MISMATCH if completed_only else mismatch.kind
+        kinds = {r: (kind if r in mismatch.odd or mismatch.tie else k) for r, k in kinds.items()}
     else:
         kind = Counter(kinds.values()).most_common(1)[0][0]
     where = tuple(analysis.where[r].text(r) for r in root.ranks if r in analysis.where)
@@ -278,9 +363,14 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
             chain.append("follow-on: " + m.detail)
     if root.uncertain:
         chain.append("uncertain: " + root.uncertain)
+    if completed_only:
+        chain.append(f"{analysis.label(mismatch.group)} seq {mismatch.seq}: every member went past "
+                     "it; nobody waits on it (no hang)")
     # confidence
     if kind == HangVerdict.CYCLE:
         confidence = 0.5
+    elif completed_only:
+        confidence = min(COMPLETED_MISMATCH_CONFIDENCE, 0.4 if mismatch.tie else 1.0)
     elif use_mismatch:
         confidence = 0.95 if len(mismatch.majority) >= 2 * len(mismatch.odd) else 0.8
         if mismatch.tie:
@@ -330,6 +420,10 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
                                          "collective (stuck outside)",
               HangVerdict.SKIPPED: "left a collective out and went on (their peers wait in it)",
               HangVerdict.CYCLE: "wait on each other in a cycle nothing could order",
+              HangVerdict.COLLECTIVE_MISMATCH: "called a collective with another op, sizes or "
+                                               "dtypes than their peers, and every member "
+                                               "completed it (no hang: a silent desync, the "
+                                               "precursor of a hang or of corrupted training)",
               }.get(kind) or _verdict_phrase(kind)
     reason = f"rank(s) {ranks_text(root.ranks)} {phrase}: {what}"
     skip_text = [skippers[r] for r in root.ranks if r in skippers]

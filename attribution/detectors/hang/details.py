@@ -22,8 +22,10 @@ from faultlens.attribution.detectors.hang.kernels import combine_signatures, row
 from faultlens.attribution.detectors.hang.lookups import rows_for_keys
 from faultlens.attribution.detectors.hang.report import (
     INPUT_AT_ROOT_ONLY,
+    OUTPUT_AT_ROOT_ONLY,
     P2P_OP,
     SHAPE_MUST_MATCH,
+    SIGNATURE_COLUMNS,
     HangVerdict,
 )
 from faultlens.attribution.detectors.hang.skips import group_role, groups_by_role
@@ -78,15 +80,38 @@ def stack_edges(analysis: Analysis, stacks: Mapping[int, Any]) -> None:
             f"{analysis.label(group)} p2p: {place.text(rank)}: it waits on rank {peer}"))
 
 
-def slice_signatures(part: DecodedSlice, rows: np.ndarray, sizes: pa.ChunkedArray | None,
-                     dtypes: pa.ChunkedArray | None, ops: list[Any], at: int) -> np.ndarray:
-    """The signature (op + sizes (for shape-bound ops) + dtypes) of each of a slice's collective
-    rows `rows`; the slice's rows start at row `at` of the sizes and dtypes columns."""
+def signature_columns(table: pa.Table) -> dict[str, Any]:
+    """The table's SIGNATURE_COLUMNS (None where it lacks one)."""
+    return {c: table.column(c) if c in table.column_names else None for c in SIGNATURE_COLUMNS}
+
+
+def io_signatures(ops: list[Any], op_codes: np.ndarray, columns: Mapping[str, Any],
+                  rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The size and dtype signatures of rows (bound_signatures) over inputs and outputs alike:
+    output sizes where the shapes must agree, output dtypes but for an op whose output only the
+    root holds. `columns`: SIGNATURE_COLUMNS -> column or None."""
+    in_size, in_dtype = bound_signatures(ops, op_codes, *row_signatures(
+        columns.get("input_sizes"), columns.get("input_dtypes"), rows))
+    out_size, out_dtype = row_signatures(
+        columns.get("output_sizes"), columns.get("output_dtypes"), rows)
+    out_size = np.where(_ops_matching(ops, SHAPE_MUST_MATCH)[op_codes], out_size, np.uint64(0))
+    out_dtype = np.where(_ops_matching(ops, OUTPUT_AT_ROOT_ONLY)[op_codes], np.uint64(0), out_dtype)
+    zero = np.zeros(rows.shape[0], np.uint64)
+    return (
+        combine_signatures(in_size, out_size, zero),
+        combine_signatures(in_dtype, out_dtype, zero),
+    )
+
+
+def slice_signatures(part: DecodedSlice, rows: np.ndarray, columns: Mapping[str, Any],
+                     ops: list[Any], at: int) -> np.ndarray:
+    """The signature (op + sizes (for shape-bound ops) + dtypes, inputs and outputs) of each of a
+    slice's collective rows `rows`; the slice's rows start at row `at` of `columns`
+    (SIGNATURE_COLUMNS -> column or None)."""
     c_ops = part.op[rows]
     length = len(part.rank)
-    size_sig, dtype_sig = bound_signatures(ops, c_ops, *row_signatures(
-        sizes.slice(at, length) if sizes is not None else None,
-        dtypes.slice(at, length) if dtypes is not None else None, rows))
+    sliced = {c: v.slice(at, length) if v is not None else None for c, v in columns.items()}
+    size_sig, dtype_sig = io_signatures(ops, c_ops, sliced, rows)
     return combine_signatures(c_ops.astype(np.uint64), size_sig, dtype_sig)
 
 
@@ -106,7 +131,7 @@ class KeyDetails:
         self.index = index
         needed = [
             c
-            for c in ("rank", "op", "pg_id", "input_sizes", "input_dtypes")
+            for c in ("rank", "op", "pg_id", *SIGNATURE_COLUMNS)
             if c in table.column_names
         ]
         small = table.select(needed)
@@ -143,8 +168,7 @@ class KeyDetails:
                 str(self.decoder.ids.values[pid]) if pid >= 0 else None)
 
 
-def key_mismatch(analysis: Analysis, table: pa.Table, details: KeyDetails, g: int, s: int,
-                 sizes: pa.ChunkedArray | None, dtypes: pa.ChunkedArray | None) -> Mismatch | None:
+def key_mismatch(analysis: Analysis, details: KeyDetails, g: int, s: int) -> Mismatch | None:
     """The mismatch at (group g, seq s): the ranks whose op, sizes or dtypes differ from the
     majority's (a tie named as one), or None where every rank's entry agrees."""
     pos = details.positions(g, s)
@@ -154,9 +178,7 @@ def key_mismatch(analysis: Analysis, table: pa.Table, details: KeyDetails, g: in
     ops = details.decoder.ops.values
     op_codes = details.op[pos]
     local = np.arange(taken.num_rows, dtype=np.int64)
-    size_sig, dtype_sig = bound_signatures(ops, op_codes, *row_signatures(
-        taken.column("input_sizes") if "input_sizes" in taken.column_names else None,
-        taken.column("input_dtypes") if "input_dtypes" in taken.column_names else None, local))
+    size_sig, dtype_sig = io_signatures(ops, op_codes, signature_columns(taken), local)
     ranks = details.rank[pos]
     signature: dict[int, tuple[int, int, int]] = {}
     for i in range(len(pos)):
@@ -206,18 +228,12 @@ def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
         return {}
     keys = list(rows_of)
     all_rows = np.concatenate([rows_of[k] for k in keys])
-    needed = [c for c in ("rank", "op", "input_sizes", "input_dtypes") if c in table.column_names]
+    needed = [c for c in ("rank", "op", *SIGNATURE_COLUMNS) if c in table.column_names]
     taken = take_rows(table.select(needed), all_rows)
     n = taken.num_rows
     ops = decoder.ops.codes(taken.column("op") if "op" in needed else None, n)
-    size_sig, dtype_sig = bound_signatures(
-        decoder.ops.values,
-        ops,
-        *row_signatures(
-            taken.column("input_sizes") if "input_sizes" in needed else None,
-            taken.column("input_dtypes") if "input_dtypes" in needed else None,
-            np.arange(n, dtype=np.int64),
-        ),
+    size_sig, dtype_sig = io_signatures(
+        decoder.ops.values, ops, signature_columns(taken), np.arange(n, dtype=np.int64)
     )
     ranks = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
     by_key: dict[tuple[int, int], dict[int, Signature]] = {}
@@ -352,15 +368,22 @@ def _replace_table(decoder: SliceDecoder, table: pa.Table) -> SliceDecoder:
 def _describe_entries(taken: pa.Table, ranks: np.ndarray, ops: list[Any]) -> str:
     parts = []
     shown: dict[tuple[Any, Any], list[int]] = defaultdict(list)
-    sizes = (
-        taken.column("input_sizes").to_pylist()
-        if "input_sizes" in taken.column_names
-        else [None] * len(ranks)
-    )
-    dtypes = taken.column("input_dtypes").to_pylist() if "input_dtypes" in taken.column_names \
-        else [None] * len(ranks)
+
+    def values(column: str) -> list[Any]:
+        if column in taken.column_names:
+            return taken.column(column).to_pylist()
+        return [None] * len(ranks)
+
+    sizes, dtypes = values("input_sizes"), values("input_dtypes")
+    out_sizes, out_dtypes = values("output_sizes"), values("output_dtypes")
+    # the outputs are shown where they are not the inputs (an uneven broadcast, an all_gather)
+    differ = any((out_sizes[i], out_dtypes[i]) != (sizes[i], dtypes[i])
+                 for i in range(len(ranks)) if out_sizes[i] is not None)
     for i in range(len(ranks)):
-        shown[(ops[i], repr(sizes[i]) + " " + repr(dtypes[i]))].append(int(ranks[i]))
+        what = repr(sizes[i]) + " " + repr(dtypes[i])
+        if differ:
+            what += f" -> {out_sizes[i]!r} {out_dtypes[i]!r}"
+        shown[(ops[i], what)].append(int(ranks[i]))
     for (op, what), who in list(shown.items())[:4]:
         parts.append(f"{op} {what} on rank(s) {ranks_text(sorted(set(who)), 6)}")
     return "; ".join(parts)

@@ -58,6 +58,9 @@ class Mismatch:
     detail: str
     op: str | None
     pg_id: str | None
+    # every member went past it (entered a later collective of the group, or completed it): it holds
+    # nobody, whatever else hangs
+    completed: bool = False
 
 
 @dataclass
@@ -95,6 +98,8 @@ class Analysis:
     p2p_unrecorded: bool = False  # the dumps' library records no send/recv (gloo): hidden_p2p.py
     # desc-less group -> the part it plays (skips.creation_runs), lazily
     roles: dict[int, tuple] | None = None
+    # ranks whose own exit says they timed out waiting in a collective ("Timed out waiting ...")
+    timed_out: set[int] = field(default_factory=set)
     parts: dict[tuple, list[int]] | None = None  # part -> its groups (skips.groups_by_role), lazily
 
     def label(self, group: int) -> str:

@@ -14,7 +14,8 @@ import pyarrow as pa
 from faultlens.attribution.detectors.hang.aggregate import ProgressTable, SignatureTable
 from faultlens.attribution.detectors.hang.columns import take_rows, valid_rows
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder, present_codes
-from faultlens.attribution.detectors.hang.details import slice_signatures
+from faultlens.attribution.detectors.hang.details import signature_columns, slice_signatures
+from faultlens.attribution.detectors.hang.report import SIGNATURE_COLUMNS
 
 
 @dataclass
@@ -54,9 +55,8 @@ class PassOneRun:
         # the op names decoded so far (the next slice's decode may add some)
         ops = list(decoder.ops.values)
         coll_rows = np.nonzero(part.coll)[0]
-        sizes = source.column("input_sizes") if "input_sizes" in source.column_names else None
-        dtypes = source.column("input_dtypes") if "input_dtypes" in source.column_names else None
-        signed = self._signing.submit(slice_signatures, part, coll_rows, sizes, dtypes, ops, at)
+        columns = signature_columns(source)
+        signed = self._signing.submit(slice_signatures, part, coll_rows, columns, ops, at)
         self._pending.append(self._adding.submit(_add_slice, out, part, desc, coll_rows, signed))
         # at most one slice aggregated while the next is decoded: bounded memory
         while len(self._pending) > 1:
@@ -102,7 +102,7 @@ def configured_from_table(out: PassOne, table: pa.Table, decoder: SliceDecoder) 
     rows = valid_rows(table.column("pg_ranks"))
     if rows.shape[0] == 0:
         return
-    columns = [c for c in table.column_names if c not in ("input_sizes", "input_dtypes")]
+    columns = [c for c in table.column_names if c not in SIGNATURE_COLUMNS]
     taken = take_rows(table.select(columns), rows)
     _add_configured(out, decoder.decode_part(taken, -1), taken.column("pg_ranks"))
 

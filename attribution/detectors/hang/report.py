@@ -19,7 +19,14 @@ class HangVerdict(StrEnum):
     STUCK_OUTSIDE = "stuck_outside"
     SKIPPED = "skipped"  # left the collective out and went on (a root's kind only)
     CYCLE = "cycle"  # waits on the others of a cycle nothing could order (a root's kind only)
+    # a mismatch every member completed: no hang, a silent desync (never a failover on its own)
+    COLLECTIVE_MISMATCH = "collective_mismatch"
     UNKNOWN = "unknown"
+
+
+#: a completed mismatch's confidence: below the policy's failover threshold (rules/policy.yaml
+#: confidence_threshold), so it never fails a node over on its own
+COMPLETED_MISMATCH_CONFIDENCE = 0.5
 
 
 #: the coarse report-level family of each root kind (report.verdict keeps the families the decision
@@ -124,6 +131,12 @@ SHAPE_MUST_MATCH = re.compile(
 # ops whose input only the root holds (scatter): the other members' empty input lists say nothing of
 # dtypes
 INPUT_AT_ROOT_ONLY = re.compile(r":scatter$")
+# ops whose output only the root holds (gather): the other members' empty output lists say nothing
+# of dtypes
+OUTPUT_AT_ROOT_ONLY = re.compile(r":gather$")
+# the columns an entry's signature reads besides its op: outputs compared like inputs (an uneven
+# broadcast or an all_gather into another shape shows in them)
+SIGNATURE_COLUMNS = ("input_sizes", "input_dtypes", "output_sizes", "output_dtypes")
 P2P_OP = re.compile(r"(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)")
 COLUMNS = (
     "rank",
@@ -141,6 +154,8 @@ COLUMNS = (
     "time_created",
     "input_sizes",
     "input_dtypes",
+    "output_sizes",
+    "output_dtypes",
 )
 MAX_EVIDENCE = 24
 

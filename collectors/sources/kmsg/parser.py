@@ -19,6 +19,7 @@ from faultlens.collectors.sources.kmsg.events import (
     check_event,
 )
 from faultlens.collectors.sources.pci import normalize_pci_bus_id
+from faultlens.collectors.sources.xid_catalog import XidCatalog, shipped_xid_catalog
 
 _PCI = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 XID_RE = re.compile(
@@ -26,6 +27,11 @@ XID_RE = re.compile(
     + _PCI
     + r")(?:\s+GPU-I:(?P<gi>\d{1,4}))?(?:\s+GPU-CI:(?P<ci>\d{1,4}))?\):\s*"
     r"(?P<code>\d{1,6})\s*(?:,\s*(?P<rest>.*))?$"
+)
+# any other `NVRM: Xid (<where>): <code>...` (a PCI id that is not one, a mangled tail): the event
+# is kept without a PCI id, its raw line beside it
+XID_LOOSE_RE = re.compile(
+    r"NVRM: Xid \((?P<where>[^()]{0,80})\):?[ \t]{0,8}(?P<code>\d{1,6})\b(?P<rest>.*)$"
 )
 SXID_RE = re.compile(
     r"(?P<dev>nvidia-nvswitch\d+): SXid \((?:PCI:)?(?P<pci>" + _PCI + r")\):\s*(?P<code>\d{1,6})\s*"
@@ -37,19 +43,25 @@ SXID_RE = re.compile(
 # action changed ...`) have bounded quantifiers.
 PID_RE = re.compile(r"^pid=(?P<pid>'<unknown>'|<unknown>|'?\d{1,24}'?)[ \t]*(?:,[ \t]*|$)")
 CAUSED_BY_RE = re.compile(r"caused by previous Xid (?P<code>\d{1,10})\Z")
-RECOVERY_RE = re.compile(r"recovery action changed from (?P<from>0x[0-9A-Fa-f]{1,16}|\d{1,10})"
-                         r"(?:[ \t]{0,8}\((?P<from_name>[^)]{0,120})\))?"
-                         r"[ \t]{1,8}to[ \t]{1,8}(?P<to>0x[0-9A-Fa-f]{1,16}|\d{1,10})"
-                         r"(?:[ \t]{0,8}\((?P<to_name>[^)]{0,120})\))?")
+RECOVERY_RE = re.compile(
+    r"recovery action changed from (?P<from>0x[0-9A-Fa-f]{1,16}|\d{1,10})"
+    r"(?:[ \t]{0,8}\((?P<from_name>[^)]{0,120})\))?"
+    r"[ \t]{1,8}to[ \t]{1,8}(?P<to>0x[0-9A-Fa-f]{1,16}|\d{1,10})"
+    r"(?:[ \t]{0,8}\((?P<to_name>[^)]{0,120})\))?"
+)
 UUID_RE = re.compile(r"NVRM: GPU at PCI:(?P<pci>" + _PCI + r"):\s*(?P<uuid>GPU-[0-9A-Fa-f-]+)")
-FALLEN_RE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r"):?\s*GPU has fallen off "
-                                                                       r"the bus")
-THE_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI + r")")
+# drivers on some systems print the lost GPU without its PCI domain (`GPU 18:00.0:`): domain 0
+_PCI_ANY_DOMAIN = r"(?:[0-9A-Fa-f]{1,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
+FALLEN_RE = re.compile(
+    r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI_ANY_DOMAIN + r"):?\s*GPU has fallen off the bus"
+)
+THE_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU (?:at )?(?:PCI:)?(?P<pci>" + _PCI_ANY_DOMAIN + r")")
 ANY_PCI_RE = re.compile(
     r"(?<![0-9A-Fa-f:])(?P<pci>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
 )
 # lines after "The NVIDIA GPU <pci>" in which "fallen off the bus" belongs to it
 _MULTILINE_WINDOW = 4
+_GPU_RESET = 1  # NVML's recovery action GPU_RESET (an Xid 154's "GPU Reset Required")
 _MAX_LINE = 64 * 1024
 
 
@@ -57,9 +69,9 @@ def _split_name(rest: str) -> tuple[str | None, str]:
     """`name=<process>, <message>` -> (process name or None, message): the name runs to the first
     comma.
     """
-    body = rest[len("name="):]
+    body = rest[len("name=") :]
     comma = body.find(",")
-    name, after = (body, "") if comma < 0 else (body[:comma], body[comma + 1:])
+    name, after = (body, "") if comma < 0 else (body[:comma], body[comma + 1 :])
     name = name.strip()
     return (None if not name or name == "<unknown>" else name), after.lstrip()
 
@@ -84,14 +96,22 @@ class KernelLogParser:
     `boot_time_ns`: wall-clock time of boot, for /dev/kmsg records and plain dmesg lines (None:
     those lines get no time and the source stamps them when read). `tz`: the zone of syslog / dmesg
     -T times (default: local). `now`: the clock used to pick the year of syslog lines (which carry
-    none).
+    none). `catalog`: the Xid catalog that decodes NVLink5 Xids 144-150 (default: rules/xid.yaml,
+    read at the first such line).
     """
 
-    def __init__(self, *, boot_time_ns: int | None = None, tz: dt.tzinfo | None = None,
-                 now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        boot_time_ns: int | None = None,
+        tz: dt.tzinfo | None = None,
+        now: Callable[[], float] = time.time,
+        catalog: XidCatalog | None = None,
+    ) -> None:
         self.boot_time_ns = boot_time_ns
         self.tz = tz
         self._now = now
+        self._catalog = catalog
         self.stats = ParseStats()
         self.uuids: dict[str, str] = {}
         self._pending_pci: str | None = None
@@ -100,11 +120,10 @@ class KernelLogParser:
         self._line_no: int | None = None
 
     # -- messages
-    # ------------------------------------------------------------------------------------------------
+    # ------------------------------------------------------------
     def _xid(self, match: re.Match[str], env: Envelope, raw: str) -> list[KernelGpuEvent]:
+        # a PCI id that is not one (`0001:ab:cd`: device 0xcd > 0x1f) keeps the event, without it
         pci = normalize_pci_bus_id(match.group("pci"))
-        if pci is None:
-            raise BadLine(f"Xid line with a PCI address that is not one: {match.group('pci')!r}")
         code = int(match.group("code"))
         rest = (match.group("rest") or "").strip()
         pid: int | None = None
@@ -115,7 +134,7 @@ class KernelLogParser:
             pid = int(value) if value.isdigit() else None
             if pid is not None and pid > MAX_PID:
                 raise BadLine(f"Xid line with a pid out of range: {value[:24]}")
-            rest = rest[pid_match.end():]
+            rest = rest[pid_match.end() :]
             if rest.startswith("name="):
                 name, rest = _split_name(rest)
         elif rest.startswith("pid="):
@@ -140,6 +159,44 @@ class KernelLogParser:
         )
         return [event, *self._derived(event)]
 
+    def _loose_xid(self, match: re.Match[str], env: Envelope, raw: str) -> list[KernelGpuEvent]:
+        """An Xid line off the driver's format: the node still had the error, so the event stays,
+        with the PCI id when `where` is one and the rest of the line as its message."""
+        where = match.group("where")
+        pci = normalize_pci_bus_id(where.split()[0]) if where.split() else None
+        message = match.group("rest").strip().lstrip(",").strip()
+        event = KernelGpuEvent(
+            kind="xid",
+            code=int(match.group("code")),
+            pci_bus_id=pci,
+            message=message,
+            raw=raw,
+            ts_ns=env.ts_ns,
+            host=env.host,
+            gpu_uuid=self.uuids.get(pci) if pci else None,
+            line_no=self._line_no,
+        )
+        return [event, *self._derived(event)]
+
+    def _nvlink5(self, event: KernelGpuEvent) -> list[KernelGpuEvent]:
+        """NVLink5 Xids 144-150 decoded by NVIDIA's catalog: a sub-code whose resolution is
+        RESET_GPU becomes a recovery_action row with NVML's GPU_RESET (1), as a following Xid 154
+        would; IGNORE and XID_154_EVAL sub-codes add nothing (a following Xid 154 speaks for
+        itself)."""
+        if self._catalog is None:
+            self._catalog = shipped_xid_catalog()
+        decoded = self._catalog.decode_nvlink5(event.code or 0, event.message)
+        if decoded is None or decoded.rule.resolution != "RESET_GPU":
+            return []
+        return [
+            replace(
+                event,
+                kind="recovery_action",
+                code=_GPU_RESET,
+                message=f"Xid {event.code}: {event.message} ({decoded.describe()})",
+            )
+        ]
+
     def _derived(self, event: KernelGpuEvent) -> list[KernelGpuEvent]:
         code, text = event.code, event.message
         kind: str | None = None
@@ -151,9 +208,13 @@ class KernelLogParser:
         elif code == 64 and "Row Remapper" in text:
             kind = "remap_failure"
         elif code == 79:
+            if self._lost_just_reported(event.pci_bus_id):
+                return []  # the same loss as a "fallen off the bus" block just before it
             kind = "gpu_lost"
             if event.pci_bus_id is not None:
                 self._lost_reported[event.pci_bus_id] = self.stats.lines
+        elif code is not None and 144 <= code <= 150:
+            return self._nvlink5(event)
         elif code == 154:
             recovery = RECOVERY_RE.search(text)
             if recovery is None:
@@ -189,12 +250,17 @@ class KernelLogParser:
             )
         ]
 
+    def _lost_just_reported(self, pci: str | None) -> bool:
+        """A gpu_lost row for this GPU came from one of the last few lines (either order of the
+        driver's Xid 79 and its "fallen off the bus" block is one loss)."""
+        last = self._lost_reported.get(pci) if pci is not None else None
+        return last is not None and self.stats.lines - last <= _MULTILINE_WINDOW
+
     def _fallen(
         self, pci: str | None, env: Envelope, raw: str, message: str
     ) -> list[KernelGpuEvent]:
         if pci is not None:
-            last = self._lost_reported.get(pci)
-            if last is not None and self.stats.lines - last <= _MULTILINE_WINDOW:
+            if self._lost_just_reported(pci):
                 return []  # same incident as a line just reported (Xid 79 or the multi-line form)
             self._lost_reported[pci] = self.stats.lines
         text = message.split("NVRM:", 1)[-1].strip()
@@ -222,6 +288,9 @@ class KernelLogParser:
             match = XID_RE.search(text)
             if match:
                 return self._xid(match, env, raw)
+            match = XID_LOOSE_RE.search(text)
+            if match:
+                return self._loose_xid(match, env, raw)
             if "NVRM: Xid" in text or "SXid (" in text:
                 raise BadLine("Xid line that does not match the driver's format")
         match = UUID_RE.search(text)
@@ -250,7 +319,7 @@ class KernelLogParser:
         return None
 
     # -- public
-    # --------------------------------------------------------------------------------------------------
+    # ------------------------------------------------------------
     def feed(self, line: str | bytes, line_no: int | None = None) -> list[KernelGpuEvent]:
         """Parse one line; returns its events ([] for most lines). Never raises."""
         self.stats.lines += 1
