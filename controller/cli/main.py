@@ -28,6 +28,7 @@ COMMAND_MODULES: list = [
     "goodput_cmds",
     f"{LAB_COMMANDS}.campaign_cmds",
     "doctor_cmds",
+    "slurm_cmds",
     "view_cmds",
 ]
 
