@@ -29,6 +29,7 @@ COMMAND_MODULES: list = [
     f"{LAB_COMMANDS}.campaign_cmds",
     "doctor_cmds",
     "slurm_cmds",
+    "serve_cmds",
     "view_cmds",
 ]
 

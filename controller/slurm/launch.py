@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from faultlens import environment
 from faultlens.controller.slurm.commands import parse_record
 from faultlens.controller.slurm.restore import read_restore
 from faultlens.errors import FaultlensError
@@ -50,7 +51,7 @@ class SlurmIdentity:
             raise SlurmLaunchError(f"not inside a Slurm job: {', '.join(missing)} unset")
         node_rank = env.get("SLURM_NODEID")
         return cls(
-            job_id=env.get("FAULTLENS_JOB_ID") or env["SLURM_JOB_NAME"],
+            job_id=environment.JOB_ID.raw(env) or env["SLURM_JOB_NAME"],
             attempt=int(env.get("SLURM_RESTART_COUNT") or 0),
             node=env.get("SLURMD_NODENAME"),
             slurm_job=env["SLURM_JOB_ID"],
@@ -59,10 +60,10 @@ class SlurmIdentity:
             node_rank=int(node_rank) if node_rank and node_rank.isdigit() else None,
         )
 
-    def environment(self) -> dict[str, str]:
-        env = {"FAULTLENS_JOB_ID": self.job_id, "FAULTLENS_ATTEMPT": str(self.attempt)}
+    def env_vars(self) -> dict[str, str]:
+        env = {environment.JOB_ID.name: self.job_id, environment.ATTEMPT.name: str(self.attempt)}
         if self.node:
-            env["FAULTLENS_NODE"] = self.node
+            env[environment.NODE.name] = self.node
         return env
 
 
@@ -103,10 +104,10 @@ def run_job(
     """The batch script's side: one node task per node with srun; returns srun's status."""
     env = dict(os.environ if env is None else env)
     ident = SlurmIdentity.from_env(env)
-    extra = ident.environment()
+    extra = ident.env_vars()
     if state_dir:
         extra.update(read_restore(state_dir, ident.job_id))
-    head = env.get("FAULTLENS_RDZV_HOST") or head_node(ident.nodelist)
+    head = head_node(ident.nodelist)
     node_cmd = [
         sys.executable,
         "-m",
@@ -139,8 +140,8 @@ def run_job(
         f"faultlens slurm: job {ident.job_id} attempt {ident.attempt} (Slurm job "
         f"{ident.slurm_job}) on {ident.nodelist}"
         + (
-            f", restore step {extra['FAULTLENS_RESTORE_STEP']}"
-            if "FAULTLENS_RESTORE_STEP" in extra
+            f", restore step {extra[environment.RESTORE_STEP.name]}"
+            if environment.RESTORE_STEP.name in extra
             else ""
         ),
         file=sys.stderr,
@@ -167,7 +168,7 @@ def run_node(
     node = ident.node or os.uname().nodename
     logs = Path(work_dir) / ident.job_id / f"attempt-{ident.attempt}" / node
     logs.mkdir(parents=True, exist_ok=True)
-    child_env = {**env, **ident.environment(), "FAULTLENS_NODE": node}
+    child_env = {**env, **ident.env_vars(), environment.NODE.name: node}
     agent = None
     if agent_sources and store:
         agent = subprocess.Popen(

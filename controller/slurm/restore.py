@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from faultlens import environment
+
 
 def restore_path(state_dir: str | Path, job: str) -> Path:
     """Where the failover's restore point for faultlens job `job` is kept."""
@@ -20,9 +22,9 @@ def read_restore(state_dir: str | Path, job: str) -> dict[str, str]:
     except (OSError, ValueError):
         return {}
     env = {
-        "FAULTLENS_RESTORE_TIER": data.get("tier"),
-        "FAULTLENS_RESTORE_STEP": data.get("step"),
-        "FAULTLENS_RESTORE_URI": data.get("uri"),
-        "FAULTLENS_RESTORE_DECISION": data.get("decision_id"),
+        environment.RESTORE_TIER.name: data.get("tier"),
+        environment.RESTORE_STEP.name: data.get("step"),
+        environment.RESTORE_URI.name: data.get("uri"),
+        environment.RESTORE_DECISION.name: data.get("decision_id"),
     }
     return {key: str(value) for key, value in env.items() if value not in (None, "")}
