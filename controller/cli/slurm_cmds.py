@@ -1,4 +1,6 @@
-"""`faultlens slurm run|node`: an instrumented job under sbatch (controller/slurm/launch.py)."""
+"""`faultlens slurm run|node`: an instrumented job under sbatch (controller/slurm/launch.py);
+`faultlens node-check NODE`: return a drained node, keep a repeat offender out
+(controller/slurm/nodecheck.py)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     run.set_defaults(func=cmd_run)
     node.set_defaults(func=cmd_node)
 
+    check = subparsers.add_parser(
+        "node-check",
+        help="may a drained node come back? resume it when clean, keep a repeat offender out",
+    )
+    add_store_arg(check)
+    check.add_argument("node", metavar="NODE", help="the Slurm node name")
+    check.add_argument(
+        "--window",
+        type=float,
+        default=7.0,
+        help="days after a return in which a new failure makes a repeat offender "
+        "(default %(default)s)",
+    )
+    check.add_argument(
+        "--dry-run", action="store_true", help="check and record, change nothing in Slurm"
+    )
+    check.add_argument("--slurm-conf", default=None, help="slurm.conf (default: $SLURM_CONF)")
+    check.add_argument(
+        "--json", dest="fmt", action="store_const", const="json", default="text", help="JSON output"
+    )
+    check.set_defaults(func=cmd_node_check)
+
 
 def _script(args: argparse.Namespace) -> list[str]:
     script = list(args.script)
@@ -81,3 +105,32 @@ def cmd_node(args: argparse.Namespace) -> int:
         store=args.store,
         agent_sources=args.agent_sources,
     )
+
+
+def cmd_node_check(args: argparse.Namespace) -> int:
+    import datetime as dt
+    import json
+
+    from faultlens.controller.slurm.commands import Slurm
+    from faultlens.controller.slurm.nodecheck import Verdict, check_node
+
+    slurm = Slurm(env={"SLURM_CONF": args.slurm_conf} if args.slurm_conf else None)
+    check = check_node(
+        args.node, args.store, slurm, window=dt.timedelta(days=args.window), act=not args.dry_run
+    )
+    if args.fmt == "json":
+        print(
+            json.dumps(
+                {
+                    "node": check.node,
+                    "verdict": check.verdict.value,
+                    "action": check.action,
+                    "events": check.events,
+                    "event_kinds": check.event_kinds,
+                    "reason": check.reason,
+                }
+            )
+        )
+    else:
+        print(f"{check.node}: {check.verdict.value} ({check.action}): {check.reason}")
+    return 0 if check.verdict is Verdict.PASS else 1
