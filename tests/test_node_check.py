@@ -132,3 +132,15 @@ def test_drain_time_reads_slurms_reason_stamp(reason, expected):
         assert got is None
     else:
         assert got == expected.astimezone(dt.UTC)
+
+
+def test_the_pages_node_check_command(slurm, tmp_path):
+    """docs/slurm.md's node-check example, its /shared moved here: a healthy node passes."""
+    from tests.test_slurm_e2e import example
+
+    shared = tmp_path / "shared"
+    argv = example("node-check").replace("/shared/", f"{shared}/").split()
+    assert argv[:2] == ["faultlens", "node-check"]
+    result = cli(*argv[1:], slurm=slurm)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("node-1: pass (none)")

@@ -96,7 +96,7 @@ def run_job(
     nproc_per_node: int,
     state_dir: str | None,
     store: str | None,
-    rdzv_port: int,
+    rdzv_port: int | None,
     work_dir: str,
     agent_sources: str | None,
     env: Mapping[str, str] | None = None,
@@ -108,6 +108,8 @@ def run_job(
     if state_dir:
         extra.update(read_restore(state_dir, ident.job_id))
     head = head_node(ident.nodelist)
+    if rdzv_port is None:
+        rdzv_port = 20000 + int(ident.slurm_job) % 10000 if ident.slurm_job.isdigit() else 29500
     node_cmd = [
         sys.executable,
         "-m",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from faultlens.attribution.reading.store import Store
+from faultlens.collectors.store.layout import resolve_store
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.slurm.commands import Slurm
 
@@ -112,6 +113,7 @@ def check_node(
     state = record.get("State", "")
     drained = "DRAIN" in state
     reason_field = record.get("Reason", "")
+    resolve_store(store_url, create=True)  # a first check on a new cluster writes the first row
     store = Store(store_url)
     try:
         history = _history(store, node)

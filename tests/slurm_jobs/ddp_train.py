@@ -41,6 +41,7 @@ def main() -> None:
     if start:
         state = torch.load(ckpt_dir / f"step-{start}.pt")
         model.module.load_state_dict(state["model"])
+    started = time.time()  # training resumed: the first step of this attempt begins
     for step in range(start + 1, steps + 1):
         if fault and attempt == fault_attempt:
             kind, node, local_rank, fault_step = fault.split(":")
@@ -68,6 +69,7 @@ def main() -> None:
             "last": steps,
             "nodes": sorted(set(nodes)),
             "restore": restore,
+            "started": started,
         }
         Path(os.environ["DONE_FILE"]).write_text(json.dumps(done))
     dist.destroy_process_group()
