@@ -1,9 +1,9 @@
 """A tiny DDP job (gloo, CPU) for the Slurm tests: STEPS steps of a linear model, a checkpoint
 (rank 0, torch.save) every CKPT_EVERY steps in CKPT_DIR, resumed from FAULTLENS_RESTORE_STEP when a
 failover chose one, else from the newest checkpoint. A fault from FAULTLENS_TEST_FAULT
-("sigkill:NODE:LOCAL_RANK:STEP": that rank SIGKILLs itself, after writing the time to
-FAULT_FILE), only in the attempt FAULTLENS_TEST_FAULT_ATTEMPT (default 0). Rank 0 writes
-DONE_FILE (JSON: attempt, first step, last step, nodes) when the job finishes."""
+("sigkill:NODE:LOCAL_RANK:STEP": that rank SIGKILLs itself, "exception:...": it raises; the time
+written to FAULT_FILE first), only in the attempt FAULTLENS_TEST_FAULT_ATTEMPT (default 0). Rank 0
+writes DONE_FILE (JSON: attempt, first step, last step, nodes) when the job finishes."""
 
 from __future__ import annotations
 
@@ -46,9 +46,12 @@ def main() -> None:
         if fault and attempt == fault_attempt:
             kind, node, local_rank, fault_step = fault.split(":")
             here = os.environ.get("FAULTLENS_NODE") == node
-            if kind == "sigkill" and here and local == int(local_rank) and step == int(fault_step):
+            if here and local == int(local_rank) and step == int(fault_step):
                 Path(os.environ["FAULT_FILE"]).write_text(f"{time.time()} {rank}")
-                os.kill(os.getpid(), signal.SIGKILL)
+                if kind == "sigkill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if kind == "exception":
+                    raise ValueError(f"shape mismatch in batch at step {step}")
         x = torch.randn(16, 8)
         loss = model(x).pow(2).mean()
         opt.zero_grad()
