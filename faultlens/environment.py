@@ -213,17 +213,9 @@ MAX_ATTEMPTS = _var("MAX_ATTEMPTS", "int", "10", "docs/deploy/torchrun/faultlens
                     "The most attempts the torchrun wrapper starts.")
 TORCHRUN = _var("TORCHRUN", "text", "torchrun", "docs/deploy/torchrun/faultlens-torchrun.sh",
                 "The launcher command the wrapper runs.")
-SLURM_BATCH = _var("SLURM_BATCH", "path", None, "docs/deploy/slurm/faultlens-requeue.sh",
-                   "The batch script to resubmit (required for failover).")
-SLURM_STATE = _var(
-    "SLURM_STATE",
-    "path",
-    "/var/lib/faultlens/slurm",
-    "docs/deploy/slurm/faultlens-requeue.sh",
-    "Where exclusions, attempts and handled decision ids are kept.",
-)
-SLURM_DRAIN = _var("SLURM_DRAIN", "bool", "1", "docs/deploy/slurm/faultlens-requeue.sh",
-                   "1: drain excluded nodes cluster-wide; 0: only exclude them from this job.")
+RESTORE_DECISION = _var("RESTORE_DECISION", "name", None,
+                        "the job's training script (set by `faultlens slurm run`)",
+                        "The decision that chose the restore point in FAULTLENS_RESTORE_STEP.")
 RECEIVER_STATE = _var("RECEIVER_STATE", "path", "/var/lib/faultlens-receiver/handled.jsonl",
                       "docs/deploy/kubernetes/webhook_receiver.py",
                       "The webhook receiver's record of handled decisions.")

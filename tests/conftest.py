@@ -96,3 +96,35 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     if failed.exists():
         pytest.fail("faultlens demo failed:\n" + failed.read_text())
     return DemoRun(root / "store", root / "work", done.read_text())
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm cluster for the session (tests/slurm_cluster.py: munge, slurmctld, 4 slurmd,
+    an Alertmanager); skipped, with the reason, where the packages or root are missing; a cluster
+    that should start and does not fails the tests that need it."""
+    import shutil
+    import tempfile
+
+    from tests.slurm_cluster import ClusterUnavailable, missing_reason, start_cluster
+
+    reason = missing_reason()
+    if reason:
+        pytest.skip(reason)
+    # its own directory, not pytest's rotating base directory (another session may prune that)
+    directory = Path(tempfile.mkdtemp(prefix="faultlens-slurm-"))
+    try:
+        cluster = start_cluster(directory)
+    except ClusterUnavailable as exc:
+        shutil.rmtree(directory, ignore_errors=True)
+        pytest.fail(str(exc))
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def slurm(slurm_cluster):
+    """The session's Slurm cluster with no job and every node idle."""
+    slurm_cluster.reset()
+    return slurm_cluster

@@ -1,8 +1,8 @@
 """The example decision receivers of docs/deploy/ do what docs/operations.md says, delivered by the
-real hooks: the Slurm requeue script (through CommandHook; sbatch/squeue/scancel/scontrol are
-recording stand-ins, since no Slurm runs here), the Kubernetes webhook receiver (a real HTTP server
+real hooks: the Kubernetes webhook receiver (a real HTTP server
 reached by the real WebhookHook; kubectl is a recording stand-in) and the torchrun wrapper (a real
-launcher process that fails, then a real file-drop decision)."""
+launcher process that fails, then a real file-drop decision). The Slurm hook is part of the package,
+tested against a real Slurm cluster in tests/test_slurm_hook.py."""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ import pytest
 
 from faultlens.attribution.decision import Action, Decision, Restore
 from faultlens.attribution.incident import Cause, Incident, IncidentClass
-from faultlens.controller.hooks import CommandHook, FileDropHook, PermanentHookError, WebhookHook
-from faultlens.controller.hooks.base import HookError
+from faultlens.controller.hooks import FileDropHook, PermanentHookError, WebhookHook
 from tests.conftest import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "docs" / "deploy"
@@ -65,80 +64,6 @@ def decision(
         exclude_nodes=exclude if action is not Action.ESCALATE else (),
         restore=restore if action is Action.FAILOVER else None,
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# Slurm
-
-SLURM_STANDIN = textwrap.dedent("""\
-    #!/usr/bin/env bash
-    # records how it was called; squeue answers with the running job's id
-    printf '%s' "$(basename "$0")" >> "$SLURM_LOG"; printf ' %q' "$@" >> "$SLURM_LOG"; echo >> "$SLURM_LOG"
-    if [[ $(basename "$0") == squeue ]]; then echo 4242; fi
-""")
-
-
-@pytest.fixture
-def slurm(tmp_path, monkeypatch):
-    if shutil.which("bash") is None or shutil.which("python3") is None:
-        pytest.skip("needs bash and python3")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("sbatch", "squeue", "scancel", "scontrol"):
-        (bin_dir / name).write_text(SLURM_STANDIN)
-        (bin_dir / name).chmod(0o755)
-    log = tmp_path / "slurm.log"
-    log.touch()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("SLURM_LOG", str(log))
-    hook = CommandHook([str(DEPLOY / "slurm" / "faultlens-requeue.sh")], name="slurm-requeue",
-                       env={"FAULTLENS_SLURM_BATCH": "/shared/train.sbatch",
-                            "FAULTLENS_SLURM_STATE": str(tmp_path / "state")})
-    return hook, log
-
-
-def _calls(log: Path) -> list[str]:
-    return log.read_text().splitlines()
-
-
-def test_slurm_failover_requeues_with_exclude_and_restore(slurm):
-    hook, log = slurm
-    first = decision(1)
-    hook.deliver(first, first.to_json())
-    assert _calls(log) == [
-        "scontrol update NodeName=node-07 State=DRAIN Reason=faultlens\\ " + first.decision_id,
-        "squeue -h --name llm-7b -o %i",
-        "scancel 4242",
-        "sbatch --job-name llm-7b --export ALL\\,FAULTLENS_JOB_ID=llm-7b\\,FAULTLENS_ATTEMPT=1\\,"
-        "FAULTLENS_RESTORE_TIER=durable\\,FAULTLENS_RESTORE_STEP=1200\\,FAULTLENS_RESTORE_URI=s3://ckpt/llm-7b/"
-        "step-1200 --exclude node-07 /shared/train.sbatch",
-    ]
-    hook.deliver(first, first.to_json())  # at-least-once: a second delivery does nothing
-    assert len(_calls(log)) == 4
-    second = decision(2, exclude=("node-09",), attempt=1)
-    hook.deliver(second, second.to_json())
-    sbatch = _calls(log)[-1]
-    assert "--exclude node-07\\,node-09" in sbatch and "FAULTLENS_ATTEMPT=2" in sbatch
-
-
-def test_slurm_escalation_and_drain_touch_no_allocation(slurm):
-    hook, log = slurm
-    escalated = decision(3, Action.ESCALATE)
-    hook.deliver(escalated, escalated.to_json())
-    assert [c.split()[0] for c in _calls(log)] == ["squeue", "scontrol"]
-    assert "Comment=faultlens\\ escalated" in _calls(log)[1]
-    drained = decision(4, Action.DRAIN, exclude=("node-11",))
-    hook.deliver(drained, drained.to_json())
-    assert _calls(log)[-1].startswith("scontrol update NodeName=node-11 State=DRAIN")
-    assert not any(c.startswith(("sbatch", "scancel")) for c in _calls(log))
-
-
-def test_slurm_hook_refuses_a_hostile_job_id(slurm):
-    hook, log = slurm
-    bad = decision(5, job="x; rm -rf /")
-    with pytest.raises(HookError, match="exit 2"):
-        hook.deliver(bad, bad.to_json())
-    assert _calls(log) == []
 
 
 # ----------------------------------------------------------------------------------------------

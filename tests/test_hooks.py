@@ -226,7 +226,8 @@ def test_hooks_yaml_builds_every_kind(tmp_path: Path, monkeypatch: pytest.Monkey
     [
         (
             "format_version: 1\nhooks:\n  - {type: carrier_pigeon}\n",
-            "hooks[0].type: expected one of webhook, command, file, entry_point, got 'carrier_pigeon'",
+            "hooks[0].type: expected one of webhook, command, file, entry_point, slurm, "
+            "alertmanager, got 'carrier_pigeon'",
         ),
         (
             "format_version: 1\nhooks:\n  - {type: webhook, secret: x}\n",

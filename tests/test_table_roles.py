@@ -55,7 +55,8 @@ def test_every_table_has_one_declaration_with_a_known_scope():
     assert [spec.name for spec in TABLE_SPECS] == list(TABLE_NAMES) == list(TABLES)
     # the order Store.refresh, compaction and doctor go through the tables in
     assert TABLE_NAMES == ("ranks", "gpu_samples", "gpu_events", "steps", "collectives",
-                           "process_events", "incidents", "decisions", "heartbeats", "checkpoints")
+                           "process_events", "incidents", "decisions", "heartbeats", "checkpoints",
+                           "node_checks")
     for name in TABLE_NAMES:
         spec = SPECS[name]
         assert spec.scope is not Scope.UNKNOWN and isinstance(spec.scope, Scope), name
@@ -65,7 +66,7 @@ def test_every_table_has_one_declaration_with_a_known_scope():
     scopes = {name: SPECS[name].scope for name in TABLE_NAMES}
     assert {n for n, s in scopes.items() if s is Scope.NODE} == {"gpu_samples", "gpu_events"}
     records = {n for n, s in scopes.items() if s is Scope.RECORD}
-    assert records == {"incidents", "decisions", "checkpoints"}
+    assert records == {"incidents", "decisions", "checkpoints", "node_checks"}
     # a job view is exactly a table of the job scope: the store narrows those, and only those
     assert set(JOB_TABLES) == {n for n, s in scopes.items() if s is Scope.JOB}
 

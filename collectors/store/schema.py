@@ -328,6 +328,17 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("bytes", pa.int64()),
         _f("checksum_status", pa.string()),  # verified, mismatch, unverified, unknown
     )),
+    # one health check of a node (`faultlens node-check`; controller/slurm/nodecheck.py):
+    # node = the node, ts = when it ran
+    TableSpec("node_checks", Scope.RECORD, {}, (
+        _f("verdict", pa.string()),  # pass, fail, repeat_offender
+        _f("action", pa.string()),  # resumed, drained, kept_drained, none
+        _f("since_ts", TS),  # events counted from here (the drain, else the last check)
+        _f("events", pa.int32()),  # failing GPU events since then
+        _f("event_kinds", pa.string()),  # e.g. "xid 79, gpu_lost"
+        _f("returned_ts", TS),  # the node's last return to service before this check
+        _f("reason", pa.string()),  # the node reason set in Slurm
+    )),
 )
 
 TABLES: dict[str, pa.Schema] = {

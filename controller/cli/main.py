@@ -28,6 +28,8 @@ COMMAND_MODULES: list = [
     "goodput_cmds",
     f"{LAB_COMMANDS}.campaign_cmds",
     "doctor_cmds",
+    "slurm_cmds",
+    "serve_cmds",
     "view_cmds",
 ]
 

@@ -1,0 +1,136 @@
+"""`faultlens slurm run|node`: an instrumented job under sbatch (controller/slurm/launch.py);
+`faultlens node-check NODE`: return a drained node, keep a repeat offender out
+(controller/slurm/nodecheck.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from faultlens.controller.cli.common import add_store_arg
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "slurm",
+        help="run an instrumented torchrun job under sbatch "
+        "(identity from Slurm's, a node task per node)",
+    )
+    kinds = parser.add_subparsers(dest="slurm_command", metavar="SUBCOMMAND")
+    kinds.required = True
+    run = kinds.add_parser("run", help="in the batch script: srun one node task per node")
+    node = kinds.add_parser("node", help="one node's task: node agent, torchrun, failure report")
+    for sub in (run, node):
+        add_store_arg(sub)
+        sub.add_argument("--nproc-per-node", type=int, default=1, help="ranks per node")
+        sub.add_argument(
+            "--work-dir",
+            default="faultlens-slurm",
+            help="where each node keeps torchrun's logs (default: %(default)s)",
+        )
+        sub.add_argument(
+            "--agent-sources",
+            default=None,
+            metavar="LIST",
+            help="run the node agent (`faultlens collect --sources LIST`) for the job's life",
+        )
+        sub.add_argument(
+            "script", nargs=argparse.REMAINDER, help="-- the training script and its arguments"
+        )
+    run.add_argument(
+        "--state-dir",
+        default=None,
+        help="the Slurm hook's state_dir: the restore point of a failover",
+    )
+    run.add_argument(
+        "--rdzv-port", type=int, default=29500, help="rendezvous port on the first node"
+    )
+    node.add_argument("--rdzv-endpoint", required=True, help="HOST:PORT of the rendezvous")
+    run.set_defaults(func=cmd_run)
+    node.set_defaults(func=cmd_node)
+
+    check = subparsers.add_parser(
+        "node-check",
+        help="may a drained node come back? resume it when clean, keep a repeat offender out",
+    )
+    add_store_arg(check)
+    check.add_argument("node", metavar="NODE", help="the Slurm node name")
+    check.add_argument(
+        "--window",
+        type=float,
+        default=7.0,
+        help="days after a return in which a new failure makes a repeat offender "
+        "(default %(default)s)",
+    )
+    check.add_argument(
+        "--dry-run", action="store_true", help="check and record, change nothing in Slurm"
+    )
+    check.add_argument("--slurm-conf", default=None, help="slurm.conf (default: $SLURM_CONF)")
+    check.add_argument(
+        "--json", dest="fmt", action="store_const", const="json", default="text", help="JSON output"
+    )
+    check.set_defaults(func=cmd_node_check)
+
+
+def _script(args: argparse.Namespace) -> list[str]:
+    script = list(args.script)
+    if script and script[0] == "--":
+        script = script[1:]
+    if not script:
+        raise SystemExit("faultlens slurm: name the training script after --")
+    return script
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from faultlens.controller.slurm.launch import run_job
+
+    return run_job(
+        _script(args),
+        nproc_per_node=args.nproc_per_node,
+        state_dir=args.state_dir,
+        store=args.store,
+        rdzv_port=args.rdzv_port,
+        work_dir=args.work_dir,
+        agent_sources=args.agent_sources,
+    )
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    from faultlens.controller.slurm.launch import run_node
+
+    return run_node(
+        _script(args),
+        nproc_per_node=args.nproc_per_node,
+        rdzv_endpoint=args.rdzv_endpoint,
+        work_dir=args.work_dir,
+        store=args.store,
+        agent_sources=args.agent_sources,
+    )
+
+
+def cmd_node_check(args: argparse.Namespace) -> int:
+    import datetime as dt
+    import json
+
+    from faultlens.controller.slurm.commands import Slurm
+    from faultlens.controller.slurm.nodecheck import Verdict, check_node
+
+    slurm = Slurm(env={"SLURM_CONF": args.slurm_conf} if args.slurm_conf else None)
+    check = check_node(
+        args.node, args.store, slurm, window=dt.timedelta(days=args.window), act=not args.dry_run
+    )
+    if args.fmt == "json":
+        print(
+            json.dumps(
+                {
+                    "node": check.node,
+                    "verdict": check.verdict.value,
+                    "action": check.action,
+                    "events": check.events,
+                    "event_kinds": check.event_kinds,
+                    "reason": check.reason,
+                }
+            )
+        )
+    else:
+        print(f"{check.node}: {check.verdict.value} ({check.action}): {check.reason}")
+    return 0 if check.verdict is Verdict.PASS else 1

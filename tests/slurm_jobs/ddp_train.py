@@ -1,0 +1,82 @@
+"""A tiny DDP job (gloo, CPU) for the Slurm tests: STEPS steps of a linear model, a checkpoint
+(rank 0, torch.save) every CKPT_EVERY steps in CKPT_DIR, resumed from FAULTLENS_RESTORE_STEP when a
+failover chose one, else from the newest checkpoint. A fault from FAULTLENS_TEST_FAULT
+("sigkill:NODE:LOCAL_RANK:STEP": that rank SIGKILLs itself, "exception:...": it raises; the time
+written to FAULT_FILE first), only in the attempt FAULTLENS_TEST_FAULT_ATTEMPT (default 0). Rank 0
+writes DONE_FILE (JSON: attempt, first step, last step, nodes) when the job finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    steps = int(os.environ.get("STEPS", "30"))
+    every = int(os.environ.get("CKPT_EVERY", "5"))
+    ckpt_dir = Path(os.environ["CKPT_DIR"])
+    attempt = int(os.environ.get("FAULTLENS_ATTEMPT", "0"))
+    fault = os.environ.get("FAULTLENS_TEST_FAULT", "")
+    fault_attempt = int(os.environ.get("FAULTLENS_TEST_FAULT_ATTEMPT", "0"))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    restore = os.environ.get("FAULTLENS_RESTORE_STEP")
+    saved = sorted(int(p.stem.split("-")[1]) for p in ckpt_dir.glob("step-*.pt"))
+    if restore is not None:
+        start = int(restore)
+    elif saved:
+        start = saved[-1]
+    if start:
+        state = torch.load(ckpt_dir / f"step-{start}.pt")
+        model.module.load_state_dict(state["model"])
+    started = time.time()  # training resumed: the first step of this attempt begins
+    for step in range(start + 1, steps + 1):
+        if fault and attempt == fault_attempt:
+            kind, node, local_rank, fault_step = fault.split(":")
+            here = os.environ.get("FAULTLENS_NODE") == node
+            if here and local == int(local_rank) and step == int(fault_step):
+                Path(os.environ["FAULT_FILE"]).write_text(f"{time.time()} {rank}")
+                if kind == "sigkill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if kind == "exception":
+                    raise ValueError(f"shape mismatch in batch at step {step}")
+        x = torch.randn(16, 8)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(float(os.environ.get("STEP_S", "0.1")))
+        if step % every == 0 and rank == 0:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            tmp = ckpt_dir / f".step-{step}.pt"
+            torch.save({"model": model.module.state_dict()}, tmp)
+            tmp.rename(ckpt_dir / f"step-{step}.pt")
+    nodes = [None] * world
+    dist.all_gather_object(nodes, os.environ.get("FAULTLENS_NODE", socket.gethostname()))
+    if rank == 0:
+        done = {
+            "attempt": attempt,
+            "start": start,
+            "last": steps,
+            "nodes": sorted(set(nodes)),
+            "restore": restore,
+            "started": started,
+        }
+        Path(os.environ["DONE_FILE"]).write_text(json.dumps(done))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
