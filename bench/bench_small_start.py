@@ -1,0 +1,163 @@
+"""Where a user feels the start: `faultlens analyze-hang` on a real 16-rank NCCL dump set and
+`faultlens sql --store EMPTY "select 1"`, whole processes, beside the peers a user would run
+instead, alternated in one run.
+
+    PYTHONPATH=. python -m bench.bench_small_start [--runs 7] [--before DIR]
+
+Cases, each a fresh process per run, the cases alternated run by run (load moves every case the
+same way); per case the medians of wall seconds, CPU seconds (user + sys of the child, from wait4)
+and the peak RSS (MiB, wait4):
+- analyze_hang: `python -m faultlens.controller.cli.main analyze-hang DIR` (this tree), its
+  culprits checked against the set's truth (ranks 9 and 14);
+- analyze_hang_before: the same command on the tree given by --before (an export of the commit
+  before, e.g. `git archive BASE | tar -x -C DIR`), where given;
+- torch_fr_trace: torch's analyzer, `python -m torch.distributed.flight_recorder.fr_trace DIR -p
+  _dump_` (NVIDIA's CollectiveAnalyzer is not on PyPI's nvidia-resiliency-ext: see
+  docs/benchmarks.md "Hang culprits");
+- pickle_floor: python unpickling the 16 dumps and nothing else (what any pure-Python analyzer
+  pays before its analysis);
+- import_numpy_pyarrow: `python -c "import numpy, pyarrow"`;
+- sql_select1 (and sql_select1_before): `faultlens sql --store EMPTY "select 1"`;
+- import_duckdb_pyarrow: `python -c "import duckdb, pyarrow"` (the issue's anchor for sql).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import emit, machine  # noqa: E402
+
+NCCL = ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"
+TRUTH = "culprit rank(s): 9, 14"
+PICKLES = (
+    "import glob, pickle, sys\n"
+    "for path in sorted(glob.glob(sys.argv[1] + '/_dump_*')):\n"
+    "    with open(path, 'rb') as f:\n"
+    "        pickle.load(f)\n"
+)
+
+
+def _run(argv: list[str], env: dict[str, str]) -> dict[str, object]:
+    """One process: wall, CPU (user + sys) and peak RSS from wait4, and its stdout. It runs in the
+    tree its PYTHONPATH names (`python -m` puts the working directory first on sys.path)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, env=env, cwd=env["PYTHONPATH"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    out = proc.stdout.read() if proc.stdout else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {
+        "wall": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "rss": usage.ru_maxrss / 1024,
+        "rc": proc.returncode,
+        "out": out.decode(errors="replace"),
+    }
+
+
+def _cases(store: Path, before: Path | None) -> dict[str, tuple[list[str], dict[str, str]]]:
+    py = sys.executable
+    here = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    cli = [py, "-m", "faultlens.controller.cli.main"]
+    cases = {
+        "analyze_hang": ([*cli, "analyze-hang", str(NCCL)], here),
+        "torch_fr_trace": (
+            [py, "-m", "torch.distributed.flight_recorder.fr_trace", str(NCCL), "-p", "_dump_"],
+            here,
+        ),
+        "pickle_floor": ([py, "-c", PICKLES, str(NCCL)], here),
+        "import_numpy_pyarrow": ([py, "-c", "import numpy, pyarrow"], here),
+        "sql_select1": ([*cli, "sql", "--store", str(store), "select 1"], here),
+        "import_duckdb_pyarrow": ([py, "-c", "import duckdb, pyarrow"], here),
+    }
+    if before is not None:
+        there = {**here, "PYTHONPATH": str(before)}
+        cases["analyze_hang_before"] = ([*cli, "analyze-hang", str(NCCL)], there)
+        cases["sql_select1_before"] = ([*cli, "sql", "--store", str(store), "select 1"], there)
+    return cases
+
+
+def _ratio(a: dict[str, float], b: dict[str, float], key: str) -> float:
+    return round(a[key] / b[key], 2) if b[key] else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="a checkout (or export) of the code before, to run beside",
+    )
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "empty-store"
+        store.mkdir()
+        cases = _cases(store, args.before)
+        samples: dict[str, list[dict[str, object]]] = {name: [] for name in cases}
+        for cmd, env in cases.values():  # warm the page cache
+            _run(cmd, env)
+        for _ in range(args.runs):
+            for name, (cmd, env) in cases.items():
+                samples[name].append(_run(cmd, env))
+    results: dict[str, dict[str, object]] = {}
+    for name, runs in samples.items():
+        results[name] = {
+            "wall_s": round(statistics.median(r["wall"] for r in runs), 3),
+            "cpu_s": round(statistics.median(r["cpu"] for r in runs), 3),
+            "peak_rss_mib": round(statistics.median(r["rss"] for r in runs)),
+            "exit_codes": sorted({r["rc"] for r in runs}),
+        }
+    for name in ("analyze_hang", "analyze_hang_before"):
+        if name in samples:
+            results[name]["exact_culprits"] = all(TRUTH in r["out"] for r in samples[name])
+    hang, sql = results["analyze_hang"], results["sql_select1"]
+    ratios = {
+        "torch_over_analyze_hang_wall": _ratio(results["torch_fr_trace"], hang, "wall_s"),
+        "torch_over_analyze_hang_cpu": _ratio(results["torch_fr_trace"], hang, "cpu_s"),
+        "sql_over_duckdb_pyarrow_import_wall": _ratio(
+            sql, results["import_duckdb_pyarrow"], "wall_s"
+        ),
+        "sql_over_duckdb_pyarrow_import_cpu": _ratio(
+            sql, results["import_duckdb_pyarrow"], "cpu_s"
+        ),
+    }
+    if "analyze_hang_before" in results:
+        ratios["before_over_analyze_hang_cpu"] = _ratio(
+            results["analyze_hang_before"], hang, "cpu_s"
+        )
+        ratios["before_over_analyze_hang_wall"] = _ratio(
+            results["analyze_hang_before"], hang, "wall_s"
+        )
+        ratios["sql_before_over_sql_cpu"] = _ratio(results["sql_select1_before"], sql, "cpu_s")
+    emit(
+        "small_start",
+        {
+            "runs": args.runs,
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "machine": machine(),
+            **results,
+            **ratios,
+        },
+    )
+    print(json.dumps(ratios, indent=1), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
