@@ -4,9 +4,10 @@ instead, alternated in one run.
 
     PYTHONPATH=. python -m bench.bench_small_start [--runs 7] [--before DIR]
 
-Cases, each a fresh process per run, the cases alternated run by run (load moves every case the
-same way); per case the medians of wall seconds, CPU seconds (user + sys of the child, from wait4)
-and the peak RSS (MiB, wait4):
+Every process may write and read byte code (__pycache__, as an installed package has it; the
+warm-up run writes it). Cases, each a fresh process per run, the cases alternated run by run (load
+moves every case the same way); per case the medians of wall seconds, CPU seconds (user + sys of
+the child, from wait4) and the peak RSS (MiB, wait4):
 - analyze_hang: `python -m faultlens.controller.cli.main analyze-hang DIR` (this tree), its
   culprits checked against the set's truth (ranks 9 and 14);
 - analyze_hang_before: the same command on the tree given by --before (an export of the commit
@@ -71,7 +72,10 @@ def _run(argv: list[str], env: dict[str, str]) -> dict[str, object]:
 
 def _cases(store: Path, before: Path | None) -> dict[str, tuple[list[str], dict[str, str]]]:
     py = sys.executable
-    here = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    # byte code written and read, as an installed package has it (a process that may not write
+    # it compiles every faultlens module at each start)
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    here = {**base, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     cli = [py, "-m", "faultlens.controller.cli.main"]
     cases = {
         "analyze_hang": ([*cli, "analyze-hang", str(NCCL)], here),

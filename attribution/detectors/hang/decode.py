@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.hang import kernels
 from faultlens.attribution.detectors.hang.columns import (
@@ -77,7 +76,7 @@ class _GlobalCodes:
         pieces = []
         for chunk in column.chunks:
             if not pa.types.is_dictionary(chunk.type):
-                chunk = pc.dictionary_encode(chunk)
+                chunk = chunk.dictionary_encode()
             values, valid = primitive_values(chunk.indices)
             codes, bad = remap_codes(
                 values, _NO_MASK if valid is None else valid, self._remap(chunk.dictionary)[:-1]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.hang.columns import filled_values, validity
 from faultlens.compiled import kernel
@@ -142,7 +141,7 @@ def _string_lists_hash(array: pa.Array, rows: np.ndarray) -> np.ndarray:
     if pa.types.is_dictionary(child.type):
         codes = _filled(child.indices, -1)
     else:
-        codes = _filled(pc.dictionary_encode(child).indices, -1)
+        codes = _filled(child.dictionary_encode().indices, -1)
     return _flat_hash(rows, validity(array), filled_values(array.offsets), codes)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import (
     SetStrings,
@@ -370,7 +369,7 @@ class SetStringLists:
         values = array.dictionary
         offsets = values.offsets.to_numpy()
         flat = values.values.slice(offsets[0], offsets[-1] - offsets[0])
-        encoded = pc.dictionary_encode(flat)
+        encoded = flat.dictionary_encode()
         table = self.strings.table(encoded.dictionary.to_pylist())
         items = table[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)]
         mapping = np.append(
