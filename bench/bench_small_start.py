@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.common import emit, machine  # noqa: E402
+from bench.common import Figure, Section, emit, machine, write_section  # noqa: E402
 
 NCCL = ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"
 TRUTH = "culprit rank(s): 9, 14"
@@ -99,6 +99,89 @@ def _ratio(a: dict[str, float], b: dict[str, float], key: str) -> float:
     return round(a[key] / b[key], 2) if b[key] else float("nan")
 
 
+TITLE = 'Small sets and the CLI start: `analyze-hang` on a real 16-rank set, `sql "select 1"`'
+
+
+def _cell(case: dict[str, object]) -> str:
+    return f"{case['cpu_s']:.3f} s CPU ({case['wall_s']:.2f} s wall, {case['peak_rss_mib']} MiB)"
+
+
+def section(result: dict[str, object], commit: str, date: str) -> Section:
+    """The published form of one run (docs/benchmarks.md)."""
+    hang, torch = result["analyze_hang"], result["torch_fr_trace"]
+    sql, duck = result["sql_select1"], result["import_duckdb_pyarrow"]
+    floor = result["import_numpy_pyarrow"]
+    figures = [
+        Figure(
+            "`faultlens analyze-hang` on tests/data/nccl-fr-gpu_error_2nd, whole process",
+            _cell(hang) + (", culprits 9, 14 exact" if hang.get("exact_culprits") else ""),
+            "no slower than NVIDIA's analyzer",
+            "torch fr_trace: " + _cell(torch),
+            f"{result['torch_over_analyze_hang_cpu']}x CPU, "
+            f"{result['torch_over_analyze_hang_wall']}x wall",
+            commit,
+            date,
+        ),
+    ]
+    if "analyze_hang_before" in result:
+        before = result["analyze_hang_before"]
+        figures.append(
+            Figure(
+                "`faultlens analyze-hang`, the code before",
+                _cell(hang),
+                "-",
+                "the same command before: " + _cell(before),
+                f"{result['before_over_analyze_hang_cpu']}x CPU",
+                commit,
+                date,
+            )
+        )
+    figures += [
+        Figure(
+            "python importing numpy and pyarrow (the floor of any Arrow analysis)",
+            _cell(floor),
+            "-",
+            "python unpickling the 16 dumps: " + _cell(result["pickle_floor"]),
+            "-",
+            commit,
+            date,
+        ),
+        Figure(
+            '`faultlens sql --store EMPTY "select 1"`',
+            _cell(sql),
+            "<= 1.2x the import",
+            "python -c 'import duckdb, pyarrow': " + _cell(duck),
+            f"{round(1 / result['sql_over_duckdb_pyarrow_import_cpu'], 2)}x CPU",
+            commit,
+            date,
+        ),
+    ]
+    return Section(
+        title=TITLE,
+        compares="faultlens' whole processes beside what a user would run instead, alternated "
+        "run by run in one run: torch's fr_trace on the same dumps (NVIDIA's CollectiveAnalyzer "
+        'is not installable from PyPI; see "Hang culprits"), the same commands on the code '
+        "before, and the imports a command cannot avoid. Medians; CPU is user + sys of the child "
+        "(wait4), the steadier figure on a loaded machine.",
+        commands=(
+            "PYTHONPATH=. python -m bench.bench_small_start --runs 5 --before DIR  "
+            "# DIR: git archive BASE | tar -x -C DIR",
+        ),
+        figures=tuple(figures),
+        notes=(
+            f"Load average {result['load_avg_1m']} on {result['machine']['cores']} cores during "
+            "the run: the wall figures are inflated by it, the CPU figures are comparable.",
+            "NVIDIA's analyzer was not rerun (no installable build here): issue 38 saw it at "
+            "0.118 s wall, 26 MiB on an idle machine, pure Python on pickles like the pickle "
+            "floor above; faultlens pays the numpy + pyarrow import first, so the target is not "
+            "met by this measure.",
+            "`sql` beyond the import: the store's views (one per table, even when empty), fsspec "
+            "and asyncio through the store layout, rich for the table: the store reading code and "
+            "the renderer, not changed here.",
+        ),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
@@ -108,6 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a checkout (or export) of the code before, to run beside",
     )
+    parser.add_argument(
+        "--doc",
+        type=Path,
+        default=None,
+        help="write the result's section into this file (docs/benchmarks.md)",
+    )
+    parser.add_argument("--commit", default="-", help="the commit measured, for --doc")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "empty-store"
@@ -149,16 +239,17 @@ def main(argv: list[str] | None = None) -> int:
             results["analyze_hang_before"], hang, "wall_s"
         )
         ratios["sql_before_over_sql_cpu"] = _ratio(results["sql_select1_before"], sql, "cpu_s")
-    emit(
-        "small_start",
-        {
-            "runs": args.runs,
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-            "machine": machine(),
-            **results,
-            **ratios,
-        },
-    )
+    result = {
+        "runs": args.runs,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "machine": machine(),
+        **results,
+        **ratios,
+    }
+    emit("small_start", result)
+    if args.doc is not None:
+        date = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+        write_section(args.doc, section(result, args.commit, date))
     print(json.dumps(ratios, indent=1), file=sys.stderr)
     return 0
 
