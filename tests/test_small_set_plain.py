@@ -166,3 +166,40 @@ def test_the_plain_strongly_connected_split_is_scipys() -> None:
         # one partition: each plain label maps to one scipy label and back
         pairs = set(zip(plain.tolist(), labels.tolist(), strict=True))
         assert len({a for a, _ in pairs}) == len(pairs) == len({b for _, b in pairs})
+
+
+def test_the_buffer_built_arrays_equal_pyarrows_own() -> None:
+    import pyarrow as pa
+
+    from faultlens.attribution.detectors.hang.columns import filled_values, int_array, validity
+    from faultlens.collectors.artifacts.flight_recorder.arrow import (
+        coded_array,
+        numeric_array,
+        string_array,
+    )
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 9, 64, 1001):
+        values = rng.integers(-(1 << 40), 1 << 40, n)
+        null = rng.random(n) < 0.3
+        for type_ in (pa.int64(), pa.timestamp("ns", tz="UTC")):
+            assert numeric_array(values, type_, null).equals(pa.array(values, type_, mask=null))
+        small = rng.integers(-5, 100, n).astype(np.int64)
+        assert numeric_array(small, pa.int32()).equals(pa.array(small, pa.int32()))
+        flags = rng.random(n) < 0.5
+        assert numeric_array(flags, pa.bool_(), null).equals(pa.array(flags, mask=null))
+        assert int_array(values, null).equals(pa.array(values, mask=null))
+        texts = [f"v{i}é" for i in rng.integers(0, 7, n)]
+        assert string_array(texts).equals(pa.array(texts, pa.string()))
+        codes = rng.integers(-1, 7, n).astype(np.int32)
+        words = pa.array([f"w{i}" for i in range(7)])
+        expected = pa.DictionaryArray.from_arrays(codes, words, from_pandas=True, safe=False)
+        assert coded_array(codes, words).equals(expected)
+        arrow = pa.array(values, mask=null)
+        for piece in (arrow, arrow.slice(n // 3), pa.chunked_array([arrow, arrow.slice(1)])):
+            filled = piece.fill_null(-1).to_numpy()
+            assert np.array_equal(filled_values(piece, -1), filled)
+            assert np.array_equal(validity(piece), ~np.asarray(piece.is_null()))
+    with pytest.raises(pa.ArrowInvalid):
+        numeric_array(np.array([1 << 40]), pa.int32())
+    assert np.array_equal(filled_values(pa.nulls(3, pa.int64()), -1), [-1, -1, -1])

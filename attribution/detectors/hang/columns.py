@@ -53,7 +53,8 @@ def filled_values(column: pa.ChunkedArray | pa.Array, fill: int | None = None) -
     """An integer column's values in its own width, nulls as `fill`: `fill_null(fill).to_numpy()`
     without pyarrow's pandas path (fill None: a column with nulls goes through to_numpy)."""
     array = single_chunk(column)
-    if pa.types.is_timestamp(array.type) or not pa.types.is_integer(array.type):
+    plain = pa.types.is_integer(array.type) and (len(array) == 0 or array.buffers()[1] is not None)
+    if not plain:  # (an all-null array may have no data buffer)
         return (array.fill_null(fill) if fill is not None else array).to_numpy(
             zero_copy_only=False
         )
