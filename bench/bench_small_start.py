@@ -95,6 +95,12 @@ def _cases(store: Path, before: Path | None) -> dict[str, tuple[list[str], dict[
     return cases
 
 
+def _last_json(path: Path) -> dict:
+    """The last JSON line of a benchmark's output (its emitted result)."""
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])
+
+
 def _ratio(a: dict[str, float], b: dict[str, float], key: str) -> float:
     return round(a[key] / b[key], 2) if b[key] else float("nan")
 
@@ -106,8 +112,53 @@ def _cell(case: dict[str, object]) -> str:
     return f"{case['cpu_s']:.3f} s CPU ({case['wall_s']:.2f} s wall, {case['peak_rss_mib']} MiB)"
 
 
-def section(result: dict[str, object], commit: str, date: str) -> Section:
-    """The published form of one run (docs/benchmarks.md)."""
+def _scale_figures(scale: dict[str, dict], commit: str, date: str) -> list[Figure]:
+    """bench_hang's rows on this tree ("after") and the tree before ("before"), same dump set."""
+    after = {row["ranks"]: row for row in scale.get("after", {}).get("sizes", [])}
+    before = {row["ranks"]: row for row in scale.get("before", {}).get("sizes", [])}
+    out = []
+    for ranks, row in sorted(after.items()):
+        mine = row["faultlens"]
+        value = (
+            f"{mine['cpu_seconds']} s CPU ({mine['seconds']} s wall), {mine['peak_rss_mb']} MB"
+            + (", culprit right" if mine.get("correct") else "")
+        )
+        torch = row.get("torch", {})
+        if torch.get("cpu_seconds"):
+            out.append(
+                Figure(
+                    f"{ranks:,} ranks x 2,000 entries: read + analysis",
+                    value,
+                    ">= 40x torch by CPU",
+                    f"torch fr_trace {torch['cpu_seconds']} s CPU ({torch['seconds']} s wall), "
+                    f"{torch['peak_rss_mb']} MB",
+                    f"{row.get('cpu_speedup_vs_torch')}x CPU",
+                    commit,
+                    date,
+                )
+            )
+        old = before.get(ranks, {}).get("faultlens")
+        if old:
+            out.append(
+                Figure(
+                    f"{ranks:,} ranks x 2,000 entries: read + analysis, the code before",
+                    value,
+                    "<= 200 MiB peak",
+                    f"the code before: {old['cpu_seconds']} s CPU "
+                    f"({old['seconds']} s wall), {old['peak_rss_mb']} MB",
+                    f"{round(old['cpu_seconds'] / mine['cpu_seconds'], 2)}x CPU",
+                    commit,
+                    date,
+                )
+            )
+    return out
+
+
+def section(
+    result: dict[str, object], commit: str, date: str, scale: dict[str, dict] | None = None
+) -> Section:
+    """The published form of one run (docs/benchmarks.md); `scale`: bench_hang's results on this
+    tree and the one before ({"after": ..., "before": ...}), where run."""
     hang, torch = result["analyze_hang"], result["torch_fr_trace"]
     sql, duck = result["sql_select1"], result["import_duckdb_pyarrow"]
     floor = result["import_numpy_pyarrow"]
@@ -156,6 +207,7 @@ def section(result: dict[str, object], commit: str, date: str) -> Section:
             date,
         ),
     ]
+    figures += _scale_figures(scale or {}, commit, date)
     return Section(
         title=TITLE,
         compares="faultlens' whole processes beside what a user would run instead, alternated "
@@ -166,6 +218,7 @@ def section(result: dict[str, object], commit: str, date: str) -> Section:
         commands=(
             "PYTHONPATH=. python -m bench.bench_small_start --runs 5 --before DIR  "
             "# DIR: git archive BASE | tar -x -C DIR",
+            "PYTHONPATH=. python bench/bench_hang.py --ranks 1024 --no-ingest  # here and in DIR",
         ),
         figures=tuple(figures),
         notes=(
@@ -198,6 +251,14 @@ def main(argv: list[str] | None = None) -> int:
         help="write the result's section into this file (docs/benchmarks.md)",
     )
     parser.add_argument("--commit", default="-", help="the commit measured, for --doc")
+    parser.add_argument(
+        "--scale",
+        nargs=2,
+        type=Path,
+        metavar=("AFTER", "BEFORE"),
+        default=None,
+        help="bench_hang's JSON lines on this tree and on --before's, for --doc",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "empty-store"
@@ -249,7 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     emit("small_start", result)
     if args.doc is not None:
         date = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
-        write_section(args.doc, section(result, args.commit, date))
+        scale = None
+        if args.scale:
+            after, before = args.scale
+            scale = {"after": _last_json(after), "before": _last_json(before)}
+        write_section(args.doc, section(result, args.commit, date, scale))
     print(json.dumps(ratios, indent=1), file=sys.stderr)
     return 0
 
