@@ -283,9 +283,12 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
     }
 
 
-# the small set is read with the compiled scanner on purpose (by default a small set skips it)
+# the small set is read with the compiled scanner and analysed by the compiled kernels on purpose
+# (by default a small set skips both)
 _WARM_RUN = """
 import sys
+from faultlens.compiled import use_compiled
+use_compiled()
 from faultlens.attribution.detectors.hang import analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
 

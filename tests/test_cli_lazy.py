@@ -31,3 +31,33 @@ def test_the_command_run_gets_its_real_parser():
     ):
         args = build_parser(argv[0], lazy=True).parse_args(argv)
         assert hasattr(args, dest) and args.func is not None
+
+
+def test_every_command_module_is_listed_from_its_source_lab_included():
+    from faultlens.controller.cli.lazy import listed_commands
+    from faultlens.controller.cli.main import COMMAND_MODULES
+
+    assert [entry for entry in COMMAND_MODULES if listed_commands(entry) is None] == []
+
+
+def test_a_command_imports_no_other_command_module():
+    import ast
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (
+        "import sys\n"
+        "from faultlens.controller.cli.main import build_parser\n"
+        "build_parser(sys.argv[1], lazy=True)\n"
+        "print(sorted(m for m in sys.modules if m.endswith('_cmds')))\n"
+    )
+    for command, module in (("sql", "store_cmds"), ("analyze-hang", "hang_cmds"),
+                            ("simulate", "sim_cmds")):
+        out = subprocess.run(
+            [sys.executable, "-c", code, command], capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONPATH": str(root)}, cwd=root, timeout=300,
+        ).stdout
+        assert [name.rsplit(".", 1)[-1] for name in ast.literal_eval(out)] == [module], out

@@ -16,7 +16,6 @@ from faultlens.collectors.artifacts.flight_recorder import DumpSet, auto_process
 from faultlens.collectors.artifacts.fr_limits import default_limits
 from faultlens.collectors.sources.pystack import ProcessStack, load_dump_dir_stacks, load_stack_dir
 from faultlens.collectors.sources.source import NodeIdentity
-from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.cli.common import CliError, add_store_arg, json_default
 from faultlens.controller.hang_dump_dir import analyze_dump_dir
 
@@ -161,6 +160,8 @@ def run_ingest(args: argparse.Namespace) -> int:
     if args.node or args.job or args.cluster:
         identity = NodeIdentity(node=args.node, cluster=args.cluster, job_id=args.job)  # type: ignore[arg-type]
     dumps = _read(args.directory, identity=identity)
+    from faultlens.collectors.store.sink import SegmentSink  # (fsspec: the ingest's only)
+
     sink = SegmentSink(args.store, flush_rows=max(dumps.table.num_rows, 1))
     try:
         sink.write("collectives", dumps.table)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 CLI_DIR = Path(__file__).resolve().parent
 # the directory faultlens.controller is installed from (controller/)
-PACKAGE_DIR = CLI_DIR.parents[1]
+PACKAGE_DIR = CLI_DIR.parent
 
 
 def _source(module: str) -> Path:
@@ -31,14 +31,34 @@ def _literal(node: ast.AST | None) -> str | None:
     return None
 
 
+def _register_source(text: str) -> str:
+    """The source of the module's top-level `def register(` alone (parsing it, not the whole
+    module, is most of a start's listing cost), else the whole text."""
+    start = text.find("\ndef register(")
+    if start < 0:
+        return text
+    lines = text[start + 1 :].split("\n")
+    end = 1
+    while end < len(lines) and (not lines[end] or lines[end][0] in " \t#)"):
+        end += 1
+    return "\n".join(lines[:end]) + "\n"
+
+
 @lru_cache(maxsize=64)
 def listed_commands(module: str) -> tuple[tuple[str, str | None], ...] | None:
     """(name, help) of each top-level subcommand the command module `module` registers; None when
     its source does not say them literally (then the module is imported to know)."""
     try:
-        tree = ast.parse(_source(module).read_text(encoding="utf-8"))
-    except (OSError, SyntaxError):
+        text = _source(module).read_text(encoding="utf-8")
+    except OSError:
         return None
+    try:
+        tree = ast.parse(_register_source(text))
+    except SyntaxError:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return None
     register = next(
         (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "register"), None
     )

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from faultlens.attribution.reading.maintenance import compact, retention
 from faultlens.attribution.reading.store import QueryError, Store
-from faultlens.collectors.store.layout import resolve_store
 from faultlens.collectors.store.schema import TABLE_NAMES
 from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit
 
@@ -87,6 +85,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
+    # (maintenance and the layout load fsspec and asyncio: imported by the commands that use them)
+    from faultlens.attribution.reading.maintenance import compact
+    from faultlens.collectors.store.layout import resolve_store
+
     location = resolve_store(args.store)
     results = compact(location, args.table or TABLE_NAMES, min_segments=args.min_segments)
     for r in results:
@@ -98,6 +100,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_retention(args: argparse.Namespace) -> int:
     if args.days < 0:
         raise CliError(f"--days must be >= 0, got {args.days}")
+    from faultlens.attribution.reading.maintenance import retention
+    from faultlens.collectors.store.layout import resolve_store
+
     results = retention(
         resolve_store(args.store), args.days, args.table or TABLE_NAMES, dry_run=args.dry_run
     )

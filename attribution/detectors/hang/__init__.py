@@ -106,7 +106,9 @@ a 4-stage pipeline, the default group alone).
 Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and
 per-(group, seq) signature extremes, in compiled hash tables filled as each slice is decoded
 (aggregate.py), pass 2 fetches the rows of the few keys that need detail. 16,384 ranks x 2,000
-entries is ~33 M rows; see bench/bench_hang.py.
+entries is ~33 M rows; see bench/bench_hang.py. Below decode.COMPILE_ROWS rows the kernels run as
+plain Python (faultlens/compiled.py) and the wait-for graph is split without scipy: a small job's
+hang is read and analysed without loading numba, scipy or pandas (bench/bench_small_start.py).
 
 from __future__ import annotations
 

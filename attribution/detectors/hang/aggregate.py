@@ -13,9 +13,10 @@ from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
+from faultlens.attribution.detectors.hang.columns import int_array
 from faultlens.attribution.detectors.hang.decode import key_parts
+from faultlens.compiled import kernel
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 _INT_MIN = np.iinfo(np.int64).min
@@ -23,7 +24,7 @@ _INT_MAX = np.iinfo(np.int64).max
 _UINT_MAX = np.iinfo(np.uint64).max
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _find(keys, used, shift, key):
     """The slot holding `key`, else the free slot where it goes (linear probing; the table is at
     most half full).
@@ -37,7 +38,7 @@ def _find(keys, used, shift, key):
     return slot
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _rehash(keys, used, new_keys, new_used, new_shift):
     """Every used slot's key into the new (empty, larger) table; returns old slot -> new slot (-1:
     unused).
@@ -89,7 +90,7 @@ class _KeyTable:
         return self.order[:self.count]
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _add_progress(
     keys,
     used,
@@ -234,23 +235,24 @@ class ProgressTable:
         desc = v["d_min"][slots]
         has_inc = inc_min <= inc_max  # both set together
         return pa.table({
-            "g": v["group"][slots], "r": v["rank"][slots], "s_max_max": v["s_max"][slots],
-            "s_incomplete_min_min": pa.array(inc_min, mask=~has_inc),
-            "s_incomplete_max_max": pa.array(inc_max, mask=~has_inc),
-            "s_started_max_max": pa.array(started, mask=started == _INT_MIN),
-            "s_complete_max_max": pa.array(done, mask=done == _INT_MIN),
-            "d_min_min": pa.array(desc, mask=desc == np.iinfo(np.int32).max)})
+            "g": int_array(v["group"][slots]), "r": int_array(v["rank"][slots]),
+            "s_max_max": int_array(v["s_max"][slots]),
+            "s_incomplete_min_min": int_array(inc_min, ~has_inc),
+            "s_incomplete_max_max": int_array(inc_max, ~has_inc),
+            "s_started_max_max": int_array(started, started == _INT_MIN),
+            "s_complete_max_max": int_array(done, done == _INT_MIN),
+            "d_min_min": int_array(desc, desc == np.iinfo(np.int32).max)})
 
     def seen(self) -> pa.Table:
         """The (group, rank) pairs with other named rows: g, r, d_min_min."""
         slots = self.others.slots()
         v = self.others.values
         desc = v["d_min"][slots]
-        return pa.table({"g": v["group"][slots], "r": v["rank"][slots],
-                         "d_min_min": pa.array(desc, mask=desc == np.iinfo(np.int32).max)})
+        return pa.table({"g": int_array(v["group"][slots]), "r": int_array(v["rank"][slots]),
+                         "d_min_min": int_array(desc, desc == np.iinfo(np.int32).max)})
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _find_row(table, used, shift, key):
     """_find on a table whose rows are (key, ...)."""
     mask = table.shape[0] - 1
@@ -262,7 +264,7 @@ def _find_row(table, used, shift, key):
     return slot
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _add_signatures(table, used, order, count, limit, shift, rows, group, seq, sig, start):
     """Rows rows[start:] (collective entries) into a (key, lowest, highest signature) table, as
     _add_progress.
@@ -291,7 +293,7 @@ def _add_signatures(table, used, order, count, limit, shift, rows, group, seq, s
     return rows.shape[0], count
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _merge_signatures(table, used, order, count, limit, shift, source, slots, start):
     """The rows source[slots[start:]] of another such table into this one, in that order, as
     _add_signatures.
@@ -319,7 +321,7 @@ def _merge_signatures(table, used, order, count, limit, shift, source, slots, st
     return slots.shape[0], count
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _first_differing(table, order, count, at_most):
     """The keys of the first `at_most` used slots (insertion order) whose lowest and highest
     signatures differ.

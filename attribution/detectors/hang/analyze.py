@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.aggregate import SignatureTable
-from faultlens.attribution.detectors.hang.columns import LazyColumn
-from faultlens.attribution.detectors.hang.decode import SliceDecoder
+from faultlens.attribution.detectors.hang.columns import LazyColumn, filled_values
+from faultlens.attribution.detectors.hang.decode import COMPILE_ROWS, SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
 from faultlens.attribution.detectors.hang.details import (
     KeyDetails,
@@ -35,6 +35,7 @@ from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
 from faultlens.attribution.detectors.hang.stream import PassOneStream
 from faultlens.attribution.detectors.hang.waits import settle_missing
+from faultlens.compiled import compile_above
 
 MAX_MISMATCH_KEYS = 256  # (group, seq) keys of mismatching signatures examined in detail
 
@@ -70,6 +71,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         return report_empty(expected_ranks)
     if stacks is None:
         stacks = stacks_from_metadata(table)
+    compile_above(table.num_rows, COMPILE_ROWS)
     decoder = SliceDecoder(table)
     taken = first_pass.take(table) if first_pass is not None else None
     if taken is not None:
@@ -137,8 +139,8 @@ def _membership(first: PassOne, agg: pa.Table, decoder: SliceDecoder,
     group_descs: dict[int, str | None] = {}
     seen: dict[int, set[int]] = defaultdict(set)
     for keys in (seen_table, agg):
-        groups_col, ranks_col = keys.column("g").to_numpy(), keys.column("r").to_numpy()
-        descs_col = keys.column("d_min_min").fill_null(-1).to_numpy()
+        groups_col, ranks_col = filled_values(keys.column("g")), filled_values(keys.column("r"))
+        descs_col = filled_values(keys.column("d_min_min"), -1)
         for g, mine in rows_by_value(groups_col):
             seen[int(g)].update(ranks_col[mine].tolist())
             d = descs_col[mine].max()
@@ -181,16 +183,16 @@ _Progress = dict[int, dict[int, tuple[int, int, int, bool]]]
 def _progress(agg: pa.Table) -> _Progress:
     """group -> rank -> (last entered, last completed, last started, has an incomplete entry)."""
     big = np.iinfo(np.int64).max
-    e_arr = agg.column("s_max_max").to_numpy()
-    first_inc = agg.column("s_incomplete_min_min").fill_null(big).to_numpy()
-    last_inc = agg.column("s_incomplete_max_max").fill_null(-1).to_numpy()
-    last_done = agg.column("s_complete_max_max").fill_null(-1).to_numpy()
+    e_arr = filled_values(agg.column("s_max_max"))
+    first_inc = filled_values(agg.column("s_incomplete_min_min"), big)
+    last_inc = filled_values(agg.column("s_incomplete_max_max"), -1)
+    last_done = filled_values(agg.column("s_complete_max_max"), -1)
     # collectives of one group complete in order: a completed entry means every earlier one
     # completed too (gloo leaves some entries unretired that did complete, e.g. an async all_reduce
     # right after a send)
     c_arr = np.maximum(np.where(first_inc == big, e_arr, first_inc - 1), last_done)
     has_inc = last_inc > last_done
-    s_arr = np.maximum(agg.column("s_started_max_max").fill_null(-1).to_numpy(), last_done)
+    s_arr = np.maximum(filled_values(agg.column("s_started_max_max"), -1), last_done)
     progress: _Progress = defaultdict(dict)
     for g, r, e, c, st, inc in zip(
         agg.column("g").to_pylist(),

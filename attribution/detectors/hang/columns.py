@@ -20,8 +20,15 @@ def primitive_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
     its validity (None where it has no null): no copy, no fill (Arrow's fill_null copies the whole
     array)."""
     buffers = array.buffers()
-    plain = pa.Array.from_buffers(array.type, len(array), [None, buffers[1]], offset=array.offset)
-    values = plain.to_numpy(zero_copy_only=True)
+    if pa.types.is_boolean(array.type):
+        bits = np.frombuffer(buffers[1], np.uint8)
+        count = array.offset + len(array)
+        values = np.unpackbits(bits, bitorder="little", count=count)[array.offset :].view(bool)
+    else:  # the buffer itself (Array.to_numpy imports pandas, 0.15-0.6 s, on its first call)
+        dtype = np.dtype(np.int64) if pa.types.is_timestamp(array.type) else np.dtype(
+            array.type.to_pandas_dtype()
+        )
+        values = np.frombuffer(buffers[1], dtype, count=array.offset + len(array))[array.offset :]
     if not array.null_count:
         return values, None
     bits = np.frombuffer(buffers[0], np.uint8)
@@ -29,6 +36,52 @@ def primitive_values(array: pa.Array) -> tuple[np.ndarray, np.ndarray | None]:
         array.offset :
     ].view(bool)
     return values, valid
+
+
+def validity(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Where a column is not null, from its validity bitmap (Array.is_null().to_numpy() imports
+    pandas)."""
+    array = single_chunk(column)
+    if array.null_count == 0:
+        return np.ones(len(array), bool)
+    bits = np.frombuffer(array.buffers()[0], np.uint8)
+    count = array.offset + len(array)
+    return np.unpackbits(bits, bitorder="little", count=count)[array.offset :].view(bool)
+
+
+def filled_values(column: pa.ChunkedArray | pa.Array, fill: int | None = None) -> np.ndarray:
+    """An integer column's values in its own width, nulls as `fill`: `fill_null(fill).to_numpy()`
+    without pyarrow's pandas path (fill None: a column with nulls goes through to_numpy)."""
+    array = single_chunk(column)
+    plain = pa.types.is_integer(array.type) and (len(array) == 0 or array.buffers()[1] is not None)
+    if not plain:  # (an all-null array may have no data buffer)
+        return (array.fill_null(fill) if fill is not None else array).to_numpy(
+            zero_copy_only=False
+        )
+    if len(array) == 0:
+        return np.empty(0, array.type.to_pandas_dtype())
+    values, valid = primitive_values(array)
+    if valid is None:
+        return values
+    if fill is None:
+        return array.to_numpy(zero_copy_only=False)
+    return np.where(valid, values, values.dtype.type(fill))
+
+
+def int_array(values: np.ndarray, null: np.ndarray | None = None) -> pa.Array:
+    """A NumPy integer array as an Arrow array of its width, null where `null` is True, on its
+    buffers (pa.array and pa.table of NumPy arrays import pandas)."""
+    values = np.ascontiguousarray(values)
+    nulls = int(np.count_nonzero(null)) if null is not None else 0
+    bitmap = None
+    if nulls:
+        bitmap = pa.py_buffer(np.packbits(~np.asarray(null, bool), bitorder="little"))
+    return pa.Array.from_buffers(
+        pa.from_numpy_dtype(values.dtype),
+        values.shape[0],
+        [bitmap, pa.py_buffer(values)],
+        null_count=nulls,
+    )
 
 
 def valid_rows(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -84,6 +137,12 @@ def code_column(array: pa.Array) -> np.ndarray:
     return values if valid is None else np.where(valid, values, np.int32(-1))
 
 
+def row_indices(rows: np.ndarray) -> pa.Array:
+    """Row numbers as an Arrow int64 array for take(), on their buffer (pa.array imports pandas)."""
+    rows = np.ascontiguousarray(rows, np.int64)
+    return pa.Array.from_buffers(pa.int64(), rows.shape[0], [None, pa.py_buffer(rows)])
+
+
 def take_rows(data: pa.Table | pa.ChunkedArray, rows: np.ndarray) -> pa.Table | pa.ChunkedArray:
     """data.take(rows), chunk by chunk: Arrow's take of a chunked column concatenates every chunk
     first (a copy of the whole column: ~0.5 s for a list column of 8 M rows, for any number of rows
@@ -92,14 +151,14 @@ def take_rows(data: pa.Table | pa.ChunkedArray, rows: np.ndarray) -> pa.Table | 
     column = data.column(0) if isinstance(data, pa.Table) and data.num_columns else data
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     if len(chunks) <= 1 or rows.shape[0] == 0:
-        return data.take(pa.array(rows))
+        return data.take(row_indices(rows))
     order = np.argsort(rows, kind="stable")
     ordered = rows[order]
     offsets = np.cumsum([0] + [len(c) for c in chunks])
     which = np.searchsorted(offsets, ordered, side="right") - 1
     bounds = np.searchsorted(which, np.arange(len(chunks) + 1))
     pieces = [data.slice(int(offsets[c]), int(offsets[c + 1] - offsets[c])).take(
-        pa.array(ordered[bounds[c]:bounds[c + 1]] - offsets[c])) for c in range(len(chunks))
+        row_indices(ordered[bounds[c]:bounds[c + 1]] - offsets[c])) for c in range(len(chunks))
         if bounds[c + 1] > bounds[c]]
     taken = pa.concat_tables(pieces) if isinstance(data, pa.Table) else pa.chunked_array(
         [chunk for piece in pieces for chunk in piece.chunks], type=data.type)
@@ -107,7 +166,7 @@ def take_rows(data: pa.Table | pa.ChunkedArray, rows: np.ndarray) -> pa.Table | 
         return taken
     inverse = np.empty_like(order)
     inverse[order] = np.arange(order.shape[0])
-    return taken.take(pa.array(inverse))
+    return taken.take(row_indices(inverse))
 
 
 class LazyColumn:
@@ -127,7 +186,9 @@ class LazyColumn:
 def bool_column(column: pa.ChunkedArray | None, n: int) -> np.ndarray:
     if column is None:
         return np.zeros(n, bool)
-    filled = column.fill_null(False) if column.null_count else column
-    return filled.to_numpy(zero_copy_only=False).astype(bool, copy=False)
+    array = single_chunk(column)
+    values, valid = primitive_values(array)
+    values = values.astype(bool, copy=False)
+    return values if valid is None else values & valid
 
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.hang import kernels
 from faultlens.attribution.detectors.hang.columns import (
@@ -21,12 +20,16 @@ from faultlens.attribution.detectors.hang.columns import (
 )
 from faultlens.attribution.detectors.hang.kernels import group_codes, remap_codes
 from faultlens.attribution.detectors.hang.report import P2P_OP
+from faultlens.compiled import compile_above
 
 # --------------------------------------------------------------------------------------------------
 # analysis
 
 
 SLICE_ROWS = 1 << 22  # rows decoded at a time: bounds the analysis' own memory on 33 M-row sets
+#: tables of fewer rows are analysed by the kernels' plain-Python form (faultlens/compiled.py):
+#: importing numba and loading the kernels costs more than their whole work there
+COMPILE_ROWS = 20_000
 _NO_MASK = np.empty(0, bool)  # remap_codes: every value valid
 _SHIFT = 40  # (group, seq) -> group << 40 | seq: sequence ids stay below 2^40
 
@@ -73,7 +76,7 @@ class _GlobalCodes:
         pieces = []
         for chunk in column.chunks:
             if not pa.types.is_dictionary(chunk.type):
-                chunk = pc.dictionary_encode(chunk)
+                chunk = chunk.dictionary_encode()
             values, valid = primitive_values(chunk.indices)
             codes, bad = remap_codes(
                 values, _NO_MASK if valid is None else valid, self._remap(chunk.dictionary)[:-1]
@@ -181,6 +184,7 @@ class SliceDecoder:
         elsewhere) decoded.
         """
         n = part.num_rows
+        compile_above(max(start, 0) + n, COMPILE_ROWS)  # plain Python below: numba not loaded
         rank = code_column(single_chunk(part.column("rank")))  # -1 where null
         name_codes = self.names.codes(self.column(part, "pg_name"), n)
         id_codes = self.ids.codes(self.column(part, "pg_id"), n)

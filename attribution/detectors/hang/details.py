@@ -9,7 +9,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from faultlens.attribution.detectors.hang.columns import LazyColumn, int_column, take_rows
+from faultlens.attribution.detectors.hang.columns import (
+    LazyColumn,
+    filled_values,
+    int_column,
+    row_indices,
+    take_rows,
+)
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder
 from faultlens.attribution.detectors.hang.graph import (
     BIG,
@@ -136,7 +142,7 @@ class KeyDetails:
         ]
         small = table.select(needed)
         taken = take_rows(small, all_rows) if all_rows.shape[0] else small.slice(0, 0)
-        self.rank = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
+        self.rank = filled_values(taken.column("rank"), -1).astype(np.int64)
         self.time, self.time_valid = times.at(all_rows)
         n = taken.num_rows
         self.op = decoder.ops.codes(taken.column("op") if "op" in taken.column_names else None, n)
@@ -174,7 +180,7 @@ def key_mismatch(analysis: Analysis, details: KeyDetails, g: int, s: int) -> Mis
     pos = details.positions(g, s)
     if pos.shape[0] == 0:
         return None
-    taken = details.taken.take(pa.array(pos))
+    taken = details.taken.take(row_indices(pos))
     ops = details.decoder.ops.values
     op_codes = details.op[pos]
     local = np.arange(taken.num_rows, dtype=np.int64)
@@ -235,7 +241,7 @@ def signatures_of_keys(decoder: SliceDecoder, table: pa.Table,
     size_sig, dtype_sig = io_signatures(
         decoder.ops.values, ops, signature_columns(taken), np.arange(n, dtype=np.int64)
     )
-    ranks = taken.column("rank").fill_null(-1).to_numpy().astype(np.int64)
+    ranks = filled_values(taken.column("rank"), -1).astype(np.int64)
     by_key: dict[tuple[int, int], dict[int, Signature]] = {}
     i = 0
     for key in keys:

@@ -141,7 +141,14 @@ def ranks_text(ranks: Sequence[int], limit: int = 12) -> str:
     return ", ".join(map(str, ranks[:limit])) + f", ... ({len(ranks)} ranks)"
 
 
+#: graphs of fewer nodes and edges are split by plain Python (scipy's import costs more there)
+PLAIN_SCC_SIZE = 20_000
+
+
 def strongly_connected(n_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """A label per node, equal for the nodes of one strongly-connected component."""
+    if n_nodes + src.shape[0] < PLAIN_SCC_SIZE:
+        return _strongly_connected_plain(n_nodes, src.tolist(), dst.tolist())
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -150,3 +157,52 @@ def strongly_connected(n_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.nda
     return labels
 
 
+
+
+def _strongly_connected_plain(n_nodes: int, src: list[int], dst: list[int]) -> np.ndarray:
+    """Tarjan's algorithm without recursion: the components strongly_connected gives, labelled in
+    another order (labels are compared, never ordered)."""
+    out_edges: list[list[int]] = [[] for _ in range(n_nodes)]
+    for a, b in zip(src, dst, strict=True):
+        out_edges[a].append(b)
+    index = [-1] * n_nodes
+    low = [0] * n_nodes
+    on_stack = [False] * n_nodes
+    labels = np.full(n_nodes, -1, np.int32)
+    stack: list[int] = []
+    counter = 0
+    label = 0
+    for root in range(n_nodes):
+        if index[root] >= 0:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, at = work.pop()
+            if at == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack[node] = True
+            edges = out_edges[node]
+            while at < len(edges):
+                nxt = edges[at]
+                at += 1
+                if index[nxt] < 0:
+                    work.append((node, at))
+                    work.append((nxt, 0))
+                    break
+                if on_stack[nxt]:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                if low[node] == index[node]:
+                    while True:
+                        member = stack.pop()
+                        on_stack[member] = False
+                        labels[member] = label
+                        if member == node:
+                            break
+                    label += 1
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+    return labels

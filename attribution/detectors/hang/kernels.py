@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from numba import njit
+
+from faultlens.attribution.detectors.hang.columns import filled_values, validity
+from faultlens.compiled import kernel
 
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 _SEED = np.uint64(0x243F6A8885A308D3)
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _mix(h, v):
     h ^= np.uint64(v) + np.uint64(0x9E3779B97F4A7C15) + (h << np.uint64(6)) + (h >> np.uint64(2))
     h *= np.uint64(0xBF58476D1CE4E5B9)
@@ -25,7 +26,7 @@ def _mix(h, v):
     return h
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _nested_hash(rows, valid, outer, inner, values):
     out = np.zeros(rows.shape[0], np.uint64)
     for i in range(rows.shape[0]):
@@ -46,7 +47,7 @@ def _nested_hash(rows, valid, outer, inner, values):
     return out
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _flat_hash(rows, valid, offsets, codes):
     out = np.zeros(rows.shape[0], np.uint64)
     for i in range(rows.shape[0]):
@@ -73,29 +74,21 @@ def _single(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     return column
 
 
-def _validity(array: pa.Array) -> np.ndarray:
-    if array.null_count == 0:
-        return np.ones(len(array), bool)
-    return ~array.is_null().to_numpy(zero_copy_only=False)
-
-
 def _filled(array: pa.Array, fill: int) -> np.ndarray:
     """An integer array's values with nulls as `fill` (zero-copy where it has none: the children of
     a slice's list columns hold millions of values)."""
-    if array.null_count:
-        array = array.fill_null(fill)
-    return array.to_numpy(zero_copy_only=False)
+    return filled_values(array, fill)
 
 
 def _list_of_lists_hash(array: pa.Array, rows: np.ndarray) -> np.ndarray:
     inner = array.values
     values = _filled(inner.values, -1).astype(np.int64, copy=False)
     return _nested_hash(
-        rows, _validity(array), array.offsets.to_numpy(), inner.offsets.to_numpy(), values
+        rows, validity(array), filled_values(array.offsets), filled_values(inner.offsets), values
     )
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _take_signatures(values_sig, indices, rows):
     """values_sig[indices[row]] for each row (0 where the index is null: -1)."""
     out = np.zeros(rows.shape[0], np.uint64)
@@ -148,11 +141,11 @@ def _string_lists_hash(array: pa.Array, rows: np.ndarray) -> np.ndarray:
     if pa.types.is_dictionary(child.type):
         codes = _filled(child.indices, -1)
     else:
-        codes = _filled(pc.dictionary_encode(child).indices, -1)
-    return _flat_hash(rows, _validity(array), array.offsets.to_numpy(), codes)
+        codes = _filled(child.dictionary_encode().indices, -1)
+    return _flat_hash(rows, validity(array), filled_values(array.offsets), codes)
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def combine_signatures(a, b, c):
     """One uint64 per row from three (op, sizes, dtypes), for a single group-by."""
     out = np.empty(a.shape[0], np.uint64)
@@ -161,7 +154,7 @@ def combine_signatures(a, b, c):
     return out
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def remap_codes(values, valid, table):
     """table[values] as int32, -1 where not valid (an empty `valid`: all are) or out of the table;
     returns (codes, count of values out of it)."""
@@ -181,7 +174,7 @@ def remap_codes(values, valid, table):
     return out, bad
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def group_codes(name_codes, id_codes, name_group, name_empty, id_group, is_entry):
     """Each row's group: by its name, else (no name) by its local pg id; -1 for a status row (not an
     entry) whose name is missing or empty (it names no group). Codes -1 (null) index nothing."""
@@ -198,7 +191,7 @@ def group_codes(name_codes, id_codes, name_group, name_empty, id_group, is_entry
     return out
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def member_of(values, wanted):
     """values[i] in wanted (int64, distinct) for each i, through an open-addressing set of the
     wanted values.

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from faultlens.attribution.detectors.hang.columns import LazyColumn, take_rows
+from faultlens.attribution.detectors.hang.columns import LazyColumn, filled_values, take_rows
 from faultlens.attribution.detectors.hang.decode import (
     SliceDecoder,
     key_codes,
@@ -174,7 +174,7 @@ class Lookups:
         if not rows_of:
             return
         all_rows = np.concatenate(list(rows_of.values()))
-        ranks = take_rows(self.decoder.table.column("rank"), all_rows).to_numpy()
+        ranks = filled_values(take_rows(self.decoder.table.column("rank"), all_rows))
         records, _ = LazyColumn(self.decoder.table, "record_id").at(all_rows)
         i = 0
         for key, rows in rows_of.items():

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.aggregate import ProgressTable, SignatureTable
-from faultlens.attribution.detectors.hang.columns import take_rows, valid_rows
+from faultlens.attribution.detectors.hang.columns import take_rows, valid_rows, validity
 from faultlens.attribution.detectors.hang.decode import DecodedSlice, SliceDecoder, present_codes
 from faultlens.attribution.detectors.hang.details import signature_columns, slice_signatures
 from faultlens.attribution.detectors.hang.report import SIGNATURE_COLUMNS
@@ -76,7 +76,7 @@ def _add_configured(out: PassOne, part: DecodedSlice,
                     pg_ranks: pa.ChunkedArray | pa.Array) -> None:
     """Membership from the rows of a slice that carry pg_ranks (a group's config), by their
     group."""
-    rows = np.nonzero(~pg_ranks.is_null().to_numpy(zero_copy_only=False) & (part.group >= 0))[0]
+    rows = np.nonzero(validity(pg_ranks) & (part.group >= 0))[0]
     if rows.shape[0]:
         for row, value in zip(rows, take_rows(pg_ranks, rows).to_pylist(), strict=True):
             if value:

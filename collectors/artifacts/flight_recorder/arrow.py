@@ -16,6 +16,69 @@ _MAX_VOCABULARIES = 4096
 _MAX_CACHED_VOCABULARY = 256  # longer vocabularies (frames) are remapped each time, not kept
 
 
+def _numpy_dtype(type_: pa.DataType) -> np.dtype:
+    if pa.types.is_timestamp(type_):
+        return np.dtype(np.int64)
+    if pa.types.is_floating(type_):
+        return np.dtype(f"float{type_.bit_width}")
+    if pa.types.is_integer(type_):
+        kind = "int" if pa.types.is_signed_integer(type_) else "uint"
+        return np.dtype(f"{kind}{type_.bit_width}")
+    raise TypeError(f"no NumPy form for {type_}")
+
+
+def numeric_array(values: np.ndarray, type_: pa.DataType, null: np.ndarray | None = None
+                  ) -> pa.Array:
+    """A 1-D NumPy array as an Arrow array of `type_` (boolean, integer, floating or timestamp),
+    null where `null` is True, built on its buffers: `pa.array` imports pandas (0.15-0.6 s) on its
+    first NumPy or list input, `Array.from_buffers` does not. Integers that do not fit `type_` are
+    an ArrowInvalid, as pa.array's safe cast gives."""
+    values = np.asarray(values)
+    n = values.shape[0]
+    validity, nulls = None, 0
+    if null is not None:
+        nulls = int(np.count_nonzero(null))
+        if nulls:
+            validity = pa.py_buffer(np.packbits(~np.asarray(null, bool), bitorder="little"))
+    if pa.types.is_boolean(type_):
+        data = pa.py_buffer(np.packbits(values.astype(bool, copy=False), bitorder="little"))
+        return pa.Array.from_buffers(type_, n, [validity, data], null_count=nulls)
+    dtype = _numpy_dtype(type_)
+    if values.dtype != dtype:
+        if n and dtype.kind in "iu" and values.dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            low, high = int(values.min()), int(values.max())
+            if low < info.min or high > info.max:
+                raise pa.ArrowInvalid(f"integer value out of range for {type_}")
+        values = values.astype(dtype)
+    data = pa.py_buffer(np.ascontiguousarray(values))
+    return pa.Array.from_buffers(type_, n, [validity, data], null_count=nulls)
+
+
+def string_array(values: Sequence[str]) -> pa.Array:
+    """Python strings as an Arrow string array, on its buffers (no pandas; see numeric_array)."""
+    try:
+        encoded = [value.encode("utf-8") for value in values]
+    except (UnicodeEncodeError, AttributeError):  # what pa.array says of them
+        return pa.array(values, type=pa.string())
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    if offsets[-1] >= 1 << 31:
+        return pa.array(values, type=pa.string())
+    data = pa.py_buffer(b"".join(encoded))
+    return pa.Array.from_buffers(
+        pa.string(), len(encoded), [None, pa.py_buffer(offsets.astype(np.int32)), data]
+    )
+
+
+def coded_array(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
+    """int32 codes (-1: null) over `dictionary`, the indices unchecked (no pandas; see
+    numeric_array)."""
+    codes = np.ascontiguousarray(codes, np.int32)
+    indices = numeric_array(codes, pa.int32(), codes < 0)
+    return pa.DictionaryArray.from_arrays(indices, dictionary, safe=False)
+
+
 class SetStrings:
     """One set-wide dictionary for a string column."""
 
@@ -68,14 +131,13 @@ class SetStrings:
     def dictionary(self) -> pa.Array:
         """The values so far as an Arrow array (kept until a value is added: values only grow)."""
         if self._dictionary is None or len(self._dictionary) != len(self.values):
-            self._dictionary = pa.array(self.values, type=pa.string())
+            self._dictionary = string_array(self.values)
         return self._dictionary
 
     def array(self, codes: np.ndarray, dictionary: bool) -> pa.Array:
         """int32 codes (-1: null; all below len(values), as remap gives them) as a dictionary array
         over the values so far (the indices unchecked and uncopied), or as plain strings."""
-        codes = np.ascontiguousarray(codes, np.int32)
-        arr = pa.DictionaryArray.from_arrays(codes, self.dictionary(), from_pandas=True, safe=False)
+        arr = coded_array(codes, self.dictionary())
         return arr if dictionary else arr.cast(pa.string())
 
 
@@ -128,8 +190,8 @@ def list_from_counts(counts: np.ndarray, values: pa.Array) -> pa.Array:
     np.maximum(counts, 0, out=positive)
     np.cumsum(positive, out=offsets[1:])
     null = np.less(counts, 0, out=mapped_empty(counts.shape[0], bool))
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values,
-                                    mask=pa.array(null) if null.any() else None)
+    return pa.ListArray.from_arrays(numeric_array(offsets, pa.int32()), values,
+                                    mask=numeric_array(null, pa.bool_()) if null.any() else None)
 
 
 def sparse_lists(total: int, rows: list[int], values: list[tuple[int, ...]]) -> pa.Array:
@@ -153,7 +215,7 @@ def sparse_lists(total: int, rows: list[int], values: list[tuple[int, ...]]) -> 
         total,
         [validity, pa.py_buffer(offsets)],
         null_count=nulls,
-        children=[pa.array(items, pa.int32())],
+        children=[numeric_array(items, pa.int32())],
     )
 
 
@@ -173,7 +235,5 @@ def repeat_strings(runs: list[tuple[int, str | None]], total: int, dictionary: b
                 values.append(value)
         codes[pos:pos + count] = code
         pos += count
-    arr = pa.DictionaryArray.from_arrays(
-        pa.array(codes, pa.int32(), mask=codes < 0), pa.array(values, pa.string())
-    )
+    arr = coded_array(codes, string_array(values))
     return arr if dictionary else arr.cast(pa.string())

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from faultlens.collectors.artifacts.flight_recorder.arrow import (
     SetStrings,
+    numeric_array,
     remapped_to_set,
     repeat_strings,
     sparse_lists,
@@ -363,7 +364,7 @@ class Assembly:
             if name in self.columns and name != "node" and value is not None:
                 if name == "attempt":
                     columns[name] = pa.chunked_array(
-                        [pa.array(mapped_full(self.rows, int(value), np.int32))]
+                        [numeric_array(mapped_full(self.rows, int(value), np.int32), pa.int32())]
                     )
                 else:
                     columns[name] = pa.chunked_array(

@@ -11,7 +11,11 @@ from types import ModuleType
 import numpy as np
 import pyarrow as pa
 
-from faultlens.collectors.artifacts.flight_recorder.arrow import SetStrings, list_from_counts
+from faultlens.collectors.artifacts.flight_recorder.arrow import (
+    SetStrings,
+    list_from_counts,
+    numeric_array,
+)
 from faultlens.collectors.artifacts.flight_recorder.memory import mapped_empty
 from faultlens.collectors.artifacts.flight_recorder.model import (
     INT_COLUMNS,
@@ -214,21 +218,21 @@ class ChunkBuffers:
             self._status_descs(values["pg_desc"], values["pg_name"], strings, group_desc)
         cols: dict[str, pa.Array] = {}
         if "rank" in values:
-            cols["rank"] = pa.array(values["rank"], pa.int32())
+            cols["rank"] = numeric_array(values["rank"], pa.int32())
         for name in self.codes:
             if name in self.wanted:
                 cols[name] = strings[name].array(values[name], True)
         for name in self.ints:
-            arr = pa.array(values[name], pa.int64(), mask=~valid[name])
+            arr = numeric_array(values[name], pa.int64(), ~valid[name])
             if name in TIME_COLUMNS:
                 arr = arr.cast(pa.timestamp("ns", tz="UTC"))
             if name in self.wanted:
                 cols[name] = arr
             if name == "time_created" and "ts" in self.wanted:
-                cols["ts"] = pa.array(values["ts"], pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
+                cols["ts"] = numeric_array(values["ts"], pa.timestamp("ns", tz="UTC"))
         for name in self.flags:
             flags = values[name]
-            cols[name] = pa.array(flags == 1, pa.bool_(), mask=flags < 0)
+            cols[name] = numeric_array(flags == 1, pa.bool_(), flags < 0)
         for name in self.coded_lists:
             if vocabularies is None or name not in vocabularies:
                 raise ValueError(f"{name} kept as codes: the set's dictionary of its values is "
@@ -256,7 +260,9 @@ class ChunkBuffers:
             dims = _joined(items, np.int64)
             inner_offsets = mapped_empty(ndims.shape[0] + 1, np.int32)
             np.cumsum(ndims, out=inner_offsets[1:])
-            values = pa.ListArray.from_arrays(pa.array(inner_offsets), pa.array(dims, pa.int64()))
+            values = pa.ListArray.from_arrays(
+                numeric_array(inner_offsets, pa.int32()), numeric_array(dims, pa.int64())
+            )
         else:
             values = strings[name].array(_joined(items, np.int32), True)
         return list_from_counts(counts, values)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from faultlens.collectors.artifacts.flight_recorder.fastpath import dump_fast
 from faultlens.collectors.artifacts.flight_recorder.model import (
     DEFAULT_MAX_FRAMES,
     JSON_SUFFIXES,
@@ -216,7 +215,11 @@ def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> Dump:
 
 def _pickle_dump(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool,
                  limits: DumpLimits) -> Dump:
-    dump = dump_fast(buf, path, max_frames, limits) if fast_path else None
+    dump = None
+    if fast_path:  # the compiled scanner (numba) loaded for the sets it reads only
+        from faultlens.collectors.artifacts.flight_recorder.fastpath import dump_fast
+
+        dump = dump_fast(buf, path, max_frames, limits)
     if dump is None:
         try:
             obj = safe_loads(buf.tobytes(), source=str(path), limits=limits)

@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from numba import njit
 
-from faultlens.collectors.artifacts.flight_recorder.arrow import SetStrings
+from faultlens.collectors.artifacts.flight_recorder.arrow import (
+    SetStrings,
+    coded_array,
+    numeric_array,
+)
+from faultlens.compiled import kernel, use_compiled
 
 _EMPTY = -1
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _mix(h: np.uint64, v: int) -> np.uint64:
     h ^= np.uint64(v) + np.uint64(0x9E3779B97F4A7C15) + (h << np.uint64(6)) + (h >> np.uint64(2))
     h *= np.uint64(0xBF58476D1CE4E5B9)
@@ -35,7 +38,7 @@ def _mix(h: np.uint64, v: int) -> np.uint64:
     return h
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _codes(counts, ndims, dims, out, slots, code_hash, code_tensor, tensor_dim, stored_dims, state):
     """out[i] = the code of entry i's value (-1 where null: a negative count), new values added. An
     entry's value is its shapes: ndims[t:t + count] dims each, from dims[d:] end to end (indices,
@@ -116,7 +119,7 @@ def _codes(counts, ndims, dims, out, slots, code_hash, code_tensor, tensor_dim, 
     return True
 
 
-@njit(cache=True, nogil=True)
+@kernel(cache=True, nogil=True)
 def _rehash(slots, code_hash, codes):
     mask = slots.shape[0] - 1
     for code in range(codes):
@@ -130,9 +133,7 @@ def _coded(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
     """int32 codes (-1: null) over `dictionary`, the indices unchecked and uncopied (they came from
     it).
     """
-    return pa.DictionaryArray.from_arrays(
-        np.ascontiguousarray(codes, np.int32), dictionary, from_pandas=True, safe=False
-    )
+    return coded_array(codes, dictionary)
 
 
 def _grown(array: np.ndarray, need: int) -> np.ndarray:
@@ -191,6 +192,7 @@ class SetShapes:
             ):
                 raise ValueError("input_sizes: the tensors' dims do not add up")
             return self._codes_python(counts, ndims, dims, out)
+        use_compiled()  # numba loaded here, for the sets the fast path reads
         self._room(counts.shape[0], ndims.shape[0], dims.shape[0])
         # (the kernel checks that the dims add up before it reads them: it indexes without bounds
         # checks)
@@ -252,11 +254,11 @@ class SetShapes:
         codes, tensors, stored = (int(v) for v in self.state)
         if self._dictionary is None or len(self._dictionary) != codes:
             inner = pa.ListArray.from_arrays(
-                pa.array(self.tensor_dim[: tensors + 1].astype(np.int32)),
-                pa.array(self.dims[:stored].copy(), pa.int64()),
+                numeric_array(self.tensor_dim[: tensors + 1], pa.int32()),
+                numeric_array(self.dims[:stored].copy(), pa.int64()),
             )
             self._dictionary = pa.ListArray.from_arrays(
-                pa.array(self.code_tensor[: codes + 1].astype(np.int32)), inner
+                numeric_array(self.code_tensor[: codes + 1], pa.int32()), inner
             )
         return self._dictionary
 
@@ -350,12 +352,10 @@ class SetStringLists:
             # each value is one shape: its names are that shape's dims (names only ever added: the
             # codes of the values so far stay good)
             offsets = self.lists.tensor_dim[:tensors + 1].astype(np.int32)
-            items = pa.DictionaryArray.from_arrays(
-                self.lists.dims[:stored].astype(np.int32),
-                self.strings.dictionary(),
-                from_pandas=True,
-            ).dictionary_decode()
-            self._dictionary = pa.ListArray.from_arrays(pa.array(offsets), items)
+            items = coded_array(self.lists.dims[:stored], self.strings.dictionary())
+            self._dictionary = pa.ListArray.from_arrays(
+                numeric_array(offsets, pa.int32()), items.dictionary_decode()
+            )
         return self._dictionary
 
     def array(self, codes: np.ndarray) -> pa.Array:
@@ -369,7 +369,7 @@ class SetStringLists:
         values = array.dictionary
         offsets = values.offsets.to_numpy()
         flat = values.values.slice(offsets[0], offsets[-1] - offsets[0])
-        encoded = pc.dictionary_encode(flat)
+        encoded = flat.dictionary_encode()
         table = self.strings.table(encoded.dictionary.to_pylist())
         items = table[encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)]
         mapping = np.append(
