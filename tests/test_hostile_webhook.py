@@ -125,18 +125,16 @@ def k8s(tmp_path, monkeypatch):
 def _captured(hook: WebhookHook, item: Decision) -> urllib.request.Request:
     """The request the real hook sends (what an attacker on the path would capture)."""
     captured: dict = {}
-    original = urllib.request.urlopen
+    original = hook.signed_request
 
-    def capture(request, timeout=None):
-        captured["request"] = request
-        return original(request, timeout=timeout)
+    def capture(decision, document):
+        captured["parts"] = original(decision, document)
+        return captured["parts"]
 
-    urllib.request.urlopen = capture
-    try:
-        hook.deliver(item, item.to_json())
-    finally:
-        urllib.request.urlopen = original
-    return captured["request"]
+    hook.signed_request = capture
+    hook.deliver(item, item.to_json())
+    body, headers = captured["parts"]
+    return urllib.request.Request(hook.url, data=body, headers=headers, method="POST")
 
 
 def _send(request: urllib.request.Request) -> tuple[int, str]:
