@@ -18,7 +18,13 @@ import pytest
 
 from faultlens.attribution.decision import DeliveryStatus
 from faultlens.controller.delivery import Deliverer
-from faultlens.controller.hooks import CommandHook, HookError, RetryPolicy, WebhookHook
+from faultlens.controller.hooks import (
+    CommandHook,
+    FileDropHook,
+    HookError,
+    RetryPolicy,
+    WebhookHook,
+)
 from faultlens.controller.hooks.command import run_bounded
 from tests.test_hooks import make_decision
 
@@ -230,7 +236,10 @@ def test_webhook_deadline_covers_the_whole_exchange(answer, error: str) -> None:
         started = time.monotonic()
         with pytest.raises(HookError, match=error):
             hook.deliver(make_decision(), make_decision().to_json())
-        assert time.monotonic() - started < 4.0  # one deadline, not one per read
+        assert time.monotonic() - started < 6.0  # one deadline, not one per read (those: 30 s+)
+        waited = time.monotonic() + 3
+        while not endpoint.received and time.monotonic() < waited:
+            time.sleep(0.05)
         assert len(endpoint.received) == 1
     finally:
         endpoint.close()
@@ -251,3 +260,17 @@ def test_webhook_200_with_a_huge_body_is_delivered_once(answer, store_dir: Path)
         assert sorted(endpoint.received) == sorted(d.decision_id for d in decisions)
     finally:
         endpoint.close()
+
+
+def test_file_drop_is_not_dropped_again_after_its_consumer_took_it(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    drop = FileDropHook(spool, name="spool")
+    applied: list[str] = []
+    decisions = [make_decision(n) for n in range(3)]
+    for _ in range(3):  # at-least-once: every decision delivered three times
+        for item in decisions:
+            drop.deliver(item, item.to_json())
+            for path in sorted(spool.glob("*.json")):  # the consumer applies and removes
+                applied.append(path.stem)
+                path.unlink()
+    assert sorted(applied) == sorted(d.decision_id for d in decisions)  # each applied once
