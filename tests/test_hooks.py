@@ -106,7 +106,7 @@ def test_file_drop_is_atomic_and_idempotent(tmp_path: Path) -> None:
     assert target.read_text() == first
     assert Decision.from_json(first) == decision
     # no temporary left
-    assert sorted(p.name for p in (tmp_path / "spool").iterdir()) == [target.name]
+    assert sorted(p.name for p in (tmp_path / "spool").iterdir() if p.is_file()) == [target.name]
 
 
 def test_file_drop_unwritable_directory_is_a_hook_error(tmp_path: Path) -> None:

@@ -125,18 +125,16 @@ def k8s(tmp_path, monkeypatch):
 def _captured(hook: WebhookHook, item: Decision) -> urllib.request.Request:
     """The request the real hook sends (what an attacker on the path would capture)."""
     captured: dict = {}
-    original = urllib.request.urlopen
+    original = hook.signed_request
 
-    def capture(request, timeout=None):
-        captured["request"] = request
-        return original(request, timeout=timeout)
+    def capture(decision, document):
+        captured["parts"] = original(decision, document)
+        return captured["parts"]
 
-    urllib.request.urlopen = capture
-    try:
-        hook.deliver(item, item.to_json())
-    finally:
-        urllib.request.urlopen = original
-    return captured["request"]
+    hook.signed_request = capture
+    hook.deliver(item, item.to_json())
+    body, headers = captured["parts"]
+    return urllib.request.Request(hook.url, data=body, headers=headers, method="POST")
 
 
 def _send(request: urllib.request.Request) -> tuple[int, str]:
@@ -288,4 +286,52 @@ def test_300_idle_connections_hold_no_thread_each(k8s):
     time.sleep(1.5)  # the idle ones time out (0.5 s per read) and the pool is free again
     item = decision(9)
     WebhookHook(url, secret=SECRET).deliver(item, item.to_json())
+    assert len(calls) == 3
+
+
+def _trickle(port: int, stop: threading.Event, every_s: float, statuses: list) -> None:
+    """A client that sends its request headers one byte at a time and never finishes."""
+    head = b"POST /faultlens/decisions HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 10_000
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    except OSError:
+        return
+    with sock:
+        for byte in head:
+            if stop.wait(every_s):
+                return
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+        with contextlib.suppress(OSError):
+            answer = sock.recv(100)
+            statuses.append(int(answer.split()[1]) if answer else None)
+
+
+@pytest.mark.parametrize("trickling", [2, 4, 12, 40])
+def test_more_trickling_clients_than_workers_cannot_starve_a_decision(k8s, trickling):
+    url, calls, _, server = k8s  # 4 workers, backlog 8, a whole request within 1.5 s
+    port = server.server_address[1]
+    stop = threading.Event()
+    statuses: list = []
+    threads = [
+        threading.Thread(target=_trickle, args=(port, stop, 0.2, statuses), daemon=True)
+        for _ in range(trickling)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # they all hold a connection now
+    item = decision(20 + trickling)
+    started = time.monotonic()
+    WebhookHook(url, secret=SECRET, timeout_s=5).deliver(item, item.to_json())
+    assert time.monotonic() - started < 3.0  # not behind the trickling clients
+    assert len(calls) == 3  # acted on once (cordon, ConfigMap, delete pods)
+    time.sleep(2.0)  # past the whole-request deadline: every trickler has been answered
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=5)
+    assert statuses and set(statuses) <= {408, 503}  # deadline passed, or dropped as oldest
+    # the same decision again (its answer lost): recognised, not acted on twice
+    WebhookHook(url, secret=SECRET, timeout_s=5).deliver(item, item.to_json())
     assert len(calls) == 3

@@ -24,10 +24,11 @@ from faultlens.collectors.store.layout import (
     COMPACTED_PREFIX,
     REPLACES_KEY,
     StoreLocation,
+    checked_segments,
     is_segment_name,
     list_partitions,
     new_segment_name,
-    replaced_by,
+    replaced_segments,
     resolve_store,
     write_segment,
     writer_is_gone,
@@ -61,7 +62,9 @@ def _partition_files(location: StoreLocation, partition: str) -> tuple[list[str]
         names = [str(p).rsplit("/", 1)[-1] for p in location.fs.ls(partition, detail=False)]
     except FileNotFoundError:
         return [], []
-    segments = sorted(f"{partition}/{n}" for n in names if is_segment_name(n))
+    segments = checked_segments(
+        location, sorted(f"{partition}/{n}" for n in names if is_segment_name(n))
+    )
     temps = [f"{partition}/{n}" for n in names if n.startswith(".") and n.endswith(".tmp")]
     return segments, temps
 
@@ -72,11 +75,7 @@ def _remove_leftovers(
     """Delete sources that an earlier compaction replaced but could not delete, and stale temp
     files.
     """
-    replaced: set[str] = set()
-    for path in segments:
-        directory, name = path.rsplit("/", 1)
-        if name.startswith(COMPACTED_PREFIX):
-            replaced.update(f"{directory}/{old}" for old in replaced_by(location, path))
+    replaced = replaced_segments(location, segments)  # only what a compacted segment really holds
     for path in replaced & set(segments):
         location.fs.rm_file(path)
     for path in stale_temps(location, temps, now):

@@ -9,13 +9,21 @@ once visible.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.collectors.store.layout import StoreLocation
-from faultlens.collectors.store.schema import METADATA_TABLE_KEY, as_ns_type, schema_for
+from faultlens.collectors.store.schema import (
+    METADATA_TABLE_KEY,
+    METADATA_VERSION_KEY,
+    as_ns_type,
+    schema_for,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,8 @@ def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | 
         return "empty file (0 bytes)"
     try:
         with location.fs.open(path, "rb") as handle:
-            schema = pq.ParquetFile(handle).schema_arrow
+            parquet = pq.ParquetFile(handle)
+            schema, footer = parquet.schema_arrow, parquet.metadata
     except FileNotFoundError:
         return None
     # ArrowInvalid (truncated, not Parquet), OSError, anything a broken footer raises
@@ -121,14 +130,68 @@ def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | 
     names = schema.names
     if "ts" not in names:
         return f"no ts column (columns: {', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
+    extra = []
     for field in schema:
         index = expected.get_field_index(field.name)
         if index < 0:
-            return f"column {field.name!r} is not in the {table} schema"
+            extra.append(field.name)  # a newer writer's column: read by name, the rest unchanged
+            continue
         want = expected.field(index).type
         if not _compatible(field.type, want):
             return f"column {field.name!r} is {field.type}, expected {want}"
+    reason = _ts_out_of_range(schema, footer)
+    if reason is not None:
+        return reason
+    version = (schema.metadata or {}).get(METADATA_VERSION_KEY)
+    if version is not None and version not in KNOWN_VERSIONS:
+        _note(
+            path,
+            f"schema_version {version.decode('utf-8', 'replace')[:20]!r} is not one this "
+            f"reader knows ({', '.join(v.decode() for v in KNOWN_VERSIONS)}): read by column "
+            "name",
+        )
+    if extra:
+        _note(path, f"column(s) {', '.join(extra[:6])} not in the {table} schema: ignored")
     return schema
+
+
+#: what schema_version values this reader knows (1: nanoseconds, 2: microseconds)
+KNOWN_VERSIONS = (b"1", b"2")
+# a datetime holds years 1..9999: in microseconds since the epoch
+_TS_MIN_US, _TS_MAX_US = -62135596800_000_000, 253402300799_999_999
+_UNIT_PER_US = {"s": 1e-6, "ms": 1e-3, "us": 1, "ns": 1000}
+_NOTED: set[tuple[str, str]] = set()
+
+
+def _note(path: str, text: str) -> None:
+    """One warning per segment and text (per process): the segment is read."""
+    if (path, text) not in _NOTED:
+        if len(_NOTED) > 10_000:
+            _NOTED.clear()
+        _NOTED.add((path, text))
+        log.warning("segment %s: %s", path, text)
+
+
+def _ts_out_of_range(schema: pa.Schema, footer: pq.FileMetaData) -> str | None:
+    """From the footer's statistics (no data read): a ts no datetime can hold (after year 9999)."""
+    kind = schema.field("ts").type
+    if not pa.types.is_timestamp(kind):
+        return None
+    per_us = _UNIT_PER_US.get(kind.unit, 1)
+    column = schema.get_field_index("ts")
+    for group in range(footer.num_row_groups):
+        try:
+            stats = footer.row_group(group).column(column).statistics
+        except (IndexError, ValueError):
+            return None
+        if stats is None or not stats.has_min_max:
+            continue
+        low, high = stats.min_raw, stats.max_raw
+        if not isinstance(low, int) or not isinstance(high, int):
+            continue
+        if low < _TS_MIN_US * per_us or high > _TS_MAX_US * per_us:
+            return f"ts out of range (raw {low}..{high} {kind.unit}; a datetime ends at year 9999)"
+    return None
 
 
 def deep_check(location: StoreLocation, table: str, path: str) -> str | None:

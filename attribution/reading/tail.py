@@ -27,8 +27,10 @@ from faultlens.collectors.store.layout import (
     COMPACTED_PREFIX,
     StoreError,
     StoreLocation,
+    checked_segments,
     is_segment_name,
     replaced_by,
+    replaced_segments,
     safe_value,
 )
 from faultlens.collectors.store.schema import SchemaError, empty_table, schema_for, validate
@@ -340,7 +342,7 @@ class PartitionListing:
             if not node_level:
                 self.nodes.add(node)
             kept.append(path)
-        return kept
+        return checked_segments(self.location, kept)
 
     def _find(self, base: str, low: str | None) -> list[str]:
         fs = self.location.fs
@@ -365,15 +367,13 @@ class PartitionListing:
             fs.dircache[directory] = sorted(listing, key=lambda entry: entry["name"])
 
     def _drop_replaced(self, segments: list[str]) -> list[str]:
-        replaced: set[str] = set()
-        for path in segments:
-            directory, name = path.rsplit("/", 1)
-            if name.startswith(COMPACTED_PREFIX):
-                names = self._replaces.get(path)
-                if names is None:
-                    names = replaced_by(self.location, path)
-                    if names:  # an unreadable footer is read again next time
-                        self._replaces[path] = names
-                replaced.update(f"{directory}/{old}" for old in names)
+        replaced = replaced_segments(self.location, segments, self._names)
         return [path for path in segments if path not in replaced]
 
+    def _names(self, path: str) -> list[str]:
+        names = self._replaces.get(path)
+        if names is None:
+            names = replaced_by(self.location, path)
+            if names:  # an unreadable footer is read again next time
+                self._replaces[path] = names
+        return names

@@ -13,20 +13,26 @@ counts a row twice.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import socket
+import stat
 import time
+import urllib.parse
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.collectors.store.atomic import atomic_write
 from faultlens.errors import FaultlensError
+
+log = logging.getLogger(__name__)
 
 REPLACES_KEY = b"faultlens.replaces"
 SEGMENT_SUFFIX = ".parquet"
@@ -105,15 +111,45 @@ def probe_store(location: StoreLocation) -> None:
         return
     except Exception as exc:
         text = str(exc).strip().splitlines()
-        raise StoreError(f"store {location.url!r}: cannot reach: "
-                         f"{text[0] if text else type(exc).__name__}") \
-            from None
+        raise StoreError(
+            f"store {location.url!r}: cannot reach: {text[0] if text else type(exc).__name__}"
+        ) from None
+
+
+#: the longest partition value, once escaped (a path component holds 255 bytes)
+MAX_PARTITION_VALUE = 200
 
 
 def safe_value(value: str) -> str:
-    """A partition value made safe for a path component."""
-    cleaned = _SAFE_VALUE_RE.sub("_", value)
-    return cleaned or "_"
+    """A partition value made safe for a path component, reversibly: every character outside
+    [A-Za-z0-9._:@+-] is written as %XX of its UTF-8 bytes (`a/b` -> `a%2Fb`, so `a/b` and `a_b`
+    never share a partition); a value of those characters only is written as it is. The empty
+    value is `_` (and the value `_` is `%5F`). StoreError when the escaped value is longer than
+    MAX_PARTITION_VALUE."""
+    if not value:
+        return "_"
+    if value == "_":
+        return "%5F"
+    if _SAFE_VALUE_RE.search(value) is None:
+        escaped = value
+    else:
+        escaped = "".join(
+            char
+            if _SAFE_VALUE_RE.match(char) is None
+            else "".join(f"%{byte:02X}" for byte in char.encode("utf-8", "surrogatepass"))
+            for char in value
+        )
+    if len(escaped) > MAX_PARTITION_VALUE:
+        raise StoreError(
+            f"partition value {value[:40]!r}...: {len(value)} characters ({len(escaped)} escaped), "
+            f"at most {MAX_PARTITION_VALUE}"
+        )
+    return escaped
+
+
+def unescape_value(escaped: str) -> str:
+    """safe_value's inverse (`_` -> the empty value)."""
+    return "" if escaped == "_" else urllib.parse.unquote(escaped, errors="surrogatepass")
 
 
 def partition_dir(location: StoreLocation, table: str, job: str, date: str, node: str) -> str:
@@ -130,7 +166,7 @@ TEMP_SUFFIX = ".tmp"
 
 
 def _host_tag() -> str:
-    return safe_value(socket.gethostname()).replace("@", "_")
+    return _SAFE_VALUE_RE.sub("_", socket.gethostname())[:64].replace("@", "_") or "_"
 
 
 def temp_name(name: str) -> str:
@@ -140,11 +176,10 @@ def temp_name(name: str) -> str:
 
 
 def temp_writer(name: str) -> tuple[int | None, str | None]:
-    """(pid, host) of a temporary file's writer; host None for the older `.<name>.<pid>.tmp` form.
-    """
+    """(pid, host) of a temporary file's writer; host None for the older `.<name>.<pid>.tmp` form."""
     if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
         return None, None
-    body = name[1:-len(TEMP_SUFFIX)]
+    body = name[1 : -len(TEMP_SUFFIX)]
     host = None
     if "@" in body:
         body, host = body.rsplit("@", 1)
@@ -184,8 +219,9 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
     def leaves(field: pa.Field, prefix: str) -> list[str]:
         kind, path = field.type, f"{prefix}{field.name}"
         if pa.types.is_map(kind):
-            return (leaves(pa.field("key", kind.key_type), f"{path}.key_value.")
-                    + leaves(pa.field("value", kind.item_type), f"{path}.key_value."))
+            return leaves(pa.field("key", kind.key_type), f"{path}.key_value.") + leaves(
+                pa.field("value", kind.item_type), f"{path}.key_value."
+            )
         if pa.types.is_list(kind) or pa.types.is_large_list(kind):
             return leaves(pa.field("element", kind.value_type), f"{path}.list.")
         if pa.types.is_struct(kind):
@@ -228,20 +264,27 @@ def write_segment(
     """
     name = name or new_segment_name()
     final = f"{directory}/{name}"
-    if location.is_local:
-        os.makedirs(directory, exist_ok=True)
-        temp = f"{directory}/{temp_name(name)}"
-        if metadata:
-            table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-        atomic_write(
-            final,
-            lambda handle: write_parquet(table, handle, compression=compression),
-            make_dirs=False,
-            temporary=temp,
-        )
-        _fsync_dir(directory)
-    else:
-        location.fs.pipe_file(final, parquet_bytes(table, metadata, compression))
+    try:
+        if location.is_local:
+            os.makedirs(directory, exist_ok=True)
+            temp = f"{directory}/{temp_name(name)}"
+            if metadata:
+                table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+            atomic_write(
+                final,
+                lambda handle: write_parquet(table, handle, compression=compression),
+                make_dirs=False,
+                temporary=temp,
+            )
+            _fsync_dir(directory)
+        else:
+            location.fs.pipe_file(final, parquet_bytes(table, metadata, compression))
+    except StoreError:
+        raise
+    except OSError as exc:  # ENOSPC, EDQUOT, EROFS, EACCES, a file-size limit: one line
+        raise StoreError(
+            f"store {location.url!r}: cannot write a segment in {directory}: {exc.strerror or exc}"
+        ) from None
     return final
 
 
@@ -291,9 +334,15 @@ def list_partitions(location: StoreLocation, table: str) -> list[str]:
     return sorted(str(path) for path in found)
 
 
-def list_segments(location: StoreLocation, table: str, *, jobs: Iterable[str] | None = None,
-                  date_from: str | None = None, date_to: str | None = None,
-                  nodes: Iterable[str] | None = None) -> list[str]:
+def list_segments(
+    location: StoreLocation,
+    table: str,
+    *,
+    jobs: Iterable[str] | None = None,
+    date_from: str | None = None,
+    date_to: str | None = None,
+    nodes: Iterable[str] | None = None,
+) -> list[str]:
     """The visible segments of `table`, pruned by partition, with segments that a compacted segment
     replaces left out. Paths are sorted (by partition, then by time of writing)."""
     job_set = {safe_value(j) for j in jobs} if jobs is not None else None
@@ -306,19 +355,98 @@ def list_segments(location: StoreLocation, table: str, *, jobs: Iterable[str] | 
     except FileNotFoundError:
         found = []
     segments = []
-    for path in found:
-        path = str(path)
-        relative = path[len(base):].strip("/").split("/")
-        if not is_segment_name(relative[-1]):
-            continue
+    for path in checked_segments(location, [str(path) for path in found]):
+        relative = path[len(base) :].strip("/").split("/")
         if not _partition_filter(relative[:-1], job_set, (date_from, date_to), node_set):
             continue
         segments.append(path)
     return drop_replaced(location, sorted(segments))
 
 
+# listing entries already warned about (path -> reason), so a poll loop does not repeat itself
+_WARNED: dict[str, str] = {}
+_WARNED_MAX = 10_000
+
+
+def _skip_entry(location: StoreLocation, path: str, reason: str) -> None:
+    if _WARNED.get(path) != reason:
+        if len(_WARNED) >= _WARNED_MAX:
+            _WARNED.clear()
+        _WARNED[path] = reason
+        log.warning("store %s: skipping %s: %s", location.url, path, reason)
+
+
+def _inside(root_real: str, real: str) -> bool:
+    return real == root_real or real.startswith(root_real.rstrip("/") + "/")
+
+
+def _entry_problem(root_real: str, path: str, parents: dict[str, bool]) -> str | None:
+    """Why a local listing entry is not a segment file of the store (None: it is one). `parents`:
+    partition directory -> inside the store (resolved once per directory and listing)."""
+    parent = path.rsplit("/", 1)[0]
+    if parent not in parents:
+        parents[parent] = _inside(root_real, os.path.realpath(parent))
+    if not parents[parent]:
+        return "outside the store (a symlinked directory)"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None  # gone since the listing: not a problem, simply not there
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror or exc}"
+    if stat.S_ISLNK(info.st_mode):
+        real = os.path.realpath(path)
+        if not os.path.lexists(real) or not os.path.exists(path):
+            return "dangling symlink"
+        if not _inside(root_real, real):
+            return f"symlink to {real}, outside the store"
+        info = os.stat(path)
+    if stat.S_ISDIR(info.st_mode):
+        return "a directory named like a segment"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    return None
+
+
+def checked_segments(location: StoreLocation, paths: Iterable[str]) -> list[str]:
+    """The listing guard every listing path calls before any reader or engine sees an entry: keeps
+    the entries that are segments, i.e. named like one (`is_segment_name`), directly in a
+    `<table>/job=/date=/node=` partition of this store and, on a local filesystem, regular files
+    inside the store (a symlink is followed only to a regular file inside the store root). Anything
+    else named like a segment (a dangling symlink, a symlink out, a directory `X.parquet/` or a file
+    inside one, a FIFO or device) is skipped with one warning naming it. Order is kept."""
+    root = location.root.rstrip("/")
+    root_real = os.path.realpath(root) if location.is_local else root
+    kept = []
+    parents: dict[str, bool] = {}
+    for path in paths:
+        path = str(path)
+        if not path.startswith(root + "/"):
+            continue
+        parts = path[len(root) + 1 :].split("/")
+        if not any(is_segment_name(part) for part in parts[1:]):
+            continue  # not named like a segment anywhere: temporary files, other files
+        if (
+            len(parts) != 5
+            or not parts[1].startswith("job=")
+            or not parts[2].startswith("date=")
+            or not parts[3].startswith("node=")
+            or not is_segment_name(parts[4])
+        ):
+            _skip_entry(location, path, "not a segment of a job=/date=/node= partition")
+            continue
+        if location.is_local:
+            reason = _entry_problem(root_real, path, parents)
+            if reason is not None:
+                _skip_entry(location, path, reason)
+                continue
+        kept.append(path)
+    return kept
+
+
 def replaced_by(location: StoreLocation, compacted_path: str) -> list[str]:
-    """The segment names a compacted segment replaces (from its Parquet metadata)."""
+    """The segment names a compacted segment replaces (from its Parquet metadata). Metadata that is
+    not UTF-8, or names that are not segment names, replace nothing (with a warning)."""
     try:
         with location.fs.open(compacted_path, "rb") as handle:
             metadata = pq.read_schema(handle).metadata or {}
@@ -328,13 +456,103 @@ def replaced_by(location: StoreLocation, compacted_path: str) -> list[str]:
         # a broken compacted segment replaces nothing: the reader skips it, doctor names it
         return []
     raw = metadata.get(REPLACES_KEY, b"")
-    return [name for name in raw.decode().split(",") if name]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        _skip_entry(
+            location,
+            compacted_path,
+            "its faultlens.replaces metadata is not UTF-8: it replaces nothing",
+        )
+        return []
+    names = [name for name in text.split(",") if name]
+    good = [name for name in names if is_segment_name(name) and "/" not in name]
+    if len(good) != len(names):
+        _skip_entry(
+            location,
+            compacted_path,
+            "faultlens.replaces names something that is not a segment: those names ignored",
+        )
+    return good
 
 
-def drop_replaced(location: StoreLocation, segments: list[str]) -> list[str]:
+# (compacted segment, the replaced segments still listed beside it) -> it holds all their rows
+_HOLDS: dict[tuple[str, tuple[str, ...]], bool] = {}
+
+
+def _ts_values(location: StoreLocation, path: str, *, whole: bool) -> np.ndarray:
+    """The segment's ts values as int64; `whole` reads every column (every data page checked)."""
+    with location.fs.open(path, "rb") as handle:
+        parquet = pq.ParquetFile(handle)
+        parts = []
+        for batch in parquet.iter_batches(columns=None if whole else ["ts"]):
+            column = batch.column(batch.schema.get_field_index("ts"))
+            parts.append(column.cast(pa.int64()).to_numpy(zero_copy_only=False))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def holds_rows_of(location: StoreLocation, compacted: str, originals: Sequence[str]) -> bool:
+    """Does `compacted` read whole (every page) and hold at least the rows of `originals` (checked
+    by their `ts` values, with multiplicity)? Asked only while originals still sit beside it (a
+    compaction between its write and its deletes, or a forged file); the answer is cached."""
+    key = (compacted, tuple(sorted(originals)))
+    if key in _HOLDS:
+        return _HOLDS[key]
+    try:
+        mine = _ts_values(location, compacted, whole=True)
+        theirs = np.concatenate([_ts_values(location, path, whole=False) for path in originals])
+    except FileNotFoundError:
+        return True  # gone since the listing: compaction finished, the next listing is plain
+    except Exception:  # an unreadable file holds nothing
+        holds = False
+    else:
+        have, have_counts = np.unique(mine, return_counts=True)
+        need, need_counts = np.unique(theirs, return_counts=True)
+        index = np.clip(np.searchsorted(have, need), 0, max(len(have) - 1, 0))
+        holds = bool(
+            len(need) == 0
+            or (
+                len(have) > 0
+                and np.all(have[index] == need)
+                and np.all(have_counts[index] >= need_counts)
+            )
+        )
+    if len(_HOLDS) >= _WARNED_MAX:
+        _HOLDS.clear()
+    _HOLDS[key] = holds
+    return holds
+
+
+def replaced_segments(
+    location: StoreLocation,
+    segments: Sequence[str],
+    names_of: Callable[[str], list[str]] | None = None,
+) -> set[str]:
+    """The listed segments that a listed compacted segment really replaces: those its metadata
+    names, unless one of them is still listed and the compacted segment does not hold its rows (then
+    none of them is replaced, with a warning). `names_of`: the names a compacted segment lists
+    (default replaced_by; a poller passes its cache)."""
+    names_of = names_of or (lambda path: replaced_by(location, path))
+    listed = set(segments)
     replaced: set[str] = set()
     for path in segments:
         directory, name = path.rsplit("/", 1)
-        if name.startswith(COMPACTED_PREFIX):
-            replaced.update(f"{directory}/{old}" for old in replaced_by(location, path))
+        if not name.startswith(COMPACTED_PREFIX):
+            continue
+        olds = [f"{directory}/{old}" for old in names_of(path)]
+        present = [old for old in olds if old in listed]
+        if present and not holds_rows_of(location, path, present):
+            _skip_entry(
+                location,
+                path,
+                f"it does not hold the rows of the {len(present)} "
+                "segment(s) it lists as replaced: they are kept",
+            )
+            continue
+        replaced.update(olds)
+    return replaced
+
+
+def drop_replaced(location: StoreLocation, segments: list[str]) -> list[str]:
+    replaced = replaced_segments(location, segments)
     return [path for path in segments if path not in replaced]

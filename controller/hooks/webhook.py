@@ -8,18 +8,24 @@ duplicate delivery by it: deliveries are at-least-once), `X-Faultlens-Delivery-A
 for each decision, counted per decision by this hook object), `Content-Type: application/json`. 2xx
 is delivered; 408, 425, 429 and 5xx or a connection error are retried with backoff; other 4xx are
 permanent for this pass.
+
+Transport rules: `timeout_s` is one deadline for the whole exchange (connect, send, status line,
+headers, body), not per read: at the deadline the socket is shut down. At most `max_response_bytes`
+of the response body are read (a 200 with a huge body is delivered: the status decides).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import hmac
+import http.client
 import os
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Callable
 
 from faultlens.attribution.decision import Decision
@@ -34,6 +40,7 @@ RETRYABLE_STATUS = {408, 425, 429}
 DEFAULT_WINDOW_S = 300.0  # how far a signed timestamp may be from the receiver's clock
 # decisions whose attempt count a hook object keeps (oldest forgotten first)
 _ATTEMPTS_REMEMBERED = 10_000
+MAX_RESPONSE_BYTES = 64 * 1024  # of a response body, read at most (the status decides)
 
 
 def sign(secret: bytes | str, body: bytes) -> str:
@@ -72,8 +79,12 @@ def verify_timestamped(
     headers."""
     if not timestamp or not signature:
         return "missing signed timestamp"
-    if not (isinstance(timestamp, str) and timestamp.isascii() and timestamp.strip().isdigit()
-            and len(timestamp.strip()) <= 12):
+    if not (
+        isinstance(timestamp, str)
+        and timestamp.isascii()
+        and timestamp.strip().isdigit()
+        and len(timestamp.strip()) <= 12
+    ):
         return "timestamp is not unix seconds"
     if not isinstance(signature, str) or not signature.isascii():
         return "bad signature"
@@ -83,8 +94,10 @@ def verify_timestamped(
         return "bad signature"
     skew = abs((time.time() if now is None else now) - value)
     if skew > window_s:
-        return (f"timestamp outside the {window_s:g} s window (off by {skew:.0f} s): a replay or a "
-                "wrong clock")
+        return (
+            f"timestamp outside the {window_s:g} s window (off by {skew:.0f} s): a replay or a "
+            "wrong clock"
+        )
     return None
 
 
@@ -100,6 +113,7 @@ class WebhookHook:
         headers: dict[str, str] | None = None,
         retry: RetryPolicy | None = None,
         clock: Callable[[], float] = time.time,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"webhook {name}: url {url!r}: expected http:// or https://")
@@ -110,14 +124,16 @@ class WebhookHook:
                     f"webhook {name}: secret_env {secret_env}: the variable is not set"
                 )
         if not secret:
-            raise ValueError(f"webhook {name}: a secret (or secret_env) is required to sign "
-                             "deliveries")
+            raise ValueError(
+                f"webhook {name}: a secret (or secret_env) is required to sign deliveries"
+            )
         self.url = url
         self.secret = secret
         self.name = name
         self.timeout_s = timeout_s
         self.headers = dict(headers or {})
         self.retry = retry
+        self.max_response_bytes = max_response_bytes
         self.attempts = 0  # deliveries made by this hook object, all decisions together
         self._clock = clock
         self._per_decision: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -138,6 +154,17 @@ class WebhookHook:
             return attempt
 
     def deliver(self, decision: Decision, document: str) -> None:
+        body, headers = self.signed_request(decision, document)
+        status, reason = self._exchange(body, headers)
+        message = f"{self.url}: HTTP {status} {reason}"
+        if 200 <= status < 300:
+            return
+        if status in RETRYABLE_STATUS or status >= 500:
+            raise HookError(message)
+        raise PermanentHookError(message)
+
+    def signed_request(self, decision: Decision, document: str) -> tuple[bytes, dict[str, str]]:
+        """The body and headers of the next delivery of `decision` (counts an attempt)."""
         body = document.encode()
         attempt = self._next_attempt(decision.decision_id)
         timestamp = int(self._clock())
@@ -151,15 +178,53 @@ class WebhookHook:
             DECISION_ID_HEADER: decision.decision_id,
             ATTEMPT_HEADER: str(attempt),
         }
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+        return body, headers
+
+    def _exchange(self, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+        """POST under one deadline; the status and reason. HookError on a transport failure."""
+        parts = urllib.parse.urlsplit(self.url)
+        deadline = time.monotonic() + self.timeout_s
+        connection_type = (
+            http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                response.read()
-        except urllib.error.HTTPError as exc:
-            message = f"{self.url}: HTTP {exc.code} {exc.reason}"
-            if exc.code in RETRYABLE_STATUS or exc.code >= 500:
-                raise HookError(message) from None
-            raise PermanentHookError(message) from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise HookError(f"{self.url}: {reason}") from None
+            connection = connection_type(parts.hostname or "", parts.port, timeout=self.timeout_s)
+        except (ValueError, http.client.HTTPException) as exc:
+            raise PermanentHookError(f"{self.url}: {exc}") from None
+        expired = threading.Event()
+
+        def cut() -> None:  # the deadline: whatever the exchange is waiting for, it ends now
+            expired.set()
+            sock = connection.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.timeout_s, cut)
+        timer.daemon = True
+        timer.start()
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        try:
+            connection.request("POST", path, body=body, headers=headers)
+            response = connection.getresponse()
+            if expired.is_set():  # the headers were cut short by the deadline: no answer
+                raise TimeoutError("deadline")
+            left = self.max_response_bytes
+            try:  # the status decides: a body cut short (deadline, hang-up) changes nothing
+                while left > 0 and time.monotonic() < deadline:
+                    chunk = response.read1(min(left, 65536))
+                    if not chunk:
+                        break
+                    left -= len(chunk)
+            except (OSError, http.client.HTTPException):
+                pass
+            return response.status, response.reason
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if expired.is_set():
+                raise HookError(
+                    f"{self.url}: no complete answer within {self.timeout_s:g}s"
+                ) from None
+            raise HookError(f"{self.url}: {type(exc).__name__}: {exc}"[:400]) from None
+        finally:
+            timer.cancel()
+            connection.close()

@@ -22,9 +22,10 @@ kubectl:
         --state-file /var/lib/faultlens-receiver/handled.jsonl
 
 Hostile clients: the body is at most --max-body bytes (Content-Length required: 411 without it, 400
-when it is not a number, 413 when too large), every socket read has a --read-timeout (408), requests
-are served by --workers threads with at most --backlog connections waiting (more are closed at
-once): idle connections hold no threads.
+when it is not a number, 413 when too large); one gatherer thread reads each request whole, headers
+included, within --request-timeout (408) before any of the --workers threads sees it, so slow or
+idle connections hold no worker; at most --workers + --backlog connections wait, and a new one
+drops the one waiting longest (a flood of trickling clients cannot keep a fresh request out).
 
 Run it as a Deployment with a ServiceAccount allowed to patch nodes, apply ConfigMaps and
 delete/annotate pods in the namespace; point the webhook hook's url at its Service
@@ -34,11 +35,15 @@ delete/annotate pods in the namespace; point the webhook hook's url at its Servi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
+import queue
 import re
+import selectors
 import socket
 import subprocess
 import threading
@@ -66,6 +71,7 @@ DEFAULT_STATE_FILE = Path(
 )
 MAX_BODY = 1024 * 1024  # a decision document is a few KB
 READ_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 15.0  # the whole request, headers included
 WORKERS = 8
 BACKLOG = 64
 
@@ -96,8 +102,12 @@ class DecisionReceiver:
     `state_file` (JSON lines, fsynced before the reply; None keeps them in memory only, which a
     restart forgets)."""
 
-    def __init__(self, namespace: str, kubectl: Kubectl = run_kubectl,
-                 state_file: Path | None = DEFAULT_STATE_FILE) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        kubectl: Kubectl = run_kubectl,
+        state_file: Path | None = DEFAULT_STATE_FILE,
+    ) -> None:
         self.namespace = namespace
         self.kubectl = kubectl
         self.state_file = state_file
@@ -117,8 +127,12 @@ class DecisionReceiver:
             decision.get("job_id") or "",
             decision.get("action"),
         )
-        if not isinstance(decision_id, str) or not decision_id or len(decision_id) > 200 or \
-                not decision_id.isprintable():
+        if (
+            not isinstance(decision_id, str)
+            or not decision_id
+            or len(decision_id) > 200
+            or not decision_id.isprintable()
+        ):
             raise ValueError("decision_id: expected a printable string")
         if not isinstance(job, str) or not isinstance(action, str):
             raise ValueError(f"decision {decision_id}: job_id and action must be strings")
@@ -127,8 +141,9 @@ class DecisionReceiver:
             if decision_id in self.handled:
                 known = self.handled[decision_id]
                 if known is not None and known != digest:
-                    raise ConflictError(f"decision {decision_id}: already handled with other "
-                                        "content; refused")
+                    raise ConflictError(
+                        f"decision {decision_id}: already handled with other content; refused"
+                    )
                 return "duplicate"
             if not _NAME.match(job.lower()):
                 raise ValueError(f"decision {decision_id}: job id {job!r} is not a Kubernetes name")
@@ -218,13 +233,19 @@ def _read_state(path: Path) -> dict[str, str | None]:
 
 
 class BoundedHTTPServer(HTTPServer):
-    """An HTTPServer with a fixed pool of worker threads and a bounded number of waiting
-    connections: a flood of idle connections costs file descriptors up to `backlog`, never a thread
-    each; the rest are closed at once."""
+    """An HTTPServer that hands a worker only a complete request.
+
+    One gatherer thread reads every connection's request (headers and body) without blocking, under
+    one deadline for the whole request (`request_timeout_s`, headers included: 408 when it passes);
+    only a complete request goes to the fixed pool of `workers` threads. Slow or idle connections
+    therefore never hold a worker, and at most `workers + backlog` of them are kept: when more
+    arrive, the one that has been waiting longest is dropped, so a flood of trickling connections
+    cannot keep a fresh, fast request out."""
 
     daemon_threads = True
     # the kernel's accept queue: connections are taken off it at once, see below
     request_queue_size = 128
+    max_header_bytes = 64 * 1024
 
     def __init__(
         self,
@@ -233,16 +254,122 @@ class BoundedHTTPServer(HTTPServer):
         *,
         workers: int = WORKERS,
         backlog: int = BACKLOG,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        max_body: int = MAX_BODY,
     ) -> None:
         super().__init__(address, handler)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="receiver")
-        self._slots = threading.BoundedSemaphore(workers + backlog)
+        self._capacity = workers + backlog
+        self._busy = threading.BoundedSemaphore(workers + backlog)  # complete, not yet answered
+        self.request_timeout_s = request_timeout_s
+        self.max_body = max_body
+        self.buffered: dict[socket.socket, bytes] = {}  # complete requests handed to workers
+        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._closed = threading.Event()
+        self._gatherer = threading.Thread(
+            target=self._gather, name="receiver-gatherer", daemon=True
+        )
+        self._gatherer.start()
 
     def process_request(self, request: socket.socket, client_address: object) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # too many connections waiting: refuse this one now
+        self._incoming.put((request, client_address))
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def _gather(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        # socket -> [client address, bytes so far, deadline]; insertion order is arrival order
+        pending: dict[socket.socket, list] = {}
+        while not self._closed.is_set():
+            for key, _ in selector.select(0.1):
+                sock = key.fileobj
+                if sock is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        while self._wake_r.recv(4096):
+                            pass
+                    continue
+                try:
+                    chunk = sock.recv(65536)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:  # the client went away before its request was complete
+                    selector.unregister(sock)
+                    del pending[sock]
+                    self.shutdown_request(sock)
+                    continue
+                pending[sock][1] += chunk
+                status = self._complete(pending[sock][1])
+                if status is None:
+                    continue
+                selector.unregister(sock)
+                address, data, _ = pending.pop(sock)
+                if status == 431:
+                    self._refuse(sock, 431, "request headers too large")
+                else:
+                    self._dispatch(sock, address, bytes(data))
+            while True:
+                try:
+                    sock, address = self._incoming.get_nowait()
+                except queue.Empty:
+                    break
+                if len(pending) >= self._capacity:  # drop the one waiting longest
+                    oldest = next(iter(pending))
+                    selector.unregister(oldest)
+                    del pending[oldest]
+                    self._refuse(oldest, 503, "too many connections waiting; dropped")
+                sock.setblocking(False)
+                pending[sock] = [address, bytearray(), time.monotonic() + self.request_timeout_s]
+                selector.register(sock, selectors.EVENT_READ)
+            now = time.monotonic()
+            for sock in [s for s, entry in pending.items() if entry[2] <= now]:
+                selector.unregister(sock)
+                del pending[sock]
+                self._refuse(sock, 408, "request not received in time")
+        for sock in pending:
+            self.shutdown_request(sock)
+        selector.close()
+
+    def _complete(self, data: bytearray) -> int | None:
+        """None while the request is incomplete; 200 when complete (headers, and the body its
+        Content-Length announces when that is a byte count within max_body); 431 for headers too
+        large. The handler judges everything else (411, 400, 413, a short body)."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            return 431 if len(data) > self.max_header_bytes else None
+        length = None
+        for line in bytes(data[:end]).split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                text = value.strip()
+                if text.isdigit() and len(text) <= 40 and int(text) <= self.max_body:
+                    length = int(text)
+                break
+        if length is None or len(data) >= end + 4 + length:
+            return 200
+        return None
+
+    def _refuse(self, sock: socket.socket, status: int, text: str) -> None:
+        payload = text.encode()
+        reply = (
+            f"HTTP/1.0 {status} {text}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+        ).encode() + payload
+        with contextlib.suppress(OSError):
+            sock.send(reply)  # best effort, never blocks (a client that reads nothing loses it)
+        self.shutdown_request(sock)
+
+    def _dispatch(self, sock: socket.socket, address: object, data: bytes) -> None:
+        if not self._busy.acquire(blocking=False):
+            self._refuse(sock, 503, "busy; retry")
             return
-        self._pool.submit(self._serve, request, client_address)
+        sock.setblocking(True)
+        self.buffered[sock] = data
+        self._pool.submit(self._serve, sock, address)
 
     def _serve(self, request: socket.socket, client_address: object) -> None:
         try:
@@ -250,8 +377,9 @@ class BoundedHTTPServer(HTTPServer):
         except Exception:
             self.handle_error(request, client_address)
         finally:
+            self.buffered.pop(request, None)
             self.shutdown_request(request)
-            self._slots.release()
+            self._busy.release()
 
     def handle_error(self, request: object, client_address: object) -> None:
         log.warning(
@@ -259,8 +387,14 @@ class BoundedHTTPServer(HTTPServer):
         )
 
     def server_close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
         super().server_close()
+        self._gatherer.join(timeout=2)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._wake_r.close()
+        self._wake_w.close()
 
 
 class _DecisionHandler(BaseHTTPRequestHandler):
@@ -276,6 +410,11 @@ class _DecisionHandler(BaseHTTPRequestHandler):
     read_timeout_s: float
     timeout: float  # every socket read and write (headers too) is bounded
     protocol_version = "HTTP/1.0"  # one request per connection: no idle keep-alive holding a worker
+
+    def setup(self) -> None:
+        super().setup()
+        # the gatherer has read the whole request already: the handler reads it from memory
+        self.rfile = io.BytesIO(self.server.buffered.get(self.request, b""))
 
     def do_POST(self) -> None:
         if self.path != self.path_served:
@@ -324,8 +463,11 @@ class _DecisionHandler(BaseHTTPRequestHandler):
             while left > 0:
                 if time.monotonic() > deadline:
                     return None
-                chunk = self.rfile.read1(min(left, 65536)) if hasattr(self.rfile, "read1") else \
-                    self.rfile.read(min(left, 65536))
+                chunk = (
+                    self.rfile.read1(min(left, 65536))
+                    if hasattr(self.rfile, "read1")
+                    else self.rfile.read(min(left, 65536))
+                )
                 if not chunk:
                     break
                 chunks.append(chunk)
@@ -350,12 +492,20 @@ class _DecisionHandler(BaseHTTPRequestHandler):
         return length
 
     def _refusal(self, body: bytes) -> str | None:
-        reason = verify_timestamped(self.secret, body, self.headers.get(TIMESTAMP_HEADER),
-                                    self.headers.get(SIGNATURE_V2_HEADER), window_s=self.window_s)
+        reason = verify_timestamped(
+            self.secret,
+            body,
+            self.headers.get(TIMESTAMP_HEADER),
+            self.headers.get(SIGNATURE_V2_HEADER),
+            window_s=self.window_s,
+        )
         if reason is None:
             return None
-        if self.accept_legacy_signature and self.headers.get(TIMESTAMP_HEADER) is None and \
-                verify_signature(self.secret, body, self.headers.get(SIGNATURE_HEADER)):
+        if (
+            self.accept_legacy_signature
+            and self.headers.get(TIMESTAMP_HEADER) is None
+            and verify_signature(self.secret, body, self.headers.get(SIGNATURE_HEADER))
+        ):
             return None
         return reason
 
@@ -375,16 +525,42 @@ class _DecisionHandler(BaseHTTPRequestHandler):
         log.info("%s " + fmt, self.address_string(), *args)
 
 
-def make_server(receiver: DecisionReceiver, secret: str, host: str = "0.0.0.0", port: int = 8080,
-                path: str = "/faultlens/decisions", *, window_s: float = DEFAULT_WINDOW_S,
-                accept_legacy_signature: bool = False, max_body: int = MAX_BODY,
-                read_timeout_s: float = READ_TIMEOUT_S, workers: int = WORKERS,
-                backlog: int = BACKLOG) -> BoundedHTTPServer:
-    attributes = {"receiver": receiver, "secret": secret, "path_served": path, "window_s": window_s,
-                  "accept_legacy_signature": accept_legacy_signature, "max_body": max_body,
-                  "read_timeout_s": read_timeout_s, "timeout": read_timeout_s}
+def make_server(
+    receiver: DecisionReceiver,
+    secret: str,
+    host: str = "0.0.0.0",
+    port: int = 8080,
+    path: str = "/faultlens/decisions",
+    *,
+    window_s: float = DEFAULT_WINDOW_S,
+    accept_legacy_signature: bool = False,
+    max_body: int = MAX_BODY,
+    read_timeout_s: float = READ_TIMEOUT_S,
+    workers: int = WORKERS,
+    backlog: int = BACKLOG,
+    request_timeout_s: float | None = None,
+) -> BoundedHTTPServer:
+    attributes = {
+        "receiver": receiver,
+        "secret": secret,
+        "path_served": path,
+        "window_s": window_s,
+        "accept_legacy_signature": accept_legacy_signature,
+        "max_body": max_body,
+        "read_timeout_s": read_timeout_s,
+        "timeout": read_timeout_s,
+    }
     handler = type("Handler", (_DecisionHandler,), attributes)
-    return BoundedHTTPServer((host, port), handler, workers=workers, backlog=backlog)
+    if request_timeout_s is None:
+        request_timeout_s = min(REQUEST_TIMEOUT_S, 3 * read_timeout_s)
+    return BoundedHTTPServer(
+        (host, port),
+        handler,
+        workers=workers,
+        backlog=backlog,
+        request_timeout_s=request_timeout_s,
+        max_body=max_body,
+    )
 
 
 def _printable(value: object) -> str:
@@ -395,24 +571,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
-    parser.add_argument("--state-file", type=Path, default=DEFAULT_STATE_FILE,
-                        help="handled decision ids (and digests) survive a restart here (default: "
-                             "%(default)s, or "
-                        "$FAULTLENS_RECEIVER_STATE)")
-    parser.add_argument("--memory-only", action="store_true",
-                        help="keep handled ids in memory only (a restart forgets them: tests only)")
-    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_S,
-                        help="seconds a signed timestamp may be off (default: %(default)s)")
-    parser.add_argument("--accept-legacy-signature", action="store_true",
-                        help="also accept body-only signatures without a timestamp (replayable; "
-                             "old senders)")
-    parser.add_argument("--max-body", type=int, default=MAX_BODY, help="largest request body in "
-                                                                       "bytes")
-    parser.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, help="seconds per "
-                                                                                   "socket read")
+    parser.add_argument(
+        "--state-file",
+        type=Path,
+        default=DEFAULT_STATE_FILE,
+        help="handled decision ids (and digests) survive a restart here (default: "
+        "%(default)s, or "
+        "$FAULTLENS_RECEIVER_STATE)",
+    )
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="keep handled ids in memory only (a restart forgets them: tests only)",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=DEFAULT_WINDOW_S,
+        help="seconds a signed timestamp may be off (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--accept-legacy-signature",
+        action="store_true",
+        help="also accept body-only signatures without a timestamp (replayable; old senders)",
+    )
+    parser.add_argument(
+        "--max-body", type=int, default=MAX_BODY, help="largest request body in bytes"
+    )
+    parser.add_argument(
+        "--read-timeout", type=float, default=READ_TIMEOUT_S, help="seconds per socket read"
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=REQUEST_TIMEOUT_S,
+        help="seconds for a whole request, headers included (default: %(default)s)",
+    )
     parser.add_argument("--workers", type=int, default=WORKERS, help="request worker threads")
-    parser.add_argument("--backlog", type=int, default=BACKLOG, help="connections waiting for a "
-                                                                     "worker at most")
+    parser.add_argument(
+        "--backlog", type=int, default=BACKLOG, help="connections waiting for a worker at most"
+    )
     args = parser.parse_args()
     secret = os.environ.get("FAULTLENS_WEBHOOK_SECRET")
     if not secret:
@@ -431,6 +629,7 @@ def main() -> None:
         read_timeout_s=args.read_timeout,
         workers=args.workers,
         backlog=args.backlog,
+        request_timeout_s=args.request_timeout,
     )
     log.info("listening on :%d", args.port)
     server.serve_forever()
