@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from faultlens import environment
 from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger
+from faultlens.collectors.training.numerics import NumericsProbe
 from faultlens.collectors.training.step_timer import ParallelCoords, RankIdentity, StepTimer
 from faultlens.controller.checkpoints.tiered import TieredCheckpointer
 from faultlens.controller.restore import load_rank_state, load_restore_plan
@@ -41,6 +42,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--flush-s", type=float, default=2.0, help="step-row flush interval of the "
                                                                    "timer")
     parser.add_argument("--timeout", type=float, default=30.0, help="collective timeout (s)")
+    parser.add_argument("--numerics-every", type=int, default=0, help="in-job numerics signals "
+                        "(loss, local gradient norm; a parameter digest every N steps; 0: off)")
     return parser.parse_args()
 
 
@@ -72,6 +75,10 @@ def main() -> None:
         identity=RankIdentity.from_env(gpu_index=local_rank),
         parallel=ParallelCoords(dp_rank=rank, pp_rank=0, tp_rank=0, pp_size=1),
     )
+    probe = None
+    if args.numerics_every > 0:
+        probe = NumericsProbe(timer, digest_every=args.numerics_every)
+        model.register_comm_hook(None, probe.comm_hook)
     checkpointer = TieredCheckpointer.from_env(
         environment.CKPT_LOCAL.raw(),
         durable=environment.CKPT_DURABLE.get(),
@@ -82,6 +89,7 @@ def main() -> None:
     )
     start = 0
     plan = load_restore_plan()
+    skip = set(plan.skip_steps) if plan is not None else set()
     if plan is not None and not plan.fresh_start:
         state = load_rank_state(plan, rank)
         model.module.load_state_dict(state["model"])
@@ -94,8 +102,15 @@ def main() -> None:
         x = torch.randn(args.batch, 32, generator=data)
         return x, (x @ target_w).unsqueeze(1)
 
+    # the data stream is a function of the step: a resumed run sees the batches the first one saw
+    for _ in range(start):
+        batch()
+
     try:
         for step in range(start, args.steps):
+            if step in skip:  # the restore plan says: leave this step's batch out
+                batch()
+                continue
             with timer.step(step, tokens=args.batch * 32, samples=args.batch) as record_step:
                 with timer.section("data"):
                     x, y = batch()
@@ -111,6 +126,8 @@ def main() -> None:
                 with timer.section("optimizer"):
                     optimizer.step()
                 record_step.loss = float(reported.item()) / world
+            if probe is not None:
+                probe.record(step, loss=loss, module=model.module, batch=step)
             if args.eval_every and step > 0 and step % args.eval_every == 0:
                 with timer.step(step, phase="eval"), torch.no_grad():
                     total = torch.zeros(1)
