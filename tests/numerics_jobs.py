@@ -42,6 +42,8 @@ def train(
     nodes: Sequence[str] | None = None,
     plan: Path | None = None,
     steps: int = STEPS,
+    seed: int = 0,
+    batch: int = 32,
 ) -> Path:
     """Run one attempt of the job under `root` (store, checkpoints, lab dir); returns root."""
     lab = root / "lab"
@@ -92,6 +94,10 @@ def train(
                     "0.5",
                     "--numerics-every",
                     str(EVERY),
+                    "--seed",
+                    str(seed),
+                    "--batch",
+                    str(batch),
                 ],
                 env=env,
                 cwd=root,

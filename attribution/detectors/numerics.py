@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections import Counter
 from dataclasses import dataclass
@@ -88,14 +89,20 @@ class NumericsJudge:
             )
             found = [
                 i
-                for i in (self._digests(key, mine, now), self._outliers(key, mine, now, seen))
+                for i in (
+                    self._digests(key, mine, now),
+                    self._outliers(key, mine, now, seen),
+                    self._nonfinite_origin(key, mine, now),
+                )
                 if i is not None
             ]
             spike = self._spikes(key, series, mine, now, seen)
             if spike is not None:
                 found.append(spike)
             if found:  # the first bad signal; a localized one before a job-wide one at a tie
-                incidents.append(min(found, key=lambda i: (i.step, not i.culprit_ranks)))
+                incidents.append(
+                    min(found, key=lambda i: (i.step, not i.culprit_nodes, not i.culprit_ranks))
+                )
         return incidents, seen
 
     def _digests(self, key: Key, rows: pd.DataFrame, now: dt.datetime) -> Incident | None:
@@ -147,6 +154,10 @@ class NumericsJudge:
             )
             text = f"parameter digests differ at step {int(step)} ({'; '.join(lines)}); {certified}"
             ts = as_datetime(at["ts"].min())
+            if not culprits:  # no replica to blame: restart in place from the certified state
+                base: dict[str, object] = {"restart_in_place": True}
+            else:
+                base = {}
             return self._incident(
                 key,
                 "numerics-digest-mismatch",
@@ -158,6 +169,7 @@ class NumericsJudge:
                 text,
                 0.9,
                 {
+                    **base,
                     "kind": "digest_mismatch",
                     "certified_step": last_agree,
                     "mismatch_step": int(step),
@@ -165,6 +177,41 @@ class NumericsJudge:
                 },
             )
         return None
+
+    def _nonfinite_origin(self, key: Key, rows: pd.DataFrame, now: dt.datetime) -> Incident | None:
+        """The first step where a rank's own loss is not finite, when that is one rank while its
+        peers' are finite: where the NaN/Inf began (a gradient norm alone can overflow while every
+        gradient is finite: an outlier, see _outliers). Named by rank and GPU; one event
+        is no verdict on the node (no node named: a rollback, not a failover)."""
+        if rows.empty or "loss" not in rows.columns:
+            return None
+        loss = pd.to_numeric(rows["loss"], errors="coerce").to_numpy(dtype=float, na_value=0.0)
+        bad = rows[~np.isfinite(loss)]
+        if bad.empty:
+            return None
+        step = int(bad["step"].min())
+        at = rows[rows["step"] == step]
+        ranks = sorted({int(r) for r in bad[bad["step"] == step]["rank"].dropna()})
+        if len(ranks) != 1 or len(at) < 2:
+            return None
+        _, gpus = _placement(rows, ranks)
+        text = (
+            f"rank {ranks[0]}'s own loss is not finite at step {step} while its "
+            f"{len(at) - 1} peer(s)' are finite: the NaN/Inf began there"
+        )
+        incident = self._incident(
+            key,
+            "numerics-nonfinite-origin",
+            step,
+            as_datetime(at["ts"].min()),
+            now,
+            ranks,
+            rows,
+            text,
+            0.9,
+            {"kind": "nonfinite_origin"},
+        )
+        return dataclasses.replace(incident, culprit_nodes=(), culprit_gpus=tuple(gpus))
 
     def _outlier_since(
         self, rows: pd.DataFrame, group: pd.DataFrame, after: int | None, upto: int

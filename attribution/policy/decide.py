@@ -212,6 +212,8 @@ class DecisionPolicy:
             skip = tuple(int(s) for s in details["skip_steps"])
             restore = dataclasses.replace(restore, skip_steps=skip)
             reasons.append(f"skip the batches of steps {', '.join(map(str, skip))}")
+        if restore is not None and details.get("checks"):  # a certified restore says what it passed
+            reasons.append(str(details["checks"]))
         return Decision.for_incident(
             incident,
             action=Action.RESTART if in_place else Action.FAILOVER,

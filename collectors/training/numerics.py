@@ -103,7 +103,11 @@ class NumericsProbe:
             self._error("grad norm", exc)
 
     def _add(self, grad: Any) -> None:
-        value = grad.detach().float().pow(2).sum()
+        import torch
+
+        # a reduction, no temporary the size of the gradient; float64 accumulation of the squares
+        norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).double()
+        value = norm * norm
         self._sq = value if self._sq is None else self._sq + value
 
     # -- the row of one step
@@ -187,7 +191,7 @@ def _scalar(value: Any) -> float | None:
         return None
     try:
         if hasattr(value, "detach"):
-            value = value.detach().float().sum().item()
+            value = value.detach().double().sum().item()
         return float(value)
     except (TypeError, ValueError, RuntimeError):
         return None

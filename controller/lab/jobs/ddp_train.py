@@ -42,13 +42,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--flush-s", type=float, default=2.0, help="step-row flush interval of the "
                                                                    "timer")
     parser.add_argument("--timeout", type=float, default=30.0, help="collective timeout (s)")
+    parser.add_argument("--seed", type=int, default=0, help="the model's and the data's seed")
     parser.add_argument("--numerics-every", type=int, default=0, help="in-job numerics signals "
                         "(loss, local gradient norm; a parameter digest every N steps; 0: off)")
     return parser.parse_args()
 
 
-def build_model() -> torch.nn.Module:
-    torch.manual_seed(0)
+def build_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
     return torch.nn.Sequential(
         torch.nn.Linear(32, 64),
         torch.nn.ReLU(),
@@ -68,7 +69,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node = environment.NODE.get()
-    model = DistributedDataParallel(build_model())
+    model = DistributedDataParallel(build_model(args.seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     timer = StepTimer.from_env(
         flush_interval_s=args.flush_s,
@@ -95,7 +96,7 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"]) + 1
-    data = torch.Generator().manual_seed(100 + rank)
+    data = torch.Generator().manual_seed(100 + rank + 1000 * args.seed)
     target_w = torch.linspace(-1, 1, 32)
 
     def batch() -> tuple[torch.Tensor, torch.Tensor]:
