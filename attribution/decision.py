@@ -74,6 +74,9 @@ class Restore:
     tier: str
     step: int
     uri: str | None = None
+    # steps whose batches the restarted job leaves out (a data-dependent loss spike: replaying
+    # them would bring it back)
+    skip_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,9 @@ class Decision:
             "exclude_nodes": list(self.exclude_nodes),
             "restore": None
             if self.restore is None
-            else {"tier": self.restore.tier, "step": self.restore.step, "uri": self.restore.uri},
+            else {"tier": self.restore.tier, "step": self.restore.step, "uri": self.restore.uri,
+                  **({"skip_steps": list(self.restore.skip_steps)}
+                     if self.restore.skip_steps else {})},
             "confidence": self.confidence,
             "rule": self.rule,
             "policy_rule": self.policy_rule,
@@ -200,7 +205,8 @@ class Decision:
             exclude_nodes=tuple(document["exclude_nodes"]),
             restore=None
             if restore is None
-            else Restore(restore["tier"], int(restore["step"]), restore["uri"]),
+            else Restore(restore["tier"], int(restore["step"]), restore["uri"],
+                         tuple(int(s) for s in restore.get("skip_steps") or ())),
             evidence=tuple(
                 Evidence(e["table"], None if e["ts"] is None else _parse_ts(e["ts"]), e["text"])
                 for e in document["evidence"]
@@ -333,6 +339,7 @@ DECISION_JSON_SCHEMA: dict[str, Any] = {
                         "tier": {"type": "string", "pattern": TIER_PATTERN},
                         "step": {"type": "integer", "minimum": 0},
                         "uri": _NULLABLE_STRING,
+                        "skip_steps": {"type": "array", "items": {"type": "integer"}},
                     },
                 },
             ]
@@ -406,6 +413,7 @@ class _Restore(FileModel):
     tier: Annotated[str, Field(pattern=TIER_PATTERN)]
     step: NonNegativeInt
     uri: str | None
+    skip_steps: list[int] = Field(default_factory=list)
 
 
 class _Evidence(FileModel):

@@ -171,7 +171,7 @@ class Follower:
             self._note_arrivals(arrived)
         crash_due = bool({"process_events", "gpu_events"} & changed) or self._pending_crash
         progress_due = tick - self._last_progress >= self.config.progress_check_s or bool(
-            {"steps", "process_events", "collectives", "heartbeats"} & changed)
+            {"steps", "process_events", "collectives", "heartbeats", "numerics"} & changed)
         straggler_due = (
             self._steps_changed and tick - self._last_straggler >= self.config.straggler_check_s
         )
@@ -324,6 +324,7 @@ class Follower:
             fetch_samples=fetch,
             jobs=jobs,
             heartbeats=frames["heartbeats"],
+            numerics=frames["numerics"],
         )
 
     # ------------------------------------------------------------ loop

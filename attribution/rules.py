@@ -267,6 +267,15 @@ class LossThresholds(_Strict):
     spike_factor: float | None = Field(default=None, gt=1.0)
     window_steps: int = Field(default=20, ge=2)
     min_history_steps: int = Field(default=10, ge=2)
+    # a spike is back to normal (an observation, no incident) when one of the next recover_steps
+    # steps' loss is below recover_factor x the median; when none is, the loss diverged
+    recover_steps: int = Field(default=3, ge=1)
+    recover_factor: float = Field(default=3.0, gt=1.0)
+    # a rank whose local gradient norm is at least grad_outlier_factor x its data-parallel peers'
+    # median (or not finite while theirs are) is an outlier; outlier_steps such steps of one rank
+    # in one attempt are a corruption that persists (fewer: an observation)
+    grad_outlier_factor: float = Field(default=10.0, gt=1.0)
+    outlier_steps: int = Field(default=2, ge=1)
 
 
 class Thresholds(_Strict):

@@ -49,6 +49,9 @@ class RestorePlan:
     world_size: int | None
     exclude_nodes: tuple[str, ...]
     sources: tuple[PlanSource, ...] = ()
+    # the steps whose batches the restarted job leaves out (the decision's restore.skip_steps): a
+    # script skips them as it skips to the restore step
+    skip_steps: tuple[int, ...] = ()
     created_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
 
     @property
@@ -75,6 +78,7 @@ class RestorePlan:
                 "uri": self.uri,
                 "world_size": self.world_size,
                 "exclude_nodes": list(self.exclude_nodes),
+                "skip_steps": list(self.skip_steps),
                 "sources": [
                     {"rank": s.rank, "uri": s.uri, "tier": s.tier, "node": s.node}
                     for s in self.sources
@@ -102,6 +106,7 @@ class RestorePlan:
                 uri=doc.get("uri"),
                 world_size=doc.get("world_size"),
                 exclude_nodes=tuple(doc.get("exclude_nodes") or ()),
+                skip_steps=tuple(int(s) for s in doc.get("skip_steps") or ()),
                 sources=tuple(
                     PlanSource(int(s["rank"]), s["uri"], s["tier"], s.get("node"))
                     for s in doc.get("sources") or ()
@@ -118,17 +123,18 @@ class RestorePlan:
 
 def plan_restore(decision: Decision, catalog: CheckpointCatalog, *, world_size: int | None = None
                  ) -> RestorePlan | None:
-    """The plan for a failover decision (None for escalate/drain). The per-rank sources are rebuilt
-    from the catalog at the decided step; if that checkpoint no longer qualifies (deleted, corrupted
-    since), the newest one at or before it that does is used (older is always safe, also under
-    suspected corruption)."""
-    if decision.action is not Action.FAILOVER:
+    """The plan for a failover or restart-in-place decision (None for escalate/drain). The per-rank
+    sources are rebuilt from the catalog at the decided step; if that checkpoint no longer
+    qualifies (deleted, corrupted since), the newest one at or before it that does is used (older
+    is always safe, also under suspected corruption); the decision's skip_steps travel with it."""
+    if decision.action not in (Action.FAILOVER, Action.RESTART):
         return None
     base = {
         "decision_id": decision.decision_id,
         "incident_id": decision.incident_id,
         "job_id": decision.job_id,
         "exclude_nodes": decision.exclude_nodes,
+        "skip_steps": decision.restore.skip_steps if decision.restore is not None else (),
     }
     if decision.restore is None:
         return RestorePlan(

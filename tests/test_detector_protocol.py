@@ -33,7 +33,9 @@ from tests.engine_rows import at, ranks_rows, steps_rows, write
 
 JOB = "newcomer"
 WORLD, PER_NODE, STEPS = 4, 2, 40
-SLOW_STEP, SPIKE_STEP = 12, 30  # attempt 0: one step of 5 s; attempt 1: its loss jumps 50x
+# attempt 0: one step of 5 s; attempt 1: its loss jumps 50x and stays there (a divergence: a spike
+# that comes back is an observation, no incident)
+SLOW_STEP, SPIKE_STEP = 12, 30
 SECOND_START = 40.0  # attempt 1 starts about 3 s after attempt 0 ended (no hang between them)
 CEILING_S = 3.0
 NOW = at(SECOND_START + 35.0)  # just after attempt 1's last step: detection time, observation end
@@ -49,7 +51,8 @@ def _steps(attempt: int, start: float, slow_at: int | None, spike_at: int | None
     rows = steps_rows(JOB, attempt, WORLD, PER_NODE, range(STEPS), start=start,
                       sections=_sections(slow_at))
     for row in rows:
-        row["loss"] = 50.0 if row["step"] == spike_at else 1.0 + 0.01 * (row["step"] % 3)
+        diverged = spike_at is not None and row["step"] >= spike_at
+        row["loss"] = 50.0 if diverged else 1.0 + 0.01 * (row["step"] % 3)
     return rows
 
 

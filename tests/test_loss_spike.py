@@ -1,11 +1,12 @@
-"""A sudden loss spike is a numerics incident, cause data_corruption, and the restore comes from
-before the first bad step; a healthy job's ordinary loss noise is nothing.
+"""A loss spike that does not come back (a divergence) is a numerics incident, cause
+data_corruption, restarted in place from before the first bad step; a healthy job's ordinary loss
+noise is nothing (a spike that comes back: tests/test_numerics_jobs.py).
 
 Real torch jobs: the campaign's DDP script (controller/lab/jobs/ddp_train.py, gloo, one process,
 world 1) with the in-job instrumentation writing a real store and real local-tier checkpoints; the
-spike is the campaign's `loss_spike` injection (a corrupt batch: the model's input scaled at step k,
-through the injector the campaign loads with sitecustomize; the script is not changed). Both jobs
-run in one test (one torch start each).
+spike is the campaign's `loss_spike` injection (corrupt batches: the model's input scaled from
+step k for DIVERGE_STEPS steps, through the injector the campaign loads with sitecustomize; the
+script is not changed). Both jobs run in one test (one torch start each).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from faultlens.attribution.decision import Action
 from faultlens.attribution.engine import attribute
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, load_policy
@@ -31,6 +33,7 @@ from faultlens.controller.lab.scenarios import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "controller" / "lab" / "jobs" / "ddp_train.py"
 SPIKE_STEP = 14
+DIVERGE_STEPS = 6  # the loss stays up longer than rules/thresholds.yaml's recover_steps
 
 
 def _free_port() -> int:
@@ -95,7 +98,8 @@ def test_a_loss_spike_is_data_corruption_restored_from_before_it_and_noise_is_no
     spiked = _train(
         tmp_path / "spike",
         "spike-job",
-        (FaultSpec(id="spike", kind="loss_spike", step=SPIKE_STEP, params={"factor": 1000}),),
+        (FaultSpec(id="spike", kind="loss_spike", step=SPIKE_STEP,
+                    until_step=SPIKE_STEP + DIVERGE_STEPS, params={"factor": 1000}),),
     )
     healthy = _train(tmp_path / "healthy", "healthy-job", ())
 
@@ -117,7 +121,7 @@ def test_a_loss_spike_is_data_corruption_restored_from_before_it_and_noise_is_no
     assert [(i.incident_class, i.cause, i.step) for i in incidents] == [
         (IncidentClass.NUMERICS, Cause.DATA_CORRUPTION, SPIKE_STEP)], [i.summary for i in incidents]
     (incident,) = incidents
-    assert incident.rule == "numerics-loss-spike" and not incident.culprit_nodes
+    assert incident.rule == "numerics-loss-divergence" and not incident.culprit_nodes
 
     # the local tier keeps only its newest two (both after the spike): the durable tier holds the
     # older ones
@@ -134,7 +138,8 @@ def test_a_loss_spike_is_data_corruption_restored_from_before_it_and_noise_is_no
     decision = DecisionPolicy(load_policy(), restore_chooser=catalog).decide(
         incident, job_nodes=["node-0"]
     )
-    assert decision.restore is not None, decision.reason
+    assert decision.action is Action.RESTART and decision.restore is not None, decision.reason
+    assert decision.restore.skip_steps == (SPIKE_STEP,)
     assert decision.restore.step < SPIKE_STEP
     # the newest complete one from before it (a durable copy still running when the next was due is
     # skipped, so which steps the durable tier holds depends on the machine's speed)

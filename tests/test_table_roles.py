@@ -32,8 +32,8 @@ BEFORE = {
     Role.READ_WHOLE: ("ranks", "process_events"),
     Role.PER_ATTEMPT: ("ranks", "steps", "process_events", "heartbeats", "collectives"),
     Role.TAILED: ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives",
-                  "heartbeats"),
-    Role.JOB_VIEW: ("steps", "ranks", "process_events", "heartbeats", "collectives"),
+                  "heartbeats", "numerics"),
+    Role.JOB_VIEW: ("steps", "ranks", "process_events", "heartbeats", "collectives", "numerics"),
     Role.URGENT: ("process_events", "gpu_events"),
     Role.REPLAYED: ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives"),
     Role.SIMULATED_ROWS: ("ranks", "process_events", "gpu_events", "collectives", "checkpoints"),
@@ -55,8 +55,8 @@ def test_every_table_has_one_declaration_with_a_known_scope():
     assert [spec.name for spec in TABLE_SPECS] == list(TABLE_NAMES) == list(TABLES)
     # the order Store.refresh, compaction and doctor go through the tables in
     assert TABLE_NAMES == ("ranks", "gpu_samples", "gpu_events", "steps", "collectives",
-                           "process_events", "incidents", "decisions", "heartbeats", "checkpoints",
-                           "node_checks")
+                           "process_events", "incidents", "decisions", "heartbeats", "numerics",
+                           "checkpoints", "node_checks")
     for name in TABLE_NAMES:
         spec = SPECS[name]
         assert spec.scope is not Scope.UNKNOWN and isinstance(spec.scope, Scope), name

@@ -32,6 +32,7 @@ from faultlens.attribution.detectors.base import (
 from faultlens.attribution.detectors.crash import CrashAttributor, CrashResult, teardown_starts
 from faultlens.attribution.detectors.health import HealthMonitor
 from faultlens.attribution.detectors.loss import LossMonitor
+from faultlens.attribution.detectors.numerics import NumericsJudge
 from faultlens.attribution.detectors.progress import (
     HangAnalyzer,
     HangAttributor,
@@ -344,25 +345,45 @@ class StragglerSlowdowns:
 
 
 class LossDetector:
-    """A loss that turned NaN or inf, or jumped: the numbers went bad while the job ran on."""
+    """The numbers went bad while the job ran on: a loss that turned NaN or inf (loss.py), a
+    replica whose parameter digest differs, a rank whose gradient norm is a persistent outlier, a
+    loss spike that diverges or repeats (numerics.py). One incident per attempt: the first bad
+    signal (a localized one before a job-wide one at the same step)."""
 
     name = "loss"
     scope = Scope.JOB
 
     def __init__(self, inputs: DetectorInputs) -> None:
         self.monitor = LossMonitor(inputs.thresholds.loss)
+        self.judge = NumericsJudge(inputs.thresholds.loss)
 
     def detect(self, run: JobPass) -> list[Incident]:
         return [
             i
-            for i in self.monitor.attribute(run.telemetry, run.now)
+            for i in first_per_attempt(self.monitor.attribute(run.telemetry, run.now)
+                                       + self.judge.attribute(run.telemetry, run.now))
             if i.incident_id not in run.options.already
         ]
 
     def detect_attempt(self, run: AttemptPass) -> list[Incident]:
-        """The attempt's first bad step: its step rows that carry a loss, the heartbeats."""
-        found = self.monitor.attribute(run.loss_window(), run.now)
-        return [i for i in found if (i.job_id, i.attempt) == run.key]
+        """The attempt's first bad signal: its step rows that carry a loss, the heartbeats, the
+        numerics rows of this attempt and the ones before it."""
+        window = run.loss_window()
+        found = self.monitor.attribute(window, run.now) + self.judge.attribute(window, run.now)
+        return [i for i in first_per_attempt(found) if (i.job_id, i.attempt) == run.key]
+
+
+def first_per_attempt(found: Iterable[Incident]) -> list[Incident]:
+    """Of each attempt's numerics incidents the first bad signal (a localized one at a tie)."""
+    best: dict[AttemptKey, Incident] = {}
+    for incident in found:
+        key = (incident.job_id, incident.attempt)
+        held = best.get(key)
+        rank = (incident.step if incident.step is not None else -1, not incident.culprit_nodes)
+        if held is None or rank < (held.step if held.step is not None else -1,
+                                   not held.culprit_nodes):
+            best[key] = incident
+    return list(best.values())
 
 
 class HealthDetector:

@@ -1,14 +1,13 @@
-"""The numerics detector: a NaN/Inf loss, or a sudden loss spike, is an incident of class
+"""The NaN/Inf half of the numerics detector: a loss that is not finite is an incident of class
 `numerics`, cause `data_corruption` (docs/design.md "Numerics"), so the restore picks the newest
-complete checkpoint from before the first bad step.
+complete checkpoint from before the first bad step. Spikes, gradient-norm outliers and parameter
+digests are attribution/detectors/numerics.py's.
 
 The loss comes from the step rows (StepTimer records `step.loss`; the `loss_nonfinite` column of the
 steps frame keeps NaN apart from "no loss given") and from the heartbeats, which carry the first
 step whose loss was not finite as soon as the step ends, whatever the flush interval. One incident
-per attempt: the first bad step. A spike (rules/thresholds.yaml `loss`): the step's mean loss over
-its ranks is at least spike_factor x the median of the previous window_steps steps' means. The
-culprit ranks are those whose loss went bad at the first bad step; loss alone cannot tell a corrupt
-GPU from a corrupt batch, so no node is named.
+per attempt: the first bad step. The culprit ranks are those whose loss went bad at the first bad
+step; loss alone cannot tell a corrupt GPU from a corrupt batch, so no node is named.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from faultlens.attribution.hardware import as_datetime
@@ -57,41 +55,9 @@ class LossMonitor:
         for job, attempt in sorted(keys, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
             rows = _pick(steps, job, attempt)
             bad = _first_nonfinite(rows, _pick(beats, job, attempt))
-            spike = self._first_spike(rows)
-            if spike is not None and (bad is None or spike.step < bad.step):
-                bad = spike
             if bad is not None:
                 found.append(self._incident(job, attempt, bad, rows, now))
         return found
-
-    def _first_spike(self, rows: pd.DataFrame) -> BadLoss | None:
-        t = self.t
-        if t.spike_factor is None or rows.empty or "loss" not in rows.columns:
-            return None
-        finite = rows[rows["loss"].notna() & ~_nonfinite(rows)]
-        if finite.empty:
-            return None
-        means = finite.groupby("step")["loss"].mean().sort_index()
-        values = means.to_numpy(dtype=float)
-        for i in range(t.min_history_steps, len(values)):
-            history = values[max(0, i - t.window_steps): i]
-            median = float(np.median(history))
-            if median > 0 and values[i] >= t.spike_factor * median:
-                step = int(means.index[i])
-                at = finite[finite["step"] == step]
-                high = at[at["loss"] >= t.spike_factor * median]
-                ranks = tuple(
-                    sorted(
-                        int(r) for r in (high if not high.empty else at)["rank"].dropna().unique()
-                    )
-                )
-                ts = as_datetime(_done(at).max())
-                return BadLoss(step, ts, ranks, "spike",
-                               f"loss spiked to {values[i]:.4g} at step {step} "
-                               f"({values[i] / median:.1f}x the median "
-                               f"{median:.4g} of the previous {len(history)} steps; threshold "
-                               f"{t.spike_factor:g}x)", "steps")
-        return None
 
     def _incident(self, job: str, attempt: int | None, bad: BadLoss, rows: pd.DataFrame,
                   now: dt.datetime) -> Incident:

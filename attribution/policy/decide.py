@@ -4,6 +4,7 @@ RestoreChooser with a RestoreRequest."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -168,6 +169,9 @@ class DecisionPolicy:
         restore.
         """
         config = self.config
+        repeat = incident.details.get("escalate") if isinstance(incident.details, dict) else None
+        if repeat:  # the detector's own word: a rollback would loop (a spike that follows the data)
+            return escalate(f"{rule.id}:repeats", str(repeat))
         exclude = list(nodes)
         reasons = [f"{rule.reason}: exclude {', '.join(nodes)}" if nodes else f"{rule.reason}: "
                                                                               "exclude no node"]
@@ -200,9 +204,19 @@ class DecisionPolicy:
             return escalate(f"{rule.id}:nothing-to-restore", "no node to leave out and no usable "
                                                              "checkpoint from "
                                                              "before the fault: a human must look")
+        # a job-wide numerics incident (its detector says so): a restart in place, leaving out the
+        # batches of the spike when it names them
+        details = incident.details if isinstance(incident.details, dict) else {}
+        in_place = bool(details.get("restart_in_place")) and not exclude
+        if restore is not None and in_place and details.get("skip_steps"):
+            skip = tuple(int(s) for s in details["skip_steps"])
+            restore = dataclasses.replace(restore, skip_steps=skip)
+            reasons.append(f"skip the batches of steps {', '.join(map(str, skip))}")
+        if restore is not None and details.get("checks"):  # a certified restore says what it passed
+            reasons.append(str(details["checks"]))
         return Decision.for_incident(
             incident,
-            action=Action.FAILOVER,
+            action=Action.RESTART if in_place else Action.FAILOVER,
             policy_rule=rule.id,
             reason="; ".join(reasons),
             issued_at=now,

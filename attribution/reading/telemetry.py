@@ -134,6 +134,8 @@ class Telemetry:
     jobs: tuple[str, ...] = ()
     as_of: dict[str, dt.datetime] = field(default_factory=dict)
     heartbeats: pd.DataFrame = field(default_factory=lambda: to_frame(None, "heartbeats"))
+    # per-rank loss, local gradient norm, parameter digests (opt-in in-job numerics)
+    numerics: pd.DataFrame = field(default_factory=lambda: to_frame(None, "numerics"))
 
     def for_job(self, job: str) -> Telemetry:
         """The rows of one job; GPU events are node-level and kept for every node the job ran on."""
@@ -164,6 +166,7 @@ class Telemetry:
             jobs=(job,),
             as_of={job: self.as_of[job]} if job in self.as_of else {},
             heartbeats=pick(self.heartbeats),
+            numerics=pick(self.numerics),
         )
 
 
@@ -282,6 +285,7 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
     steps = to_frame(query(f"SELECT * FROM steps {where}", params), "steps")
     events = to_frame(query(f"SELECT * FROM process_events {where}", params), "process_events")
     heartbeats = to_frame(query(f"SELECT * FROM heartbeats {where}", params), "heartbeats")
+    numerics = to_frame(query(f"SELECT * FROM numerics {where}", params), "numerics")
     collectives = query(f"SELECT * FROM collectives {where}", params)
     nodes = job_nodes(ranks, steps, events, heartbeats)
     if job is None:  # every node's events: health incidents concern nodes without a job too
@@ -310,6 +314,7 @@ def load_from_store(store: object, job: str | None = None) -> Telemetry:
         jobs=tuple(jobs),
         as_of=as_of,
         heartbeats=heartbeats,
+        numerics=numerics,
     )
 
 

@@ -367,11 +367,16 @@ class JobWindows:
     def loss_window(self, attempt: int) -> Telemetry:
         """The job's telemetry for loss detection over one attempt: its step rows that carry a loss
         (NaN and Inf included) and, of every rank without one, a row with no loss (a rank the
-        attempt ran)."""
+        attempt ran); the job's numerics rows of this attempt and the ones before it (a spike
+        recognised across attempts)."""
         carried = self._steps(LOSS_COLUMNS, "attempt = ? AND loss IS NOT NULL", [attempt])
         others = self._steps(LOSS_COLUMNS, "attempt = ? AND loss IS NULL QUALIFY row_number() OVER "
                                            "(PARTITION BY rank ORDER BY ts) = 1", [attempt])
-        return dataclasses.replace(self.context, steps=_joined([carried, others]))
+        numerics = to_frame(self.store.query(  # type: ignore[attr-defined]
+            "SELECT * FROM numerics WHERE job_id = ? AND attempt <= ?", [self.job, attempt]),
+            "numerics")
+        return dataclasses.replace(self.context, steps=_joined([carried, others]),
+                                   numerics=numerics)
 
     def _steps(
         self, columns: str | tuple[str, ...], where: str, params: list[object]

@@ -317,6 +317,21 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("bad_loss_step", pa.int64()),  # the first step whose loss was NaN or Inf
         _f("closed", pa.bool_()),  # the step timer was closed: this rank steps no more
     )),
+    # one rank's numerics at one step (collectors/training/numerics.py, opt-in): its own loss and
+    # gradient norm before the gradient all_reduce; every N steps a digest of its parameter shard
+    TableSpec("numerics", Scope.JOB, {Role.TAILED: 7, Role.JOB_VIEW: 5}, (
+        _f("step", pa.int64()),
+        _f("phase", pa.string()),
+        _f("loss", pa.float64()),  # this rank's own loss (NaN and Inf kept)
+        _f("grad_norm", pa.float64()),  # L2 norm of this rank's local gradients (NaN/Inf kept)
+        _f("digest", pa.string()),  # hash of the parameter shard after the optimizer step
+        _f("digest_bytes", pa.int64()),  # bytes hashed
+        _f("digest_s", pa.float64()),  # seconds the digest took on the training thread
+        _f("dp_rank", pa.int32()),
+        _f("tp_rank", pa.int32()),
+        _f("pp_rank", pa.int32()),
+        _f("batch", pa.string()),  # the batch's id when the script gives one (else the step)
+    )),
     # one checkpoint seen in a tier
     TableSpec("checkpoints", Scope.RECORD, {Role.SIMULATED_ROWS: 4}, (
         _f("tier", pa.string()),  # local, peer, durable

@@ -192,6 +192,8 @@ class StepTimer(RowWriter):
             maxlen=self.max_buffered_rows
         )
         self._pending_ranks: list[dict[str, Any]] = []
+        self._extra: dict[str, collections.deque[dict[str, Any]]] = {}
+        self.extra_dropped: dict[str, int] = {}
         self._section_cache: dict[str, _Section] = {}
         self._stack: list[tuple[str, int]] = []
         self._sections: dict[str, int] = {}
@@ -265,6 +267,25 @@ class StepTimer(RowWriter):
         if section is None:
             section = self._section_cache[name] = self._section_class(self, str(name))
         return section
+
+    def queue_row(self, table: str, row: dict[str, Any]) -> None:
+        """Queue one row of another table (its identity columns added) for the writer thread to
+        write beside the steps: collectors/training/numerics.py writes its rows so. Bounded like
+        the steps queue (the oldest row is pushed out and counted in extra_dropped); never raises.
+        """
+        try:
+            queue = self._extra.get(table)
+            if queue is None:
+                queue = self._extra[table] = collections.deque(maxlen=self.max_buffered_rows)
+            if self._closed or len(queue) == self.max_buffered_rows:
+                self.extra_dropped[table] = self.extra_dropped.get(table, 0) + 1
+                if self._closed:
+                    return
+            full = dict(self._identity_columns)
+            full.update(row)
+            queue.append(full)
+        except Exception as exc:
+            self._error("queue row", exc)
 
     def _begin_step(self, step: _Step) -> None:
         # a step inside a step: close the outer one's sections into it first

@@ -40,6 +40,10 @@ class RowWriter:
     _late: int
     _drops_reported: int
     _drops_logged_at: float | None
+    # rows of other tables written beside the steps (StepTimer.queue_row): table -> bounded queue
+    _extra: dict[str, collections.deque[dict[str, Any]]]
+    # of those, rows not written (pushed out of a full queue, refused, no store), by table
+    extra_dropped: dict[str, int]
 
     def _count_unwritten_at_close(self) -> None:
         with self._account:
@@ -122,6 +126,9 @@ class RowWriter:
         while the sink still holds a failed batch of max_buffered_rows."""
         sink = self.sink
         if sink is None:
+            for table, queue in list(self._extra.items()):
+                self.extra_dropped[table] = self.extra_dropped.get(table, 0) + len(queue)
+                queue.clear()
             with self._account:
                 dropped = len(self._queue)
                 ranks = len(self._pending_ranks)
@@ -135,6 +142,7 @@ class RowWriter:
             if self._pending_ranks:
                 sink.write("ranks", list(self._pending_ranks))
                 self._pending_ranks.clear()
+            self._drain_extra(sink)
             if sink.pending_rows("steps") < self.max_buffered_rows:
                 rows = self._take_rows()
                 if rows:
@@ -154,6 +162,23 @@ class RowWriter:
             self.stats.write_failures += 1
             self._error("write", exc)
             return False
+
+    def _drain_extra(self, sink: RowSink) -> None:
+        """Rows of the other tables into the sink (a refused batch is counted, never retried)."""
+        for table, queue in list(self._extra.items()):
+            rows = []
+            while queue:
+                try:
+                    rows.append(queue.popleft())
+                except IndexError:
+                    break
+            if not rows:
+                continue
+            try:
+                sink.write(table, rows)
+            except Exception:
+                self.extra_dropped[table] = self.extra_dropped.get(table, 0) + len(rows)
+                raise
 
     def _take_rows(self) -> list[dict[str, Any]]:
         rows = []

@@ -17,6 +17,12 @@ rank, node, attempt and step:
                      gradients and the weights go NaN as in a real divergence
     loss_spike       a corrupt batch: the model's input is scaled by `params.factor` (default 1000) at `step` (to
                      until_step when given): the loss spikes, the gradients with it
+    bitflip          one bit (`params.bit`, default 30: a float32's top exponent bit; 22: the top
+                     mantissa bit) of element `params.index` (default 0) of parameter `params.param`
+                     (its place in model.parameters(), default 0) flips, as a hardware fault does:
+                     `params.target` param: in the parameter, after this rank's optimizer step;
+                     grad: in its gradient before the all_reduce (a tensor hook); at `step`, every
+                     step to until_step when given (repeatedly on the same GPU)
     skip_collective  the first `params.op` (default all_reduce) of group `params.group` (world | sub) at `step`
                      returns without running
     slow_checkpoint  TieredCheckpointer.save sleeps `params.extra_s` first (every rank that matches)
@@ -158,6 +164,20 @@ class WorkerInjector:
             if self.step < (fault.until_step if fault.until_step is not None else fault.step + 1):
                 return float(fault.params.get("factor", 1000.0))
         return None
+
+    def flips(self, target: str) -> list[FaultSpec]:
+        """The bitflip faults of `target` (param, grad) that fire at this step."""
+        if self.phase != "train" or self.step is None:
+            return []
+        found = []
+        for fault in self.faults:
+            if fault.kind != "bitflip" or fault.params.get("target", "param") != target:
+                continue
+            if not self._mine(fault) or self.step < fault.step:
+                continue
+            if self.step < (fault.until_step if fault.until_step is not None else fault.step + 1):
+                found.append(fault)
+        return found
 
     def nan_active(self) -> bool:
         return self.phase == "train" and any(
@@ -302,6 +322,8 @@ def install_worker(plan: InjectionPlan, lab_dir: Path) -> WorkerInjector:
     _patch_distributed(injector)
     if any(f.kind in ("nan", "loss_spike") for f in injector.faults):
         _patch_modules(injector)
+    if any(f.kind == "bitflip" for f in injector.faults):
+        _patch_bitflips(injector)
     return injector
 
 
@@ -385,6 +407,64 @@ def _patch_modules(injector: WorkerInjector) -> None:
     if any(f.kind == "loss_spike" for f in injector.faults):
         torch.nn.modules.module.register_module_forward_pre_hook(corrupt)
         torch.nn.modules.module.register_module_forward_hook(leave)
+
+
+def flip_bit(tensor: Any, index: int, bit: int) -> None:
+    """Flip bit `bit` of element `index` of `tensor` (flattened) in place."""
+    import torch
+
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()]
+    width = 8 * tensor.element_size()
+    mask = 1 << (bit % width)
+    if mask >= 1 << (width - 1):
+        mask -= 1 << width  # the sign bit, as a signed integer of that width
+    with torch.no_grad():
+        flat = tensor.view(-1).view(ints)
+        flat[index % flat.numel()] ^= mask
+
+
+def _patch_bitflips(injector: WorkerInjector) -> None:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def after_step(optimizer, args, kwargs):  # type: ignore[no-untyped-def]
+        for fault in injector.flips("param"):
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            target = params[int(fault.params.get("param", 0)) % len(params)]
+            bit, index = int(fault.params.get("bit", 30)), int(fault.params.get("index", 0))
+            flip_bit(target.data, index, bit)
+            injector._log(fault, f"parameter {fault.params.get('param', 0)}[{index}] bit {bit}")
+        return None
+
+    hooked = [False]  # the first module called in training mode is the model (outermost)
+
+    def on_forward(module, inputs):  # type: ignore[no-untyped-def]
+        if hooked[0] or not module.training:
+            return None
+        params = list(module.parameters())
+        if not params:
+            return None
+        hooked[0] = True
+        for fault in injector.faults:
+            if fault.kind != "bitflip" or fault.params.get("target", "param") != "grad":
+                continue
+            param = params[int(fault.params.get("param", 0)) % len(params)]
+
+            def corrupt(grad, _fault=fault):  # type: ignore[no-untyped-def]
+                if _fault not in injector.flips("grad"):
+                    return None
+                grad = grad.clone()
+                bit, index = int(_fault.params.get("bit", 30)), int(_fault.params.get("index", 0))
+                flip_bit(grad, index, bit)
+                injector._log(_fault, f"gradient of parameter {_fault.params.get('param', 0)}"
+                                      f"[{index}] bit {bit}, before the all_reduce")
+                return grad
+
+            param.register_hook(corrupt)
+        return None
+
+    register_optimizer_step_post_hook(after_step)
+    torch.nn.modules.module.register_module_forward_pre_hook(on_forward)
 
 
 def install_from_env() -> None:

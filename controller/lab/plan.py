@@ -42,6 +42,7 @@ WORKER_KINDS = frozenset(
         "skip_collective",
         "slow_checkpoint",
         "loss_spike",
+        "bitflip",
     }
 )
 # fault kinds carried out by the runner when a rank reaches the step (controller/lab/actions.py)

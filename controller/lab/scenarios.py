@@ -17,7 +17,7 @@ REPO_ROOT = rooms_root()
 # the packaged file; load_campaign reads rule_file
 DEFAULT_SCENARIOS = shipped_rule_file("campaign.yaml")
 
-CLASSES = frozenset({"crash", "collective_hang", "straggler", "health", "any"})
+CLASSES = frozenset({"crash", "collective_hang", "straggler", "health", "numerics", "any"})
 ACTIONS = frozenset({"failover", "restart", "escalate", "notify", "drain"})
 CULPRITS = frozenset({"fault", "fault_node", "none"})
 # cause families: the scoring compares these (the exact cause is reported beside)

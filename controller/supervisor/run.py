@@ -330,7 +330,7 @@ class Supervisor:
                 return RunResult(
                     Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store
                 )
-            if decision.action is not Action.FAILOVER:
+            if decision.action not in (Action.FAILOVER, Action.RESTART):
                 # what the human is called for (data: printed literally)
                 for item in decision.evidence[:2]:
                     self.say(f"evidence ({item.table}): {item.text}")

@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from faultlens import environment
 from faultlens.collectors.training.fr_trigger import FlightRecorderTrigger
+from faultlens.collectors.training.numerics import NumericsProbe
 from faultlens.collectors.training.step_timer import ParallelCoords, RankIdentity, StepTimer
 from faultlens.controller.checkpoints.tiered import TieredCheckpointer
 from faultlens.controller.restore import load_rank_state, load_restore_plan
@@ -41,11 +42,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--flush-s", type=float, default=2.0, help="step-row flush interval of the "
                                                                    "timer")
     parser.add_argument("--timeout", type=float, default=30.0, help="collective timeout (s)")
+    parser.add_argument("--seed", type=int, default=0, help="the model's and the data's seed")
+    parser.add_argument("--numerics-every", type=int, default=0, help="in-job numerics signals "
+                        "(loss, local gradient norm; a parameter digest every N steps; 0: off)")
     return parser.parse_args()
 
 
-def build_model() -> torch.nn.Module:
-    torch.manual_seed(0)
+def build_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
     return torch.nn.Sequential(
         torch.nn.Linear(32, 64),
         torch.nn.ReLU(),
@@ -65,13 +69,17 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node = environment.NODE.get()
-    model = DistributedDataParallel(build_model())
+    model = DistributedDataParallel(build_model(args.seed))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     timer = StepTimer.from_env(
         flush_interval_s=args.flush_s,
         identity=RankIdentity.from_env(gpu_index=local_rank),
         parallel=ParallelCoords(dp_rank=rank, pp_rank=0, tp_rank=0, pp_size=1),
     )
+    probe = None
+    if args.numerics_every > 0:
+        probe = NumericsProbe(timer, digest_every=args.numerics_every)
+        model.register_comm_hook(None, probe.comm_hook)
     checkpointer = TieredCheckpointer.from_env(
         environment.CKPT_LOCAL.raw(),
         durable=environment.CKPT_DURABLE.get(),
@@ -82,20 +90,28 @@ def main() -> None:
     )
     start = 0
     plan = load_restore_plan()
+    skip = set(plan.skip_steps) if plan is not None else set()
     if plan is not None and not plan.fresh_start:
         state = load_rank_state(plan, rank)
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"]) + 1
-    data = torch.Generator().manual_seed(100 + rank)
+    data = torch.Generator().manual_seed(100 + rank + 1000 * args.seed)
     target_w = torch.linspace(-1, 1, 32)
 
     def batch() -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.randn(args.batch, 32, generator=data)
         return x, (x @ target_w).unsqueeze(1)
 
+    # the data stream is a function of the step: a resumed run sees the batches the first one saw
+    for _ in range(start):
+        batch()
+
     try:
         for step in range(start, args.steps):
+            if step in skip:  # the restore plan says: leave this step's batch out
+                batch()
+                continue
             with timer.step(step, tokens=args.batch * 32, samples=args.batch) as record_step:
                 with timer.section("data"):
                     x, y = batch()
@@ -111,6 +127,8 @@ def main() -> None:
                 with timer.section("optimizer"):
                     optimizer.step()
                 record_step.loss = float(reported.item()) / world
+            if probe is not None:
+                probe.record(step, loss=loss, module=model.module, batch=step)
             if args.eval_every and step > 0 and step % args.eval_every == 0:
                 with timer.step(step, phase="eval"), torch.no_grad():
                     total = torch.zeros(1)

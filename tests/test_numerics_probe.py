@@ -1,0 +1,102 @@
+"""The in-job numerics probe (collectors/training/numerics.py): its rows reach a real store through
+the step timer's writer, its gradient norm is torch's, its digest changes with any one flipped bit
+of any float dtype (and comes back when the bit flips back), and nothing it meets raises into the
+training loop."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from faultlens.attribution.reading.store import Store
+from faultlens.collectors.training.numerics import NumericsProbe
+from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
+from faultlens.controller.lab.inject import flip_bit
+
+torch = pytest.importorskip("torch")
+
+
+def _timer(store: Path) -> StepTimer:
+    identity = RankIdentity(rank=3, job_id="job", attempt=0, node="node-1", gpu_index=1)
+    return StepTimer.from_env(str(store), identity=identity, heartbeat=False)
+
+
+@pytest.mark.parametrize("every", [1, 3, 5])
+def test_rows_reach_the_store_with_torchs_gradient_norm_and_a_digest_every_n_steps(
+    tmp_path: Path, every: int
+) -> None:
+    torch.manual_seed(every)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    timer = _timer(tmp_path / "store")
+    probe = NumericsProbe(timer, digest_every=every)
+    expected = {}
+    for step in range(10):
+        with timer.step(step) as record:
+            loss = model(torch.randn(4, 6)).pow(2).mean()
+            loss.backward()
+            probe.local_grads(model.parameters())
+            expected[step] = float(
+                torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            )
+            optimizer.step()
+            optimizer.zero_grad()
+            record.loss = loss.item()
+        probe.record(step, loss=loss, module=model, batch=f"shard-{step}")
+    timer.close()
+    assert probe.stats.errors == 0 and timer.extra_dropped == {}
+    with Store(str(tmp_path / "store")) as store:
+        rows = store.query("SELECT * FROM numerics ORDER BY step").to_pylist()
+    assert [r["step"] for r in rows] == list(range(10))
+    assert all(r["rank"] == 3 and r["node"] == "node-1" and r["gpu_index"] == 1 for r in rows)
+    for row in rows:
+        assert row["grad_norm"] == pytest.approx(expected[row["step"]], rel=1e-5)
+        assert row["batch"] == f"shard-{row['step']}"
+        assert (row["digest"] is not None) == (row["step"] % every == 0)
+    digests = [r["digest"] for r in rows if r["digest"]]
+    assert len(set(digests)) == len(digests)  # the parameters moved every step
+    assert {r["digest_bytes"] for r in rows if r["digest"]} == {(6 * 5 + 5 + 5 * 2 + 2) * 4}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("hasher", ["crc32", "blake2b"])
+def test_any_one_flipped_bit_changes_the_digest(dtype: str, hasher: str) -> None:
+    rng = random.Random(f"{dtype}-{hasher}")
+    torch.manual_seed(0)
+    shapes = [(33, 17), (64,), (3, 4, 5), ()]
+    params = [torch.randn(s).to(getattr(torch, dtype)) for s in shapes]
+    probe = NumericsProbe(None, hasher=hasher)
+    clean = probe.digest(params)[0]
+    assert probe.digest([p.clone() for p in params])[0] == clean
+    width = 8 * params[0].element_size()
+    for _ in range(40):
+        tensor = rng.choice(params)
+        index, bit = rng.randrange(max(1, tensor.numel())), rng.randrange(width)
+        flip_bit(tensor, index, bit)
+        assert probe.digest(params)[0] != clean, (tensor.shape, index, bit)
+        flip_bit(tensor, index, bit)
+        assert probe.digest(params)[0] == clean
+
+
+def test_nothing_raises_into_the_training_loop(tmp_path: Path) -> None:
+    class Broken:
+        def parameters(self):  # type: ignore[no-untyped-def]
+            raise RuntimeError("no parameters today")
+
+    timer = _timer(tmp_path / "store")
+    probe = NumericsProbe(timer, digest_every=1)
+    probe.local_grads([object(), None])  # no .grad: nothing to add
+    probe.local_grads(Broken().parameters)  # not iterable: counted
+    probe.record(0, loss="not a number", module=Broken())
+    probe.record(1, loss=float("nan"))
+    timer.close()
+    probe.record(2, loss=1.0)  # after close: counted as dropped, not raised
+    assert probe.stats.errors == 2
+    assert timer.extra_dropped == {"numerics": 1}
+    with Store(str(tmp_path / "store")) as store:
+        rows = store.query("SELECT step, loss FROM numerics ORDER BY step").to_pylist()
+    assert [r["step"] for r in rows] == [1]
+    with pytest.raises(ValueError):
+        NumericsProbe(timer, hasher="no-such-hash")
