@@ -118,11 +118,11 @@ class RestorePlan:
 
 def plan_restore(decision: Decision, catalog: CheckpointCatalog, *, world_size: int | None = None
                  ) -> RestorePlan | None:
-    """The plan for a failover decision (None for escalate/drain). The per-rank sources are rebuilt
-    from the catalog at the decided step; if that checkpoint no longer qualifies (deleted, corrupted
-    since), the newest one at or before it that does is used (older is always safe, also under
-    suspected corruption)."""
-    if decision.action is not Action.FAILOVER:
+    """The plan for a failover or restart decision (None for escalate/drain). The per-rank sources
+    are rebuilt from the catalog at the decided step; if that checkpoint no longer qualifies
+    (deleted, corrupted since), the newest one at or before it that does is used (older is always
+    safe, also under suspected corruption)."""
+    if decision.action not in (Action.FAILOVER, Action.RESTART):
         return None
     base = {
         "decision_id": decision.decision_id,
