@@ -14,6 +14,7 @@ import argparse
 import builtins
 import datetime as dt
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -48,12 +49,56 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="every rank fails before its first step (a broken config)",
     )
+    parser.add_argument(
+        "--leave-rank",
+        type=int,
+        default=None,
+        help="this rank's data ends early: it leaves after --leave-after steps",
+    )
+    parser.add_argument("--leave-after", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument(
+        "--kill-worker-rank",
+        type=int,
+        default=None,
+        help="this rank's DataLoader worker is SIGKILLed on its host (once, with "
+        "--once-file) at --kill-worker-step",
+    )
+    parser.add_argument("--kill-worker-step", type=int, default=None)
     return parser.parse_args()
 
 
 def build_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+
+class Batches(torch.utils.data.Dataset):
+    """Random regression batches, made in the DataLoader's worker processes."""
+
+    def __init__(self, seed: int, length: int) -> None:
+        self.seed, self.length = seed, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(16, 16, generator=torch.Generator().manual_seed(self.seed * 1000 + index))
+        return x, x.sum(dim=1, keepdim=True)
+
+
+def maybe_kill_worker(args: argparse.Namespace, rank: int, step: int, loader: object) -> None:
+    """What the host's OOM killer or an operator does to a DataLoader worker: SIGKILL."""
+    if args.kill_worker_rank != rank or args.kill_worker_step != step:
+        return
+    if args.once_file:
+        marker = Path(args.once_file)
+        if marker.exists():
+            return
+        marker.write_text(f"killed a DataLoader worker of rank {rank} at step {step}\n")
+    for worker in getattr(loader, "_workers", []):  # the loader's worker processes
+        os.kill(worker.pid, signal.SIGKILL)
+    time.sleep(0.5)
 
 
 def maybe_raise(args: argparse.Namespace, rank: int, step: int) -> None:
@@ -101,12 +146,29 @@ def main() -> None:
         optimizer.load_state_dict(state["optimizer"])
         start = int(state["step"]) + 1
     data = torch.Generator().manual_seed(10 + rank)
+    loader = None
+    if args.workers:
+        dataset = Batches(10 + rank, args.steps)
+        loader = iter(
+            torch.utils.data.DataLoader(
+                dataset, batch_size=None, num_workers=args.workers, sampler=range(start, args.steps)
+            )
+        )
     try:
         for step in range(start, args.steps):
+            if rank == args.leave_rank and args.leave_after is not None and step > args.leave_after:
+                # uneven data: this rank's loader is exhausted, it returns (exit 0; the finally
+                # below closes its step timer)
+                print(f"rank {rank}: no more data after step {step - 1}", file=sys.stderr)
+                sys.exit(0)
             with timer.step(step, samples=16) as record_step:
                 with timer.section("data"):
-                    x = torch.randn(16, 16, generator=data)
-                    y = x.sum(dim=1, keepdim=True)
+                    maybe_kill_worker(args, rank, step, loader)
+                    if loader is not None:
+                        x, y = next(loader)
+                    else:
+                        x = torch.randn(16, 16, generator=data)
+                        y = x.sum(dim=1, keepdim=True)
                     maybe_raise(args, rank, step)
                 with timer.section("forward"):
                     time.sleep(args.compute_s)
