@@ -29,7 +29,7 @@ SCRIPT = REPO_ROOT / "tests" / "torch_jobs" / "user_faults.py"
 
 
 def faultlens_run(
-    tmp_path: Path, job: str, command: list[str], nnodes: int = 2, nproc: int = 2
+    tmp_path: Path, job: str, command: list[str], nnodes: int = 2, nproc: int = 2, spares: int = 0
 ) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}
     started = time.monotonic()
@@ -47,6 +47,8 @@ def faultlens_run(
             str(nnodes),
             "--nproc-per-node",
             str(nproc),
+            "--spares",
+            str(spares),
             "--job",
             job,
             "--",
@@ -56,7 +58,7 @@ def faultlens_run(
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=600,
     )
     return proc, time.monotonic() - started
 
@@ -136,7 +138,7 @@ def test_a_one_off_exception_is_restarted_in_place_and_the_job_finishes(tmp_path
     # both attempts on the same two nodes
     assert out.count("starting on node-0, node-1") == 2
     # the end summary is the store's: the restart, applied, nothing excluded
-    assert f"job {job}: completed (completed) after 2 attempt(s); 1 incident(s)" in proc.stdout
+    assert f"job {job}: completed after 2 attempt(s); state completed; 1 incident(s)" in proc.stdout
     assert "decision  restart [applied], excluded nothing" in proc.stdout
     assert job_state(tmp_path / "store", job) == "completed"
 

@@ -56,8 +56,8 @@ def summary_lines(result: RunResult, *, now: dt.datetime | None = None) -> list[
         )
     )
     lines = [
-        f"job {result.job_id}: {state.value} ({result.outcome.value}) after "
-        f"{len(result.attempts)} attempt(s); {len(incidents)} incident(s) in the store"
+        f"job {result.job_id}: {result.outcome.value} after {len(result.attempts)} attempt(s); "
+        f"state {state.value}; {len(incidents)} incident(s) in the store"
     ]
     if result.job_error is not None:
         lines.append(f"  job error (no node to blame): {result.job_error.error}")

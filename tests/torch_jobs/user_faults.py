@@ -65,6 +65,13 @@ def parse_args() -> argparse.Namespace:
         "--once-file) at --kill-worker-step",
     )
     parser.add_argument("--kill-worker-step", type=int, default=None)
+    parser.add_argument(
+        "--hang-rank",
+        type=int,
+        default=None,
+        help="this rank hangs in the attempt's first --hang-phase step (once, with --once-file)",
+    )
+    parser.add_argument("--hang-phase", choices=["checkpoint"], default="checkpoint")
     return parser.parse_args()
 
 
@@ -99,6 +106,18 @@ def maybe_kill_worker(args: argparse.Namespace, rank: int, step: int, loader: ob
     for worker in getattr(loader, "_workers", []):  # the loader's worker processes
         os.kill(worker.pid, signal.SIGKILL)
     time.sleep(0.5)
+
+
+def maybe_hang(args: argparse.Namespace, rank: int) -> None:
+    """A rank stuck in its first checkpoint save (a hung filesystem): its peers go on and wait."""
+    if args.hang_rank != rank:
+        return
+    if args.once_file:
+        marker = Path(args.once_file)
+        if marker.exists():
+            return
+        marker.write_text(f"rank {rank} hung in its first checkpoint\n")
+    time.sleep(3600)
 
 
 def maybe_raise(args: argparse.Namespace, rank: int, step: int) -> None:
@@ -181,6 +200,7 @@ def main() -> None:
                 record_step.loss = float(loss.item())
             if checkpointer.due(step) or checkpointer.durable_due(step):
                 with timer.step(step, phase="checkpoint"):
+                    maybe_hang(args, rank)
                     checkpointer.save(
                         step,
                         {
