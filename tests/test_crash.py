@@ -371,7 +371,7 @@ def test_bad_crash_rules_name_file_key_and_expectation(tmp_path: Path) -> None:
                                          r"than or equal"):
         load_crash_rules(bad)
     bad.write_text(good.replace('message: "No space left on device"', 'message: "No space (left"'))
-    with pytest.raises(RulesError, match=r"signatures\[5\]\.message: .*regular expression"):
+    with pytest.raises(RulesError, match=r"signatures\[6\]\.message: .*regular expression"):
         load_crash_rules(bad)
     bad.write_text(good.replace("format_version: 1", "format_version: 7"))
     with pytest.raises(RulesError, match=r"format_version: expected 1, got 7"):

@@ -365,7 +365,8 @@ def test_bad_yaml_names_the_file_and_line(tmp_path: Path) -> None:
         ),
         (
             lambda t: t.replace("action: drain", "action: reboot"),
-            ": rules[0].action: expected one of failover, escalate, notify, drain, got 'reboot'",
+            ": rules[0].action: expected one of failover, restart, escalate, notify, drain, "
+            "got 'reboot'",
         ),
         (
             lambda t: t.replace("    unknown: 2", "    cosmic: 2"),
@@ -375,7 +376,7 @@ def test_bad_yaml_names_the_file_and_line(tmp_path: Path) -> None:
             lambda t: t.replace(
                 "when: {cause: [gpu_hardware,", "when: {cause: [software, gpu_hardware,"
             ),
-            ": rules[3].when.cause: a failover rule may not match a never_failover cause "
+            ": rules[5].when.cause: a failover rule may not match a never_failover cause "
             "(software)",
         ),
         (

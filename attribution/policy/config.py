@@ -70,14 +70,25 @@ class _CulpritNodes(FileModel):
 class _When(FileModel):
     class_: Annotated[list[_Class], Field(min_length=1)] | None = Field(default=None, alias="class")
     cause: Annotated[list[_Cause], Field(min_length=1)] | None = None
+    # the attribution rule that made the incident (e.g. a crash signature's id)
+    rule: Annotated[list[str], Field(min_length=1)] | None = None
     culprit_nodes: _CulpritNodes | None = None
+    culprit_ranks: _CulpritNodes | None = None
+
+
+class _Restart(FileModel):
+    same_fingerprint: NonNegativeInt
 
 
 class _Rule(FileModel):
     id: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
     when: _When
     action: Literal[
-        Action.FAILOVER.value, Action.ESCALATE.value, Action.NOTIFY.value, Action.DRAIN.value
+        Action.FAILOVER.value,
+        Action.RESTART.value,
+        Action.ESCALATE.value,
+        Action.NOTIFY.value,
+        Action.DRAIN.value,
     ]
     reason: str | None = None
     # a failover that needs no culprit node: restart in place from an older checkpoint
@@ -103,6 +114,7 @@ class PolicyFile(FileModel):
     never_failover_causes: _CauseList
     software_repeat: _SoftwareRepeat | None = None
     retry_budget: _RetryBudget
+    restart_budget: _Restart | None = None
     lemon: _Lemon | None = None
     corruption_causes: _CauseList | None = None
     max_exclude_nodes: Annotated[int, Field(ge=1)] | None = None
@@ -120,21 +132,41 @@ class PolicyRule:
     min_nodes: int | None = None
     max_nodes: int | None = None
     without_culprit: bool = False
+    attribution_rules: frozenset[str] | None = None
+    min_ranks: int | None = None
+    max_ranks: int | None = None
 
     def matches(self, incident: Incident) -> bool:
         if self.classes is not None and incident.incident_class not in self.classes:
             return False
         if self.causes is not None and incident.cause not in self.causes:
             return False
-        nodes = len(set(incident.culprit_nodes))
-        if self.min_nodes is not None and nodes < self.min_nodes:
+        if self.attribution_rules is not None and incident.rule not in self.attribution_rules:
             return False
-        return not (self.max_nodes is not None and nodes > self.max_nodes)
+        if not _within(len(set(incident.culprit_nodes)), self.min_nodes, self.max_nodes):
+            return False
+        return _within(len(set(incident.culprit_ranks)), self.min_ranks, self.max_ranks)
+
+    @property
+    def catch_all(self) -> bool:
+        return (
+            self.classes is None
+            and self.causes is None
+            and self.attribution_rules is None
+            and self.min_nodes is None
+            and self.max_nodes is None
+            and self.min_ranks is None
+            and self.max_ranks is None
+        )
 
     def when_cause_matched(self, incident: Incident) -> bool:
-        """The rule names causes and this incident's cause is one of them (not a catch-all match).
-        """
+        """The rule names causes and this incident's cause is one of them (not a catch-all
+        match)."""
         return self.causes is not None and incident.cause in self.causes
+
+
+def _within(count: int, low: int | None, high: int | None) -> bool:
+    return (low is None or count >= low) and (high is None or count <= high)
 
 
 @dataclass(frozen=True)
@@ -184,6 +216,9 @@ class PolicyConfig:
     corruption_causes: frozenset[Cause] = frozenset({Cause.DATA_CORRUPTION})
     max_exclude_nodes: int = 2
     straggler: SlowdownPolicy = field(default_factory=SlowdownPolicy)
+    # restarts in place allowed per job and failure fingerprint: the same fingerprint seen more
+    # often than this in the job escalates (the code, not chance)
+    restart_same_fingerprint: int = 1
 
     def threshold_for(self, incident_class: IncidentClass) -> float:
         return (self.confidence_by_class or {}).get(incident_class, self.confidence_threshold)
@@ -215,24 +250,29 @@ def policy_from_document(document: Mapping[str, Any], *, source: str) -> PolicyC
             min_nodes=when.get("culprit_nodes", {}).get("min"),
             max_nodes=when.get("culprit_nodes", {}).get("max"),
             without_culprit=bool(raw.get("without_culprit", False)),
+            attribution_rules=frozenset(when["rule"]) if "rule" in when else None,
+            min_ranks=when.get("culprit_ranks", {}).get("min"),
+            max_ranks=when.get("culprit_ranks", {}).get("max"),
         )
         if rule.id in ids:
-            raise PolicyError(f"{source}: rules[{index}].id: expected a unique id, {rule.id!r} is "
-                              "used twice")
+            raise PolicyError(
+                f"{source}: rules[{index}].id: expected a unique id, {rule.id!r} is used twice"
+            )
         ids.add(rule.id)
         if rule.action is Action.FAILOVER and rule.causes is not None and rule.causes & never:
             bad = ", ".join(sorted(c.value for c in rule.causes & never))
-            raise PolicyError(f"{source}: rules[{index}].when.cause: a failover rule may not match "
-                              "a "
-                              f"never_failover cause ({bad})")
+            raise PolicyError(
+                f"{source}: rules[{index}].when.cause: a failover rule may not match "
+                "a "
+                f"never_failover cause ({bad})"
+            )
         rules.append(rule)
-    if not any(
-        not r.classes and not r.causes and r.min_nodes is None and r.max_nodes is None
-        for r in rules
-    ):
-        raise PolicyError(f"{source}: rules: expected a last catch-all rule (`when: {{}}`) so "
-                          "every incident gets "
-                          "exactly one decision")
+    if not any(r.catch_all for r in rules):
+        raise PolicyError(
+            f"{source}: rules: expected a last catch-all rule (`when: {{}}`) so "
+            "every incident gets "
+            "exactly one decision"
+        )
     repeat = document.get("software_repeat", {})
     lemon = document.get("lemon")
     budget = document["retry_budget"]
@@ -266,4 +306,5 @@ def policy_from_document(document: Mapping[str, Any], *, source: str) -> PolicyC
         ),
         max_exclude_nodes=int(document.get("max_exclude_nodes", 2)),
         straggler=SlowdownPolicy.from_document(document.get("straggler")),
+        restart_same_fingerprint=int(document.get("restart_budget", {}).get("same_fingerprint", 1)),
     )

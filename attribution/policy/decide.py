@@ -79,10 +79,16 @@ class DecisionPolicy:
         if repeat is not None:
             return escalate("software-repeat", repeat, Cause.SOFTWARE)
 
-        # 2. an escalation the evidence itself asks for (software, systemic imbalance) needs no
-        # culprit node: say why, rather than "no culprit"
         # the last rule is a catch-all (loader checks)
         rule = next(r for r in config.rules if r.matches(incident))
+
+        # 2. a restart in place (a first occurrence: no verdict on the code nor on a node) needs
+        # no culprit node and excludes none; the same fingerprint again escalates
+        if rule.action is Action.RESTART:
+            return self._restart(incident, rule, now, escalate)
+
+        # 3. an escalation the evidence itself asks for (software, systemic imbalance) needs no
+        # culprit node: say why, rather than "no culprit"
         if rule.action is Action.ESCALATE and rule.when_cause_matched(incident):
             return escalate(rule.id, rule.reason)
         if rule.action is Action.NOTIFY and rule.when_cause_matched(incident):
@@ -94,16 +100,17 @@ class DecisionPolicy:
                 issued_at=now,
             )
 
-        # 3. no certain culprit
+        # 4. no certain culprit
         threshold = config.threshold_for(incident.incident_class)
         if not nodes and not rule.without_culprit:
             return escalate("no-culprit", "no culprit node identified; a human must look")
         if incident.confidence < threshold:
-            return escalate("low-confidence", "culprit not certain: confidence "
-                                              f"{incident.confidence:.2f} < "
-                                              f"{threshold:.2f}")
+            return escalate(
+                "low-confidence",
+                f"culprit not certain: confidence {incident.confidence:.2f} < {threshold:.2f}",
+            )
 
-        # 4. the first matching rule
+        # 5. the first matching rule
         if rule.action is Action.ESCALATE:
             return escalate(rule.id, rule.reason)
         # matched by class (or a catch-all): a notification, never a failover
@@ -125,35 +132,47 @@ class DecisionPolicy:
                 exclude_nodes=nodes,
             )
 
-        # 5. failover guards, then the failover itself
+        # 6. failover guards, then the failover itself
         guarded = self._failover_guard(incident, rule, nodes, escalate)
         if guarded is not None:
             return guarded
         return self._failover(incident, rule, nodes, job_nodes, now, escalate)
 
-    def _failover_guard(self, incident: Incident, rule: PolicyRule, nodes: tuple[str, ...],
-                        escalate: Callable[[str, str], Decision]) -> Decision | None:
+    def _failover_guard(
+        self,
+        incident: Incident,
+        rule: PolicyRule,
+        nodes: tuple[str, ...],
+        escalate: Callable[[str, str], Decision],
+    ) -> Decision | None:
         """An escalation where a failover must not happen: a cause never failed over, too many nodes
         (systemic), or the cause's retry budget spent."""
         config = self.config
         if incident.cause in config.never_failover_causes:
-            return escalate(f"{rule.id}:never-failover", f"cause {incident.cause.value} is never "
-                                                         "failed over "
-                                                         "(a restart would repeat it)")
+            return escalate(
+                f"{rule.id}:never-failover",
+                f"cause {incident.cause.value} is never failed over (a restart would repeat it)",
+            )
         if len(nodes) > config.max_exclude_nodes:
-            return escalate(f"{rule.id}:too-many-nodes", f"{len(nodes)} culprit nodes exceed "
-                                                         "max_exclude_nodes "
-                                                         f"{config.max_exclude_nodes}: systemic, "
-                                                         "not one node")
+            return escalate(
+                f"{rule.id}:too-many-nodes",
+                f"{len(nodes)} culprit nodes exceed "
+                "max_exclude_nodes "
+                f"{config.max_exclude_nodes}: systemic, "
+                "not one node",
+            )
         budget = config.retry_budget(incident.cause)
         # the root cause is the kind of failure and its cause: a straggler and a crash of unknown
         # cause are two
-        used = self.history.prior_failovers(incident.job_id, incident.cause, incident.incident_id,
-                                            incident.incident_class)
+        used = self.history.prior_failovers(
+            incident.job_id, incident.cause, incident.incident_id, incident.incident_class
+        )
         if used >= budget:
-            return escalate(f"{rule.id}:retry-budget-spent",
-                            f"retry budget for cause {incident.cause.value} spent: {used} "
-                            f"failovers of {budget}")
+            return escalate(
+                f"{rule.id}:retry-budget-spent",
+                f"retry budget for cause {incident.cause.value} spent: {used} "
+                f"failovers of {budget}",
+            )
         return None
 
     def _failover(
@@ -173,8 +192,11 @@ class DecisionPolicy:
         if repeat:  # the detector's own word: a rollback would loop (a spike that follows the data)
             return escalate(f"{rule.id}:repeats", str(repeat))
         exclude = list(nodes)
-        reasons = [f"{rule.reason}: exclude {', '.join(nodes)}" if nodes else f"{rule.reason}: "
-                                                                              "exclude no node"]
+        reasons = [
+            f"{rule.reason}: exclude {', '.join(nodes)}"
+            if nodes
+            else f"{rule.reason}: exclude no node"
+        ]
         lemons = self._job_lemons(incident, job_nodes, nodes)
         if lemons:
             exclude.extend(lemon.node for lemon in lemons)
@@ -188,22 +210,30 @@ class DecisionPolicy:
         restore = None
         if self.restore_chooser is not None:
             corrupt = incident.cause in config.corruption_causes
-            request = RestoreRequest(job_id=incident.job_id, exclude_nodes=tuple(exclude),
-                                     before_ts=incident.first_signal_ts if corrupt else None,
-                                     before_step=incident.step if corrupt else None)
+            request = RestoreRequest(
+                job_id=incident.job_id,
+                exclude_nodes=tuple(exclude),
+                before_ts=incident.first_signal_ts if corrupt else None,
+                before_step=incident.step if corrupt else None,
+            )
             restore = self.restore_chooser(request)
             if restore is None:
-                reasons.append("no usable checkpoint survives the exclusion: restart from the "
-                               "beginning")
+                reasons.append(
+                    "no usable checkpoint survives the exclusion: restart from the beginning"
+                )
             else:
                 where = f"{restore.tier} step {restore.step}"
-                reasons.append(f"restore {where}" + (" (older than the incident: corruption "
-                                                     "suspected)"
-                                                     if corrupt else ""))
+                reasons.append(
+                    f"restore {where}"
+                    + (" (older than the incident: corruption suspected)" if corrupt else "")
+                )
         if not exclude and restore is None:  # a rollback with nothing to roll back to
-            return escalate(f"{rule.id}:nothing-to-restore", "no node to leave out and no usable "
-                                                             "checkpoint from "
-                                                             "before the fault: a human must look")
+            return escalate(
+                f"{rule.id}:nothing-to-restore",
+                "no node to leave out and no usable "
+                "checkpoint from "
+                "before the fault: a human must look",
+            )
         # a job-wide numerics incident (its detector says so): a restart in place, leaving out the
         # batches of the spike when it names them
         details = incident.details if isinstance(incident.details, dict) else {}
@@ -224,6 +254,53 @@ class DecisionPolicy:
             restore=restore,
         )
 
+    def _restart(
+        self,
+        incident: Incident,
+        rule: PolicyRule,
+        now: dt.datetime,
+        escalate: Callable[[str, str], Decision],
+    ) -> Decision:
+        """Restart in place (same nodes, nothing excluded, the newest good checkpoint) the first
+        time this failure is seen in the job; escalate once the same failure has been seen
+        restart_same_fingerprint times before."""
+        budget = self.config.restart_same_fingerprint
+        seen = [
+            other
+            for other in self.history.job_incidents(incident.job_id, incident.incident_id)
+            if _same_failure(other, incident)
+        ]
+        what = (
+            f"fingerprint {incident.fingerprint}"
+            if incident.fingerprint
+            else f"{incident.incident_class.value}/{incident.cause.value} ({incident.rule})"
+        )
+        if len(seen) >= budget:
+            earlier = ", ".join(f"attempt {o.attempt}" for o in seen[:3])
+            return escalate(
+                f"{rule.id}:restart-budget-spent",
+                f"the same failure ({what}) returned: seen before in this job "
+                f"({earlier}); {budget} restart(s) in place allowed per failure: "
+                "the code or the data, not chance; a human must look",
+            )
+        restore = None
+        if self.restore_chooser is not None:
+            restore = self.restore_chooser(RestoreRequest(job_id=incident.job_id, exclude_nodes=()))
+        where = (
+            f"restore {restore.tier} step {restore.step}"
+            if restore is not None
+            else "no checkpoint yet: from the beginning"
+        )
+        return Decision.for_incident(
+            incident,
+            action=Action.RESTART,
+            policy_rule=rule.id,
+            reason=f"{rule.reason}: first occurrence of {what} in this job; restart in place on "
+            f"the same nodes, nothing excluded, {where}",
+            issued_at=now,
+            restore=restore,
+        )
+
     def _software_repeat(self, incident: Incident) -> str | None:
         rule = self.config.software_repeat
         if incident.cause not in rule.applies_to_causes:
@@ -232,8 +309,10 @@ class DecisionPolicy:
             return None
         nodes = set(incident.culprit_nodes)
         if rule.same_fingerprint_on_other_nodes and incident.fingerprint and len(nodes) > 1:
-            return (f"the same failure (fingerprint {incident.fingerprint}) on {len(nodes)} nodes "
-                    f"({', '.join(sorted(nodes))}): software")
+            return (
+                f"the same failure (fingerprint {incident.fingerprint}) on {len(nodes)} nodes "
+                f"({', '.join(sorted(nodes))}): software"
+            )
         others = self.history.job_incidents(incident.job_id, incident.incident_id)
         for other in others:
             if other.cause not in rule.applies_to_causes:
@@ -244,10 +323,12 @@ class DecisionPolicy:
                 and other.fingerprint == incident.fingerprint
                 and set(other.culprit_nodes) - nodes
             ):
-                return (f"the same failure (fingerprint {incident.fingerprint}) seen before on "
-                        f"{', '.join(sorted(set(other.culprit_nodes) - nodes))} (incident "
-                        f"{other.incident_id}): "
-                        "software")
+                return (
+                    f"the same failure (fingerprint {incident.fingerprint}) seen before on "
+                    f"{', '.join(sorted(set(other.culprit_nodes) - nodes))} (incident "
+                    f"{other.incident_id}): "
+                    "software"
+                )
             if (
                 rule.same_step_after_restart
                 and incident.step is not None
@@ -257,14 +338,17 @@ class DecisionPolicy:
                 and other.attempt is not None
                 and other.attempt < incident.attempt
             ):
-                return (f"the job failed again at step {incident.step} after a restart (attempt "
-                        f"{other.attempt} "
-                        f"-> {incident.attempt}, incident {other.incident_id}): a deterministic "
-                        "repeat, software")
+                return (
+                    f"the job failed again at step {incident.step} after a restart (attempt "
+                    f"{other.attempt} "
+                    f"-> {incident.attempt}, incident {other.incident_id}): a deterministic "
+                    "repeat, software"
+                )
         return None
 
-    def _job_lemons(self, incident: Incident, job_nodes: Iterable[str] | None,
-                    culprits: tuple[str, ...]) -> list[LemonNode]:
+    def _job_lemons(
+        self, incident: Incident, job_nodes: Iterable[str] | None, culprits: tuple[str, ...]
+    ) -> list[LemonNode]:
         if self.config.lemon is None:
             return []
         lemons = self.history.lemon_nodes(self.config.lemon, self.clock())
@@ -274,3 +358,14 @@ class DecisionPolicy:
             set(job_nodes) if job_nodes is not None else self.history.job_nodes(incident.job_id)
         )
         return [lemon for lemon in lemons if lemon.node in members and lemon.node not in culprits]
+
+
+def _same_failure(other: Incident, incident: Incident) -> bool:
+    """The same failure: the same fingerprint; without one, the same class, cause and rule."""
+    if incident.fingerprint:
+        return other.fingerprint == incident.fingerprint
+    return (other.incident_class, other.cause, other.rule) == (
+        incident.incident_class,
+        incident.cause,
+        incident.rule,
+    )

@@ -109,8 +109,6 @@ def _gpu_note() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from faultlens.controller.supervisor.run import RunConfig, Supervisor
-
     command = [c for c in args.train_command if c != "--"] if args.train_command else []
     if not command:
         raise CliError("give the training command after --, e.g. faultlens run --nnodes 2 "
@@ -118,6 +116,24 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "train.py")
     if args.nnodes < 1 or args.nproc_per_node < 1 or args.spares < 0:
         raise CliError("--nnodes and --nproc-per-node must be >= 1, --spares >= 0")
+    # before anything heavy is imported: a script that cannot run is said within a second
+    from faultlens.controller.supervisor.preflight import check_command
+
+    problem = check_command(command)
+    if problem is not None:
+        import sys
+
+        print(
+            f"faultlens run: job error (no node to blame): the training script cannot run: "
+            f"{problem.error}",
+            file=sys.stderr,
+        )
+        for line in problem.stderr:
+            print(f"  | {line}", file=sys.stderr)
+        return 1
+
+    from faultlens.controller.supervisor.run import RunConfig, Supervisor
+
     config = RunConfig(
         script=tuple(command),
         nnodes=args.nnodes,
@@ -145,13 +161,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         supervisor.close()
     import sys
 
-    from faultlens.controller.demo.report import print_attempts
+    from faultlens.controller.report.render import render_text
+    from faultlens.controller.supervisor.summary import summary_lines
 
-    print_attempts(result, sys.stdout)
+    try:
+        for line in summary_lines(result):
+            render_text(line, hanging="    ", break_words=False)
+    except Exception as exc:  # the run's result stands without its summary
+        print(f"faultlens run: cannot read the summary from the store: {exc}", file=sys.stderr)
     last = result.attempts[-1] if result.attempts else None
+    if result.job_error is not None:
+        print(
+            f"faultlens run: job error (no node to blame): {result.job_error.error}",
+            file=sys.stderr,
+        )
+        return 1
     if last is not None and last.last_step is None and result.outcome.value != "completed":
         from faultlens.controller.cli.startup import start_failure_lines
-        from faultlens.controller.report.render import render_text
 
         cause, *where = start_failure_lines(Path(args.workdir), last.attempt)
         render_text(cause, hanging="    ", break_words=False)  # paths in it stay whole
@@ -203,9 +229,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         max_attempts=args.faults + 1,
     )
     out, say = _printer()
-    say(f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, "
+    say(
+        f"faultlens demo: job {config.job_id}, {nnodes} nodes x {nproc} ranks (DDP over gloo, "
         "CPU), 4 spare nodes, "
-        f"store {args.store}")
+        f"store {args.store}"
+    )
 
     def faults(attempt: int, nodes: list[str], start_step: int):
         if attempt >= args.faults:

@@ -39,21 +39,15 @@ def job_ids(store: Store) -> list[dict[str, Any]]:
     return store.query(sql).to_pylist()
 
 
-def _state(job: dict[str, Any], incidents: list[dict[str, Any]], decisions: list[dict[str, Any]],
-           now: dt.datetime) -> str:
-    last_attempt = job["last_attempt"]
-    last_decision = decisions[-1] if decisions else None
-    if last_decision is not None and (last_decision.get("attempt") or 0) >= last_attempt:
-        if last_decision["action"] == "escalate":
-            return "escalated"
-        if last_decision["action"] == "failover":
-            return "failed over"
-        return str(last_decision["action"])
-    if job["last_ts"] is not None and (now - job["last_ts"]).total_seconds() <= RUNNING_WITHIN_S:
-        return "running"
-    if any((i.get("attempt") or 0) >= last_attempt for i in incidents):
-        return "incident"
-    return "ended"
+def _state(store: Store, job: dict[str, Any], incidents: list[dict[str, Any]],
+           decisions: list[dict[str, Any]], now: dt.datetime) -> str:
+    """What happened to the job (attribution/goodput/jobstate.py)."""
+    from faultlens.attribution.goodput.jobstate import agent_exits, judge_job_state
+
+    exits, launched = agent_exits(store, job["job_id"])
+    return judge_job_state(last_attempt=job["last_attempt"], last_ts=job["last_ts"], exits=exits,
+                           launched=launched, incidents=incidents, decisions=decisions, now=now,
+                           running_within_s=RUNNING_WITHIN_S).value
 
 
 @dataclass(frozen=True)
@@ -101,7 +95,8 @@ def list_jobs(
                 ettr = goodput(store, jid).ettr
             except (GoodputError, QueryError):
                 ettr = None
-        rows.append(JobRow(jid, int(job["attempts"]), _state(job, mine, decided, now), len(mine),
+        state = _state(store, job, mine, decided, now)
+        rows.append(JobRow(jid, int(job["attempts"]), state, len(mine),
                            ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "-", ettr,
                            job["first_ts"], job["last_ts"]))
     return rows

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from faultlens.attribution.decision import Decision
 from faultlens.attribution.incident import Incident
+from faultlens.controller.supervisor.preflight import JobError
 
 
 class Outcome(StrEnum):
@@ -21,6 +22,9 @@ class Outcome(StrEnum):
     ESCALATED = "escalated"
     NO_CAPACITY = "no_capacity"
     GAVE_UP = "gave_up"
+    # the job could not start: its script is missing or broken, or every node failed the same way
+    # before any step (no node to blame)
+    JOB_ERROR = "job_error"
     UNKNOWN = "unknown"
 
 
@@ -47,6 +51,9 @@ class RunConfig:
     checkpoint_wait_s: float = 120.0
     # after every agent exited with a failure: time for the engine to attribute it
     finish_wait_s: float = 6.0
+    # a crash before any step waits at most this for every node's start to be known (the same
+    # error on every node is a job error)
+    start_hold_s: float = 10.0
     # the job's declared length (FAULTLENS_TOTAL_STEPS for the step timer)
     total_steps: int | None = None
     # the remaining run time the slowdown policy assumes for a job that declares no length (None:
@@ -84,6 +91,8 @@ class AttemptRecord:
     # decisions delivered while the job kept running
     notices: list[Decision] = field(default_factory=list)
     completed: bool = False
+    # the job's own error when it could not start (no node to blame)
+    job_error: JobError | None = None
 
 
 @dataclass
@@ -93,6 +102,8 @@ class RunResult:
     attempts: list[AttemptRecord]
     excluded: list[str]
     store: str
+    # the job's own error (outcome job_error): its script, or the same error on every node at start
+    job_error: JobError | None = None
 
 
 Events = Callable[[str], None]
@@ -117,7 +128,8 @@ def summary_rows(result: RunResult) -> list[dict[str, object]]:
                 "culprit": "-"
                 if incident is None
                 else (
-                    f"{','.join(incident.culprit_nodes)} r{','.join(map(str, incident.culprit_ranks))}"
+                    f"{','.join(incident.culprit_nodes)} "
+                    f"r{','.join(map(str, incident.culprit_ranks))}"
                 ),
                 "decision": "-" if decision is None else decision.action.value,
                 "excluded": "-" if decision is None else ",".join(decision.exclude_nodes) or "-",
@@ -139,6 +151,7 @@ def write_summary(result: RunResult, path: Path) -> None:
             {
                 "outcome": result.outcome.value,
                 "job_id": result.job_id,
+                "job_error": None if result.job_error is None else result.job_error.error,
                 "excluded": result.excluded,
                 "attempts": summary_rows(result),
             },

@@ -69,6 +69,7 @@ from faultlens.controller.hooks.base import Hook
 from faultlens.controller.restore import plan_restore, write_plan
 from faultlens.controller.supervisor.agents import LaunchSpec, TorchrunAgent, free_port, start_agent
 from faultlens.controller.supervisor.gpus import FaultClock, recorded_backend
+from faultlens.controller.supervisor.preflight import JobError, check_command
 from faultlens.controller.supervisor.processes import EventRecorder
 from faultlens.controller.supervisor.records import (
     AttemptFault,
@@ -82,15 +83,30 @@ from faultlens.controller.supervisor.records import (
 )
 from faultlens.controller.supervisor.watch import URGENT_TABLES, AttemptWatcher, WatchInputs
 
-__all__ = ["AttemptFault", "AttemptRecord", "Events", "Outcome", "RunConfig", "RunResult",
-           "Supervisor", "summary_rows", "write_summary"]
+__all__ = [
+    "AttemptFault",
+    "AttemptRecord",
+    "Events",
+    "Outcome",
+    "RunConfig",
+    "RunResult",
+    "Supervisor",
+    "summary_rows",
+    "write_summary",
+]
 
 log = logging.getLogger(__name__)
 
+
 class Supervisor:
-    def __init__(self, config: RunConfig, *, hooks: Sequence[Hook] = (),
-                 faults: Callable[[int, Sequence[str], int], AttemptFault] | None = None,
-                 on_event: Events | None = None) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        hooks: Sequence[Hook] = (),
+        faults: Callable[[int, Sequence[str], int], AttemptFault] | None = None,
+        on_event: Events | None = None,
+    ) -> None:
         self.config = config
         self.faults = faults or (lambda attempt, nodes, start_step: AttemptFault())
         self.say = on_event or (lambda text: log.info("%s", text))
@@ -112,10 +128,15 @@ class Supervisor:
         policy_config = load_policy(config.policy_path) if config.policy_path else None
         if config.assumed_remaining_s is not None:
             policy_config = policy_config or load_policy()
-            policy_config = dataclasses.replace(policy_config, straggler=dataclasses.replace(
-                policy_config.straggler, remaining_s=float(config.assumed_remaining_s)))
-        self.policy = DecisionPolicy(policy_config, history=StoreHistory(Store(config.store)),
-                                     restore_chooser=self.catalog)
+            policy_config = dataclasses.replace(
+                policy_config,
+                straggler=dataclasses.replace(
+                    policy_config.straggler, remaining_s=float(config.assumed_remaining_s)
+                ),
+            )
+        self.policy = DecisionPolicy(
+            policy_config, history=StoreHistory(Store(config.store)), restore_chooser=self.catalog
+        )
         self.deliverer = Deliverer(config.store, list(hooks))
         self.recorder = EventRecorder(self.sink, job_id=config.job_id)
         self.gpu_clocks: dict[str, FaultClock] = {}
@@ -145,8 +166,10 @@ class Supervisor:
             return None
         if suspect.attempt is not None and suspect.attempt != self.current_attempt:
             return None
-        self.say(f"progress stopped ({suspect.detected_by}); requesting flight-recorder dumps from "
-                 "every rank")
+        self.say(
+            f"progress stopped ({suspect.detected_by}); requesting flight-recorder dumps from "
+            "every rank"
+        )
         self._current_trigger.write_text(str(time.time()))
         world = self.config.nnodes * self.config.nproc_per_node
         deadline = time.monotonic() + self.config.dump_wait_s
@@ -156,8 +179,12 @@ class Supervisor:
             time.sleep(0.1)
         time.sleep(0.2)  # let a rank finishing its rename land
         try:
-            dumps = read_dump_dir(self._current_dump_dir, identity=NodeIdentity(
-                node=None, job_id=self.config.job_id, attempt=self.current_attempt))
+            dumps = read_dump_dir(
+                self._current_dump_dir,
+                identity=NodeIdentity(
+                    node=None, job_id=self.config.job_id, attempt=self.current_attempt
+                ),
+            )
         except Exception as exc:  # the analysis goes on with what the store has
             self.say(f"cannot read the dumps: {exc}")
             return None
@@ -219,9 +246,13 @@ class Supervisor:
             ckpt.mkdir(parents=True, exist_ok=True)
             # the node's step timers' progress records
             heartbeats = attempt_dir / "heartbeats" / node
-            agent = start_agent(spec, node, node_rank, {"FAULTLENS_CKPT_LOCAL": str(ckpt),
-                                                        "FAULTLENS_HEARTBEAT_DIR": str(heartbeats)},
-                                attempt=attempt)
+            agent = start_agent(
+                spec,
+                node,
+                node_rank,
+                {"FAULTLENS_CKPT_LOCAL": str(ckpt), "FAULTLENS_HEARTBEAT_DIR": str(heartbeats)},
+                attempt=attempt,
+            )
             agents.append(agent)
             identity = NodeIdentity(node=node, job_id=self.config.job_id, attempt=attempt)
             clock = FaultClock()
@@ -255,10 +286,14 @@ class Supervisor:
             marker = self.gpu_markers.get(node)
             if marker is not None and not clock.fired and marker.exists():
                 clock.fire()
-                self.say(f"{node}: " + ("the driver reports Xid 79 (GPU has fallen off the bus)"
-                                        if marker.name.startswith("gpu_lost") else
-                                        "a GPU reports HW thermal slowdown (93 C, SM clock 1095 "
-                                        "MHz)"))
+                self.say(
+                    f"{node}: "
+                    + (
+                        "the driver reports Xid 79 (GPU has fallen off the bus)"
+                        if marker.name.startswith("gpu_lost")
+                        else "a GPU reports HW thermal slowdown (93 C, SM clock 1095 MHz)"
+                    )
+                )
 
     def _progress(self) -> int | None:
         frame = self.follower.tail.frame("steps")
@@ -278,6 +313,17 @@ class Supervisor:
                 self.say(f"{node} is a lemon (implicated across jobs): excluded before start")
         self.catalog.retire(self.excluded)
         attempts: list[AttemptRecord] = []
+        error = check_command(self.config.script)
+        if error is not None:  # nothing launched: the script's own problem, no node involved
+            self._say_job_error(error, "the training script cannot run")
+            return RunResult(
+                Outcome.JOB_ERROR,
+                self.config.job_id,
+                attempts,
+                self.excluded,
+                self.config.store,
+                job_error=error,
+            )
         plan_path: Path | None = None
         restored: tuple[int | None, str | None] = (None, None)
         world = self.config.nnodes * self.config.nproc_per_node
@@ -307,8 +353,10 @@ class Supervisor:
                 if restored[0] is not None
                 else "from scratch"
             )
-            self.say(f"attempt {attempt}: starting on {', '.join(nodes)} {where}"
-                     + (f"; injected: {fault.description}" if fault.description else ""))
+            self.say(
+                f"attempt {attempt}: starting on {', '.join(nodes)} {where}"
+                + (f"; injected: {fault.description}" if fault.description else "")
+            )
             agents, collectors, attempt_dir = self._start_attempt(attempt, nodes, plan_path, fault)
             incident, decision = self._watch(agents, collectors, attempt_dir, record, nodes)
             record.ended = dt.datetime.now(dt.UTC)
@@ -324,9 +372,24 @@ class Supervisor:
                     self.config.store,
                 )
             record.incident, record.decision = incident, decision
+            if record.job_error is not None:
+                self._say_job_error(
+                    record.job_error,
+                    f"attempt {attempt}: every node failed the same way before any step",
+                )
+                return RunResult(
+                    Outcome.JOB_ERROR,
+                    self.config.job_id,
+                    attempts,
+                    self.excluded,
+                    self.config.store,
+                    job_error=record.job_error,
+                )
             if incident is None or decision is None:
-                self.say(f"attempt {attempt}: ended without an attributed incident (exit codes "
-                         f"{record.exit_codes}); giving up")
+                self.say(
+                    f"attempt {attempt}: ended without an attributed incident (exit codes "
+                    f"{record.exit_codes}); giving up"
+                )
                 return RunResult(
                     Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store
                 )
@@ -334,10 +397,12 @@ class Supervisor:
                 # what the human is called for (data: printed literally)
                 for item in decision.evidence[:2]:
                     self.say(f"evidence ({item.table}): {item.text}")
-                self.say("escalated to a human; the job is stopped (decision "
-                         f"{decision.decision_id}; its JSON: "
-                         f"faultlens decisions --store {self.config.store} --job "
-                         f"{self.config.job_id} --json)")
+                self.say(
+                    "escalated to a human; the job is stopped (decision "
+                    f"{decision.decision_id}; its JSON: "
+                    f"faultlens decisions --store {self.config.store} --job "
+                    f"{self.config.job_id} --json)"
+                )
                 return RunResult(
                     Outcome.ESCALATED,
                     self.config.job_id,
@@ -357,20 +422,31 @@ class Supervisor:
                 restored = (plan.step, plan.tier)
             else:
                 plan_path, restored = None, (None, None)
-            self.deliverer.mark_applied(
-                decision,
-                note=(
-                    f"applied by the supervisor: excluded {', '.join(decision.exclude_nodes)}; restart "
-                    + (
-                        f"from step {restored[0]} ({restored[1]})"
-                        if restored[0] is not None
-                        else "from scratch"
-                    )
-                ),
+            start = (
+                f"from step {restored[0]} ({restored[1]})"
+                if restored[0] is not None
+                else "from scratch"
             )
+            if decision.action is Action.RESTART:
+                self.say(f"restart in place: the same nodes, nothing excluded, {start}")
+                note = f"applied by the supervisor: restarted in place on the same nodes {start}"
+            else:
+                note = (
+                    f"applied by the supervisor: excluded {', '.join(decision.exclude_nodes)}; "
+                    f"restart {start}"
+                )
+            self.deliverer.mark_applied(decision, note=note)
         return RunResult(
             Outcome.GAVE_UP, self.config.job_id, attempts, self.excluded, self.config.store
         )
+
+    def _say_job_error(self, error: JobError, what: str) -> None:
+        """A job error, said: what, the script's own error, where, and its stderr's tail."""
+        self.say(f"job error (no node to blame): {what}: {error.error}")
+        if error.path is not None:
+            self.say(f"in {error.path}")
+        for line in error.stderr:
+            self.say(f"  | {line}")
 
     # ------------------------------------------------------------------ watching one attempt
 
@@ -389,14 +465,21 @@ class Supervisor:
 
     def _watch_inputs(self) -> WatchInputs:
         """What the watcher of the current attempt is given: nothing else of the supervisor."""
-        return WatchInputs(config=self.config, say=self.say, follower=self.follower,
-                           policy=self.policy, deliverer=self.deliverer, recorder=self.recorder,
-                           catalog=self.catalog, sink=self.sink, excluded=self.excluded,
-                           current_attempt=self.current_attempt,
-                           fire_gpu_faults=self.fire_gpu_faults)
+        return WatchInputs(
+            config=self.config,
+            say=self.say,
+            follower=self.follower,
+            policy=self.policy,
+            deliverer=self.deliverer,
+            recorder=self.recorder,
+            catalog=self.catalog,
+            sink=self.sink,
+            excluded=self.excluded,
+            current_attempt=self.current_attempt,
+            fire_gpu_faults=self.fire_gpu_faults,
+        )
 
     def close(self) -> None:
         self.sink.close()
         self.deliverer.close()
         self.follower.close()
-

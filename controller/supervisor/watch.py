@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from faultlens.attribution.decision import Decision, Restore
+from faultlens.attribution.decision import Action, Decision, DeliveryStatus, Restore
 from faultlens.attribution.incident import Incident, IncidentClass
 from faultlens.attribution.policy.running import (
     fails_over_at_boundary,
@@ -28,6 +28,7 @@ from faultlens.collectors.sources.agent import NodeAgent as CollectorAgent
 from faultlens.collectors.sources.process_events import Source
 from faultlens.collectors.store.schema import Role, tables_with
 from faultlens.controller.supervisor.agents import TorchrunAgent, kill_workers, stop_agents
+from faultlens.controller.supervisor.preflight import job_start_error
 from faultlens.controller.supervisor.records import AttemptRecord, Events, RunConfig
 
 if TYPE_CHECKING:
@@ -80,8 +81,8 @@ class AttemptWatcher:
         self.fire_gpu_faults = inputs.fire_gpu_faults
 
     def _poll_agents(self, agents: list[TorchrunAgent], *, track: bool) -> None:
-        """Record agent exits; an agent that is gone leaves no worker of its own running unwatched.
-        """
+        """Record agent exits; an agent that is gone leaves no worker of its own running
+        unwatched."""
         ranks = self._rank_pids() if track else {}
         for agent in agents:
             if agent.poll() is None:
@@ -92,7 +93,7 @@ class AttemptWatcher:
             if not agent.exit_recorded:
                 agent.exit_recorded = True
                 code = agent.exit_code if agent.exit_code is not None else 0
-                how = (f"killed by {signal_text(code)}" if code < 0 else f"exited with code {code}")
+                how = f"killed by {signal_text(code)}" if code < 0 else f"exited with code {code}"
                 self.recorder.agent_exit(
                     node=agent.node,
                     attempt=agent.attempt,
@@ -105,14 +106,18 @@ class AttemptWatcher:
                 if not agent.stopped_by_us and code != 0:
                     self.say(f"{agent.node}: torchrun agent {how}")
             if agent.tracker is not None and agent.tracker.alive():
-                reason = (f"the torchrun agent of {agent.node} is gone "
-                          f"({'exit ' + str(agent.exit_code)}): its "
-                          "workers must not train on unwatched")
+                reason = (
+                    f"the torchrun agent of {agent.node} is gone "
+                    f"({'exit ' + str(agent.exit_code)}): its "
+                    "workers must not train on unwatched"
+                )
                 pids = kill_workers(agent, self.recorder, reason)
                 if pids:
-                    self.say(f"{agent.node}: the agent is gone; killed its {len(pids)} orphaned "
-                             "worker(s) "
-                             f"(pids {', '.join(map(str, pids))})")
+                    self.say(
+                        f"{agent.node}: the agent is gone; killed its {len(pids)} orphaned "
+                        "worker(s) "
+                        f"(pids {', '.join(map(str, pids))})"
+                    )
 
     def _rank_pids(self) -> dict[str, list[tuple[int, int | None, int | None]]]:
         frame = self.follower.tail.frame("ranks")
@@ -153,7 +158,7 @@ class AttemptWatcher:
         collecting.start()
         watch = _AttemptWatch()
         try:
-            self._watch_until_over(agents, record, nodes, watch, collecting.news)
+            self._watch_until_over(agents, record, nodes, watch, collecting.news, attempt_dir)
             return self._conclude(agents, record, watch)
         finally:
             stop_agents(
@@ -172,12 +177,18 @@ class AttemptWatcher:
         nodes: Sequence[str],
         watch: _AttemptWatch,
         news: threading.Event,
+        attempt_dir: Path,
     ) -> None:
         """Poll the agents and the engine until a decision ends the attempt, a pending failover
-        reaches its checkpoint boundary, every agent has exited, or the attempt's time is up."""
+        reaches its checkpoint boundary, every agent has exited, the job could not start (the same
+        error on every node before any step: a job error, no node to blame), or the attempt's time
+        is up."""
         started = time.monotonic()
         while time.monotonic() - started < self.config.attempt_timeout_s:
             self._poll_agents(agents, track=True)
+            if self._start_failed(agents, nodes, record, watch, attempt_dir):
+                return
+            self._release_held(agents, record, nodes, watch)
             for found in self.follower.poll_once():
                 if (
                     found.attempt not in (None, record.attempt)
@@ -194,15 +205,106 @@ class AttemptWatcher:
             news.wait(self.config.poll_s)
             news.clear()
 
-    def _on_incident(self, found: Incident, agents: list[TorchrunAgent], record: AttemptRecord,
-                     nodes: Sequence[str], watch: _AttemptWatch) -> None:
-        """An incident of this attempt: not acted on (the job ended, or a failover is already
-        pending), delivered while the job keeps running, a failover that waits for the next
-        checkpoint boundary, or the decision that ends the attempt (watch.ending)."""
-        self.say(f"incident: {found.incident_class.value} / {found.cause.value} on "
-                 f"{', '.join(found.culprit_nodes) or 'no single node:'} ranks "
-                 f"{list(found.culprit_ranks)} "
-                 f"({found.rule}, confidence {found.confidence:.2f})")
+    def _start_failed(
+        self,
+        agents: list[TorchrunAgent],
+        nodes: Sequence[str],
+        record: AttemptRecord,
+        watch: _AttemptWatch,
+        attempt_dir: Path,
+    ) -> bool:
+        """Every agent exited non-zero by itself before any step of the attempt, each node's ranks
+        with the same error (controller/supervisor/preflight.py): a job error, not a node's."""
+        if watch.ending is not None or watch.start_judged:
+            return False
+        if not all(a.exit_code is not None for a in agents):
+            return False
+        watch.start_judged = True
+        if any(a.exit_code == 0 or a.stopped_by_us for a in agents) or self._has_progress():
+            return False
+        error = job_start_error(attempt_dir, nodes)
+        if error is None:
+            return False
+        record.job_error = error
+        watch.held = None
+        watch.stop_reason = f"job error before any step: {error.error}"
+        return True
+
+    def _has_progress(self) -> bool:
+        """A step row or a heartbeat of this attempt has been stored."""
+        for table in ("steps", "heartbeats"):
+            frame = self.follower.tail.frame(table)
+            if frame is None or frame.empty or "attempt" not in frame.columns:
+                continue
+            rows = frame[
+                (frame["job_id"] == self.config.job_id) & (frame["attempt"] == self.current_attempt)
+            ]
+            if "step" in rows.columns:
+                rows = rows[rows["step"].notna()]
+            if not rows.empty:
+                return True
+        return False
+
+    def _release_held(
+        self,
+        agents: list[TorchrunAgent],
+        record: AttemptRecord,
+        nodes: Sequence[str],
+        watch: _AttemptWatch,
+    ) -> None:
+        """A crash held while the start was judged: decided once the start is judged (every agent
+        exited, not a job error) or the hold is over (a node is still running: not everyone's)."""
+        if watch.held is None:
+            return
+        if not (watch.start_judged or time.monotonic() >= watch.held_until):
+            return
+        found, watch.held = watch.held, None
+        self._act_on(found, agents, record, nodes, watch)
+
+    def _on_incident(
+        self,
+        found: Incident,
+        agents: list[TorchrunAgent],
+        record: AttemptRecord,
+        nodes: Sequence[str],
+        watch: _AttemptWatch,
+    ) -> None:
+        """An incident of this attempt: held while the attempt's start is judged (a crash before
+        any step), not acted on (the job ended, or a failover is already pending), delivered while
+        the job keeps running, a failover that waits for the next checkpoint boundary, or the
+        decision that ends the attempt (watch.ending)."""
+        self.say(
+            f"incident: {found.incident_class.value} / {found.cause.value} on "
+            f"{', '.join(found.culprit_nodes) or 'no single node:'} ranks "
+            f"{list(found.culprit_ranks)} "
+            f"({found.rule}, confidence {found.confidence:.2f})"
+        )
+        if (
+            watch.held is None
+            and not watch.start_judged
+            and watch.ending is None
+            and found.incident_class is IncidentClass.CRASH
+            and not self._has_progress()
+        ):
+            watch.held = found
+            watch.held_until = time.monotonic() + self.config.start_hold_s
+            self.say(
+                "no step yet in this attempt: the crash is held until every node's start is "
+                f"known (at most {self.config.start_hold_s:.0f} s): the same error everywhere "
+                "is the job's, not a node's"
+            )
+            return
+        self._act_on(found, agents, record, nodes, watch)
+
+    def _act_on(
+        self,
+        found: Incident,
+        agents: list[TorchrunAgent],
+        record: AttemptRecord,
+        nodes: Sequence[str],
+        watch: _AttemptWatch,
+    ) -> None:
+        """The policy's decision on an incident, carried out (see _on_incident)."""
         if watch.ending is not None:
             return
         if self._ended_ok(agents):
@@ -212,26 +314,44 @@ class AttemptWatcher:
             return
         # when the job fails over is the policy's judgment (attribution/policy/running.py)
         if watch.boundary is not None and waits_for_pending_failover(found):
-            self.say("a failover at the next checkpoint boundary is already pending; the job keeps "
-                     "running until then")
+            self.say(
+                "a failover at the next checkpoint boundary is already pending; the job keeps "
+                "running until then"
+            )
             return
         decision = self.policy.decide(found, job_nodes=nodes)
         if keeps_running(found, decision):
-            self.deliverer.submit(decision)
+            how = self._deliver(decision, "shown in the supervisor's log; the job kept running")
             record.notices.append(decision)
-            self.say(f"decision: {decision.action.value} ({decision.policy_rule}): "
-                     f"{decision.reason}; "
-                     "delivered, the job keeps running")
+            self.say(
+                f"decision: {decision.action.value} ({decision.policy_rule}): "
+                f"{decision.reason}; {how}, the job keeps running"
+            )
             return
         if fails_over_at_boundary(found, decision):
             watch.boundary = self._pending_failover(found, decision)
             return
         if watch.boundary is not None:
-            self.say(f"the pending failover of the {watch.boundary.incident.incident_class.value} "
-                     "is "
-                     "superseded by this incident")
+            self.say(
+                f"the pending failover of the {watch.boundary.incident.incident_class.value} "
+                "is "
+                "superseded by this incident"
+            )
             watch.boundary = None
         watch.ending = (found, decision)
+
+    def _deliver(self, decision: Decision, done: str) -> str:
+        """Persist and deliver `decision` to the hooks; with no hook, the supervisor's own log is
+        where it was delivered and what it did is all there is to do: marked applied (never
+        pending in the store). Says how, for the live log."""
+        results = self.deliverer.submit(decision)
+        if not self.deliverer.hooks:
+            self.deliverer.mark_applied(decision, note=f"applied by the supervisor: {done}")
+            return "applied (no hook configured)"
+        failed = [r.hook for r in results if r.status is not DeliveryStatus.DELIVERED]
+        if failed:
+            return f"delivered except to {', '.join(failed)} (retried by faultlens deliver)"
+        return f"delivered to {', '.join(h.name for h in self.deliverer.hooks)}"
 
     def _pending_failover(self, found: Incident, decision: Decision) -> _Boundary:
         """A slowdown's failover, to be carried out at the next checkpoint boundary (bounded by
@@ -239,12 +359,19 @@ class AttemptWatcher:
         """
         exclude = [*self.excluded, *decision.exclude_nodes]
         newest = self._newest_restore(exclude)
-        boundary = _Boundary(found, decision, None if newest is None else newest.step, exclude,
-                             time.monotonic() + self.config.checkpoint_wait_s)
-        self.say(f"decision: failover ({decision.policy_rule}) at the next checkpoint boundary "
-                 f"(a complete checkpoint newer than step {boundary.step_at_decision} that "
-                 f"survives excluding {', '.join(decision.exclude_nodes)}; at most "
-                 f"{self.config.checkpoint_wait_s:.0f} s); training goes on until then")
+        boundary = _Boundary(
+            found,
+            decision,
+            None if newest is None else newest.step,
+            exclude,
+            time.monotonic() + self.config.checkpoint_wait_s,
+        )
+        self.say(
+            f"decision: failover ({decision.policy_rule}) at the next checkpoint boundary "
+            f"(a complete checkpoint newer than step {boundary.step_at_decision} that "
+            f"survives excluding {', '.join(decision.exclude_nodes)}; at most "
+            f"{self.config.checkpoint_wait_s:.0f} s); training goes on until then"
+        )
         return boundary
 
     def _boundary_reached(self, watch: _AttemptWatch) -> bool:
@@ -255,14 +382,18 @@ class AttemptWatcher:
             return False
         boundary.next_check = time.monotonic() + 1.0
         newest = self._newest_restore(boundary.exclude)
-        reached = newest is not None and (boundary.step_at_decision is None
-                                          or newest.step > boundary.step_at_decision)
+        reached = newest is not None and (
+            boundary.step_at_decision is None or newest.step > boundary.step_at_decision
+        )
         if not (reached or time.monotonic() > boundary.deadline):
             return False
         watch.ending = (boundary.incident, boundary.at_boundary(newest, reached))
-        self.say(f"checkpoint boundary: step {newest.step} is complete" if reached and newest
-                 else f"no newer checkpoint within {self.config.checkpoint_wait_s:.0f} s: "
-                      "failing over from the newest there is")
+        self.say(
+            f"checkpoint boundary: step {newest.step} is complete"
+            if reached and newest
+            else f"no newer checkpoint within {self.config.checkpoint_wait_s:.0f} s: "
+            "failing over from the newest there is"
+        )
         return True
 
     def _agents_done(
@@ -284,8 +415,9 @@ class AttemptWatcher:
             return True  # a failure the engine had time to see
         return False
 
-    def _conclude(self, agents: list[TorchrunAgent], record: AttemptRecord,
-                  watch: _AttemptWatch) -> tuple[Incident | None, Decision | None]:
+    def _conclude(
+        self, agents: list[TorchrunAgent], record: AttemptRecord, watch: _AttemptWatch
+    ) -> tuple[Incident | None, Decision | None]:
         """The decision that ends the attempt, delivered; none when there is none, or when the job
         ends by itself within the grace after the incident."""
         if watch.ending is None:
@@ -294,15 +426,22 @@ class AttemptWatcher:
         if self._ends_by_itself(agents, incident):
             record.completed = True
             watch.stop_reason = "end of job: every agent exited 0"
-            self.say("every agent exited 0 within the grace after the incident: the job had "
-                     "finished and "
-                     "was tearing down; the incident is not acted on")
+            self.say(
+                "every agent exited 0 within the grace after the incident: the job had "
+                "finished and "
+                "was tearing down; the incident is not acted on"
+            )
             return None, None
-        self.deliverer.submit(decision)
+        if decision.action in (Action.FAILOVER, Action.RESTART):
+            self.deliverer.submit(decision)  # marked applied once carried out (run.py)
+        else:
+            self._deliver(decision, "the supervisor stopped the job for a human")
         self.say(f"decision: {decision.action.value} ({decision.policy_rule}): {decision.reason}")
-        watch.stop_reason = (f"teardown after incident {incident.incident_id} "
-                             f"({incident.incident_class.value}/"
-                             f"{incident.cause.value}): decision {decision.action.value}")
+        watch.stop_reason = (
+            f"teardown after incident {incident.incident_id} "
+            f"({incident.incident_class.value}/"
+            f"{incident.cause.value}): decision {decision.action.value}"
+        )
         return watch.ending
 
     def _ended_ok(self, agents: Sequence[TorchrunAgent]) -> bool:
@@ -379,9 +518,11 @@ class _Boundary:
         """The decision as carried out: restoring from the checkpoint of the boundary."""
         if restore is None:
             return self.decision
-        note = (f"carried out at the checkpoint boundary: restore {restore.tier} step "
-                f"{restore.step}" if reached
-                else f"no newer checkpoint in time: restore {restore.tier} step {restore.step}")
+        note = (
+            f"carried out at the checkpoint boundary: restore {restore.tier} step {restore.step}"
+            if reached
+            else f"no newer checkpoint in time: restore {restore.tier} step {restore.step}"
+        )
         return dataclasses.replace(
             self.decision, restore=restore, reason=f"{self.decision.reason}; {note}"
         )
@@ -434,6 +575,10 @@ class _AttemptWatch:
     finished_at: float | None = None  # when every agent had exited, not all with 0
     # the reason the agents' stop signals carry
     stop_reason: str = "the attempt ran past its time limit"
+    # a crash before any step, held until the start is judged (every agent exited, or the hold ends)
+    held: Incident | None = None
+    held_until: float = 0.0
+    start_judged: bool = False  # every agent had exited when the start was judged
 
 
 def signal_text(returncode: int) -> str:
@@ -447,4 +592,3 @@ def _int_or_none(value: object) -> int | None:
         return None if value is None or value != value else int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         return None
-

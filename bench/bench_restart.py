@@ -1,0 +1,264 @@
+"""Restart in place and job errors (issue 33): what `faultlens run` decides and how long it takes,
+on a user's own DDP job (tests/torch_jobs/user_faults.py, gloo, 2 simulated nodes x 2 ranks).
+
+- a one-off exception (rank 3, step 8, attempt 0 only): the shipped policy (restart in place)
+  beside the same run under the policy before issue 33 (its restart rules left out: escalate);
+- the same exception in every attempt: restarted once, then escalated;
+- every rank failing before step 0, and broken scripts (missing, syntax error, exit 1 at once, a
+  failing import): a job error naming no node, seconds from launch to the command's exit, beside a
+  plain `torchrun --nproc-per-node 4` of the same script (the peer a user would run).
+
+    PYTHONPATH=. python -m bench.bench_restart [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.bench_campaign import commit  # noqa: E402
+from bench.common import Figure, Section, emit, machine, write_section  # noqa: E402
+
+SCRIPT = REPO / "tests" / "torch_jobs" / "user_faults.py"
+BROKEN = {
+    "missing script": None,
+    "syntax error": "import torch\ndef main(:\n    pass\n",
+    "exit 1 at once": "import sys\nprint('config not found: cfg.yaml', file=sys.stderr)\n"
+    "sys.exit(1)\n",
+    "failing import": "import torch\nimport no_such_package_xyz\n",
+}
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+
+
+def faultlens_run(
+    work: Path, job: str, command: list[str], policy: Path | None = None
+) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        "-m",
+        "faultlens.controller.cli.main",
+        "run",
+        "--store",
+        str(work / "store"),
+        "--workdir",
+        str(work / "run"),
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--job",
+        job,
+    ]
+    if policy is not None:
+        argv += ["--policy", str(policy)]
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*argv, "--", *command], cwd=work, env=_env(), capture_output=True, text=True, timeout=900
+    )
+    wall = time.monotonic() - started
+    from faultlens.attribution.reading.store import Store
+
+    actions, excluded, last = [], set(), None
+    if (work / "store").exists():
+        with Store(work / "store") as store:
+            rows = store.query(
+                "SELECT decision_id, min(ts) AS t, arg_min(action, ts) AS action, "
+                "arg_min(exclude_nodes, ts) AS exclude FROM decisions WHERE job_id = ? "
+                "GROUP BY decision_id ORDER BY t",
+                [job],
+            ).to_pylist()
+            actions = [r["action"] for r in rows]
+            excluded = {n for r in rows for n in (r["exclude"] or [])}
+            steps = store.query(
+                "SELECT max(step) AS s FROM steps WHERE job_id = ? AND phase = 'train'", [job]
+            ).to_pylist()
+            last = steps[0]["s"] if steps else None
+    out = proc.stdout + proc.stderr
+    return {
+        "rc": proc.returncode,
+        "wall_s": round(wall, 1),
+        "actions": actions,
+        "excluded": sorted(excluded),
+        "last_step": last,
+        "job_error": "job error (no node to blame)" in out,
+        "names_node": "failover" in actions,
+    }
+
+
+def torchrun(work: Path, script: Path) -> dict[str, Any]:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            "--nproc-per-node=4",
+            "--max-restarts=0",
+            str(script),
+        ],
+        cwd=work,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return {"rc": proc.returncode, "wall_s": round(time.monotonic() - started, 1)}
+
+
+def old_policy(path: Path) -> Path:
+    """The shipped policy with its restart rules left out: the policy before issue 33."""
+    from faultlens.resources import rule_file
+
+    lines = rule_file("policy.yaml").read_text().splitlines(keepends=True)
+    kept, skip = [], False
+    for line in lines:
+        if line.startswith("  - id: "):
+            skip = line.strip().endswith(("first-exception-restart", "transient-restart"))
+        if not skip:
+            kept.append(line)
+    path.write_text("".join(kept))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true", help="print, do not write the section")
+    args = parser.parse_args()
+    rev, started = commit(), dt.datetime.now(dt.UTC)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+
+        def work(name: str) -> Path:
+            path = root / name
+            path.mkdir()
+            return path
+
+        one_off = ["--steps", "12", "--raise-rank", "3", "--raise-step", "8"]
+        w = work("oneoff")
+        results["one_off"] = faultlens_run(
+            w, "oneoff", [str(SCRIPT), *one_off, "--once-file", str(w / "once")]
+        )
+        w = work("oneoff-before")
+        results["one_off_before"] = faultlens_run(
+            w,
+            "oneoff-before",
+            [str(SCRIPT), *one_off, "--once-file", str(w / "once")],
+            policy=old_policy(root / "policy-before.yaml"),
+        )
+        results["twice"] = faultlens_run(work("twice"), "twice", [str(SCRIPT), *one_off])
+        results["start_error"] = faultlens_run(
+            work("start"), "start", [str(SCRIPT), "--start-error"]
+        )
+        for name, source in BROKEN.items():
+            w = work(name.replace(" ", "-"))
+            script = w / "train.py"
+            if source is not None:
+                script.write_text(source)
+            results[name] = {
+                "faultlens": faultlens_run(w, "broken", [str(script)]),
+                "torchrun": torchrun(w, script),
+            }
+    load = os.getloadavg()[0]
+    emit("restart", {"commit": rev, "machine": machine(), "load_avg_1m": round(load, 1), **results})
+    date = started.strftime("%Y-%m-%d %H:%M")
+
+    def fig(label: str, value: str, target: str = "-", anchor: str = "-", ratio: str = "-"):
+        return Figure(label, value, target, anchor, ratio, rev.split(" ")[0], date)
+
+    def finished(r: dict[str, Any]) -> str:
+        return "finished" if r["rc"] == 0 else f"stopped at step {r['last_step']}"
+
+    one, before, twice = results["one_off"], results["one_off_before"], results["twice"]
+    figures = [
+        fig(
+            "one-off exception: decisions",
+            ", ".join(one["actions"]) or "none",
+            "restart",
+            f"policy before: {', '.join(before['actions']) or 'none'}",
+        ),
+        fig("one-off exception: the job", finished(one), "finished", finished(before)),
+        fig(
+            "one-off exception: nodes excluded",
+            str(len(one["excluded"])),
+            "0",
+            str(len(before["excluded"])),
+        ),
+        fig(
+            "one-off exception: wall to the job's end",
+            f"{one['wall_s']} s",
+            "-",
+            f"{before['wall_s']} s (stopped)",
+        ),
+        fig(
+            "same exception every attempt: decisions",
+            ", ".join(twice["actions"]),
+            "restart, escalate",
+        ),
+        fig(
+            "every rank failing before step 0",
+            "job error"
+            if results["start_error"]["job_error"]
+            else ", ".join(results["start_error"]["actions"]),
+            "job error, no node",
+            ratio="-",
+        ),
+        fig(
+            "every rank failing before step 0: seconds from launch",
+            f"{results['start_error']['wall_s']} s",
+        ),
+    ]
+    for name in BROKEN:
+        ours, peer = results[name]["faultlens"], results[name]["torchrun"]
+        verdict = (
+            "job error, no node"
+            if ours["job_error"] and not ours["names_node"]
+            else (", ".join(ours["actions"]) or f"rc {ours['rc']}")
+        )
+        figures.append(
+            fig(
+                f"{name}: verdict, seconds from launch",
+                f"{verdict}, {ours['wall_s']} s",
+                "job error, < 5 s",
+                f"plain torchrun: rc {peer['rc']}, {peer['wall_s']} s",
+                f"{peer['wall_s'] / max(ours['wall_s'], 0.01):.2f}x",
+            )
+        )
+    section = Section(
+        "Restart in place and job errors (faultlens run, user scripts)",
+        "What faultlens run decides for a one-off exception, a repeated one and scripts that "
+        "cannot start, and how long a job error takes, beside the policy before issue 33 and a "
+        "plain torchrun of the same script.",
+        ("PYTHONPATH=. python -m bench.bench_restart",),
+        tuple(figures),
+        (
+            f"2 simulated nodes x 2 ranks, gloo on CPU; load average {load:.1f} on "
+            f"{machine().get('cores', '?')} CPUs at the end of the run (a shared machine): seconds "
+            "include torch's import in every worker.",
+            "The missing and syntax-error scripts are refused before launch (no torchrun started); "
+            "exit 1 at once and a failing import are judged when every node has exited with the "
+            "same error.",
+        ),
+    )
+    if not args.no_write:
+        write_section(REPO / "docs" / "benchmarks.md", section)
+    print(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Issue 33 under `faultlens run`, on a user's own DDP job (tests/torch_jobs/user_faults.py, gloo on
+CPU, 2 simulated nodes x 2 ranks, real torchrun agents):
+
+- a one-off exception of one rank (rank 0 at step 2, rank 3 at step 8) is restarted in place: the
+  same nodes, nothing excluded, resumed from the newest checkpoint, and the job finishes;
+- the same exception again after the restart is escalated: the job stops for a human;
+- every rank failing the same way before step 0 is a job error naming no node (no restart);
+- a script that exits 1 at once or whose import fails is a job error with the script's own error
+  and stderr shown; one that does not exist or does not compile is refused before launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from faultlens.attribution.reading.store import Store
+from tests.conftest import REPO_ROOT
+
+pytest.importorskip("torch")
+
+SCRIPT = REPO_ROOT / "tests" / "torch_jobs" / "user_faults.py"
+
+
+def faultlens_run(
+    tmp_path: Path, job: str, command: list[str], nnodes: int = 2, nproc: int = 2, spares: int = 0
+) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "run",
+            "--store",
+            str(tmp_path / "store"),
+            "--workdir",
+            str(tmp_path / "work"),
+            "--nnodes",
+            str(nnodes),
+            "--nproc-per-node",
+            str(nproc),
+            "--spares",
+            str(spares),
+            "--job",
+            job,
+            "--",
+            *command,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return proc, time.monotonic() - started
+
+
+def decisions(store_dir: Path, job: str) -> list[dict]:
+    """Each decision of the job once, its latest delivery status."""
+    with Store(store_dir) as store:
+        return store.query(
+            "SELECT decision_id, arg_max(action, ts) AS action, arg_max(exclude_nodes, ts) AS "
+            "exclude_nodes, arg_max(delivery_status, ts) AS status, min(attempt) AS attempt, "
+            "arg_max(restore_step, ts) AS restore_step, min(ts) AS first "
+            "FROM decisions WHERE job_id = ? GROUP BY decision_id ORDER BY first",
+            [job],
+        ).to_pylist()
+
+
+def job_state(store_dir: Path, job: str) -> str:
+    """What `faultlens jobs --json` says of the job."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faultlens.controller.cli.main",
+            "jobs",
+            "--store",
+            str(store_dir),
+            "--json",
+            "--no-ettr",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return {row["job_id"]: row["state"] for row in json.loads(proc.stdout)}[job]
+
+
+def last_steps(store_dir: Path, job: str) -> dict[int, int]:
+    with Store(store_dir) as store:
+        rows = store.query(
+            "SELECT rank, max(step) AS last FROM steps WHERE job_id = ? AND phase = 'train' "
+            "GROUP BY rank",
+            [job],
+        ).to_pylist()
+    return {r["rank"]: r["last"] for r in rows}
+
+
+@pytest.mark.parametrize(("rank", "step"), [(3, 8), (0, 2)])
+def test_a_one_off_exception_is_restarted_in_place_and_the_job_finishes(tmp_path, rank, step):
+    job = f"oneoff-r{rank}-s{step}"
+    proc, _ = faultlens_run(
+        tmp_path,
+        job,
+        [
+            str(SCRIPT),
+            "--steps",
+            "12",
+            "--raise-rank",
+            str(rank),
+            "--raise-step",
+            str(step),
+            "--once-file",
+            str(tmp_path / "flaky.done"),
+        ],
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "training completed" in out and "restart in place" in out
+    made = decisions(tmp_path / "store", job)
+    assert [d["action"] for d in made] == ["restart"], made
+    assert made[0]["exclude_nodes"] == [] and made[0]["status"] == "applied"
+    # resumed from a checkpoint before the failure (none before step 2: from scratch)
+    assert (made[0]["restore_step"] is None) == (step < 3)
+    assert last_steps(tmp_path / "store", job) == {0: 11, 1: 11, 2: 11, 3: 11}
+    # both attempts on the same two nodes
+    assert out.count("starting on node-0, node-1") == 2
+    # the end summary is the store's: the restart, applied, nothing excluded
+    assert f"job {job}: completed after 2 attempt(s); state completed; 1 incident(s)" in proc.stdout
+    assert "decision  restart [applied], excluded nothing" in proc.stdout
+    assert job_state(tmp_path / "store", job) == "completed"
+
+
+def test_the_same_exception_again_is_escalated(tmp_path):
+    job = "twice"
+    proc, _ = faultlens_run(
+        tmp_path,
+        job,
+        [
+            str(SCRIPT),
+            "--steps",
+            "12",
+            "--raise-rank",
+            "1",
+            "--raise-step",
+            "5",
+            "--raise-type",
+            "ValueError",
+            "--raise-message",
+            "shape mismatch in batch",
+        ],
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    made = decisions(tmp_path / "store", job)
+    assert [d["action"] for d in made] == ["restart", "escalate"], made
+    assert all(d["exclude_nodes"] == [] for d in made)
+    assert "escalated to a human" in out
+    assert "decision  escalate [applied], excluded nothing" in proc.stdout
+    assert job_state(tmp_path / "store", job) == "stopped"
+
+
+def test_every_rank_failing_before_step_0_is_a_job_error(tmp_path):
+    job = "start-error"
+    proc, _ = faultlens_run(tmp_path, job, [str(SCRIPT), "--start-error"])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "job error (no node to blame)" in out
+    assert "KeyError: 'model.hidden_size'" in out
+    # stopped at once: no restart, no failover, no node excluded
+    assert "attempt 1" not in out
+    assert decisions(tmp_path / "store", job) == []
+    assert job_state(tmp_path / "store", job) == "failed"
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            "import sys\n"
+            'print("config file not found: ./cfg.yaml", file=sys.stderr)\n'
+            "sys.exit(1)\n",
+            "config file not found: ./cfg.yaml",
+        ),
+        (
+            "import os\nimport no_such_package_xyz\n",
+            "ModuleNotFoundError: No module named 'no_such_package_xyz'",
+        ),
+    ],
+)
+def test_a_script_that_fails_at_start_is_a_job_error(tmp_path, source, expected):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    proc, _ = faultlens_run(tmp_path, "broken", [str(script), "--lr", "0.1"])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "job error (no node to blame)" in out and expected in out
+    assert "failover" not in out and "attempt 1" not in out
+    assert decisions(tmp_path / "store", "broken") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "expected"),
+    [
+        ("missing.py", None, "missing.py: no such file"),
+        ("syntax.py", "import torch\ndef main(:\n    pass\n", "SyntaxError: invalid syntax"),
+        ("indent.py", "def main():\nreturn 1\n", "IndentationError"),
+    ],
+)
+def test_a_script_that_cannot_run_is_refused_before_launch(tmp_path, name, source, expected):
+    if source is not None:
+        (tmp_path / name).write_text(source)
+    proc, _ = faultlens_run(tmp_path, "refused", [name])
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("faultlens run: job error (no node to blame)")
+    assert expected in proc.stderr
+    assert not (tmp_path / "work").exists()  # nothing launched
