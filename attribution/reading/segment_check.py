@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.collectors.store.layout import StoreLocation
+from faultlens.collectors.store.native_read import open_segment
 from faultlens.collectors.store.schema import METADATA_TABLE_KEY, as_ns_type, schema_for
 
 
@@ -108,7 +109,7 @@ def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | 
     if not size:
         return "empty file (0 bytes)"
     try:
-        with location.fs.open(path, "rb") as handle:
+        with open_segment(location, path) as handle:
             schema = pq.ParquetFile(handle).schema_arrow
     except FileNotFoundError:
         return None
@@ -137,7 +138,7 @@ def deep_check(location: StoreLocation, table: str, path: str) -> str | None:
     if reason is not None:
         return reason
     try:
-        with location.fs.open(path, "rb") as handle:
+        with open_segment(location, path) as handle:
             pq.read_table(handle)
     except FileNotFoundError:
         return None

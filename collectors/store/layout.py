@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.collectors.store.atomic import atomic_write
+from faultlens.collectors.store.native_read import open_segment
 from faultlens.errors import FaultlensError
 
 REPLACES_KEY = b"faultlens.replaces"
@@ -320,7 +321,7 @@ def list_segments(location: StoreLocation, table: str, *, jobs: Iterable[str] | 
 def replaced_by(location: StoreLocation, compacted_path: str) -> list[str]:
     """The segment names a compacted segment replaces (from its Parquet metadata)."""
     try:
-        with location.fs.open(compacted_path, "rb") as handle:
+        with open_segment(location, compacted_path) as handle:
             metadata = pq.read_schema(handle).metadata or {}
     except FileNotFoundError:
         return []
