@@ -43,7 +43,11 @@ def _run(command: list[str], env: dict[str, str], timeout: float) -> dict[str, o
     return {"rc": proc.returncode, "stderr": proc.stderr.strip(), "complete": complete}
 
 
-def loop(command: list[str], runs: int, jobs: int, timeout: float = 300.0) -> dict[str, object]:
+def loop(
+    command: list[str], runs: int, jobs: int, timeout: float = 1800.0, log: Path | None = None
+) -> dict[str, object]:
+    """Run `command` `runs` times, `jobs` at a time; each run's result also appended to `log`
+    (JSON lines) as it ends, and every unclean run told on stderr at once."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     started = time.monotonic()
     done = []
@@ -51,6 +55,16 @@ def loop(command: list[str], runs: int, jobs: int, timeout: float = 300.0) -> di
     def one(_: int) -> dict[str, object]:
         result = _run(command, env, timeout)
         done.append(result)
+        if result["rc"] != 0 or result["stderr"] or not result["complete"]:
+            print(
+                f"run {len(done)}: rc {result['rc']}, complete output {result['complete']}, "
+                f"stderr: {str(result['stderr'])[-300:]!r}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if log is not None:
+            with open(log, "a") as handle:
+                handle.write(json.dumps(result) + "\n")
         if len(done) % 50 == 0:
             bad = sum(1 for r in done if r["rc"] != 0)
             print(f"{len(done)} runs, {bad} not rc 0", file=sys.stderr, flush=True)
@@ -151,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--store", help="the store the default command reads")
     parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        help="seconds one run may take (a loaded machine starves them)",
+    )
+    parser.add_argument("--log", help="append each run's result here (JSON lines)")
+    parser.add_argument(
         "--publish", action="store_true", help="write the section of docs/benchmarks.md"
     )
     parser.add_argument(
@@ -174,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
             "--json",
         ]
         shown = "faultlens decisions --json"
-    result = loop(command, args.runs, args.jobs)
+    result = loop(
+        command,
+        args.runs,
+        args.jobs,
+        timeout=args.timeout,
+        log=Path(args.log) if args.log else None,
+    )
     emit("cli_exit_loop", {"command": shown, **result})
     if args.publish:
         write_section(REPO / "docs" / "benchmarks.md", section(result, shown, args))
