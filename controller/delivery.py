@@ -35,6 +35,7 @@ from faultlens.collectors.store.layout import (
     list_segments,
     resolve_store,
 )
+from faultlens.collectors.store.native_read import open_segment
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.hooks.base import Hook, PermanentHookError, RetryPolicy
 
@@ -157,7 +158,7 @@ class DecisionLog:
             if path in self._seen:
                 continue
             try:
-                with self.location.fs.open(path, "rb") as handle:
+                with open_segment(self.location, path) as handle:
                     parquet = pq.ParquetFile(handle)
                     # a segment of an older schema lacks new columns
                     present = set(parquet.schema_arrow.names)

@@ -33,6 +33,7 @@ from faultlens.collectors.store.layout import (
     write_segment,
     writer_is_gone,
 )
+from faultlens.collectors.store.native_read import open_segment
 from faultlens.collectors.store.schema import TABLE_NAMES, validate
 
 log = logging.getLogger("faultlens.maintenance")
@@ -107,7 +108,7 @@ def _read_for_compaction(location: StoreLocation, table: str, path: str) -> pa.T
     reason = check_segment(location, table, path)
     if reason is None:
         try:
-            with location.fs.open(path, "rb") as handle:
+            with open_segment(location, path) as handle:
                 return validate(table, pq.read_table(handle))
         except FileNotFoundError:
             return None

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.collectors.store.layout import StoreLocation
+from faultlens.collectors.store.native_read import open_segment
 from faultlens.collectors.store.schema import (
     METADATA_TABLE_KEY,
     METADATA_VERSION_KEY,
@@ -116,7 +117,7 @@ def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | 
     if not size:
         return "empty file (0 bytes)"
     try:
-        with location.fs.open(path, "rb") as handle:
+        with open_segment(location, path) as handle:
             parquet = pq.ParquetFile(handle)
             schema, footer = parquet.schema_arrow, parquet.metadata
     except FileNotFoundError:
@@ -200,7 +201,7 @@ def deep_check(location: StoreLocation, table: str, path: str) -> str | None:
     if reason is not None:
         return reason
     try:
-        with location.fs.open(path, "rb") as handle:
+        with open_segment(location, path) as handle:
             pq.read_table(handle)
     except FileNotFoundError:
         return None

@@ -33,6 +33,7 @@ from faultlens.collectors.store.layout import (
     replaced_segments,
     safe_value,
 )
+from faultlens.collectors.store.native_read import open_segment
 from faultlens.collectors.store.schema import SchemaError, empty_table, schema_for, validate
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class SegmentTail:
 
     def _read(self, location: object, name: str, path: str) -> pa.Table | None:
         try:
-            with location.fs.open(path, "rb") as handle:  # type: ignore[attr-defined]
+            with open_segment(location, path) as handle:  # type: ignore[arg-type]
                 table = pq.read_table(handle)
             known = [c for c in table.column_names if schema_for(name).get_field_index(c) >= 0]
             return validate(name, table.select(known).replace_schema_metadata(None))

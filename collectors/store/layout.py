@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from faultlens.collectors.store.atomic import atomic_write
+from faultlens.collectors.store.native_read import open_segment
 from faultlens.errors import FaultlensError
 
 log = logging.getLogger(__name__)
@@ -448,7 +449,7 @@ def replaced_by(location: StoreLocation, compacted_path: str) -> list[str]:
     """The segment names a compacted segment replaces (from its Parquet metadata). Metadata that is
     not UTF-8, or names that are not segment names, replace nothing (with a warning)."""
     try:
-        with location.fs.open(compacted_path, "rb") as handle:
+        with open_segment(location, compacted_path) as handle:
             metadata = pq.read_schema(handle).metadata or {}
     except FileNotFoundError:
         return []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import decimal
 import json
@@ -20,6 +19,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 DEFAULT_STORE = "./faultlens-store"
+CSV_SPECIAL = frozenset(',"\r\n')
 
 
 class CliError(FaultlensError):
@@ -41,9 +41,13 @@ def add_rules_dir_arg(parser: argparse.ArgumentParser) -> None:
     """`--rules DIR`: rule files that replace the shipped ones of the same name (main() applies it
     through faultlens.resources.use_rules_dir, so the processes the command starts read them too).
     """
-    parser.add_argument("--rules", type=_rules_dir, metavar="DIR",
-                        help="directory of rule files replacing the shipped ones of the same name "
-                             "(default: $FAULTLENS_RULES, else the packaged rules)")
+    parser.add_argument(
+        "--rules",
+        type=_rules_dir,
+        metavar="DIR",
+        help="directory of rule files replacing the shipped ones of the same name "
+        "(default: $FAULTLENS_RULES, else the packaged rules)",
+    )
 
 
 def add_store_arg(parser: argparse.ArgumentParser) -> None:
@@ -76,8 +80,7 @@ def json_default(value: Any) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    """Map columns come back as lists of (key, value) pairs; show them as dicts. NaN becomes null.
-    """
+    """Map columns come back as lists of (key, value) pairs; show them as dicts. NaN: null."""
     if (
         isinstance(value, list)
         and value
@@ -103,8 +106,30 @@ def _cell(value: Any) -> str:
     return cell_text(value)
 
 
-def emit(table: pa.Table | Sequence[dict[str, Any]], fmt: str, out: TextIO | None = None,
-         title: str | None = None) -> None:
+def _csv_field(text: str) -> str:
+    if any(ch in text for ch in CSV_SPECIAL):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def csv_line(cells: Sequence[str]) -> str:
+    """One CSV record ending in a plain "\n" (the csv module ends records with "\r\n", which a
+    shell's `$(...)` keeps on the last value). RFC 4180 quoting otherwise: a field holding a comma,
+    a quote, "\r" or "\n" is quoted (the csv module would leave a bare "\r" unquoted once "\n"
+    ends the records, splitting the row for every reader); a lone empty field is written `""` so the
+    record is not a blank line."""
+    texts = [str(c) for c in cells]
+    if texts == [""]:
+        return '""\n'
+    return ",".join(_csv_field(t) for t in texts) + "\n"
+
+
+def emit(
+    table: pa.Table | Sequence[dict[str, Any]],
+    fmt: str,
+    out: TextIO | None = None,
+    title: str | None = None,
+) -> None:
     """Write rows as a table (default: faultlens.controller.report.render.render_table, literal
     text fitted to the width), JSON (a list of objects) or CSV."""
     out = out or sys.stdout
@@ -116,10 +141,9 @@ def emit(table: pa.Table | Sequence[dict[str, Any]], fmt: str, out: TextIO | Non
         out.write("\n")
         return
     if fmt == "csv":
-        writer = csv.writer(out)
-        writer.writerow(columns)
+        out.write(csv_line(columns))
         for row in rows:
-            writer.writerow([_cell(row.get(c)) for c in columns])
+            out.write(csv_line([_cell(row.get(c)) for c in columns]))
         return
     from faultlens.controller.report.render import render_table
 
