@@ -561,3 +561,18 @@ def test_gcm_xid_fixture(catalog):
     ]
     assert catalog.get(31).leave is XidScope.NONE and not catalog.get(31).hardware
     assert catalog.get(48).leave is XidScope.GPU and catalog.get(48).hardware
+
+
+def test_an_unreadable_catalog_keeps_the_nvlink5_xid(tmp_path, monkeypatch):
+    """A user's xid.yaml that does not load decodes nothing; the Xid line is still an event."""
+    from faultlens.collectors.sources import xid_catalog
+
+    (tmp_path / "xid.yaml").write_text("format_version: 1\nxids: [ {code: 13\n")
+    monkeypatch.setenv(xid_catalog.XID_CATALOG_ENV, str(tmp_path / "xid.yaml"))
+    xid_catalog.shipped_xid_catalog.cache_clear()
+    try:
+        parser, events = parse([line for line, _, _, _ in GPUD_NVLINK5[:2]])
+    finally:
+        xid_catalog.shipped_xid_catalog.cache_clear()
+    assert [(e.kind, e.code) for e in events] == [("xid", 144), ("xid", 144)]
+    assert parser.stats.bad_lines == 0

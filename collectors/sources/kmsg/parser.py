@@ -19,7 +19,11 @@ from faultlens.collectors.sources.kmsg.events import (
     check_event,
 )
 from faultlens.collectors.sources.pci import normalize_pci_bus_id
-from faultlens.collectors.sources.xid_catalog import XidCatalog, shipped_xid_catalog
+from faultlens.collectors.sources.xid_catalog import (
+    XidCatalog,
+    XidCatalogError,
+    shipped_xid_catalog,
+)
 
 _PCI = r"[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
 XID_RE = re.compile(
@@ -182,9 +186,12 @@ class KernelLogParser:
         """NVLink5 Xids 144-150 decoded by NVIDIA's catalog: a sub-code whose resolution is
         RESET_GPU becomes a recovery_action row with NVML's GPU_RESET (1), as a following Xid 154
         would; IGNORE and XID_154_EVAL sub-codes add nothing (a following Xid 154 speaks for
-        itself)."""
+        itself). A catalog that cannot be read decodes nothing: the Xid row itself stays."""
         if self._catalog is None:
-            self._catalog = shipped_xid_catalog()
+            try:
+                self._catalog = shipped_xid_catalog()
+            except XidCatalogError as exc:
+                self._catalog = XidCatalog({}, path=str(exc))
         decoded = self._catalog.decode_nvlink5(event.code or 0, event.message)
         if decoded is None or decoded.rule.resolution != "RESET_GPU":
             return []
