@@ -72,6 +72,11 @@ def loop(
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         results = list(pool.map(one, range(runs)))
+    return summarise(results, time.monotonic() - started, jobs)
+
+
+def summarise(results: list[dict[str, object]], wall_s: float, jobs: int) -> dict[str, object]:
+    runs = len(results)
     codes = collections.Counter(str(r["rc"]) for r in results)
     stderr = collections.Counter(str(r["stderr"]).splitlines()[-1] for r in results if r["stderr"])
     clean = sum(1 for r in results if r["rc"] == 0 and not r["stderr"] and r["complete"])
@@ -83,7 +88,7 @@ def loop(
         "incomplete_output": sum(1 for r in results if not r["complete"]),
         "exit_codes": dict(codes),
         "stderr_last_lines": dict(stderr.most_common(5)),
-        "wall_s": round(time.monotonic() - started, 1),
+        "wall_s": round(wall_s, 1),
         "jobs": jobs,
     }
 
@@ -172,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log", help="append each run's result here (JSON lines)")
     parser.add_argument(
+        "--from-log",
+        metavar="FILE",
+        help="run nothing: summarise (and --publish) the runs a --log holds",
+    )
+    parser.add_argument(
         "--publish", action="store_true", help="write the section of docs/benchmarks.md"
     )
     parser.add_argument(
@@ -180,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         help="the command (after --), default: faultlens decisions --store STORE --json",
     )
     args = parser.parse_args(argv)
-    if args.command:
-        command, shown = args.command, " ".join(args.command)
+    if args.command or args.from_log:
+        command, shown = args.command, " ".join(args.command) or "faultlens decisions --json"
     else:
         if not args.store:
             parser.error("--store STORE (or a command after --)")
@@ -195,13 +205,17 @@ def main(argv: list[str] | None = None) -> int:
             "--json",
         ]
         shown = "faultlens decisions --json"
-    result = loop(
-        command,
-        args.runs,
-        args.jobs,
-        timeout=args.timeout,
-        log=Path(args.log) if args.log else None,
-    )
+    if args.from_log:  # run nothing: summarise the runs a (stopped) loop logged
+        logged = Path(args.from_log).read_text().splitlines()
+        result = summarise([json.loads(line) for line in logged if line.strip()], 0.0, args.jobs)
+    else:
+        result = loop(
+            command,
+            args.runs,
+            args.jobs,
+            timeout=args.timeout,
+            log=Path(args.log) if args.log else None,
+        )
     emit("cli_exit_loop", {"command": shown, **result})
     if args.publish:
         write_section(REPO / "docs" / "benchmarks.md", section(result, shown, args))

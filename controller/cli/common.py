@@ -129,6 +129,7 @@ def emit(
     fmt: str,
     out: TextIO | None = None,
     title: str | None = None,
+    optional: Sequence[str] = (),
 ) -> None:
     """Write rows as a table (default: faultlens.controller.report.render.render_table, literal
     text fitted to the width), JSON (a list of objects) or CSV."""
@@ -147,4 +148,4 @@ def emit(
         return
     from faultlens.controller.report.render import render_table
 
-    render_table(rows, columns, title=title, out=out)
+    render_table(rows, columns, title=title, out=out, optional=optional)

@@ -22,27 +22,43 @@ from faultlens.controller.cli.common import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("goodput", help="ETTR and badput by cause (lost work, "
-                                                   "detection, decision, "
-                                                   "restart, checkpoint, start-up) of one job")
+    parser = subparsers.add_parser(
+        "goodput",
+        help="ETTR and badput by cause (lost work, "
+        "detection, decision, "
+        "restart, checkpoint, start-up) of one job",
+    )
     add_store_arg(parser)
     add_format_args(parser)
     parser.add_argument("--job", required=True, help="the job id")
-    parser.add_argument("--window", type=float, metavar="SECONDS",
-                        help="sliding-window length for the sliding ETTR (default: a tenth of the "
-                             "wall clock)")
-    parser.add_argument("--since", metavar="TIME", help="window start, ISO 8601 with a timezone "
-                                                        "(default: the "
-                                                        "first attempt's start)")
-    parser.add_argument("--until", metavar="TIME", help="window end, ISO 8601 with a timezone, or "
-                                                        "'now' (default: "
-                                                        "the job's latest activity)")
-    parser.add_argument("--live-grace", type=float, default=600.0, metavar="SECONDS",
-                        help="an incident or decision of the last attempt counts as live when it "
-                             "came at most this "
-                             "long after the job's last telemetry (default %(default)s)")
-    parser.add_argument("--timeline", action="store_true", help="with --json: include every bucket "
-                                                                "run")
+    parser.add_argument(
+        "--window",
+        type=float,
+        metavar="SECONDS",
+        help="sliding-window length for the sliding ETTR (default: a tenth of the wall clock)",
+    )
+    parser.add_argument(
+        "--since",
+        metavar="TIME",
+        help="window start, ISO 8601 with a timezone (default: the first attempt's start)",
+    )
+    parser.add_argument(
+        "--until",
+        metavar="TIME",
+        help="window end, ISO 8601 with a timezone, or 'now' (default: the job's latest activity)",
+    )
+    parser.add_argument(
+        "--live-grace",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="an incident or decision of the last attempt counts as live when it "
+        "came at most this "
+        "long after the job's last telemetry (default %(default)s)",
+    )
+    parser.add_argument(
+        "--timeline", action="store_true", help="with --json: include every bucket run"
+    )
     parser.set_defaults(func=cmd_goodput)
 
 
@@ -54,9 +70,9 @@ def _when(text: str | None, option: str) -> dt.datetime | None:
     try:
         value = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise CliError(f"{option} {text!r}: expected an ISO 8601 time such as "
-                       "2026-11-30T12:00:00Z, or 'now'") \
-            from None
+        raise CliError(
+            f"{option} {text!r}: expected an ISO 8601 time such as 2026-11-30T12:00:00Z, or 'now'"
+        ) from None
     if value.tzinfo is None:
         raise CliError(f"{option} {text!r}: give a timezone (e.g. a trailing Z for UTC)")
     return value
@@ -97,8 +113,14 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         raise CliError("--live-grace must be >= 0 seconds")
     since, until = _when(args.since, "--since"), _when(args.until, "--until")
     with Store(args.store, jobs=[args.job]) as reader:
-        report = goodput(reader, args.job, since=since, until=until, window_s=args.window,
-                         live_grace_s=args.live_grace)
+        report = goodput(
+            reader,
+            args.job,
+            since=since,
+            until=until,
+            window_s=args.window,
+            live_grace_s=args.live_grace,
+        )
     if args.fmt == "json":
         json.dump(
             report.to_dict(include_timeline=args.timeline),
@@ -114,28 +136,38 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     from faultlens.controller.report.render import render_text
 
     def say(text: str) -> None:
-        render_text(text, hanging="  ")
+        render_text(text, hanging="  ", break_words=False)
 
-    say(f"job {report.job_id}: {report.start.isoformat()} .. {report.end.isoformat()} "
-        f"({report.wall_s:.1f} s wall clock)")
-    say(f"ETTR {report.ettr:.1%}: {report.productive_s:.1f} s productive; steps kept "
+    say(
+        f"job {report.job_id}: {report.start.isoformat()} .. {report.end.isoformat()} "
+        f"({report.wall_s:.1f} s wall clock)"
+    )
+    say(
+        f"ETTR {report.ettr:.1%}: {report.productive_s:.1f} s productive; steps kept "
         f"{report.steps_kept}, "
-        f"steps thrown away {report.steps_lost}")
+        f"steps thrown away {report.steps_lost}"
+    )
     if report.min_sliding_ettr is not None:
-        say(f"sliding ETTR over {report.window_s:.1f} s windows: lowest "
-            f"{report.min_sliding_ettr:.1%}")
+        say(
+            f"sliding ETTR over {report.window_s:.1f} s windows: lowest "
+            f"{report.min_sliding_ettr:.1%}"
+        )
     stretch = report.longest_unproductive
     if stretch is not None:
         spent = ", ".join(
             f"{k} {v:.1f} s" for k, v in sorted(stretch.buckets.items(), key=lambda kv: -kv[1])
         )
-        say(f"longest unproductive stretch: {stretch.seconds:.1f} s from "
+        say(
+            f"longest unproductive stretch: {stretch.seconds:.1f} s from "
             f"{stretch.start.isoformat()} "
-            f"({spent})")
+            f"({spent})"
+        )
     if report.offline:
-        say(f"{len(report.offline)} incident(s)/decision(s) came from a batch pass after the fact "
+        say(
+            f"{len(report.offline)} incident(s)/decision(s) came from a batch pass after the fact "
             "(not live): "
-            "they are charged below but do not define detection, decision or restart time")
+            "they are charged below but do not define detection, decision or restart time"
+        )
     emit(summary_rows(report), "table", title="badput by cause")
     emit(
         [
@@ -144,19 +176,20 @@ def cmd_goodput(args: argparse.Namespace) -> int:
                 "steps": "-" if a.first_step is None else f"{a.first_step}..{a.last_step}",
                 "kept": a.steps_kept,
                 "lost": a.steps_lost,
-                "resumed at": "-" if a.resume_point is None else a.resume_point,
-                "incident": "-" if a.incident_id is None else f"{a.incident_class}/{a.cause}",
+                "what": "-" if a.incident_id is None else f"{a.incident_class} / {a.cause}",
                 "action": a.action or "-",
-                "productive s": round(a.seconds[Bucket.PRODUCTIVE], 2),
-                "badput s": round(
-                    sum(v for k, v in a.seconds.items() if k is not Bucket.PRODUCTIVE), 2
+                "productive": round(a.seconds[Bucket.PRODUCTIVE], 1),
+                "badput": round(
+                    sum(v for k, v in a.seconds.items() if k is not Bucket.PRODUCTIVE), 1
                 ),
                 "largest badput": _largest(a.seconds),
             }
             for a in report.attempts
         ],
         "table",
-        title="per attempt (from its start to the next attempt's start)",
+        title="per attempt, seconds (from its start to the next attempt's start; steps kept and "
+        "thrown away)",
+        optional=("largest badput",),
     )
     if report.incidents:
         emit(
@@ -167,13 +200,14 @@ def cmd_goodput(args: argparse.Namespace) -> int:
                     "class": c.incident_class,
                     "cause": c.cause,
                     "action": c.action,
-                    "lost work s": round(c.lost_work_s, 2),
-                    "downtime s": round(c.downtime_s, 2),
-                    "total s": round(c.total_s, 2),
+                    "lost work": round(c.lost_work_s, 1),
+                    "downtime": round(c.downtime_s, 1),
+                    "total": round(c.total_s, 1),
                 }
                 for c in report.incidents
             ],
             "table",
-            title="what each attempt-stopping incident cost",
+            title="what each attempt-stopping incident cost, seconds",
+            optional=("class", "attempt"),
         )
     return 0

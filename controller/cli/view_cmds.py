@@ -14,8 +14,9 @@ from faultlens.controller.cli.common import CliError, add_store_arg, json_defaul
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    jobs = subparsers.add_parser("jobs", help="the jobs in the store: attempts, state, incidents, "
-                                              "decisions, ETTR")
+    jobs = subparsers.add_parser(
+        "jobs", help="the jobs in the store: attempts, state, incidents, decisions, ETTR"
+    )
     add_store_arg(jobs)
     jobs.add_argument(
         "--json",
@@ -25,27 +26,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="table",
         help="JSON output",
     )
-    jobs.add_argument("--no-ettr", action="store_true", help="skip the goodput accounting (faster "
-                                                             "on big stores)")
+    jobs.add_argument(
+        "--no-ettr", action="store_true", help="skip the goodput accounting (faster on big stores)"
+    )
     jobs.set_defaults(func=cmd_jobs)
 
-    incident = subparsers.add_parser("incident", help="one incident: what, where, why, the "
-                                                      "evidence as a "
-                                                      "timeline, the decision and the restore")
+    incident = subparsers.add_parser(
+        "incident",
+        help="one incident: what, where, why, the "
+        "evidence as a "
+        "timeline, the decision and the restore",
+    )
     add_store_arg(incident)
     incident.add_argument("incident_id", metavar="ID", help="incident id or a unique prefix of it")
-    incident.add_argument("--json", dest="fmt", action="store_const", const="json", default="text",
-                          help="JSON output")
+    incident.add_argument(
+        "--json", dest="fmt", action="store_const", const="json", default="text", help="JSON output"
+    )
     incident.set_defaults(func=cmd_incident)
 
-    report = subparsers.add_parser("report", help="one job as a self-contained HTML page: attempts "
-                                                  "and incidents "
-                                                  "on a timeline, step-time heatmap, GPU signals, "
-                                                  "decisions, goodput")
+    report = subparsers.add_parser(
+        "report",
+        help="one job as a self-contained HTML page: attempts "
+        "and incidents "
+        "on a timeline, step-time heatmap, GPU signals, "
+        "decisions, goodput",
+    )
     add_store_arg(report)
     report.add_argument("--job", required=True, help="the job id (faultlens jobs lists them)")
-    report.add_argument("-o", "--output", default=None, help="the HTML file (default: "
-                                                             "report-<job>.html)")
+    report.add_argument(
+        "-o", "--output", default=None, help="the HTML file (default: report-<job>.html)"
+    )
+    report.add_argument(
+        "--attempt",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only attempt N: its incidents, steps, GPU signals and decisions",
+    )
     report.set_defaults(func=cmd_report)
 
 
@@ -78,9 +95,11 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     ]
     render_table(table, title=f"{len(rows)} job(s) in {args.store}")
     if rows:
-        render_text(f"incidents of a job: faultlens incidents --store {args.store} --job "
-                    f"{rows[-1].job_id}",
-                    hanging="  ")
+        render_text(
+            f"incidents of a job: faultlens incidents --store {args.store} --job {rows[-1].job_id}",
+            hanging="  ",
+            break_words=False,
+        )
     return 0
 
 
@@ -101,8 +120,12 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
 
     lines: list[tuple[str, str]] = []
     first, detected = incident.get("first_signal_ts"), incident.get("detected_ts")
-    lines.append(("what", f"{incident['class']} / {incident['cause']}: "
-                          f"{incident.get('summary') or ''}".strip()))
+    lines.append(
+        (
+            "what",
+            f"{incident['class']} / {incident['cause']}: {incident.get('summary') or ''}".strip(),
+        )
+    )
     where = culprit_text(
         incident.get("culprit_nodes"),
         incident.get("culprit_ranks"),
@@ -116,7 +139,7 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
         )
     )
     lines.append(("job", f"{incident.get('job_id') or '-'} attempt {incident.get('attempt')}"))
-    when = f"first signal {first.isoformat(sep=' ') if first else '-'}"
+    when = f"first signal {first.isoformat() if first else '-'}"  # one token: never folded
     if first and detected:
         when += f", detected {(detected - first).total_seconds():.1f} s later"
     lines.append(("when", when))
@@ -145,8 +168,10 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
         if excluded and excluded not in reason:
             text += f"; exclude {excluded}"
         if decision.get("issued_ts") and detected:
-            text += (f"; issued {(decision['issued_ts'] - detected).total_seconds():.1f} s after "
-                     "detection")
+            text += (
+                f"; issued {(decision['issued_ts'] - detected).total_seconds():.1f} s after "
+                "detection"
+            )
         lines.append(("decision", text))
         if decision.get("restore_step") is not None:
             lines.append(
@@ -159,8 +184,13 @@ def incident_record(incident: dict[str, Any]) -> list[tuple[str, str]]:
         elif decision["action"] == "failover":
             lines.append(("restore", "from scratch (no usable checkpoint)"))
         for delivery in decision.get("deliveries") or []:
-            lines.append(("delivery", f"{delivery['hook']}: {delivery['status']}"
-                          + (f" ({delivery['error']})" if delivery.get("error") else "")))
+            lines.append(
+                (
+                    "delivery",
+                    f"{delivery['hook']}: {delivery['status']}"
+                    + (f" ({delivery['error']})" if delivery.get("error") else ""),
+                )
+            )
     return lines
 
 
@@ -176,12 +206,13 @@ def cmd_incident(args: argparse.Namespace) -> int:
         return 0
     out = sys.stdout
     width = output_width(out)
-    render_text(f"incident {incident['incident_id']}", out=out, width=width)
+    render_text(f"incident {incident['incident_id']}", out=out, width=width, break_words=False)
     previous = None
     for label, text in incident_record(incident):
         shown = label if label != previous else ""
         previous = label
-        render_text(f"{shown:<9} {text}", out=out, width=width, hanging=" " * 10)
+        # ids, times and paths are words users copy: folded between words, never inside one
+        render_text(f"{shown:<9} {text}", out=out, width=width, hanging=" " * 10, break_words=False)
     return 0
 
 
@@ -191,7 +222,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     output = Path(args.output or f"report-{args.job}.html")
     try:
         with _store(args) as store:  # not pruned to the job: GPU samples carry no job id
-            path = write_report(store, args.job, output)
+            path = write_report(store, args.job, output, attempt=args.attempt)
     except OSError as exc:
         raise CliError(f"{output}: {exc.strerror or exc}") from None
     print(f"wrote {path} (open it in a browser; it needs no network)")

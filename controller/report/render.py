@@ -9,9 +9,11 @@ width=None)`:
 - the table fits the width: the terminal's when `out` is a terminal, else $COLUMNS, else 80 (a pipe,
   a log file);
 - each column gets at least a readable width (its header's longest word, at least MIN_COLUMN
-  characters, or its widest cell when that is narrower); when the columns cannot all get that, the
-  rows are shown one record at a time, `key : value` lines (a vertical record view, like psql's
-  \\x), instead of a table folded one word per line;
+  characters, or its widest cell when that is narrower); times, numbers and identifiers (a column
+  named as one: job, incident_id, node, ts...) get their whole width and are never folded: they are
+  the strings users copy. When the columns cannot all get that, the caller's optional columns are
+  left out first (with a note), then the rows are shown one record at a time, `key : value` lines
+  (a vertical record view, like psql's \\x), instead of a table folded one word per line;
 - a cell longer than a table cell can reasonably hold is cut with an ellipsis and a note says so
   (--json and --csv always have the whole text); multi-line cells keep at most MAX_CELL_LINES lines
   in a table.
@@ -24,9 +26,11 @@ writes a paragraph folded at word boundaries to the same width. All three write 
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import json
 import math
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -100,11 +104,52 @@ def _fold(text: str, width: int) -> list[str]:
     return lines
 
 
-def _min_width(header: str, cells: Sequence[str]) -> int:
-    natural = max(
-        [len(header), *(max((len(line) for line in c.splitlines()), default=0) for c in cells)]
-    )
-    readable = max(MIN_COLUMN, max((len(word) for word in header.split()), default=0))
+#: a column whose name ends so holds strings users copy (ids, names, times): never folded
+IDENTIFIER_SUFFIXES = (
+    "id",
+    "ids",
+    "uuid",
+    "job",
+    "incident",
+    "decision",
+    "node",
+    "nodes",
+    "ts",
+    "time",
+    "fingerprint",
+    "hook",
+    "uri",
+    "path",
+    "start",
+    "end",
+    "at",
+)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, decimal.Decimal)) and not isinstance(value, bool)
+
+
+def _whole(column: str, values: Sequence[Any], texts: Sequence[str]) -> bool:
+    """Cells shown whole, never folded: times, numbers, and the identifiers of a column named as
+    one (job ids, incident ids, nodes: the strings users copy), when they hold no spaces."""
+    present = [(v, t) for v, t in zip(values, texts, strict=True) if t]
+    if not present:
+        return False
+    if all(isinstance(v, (dt.datetime, dt.date, dt.time)) or _is_number(v) for v, _ in present):
+        return True
+    words = re.split(r"[^a-z]+", str(column).lower().strip())
+    named = bool(words) and words[-1] in IDENTIFIER_SUFFIXES
+    return named and all(len(t.split()) == 1 and "\n" not in t for _, t in present)
+
+
+def _min_width(header: str, cells: Sequence[str], whole: bool = False) -> int:
+    widest = max((max((len(line) for line in c.splitlines()), default=0) for c in cells), default=0)
+    header_word = max((len(word) for word in header.split()), default=0)
+    if whole:
+        return max(widest, header_word)
+    natural = max(len(header), widest)
+    readable = max(MIN_COLUMN, header_word)
     return min(natural, readable)
 
 
@@ -116,8 +161,15 @@ def _console(out: TextIO, width: int):
     )
 
 
-def render_text(text: str, *, out: TextIO | None = None, width: int | None = None, indent: str = "",
-                hanging: str = "", break_words: bool = True) -> None:
+def render_text(
+    text: str,
+    *,
+    out: TextIO | None = None,
+    width: int | None = None,
+    indent: str = "",
+    hanging: str = "",
+    break_words: bool = True,
+) -> None:
     """Write a paragraph literally, folded at word boundaries to the width (`hanging` indents the
     folded lines; `break_words=False` keeps a word longer than the width whole, e.g. a path to
     copy)."""
@@ -125,14 +177,21 @@ def render_text(text: str, *, out: TextIO | None = None, width: int | None = Non
     width = width or output_width(out)
     for i, line in enumerate(text.splitlines() or [""]):
         first = indent if i == 0 else indent + hanging
-        folded = textwrap.wrap(line, width=max(20, width), initial_indent=first,
-                               subsequent_indent=indent + hanging, break_long_words=break_words,
-                               break_on_hyphens=False)
+        folded = textwrap.wrap(
+            line,
+            width=max(20, width),
+            initial_indent=first,
+            subsequent_indent=indent + hanging,
+            break_long_words=break_words,
+            break_on_hyphens=False,
+        )
         out.write("\n".join(folded or [first]) + "\n")
     out.flush()
 
 
-def _record_lines(record: Mapping[str, Any], width: int) -> list[str]:
+def _record_lines(
+    record: Mapping[str, Any], width: int, whole: set[str] | frozenset[str] = frozenset()
+) -> list[str]:
     keys = [str(k) for k in record]
     key_width = min(max((len(k) for k in keys), default=0), max(8, width // 3))
     value_width = max(10, width - key_width - 3)
@@ -145,14 +204,19 @@ def _record_lines(record: Mapping[str, Any], width: int) -> list[str]:
         if len(name) > key_width:
             lines.append(name)
             name = ""
-        folded = _fold(text, value_width)
+        folded = [text] if str(key) in whole else _fold(text, value_width)
         lines.append(f"{name:<{key_width}} : {folded[0]}".rstrip())
         lines.extend(f"{'':<{key_width}}   {line}".rstrip() for line in folded[1:])
     return lines
 
 
-def render_record(record: Mapping[str, Any], *, title: str | None = None, out: TextIO | None = None,
-                  width: int | None = None) -> None:
+def render_record(
+    record: Mapping[str, Any],
+    *,
+    title: str | None = None,
+    out: TextIO | None = None,
+    width: int | None = None,
+) -> None:
     """One mapping as `key : value` lines, values folded to the width."""
     out = out or sys.stdout
     width = width or output_width(out)
@@ -179,31 +243,51 @@ def render_table(
     title: str | None = None,
     out: TextIO | None = None,
     width: int | None = None,
+    optional: Sequence[str] = (),
 ) -> None:
     """Show rows as a table that fits the width, or as vertical records when it cannot (see the
-    module doc).
-    """
+    module doc). Identifiers, times and numbers are never folded: when the columns do not fit, the
+    `optional` columns are left out first (in the order given, with a note), then the rows are shown
+    as records."""
     out = out or sys.stdout
     width = width or output_width(out)
     rows = list(rows)
     columns = list(columns) if columns is not None else (list(rows[0]) if rows else [])
-    texts = [[cell_text(row.get(c)) for c in columns] for row in rows]
     if not columns:
         if title:
             render_text(title, out=out, width=width)
         out.write("(no rows)\n")
         return
-    minimums = [_min_width(str(c), [t[i] for t in texts]) for i, c in enumerate(columns)]
+    texts = [[cell_text(row.get(c)) for c in columns] for row in rows]
+    whole = [
+        _whole(c, [row.get(c) for row in rows], [t[i] for t in texts])
+        for i, c in enumerate(columns)
+    ]
+    minimums = [_min_width(str(c), [t[i] for t in texts], whole[i]) for i, c in enumerate(columns)]
+    left_out: list[str] = []
+    for name in optional:
+        if sum(minimums) + 3 * len(columns) + 1 <= width:
+            break
+        if name in columns and len(columns) > 1:
+            i = columns.index(name)
+            left_out.append(name)
+            for seq in (columns, whole, minimums):
+                del seq[i]
+            for t in texts:
+                del t[i]
     frame = 3 * len(columns) + 1
     if sum(minimums) + frame > width:
         if title:
             render_text(title, out=out, width=width)
         if not rows:
             out.write("(no rows)\n")
+        keep = {c for c, w in zip(columns, whole, strict=True) if w}
         for n, row in enumerate(rows, 1):
             label = f"-[ {n} ]"
             out.write(label + "-" * max(0, min(width, 40) - len(label)) + "\n")
-            out.write("\n".join(_record_lines({c: row.get(c) for c in columns}, width)) + "\n")
+            out.write(
+                "\n".join(_record_lines({c: row.get(c) for c in columns}, width, keep)) + "\n"
+            )
         out.flush()
         return
     from rich.table import Table
@@ -214,19 +298,34 @@ def render_table(
     if title:
         render_text(title, out=out, width=width)
     table = Table(expand=False)
-    for column, minimum in zip(columns, minimums, strict=True):
-        table.add_column(Text(str(column)), overflow="fold", min_width=minimum)
+    for column, minimum, kept in zip(columns, minimums, whole, strict=True):
+        if kept:
+            table.add_column(Text(str(column)), no_wrap=True, min_width=minimum)
+        else:
+            table.add_column(Text(str(column)), overflow="fold", min_width=minimum)
     for row_texts in texts:
         cells = []
         for i, text in enumerate(row_texts):
-            kept, cut = _cut(text, max(minimums[i], share))
+            if whole[i]:
+                cells.append(Text(text))
+                continue
+            kept_text, cut = _cut(text, max(minimums[i], share))
             cut_any = cut_any or cut
-            cells.append(Text(kept))
+            cells.append(Text(kept_text))
         table.add_row(*cells)
     console = _console(out, width)
     console.print(table)
+    if left_out:
+        render_text(
+            f"(left out to fit {width} columns: {', '.join(left_out)}; --json or --csv "
+            "show every column)",
+            out=out,
+            width=width,
+        )
     if cut_any:
-        render_text(f"(long cells cut to {MAX_CELL_LINES} lines: --json or --csv show the whole "
-                    "text)",
-                    out=out, width=width)
+        render_text(
+            f"(long cells cut to {MAX_CELL_LINES} lines: --json or --csv show the whole text)",
+            out=out,
+            width=width,
+        )
     out.flush()
