@@ -214,6 +214,7 @@ class StragglerThresholds(_Strict):
     replica_min_fraction: float = Field(default=0.75, gt=0.0, le=1.0)
     min_step_slowdown: float = Field(default=1.1, ge=1.0)
     moving_min_step_slowdown: float = Field(default=1.1, ge=1.0)
+    noise_k: float = Field(default=2.0, ge=0.0)
     whatif: WhatIfThresholds = WhatIfThresholds()
     warmup_steps: int = Field(ge=0)
     window_steps: int = Field(ge=2)

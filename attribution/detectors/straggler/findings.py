@@ -5,12 +5,15 @@ little is dropped."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from faultlens.attribution.detectors.straggler.costs import finding_what_if, stage_section_refs
 from faultlens.attribution.detectors.straggler.decompose import rolling_sum
 from faultlens.attribution.detectors.straggler.persistence import (
     material,
+    own_work_noise,
     persistent,
     since,
     window,
@@ -64,6 +67,12 @@ def find(
     moving = _moving_finding(t, scores, worker_persistent, valid)
     if moving is not None:
         found.append(moving)
+    found = [
+        replace(f, whatif=replace(f.whatif, noise_s=own_work_noise(scores, f)))
+        if f.whatif is not None
+        else f
+        for f in found
+    ]
     return [f for f in found if material(t, f)]
 
 
@@ -210,7 +219,8 @@ def _worker_findings(t: StragglerThresholds, first: dict[int, int], placement: d
                         as_datetime(scores.end_ts.get(step)),
                         f"{len(ranks)} ranks on {len(by_node)} nodes persistently slower than "
                         f"{scores.group_kind} from "
-                        f"step {step}, in no one stage or replica: a systemic imbalance, not one node",
+                        f"step {step}, in no one stage or replica: a systemic imbalance, not one "
+                        "node",
                     )
                 ],
                 whatif,

@@ -94,10 +94,25 @@ class Vocabulary:
         return found
 
     def _classify(self, name: str) -> SectionClass:
-        leaf = name.lower().strip()
-        if leaf.startswith(CUDA_PREFIX):
-            leaf = leaf[len(CUDA_PREFIX):]
-        leaf = leaf.rsplit("/", 1)[-1]
+        """A nested name's kind comes from what it is inside as well as from its last part: inside
+        a communication section (`comm/loss`, `sync/grads`) it is waiting whatever its last part
+        says (the user's namespace wins over a vocabulary word), inside an excluded phase
+        (`eval/forward`) it is excluded; inside own work or an unknown namespace (`train/forward`,
+        `timers/forward-compute`) its last part decides (`forward/recv` is communication)."""
+        path = name.lower().strip()
+        if path.startswith(CUDA_PREFIX):
+            path = path[len(CUDA_PREFIX) :]
+        parts = [p for p in path.split("/") if p] or [path]
+        leaf = self._component(parts[-1])
+        for part in parts[:-1]:
+            outer = self._component(part)
+            if outer.kind is SectionKind.EXCLUDED:
+                return outer
+            if outer.kind is SectionKind.COMM:
+                return leaf if leaf.kind is SectionKind.COMM else outer
+        return leaf
+
+    def _component(self, leaf: str) -> SectionClass:
         for entry in self.entries:
             if leaf in entry.exact:
                 return entry.cls
@@ -117,11 +132,12 @@ class Vocabulary:
         names = list(names)
         present = set(names)
         classes = {n: self.classify(n) for n in names}
+        parents = _dash_parents(n for n in names if classes[n].kind.own_work)
         chosen = []
         for name in names:
-            if not classes[name].kind.own_work:
+            if not classes[name].kind.own_work or name in parents:
                 continue
-            path = name[len(CUDA_PREFIX):] if name.startswith(CUDA_PREFIX) else name
+            path = name[len(CUDA_PREFIX) :] if name.startswith(CUDA_PREFIX) else name
             parent = path.rsplit("/", 1)[0] if "/" in path else None
             if parent is not None and (parent in present or CUDA_PREFIX + parent in present):
                 continue
@@ -129,6 +145,14 @@ class Vocabulary:
                 continue
             chosen.append(name)
         return chosen, classes
+
+
+def _dash_parents(own_work: Iterable[str]) -> set[str]:
+    """Own-work sections timed together with their own parts in Megatron's dash style (`optimizer`
+    beside `optimizer-inner-step`, `forward` beside `forward-compute`): the parts are scored, the
+    whole is left out (it holds them, and the collectives among its parts, once more)."""
+    names = set(own_work)
+    return {n for n in names if any(o.startswith(n + "-") for o in names if o != n)}
 
 
 def _entries(document: dict[str, Any], source: str) -> list[_Entry]:
@@ -139,12 +163,17 @@ def _entries(document: dict[str, Any], source: str) -> list[_Entry]:
             try:
                 patterns.append(re.compile(text.lower()))
             except re.error as exc:
-                raise VocabularyError(f"{source}: kinds[{index}].patterns[{j}]: expected a regular "
-                                      "expression "
-                                      f"({exc})") from None
-        entries.append(_Entry(SectionClass(SectionKind(raw["kind"]), raw.get("op")),
-                              frozenset(n.lower() for n in raw.get("exact", [])),
-                              tuple(n.lower() for n in raw.get("prefixes", [])), tuple(patterns)))
+                raise VocabularyError(
+                    f"{source}: kinds[{index}].patterns[{j}]: expected a regular expression ({exc})"
+                ) from None
+        entries.append(
+            _Entry(
+                SectionClass(SectionKind(raw["kind"]), raw.get("op")),
+                frozenset(n.lower() for n in raw.get("exact", [])),
+                tuple(n.lower() for n in raw.get("prefixes", [])),
+                tuple(patterns),
+            )
+        )
     return entries
 
 

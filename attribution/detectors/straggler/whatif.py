@@ -42,8 +42,8 @@ MAX_MICROBATCHES = 64
 
 @dataclass(frozen=True)
 class WhatIf:
-    """The estimated effect of bringing some ranks' compute to a reference over a window of steps.
-    """
+    """The estimated effect of bringing some ranks' compute to a reference over a window of
+    steps."""
 
     step_s: float  # observed median step time over the window
     ideal_s: float  # estimated step time with the fix
@@ -53,6 +53,9 @@ class WhatIf:
     op_saving: float | None = None  # fraction of step time the op kind alone saves
     # the saving is the culprit's section excess (peers' sections hide their waiting)
     hidden: bool = False
+    # the job's own step-to-step noise over the finding's window (seconds): a healthy rank's own
+    # work, step to step (persistence.own_work_noise)
+    noise_s: float = 0.0
 
     @property
     def saving_s(self) -> float:
@@ -70,23 +73,27 @@ class WhatIf:
     def text(self, what: str) -> str:
         source = "inferred from the step timings" if self.inferred else "configured"
         if self.hidden:
-            return (f"what-if: with {what} at its peers' speed the step would take "
-                    f"{self.ideal_s:.3f} s instead of "
-                    f"{self.step_s:.3f} s: fixing this saves {self.saving_fraction:.1%} of step "
-                    "time "
-                    f"(S = {self.slowdown:.2f}; its slow sections' excess over its peers': their "
-                    "sections hold "
-                    f"their waiting)")
+            return (
+                f"what-if: with {what} at its peers' speed the step would take "
+                f"{self.ideal_s:.3f} s instead of "
+                f"{self.step_s:.3f} s: fixing this saves {self.saving_fraction:.1%} of step "
+                "time "
+                f"(S = {self.slowdown:.2f}; its slow sections' excess over its peers': their "
+                "sections hold "
+                f"their waiting)"
+            )
         op = (
             f"; {self.op_kind} alone saves {self.op_saving:.1%}"
             if self.op_kind and self.op_saving
             else ""
         )
-        return (f"what-if: with {what} at its peers' speed the step would take {self.ideal_s:.3f} "
-                "s instead of "
-                f"{self.step_s:.3f} s: fixing this saves {self.saving_fraction:.1%} of step time "
-                f"(S = {self.slowdown:.2f}; pipeline model, {self.microbatches:.0f} microbatches "
-                f"{source}){op}")
+        return (
+            f"what-if: with {what} at its peers' speed the step would take {self.ideal_s:.3f} "
+            "s instead of "
+            f"{self.step_s:.3f} s: fixing this saves {self.saving_fraction:.1%} of step time "
+            f"(S = {self.slowdown:.2f}; pipeline model, {self.microbatches:.0f} microbatches "
+            f"{source}){op}"
+        )
 
     def details(self) -> dict[str, float | str | bool | None]:
         return {
@@ -98,6 +105,7 @@ class WhatIf:
             "microbatches_inferred": self.inferred,
             "op_kind": self.op_kind,
             "op_saving": None if self.op_saving is None else round(self.op_saving, 4),
+            "noise_s": round(self.noise_s, 6),
         }
 
 
@@ -135,8 +143,13 @@ class StepModel:
             warnings.simplefilter("ignore", RuntimeWarning)
             return np.nansum(u, axis=2) / m + (m - 1) / m * np.nanmax(u, axis=2)
 
-    def saving(self, compute: np.ndarray, fixed: np.ndarray, microbatches: float,
-               arrival: np.ndarray | None = None) -> np.ndarray:
+    def saving(
+        self,
+        compute: np.ndarray,
+        fixed: np.ndarray,
+        microbatches: float,
+        arrival: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Per step, the seconds the fix saves: the pipeline model per replica, the data-parallel
         sync from the observed arrivals where `arrival` (steps x ranks: when each rank reached the
         sync, epoch seconds) is given (module docstring)."""
@@ -185,10 +198,17 @@ class StepModel:
         return float(np.clip(value, 1.0, MAX_MICROBATCHES))
 
 
-def what_if(model: StepModel, compute: np.ndarray, fixed: np.ndarray, observed: np.ndarray,
-            microbatches: float | None, sections: dict[str, np.ndarray] | None = None,
-            section_refs: dict[str, np.ndarray] | None = None, mask: np.ndarray | None = None,
-            arrival: np.ndarray | None = None) -> WhatIf | None:
+def what_if(
+    model: StepModel,
+    compute: np.ndarray,
+    fixed: np.ndarray,
+    observed: np.ndarray,
+    microbatches: float | None,
+    sections: dict[str, np.ndarray] | None = None,
+    section_refs: dict[str, np.ndarray] | None = None,
+    mask: np.ndarray | None = None,
+    arrival: np.ndarray | None = None,
+) -> WhatIf | None:
     """Window rows only. compute/fixed: (steps x ranks) actual compute and compute with the fix;
     observed: the step times; arrival: when each rank reached the data-parallel sync (epoch seconds;
     None: not timed). With sections (name -> steps x ranks seconds), their peer references and the
