@@ -136,6 +136,24 @@ def completed_mismatches() -> dict[str, tuple[int, int, int]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
+def torch_cases() -> tuple[int, int, int]:
+    """PyTorch's test_match_one_event pairs (tests/test_hang_torch_cases.py): (faultlens answers as
+    that test file expects, torch's match_one_event gives its own test's state, cases)."""
+    from tests import test_hang_torch_cases as cases
+
+    mine = theirs = 0
+    for _case, change, torch_state, verdict, ranks in cases.CASES:
+        pair = (cases.E1, {**cases.E1, **change})
+        got = cases.utils.match_one_event(
+            cases._torch_event(pair[0]), cases._torch_event(pair[1]), {"0": {0, 1}}, "0"
+        ).state
+        theirs += got == getattr(cases.types.MatchState, torch_state)
+        with tempfile.TemporaryDirectory() as tmp:
+            report = cases._faultlens(Path(tmp), pair)
+        mine += (report.verdict, report.culprit_ranks) == (verdict, ranks)
+    return mine, theirs, len(cases.CASES)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--no-docs", action="store_true")
@@ -149,6 +167,7 @@ def main() -> int:
     date = f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M}"
     logs = kernel_log()
     mismatch = completed_mismatches()
+    torch_mine, torch_theirs, torch_total = torch_cases()
     gpud_own = logs.pop("GPUd NVLink5: GPUd's own answer = NVIDIA's")
     figures = []
     for suite, (right, total) in logs.items():
@@ -179,6 +198,17 @@ def main() -> int:
                 date,
             )
         )
+    figures.append(
+        Figure(
+            "PyTorch analyzer cases (test_match_one_event pairs as 2-rank dumps): expected answer",
+            f"{torch_mine}/{torch_total}",
+            "every case",
+            f"torch match_one_event {torch_theirs}/{torch_total} (its own test's states)",
+            "-",
+            rev,
+            date,
+        )
+    )
     section = Section(
         SECTION,
         "Compares: faultlens' kernel-log parser and Xid catalog on the peers' own test lines "
@@ -193,6 +223,9 @@ def main() -> int:
             "GPUd, NVSentinel and GCM do not run here: their columns are the answers their own "
             "tests expect. GPUd reads the four NVLink5 TLW pipe lines with errorStatus 0x4 as "
             "warnings; NVIDIA's decode sheet says Fatal, RESET_GPU, and faultlens follows NVIDIA.",
+            "On torch's pairs faultlens names the rank still inside a collective its peer "
+            "completed (torch: 'state mismatch', no rank), and both ranks of a one-against-one "
+            "mismatch below the failover threshold (torch: one of them).",
             "torch's analyzer takes the first rank's entry as the expected one: on "
             "broadcast_shape_4 it names the three ranks that agree and not rank 3; on gloo's raw "
             "dumps (pg_config keyed '' with no ranks) it stops with a KeyError.",
