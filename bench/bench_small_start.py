@@ -137,6 +137,18 @@ def _scale_figures(scale: dict[str, dict], commit: str, date: str) -> list[Figur
                     date,
                 )
             )
+        elif torch.get("timed_out"):
+            out.append(
+                Figure(
+                    f"{ranks:,} ranks x 2,000 entries: read + analysis",
+                    value,
+                    ">= 40x torch by CPU",
+                    f"torch fr_trace: timed out after {torch['seconds']} s wall (machine load)",
+                    "-",
+                    commit,
+                    date,
+                )
+            )
         old = before.get(ranks, {}).get("faultlens")
         if old:
             out.append(
@@ -152,6 +164,17 @@ def _scale_figures(scale: dict[str, dict], commit: str, date: str) -> list[Figur
                 )
             )
     return out
+
+
+def _scale_notes(scale: dict) -> list[str]:
+    if not scale.get("after"):
+        return []
+    load = scale["after"].get("load_average_at_start", [0])[0]
+    return [
+        "The 1,024-rank rows: bench_hang on this tree and on the export before, one after the "
+        f"other on the same cached dump set (not alternated; load {load:.0f} at the start of "
+        "this tree's run); torch's fr_trace is cut at --torch-timeout (900 s wall)."
+    ]
 
 
 def section(
@@ -207,7 +230,8 @@ def section(
             date,
         ),
     ]
-    figures += _scale_figures(scale or {}, commit, date)
+    scale = scale or {}
+    figures += _scale_figures(scale, scale.get("commit", commit), scale.get("date", date))
     return Section(
         title=TITLE,
         compares="faultlens' whole processes beside what a user would run instead, alternated "
@@ -222,6 +246,7 @@ def section(
         ),
         figures=tuple(figures),
         notes=(
+            *_scale_notes(scale),
             f"Load average {result['load_avg_1m']} on {result['machine']['cores']} cores during "
             "the run: the wall figures are inflated by it, the CPU figures are comparable.",
             "NVIDIA's analyzer was not rerun (no installable build here): issue 38 saw it at "
