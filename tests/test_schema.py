@@ -27,6 +27,7 @@ DESIGN_TABLES = {
     "decisions",
     "checkpoints",
     "heartbeats",
+    "numerics",
 }
 
 
