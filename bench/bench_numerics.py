@@ -2,7 +2,7 @@
 beside the bare step of a >= 100M-parameter model on the CPU, and the store volume they write.
 
     PYTHONPATH=. python -m bench.bench_numerics [--width 3200] [--layers 10] [--steps 3] [--write]
-    PYTHONPATH=. python -m bench.bench_numerics --detection [--seeds 5] [--write]
+    PYTHONPATH=. python -m bench.bench_numerics --detection [--seeds 5] [--only WORD,...] [--write]
 
 - bare step: forward, backward and an SGD step of an MLP of `layers` Linear(width, width) layers
   (10 x 3200: 102M parameters, 410 MB float32) on a batch of 8, no instrumentation.
@@ -149,7 +149,7 @@ def store_volume(steps: int = 86_400, digest_every: int = 100) -> dict:
     return {"rows": steps, "bytes": size}
 
 
-def detection(seeds: int) -> dict:
+def detection(seeds: int, only: tuple[str, ...] = ()) -> dict:
     """Every case: (type, seed, world, faults, expect rank or None) run, judged, decided."""
     from faultlens.attribution.engine import attribute
     from faultlens.attribution.policy import DecisionPolicy, load_policy
@@ -204,6 +204,8 @@ def detection(seeds: int) -> dict:
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind, world, make in faulty + healthy:
+            if only and not any(word in kind for word in only):
+                continue
             for k in range(seeds if (kind, world, make) in healthy else max(1, seeds - 3)):
                 root = Path(tmp) / f"{len(results)}-{k}"
                 job = f"job{k}"
@@ -327,9 +329,12 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     parser.add_argument("--detection", action="store_true", help="the detection runs instead")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument(
+        "--only", default="", help="the types whose name holds one of these comma-separated words"
+    )
     args = parser.parse_args()
     if args.detection:
-        results = detection(args.seeds)
+        results = detection(args.seeds, tuple(w for w in args.only.split(",") if w))
         if args.write:
             date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
             write_section(

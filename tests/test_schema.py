@@ -28,6 +28,7 @@ DESIGN_TABLES = {
     "checkpoints",
     "heartbeats",
     "node_checks",
+    "numerics",
 }
 
 

@@ -27,6 +27,7 @@ def demo_like_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every table of the store written by its real producers (a few seconds)."""
     from faultlens.collectors.store.sink import SegmentSink
     from faultlens.collectors.training.heartbeat import HeartbeatSource
+    from faultlens.collectors.training.numerics import NumericsProbe
     from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
     from faultlens.controller.cli.main import main as cli
     from faultlens.controller.lab.simulate import SimConfig, simulate
@@ -57,9 +58,11 @@ def demo_like_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timer = StepTimer(
             sink, identity=RankIdentity.from_env(env), heartbeat_dir=beats, flush_interval_s=60
         )
+        probe = NumericsProbe(timer)
         for n in range(3):
             with timer.step(n, tokens=128) as step, timer.section("forward"):
                 step.loss = 1.0 / (n + 1)
+            probe.record(n, loss=step.loss)
         timer.close()
         batches = HeartbeatSource(beats).poll()
         assert batches, "the step timer left no heartbeat"
@@ -83,7 +86,8 @@ def _duckdb_ranges(store: Path) -> dict[str, tuple]:
 
 
 def test_every_table_is_written_in_microseconds(demo_like_store: Path) -> None:
-    """Every producer of the fixture (simulator, engine, policy, step timer, heartbeats) wrote us
+    """Every producer of the fixture (simulator, engine, policy, step timer, numerics probe,
+    heartbeats) wrote us
     timestamps.
     """
     seen = set()
