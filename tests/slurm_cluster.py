@@ -185,6 +185,18 @@ class SlurmCluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def stop(self) -> None:
+        """Cancel every job (a batch step outlives its slurmd otherwise), then stop the daemons by
+        pid."""
+        if "slurmctld" in self.pids:
+            self.run("scancel", "--full", "-u", "root", check=False)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    if not self.run("squeue", "-h", "-o", "%i").strip():
+                        break
+                except (RuntimeError, subprocess.SubprocessError, OSError):
+                    break
+                time.sleep(0.3)
         for pid in reversed(list(self.pids.values())):
             try:
                 os.kill(pid, signal.SIGTERM)

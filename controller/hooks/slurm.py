@@ -104,16 +104,19 @@ class SlurmHook:
             raise HookError(f"slurm ({action.value} {decision.decision_id}): {exc}") from None
         self._mark(decision, what)
 
-    def _wait_pending(self, job_id: str) -> None:
+    def _wait_pending(self, job_id: str, nodes: list[str]) -> None:
+        """Until the requeued job pends and its old nodes are done with it (not COMPLETING)."""
         deadline = time.monotonic() + self.requeue_wait_s
         while True:
             state = self.slurm.job(job_id).get("JobState")
-            if state == "PENDING":
+            busy = [n for n in nodes if "COMPLETING" in self.slurm.node(n).get("State", "")]
+            if state == "PENDING" and not busy:
                 return
             if time.monotonic() > deadline:
                 raise SlurmCommandError(
-                    f"job {job_id} requeued but {state}, not PENDING, after "
-                    f"{self.requeue_wait_s:g}s"
+                    f"job {job_id} requeued but {state}"
+                    + (f", {','.join(busy)} still completing" if busy else "")
+                    + f" after {self.requeue_wait_s:g}s"
                 )
             self.sleep(0.2)
 
@@ -179,12 +182,17 @@ class SlurmHook:
         already = decision.attempt is not None and restarts > decision.attempt
         if already and job.get("JobState") != "PENDING":
             return f"job {job_id} already requeued (restarts {restarts})"
+        fields = {"Comment": tag}
         if not already and job.get("JobState") in REQUEUEABLE:
             self.slurm.run("scontrol", "requeue", job_id)
             # a requeued job completes, then pends with a begin time in the future; StartTime=now
             # set before it pends would be overwritten
-            self._wait_pending(job_id)
-        fields = {"Comment": tag, "StartTime": "now"}
+            self._wait_pending(job_id, self.slurm.hostnames(job.get("NodeList", "")))
+            if job.get("JobState") in FINISHED:
+                # nothing of the old run is left to race with: start it now. A job that was still
+                # running keeps Slurm's own requeue delay: a new run on a node still cleaning up
+                # the old one (same job id) is killed with it.
+                fields["StartTime"] = "now"
         if exclude:
             before = self.slurm.hostnames(job.get("ExcNodeList", ""))
             fields["ExcNodeList"] = ",".join(sorted({*before, *exclude}))
