@@ -5,10 +5,8 @@ A job is suspected hung when no step of its current attempt completes for k x it
 (the median interval between consecutive completed training steps, warm-up steps left out), never
 before a floor, and only after a much longer floor while no baseline exists yet (the first steps of
 an attempt). Phases that are slow by design (evaluation, checkpointing) widen the allowance once
-seen, when the next step may be one of them; a rank inside one gets no allowance past the normal
-threshold once a peer is inside a later step (the peer waits for it: judged against the peers).
-An earlier attempt counts as hung when its progress stopped that long before the next attempt
-started.
+seen, when the next step may be one of them. An earlier attempt counts as hung when its progress
+stopped that long before the next attempt started.
 
 Progress is read from the heartbeats table (the step counter each rank's step timer publishes at
 every step, collectors/training/heartbeat.py) as well as from the step rows, so a long flush

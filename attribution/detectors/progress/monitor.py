@@ -95,28 +95,15 @@ class ProgressMonitor:
             reason += f"; {allowance[1]}"
         return ProgressBaseline(threshold, baseline, len(intervals), reason)
 
-    def _slow_phase_now(
-        self, latest: pd.DataFrame, rows: pd.DataFrame, last: dt.datetime, threshold: float
-    ) -> tuple[float, str] | None:
+    def _slow_phase_now(self, latest: pd.DataFrame, rows: pd.DataFrame) -> tuple[float, str] | None:
         """The gap allowed while a rank is inside a step of a slow phase (its heartbeat says which):
         slow_phase_k x the longest such step seen in the attempt, or slow_phase_floor_s for the
-        first one (a checkpoint or an evaluation takes what it takes). Not past its peers' patience:
-        once a peer is inside a later step it waits for the slow rank (synchronous training), and
-        from the moment it got there the normal `threshold` holds."""
+        first one (a checkpoint or an evaluation takes what it takes; its peers may already wait for
+        it in the next step)."""
         if latest.empty or "phase" not in latest.columns:
             return None
         inside = latest[latest["in_step"].fillna(False).astype(bool)]
-        slow = inside[inside["phase"].astype(str).isin(self.t.slow_phases)]
-        waiting = _peers_ahead_since(inside, slow)
-        if waiting is not None:
-            # the peers have waited since `waiting`: the slow phase excuses the time before that
-            allowed = max(0.0, (waiting - last).total_seconds()) + threshold
-            return (
-                allowed,
-                "a peer is inside a later step, waiting for the rank in the slow "
-                f"phase: no allowance past {threshold:.3g}s of its waiting",
-            )
-        phases = sorted({str(p) for p in slow["phase"].dropna()})
+        phases = sorted({str(p) for p in inside["phase"].dropna() if str(p) in self.t.slow_phases})
         if not phases:
             return None
         best: tuple[float, str] | None = None
@@ -125,17 +112,13 @@ class ProgressMonitor:
             longest = _longest_step(seen)
             if longest > 0:
                 allowance = self.t.slow_phase_k * longest
-                why = (
-                    f"a rank is in a {phase} step ({phase} steps take up to {longest:.3g}s): "
-                    "allowance "
-                    f"{allowance:.3g}s"
-                )
+                why = (f"a rank is in a {phase} step ({phase} steps take up to {longest:.3g}s): "
+                       "allowance "
+                       f"{allowance:.3g}s")
             else:
                 allowance = self.t.slow_phase_floor_s
-                why = (
-                    f"a rank is in the attempt's first {phase} step: slow-phase floor "
-                    f"{allowance:g}s"
-                )
+                why = (f"a rank is in the attempt's first {phase} step: slow-phase floor "
+                       f"{allowance:g}s")
             if best is None or allowance > best[0]:
                 best = (allowance, why)
         return best
@@ -164,10 +147,8 @@ class ProgressMonitor:
             if due:
                 allowance = self.t.slow_phase_k * longest
                 if best is None or allowance > best[0]:
-                    best = (
-                        allowance,
-                        f"{phase} steps take up to {longest:.3g}s: allowance {allowance:.3g}s",
-                    )
+                    best = (allowance, f"{phase} steps take up to {longest:.3g}s: allowance "
+                                       f"{allowance:.3g}s")
         return best
 
     def suspects(
@@ -194,14 +175,8 @@ class ProgressMonitor:
                 continue
             job_steps = steps[steps["job_id"] == job] if not steps.empty else steps
             job_beats = beats[beats["job_id"] == job] if not beats.empty else beats
-            attempts = sorted(
-                {
-                    int(a)
-                    for frame in (job_steps, job_beats)
-                    if not frame.empty
-                    for a in frame["attempt"].dropna().unique()
-                }
-            ) or [None]
+            attempts = sorted({int(a) for frame in (job_steps, job_beats) if not frame.empty
+                               for a in frame["attempt"].dropna().unique()}) or [None]
             starts = _attempt_starts(telemetry, job)
             finished = _finished_attempts(telemetry.process_events, job) | _closed_attempts(
                 job_beats
@@ -211,16 +186,10 @@ class ProgressMonitor:
             for attempt in attempts:
                 if attempt in finished:
                     continue
-                rows = (
-                    job_steps
-                    if attempt is None or job_steps.empty
-                    else job_steps[job_steps["attempt"] == attempt]
-                )
-                attempt_beats = (
-                    job_beats
-                    if attempt is None or job_beats.empty
-                    else job_beats[job_beats["attempt"] == attempt]
-                )
+                rows = job_steps if attempt is None or job_steps.empty else \
+                    job_steps[job_steps["attempt"] == attempt]
+                attempt_beats = job_beats if attempt is None or job_beats.empty else \
+                    job_beats[job_beats["attempt"] == attempt]
                 newer = [
                     t
                     for a, t in starts.items()
@@ -236,14 +205,8 @@ class ProgressMonitor:
                     found.append(suspect)
         return found
 
-    def _check(
-        self,
-        job: str,
-        attempt: int | None,
-        rows: pd.DataFrame,
-        beats: pd.DataFrame,
-        until: dt.datetime,
-    ) -> HangSuspect | None:
+    def _check(self, job: str, attempt: int | None, rows: pd.DataFrame, beats: pd.DataFrame,
+               until: dt.datetime) -> HangSuspect | None:
         last, last_step, source = _last_progress(rows, beats)
         if last is None:
             return None
@@ -262,17 +225,12 @@ class ProgressMonitor:
         baseline = self.baseline(rows, beats)
         threshold, reason = baseline.threshold_s, baseline.reason
         latest = _latest_beats(beats)
-        if (
-            not latest.empty
-            and not latest["in_step"].fillna(False).astype(bool).any()
-            and self.t.startup_floor_s > threshold
-        ):
+        if not latest.empty and not latest["in_step"].fillna(False).astype(bool).any() \
+                and self.t.startup_floor_s > threshold:
             threshold = self.t.startup_floor_s
-            reason += (
-                "; no rank is inside a step (between steps or ending): startup floor "
-                f"{threshold:g}s"
-            )
-        slow = self._slow_phase_now(latest, rows, last, threshold)
+            reason += ("; no rank is inside a step (between steps or ending): startup floor "
+                       f"{threshold:g}s")
+        slow = self._slow_phase_now(latest, rows)
         if slow is not None and slow[0] > threshold:
             threshold, reason = slow[0], reason + f"; {slow[1]}"
         if gap <= threshold:
@@ -291,13 +249,11 @@ class ProgressMonitor:
         all_ranks = len(
             {int(r) for frame in (rows, beats) if not frame.empty for r in frame["rank"].dropna()}
         )
-        text = (
-            f"no step completed for {gap:.1f}s after step {last_step} (allowed "
-            f"{threshold:.3g}s: {reason}); "
-            f"{ranks_at_last} of {all_ranks} ranks finished step {last_step} (progress from "
-            f"{source}, "
-            f"observed by {clock})"
-        )
+        text = (f"no step completed for {gap:.1f}s after step {last_step} (allowed "
+                f"{threshold:.3g}s: {reason}); "
+                f"{ranks_at_last} of {all_ranks} ranks finished step {last_step} (progress from "
+                f"{source}, "
+                f"observed by {clock})")
         return HangSuspect(
             job,
             attempt,
@@ -316,20 +272,6 @@ def _longest_step(rows: pd.DataFrame) -> float:
         rows["duration_s"].dropna() if "duration_s" in rows.columns else pd.Series(dtype=float)
     )
     return float(durations.max()) if not durations.empty else 0.0
-
-
-def _peers_ahead_since(inside: pd.DataFrame, slow: pd.DataFrame) -> dt.datetime | None:
-    """When the first peer got inside a step later than the one a slow-phase rank is in (the end
-    of the step it completed before it), else None: no peer waits for the slow ranks yet."""
-    if slow.empty or "current_step" not in inside.columns or "step_ts" not in inside.columns:
-        return None
-    current = pd.to_numeric(inside["current_step"], errors="coerce")
-    behind = pd.to_numeric(slow["current_step"], errors="coerce").min()
-    if pd.isna(behind):
-        return None
-    ahead = inside[(current > behind).fillna(False).astype(bool)]
-    since = pd.to_datetime(ahead["step_ts"], utc=True, errors="coerce").dropna()
-    return None if since.empty else as_datetime(since.min())
 
 
 def _latest_beats(beats: pd.DataFrame) -> pd.DataFrame:
@@ -439,21 +381,14 @@ def _finished_attempts(events: pd.DataFrame, job: str) -> set[int | None]:
             if kind == "agent_exit":
                 newest = group.sort_values("ts").drop_duplicates("node", keep="last")
                 codes = newest["exit_code"]
-                same = (
-                    events["attempt"].isna()
-                    if attempt is pd.NA or attempt != attempt
-                    else events["attempt"] == attempt
-                )
-                launched = set(
-                    events[
-                        (events["job_id"] == job)
-                        & (events["kind"] == "start")
-                        & same
-                        & events["rank"].isna()
-                    ]["node"].dropna()
-                )
+                same = events["attempt"].isna() if attempt is pd.NA or attempt != attempt else \
+                    events["attempt"] == attempt
+                launched = set(events[(events["job_id"] == job) & (events["kind"] == "start") & same
+                                      & events["rank"].isna()]["node"].dropna())
                 if not launched <= set(newest["node"].dropna()):
                     continue
             if len(codes) and bool((codes.fillna(-1) == 0).all()):
                 finished.add(None if attempt is pd.NA or attempt != attempt else int(attempt))
     return finished
+
+
