@@ -44,6 +44,11 @@ def _variants(text: str) -> dict[str, bytes]:
             text + "\ndeep_key: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n"
         ).encode(),
         "deep_only": ("[" * DEEP + "]" * DEEP + "\n").encode(),
+        # 4 MiB of one flow sequence (2 million nodes): refused by its node count, not built
+        "wide_flow_sequence": (text + "\nwide_key: [" + "1," * 2_000_000 + "1]\n").encode()[
+            : 4 * 1024 * 1024 - 2
+        ]
+        + b"]\n",
         "utf16_le_bom": text.encode("utf-16"),
         "utf16_be_bom": b"\xfe\xff" + text.encode("utf-16-be"),
         "utf16_no_bom": text.encode("utf-16-le"),

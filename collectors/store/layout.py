@@ -177,7 +177,8 @@ def temp_name(name: str) -> str:
 
 
 def temp_writer(name: str) -> tuple[int | None, str | None]:
-    """(pid, host) of a temporary file's writer; host None for the older `.<name>.<pid>.tmp` form."""
+    """(pid, host) of a temporary file's writer; host None for the older `.<name>.<pid>.tmp`
+    form."""
     if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
         return None, None
     body = name[1 : -len(TEMP_SUFFIX)]

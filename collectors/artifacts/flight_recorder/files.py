@@ -51,16 +51,20 @@ def file_size(path: Path) -> int:
         return 0
 
 
+def _named_like_dump(name: str) -> bool:
+    suffix = Path(name).suffix.lower()
+    if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
+        return True
+    return name[-1:].isdigit() and rank_from_name(name) is not None
+
+
 def _is_candidate(path: Path) -> bool:
     """A file named as a dump. Not a folder; anything else so named (a FIFO, a device, a dangling
     link) is a candidate too, which its reader refuses unread with a line naming it."""
     name = path.name
     if name.startswith(".") or name.endswith((".tmp", ".partial")) or path.is_dir():
         return False
-    suffix = path.suffix.lower()
-    if suffix in PICKLE_SUFFIXES or suffix in JSON_SUFFIXES:
-        return True
-    return name[-1:].isdigit() and rank_from_name(name) is not None
+    return _named_like_dump(name)
 
 
 def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -73,9 +77,15 @@ def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
     if not root.is_dir():
         raise DumpDirError(f"{root}: not a directory")
     try:
-        files = [p for p in root.iterdir() if _is_candidate(p)]
+        entries = list(root.iterdir())
+        files = [p for p in entries if _is_candidate(p)]
     except OSError as exc:
         raise DumpDirError(f"{root}: cannot list: {exc.strerror or exc}") from None
+
+    for path in entries:  # a directory named like a dump is noted, never read
+        if path not in files and not path.name.startswith(".") and _named_like_dump(path.name) \
+                and path.is_dir():
+            log.warning("%s: a directory named like a dump: skipped", path)
 
     def order(path: Path) -> tuple[int, int, str]:
         rank = rank_from_name(path)
@@ -86,7 +96,7 @@ def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
 
 
 def _looks_like_json(head: bytes) -> bool:
-    stripped = head.lstrip()
+    stripped = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     return stripped[:1] in (b"{", b"[")
 
 
@@ -131,7 +141,9 @@ def _read_bytes(path: Path, count: int) -> np.ndarray:
         buf = _local.read_buffer = np.empty(size, np.uint8)
     view = memoryview(buf)[:count]
     got = 0
-    with open(path, "rb", buffering=0) as file:
+    # O_NONBLOCK: a file swapped for a FIFO or a blocking special file since the stat never blocks
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    with open(fd, "rb", buffering=0) as file:
         while got < count:
             read = file.readinto(view[got:])
             if not read:
@@ -147,6 +159,9 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
             raise DumpFileError(path, "not a regular file (a FIFO, device or socket): refused "
                                       "unread")
         size = info.st_size
+        if size == 0:  # empty; or procfs/sysfs (size 0: /proc/kmsg blocks a reader forever)
+            raise DumpFileError(path, "empty file (a dump cut short, or a procfs/sysfs file): "
+                                      "refused unread")
         if size > limits.max_file_bytes:
             raise DumpFileError(path, f"{size} bytes: larger than any real dump (limit "
                                       f"{limits.max_file_bytes}, "
@@ -196,9 +211,21 @@ def load_dump_bytes(data: bytes, name: str = "rank_0.pkl", *, fast_path: bool = 
         raise DumpFileError(path, f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"duplicate key {duplicate[:60]!r}: which one is meant is not known")
+    return obj
+
+
 def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> Dump:
+    data = buf.tobytes()
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as some editors write
+        data = data[3:]
     try:
-        obj = json.loads(buf.tobytes())
+        obj = json.loads(data, object_pairs_hook=_unique_keys)
     except RecursionError:
         raise DumpFileError(
             path, "not a usable JSON dump: nested deeper than the parser's limit"
@@ -207,7 +234,7 @@ def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> Dump:
         raise DumpFileError(
             path, f"not valid JSON (truncated or corrupt?): {str(exc)[:200]}"
         ) from None
-    if _JSON_SURROGATE.search(buf.tobytes()) and has_surrogate(obj):
+    if _JSON_SURROGATE.search(data) and has_surrogate(obj):
         raise DumpFileError(path, "not a usable JSON dump: a string holds a lone surrogate "
                                   "(\\ud800-\\udfff)")
     return dump_from_object(obj, path, "json", 0, limits, int(buf.shape[0]))

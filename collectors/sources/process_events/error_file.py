@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,9 @@ from faultlens.collectors.sources.process_events.rows import (
     mtime_ns,
 )
 from faultlens.collectors.sources.process_rules import ProcessRules
+
+#: a torch error file is a message and a traceback: KBs; a deep recursion's traceback ~1 MB
+MAX_ERROR_FILE_BYTES = 16 * 1024 * 1024
 
 
 def rows_from_error_file(
@@ -33,11 +38,22 @@ def rows_from_error_file(
     path = Path(path)
     context = context or EventContext()
     try:
-        raw = path.read_text(encoding="utf-8", errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with open(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise ProcessEventsError(f"{path}: not a regular file: refused unread")
+            data_bytes = handle.read(MAX_ERROR_FILE_BYTES + 1)
     except OSError as exc:
         raise ProcessEventsError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data_bytes) > MAX_ERROR_FILE_BYTES:
+        raise ProcessEventsError(
+            f"{path}: larger than any torch error file (limit {MAX_ERROR_FILE_BYTES} bytes)"
+        )
+    raw = data_bytes.decode("utf-8", errors="replace")
     try:
         data = json.loads(raw)
+    except RecursionError:
+        raise ProcessEventsError(f"{path}: not a torch error file: nested too deep") from None
     except json.JSONDecodeError as exc:
         raise ProcessEventsError(f"{path}: not a torch error file: invalid JSON at line "
                                  f"{exc.lineno} "
@@ -67,7 +83,7 @@ def rows_from_error_file(
             if timestamp not in (None, "")
             else mtime_ns(path)
         )
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, OSError):
         raise ProcessEventsError(
             f"{path}: timestamp {timestamp!r} is not seconds since the epoch"
         ) from None
