@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,6 +61,36 @@ def latest_dump_set(collectives: pa.Table, job: str | None, attempt: int | None)
     wanted = set(zip(keep["rank"].tolist(), keep["dump_id"].tolist(), strict=True))
     keys = zip(frame.column("rank").to_pylist(), frame.column("dump_id").to_pylist(), strict=True)
     return rows.filter(pa.array([key in wanted for key in keys]))
+
+
+#: verdicts that say the ranks disagree on what they called (the code's doing, no node's)
+MISMATCH_VERDICTS = frozenset({"size_mismatch", "op_mismatch", "collective_mismatch"})
+
+
+def waiting_ranks(
+    process_events: pd.DataFrame, attempt: int | None, rules: CrashRules
+) -> frozenset[int]:
+    """Ranks of `attempt` whose own exit says they were waiting on a peer: a collective's timeout
+    (rules/crash.yaml timeout_patterns) or a survivor's echo of another's failure (is_secondary),
+    not a rank told to stop (termination_patterns)."""
+    needed = {"rank", "attempt", "message", "is_secondary"}
+    if process_events is None or len(process_events) == 0:
+        return frozenset()
+    if not needed <= set(process_events.columns):
+        return frozenset()
+    timeouts = [re.compile(p) for p in rules.timeout_patterns]
+    stopped = [re.compile(p) for p in rules.termination_patterns]
+    waited: set[int] = set()
+    for row in process_events[sorted(needed)].to_dict("records"):
+        rank = row["rank"]
+        if rank is None or pd.isna(rank) or (attempt is not None and row["attempt"] != attempt):
+            continue
+        message = row["message"] if isinstance(row["message"], str) else ""
+        secondary = row["is_secondary"] is True or str(row["is_secondary"]) == "True"
+        echo = secondary and not any(p.search(message) for p in stopped)
+        if echo or any(p.search(message) for p in timeouts):
+            waited.add(int(rank))
+    return frozenset(waited)
 
 
 def _verdict(report: Any) -> str:
@@ -132,7 +163,11 @@ class HangAttributor:
                 evidence,
                 "collective hang suspected; no flight-recorder dumps to analyse",
             )
-        report = self.analyzer(dumps, expected)
+        waited = waiting_ranks(telemetry.process_events, suspect.attempt, self.rules)
+        # the shipped analysis takes the ranks whose exits say they waited (a missing dump of one is
+        # never a culprit by absence); an analyzer passed in is called as the protocol says
+        extra = {"timed_out": waited} if waited and self._analyzer is None else {}
+        report = self.analyzer(dumps, expected, **extra)
         verdict = _verdict(report)
         culprits = tuple(int(r) for r in getattr(report, "culprit_ranks", ()) or ())
         dump_ranks = len(set(dumps.column("rank").to_pylist()))
@@ -153,7 +188,7 @@ class HangAttributor:
                                                           "wrote no dump, but no rank that dumped "
                                                           "waits on them"))
             lost = None
-        if lost is not None and verdict not in {"size_mismatch", "op_mismatch"}:
+        if lost is not None and verdict not in MISMATCH_VERDICTS:
             # every rank of one node (and only those) wrote no dump while all the others did: the
             # node is gone (power, kernel, board); the ranks its loss blocked elsewhere (pipeline
             # peers, the groups waiting on it) are follow-ons, never culprits
@@ -179,7 +214,9 @@ class HangAttributor:
                 best = max(findings, key=lambda f: (f.same_gpu, f.confidence))
                 cause, rule = best.cause, "hang-node-lost-hardware"
                 evidence.extend(f.evidence() for f in findings[:3])
-        elif verdict in {"size_mismatch", "op_mismatch"}:
+        elif verdict in MISMATCH_VERDICTS:
+            # the ranks called different collectives or shapes: the code's, never a node's (a
+            # mismatch every member completed is reported below the failover threshold)
             cause = Cause.SOFTWARE
         elif verdict == "stalled":
             cause = Cause.NETWORK
