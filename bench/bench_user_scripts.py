@@ -35,24 +35,30 @@ SLOW_RANK = {"ddp_dataloader": 2, "pipeline_waits": 1, "tp_dp": 3}
 ATTRIBUTE = """
 import json, sys
 from faultlens.attribution.engine import attribute
-print(json.dumps([[i.incident_class.value, i.rule, i.confidence, list(i.culprit_ranks),
-                   list(i.culprit_nodes)] for i in attribute(sys.argv[1])]))
+for store in sys.argv[1:]:
+    print(json.dumps([store, [[i.incident_class.value, i.rule, i.confidence, list(i.culprit_ranks),
+                               list(i.culprit_nodes)] for i in attribute(store)]]), flush=True)
 """
 
 
-def incidents(store: Path, tree: Path) -> list[list]:
-    """Every incident of the store as the code in `tree` attributes it (its own process)."""
+def attribute_all(stores: list[Path], tree: Path) -> dict[str, list[list]]:
+    """Every incident of each store as the code in `tree` attributes it (one process per tree)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(
-        [sys.executable, "-c", ATTRIBUTE, str(store)],
+        [sys.executable, "-c", ATTRIBUTE, *map(str, stores)],
         cwd=tree,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=3600,
         check=True,
     )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("["):
+            store, incidents_ = json.loads(line)
+            found[store] = incidents_
+    return found
 
 
 def failover_threshold() -> float:
@@ -109,19 +115,23 @@ def traces(out: Path) -> list[tuple[str, Path, object]]:
     return made
 
 
-def judge_runs(runs, tree: Path) -> dict:
+def judge_runs(runs, tree: Path, found: dict[str, list[list]]) -> dict:
+
+    def incidents(store: Path, _tree: Path) -> list[list]:
+        return found[str(store)]
+
     threshold = failover_threshold()
     healthy = [(n, a) for n, a, m in runs if not m["slow"]]
     quiet = sum(1 for n, a in healthy if not incidents(a / "store", tree))
     hog = [(n, a) for n, a, m in runs if not m["slow"] and m["hog"]]
     quiet_hog = sum(1 for n, a in hog if not incidents(a / "store", tree))
-    found = 0
+    named = 0
     for _, art, meta in runs:
         if not meta["slow"]:
             continue
         got = incidents(art / "store", tree)
         (slow,) = meta["slow"]
-        found += (
+        named += (
             len(got) == 1
             and got[0][3] == [slow["rank"]]
             and got[0][4] == [slow["node"]]
@@ -134,11 +144,15 @@ def judge_runs(runs, tree: Path) -> dict:
         "hog": len(hog),
         "quiet_hog": quiet_hog,
         "slow": slow_total,
-        "found": found,
+        "found": named,
     }
 
 
-def judge_traces(made, tree: Path, threshold: float) -> dict:
+def judge_traces(made, tree: Path, threshold: float, found: dict[str, list[list]]) -> dict:
+
+    def incidents(store: Path, _tree: Path) -> list[list]:
+        return found[str(store)]
+
     named, confidences, quiet, healthy = 0, [], 0, 0
     for _name, store, trace in made:
         got = incidents(store, tree)
@@ -173,12 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     threshold = failover_threshold()
     runs = user_runs(out, args.healthy, args.reuse)
     made = traces(out)
-    now = judge_runs(runs, REPO), judge_traces(made, REPO, threshold)
-    before = (
-        (judge_runs(runs, args.anchor), judge_traces(made, args.anchor, threshold))
-        if args.anchor
-        else None
-    )
+    stores = [art / "store" for _, art, _ in runs] + [store for _, store, _ in made]
+    found = attribute_all(stores, REPO)
+    now = judge_runs(runs, REPO, found), judge_traces(made, REPO, threshold, found)
+    before = None
+    if args.anchor:
+        found_before = attribute_all(stores, args.anchor)
+        before = (
+            judge_runs(runs, args.anchor, found_before),
+            judge_traces(made, args.anchor, threshold, found_before),
+        )
     emit("user_scripts", {"now": now, "anchor": before})
     rev = commit()
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
@@ -256,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         (
             "A slow worker counts as found when it is the only incident, names that rank and its "
             "node, at confidence >= the policy's straggler threshold (0.7).",
-            "Runs on the shared 2-core machine (load 15-30 from other work beside it).",
+            "Runs on the shared 2-core machine (load average 30-40 from other work beside it).",
         ),
     )
     if not args.no_docs:
