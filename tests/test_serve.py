@@ -131,9 +131,18 @@ def test_serve_killed_nine_twenty_times_loses_no_decision_and_applies_none_twice
                 k: (r.status, r.errors) for k, r in records.items()
             }
             time.sleep(0.5)
+        # the decisions may all be delivered by earlier starts before this one has bound its
+        # port: wait for this start's endpoint (and for it to report itself up)
         port = argv[argv.index("--metrics-port") + 1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            assert b"faultlens_serve_up 1.0" in r.read()
+        body = b""
+        while b"faultlens_serve_up 1.0" not in body:
+            assert proc.poll() is None, "serve exited"
+            assert time.monotonic() < deadline + 60, body[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    body = r.read()
+            except OSError:
+                time.sleep(0.5)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
