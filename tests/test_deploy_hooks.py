@@ -138,7 +138,8 @@ def test_k8s_receiver_rejects_a_bad_signature(k8s):
 
 LAUNCHER = textwrap.dedent("""\
     import os, sys
-    # stands in for torchrun's job: attempt 0 dies like a rank lost to Xid 79; later attempts must restore
+    # stands in for torchrun's job: attempt 0 dies like a rank lost to Xid 79; later attempts
+    # must restore
     attempt = int(os.environ["FAULTLENS_ATTEMPT"])
     with open(sys.argv[1], "a") as log:
         log.write(f"{attempt} {os.environ.get('FAULTLENS_RESTORE_STEP', '-')} {sys.argv[2:]}\\n")

@@ -67,8 +67,9 @@ RECEIVER = textwrap.dedent("""
     document = json.load(sys.stdin)
     out = sys.argv[1]
     with open(out, "a") as handle:
-        handle.write(json.dumps({"id": os.environ["FAULTLENS_DECISION_ID"],
-                                 "action": os.environ["FAULTLENS_DECISION_ACTION"], "document": document}) + "\\n")
+        record = {"id": os.environ["FAULTLENS_DECISION_ID"],
+                  "action": os.environ["FAULTLENS_DECISION_ACTION"], "document": document}
+        handle.write(json.dumps(record) + "\\n")
 """)
 
 
@@ -210,8 +211,8 @@ def test_hooks_yaml_builds_every_kind(tmp_path: Path, monkeypatch: pytest.Monkey
     path.write_text(textwrap.dedent(f"""
         format_version: 1
         hooks:
-          - {{type: webhook, name: ctl, url: "http://127.0.0.1:9/x", secret_env: FAULTLENS_TEST_SECRET,
-             retry: {{attempts: 2, initial_s: 0.1}}}}
+          - {{type: webhook, name: ctl, url: "http://127.0.0.1:9/x",
+             secret_env: FAULTLENS_TEST_SECRET, retry: {{attempts: 2, initial_s: 0.1}}}}
           - {{type: command, name: requeue, command: "{sys.executable} -c pass", timeout_s: 5}}
           - {{type: file, name: spool, directory: "{tmp_path / 'spool'}"}}
     """))
@@ -238,7 +239,8 @@ def test_hooks_yaml_builds_every_kind(tmp_path: Path, monkeypatch: pytest.Monkey
             "hooks[0].colour: unknown key (not allowed here)",
         ),
         (
-            "format_version: 1\nhooks:\n  - {type: file, directory: /x}\n  - {type: file, directory: /y}\n",
+            "format_version: 1\nhooks:\n"
+            "  - {type: file, directory: /x}\n  - {type: file, directory: /y}\n",
             "hooks[1].name: expected a unique name",
         ),
         ("format_version: 2\nhooks: []\n", "format_version: expected 1, got 2"),

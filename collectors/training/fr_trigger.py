@@ -21,8 +21,9 @@ survivors of a failure, and they hold the evidence of which collective the culpr
 
 Never raises into training: every failure is logged and counted in `stats`.
 
-    trigger = FlightRecorderTrigger.from_env()     # FAULTLENS_FR_DIR, FAULTLENS_FR_TRIGGER, FAULTLENS_FR_EXIT_DIR
-    trigger.install()                              # before dist.init_process_group
+    # FAULTLENS_FR_DIR, FAULTLENS_FR_TRIGGER, FAULTLENS_FR_EXIT_DIR
+    trigger = FlightRecorderTrigger.from_env()
+    trigger.install()  # before dist.init_process_group
     dist.init_process_group("gloo")
     with trigger.dump_on_exception():
         train()

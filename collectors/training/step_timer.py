@@ -1,6 +1,7 @@
 """Step and section timing for training loops: one `steps` row per step, one `ranks` row at start.
 
-    timer = StepTimer.from_env(store="s3://bucket/faultlens")      # identity from torchrun's environment
+    # identity from torchrun's environment
+    timer = StepTimer.from_env(store="s3://bucket/faultlens")
     for n, batch in enumerate(loader):
         with timer.step(n) as step:
             with timer.section("data"):

@@ -7,24 +7,27 @@ rank, node, attempt and step:
     signal           this process sends itself `params.signal` (SIGSEGV, SIGABRT, SIGKILL, ...)
     abort            os.abort()
     stuck            sleep `params.seconds` (default 3600) outside any collective
-    gil_hog          a thread enters a C call that holds the GIL (catastrophic regex backtracking) for good
+    gil_hog          a thread enters a C call that holds the GIL (catastrophic regex
+                     backtracking) for good
     oom              raise torch.OutOfMemoryError with the CUDA caching allocator's message
-    gpu              the node's recorded GPU timeline `params.timeline` fires (gpu/<node>.fire); unless
-                     `params.die` is false, the process then fails as CUDA does after it
-                     (`params.message`)
-    slow             sleep `params.extra_s` in section `params.section` (default forward) from `step` on
-    nan              every module's output becomes NaN from `step` on (global forward hook): the loss, the
-                     gradients and the weights go NaN as in a real divergence
-    loss_spike       a corrupt batch: the model's input is scaled by `params.factor` (default 1000) at `step` (to
-                     until_step when given): the loss spikes, the gradients with it
+    gpu              the node's recorded GPU timeline `params.timeline` fires
+                     (gpu/<node>.fire); unless `params.die` is false, the process then fails
+                     as CUDA does after it (`params.message`)
+    slow             sleep `params.extra_s` in section `params.section` (default forward)
+                     from `step` on
+    nan              every module's output becomes NaN from `step` on (global forward hook):
+                     the loss, the gradients and the weights go NaN as in a real divergence
+    loss_spike       a corrupt batch: the model's input is scaled by `params.factor` (default
+                     1000) at `step` (to until_step when given): the loss spikes, the
+                     gradients with it
     bitflip          one bit (`params.bit`, default 30: a float32's top exponent bit; 22: the top
                      mantissa bit) of element `params.index` (default 0) of parameter `params.param`
                      (its place in model.parameters(), default 0) flips, as a hardware fault does:
                      `params.target` param: in the parameter, after this rank's optimizer step;
                      grad: in its gradient before the all_reduce (a tensor hook); at `step`, every
                      step to until_step when given (repeatedly on the same GPU)
-    skip_collective  the first `params.op` (default all_reduce) of group `params.group` (world | sub) at `step`
-                     returns without running
+    skip_collective  the first `params.op` (default all_reduce) of group `params.group`
+                     (world | sub) at `step` returns without running
     slow_checkpoint  TieredCheckpointer.save sleeps `params.extra_s` first (every rank that matches)
     external_signal, node_loss, agent_loss: the rank writes triggers/<fault>-a<attempt>.json at
     `step` and
