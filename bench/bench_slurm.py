@@ -31,7 +31,7 @@ TRAIN = REPO / "tests" / "slurm_jobs" / "ddp_train.py"
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    fault: str  # FAULTLENS_TEST_FAULT ("" none)
+    fault: str  # DDP_TEST_FAULT ("" none)
     expect: str  # none, failover, escalate
     cpu_hog: bool = False
 
@@ -69,7 +69,7 @@ def run_scenario(cluster, sc: Scenario, root: Path, bin_dir: Path) -> dict:
         "STEPS": "24",
         "CKPT_EVERY": "5",
         "STEP_S": "0.1",
-        "FAULTLENS_TEST_FAULT": sc.fault,
+        "DDP_TEST_FAULT": sc.fault,
     }
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])

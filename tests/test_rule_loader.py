@@ -36,7 +36,8 @@ CASES = [
     ("process_errors.yaml", lambda p: load_process_rules(str(p)), ("kind: oom", "kind: moo"),
      r"patterns\[\d+\]\.kind: expected one of .*got 'moo'$"),
     ("hooks.example.yaml", load_hooks, ("type: webhook", "type: pigeon"),
-     r"hooks\[0\]\.type: expected one of webhook, command, file, entry_point, got 'pigeon'$"),
+     r"hooks\[0\]\.type: expected one of webhook, command, file, entry_point, slurm, alertmanager, "
+     r"got 'pigeon'$"),
     ("xid.yaml", load_xid_catalog, ("leave: node", "leave: rack"),
      r"xids\[\d+\]\.leave: expected one of none, gpu, node, unknown, got 'rack'$"),
     ("comm_ops.yaml", lambda p: load_vocabulary([p]), ("kind: comm", "kind: chat"),

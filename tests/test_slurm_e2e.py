@@ -90,7 +90,7 @@ def test_the_page_sigkill_of_a_rank_requeues_excluding_its_node_and_the_job_fini
         "STEPS": "24",
         "CKPT_EVERY": "5",
         "STEP_S": "0.1",
-        "FAULTLENS_TEST_FAULT": f"sigkill:{culprit}:1:12",
+        "DDP_TEST_FAULT": f"sigkill:{culprit}:1:12",
     }
     serve_cmd = on_cluster(example("serve"), slurm, shared).replace("9465", str(metrics_port))
     serve = subprocess.Popen(

@@ -6,6 +6,7 @@ DuckDB's over the same files, and the table definitions the docs show. Skipped o
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shutil
 from pathlib import Path
@@ -31,6 +32,7 @@ def demo_like_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
     from faultlens.controller.cli.main import main as cli
     from faultlens.controller.lab.simulate import SimConfig, simulate
+    from faultlens.controller.slurm.nodecheck import NodeCheck, Verdict
 
     root = tmp_path_factory.mktemp("spark-store")
     store = root / "store"
@@ -68,6 +70,11 @@ def demo_like_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert batches, "the step timer left no heartbeat"
         for table, batch in batches.items():
             sink.write(table, batch)
+        # a node check's row, as `faultlens node-check` records it
+        checked = dt.datetime.now(dt.UTC)
+        check = NodeCheck("node-t", Verdict.PASS, "resumed", checked - dt.timedelta(hours=1), 0,
+                          "", None, "faultlens node-check: clean")
+        sink.write("node_checks", [check.to_row(checked)])
     return store
 
 

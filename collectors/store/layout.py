@@ -484,7 +484,7 @@ _HOLDS: dict[tuple[str, tuple[str, ...]], bool] = {}
 
 def _ts_values(location: StoreLocation, path: str, *, whole: bool) -> np.ndarray:
     """The segment's ts values as int64; `whole` reads every column (every data page checked)."""
-    with location.fs.open(path, "rb") as handle:
+    with open_segment(location, path) as handle:
         parquet = pq.ParquetFile(handle)
         parts = []
         for batch in parquet.iter_batches(columns=None if whole else ["ts"]):

@@ -1,8 +1,8 @@
 """A tiny DDP job (gloo, CPU) for the Slurm tests: STEPS steps of a linear model, a checkpoint
 (rank 0, torch.save) every CKPT_EVERY steps in CKPT_DIR, resumed from FAULTLENS_RESTORE_STEP when a
-failover chose one, else from the newest checkpoint. A fault from FAULTLENS_TEST_FAULT
+failover chose one, else from the newest checkpoint. A fault from DDP_TEST_FAULT
 ("sigkill:NODE:LOCAL_RANK:STEP": that rank SIGKILLs itself, "exception:...": it raises; the time
-written to FAULT_FILE first), only in the attempt FAULTLENS_TEST_FAULT_ATTEMPT (default 0). Rank 0
+written to FAULT_FILE first), only in the attempt DDP_TEST_FAULT_ATTEMPT (default 0). Rank 0
 writes DONE_FILE (JSON: attempt, first step, last step, nodes) when the job finishes."""
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def main() -> None:
     every = int(os.environ.get("CKPT_EVERY", "5"))
     ckpt_dir = Path(os.environ["CKPT_DIR"])
     attempt = int(os.environ.get("FAULTLENS_ATTEMPT", "0"))
-    fault = os.environ.get("FAULTLENS_TEST_FAULT", "")
-    fault_attempt = int(os.environ.get("FAULTLENS_TEST_FAULT_ATTEMPT", "0"))
+    fault = os.environ.get("DDP_TEST_FAULT", "")
+    fault_attempt = int(os.environ.get("DDP_TEST_FAULT_ATTEMPT", "0"))
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
