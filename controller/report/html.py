@@ -464,13 +464,15 @@ PALETTE = (
 CULPRIT_COLOR = "#d62728"
 
 
-def _nice_step(span: float, count: int) -> float:
+def _nice_step(span: float, count: int, at_least: int = 3) -> float:
+    """A round tick step for `span` near `count` ticks, never fewer than `at_least` ticks inside
+    the span (a step of 10 over a 25 s window would leave two)."""
     raw = max(span / max(count, 1), 1e-9)
     power = 10 ** math.floor(math.log10(raw))
-    for factor in (1, 2, 2.5, 5, 10):
-        if raw <= factor * power:
-            return factor * power
-    return 10 * power
+    step = next((f * power for f in (1, 2, 2.5, 5, 10) if raw <= f * power), 10 * power)
+    while span > 0 and span / step < at_least and step > 1e-9:
+        step /= 2
+    return step
 
 
 def _series_key(sample: dict[str, Any]) -> tuple[str, str, str]:
