@@ -78,17 +78,18 @@ def waiting_ranks(
         return frozenset()
     if not needed <= set(process_events.columns):
         return frozenset()
+    rows = process_events[sorted(needed)].dropna(subset=["rank"])
+    if attempt is not None:
+        rows = rows[rows["attempt"] == attempt]
     timeouts = [re.compile(p) for p in rules.timeout_patterns]
     stopped = [re.compile(p) for p in rules.termination_patterns]
     waited: set[int] = set()
-    for row in process_events[sorted(needed)].to_dict("records"):
-        rank = row["rank"]
-        if rank is None or pd.isna(rank) or (attempt is not None and row["attempt"] != attempt):
-            continue
-        message = row["message"] if isinstance(row["message"], str) else ""
-        secondary = row["is_secondary"] is True or str(row["is_secondary"]) == "True"
-        echo = secondary and not any(p.search(message) for p in stopped)
-        if echo or any(p.search(message) for p in timeouts):
+    for rank, message, secondary in zip(
+        rows["rank"], rows["message"], rows["is_secondary"].fillna(False).astype(bool), strict=True
+    ):
+        text = message if isinstance(message, str) else ""
+        echo = secondary and not any(p.search(text) for p in stopped)
+        if echo or any(p.search(text) for p in timeouts):
             waited.add(int(rank))
     return frozenset(waited)
 
