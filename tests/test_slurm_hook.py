@@ -111,9 +111,10 @@ def test_failover_drains_requeues_excluding_and_keeps_the_restore_point(
     assert [r.status for r in results] == [DeliveryStatus.DELIVERED]
     node = slurm.node(culprit)
     assert "DRAIN" in node["State"] and dec.decision_id in node["Reason"]
-    # a running job keeps Slurm's requeue delay (its old run must be gone from its nodes first)
-    job = slurm.wait_job(job_id, {"PENDING"})
+    # the requeued job runs again at once (not after Slurm's 120 s requeue delay), elsewhere
+    job = slurm.wait_job(job_id, {"RUNNING"}, timeout=30)
     assert job["Restarts"] == "1" and culprit in job["ExcNodeList"]
+    assert culprit not in slurm.run("scontrol", "show", "hostnames", job["NodeList"]).split()
     assert dec.decision_id in job["Comment"]
     assert read_restore(hook.state_dir, "llm-fo") == {
         "FAULTLENS_RESTORE_TIER": "durable",
@@ -135,7 +136,7 @@ def test_restart_requeues_in_place_nothing_excluded(slurm, hook, tmp_path, store
     dec = decision(2, Action.RESTART, job="llm-rs", cause=Cause.SOFTWARE)
     results, _ = deliver(store_dir, [hook], dec)
     assert [r.status for r in results] == [DeliveryStatus.DELIVERED]
-    job = slurm.wait_job(job_id, {"PENDING"})
+    job = slurm.wait_job(job_id, {"RUNNING"}, timeout=30)  # at once, in place
     assert job["Restarts"] == "1" and job["ExcNodeList"] == "(null)"
     assert slurm.idle_nodes() | set(nodes) == set(slurm.nodes)  # nothing drained
     for name in slurm.nodes:

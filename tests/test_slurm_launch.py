@@ -55,8 +55,8 @@ def test_identity_and_restore_reach_every_rank_after_a_failover(slurm, tmp_path)
         restore=Restore("durable", 40, "s3://ckpt/id-job/step-40"),
     )
     hook.deliver(dec, dec.to_json())
-    # the job was running: Slurm's requeue delay (120 s) before the new run
-    record = slurm.wait_job(job_id, {"COMPLETED", "FAILED"}, timeout=330)
+    # the job was running; the new run starts at once, not after Slurm's 120 s requeue delay
+    record = slurm.wait_job(job_id, {"COMPLETED", "FAILED"}, timeout=120)
     output = "\n".join(p.read_text() for p in tmp_path.glob("out-*.txt"))
     assert record["JobState"] == "COMPLETED", output[-3000:]
     ran_on = slurm.run("scontrol", "show", "hostnames", record["NodeList"]).split()

@@ -4,8 +4,10 @@ on its nodes.
 
     failover  drain the excluded nodes (reason names the incident), requeue the job with them added
               to its ExcNodeList, the restore point in `<state_dir>/restore/<job>.json` (the
-              launcher puts it in the training environment)
-    restart   requeue the job, nothing excluded, newest good checkpoint (no restore point written)
+              launcher puts it in the training environment); it starts again as soon as
+              resources allow (StartTime=now, see `_start_now`), not after Slurm's requeue delay
+    restart   requeue the job, nothing excluded, newest good checkpoint (no restore point
+              written); started again as soon as resources allow
     escalate  requeue-and-hold the job (a running one stops), the reason in its comment; paging is
               the alertmanager hook's job
     notify    the reason in the job's comment; the job runs on
@@ -50,6 +52,9 @@ REQUEUEABLE = {
 }
 FINISHED = REQUEUEABLE - {"RUNNING", "COMPLETING", "SUSPENDED"}
 REASON_CHARS = 200
+#: seconds between the requeue and StartTime=now: the relaunch credential must be issued in a
+#: later second than the old run's revocation (Slurm compares whole seconds)
+REVOKE_MARGIN_S = 2.0
 
 
 def one_line(text: str, limit: int = REASON_CHARS) -> str:
@@ -120,6 +125,22 @@ class SlurmHook:
                 )
             self.sleep(0.2)
 
+    def _start_now(
+        self, job_id: str, job: dict[str, str], requeued_at: float, fields: dict[str, str]
+    ) -> None:
+        """Let the requeued job start as soon as resources allow, not after Slurm's requeue delay
+        (its credential lifetime, 120 s by default). Slurm holds a requeued job (Reason BeginTime)
+        because each node revokes the old run's credential when it kills it, and refuses a launch
+        credential issued in the same second or before ("Job credential revoked": the new run
+        fails at once). So: wait until the job pends and its old nodes are done with it, and
+        REVOKE_MARGIN_S after the requeue, then StartTime=now (set before it pends, Slurm's own
+        requeue would overwrite it)."""
+        self._wait_pending(job_id, self.slurm.hostnames(job.get("NodeList", "")))
+        rest = requeued_at + REVOKE_MARGIN_S - time.monotonic()
+        if rest > 0:
+            self.sleep(rest)
+        fields["StartTime"] = "now"
+
     def _tag(self, decision: Decision) -> str:
         return one_line(
             f"faultlens {decision.action.value} {decision.decision_id}: "
@@ -185,14 +206,11 @@ class SlurmHook:
         fields = {"Comment": tag}
         if not already and job.get("JobState") in REQUEUEABLE:
             self.slurm.run("scontrol", "requeue", job_id)
-            # a requeued job completes, then pends with a begin time in the future; StartTime=now
-            # set before it pends would be overwritten
-            self._wait_pending(job_id, self.slurm.hostnames(job.get("NodeList", "")))
-            if job.get("JobState") in FINISHED:
-                # nothing of the old run is left to race with: start it now. A job that was still
-                # running keeps Slurm's own requeue delay: a new run on a node still cleaning up
-                # the old one (same job id) is killed with it.
-                fields["StartTime"] = "now"
+            requeued_at = time.monotonic()
+            self._start_now(job_id, job, requeued_at, fields)
+        elif already:
+            # requeued by an earlier delivery that was cut off before its update
+            self._start_now(job_id, job, time.monotonic(), fields)
         if exclude:
             before = self.slurm.hostnames(job.get("ExcNodeList", ""))
             fields["ExcNodeList"] = ",".join(sorted({*before, *exclude}))
