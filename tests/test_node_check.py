@@ -144,3 +144,62 @@ def test_the_pages_node_check_command(slurm, tmp_path):
     result = cli(*argv[1:], slurm=slurm)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("node-1: pass (none)")
+
+
+GPUS = """\
+format_version: 1
+gpus:
+  - {index: 0, uuid: GPU-0a0a0a0a-0000-4000-8000-000000000000, pci_bus_id: "00000000:18:00.0"}
+  - {index: 1, uuid: GPU-0a0a0a0a-0000-4000-8000-000000000001, pci_bus_id: "00000000:2A:00.0"}
+"""
+
+
+@pytest.mark.parametrize(
+    ("timeline", "problem"),
+    [
+        ("- {at: 0.0, gpu: 1, set: {ecc_dbe_volatile: 1, remap_pending: true}}", "GPU 1 double"),
+        ('- {at: 0.0, gpu: 0, lost: "GPU is lost (NVML_ERROR_GPU_IS_LOST)"}', "GPU 0 lost"),
+        ('- {at: 0.0, gpu: 1, event: {kind: xid, code: 79, message: "fell off"}}', "xid 79"),
+    ],
+)
+def test_nvml_through_a_recorded_timeline_keeps_a_drained_node_out(
+    slurm, tmp_path, store_dir, timeline, problem
+):
+    """The store is clean since the drain; the node's NVML (a recorded timeline: the boundary this
+    machine has no GPU for) still answers a failing GPU: kept drained, the reason says what."""
+    drain_by_decision(slurm, tmp_path, "node-3", 11)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GPUS + "timeline:\n  " + timeline + "\n")
+    result = cli(
+        *("node-check", "node-3", "--store", str(store_dir), "--json"),
+        *("--nvml-timeline", str(bad)),
+        slurm=slurm,
+    )
+    out = json.loads(result.stdout)
+    assert result.returncode == 1 and out["verdict"] == "fail", result.stderr
+    assert out["events"] == 0 and problem in out["reason"]
+    node = slurm.node("node-3")
+    assert "DRAIN" in node["State"] and "NVML" in node["Reason"]
+    # NVML clean: the node comes back, and says what it checked
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(GPUS)
+    result = cli(
+        *("node-check", "node-3", "--store", str(store_dir), "--json"),
+        *("--nvml-timeline", str(clean)),
+        slurm=slurm,
+    )
+    out = json.loads(result.stdout)
+    assert result.returncode == 0 and out["action"] == "resumed", result.stderr
+    assert out["reason"].endswith("NVML clean")
+    assert "DRAIN" not in slurm.node("node-3")["State"]
+
+
+def test_a_timeline_node_check_cannot_read_is_one_line_naming_it(slurm, tmp_path, store_dir):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("format_version: 1\ngpus: [{index: 0, uuid: nope}]\n")
+    result = cli(
+        "node-check", "node-0", "--store", str(store_dir), "--nvml-timeline", str(bad), slurm=slurm
+    )
+    assert result.returncode not in (0, 1)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bad) in lines[0] and "uuid" in lines[0]

@@ -92,7 +92,11 @@ def test_the_page_sigkill_of_a_rank_requeues_excluding_its_node_and_the_job_fini
         "STEP_S": "0.1",
         "DDP_TEST_FAULT": f"sigkill:{culprit}:1:12",
     }
-    serve_cmd = on_cluster(example("serve"), slurm, shared).replace("9465", str(metrics_port))
+    serve_cmd = (
+        on_cluster(example("serve"), slurm, shared)
+        .replace("9465", str(metrics_port))
+        .replace("\\\n", " ")
+    )
     serve = subprocess.Popen(
         [*serve_cmd.split(), "--interval", "0.5"],
         env=env,

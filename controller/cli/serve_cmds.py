@@ -39,6 +39,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="port of /metrics (0: no endpoint; default %(default)s)",
     )
     serve.add_argument("--metrics-addr", default="127.0.0.1", help="address of /metrics")
+    serve.add_argument(
+        "--fr-root",
+        default=None,
+        metavar="DIR",
+        help="the --work-dir of `faultlens slurm run`: when a job's progress stops, touch its "
+        "attempt's flight-recorder trigger there and analyse the dumps its ranks write",
+    )
+    serve.add_argument(
+        "--fr-wait",
+        type=float,
+        default=10.0,
+        help="seconds to wait for requested dumps (default %(default)s)",
+    )
     serve.add_argument("--max-passes", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
@@ -58,7 +71,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def policy(store):
         return DecisionPolicy(config, history=StoreHistory(store), restore_chooser=catalog)
 
-    service = Service(args.store, hooks, policy, interval_s=args.interval, catch_up_s=args.catch_up)
+    follower = None
+    if args.fr_root:
+        from faultlens.attribution.engine import Engine
+        from faultlens.attribution.follow import Follower
+        from faultlens.controller.slurm.dumps import SlurmDumpRequester
+
+        requester = SlurmDumpRequester(args.store, args.fr_root, wait_s=args.fr_wait)
+        follower = Follower(args.store, engine=Engine(dump_requester=requester))
+    service = Service(
+        args.store,
+        hooks,
+        policy,
+        interval_s=args.interval,
+        catch_up_s=args.catch_up,
+        follower=follower,
+    )
     if args.metrics_port:
         service.serve_metrics(args.metrics_port, args.metrics_addr)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())

@@ -34,6 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             help="run the node agent (`faultlens collect --sources LIST`) for the job's life",
         )
         sub.add_argument(
+            "--agent-nvml-timeline",
+            default=None,
+            metavar="PATH",
+            help="the agent's NVML source replays this recorded GPU timeline instead of NVML "
+            "(docs/recorded-timeline.md); {node} in PATH is the node's name",
+        )
+        sub.add_argument(
             "script", nargs=argparse.REMAINDER, help="-- the training script and its arguments"
         )
     run.add_argument(
@@ -65,6 +72,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="check and record, change nothing in Slurm"
     )
     check.add_argument("--slurm-conf", default=None, help="slurm.conf (default: $SLURM_CONF)")
+    gpus = check.add_mutually_exclusive_group()
+    gpus.add_argument(
+        "--nvml",
+        action="store_true",
+        help="also ask this machine's NVML now (run on the node itself, e.g. as Slurm's "
+        "HealthCheckProgram)",
+    )
+    gpus.add_argument(
+        "--nvml-timeline",
+        default=None,
+        metavar="FILE",
+        help="ask a recorded GPU timeline instead of NVML (docs/recorded-timeline.md)",
+    )
     check.add_argument(
         "--json", dest="fmt", action="store_const", const="json", default="text", help="JSON output"
     )
@@ -91,6 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         rdzv_port=args.rdzv_port,
         work_dir=args.work_dir,
         agent_sources=args.agent_sources,
+        agent_nvml_timeline=args.agent_nvml_timeline,
     )
 
 
@@ -104,6 +125,7 @@ def cmd_node(args: argparse.Namespace) -> int:
         work_dir=args.work_dir,
         store=args.store,
         agent_sources=args.agent_sources,
+        agent_nvml_timeline=args.agent_nvml_timeline,
     )
 
 
@@ -115,8 +137,22 @@ def cmd_node_check(args: argparse.Namespace) -> int:
     from faultlens.controller.slurm.nodecheck import Verdict, check_node
 
     slurm = Slurm(env={"SLURM_CONF": args.slurm_conf} if args.slurm_conf else None)
+    gpus = None
+    if args.nvml_timeline:
+        from faultlens.collectors.sources.recorded_backend import RecordedBackend
+
+        gpus = RecordedBackend(args.nvml_timeline)
+    elif args.nvml:
+        from faultlens.collectors.sources.nvml_backend import NvmlBackend
+
+        gpus = NvmlBackend()
     check = check_node(
-        args.node, args.store, slurm, window=dt.timedelta(days=args.window), act=not args.dry_run
+        args.node,
+        args.store,
+        slurm,
+        window=dt.timedelta(days=args.window),
+        act=not args.dry_run,
+        gpus=gpus,
     )
     if args.fmt == "json":
         print(

@@ -8,8 +8,11 @@ its node; faultlens' identity comes from Slurm's:
 
 The restore point a failover chose (controller/slurm/restore.py) is put in the training
 environment. On each node the task runs the node agent (`faultlens collect`, when sources are
-given) for the job's life, and when torchrun fails it imports torchrun's report and log tree into
-the store (process_events) before it exits, so the attribution service sees the failure.
+given; its NVML source may replay a recorded GPU timeline per node, `{node}` in the path) for the
+job's life; the ranks get the job's store ($FAULTLENS_STORE, for their step timer) and the
+attempt's flight-recorder trigger and dump directory (controller/slurm/dumps.py); when torchrun
+fails the task imports torchrun's report and log tree into the store (process_events) before it
+exits, so the attribution service sees the failure.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from faultlens import environment
 from faultlens.controller.slurm.commands import parse_record
+from faultlens.controller.slurm.dumps import attempt_dir, dump_dir, trigger_path
 from faultlens.controller.slurm.restore import read_restore
 from faultlens.errors import FaultlensError
 
@@ -99,6 +103,7 @@ def run_job(
     rdzv_port: int | None,
     work_dir: str,
     agent_sources: str | None,
+    agent_nvml_timeline: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> int:
     """The batch script's side: one node task per node with srun; returns srun's status."""
@@ -127,6 +132,8 @@ def run_job(
         node_cmd += ["--store", store]
     if agent_sources:
         node_cmd += ["--agent-sources", agent_sources]
+    if agent_nvml_timeline:
+        node_cmd += ["--agent-nvml-timeline", agent_nvml_timeline]
     srun = [
         "srun",
         "--kill-on-bad-exit=1",
@@ -160,6 +167,7 @@ def run_node(
     work_dir: str,
     store: str | None,
     agent_sources: str | None,
+    agent_nvml_timeline: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> int:
     """One node's side: the node agent for the job's life, torchrun for this node, its failure
@@ -168,11 +176,27 @@ def run_node(
     env = dict(os.environ if env is None else env)
     ident = SlurmIdentity.from_env(env)
     node = ident.node or os.uname().nodename
-    logs = Path(work_dir) / ident.job_id / f"attempt-{ident.attempt}" / node
+    logs = attempt_dir(work_dir, ident.job_id, ident.attempt) / node
     logs.mkdir(parents=True, exist_ok=True)
-    child_env = {**env, **ident.env_vars(), environment.NODE.name: node}
+    dumps = dump_dir(work_dir, ident.job_id, ident.attempt)
+    dumps.mkdir(parents=True, exist_ok=True)
+    child_env = {
+        **env,
+        **ident.env_vars(),
+        environment.NODE.name: node,
+        # the ranks' flight-recorder trigger: `faultlens serve --fr-root` touches it when
+        # progress stops (controller/slurm/dumps.py)
+        environment.FR_DIR.name: str(dumps),
+        environment.FR_TRIGGER.name: str(trigger_path(work_dir, ident.job_id, ident.attempt)),
+    }
+    if store:
+        # the ranks' own instrumentation (the step timer) writes to the job's store
+        child_env.setdefault(environment.STORE.name, store)
     agent = None
     if agent_sources and store:
+        timeline = []
+        if agent_nvml_timeline:
+            timeline = ["--nvml-timeline", agent_nvml_timeline.replace("{node}", node)]
         agent = subprocess.Popen(
             [
                 sys.executable,
@@ -185,6 +209,7 @@ def run_node(
                 agent_sources,
                 "--store",
                 store,
+                *timeline,
             ],
             env=child_env,
             stdout=subprocess.DEVNULL,

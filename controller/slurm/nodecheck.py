@@ -3,15 +3,16 @@ node) or from a resume script (anywhere with scontrol and the store).
 
     since    the node's drain time (Slurm's Reason stamp), else its last check, else `window` ago
     fail     a failing GPU event (FAILING_KINDS: Xid, ECC, row remap, lost GPU) in the store since
-             then: the node is drained (kept drained) with the events as the reason
+             then, or NVML (where present: the real backend, or a recorded timeline) answering
+             a lost GPU, a reset required, a volatile double-bit error, a pending or failed row
+             remap or a recovery action: the node is drained (kept drained) with the reason
     repeat   the node fails (or was drained again) within `window` after its last return:
              kept drained, reason "repeat offender"; a repeat offender is never resumed here, a
              human returns it (`scontrol update nodename=N state=resume`)
     pass     nothing since: a drained node is resumed with the reason
 
 Each check is a row of the store's node_checks table, so fleet history can ask which nodes came
-back and which failed again. NVML (where present) and a collective self-test are not part of this
-check yet: the store's GPU events are its evidence.
+back and which failed again. A collective self-test is not part of this check yet.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from faultlens.attribution.reading.store import Store
+from faultlens.collectors.sources.gpu_backend import BackendUnavailable, GpuBackend, GpuLostError
 from faultlens.collectors.store.layout import resolve_store
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.slurm.commands import Slurm
@@ -98,6 +100,42 @@ def _events(store: Store, node: str, since: dt.datetime) -> list[dict]:
     ).to_pylist()
 
 
+def nvml_problems(backend: GpuBackend, wait_s: float = 0.2) -> tuple[str, ...] | None:
+    """What NVML says of the node's GPUs now, one text per problem; None when NVML is not present
+    here (no driver, no GPU: the store's events are then the only evidence)."""
+    try:
+        devices = backend.open()
+    except BackendUnavailable:
+        return None
+    problems: list[str] = []
+    try:
+        for device in devices:
+            try:
+                reading = backend.sample(device)
+            except GpuLostError as exc:
+                problems.append(f"GPU {device.index} lost ({exc.reason})")
+                continue
+            values = reading.values
+            found = [
+                "reset required" if reading.reset_required else "",
+                "double-bit ECC" if (values.get("ecc_dbe_volatile") or 0) > 0 else "",
+                "row remap pending" if values.get("remap_pending") else "",
+                "row remap failure" if values.get("remap_failure") else "",
+                f"recovery action {values['recovery_action']}"
+                if values.get("recovery_action")
+                else "",
+            ]
+            problems += [f"GPU {device.index} {what}" for what in found if what]
+        if backend.supports_events():
+            for event in backend.wait_events(wait_s):
+                if event.kind in FAILING_KINDS or (event.kind == "recovery_action" and event.code):
+                    code = "" if event.code is None else f" {event.code}"
+                    problems.append(f"GPU {event.gpu_index} {event.kind}{code}")
+    finally:
+        backend.close()
+    return tuple(dict.fromkeys(problems))
+
+
 def check_node(
     node: str,
     store_url: str,
@@ -106,8 +144,10 @@ def check_node(
     window: dt.timedelta = dt.timedelta(days=7),
     act: bool = True,
     clock: Callable[[], dt.datetime] = _utc_now,
+    gpus: GpuBackend | None = None,
 ) -> NodeCheck:
-    """Check `node`, act on Slurm (unless `act` is False) and record the check in the store."""
+    """Check `node`, act on Slurm (unless `act` is False) and record the check in the store;
+    `gpus`: the node's NVML (or a recorded timeline), asked now when given."""
     now = clock()
     record = slurm.node(node)
     state = record.get("State", "")
@@ -128,12 +168,13 @@ def check_node(
     kinds = ", ".join(
         sorted({f"{e['kind']} {e['code']}" if e["code"] is not None else e["kind"] for e in events})
     )
+    nvml = nvml_problems(gpus) if gpus is not None else None
     failed_again = (
         returned is not None
-        and ((drained and since >= returned) or bool(events))
+        and ((drained and since >= returned) or bool(events) or bool(nvml))
         and now - returned <= window
     )
-    if offender or (failed_again and (events or _drained_by_faultlens(reason_field))):
+    if offender or (failed_again and (events or nvml or _drained_by_faultlens(reason_field))):
         verdict, why = Verdict.REPEAT_OFFENDER, REPEAT_REASON
         why += (
             f": failed again within {window} of its return at {returned:%Y-%m-%dT%H:%M:%SZ}"
@@ -146,9 +187,14 @@ def check_node(
             f"faultlens node-check: {len(events)} GPU event(s) since {since:%Y-%m-%dT%H:%M:%SZ}: "
             f"{kinds}"
         )
+    elif nvml:
+        verdict = Verdict.FAIL
+        why = f"faultlens node-check: NVML: {'; '.join(nvml)}"
     else:
         verdict = Verdict.PASS
-        why = f"faultlens node-check: clean since {since:%Y-%m-%dT%H:%M:%SZ}"
+        why = f"faultlens node-check: clean since {since:%Y-%m-%dT%H:%M:%SZ}" + (
+            ", NVML clean" if nvml is not None else ""
+        )
     action = "none"
     if act:
         if verdict is Verdict.PASS:
