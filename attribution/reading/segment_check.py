@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from faultlens.collectors.store.layout import StoreLocation
 from faultlens.collectors.store.native_read import open_segment
@@ -23,6 +23,9 @@ from faultlens.collectors.store.schema import (
     as_ns_type,
     schema_for,
 )
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,8 @@ def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | 
     """Why `path` is not a usable segment of `table`, or its Arrow schema (None: gone since the
     listing).
     """
+    import pyarrow.parquet as pq  # (here: a reader of an empty store never needs it)
+
     expected = schema_for(table)
     try:
         size = location.fs.size(path)
@@ -200,6 +205,8 @@ def deep_check(location: StoreLocation, table: str, path: str) -> str | None:
     reason = check_segment(location, table, path)
     if reason is not None:
         return reason
+    import pyarrow.parquet as pq
+
     try:
         with open_segment(location, path) as handle:
             pq.read_table(handle)

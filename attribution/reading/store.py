@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,22 @@ def _vanished(exc: BaseException, text: str) -> bool:
     return isinstance(exc, FileNotFoundError) or "No such file" in text or "No files found" in text
 
 
+# SQL that reads the catalog rather than naming tables: every table gets its view
+_CATALOG_RE = re.compile(r"\b(show|describe|summarize|information_schema|pragma|duckdb_\w+)\b",
+                         re.IGNORECASE)
+
+
+def tables_named(sql: str) -> list[str]:
+    """The store's tables a query can read: those it names as a word (DuckDB's identifiers are case
+    blind), or every table when it reads the catalog (SHOW TABLES, information_schema, ...). A
+    one-off query lists and binds only these (Store(tables=...)); `faultlens sql` binds the rest
+    and runs it again when it fails, so an error's hints ("Did you mean") are DuckDB's own."""
+    if _CATALOG_RE.search(sql):
+        return list(TABLE_NAMES)
+    words = {word.lower() for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", sql)}
+    return [table for table in TABLE_NAMES if table in words]
+
+
 #: tables whose rows belong to one job (partitioned under job=<job id>): the ones scope_to_job
 #: narrows
 JOB_TABLES = tables_with(Role.JOB_VIEW)
@@ -173,6 +189,8 @@ class Store:
         probe_store(self.location)  # an unreachable object store is an error, never an empty store
         self.jobs = list(jobs) if jobs is not None else None
         self.nodes = list(nodes) if nodes is not None else None
+        for value in [*(self.jobs or ()), *(self.nodes or ())]:
+            safe_value(value)  # a value no partition can hold is an error whatever is listed
         self.date_from = date_from
         self.date_to = date_to
         self.con = duckdb.connect()
@@ -232,6 +250,8 @@ class Store:
         ]
         # footers of many new segments (object stores: one request each): read them in parallel
         if len(todo) > 8:
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(max_workers=16 if not self.location.is_local else 4) as pool:
                 infos = list(
                     pool.map(lambda path: inspect_segment(self.location, table, path), todo)
