@@ -207,6 +207,8 @@ class Store:
         self._checked: dict[tuple[str, str], tuple[Any, str | None]] = {}
         # usable segments whose timestamps are not microseconds (schema version 1)
         self._legacy: set[str] = set()
+        # usable segments' columns (SegmentInfo.columns): one set of columns reads without a union
+        self._columns: dict[str, pa.Schema] = {}
         self._bad: dict[str, BadSegment] = {}
         self._read_ok: set[str] = set()  # segments read through without error by a deep scan
         # the job whose partitions alone the job tables' views read (scope_to_job)
@@ -260,6 +262,8 @@ class Store:
             infos = [inspect_segment(self.location, table, path) for path in todo]
         for path, info in zip(todo, infos, strict=True):
             self._checked[(table, path)] = (stamps[path], info.reason)
+            if info.columns is not None:
+                self._columns[path] = info.columns
             if info.legacy_units:
                 self._legacy.add(path)
             else:
@@ -373,7 +377,11 @@ class Store:
         legacy = any(path in self._legacy for path in segments)
         if self.location.is_local:
             files = ", ".join(_sql_string(path) for path in segments)
-            source = f"read_parquet([{files}], union_by_name=true, hive_partitioning=false)"
+            # a union by name reads every file's schema at bind time and maps each file's columns:
+            # segments that all have one set of columns (checked when listed) need neither
+            kinds = {self._columns.get(path) for path in segments}
+            union = "true" if len(kinds) != 1 or None in kinds else "false"
+            source = f"read_parquet([{files}], union_by_name={union}, hive_partitioning=false)"
         else:
             # here, not at import: it pulls in pandas (slow CLI start-up)
             import pyarrow.dataset as ds
