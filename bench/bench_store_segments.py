@@ -38,9 +38,10 @@ import pyarrow as pa  # noqa: E402
 
 from bench.common import Figure, Section, emit, machine, write_section  # noqa: E402
 from faultlens.collectors.store.layout import (  # noqa: E402
+    new_segment_name,
     partition_dir,
     resolve_store,
-    write_segment,
+    write_parquet,
 )
 from faultlens.collectors.store.schema import validate  # noqa: E402
 
@@ -71,7 +72,9 @@ def build(root: Path, segments: int, nodes: int) -> None:
                 "step": pa.array(step),
                 "duration_s": pa.array(np.full(rows, 5.0)),
             })
-            write_segment(location, directory, validate("steps", table))
+            # (the generator writes plainly: no fsync and rename per segment, as the sink does)
+            os.makedirs(directory, exist_ok=True)
+            write_parquet(validate("steps", table), f"{directory}/{new_segment_name()}")
             n += 1
 
 
