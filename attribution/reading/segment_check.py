@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from faultlens.collectors.store.layout import StoreLocation
 from faultlens.collectors.store.native_read import open_segment
@@ -23,6 +23,9 @@ from faultlens.collectors.store.schema import (
     as_ns_type,
     schema_for,
 )
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,9 @@ class SegmentInfo:
     reason: str | None  # None: usable
     # a timestamp column of a unit other than the schema's (version 1: nanoseconds)
     legacy_units: bool = False
+    # a usable segment's columns (its Arrow schema without metadata): segments of one table that
+    # all have the same are read together without a union by name
+    columns: pa.Schema | None = None
 
 
 def _legacy_units(schema: pa.Schema, expected: pa.Schema) -> bool:
@@ -98,15 +104,48 @@ def inspect_segment(location: StoreLocation, table: str, path: str) -> SegmentIn
     """
     reason = _check(location, table, path)
     if isinstance(reason, pa.Schema):
-        return SegmentInfo(None, _legacy_units(reason, schema_for(table)))
+        columns = reason.remove_metadata()
+        return SegmentInfo(None, _columns_verdict(table, columns)[2], columns)
     return SegmentInfo(reason)
+
+
+# (table, a segment's columns) -> (why unusable, columns not in the table, legacy units): every
+# segment a writer of one version writes has the same columns, so a listing of thousands checks
+# their types once
+_VERDICTS: dict[tuple[str, pa.Schema], tuple[str | None, tuple[str, ...], bool]] = {}
+
+
+def _columns_verdict(table: str, columns: pa.Schema) -> tuple[str | None, tuple[str, ...], bool]:
+    key = (table, columns)
+    found = _VERDICTS.get(key)
+    if found is not None:
+        return found
+    expected = schema_for(table)
+    extra = []
+    verdict: tuple[str | None, tuple[str, ...], bool] | None = None
+    for field in columns:
+        index = expected.get_field_index(field.name)
+        if index < 0:
+            extra.append(field.name)  # a newer writer's column: read by name, the rest unchanged
+            continue
+        want = expected.field(index).type
+        if not _compatible(field.type, want):
+            verdict = (f"column {field.name!r} is {field.type}, expected {want}", (), False)
+            break
+    if verdict is None:
+        verdict = (None, tuple(extra), _legacy_units(columns, expected))
+    if len(_VERDICTS) >= 1024:
+        _VERDICTS.clear()
+    _VERDICTS[key] = verdict
+    return verdict
 
 
 def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | None:
     """Why `path` is not a usable segment of `table`, or its Arrow schema (None: gone since the
     listing).
     """
-    expected = schema_for(table)
+    import pyarrow.parquet as pq  # (here: a reader of an empty store never needs it)
+
     try:
         size = location.fs.size(path)
     except FileNotFoundError:
@@ -131,15 +170,9 @@ def _check(location: StoreLocation, table: str, path: str) -> str | pa.Schema | 
     names = schema.names
     if "ts" not in names:
         return f"no ts column (columns: {', '.join(names[:6])}{', ...' if len(names) > 6 else ''})"
-    extra = []
-    for field in schema:
-        index = expected.get_field_index(field.name)
-        if index < 0:
-            extra.append(field.name)  # a newer writer's column: read by name, the rest unchanged
-            continue
-        want = expected.field(index).type
-        if not _compatible(field.type, want):
-            return f"column {field.name!r} is {field.type}, expected {want}"
+    bad, extra, _ = _columns_verdict(table, schema.remove_metadata())
+    if bad is not None:
+        return bad
     reason = _ts_out_of_range(schema, footer)
     if reason is not None:
         return reason
@@ -200,6 +233,8 @@ def deep_check(location: StoreLocation, table: str, path: str) -> str | None:
     reason = check_segment(location, table, path)
     if reason is not None:
         return reason
+    import pyarrow.parquet as pq
+
     try:
         with open_segment(location, path) as handle:
             pq.read_table(handle)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,22 @@ def _vanished(exc: BaseException, text: str) -> bool:
     return isinstance(exc, FileNotFoundError) or "No such file" in text or "No files found" in text
 
 
+# SQL that reads the catalog rather than naming tables: every table gets its view
+_CATALOG_RE = re.compile(r"\b(show|describe|summarize|information_schema|pragma|duckdb_\w+)\b",
+                         re.IGNORECASE)
+
+
+def tables_named(sql: str) -> list[str]:
+    """The store's tables a query can read: those it names as a word (DuckDB's identifiers are case
+    blind), or every table when it reads the catalog (SHOW TABLES, information_schema, ...). A
+    one-off query lists and binds only these (Store(tables=...)); `faultlens sql` binds the rest
+    and runs it again when it fails, so an error's hints ("Did you mean") are DuckDB's own."""
+    if _CATALOG_RE.search(sql):
+        return list(TABLE_NAMES)
+    words = {word.lower() for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", sql)}
+    return [table for table in TABLE_NAMES if table in words]
+
+
 #: tables whose rows belong to one job (partitioned under job=<job id>): the ones scope_to_job
 #: narrows
 JOB_TABLES = tables_with(Role.JOB_VIEW)
@@ -173,6 +189,8 @@ class Store:
         probe_store(self.location)  # an unreachable object store is an error, never an empty store
         self.jobs = list(jobs) if jobs is not None else None
         self.nodes = list(nodes) if nodes is not None else None
+        for value in [*(self.jobs or ()), *(self.nodes or ())]:
+            safe_value(value)  # a value no partition can hold is an error whatever is listed
         self.date_from = date_from
         self.date_to = date_to
         self.con = duckdb.connect()
@@ -189,6 +207,8 @@ class Store:
         self._checked: dict[tuple[str, str], tuple[Any, str | None]] = {}
         # usable segments whose timestamps are not microseconds (schema version 1)
         self._legacy: set[str] = set()
+        # usable segments' columns (SegmentInfo.columns): one set of columns reads without a union
+        self._columns: dict[str, pa.Schema] = {}
         self._bad: dict[str, BadSegment] = {}
         self._read_ok: set[str] = set()  # segments read through without error by a deep scan
         # the job whose partitions alone the job tables' views read (scope_to_job)
@@ -232,6 +252,8 @@ class Store:
         ]
         # footers of many new segments (object stores: one request each): read them in parallel
         if len(todo) > 8:
+            from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(max_workers=16 if not self.location.is_local else 4) as pool:
                 infos = list(
                     pool.map(lambda path: inspect_segment(self.location, table, path), todo)
@@ -240,6 +262,8 @@ class Store:
             infos = [inspect_segment(self.location, table, path) for path in todo]
         for path, info in zip(todo, infos, strict=True):
             self._checked[(table, path)] = (stamps[path], info.reason)
+            if info.columns is not None:
+                self._columns[path] = info.columns
             if info.legacy_units:
                 self._legacy.add(path)
             else:
@@ -353,7 +377,11 @@ class Store:
         legacy = any(path in self._legacy for path in segments)
         if self.location.is_local:
             files = ", ".join(_sql_string(path) for path in segments)
-            source = f"read_parquet([{files}], union_by_name=true, hive_partitioning=false)"
+            # a union by name reads every file's schema at bind time and maps each file's columns:
+            # segments that all have one set of columns (checked when listed) need neither
+            kinds = {self._columns.get(path) for path in segments}
+            union = "true" if len(kinds) != 1 or None in kinds else "false"
+            source = f"read_parquet([{files}], union_by_name={union}, hive_partitioning=false)"
         else:
             # here, not at import: it pulls in pandas (slow CLI start-up)
             import pyarrow.dataset as ds

@@ -23,15 +23,18 @@ import urllib.parse
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from faultlens.collectors.store.atomic import atomic_write
+from faultlens.collectors.store.localfs import LocalFS
 from faultlens.collectors.store.native_read import open_segment
 from faultlens.errors import FaultlensError
+
+if TYPE_CHECKING:
+    import fsspec
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +72,42 @@ def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
+def _local_root(url: str) -> str | None:
+    """The root fsspec would give a plain local path or a file:// URL (its make_path_posix), else
+    None (any other URL: fsspec resolves it)."""
+    path = url
+    for prefix in ("file://", "local://"):
+        if path.startswith(prefix):
+            path = path[len(prefix) :]
+            break
+    if ":" in path or os.sep != "/":
+        return None
+    if path.startswith("~"):
+        path = os.path.expanduser(path)
+    elif not path.startswith("/"):
+        path = f"{os.getcwd()}/{'' if path == '.' else path.removeprefix('./')}"
+    return path.rstrip("/") or "/"
+
+
 def resolve_store(
     url: str | StoreLocation, *, create: bool = False, **storage_options: object
 ) -> StoreLocation:
     """Turn a path or URL (`./store`, `file:///x`, `s3://bucket/prefix`, `memory://x`) into a
     StoreLocation. With create=False a local root that does not exist or is not a readable directory
-    raises StoreError."""
+    raises StoreError. A local path is resolved without importing fsspec (LocalFS)."""
     if isinstance(url, StoreLocation):
         return url
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **storage_options)
-    except (ImportError, ValueError) as exc:
-        raise StoreError(f"store {url!r}: cannot open: {exc}") from None
+    local = None if storage_options else _local_root(str(url))
+    fs: Any
+    if local is not None:
+        fs, root = LocalFS(), local
+    else:
+        import fsspec
+
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        except (ImportError, ValueError) as exc:
+            raise StoreError(f"store {url!r}: cannot open: {exc}") from None
     location = StoreLocation(url=url, fs=fs, root=root.rstrip("/") or "/")
     if location.is_local:
         if create:
@@ -237,6 +264,8 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
 
 def write_parquet(table: pa.Table, where: object, compression: str = "zstd") -> None:
     """Every segment is written here: zstd, dictionaries for string columns only."""
+    import pyarrow.parquet as pq  # (here: a reader of an empty store never needs it)
+
     pq.write_table(
         table, where, compression=compression, use_dictionary=dictionary_columns(table.schema)
     )
@@ -449,6 +478,8 @@ def checked_segments(location: StoreLocation, paths: Iterable[str]) -> list[str]
 def replaced_by(location: StoreLocation, compacted_path: str) -> list[str]:
     """The segment names a compacted segment replaces (from its Parquet metadata). Metadata that is
     not UTF-8, or names that are not segment names, replace nothing (with a warning)."""
+    import pyarrow.parquet as pq
+
     try:
         with open_segment(location, compacted_path) as handle:
             metadata = pq.read_schema(handle).metadata or {}
@@ -484,6 +515,8 @@ _HOLDS: dict[tuple[str, tuple[str, ...]], bool] = {}
 
 def _ts_values(location: StoreLocation, path: str, *, whole: bool) -> np.ndarray:
     """The segment's ts values as int64; `whole` reads every column (every data page checked)."""
+    import pyarrow.parquet as pq
+
     with open_segment(location, path) as handle:
         parquet = pq.ParquetFile(handle)
         parts = []

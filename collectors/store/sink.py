@@ -169,6 +169,9 @@ class SegmentSink:
         )
         job_names = job_codes.dictionary.to_pylist()
         node_names = node_codes.dictionary.to_pylist()
+        # the rows in partition order once (one take of every column: a take per partition costs
+        # each column's per-call work 128 times), each partition a zero-copy slice of it
+        ordered = table.take(order)
         parts = []
         offset = 0
         for j_code, d, n_code, count in zip(
@@ -178,22 +181,19 @@ class SegmentSink:
             parts.append(
                 (
                     partition_dir(self.location, name, j, partition_date(d), n),
-                    order.slice(offset, count),
+                    ordered.slice(offset, count),
                 )
             )
             offset += count
-        return self._write_parts(table.combine_chunks(), parts)
+        return self._write_parts(parts)
 
-    def _write_parts(self, table: pa.Table, parts: list[tuple[str, pa.Array]]) -> list[str]:
-        """Write one segment per partition (its rows: `table` taken at the partition's indices), a
-        few at a time: taking rows and Parquet encoding release the GIL and each segment waits on
-        two fsyncs (file, directory), so a whole-job flush of 128 partitions overlaps them. Every
-        segment is complete and visible when this returns; the first failure is raised after the
-        others end."""
-        def write(part: tuple[str, pa.Array]) -> str:
-            return write_segment(
-                self.location, part[0], table.take(part[1]), compression=self.compression
-            )
+    def _write_parts(self, parts: list[tuple[str, pa.Table]]) -> list[str]:
+        """Write one segment per partition (its rows), a few at a time: Parquet encoding releases
+        the GIL and each segment waits on two fsyncs (file, directory), so a whole-job flush of 128
+        partitions overlaps them. Every segment is complete and visible when this returns; the
+        first failure is raised after the others end."""
+        def write(part: tuple[str, pa.Table]) -> str:
+            return write_segment(self.location, part[0], part[1], compression=self.compression)
 
         if len(parts) < 2 or self.write_threads < 2:
             return [write(part) for part in parts]

@@ -79,3 +79,23 @@ def listed_commands(module: str) -> tuple[tuple[str, str | None], ...] | None:
             return None
         found.append((name, _literal(help_kw)))
     return tuple(found) or None
+
+
+def owner_of(command: str, entries: list) -> str | None:
+    """The command module (a COMMAND_MODULES entry) that registers `command`, found from the
+    sources: a text search for its `add_parser("command"` call, confirmed by that module's listing
+    (one parse, not one per module). None when no module's source says it literally."""
+    needles = (f'add_parser("{command}"', f"add_parser('{command}'")
+    for entry in entries:
+        if not isinstance(entry, str):
+            continue
+        try:
+            text = _source(entry).read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if not any(needle in text for needle in needles):
+            continue
+        listed = listed_commands(entry)
+        if listed is not None and command in {name for name, _ in listed}:
+            return entry
+    return None

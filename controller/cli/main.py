@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from faultlens.errors import FaultlensError
-from faultlens.resources import use_rules_dir
 
 # Each module adds its subcommands with register(subparsers); the order here is the order in --help.
 # Entries are module names (a bare name is under faultlens.controller.cli; the lab's commands live
@@ -45,8 +44,10 @@ def _module(entry):
 
 def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
     """The whole CLI; `lazy`: modules whose commands do not include `command` are listed from their
-    source (names and help only) instead of imported."""
-    from faultlens.controller.cli.lazy import listed_commands
+    source (names and help only) instead of imported; when the source names the module that
+    registers `command`, the parser holds that module's commands alone (the others are needed
+    only by --help and by an unknown command's error, which build the whole list)."""
+    from faultlens.controller.cli.lazy import listed_commands, owner_of
 
     parser = argparse.ArgumentParser(
         prog="faultlens",
@@ -56,6 +57,10 @@ def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
+    owner = owner_of(command, COMMAND_MODULES) if lazy and command else None
+    if owner is not None:
+        _module(owner).register(subparsers)
+        return parser
     for entry in COMMAND_MODULES:
         listed = listed_commands(entry) if lazy and isinstance(entry, str) else None
         if listed is not None and command not in {name for name, _ in listed}:
@@ -74,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rules = getattr(args, "rules", None)
     # `--rules DIR` (a file stays the command's own argument)
     if rules is not None and Path(rules).is_dir():
+        from faultlens.resources import use_rules_dir  # (importlib.resources: only when asked)
+
         use_rules_dir(rules)
         args.rules = None
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from faultlens.attribution.reading.store import QueryError, Store
+from faultlens.attribution.reading.store import QueryError, Store, tables_named
 from faultlens.collectors.store.schema import TABLE_NAMES
 from faultlens.controller.cli.common import CliError, add_format_args, add_store_arg, emit
 
@@ -73,11 +73,21 @@ def cmd_tables(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
+    # only the tables the query names are listed and bound (the others, and a retry, on an error)
+    named = tables_named(args.query)
     with open_store(
-        args, jobs=args.job, nodes=args.node, date_from=args.since, date_to=args.until
+        args, jobs=args.job, nodes=args.node, date_from=args.since, date_to=args.until,
+        tables=named,
     ) as store:
         try:
-            result = store.query(args.query)
+            try:
+                result = store.query(args.query)
+            except QueryError:
+                rest = [table for table in TABLE_NAMES if table not in named]
+                if not rest:
+                    raise
+                store.refresh(rest)
+                result = store.query(args.query)
         except QueryError as exc:
             raise CliError(f"query failed: {exc}") from None
     emit(result, args.fmt)
