@@ -205,6 +205,10 @@ class SlurmCluster:
         deadline = time.monotonic() + 10
         for pid in self.pids.values():
             while time.monotonic() < deadline:
+                # a child of this process (the Alertmanager) stays a zombie, which kill(pid, 0)
+                # still finds, until it is reaped: reap it, or its stop waits out the deadline
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
                 try:
                     os.kill(pid, 0)
                 except ProcessLookupError:
