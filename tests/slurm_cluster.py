@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -75,6 +76,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
 SlurmctldPort={ctld_port}
+FirstJobId={first_job_id}
 MpiDefault=none
 JobRequeue=1
 MinJobAge=600
@@ -205,6 +207,10 @@ class SlurmCluster:
         deadline = time.monotonic() + 10
         for pid in self.pids.values():
             while time.monotonic() < deadline:
+                # a child of this process (the Alertmanager) stays a zombie, which kill(pid, 0)
+                # still finds, until it is reaped: reap it, or its stop waits out the deadline
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
                 try:
                     os.kill(pid, 0)
                 except ProcessLookupError:
@@ -268,6 +274,9 @@ def start_cluster(directory: Path) -> SlurmCluster:
             d=d,
             munge_socket=munge_socket,
             ctld_port=ctld_port,
+            # job ids of their own: a Slurm job's rendezvous port follows its id, so two clusters
+            # side by side (pytest-xdist workers, two checkouts) must not both start at job 1
+            first_job_id=random.SystemRandom().randint(1, 9000),
             node_ports=f"{base}-{base + len(NODES) - 1}",
         )
     )

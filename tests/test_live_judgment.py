@@ -196,7 +196,10 @@ def live_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sessions).
     """
     configured = os.environ.get("FAULTLENS_LIVE_ARTIFACTS")
-    base = Path(configured) if configured else tmp_path_factory.getbasetemp() / "live-runs"
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one generation for every xdist worker
+        shared = shared.parent
+    base = Path(configured) if configured else shared / "live-runs"
     base.mkdir(parents=True, exist_ok=True)
     root = base / _key()
     with open(base / f"{_key()}.lock", "w") as lock:

@@ -96,18 +96,20 @@ def test_sigkill_never_leaves_partial_visible_files(tmp_path):
                 assert path.suffix == ".parquet", path
                 pq.read_table(path)  # complete and readable; a partial file raises here
                 checked.add(path)  # a visible segment never changes (it lands by an atomic rename)
-    with Store(store) as reader:
-        for job, committed in acknowledged.items():
-            ids = (
-                reader.query("SELECT step FROM steps WHERE job_id = ? ORDER BY step", [job])
-                .column(0)
-                .to_pylist()
-            )
-            assert len(ids) == len(set(ids)), f"{job}: a row was read twice"
-            assert ids[:committed] == list(range(committed)), f"{job}: acknowledged rows missing"
-            # rows of the flush the kill interrupted may have landed for some partitions (each
-            # segment is atomic on its own), never rows that were not written
-            assert all(i >= committed for i in ids[committed:])
+    with Store(store) as reader:  # the whole store read once, not once per job
+        table = reader.query("SELECT job_id, step FROM steps ORDER BY job_id, step")
+    read: dict[str, list[int]] = {job: [] for job in acknowledged}
+    for job, step in zip(table.column("job_id").to_pylist(), table.column("step").to_pylist(),
+                         strict=True):
+        read.setdefault(job, []).append(step)
+    assert set(read) == set(acknowledged), "rows of a job that was never written"
+    for job, committed in acknowledged.items():
+        ids = read[job]
+        assert len(ids) == len(set(ids)), f"{job}: a row was read twice"
+        assert ids[:committed] == list(range(committed)), f"{job}: acknowledged rows missing"
+        # rows of the flush the kill interrupted may have landed for some partitions (each
+        # segment is atomic on its own), never rows that were not written
+        assert all(i >= committed for i in ids[committed:])
     zygote.close()
     assert sum(acknowledged.values()) > 0
     assert sum(1 for c in acknowledged.values() if c > 0) >= TRIALS // 2
