@@ -141,6 +141,10 @@ class ProgressMonitor:
             return None
         t = self.t
         train = rows[_phase(rows).isin(t.baseline_phases)] if not rows.empty else rows
+        if not train.empty and train["step"].notna().any():
+            # the warm-up steps (compilation, first batches) are no measure of a step
+            warm = train[train["step"] >= int(train["step"].min()) + t.warmup_steps]
+            train = warm if not warm.empty else train
         longest = _longest_step(train)
         window = max(t.floor_s, t.k * longest)
         return window, (f"no baseline yet: {t.k:g} x the longest training step so far "
