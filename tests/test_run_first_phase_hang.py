@@ -65,7 +65,8 @@ def test_a_rank_stopped_in_its_first_slow_phase_is_caught_at_the_normal_floor(
              "CKPT_DIR": str(tmp_path / "ckpt")},
     )
     out = proc.stdout + proc.stderr
-    assert f"collective_hang / unknown on {node} ranks [{rank}] (hang-never-joined" in out, out[-4000:]
+    said = f"collective_hang / unknown on {node} ranks [{rank}] (hang-never-joined"
+    assert said in out, out[-4000:]
     made = decisions(tmp_path / "store", job)
     assert [(d["action"], d["exclude_nodes"]) for d in made] == [("failover", [node])], made
     texts = evidence(tmp_path / "store", job)

@@ -156,7 +156,7 @@ def test_a_rank_stalled_in_a_training_step_is_still_a_suspect(
     assert suspect.last_step == 29 and "slow-phase" not in suspect.evidence[0].text
 
 
-# ---------------------------------------------------------------- judged against the peers (issue 33)
+# ------------------------------------------------------ judged against the peers (issue 33)
 # Every rank's heartbeat carries its own work (RankUsage: CPU of its training thread and child
 # processes, bytes moved). Here each timer's usage is set by the test, beat by beat, as a stuck,
 # blocked, saving or evaluating rank's would move.

@@ -20,12 +20,14 @@ DataLoader workers), io_bytes i64 (bytes the process read and wrote through syst
 writer's own reads of /proc), usage u32 (bit 1: cpu_ns known, bit 2: io_bytes known; 0 from writers
 before it existed); at 128 a u32 length and the rank's identity as JSON (the identity columns of its
 rows). A rank blocked in a collective, asleep or waiting on a lock or a read moves neither counter;
-one that saves, evaluates or loads does (attribution/detectors/progress/together.py). `read_heartbeat(path)` decodes one; HeartbeatSource (a collectors
-Source) lists a directory each poll and emits a `heartbeats` row per rank whose record changed since
-the last row it emitted (at most one per `min_interval_s`, except that closing and a first bad loss
-are emitted at once), and at least every `keepalive_s` while `alive_ns` advances. A file whose
-process stopped stamping it more than `max_age_s` ago when first seen is an old attempt's: skipped.
-A file that cannot be read is counted and logged once.
+one that saves, evaluates or loads does (attribution/detectors/progress/together.py).
+
+`read_heartbeat(path)` decodes one; HeartbeatSource (a collectors Source) lists a directory each
+poll and emits a `heartbeats` row per rank whose record changed since the last row it emitted (at
+most one per `min_interval_s`, except that closing and a first bad loss are emitted at once), and at
+least every `keepalive_s` while `alive_ns` advances. A file whose process stopped stamping it more
+than `max_age_s` ago when first seen is an old attempt's: skipped. A file that cannot be read is
+counted and logged once.
 """
 
 from __future__ import annotations

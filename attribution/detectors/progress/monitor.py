@@ -42,7 +42,7 @@ class ProgressBaseline:
     baseline_s: float | None
     baseline_steps: int
     reason: str
-    normal_s: float | None = None  # the threshold before any slow-phase allowance (None: no baseline)
+    normal_s: float | None = None  # before any slow-phase allowance (None: no baseline)
     normal_reason: str = ""
 
 
