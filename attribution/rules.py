@@ -178,6 +178,8 @@ class ProgressThresholds(_Strict):
     slow_phases: tuple[str, ...]
     slow_phase_k: float = Field(gt=0.0)
     slow_phase_floor_s: float = Field(default=600.0, ge=0.0)
+    idle_cpu_share: float = Field(default=0.02, gt=0.0, le=1.0)
+    idle_io_bytes: int = Field(default=1_048_576, gt=0)
 
 
 class ClockEventBit(_Strict):

@@ -29,9 +29,11 @@ SCRIPT = REPO_ROOT / "tests" / "torch_jobs" / "user_faults.py"
 
 
 def faultlens_run(
-    tmp_path: Path, job: str, command: list[str], nnodes: int = 2, nproc: int = 2, spares: int = 0
+    tmp_path: Path, job: str, command: list[str], nnodes: int = 2, nproc: int = 2, spares: int = 0,
+    options: tuple[str, ...] = (), env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess, float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}
+    """`faultlens run` of `command` (options: more of run's own options; env: the job's own)."""
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}
     started = time.monotonic()
     proc = subprocess.run(
         [
@@ -51,6 +53,7 @@ def faultlens_run(
             str(spares),
             "--job",
             job,
+            *options,
             "--",
             *command,
         ],

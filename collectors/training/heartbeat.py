@@ -14,13 +14,20 @@ step in the page cache); the timer's writer thread stamps `alive_ns` about once 
     closed, 4 loss known), phase u32 (of the step in progress: 0 unknown, 1 train, 2 eval, 3 warmup,
     4 checkpoint; written as 0 by writers before it existed)
 
-then alive_ns i64 at 80, pid i64 at 88, and at 128 a u32 length and the rank's identity as JSON (the
-identity columns of its rows). `read_heartbeat(path)` decodes one; HeartbeatSource (a collectors
-Source) lists a directory each poll and emits a `heartbeats` row per rank whose record changed since
-the last row it emitted (at most one per `min_interval_s`, except that closing and a first bad loss
-are emitted at once), and at least every `keepalive_s` while `alive_ns` advances. A file whose
-process stopped stamping it more than `max_age_s` ago when first seen is an old attempt's: skipped.
-A file that cannot be read is counted and logged once.
+then alive_ns i64 at 80, pid i64 at 88, and at 96 the rank's own work so far, stamped with alive_ns:
+cpu_ns i64 (CPU time of the thread that runs the steps plus that of its live child processes,
+DataLoader workers), io_bytes i64 (bytes the process read and wrote through system calls, less the
+writer's own reads of /proc), usage u32 (bit 1: cpu_ns known, bit 2: io_bytes known; 0 from writers
+before it existed); at 128 a u32 length and the rank's identity as JSON (the identity columns of its
+rows). A rank blocked in a collective, asleep or waiting on a lock or a read moves neither counter;
+one that saves, evaluates or loads does (attribution/detectors/progress/together.py).
+
+`read_heartbeat(path)` decodes one; HeartbeatSource (a collectors Source) lists a directory each
+poll and emits a `heartbeats` row per rank whose record changed since the last row it emitted (at
+most one per `min_interval_s`, except that closing and a first bad loss are emitted at once), and at
+least every `keepalive_s` while `alive_ns` advances. A file whose process stopped stamping it more
+than `max_age_s` ago when first seen is an old attempt's: skipped. A file that cannot be read is
+counted and logged once.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import math
 import mmap
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,7 +62,9 @@ VERSION = 1
 SIZE = 1024
 _RECORD = struct.Struct("<4sIQqqQqqdII")
 _ALIVE = struct.Struct("<q")
-_ALIVE_AT, _PID_AT, _IDENTITY_AT = 80, 88, 128
+_USAGE = struct.Struct("<qqI")
+_ALIVE_AT, _PID_AT, _USAGE_AT, _IDENTITY_AT = 80, 88, 96, 128
+CPU_KNOWN, IO_KNOWN = 1, 2
 IN_STEP, CLOSED, HAS_LOSS = 1, 2, 4
 #: the step timer's phases, as the record's phase field holds them (0: unknown, or a writer without
 #: the field)
@@ -85,6 +95,72 @@ def heartbeat_name(job_id: Any, attempt: Any, rank: Any) -> str:
     return f"hb-{_part(job_id)}-a{_part(attempt)}-r{_part(rank)}.bin"
 
 
+class RankUsage:
+    """The work a rank does, read from the writer thread (Linux /proc; None where unreadable): CPU
+    time of the thread that runs the steps (the last one that began a step) and of its live child
+    processes, and the bytes the process moved through read/write system calls, less what this
+    reader read itself. Never raises."""
+
+    def __init__(self) -> None:
+        self._ident: int | None = None
+        self._native: int | None = None
+        self._clock: int | None = None
+        self._own_reads = 0
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def training_thread(self) -> None:
+        """Called by the thread that begins a step (cheap when it is the same one as before)."""
+        ident = threading.get_ident()
+        if ident == self._ident:
+            return
+        self._ident = ident
+        try:
+            self._native = threading.get_native_id()
+            self._clock = time.pthread_getcpuclockid(ident)
+        except Exception:
+            self._native, self._clock = None, None
+
+    def _read(self, path: str) -> str:
+        with open(path, "rb") as handle:
+            data = handle.read(65536)
+        self._own_reads += len(data)
+        return data.decode("ascii", "replace")
+
+    def _children_cpu_ns(self) -> int:
+        if self._native is None:
+            return 0
+        total = 0
+        try:
+            children = self._read(f"/proc/self/task/{self._native}/children").split()
+        except OSError:
+            return 0
+        for child in children[:64]:
+            try:
+                fields = self._read(f"/proc/{int(child)}/stat").rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) * 1_000_000_000 // self._tick
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
+
+    def read(self) -> tuple[int | None, int | None]:
+        cpu: int | None = None
+        if self._clock is not None:
+            try:
+                cpu = time.clock_gettime_ns(self._clock) + self._children_cpu_ns()
+            except Exception:
+                cpu = None
+        io: int | None = None
+        try:
+            counters = dict(
+                line.split(":", 1) for line in self._read("/proc/self/io").splitlines()
+                if ":" in line
+            )
+            io = int(counters["rchar"]) + int(counters["wchar"]) - self._own_reads
+        except Exception:
+            io = None
+        return cpu, io
+
+
 class HeartbeatWriter:
     """One rank's heartbeat record (the StepTimer owns one). Never raises: a failure is counted in
     `failures`.
@@ -103,6 +179,7 @@ class HeartbeatWriter:
         self._wall = wall_clock
         self._map: mmap.mmap | None = None
         self._seq = 0
+        self.usage = RankUsage()
         # last_step, last_end_ns, steps, current, bad_loss, loss, flags, phase of the current step
         self._state = [-1, 0, 0, -1, -1, 0.0, 0, 0]
         try:
@@ -160,6 +237,7 @@ class HeartbeatWriter:
             self._fail(exc)
 
     def begin(self, step: int, phase: str | None = None) -> None:
+        self.usage.training_thread()
         state = self._state
         state[3] = int(step)
         state[6] |= IN_STEP
@@ -185,6 +263,10 @@ class HeartbeatWriter:
         view = self._map
         if view is not None:
             try:
+                cpu_ns, io_bytes = self.usage.read()
+                known = (CPU_KNOWN if cpu_ns is not None else 0) | (
+                    IO_KNOWN if io_bytes is not None else 0)
+                _USAGE.pack_into(view, _USAGE_AT, cpu_ns or 0, io_bytes or 0, known)
                 _ALIVE.pack_into(view, _ALIVE_AT, self._wall())
             except Exception as exc:
                 self._fail(exc)
@@ -221,6 +303,8 @@ class Heartbeat:
     alive_ns: int
     seq: int
     phase: str | None = None  # of the step in progress (None: between steps, or not said)
+    cpu_ns: int | None = None  # the rank's own CPU so far (RankUsage; None: not known)
+    io_bytes: int | None = None  # bytes the process read and wrote so far (None: not known)
 
 
 def read_heartbeat(path: str | os.PathLike[str], tries: int = 5) -> Heartbeat:
@@ -251,6 +335,7 @@ def read_heartbeat(path: str | os.PathLike[str], tries: int = 5) -> Heartbeat:
         raise ValueError(f"{path}: identity is not a JSON object")
     (alive,) = _ALIVE.unpack_from(data, _ALIVE_AT)
     (pid,) = _ALIVE.unpack_from(data, _PID_AT)
+    cpu_ns, io_bytes, known = _USAGE.unpack_from(data, _USAGE_AT)
     return Heartbeat(
         identity=identity,
         pid=pid or None,
@@ -265,6 +350,8 @@ def read_heartbeat(path: str | os.PathLike[str], tries: int = 5) -> Heartbeat:
         alive_ns=alive,
         seq=seq,
         phase=_PHASE_NAMES.get(phase) if flags & IN_STEP else None,
+        cpu_ns=cpu_ns if known & CPU_KNOWN else None,
+        io_bytes=io_bytes if known & IO_KNOWN else None,
     )
 
 
@@ -398,7 +485,9 @@ class HeartbeatSource:
                    step_ts=beat.last_end_ns, steps=beat.steps, current_step=beat.current_step,
                    in_step=beat.in_step, phase=beat.phase,
                    loss=loss if loss is not None and math.isfinite(loss) else None,
-                   bad_loss_step=beat.bad_loss_step, closed=beat.closed)
+                   bad_loss_step=beat.bad_loss_step, closed=beat.closed,
+                   cpu_s=beat.cpu_ns / 1e9 if beat.cpu_ns is not None else None,
+                   io_bytes=beat.io_bytes)
         return row
 
     def _once(self, key: str, message: str, *args: object) -> None:
@@ -417,6 +506,7 @@ __all__ = [
     "HeartbeatSource",
     "HeartbeatStats",
     "HeartbeatWriter",
+    "RankUsage",
     "default_dir",
     "heartbeat_name",
     "read_heartbeat",

@@ -5,8 +5,10 @@ A job is suspected hung when no step of its current attempt completes for k x it
 (the median interval between consecutive completed training steps, warm-up steps left out), never
 before a floor, and only after a much longer floor while no baseline exists yet (the first steps of
 an attempt). Phases that are slow by design (evaluation, checkpointing) widen the allowance once
-seen, when the next step may be one of them. An earlier attempt counts as hung when its progress
-stopped that long before the next attempt started.
+seen, when the next step may be one of them; not while every rank sits idle together (together.py:
+no rank began or completed a step, and none used CPU or moved bytes, over the normal threshold: the
+peers are blocked and so is the rank they wait for). An earlier attempt counts as hung when its
+progress stopped that long before the next attempt started.
 
 Progress is read from the heartbeats table (the step counter each rank's step timer publishes at
 every step, collectors/training/heartbeat.py) as well as from the step rows, so a long flush

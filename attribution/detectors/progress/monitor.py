@@ -12,6 +12,7 @@ import pandas as pd
 
 from faultlens.attribution.detectors.crash import teardown_starts
 from faultlens.attribution.detectors.progress.suspect import HangSuspect
+from faultlens.attribution.detectors.progress.together import idle_together
 from faultlens.attribution.hardware import as_datetime
 from faultlens.attribution.incident import Evidence
 from faultlens.attribution.reading.telemetry import Telemetry
@@ -41,6 +42,8 @@ class ProgressBaseline:
     baseline_s: float | None
     baseline_steps: int
     reason: str
+    normal_s: float | None = None  # before any slow-phase allowance (None: no baseline)
+    normal_reason: str = ""
 
 
 class ProgressMonitor:
@@ -89,11 +92,12 @@ class ProgressMonitor:
         threshold = max(t.floor_s, t.k * baseline)
         reason = (f"{t.k:g} x recent step time {baseline:.3g}s (median of {len(intervals)}), floor "
                   f"{t.floor_s:g}s")
+        normal, normal_reason = threshold, reason
         allowance = self._slow_phase_allowance(rows)
         if allowance is not None and allowance[0] > threshold:
             threshold = allowance[0]
             reason += f"; {allowance[1]}"
-        return ProgressBaseline(threshold, baseline, len(intervals), reason)
+        return ProgressBaseline(threshold, baseline, len(intervals), reason, normal, normal_reason)
 
     def _slow_phase_now(self, latest: pd.DataFrame, rows: pd.DataFrame) -> tuple[float, str] | None:
         """The gap allowed while a rank is inside a step of a slow phase (its heartbeat says which):
@@ -122,6 +126,29 @@ class ProgressMonitor:
             if best is None or allowance > best[0]:
                 best = (allowance, why)
         return best
+
+    def _together_window(self, baseline: ProgressBaseline, rows: pd.DataFrame,
+                         slow_now: bool) -> tuple[float, str] | None:
+        """The normal threshold a slow phase's allowance widened (the window over which every rank
+        idle together withholds it), with its reason; None when no allowance is in play. Before a
+        baseline exists (the attempt's first steps) only a rank inside a slow-phase step counts,
+        against k x the longest training step so far (at least floor_s)."""
+        if baseline.normal_s is not None:
+            if baseline.threshold_s > baseline.normal_s or slow_now:
+                return baseline.normal_s, baseline.normal_reason
+            return None
+        if not slow_now:
+            return None
+        t = self.t
+        train = rows[_phase(rows).isin(t.baseline_phases)] if not rows.empty else rows
+        if not train.empty and train["step"].notna().any():
+            # the warm-up steps (compilation, first batches) are no measure of a step
+            warm = train[train["step"] >= int(train["step"].min()) + t.warmup_steps]
+            train = warm if not warm.empty else train
+        longest = _longest_step(train)
+        window = max(t.floor_s, t.k * longest)
+        return window, (f"no baseline yet: {t.k:g} x the longest training step so far "
+                        f"{longest:.3g}s, floor {t.floor_s:g}s")
 
     def _slow_phase_allowance(self, rows: pd.DataFrame) -> tuple[float, str] | None:
         """The wider gap a slow phase may need, when one was seen and the next step may be one."""
@@ -233,6 +260,13 @@ class ProgressMonitor:
         slow = self._slow_phase_now(latest, rows)
         if slow is not None and slow[0] > threshold:
             threshold, reason = slow[0], reason + f"; {slow[1]}"
+        window = self._together_window(baseline, rows, slow is not None)
+        if window is not None and threshold > window[0]:
+            # a slow phase's allowance is for a rank that works: not when every rank sits idle
+            together = idle_together(beats, observed, window[0], self.t.idle_cpu_share,
+                                     self.t.idle_io_bytes, tuple(self.t.slow_phases))
+            if together is not None:
+                threshold, reason = window[0], f"{window[1]}; {together.text}"
         if gap <= threshold:
             return None
         done_rows = (
