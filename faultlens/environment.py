@@ -143,6 +143,12 @@ FR_MAX_STRING_BYTES = _var("FR_MAX_STRING_BYTES", "int", str(4 * 1024 * 1024), "
 FR_MAX_ELEMENTS = _var("FR_MAX_ELEMENTS", "int", None, "dump reader",
                        "The most containers and elements a dump may hold (default: derived from "
                        "the file size).")
+FR_MAX_ALLOC_BYTES = _var("FR_MAX_ALLOC_BYTES", "int", str(384 * 1024 * 1024), "dump reader",
+                          "The most bytes of objects loading one dump may build (estimated "
+                          "before the load).")
+FR_MAX_SET_BYTES = _var("FR_MAX_SET_BYTES", "int", str(1 << 30), "dump reader",
+                        "The dump bytes one set reads at least (8 MiB a dump beyond); the "
+                        "largest files beyond it are refused unread.")
 
 # ---------------------------------------------------------------- CLI
 PROGRESS = _var("PROGRESS", "bool", None, "CLI",

@@ -799,7 +799,8 @@ def _extract(
             vk = kind[value]
             slot = int_slot_of_key[key]
             if slot >= 0:
-                if vk == K_INT or vk == K_TRUE or vk == K_FALSE:
+                # (a bool in an integer field: the reference decides, it refuses one as an id)
+                if vk == K_INT:
                     ints[slot, e] = ival[value]
                     valid[slot, e] = 1
                 elif vk == K_NONE:

@@ -18,22 +18,39 @@ from faultlens.collectors.artifacts.safe_pickle_admitted import (
 # runs of opcodes that need no check (their arguments cannot allocate) are skipped at C speed:
 # fixed-size ones, LONG1 up to 8 bytes, and LONG_BINPUT with an index that the data's size admits
 # (see _fixed_run)
-_FIXED_BODY = (rb"[(012NR\]adelsu}\x88\x89\x8f-\x91\x94]|[Khq].|M..|[Jj]....|G.{8}|\x8a(?:"
+# (the opcodes that build a container are not skipped: the loop charges each its object's size)
+_FIXED_BODY = (rb"[(012NRaesu\x88\x89\x94]|[Khq].|M..|[Jj]....|G.{8}|\x8a(?:"
                + b"|".join(re.escape(bytes([k])) + b"." * k for k in range(9)) + b")")
 _FIXED_RUNS = [
-    (1 << 24, re.compile(b"(?:" + _FIXED_BODY + rb"|r...\x00)*", re.DOTALL)),
-    (1 << 16, re.compile(b"(?:" + _FIXED_BODY + rb"|r..\x00\x00)*", re.DOTALL)),
     (1 << 8, re.compile(b"(?:" + _FIXED_BODY + rb"|r.\x00\x00\x00)*", re.DOTALL)),
     (0, re.compile(b"(?:" + _FIXED_BODY + b")*", re.DOTALL)),
 ]
 
 
 def _fixed_run(n: int) -> Any:
-    """The skipping expression for data of n bytes: LONG_BINPUT indices it skips are below n."""
-    return next(pattern for floor, pattern in _FIXED_RUNS if n >= floor).match
+    """The skipping expression for data of n bytes: LONG_BINPUT indices it skips are below n and
+    below 256 (higher ones go through the loop, which keeps the memo's highest index: the memo is
+    an array as long as that)."""
+    return next(pattern for floor, pattern in _FIXED_RUNS if min(n, 1 << 8) >= floor).match
 
 
-_FIXED_OPS = frozenset(b"()012NR]adelstu}\x85\x86\x87\x88\x89\x8f\x90\x91\x94KhqMJjG")
+_FIXED_OPS = frozenset(b"()012NRaestu\x85\x86\x87\x88\x89\x94KhqMJjG")
+# what an opcode that builds a container allocates (CPython 3.11, 64-bit: sys.getsizeof of the
+# empty object); TUPLE1-3 and TUPLE are charged in the tuple branch
+# plus 16 for the slots it takes (on the unpickler's stack, then in the container that holds it)
+_CONTAINER_COST = {
+    ord("]"): 72, ord("l"): 72,  # EMPTY_LIST, LIST
+    ord("}"): 80, ord("d"): 80,  # EMPTY_DICT, DICT
+    0x8F: 232, 0x91: 232,  # EMPTY_SET, FROZENSET
+    0x90: 0,  # ADDITEMS (its items were charged when pushed)
+}
+_TUPLE_COST = 80
+# an empty str / bytes object and its slots; a str's text is charged at 2x
+_STR_COST, _BYTES_COST = 65, 49
+# what a skipped byte of fixed-size opcodes can cost at most: a slot in a list, the stack or the
+# memo (8 bytes each), an int (28 bytes for 3 bytes of BININT2), a dict item's share of its table
+_FIXED_BYTE_COST = 24
+_MEMO_SLOT_COST = 16  # the memo is an array of pointers grown by doubling
 _REFUSED_OPS = {
     ord("b"): "BUILD",
     ord("i"): "INST",
@@ -70,9 +87,14 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
     an argument. Returns whether the loaded value must still be checked for surrogates (protocol 0
     text with \\u escapes).
 
-    The opcodes every dump is full of (strings, tuples, large memo indices) are checked in this
-    loop; the rare ones (protocol 0 text, PROTO, FRAME, refused and unknown opcodes) in a call each
-    (_check_text_op, _check_rare_op), which keeps the loop short without a call per common opcode.
+    The opcodes every dump is full of (strings, containers, tuples, memo indices past 255) are
+    checked in this loop; the rare ones (protocol 0 text, PROTO, FRAME, refused and unknown
+    opcodes) in a call each (_check_text_op, _check_rare_op), which keeps the loop short without a
+    call per common opcode. The loop also adds up what the load will allocate (every container,
+    string and bytes object at its size, the memo at its highest index, each skipped byte at the
+    most a fixed-size opcode can cost): beyond limits.alloc_budget(size) the pickle is refused
+    before the unpickler builds anything (a file of one-byte EMPTY_SET opcodes builds 216 bytes a
+    byte).
     """
     limits = limits or default_limits()
     n = len(data)
@@ -82,18 +104,35 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
     tuples = 0
     max_string = limits.max_string_bytes
     max_int = limits.max_int_bytes
+    alloc = 0  # bytes the load builds, beyond the skipped bytes' share
+    skipped = 0
+    max_memo = 0
+    containers = _CONTAINER_COST
+    budget = limits.alloc_budget(n)
     while True:
-        pos = skip(data, pos).end()
+        end = skip(data, pos).end()
+        skipped += end - pos
+        pos = end
         if pos >= n:
             raise PickleLoadError("truncated (ran out of input)")
         op = data[pos]
         if op == 0x2E:  # STOP: the unpickler reads nothing after it
+            _check_alloc(alloc + skipped * _FIXED_BYTE_COST + max_memo * _MEMO_SLOT_COST, n,
+                         limits)
             if tuples:
                 _check_hashing(data, pos, limits)
             return walk
         arg = pos + 1
+        cost = containers.get(op)
+        if cost is not None:
+            alloc += cost
+            pos = arg
+            if alloc > budget:  # refused at once, not after the rest of a bomb
+                _check_alloc(alloc, n, limits)
+            continue
         if op in _TUPLE_OPS:
             tuples += 1
+            alloc += _TUPLE_COST
             pos = arg
             continue
         sized = _SIZED_OPS.get(op)
@@ -115,9 +154,13 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
             if length > max_string:
                 raise PickleLoadError(f"{what} of {length} bytes at offset {pos} (limit "
                                       f"{max_string})")
-            if what == "string" and _SURROGATE_BYTES.search(data, start, start + length):
-                raise PickleLoadError(f"string at offset {pos} is not valid UTF-8 (an encoded "
-                                      "surrogate)")
+            if what == "string":
+                if _SURROGATE_BYTES.search(data, start, start + length):
+                    raise PickleLoadError(f"string at offset {pos} is not valid UTF-8 (an encoded "
+                                          "surrogate)")
+                alloc += _STR_COST + 2 * length
+            else:
+                alloc += _BYTES_COST + length
             pos = start + length
         elif op == 0x72:  # LONG_BINPUT
             if arg + 4 > n:
@@ -126,13 +169,29 @@ def check_opcodes(data: bytes, limits: DumpLimits | None = None) -> bool:
             if index >= n:
                 raise PickleLoadError(f"memo index {index} at offset {pos} beyond the data's {n} "
                                       "bytes")
+            if index > max_memo:
+                max_memo = index
             pos = arg + 4
         # text arguments (protocol 0), GLOBAL: newline-terminated
         elif op in _TEXT_OPS or op == 0x63:
+            start = pos
             pos, escapes = _check_text_op(data, pos, op, limits)
             walk = walk or escapes
+            # a text string's object (at most 4 bytes a character), a number, a memo slot
+            alloc += _STR_COST + 4 * (pos - start) if op in (0x53, 0x56) else 64
+            if op == 0x70:  # PUT
+                max_memo = max(max_memo, int(data[start + 1:pos - 1].rstrip(b"L")))
         else:
             pos = _check_rare_op(data, pos, op)
+
+
+def _check_alloc(estimate: int, n: int, limits: DumpLimits) -> None:
+    budget = limits.alloc_budget(n)
+    if estimate > budget:
+        raise PickleLoadError(
+            f"would build ~{estimate >> 20} MiB of objects from {n} bytes, more than a dump may "
+            f"({budget >> 20} MiB: limit fr_limits alloc_per_byte / max_alloc_bytes)"
+        )
 
 
 def _check_rare_op(data: bytes, pos: int, op: int) -> int:

@@ -193,6 +193,8 @@ def cmd_ingest_kmsg(args: argparse.Namespace) -> int:
     )
     written = _write(args.store, {"gpu_events": result.rows}, f"kmsg {args.file}")
     stats = result.stats
+    for note in result.notes:  # what the reader skipped or read differently, one line each
+        print(f"faultlens ingest: warning: {note}", file=sys.stderr)
     if stats.bad_lines:
         line_no, reason = stats.bad_examples[0]
         print(f"faultlens ingest: warning: kmsg {args.file}: skipped {stats.bad_lines} bad "

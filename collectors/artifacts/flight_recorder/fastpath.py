@@ -167,6 +167,10 @@ def _long_text(raw: bytes) -> str:
     return text
 
 
+#: nodes of scratch arrays a thread keeps between files (~150 bytes each)
+_KEPT_WORKSPACE = 1 << 22
+
+
 def _workspace() -> fast.Workspace:
     ws = getattr(_local, "workspace", None)
     if ws is None:
@@ -193,6 +197,8 @@ def dump_fast(buf: np.ndarray, path: Path, max_frames: int,
         return None
     finally:
         workspace.release()
+        if workspace.capacity > _KEPT_WORKSPACE:  # a large file's arrays are not kept for the next
+            _local.workspace = None
 
 
 def _frame_column(decoder: _Decoder, workspace: fast.Workspace, frames: tuple,

@@ -24,6 +24,7 @@ from faultlens.collectors.artifacts.flight_recorder.model import (
     DumpFormatError,
 )
 from faultlens.collectors.artifacts.flight_recorder.objects import dump_from_object
+from faultlens.collectors.artifacts.flight_recorder.values import check_fields, check_sequences
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 from faultlens.collectors.artifacts.safe_pickle import PickleLoadError, has_surrogate, safe_loads
 
@@ -100,6 +101,22 @@ def _looks_like_json(head: bytes) -> bool:
     return stripped[:1] in (b"{", b"[")
 
 
+#: first bytes a dump's pickle starts with: PROTO (protocols 2-5, what torch writes), or the
+#: EMPTY_DICT / MARK / EMPTY_LIST of protocols 0-1 (a top level that is not a dict is refused later)
+_PICKLE_STARTS = frozenset(b"\x80}(]")
+#: files from this size on are judged by their first bytes before they are read whole
+_HEAD_BYTES = 64
+
+
+def head_problem(head: bytes) -> str | None:
+    """Why a file that starts with `head` cannot be a dump (neither JSON nor a pickle), else None:
+    a file of zeros or text is refused after its first bytes, not read whole."""
+    if not head or _looks_like_json(head) or head[0] in _PICKLE_STARTS:
+        return None
+    what = "NUL bytes" if head[0] == 0 else f"byte 0x{head[0]:02x}"
+    return f"not a dump: starts with {what} (neither a pickle nor JSON): refused unread"
+
+
 def load_file(path: Path, max_frames: int, fast_path: bool,
               limits: DumpLimits | None = None) -> Dump:
     """One dump, or DumpFileError naming the file: whatever the file holds, no other exception
@@ -152,6 +169,14 @@ def _read_bytes(path: Path, count: int) -> np.ndarray:
     return buf[:got]
 
 
+def _read_head(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        return os.pread(fd, _HEAD_BYTES, 0)
+    finally:
+        os.close(fd)
+
+
 def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: DumpLimits) -> Dump:
     try:
         info = path.stat()
@@ -166,6 +191,10 @@ def _load_file_checked(path: Path, max_frames: int, fast_path: bool, limits: Dum
             raise DumpFileError(path, f"{size} bytes: larger than any real dump (limit "
                                       f"{limits.max_file_bytes}, "
                                       "FAULTLENS_FR_MAX_FILE_BYTES)")
+        if size > _HEAD_BYTES:
+            problem = head_problem(_read_head(path))
+            if problem is not None:
+                raise DumpFileError(path, problem)
         # the size read (plus one byte, to see a file that grew since the stat): numpy allocates
         # `count` bytes before it reads, and a count of the limit (256 MiB) cost 0.4 ms a 0.5 MB
         # dump, 7x the read itself
@@ -220,10 +249,70 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return obj
 
 
+#: what json.loads builds, at most: a list or dict per bracket, a string object per two quotes, a
+#: key-value pair (tuple, list slot and dict item: object_pairs_hook) per colon, and for every byte
+#: a share of an int or a slot
+_JSON_BYTE_COST, _JSON_CONTAINER_COST, _JSON_QUOTE_COST, _JSON_PAIR_COST = 8, 64, 25, 112
+
+
+def json_alloc_estimate(data: bytes) -> int:
+    """An upper estimate of the bytes json.loads builds from `data` (counted at C speed: brackets
+    and quotes inside strings count too, which only overestimates)."""
+    return (
+        _JSON_BYTE_COST * len(data)
+        + _JSON_CONTAINER_COST * (data.count(b"[") + data.count(b"{"))
+        + _JSON_QUOTE_COST * data.count(b'"')
+        + _JSON_PAIR_COST * data.count(b":")
+    )
+
+
+def _long_string(value: object, limit: int) -> int:
+    """The length of the first string (key or value) in `value` longer than `limit`, else 0."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if len(item) > limit:
+                return len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return 0
+
+
+def _json_long_string(obj: object, limit: int) -> str | None:
+    """Where a JSON dump holds a string longer than `limit` (the pickle readers' max_string_bytes:
+    JSON dumps meet the same field limits), as 'entry 3 profiling_name' or a top-level key."""
+    if not isinstance(obj, dict):
+        return "the top level" if _long_string(obj, limit) else None
+    for key, value in obj.items():
+        if len(key) > limit:
+            return "a top-level key"
+        if key == "entries" and isinstance(value, list):
+            for i, entry in enumerate(value):
+                if isinstance(entry, dict):
+                    for field, item in entry.items():
+                        if _long_string(field, limit) or _long_string(item, limit):
+                            return f"entry {i} {field[:60]}"
+                elif _long_string(entry, limit):
+                    return f"entry {i}"
+        elif _long_string(value, limit):
+            return f"'{key[:60]}'"
+    return None
+
+
 def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> Dump:
     data = buf.tobytes()
     if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark, as some editors write
         data = data[3:]
+    estimate, budget = json_alloc_estimate(data), limits.alloc_budget(len(data))
+    if estimate > budget:
+        raise DumpFileError(path, f"not a usable JSON dump: would build ~{estimate >> 20} MiB of "
+                                  f"objects from {len(data)} bytes, more than a dump may "
+                                  f"({budget >> 20} MiB: limit fr_limits alloc_per_byte / "
+                                  "max_alloc_bytes)")
     try:
         obj = json.loads(data, object_pairs_hook=_unique_keys)
     except RecursionError:
@@ -237,13 +326,19 @@ def _json_dump(buf: np.ndarray, path: Path, limits: DumpLimits) -> Dump:
     if _JSON_SURROGATE.search(data) and has_surrogate(obj):
         raise DumpFileError(path, "not a usable JSON dump: a string holds a lone surrogate "
                                   "(\\ud800-\\udfff)")
+    where = _json_long_string(obj, limits.max_string_bytes)
+    if where is not None:
+        raise DumpFileError(path, f"not a usable JSON dump: {where}: a string longer than "
+                                  f"{limits.max_string_bytes} characters (limit fr_limits "
+                                  "max_string_bytes)")
     return dump_from_object(obj, path, "json", 0, limits, int(buf.shape[0]))
 
 
 def _pickle_dump(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool,
                  limits: DumpLimits) -> Dump:
     dump = None
-    if fast_path:  # the compiled scanner (numba) loaded for the sets it reads only
+    # the compiled scanner (numba) loaded for the sets it reads only
+    if fast_path and buf.shape[0] <= limits.max_scan_bytes:
         from faultlens.collectors.artifacts.flight_recorder.fastpath import dump_fast
 
         dump = dump_fast(buf, path, max_frames, limits)
@@ -279,11 +374,16 @@ def _settle_rank(dump: Dump, path: Path, limits: DumpLimits) -> None:
 
 def _load_buffer(buf: np.ndarray, path: Path, max_frames: int, fast_path: bool,
                  limits: DumpLimits) -> Dump:
+    problem = head_problem(buf[:_HEAD_BYTES].tobytes())
+    if problem is not None:
+        raise DumpFileError(path, problem.replace(": refused unread", ""))
     try:
         if _looks_like_json(buf[:64].tobytes()):
             dump = _json_dump(buf, path, limits)
         else:
             dump = _pickle_dump(buf, path, max_frames, fast_path, limits)
+        check_fields(dump, limits)
+        check_sequences(dump)
     except DumpFormatError as exc:
         raise DumpFileError(path, str(exc)) from None
     _settle_rank(dump, path, limits)

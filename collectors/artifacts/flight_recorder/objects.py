@@ -24,6 +24,7 @@ from faultlens.collectors.artifacts.flight_recorder.values import (
     as_text,
     check_top,
     dump_header,
+    show,
 )
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 
@@ -82,14 +83,28 @@ def _checked_entries(top: Mapping[str, Any], budget: ElementBudget, file_bytes: 
     return entries
 
 
+# ids the analysis matches ranks by: integers as torch writes them, never a bool, text or float
+# (a seq id of "12" or true read as a number made its rank the culprit); their range is checked on
+# the columns of both parsers (values.check_fields)
+_ID_KEYS = frozenset(("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "pg_id"))
+
+
+def _as_id(value: Any, what: str) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return as_int(value, what)
+    raise DumpFormatError(f"{what}: expected an integer, got {type(value).__name__} "
+                          f"{show(value)}")
+
+
 def _int_columns(entries: list[Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     n = len(entries)
     ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for key in _INT_KEYS:
         values = np.zeros(n, np.int64)
         valid = np.zeros(n, bool)
+        read = _as_id if key in _ID_KEYS else as_int
         for i, entry in enumerate(entries):
-            value = as_int(entry.get(key), f"entry {i} {key}")
+            value = read(entry.get(key), f"entry {i} {key}")
             if value is not None:
                 values[i] = value
                 valid[i] = True

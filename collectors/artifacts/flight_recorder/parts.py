@@ -58,12 +58,15 @@ def _loader(twins: dict[Path, Path], max_frames: int, fast_path: bool,
 
 
 def _loaded(primary: list[Path], load: Callable[[Path], Dump | DumpFileError],
-            workers: int) -> Iterator[Dump | DumpFileError]:
+            workers: int, max_ahead_bytes: int = 4 * PARSE_AHEAD_BYTES
+            ) -> Iterator[Dump | DumpFileError]:
     """Dumps in file order, parsed ahead by `workers` threads (parsing releases the GIL). The window
     ahead is bounded by the files' bytes (PARSE_AHEAD_BYTES), not a count: wide enough that the
     threads go on parsing while the caller builds an Arrow chunk (a quarter of a second per million
     rows, during which a window of a few dumps would leave them idle), narrow enough that only that
-    many parsed dumps wait for assembly."""
+    many parsed dumps wait for assembly. Whatever the count, the window never holds more than
+    `max_ahead_bytes` of files beside the first one (big files are read one at a time: 14 files of
+    255 MB took 4 GB read two workers wide)."""
     if workers <= 1 or len(primary) <= 1:
         yield from map(load, primary)
         return
@@ -72,11 +75,14 @@ def _loaded(primary: list[Path], load: Callable[[Path], Dump | DumpFileError],
     next_index = 0
     with ThreadPoolExecutor(max_workers=workers) as pool:
         while pending or next_index < len(primary):
-            while next_index < len(primary) and (
-                len(pending) < 2 * workers or held < PARSE_AHEAD_BYTES
-            ):
+            while next_index < len(primary):
                 path = primary[next_index]
                 size = file_size(path)
+                if pending and (
+                    held + size > max_ahead_bytes
+                    or (len(pending) >= 2 * workers and held >= PARSE_AHEAD_BYTES)
+                ):
+                    break
                 pending.append((pool.submit(load, path), size))
                 held += size
                 next_index += 1
@@ -126,7 +132,8 @@ def read_part(primary: list[Path], twins: dict[Path, Path], wanted: set[str], di
     part = ReaderPart(assembly, [], [], [])
     seen_ranks: dict[int, str] = {}
     for done, result in enumerate(
-        _loaded(primary, _loader(twins, max_frames, fast_path, limits), workers), 1
+        _loaded(primary, _loader(twins, max_frames, fast_path, limits), workers,
+                limits.max_ahead_bytes), 1
     ):
         _take(part, result, seen_ranks, dir_name)
         if assembly.chunk_rows >= CHUNK_ROWS:

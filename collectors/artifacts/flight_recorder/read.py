@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -38,6 +39,8 @@ from faultlens.collectors.artifacts.flight_recorder.parts import (
 from faultlens.collectors.artifacts.fr_limits import DumpLimits, default_limits
 from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.store.schema import validate
+
+log = logging.getLogger(__name__)
 
 #: dump sets smaller than this are read through the restricted unpickler (no numba compile on a
 #: first use); its opcode pre-passes (safe_pickle.check_opcodes: limits, tuple hashing) cost ~3x the
@@ -88,6 +91,29 @@ def _primary_and_twins(files: list[Path]) -> tuple[list[Path], dict[Path, Path]]
     return primary, twins
 
 
+def _within_set_budget(primary: list[Path], files: int,
+                       limits: DumpLimits) -> tuple[list[Path], list[DumpFileError]]:
+    """The files the set's budget admits (limits.set_budget: smallest first, so that large files
+    never crowd out the small ones real dumps are), in their order; and an error for each other."""
+    sizes = {path: file_size(path) for path in primary}
+    budget = limits.set_budget(files)
+    if sum(sizes.values()) <= budget:
+        return primary, []
+    admitted: set[Path] = set()
+    spent = 0
+    for path in sorted(primary, key=lambda p: (sizes[p], str(p))):
+        if spent + sizes[path] > budget:
+            break
+        spent += sizes[path]
+        admitted.add(path)
+    refused = [
+        DumpFileError(path, f"{sizes[path]} bytes beyond the set's read budget ({budget} bytes for "
+                            f"{files} files, the smaller ones read first; "
+                            "FAULTLENS_FR_MAX_SET_BYTES): refused unread")
+        for path in primary if path not in admitted]
+    return [path for path in primary if path in admitted], refused
+
+
 def _read_in_processes(
     primary: list[Path],
     twins: dict[Path, Path],
@@ -119,8 +145,11 @@ def _read_in_processes(
 
 def _dump_set(parts: list[ReaderPart], assembly: Assembly, primary: list[Path],
               twins: dict[Path, Path], wanted: set[str], columns: Iterable[str] | None,
-              dictionary: bool, identity: NodeIdentity | None, started: float) -> DumpSet:
-    errors = [DumpFileError(path, problem) for part in parts for path, problem in part.errors]
+              dictionary: bool, identity: NodeIdentity | None, started: float,
+              refused: list[DumpFileError]) -> DumpSet:
+    errors = refused + [
+        DumpFileError(path, problem) for part in parts for path, problem in part.errors
+    ]
     skipped = [str(twins[p]) for p in primary if p in twins] + [
         s for part in parts for s in part.skipped
     ]
@@ -188,6 +217,9 @@ def read_dump_dir(
                            "rank_0.pkl, _dump_0, "
                            "comm_lib_trace_rank_0, rank_0.json)")
     primary, twins = _primary_and_twins(files)
+    primary, refused = _within_set_budget(primary, len(files), limits)
+    for error in refused:
+        log.warning("flight-recorder dump skipped: %s", error)
     if fast_path is None:
         fast_path = sum(file_size(p) for p in primary) >= FAST_PATH_MIN_BYTES
     workers = workers or min(8, os.cpu_count() or 1)
@@ -213,9 +245,8 @@ def read_dump_dir(
             parts = [read_part(primary, twins, wanted, dictionary, max_frames, fast_path, workers,
                                dir_name, identity, limits, on_chunk)]
             assembly = parts[0].assembly
-        return _dump_set(
-            parts, assembly, primary, twins, wanted, columns, dictionary, identity, started
-        )
+        return _dump_set(parts, assembly, primary, twins, wanted, columns, dictionary, identity,
+                         started, refused)
 
 
 def read_dump_file(

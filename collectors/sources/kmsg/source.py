@@ -22,6 +22,7 @@ from faultlens.collectors.sources.source import NodeIdentity
 from faultlens.collectors.store.row_guard import guarded_batch
 
 log = logging.getLogger("faultlens.collectors.sources.kmsg")
+_MAX_LINE = 64 * 1024  # the longest line the parser accepts
 
 
 def boot_time_ns() -> int:
@@ -66,6 +67,7 @@ class KmsgSource:
         self._file: Any = None
         self._inode: int | None = None
         self._partial = b""
+        self._overlong = False  # inside a line longer than _MAX_LINE, already cut
         self._is_device = False
         self._unavailable: str | None = None
         self._opened_once = False
@@ -147,6 +149,15 @@ class KmsgSource:
         data = self._partial + data
         lines = data.split(b"\n")
         self._partial = lines.pop()
+        if self._overlong and lines:  # the rest of a line already cut: dropped
+            lines.pop(0)
+            self._overlong = False
+        if len(self._partial) > _MAX_LINE:
+            # a line longer than the parser keeps: never held whole (a line of hundreds of MB
+            # grew the agent's memory with it); cut here, the parser counts it as one bad line
+            if not self._overlong:
+                lines.append(self._partial[:_MAX_LINE + 1])
+            self._partial, self._overlong = b"", True
         return lines
 
     def poll(self) -> Mapping[str, pa.RecordBatch]:
@@ -209,6 +220,7 @@ class KmsgSource:
                 self._file.close()
             self._file = None
         self._partial = b""
+        self._overlong = False
 
     def close(self) -> None:
         self._close_handles()
