@@ -385,6 +385,9 @@ def main() -> None:
     )
     parser.add_argument("--commit", help="with --from-json: the commit that run measured")
     parser.add_argument("--date", help="with --from-json: when that run measured (UTC)")
+    parser.add_argument(
+        "--note", action="append", default=[], help="a note on the run's conditions (repeatable)"
+    )
     args = parser.parse_args()
     if args.from_json:
         lines = [
@@ -392,7 +395,7 @@ def main() -> None:
             for line in args.from_json.read_text().splitlines()
             if line.startswith("{")
         ]
-        publish(lines, args.commit, args.date, write=not args.no_write)
+        publish(lines, args.commit, args.date, write=not args.no_write, notes=tuple(args.note))
         return
     chosen = [sc for sc in SCENARIOS if not args.only or sc.name in args.only]
     root = Path(tempfile.mkdtemp(prefix="faultlens-bench-slurm-"))
@@ -438,7 +441,8 @@ def main() -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
     ).stdout.strip()
     date = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
-    publish(lines, commit, date, write=not args.no_write)
+    load = f"load average {os.getloadavg()[0]:.0f} at the end of the run"
+    publish(lines, commit, date, write=not args.no_write, notes=(load, *args.note))
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -450,7 +454,9 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
-def publish(lines: list[dict], commit: str, date: str, *, write: bool) -> None:
+def publish(
+    lines: list[dict], commit: str, date: str, *, write: bool, notes: tuple[str, ...] = ()
+) -> None:
     rows = [r for r in lines if r.get("benchmark", "slurm") == "slurm"]
     sup = {r["scenario"]: r for r in lines if r.get("benchmark") == "slurm-supervisor"}
     kills = [r for r in lines if r.get("benchmark") == "slurm-serve-kill9"]
@@ -473,17 +479,26 @@ def publish(lines: list[dict], commit: str, date: str, *, write: bool) -> None:
                 date=date,
             )
         )
-    paired = [r for r in rows if by_name.get(r["scenario"]) and by_name[r["scenario"]].supervisor]
-    peers = [sup.get(by_name[r["scenario"]].supervisor) for r in paired]
-    peers = [p for p in peers if p is not None]
+    pairs = [
+        (r, sup[by_name[r["scenario"]].supervisor])
+        for r in rows
+        if by_name.get(r["scenario"])
+        and by_name[r["scenario"]].supervisor
+        and by_name[r["scenario"]].supervisor in sup
+    ]
+    peers = [p for _, p in pairs]
 
     def ratio(a: float | None, b: float | None) -> str:
         return "-" if a is None or not b else f"{a / b:.1f}x"
 
+    def both(key: str) -> tuple[list[float], list[float]]:
+        kept = [(r[key], p[key]) for r, p in pairs if r[key] is not None and p[key] is not None]
+        return [a for a, _ in kept], [b for _, b in kept]
+
     action_med = _median([r["action_s"] for r in rows])
     resumed_med = _median([r["resumed_s"] for r in rows])
-    sup_action = _median([p["action_s"] for p in peers])
-    sup_resumed = _median([p["resumed_s"] for p in peers])
+    slurm_action, sup_action = both("action_s")
+    slurm_resumed, sup_resumed = both("resumed_s")
     figures += [
         Figure(
             "scenarios right",
@@ -511,20 +526,31 @@ def publish(lines: list[dict], commit: str, date: str, *, write: bool) -> None:
             date=date,
         ),
         Figure(
-            f"median fault -> Slurm action (n={sum(r['action_s'] is not None for r in rows)})",
+            f"median fault -> Slurm action, all (n={sum(r['action_s'] is not None for r in rows)})",
             _s(action_med),
-            "-",
-            anchor=f"{_s(sup_action)} fault -> decision under faultlens run",
-            ratio=ratio(action_med, sup_action),
             commit=commit,
             date=date,
         ),
         Figure(
-            f"median fault -> training resumed (n={sum(r['resumed_s'] is not None for r in rows)})",
+            f"median fault -> training resumed, all "
+            f"(n={sum(r['resumed_s'] is not None for r in rows)})",
             _s(resumed_med),
-            "-",
-            anchor=f"{_s(sup_resumed)} under faultlens run",
-            ratio=ratio(resumed_med, sup_resumed),
+            commit=commit,
+            date=date,
+        ),
+        Figure(
+            f"median fault -> Slurm action, kinds run both ways (n={len(slurm_action)})",
+            _s(_median(slurm_action)),
+            anchor=f"{_s(_median(sup_action))} fault -> decision under faultlens run",
+            ratio=ratio(_median(slurm_action), _median(sup_action)),
+            commit=commit,
+            date=date,
+        ),
+        Figure(
+            f"median fault -> training resumed, kinds run both ways (n={len(slurm_resumed)})",
+            _s(_median(slurm_resumed)),
+            anchor=f"{_s(_median(sup_resumed))} under faultlens run",
+            ratio=ratio(_median(slurm_resumed), _median(sup_resumed)),
             commit=commit,
             date=date,
         ),
@@ -547,7 +573,7 @@ def publish(lines: list[dict], commit: str, date: str, *, write: bool) -> None:
         "the Slurm hook and an Alertmanager pager; each scenario scored on Slurm's own "
         "job and node records (the action is the faultlens tag in the job's Comment, one per "
         "decision). Anchor: the same kind of fault under `faultlens run` (the supervisor's "
-        "campaign scenario named), run after the Slurm scenarios in the same bench run.",
+        "campaign scenario named), measured in the same bench run.",
         commands=("PYTHONPATH=. python bench/bench_slurm.py --serve-kills 20",),
         figures=tuple(figures),
         notes=(
@@ -557,8 +583,9 @@ def publish(lines: list[dict], commit: str, date: str, *, write: bool) -> None:
             "(requeue, scheduling, srun, torchrun rendezvous and imports on 2 shared cores); a "
             "requeued job starts once it pends and 2 s after the requeue, not after Slurm's "
             "120 s requeue delay.",
-            "The machine: 2 cores shared with other work (load 4-10 during the run): times are "
-            "wall clock under that load.",
+            "The machine: 2 cores shared with other work; times are wall clock under its load "
+            "(the run's load: the next note, when given).",
+            *notes,
         ),
     )
     if write:
