@@ -271,7 +271,7 @@ def test_every_rank_idle_in_the_first_slow_phase_is_a_hang_at_the_normal_floor(
 def test_a_slow_phase_still_working_keeps_its_allowance(
     tmp_path: Path, monitor: ProgressMonitor, work
 ) -> None:
-    store, now = _peers_job(tmp_path, TRAIN, "checkpoint", 60, work)
+    store, now = _peers_job(tmp_path, TRAIN, "checkpoint", 30, work)
     assert _suspects(monitor, store, now) == []
 
 
