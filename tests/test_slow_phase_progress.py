@@ -11,6 +11,7 @@ into the store."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 
 import pytest
@@ -270,7 +271,7 @@ def test_every_rank_idle_in_the_first_slow_phase_is_a_hang_at_the_normal_floor(
 def test_a_slow_phase_still_working_keeps_its_allowance(
     tmp_path: Path, monitor: ProgressMonitor, work
 ) -> None:
-    store, now = _peers_job(tmp_path, TRAIN, "checkpoint", 60, work)
+    store, now = _peers_job(tmp_path, TRAIN, "checkpoint", 30, work)
     assert _suspects(monitor, store, now) == []
 
 
@@ -316,3 +317,47 @@ def test_before_a_baseline_the_window_is_k_times_the_longest_training_step(
     later_store, later = _peers_job(tmp_path / "later", plan, "eval", 20, _idle)
     (suspect,) = _suspects(monitor, later_store, later)
     assert "no baseline yet: 5 x the longest training step so far 3s" in suspect.evidence[0].text
+
+
+def test_rank_usage_moves_for_work_and_not_for_waiting(tmp_path: Path) -> None:
+    """The real counters (this process, Linux /proc): asleep or waiting on a lock moves neither;
+    computing, a DataLoader-like child computing, or writing moves them."""
+    import multiprocessing
+    import threading
+
+    from faultlens.collectors.training.heartbeat import RankUsage
+
+    usage = RankUsage()
+    usage.training_thread()
+
+    def moved(action) -> tuple[float, int]:
+        cpu0, io0 = usage.read()
+        action()
+        cpu1, io1 = usage.read()
+        assert None not in (cpu0, io0, cpu1, io1)
+        return (cpu1 - cpu0) / 1e9, io1 - io0
+
+    lock = threading.Lock()
+    lock.acquire()
+    for wait in (lambda: time.sleep(1.0), lambda: lock.acquire(timeout=1.0)):
+        cpu, io = moved(wait)
+        assert cpu < 0.02 and io < 4096, (cpu, io)
+    cpu, _ = moved(lambda: sum(i * i for i in range(2_000_000)))
+    assert cpu > 0.05, cpu
+    _, io = moved(lambda: (tmp_path / "shard.pt").write_bytes(b"\0" * (2 << 20)))
+    assert io > (2 << 20) - 4096, io  # (the reader's own reads are taken out)
+
+    # a child of the training thread (a DataLoader worker) computing: counted while it lives
+    child = multiprocessing.get_context("fork").Process(
+        target=lambda: sum(i * i for i in range(50_000_000)))
+    before = usage.read()[0]
+    child.start()
+    seen, deadline = 0.0, time.monotonic() + 60
+    try:
+        while child.is_alive() and time.monotonic() < deadline and seen <= 0.1:
+            time.sleep(0.2)
+            seen = (usage.read()[0] - before) / 1e9
+    finally:
+        child.kill()
+        child.join()
+    assert seen > 0.1, seen

@@ -9,9 +9,11 @@ torchrun launchers as a 2-node job is; tests/torch_jobs/user_jobs.py):
 - tensor parallel x data parallel from sub-groups, names under the user's `train/` prefix with the
   tensor-parallel all_reduce nested in the forward.
 
-Each healthy, and healthy beside a CPU hog (one busy process per core): no incident of any class.
-Each with one slow worker (30 ms more in its forward every step): that worker and its node, at the
-straggler failover threshold, and nothing else."""
+The DataLoader job and the pipeline job healthy beside a CPU hog (one busy process per core): no
+incident of any class. The TP x DP job with one slow worker (30 ms more in its forward every step):
+that worker and its node, at the straggler failover threshold, and nothing else. One job per shape
+(tests/torch_jobs/user_jobs.py RUNS: 3 torch jobs, 9 before); every script healthy >= 20 times
+(half beside a hog) and each with its slow worker: bench/bench_user_scripts.py."""
 
 from __future__ import annotations
 

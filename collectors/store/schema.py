@@ -316,8 +316,8 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
         _f("loss", pa.float64()),  # the last step's loss (null when not finite: see bad_loss_step)
         _f("bad_loss_step", pa.int64()),  # the first step whose loss was NaN or Inf
         _f("closed", pa.bool_()),  # the step timer was closed: this rank steps no more
-        # the rank's own work so far (heartbeat.py RankUsage): CPU seconds of its training thread
-        # and its child processes, bytes its process read and wrote (null: not known)
+        # the rank's own work so far (heartbeat.py RankUsage): CPU seconds of its process and its
+        # DataLoader workers plus time blocked in disk I/O, bytes it read and wrote (null: unknown)
         _f("cpu_s", pa.float64()),
         _f("io_bytes", pa.int64()),
     )),

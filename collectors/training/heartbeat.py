@@ -15,12 +15,13 @@ step in the page cache); the timer's writer thread stamps `alive_ns` about once 
     4 checkpoint; written as 0 by writers before it existed)
 
 then alive_ns i64 at 80, pid i64 at 88, and at 96 the rank's own work so far, stamped with alive_ns:
-cpu_ns i64 (CPU time of the thread that runs the steps plus that of its live child processes,
-DataLoader workers), io_bytes i64 (bytes the process read and wrote through system calls, less the
-writer's own reads of /proc), usage u32 (bit 1: cpu_ns known, bit 2: io_bytes known; 0 from writers
-before it existed); at 128 a u32 length and the rank's identity as JSON (the identity columns of its
-rows). A rank blocked in a collective, asleep or waiting on a lock or a read moves neither counter;
-one that saves, evaluates or loads does (attribution/detectors/progress/together.py).
+cpu_ns i64 (CPU time of the process and of the live child processes of the thread that runs the
+steps, DataLoader workers, plus that thread's time in uninterruptible I/O), io_bytes i64 (bytes the
+process read and wrote through system calls, less the writer's own reads of /proc), usage u32 (bit
+1: cpu_ns known, bit 2: io_bytes known; 0 from writers before it existed); at 128 a u32 length and
+the rank's identity as JSON (the identity columns of its rows). A rank blocked in a collective,
+asleep or waiting on a lock or a read moves neither counter; one that saves, evaluates or loads does
+(attribution/detectors/progress/together.py).
 
 `read_heartbeat(path)` decodes one; HeartbeatSource (a collectors Source) lists a directory each
 poll and emits a `heartbeats` row per rank whose record changed since the last row it emitted (at
@@ -97,15 +98,20 @@ def heartbeat_name(job_id: Any, attempt: Any, rank: Any) -> str:
 
 class RankUsage:
     """The work a rank does, read from the writer thread (Linux /proc; None where unreadable): CPU
-    time of the thread that runs the steps (the last one that began a step) and of its live child
-    processes, and the bytes the process moved through read/write system calls, less what this
-    reader read itself. Never raises."""
+    time of the process (every thread: a save or an upload in a thread of its own counts) and of the
+    live child processes of the thread that runs the steps (DataLoader workers), plus the time that
+    thread spent in uninterruptible I/O (a slow disk works for it); and the bytes the process moved
+    through read/write system calls, less what this reader read itself. A process blocked in a
+    collective, asleep, or waiting on a lock, a pipe or a socket moves neither (measured: ~2 ms of
+    CPU a second for faultlens' own threads). Never raises."""
 
     def __init__(self) -> None:
         self._ident: int | None = None
         self._native: int | None = None
         self._clock: int | None = None
         self._own_reads = 0
+        self._blocked_ns = 0
+        self._last_read_ns: int | None = None
         self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     def training_thread(self) -> None:
@@ -142,11 +148,27 @@ class RankUsage:
                 continue
         return total
 
+    def _blocked_on_io_ns(self) -> int:
+        """Wall time the training thread spent in uninterruptible I/O (state D: the kernel works for
+        it, a slow disk or filesystem), sampled at each read: the interval since the last one."""
+        now = time.monotonic_ns()
+        last, self._last_read_ns = self._last_read_ns, now
+        if self._native is None or last is None:
+            return self._blocked_ns
+        try:
+            state = self._read(f"/proc/self/task/{self._native}/stat").rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return self._blocked_ns
+        if state == "D":
+            self._blocked_ns += now - last
+        return self._blocked_ns
+
     def read(self) -> tuple[int | None, int | None]:
         cpu: int | None = None
         if self._clock is not None:
             try:
-                cpu = time.clock_gettime_ns(self._clock) + self._children_cpu_ns()
+                cpu = (time.process_time_ns() + self._children_cpu_ns()
+                       + self._blocked_on_io_ns())
             except Exception:
                 cpu = None
         io: int | None = None

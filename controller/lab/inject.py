@@ -28,7 +28,9 @@ rank, node, attempt and step:
                      step to until_step when given (repeatedly on the same GPU)
     skip_collective  the first `params.op` (default all_reduce) of group `params.group`
                      (world | sub) at `step` returns without running
-    slow_checkpoint  TieredCheckpointer.save sleeps `params.extra_s` first (every rank that matches)
+    slow_checkpoint  TieredCheckpointer.save first spends `params.extra_s` writing to a slow disk
+                     (1 MiB pieces, a pause after each; every rank that matches): a save that
+                     works, slowly (a save that only sleeps reads as a stop when every rank idles)
     external_signal, node_loss, agent_loss: the rank writes triggers/<fault>-a<attempt>.json at
     `step` and
                      the runner carries the fault out from outside (controller/lab/actions.py)
@@ -155,7 +157,7 @@ class WorkerInjector:
         for fault in self.faults:
             if fault.kind == "slow_checkpoint" and self._active(fault):
                 self._log(fault, f"+{fault.params.get('extra_s', 5.0)} s per checkpoint")
-                time.sleep(float(fault.params.get("extra_s", 5.0)))
+                slow_disk_write(float(fault.params.get("extra_s", 5.0)))
 
     def spike_factor(self) -> float | None:
         """The output scale of an active loss_spike fault (one step unless until_step says more)."""
@@ -492,3 +494,18 @@ def install_from_env() -> None:
         log.warning("faultlens lab: injector not installed: %s", exc)
         with Path(lab, "injector-errors.log").open("a") as handle:
             handle.write(f"{os.getpid()}: {type(exc).__name__}: {exc}\n")
+
+
+def slow_disk_write(seconds: float, piece: int = 1 << 20, pause_s: float = 0.25) -> None:
+    """A save to a slow disk: `piece` bytes written, then a pause, for `seconds` (a scratch file,
+    removed after)."""
+    import tempfile
+
+    end = time.monotonic() + seconds
+    data = b"\0" * piece
+    with tempfile.TemporaryFile() as scratch:
+        while time.monotonic() < end:
+            scratch.write(data)
+            scratch.flush()
+            scratch.seek(0)
+            time.sleep(min(pause_s, max(0.0, end - time.monotonic())))

@@ -3,13 +3,14 @@
 A slow phase (a checkpoint save, an evaluation) gets a wide allowance because it takes what it
 takes, and its peers wait for it in the next collective. The allowance is for a rank that is
 working. Each rank's heartbeat carries its own work so far (collectors/training/heartbeat.py
-RankUsage: CPU seconds of the thread that runs its steps and of that thread's child processes,
-bytes its process read and wrote). When over the last `window_s` seconds no rank completed or began
-a step, and no rank did work (CPU under `idle_cpu_share` of the window, fewer than `idle_io_bytes`
-moved), the peers are blocked (in a collective or a barrier) and so is the rank they wait for: the
-slow phase is no excuse. A rank still saving or evaluating moves its counters, however slowly (a
-CPU hog slows it, it does not stop it), and keeps the allowance. Which rank the others wait for is
-for the flight-recorder dumps to say (a peer blocked in a collective the late rank has not reached).
+RankUsage: CPU seconds of its process and of its DataLoader workers plus the time it spent blocked
+in disk I/O, bytes its process read and wrote). When over the last `window_s` seconds no rank
+completed or began a step, and no rank did work (CPU under `idle_cpu_share` of the window, fewer
+than `idle_io_bytes` moved), the peers are blocked (in a collective or a barrier) and so is the rank
+they wait for: the slow phase is no excuse. A rank still saving or evaluating moves its counters,
+however slowly (a CPU hog slows it, it does not stop it), and keeps the allowance. Which rank the
+others wait for is for the flight-recorder dumps to say (a peer blocked in a collective the late
+rank has not reached).
 
 Ranks without usage in their heartbeats (a writer from before it existed), with no beat as old as
 the window, or whose beats stopped (a process gone or frozen) give no evidence: the allowance holds.
