@@ -94,7 +94,7 @@ DUCK = (
     "files = sorted(glob.glob(sys.argv[1] + '/steps/*/*/*/*.parquet'))\n"
     "con = duckdb.connect()\n"
     "n, s = con.sql('SELECT count(*), sum(step) FROM read_parquet($f)', "
-    "params={'f': files}).fetchone()\n"
+    "params={'f': files}).fetchall()[0]\n"
     "print(json.dumps([{'n': n, 'steps': int(s)}]))\n"
 )
 
