@@ -81,7 +81,8 @@ def _setup_fr(case: str, directory: Path) -> tuple[list[str], int]:
         return [], 16
     if case in bombs:
         _nccl(directory, skip=(15,))
-        (directory / "_dump_15").write_bytes(_bomb(*bombs[case], count=12_600_000))
+        opcode, under = bombs[case]
+        (directory / "_dump_15").write_bytes(_bomb(opcode, 12_600_000, under))
         return ["_dump_15"], 15
     if case == "fr-sparse":
         directory.mkdir(parents=True)
