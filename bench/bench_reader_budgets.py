@@ -81,7 +81,8 @@ def _setup_fr(case: str, directory: Path) -> tuple[list[str], int]:
         return [], 16
     if case in bombs:
         _nccl(directory, skip=(15,))
-        (directory / "_dump_15").write_bytes(_bomb(*bombs[case], count=12_600_000))
+        opcode, under = bombs[case]
+        (directory / "_dump_15").write_bytes(_bomb(opcode, 12_600_000, under))
         return ["_dump_15"], 15
     if case == "fr-sparse":
         directory.mkdir(parents=True)
@@ -143,8 +144,17 @@ def child(case: str, target: str) -> dict[str, Any]:
         result = read_kernel_log(target, NodeIdentity("bench"))
         out = {"events": len(result.rows), "notes": list(result.notes)}
     out["cpu_s"] = time.process_time() - started
-    out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["rss_mb"] = _peak_rss_mb()
     return out
+
+
+def _peak_rss_mb() -> float:
+    """This process's own peak (VmHWM: getrusage's ru_maxrss keeps the parent's peak across the
+    exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _run_child(case: str, target: Path) -> dict[str, Any]:
@@ -185,13 +195,14 @@ def run(kmsg_mb: int) -> dict[str, dict[str, Any]]:
     good_events = results["kmsg-good"].get("events", 0)
     for case in KMSG_CASES[1:]:
         got = results[case]
-        got["pass"] = ("failed" not in got and got["events"] == 2 * good_events
-                       and bool(got["notes"]) and got["rss_mb"] <= RSS_LIMIT_MB)
+        noted = bool(got.get("notes")) or case == "kmsg-big"  # (a big plain log has none)
+        got["pass"] = ("failed" not in got and got["events"] == good_events and noted
+                       and got["rss_mb"] <= RSS_LIMIT_MB)
     results["kmsg-good"]["pass"] = "failed" not in results["kmsg-good"]
     return results
 
 
-def _section(results: dict[str, dict[str, Any]], load: str) -> Any:
+def _section(results: dict[str, dict[str, Any]], load: str, kmsg_mb: int) -> Any:
     from bench.common import Figure, Section
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
@@ -222,7 +233,8 @@ def _section(results: dict[str, dict[str, Any]], load: str) -> Any:
                   "the same reader on the good files alone in the same run. Pass: every good "
                   "file's rows read, every bad file named in one line, no exception, peak RSS <= "
                   "1,536 MB."),
-        commands=("PYTHONPATH=. python -m bench.bench_reader_budgets --write",),
+        commands=(f"PYTHONPATH=. python -m bench.bench_reader_budgets --kmsg-mb {kmsg_mb} "
+                  "--write",),
         figures=tuple(figures),
         notes=(f"Measured on the shared 2-core machine at load {load} (CPU seconds, not wall "
                "time; RSS is the process's peak, the reader with numpy and pyarrow loaded is "
@@ -248,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from bench.common import write_section
 
-        write_section(REPO / "docs" / "benchmarks.md", _section(results, load))
+        write_section(REPO / "docs" / "benchmarks.md", _section(results, load, args.kmsg_mb))
     return 0 if all(r.get("pass") for r in results.values()) else 1
 
 

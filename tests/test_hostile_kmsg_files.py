@@ -161,3 +161,12 @@ def test_the_agent_source_never_holds_a_huge_line(tmp_path: Path, real_events) -
     assert _events(rows) == sorted(real_events * 2)
     assert source.parser.stats.bad_lines == 1
     source.close()
+
+
+def test_the_fuzz_seed_set_finds_no_crash_lost_line_or_silent_skip() -> None:
+    """The CI's seed run of bench/bench_kmsg_read_fuzz.py (the bench runs 20,000 inputs)."""
+    from bench.bench_kmsg_read_fuzz import run
+
+    result = run(150, 1)
+    assert result["read"] + result["refused"] == 150
+    assert (result["crashes"], result["lost_lines"], result["silent_skips"]) == (0, 0, 0), result

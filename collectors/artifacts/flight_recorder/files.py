@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickletools
 import re
 import stat
 import threading
@@ -101,9 +102,10 @@ def _looks_like_json(head: bytes) -> bool:
     return stripped[:1] in (b"{", b"[")
 
 
-#: first bytes a dump's pickle starts with: PROTO (protocols 2-5, what torch writes), or the
-#: EMPTY_DICT / MARK / EMPTY_LIST of protocols 0-1 (a top level that is not a dict is refused later)
-_PICKLE_STARTS = frozenset(b"\x80}(]")
+#: first bytes a pickle can start with: any opcode (what a pickle that is no dump, or a hostile
+#: one, does with it is the unpicklers' to say, with a better message); a file that starts with
+#: anything else (NUL bytes, most binary data) is no dump
+_PICKLE_STARTS = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes)
 #: files from this size on are judged by their first bytes before they are read whole
 _HEAD_BYTES = 64
 
