@@ -268,8 +268,11 @@ def main() -> int:
             "dumps (pg_config keyed '' with no ranks) it stops with a KeyError.",
             "Skip before history: gloo records no send/recv, so a left-out send leaves no trace "
             "in any dump: faultlens names the receiver (whose exit says it timed out waiting) "
-            "below the failover threshold and cannot name the sender; the collective shapes "
-            "(a pair group, chains through two and three sub-groups) name the skipper alone.",
+            "below the failover threshold and cannot name the sender. The collective shapes (a "
+            "pair group, chains through two and three sub-groups) name the skipper alone from "
+            "repaired dumps; from raw ones not where the skipped group has no desc (gloo's raw "
+            "pg_config names no members, so nothing says who else is in it), and there no waiter "
+            "is named at the failover threshold.",
             f"Machine: {machine()['cpu']}, {machine()['cores']} cores.",
         ),
     )

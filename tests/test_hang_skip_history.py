@@ -39,6 +39,8 @@ LIMITS = {
     },
     "raw/chain3_4": "gloo's raw pg_config names no members, and groups [2, 3], [1, 2], [0, 1] "
     "(no desc) do not split the ranks: who else belongs to the group rank 2 waits in no dump says",
+    "raw/pair_8": "gloo's raw pg_config names no members and the pairs have no desc: nothing says "
+    "the group only rank 7 recorded is [6, 7]",
 }
 
 
@@ -47,15 +49,18 @@ def key(truth_file: Path) -> str:
 
 
 def timed_out(shape: str) -> set[int]:
-    """The ranks whose own exception says they timed out waiting (rules/crash.yaml), as the
-    attribution engine passes them from the ranks' exits."""
-    patterns = [re.compile(p) for p in load_crash_rules().timeout_patterns]
-    errors = ROOT / shape / "errors"
-    return {
-        int(path.stem.split("_")[1])
-        for path in errors.glob("rank_*.txt")
-        if any(p.search(path.read_text()) for p in patterns)
-    }
+    """The ranks whose own exception says they waited: a collective's timeout, or the echo of a
+    peer's failure (rules/crash.yaml), as the attribution engine passes them from the ranks'
+    exits (progress/dumps.py waiting_ranks)."""
+    rules = load_crash_rules()
+    waited = [re.compile(p) for p in (*rules.timeout_patterns, *rules.secondary_patterns)]
+    stopped = [re.compile(p) for p in rules.termination_patterns]
+    out = set()
+    for path in (ROOT / shape / "errors").glob("rank_*.txt"):
+        text = path.read_text()
+        if any(p.search(text) for p in waited) and not any(p.search(text) for p in stopped):
+            out.add(int(path.stem.split("_")[1]))
+    return out
 
 
 def analyse(directory: Path, exits: bool = False) -> tuple[dict, HangReport]:
