@@ -30,6 +30,7 @@ from tests import test_kmsg_peers as peers  # noqa: E402
 
 SECTION = "Peer test cases: kernel-log readers and completed mismatches"
 MISMATCH = REPO / "tests" / "data" / "completed-mismatch"
+SKIPS = REPO / "tests" / "data" / "skip-before-history"
 
 
 def _events(lines: list[str]) -> list:
@@ -136,6 +137,27 @@ def completed_mismatches() -> dict[str, tuple[int, int, int]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
+def skip_before_history() -> dict[str, tuple[int, int, int, int]]:
+    """'<form> <family>' -> (faultlens exact with no victim named, torch exact, torch failed,
+    sets) over the skip-before-history sets (tests/test_hang_skip_history.py); the ranks' exits
+    (who timed out waiting) are given to faultlens as the attribution engine gives them."""
+    from tests import test_hang_skip_history as skips
+
+    out: dict[str, list[int]] = {}
+    for truth_file in sorted(SKIPS.glob("*/*/truth.json")):
+        truth, report = skips.analyse(truth_file.parent, exits=True)
+        exact = list(report.culprit_ranks) == truth["culprits"]
+        mine = exact and not skips.named(report) & set(truth["victims"])
+        theirs = _torch_culprits(truth_file.parent / "dumps")
+        family = "send/recv pair" if truth["shape"] in skips.P2P else "collectives"
+        row = out.setdefault(f"{truth_file.parent.parent.name} dumps, {family}", [0, 0, 0, 0])
+        row[0] += mine
+        row[1] += theirs == set(truth["culprits"])
+        row[2] += theirs is None
+        row[3] += 1
+    return {k: tuple(v) for k, v in out.items()}
+
+
 def torch_cases() -> tuple[int, int, int]:
     """PyTorch's test_match_one_event pairs (tests/test_hang_torch_cases.py): (faultlens answers as
     that test file expects, torch's match_one_event gives its own test's state, cases)."""
@@ -167,6 +189,7 @@ def main() -> int:
     date = f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M}"
     logs = kernel_log()
     mismatch = completed_mismatches()
+    skips = skip_before_history()
     torch_mine, torch_theirs, torch_total = torch_cases()
     gpud_own = logs.pop("GPUd NVLink5: GPUd's own answer = NVIDIA's")
     figures = []
@@ -198,6 +221,18 @@ def main() -> int:
                 date,
             )
         )
+    for form, (mine, theirs, failed, total) in skips.items():
+        figures.append(
+            Figure(
+                f"skip before history, {form}: the skipper alone, no waiter named",
+                f"{mine}/{total}",
+                "every set exact",
+                f"torch fr_trace {theirs}/{total} exact ({failed} failed to run)",
+                f"{mine / theirs:.1f}x" if theirs else "-",
+                rev,
+                date,
+            )
+        )
     figures.append(
         Figure(
             "PyTorch analyzer cases (test_match_one_event pairs as 2-rank dumps): expected answer",
@@ -216,7 +251,9 @@ def main() -> int:
         "gpufallen_handler_test.go, GCM's test_check_syslogs.py: their expected answers, "
         "NVIDIA's decode where GPUd differs), and faultlens' hang analysis vs torch's "
         "flight-recorder analyzer on real gloo jobs whose mismatched collective every rank "
-        "completed (tests/data/completed-mismatch).",
+        "completed (tests/data/completed-mismatch) and on real gloo jobs in which one rank left "
+        "out a sub-group's first collective or send and the others timed out "
+        "(tests/data/skip-before-history).",
         ("PYTHONPATH=. python bench/bench_peer_cases.py",),
         tuple(figures),
         (
@@ -229,12 +266,27 @@ def main() -> int:
             "torch's analyzer takes the first rank's entry as the expected one: on "
             "broadcast_shape_4 it names the three ranks that agree and not rank 3; on gloo's raw "
             "dumps (pg_config keyed '' with no ranks) it stops with a KeyError.",
+            "Skip before history: gloo records no send/recv, so a left-out send leaves no trace "
+            "in any dump: faultlens names the receiver (whose exit says it timed out waiting) "
+            "below the failover threshold and cannot name the sender. The collective shapes (a "
+            "pair group, chains through two and three sub-groups) name the skipper alone from "
+            "repaired dumps; from raw ones not where the skipped group has no desc (gloo's raw "
+            "pg_config names no members, so nothing says who else is in it), and there no waiter "
+            "is named at the failover threshold.",
             f"Machine: {machine()['cpu']}, {machine()['cores']} cores.",
         ),
     )
     if not args.no_docs:
         write_section(REPO / "docs" / "benchmarks.md", section)
-    emit("peer_cases", {"commit": rev, "kernel_log": logs, "completed_mismatch": mismatch})
+    emit(
+        "peer_cases",
+        {
+            "commit": rev,
+            "kernel_log": logs,
+            "completed_mismatch": mismatch,
+            "skip_before_history": skips,
+        },
+    )
     return 0
 
 

@@ -45,7 +45,8 @@ How the answer is reached
    on its peer: one more edge. A stuck rank's frame is evidence ("rank 3 is in
    DataLoader.__next__"). Without stacks, on gloo, a rank blocked in such a send/recv looks stuck in
    its own code; where two or more ranks stopped that way, their roots stand uncertain (any may wait
-   on another: hidden_p2p.py), below the policy's failover threshold.
+   on another: hidden_p2p.py), below the policy's failover threshold; so does one whose own exit
+   says it timed out waiting (`timed_out`): it waited in a send/recv on a rank no dump names.
 4. **Cycles.** A cycle (rank 2 waits for rank 3 in a sub-group while rank 3 waits for rank 2 in the
    world group) arises when one rank *skipped* a collective, or ran two in another order. Broken
    first by each rank's own cross-group entry order (record order): for a cycle member that lags in
@@ -101,7 +102,9 @@ collective k) shows it entered world seq 5 where pair seq 4 was due, so rank 3 i
 rank 2 a follow-on. The hang corpus (tests/torch_jobs/hang_corpus: 23 real 8-rank gloo dump sets)
 and bench/bench_hang_accuracy.py measure the rest; tests/torch_jobs/hang_heldout holds 30 real gloo
 sets of other shapes (4 to 16 ranks, other rank orders, groups without descs or from new_subgroups,
-a 4-stage pipeline, the default group alone).
+a 4-stage pipeline, the default group alone); tests/data/skip-before-history holds skips of a
+sub-group's first collective (no history of it on the skipper: its own order against the others'
+decides), a pair's, and chains through two and three sub-groups, raw and repaired, 4 and 8 ranks.
 
 Scale: the table is read in slices (SLICE_ROWS); pass 1 keeps only per-(group, rank) progress and
 per-(group, seq) signature extremes, in compiled hash tables filled as each slice is decoded

@@ -20,13 +20,20 @@ from faultlens.attribution.detectors.hang.graph import (
     checked,
     strongly_connected,
 )
-from faultlens.attribution.detectors.hang.hidden_p2p import mark_hidden_p2p_waits
+from faultlens.attribution.detectors.hang.hidden_p2p import (
+    mark_hidden_p2p_waits,
+    mark_unseen_member_waits,
+)
 from faultlens.attribution.detectors.hang.missing_roots import (
     settle_missing_roots,
     skips_beside_missing,
 )
 from faultlens.attribution.detectors.hang.report import HangReport
-from faultlens.attribution.detectors.hang.skips import skipped, skipped_by_consensus
+from faultlens.attribution.detectors.hang.skips import (
+    skipped,
+    skipped_by_blocking,
+    skipped_by_consensus,
+)
 
 
 class _WaitGraph:
@@ -95,6 +102,7 @@ def decide(analysis: Analysis) -> HangReport:
         rebuilt,
     )
     mark_hidden_p2p_waits(analysis, roots, skippers)
+    mark_unseen_member_waits(analysis, roots)
     follow_on_mismatches = _place_mismatches(analysis, roots)
     built = [describe_root(analysis, root, skippers) for root in roots]
     built.sort(key=lambda b: (-len(b[0].waiting_ranks), b[1], b[0].ranks))
@@ -139,6 +147,8 @@ def _break_cycles(analysis: Analysis, graph: _WaitGraph, stalled: set[int]
                     or skipped(analysis, rank, divergences)
                 ),
             )
+            if not any(verdicts.values()) and not members & set(skippers):
+                found.update(skipped_by_blocking(analysis, members, divergences))
             found.update((rank, verdict) for rank, verdict in verdicts.items() if verdict)
         if not found:
             break

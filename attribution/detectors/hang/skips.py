@@ -3,6 +3,7 @@ cycle entered the same collectives (in groups playing the same part), or else by
 periodic history."""
 
 from collections import defaultdict
+from itertools import pairwise
 
 from faultlens.attribution.detectors.hang.graph import Analysis, Divergence
 
@@ -305,3 +306,87 @@ def _predict(points: list[tuple[int, int]], due_seq: int) -> int | None:
             return base + diffs[0]
     return None
 
+
+
+#: a cycle whose members are ordered by where each one is blocked: at most this many members
+MAX_BLOCKING_MEMBERS = 32
+
+
+def skipped_by_blocking(
+    analysis: Analysis, cycle: set[int], divergences: list[Divergence]
+) -> dict[int, str]:
+    """Which member of `cycle` went past a collective, where no rank outside it entered the same
+    collectives (a skip at the group's first collective, before any history, in a chain that takes
+    every rank in). Every member is blocked in the last collective it entered; one that did not
+    skip never reached the collectives it lags in, so they come after that one in the program (the
+    same for every rank: parts, by group_role, and sequence ids). A skipper lags in collectives
+    that come before the one it is blocked in. Each member is tried as the one skipper: the
+    hypothesis stands where these precedences and every member's own entry order fit one program
+    order (no precedence cycle). The member whose hypothesis stands with the fewest collectives
+    left out, alone, is the skipper; otherwise nobody is."""
+    if len(cycle) > MAX_BLOCKING_MEMBERS or cycle & analysis.missing:
+        return {}
+    history_of = analysis.history if analysis.history else None
+    if history_of is None:
+        return {}
+    blocked: dict[int, tuple] = {}
+    lags: dict[int, set[tuple]] = defaultdict(set)
+    orders: list[tuple[tuple, tuple]] = []
+    for rank in sorted(cycle):
+        history = history_of(rank)
+        if history is None or not history[0]:
+            return {}
+        seqs, groups_in_order, _incomplete = history
+        keys = [(group_role(analysis, g), s) for g, s in zip(groups_in_order, seqs, strict=True)]
+        blocked[rank] = keys[-1]
+        tail = keys[-8:]
+        orders += list(pairwise(tail))
+    for d in divergences:
+        if d.level != "entered" or d.seq is None:
+            continue
+        for rank in set(d.laggards) & cycle:
+            lags[rank].add((group_role(analysis, d.group), d.seq))
+    standing: list[tuple[int, int]] = []
+    for candidate in sorted(cycle):
+        if not lags[candidate]:
+            continue
+        edges = list(orders)
+        for rank in cycle - {candidate}:
+            edges += [(blocked[rank], key) for key in lags[rank]]
+        edges += [(key, blocked[candidate]) for key in lags[candidate]]
+        if _acyclic(edges):
+            standing.append((len(lags[candidate]), candidate))
+    standing.sort()
+    if not standing or (len(standing) > 1 and standing[0][0] == standing[1][0]):
+        return {}
+    count, rank = standing[0]
+    others = len(standing) - 1
+    return {rank: (f"rank {rank} went past {count} collective(s) it lags in: each member of the "
+                   f"cycle {sorted(cycle)} is blocked in the last collective it entered, and only "
+                   f"with rank {rank} as the one that left a collective out do their entry orders "
+                   "fit one program order"
+                   + (f" with so few left out ({others} other hypothesis(es) need more)"
+                      if others else ""))}
+
+
+def _acyclic(edges: list[tuple[tuple, tuple]]) -> bool:
+    """Whether the precedences `edges` (a before b) admit one order (Kahn's algorithm)."""
+    after: dict[tuple, set[tuple]] = defaultdict(set)
+    indegree: dict[tuple, int] = defaultdict(int)
+    for a, b in edges:
+        if a == b:
+            return False
+        if b not in after[a]:
+            after[a].add(b)
+            indegree[b] += 1
+            indegree.setdefault(a, 0)
+    ready = [n for n, k in indegree.items() if k == 0]
+    seen = 0
+    while ready:
+        node = ready.pop()
+        seen += 1
+        for nxt in after[node]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    return seen == len(indegree)
