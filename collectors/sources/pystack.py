@@ -40,6 +40,9 @@ from faultlens.collectors.training.own_stack import OWN_STACKS_DIR
 MAX_STACK_BYTES = 32 << 20
 _P2P = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 _COLLECTIVE_FILE = re.compile(r"torch/distributed/distributed_c10d\.py$")
+# autograd's engine: DDP's reducer launches and waits on its gradient all_reduce from C++ inside
+# it, so a thread stopped there may be computing or blocked in a collective; Python cannot tell
+_AUTOGRAD_ENGINE = re.compile(r"(^|/)torch/autograd/(graph|__init__)\.py$")
 _LIBRARY = re.compile(
     r"(^|/)(threading|selectors|socket|queue|subprocess|contextlib|functools)\.py$|"
     r"(^|/)torch/distributed/|(^|/)multiprocessing/|^<frozen "
@@ -97,6 +100,8 @@ class Whereabouts:
         if self.kind == StackPlace.IN_COLLECTIVE:
             return (f"rank {rank} is blocked in torch.distributed.{self.op} (Python stack: "
                     f"{self.frame})")
+        if self.frame and self.thread is not None:
+            return f"rank {rank} is {self.frame} (Python stack, thread {self.thread!r})"
         return (f"rank {rank}: no Python stack of it ({self.frame})" if self.frame
                 else f"rank {rank}: its stack shows no training thread (the process or thread is "
                      "gone: crashed?)")
@@ -230,6 +235,11 @@ def where(stack: ProcessStack | None, thread_ids: Iterable[int] | None = None) -
             return Whereabouts(
                 StackPlace.IN_COLLECTIVE, frame.text(), frame.name, None, thread.name
             )
+    if _AUTOGRAD_ENGINE.search(thread.frames[0].filename):
+        # the flight recorder says whether a collective is in flight, not the stack
+        inside = (f"inside autograd's backward ({thread.frames[0].text()}; a DDP gradient "
+                  "all_reduce runs there unseen by Python)")
+        return Whereabouts(StackPlace.UNKNOWN, inside, None, None, thread.name)
     for frame in thread.frames:
         if not _LIBRARY.search(frame.filename):
             return Whereabouts(StackPlace.OUTSIDE, frame.text(), None, None, thread.name)
