@@ -50,7 +50,11 @@ from bench.common import Figure, Section, emit, machine, write_section
 
 PREFIX = "Silent data corruption"
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-COMMAND = "PYTHONPATH=. python -m bench.bench_numerics_accuracy --seeds 1 --jobs 2 --write"
+COMMAND = "PYTHONPATH=. python -m bench.bench_numerics_accuracy --seeds 1 --jobs 2 --work DIR"
+WRITE = (
+    "PYTHONPATH=. python -m bench.bench_numerics_accuracy --seeds 3 --only healthy "
+    "--work DIR --write"
+)
 
 
 @dataclass(frozen=True)
@@ -567,11 +571,12 @@ def sections(results: list[dict], commit: str, date: str, load: str) -> list[Sec
         "node), its digests against the fault-free run of the same seed restarted from the same "
         f"step. {load}",
     )
-    planned = sum(c.seeds or 1 for c in cases())
+    faulty = sum(1 for r in firsts if r["family"] != "healthy")
     notes = (
         *notes,
-        f"{len(firsts)} first attempts judged ({len(resumes)} resumed), of the {planned} that "
-        "`--seeds 1` plans: a case that is not in the table did not run.",
+        f"{len(firsts)} first attempts judged ({faulty} with a corruption injected, "
+        f"{len(firsts) - faulty} healthy), {len(resumes)} resumed: a case of the bench that is "
+        "not in these tables did not run.",
     )
     out = []
     families = ("parameter", "gradient", "activation", "bad batch")
@@ -599,7 +604,7 @@ def sections(results: list[dict], commit: str, date: str, load: str) -> list[Sec
                 f"{PREFIX}: {titles[family]}",
                 "faultlens numerics signals, detector and policy per injected type (no peer tool "
                 "names the rank of a silent corruption: the anchor is the truth injected).",
-                (COMMAND,),
+                (COMMAND, WRITE),
                 tuple(figures),
                 notes,
             )
@@ -622,6 +627,8 @@ def sections(results: list[dict], commit: str, date: str, load: str) -> list[Sec
         ("fault-free runs restarted from the rollback's step", "twin_incidents"),
     ):
         rows = [r for r in resumed if key == "incidents" or r["twin"]]
+        if not rows:
+            continue
         false = sum(len(r[key]) for r in rows)
         figures.append(
             Figure(
@@ -647,7 +654,7 @@ def sections(results: list[dict], commit: str, date: str, load: str) -> list[Sec
                 f"{PREFIX}: healthy look-alikes",
                 "faultlens numerics detector on healthy runs that look like a corruption "
                 "(numerics incidents counted; none is right).",
-                (COMMAND,),
+                (COMMAND, WRITE),
                 tuple(figures),
                 notes,
             )
@@ -666,7 +673,7 @@ def _commit() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--seeds", type=int, default=2, help="runs per case, at least")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--work", default="", help="keep the runs and results here (resumable)")
     parser.add_argument("--only", default="", help="cases whose name holds one of these words")
@@ -683,7 +690,8 @@ def main() -> None:
     chosen = [c for c in cases() if not words or any(w in f"{c.family} {c.name}" for w in words)]
     # every case's first seed before any case's second: a run cut short still covers every case
     todo = sorted(
-        ((c, k) for c in chosen for k in range(c.seeds or args.seeds)), key=lambda ck: ck[1]
+        ((c, k) for c in chosen for k in range(max(c.seeds or 0, args.seeds))),
+        key=lambda ck: ck[1],
     )
     if args.no_run:
         todo = []
