@@ -44,6 +44,8 @@ def train(
     steps: int = STEPS,
     seed: int = 0,
     batch: int = 32,
+    args: Sequence[str] = (),
+    timeout_s: float = 900,
 ) -> Path:
     """Run one attempt of the job under `root` (store, checkpoints, lab dir); returns root."""
     lab = root / "lab"
@@ -98,6 +100,7 @@ def train(
                     str(seed),
                     "--batch",
                     str(batch),
+                    *args,
                 ],
                 env=env,
                 cwd=root,
@@ -107,7 +110,7 @@ def train(
             )
         )
     for proc in procs:
-        _, err = proc.communicate(timeout=300)
+        _, err = proc.communicate(timeout=timeout_s)
         assert proc.returncode == 0, err[-3000:]
     return root
 

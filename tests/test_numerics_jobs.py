@@ -220,3 +220,41 @@ def test_a_spike_that_repeats_restarts_in_place_without_its_batches_then_escalat
         again[0], job_nodes=["node-0"]
     )
     assert decision.action is Action.ESCALATE, decision.reason
+
+
+def test_a_flipped_activation_bit_names_the_rank_where_the_nan_began(tmp_path: Path) -> None:
+    # the top exponent bit of one output of one rank's forward (x 2^128: its loss is not finite,
+    # the all_reduce spreads it to every replica); a mantissa bit earlier changes nothing visible
+    faults = (
+        FaultSpec(
+            id="benign",
+            kind="bitflip",
+            step=5,
+            rank=0,
+            params={"target": "activation", "bit": 22, "layer": 0, "index": 11},
+        ),
+        FaultSpec(
+            id="act",
+            kind="bitflip",
+            step=9,
+            rank=1,
+            params={"target": "activation", "bit": 30, "layer": -1, "index": 3},
+        ),
+    )
+    root = train(tmp_path, "act", 2, faults)
+    assert [(r["fault"], r["rank"], r["step"]) for r in injected(root)] == [
+        ("benign", 0, 5),
+        ("act", 1, 9),
+    ]
+    incidents, _ = _judged(root)
+    assert [(i.rule, i.culprit_ranks, i.culprit_nodes, i.step) for i in incidents] == [
+        ("numerics-nonfinite-origin", (1,), (), 9)
+    ], [i.summary for i in incidents]
+    assert incidents[0].culprit_gpus == ("node-1:gpu0",)
+    nodes = ["node-0", "node-1"]
+    decision = DecisionPolicy(
+        load_policy(), restore_chooser=catalog(root, "act", nodes)
+    ).decide(incidents[0], job_nodes=nodes)
+    # one event is no verdict on the node: a restart in place from before it
+    assert decision.action is Action.RESTART and decision.exclude_nodes == ()
+    assert decision.restore is not None and decision.restore.step < 9, decision.reason

@@ -23,15 +23,15 @@ def _timer(store: Path) -> StepTimer:
     return StepTimer.from_env(str(store), identity=identity, heartbeat=False)
 
 
-@pytest.mark.parametrize("every", [1, 3, 5])
+@pytest.mark.parametrize(("every", "norm_every"), [(1, 1), (3, 2), (5, 3)])
 def test_rows_reach_the_store_with_torchs_gradient_norm_and_a_digest_every_n_steps(
-    tmp_path: Path, every: int
+    tmp_path: Path, every: int, norm_every: int
 ) -> None:
     torch.manual_seed(every)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     timer = _timer(tmp_path / "store")
-    probe = NumericsProbe(timer, digest_every=every)
+    probe = NumericsProbe(timer, digest_every=every, norm_every=norm_every)
     expected = {}
     for step in range(10):
         with timer.step(step) as record:
@@ -52,12 +52,50 @@ def test_rows_reach_the_store_with_torchs_gradient_norm_and_a_digest_every_n_ste
     assert [r["step"] for r in rows] == list(range(10))
     assert all(r["rank"] == 3 and r["node"] == "node-1" and r["gpu_index"] == 1 for r in rows)
     for row in rows:
+        if row["step"] % norm_every:
+            assert row["grad_norm"] is None  # not this step: nothing gathered, nothing carried
+            continue
         assert row["grad_norm"] == pytest.approx(expected[row["step"]], rel=1e-5)
         assert row["batch"] == f"shard-{row['step']}"
         assert (row["digest"] is not None) == (row["step"] % every == 0)
     digests = [r["digest"] for r in rows if r["digest"]]
     assert len(set(digests)) == len(digests)  # the parameters moved every step
     assert {r["digest_bytes"] for r in rows if r["digest"]} == {(6 * 5 + 5 + 5 * 2 + 2) * 4}
+
+
+def test_the_local_norm_is_torchs_over_mixed_dtypes_sparse_and_missing_gradients() -> None:
+    torch.manual_seed(1)
+    dense = torch.nn.Linear(40, 30)
+    half = torch.nn.Linear(30, 20).to(torch.bfloat16)
+    wide = torch.nn.Linear(20, 3).double()
+    embed = torch.nn.Embedding(50, 40, sparse=True)
+    unused = torch.nn.Linear(3, 3)  # no gradient
+    ids = torch.randint(0, 50, (16,))
+    x = dense(embed(ids))
+    x = half(x.to(torch.bfloat16)).float()
+    wide(x.double()).pow(2).mean().backward()
+    params = [*embed.parameters(), *dense.parameters(), *half.parameters(), *wide.parameters()]
+    params += list(unused.parameters())
+    expected = sum(
+        float(torch.linalg.vector_norm(p.grad.coalesce().values() if p.grad.is_sparse else p.grad,
+                                       dtype=torch.float64)) ** 2
+        for p in params
+        if p.grad is not None
+    ) ** 0.5
+
+    class Rows:
+        def __init__(self) -> None:
+            self.rows: list[dict] = []
+
+        def queue_row(self, table: str, row: dict) -> None:
+            self.rows.append(row)
+
+    sink = Rows()
+    probe = NumericsProbe(sink, digest_every=0)
+    probe.local_grads(params)
+    probe.record(0)
+    assert probe.stats.errors == 0, probe.stats.last_error
+    assert sink.rows[-1]["grad_norm"] == pytest.approx(expected, rel=1e-3)  # bfloat16 terms
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])

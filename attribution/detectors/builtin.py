@@ -374,14 +374,19 @@ class LossDetector:
 
 
 def first_per_attempt(found: Iterable[Incident]) -> list[Incident]:
-    """Of each attempt's numerics incidents the first bad signal (a localized one at a tie)."""
+    """Of each attempt's numerics incidents the first bad signal (the most localized one at a
+    tie: a node named, else ranks, the fewer the better: where a NaN began before the every-rank
+    NaN that the all_reduce made of it)."""
     best: dict[AttemptKey, Incident] = {}
+
+    def order(i: Incident) -> tuple[int, bool, bool, int]:
+        ranks = len(i.culprit_ranks)
+        return (i.step if i.step is not None else -1, not i.culprit_nodes, not ranks, ranks)
+
     for incident in found:
         key = (incident.job_id, incident.attempt)
         held = best.get(key)
-        rank = (incident.step if incident.step is not None else -1, not incident.culprit_nodes)
-        if held is None or rank < (held.step if held.step is not None else -1,
-                                   not held.culprit_nodes):
+        if held is None or order(incident) < order(held):
             best[key] = incident
     return list(best.values())
 

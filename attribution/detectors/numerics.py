@@ -182,7 +182,7 @@ class NumericsJudge:
         """The first step where a rank's own loss is not finite, when that is one rank while its
         peers' are finite: where the NaN/Inf began (a gradient norm alone can overflow while every
         gradient is finite: an outlier, see _outliers). Named by rank and GPU; one event
-        is no verdict on the node (no node named: a rollback, not a failover)."""
+        is no verdict on the node (no node named: a restart in place from before it)."""
         if rows.empty or "loss" not in rows.columns:
             return None
         loss = pd.to_numeric(rows["loss"], errors="coerce").to_numpy(dtype=float, na_value=0.0)
@@ -209,7 +209,7 @@ class NumericsJudge:
             rows,
             text,
             0.9,
-            {"kind": "nonfinite_origin"},
+            {"kind": "nonfinite_origin", "restart_in_place": True},
         )
         return dataclasses.replace(incident, culprit_nodes=(), culprit_gpus=tuple(gpus))
 

@@ -3,7 +3,7 @@ the rank's own loss, the norm of its local gradients before the gradient all_red
 `digest_every` steps a digest of its parameter shard after the optimizer step.
 
     timer = StepTimer.from_env(...)
-    probe = NumericsProbe(timer, digest_every=50, parallel=timer.parallel)
+    probe = NumericsProbe(timer, digest_every=50, parallel=timer.parallel)  # norm_every=1
     ddp.register_comm_hook(None, probe.comm_hook)   # DDP: the local norm, then the usual all_reduce
     for n, batch in enumerate(loader):
         with timer.step(n) as step:
@@ -54,12 +54,17 @@ class NumericsProbe:
         timer: Any,
         *,
         digest_every: int = 100,
+        norm_every: int = 1,
         parallel: Any = None,
         hasher: str = "crc32",
         wall_clock: Any = time.time_ns,
     ) -> None:
         self.timer = timer
         self.digest_every = max(0, int(digest_every))
+        # the local gradient norm on every norm_every-th step only (its cost divided by it; a
+        # corruption must then last norm_every x outlier_steps steps to be localized)
+        self.norm_every = max(1, int(norm_every))
+        self._next = 0  # the step the gradients now gathered belong to (the last record's + 1)
         self.parallel = parallel if parallel is not None else getattr(timer, "parallel", None)
         self.hasher = hasher
         self.stats = NumericsStats()
@@ -80,7 +85,8 @@ class NumericsProbe:
 
         def hook(state: Any, bucket: Any) -> Any:
             try:
-                self._add(bucket.buffer())
+                if self._due():
+                    self._add(bucket.buffer())
             except Exception as exc:
                 self._error("grad norm", exc)
             return allreduce_hook(state, bucket)
@@ -94,20 +100,40 @@ class NumericsProbe:
         return hook
 
     def local_grads(self, parameters: Iterable[Any]) -> None:
-        """The local gradients of `parameters` (call before your own gradient all_reduce)."""
+        """The local gradients of `parameters` (call before your own gradient all_reduce): one
+        multi-tensor norm per device and dtype (torch's foreach kernels, as clip_grad_norm_
+        uses), not one reduction per tensor."""
         try:
+            if not self._due():
+                return
+            import torch
+
+            groups: dict[tuple[Any, Any], list[Any]] = {}
             for p in parameters:
-                if getattr(p, "grad", None) is not None:
-                    self._add(p.grad)
+                grad = getattr(p, "grad", None)
+                if grad is None:
+                    continue
+                if grad.is_sparse:
+                    self._add(grad.coalesce().values())
+                else:
+                    groups.setdefault((grad.device, grad.dtype), []).append(grad.detach())
+            for (_, dtype), grads in groups.items():
+                norms = torch._foreach_norm(grads, 2, dtype=_accumulate(dtype))
+                self._add_squares(torch.stack(norms).double().square().sum())
         except Exception as exc:
             self._error("grad norm", exc)
+
+    def _due(self) -> bool:
+        return self.norm_every <= 1 or self._next % self.norm_every == 0
 
     def _add(self, grad: Any) -> None:
         import torch
 
         # a reduction, no temporary the size of the gradient; float64 accumulation of the squares
-        norm = torch.linalg.vector_norm(grad.detach(), dtype=torch.float32).double()
-        value = norm * norm
+        norm = torch.linalg.vector_norm(grad.detach(), dtype=_accumulate(grad.dtype)).double()
+        self._add_squares(norm * norm)
+
+    def _add_squares(self, value: Any) -> None:
         self._sq = value if self._sq is None else self._sq + value
 
     # -- the row of one step
@@ -124,6 +150,7 @@ class NumericsProbe:
         record, and (every digest_every steps, `module` given) the digest of its parameters."""
         try:
             sq, self._sq = self._sq, None
+            self._next = int(step) + 1
             row: dict[str, Any] = {
                 "ts": self._wall(),
                 "step": int(step),
@@ -173,6 +200,13 @@ class NumericsProbe:
         self.stats.last_error = f"{what}: {type(exc).__name__}: {exc}"
         if self.stats.errors <= 10:
             log.warning("numerics: %s", self.stats.last_error)
+
+
+def _accumulate(dtype: Any) -> Any:
+    """The dtype a norm of `dtype` values is computed in: float32, float64 for float64."""
+    import torch
+
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _bytes(tensor: Any) -> memoryview:

@@ -24,8 +24,10 @@ rank, node, attempt and step:
                      mantissa bit) of element `params.index` (default 0) of parameter `params.param`
                      (its place in model.parameters(), default 0) flips, as a hardware fault does:
                      `params.target` param: in the parameter, after this rank's optimizer step;
-                     grad: in its gradient before the all_reduce (a tensor hook); at `step`, every
-                     step to until_step when given (repeatedly on the same GPU)
+                     grad: in its gradient before the all_reduce (a tensor hook); activation: in
+                     the output of leaf module `params.layer` (default 0: the model's first) of
+                     this rank's forward; at `step`, every step to until_step when given
+                     (repeatedly on the same GPU)
     skip_collective  the first `params.op` (default all_reduce) of group `params.group`
                      (world | sub) at `step` returns without running
     slow_checkpoint  TieredCheckpointer.save first spends `params.extra_s` writing to a slow disk
@@ -466,10 +468,40 @@ def _patch_bitflips(injector: WorkerInjector) -> None:
                 return grad
 
             param.register_hook(corrupt)
+        _hook_activations(injector, module)
         return None
 
     register_optimizer_step_post_hook(after_step)
     torch.nn.modules.module.register_module_forward_pre_hook(on_forward)
+
+
+def _hook_activations(injector: WorkerInjector, model: Any) -> None:
+    """The activation bit flips: a forward hook on the chosen leaf module of `model` that flips
+    one bit of its output in the forward of the fault's steps (the rest of the output, and the
+    gradient through it, unchanged)."""
+    import torch
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    for fault in injector.faults:
+        if fault.kind != "bitflip" or fault.params.get("target") != "activation" or not leaves:
+            continue
+        layer = int(fault.params.get("layer", 0))
+        module = leaves[layer % len(leaves)]
+
+        def corrupt(module, inputs, output, _fault=fault, _layer=layer):  # type: ignore[no-untyped-def]
+            if not isinstance(output, torch.Tensor) or not module.training:
+                return None
+            if _fault not in injector.flips("activation"):
+                return None
+            bit, index = int(_fault.params.get("bit", 30)), int(_fault.params.get("index", 0))
+            flipped = output.detach().clone()
+            flip_bit(flipped, index, bit)
+            mask = torch.zeros(output.numel(), dtype=torch.bool)
+            mask[index % output.numel()] = True
+            injector._log(_fault, f"activation of layer {_layer}[{index}] bit {bit}")
+            return torch.where(mask.view(output.shape).to(output.device), flipped, output)
+
+        module.register_forward_hook(corrupt)
 
 
 def install_from_env() -> None:

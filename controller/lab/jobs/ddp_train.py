@@ -45,7 +45,24 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the model's and the data's seed")
     parser.add_argument("--numerics-every", type=int, default=0, help="in-job numerics signals "
                         "(loss, local gradient norm; a parameter digest every N steps; 0: off)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="the learning rate (AdamW)")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="a linear learning-rate "
+                        "warm-up from lr/warmup to lr over this many steps")
+    parser.add_argument("--lr-change", default="", help="STEP:LR: the learning rate from STEP on")
     return parser.parse_args()
+
+
+def learning_rate(args: argparse.Namespace, step: int) -> float:
+    """The step's learning rate: a function of the step, so a resumed run follows the same
+    schedule."""
+    lr = args.lr
+    if args.lr_change:
+        at, value = args.lr_change.split(":")
+        if step >= int(at):
+            lr = float(value)
+    if args.warmup_steps > 0 and step < args.warmup_steps:
+        lr = lr * (step + 1) / args.warmup_steps
+    return lr
 
 
 def build_model(seed: int = 0) -> torch.nn.Module:
@@ -70,7 +87,7 @@ def main() -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     node = environment.NODE.get()
     model = DistributedDataParallel(build_model(args.seed))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     timer = StepTimer.from_env(
         flush_interval_s=args.flush_s,
         identity=RankIdentity.from_env(gpu_index=local_rank),
@@ -125,6 +142,8 @@ def main() -> None:
                     reported = loss.detach().clone()
                     dist.all_reduce(reported)
                 with timer.section("optimizer"):
+                    for group in optimizer.param_groups:
+                        group["lr"] = learning_rate(args, step)
                     optimizer.step()
                 record_step.loss = float(reported.item()) / world
             if probe is not None:
