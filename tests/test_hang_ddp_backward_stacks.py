@@ -1,0 +1,59 @@
+"""A rank stopped beside DDP peers that wait in backward: the peers' Python stacks end in
+autograd's engine, where DDP's reducer runs and waits on its gradient all_reduce from C++. Such a
+stack is no evidence of a rank in its own code; the unretired all_reduce in the flight recorder is
+the evidence of the wait, so the rank without a dump is named at failover confidence (real dumps of
+the campaign's sigstop-one-rank and stuck-gil runs: tests/data/ddp-stopped-rank/README.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from faultlens.collectors.sources.pystack import (
+    Frame,
+    ProcessStack,
+    StackPlace,
+    ThreadStack,
+    load_dump_dir_stacks,
+    where,
+)
+from faultlens.controller.hang_dump_dir import analyze_dump_dir
+
+DATA = Path(__file__).parent / "data" / "ddp-stopped-rank"
+
+
+def _main_thread(*frames: tuple[str, str]) -> ProcessStack:
+    return ProcessStack(1, (ThreadStack(1, "MainThread", tuple(
+        Frame(name, filename, 1) for name, filename in frames)),))
+
+
+@pytest.mark.parametrize("engine_frame", [
+    ("_engine_run_backward", "torch/autograd/graph.py"),
+    ("backward", "/usr/lib/python3/site-packages/torch/autograd/__init__.py"),
+])
+def test_a_thread_inside_autograds_engine_is_in_an_unknown_place(
+        engine_frame: tuple[str, str]) -> None:
+    stack = _main_thread(engine_frame, ("Tensor.backward", "torch/_tensor.py"),
+                         ("main", "train.py"))
+    place = where(stack)
+    assert place.kind is StackPlace.UNKNOWN
+    assert "autograd" in place.text(3) and "no Python stack" not in place.text(3)
+
+
+def test_user_code_under_backward_is_still_outside_collectives() -> None:
+    """A custom autograd Function's backward in the user's own file is the user's code."""
+    stack = _main_thread(("MyFn.backward", "model/layers.py"),
+                         ("_engine_run_backward", "torch/autograd/graph.py"), ("main", "train.py"))
+    assert where(stack).kind is StackPlace.OUTSIDE
+
+
+@pytest.mark.parametrize("name", ["sigstop-one-rank", "stuck-gil"])
+def test_the_stopped_rank_is_named_at_failover_confidence(name: str) -> None:
+    dumps = DATA / name / "dumps"
+    stacks = load_dump_dir_stacks(dumps)
+    assert sorted(stacks) == [0, 1, 3]
+    _, report = analyze_dump_dir(dumps, stacks=stacks)
+    assert report.culprit_ranks == (2,)
+    assert report.missing_dumps == (2,)
+    assert report.confidence >= 0.6
