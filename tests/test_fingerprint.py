@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -176,3 +177,81 @@ def test_numbers_never_change_the_fingerprint(first: int, second: int) -> None:
     assert fingerprint("RuntimeError", f"step {first} rank {second}") == fingerprint(
         "RuntimeError", "step 0 rank 1"
     )
+
+
+#: what a user's job writes to stderr right after an uncaught exception, with no blank line between:
+#: an atexit handler's print, a logger's line, a warning, and (on Slurm, where srun merges every
+#: task's stream) srun's and slurmstepd's own lines (their shapes as Slurm 22.05 prints them)
+_AFTER_THE_EXCEPTION = {
+    "atexit print": "import atexit, sys\natexit.register(lambda: print('saved emergency state to "
+                    "/ckpt/rank3', file=sys.stderr))\n",
+    "logging at exit": "import atexit, logging\nlogging.basicConfig(format='%(asctime)s "
+                       "%(levelname)s %(message)s')\natexit.register(lambda: logging.error("
+                       "'trainer exiting'))\n",
+    "logging default format": "import atexit, logging\nlogging.basicConfig()\n"
+                              "atexit.register(lambda: logging.getLogger('train').error("
+                              "'trainer exiting'))\n",
+    "warning at exit": "import atexit, warnings\natexit.register(lambda: warnings.warn("
+                       "'checkpoint not flushed'))\n",
+}
+_SLURM_LINES = (
+    "srun: error: node-1: task 3: Exited with exit code 1",
+    "slurmstepd: error: *** STEP 41.0 ON node-1 CANCELLED AT 2026-12-07T21:40:03 ***",
+    "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.",
+)
+
+
+@pytest.mark.parametrize("writer", sorted(_AFTER_THE_EXCEPTION))
+def test_a_line_written_after_the_exception_is_not_part_of_the_bug(
+    tmp_path: Path, writer: str
+) -> None:
+    """The same bug with and without another writer's line right after it: one fingerprint, and the
+    message is the exception's own."""
+    plain = parse_traceback(_run_buggy(tmp_path / "plain", rank=3))
+    script = tmp_path / "noisy" / "train.py"
+    script.parent.mkdir()
+    script.write_text(_AFTER_THE_EXCEPTION[writer] + BUGGY)
+    stderr = subprocess.run([sys.executable, str(script), "3"], capture_output=True, text=True,
+                            timeout=60).stderr
+    exception_line = next(n for n, line in enumerate(stderr.splitlines())
+                          if line.startswith("ValueError"))
+    assert stderr.splitlines()[exception_line + 1].strip()  # really no blank line between
+    noisy = parse_traceback(stderr)
+    assert plain is not None and noisy is not None
+    assert noisy.message.startswith("bad batch")
+    assert noisy.fingerprint == plain.fingerprint
+    if writer != "atexit print":
+        # a known shape ends the message; a bare print could be the message's own next line and is
+        # kept for the reader, but never enters the fingerprint
+        assert "\n" not in noisy.message
+
+
+@pytest.mark.parametrize("slurm_line", _SLURM_LINES)
+def test_slurms_own_line_after_a_task_traceback_is_not_part_of_the_bug(
+    tmp_path: Path, slurm_line: str
+) -> None:
+    stderr = _run_buggy(tmp_path / "job", rank=3)
+    plain = parse_traceback(stderr)
+    merged = parse_traceback(stderr.rstrip("\n") + "\n" + slurm_line + "\n")
+    assert plain is not None and merged is not None
+    assert merged.message == plain.message and merged.fingerprint == plain.fingerprint
+
+
+def test_a_message_continued_over_lines_keeps_them_but_hashes_its_first(tmp_path: Path) -> None:
+    """A real multi-line message (torch's state-dict and CUDA errors are written this way) is kept
+    whole for the reader; the fingerprint is its first line's, so what follows cannot split it."""
+    script = tmp_path / "load.py"
+    script.write_text(
+        "def load(keys):\n    raise RuntimeError('Error(s) in loading state_dict for Net:\\n'\n"
+        "                       f'\\tMissing key(s) in state_dict: {keys}.')\n\nload('\"fc.w\"')\n")
+    stderr = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=60).stderr
+    parsed = parse_traceback(stderr)
+    assert parsed is not None
+    assert parsed.message.splitlines() == [
+        "Error(s) in loading state_dict for Net:", 'Missing key(s) in state_dict: "fc.w".']
+    assert parsed.fingerprint == fingerprint(
+        "RuntimeError", "Error(s) in loading state_dict for Net:", parsed.frames)
+    other_bug = fingerprint("RuntimeError", "Error(s) in saving state_dict for Net:",
+                            parsed.frames)
+    assert other_bug != parsed.fingerprint

@@ -8,7 +8,10 @@ copy still match), files are reduced to their path inside site-packages or to th
 (install prefixes, checkouts and temporary directories differ between nodes). Only the innermost
 frames count, and start-up frames (module level, runpy, torch's @record wrapper) are left out,
 because the same exception is reported with different outer frames by different sources (torch's
-error.json starts at the @record wrapper, stderr at <module>).
+error.json starts at the @record wrapper, stderr at <module>). Of the message only its first line
+counts: what follows the exception line in a stream may be the message's own continuation or
+another writer's line (an atexit print, srun's or a logger's line, another rank's output), and one
+bug must not become two by what happened to be written next.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ _CHAIN_RE = re.compile(r"^(During handling of the above exception|The above exce
 #: glog-style lines (torch's C++ and torchrun's logging): "W1130 04:20:25.214000 8192 file.py:1028]
 #: ..."
 _LOG_LINE_RE = re.compile(r"^\[?[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+ ")
+#: lines no exception message continues with: Slurm's own (srun, slurmstepd), Python logging's
+#: default and timestamped formats, warnings.showwarning's "file.py:12: UserWarning: ..."
+_FOREIGN_LINE_RE = re.compile(
+    r"^(?:(?:srun|slurmstepd|sbatch|salloc)(?:: |\[)"
+    r"|\[?\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}"
+    r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):[\w.]*:"
+    r"|\S+\.py:\d+: \w*Warning: )"
+)
 #: prefixes torch and torchrun put in front of a worker's lines: "[default2]:[rank2]: ", "[rank2]: "
 LINE_PREFIX_RE = re.compile(r"^(?:\[default(?P<local>\d+)\]:)?(?:\[rank(?P<rank>\d+)\]:)?\s?")
 
@@ -120,7 +131,8 @@ def fingerprint(
     """16 hex digits identifying a bug: same type, same normalised message, same innermost frames.
     """
     short_type = (exception_type or "").rsplit(".", 1)[-1]
-    parts = [short_type, normalise_message(message)]
+    first_line = message.strip().split("\n", 1)[0]
+    parts = [short_type, normalise_message(first_line)]
     inner = [f for f in frames if not is_entry_frame(f)][-depth:]
     parts.extend(f"{normalise_path(f.filename)}:{f.function}" for f in inner)
     return hashlib.sha1("\n".join(parts).encode("utf-8", "replace")).hexdigest()[:16]
@@ -138,8 +150,8 @@ def split_exception_line(line: str) -> tuple[str | None, str]:
 
 def parse_traceback(text: str) -> ParsedTraceback | None:
     """The last traceback of `text` (worker prefixes stripped, any common indentation allowed), or
-    None when it holds none. A message continued over several lines is kept until a blank or a log
-    line."""
+    None when it holds none. A message continued over several lines is kept until a blank, a log
+    line or a line of another writer's known shape (Slurm's, Python logging's, a warning)."""
     found = None
     for found in iter_tracebacks(text.splitlines()):  # noqa: B007 - the last one is wanted
         pass
@@ -187,7 +199,8 @@ def _parse_block(lines: list[str], start: int) -> tuple[ParsedTraceback, int]:
     for line in lines[index:]:
         stripped = line.strip()
         if not stripped or stripped.endswith(_TRACEBACK_HEADER) or _CHAIN_RE.match(stripped) \
-                or _LOG_LINE_RE.match(stripped) or _FRAME_RE.match(line):
+                or _LOG_LINE_RE.match(stripped) or _FRAME_RE.match(line) \
+                or (message_lines and _FOREIGN_LINE_RE.match(stripped)):
             break
         message_lines.append(stripped)
     end = index + len(message_lines)
