@@ -270,9 +270,12 @@ def main() -> int:
             "in any dump: faultlens names the receiver (whose exit says it timed out waiting) "
             "below the failover threshold and cannot name the sender. The collective shapes (a "
             "pair group, chains through two and three sub-groups) name the skipper alone from "
-            "repaired dumps; from raw ones not where the skipped group has no desc (gloo's raw "
-            "pg_config names no members, so nothing says who else is in it), and there no waiter "
-            "is named at the failover threshold.",
+            "repaired and raw dumps alike: where gloo's raw pg_config names no members, a short "
+            "group is completed from its part (one desc, or a creation run of desc-less groups, "
+            "split over the ranks: one short group takes the ranks outside, several the whole "
+            "groups' offset pattern), and groups only their waiter recorded are tried with every "
+            "member the ranks' local process-group ids allow (chain3_4: all 6 memberships name "
+            "the skipper).",
             f"Machine: {machine()['cpu']}, {machine()['cores']} cores.",
         ),
     )

@@ -48,7 +48,7 @@ def test_user_code_under_backward_is_still_outside_collectives() -> None:
     assert where(stack).kind is StackPlace.OUTSIDE
 
 
-@pytest.mark.parametrize("name", ["sigstop-one-rank", "stuck-gil"])
+@pytest.mark.parametrize("name", ["sigstop-one-rank", "stuck-gil", "sigstop-lagging-dump"])
 def test_the_stopped_rank_is_named_at_failover_confidence(name: str) -> None:
     dumps = DATA / name / "dumps"
     stacks = load_dump_dir_stacks(dumps)
@@ -57,3 +57,40 @@ def test_the_stopped_rank_is_named_at_failover_confidence(name: str) -> None:
     assert report.culprit_ranks == (2,)
     assert report.missing_dumps == (2,)
     assert report.confidence >= 0.6
+
+
+def _without_stack_of(stacks: dict[int, ProcessStack], rank: int,
+                      *frames: tuple[str, str]) -> dict[int, ProcessStack]:
+    out = dict(stacks)
+    out[rank] = _main_thread(*frames) if frames else ProcessStack(None, (), "py-spy failed")
+    return out
+
+
+def test_a_rank_whose_stack_waits_in_the_op_is_no_culprit_whatever_its_dump_says() -> None:
+    """sigstop-lagging-dump: rank 1's dump never entered all_reduce 32 (its peers did), but its
+    stack is blocked in all_reduce: it waits, on the stopped rank 2 that wrote no dump, and the
+    healthy node of rank 1 is not failed over."""
+    dumps = DATA / "sigstop-lagging-dump" / "dumps"
+    _, report = analyze_dump_dir(dumps, stacks=load_dump_dir_stacks(dumps))
+    assert report.culprit_ranks == (2,), report.reason
+    (root,) = report.roots
+    assert set(root.waiting_ranks) == {0, 1, 3}
+    assert any("rank(s) 1 never entered it by their dumps, yet their stacks are blocked" in line
+               for line in report.evidence), report.evidence
+
+
+@pytest.mark.parametrize("stack", [
+    (),  # no stack of rank 1 (py-spy failed): the dump's word stands
+    (("DataLoader.__next__", "torch/utils/data/dataloader.py"), ("main", "train.py")),
+    (("broadcast", "torch/distributed/distributed_c10d.py"), ("main", "train.py")),
+], ids=["no-stack", "own-code", "another-op"])
+def test_without_that_stack_the_lagging_rank_stays_what_its_dump_says(
+        stack: tuple[tuple[str, str], ...]) -> None:
+    """The same dumps with rank 1's stack taken away, in its own code, or blocked in another op
+    than the one its peers wait in: nothing says it waits, so it is named (its dump lags its
+    peers'), and the missing rank 2 is not what the others are said to wait on."""
+    dumps = DATA / "sigstop-lagging-dump" / "dumps"
+    stacks = _without_stack_of(load_dump_dir_stacks(dumps), 1, *stack)
+    _, report = analyze_dump_dir(dumps, stacks=stacks)
+    assert 1 in report.culprit_ranks, report.reason
+    assert not any("yet their stacks are blocked" in line for line in report.evidence)

@@ -18,7 +18,9 @@ How the answer is reached
    waiting on it skipped a collective they share) is noted, not named (missing_roots.py); what the
    dumps cannot tell apart is named below any failover. Ranks without a dump whose own exits say
    they waited (`timed_out`: "Timed out waiting", or the echo of a peer's exit) are never culprits
-   by absence: a rank that dumped and stopped in its own code is what they waited on.
+   by absence: a rank that dumped and stopped in its own code is what they waited on. A group only
+   one rank recorded (gloo's raw pg_config) is tried with each member the ranks' local
+   process-group ids allow; an answer every such membership gives stands (unseen_members.py).
 2. **Per group, match by sequence id.** For each member: E = the highest `collective_seq_id` it
    entered, C = the highest it completed in order (everything below its first incomplete entry;
    `state == completed` or `retired`), S = the highest it started. p2p entries are matched
@@ -44,7 +46,9 @@ How the answer is reached
    (collectors/sources/pystack.py, py-spy): a rank blocked in a send/recv gloo does not record waits
    on its peer: one more edge. A stuck rank's frame is evidence ("rank 3 is in
    DataLoader.__next__"). Without stacks, on gloo, a rank blocked in such a send/recv looks stuck in
-   its own code; where two or more ranks stopped that way, their roots stand uncertain (any may wait
+   its own code; a laggard whose stack is blocked in the op its peers wait in waits too, on the
+   other laggards or the group's ranks without a dump (blocked.py); where two or more ranks stopped
+   that way, their roots stand uncertain (any may wait
    on another: hidden_p2p.py), below the policy's failover threshold; so does one whose own exit
    says it timed out waiting (`timed_out`): it waited in a send/recv on a rank no dump names.
 4. **Cycles.** A cycle (rank 2 waits for rank 3 in a sub-group while rank 3 waits for rank 2 in the
@@ -122,7 +126,9 @@ wait-for graph's parts), pass_one (pass 1 slice by slice: what the analysis and 
 analyze (analyze_collectives: the two passes), details (the second pass' per-key detail), partners
 (mismatches a lost dump hides), waits (the waits on ranks without a dump), roots (deciding the
 independent roots), missing_roots (which roots of ranks without a dump stand), skips (breaking
-cycles: who skipped a collective), describe (a root's kind, evidence and confidence; the report),
+cycles: who skipped a collective), blocked (laggards whose stacks wait in the op their peers wait
+in), unseen_members (groups only one rank recorded: the answer every membership allowed gives),
+describe (a root's kind, evidence and confidence; the report),
 stacks (Python stacks carried in the table's metadata), stream (pass 1 on the reader's chunks while
 the rest are read; controller/hang_dump_dir.py reads and analyses a directory that way).
 """

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.aggregate import SignatureTable
+from faultlens.attribution.detectors.hang.blocked import settle_blocked_laggards
 from faultlens.attribution.detectors.hang.columns import LazyColumn, filled_values
 from faultlens.attribution.detectors.hang.decode import COMPILE_ROWS, SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
@@ -34,6 +35,7 @@ from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.roots import decide
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
 from faultlens.attribution.detectors.hang.stream import PassOneStream
+from faultlens.attribution.detectors.hang.unseen_members import unanimous_membership
 from faultlens.attribution.detectors.hang.waits import settle_missing
 from faultlens.compiled import compile_above
 
@@ -43,7 +45,8 @@ MAX_MISMATCH_KEYS = 256  # (group, seq) keys of mismatching signatures examined 
 def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
                         stacks: Mapping[int, Any] | None = None,
                         first_pass: PassOneStream | None = None,
-                        timed_out: Collection[int] = ()) -> HangReport:
+                        timed_out: Collection[int] = (),
+                        complete_members: bool = True) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
     stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken;
@@ -60,7 +63,11 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     timed_out: ranks whose own exit error says they were waiting on a peer (a collective's timeout,
     "Timed out waiting ...", or the echo of a peer's exit, rules/crash.yaml secondary_patterns):
     where they wrote no dump they are waiters, never culprits by absence; a rank that dumped and
-    stopped in its own code is what they waited on (describe.rootless_report)."""
+    stopped in its own code is what they waited on (describe.rootless_report).
+
+    complete_members: where a group only one rank recorded leaves its other members unknown (gloo's
+    raw pg_config), try every membership the dumps allow and keep the answer they all give
+    (unseen_members.py)."""
     missing_columns = [
         c for c in ("rank", "collective_seq_id") if c not in collectives.column_names
     ]
@@ -109,8 +116,13 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     _attach_history(analysis, decoder, progress, device_states)
     if stacks:
         stack_edges(analysis, stacks)
+        settle_blocked_laggards(analysis)
     settle_missing(analysis)
-    return decide(analysis)
+    report = decide(analysis)
+    if not complete_members:
+        return report
+    return unanimous_membership(table, analysis, report, lambda t: analyze_collectives(
+        t, expected_ranks, stacks, None, timed_out, complete_members=False))
 
 
 def rows_by_value(values: np.ndarray) -> list[tuple[int, np.ndarray]]:

@@ -84,27 +84,86 @@ def comm_lib_of(dump: Dump) -> str | None:
 def complete_partitions(members: Mapping[str, set[int]], descs: Mapping[str, str], ranks: set[int]
                         ) -> dict[str, list[int]]:
     """Members the entries cannot show, for groups whose pg_config is unusable (gloo's): where the
-    groups of one desc split the job's ranks (a mesh dim's, Megatron's TP/DP/PP groups: each rank in
+    groups of one part split the job's ranks (a mesh dim's, Megatron's TP/DP/PP groups: each rank in
     one, all of one size), a rank that never entered its group's first collective is in none of
-    them. Where exactly one group is short and the ranks outside every group of the desc fill it
-    exactly, they are its members; anything else (several short groups, a rank in two groups, sizes
-    that cannot add up) is left as the entries say. `members`: group -> ranks seen in its entries
-    (those groups only); returns group -> the ranks to add."""
+    them. A part is the groups of one desc, or a creation run of groups without one (parts). Where
+    exactly one group is short and the ranks outside every group of the part fill it exactly, they
+    are its members. Where several are short, the part's whole groups must all be one pattern of
+    rank offsets (a mesh dim's groups are translates of one another: [1, 5] and [3, 7]); each short
+    group is completed by the one placement of that pattern over its members that takes only ranks
+    outside the part, and the completions must take every outside rank once. Anything else (a rank
+    in two groups, sizes that cannot add up, two placements) is left as the entries say.
+    `members`: group -> ranks seen in its entries (those groups only); returns group -> the ranks
+    to add."""
+    out: dict[str, list[int]] = {}
+    for groups in _parts(members, descs):
+        covered = [r for name in groups for r in members[name]]
+        size = max((len(members[name]) for name in groups), default=0)
+        short = [name for name in groups if len(members[name]) < size]
+        outside = set(ranks) - set(covered)
+        if (
+            len(groups) < 2
+            or not short
+            or len(covered) != len(set(covered))
+            or len(covered) + len(outside) != size * len(groups)
+        ):
+            continue
+        if len(short) == 1:
+            out[short[0]] = sorted(outside)
+            continue
+        out.update(_by_pattern([members[n] for n in groups if n not in short],
+                               {n: members[n] for n in short}, outside))
+    return out
+
+
+def _parts(members: Mapping[str, set[int]], descs: Mapping[str, str]) -> list[list[str]]:
+    """The groups of each desc, and the creation runs of groups without a desc (torch names them by
+    a counter: '5', '6', ...): consecutive names whose members seen so far are disjoint (a group
+    sharing a rank with the run starts the next part)."""
     by_desc: dict[str, list[str]] = defaultdict(list)
+    numbered = []
     for name in members:
         desc = descs.get(name)
         if desc and desc not in ("default_pg", "undefined"):
             by_desc[desc].append(name)
-    out: dict[str, list[int]] = {}
-    for groups in by_desc.values():
-        covered = [r for name in groups for r in members[name]]
-        size = max((len(members[name]) for name in groups), default=0)
-        short = [name for name in groups if len(members[name]) < size]
-        if len(groups) < 2 or len(short) != 1 or len(covered) != len(set(covered)):
-            continue
-        outside = sorted(ranks - set(covered))
-        if len(outside) == size - len(members[short[0]]) and len(covered) + len(
-            outside
-        ) == size * len(groups):
-            out[short[0]] = outside
-    return out
+        elif desc != "default_pg" and name.isdigit() and len(name) < 10:
+            numbered.append((int(name), name))
+    parts = list(by_desc.values())
+    run: list[str] = []
+    covered: set[int] = set()
+    last = None
+    for number, name in sorted(numbered):
+        if run and (number != last + 1 or covered & members[name]):
+            parts.append(run)
+            run, covered = [], set()
+        run.append(name)
+        covered |= members[name]
+        last = number
+    if run:
+        parts.append(run)
+    return parts
+
+
+def _by_pattern(whole: list[set[int]], short: Mapping[str, set[int]], outside: set[int]
+                ) -> dict[str, list[int]]:
+    """Short groups completed by the one offset pattern of the whole groups (complete_partitions),
+    or nothing."""
+    patterns = {tuple(r - min(m) for r in sorted(m)) for m in whole}
+    if len(patterns) != 1:
+        return {}
+    (pattern,) = patterns
+    added: dict[str, list[int]] = {}
+    for name, seen in short.items():
+        placements = set()
+        for anchor in seen:
+            for offset in pattern:
+                group = frozenset(anchor - offset + p for p in pattern)
+                if seen <= group and group - seen <= outside:
+                    placements.add(group)
+        if len(placements) != 1:
+            return {}
+        added[name] = sorted(next(iter(placements)) - seen)
+    taken = [r for ranks in added.values() for r in ranks]
+    if len(taken) != len(set(taken)) or set(taken) != outside:
+        return {}
+    return added
