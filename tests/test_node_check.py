@@ -92,6 +92,17 @@ def test_a_clean_node_returns_and_a_repeat_offender_is_kept_out(slurm, tmp_path,
         ("node-2", "repeat_offender", "kept_drained"),
         ("node-2", "repeat_offender", "kept_drained"),
     ]
+    # the nodes view says where it stands: out as a repeat offender, returned once before
+    shown = cli("nodes", "--store", str(store_dir), "--json", slurm=slurm)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = json.loads(shown.stdout)
+    assert (row["node"], row["state"], row["checks"], row["returns"]) == (
+        "node-2",
+        "repeat_offender",
+        3,
+        1,
+    )
+    assert row["reason"].startswith("repeat offender")
 
 
 def test_a_gpu_event_since_the_drain_keeps_the_node_out(slurm, tmp_path, store_dir):

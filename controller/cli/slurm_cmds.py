@@ -1,12 +1,13 @@
 """`faultlens slurm run|node`: an instrumented job under sbatch (controller/slurm/launch.py);
 `faultlens node-check NODE`: return a drained node, keep a repeat offender out
-(controller/slurm/nodecheck.py)."""
+(controller/slurm/nodecheck.py); `faultlens nodes`: where each node stands
+(controller/slurm/nodes.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from faultlens.controller.cli.common import add_store_arg
+from faultlens.controller.cli.common import add_format_args, add_store_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -90,6 +91,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     check.set_defaults(func=cmd_node_check)
 
+    nodes = subparsers.add_parser(
+        "nodes", help="nodes drained, returned and kept out as repeat offenders (from the store)"
+    )
+    add_store_arg(nodes)
+    add_format_args(nodes)
+    nodes.set_defaults(func=cmd_nodes)
+
 
 def _script(args: argparse.Namespace) -> list[str]:
     script = list(args.script)
@@ -170,3 +178,14 @@ def cmd_node_check(args: argparse.Namespace) -> int:
     else:
         print(f"{check.node}: {check.verdict.value} ({check.action}): {check.reason}")
     return 0 if check.verdict is Verdict.PASS else 1
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from faultlens.attribution.reading.store import Store
+    from faultlens.controller.cli.common import emit
+    from faultlens.controller.slurm.nodes import node_states
+
+    with Store(args.store) as store:
+        rows = [status.to_row() for status in node_states(store)]
+    emit(rows, args.fmt, title="nodes")
+    return 0
