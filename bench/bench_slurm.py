@@ -101,6 +101,12 @@ SCENARIOS = (
     Scenario(
         "slow-worker",
         "slow:node-1:0:10",
+        # the policy's answer (rules/policy.yaml `straggler`): one slow worker is failed over only
+        # when the step time saved over the job's remaining time outweighs a restart plus the work
+        # lost; this job declares no length and `faultlens serve` runs the shipped policy
+        # (remaining_s null: unknown), so the slowdown is notified and the job runs on. The
+        # anchor, slow-rank under `faultlens run`, expects a failover because the campaign tells
+        # the supervisor a day of training remains (assume_remaining_s: 86400)
         ("notify",),
         env=(("STEPS", "80"), ("DDP_TEST_SLOW_S", "0.15"), ("DDP_TEST_STEP_TIMER", "1")),
         supervisor="slow-rank",
