@@ -87,6 +87,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="ask a recorded GPU timeline instead of NVML (docs/recorded-timeline.md)",
     )
     check.add_argument(
+        "--self-test",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run a gloo all_reduce across N local ranks here (run on the node itself); a "
+        "failure keeps the node out",
+    )
+    check.add_argument(
+        "--self-test-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the self-test may take, process starts included (default %(default)s)",
+    )
+    check.add_argument(
         "--json", dest="fmt", action="store_const", const="json", default="text", help="JSON output"
     )
     check.set_defaults(func=cmd_node_check)
@@ -161,6 +176,8 @@ def cmd_node_check(args: argparse.Namespace) -> int:
         window=dt.timedelta(days=args.window),
         act=not args.dry_run,
         gpus=gpus,
+        self_test=args.self_test,
+        self_test_timeout_s=args.self_test_timeout,
     )
     if args.fmt == "json":
         print(
@@ -172,6 +189,7 @@ def cmd_node_check(args: argparse.Namespace) -> int:
                     "events": check.events,
                     "event_kinds": check.event_kinds,
                     "reason": check.reason,
+                    "self_test": check.self_test.to_dict() if check.self_test else None,
                 }
             )
         )
