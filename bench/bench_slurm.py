@@ -108,7 +108,9 @@ SCENARIOS = (
         # anchor, slow-rank under `faultlens run`, expects a failover because the campaign tells
         # the supervisor a day of training remains (assume_remaining_s: 86400)
         ("notify",),
-        env=(("STEPS", "80"), ("DDP_TEST_SLOW_S", "0.15"), ("DDP_TEST_STEP_TIMER", "1")),
+        # long enough that the notify lands on a running job at load 40 (80 steps ended 4 s
+        # before the straggler was decided: a finished job takes no comment)
+        env=(("STEPS", "200"), ("DDP_TEST_SLOW_S", "0.15"), ("DDP_TEST_STEP_TIMER", "1")),
         supervisor="slow-rank",
     ),
 )
@@ -240,7 +242,7 @@ def run_scenario(
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(2 if sc.cpu_hog else 0)
     ]
-    lost = False
+    lost, lost_at_ckpt = False, 0
     try:
         out = subprocess.run(
             [
@@ -268,8 +270,15 @@ def run_scenario(
             if fault_ts is None and (work / "fault.txt").exists():
                 fault_ts = float((work / "fault.txt").read_text().split()[0])
                 if sc.node_loss and not lost:
+                    # the fault is the loss itself: when the node went, and the newest
+                    # checkpoint complete by then (training may have gone past the mark while
+                    # this loop waited for its turn on a loaded machine)
                     lose_node(cluster, sc.culprit, work)
-                    lost = True
+                    fault_ts, lost = time.time(), True
+                    lost_at_ckpt = max(
+                        (int(p.stem.split("-")[1]) for p in (work / "ckpt").glob("step-*.pt")),
+                        default=0,
+                    )
             match = TAG.match(record.get("Comment", ""))
             if match and match.group(2) not in seen:
                 seen[match.group(2)] = (match.group(1), time.time())
@@ -303,6 +312,8 @@ def run_scenario(
     resumed_s = (done["started"] - fault_ts) if done and fault_ts and done["attempt"] else None
     # the restore point the policy chose: the newest checkpoint before the fault
     newest = (sc.fault_step - 1) // 5 * 5 if sc.fault_step else None
+    if lost:
+        newest = lost_at_ckpt
     restored_right = True
     if sc.expect and sc.expect[-1] in ("failover", "restart"):
         restored_right = bool(done) and done.get("start") == newest
