@@ -401,6 +401,11 @@ def run_supervisor(names: list[str], out: Path, timeout_s: float | None = None) 
         timeout=len(names) * (timeout_s + 120),
         check=False,
     )
+    return supervisor_rows(out)
+
+
+def supervisor_rows(out: Path) -> list[dict]:
+    """The rows of the scenarios a `faultlens campaign --out OUT` finished (its results.jsonl)."""
     rows = []
     results = out / "results.jsonl"
     for line in results.read_text().splitlines() if results.exists() else []:
@@ -531,8 +536,14 @@ def main() -> None:
             serve.wait()
         cluster.stop()
     names = [sc.supervisor for sc in chosen if sc.supervisor]
+    notes = list(args.note)
     if names and not args.no_supervisor:
-        for row in run_supervisor(names, root / "supervisor", args.supervisor_timeout):
+        timeout = args.supervisor_timeout or load_timeout_s()
+        notes.append(
+            f"faultlens run anchors: each scenario's timeout {timeout:.0f} s (the campaign's "
+            "200 s scaled by the load per core as they started)"
+        )
+        for row in run_supervisor(names, root / "supervisor", timeout):
             emit("slurm-supervisor", row)
             lines.append({"benchmark": "slurm-supervisor", **row})
     commit = subprocess.run(
@@ -540,7 +551,7 @@ def main() -> None:
     ).stdout.strip()
     date = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     load = f"load average {os.getloadavg()[0]:.0f} at the end of the run"
-    publish(lines, commit, date, write=not args.no_write, notes=(load, *args.note))
+    publish(lines, commit, date, write=not args.no_write, notes=(load, *notes))
 
 
 def _median(values: list[float | None]) -> float | None:
