@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -83,12 +84,33 @@ SCENARIOS = (
         env=(("DDP_TEST_STEP_TIMER", "1"), ("DDP_TEST_TIMEOUT_S", "120")),
         supervisor="node-loss",
     ),
+    Scenario(
+        "node-loss-in-collective",
+        "mark:node-1:1:7",
+        ("failover",),
+        node_loss=True,
+        # the marking rank holds back, so the other ranks wait inside the gradient all_reduce
+        # when the node goes (before it, the node went mid-step)
+        env=(
+            ("DDP_TEST_STEP_TIMER", "1"),
+            ("DDP_TEST_TIMEOUT_S", "120"),
+            ("DDP_TEST_MARK_HOLD_S", "3"),
+        ),
+    ),
     Scenario("xid79", "cuda:node-1:0:12", ("failover",), xid_node="node-1", supervisor="xid79"),
     Scenario(
         "slow-worker",
         "slow:node-1:0:10",
+        # the policy's answer (rules/policy.yaml `straggler`): one slow worker is failed over only
+        # when the step time saved over the job's remaining time outweighs a restart plus the work
+        # lost; this job declares no length and `faultlens serve` runs the shipped policy
+        # (remaining_s null: unknown), so the slowdown is notified and the job runs on. The
+        # anchor, slow-rank under `faultlens run`, expects a failover because the campaign tells
+        # the supervisor a day of training remains (assume_remaining_s: 86400)
         ("notify",),
-        env=(("STEPS", "80"), ("DDP_TEST_SLOW_S", "0.15"), ("DDP_TEST_STEP_TIMER", "1")),
+        # long enough that the notify lands on a running job at load 40 (80 steps ended 4 s
+        # before the straggler was decided: a finished job takes no comment)
+        env=(("STEPS", "200"), ("DDP_TEST_SLOW_S", "0.15"), ("DDP_TEST_STEP_TIMER", "1")),
         supervisor="slow-rank",
     ),
 )
@@ -121,10 +143,18 @@ def write_timelines(directory: Path, nodes, xid_node: str) -> str:
 TAG = re.compile(r"faultlens (\w+) (\S+):")
 
 
+def _parent(pid: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    return None
+
+
 def lose_node(cluster, node: str, work: Path) -> None:
-    """Node loss: the node's slurmd SIGKILLed, then every process of this scenario's job step on
-    it (found by SLURMD_NODENAME and the scenario's directory in its environment)."""
-    os.kill(cluster.pids[f"slurmd-{node}"], signal.SIGKILL)
+    """Node loss, as a host that dies takes everything on it: the node's slurmd, the job step's
+    slurmstepd on it and every process of this scenario's job step there (found by SLURMD_NODENAME
+    and the scenario's directory in its environment) SIGKILLed together."""
+    victims = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -135,8 +165,16 @@ def lose_node(cluster, node: str, work: Path) -> None:
         if f"SLURMD_NODENAME={node}".encode() in environ and (
             f"CKPT_DIR={work / 'ckpt'}".encode() in environ
         ):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(proc.name), signal.SIGKILL)
+            victims.append(int(proc.name))
+    stepds = set()
+    for pid in victims:
+        parent = _parent(pid)
+        with contextlib.suppress(OSError):
+            if parent and Path(f"/proc/{parent}/comm").read_text().startswith("slurmstepd"):
+                stepds.add(parent)
+    for pid in [cluster.pids[f"slurmd-{node}"], *sorted(stepds), *victims]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def revive_node(cluster, node: str) -> None:
@@ -149,15 +187,24 @@ def revive_node(cluster, node: str) -> None:
         timeout=30,
     )
     pid_file = cluster.directory / f"slurmd-{node}.pid"
-    deadline = time.monotonic() + 15
+    old = cluster.pids.get(f"slurmd-{node}")
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        # the killed slurmd's pid file stays until the new one writes its own
         with contextlib.suppress(OSError, ValueError):
-            cluster.pids[f"slurmd-{node}"] = int(pid_file.read_text())
-            break
+            pid = int(pid_file.read_text())
+            if pid != old:
+                cluster.pids[f"slurmd-{node}"] = pid
+                break
         time.sleep(0.2)
 
 
-def run_scenario(cluster, sc: Scenario, root: Path, bin_dir: Path) -> dict:
+def run_scenario(
+    cluster, sc: Scenario, root: Path, bin_dir: Path, *, until_action: bool = False
+) -> dict:
+    """One scenario, scored on Slurm's records; `until_action`: stop watching once the expected
+    number of actions is on the job's record (a test's short form: the job's end is not waited
+    for, so it is not scored)."""
     work = root / sc.name
     work.mkdir()
     name = f"sc-{sc.name}"
@@ -195,7 +242,7 @@ def run_scenario(cluster, sc: Scenario, root: Path, bin_dir: Path) -> dict:
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range(2 if sc.cpu_hog else 0)
     ]
-    lost = False
+    lost, lost_at_ckpt = False, 0
     try:
         out = subprocess.run(
             [
@@ -223,8 +270,15 @@ def run_scenario(cluster, sc: Scenario, root: Path, bin_dir: Path) -> dict:
             if fault_ts is None and (work / "fault.txt").exists():
                 fault_ts = float((work / "fault.txt").read_text().split()[0])
                 if sc.node_loss and not lost:
+                    # the fault is the loss itself: when the node went, and the newest
+                    # checkpoint complete by then (training may have gone past the mark while
+                    # this loop waited for its turn on a loaded machine)
                     lose_node(cluster, sc.culprit, work)
-                    lost = True
+                    fault_ts, lost = time.time(), True
+                    lost_at_ckpt = max(
+                        (int(p.stem.split("-")[1]) for p in (work / "ckpt").glob("step-*.pt")),
+                        default=0,
+                    )
             match = TAG.match(record.get("Comment", ""))
             if match and match.group(2) not in seen:
                 seen[match.group(2)] = (match.group(1), time.time())
@@ -234,6 +288,8 @@ def run_scenario(cluster, sc: Scenario, root: Path, bin_dir: Path) -> dict:
                 break
             if state in ("COMPLETED", "FAILED", "CANCELLED") and len(actions) >= len(sc.expect):
                 break
+            if until_action and sc.expect and len(actions) >= len(sc.expect):
+                break
             time.sleep(0.2)
         record = cluster.job(job)
     finally:
@@ -242,6 +298,11 @@ def run_scenario(cluster, sc: Scenario, root: Path, bin_dir: Path) -> dict:
             hog.wait()
         if lost:
             revive_node(cluster, sc.culprit)
+            # what the lost node's ranks left in shared memory (a real node loses it on reboot)
+            from faultlens.collectors.training.heartbeat import default_dir
+
+            for left in default_dir().glob(f"slurm-{job}-a*-{sc.culprit}"):
+                shutil.rmtree(left, ignore_errors=True)
     done = json.loads((work / "done.json").read_text()) if (work / "done.json").exists() else {}
     drained = sorted(n for n in cluster.nodes if "DRAIN" in cluster.node(n)["State"])
     observed = tuple(a for a, _ in sorted(seen.values(), key=lambda v: v[1]))
@@ -251,6 +312,8 @@ def run_scenario(cluster, sc: Scenario, root: Path, bin_dir: Path) -> dict:
     resumed_s = (done["started"] - fault_ts) if done and fault_ts and done["attempt"] else None
     # the restore point the policy chose: the newest checkpoint before the fault
     newest = (sc.fault_step - 1) // 5 * 5 if sc.fault_step else None
+    if lost:
+        newest = lost_at_ckpt
     restored_right = True
     if sc.expect and sc.expect[-1] in ("failover", "restart"):
         restored_right = bool(done) and done.get("start") == newest
@@ -299,18 +362,50 @@ def supervisor_resumed_s(run: Path) -> float | None:
     return None if first is None else first.timestamp() - min(landed)
 
 
-def run_supervisor(names: list[str], out: Path) -> list[dict]:
-    """The same kinds of fault under `faultlens run` (the supervisor's campaign), this run."""
+def load_timeout_s(base_s: float = 200.0) -> float:
+    """A scenario timeout that fits the machine's load: the campaign's 200 s is for a quiet
+    machine; at load L on N cores every process gets about N/L of a core, so the same run takes
+    about L/N times as long (at most 30 minutes)."""
+    cores = os.cpu_count() or 1
+    return min(1800.0, base_s * max(1.0, os.getloadavg()[0] / cores))
+
+
+def campaign_file(names: list[str], out: Path, timeout_s: float) -> Path:
+    """rules/campaign.yaml with the named scenarios' timeout raised to `timeout_s` (their own
+    timeout when longer), written under `out`."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "rules" / "campaign.yaml").read_text())
+    doc["defaults"]["timeout_s"] = max(float(doc["defaults"].get("timeout_s", 0)), timeout_s)
+    for scenario in doc["scenarios"]:
+        if scenario.get("name") in names and "timeout_s" in scenario:
+            scenario["timeout_s"] = max(float(scenario["timeout_s"]), timeout_s)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "campaign.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run_supervisor(names: list[str], out: Path, timeout_s: float | None = None) -> list[dict]:
+    """The same kinds of fault under `faultlens run` (the supervisor's campaign), this run, each
+    given `timeout_s` (default: load_timeout_s() as the comparison starts)."""
+    timeout_s = timeout_s if timeout_s is not None else load_timeout_s()
+    scenarios = campaign_file(names, out, timeout_s)
     subprocess.run(
         [
             *(sys.executable, "-m", "faultlens.controller.cli.main", "campaign"),
-            *("--only", *names, "--out", str(out)),
+            *("--scenarios", str(scenarios), "--only", *names, "--out", str(out)),
         ],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
-        timeout=3600,
+        timeout=len(names) * (timeout_s + 120),
         check=False,
     )
+    return supervisor_rows(out)
+
+
+def supervisor_rows(out: Path) -> list[dict]:
+    """The rows of the scenarios a `faultlens campaign --out OUT` finished (its results.jsonl)."""
     rows = []
     results = out / "results.jsonl"
     for line in results.read_text().splitlines() if results.exists() else []:
@@ -373,6 +468,14 @@ def main() -> None:
         "--no-supervisor", action="store_true", help="skip the same kinds under `faultlens run`"
     )
     parser.add_argument(
+        "--supervisor-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="each `faultlens run` scenario's timeout (default: the campaign's 200 s scaled by "
+        "the load average per core when the comparison starts)",
+    )
+    parser.add_argument(
         "--serve-kills",
         type=int,
         default=0,
@@ -433,8 +536,14 @@ def main() -> None:
             serve.wait()
         cluster.stop()
     names = [sc.supervisor for sc in chosen if sc.supervisor]
+    notes = list(args.note)
     if names and not args.no_supervisor:
-        for row in run_supervisor(names, root / "supervisor"):
+        timeout = args.supervisor_timeout or load_timeout_s()
+        notes.append(
+            f"faultlens run anchors: each scenario's timeout {timeout:.0f} s (the campaign's "
+            "200 s scaled by the load per core as they started)"
+        )
+        for row in run_supervisor(names, root / "supervisor", timeout):
             emit("slurm-supervisor", row)
             lines.append({"benchmark": "slurm-supervisor", **row})
     commit = subprocess.run(
@@ -442,7 +551,7 @@ def main() -> None:
     ).stdout.strip()
     date = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     load = f"load average {os.getloadavg()[0]:.0f} at the end of the run"
-    publish(lines, commit, date, write=not args.no_write, notes=(load, *args.note))
+    publish(lines, commit, date, write=not args.no_write, notes=(load, *notes))
 
 
 def _median(values: list[float | None]) -> float | None:

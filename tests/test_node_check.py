@@ -1,8 +1,9 @@
 """`faultlens node-check` on the real Slurm cluster: a node drained by a faultlens decision comes
 back after a clean check; a node with a GPU event since its drain stays out; a node that fails
 again within the window after its return is a repeat offender, kept drained and never resumed by
-the check; every check a row of the store's node_checks table. GPU events enter the store the
-way a site's do: `faultlens ingest kmsg` of kernel log lines (dmesg -T)."""
+the check; every check a row of the store's node_checks table; the collective self-test (real gloo
+ranks) returns a node or keeps it out. GPU events enter the store the way a site's do:
+`faultlens ingest kmsg` of kernel log lines (dmesg -T)."""
 
 from __future__ import annotations
 
@@ -20,20 +21,21 @@ from faultlens.attribution.decision import Action
 from faultlens.attribution.reading.store import Store
 from faultlens.controller.hooks import SlurmHook
 from faultlens.controller.slurm.nodecheck import drain_time
+from faultlens.controller.slurm.selftest import collective_self_test
 from tests.conftest import REPO_ROOT
 from tests.test_slurm_hook import decision
 
 XID_79 = "NVRM: Xid (PCI:0000:2b:00): 79, pid=2314, GPU has fallen off the bus."
 
 
-def cli(*args: str, slurm) -> subprocess.CompletedProcess:
+def cli(*args: str, slurm, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "SLURM_CONF": str(slurm.conf)}
     return subprocess.run(
         [sys.executable, "-m", "faultlens.controller.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
 
@@ -92,6 +94,17 @@ def test_a_clean_node_returns_and_a_repeat_offender_is_kept_out(slurm, tmp_path,
         ("node-2", "repeat_offender", "kept_drained"),
         ("node-2", "repeat_offender", "kept_drained"),
     ]
+    # the nodes view says where it stands: out as a repeat offender, returned once before
+    shown = cli("nodes", "--store", str(store_dir), "--json", slurm=slurm)
+    assert shown.returncode == 0, shown.stderr
+    (row,) = json.loads(shown.stdout)
+    assert (row["node"], row["state"], row["checks"], row["returns"]) == (
+        "node-2",
+        "repeat_offender",
+        3,
+        1,
+    )
+    assert row["reason"].startswith("repeat offender")
 
 
 def test_a_gpu_event_since_the_drain_keeps_the_node_out(slurm, tmp_path, store_dir):
@@ -203,3 +216,30 @@ def test_a_timeline_node_check_cannot_read_is_one_line_naming_it(slurm, tmp_path
     assert result.returncode not in (0, 1)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0] and "uuid" in lines[0]
+
+
+def test_the_collective_self_test_fails_when_its_ranks_cannot_finish():
+    # torch cannot even be imported in 0.2 s: the ranks are stopped, the test fails naming why
+    late = collective_self_test(2, timeout_s=0.2)
+    assert not late.ok and "did not finish within 0.2s" in late.detail
+    assert late.seconds < 15
+
+
+def test_a_failed_self_test_keeps_a_drained_node_out_and_a_passed_one_returns_it(
+    slurm, tmp_path, store_dir
+):
+    drain_by_decision(slurm, tmp_path, "node-1", 7)
+    argv = ("node-check", "node-1", "--store", str(store_dir), "--json", "--self-test", "2")
+    failed = cli(*argv, "--self-test-timeout", "0.2", slurm=slurm)
+    out = json.loads(failed.stdout)
+    assert failed.returncode == 1 and out["verdict"] == "fail", failed.stderr
+    assert out["action"] == "kept_drained" and out["self_test"]["ok"] is False
+    assert "self-test" in slurm.node("node-1")["Reason"]
+    # the budget is a limit, not a wait: wide for a machine shared at load 40+ (torch's import)
+    passed = cli(*argv, "--self-test-timeout", "240", slurm=slurm)
+    out = json.loads(passed.stdout)
+    assert passed.returncode == 0 and out["verdict"] == "pass", passed.stderr
+    assert out["action"] == "resumed" and out["self_test"]["ok"] is True
+    assert "self-test all_reduce across 2 local ranks ok" in out["reason"]
+    assert out["self_test"]["detail"] == "every rank saw 3"
+    assert "DRAIN" not in slurm.node("node-1")["State"]

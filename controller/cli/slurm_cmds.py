@@ -1,12 +1,13 @@
 """`faultlens slurm run|node`: an instrumented job under sbatch (controller/slurm/launch.py);
 `faultlens node-check NODE`: return a drained node, keep a repeat offender out
-(controller/slurm/nodecheck.py)."""
+(controller/slurm/nodecheck.py); `faultlens nodes`: where each node stands
+(controller/slurm/nodes.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from faultlens.controller.cli.common import add_store_arg
+from faultlens.controller.cli.common import add_format_args, add_store_arg
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -86,9 +87,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="ask a recorded GPU timeline instead of NVML (docs/recorded-timeline.md)",
     )
     check.add_argument(
+        "--self-test",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run a gloo all_reduce across N local ranks here (run on the node itself); a "
+        "failure keeps the node out",
+    )
+    check.add_argument(
+        "--self-test-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the self-test may take, process starts included (default %(default)s)",
+    )
+    check.add_argument(
         "--json", dest="fmt", action="store_const", const="json", default="text", help="JSON output"
     )
     check.set_defaults(func=cmd_node_check)
+
+    nodes = subparsers.add_parser(
+        "nodes", help="nodes drained, returned and kept out as repeat offenders (from the store)"
+    )
+    add_store_arg(nodes)
+    add_format_args(nodes)
+    nodes.set_defaults(func=cmd_nodes)
 
 
 def _script(args: argparse.Namespace) -> list[str]:
@@ -153,6 +176,8 @@ def cmd_node_check(args: argparse.Namespace) -> int:
         window=dt.timedelta(days=args.window),
         act=not args.dry_run,
         gpus=gpus,
+        self_test=args.self_test,
+        self_test_timeout_s=args.self_test_timeout,
     )
     if args.fmt == "json":
         print(
@@ -164,9 +189,21 @@ def cmd_node_check(args: argparse.Namespace) -> int:
                     "events": check.events,
                     "event_kinds": check.event_kinds,
                     "reason": check.reason,
+                    "self_test": check.self_test.to_dict() if check.self_test else None,
                 }
             )
         )
     else:
         print(f"{check.node}: {check.verdict.value} ({check.action}): {check.reason}")
     return 0 if check.verdict is Verdict.PASS else 1
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from faultlens.attribution.reading.store import Store
+    from faultlens.controller.cli.common import emit
+    from faultlens.controller.slurm.nodes import node_states
+
+    with Store(args.store) as store:
+        rows = [status.to_row() for status in node_states(store)]
+    emit(rows, args.fmt, title="nodes")
+    return 0

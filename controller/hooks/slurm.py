@@ -16,8 +16,10 @@ on its nodes.
 Idempotent by decision id, twice over: an applied decision leaves `<state_dir>/applied/<id>`
 (refused next time), and a requeue happens only while the job's Restarts count still equals the
 decision's attempt (Slurm's own record: a decision delivered again after a kill between the requeue
-and the marker does not requeue a second time). A failing Slurm command raises HookError with its
-stderr: the deliverer retries it and keeps the error in the decision's delivery status.
+and the marker does not requeue a second time; a job Slurm requeued itself, NODE_FAIL under
+--requeue, gets the decision's nodes drained and its comment, not a second requeue). A failing
+Slurm command raises HookError with its stderr: the deliverer retries it and keeps the error in
+the decision's delivery status.
 """
 
 from __future__ import annotations
@@ -141,6 +143,15 @@ class SlurmHook:
             self.sleep(rest)
         fields["StartTime"] = "now"
 
+    def _comment(self, job_id: str, tag: str) -> None:
+        """The decision in the job's comment; a job Slurm no longer lets change keeps its own."""
+        try:
+            self.slurm.update("JobId", job_id, Comment=tag)
+        except SlurmCommandError as exc:
+            if self.slurm.job(job_id).get("JobState") not in FINISHED:
+                raise
+            del exc
+
     def _tag(self, decision: Decision) -> str:
         return one_line(
             f"faultlens {decision.action.value} {decision.decision_id}: "
@@ -202,11 +213,18 @@ class SlurmHook:
         restarts = int(job.get("Restarts", "0") or 0)
         already = decision.attempt is not None and restarts > decision.attempt
         if already and job.get("JobState") != "PENDING":
+            # requeued before this delivery: by an earlier one cut off after its update, or by
+            # Slurm itself (a node that failed under a --requeue job: NODE_FAIL). The nodes are
+            # drained above; the decision still goes on the job's record
+            self._comment(job_id, tag)
             return f"job {job_id} already requeued (restarts {restarts})"
         fields = {"Comment": tag}
         if not already and job.get("JobState") in REQUEUEABLE:
             self.slurm.run("scontrol", "requeue", job_id)
             requeued_at = time.monotonic()
+            # the decision on the job's record as it takes effect, not once the job may start
+            # again (a lost node keeps the job completing until Slurm marks it down)
+            self._comment(job_id, tag)
             self._start_now(job_id, job, requeued_at, fields)
         elif already:
             # requeued by an earlier delivery that was cut off before its update

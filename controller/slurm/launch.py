@@ -12,7 +12,10 @@ given; its NVML source may replay a recorded GPU timeline per node, `{node}` in 
 job's life; the ranks get the job's store ($FAULTLENS_STORE, for their step timer) and the
 attempt's flight-recorder trigger and dump directory (controller/slurm/dumps.py); when torchrun
 fails the task imports torchrun's report and log tree into the store (process_events) before it
-exits, so the attribution service sees the failure.
+exits, so the attribution service sees the failure. The task also reads its ranks' heartbeat
+records into the store for the job's life (controller/slurm/beats.py), and the batch side reads
+srun's reports of the node tasks' ends and of the step's teardown into lifecycle rows
+(controller/slurm/srun.py): the evidence `faultlens run` has of its own agents.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from faultlens import environment
+from faultlens.controller.slurm.beats import beats_dir, start_reader
 from faultlens.controller.slurm.commands import parse_record
 from faultlens.controller.slurm.dumps import attempt_dir, dump_dir, trigger_path
 from faultlens.controller.slurm.restore import read_restore
@@ -156,7 +160,28 @@ def run_job(
         file=sys.stderr,
         flush=True,
     )
-    return subprocess.call(srun, env={**env, **extra})
+    return _run_srun(srun, {**env, **extra}, store, ident)
+
+
+def _run_srun(srun: list[str], env: dict[str, str], store: str | None,
+              ident: SlurmIdentity) -> int:
+    """srun, its stderr passed on line by line and read for the node tasks' ends and the step's
+    teardown (controller/slurm/srun.py: the supervisor's lifecycle rows in the job's store)."""
+    from faultlens.controller.slurm.srun import SrunWatch, open_recorder
+
+    proc = subprocess.Popen(srun, env=env, stderr=subprocess.PIPE, text=True, errors="replace",
+                            bufsize=1)
+    assert proc.stderr is not None
+    # opened while srun starts the node tasks (the store's imports are not on their way)
+    watch = SrunWatch(open_recorder(store, ident.job_id), ident.attempt, proc.pid)
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        try:
+            watch.line(line)
+        except Exception as exc:  # srun's report matters more than its rows
+            print(f"faultlens slurm: srun line not recorded: {exc}", file=sys.stderr, flush=True)
+    return proc.wait()
 
 
 def run_node(
@@ -192,6 +217,10 @@ def run_node(
     if store:
         # the ranks' own instrumentation (the step timer) writes to the job's store
         child_env.setdefault(environment.STORE.name, store)
+    beats = beats_dir(env, ident.slurm_job, ident.attempt, node) if store else None
+    if beats is not None:
+        child_env[environment.HEARTBEAT_DIR.name] = str(beats)
+    reader = start_reader(beats, store, node, ident.job_id, ident.attempt)
     agent = None
     if agent_sources and store:
         timeline = []
@@ -248,6 +277,8 @@ def run_node(
             status = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, previous)
+    if reader is not None:
+        reader.stop()
     if status != 0 and store:
         _import_failure(logs, stderr_path, store, ident, node)
     if agent is not None:

@@ -9,10 +9,13 @@ node) or from a resume script (anywhere with scontrol and the store).
     repeat   the node fails (or was drained again) within `window` after its last return:
              kept drained, reason "repeat offender"; a repeat offender is never resumed here, a
              human returns it (`scontrol update nodename=N state=resume`)
-    pass     nothing since: a drained node is resumed with the reason
+    self-test  with `self_test` N: a gloo all_reduce across N local ranks (selftest.py) that
+             fails or does not finish keeps the node out like a GPU event
+    pass     nothing since (and the self-test, when asked, passed): a drained node is resumed
+             with the reason
 
 Each check is a row of the store's node_checks table, so fleet history can ask which nodes came
-back and which failed again. A collective self-test is not part of this check yet.
+back and which failed again; the self-test's result is in the check's reason and output.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from faultlens.collectors.sources.gpu_backend import BackendUnavailable, GpuBack
 from faultlens.collectors.store.layout import resolve_store
 from faultlens.collectors.store.sink import SegmentSink
 from faultlens.controller.slurm.commands import Slurm
+from faultlens.controller.slurm.selftest import TIMEOUT_S, SelfTest, collective_self_test
 
 #: gpu_events kinds that keep a node out (the XID catalog decides which Xids are fatal upstream;
 #: here any Xid counts: a node just back from a drain has no benefit of the doubt)
@@ -53,6 +57,7 @@ class NodeCheck:
     event_kinds: str
     returned: dt.datetime | None
     reason: str
+    self_test: SelfTest | None = None
 
     def to_row(self, now: dt.datetime) -> dict:
         return {
@@ -145,9 +150,12 @@ def check_node(
     act: bool = True,
     clock: Callable[[], dt.datetime] = _utc_now,
     gpus: GpuBackend | None = None,
+    self_test: int = 0,
+    self_test_timeout_s: float = TIMEOUT_S,
 ) -> NodeCheck:
     """Check `node`, act on Slurm (unless `act` is False) and record the check in the store;
-    `gpus`: the node's NVML (or a recorded timeline), asked now when given."""
+    `gpus`: the node's NVML (or a recorded timeline), asked now when given; `self_test`: ranks of
+    the collective self-test run here (0: none)."""
     now = clock()
     record = slurm.node(node)
     state = record.get("State", "")
@@ -169,12 +177,16 @@ def check_node(
         sorted({f"{e['kind']} {e['code']}" if e["code"] is not None else e["kind"] for e in events})
     )
     nvml = nvml_problems(gpus) if gpus is not None else None
+    test = collective_self_test(self_test, self_test_timeout_s) if self_test else None
+    test_failed = test is not None and not test.ok
     failed_again = (
         returned is not None
-        and ((drained and since >= returned) or bool(events) or bool(nvml))
+        and ((drained and since >= returned) or bool(events) or bool(nvml) or test_failed)
         and now - returned <= window
     )
-    if offender or (failed_again and (events or nvml or _drained_by_faultlens(reason_field))):
+    if offender or (
+        failed_again and (events or nvml or test_failed or _drained_by_faultlens(reason_field))
+    ):
         verdict, why = Verdict.REPEAT_OFFENDER, REPEAT_REASON
         why += (
             f": failed again within {window} of its return at {returned:%Y-%m-%dT%H:%M:%SZ}"
@@ -190,10 +202,15 @@ def check_node(
     elif nvml:
         verdict = Verdict.FAIL
         why = f"faultlens node-check: NVML: {'; '.join(nvml)}"
+    elif test_failed:
+        verdict = Verdict.FAIL
+        why = f"faultlens node-check: self-test: {test.text()}"  # type: ignore[union-attr]
     else:
         verdict = Verdict.PASS
-        why = f"faultlens node-check: clean since {since:%Y-%m-%dT%H:%M:%SZ}" + (
-            ", NVML clean" if nvml is not None else ""
+        why = (
+            f"faultlens node-check: clean since {since:%Y-%m-%dT%H:%M:%SZ}"
+            + (", NVML clean" if nvml is not None else "")
+            + (f", self-test {test.text()}" if test is not None else "")
         )
     action = "none"
     if act:
@@ -204,7 +221,7 @@ def check_node(
         else:
             slurm.drain([node], why[:200])
             action = "kept_drained" if drained else "drained"
-    check = NodeCheck(node, verdict, action, since, len(events), kinds, returned, why)
+    check = NodeCheck(node, verdict, action, since, len(events), kinds, returned, why, test)
     sink = SegmentSink(store_url, flush_rows=1)
     try:
         sink.write("node_checks", [check.to_row(now)])

@@ -10,7 +10,8 @@ DDP_TEST_FAULT_ATTEMPT (default 0; "all": every attempt, a fault that follows th
                timeout DDP_TEST_TIMEOUT_S
     cuda       it fails as CUDA does after its GPU fell off the bus
     slow       from that step on its forward takes DDP_TEST_SLOW_S longer
-    mark       nothing: a fault carried out from outside (node loss)
+    mark       nothing: a fault carried out from outside (node loss); with DDP_TEST_MARK_HOLD_S it
+               first waits that long, so its peers are inside the step's collective when it comes
 
 Rank 0 writes DONE_FILE (JSON: attempt, first step, last step, nodes) when the job finishes. Each
 step is timed by faultlens' step timer (sections forward, backward, comm) into $FAULTLENS_STORE
@@ -90,6 +91,8 @@ def main() -> None:
                     time.sleep(3600)
                 if kind == "cuda":
                     raise RuntimeError("CUDA error: unspecified launch failure")
+                if kind == "mark":
+                    time.sleep(float(os.environ.get("DDP_TEST_MARK_HOLD_S", "0")))
                 if kind == "slow":
                     slow_s = float(os.environ.get("DDP_TEST_SLOW_S", "0.15"))
         with timed("step", step, samples=16):
