@@ -118,10 +118,13 @@ def test_young_segments_wait_min_age(tmp_path: Path) -> None:
     assert sink.merges == 0 and _segments(tmp_path) == {"node=n": 8}
     clock.now += 60
     sink.write("steps", _steps(["n"], 8, 1))
-    sink.flush()  # the 8 old ones merge (2 -> 1 -> ...), the new one waits
-    assert sink.merges > 0
-    assert _segments(tmp_path)["node=n"] <= 2
-    assert _read(tmp_path) == [("n", s) for s in range(9)]
+    sink.flush()  # the 8 old ones merge in pairs; the 4 merged ones and the new one wait
+    assert sink.merges == 4 and _segments(tmp_path)["node=n"] == 5
+    clock.now += 60
+    sink.write("steps", _steps(["n"], 9, 1))
+    sink.flush()  # 4 -> 2 at level 1; the 9th flush waits for a partner, this one is young
+    assert sink.merges == 6 and _segments(tmp_path)["node=n"] == 4
+    assert _read(tmp_path) == [("n", s) for s in range(10)]
 
 
 def test_another_writers_segments_are_never_merged(tmp_path: Path) -> None:
@@ -287,3 +290,50 @@ def test_kill9_while_rolling_up(tmp_path: Path, die_after: int) -> None:
         assert acked <= set(steps), "an acknowledged row lost"
         compact(store, ["steps"])
     assert not list(store.rglob(MERGE_LOCK))
+
+
+@pytest.mark.parametrize(("polls_every", "listing_job"), [(1, None), (3, None), (2, "job-1")])
+def test_a_live_tail_reads_every_row_once_while_the_sink_rolls_up(
+    tmp_path: Path, polls_every: int, listing_job: str | None
+) -> None:
+    """The follower's tail polls between flushes (every flush, every 3rd; the whole store or its
+    job's partitions): segments it has read are merged under it, and it counts each row once."""
+    from faultlens.attribution.reading.tail import PartitionListing, SegmentTail
+    from faultlens.attribution.reading.telemetry import to_frame
+
+    clock = Clock()
+    sink = SegmentSink(
+        tmp_path,
+        flush_rows=10**9,
+        flush_age_s=10**9,
+        clock=clock,
+        rollup=Rollup(fan_in=2, min_age_s=20),
+    )
+    sink.write("steps", _steps(["a"], 0, 1))
+    sink.flush()
+    with Store(tmp_path, tables=["steps"]) as store:
+        listing = PartitionListing(store.location, listing_job) if listing_job else None
+        tail = SegmentTail(
+            store,
+            ["steps"],
+            retain_s=1e9,
+            max_rows=10**6,
+            to_frame=to_frame,
+            arrow_tables=["steps"],
+            listing=listing,
+        )
+        for flush in range(1, 40):
+            clock.now += 5
+            sink.write("steps", _steps(["a", "b"], flush * 10, 2))
+            sink.flush()
+            if flush % polls_every == 0:
+                tail.poll()
+        tail.poll()
+        table = tail.table("steps")
+        rows = list(
+            zip(table.column("node").to_pylist(), table.column("step").to_pylist(), strict=True)
+        )
+    assert sink.merges > 5
+    assert sorted(rows) == sorted(
+        [("a", 0)] + [(n, f * 10 + i) for f in range(1, 40) for n in "ab" for i in range(2)]
+    )

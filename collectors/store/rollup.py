@@ -12,8 +12,8 @@ fan_in 4, and each row is rewritten once per level.
 
 Rules:
 - Only segments this sink wrote, never another writer's (another sink's, an old process's).
-- A flush's segment is merged only once it is `min_age_s` old: a live follower reads it on its own
-  first (its tail skips a compacted segment whose replaced segments it has all read).
+- A segment (a flush's, or a merge's) is merged only once it is `min_age_s` old: a live follower
+  lists it first (its tail skips a compacted segment whose replaced segments it has all listed).
 - Merges of a partition and `faultlens compact` exclude each other by the partition's merge lock
   (`.merge.lock`, created exclusively); a busy lock skips this merge (the next flush tries again).
   Object stores have no exclusive create: the sink rolls up there only when asked (`Rollup` passed
@@ -59,7 +59,7 @@ LOCK_MAX_AGE_S = 600.0
 @dataclass(frozen=True)
 class Rollup:
     """How a sink merges its own segments: `fan_in` segments of one level become one of the next;
-    a flush's segment waits `min_age_s` (sink clock) first; a merge never writes more than
+    a segment waits `min_age_s` (sink clock) first; a merge never writes more than
     `max_rows` rows (bigger levels stay as they are, for `faultlens compact`)."""
 
     fan_in: int = 4
@@ -170,9 +170,9 @@ class Roller:
     def _due(self, part: _Partition) -> tuple[int, list[_Written]] | None:
         now = self._clock()
         for level in sorted(part.levels):
-            segments = part.levels[level]
-            if level == 0:
-                segments = [s for s in segments if now - s.at >= self.policy.min_age_s]
+            # every level waits: a merged segment merged again at once would replace one no tail
+            # has listed (the tail skips a compacted segment only when it has read all it replaces)
+            segments = [s for s in part.levels[level] if now - s.at >= self.policy.min_age_s]
             if len(segments) >= self.policy.fan_in:
                 group = segments[: self.policy.fan_in]
                 if sum(s.rows for s in group) <= self.policy.max_rows:
