@@ -337,3 +337,49 @@ def test_a_live_tail_reads_every_row_once_while_the_sink_rolls_up(
     assert sorted(rows) == sorted(
         [("a", 0)] + [(n, f * 10 + i) for f in range(1, 40) for n in "ab" for i in range(2)]
     )
+
+
+def test_one_flush_waits_for_a_bounded_number_of_merges_partitions_in_turn(tmp_path: Path) -> None:
+    clock = Clock()
+    sink = SegmentSink(
+        tmp_path,
+        flush_rows=10**9,
+        flush_age_s=10**9,
+        clock=clock,
+        rollup=Rollup(fan_in=2, min_age_s=0, merges_per_roll=1),
+    )
+    names = ["a", "b", "c"]
+    merges = []
+    for flush in range(12):
+        before = sink.merges
+        sink.write("steps", _steps(names, flush, 1))
+        sink.flush()
+        merges.append(sink.merges - before)
+    assert max(merges) == 1 and sum(merges) >= 9
+    assert all(count < 12 for count in _segments(tmp_path).values())  # every partition had turns
+    assert _read(tmp_path) == sorted((n, s) for n in names for s in range(12))
+
+
+def test_flushes_from_two_threads_while_rolling(tmp_path: Path) -> None:
+    import threading
+
+    sink = SegmentSink(
+        tmp_path,
+        flush_rows=10**9,
+        flush_age_s=10**9,
+        write_through=["steps"],
+        rollup=Rollup(fan_in=2, min_age_s=0),
+    )
+
+    def writer(node: str) -> None:
+        for step in range(30):
+            sink.write("steps", _steps([node], step, 1))  # write-through: a flush each
+
+    threads = [threading.Thread(target=writer, args=(node,)) for node in ("x", "y")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    sink.flush()
+    assert sink.merges > 0
+    assert _read(tmp_path) == sorted((n, s) for n in ("x", "y") for s in range(30))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -60,15 +61,20 @@ LOCK_MAX_AGE_S = 600.0
 class Rollup:
     """How a sink merges its own segments: `fan_in` segments of one level become one of the next;
     a segment waits `min_age_s` (sink clock) first; a merge never writes more than
-    `max_rows` rows (bigger levels stay as they are, for `faultlens compact`)."""
+    `max_rows` rows (bigger levels stay as they are, for `faultlens compact`); one flush makes at
+    most `merges_per_roll` merges."""
 
     fan_in: int = 4
     min_age_s: float = 30.0
     max_rows: int = 2_000_000
+    # merges one flush waits for at most (a whole-job sink's flush spans 128 partitions)
+    merges_per_roll: int = 16
 
     def __post_init__(self) -> None:
         if self.fan_in < 2:
             raise ValueError(f"rollup fan_in must be >= 2, got {self.fan_in}")
+        if self.merges_per_roll < 1:
+            raise ValueError(f"rollup merges_per_roll must be >= 1, got {self.merges_per_roll}")
         if self.min_age_s < 0:
             raise ValueError(f"rollup min_age_s must be >= 0, got {self.min_age_s}")
 
@@ -150,46 +156,69 @@ class Roller:
         self.policy = policy
         self._clock = clock
         self._partitions: dict[tuple[str, str], _Partition] = {}
+        self._book = threading.Lock()  # the record of segments
+        self._rolling = threading.Lock()  # one roll at a time
+        self._turn = 0
         self.merges = 0
 
     def wrote(self, table: str, path: str, rows: int) -> None:
         directory = path.rsplit("/", 1)[0]
-        part = self._partitions.setdefault((table, directory), _Partition())
-        part.levels.setdefault(0, []).append(_Written(path, rows, self._clock()))
+        with self._book:  # (held for a moment only: never across a merge)
+            part = self._partitions.setdefault((table, directory), _Partition())
+            part.levels.setdefault(0, []).append(_Written(path, rows, self._clock()))
 
     def roll(self) -> int:
-        """Merge what is due in every partition; returns how many merges were made."""
-        made = 0
-        for (table, directory), part in list(self._partitions.items()):
-            made += self._roll_partition(table, directory, part)
-            if not any(part.levels.values()):
-                del self._partitions[(table, directory)]
-        self.merges += made
-        return made
+        """Merge what is due, at most `merges_per_roll` merges (a flush that triggers it waits for
+        them; the rest wait for the next flush), partitions taken in turn; a roll already running in
+        another thread makes this one return at once. Returns how many merges were made."""
+        if not self._rolling.acquire(blocking=False):
+            return 0
+        try:
+            with self._book:
+                keys = list(self._partitions)
+            start = self._turn % len(keys) if keys else 0
+            made = 0
+            for index, key in enumerate(keys[start:] + keys[:start]):
+                if made >= self.policy.merges_per_roll:
+                    self._turn = start + index
+                    break
+                made += self._roll_partition(key, self.policy.merges_per_roll - made)
+            self.merges += made
+            return made
+        finally:
+            self._rolling.release()
 
     def _due(self, part: _Partition) -> tuple[int, list[_Written]] | None:
         now = self._clock()
-        for level in sorted(part.levels):
+        with self._book:
+            levels = {level: list(segments) for level, segments in part.levels.items()}
+        for level in sorted(levels):
             # every level waits: a merged segment merged again at once would replace one no tail
             # has listed (the tail skips a compacted segment only when it has read all it replaces)
-            segments = [s for s in part.levels[level] if now - s.at >= self.policy.min_age_s]
+            segments = [s for s in levels[level] if now - s.at >= self.policy.min_age_s]
             if len(segments) >= self.policy.fan_in:
                 group = segments[: self.policy.fan_in]
                 if sum(s.rows for s in group) <= self.policy.max_rows:
                     return level, group
         return None
 
-    def _roll_partition(self, table: str, directory: str, part: _Partition) -> int:
+    def _roll_partition(self, key: tuple[str, str], limit: int) -> int:
+        part = self._partitions[key]
         made = 0
-        while (due := self._due(part)) is not None:
+        while made < limit and (due := self._due(part)) is not None:
             level, group = due
-            merged = self._merge(table, directory, group)
+            merged = self._merge(key[0], key[1], group)
             names = {s.path for s in group}
-            part.levels[level] = [s for s in part.levels[level] if s.path not in names]
+            with self._book:
+                part.levels[level] = [s for s in part.levels[level] if s.path not in names]
+                if merged is not None:
+                    part.levels.setdefault(level + 1, []).append(merged)
             if merged is None:
-                return made  # sources left as they are; they are no longer this sink's to merge
-            part.levels.setdefault(level + 1, []).append(merged)
+                break  # sources left as they are; they are no longer this sink's to merge
             made += 1
+        with self._book:
+            if not any(part.levels.values()):
+                del self._partitions[key]
         return made
 
     def _merge(self, table: str, directory: str, group: list[_Written]) -> _Written | None:

@@ -153,8 +153,10 @@ class SegmentSink:
                 if self._roller is not None:
                     for path, rows in paths:
                         self._roller.wrote(name, path, rows)
-            if self._roller is not None and taken:
-                self._roller.roll()  # never raises: a failed merge leaves its sources
+        if self._roller is not None and taken:
+            # after the write lock: another thread's flush (a write-through table's) never waits
+            # for merges; a failed merge leaves its sources and never raises
+            self._roller.roll()
         return results
 
     @property
