@@ -67,7 +67,7 @@ class Rollup:
     fan_in: int = 4
     min_age_s: float = 30.0
     max_rows: int = 2_000_000
-    # merges one flush waits for at most (a whole-job sink's flush spans 128 partitions)
+    # merges one flush waits for at most (or as many as the segments it wrote, if more)
     merges_per_roll: int = 16
 
     def __post_init__(self) -> None:
@@ -167,9 +167,11 @@ class Roller:
             part = self._partitions.setdefault((table, directory), _Partition())
             part.levels.setdefault(0, []).append(_Written(path, rows, self._clock()))
 
-    def roll(self) -> int:
-        """Merge what is due, at most `merges_per_roll` merges (a flush that triggers it waits for
-        them; the rest wait for the next flush), partitions taken in turn; a roll already running in
+    def roll(self, written: int = 0) -> int:
+        """Merge what is due, at most max(`merges_per_roll`, `written`: the segments of the flush
+        that calls it) merges: a flush waits for merges in proportion to its own writes, and a sink
+        of many partitions (which owes about a third of a merge per segment at fan_in 4) keeps up;
+        the rest wait for the next flush. Partitions are taken in turn; a roll already running in
         another thread makes this one return at once. Returns how many merges were made."""
         if not self._rolling.acquire(blocking=False):
             return 0
@@ -177,12 +179,13 @@ class Roller:
             with self._book:
                 keys = list(self._partitions)
             start = self._turn % len(keys) if keys else 0
+            limit = max(self.policy.merges_per_roll, written)
             made = 0
             for index, key in enumerate(keys[start:] + keys[:start]):
-                if made >= self.policy.merges_per_roll:
+                if made >= limit:
                     self._turn = start + index
                     break
-                made += self._roll_partition(key, self.policy.merges_per_roll - made)
+                made += self._roll_partition(key, limit - made)
             self.merges += made
             return made
         finally:

@@ -156,7 +156,7 @@ class SegmentSink:
         if self._roller is not None and taken:
             # after the write lock: another thread's flush (a write-through table's) never waits
             # for merges; a failed merge leaves its sources and never raises
-            self._roller.roll()
+            self._roller.roll(sum(len(result.paths) for result in results))
         return results
 
     @property
