@@ -5,10 +5,13 @@
 
 The store: the steps table of one job on `--nodes` nodes over one day, written as `--segments`
 segments (each a flush of a few rows, as a node agent's sink writes them at the recommended flush
-interval), then copied and compacted (`faultlens compact`: one segment per partition). Cases,
-each a fresh process per run, alternated run by run; CPU is the child's user + sys (wait4), peak
-RSS from wait4:
-- many: `faultlens sql --store MANY QUERY`;
+interval), then copied and compacted (`faultlens compact`: one segment per partition). The same
+rows are also written through the sink itself (`SegmentSink`, one whole-job sink, a flush of every
+node's rows every 5 s of a simulated clock, its default rollup: collectors/store/rollup.py), which
+merges its own segments as it goes. Cases, each a fresh process per run, alternated run by run; CPU
+is the child's user + sys (wait4), peak RSS from wait4:
+- sink: `faultlens sql --store SINK QUERY` on the store the sink wrote (`--segments` flushes);
+- many: the same on the `--segments` small segments as they are (a writer without the rollup);
 - compacted: the same on the compacted copy;
 - duckdb_many / duckdb_compacted: DuckDB alone, `read_parquet` over the same files (the floor a
   query engine pays for the files it opens).
@@ -78,6 +81,36 @@ def build(root: Path, segments: int, nodes: int) -> None:
             n += 1
 
 
+def build_through_sink(root: Path, segments: int, nodes: int) -> int:
+    """The rows `build` writes, through one whole-job SegmentSink with its default rollup: a flush
+    of every node's 8 rows each 5 s of a simulated clock. Returns the merges it made."""
+    from faultlens.collectors.store.sink import SegmentSink
+
+    per_node = max(1, segments // nodes)
+    base = int(DAY.timestamp() * 1e6)
+    clock = [0.0]
+    sink = SegmentSink(str(root), flush_rows=10**9, flush_age_s=10**9, clock=lambda: clock[0])
+    names = [f"node-{node:04d}" for node in range(nodes)]
+    rows = 8
+    for k in range(per_node):
+        todo = min(nodes, segments - k * nodes)
+        if todo <= 0:
+            break
+        step = np.tile(np.arange(k * rows, (k + 1) * rows), todo)
+        node_of_row = np.repeat(np.arange(todo), rows)
+        sink.write("steps", pa.table({
+            "ts": pa.array(base + step * 5_000_000, pa.timestamp("us", tz="UTC")),
+            "node": [names[n] for n in node_of_row],
+            "job_id": ["job-a"] * len(step),
+            "rank": pa.array((node_of_row * 8).astype(np.int32)),
+            "step": pa.array(step),
+            "duration_s": pa.array(np.full(len(step), 5.0)),
+        }))
+        sink.flush()
+        clock[0] += 5.0
+    return sink.merges
+
+
 def _run(argv: list[str]) -> dict:
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT,
@@ -109,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="faultlens-bench-segments-"))
     try:
-        many, compacted = work / "many", work / "compacted"
+        many, compacted, sink = work / "many", work / "compacted", work / "sink"
         build(many, args.segments, args.nodes)
+        start = time.process_time()
+        merges = build_through_sink(sink, args.segments, args.nodes)
+        sink_cpu = time.process_time() - start
         shutil.copytree(many, compacted)
         py = sys.executable
         cli = [py, "-m", "faultlens.controller.cli.main"]
@@ -118,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                        check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                        stdout=subprocess.DEVNULL)
         counts = {name: sum(1 for _ in (work / name).rglob("*.parquet"))
-                  for name in ("many", "compacted")}
+                  for name in ("many", "compacted", "sink")}
         cases = {
+            "sink": [*cli, "sql", "--json", "--store", str(sink), QUERY],
             "many": [*cli, "sql", "--json", "--store", str(many), QUERY],
             "compacted": [*cli, "sql", "--json", "--store", str(compacted), QUERY],
             "duckdb_many": [py, "-c", DUCK, str(many)],
@@ -143,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     same = len({a for v in answers.values() for a in v}) == 1
     result: dict = {
         "segments": counts,
+        "flushes": args.segments,
+        "sink_merges": merges,
+        "sink_write_cpu_s": round(sink_cpu, 2),
         "nodes": args.nodes,
         "runs": args.runs,
         "same_answers": same,
@@ -156,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(statistics.median(r["wall"] for r in runs), 3),
             "peak_rss_mib": round(statistics.median(r["rss"] for r in runs)),
         }
+    result["sink_over_compacted_cpu"] = round(
+        result["sink"]["cpu_s"] / result["compacted"]["cpu_s"], 2)
     result["many_over_compacted_cpu"] = round(
         result["many"]["cpu_s"] / result["compacted"]["cpu_s"], 2)
     result["duckdb_many_over_compacted_cpu"] = round(
@@ -173,28 +215,37 @@ def _cell(case: dict) -> str:
 
 def section(result: dict, commit: str, date: str) -> Section:
     many, compacted = result["segments"]["many"], result["segments"]["compacted"]
+    rolled = result["segments"]["sink"]
     same = ", same answer" if result["same_answers"] else ", ANSWERS DIFFER"
     return Section(
         title=TITLE,
-        compares=f"`faultlens sql` whole processes on a store of {many:,} small steps segments "
-        f"({result['nodes']} node partitions) and on its compacted copy ({compacted} segments), "
-        "beside DuckDB alone reading the same files, alternated in one run; medians of CPU "
-        "(user + sys, wait4).",
-        commands=(f"PYTHONPATH=. python -m bench.bench_store_segments --segments {many} "
-                  f"--nodes {result['nodes']} --runs {result['runs']}",),
+        compares=f"`faultlens sql` whole processes on the store the sink writes by "
+        f"{result['flushes']:,} flushes of the steps table ({result['nodes']} node partitions, a "
+        f"flush every 5 s of a simulated clock; its rollup leaves {rolled} segments), on the same "
+        f"rows as {many:,} small segments (a writer without the rollup) and on their compacted "
+        f"copy ({compacted} segments), beside DuckDB alone reading the same files, alternated in "
+        "one run; medians of CPU (user + sys, wait4).",
+        commands=(f"PYTHONPATH=. python -m bench.bench_store_segments --segments "
+                  f"{result['flushes']} --nodes {result['nodes']} --runs {result['runs']}",),
         figures=(
-            Figure(f"`{QUERY}` on {many:,} segments", _cell(result["many"]) + same,
+            Figure(f"`{QUERY}` on the store written by {result['flushes']:,} flushes "
+                   f"({rolled} segments)", _cell(result["sink"]) + same,
                    "<= 2x the compacted form", "the compacted copy: " + _cell(result["compacted"]),
+                   f"{result['sink_over_compacted_cpu']}x CPU", commit, date),
+            Figure(f"the same on {many:,} small segments (no rollup)", _cell(result["many"]),
+                   "-", "the compacted copy",
                    f"{result['many_over_compacted_cpu']}x CPU", commit, date),
-            Figure("DuckDB alone, read_parquet over the same files",
+            Figure("DuckDB alone, read_parquet over the small segments",
                    _cell(result["duckdb_many"]), "-",
                    "on the compacted copy: " + _cell(result["duckdb_compacted"]),
                    f"{result['duckdb_many_over_compacted_cpu']}x CPU", commit, date),
         ),
-        notes=(f"Load average {result['load_avg_1m']} on {result['machine']['cores']} cores "
-               "during the run: CPU seconds are the compared figure.",),
+        notes=(f"The sink wrote the {result['flushes']:,} flushes in "
+               f"{result['sink_write_cpu_s']} s of CPU with {result['sink_merges']} rollup "
+               f"merges. Load average {result['load_avg_1m']} on "
+               f"{result['machine']['cores']} cores during the run: CPU seconds are the compared "
+               "figure.",),
     )
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -34,6 +34,7 @@ from faultlens.collectors.store.layout import (
     writer_is_gone,
 )
 from faultlens.collectors.store.native_read import open_segment
+from faultlens.collectors.store.rollup import merge_lock
 from faultlens.collectors.store.schema import TABLE_NAMES, validate
 
 log = logging.getLogger("faultlens.maintenance")
@@ -133,34 +134,45 @@ def compact(
     results = []
     for table in tables:
         for partition in list_partitions(location, table):
-            segments, temps = _partition_files(location, partition)
-            segments = _remove_leftovers(location, segments, temps, clock())
-            if len(segments) < max(min_segments, 2):
-                continue
-            parts, merged_sources = [], []
-            for path in segments:
-                part = _read_for_compaction(location, table, path)
-                if part is not None:
-                    parts.append(part)
-                    merged_sources.append(path)
-            segments = merged_sources
-            if len(segments) < max(min_segments, 2):
-                continue
-            merged = pa.concat_tables(parts).sort_by("ts")
-            names = ",".join(path.rsplit("/", 1)[-1] for path in segments)
-            merged_path = write_segment(
-                location,
-                partition,
-                merged,
-                name=new_segment_name(COMPACTED_PREFIX),
-                metadata={REPLACES_KEY: names.encode()},
-            )
-            for path in segments:
-                location.fs.rm_file(path)
-            results.append(
-                CompactionResult(table, partition, len(segments), merged.num_rows, merged_path)
-            )
+            # a live sink merging its own segments there holds the lock (collectors/store/rollup.py)
+            with merge_lock(location, partition) as held:
+                if not held:
+                    log.warning("compact: %s is being merged by its writer: skipped this time",
+                                partition)
+                    continue
+                result = _compact_partition(location, table, partition, min_segments, clock)
+            if result is not None:
+                results.append(result)
     return results
+
+
+def _compact_partition(location: StoreLocation, table: str, partition: str, min_segments: int,
+                       clock: Callable[[], float]) -> CompactionResult | None:
+    segments, temps = _partition_files(location, partition)
+    segments = _remove_leftovers(location, segments, temps, clock())
+    if len(segments) < max(min_segments, 2):
+        return None
+    parts, merged_sources = [], []
+    for path in segments:
+        part = _read_for_compaction(location, table, path)
+        if part is not None:
+            parts.append(part)
+            merged_sources.append(path)
+    segments = merged_sources
+    if len(segments) < max(min_segments, 2):
+        return None
+    merged = pa.concat_tables(parts).sort_by("ts")
+    names = ",".join(path.rsplit("/", 1)[-1] for path in segments)
+    merged_path = write_segment(
+        location,
+        partition,
+        merged,
+        name=new_segment_name(COMPACTED_PREFIX),
+        metadata={REPLACES_KEY: names.encode()},
+    )
+    for path in segments:
+        location.fs.rm_file(path)
+    return CompactionResult(table, partition, len(segments), merged.num_rows, merged_path)
 
 
 def retention(store: str | StoreLocation, days: int, tables: Sequence[str] = TABLE_NAMES, *,

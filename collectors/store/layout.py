@@ -197,6 +197,11 @@ def _host_tag() -> str:
     return _SAFE_VALUE_RE.sub("_", socket.gethostname())[:64].replace("@", "_") or "_"
 
 
+def host_tag() -> str:
+    """This host's name as temporary names and merge locks carry it."""
+    return _host_tag()
+
+
 def temp_name(name: str) -> str:
     """The hidden name a segment is written under: `.<name>.<pid>@<host>.tmp` (who wrote it, so that
     compaction can tell a dead writer's leftover from a segment being written now)."""

@@ -3,7 +3,8 @@
 `write()` validates and buffers; a buffer becomes segments (one per job/date/node partition) when it
 holds `flush_rows` rows, when its oldest row is `flush_age_s` old (checked on write and by
 `flush_aged()`), or on `flush()` / `close()`. When `flush()` returns, every row written before it is
-in a visible, complete segment.
+in a visible, complete segment. After a flush the sink merges its own older segments of a partition
+(collectors/store/rollup.py), so a partition holds a few segments whatever its history.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from faultlens.collectors.store.layout import (
     resolve_store,
     write_segment,
 )
+from faultlens.collectors.store.rollup import Roller, Rollup
 from faultlens.collectors.store.schema import (
     partition_date,
     partition_keys,
@@ -60,8 +62,15 @@ class SegmentSink:
         storage_options: Mapping[str, Any] | None = None,
         write_threads: int = 8,
         write_through: Iterable[str] = (),
+        rollup: Rollup | bool | None = None,
     ) -> None:
         self.location = resolve_store(store, create=True, **dict(storage_options or {}))
+        # rollup: None = Rollup() on a local store, off on an object store (no exclusive create to
+        # lock a partition against `faultlens compact`); False = off; a Rollup = that policy
+        if rollup is None:
+            rollup = self.location.is_local
+        policy = Rollup() if rollup is True else (rollup or None)
+        self._roller = Roller(self.location, policy, clock) if policy is not None else None
         self.flush_rows = flush_rows
         self.flush_age_s = flush_age_s
         # tables flushed at every write, whatever their age: the few rows a live decision waits on
@@ -140,19 +149,32 @@ class SegmentSink:
                     raise
                 self.rows_written += buffer.rows
                 self.segments_written += len(paths)
-                results.append(FlushResult(name, buffer.rows, tuple(paths)))
+                results.append(FlushResult(name, buffer.rows, tuple(p for p, _ in paths)))
+                if self._roller is not None:
+                    for path, rows in paths:
+                        self._roller.wrote(name, path, rows)
+        if self._roller is not None and taken:
+            # after the write lock: another thread's flush (a write-through table's) never waits
+            # for merges; a failed merge leaves its sources and never raises
+            self._roller.roll(sum(len(result.paths) for result in results))
         return results
 
-    def _write_table(self, name: str, table: pa.Table) -> list[str]:
+    @property
+    def merges(self) -> int:
+        """How many rollup merges this sink has made."""
+        return self._roller.merges if self._roller is not None else 0
+
+    def _write_table(self, name: str, table: pa.Table) -> list[tuple[str, int]]:
         """One segment per (job, date, node) partition: rows are sorted by partition once, then
-        sliced.
+        sliced. Returns (path, rows) of each.
         """
         job, day, node = partition_keys(table)
         uniques = [pc.unique(column) for column in (job, day, node)]
         if all(len(u) == 1 for u in uniques):
             directory = partition_dir(self.location, name, uniques[0][0].as_py(),
                                       partition_date(uniques[1][0].as_py()), uniques[2][0].as_py())
-            return [write_segment(self.location, directory, table, compression=self.compression)]
+            path = write_segment(self.location, directory, table, compression=self.compression)
+            return [(path, table.num_rows)]
         # sort by small integer codes (dictionary indices), not by the strings themselves
         job_codes = job.combine_chunks().dictionary_encode()
         node_codes = node.combine_chunks().dictionary_encode()
@@ -187,13 +209,14 @@ class SegmentSink:
             offset += count
         return self._write_parts(parts)
 
-    def _write_parts(self, parts: list[tuple[str, pa.Table]]) -> list[str]:
+    def _write_parts(self, parts: list[tuple[str, pa.Table]]) -> list[tuple[str, int]]:
         """Write one segment per partition (its rows), a few at a time: Parquet encoding releases
         the GIL and each segment waits on two fsyncs (file, directory), so a whole-job flush of 128
         partitions overlaps them. Every segment is complete and visible when this returns; the
         first failure is raised after the others end."""
-        def write(part: tuple[str, pa.Table]) -> str:
-            return write_segment(self.location, part[0], part[1], compression=self.compression)
+        def write(part: tuple[str, pa.Table]) -> tuple[str, int]:
+            path = write_segment(self.location, part[0], part[1], compression=self.compression)
+            return path, part[1].num_rows
 
         if len(parts) < 2 or self.write_threads < 2:
             return [write(part) for part in parts]
