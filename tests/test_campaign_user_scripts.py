@@ -25,7 +25,12 @@ def _family():
 def test_the_family_covers_every_user_script_healthy_hogged_and_slow():
     family = _family()
     scripts = {Path(s.script).name for s in family}
-    assert scripts == {"ddp_dataloader.py", "pipeline_waits.py", "tp_dp.py"}
+    assert scripts == {
+        "ddp_dataloader.py",
+        "pipeline_waits.py",
+        "tp_dp.py",
+        "megatron_timers.py",
+    }
     assert all(Path(s.script).parent.as_posix().endswith(USER) for s in family)
     for script in scripts:
         mine = [s for s in family if Path(s.script).name == script]
