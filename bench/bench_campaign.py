@@ -105,6 +105,12 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true", help="score scenarios already run under "
                                                               "--out, run the rest")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    parser.add_argument(
+        "--section",
+        default=SECTION,
+        help="the docs/benchmarks.md section the result goes to (a family run with --only has its "
+        "own: the whole campaign's stays as it was)",
+    )
     args = parser.parse_args()
     campaign = load_campaign(args.scenarios)
     scenarios = interleave(campaign.select(args.only, ci=args.ci))
@@ -132,16 +138,26 @@ def main() -> int:
         + (" --ci" if args.ci else "")
         + (f" --only {' '.join(args.only)}" if args.only else "")
         + (f" --deadline {args.deadline:g}" if args.deadline else "")
+        + (f' --section "{args.section}"' if args.section != SECTION else "")
     )
     (out / "report.md").write_text(markdown(scores, summary) + "\n")
+    scripts = sorted({Path(s.script).name for s in scenarios})
     section = Section(
-        SECTION,
-        "Real training jobs (controller/lab/jobs: DDP, and a pipeline with new_group sub-groups "
-        "and send/recv; gloo, CPU) under `faultlens run` on simulated nodes, faults injected "
-        "without changing the script (controller/lab/inject.py via sitecustomize; signals, node "
-        "and agent loss and a CPU hog from outside; Xid 79 / DBE / row-remap / thermal through the "
-        "recorded NVML backend), each scored against the truth in rules/campaign.yaml. Also: "
-        "`faultlens campaign [--only NAME ...]`.",
+        args.section,
+        (
+            "Real training jobs (controller/lab/jobs: DDP, and a pipeline with new_group "
+            "sub-groups and send/recv; gloo, CPU) under `faultlens run` on simulated nodes, "
+            "faults injected without changing the script (controller/lab/inject.py via "
+            "sitecustomize; signals, "
+            "node and agent loss and a CPU hog from outside; Xid 79 / DBE / row-remap / thermal "
+            "through the recorded NVML backend), each scored against the truth in "
+            "rules/campaign.yaml. Also: `faultlens campaign [--only NAME ...]`."
+            if args.section == SECTION
+            else f"{len(scenarios)} scenarios of rules/campaign.yaml run on their own (scripts: "
+            f"{', '.join(scripts)}) under `faultlens run` on simulated nodes, faults injected "
+            "without changing the script, scored against the truth in rules/campaign.yaml as the "
+            "whole campaign is."
+        ),
         (command,),
         campaign_figures(summary, runs_rev.split(" ", 1)[0], f"{started:%Y-%m-%d %H:%M}"),
         (f"Runs made on commit {runs_rev}"

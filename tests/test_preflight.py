@@ -45,8 +45,8 @@ def test_a_directory_is_not_a_script(tmp_path):
 
 
 def test_scripts_that_compile_pass(tmp_path):
-    (tmp_path / "ok.py").write_text("import no_such_module_at_runtime\nprint('fine')\n")
-    # an import error is the script's at run time (judged after the start); it compiles
+    (tmp_path / "ok.py").write_text("print('start')\nimport no_such_module_at_runtime\n")
+    # an import after another statement is the script's at run time (judged after the start)
     assert check_command(["ok.py"], tmp_path) is None
     assert check_command([str(REPO_ROOT / "controller/lab/jobs/ddp_train.py")], tmp_path) is None
     assert check_command(["-m", "faultlens.controller.demo.train", "--steps", "3"]) is None

@@ -6,9 +6,9 @@
 - restarting: the last attempt's decision was a failover, a restart in place or a drain, and the
   next attempt has not shown up yet;
 - running: telemetry within `running_within_s` of now, and none of the above;
-- failed: an agent of the last attempt exited non-zero or was killed, or the last attempt had an
-  incident, and nothing was decided that ends it (a job error before any step; a plain torchrun
-  job);
+- failed: an agent of the last attempt exited non-zero or was killed (the supervisor's stop
+  included), or the last attempt had an incident, and nothing was decided that ends it (a job error
+  before any step; a plain torchrun job);
 - unknown: its telemetry stopped with no exit and no incident (a job that died silently, or a
   store that holds only part of it).
 
@@ -101,7 +101,9 @@ def judge_job_state(
     if (
         last_ts is not None
         and (now - last_ts).total_seconds() <= running_within_s
-        and not any(e.exit_code not in (None, 0) for e in mine)
+        # an agent the supervisor stopped with no decision ending the attempt: the job is over (a
+        # job error judged before torchrun's own teardown ended its agents)
+        and not any(e.exit_code not in (None, 0) or e.by_supervisor for e in mine)
     ):
         return JobState.RUNNING
     if any(e.exit_code != 0 for e in mine):

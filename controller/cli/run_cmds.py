@@ -116,10 +116,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "train.py")
     if args.nnodes < 1 or args.nproc_per_node < 1 or args.spares < 0:
         raise CliError("--nnodes and --nproc-per-node must be >= 1, --spares >= 0")
-    # before anything heavy is imported: a script that cannot run is said within a second
+    # before anything heavy is imported: a script that cannot run is said within a second (its
+    # imports are looked up by the supervisor, which records the job error in the store)
     from faultlens.controller.supervisor.preflight import check_command
 
-    problem = check_command(command)
+    problem = check_command(command, imports=False)
     if problem is not None:
         import sys
 

@@ -106,7 +106,7 @@ class PlanWatcher:
 
 
 def scenario_env(scenario: Scenario, lab_dir: Path, plan_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**os.environ, **scenario.env}  # the job's own variables (a user's script's settings)
     path = [
         str(SITE_DIR),
         str(import_root()),
@@ -149,6 +149,8 @@ def run_command(scenario: Scenario, art: RunArtifacts) -> list[str]:
         command += ["--thresholds", str(shipped_path(scenario.thresholds))]
     if scenario.assume_remaining_s is not None:
         command += ["--assume-remaining", f"{scenario.assume_remaining_s:g}"]
+    if scenario.checkpoint_wait_s is not None:
+        command += ["--checkpoint-wait", f"{scenario.checkpoint_wait_s:g}"]
     return [*command, "--", scenario.script, *scenario.args]
 
 

@@ -91,6 +91,11 @@ class Scenario:
     note: str = ""
     # the job stands for a long run: what the supervisor is told is left
     assume_remaining_s: float | None = None
+    # the job's own environment (a user's script configured by environment variables, not args)
+    env: Mapping[str, str] = field(default_factory=dict)
+    # how long a slowdown's failover waits for a checkpoint boundary (`faultlens run
+    # --checkpoint-wait`; None: its default): short for a script that writes no checkpoint
+    checkpoint_wait_s: float | None = None
 
     @property
     def cpu_hog(self) -> int:
@@ -186,6 +191,8 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
                                 f"{script_name!r}")
         script = scripts[script_name]
         args = [*map(str, script.get("args") or []), *map(str, item.get("args") or [])]
+        env = {**_env(script.get("env"), f"{where}.scripts.{script_name}.env"),
+               **_env(item.get("env"), f"{where}.env")}
         faults = tuple(
             _fault(f, f"{where}.faults[{j}]", j) for j, f in enumerate(item.get("faults") or [])
         )
@@ -204,7 +211,10 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
         if restore not in ("newest", "before_fault"):
             raise ScenarioError(f"{where}.expect.restore: expected newest or before_fault, got "
                                 f"{restore!r}")
-        steps = _steps(args)
+        # the job's length: its --steps, else the script's `steps:` (a script that reads its own
+        # length elsewhere, e.g. from its environment)
+        steps = _steps(args) or int(item.get("steps", script.get("steps", 0)) or 0)
+        wait = merged.get("checkpoint_wait_s", script.get("checkpoint_wait_s"))
         try:
             scenarios.append(
                 Scenario(
@@ -228,6 +238,10 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
                         if merged.get("assume_remaining_s") is None
                         else float(merged["assume_remaining_s"])
                     ),
+                    env=env,
+                    checkpoint_wait_s=(
+                        None if wait is None else float(wait)
+                    ),
                 )
             )
         except (TypeError, ValueError) as exc:
@@ -235,6 +249,17 @@ def load_campaign(path: str | Path | None = None) -> Campaign:
     if not scenarios:
         raise ScenarioError(f"{source}: scenarios: expected at least one")
     return Campaign(source, tuple(scenarios), timelines)
+
+
+def _env(doc: Any, where: str) -> dict[str, str]:
+    """A job's environment variables: a mapping of names to scalars (given as strings)."""
+    if doc is None:
+        return {}
+    if not isinstance(doc, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, (str, int, float)) for k, v in doc.items()
+    ):
+        raise ScenarioError(f"{where}: expected a mapping of variable names to values")
+    return {k: str(v) for k, v in doc.items()}
 
 
 def _steps(args: Sequence[str]) -> int:

@@ -8,16 +8,24 @@ environment), and a restart or failover would fail the same way."""
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import importlib.util
 import py_compile
 import re
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from faultlens.collectors.artifacts.torchrun_report import (
+    TorchrunReportError,
+    parse_torchrun_output,
+)
+
 MAX_BYTES = 1 << 20  # read at most this much of each worker log
+REPORT_TAIL_BYTES = 64 << 10  # torchrun's failure report is read from this much of its stderr's end
 TAIL_LINES = 12  # of the script's own stderr, shown with a job error
 
 _PREFIX = re.compile(r"^\[default\d+\]:|^\[rank\d+\]:")
@@ -34,9 +42,12 @@ class JobError:
     stderr: tuple[str, ...] = ()
 
 
-def check_command(command: Sequence[str], cwd: Path | None = None) -> JobError | None:
+def check_command(
+    command: Sequence[str], cwd: Path | None = None, *, imports: bool = True
+) -> JobError | None:
     """Before launch: the training script (`script.py ARGS` or `-m module ARGS`) exists and compiles
-    (py_compile). None when it does; otherwise the script's problem, as one line."""
+    (py_compile), and (`imports`) the modules a script imports before any other statement are found.
+    None when it does; otherwise the script's problem, as one line."""
     if not command:
         return JobError("no training command")
     base = Path(cwd) if cwd is not None else Path.cwd()
@@ -52,7 +63,10 @@ def check_command(command: Sequence[str], cwd: Path | None = None) -> JobError |
         return JobError(f"{command[0]}: no such file", path)
     if not path.is_file():
         return JobError(f"{command[0]}: not a file", path)
-    return _compiles(path, command[0])
+    problem = _compiles(path, command[0])
+    if problem is None and imports:
+        problem = _leading_imports_found(path, command[0])
+    return problem
 
 
 def _check_module(name: str, base: Path) -> JobError | None:
@@ -82,8 +96,6 @@ def _check_module(name: str, base: Path) -> JobError | None:
 def _imported_spec(
     name: str, base: Path
 ) -> tuple[importlib.machinery.ModuleSpec | None, JobError | None]:
-    import sys
-
     sys.path.insert(0, str(base))  # python -m looks in the working directory first
     try:
         spec = importlib.util.find_spec(name)
@@ -97,8 +109,6 @@ def _imported_spec(
 
 
 def _sys_path() -> list[str]:
-    import sys
-
     return [p for p in sys.path if p]
 
 
@@ -122,6 +132,76 @@ def _compiles(path: Path, shown: str) -> JobError | None:
     return None
 
 
+def _leading_imports_found(path: Path, shown: str) -> JobError | None:
+    """The modules the script imports first, before any other statement, are found (without
+    importing them) where its ranks will look: the script's directory, then this interpreter's path
+    (torchrun runs the ranks with this interpreter and environment). Such an import runs on every
+    rank before anything else, so a module found nowhere fails every rank the same way: said here,
+    in a second, instead of after the launch. Only absolute imports are looked up, by their
+    top-level name; the check stops at the first other statement (a sys.path change, a try, a
+    condition) and after a module of the script's own directory (it may extend the path). A module
+    this check finds but the ranks do not is still judged after the start (job_start_error)."""
+    try:
+        source = path.read_bytes()
+        tree = ast.parse(source, filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None  # _compiles said what there is to say
+    text_lines = source.decode("utf-8", "replace").splitlines()
+    search = [str(path.parent), *_sys_path()]
+    body = list(tree.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    for statement in body:
+        if isinstance(statement, ast.Import):
+            names = [alias.name for alias in statement.names]
+        elif isinstance(statement, ast.ImportFrom) and statement.level == 0 and statement.module:
+            names = [statement.module]
+        else:
+            return None
+        for name in names:
+            top = name.partition(".")[0]
+            if top == "__future__" or top in sys.builtin_module_names:
+                continue
+            found = _find_top_level(top, search)
+            if found is None:
+                line = text_lines[statement.lineno - 1].rstrip() if text_lines else ""
+                return JobError(
+                    f"{shown}: line {statement.lineno}: ModuleNotFoundError: No module named "
+                    f"{top!r}",
+                    path,
+                    (line,) if line else (),
+                )
+            if found.origin and Path(found.origin).parent.resolve() == path.parent.resolve():
+                return None  # the script's own module: it may change where the rest is found
+            if found.submodule_search_locations and any(
+                Path(p).parent.resolve() == path.parent.resolve()
+                for p in found.submodule_search_locations
+            ):
+                return None
+    return None
+
+
+def _find_top_level(name: str, search: list[str]) -> importlib.machinery.ModuleSpec | None:
+    """A top-level module's spec from the path finder (then the meta path: frozen modules, editable
+    installs' finders), importing nothing."""
+    spec = importlib.machinery.PathFinder.find_spec(name, search)
+    if spec is not None:
+        return spec
+    for finder in sys.meta_path:
+        if finder is importlib.machinery.PathFinder:
+            continue
+        find = getattr(finder, "find_spec", None)
+        if find is None:
+            continue
+        try:
+            spec = find(name, None)
+        except Exception:  # a third-party finder's own problem: not the script's
+            return importlib.machinery.ModuleSpec(name, None)
+        if spec is not None:
+            return spec
+    return None
+
+
 def _lines(path: Path) -> list[str]:
     try:
         with open(path, "rb") as handle:
@@ -136,6 +216,29 @@ def _last_line(lines: list[str]) -> str | None:
         if line.strip():
             return line.strip()
     return None
+
+
+def node_start_over(torchrun_stderr: Path) -> bool:
+    """torchrun has given up on this node's workers: its failure report (the ChildFailedError block,
+    every failed local rank listed, closed by its '=====' line) is complete in the tail of its
+    stderr. It is written once the agent has stopped the rest of the group, seconds before the agent
+    itself exits (its rendezvous and store shutdown), so a start that failed everywhere is judged
+    from it without waiting out each agent's teardown."""
+    try:
+        with open(torchrun_stderr, "rb") as handle:
+            handle.seek(0, 2)
+            size = handle.tell()
+            handle.seek(max(0, size - REPORT_TAIL_BYTES))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    if " FAILED" not in text:
+        return False
+    try:
+        output = parse_torchrun_output(text, source=str(torchrun_stderr))
+    except TorchrunReportError:
+        return False  # being written: not over yet
+    return bool(output.reports)
 
 
 def job_start_error(attempt_dir: Path, nodes: Sequence[str]) -> JobError | None:

@@ -27,8 +27,9 @@ from faultlens.attribution.policy.running import (
 from faultlens.collectors.sources.agent import NodeAgent as CollectorAgent
 from faultlens.collectors.sources.process_events import Source
 from faultlens.collectors.store.schema import Role, tables_with
+from faultlens.collectors.training.heartbeat import read_heartbeat
 from faultlens.controller.supervisor.agents import TorchrunAgent, kill_workers, stop_agents
-from faultlens.controller.supervisor.preflight import job_start_error
+from faultlens.controller.supervisor.preflight import job_start_error, node_start_over
 from faultlens.controller.supervisor.records import AttemptRecord, Events, RunConfig
 
 if TYPE_CHECKING:
@@ -213,11 +214,17 @@ class AttemptWatcher:
         watch: _AttemptWatch,
         attempt_dir: Path,
     ) -> bool:
-        """Every agent exited non-zero by itself before any step of the attempt, each node's ranks
-        with the same error (controller/supervisor/preflight.py): a job error, not a node's."""
-        if watch.ending is not None or watch.start_judged:
+        """Every node's start is over before any step of the attempt (its agent exited non-zero by
+        itself, or torchrun's failure report for it is complete and none of its workers is left:
+        judged as soon as every local rank of every node has ended, not after torchrun's teardown),
+        each node's ranks with the same error (controller/supervisor/preflight.py): a job error, not
+        a node's."""
+        if watch.ending is not None or watch.start_judged or watch.progressed:
             return False
-        if not all(a.exit_code is not None for a in agents):
+        if self._has_progress() or _heartbeat_progress(attempt_dir):
+            watch.progressed = True  # a step was made: a later failure is never a start failure
+            return False
+        if not all(_start_over(a) for a in agents):
             return False
         watch.start_judged = True
         if any(a.exit_code == 0 or a.stopped_by_us for a in agents) or self._has_progress():
@@ -578,7 +585,33 @@ class _AttemptWatch:
     # a crash before any step, held until the start is judged (every agent exited, or the hold ends)
     held: Incident | None = None
     held_until: float = 0.0
-    start_judged: bool = False  # every agent had exited when the start was judged
+    start_judged: bool = False  # every node's start was over when the start was judged
+    progressed: bool = False  # a step of this attempt was seen: its start did not fail
+
+
+def _start_over(agent: TorchrunAgent) -> bool:
+    """The node's start is over: its agent exited, or torchrun's failure report for it is complete
+    and no worker of it is left (the report is written after torchrun stopped the group)."""
+    if agent.poll() is not None:
+        return True
+    if agent.tracker is not None:
+        agent.tracker.refresh()
+        if agent.tracker.alive():
+            return False
+    return node_start_over(agent.stderr_path)
+
+
+def _heartbeat_progress(attempt_dir: Path) -> bool:
+    """A rank's step timer of this attempt has begun or finished a step (its heartbeat file, read
+    directly: the store may lag the judgment by a poll)."""
+    for path in (attempt_dir / "heartbeats").glob("*/hb-*.bin"):
+        try:
+            beat = read_heartbeat(path)
+        except (OSError, ValueError):
+            continue
+        if beat.steps or beat.last_step is not None or beat.current_step is not None:
+            return True
+    return False
 
 
 def signal_text(returncode: int) -> str:

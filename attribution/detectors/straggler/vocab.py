@@ -127,8 +127,10 @@ class Vocabulary:
     def scored(self, names: Iterable[str]) -> tuple[list[str], dict[str, SectionClass]]:
         """The sections to score as own work, and the class of every name. A nested section whose
         parent is present is left out (the parent holds its time; communication nested in it is
-        taken out of the parent's own work by straggler.own_time); a host-side section with a
-        `cuda/` twin is replaced by the twin (GPU seconds)."""
+        taken out of the parent's own work by straggler.own_time); one whose parent is a wrapper
+        (`forward-backward/forward-compute`) is scored, the wrapper holding no work of its own
+        (never scored itself); a host-side section with a `cuda/` twin is replaced by the twin
+        (GPU seconds)."""
         names = list(names)
         present = set(names)
         classes = {n: self.classify(n) for n in names}
@@ -139,7 +141,10 @@ class Vocabulary:
                 continue
             path = name[len(CUDA_PREFIX) :] if name.startswith(CUDA_PREFIX) else name
             parent = path.rsplit("/", 1)[0] if "/" in path else None
-            if parent is not None and (parent in present or CUDA_PREFIX + parent in present):
+            if parent is not None and any(
+                held in present and classes[held].kind is not SectionKind.WRAPPER
+                for held in (parent, CUDA_PREFIX + parent)
+            ):
                 continue
             if not name.startswith(CUDA_PREFIX) and CUDA_PREFIX + name in present:
                 continue

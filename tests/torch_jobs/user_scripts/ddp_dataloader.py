@@ -4,7 +4,8 @@ evaluation every 5 steps, the step timer around data, forward, backward and opti
     torchrun --nnodes 2 --nproc-per-node 2 ... ddp_dataloader.py
 
 SLOW_RANK / SLOW_S (environment): that rank sleeps SLOW_S more in its forward every step (a slow
-GPU). STEPS: training steps (default 40)."""
+GPU). STEPS: training steps (default 40), the job's
+declared length; EXIT_INTERVAL: stop after that many steps (as Megatron's --exit-interval)."""
 
 import os
 import time
@@ -22,6 +23,7 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     steps = int(os.environ.get("STEPS", "40"))
+    exit_interval = int(os.environ.get("EXIT_INTERVAL", str(steps)))
     slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
     slow_s = float(os.environ.get("SLOW_S", "0.03"))
 
@@ -37,9 +39,17 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     timer = StepTimer.from_env(total_steps=steps)
-    batches = iter(loader)
+
+    def epochs():  # as many passes over the data as the steps need, reshuffled each epoch
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+
+    batches = epochs()
     with timer:
-        for step in range(steps):
+        for step in range(min(steps, exit_interval)):
             with timer.step(step):
                 with timer.section("data"):
                     x, y = next(batches)

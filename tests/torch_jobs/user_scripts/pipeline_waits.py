@@ -4,7 +4,8 @@ activations) and `wait_grad` (stage 0 waiting for gradients), the loss all_reduc
 and the gradient all_reduce as `comm/grads`.
 
 SLOW_RANK / SLOW_S (environment): that rank sleeps SLOW_S more in its forward every step. STEPS:
-training steps (default 40)."""
+training steps (default 40), the job's
+declared length; EXIT_INTERVAL: stop after that many steps (as Megatron's --exit-interval)."""
 
 import os
 import time
@@ -23,6 +24,7 @@ def main():
     rank = dist.get_rank()
     replica, stage = divmod(rank, 2)
     steps = int(os.environ.get("STEPS", "40"))
+    exit_interval = int(os.environ.get("EXIT_INTERVAL", str(steps)))
     slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
     slow_s = float(os.environ.get("SLOW_S", "0.03"))
     dp_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
@@ -36,7 +38,7 @@ def main():
         parallel=ParallelCoords(dp_rank=replica, pp_rank=stage, pp_size=2), total_steps=steps
     )
     with timer:
-        for step in range(steps):
+        for step in range(min(steps, exit_interval)):
             with timer.step(step):
                 outputs = []
                 for _ in range(MICROBATCHES):

@@ -5,7 +5,8 @@ input gradient likewise in backward), the gradients across the replicas in `grad
 Megatron-ish names under the user's own `train/` prefix.
 
 SLOW_RANK / SLOW_S (environment): that rank sleeps SLOW_S more in its forward every step. STEPS:
-training steps (default 40)."""
+training steps (default 40), the job's
+declared length; EXIT_INTERVAL: stop after that many steps (as Megatron's --exit-interval)."""
 
 import os
 import time
@@ -23,6 +24,7 @@ def main():
     rank = dist.get_rank()
     dp, tp = divmod(rank, 2)
     steps = int(os.environ.get("STEPS", "40"))
+    exit_interval = int(os.environ.get("EXIT_INTERVAL", str(steps)))
     slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
     slow_s = float(os.environ.get("SLOW_S", "0.03"))
     tp_group, _ = dist.new_subgroups(group_size=2)  # {0, 1}, {2, 3}
@@ -36,7 +38,7 @@ def main():
     timer = StepTimer.from_env(parallel=ParallelCoords(dp_rank=dp, tp_rank=tp), total_steps=steps)
     torch.manual_seed(100 + dp)
     with timer:
-        for step in range(steps):
+        for step in range(min(steps, exit_interval)):
             with timer.step(step):
                 x = torch.randn(32, WIDTH)
                 with timer.section("train/forward"):
