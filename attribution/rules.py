@@ -279,6 +279,9 @@ class LossThresholds(_Strict):
     # in one attempt are a corruption that persists (fewer: an observation)
     grad_outlier_factor: float = Field(default=10.0, gt=1.0)
     outlier_steps: int = Field(default=2, ge=1)
+    # a NaN/Inf loss on every rank (the all_reduce spreads one rank's) waits up to this long after
+    # its first signal for the numerics probe's rows of that step, which say where it began
+    nonfinite_settle_s: float = Field(default=5.0, ge=0.0)
 
 
 class Thresholds(_Strict):

@@ -2,7 +2,7 @@
 corruption type, and false incidents on healthy look-alikes.
 
     PYTHONPATH=. python -m bench.bench_numerics_accuracy [--seeds 2] [--jobs 2] [--work DIR]
-        [--only WORD,...] [--write]
+        [--only WORD,...] [--resumed-seeds N] [--write]
 
 Every run is a real job (tests/numerics_jobs.py: the campaign's DDP script over gloo on the CPU,
 2 or 3 ranks, one a node, 24 steps, a digest and a checkpoint every 4 steps, the in-job numerics
@@ -68,6 +68,9 @@ class Case:
     args: Callable[[int], tuple[str, ...]] = lambda k: ()
     expect: str = "rank"  # rank: the flipped rank named; job: job-wide; none: no incident
     seeds: int | None = None  # None: --seeds
+    # the resumed attempt replays the batches the plan says to skip (a script that does not read
+    # skip_steps): the spike must be recognised across attempts and escalated
+    replay: bool = False
 
     @property
     def slug(self) -> str:
@@ -165,6 +168,14 @@ def cases() -> list[Case]:
             2,
             lambda k: (_spike(14 + k, 1000.0, None), _spike(18 + k, 300.0, None)),
             expect="job",
+        ),
+        Case(
+            "bad batch",
+            "the same two bad batches, replayed after the rollback (skip_steps not read)",
+            2,
+            lambda k: (_spike(13 + k, 800.0, None), _spike(17 + k, 400.0, None)),
+            expect="job",
+            replay=True,
         ),
         Case("healthy", "fault-free (seeds, batch sizes, 2 ranks)", 2, expect="none", seeds=4),
         Case("healthy", "fault-free (seeds, batch sizes, 3 ranks)", 3, expect="none", seeds=2),
@@ -425,6 +436,9 @@ class Runner:
         info = first["decision"]
         nodes = [f"node-{r}" for r in range(case.world)]
         spare = [n if n not in info["exclude"] else f"spare-{n}" for n in nodes]
+        plan = Path(first["plan"])
+        if case.replay:
+            plan = self._without_skip(plan)
         train(
             root,
             f"job{k}",
@@ -432,10 +446,12 @@ class Runner:
             case.faults(k),
             attempt=1,
             nodes=spare,
-            plan=Path(first["plan"]),
+            plan=plan,
             **_config(case, k),
         )
         after = _numerics(root / "store", 1)
+        if case.replay:
+            return self.save(self._replayed(case, k, rid, root, after))
         # the fault-free run of the same seed, restarted from the same step (a copy of the base)
         base = self.base(case.world, k)
         # one twin per seed, world, restore step and skipped steps (cases share it)
@@ -445,6 +461,42 @@ class Runner:
             lock = self.twins.setdefault(twin.name, threading.Lock())
         with lock:
             return self._twin(case, k, rid, first, root, after, twin, base)
+
+    @staticmethod
+    def _without_skip(plan: Path) -> Path:
+        data = json.loads(plan.read_text())
+        data["skip_steps"] = []
+        out = plan.with_name("plan-replayed.json")
+        out.write_text(json.dumps(data))
+        return out
+
+    def _replayed(self, case: Case, k: int, rid: str, root: Path, after: list) -> dict:
+        """Attempt 1 that re-fed the skipped batches: its incident and the policy's decision."""
+        from faultlens.attribution.policy import DecisionPolicy, load_policy
+        from tests.numerics_jobs import catalog
+
+        nodes = [f"node-{r}" for r in range(case.world)]
+        decided = (
+            DecisionPolicy(
+                load_policy(), restore_chooser=catalog(root, f"job{k}", nodes)
+            ).decide(after[0], job_nodes=nodes)
+            if after
+            else None
+        )
+        return {
+            "id": rid,
+            "family": case.family,
+            "case": case.name,
+            "seed": k,
+            "incidents": [(i.rule, list(i.culprit_ranks)) for i in after],
+            "replayed": True,
+            "replay_rule": after[0].rule if after else None,
+            "replay_step": after[0].step if after else None,
+            "replay_action": decided.action.value if decided else None,
+            "twin": False,
+            "twin_incidents": [],
+            "digests_equal": None,
+        }
 
     def _twin(
         self,
@@ -539,14 +591,28 @@ def _fault_figure(name: str, rows: list[dict], resumed: list[dict], commit: str,
     later = sum(len(r["incidents"]) for r in resumed)
     equal = sum(1 for r in resumed if r["digests_equal"])
     outcome = sorted({f"{r['rule']} -> {r['action']}" for r in hits})
+    skips = sorted({tuple(r.get("skip_steps") or ()) != () for r in hits})
+    replays = [r for r in resumed if r.get("replayed")]
+    if replays:
+        again = sum(1 for r in replays if r["replay_rule"] == "numerics-spike-repeats")
+        up = sum(1 for r in replays if r["replay_action"] == "escalate")
+        after = (
+            f"replayed after the rollback: recognised across attempts {again}/{len(replays)}, "
+            f"escalated {up}/{len(replays)}; "
+        )
+    elif resumed:
+        after = f"resumed: {later} incidents, digests = fault-free {equal}/{len(resumed)}; "
+    else:
+        after = "resumed: not run; "
     value = (
         f"detected {len(hits)}/{len(rows)}, {where}; flip to incident {_span(steps, '{:d}')} "
         f"steps, {_span(secs, '{:.1f}')} s; restore before the flip {before}/{len(hits)}; "
         + (
-            f"resumed: {later} incidents, digests = fault-free {equal}/{len(resumed)}; "
-            if resumed
-            else "resumed: not run; "
+            f"skip_steps in the plan {sum(1 for r in hits if r.get('skip_steps'))}/{len(hits)}; "
+            if expect == "job" and skips
+            else ""
         )
+        + after
         + "; ".join(outcome)
     )
     return Figure(
@@ -621,7 +687,8 @@ def sections(results: list[dict], commit: str, date: str, load: str) -> list[Sec
                 name, f"{false} false incidents in {len(rows)} runs", "0", commit=commit, date=date
             )
         )
-    resumed = list(resumes.values())
+    # a replay of the skipped batches is a fault case's evidence, not a healthy run
+    resumed = [r for r in resumes.values() if not r.get("replayed")]
     for label, key in (
         ("resumed after the rollback (the faulty jobs' attempt 1)", "incidents"),
         ("fault-free runs restarted from the rollback's step", "twin_incidents"),
@@ -677,6 +744,13 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--work", default="", help="keep the runs and results here (resumable)")
     parser.add_argument("--only", default="", help="cases whose name holds one of these words")
+    parser.add_argument(
+        "--resumed-seeds",
+        type=int,
+        default=None,
+        help="resume (and compare with the fault-free twin) only the first N seeds of a case "
+        "(default: all; a case that replays its skipped batches is always resumed)",
+    )
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     parser.add_argument("--load", default="", help="the machine's load, for the notes")
     parser.add_argument(
@@ -699,7 +773,9 @@ def main() -> None:
 
     def run(case: Case, k: int) -> None:
         try:
-            runner.resumed(case, k, runner.first(case, k))
+            first = runner.first(case, k)
+            if case.replay or args.resumed_seeds is None or k < args.resumed_seeds:
+                runner.resumed(case, k, first)
         except Exception as exc:  # one failed run is reported, the others go on
             print(f"{case.slug}/{k}: {type(exc).__name__}: {str(exc)[-2000:]}", flush=True)
 

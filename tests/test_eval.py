@@ -162,6 +162,7 @@ def test_metrics_on_a_hand_checked_case() -> None:
         "collective_hang": (1, 0, 0),
         "straggler": (0, 1, 1),
         "health": (1, 0, 0),
+        "numerics": (0, 0, 0),
     }
     assert report.per_class["straggler"].f1 == 0.0
     assert report.per_class["crash"].f1 == 1.0

@@ -10,13 +10,15 @@ batches, and escalated when it comes back after the rollback.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from pathlib import Path
 
 import pytest
 
 from faultlens.attribution.decision import Action
+from faultlens.attribution.detectors.loss import LossMonitor
 from faultlens.attribution.detectors.numerics import NumericsJudge
-from faultlens.attribution.engine import attribute
+from faultlens.attribution.engine import Engine, attribute, utc_now
 from faultlens.attribution.incident import Cause, IncidentClass
 from faultlens.attribution.policy import DecisionPolicy, load_policy
 from faultlens.attribution.reading.store import Store
@@ -258,3 +260,32 @@ def test_a_flipped_activation_bit_names_the_rank_where_the_nan_began(tmp_path: P
     # one event is no verdict on the node: a restart in place from before it
     assert decision.action is Action.RESTART and decision.exclude_nodes == ()
     assert decision.restore is not None and decision.restore.step < 9, decision.reason
+
+    # live, the heartbeats (or the step rows) carry the every-rank NaN before the probe's rows of
+    # step 9 arrive: a poll that sees it with the probe's rows only up to step 8 holds it for them
+    # (at most nonfinite_settle_s), then decides it as it is; with them, the origin is named
+    with Store(str(root / "store")) as store:
+        telemetry = load_from_store(store)
+    numerics = telemetry.numerics
+    engine = Engine(detectors=["crash", "loss"])
+    settle = load_thresholds().loss.nonfinite_settle_s
+    every_rank = LossMonitor(load_thresholds().loss).attribute(telemetry, utc_now())
+    assert [(i.culprit_ranks, i.step) for i in every_rank] == [((0, 1), 9)]
+    first = every_rank[0].first_signal_ts
+    for upto in (0, 5, 9):
+        early = dataclasses.replace(telemetry, numerics=numerics[numerics["step"] < upto])
+        at = first + dt.timedelta(seconds=settle / 2)
+        held = engine.run(early, at, hangs=False)
+        if upto == 0:  # no probe rows yet at all: nothing to wait for, decided at once
+            assert [i.rule for i in held] == ["numerics-nonfinite-loss"]
+            continue
+        assert held == [], [i.summary for i in held]
+        late = engine.run(early, first + dt.timedelta(seconds=settle + 1), hangs=False)
+        assert [(i.rule, i.culprit_ranks) for i in late] == [("numerics-nonfinite-loss", (0, 1))]
+    # only the rank where it began has reported step 9 (its first non-finite row is flushed at
+    # once; its peer's finite one comes with the next flush): still held
+    partial = numerics[(numerics["step"] < 9) | (numerics["rank"] == 1)]
+    at = first + dt.timedelta(seconds=settle / 2)
+    assert engine.run(dataclasses.replace(telemetry, numerics=partial), at, hangs=False) == []
+    found = engine.run(telemetry, at, hangs=False)
+    assert [(i.rule, i.culprit_ranks) for i in found] == [("numerics-nonfinite-origin", (1,))]

@@ -6,6 +6,7 @@ training loop."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,42 @@ def test_nothing_raises_into_the_training_loop(tmp_path: Path) -> None:
     assert [r["step"] for r in rows] == [1]
     with pytest.raises(ValueError):
         NumericsProbe(timer, hasher="no-such-hash")
+
+
+def test_the_first_row_and_the_first_non_finite_one_reach_the_store_at_once(
+    tmp_path: Path,
+) -> None:
+    # the timer flushes once an hour here: only the probe's own flushes write anything before close
+    identity = RankIdentity(rank=1, job_id="job", attempt=0, node="node-0", gpu_index=0)
+    timer = StepTimer.from_env(
+        str(tmp_path / "store"), identity=identity, heartbeat=False, flush_interval_s=3600.0
+    )
+    probe = NumericsProbe(timer, digest_every=0)
+
+    def stored() -> list[int]:
+        if not (tmp_path / "store" / "numerics").exists():
+            return []
+        with Store(str(tmp_path / "store")) as store:
+            return [r["step"] for r in store.query("SELECT step FROM numerics").to_pylist()]
+
+    def wait_for(step: int) -> list[int]:
+        for _ in range(100):
+            steps = stored()
+            if step in steps:
+                return steps
+            time.sleep(0.05)
+        return stored()
+
+    losses = [1.0, 0.9, 0.8, float("inf"), float("nan"), float("nan")]
+    probe.record(0, loss=losses[0])
+    assert wait_for(0) == [0]
+    for step in (1, 2):
+        probe.record(step, loss=losses[step])
+    assert probe.stats.urgent_flushes == 1  # finite rows wait for the timer's flush
+    probe.record(3, loss=losses[3])  # the first loss that is not finite: written at once
+    assert sorted(wait_for(3)) == [0, 1, 2, 3]
+    for step in (4, 5):
+        probe.record(step, loss=losses[step])
+    assert probe.stats.urgent_flushes == 2  # once, not at every bad step
+    timer.close()
+    assert sorted(stored()) == list(range(6))

@@ -35,7 +35,8 @@ BEFORE = {
                   "heartbeats", "numerics"),
     Role.JOB_VIEW: ("steps", "ranks", "process_events", "heartbeats", "collectives", "numerics"),
     Role.URGENT: ("process_events", "gpu_events"),
-    Role.REPLAYED: ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives"),
+    Role.REPLAYED: ("ranks", "steps", "process_events", "gpu_events", "gpu_samples", "collectives",
+                    "numerics"),
     Role.SIMULATED_ROWS: ("ranks", "process_events", "gpu_events", "collectives", "checkpoints"),
 }
 

@@ -360,17 +360,32 @@ class LossDetector:
     def detect(self, run: JobPass) -> list[Incident]:
         return [
             i
-            for i in first_per_attempt(self.monitor.attribute(run.telemetry, run.now)
-                                       + self.judge.attribute(run.telemetry, run.now))
+            for i in first_per_attempt(self._found(run.telemetry, run.now))
             if i.incident_id not in run.options.already
         ]
 
     def detect_attempt(self, run: AttemptPass) -> list[Incident]:
         """The attempt's first bad signal: its step rows that carry a loss, the heartbeats, the
         numerics rows of this attempt and the ones before it."""
-        window = run.loss_window()
-        found = self.monitor.attribute(window, run.now) + self.judge.attribute(window, run.now)
+        found = self._found(run.loss_window(), run.now)
         return [i for i in first_per_attempt(found) if (i.job_id, i.attempt) == run.key]
+
+    def _found(self, telemetry: Telemetry, now: dt.datetime) -> list[Incident]:
+        """Both halves' incidents, less what an every-rank NaN held for the numerics rows of its
+        step (numerics.py awaits_origin) would hide: from that step on, nothing of the attempt
+        is decided yet."""
+        found = self.monitor.attribute(telemetry, now) + self.judge.attribute(telemetry, now)
+        held = {
+            (i.job_id, i.attempt): i.step
+            for i in found
+            if i.step is not None and self.judge.awaits_origin(i, telemetry, now)
+        }
+        return [
+            i
+            for i in found
+            if (i.job_id, i.attempt) not in held
+            or (i.step is not None and i.step < held[(i.job_id, i.attempt)])
+        ]
 
 
 def first_per_attempt(found: Iterable[Incident]) -> list[Incident]:

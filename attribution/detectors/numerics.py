@@ -18,6 +18,9 @@
   one recognised across attempts is escalated (the data or the learning rate, not hardware).
 
 `observations()` lists what was seen but is no incident (recovered spikes, one-step outliers).
+`awaits_origin()` holds a NaN/Inf loss on every rank (loss.py; the heartbeats carry it at once)
+while the probe's rows of its step are not in yet, at most nonfinite_settle_s: they say where it
+began.
 """
 
 from __future__ import annotations
@@ -70,6 +73,27 @@ class NumericsJudge:
 
     def observations(self, telemetry: Telemetry) -> list[Observation]:
         return self._judge(telemetry, dt.datetime.now(dt.UTC))[1]
+
+    def awaits_origin(self, incident: Incident, telemetry: Telemetry, now: dt.datetime) -> bool:
+        """Whether a NaN/Inf loss on several ranks (loss.py's incident) waits for the numerics rows
+        of its step: the attempt runs the probe (it has rows), a rank it names has none that far
+        yet, and its first signal is under nonfinite_settle_s old. The all_reduce spreads one
+        rank's NaN to every rank in the step it began, so only the probe's own losses tell."""
+        if (
+            incident.rule != "numerics-nonfinite-loss"
+            or len(incident.culprit_ranks) < 2
+            or incident.step is None
+            or (now - incident.first_signal_ts).total_seconds() >= self.t.nonfinite_settle_s
+        ):
+            return False
+        rows = _train(telemetry.numerics)
+        if rows.empty:
+            return False
+        mine = rows[(rows["job_id"] == incident.job_id) & (rows["attempt"] == incident.attempt)]
+        if mine.empty:  # no probe in this attempt: nothing to wait for
+            return False
+        reached = {int(r): int(s) for r, s in mine.groupby("rank")["step"].max().items()}
+        return any(reached.get(int(r), -1) < incident.step for r in incident.culprit_ranks)
 
     # ------------------------------------------------------------------ per attempt
     def _judge(

@@ -323,7 +323,7 @@ TABLE_SPECS: tuple[TableSpec, ...] = (
     )),
     # one rank's numerics at one step (collectors/training/numerics.py, opt-in): its own loss and
     # gradient norm before the gradient all_reduce; every N steps a digest of its parameter shard
-    TableSpec("numerics", Scope.JOB, {Role.TAILED: 7, Role.JOB_VIEW: 5}, (
+    TableSpec("numerics", Scope.JOB, {Role.TAILED: 7, Role.JOB_VIEW: 5, Role.REPLAYED: 6}, (
         _f("step", pa.int64()),
         _f("phase", pa.string()),
         _f("loss", pa.float64()),  # this rank's own loss (NaN and Inf kept)

@@ -17,7 +17,12 @@ Data-parallel replicas hold identical parameters after every optimizer step, so 
 equal; the comparison is central (attribution/detectors/numerics.py), the loop adds no collective.
 The digest is CRC-32 chained over the tensors' bytes (zlib; any single flipped bit changes it) or
 any hashlib name (`hasher="blake2b"`). Rows go through the timer's writer thread
-(StepTimer.queue_row). Nothing here raises into the training loop: errors are counted and logged.
+(StepTimer.queue_row), flushed at the timer's interval, except two rows that are written at once
+(the timer's flush, on a thread of its own, so the training thread does not wait for it): the
+first row (the store learns that the attempt runs the probe) and the first row whose own loss or
+gradient norm is not finite (where a NaN began reaches the store about when the heartbeats' every-
+rank NaN does, which the detector holds for it: docs/design.md "Numerics"). Nothing here raises
+into the training loop: errors are counted and logged.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 import time
 import zlib
 from collections.abc import Iterable
@@ -44,6 +50,7 @@ class NumericsStats:
     digest_s: float = 0.0
     errors: int = 0
     last_error: str | None = None
+    urgent_flushes: int = 0
 
 
 class NumericsProbe:
@@ -70,6 +77,8 @@ class NumericsProbe:
         self.stats = NumericsStats()
         self._wall = wall_clock
         self._sq: Any = None  # sum of squares of the local gradients of the current step
+        self._first_row = True
+        self._nonfinite_seen = False
         if hasher != "crc32":
             hashlib.new(hasher)  # an unknown name fails here, at setup, not in the loop
 
@@ -166,8 +175,23 @@ class NumericsProbe:
                 row.update(digest=digest, digest_bytes=size, digest_s=seconds)
             self.timer.queue_row(TABLE, row)
             self.stats.rows += 1
+            bad = any(_nonfinite(row[c]) for c in ("loss", "grad_norm"))
+            if self._first_row or (bad and not self._nonfinite_seen):
+                self._first_row = False
+                self._nonfinite_seen = self._nonfinite_seen or bad
+                self._flush_soon()
         except Exception as exc:
             self._error("record", exc)
+
+    def _flush_soon(self) -> None:
+        """Write what the timer holds now, from a thread of its own (at most twice a process)."""
+        flush = getattr(self.timer, "flush", None)
+        if flush is None:
+            return
+        self.stats.urgent_flushes += 1
+        threading.Thread(
+            target=flush, kwargs={"timeout_s": 5.0}, name="faultlens-numerics-flush", daemon=True
+        ).start()
 
     def digest(self, module: Any) -> tuple[str, int, float]:
         """(hex digest, bytes hashed, seconds) of the parameters of `module` (a torch module, or
@@ -218,6 +242,10 @@ def _bytes(tensor: Any) -> memoryview:
 
     flat = t.contiguous().reshape(-1).view(torch.uint8)
     return memoryview(flat.numpy())
+
+
+def _nonfinite(value: float | None) -> bool:
+    return value is not None and not math.isfinite(value)
 
 
 def _scalar(value: Any) -> float | None:

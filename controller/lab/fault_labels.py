@@ -27,6 +27,7 @@ class LabelClass(StrEnum):
     COLLECTIVE_HANG = "collective_hang"
     STRAGGLER = "straggler"
     HEALTH = "health"
+    NUMERICS = "numerics"
     BENIGN = "benign"
     UNKNOWN = "unknown"
 

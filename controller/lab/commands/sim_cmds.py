@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="comma-separated fault kinds to inject in this order, cycling, instead "
                           "of the Llama 3 mix "
                      "(see docs/simulator.md)")
+    sim.add_argument("--numerics-every", type=int, default=0,
+                     help="the in-job numerics probe: a parameter digest of every rank every N "
+                          "steps (0: off; the sdc_param_flip kind needs it)")
     sim.add_argument("--pp", type=int, default=None, help="pipeline stages (default: 4, 2 or 1 by "
                                                           "node count)")
     sim.add_argument("--job", default=None, help="job id (default: pretrain-<seed>)")
@@ -100,6 +103,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         stragglers_per_day=args.stragglers_per_day,
         benign_per_day=args.benign_per_day,
         fault_sequence=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
+        numerics_every=args.numerics_every,
     )
     from faultlens.controller.cli.progress import progress
 

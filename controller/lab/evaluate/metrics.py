@@ -26,7 +26,13 @@ from faultlens.controller.lab.fault_labels import ExpectedAction, FaultLabel, La
 
 CLASSES = tuple(
     c.value
-    for c in (LabelClass.CRASH, LabelClass.COLLECTIVE_HANG, LabelClass.STRAGGLER, LabelClass.HEALTH)
+    for c in (
+        LabelClass.CRASH,
+        LabelClass.COLLECTIVE_HANG,
+        LabelClass.STRAGGLER,
+        LabelClass.HEALTH,
+        LabelClass.NUMERICS,
+    )
 )
 
 

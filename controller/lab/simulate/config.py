@@ -53,6 +53,9 @@ class SimConfig:
     # inject these fault kinds in this order (cycling) at faults_per_day instead of drawing from the
     # Llama 3 mix
     fault_sequence: tuple[str, ...] = ()
+    # the in-job numerics probe: every rank's parameter digest every this many steps (0: off; the
+    # sdc_param_flip kind needs it)
+    numerics_every: int = 0
 
     def __post_init__(self) -> None:
         def positive(name: str, value: float) -> None:
@@ -89,6 +92,11 @@ class SimConfig:
                 raise ConfigError(f"fault_sequence: unknown fault kind {unknown[0]!r}; expected "
                                   "one of "
                                   f"{', '.join(sorted(KIND_NAMES))}")
+        if self.numerics_every < 0:
+            raise ConfigError(f"numerics_every: expected zero or more, got {self.numerics_every}")
+        if "sdc_param_flip" in self.fault_sequence and not self.numerics_every:
+            raise ConfigError("fault_sequence: sdc_param_flip needs numerics_every (the digests "
+                              "that show it)")
         if self.dump_entries_per_rank < 4:
             raise ConfigError("dump_entries_per_rank: expected at least 4, got "
                               f"{self.dump_entries_per_rank}")

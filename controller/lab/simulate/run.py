@@ -31,6 +31,7 @@ from faultlens.controller.lab.simulate.faults import (
 )
 from faultlens.controller.lab.simulate.gpu import GpuSampler
 from faultlens.controller.lab.simulate.noise import BENIGN_KINDS, inject_benign
+from faultlens.controller.lab.simulate.numerics_rows import digest_table
 from faultlens.controller.lab.simulate.timing import StepTimer
 from faultlens.controller.lab.simulate.world import NS, Attempt, World
 
@@ -194,9 +195,18 @@ class _Attempts:
                 progress((t - start) / max(end - start, 1))
             attempt = self._start_attempt(t)
             fault = self._run_attempt(attempt)
+            if fault is not None:
+                t = self._restart(*fault)
+            self._numerics(attempt)  # after the strike: a flip it made shows in the digests
             if fault is None:
                 break
-            t = self._restart(*fault)
+
+    def _numerics(self, attempt: Attempt) -> None:
+        every = self.cfg.numerics_every
+        if every > 0:
+            table = digest_table(self.cfg.cluster, self.cfg.job, attempt, every, self.world.flips)
+            if table is not None:
+                self.sink.write("numerics", table)
 
     def _start_attempt(self, t: int) -> Attempt:
         """The attempt's ranks join at t: their rank rows and start events."""
@@ -248,7 +258,7 @@ class _Attempts:
                 self.drawn += 1
             else:
                 candidate = draw(FAULTS, rng)
-            if cursor >= cfg.end_ns or candidate.mode in (Mode.CRASH, Mode.HANG):
+            if cursor >= cfg.end_ns or candidate.mode in (Mode.CRASH, Mode.HANG, Mode.NUMERICS):
                 return candidate, cursor, health
             health.append((cursor, candidate))
         return None, None, health

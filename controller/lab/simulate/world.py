@@ -53,6 +53,8 @@ class World:
     slowdowns: list[Slowdown] = field(default_factory=list)
     spikes: list[Spike] = field(default_factory=list)
     losses: list[LossEffect] = field(default_factory=list)
+    # (attempt, rank, first step) whose parameter digests differ from their replicas' from then on
+    flips: list[tuple[int, int, int]] = field(default_factory=list)
     labels: list[FaultLabel] = field(default_factory=list)
     attempt: Attempt | None = None
     spares: list[Node] = field(default_factory=list)

@@ -1,7 +1,7 @@
 """The catalog: the interruption kinds at the Llama 3 mix (FAULTS), the straggler kinds
-(STRAGGLERS), every kind by name (BY_KIND), and a weighted draw. The kinds' names are declared below
-the settings too (simulate/kind_names.py, what a fault_sequence may name): the catalog must hold
-exactly those."""
+(STRAGGLERS), the kinds only a fault_sequence names (SILENT), every kind by name (BY_KIND), and a
+weighted draw. The kinds' names are declared below the settings too (simulate/kind_names.py, what
+a fault_sequence may name): the catalog must hold exactly those."""
 
 from __future__ import annotations
 
@@ -10,17 +10,23 @@ import numpy as np
 from faultlens.controller.lab.fault_labels import ExpectedAction, LabelClass
 from faultlens.controller.lab.simulate.faults import hardware as hw
 from faultlens.controller.lab.simulate.faults import network as net
+from faultlens.controller.lab.simulate.faults import numerics as sdc
 from faultlens.controller.lab.simulate.faults import software as sw
 from faultlens.controller.lab.simulate.faults import stragglers as slow
 from faultlens.controller.lab.simulate.faults.kinds import FaultKind, Mode
-from faultlens.controller.lab.simulate.kind_names import INTERRUPTION_KINDS, STRAGGLER_KINDS
+from faultlens.controller.lab.simulate.kind_names import (
+    INTERRUPTION_KINDS,
+    SILENT_KINDS,
+    STRAGGLER_KINDS,
+)
 
 _F, _E, _D = ExpectedAction.FAILOVER, ExpectedAction.ESCALATE, ExpectedAction.DRAIN
-_C, _H, _HE, _S = (
+_C, _H, _HE, _S, _N = (
     LabelClass.CRASH,
     LabelClass.COLLECTIVE_HANG,
     LabelClass.HEALTH,
     LabelClass.STRAGGLER,
+    LabelClass.NUMERICS,
 )
 
 # (Llama 3 row, count) split over kinds; the weights sum to the 419 unexpected interruptions.
@@ -189,10 +195,26 @@ STRAGGLERS: tuple[FaultKind, ...] = (
     ),
 )
 
-BY_KIND: dict[str, FaultKind] = {k.kind: k for k in FAULTS + STRAGGLERS}
+# outside the Llama 3 mix (its SDCs are sdc_nan above): named in a fault_sequence, with the
+# numerics probe on (SimConfig.numerics_every)
+SILENT: tuple[FaultKind, ...] = (
+    FaultKind(
+        "sdc_param_flip",
+        "Silent Data Corruption",
+        0,
+        Mode.NUMERICS,
+        _N,
+        "data_corruption",
+        _F,
+        sdc.strike_param_flip,
+    ),
+)
+
+BY_KIND: dict[str, FaultKind] = {k.kind: k for k in FAULTS + STRAGGLERS + SILENT}
 
 if (tuple(k.kind for k in FAULTS) != INTERRUPTION_KINDS
-        or tuple(k.kind for k in STRAGGLERS) != STRAGGLER_KINDS):
+        or tuple(k.kind for k in STRAGGLERS) != STRAGGLER_KINDS
+        or tuple(k.kind for k in SILENT) != SILENT_KINDS):
     raise RuntimeError("the fault catalog's kinds differ from those declared in "
                        "controller/lab/simulate/kind_names.py: a fault_sequence is checked there")
 

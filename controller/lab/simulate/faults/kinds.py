@@ -19,6 +19,7 @@ class Mode(StrEnum):
     HANG = "hang"  # progress stops; the watchdog (or a dead node) ends the attempt
     HEALTH = "health"  # a critical GPU health event, the job keeps running
     STRAGGLER = "straggler"  # something slows the job down for a while
+    NUMERICS = "numerics"  # silent corruption: the job runs on until the supervisor stops it
 
 
 @dataclass
