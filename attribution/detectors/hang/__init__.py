@@ -47,7 +47,8 @@ How the answer is reached
    on its peer: one more edge. A stuck rank's frame is evidence ("rank 3 is in
    DataLoader.__next__"). Without stacks, on gloo, a rank blocked in such a send/recv looks stuck in
    its own code; a laggard whose stack is blocked in the op its peers wait in waits too, on the
-   other laggards or the group's ranks without a dump (blocked.py); where two or more ranks stopped
+   other laggards or the group's ranks without a dump, else on the one other root (blocked.py);
+   where two or more ranks stopped
    that way, their roots stand uncertain (any may wait
    on another: hidden_p2p.py), below the policy's failover threshold; so does one whose own exit
    says it timed out waiting (`timed_out`): it waited in a send/recv on a rank no dump names.

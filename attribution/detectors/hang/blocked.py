@@ -7,29 +7,35 @@ earlier collective of the group that its peers completed (gloo completes an all_
 ranks before the last piece reaches the others, when a peer stops half-way). Either way it is
 waiting, not the cause: it waits on the divergence's other laggards (those whose stacks do not
 show them so blocked), else on the group's members without a dump. Where neither exists, the
-dump's word stands (the rank is the laggard the others wait on).
+dump's word stands at first; once the roots are decided, such a rank is no root of its own: it
+waits on the one other root (whose ranks are not blocked so), or, with several, it stands
+uncertain (below the failover threshold).
 """
 
-from faultlens.attribution.detectors.hang.graph import Analysis, ranks_text
+from collections.abc import Callable
+
+from faultlens.attribution.detectors.hang.graph import BIG, Analysis, Divergence, Root, ranks_text
 
 
-def _blocked_in(analysis: Analysis, rank: int, group: int, op: str | None) -> bool:
-    """Whether `rank`'s stack is inside the collective `op` (the flight recorder's name:
-    'gloo:all_reduce') of `group`, per the stack classifier (collectors/sources/pystack.py): the
-    op matches, and the rank's dump shows it inside no collective of another group (there the
-    stack's op is that one: a wait the graph already has)."""
+def _blocked_in(analysis: Analysis, rank: int, group: int, op: str | None) -> str | None:
+    """Where `rank`'s stack (per the stack classifier, collectors/sources/pystack.py) puts it
+    against the collective `op` (the flight recorder's name: 'gloo:all_reduce') of `group` its peers
+    wait in: "same" (blocked in that op, and its dump shows it inside no collective of another
+    group: there the stack's op is that one, a wait the graph already has), "elsewhere" (blocked in
+    another op while its dump shows it inside no collective at all: one its dump has not
+    recorded), else None."""
     from faultlens.collectors.sources.pystack import StackPlace
 
     place = analysis.where.get(rank)
     if place is None or place.kind != StackPlace.IN_COLLECTIVE or not place.op:
-        return False
-    if op is not None and _bare(op) != _bare(place.op):
-        return False
+        return None
     history = analysis.history(rank) if analysis.history else None
     if history is None or not history[1]:
-        return False
+        return None
     _seqs, groups, incomplete_at = history
-    return incomplete_at is None or groups[incomplete_at] == group
+    if op is not None and _bare(op) != _bare(place.op):
+        return "elsewhere" if incomplete_at is None else None
+    return "same" if incomplete_at is None or groups[incomplete_at] == group else None
 
 
 def _bare(op: str) -> str:
@@ -46,15 +52,28 @@ def settle_blocked_laggards(analysis: Analysis) -> None:
     for d in analysis.divergences:
         if d.level != "entered" or not d.laggards:
             continue
-        blocked = tuple(r for r in d.laggards if _blocked_in(analysis, r, d.group, d.op))
+        places = {r: _blocked_in(analysis, r, d.group, d.op) for r in d.laggards}
+        for r, place in places.items():
+            if place == "elsewhere":
+                analysis.blocked_alone[r] = (
+                    f"rank {r} never entered {analysis.label(d.group)} seq {d.seq} by its dump, "
+                    f"which shows it inside no collective, yet its stack is blocked in one "
+                    f"({analysis.where[r].text(r)}): it waits in a collective its dump has not "
+                    "recorded, on ranks no dump names")
+        blocked = tuple(r for r, place in places.items() if place == "same")
         if not blocked:
             continue
         others = tuple(r for r in d.laggards if r not in blocked)
         missing = tuple(r for r in analysis.members.get(d.group, ()) if r in analysis.missing)
+        stacks = "; ".join(analysis.where[r].text(r) for r in blocked[:3])
         if not others and not missing:
+            for r in blocked:
+                analysis.blocked_alone[r] = (
+                    f"rank {r} never entered {analysis.label(d.group)} seq {d.seq} by its dump, "
+                    f"yet its stack is blocked in that op ({analysis.where[r].text(r)}): it waits "
+                    "in a collective its dump has not recorded, on ranks no dump names")
             continue
         on = others or missing
-        stacks = "; ".join(analysis.where[r].text(r) for r in blocked[:3])
         note = (f"{analysis.label(d.group)} seq {d.seq}: rank(s) {ranks_text(blocked)} never "
                 "entered it by their dumps, yet their stacks are blocked in that op "
                 f"({stacks}): they wait on rank(s) {ranks_text(on)}"
@@ -70,3 +89,29 @@ def settle_blocked_laggards(analysis: Analysis) -> None:
         d.laggards = missing
         d.waiters = tuple(sorted({*d.waiters, *blocked}))
         d.detail = note
+
+
+def settle_blocked_roots(
+    analysis: Analysis, roots: list[Root], rebuilt: Callable[[], list[Root]]
+) -> list[Root]:
+    """Roots made only of ranks blocked alone (settle_blocked_laggards): each waits on the one
+    other root where exactly one stands, sure, and no rank is without a dump (an edge to it, and
+    the roots decided again); else they stand uncertain."""
+    alone = analysis.blocked_alone
+    blocked = [root for root in roots if root.ranks and set(root.ranks) <= set(alone)]
+    if not blocked:
+        return roots
+    others = [root for root in roots if root not in blocked]
+    if len(others) == 1 and not others[0].uncertain and not analysis.missing:
+        target = tuple(sorted(others[0].ranks))
+        for root in blocked:
+            for rank in root.ranks:
+                place = analysis.where[rank]
+                analysis.divergences.append(Divergence(
+                    -1, "stack", None, target, (rank,), BIG, place.op, None,
+                    f"{alone[rank]}; the one other root, rank(s) {ranks_text(target)}, is what "
+                    "it waits on"))
+        return rebuilt()
+    for root in blocked:
+        root.uncertain = "; ".join(alone[r] for r in root.ranks[:3])
+    return roots

@@ -101,6 +101,9 @@ class Analysis:
     # ranks whose own exit says they timed out waiting in a collective ("Timed out waiting ...")
     timed_out: set[int] = field(default_factory=set)
     parts: dict[tuple, list[int]] | None = None  # part -> its groups (skips.groups_by_role), lazily
+    # rank -> why: laggards whose stacks are blocked in their peers' op with no one named to wait on
+    # (blocked.py)
+    blocked_alone: dict[int, str] = field(default_factory=dict)
 
     def label(self, group: int) -> str:
         if not 0 <= group < len(self.group_names):

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from faultlens.attribution.detectors.hang.blocked import settle_blocked_roots
 from faultlens.attribution.detectors.hang.describe import (
     describe_root,
     headline,
@@ -101,6 +102,7 @@ def decide(analysis: Analysis) -> HangReport:
         _merge_roots(_component_roots(analysis, graph, components, src, dst, dropped)),
         rebuilt,
     )
+    roots = settle_blocked_roots(analysis, roots, rebuilt)
     mark_hidden_p2p_waits(analysis, roots, skippers)
     mark_unseen_member_waits(analysis, roots)
     follow_on_mismatches = _place_mismatches(analysis, roots)
