@@ -274,7 +274,7 @@ def test_kill9_while_rolling_up(tmp_path: Path, die_after: int) -> None:
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(_acked(acks)) < 60 and proc.poll() is None:
         time.sleep(0.05)
     if die_after < 0:  # a random moment once it has written a while
