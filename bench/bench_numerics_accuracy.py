@@ -50,11 +50,11 @@ from bench.common import Figure, Section, emit, machine, write_section
 
 PREFIX = "Silent data corruption"
 DOC = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-COMMAND = "PYTHONPATH=. python -m bench.bench_numerics_accuracy --seeds 1 --jobs 2 --work DIR"
-WRITE = (
-    "PYTHONPATH=. python -m bench.bench_numerics_accuracy --seeds 3 --only healthy "
-    "--work DIR --write"
+COMMAND = (
+    "PYTHONPATH=. python -m bench.bench_numerics_accuracy --seeds 3 --resumed-seeds 1 --jobs 2 "
+    "--work DIR"
 )
+WRITE = "PYTHONPATH=. python -m bench.bench_numerics_accuracy --no-run --work DIR --write"
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import html
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ from faultlens.attribution.reading.store import Store
 from faultlens.attribution.reading.telemetry import load_from_store
 from faultlens.attribution.rules import load_thresholds
 from faultlens.controller.lab.plan import FaultSpec
+from faultlens.controller.report.data import job_data
+from faultlens.controller.report.html import render_html
 from faultlens.controller.restore import plan_restore, write_plan
 from tests.numerics_jobs import catalog, injected, train
 
@@ -60,6 +63,17 @@ def _judged(root: Path) -> tuple[list, list]:
         judge = NumericsJudge(load_thresholds().loss)
         seen = judge.observations(load_from_store(store))
     return incidents, seen
+
+
+def _shown(root: Path, job: str) -> list[tuple[str, int]]:
+    """The observations the job's HTML report draws on its timeline (one marker each)."""
+    with Store(str(root / "store")) as store:
+        data = job_data(store, job)
+    page = render_html(data)
+    found = [(o["kind"], o["step"]) for o in data["observations"]]
+    assert page.count('class="observation"') == len(found), page[:2000]
+    assert all(o["text"].split(" (")[0] in html.unescape(page) for o in data["observations"])
+    return found
 
 
 def test_a_flipped_parameter_bit_names_its_replica_and_the_restore_is_certified(
@@ -160,6 +174,7 @@ def test_a_gradient_bit_flipped_again_and_again_names_its_rank(tmp_path: Path) -
         ("numerics-grad-outlier", (1,), ("node-1",), 10)
     ], [i.summary for i in incidents]
     assert [(o.kind, o.ranks, o.step) for o in seen] == [("grad_outlier", (0,), 5)]
+    assert _shown(root, "grads") == [("grad_outlier", 5)]
     decision = DecisionPolicy(
         load_policy(), restore_chooser=catalog(root, "grads", ["node-0", "node-1"])
     ).decide(incidents[0], job_nodes=["node-0", "node-1"])
@@ -178,6 +193,8 @@ def test_a_bad_batch_on_every_rank_that_comes_back_is_an_observation(tmp_path: P
     incidents, seen = _judged(root)
     assert incidents == []
     assert [(o.kind, o.step, o.ranks) for o in seen] == [("loss_spike_recovered", 14, ())]
+    # shown on the job's timeline in its report, no incident
+    assert _shown(root, "batch") == [("loss_spike_recovered", 14)]
 
 
 def test_a_spike_that_repeats_restarts_in_place_without_its_batches_then_escalates(

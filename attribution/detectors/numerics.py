@@ -51,6 +51,7 @@ class Observation:
     kind: str  # loss_spike_recovered, grad_outlier
     ranks: tuple[int, ...]
     text: str
+    ts: dt.datetime | None = None  # when the step's evidence was written
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,11 @@ class NumericsJudge:
 
     def observations(self, telemetry: Telemetry) -> list[Observation]:
         return self._judge(telemetry, dt.datetime.now(dt.UTC))[1]
+
+    def observations_of(self, steps: pd.DataFrame, numerics: pd.DataFrame) -> list[Observation]:
+        """The observations of a job's step rows (a loss per step: one row per rank, or their
+        mean) and numerics rows, without the rest of its telemetry (the job report)."""
+        return self._judge_frames(steps, numerics, dt.datetime.now(dt.UTC))[1]
 
     def awaits_origin(self, incident: Incident, telemetry: Telemetry, now: dt.datetime) -> bool:
         """Whether a NaN/Inf loss on several ranks (loss.py's incident) waits for the numerics rows
@@ -99,10 +105,15 @@ class NumericsJudge:
     def _judge(
         self, telemetry: Telemetry, now: dt.datetime
     ) -> tuple[list[Incident], list[Observation]]:
+        return self._judge_frames(telemetry.steps, telemetry.numerics, now)
+
+    def _judge_frames(
+        self, step_rows: pd.DataFrame, numerics: pd.DataFrame, now: dt.datetime
+    ) -> tuple[list[Incident], list[Observation]]:
         incidents: list[Incident] = []
         seen: list[Observation] = []
-        rows = _train(telemetry.numerics)
-        steps = _train(telemetry.steps)
+        rows = _train(numerics)
+        steps = _train(step_rows)
         series = _loss_series(steps, rows)
         for key in sorted(set(series) | set(_keys(rows))):
             job, attempt = key
@@ -266,6 +277,7 @@ class NumericsJudge:
                         (rank,),
                         f"rank {rank}'s local gradient norm is an outlier among "
                         f"its data-parallel peers at step {s} (once)",
+                        as_datetime(rows[rows["step"] == s]["ts"].max()),
                     )
                     for s in steps
                 )
@@ -387,6 +399,7 @@ class NumericsJudge:
                     f"loss spiked to {spike.value:.4g} at step {spike.step} "
                     f"({spike.value / spike.median:.1f}x the median) and came "
                     "back: an observation",
+                    spike.ts,
                 )
             )
         return None

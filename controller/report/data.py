@@ -163,6 +163,43 @@ def job_goodput(store: Store, job_id: str) -> GoodputReport | None:
         return None
 
 
+def numerics_observations(store: Store, job_id: str) -> list[dict[str, Any]]:
+    """What the numerics detector saw of the job that is no incident (a loss spike that came
+    back, one step's gradient-norm outlier: attribution/detectors/numerics.py), for its
+    timeline: from the steps' mean loss per step and the job's numerics rows."""
+    from faultlens.attribution.detectors.numerics import NumericsJudge
+    from faultlens.attribution.rules import load_thresholds
+
+    try:
+        steps = store.query(
+            "SELECT job_id, attempt, step, phase, avg(loss) FILTER (WHERE isfinite(loss)) AS "
+            "loss, max(ts) AS ts FROM steps WHERE job_id = ? AND loss IS NOT NULL "
+            "GROUP BY job_id, attempt, step, phase",
+            [job_id],
+        ).to_pandas()
+        numerics = store.query(
+            "SELECT * FROM numerics WHERE job_id = ? "
+            "AND (grad_norm IS NOT NULL OR loss IS NOT NULL)",
+            [job_id],
+        ).to_pandas()
+    except QueryError:
+        return []
+    if steps.empty and numerics.empty:
+        return []
+    judge = NumericsJudge(load_thresholds().loss)
+    return [
+        {
+            "attempt": o.attempt,
+            "step": o.step,
+            "kind": o.kind,
+            "ranks": list(o.ranks),
+            "text": o.text,
+            "ts": o.ts,
+        }
+        for o in judge.observations_of(steps, numerics)
+    ]
+
+
 def job_data(store: Store, job_id: str, *, attempt: int | None = None) -> dict[str, Any]:
     """Everything the HTML report shows of one job (of one of its attempts, when `attempt` is
     given)."""
@@ -205,6 +242,9 @@ def job_data(store: Store, job_id: str, *, attempt: int | None = None) -> dict[s
         for incident in incidents
     ]
     report = job_goodput(store, job_id)
+    seen = numerics_observations(store, job_id)
+    if attempt is not None:
+        seen = [o for o in seen if o["attempt"] == attempt]
     return {
         "job_id": job_id,
         "attempts": attempts,
@@ -213,6 +253,7 @@ def job_data(store: Store, job_id: str, *, attempt: int | None = None) -> dict[s
         "steps": steps,
         "gpu_around": around,
         "only_attempt": attempt,
+        "observations": seen,
         "goodput": None if report is None else report.to_dict(include_timeline=True),
     }
 

@@ -168,6 +168,16 @@ def _timeline(data: dict[str, Any]) -> str:
             f'stroke-width="3"/><path d="M{x1:.1f},{y - 2} l6,11 l-12,0 z" fill="#d7263d">'
             f"<title>{_e(tip)}</title></path>"
         )
+    for seen in data.get("observations") or []:  # no incident: shown, never decided on
+        ts = _t(seen.get("ts"))
+        if ts is None or not axis.start <= ts <= axis.end:
+            continue
+        y = 18 + 26 * rows_of.get(seen.get("attempt") or 0, 1)
+        parts.append(
+            f'<circle class="observation" cx="{axis.x(ts):.1f}" cy="{y + 9}" r="4" '
+            f'fill="#f2b705" stroke="#7a5c00"><title>observation, step {seen["step"]}: '
+            f"{_e(seen['text'])}</title></circle>"
+        )
     for decision in data["decisions"]:
         y = 18 + 26 * rows_of.get(decision.get("attempt") or 0, 1)
         x = axis.x(_t(decision.get("issued_ts")))
@@ -187,6 +197,8 @@ def _timeline(data: dict[str, Any]) -> str:
         '<span><i class="sw" style="background:#d7263d"></i>incident (first signal to '
         "detection)</span>"
         "<span>&#9670; decision</span>"
+        '<span><i class="sw" style="background:#f2b705"></i>observation (a spike that came '
+        "back, one outlier step: no incident)</span>"
     )
     return "".join(parts) + f'<div class="legend muted">{legend}</div>'
 
