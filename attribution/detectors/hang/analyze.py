@@ -32,6 +32,7 @@ from faultlens.attribution.detectors.hang.partners import partner_mismatches
 from faultlens.attribution.detectors.hang.pass_one import PassOne, run_pass_one
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.roots import decide
+from faultlens.attribution.detectors.hang.seq_consistency import release_unreadable_waits
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
 from faultlens.attribution.detectors.hang.stream import PassOneStream
 from faultlens.attribution.detectors.hang.waits import settle_missing
@@ -43,7 +44,8 @@ MAX_MISMATCH_KEYS = 256  # (group, seq) keys of mismatching signatures examined 
 def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | None = None,
                         stacks: Mapping[int, Any] | None = None,
                         first_pass: PassOneStream | None = None,
-                        timed_out: Collection[int] = ()) -> HangReport:
+                        timed_out: Collection[int] = (),
+                        unreadable: Collection[int] = ()) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
     stacks: rank -> faultlens.collectors.sources.pystack.ProcessStack (py-spy), where taken;
@@ -60,7 +62,11 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     timed_out: ranks whose own exit error says they were waiting on a peer (a collective's timeout,
     "Timed out waiting ...", or the echo of a peer's exit, rules/crash.yaml secondary_patterns):
     where they wrote no dump they are waiters, never culprits by absence; a rank that dumped and
-    stopped in its own code is what they waited on (describe.rootless_report)."""
+    stopped in its own code is what they waited on (describe.rootless_report).
+
+    unreadable: ranks whose dump was refused (or contradicts its group: seq_consistency.py): no
+    rows here, like a missing dump, but they did dump; a wait on one never hides a culprit that the
+    other dumps show (seq_consistency.release_unreadable_waits)."""
     missing_columns = [
         c for c in ("rank", "collective_seq_id") if c not in collectives.column_names
     ]
@@ -83,6 +89,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     agg = first.progress.progress()
     analysis = _membership(first, agg, decoder, expected_ranks)
     analysis.timed_out = {int(r) for r in timed_out}
+    analysis.unreadable = {int(r) for r in unreadable} & analysis.missing
     progress = _progress(agg)
     # completion is evidence only where entries carry device states (NCCL's 'started'/'completed');
     # gloo's are always 'scheduled' and `retired` depends on when each rank dumped (a rank that
@@ -110,6 +117,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     if stacks:
         stack_edges(analysis, stacks)
     settle_missing(analysis)
+    release_unreadable_waits(analysis)
     return decide(analysis)
 
 
