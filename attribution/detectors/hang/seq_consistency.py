@@ -32,6 +32,7 @@ from faultlens.attribution.detectors.hang.columns import (
     code_column,
     int_column,
     take_rows,
+    validity,
 )
 from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, ranks_text
 
@@ -75,44 +76,42 @@ def find_contradictions(table: pa.Table) -> tuple[SeqContradiction, ...]:
         return ()
     coll = np.flatnonzero(rows.coll)
     # the last collective entry of each (rank, group)
-    last_rows = _last_of(rows.pair[coll], coll)
+    rows.pairs, last_rows = _last_of(rows.pair[coll], coll)
     # of those, the ones whose (group, seq) no other row of the set has
     lonely = _lonely(rows, coll, last_rows)
     found = []
     for i in lonely:
         hit = _place_in_peers(i, rows)
-        if hit is None or not _same_signature(table, int(rows.row[i]), int(rows.row[hit[2]])):
+        if hit is None or not _same_signature(rows, i, hit[2]):
             continue
         first_of_rank = int(np.flatnonzero(rows.rank == rows.rank[i])[0])
-        op = table.column("op")[int(rows.row[i])].as_py() if "op" in table.column_names else "?"
         found.append(
             SeqContradiction(
                 rank=int(rows.rank[i]),
                 group=str(rows.names[rows.group[i]]),
                 entry=i - first_of_rank,
-                record_id=int(rows.record[i]),
+                record_id=int(rows.value("record_id", i)),
                 says=int(rows.seq[i]),
                 peers_seq=hit[0],
                 peers=hit[1],
-                op=str(op),
+                op=str(rows.value("op", i)),
             )
         )
     return tuple(found)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Rows:
-    """The entries (rows with a record_id and a collective_seq_id; a dump's status rows have none)
-    as arrays, each rank's in record order: the table's row, rank, group and op codes, seq ids,
-    collective or p2p, the (rank, group) pair code, and which pairs occur."""
+    """The entries (rows with a record_id and a collective_seq_id; a dump's status rows have none),
+    each rank's in record order: the table's row, rank, group code, seq id, collective or p2p, the
+    (rank, group) pair code and which pairs occur in collectives (set by find_contradictions); op
+    and p2p seq read at the few rows asked for."""
 
+    table: pa.Table
     row: np.ndarray
     rank: np.ndarray
-    record: np.ndarray
     group: np.ndarray
-    op: np.ndarray
     seq: np.ndarray
-    p2p: np.ndarray
     coll: np.ndarray
     pair: np.ndarray
     pairs: np.ndarray
@@ -121,42 +120,32 @@ class _Rows:
     @classmethod
     def of(cls, table: pa.Table) -> _Rows:
         n = table.num_rows
-        record, has_record = int_column(table.column("record_id"))
         seq, has_seq = int_column(table.column("collective_seq_id"))
-        row = np.flatnonzero(has_record & has_seq)
+        row = np.flatnonzero(validity(table.column("record_id")) & has_seq)
         rank = int_column(table.column("rank"))[0][row]
-        record = record[row]
         if not _sorted(rank):
+            record = int_column(table.column("record_id"))[0][row]
             order = np.lexsort((record, rank))
-            row, rank, record = row[order], rank[order], record[order]
+            row, rank = row[order], rank[order]
         group, names = _codes(table.column("pg_name"))
-        op = _codes(table.column("op"))[0] if "op" in table.column_names else np.zeros(n, np.int64)
-        p2p = (
-            int_column(table.column("p2p_seq_id"))[0]
-            if "p2p_seq_id" in table.column_names
-            else np.full(n, -1, np.int64)
-        )
-        is_p2p = bool_column(table.column("is_p2p") if "is_p2p" in table.column_names else None, n)
         group = group[row]
+        is_p2p = bool_column(table.column("is_p2p") if "is_p2p" in table.column_names else None, n)
         pair = rank * (int(group.max(initial=0)) + 1) + group
-        return cls(
-            row=row,
-            rank=rank,
-            record=record,
-            group=group,
-            op=op[row],
-            seq=seq[row],
-            p2p=p2p[row],
-            coll=~is_p2p[row],
-            pair=pair,
-            pairs=np.unique(pair),
-            names=names,
-        )
+        return cls(table, row, rank, group, seq[row], ~is_p2p[row], pair, pair[:0], names)
 
     def has(self, ranks: np.ndarray, groups: np.ndarray) -> np.ndarray:
         """Whether each rank recorded anything in the group beside it."""
         width = int(self.group.max(initial=0)) + 1
         return np.isin(ranks * width + groups, self.pairs)
+
+    def values(self, name: str, at: np.ndarray) -> list:
+        """A column's values at entries `at` (None where the table has no such column)."""
+        if name not in self.table.column_names:
+            return [None] * len(at)
+        return take_rows(self.table.column(name), self.row[np.asarray(at, np.int64)]).to_pylist()
+
+    def value(self, name: str, at: int):
+        return self.values(name, np.array([at]))[0]
 
 
 def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
@@ -182,12 +171,12 @@ def _sorted(values: np.ndarray) -> bool:
     return np.unique(values[starts]).shape[0] == starts.shape[0]
 
 
-def _last_of(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The last row of each key (rows ascending)."""
+def _last_of(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys (sorted) and the last row of each (rows ascending)."""
     if rows.shape[0] == 0:
-        return rows
-    _, first_from_end = np.unique(keys[::-1], return_index=True)
-    return rows[::-1][first_from_end]
+        return keys, rows
+    unique, first_from_end = np.unique(keys[::-1], return_index=True)
+    return unique, rows[::-1][first_from_end]
 
 
 def _lonely(rows: _Rows, coll: np.ndarray, last_rows: np.ndarray) -> list[int]:
@@ -235,20 +224,25 @@ def _place_in_peers(i: int, rows: _Rows) -> tuple[int, tuple[int, ...], int] | N
     if not sides:
         return None
     peers = np.flatnonzero((group == group[i]) & rows.coll & (rank != rank[i]))
-    ok = np.ones(peers.shape[0], bool)
-    for side in sides:
-        j = np.clip(peers + side, 0, n - 1)
-        there = (peers + side >= 0) & (peers + side < n) & (rank[j] == rank[peers])
+    for side in sides:  # (the cheap tests first: a group's rows may be millions)
+        j = peers + side
+        inside = (j >= 0) & (j < n)
+        peers, j = peers[inside], j[inside]
+        keep = (rank[j] == rank[peers]) & (seq[j] == seq[i + side])
+        peers, j = peers[keep], j[keep]
         theirs, own = group[j], group[i + side]
+        # the same group, or one the other rank never recorded in its place (the other TP group)
         parallel = (
             (theirs != own)
-            & (rows.op[j] == rows.op[i + side])
             & ~rows.has(np.full(j.shape[0], rank[i]), theirs)
             & ~rows.has(rank[peers], np.full(j.shape[0], own))
         )
-        ok &= there & ((theirs == own) | parallel) & (seq[j] == seq[i + side])
-        ok &= rows.p2p[j] == rows.p2p[i + side]
-    matched = peers[ok]
+        keep = (theirs == own) | parallel
+        peers, j = peers[keep], j[keep]
+        keep = _equal(rows.values("op", j), rows.value("op", i + side))
+        keep &= _equal(rows.values("p2p_seq_id", j), rows.value("p2p_seq_id", i + side))
+        peers = peers[keep]
+    matched = peers
     if matched.shape[0] == 0:
         return None
     said = np.unique(seq[matched])
@@ -264,14 +258,12 @@ def _place_in_peers(i: int, rows: _Rows) -> tuple[int, tuple[int, ...], int] | N
     return int(said[0]), tuple(sorted(int(rank[j]) for j in backed)), backed[0]
 
 
-def _same_signature(table: pa.Table, i: int, j: int) -> bool:
-    for name in _SIGNATURE:
-        if (
-            name in table.column_names
-            and table.column(name)[i].as_py() != table.column(name)[j].as_py()
-        ):
-            return False
-    return True
+def _same_signature(rows: _Rows, i: int, j: int) -> bool:
+    return all(rows.value(name, i) == rows.value(name, j) for name in _SIGNATURE)
+
+
+def _equal(values: list, value) -> np.ndarray:
+    return np.array([v == value for v in values], bool)
 
 
 def release_unreadable_waits(analysis: Analysis) -> None:
