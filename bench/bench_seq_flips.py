@@ -240,7 +240,8 @@ def _section(result: dict[str, Any], args: argparse.Namespace, load: str) -> Any
     return Section(
         title=f"Flipped sequence ids ({r['family']} family)",
         compares=(
-            "Real dump sets (the NCCL set, gloo sets of 4 and 8 ranks) with one seq id of "
+            f"Real dump sets ({', '.join(r['per_set'])}: the NCCL set has 16 ranks, the gloo "
+            "sets 4 and 8) with one seq id of "
             "one non-culprit rank corrupted, still a valid pickle, read and analysed as "
             "`faultlens analyze-hang` does; the verdict (kind, culprit ranks) against the "
             "intact set's. Named: the dump refused naming it, or a contradiction with its "

@@ -3,11 +3,15 @@ across ranks, named, and its entries read as unknown.
 
 The members of a group record the same collectives in the same order with the same
 collective_seq_id. A dump's own checks (collectors/artifacts/flight_recorder/values.py
-check_sequences) refuse seq ids that go back within a group or pass the group's pg_status; what no
-dump can show alone is a group's *last* entry (its "last entered", what the hang analysis compares)
-that says a seq no peer recorded while it sits where its peers recorded another: same group, op,
-sizes and dtypes, between the same neighbours in the rank's own record order (the entries just
-before and after it, as (group, collective seq, p2p seq)). Such an entry contradicts its group:
+check_sequences) refuse seq ids that go back or repeat within a group or pass the group's pg_status;
+what no dump can show alone is a group's *last* entry (its "last entered", what the hang analysis
+compares) that says a seq no peer recorded while it sits where its peers recorded another: same
+group, op, sizes and dtypes, between the same neighbours in the rank's own record order (the entries
+just before and after it, as (group, collective seq, p2p seq); a neighbour's group may be the one
+its peer plays the same part in, e.g. the other tensor-parallel group), and the peers agree on one
+seq their own histories back (the group's previous collective one below it, or none recorded) while
+the rank's own does not (or two or more peers say so where it has no earlier entry). Such an entry
+contradicts its group:
 
 - it is named in one line (the file, the group, the entry, what it says and what the peers
   recorded there), nothing is corrected;
