@@ -33,6 +33,7 @@ from faultlens.attribution.detectors.hang.partners import partner_mismatches
 from faultlens.attribution.detectors.hang.pass_one import PassOne, run_pass_one
 from faultlens.attribution.detectors.hang.report import HangReport
 from faultlens.attribution.detectors.hang.roots import decide
+from faultlens.attribution.detectors.hang.seq_consistency import release_unreadable_waits
 from faultlens.attribution.detectors.hang.stacks import stacks_from_metadata
 from faultlens.attribution.detectors.hang.stream import PassOneStream
 from faultlens.attribution.detectors.hang.unseen_members import unanimous_membership
@@ -46,6 +47,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
                         stacks: Mapping[int, Any] | None = None,
                         first_pass: PassOneStream | None = None,
                         timed_out: Collection[int] = (),
+                        unreadable: Collection[int] = (),
                         complete_members: bool = True) -> HangReport:
     """Analyse one dump set's `collectives` rows (any number of ranks). See the module docstring.
 
@@ -64,6 +66,10 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     "Timed out waiting ...", or the echo of a peer's exit, rules/crash.yaml secondary_patterns):
     where they wrote no dump they are waiters, never culprits by absence; a rank that dumped and
     stopped in its own code is what they waited on (describe.rootless_report).
+
+    unreadable: ranks whose dump was refused (or contradicts its group: seq_consistency.py): no
+    rows here, like a missing dump, but they did dump; a wait on one never hides a culprit that the
+    other dumps show (seq_consistency.release_unreadable_waits).
 
     complete_members: where a group only one rank recorded leaves its other members unknown (gloo's
     raw pg_config), try every membership the dumps allow and keep the answer they all give
@@ -90,6 +96,7 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     agg = first.progress.progress()
     analysis = _membership(first, agg, decoder, expected_ranks)
     analysis.timed_out = {int(r) for r in timed_out}
+    analysis.unreadable = {int(r) for r in unreadable} & analysis.missing
     progress = _progress(agg)
     # completion is evidence only where entries carry device states (NCCL's 'started'/'completed');
     # gloo's are always 'scheduled' and `retired` depends on when each rank dumped (a rank that
@@ -118,11 +125,12 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
         stack_edges(analysis, stacks)
         settle_blocked_laggards(analysis)
     settle_missing(analysis)
+    release_unreadable_waits(analysis)
     report = decide(analysis)
     if not complete_members:
         return report
     return unanimous_membership(table, analysis, report, lambda t: analyze_collectives(
-        t, expected_ranks, stacks, None, timed_out, complete_members=False))
+        t, expected_ranks, stacks, None, timed_out, unreadable, complete_members=False))
 
 
 def rows_by_value(values: np.ndarray) -> list[tuple[int, np.ndarray]]:

@@ -100,6 +100,8 @@ class Analysis:
     roles: dict[int, tuple] | None = None
     # ranks whose own exit says they timed out waiting in a collective ("Timed out waiting ...")
     timed_out: set[int] = field(default_factory=set)
+    # ranks whose dump was refused or contradicts its group (read as missing; seq_consistency.py)
+    unreadable: set[int] = field(default_factory=set)
     parts: dict[tuple, list[int]] | None = None  # part -> its groups (skips.groups_by_role), lazily
     # rank -> why: laggards whose stacks are blocked in their peers' op with no one named to wait on
     # (blocked.py)

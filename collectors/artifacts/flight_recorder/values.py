@@ -185,8 +185,9 @@ def _status_last(status: Any) -> int | None:
 def check_sequences(dump: Dump) -> None:
     """A dump whose sequence numbers contradict each other (a flipped bit in a valid pickle made
     its rank, or innocent ones, the culprit): per process group, in record order, collective_seq_id
-    never goes back, nor p2p_seq_id over the p2p entries, and the group's last entry is not beyond
-    the last op its pg_status says was enqueued. Else DumpFormatError naming the entry, the group
+    never goes back (nor repeats over the collectives, is_p2p false), nor p2p_seq_id over the p2p
+    entries, and the group's last entry is not beyond the last op its pg_status says was enqueued.
+    Else DumpFormatError naming the entry, the group
     and why; the dump is then a missing one (its rank is named as such, never as a culprit by what
     it contradicts)."""
     n = dump.n
@@ -205,6 +206,16 @@ def check_sequences(dump: Dump) -> None:
         at = _first(back)
         raise DumpFormatError(_contradiction(dump, int(order[at + 1]), "collective_seq_id",
                                              int(s[at + 1]), f"after {int(s[at])}"))
+    # a collective (is_p2p false) takes the group's next seq: two with one seq is a contradiction
+    # too (a p2p entry repeats the last collective's)
+    coll = order[(dump.is_p2p[order] == 0) & seq_valid[order] & (key[order] >= 0)]
+    c = seq[coll]
+    again = (key[coll][1:] == key[coll][:-1]) & (c[1:] == c[:-1])
+    if again.any():
+        at = _first(again)
+        raise DumpFormatError(_contradiction(dump, int(coll[at + 1]), "collective_seq_id",
+                                             int(c[at + 1]), "again after entry "
+                                             f"{int(coll[at])}"))
     mine = order[is_p2p[order] & p2p_valid[order]]
     q = p2p[mine]
     back = (key[mine][1:] == key[mine][:-1]) & (q[1:] < q[:-1])
