@@ -170,8 +170,11 @@ class Follower:
         if "process_events" in changed:
             self._note_arrivals(arrived)
         crash_due = bool({"process_events", "gpu_events"} & changed) or self._pending_crash
+        # a failure's own rows (an exit, a dump) are judged at once; the rows every healthy rank
+        # writes all the time (steps, heartbeats, numerics) at most every progress_check_s, or the
+        # whole job would be attributed again on nearly every poll
         progress_due = tick - self._last_progress >= self.config.progress_check_s or bool(
-            {"steps", "process_events", "collectives", "heartbeats", "numerics"} & changed)
+            {"process_events", "collectives"} & changed)
         straggler_due = (
             self._steps_changed and tick - self._last_straggler >= self.config.straggler_check_s
         )
