@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -179,24 +181,48 @@ def test_a_batch_pass_finds_one_incident_per_fault(name: str) -> None:
 
 
 # exception: none
-@pytest.mark.parametrize(
-    "name",
-    [
-        "node-loss",
-        "sigsegv",
-        "sigterm",
-        "sigint",
-        "sigstop",
-        "stuck",
-        # three shapes of the desync family (each replay takes ~20 s)
-        "desync-skip-world-collective",
-        "desync-skip-3nodes-r4",
-        "desync-pipe-world-r1",
-        "demo-software-bug",
-    ],
-)
-def test_live_every_cut_finds_one_incident_per_fault(name: str) -> None:
-    found = _shape(list(_replay(_load(name)).values()))
+LIVE = [
+    # the desync shapes first: the longest replays (~20 s each on one core)
+    # three shapes of the desync family
+    "desync-skip-world-collective",
+    "desync-skip-3nodes-r4",
+    "desync-pipe-world-r1",
+    "node-loss",
+    "sigsegv",
+    "sigterm",
+    "sigint",
+    "sigstop",
+    "stuck",
+    "demo-software-bug",
+]
+
+
+def replayed(name: str) -> list[tuple]:
+    """The incidents the live replay of fixture `name` reports (in a worker process)."""
+    return _shape(list(_replay(_load(name)).values()))
+
+
+@pytest.fixture(scope="module")
+def replays(request: pytest.FixtureRequest) -> Iterator[dict[str, Future]]:
+    """The live replays of the selected tests, started together in two worker processes: each
+    replay is one core's work (pandas), so a serial test session would leave the second core idle.
+    """
+    import multiprocessing
+
+    selected = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if item.module is request.module
+        and item.originalname == "test_live_every_cut_finds_one_incident_per_fault"
+    ]
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=2, mp_context=context) as pool:
+        yield {name: pool.submit(replayed, name) for name in LIVE if name in selected}
+
+
+@pytest.mark.parametrize("name", LIVE)
+def test_live_every_cut_finds_one_incident_per_fault(replays: dict[str, Future], name: str) -> None:
+    found = replays[name].result()
     assert _matches(found, EXPECTED[name]), found
 
 

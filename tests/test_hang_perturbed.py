@@ -46,7 +46,7 @@ pytest.importorskip("torch")
 from tests.test_hang_corpus import P2P_BLOCKED as CORPUS_P2P_BLOCKED
 from tests.test_hang_corpus import _truth
 from tests.test_hang_heldout import P2P_BLOCKED as HELDOUT_P2P_BLOCKED
-from tests.torch_jobs.lost_dumps import STACK_MODES, lost_dump_reports
+from tests.torch_jobs.lost_dumps import STACK_MODES, lost_dump_reports_by_mode
 
 TIME_KEYS = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
 Perturb = Callable[[dict, int], dict]
@@ -160,24 +160,36 @@ LOST_DUMP_LIMITS = {
 }
 
 
+@pytest.fixture(scope="module")
+def lost_dump_answers(scenarios: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+                      ) -> dict[str, list[tuple[str, int, set[int], tuple[int, ...], float, str]]]:
+    """stack mode -> (set, lost rank, culprits, named, confidence, reason) for every set and
+    healthy rank: each set without the lost rank's dump is read once and analysed under every
+    mode."""
+    answers: dict[str, list] = {mode: [] for mode in STACK_MODES}
+    for mode, name, lost, culprits, report in lost_dump_reports_by_mode(
+        scenarios, STACK_MODES, tmp_path_factory.mktemp("lost-dumps"),
+        CORPUS_P2P_BLOCKED | HELDOUT_P2P_BLOCKED,
+    ):
+        answers[mode].append(
+            (name, lost, culprits, report.culprit_ranks, report.confidence, report.reason[:160])
+        )
+    return answers
+
+
 @pytest.mark.parametrize("stacks", STACK_MODES)
-def test_a_lost_dump_of_a_healthy_rank_is_never_failed_over(scenarios: dict[str, Path], stacks: str,
-                                                            tmp_path: Path) -> None:
+def test_a_lost_dump_of_a_healthy_rank_is_never_failed_over(
+    lost_dump_answers: dict[str, list], stacks: str
+) -> None:
     threshold = load_policy().threshold_for(IncidentClass.COLLECTIVE_HANG)
     wrong, checked = {}, 0
-    for name, lost, culprits, report in lost_dump_reports(scenarios, stacks, tmp_path,
-                                                          CORPUS_P2P_BLOCKED | HELDOUT_P2P_BLOCKED):
+    for name, lost, culprits, culprit_ranks, confidence, reason in lost_dump_answers[stacks]:
         checked += 1
-        named = set(report.culprit_ranks)
-        failed_over = report.confidence >= threshold and bool(named - culprits)
+        named = set(culprit_ranks)
+        failed_over = confidence >= threshold and bool(named - culprits)
         limit = stacks in LOST_DUMP_LIMITS.get((name, lost), ((), ""))[0]
         if (failed_over or not culprits <= named) and not limit:
-            wrong[(name, lost)] = (
-                sorted(named),
-                sorted(culprits),
-                report.confidence,
-                report.reason[:160],
-            )
+            wrong[(name, lost)] = (sorted(named), sorted(culprits), confidence, reason)
     assert checked >= 400
     assert not wrong, "\n".join(f"{key}: named {v[0]}, culprits {v[1]}, confidence {v[2]}: {v[3]}"
                                  for key, v in wrong.items())

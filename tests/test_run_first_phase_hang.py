@@ -21,6 +21,7 @@ import pytest
 
 from faultlens.attribution.reading.store import Store
 from tests.conftest import REPO_ROOT
+from tests.run_pool import ModuleJobs, jobs_fixture
 from tests.test_run_restart import decisions, faultlens_run
 
 pytest.importorskip("torch")
@@ -48,46 +49,69 @@ def evidence(store_dir: Path, job: str) -> list[str]:
         ]
 
 
-@pytest.mark.parametrize(
-    ("where", "how", "rank", "node"),
-    [("eval", "sleep", 2, "node-1"), ("save", "lock", 1, "node-0")],
-)
+STOPPED = [("eval", "sleep", 2, "node-1"), ("save", "lock", 1, "node-0")]
+
+
+def _stopped_run(where: str, how: str, rank: int):  # type: ignore[no-untyped-def]
+    def run(directory: Path):  # type: ignore[no-untyped-def]
+        return faultlens_run(
+            directory,
+            f"first-{where}-{how}",
+            [str(SCRIPT)],
+            options=("--thresholds", str(thresholds(directory)), "--max-attempts", "1"),
+            env={**SHORT, "HANG_RANK": str(rank), "HANG_IN": where, "HANG_HOW": how,
+                 "CKPT_DIR": str(directory / "ckpt")},
+        )
+    return run
+
+
+def _slow_save_run(directory: Path):  # type: ignore[no-untyped-def]
+    return faultlens_run(
+        directory,
+        "slow-save",
+        [str(SCRIPT)],
+        options=("--thresholds", str(thresholds(directory)),),
+        env={**SHORT, "SLOW_SAVE_RANK": "2", "SLOW_SAVE_S": "12", "SLOW_SAVE_HOW": "io",
+             "CKPT_DIR": str(directory / "ckpt")},
+    )
+
+
+# the three jobs start together, two at a time (each mostly waits: a hang floor, the dumps, a slow
+# save)
+JOBS = ModuleJobs({
+    **{
+        f"test_a_rank_stopped_in_its_first_slow_phase_is_caught_at_the_normal_floor"
+        f"[{where}-{how}-{rank}-{node}]": _stopped_run(where, how, rank)
+        for where, how, rank, node in STOPPED
+    },
+    "test_a_slow_save_that_keeps_writing_is_not_a_hang": _slow_save_run,
+})
+jobs = jobs_fixture(JOBS, "first-phase")
+
+
+@pytest.mark.parametrize(("where", "how", "rank", "node"), STOPPED)
 def test_a_rank_stopped_in_its_first_slow_phase_is_caught_at_the_normal_floor(
-    tmp_path, where, how, rank, node
+    jobs, request, where, how, rank, node
 ):
     job = f"first-{where}-{how}"
-    proc, _ = faultlens_run(
-        tmp_path,
-        job,
-        [str(SCRIPT)],
-        options=("--thresholds", str(thresholds(tmp_path)), "--max-attempts", "1"),
-        env={**SHORT, "HANG_RANK": str(rank), "HANG_IN": where, "HANG_HOW": how,
-             "CKPT_DIR": str(tmp_path / "ckpt")},
-    )
+    (proc, _), directory = jobs.result(request)
     out = proc.stdout + proc.stderr
     said = f"collective_hang / unknown on {node} ranks [{rank}] (hang-never-joined"
     assert said in out, out[-4000:]
-    made = decisions(tmp_path / "store", job)
+    made = decisions(directory / "store", job)
     assert [(d["action"], d["exclude_nodes"]) for d in made] == [("failover", [node])], made
-    texts = evidence(tmp_path / "store", job)
+    texts = evidence(directory / "store", job)
     # judged at the normal window, the allowance withheld because nobody worked
     assert any("every rank idle together" in t and "allowance withheld" in t for t in texts), texts
     assert not any("slow-phase floor 600s" in t for t in texts), texts
     assert any("stop_here" in t for t in texts), texts  # the stuck rank's own stack
 
 
-def test_a_slow_save_that_keeps_writing_is_not_a_hang(tmp_path):
+def test_a_slow_save_that_keeps_writing_is_not_a_hang(jobs, request):
     job = "slow-save"
-    proc, _ = faultlens_run(
-        tmp_path,
-        job,
-        [str(SCRIPT)],
-        options=("--thresholds", str(thresholds(tmp_path)),),
-        env={**SHORT, "SLOW_SAVE_RANK": "2", "SLOW_SAVE_S": "12", "SLOW_SAVE_HOW": "io",
-             "CKPT_DIR": str(tmp_path / "ckpt")},
-    )
+    (proc, _), directory = jobs.result(request)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "attempt 0: training completed" in out, out[-4000:]
-    assert decisions(tmp_path / "store", job) == []
-    assert evidence(tmp_path / "store", job) == []
+    assert decisions(directory / "store", job) == []
+    assert evidence(directory / "store", job) == []

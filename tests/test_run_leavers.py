@@ -11,35 +11,33 @@ CPU, 2 simulated nodes x 2 ranks, real torchrun agents):
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tests.run_pool import ModuleJobs, jobs_fixture
 from tests.test_run_restart import SCRIPT, decisions, faultlens_run, job_state
 
 pytest.importorskip("torch")
 
 
-@pytest.mark.parametrize(("rank", "after", "node"), [(3, 6, "node-1"), (0, 3, "node-0")])
-def test_a_rank_that_leaves_early_is_the_one_named(tmp_path, rank, after, node):
-    job = f"left-r{rank}"
-    proc, _ = faultlens_run(
-        tmp_path,
-        job,
-        [str(SCRIPT), "--steps", "14", "--leave-rank", str(rank), "--leave-after", str(after)],
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-3000:]
-    assert f"crash / software on {node} ranks [{rank}] (crash-rank-left-early" in out
-    assert f"rank {rank} on {node} left after step {after}" in out
-    made = decisions(tmp_path / "store", job)
-    assert [d["action"] for d in made] == ["escalate"] and made[0]["exclude_nodes"] == []
-    assert job_state(tmp_path / "store", job) == "stopped"
+LEAVERS = [(3, 6, "node-1"), (0, 3, "node-0")]
 
 
-def test_a_killed_dataloader_worker_is_restarted_in_place(tmp_path):
-    job = "dataloader"
-    proc, _ = faultlens_run(
-        tmp_path,
-        job,
+def _leaver(rank: int, after: int):  # type: ignore[no-untyped-def]
+    def run(directory: Path):  # type: ignore[no-untyped-def]
+        return faultlens_run(
+            directory,
+            f"left-r{rank}",
+            [str(SCRIPT), "--steps", "14", "--leave-rank", str(rank), "--leave-after", str(after)],
+        )
+    return run
+
+
+def _dataloader(directory: Path):  # type: ignore[no-untyped-def]
+    return faultlens_run(
+        directory,
+        "dataloader",
         [
             str(SCRIPT),
             "--steps",
@@ -51,9 +49,39 @@ def test_a_killed_dataloader_worker_is_restarted_in_place(tmp_path):
             "--kill-worker-step",
             "5",
             "--once-file",
-            str(tmp_path / "killed.once"),
+            str(directory / "killed.once"),
         ],
     )
+
+
+# the three jobs start together, two at a time (tests/run_pool.py), the two-attempt one first
+JOBS = ModuleJobs({
+    "test_a_killed_dataloader_worker_is_restarted_in_place": _dataloader,
+    **{
+        f"test_a_rank_that_leaves_early_is_the_one_named[{rank}-{after}-{node}]":
+            _leaver(rank, after)
+        for rank, after, node in LEAVERS
+    },
+})
+jobs = jobs_fixture(JOBS, "leavers")
+
+
+@pytest.mark.parametrize(("rank", "after", "node"), LEAVERS)
+def test_a_rank_that_leaves_early_is_the_one_named(jobs, request, rank, after, node):
+    job = f"left-r{rank}"
+    (proc, _), tmp_path = jobs.result(request)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert f"crash / software on {node} ranks [{rank}] (crash-rank-left-early" in out
+    assert f"rank {rank} on {node} left after step {after}" in out
+    made = decisions(tmp_path / "store", job)
+    assert [d["action"] for d in made] == ["escalate"] and made[0]["exclude_nodes"] == []
+    assert job_state(tmp_path / "store", job) == "stopped"
+
+
+def test_a_killed_dataloader_worker_is_restarted_in_place(jobs, request):
+    job = "dataloader"
+    (proc, _), tmp_path = jobs.result(request)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "crash / unknown on node-1 ranks [2] (dataloader-worker-killed" in out

@@ -22,6 +22,7 @@ import pytest
 
 from faultlens.attribution.reading.store import Store
 from tests.conftest import REPO_ROOT
+from tests.run_pool import ModuleJobs, jobs_fixture
 
 pytest.importorskip("torch")
 
@@ -111,24 +112,97 @@ def last_steps(store_dir: Path, job: str) -> dict[int, int]:
     return {r["rank"]: r["last"] for r in rows}
 
 
-@pytest.mark.parametrize(("rank", "step"), [(3, 8), (0, 2)])
-def test_a_one_off_exception_is_restarted_in_place_and_the_job_finishes(tmp_path, rank, step):
-    job = f"oneoff-r{rank}-s{step}"
-    proc, _ = faultlens_run(
-        tmp_path,
-        job,
+ONE_OFF = [(3, 8), (0, 2)]
+START_FAILURES = [
+    pytest.param(
+        "import sys\n"
+        'print("config file not found: ./cfg.yaml", file=sys.stderr)\n'
+        "sys.exit(1)\n",
+        "config file not found: ./cfg.yaml",
+        id="exits-1",
+    ),
+    pytest.param(
+        "import os\nimport no_such_package_xyz\n",
+        "ModuleNotFoundError: No module named 'no_such_package_xyz'",
+        id="import-fails",
+    ),
+]
+
+
+def _one_off(rank: int, step: int):  # type: ignore[no-untyped-def]
+    def run(directory: Path):  # type: ignore[no-untyped-def]
+        return faultlens_run(
+            directory,
+            f"oneoff-r{rank}-s{step}",
+            [
+                str(SCRIPT),
+                "--steps",
+                "12",
+                "--raise-rank",
+                str(rank),
+                "--raise-step",
+                str(step),
+                "--once-file",
+                str(directory / "flaky.done"),
+            ],
+        )
+    return run
+
+
+def _twice(directory: Path):  # type: ignore[no-untyped-def]
+    return faultlens_run(
+        directory,
+        "twice",
         [
             str(SCRIPT),
             "--steps",
             "12",
             "--raise-rank",
-            str(rank),
+            "1",
             "--raise-step",
-            str(step),
-            "--once-file",
-            str(tmp_path / "flaky.done"),
+            "5",
+            "--raise-type",
+            "ValueError",
+            "--raise-message",
+            "shape mismatch in batch",
         ],
     )
+
+
+def _start_error(directory: Path):  # type: ignore[no-untyped-def]
+    return faultlens_run(directory, "start-error", [str(SCRIPT), "--start-error"])
+
+
+def _broken(source: str):  # type: ignore[no-untyped-def]
+    def run(directory: Path):  # type: ignore[no-untyped-def]
+        script = directory / "train.py"
+        script.write_text(source)
+        return faultlens_run(directory, "broken", [str(script), "--lr", "0.1"])
+    return run
+
+
+# the module's launched jobs start together, two at a time (tests/run_pool.py), the two-attempt
+# ones first
+JOBS = ModuleJobs({
+    **{
+        f"test_a_one_off_exception_is_restarted_in_place_and_the_job_finishes[{rank}-{step}]":
+            _one_off(rank, step)
+        for rank, step in ONE_OFF
+    },
+    "test_the_same_exception_again_is_escalated": _twice,
+    "test_every_rank_failing_before_step_0_is_a_job_error": _start_error,
+    **{
+        f"test_a_script_that_fails_at_start_is_a_job_error[{param.id}]": _broken(param.values[0])
+        for param in START_FAILURES
+    },
+})
+jobs = jobs_fixture(JOBS, "restart")
+
+
+@pytest.mark.parametrize(("rank", "step"), ONE_OFF)
+def test_a_one_off_exception_is_restarted_in_place_and_the_job_finishes(jobs, request, rank, step):
+    job = f"oneoff-r{rank}-s{step}"
+    (proc, _), tmp_path = jobs.result(request)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "training completed" in out and "restart in place" in out
@@ -146,25 +220,9 @@ def test_a_one_off_exception_is_restarted_in_place_and_the_job_finishes(tmp_path
     assert job_state(tmp_path / "store", job) == "completed"
 
 
-def test_the_same_exception_again_is_escalated(tmp_path):
+def test_the_same_exception_again_is_escalated(jobs, request):
     job = "twice"
-    proc, _ = faultlens_run(
-        tmp_path,
-        job,
-        [
-            str(SCRIPT),
-            "--steps",
-            "12",
-            "--raise-rank",
-            "1",
-            "--raise-step",
-            "5",
-            "--raise-type",
-            "ValueError",
-            "--raise-message",
-            "shape mismatch in batch",
-        ],
-    )
+    (proc, _), tmp_path = jobs.result(request)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     made = decisions(tmp_path / "store", job)
@@ -175,9 +233,9 @@ def test_the_same_exception_again_is_escalated(tmp_path):
     assert job_state(tmp_path / "store", job) == "stopped"
 
 
-def test_every_rank_failing_before_step_0_is_a_job_error(tmp_path):
+def test_every_rank_failing_before_step_0_is_a_job_error(jobs, request):
     job = "start-error"
-    proc, _ = faultlens_run(tmp_path, job, [str(SCRIPT), "--start-error"])
+    (proc, _), tmp_path = jobs.result(request)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "job error (no node to blame)" in out
@@ -188,25 +246,9 @@ def test_every_rank_failing_before_step_0_is_a_job_error(tmp_path):
     assert job_state(tmp_path / "store", job) == "failed"
 
 
-@pytest.mark.parametrize(
-    ("source", "expected"),
-    [
-        (
-            "import sys\n"
-            'print("config file not found: ./cfg.yaml", file=sys.stderr)\n'
-            "sys.exit(1)\n",
-            "config file not found: ./cfg.yaml",
-        ),
-        (
-            "import os\nimport no_such_package_xyz\n",
-            "ModuleNotFoundError: No module named 'no_such_package_xyz'",
-        ),
-    ],
-)
-def test_a_script_that_fails_at_start_is_a_job_error(tmp_path, source, expected):
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    proc, _ = faultlens_run(tmp_path, "broken", [str(script), "--lr", "0.1"])
+@pytest.mark.parametrize(("source", "expected"), START_FAILURES)
+def test_a_script_that_fails_at_start_is_a_job_error(jobs, request, source, expected):
+    (proc, _), tmp_path = jobs.result(request)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "job error (no node to blame)" in out and expected in out

@@ -37,27 +37,41 @@ def lost_dump_reports(scenarios: dict[str, Path], stacks: str, workdir: Path,
     """(set name, the rank left out, the set's culprits, the analysis) for every set and healthy
     rank; sets whose name (after the '/') is in needs_stacks are left out where there are no stacks
     (their waits are in gloo send/recv, which only stacks show)."""
+    for _, name, lost, culprits, report in lost_dump_reports_by_mode(
+        scenarios, (stacks,), workdir, needs_stacks
+    ):
+        yield name, lost, culprits, report
+
+
+def lost_dump_reports_by_mode(
+    scenarios: dict[str, Path], modes: tuple[str, ...], workdir: Path, needs_stacks: set[str]
+) -> Iterator[tuple[str, str, int, set[int], HangReport]]:
+    """(stack mode, set name, the rank left out, the set's culprits, the analysis) for each of
+    `modes` (STACK_MODES), as lost_dump_reports gives them one mode at a time; each set without its
+    lost rank's dump is written and read once and analysed under every mode (the reading is the
+    same for all of them, the stacks differ)."""
     for name, directory in sorted(scenarios.items()):
-        if stacks == "none" and name.split("/")[-1] in needs_stacks:
+        wanted = [m for m in modes if not (m == "none" and name.split("/")[-1] in needs_stacks)]
+        if not wanted:
             continue
         truth = json.loads((directory / "truth.json").read_text())
         culprits = {int(r) for r in truth["culprits"]}
         dumped = {int(path.stem.split("_")[1]) for path in (directory / "dumps").glob("rank_*.pkl")}
-        all_stacks = load_stack_dir(directory / "stacks") if stacks != "none" else {}
+        all_stacks = load_stack_dir(directory / "stacks") if wanted != ["none"] else {}
         for lost in sorted(dumped - culprits):
-            own = {
-                r: st
-                for r, st in all_stacks.items()
-                if not (stacks == "lost-rank-without" and r == lost)
-            }
-            dumps = read_dump_dir(
-                without(directory / "dumps", workdir / stacks / name / str(lost), lost)
-            )
-            yield (
-                name,
-                lost,
-                culprits,
-                analyze_collectives(
-                    dumps.table, expected_ranks=range(truth["world_size"]), stacks=own
-                ),
-            )
+            dumps = read_dump_dir(without(directory / "dumps", workdir / name / str(lost), lost))
+            for mode in wanted:
+                own = {
+                    r: st
+                    for r, st in (all_stacks.items() if mode != "none" else ())
+                    if not (mode == "lost-rank-without" and r == lost)
+                }
+                yield (
+                    mode,
+                    name,
+                    lost,
+                    culprits,
+                    analyze_collectives(
+                        dumps.table, expected_ranks=range(truth["world_size"]), stacks=own
+                    ),
+                )
