@@ -43,7 +43,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from bench.common import emit, machine  # noqa: E402
+from bench.common import Figure, Section, emit, machine, write_section  # noqa: E402
 
 DEFAULT_CACHE = REPO_ROOT / "bench" / "out" / "fr-dumps"
 TP, PP = 8, 4
@@ -232,10 +232,10 @@ def ensure_set(cache: Path, world: int, entries: int, workers: int) -> tuple[Pat
 
 
 def _measure(
-    cmd: list[str], timeout: float, env: dict[str, str] | None = None
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path = REPO_ROOT
 ) -> dict[str, object]:
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO_ROOT,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
                             env=env or os.environ.copy())
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -254,7 +254,7 @@ def _measure(
     }
 
 
-def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
+def _run_with_rss(cmd: list[str], timeout: float, tree: Path = REPO_ROOT) -> dict[str, object]:
     """Run `cmd` in a wrapper that reports the child's own peak RSS (wait4), so sizes do not mix."""
     wrapper = ("import os,sys,time,json,subprocess\n"
                "t=time.perf_counter(); p=subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, "
@@ -266,7 +266,8 @@ def _run_with_rss(cmd: list[str], timeout: float) -> dict[str, object]:
                "'cpu':ru.ru_utime+ru.ru_stime,"
                "'maxrss_mb':ru.ru_maxrss/1024,'out':out.decode(errors='replace')[-4000000:],"
                "'err':err.decode(errors='replace')[-4000:]}))\n")
-    result = _measure([sys.executable, "-c", wrapper, *cmd], timeout)
+    env = os.environ | {"PYTHONPATH": str(tree)}  # `tree`'s faultlens (the code before: --before)
+    result = _measure([sys.executable, "-c", wrapper, *cmd], timeout, env, tree)
     if result.get("timed_out"):
         return result
     try:
@@ -291,19 +292,62 @@ from faultlens.compiled import use_compiled
 use_compiled()
 from faultlens.attribution.detectors.hang import analyze_collectives
 from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+from faultlens.controller.hang_dump_dir import analyze_dump_dir
 
 analyze_collectives(read_dump_dir(sys.argv[1], fast_path=True).table)
+# the dictionary read analyze-hang makes (its narrow index and int32 kernels' specializations)
+analyze_dump_dir(sys.argv[1])
 """
 
 _LIBRARY_RUN = """
-import json, sys, time
+import json, resource, sys, threading, time
 t = time.perf_counter()
+# where the memory goes: resident MiB (sampled every 10 ms, the peak so far) and CPU at each phase
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+peak, phases = [0.0], []
+def sample():
+    while True:
+        peak[0] = max(peak[0], rss())
+        time.sleep(0.01)
+threading.Thread(target=sample, daemon=True).start()
+def mark(name):
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    now = rss()
+    peak[0] = max(peak[0], now)
+    phases.append({"phase": name, "rss_mib": round(now), "peak_mib": round(peak[0]),
+                   "cpu_s": round(ru.ru_utime + ru.ru_stime, 2)})
+import numpy, pyarrow
+mark("python, numpy, pyarrow imported")
 from faultlens.controller.hang_dump_dir import analyze_dump_dir
+from faultlens.collectors.artifacts.flight_recorder import assembly
+from faultlens.attribution.detectors.hang import analyze, stream
+mark("faultlens imported")
+flush, take, table = assembly.Assembly.flush_chunk, stream.PassOneStream.take, \
+    assembly.Assembly.table
+def flushed(self, identity):
+    flush(self, identity)
+    if len(self.chunks) == 1:
+        mark("first chunk built (reader kernels loaded)")
+def whole(self, identity):
+    mark("every dump read")
+    return table(self, identity)
+def taken(self, tab):
+    mark("table built")
+    out = take(self, tab)
+    mark("pass 1 done")
+    return out
+assembly.Assembly.flush_chunk, assembly.Assembly.table = flushed, whole
+stream.PassOneStream.take = taken
 # as analyze-hang: pass 1 on the rows as they are read
 dumps, report = analyze_dump_dir(sys.argv[1])
+mark("analysis done")
 seconds = time.perf_counter() - t
-read = {"read_seconds": dumps.seconds, "seconds": seconds, "rows": dumps.table.num_rows}
-print(json.dumps(report.to_dict() | {"dumps": read}))
+read = {"read_seconds": dumps.seconds, "seconds": seconds, "rows": dumps.table.num_rows,
+        "table_mib": round(dumps.table.nbytes / 2**20, 1),
+        "table_bytes_per_row": round(dumps.table.nbytes / max(dumps.table.num_rows, 1), 1)}
+print(json.dumps(report.to_dict() | {"dumps": read, "phases": phases}))
 """
 
 
@@ -316,6 +360,23 @@ def warm_cache(directory: Path) -> float:
             while handle.read(1 << 22):
                 pass
     return time.perf_counter() - started
+
+
+def bench_before(directory: Path, world: int, timeout: float, tree: Path) -> dict[str, object]:
+    """The library call of bench_faultlens on the code in `tree` (an export of an earlier commit),
+    after one untimed run that compiles its kernels into its own cache."""
+    cmd = [sys.executable, "-c", _LIBRARY_RUN, str(directory)]
+    _run_with_rss(cmd, timeout, tree)
+    result = _run_with_rss(cmd, timeout, tree)
+    out = {key: result.get(key) for key in ("seconds", "cpu_seconds", "peak_rss_mb", "exit_code")}
+    try:
+        report = json.loads(result["stdout"])
+        out["correct"] = report["culprit_ranks"] == [_culprit(world)]
+        out["table_mib"] = report["dumps"].get("table_mib")
+        out["phases"] = report.get("phases")
+    except (ValueError, KeyError, TypeError):
+        out["error"] = (result.get("stderr") or "")[-1500:]
+    return out
 
 
 def bench_faultlens(directory: Path, world: int, timeout: float, cli: bool) -> dict[str, object]:
@@ -342,6 +403,11 @@ def bench_faultlens(directory: Path, world: int, timeout: float, cli: bool) -> d
         ],
         600,
     )
+    if world <= 1024:
+        # the kernels' specializations a set of this shape uses (int16 dictionary indices where a
+        # column has over 127 values: the real set has none) compiled once, untimed; larger sets
+        # of this generator use the same ones
+        _run_with_rss(library_cmd, timeout)
     result = _run_with_rss(library_cmd, timeout)
     out: dict[str, object] = {
         "seconds": result.get("seconds"),
@@ -366,6 +432,9 @@ def bench_faultlens(directory: Path, world: int, timeout: float, cli: bool) -> d
         out["correct"] = report["culprit_ranks"] == [_culprit(world)]
         out["read_seconds"] = round(report["dumps"]["read_seconds"], 2)
         out["in_process_seconds"] = round(report["dumps"]["seconds"], 2)
+        out["table_mib"] = report["dumps"]["table_mib"]
+        out["table_bytes_per_row"] = report["dumps"]["table_bytes_per_row"]
+        out["phases"] = report["phases"]
     except (ValueError, KeyError, TypeError):
         out["error"] = (result.get("stderr") or "")[-1500:]
     return out
@@ -475,6 +544,76 @@ def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, obj
     }
 
 
+# --------------------------------------------------------------------------------------------------
+# the published section (--write)
+
+MEMORY_TITLE = "Hang analysis memory and reading at scale: RSS by phase"
+_TARGETS = {1024: ("<= 200 MiB peak", ">= 40x torch by CPU"), 16384: ("<= 2 GB", "<= 12 s")}
+
+
+def _ratio(anchor: object, value: object) -> str:
+    if not isinstance(anchor, (int, float)) or not isinstance(value, (int, float)) or not value:
+        return "-"
+    return f"{anchor / value:.2f}x"
+
+
+def memory_section(results: dict, args: argparse.Namespace) -> Section:
+    """Peak RSS, CPU and the memory by phase of each size, beside torch's fr_trace and the code
+    before where they ran."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=REPO_ROOT).stdout.strip() or "-"
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
+    figures = []
+    for row in results["sizes"]:
+        fl, tt, before = row["faultlens"], row.get("torch", {}), row.get("before") or {}
+        size = f"{row['ranks']:,} ranks x {results['entries_per_rank']:,} entries"
+        memory_target, speed_target = _TARGETS.get(row["ranks"], ("-", "-"))
+        right = "culprit right" if fl.get("correct") else "culprit WRONG"
+        value = (f"{fl.get('cpu_seconds')} s CPU ({fl.get('seconds')} s wall), "
+                 f"{fl.get('peak_rss_mb')} MiB, {right}")
+        if "cpu_seconds" in tt:
+            figures.append(Figure(f"{size}: read + analysis", value, speed_target,
+                                  f"torch fr_trace: {tt['cpu_seconds']} s CPU ({tt['seconds']} s "
+                                  f"wall), {tt.get('peak_rss_mb')} MiB",
+                                  f"{_ratio(tt['cpu_seconds'], fl.get('cpu_seconds'))} CPU, "
+                                  f"{_ratio(tt.get('peak_rss_mb'), fl.get('peak_rss_mb'))} RSS",
+                                  commit, date))
+        else:
+            why = "timed out" if tt.get("timed_out") else "not run"
+            figures.append(Figure(f"{size}: read + analysis", value, speed_target,
+                                  f"torch fr_trace: {why}", "-", commit, date))
+        if before:
+            figures.append(Figure(
+                f"{size}: read + analysis, the code before", value, memory_target,
+                f"the code before: {before.get('cpu_seconds')} s CPU ({before.get('seconds')} s "
+                f"wall), {before.get('peak_rss_mb')} MiB, table {before.get('table_mib')} MiB",
+                f"{_ratio(before.get('cpu_seconds'), fl.get('cpu_seconds'))} CPU, "
+                f"{_ratio(before.get('peak_rss_mb'), fl.get('peak_rss_mb'))} RSS", commit, date))
+        figures.append(Figure(f"{size}: the table kept for pass 2",
+                              f"{fl.get('table_mib')} MiB ({fl.get('table_bytes_per_row')} "
+                              "bytes a row)", "-", "-", "-", commit, date))
+        for phase in fl.get("phases") or []:
+            figures.append(Figure(f"{size}: RSS at \"{phase['phase']}\"",
+                                  f"{phase['rss_mib']} MiB (peak so far {phase['peak_mib']} MiB, "
+                                  f"{phase['cpu_s']} s CPU)", "-", "-", "-", commit, date))
+    load = results.get("load_average_at_start")
+    notes = (
+        f"Load average at the start of the run: {', '.join(str(round(x, 1)) for x in load)} on "
+        f"{os.cpu_count()} cores (a shared machine): wall figures are inflated by it, CPU figures "
+        "less so, RSS not.",
+        "RSS by phase: /proc/self/statm sampled every 10 ms in the measured process; peak RSS of "
+        "the rows above: the child's own (wait4).",
+    )
+    command = "PYTHONPATH=. python -m bench.bench_hang " + " ".join(
+        [f"--ranks {args.ranks}", "--no-ingest" if args.no_ingest else "",
+         "--before DIR" if args.before else "", "--write"]).replace("  ", " ").strip()
+    return Section(MEMORY_TITLE, "faultlens analyze-hang's library call (reading + analysis) "
+                   "on the synthetic Megatron-like sets beside torch's fr_trace on the same dumps "
+                   "and the code before (DIR: git archive BASE | tar -x -C DIR); peak RSS and "
+                   "where the memory goes, phase by phase.",
+                   (command,), tuple(figures), notes)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="1024", help="comma-separated dump set sizes (default "
@@ -489,6 +628,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cli-max-ranks", type=int, default=4096,
                         help="also time `faultlens analyze-hang` (the CLI) up to this size")
     parser.add_argument("--naive-ranks", type=int, default=64)
+    parser.add_argument("--before", type=Path, default=None,
+                        help="also time the library call on the code in DIR (git archive BASE | "
+                             "tar -x -C DIR), after faultlens, in the same run")
+    parser.add_argument("--write", action="store_true",
+                        help="publish the memory section in docs/benchmarks.md")
     parser.add_argument(
         "--workers", type=int, default=min(2, os.cpu_count() or 1), help="generator processes"
     )
@@ -509,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         row["faultlens"] = bench_faultlens(
             directory, world, args.timeout, cli=world <= args.cli_max_ranks
         )
+        if args.before is not None:
+            warm_cache(directory)
+            row["before"] = bench_before(directory, world, args.timeout, args.before.resolve())
         if world <= args.torch_max_ranks:
             warm_cache(directory)
             row["torch"] = bench_torch(directory, world, args.torch_timeout)
@@ -532,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
             warm_cache(directory)  # the smallest size, while its files are in the page cache
             results["ingest"] = bench_ingest(directory, world, args.naive_ranks)
     emit("hang", results)
+    if args.write:
+        write_section(REPO_ROOT / "docs" / "benchmarks.md", memory_section(results, args))
     print()
     print("| ranks x entries | dumps | faultlens read + analysis wall (CPU) | peak RSS | torch "
           "fr_trace wall (CPU) | "

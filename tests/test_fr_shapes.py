@@ -155,7 +155,7 @@ def test_string_lists_decode_to_the_entries_lists() -> None:
 def test_a_dictionary_read_decodes_to_the_plain_read(processes: int) -> None:
     plain = read_dump_dir(NCCL_SET, columns=COLUMNS)
     coded = read_dump_dir(NCCL_SET, columns=COLUMNS, dictionary=True, processes=processes)
-    for name in ("input_sizes", "input_dtypes"):
+    for name in ("input_sizes", "input_dtypes", "output_sizes", "output_dtypes"):
         column = coded.table.column(name)
         assert pa.types.is_dictionary(column.type)
         assert column.to_pylist() == plain.table.column(name).to_pylist()

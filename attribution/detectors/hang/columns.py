@@ -113,19 +113,20 @@ def int_column(column: pa.ChunkedArray | pa.Array, fill: int = -1) -> tuple[np.n
 
 def int_column_raw(column: pa.ChunkedArray | pa.Array,
                    fill: int = -1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """int_column, and the values with nulls as they lie (a view of the column's buffer where it is
-    one int64
-    chunk: what is kept of a column long after its decode then costs no memory of its own)."""
+    """int_column, and the values with nulls as they lie, in the column's own width (a view of the
+    column's buffer where it is one chunk: what is kept of a column long after its decode then
+    costs no memory of its own; a dictionary read keeps collective_seq_id as int32 where it
+    fits)."""
     if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit
         column = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64())
     array = single_chunk(column)
     if len(array) == 0:
         return np.empty(0, np.int64), np.empty(0, bool), np.empty(0, np.int64)
-    values, valid = primitive_values(array)
-    values = values.astype(np.int64, copy=False)
+    raw, valid = primitive_values(array)
+    values = raw.astype(np.int64, copy=False)
     if valid is None:
-        return values, np.ones(len(array), bool), values
-    return np.where(valid, values, fill), valid, values
+        return values, np.ones(len(array), bool), raw
+    return np.where(valid, values, fill), valid, raw
 
 
 def code_column(array: pa.Array) -> np.ndarray:

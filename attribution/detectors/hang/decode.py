@@ -114,7 +114,9 @@ class SliceIndex:
 
     start: int
     group: np.ndarray  # int32 group code of each row, -1 where it is no collective entry
-    seq: np.ndarray  # int64, read only where group >= 0 (elsewhere a null's value as it lies)
+    # int64 or int32 (the column's width), read only where group >= 0 (elsewhere a null's value as
+    # it lies)
+    seq: np.ndarray
     rank: np.ndarray  # int32
     complete: np.ndarray  # bool
 

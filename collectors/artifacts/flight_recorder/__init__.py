@@ -15,11 +15,13 @@ problem, and every other rank is still read.
 Speed and memory: files are parsed a window at a time by a few threads (the scanner releases the
 GIL) and their columns are assembled into Arrow chunks of CHUNK_ROWS rows as they come, with
 set-wide string dictionaries, so a 16,384-rank set is never held twice. `columns=` builds only what
-a caller needs and `dictionary=True` keeps strings dictionary-encoded, and input_sizes and
-input_dtypes as codes of set-wide dictionaries of their values (shapes.py: a job repeats a few
-hundred distinct values on millions of entries), which is what the hang analysis uses: 70 bytes a
-row for its columns, where plain lists and strings took 93. The defaults give the table exactly in
-the schema.
+a caller needs and `dictionary=True` keeps strings dictionary-encoded, and the sizes and dtypes
+lists (inputs and outputs) as codes of set-wide dictionaries of their values (shapes.py: a job
+repeats a few hundred distinct values on millions of entries), which is what the hang analysis
+uses; such a read also keeps each dictionary's indices as narrow as its size allows (int8/int16)
+and record_id, p2p_seq_id, op_id, timeout_ms as int32 in a chunk whose values fit: 42 bytes a row
+for the analysis' columns, where plain lists and strings took 93. The defaults give the table
+exactly in the schema.
 
 Rows, one per entry (`record_id` set). Besides them each dump adds one *status row* per `pg_status`
 group (`record_id` null; `pg_id` the dump's local id, `pg_last_enqueued/started/completed` set), or

@@ -71,12 +71,39 @@ def string_array(values: Sequence[str]) -> pa.Array:
     )
 
 
+def index_type(size: int) -> pa.DataType:
+    """The narrowest signed index type for a dictionary of `size` values (a set's groups, ops and
+    states fit 8 or 16 bits: 2-3 bytes a row less per column than int32)."""
+    if size <= 127:
+        return pa.int8()
+    return pa.int16() if size <= 32767 else pa.int32()
+
+
 def coded_array(codes: np.ndarray, dictionary: pa.Array) -> pa.DictionaryArray:
     """int32 codes (-1: null) over `dictionary`, the indices unchecked (no pandas; see
-    numeric_array)."""
+    numeric_array), as narrow as the dictionary's size allows (index_type)."""
     codes = np.ascontiguousarray(codes, np.int32)
-    indices = numeric_array(codes, pa.int32(), codes < 0)
+    indices = numeric_array(codes, index_type(len(dictionary)), codes < 0)
     return pa.DictionaryArray.from_arrays(indices, dictionary, safe=False)
+
+
+def _width(type_: pa.DataType) -> int:
+    if pa.types.is_dictionary(type_):
+        return type_.index_type.bit_width
+    if pa.types.is_list(type_):
+        return _width(type_.value_type)
+    return type_.bit_width if pa.types.is_integer(type_) else 0
+
+
+def same_type(pieces: list[pa.Array]) -> list[pa.Array]:
+    """A column's chunks in one type: a chunk built while a dictionary was shorter may have
+    narrower indices (index_type) than a later one, and a chunk's integers may have fit int32 where
+    another's did not (chunks.NARROW_INTS); each is cast to the widest."""
+    types = {p.type for p in pieces}
+    if len(types) <= 1:
+        return pieces
+    widest = max(types, key=_width)
+    return [p if p.type == widest else p.cast(widest) for p in pieces]
 
 
 class SetStrings:

@@ -16,6 +16,7 @@ from faultlens.collectors.artifacts.flight_recorder.arrow import (
     numeric_array,
     remapped_to_set,
     repeat_strings,
+    same_type,
     sparse_lists,
     with_dictionary,
 )
@@ -91,8 +92,10 @@ class Assembly:
         self.buffers = ChunkBuffers(self.columns, self.compiled, coded_lists=self.dictionary)
         self.shapes = SetShapes()
         self.dtype_lists = SetStringLists(self.strings["input_dtypes"])
-        self.vocabularies: dict[str, SetShapes | SetStringLists] = {"input_sizes": self.shapes,
-                                                                 "input_dtypes": self.dtype_lists}
+        # inputs and outputs share one dictionary of shapes and one of dtype lists
+        self.vocabularies: dict[str, SetShapes | SetStringLists] = {
+            "input_sizes": self.shapes, "output_sizes": self.shapes,
+            "input_dtypes": self.dtype_lists, "output_dtypes": self.dtype_lists}
 
     def add(self, dump: Dump, dump_id: str) -> None:
         self.all_ranks.add(dump.rank)
@@ -202,15 +205,16 @@ class Assembly:
         read codes.
         """
         out = {}
-        if "input_sizes" in self.buffers.coded_lists:
-            sizes = dump.sizes["input_sizes"]
-            out["input_sizes"] = self.shapes.codes(
-                sizes.counts, sizes.ndims, sizes.dims, self.compiled
-            )
-        if "input_dtypes" in self.buffers.coded_lists:
-            column = dump.dtypes["input_dtypes"]
-            items = self.strings["input_dtypes"].remap(column.values or [], column.items)
-            out["input_dtypes"] = self.dtype_lists.codes(column.counts, items, self.compiled)
+        for key in ("input_sizes", "output_sizes"):
+            if key in self.buffers.coded_lists:
+                sizes = dump.sizes[key]
+                out[key] = self.shapes.codes(sizes.counts, sizes.ndims, sizes.dims, self.compiled)
+        for key in ("input_dtypes", "output_dtypes"):
+            if key in self.buffers.coded_lists:
+                column = dump.dtypes[key]
+                # (the dtype strings of both in the inputs' dictionary, as the shared lists are)
+                items = self.strings["input_dtypes"].remap(column.values or [], column.items)
+                out[key] = self.dtype_lists.codes(column.counts, items, self.compiled)
         return out
 
     def _add_lists(self, dump: Dump, first: int, n: int, end: int) -> None:
@@ -323,9 +327,9 @@ class Assembly:
         self.rebuild_membership()
         columns: dict[str, pa.ChunkedArray] = {}
         for name in self.chunks[0].column_names:
-            pieces = [
+            pieces = same_type([
                 self.final_dictionary(name, chunk.column(name).chunk(0)) for chunk in self.chunks
-            ]
+            ])
             columns[name] = pa.chunked_array(pieces, type=pieces[0].type)
         self.chunks = []
         if "pg_ranks" in self.columns:

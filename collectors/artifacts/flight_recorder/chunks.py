@@ -28,9 +28,14 @@ from faultlens.collectors.sources.source import NodeIdentity
 STATUS_COLUMNS = ("pg_last_enqueued", "pg_last_started", "pg_last_completed")
 _CODES = ("dump_id", "fr_version", "comm_lib", "op", "state", "pg_desc", "pg_name", "pg_id", "node")
 _LISTS = ("input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames")
-# kept as codes of their values' dictionaries in dictionary reads
-CODED_LISTS = ("input_sizes", "input_dtypes")
+# kept as codes of their values' dictionaries in dictionary reads (outputs share the inputs'
+# dictionaries: a job's output shapes and dtypes are mostly its input ones)
+CODED_LISTS = ("input_sizes", "input_dtypes", "output_sizes", "output_dtypes")
 _FIRST_CAPACITY = 1 << 16
+# integer columns a dictionary read keeps as int32 in a chunk whose values fit (the hang analysis
+# reads them in any width: most at a few rows; collective_seq_id's decode keeps a view of it)
+NARROW_INTS = ("record_id", "collective_seq_id", "p2p_seq_id", "op_id", "timeout_ms")
+_NARROW_MAX = 1 << 30  # fits int32 with room: a consumer's seq + 1 never wraps
 
 
 class ChunkBuffers:
@@ -52,9 +57,10 @@ class ChunkBuffers:
         self.ints = [c for c in (*INT_COLUMNS, *STATUS_COLUMNS, *TIME_COLUMNS) if c in wanted
                      or (c == "time_created" and "ts" in wanted)]
         self.flags = [c for c in ("is_p2p", "retired") if c in wanted]
-        # input_sizes and input_dtypes as codes of set-wide dictionaries of their values
-        # (shapes.py), where the read keeps dictionaries
+        # the sizes and dtypes lists as codes of set-wide dictionaries of their values (shapes.py),
+        # where the read keeps dictionaries
         self.coded_lists = [c for c in CODED_LISTS if coded_lists and c in wanted]
+        self.narrow = [c for c in NARROW_INTS if coded_lists and c in wanted]
         self.lists = [c for c in _LISTS if c in wanted and c not in self.coded_lists]
         # status rows take their group's desc
         self.status_desc = "pg_desc" in wanted and group_wanted
@@ -223,7 +229,8 @@ class ChunkBuffers:
             if name in self.wanted:
                 cols[name] = strings[name].array(values[name], True)
         for name in self.ints:
-            arr = numeric_array(values[name], pa.int64(), ~valid[name])
+            arr = numeric_array(values[name], _int_type(name in self.narrow, values[name]),
+                                ~valid[name])
             if name in TIME_COLUMNS:
                 arr = arr.cast(pa.timestamp("ns", tz="UTC"))
             if name in self.wanted:
@@ -266,6 +273,14 @@ class ChunkBuffers:
         else:
             values = strings[name].array(_joined(items, np.int32), True)
         return list_from_counts(counts, values)
+
+
+def _int_type(narrow: bool, values: np.ndarray) -> pa.DataType:
+    """int32 where the column may be narrowed and its values (nulls as 0) fit, else int64."""
+    if narrow and (values.shape[0] == 0 or (
+            int(values.min()) >= -_NARROW_MAX and int(values.max()) <= _NARROW_MAX)):
+        return pa.int32()
+    return pa.int64()
 
 
 def _fill() -> ModuleType:

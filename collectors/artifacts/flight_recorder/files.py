@@ -84,8 +84,9 @@ def find_dump_files(directory: str | os.PathLike[str]) -> list[Path]:
     except OSError as exc:
         raise DumpDirError(f"{root}: cannot list: {exc.strerror or exc}") from None
 
+    chosen = set(files)  # (a list's `in` was quadratic: 134 M path compares at 16,384 ranks)
     for path in entries:  # a directory named like a dump is noted, never read
-        if path not in files and not path.name.startswith(".") and _named_like_dump(path.name) \
+        if path not in chosen and not path.name.startswith(".") and _named_like_dump(path.name) \
                 and path.is_dir():
             log.warning("%s: a directory named like a dump: skipped", path)
 

@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 # below this, threads in one process; above, the files are split over processes
 PROCESS_MIN_FILES = 1024
-# dump bytes parsed ahead of the assembly (their columns are about as large)
-PARSE_AHEAD_BYTES = 64 << 20
+# dump bytes parsed ahead of the assembly (their columns are about as large): ~35 real dumps, wide
+# enough to cover a chunk's build (~60 ms for CHUNK_ROWS rows)
+PARSE_AHEAD_BYTES = 16 << 20
 
 
 @dataclass

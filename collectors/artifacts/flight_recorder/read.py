@@ -187,8 +187,9 @@ def read_dump_dir(
     """Read every dump in `directory` into `collectives` rows.
 
     columns: the subset of the table's columns to build (default all; analysis needs far fewer).
-    dictionary: keep string columns dictionary-encoded, and input_sizes / input_dtypes as dictionary
-    arrays over the distinct values (shapes.py; smaller and faster for analysis); the default gives
+    dictionary: keep string columns dictionary-encoded (narrow indices), the sizes and dtypes
+    lists as dictionary arrays over the distinct values (shapes.py) and the integer columns a few
+    rows are read of as int32 where they fit (smaller and faster for analysis); the default gives
     the table exactly in the schema. fast_path=False loads pickles through the restricted unpickler
     only (the reference path the fast scanner is tested against); True uses the compiled scanner;
     None (default) uses it when the dump set holds at least FAST_PATH_MIN_BYTES, since its first use
