@@ -194,7 +194,11 @@ def test_the_buffer_built_arrays_equal_pyarrows_own() -> None:
         codes = rng.integers(-1, 7, n).astype(np.int32)
         words = pa.array([f"w{i}" for i in range(7)])
         expected = pa.DictionaryArray.from_arrays(codes, words, from_pandas=True, safe=False)
-        assert coded_array(codes, words).equals(expected)
+        coded = coded_array(codes, words)
+        # the same values, its indices as narrow as 7 words allow (int8)
+        assert coded.type.index_type == pa.int8()
+        assert coded.dictionary_decode().equals(expected.dictionary_decode())
+        assert coded.indices.cast(pa.int32()).equals(expected.indices)
         arrow = pa.array(values, mask=null)
         for piece in (arrow, arrow.slice(n // 3), pa.chunked_array([arrow, arrow.slice(1)])):
             filled = piece.fill_null(-1).to_numpy()
