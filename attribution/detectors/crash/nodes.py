@@ -403,7 +403,13 @@ def left_early(
     failed waiting for it: the rank that left (uneven data per rank, an early return) is the
     culprit, not a crash of nobody. Software: the same data or code leaves the same way again."""
     reported = {f.rank for f in failures}
-    leavers = sorted(r for r, ts in closed.items() if r not in reported and ts <= first)
+    # torchrun's error files stamp a failure in whole seconds: a leaver that closed within that
+    # second closed before it
+    before = first + dt.timedelta(seconds=1) if first.microsecond == 0 else None
+    leavers = sorted(
+        r for r, ts in closed.items()
+        if r not in reported and (ts < before if before is not None else ts <= first)
+    )
     if not leavers:
         return None
     done = _reached_steps(telemetry.heartbeats, attempt, "step")
