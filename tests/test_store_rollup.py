@@ -384,3 +384,17 @@ def test_flushes_from_two_threads_while_rolling(tmp_path: Path) -> None:
     sink.flush()
     assert sink.merges > 0
     assert _read(tmp_path) == sorted((n, s) for n in ("x", "y") for s in range(30))
+
+
+def test_a_training_processes_step_timer_never_rolls_up(tmp_path) -> None:
+    """Merging reads and rewrites Parquet: the node's agent or `faultlens compact` does it, never the
+    step timer inside a training process (a local store otherwise rolls up by default)."""
+    from faultlens.collectors.store.sink import SegmentSink
+    from faultlens.collectors.training.step_timer import StepTimer
+
+    assert SegmentSink(str(tmp_path / "other")).rolls_up
+    timer = StepTimer.from_env(str(tmp_path / "store"))
+    try:
+        assert timer.sink is not None and not timer.sink.rolls_up
+    finally:
+        timer.close()

@@ -160,6 +160,11 @@ class SegmentSink:
         return results
 
     @property
+    def rolls_up(self) -> bool:
+        """Whether this sink merges its own older segments after a flush (rollup)."""
+        return self._roller is not None
+
+    @property
     def merges(self) -> int:
         """How many rollup merges this sink has made."""
         return self._roller.merges if self._roller is not None else 0

@@ -241,7 +241,9 @@ class StepTimer(RowWriter):
             try:
                 from faultlens.collectors.store.sink import SegmentSink
 
-                sink = SegmentSink(url, flush_rows=flush_rows, flush_age_s=3600.0)
+                # no rollup here: merging older segments reads and rewrites Parquet, work that
+                # belongs to the node's agent or `faultlens compact`, never a training process
+                sink = SegmentSink(url, flush_rows=flush_rows, flush_age_s=3600.0, rollup=False)
             except Exception as exc:
                 log.warning("step_timer: store %r cannot be opened (%s); steps will be counted, "
                             "not stored", url, exc)
