@@ -387,7 +387,7 @@ def test_flushes_from_two_threads_while_rolling(tmp_path: Path) -> None:
 
 
 def test_a_training_processes_step_timer_never_rolls_up(tmp_path) -> None:
-    """Merging reads and rewrites Parquet: the node's agent or `faultlens compact` does it, never the
+    """Merging reads and rewrites Parquet: the agent or `faultlens compact` does it, never the
     step timer inside a training process (a local store otherwise rolls up by default)."""
     from faultlens.collectors.store.sink import SegmentSink
     from faultlens.collectors.training.step_timer import StepTimer
