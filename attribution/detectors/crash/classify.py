@@ -14,7 +14,10 @@ from faultlens.attribution.detectors.crash.failures import (
     FailureKind,
     RankFailure,
 )
-from faultlens.attribution.detectors.crash.lifecycle import in_teardown
+from faultlens.attribution.detectors.crash.lifecycle import (
+    in_teardown,
+    stamped_in_whole_seconds,
+)
 from faultlens.attribution.detectors.crash.rows import (
     describe_process_event,
     row_value,
@@ -191,6 +194,7 @@ class FailureClassifier:
             secondary_rows=int(counts["secondary_"]),
             timeout_rows=int(counts["timeout_"]),
             first_timeout=as_datetime(timeouts.min()) if not timeouts.empty else None,
+            whole_second=stamped_in_whole_seconds(row_value(chosen, "source"), chosen["ts"]),
             evidence=tuple(
                 Evidence("process_events", as_datetime(row["ts"]), describe_process_event(row))
                 for _, row in shown.head(3).iterrows()

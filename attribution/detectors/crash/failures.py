@@ -57,6 +57,9 @@ class RankFailure:
     secondary_rows: int = 0
     timeout_rows: int = 0
     first_timeout: dt.datetime | None = None  # when this rank first reported a collective timeout
+    # ts came from a source that stamps whole seconds (torchrun's error files): the failure happened
+    # somewhere in that second
+    whole_second: bool = False
     evidence: tuple[Evidence, ...] = ()
 
 

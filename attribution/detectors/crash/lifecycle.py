@@ -55,6 +55,12 @@ def in_teardown(events: pd.DataFrame, signal: pd.Series) -> pd.Series:
     return at_or_after(events, starts) & (events["kind"] != "signal_sent")
 
 
+def stamped_in_whole_seconds(source: Any, ts: Any) -> bool:
+    """One row's time has only whole-second resolution (see _whole_seconds)."""
+    stamp = pd.to_datetime(ts, utc=True, errors="coerce")
+    return source in Source.WHOLE_SECONDS and not pd.isna(stamp) and stamp == stamp.floor("s")
+
+
 def _whole_seconds(events: pd.DataFrame) -> pd.Series:
     """Rows whose time has only whole-second resolution: of a source that stamps whole seconds
     (Source.WHOLE_SECONDS), stamped on a whole second."""

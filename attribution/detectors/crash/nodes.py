@@ -405,7 +405,8 @@ def left_early(
     reported = {f.rank for f in failures}
     # torchrun's error files stamp a failure in whole seconds: a leaver that closed within that
     # second closed before it
-    before = first + dt.timedelta(seconds=1) if first.microsecond == 0 else None
+    coarse = any(f.whole_second and f.ts == first for f in failures)
+    before = first + dt.timedelta(seconds=1) if coarse else None
     leavers = sorted(
         r for r, ts in closed.items()
         if r not in reported and (ts < before if before is not None else ts <= first)
