@@ -210,13 +210,7 @@ class DecisionPolicy:
         restore = None
         if self.restore_chooser is not None:
             corrupt = incident.cause in config.corruption_causes
-            request = RestoreRequest(
-                job_id=incident.job_id,
-                exclude_nodes=tuple(exclude),
-                before_ts=incident.first_signal_ts if corrupt else None,
-                before_step=incident.step if corrupt else None,
-            )
-            restore = self.restore_chooser(request)
+            restore = self._choose_restore(incident, tuple(exclude))
             if restore is None:
                 reasons.append(
                     "no usable checkpoint survives the exclusion: restart from the beginning"
@@ -234,23 +228,60 @@ class DecisionPolicy:
                 "checkpoint from "
                 "before the fault: a human must look",
             )
-        # a job-wide numerics incident (its detector says so): a restart in place, leaving out the
-        # batches of the spike when it names them
+        # a job-wide numerics incident (its detector says so): a restart in place
         details = incident.details if isinstance(incident.details, dict) else {}
-        in_place = bool(details.get("restart_in_place")) and not exclude
-        if restore is not None and in_place and details.get("skip_steps"):
-            skip = tuple(int(s) for s in details["skip_steps"])
-            restore = dataclasses.replace(restore, skip_steps=skip)
-            reasons.append(f"skip the batches of steps {', '.join(map(str, skip))}")
+        if details.get("restart_in_place") and not exclude:
+            return self._in_place(incident, rule, now, reasons, restore)
         if restore is not None and details.get("checks"):  # a certified restore says what it passed
             reasons.append(str(details["checks"]))
         return Decision.for_incident(
             incident,
-            action=Action.RESTART if in_place else Action.FAILOVER,
+            action=Action.FAILOVER,
             policy_rule=rule.id,
             reason="; ".join(reasons),
             issued_at=now,
             exclude_nodes=tuple(exclude),
+            restore=restore,
+        )
+
+    def _choose_restore(self, incident: Incident, exclude: tuple[str, ...]) -> Restore | None:
+        """The checkpoint to restore with `exclude` left out: older than the incident when its
+        cause suggests corruption."""
+        if self.restore_chooser is None:
+            return None
+        corrupt = incident.cause in self.config.corruption_causes
+        return self.restore_chooser(RestoreRequest(
+            job_id=incident.job_id,
+            exclude_nodes=exclude,
+            before_ts=incident.first_signal_ts if corrupt else None,
+            before_step=incident.step if corrupt else None,
+        ))
+
+    def _in_place(
+        self,
+        incident: Incident,
+        rule: PolicyRule,
+        now: dt.datetime,
+        reasons: list[str],
+        restore: Restore | None,
+    ) -> Decision:
+        """The one restart in place (same nodes, nothing excluded, `restore`) of both ways to it: a
+        first occurrence (_restart) and a job-wide numerics incident (_failover); the batches the
+        detector names are left out, a certified restore says what it passed."""
+        details = incident.details if isinstance(incident.details, dict) else {}
+        reasons = list(reasons)
+        if restore is not None and details.get("skip_steps"):
+            skip = tuple(int(s) for s in details["skip_steps"])
+            restore = dataclasses.replace(restore, skip_steps=skip)
+            reasons.append(f"skip the batches of steps {', '.join(map(str, skip))}")
+        if restore is not None and details.get("checks"):
+            reasons.append(str(details["checks"]))
+        return Decision.for_incident(
+            incident,
+            action=Action.RESTART,
+            policy_rule=rule.id,
+            reason="; ".join(reasons),
+            issued_at=now,
             restore=restore,
         )
 
@@ -283,23 +314,15 @@ class DecisionPolicy:
                 f"({earlier}); {budget} restart(s) in place allowed per failure: "
                 "the code or the data, not chance; a human must look",
             )
-        restore = None
-        if self.restore_chooser is not None:
-            restore = self.restore_chooser(RestoreRequest(job_id=incident.job_id, exclude_nodes=()))
+        restore = self._choose_restore(incident, ())
         where = (
             f"restore {restore.tier} step {restore.step}"
             if restore is not None
             else "no checkpoint yet: from the beginning"
         )
-        return Decision.for_incident(
-            incident,
-            action=Action.RESTART,
-            policy_rule=rule.id,
-            reason=f"{rule.reason}: first occurrence of {what} in this job; restart in place on "
-            f"the same nodes, nothing excluded, {where}",
-            issued_at=now,
-            restore=restore,
-        )
+        reason = (f"{rule.reason}: first occurrence of {what} in this job; restart in place on "
+                  f"the same nodes, nothing excluded, {where}")
+        return self._in_place(incident, rule, now, [reason], restore)
 
     def _software_repeat(self, incident: Incident) -> str | None:
         rule = self.config.software_repeat
