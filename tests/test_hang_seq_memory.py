@@ -88,7 +88,8 @@ def test_the_same_contradictions_whatever_the_chunking(tmp_path: Path, sizes) ->
     assert find_contradictions(shuffled) == (found,)
 
 
-def test_the_scratch_is_a_few_bytes_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("lonely", [False, True])
+def test_the_scratch_is_a_few_bytes_a_row(monkeypatch: pytest.MonkeyPatch, lonely: bool) -> None:
     """A 64-rank set of 6,000 entries a rank in two groups each: the check's allocations stay under
     32 bytes a row (the table itself aside; the old int64 copies cost ~80), with blocks far smaller
     than the set (at the default a block's scratch is ~10 MiB whatever the set's size)."""
@@ -100,6 +101,8 @@ def test_the_scratch_is_a_few_bytes_a_row(monkeypatch: pytest.MonkeyPatch) -> No
     tp = rank // 8
     group = np.where(step % 2 == 0, tp, 8 + rank % 8).astype(np.int8)
     seq = (step // 2 + 1).astype(np.int32)
+    if lonely:  # rank 5's last entry says a seq no peer has: the full check runs
+        seq[6 * per_rank - 2] += 7
     names = pa.array([f"g{i}" for i in range(16)])
     table = pa.table(
         {
@@ -115,8 +118,52 @@ def test_the_scratch_is_a_few_bytes_a_row(monkeypatch: pytest.MonkeyPatch) -> No
     try:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
-        assert find_contradictions(table) == ()
+        found = find_contradictions(table)
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-    assert peak / n < 32, f"{peak / n:.1f} bytes a row"
+    assert [(f.rank, f.says, f.peers_seq) for f in found] == ([(5, 3007, 3000)] if lonely else [])
+    assert peak / n < (32 if lonely else 4), f"{peak / n:.1f} bytes a row"
+
+
+def _sets() -> list[Path]:
+    roots = [NCCL, *sorted((DATA_DIR / "device-mesh-hangs" / "raw").iterdir())]
+    roots += sorted((DATA_DIR / "skip-before-history" / "raw").iterdir())
+    roots = [r / "dumps" if (r / "dumps").is_dir() else r for r in roots]
+    return [r for r in roots if r.is_dir()]
+
+
+@pytest.mark.parametrize("seed,dictionary", [(1, True), (2, False)])
+def test_the_streamed_precheck_passes_only_sets_without_a_candidate(
+    seed: int, dictionary: bool
+) -> None:
+    """The two-pass precheck (nothing of the set's size built) says "none" only where the full
+    check finds no lonely last entry: real sets as read, and with seq ids edited at random (the
+    last entries of random ranks and groups moved by small and large amounts)."""
+    rng = np.random.default_rng(seed)
+    checked = {True: 0, False: 0}
+    for directory in _sets():
+        table = read_dump_dir(
+            directory, columns=COLUMNS, max_frames=0, processes=1, dictionary=dictionary
+        ).table
+        for edit in range(4):
+            if edit:
+                table = _moved_seq(table, rng)
+            rows = seq_consistency._Rows.of(table)
+            coll = seq_consistency._indices(rows.coll, rows.row.dtype)
+            rows.pairs, last = seq_consistency._last_of(rows, coll)
+            full = not seq_consistency._lonely(rows, coll, last)
+            assert seq_consistency._none_lonely(table) == full, (directory, edit)
+            checked[full] += 1
+    assert checked[True] and checked[False], checked
+
+
+def _moved_seq(table: pa.Table, rng: np.random.Generator) -> pa.Table:
+    seq = table.column("collective_seq_id").combine_chunks()
+    values = seq.cast(pa.int64()).fill_null(-1).to_numpy().copy()
+    rows = np.flatnonzero(np.asarray(seq.is_valid()))
+    row = int(rows[-1 - rng.integers(0, min(40, rows.shape[0]))])
+    values[row] += int(rng.choice([1, -1, 2, 1 << 12, 1 << 33]))
+    index = table.column_names.index("collective_seq_id")
+    column = pa.array(values, mask=~np.asarray(seq.is_valid()))
+    return table.set_column(index, "collective_seq_id", column)

@@ -79,6 +79,8 @@ def find_contradictions(table: pa.Table) -> tuple[SeqContradiction, ...]:
     together in record order, as read_dump_dir gives them)."""
     if table.num_rows < 2 or any(c not in table.column_names for c in _COLUMNS):
         return ()
+    if _none_lonely(table):  # most sets: nothing of the set's size is built
+        return ()
     rows = _Rows.of(table)
     if rows.rank.shape[0] < 2:
         return ()
@@ -106,6 +108,74 @@ def find_contradictions(table: pa.Table) -> tuple[SeqContradiction, ...]:
             )
         )
     return tuple(found)
+
+
+def _none_lonely(table: pa.Table) -> bool:
+    """True where no (rank, group)'s last collective entry has a (group, seq) that no other
+    collective row has: two passes over the table's slices, scratch of a slice and a few values per
+    (rank, group). False where some has, or where a rank's entries do not lie together (the full
+    check, _Rows, then decides; it finds a subset of these candidates)."""
+    group_column = table.column("pg_name")
+    if not pa.types.is_dictionary(group_column.type):  # (a plain read: small sets, tests)
+        group_column = pc.dictionary_encode(group_column)
+    if group_column.num_chunks == 0:
+        return table.num_rows == 0
+    group_column = group_column.unify_dictionaries()
+    width = len(group_column.chunk(0).dictionary) + 1
+    table = table.set_column(table.column_names.index("pg_name"), "pg_name", group_column)
+    wanted = ("record_id", "collective_seq_id", "rank", "pg_name", "is_p2p")
+    slices = _common_slices(table, tuple(c for c in wanted if c in table.column_names))
+    last: dict[int, tuple[int, int]] = {}  # rank * width + group + 1 -> (group, seq)
+    seen: set[int] = set()
+    current: int | None = None
+    for start, length in slices:
+        rank, group, seq, coll = _slice_entries(table, start, length)
+        if rank.shape[0]:
+            starts = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+            for r in rank[starts].tolist():
+                if r != current and r in seen:  # a rank's entries in two places
+                    return False
+                seen.add(r)
+                current = r
+        rank, group, seq = rank[coll], group[coll], seq[coll]
+        keys = rank.astype(np.int64) * width + group + 1
+        unique, from_end = np.unique(keys[::-1], return_index=True)
+        at = keys.shape[0] - 1 - from_end
+        last.update(zip(unique.tolist(), zip(group[at].tolist(), seq[at].tolist(), strict=True),
+                        strict=True))
+    if not last:
+        return True
+    pairs = np.array(list(last.values()), np.int64)
+    seqs = np.unique(pairs[:, 1])
+    mine = (pairs[:, 0] + 1) * seqs.shape[0] + np.searchsorted(seqs, pairs[:, 1])
+    keys_wanted = np.unique(mine)
+    counts = np.zeros(keys_wanted.shape[0], np.int64)
+    for start, length in slices:
+        _, group, seq, coll = _slice_entries(table, start, length)
+        group, seq = group[coll], seq[coll]
+        where = np.minimum(np.searchsorted(seqs, seq), seqs.shape[0] - 1)
+        hit = seqs[where] == seq
+        keys = (group[hit].astype(np.int64) + 1) * seqs.shape[0] + where[hit]
+        at = np.minimum(np.searchsorted(keys_wanted, keys), keys_wanted.shape[0] - 1)
+        counts += np.bincount(at[keys_wanted[at] == keys], minlength=keys_wanted.shape[0])
+    return bool(np.all(counts >= 2))
+
+
+def _slice_entries(
+    table: pa.Table, start: int, length: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The entries of one slice (rows with a record_id and a seq id): rank, group code (-1: no
+    name), seq, and whether each is a collective (not p2p)."""
+    seq, has_seq = _narrow_ints(table.column("collective_seq_id").slice(start, length))
+    keep = validity(table.column("record_id").slice(start, length))
+    at = np.flatnonzero(keep & has_seq if has_seq is not None else keep)
+    rank = _narrow_ints(table.column("rank").slice(start, length))[0][at]
+    group = code_column(single_chunk(table.column("pg_name").slice(start, length)).indices)[at]
+    if "is_p2p" in table.column_names:
+        p2p = bool_column(table.column("is_p2p").slice(start, length), length)[at]
+    else:
+        p2p = np.zeros(at.shape[0], bool)
+    return rank, group, seq[at], ~p2p
 
 
 @dataclass
