@@ -548,6 +548,37 @@ def bench_ingest(directory: Path, world: int, naive_ranks: int) -> dict[str, obj
 # the published section (--write)
 
 MEMORY_TITLE = "Hang analysis memory and reading at scale: RSS by phase"
+_NOT_16384 = (
+    "16,384 ranks: not measured in this run (its 7.5 GB set could not be generated and read "
+    "under load 60-100 in the time this stop had). The previous figures (4bb9040, load 22-43): "
+    "74.85 s CPU, 2,249 MiB peak; the seq-id check since added would have cost ~2.6 GB more "
+    "there, and now costs a slice's scratch unless a set has a candidate."
+)
+#: what the rows cannot say (measured beside this run; see the section's figures for the run)
+NOTES = (
+    "The code before (3b4dccc), the same library call on the same 1,024-rank set, measured alone "
+    "at the start of this stop (load 28.7): 7.38 s CPU, 585 MiB peak, reached after the read: "
+    "the cross-rank seq-id check (seq_consistency.py, added after the previous figures) made "
+    "int64 copies of its columns, ~80 bytes a row (+160 MiB here; ~2.6 GB at 16,384 ranks by "
+    "the same bytes a row, not measured). It "
+    "now runs a streamed precheck (two passes over the table's slices, a few values per rank "
+    "and group) and builds narrow entry arrays (~19 bytes a row) only for a set with a "
+    "candidate: +13 MiB at 1,024 ranks (tests/test_hang_seq_memory.py bounds its scratch), "
+    "and 0.23-0.25 s CPU against 0.39-0.65 s for the check before on the same table "
+    "in-process (two runs each, load ~85).",
+    "The floor before any row (the real 16-rank set read and analysed compiled, warm cache): "
+    "python, numpy and pyarrow 56 MiB; importing numba +63 MiB (llvmlite's LLVM library alone "
+    "+40, 34 of them its file pages); the first cached kernel loaded +61 MiB (LLVM's JIT and "
+    "target machine), the next few +30: ~214 MiB before the first dump. The 200 MiB target at "
+    "1,024 ranks (table 78 MiB) needs no LLVM in the process at that size: not reached.",
+    "MALLOC_ARENA_MAX=1 (glibc arenas of the reader's threads), one run each at load ~55: 438 "
+    "against 474 MiB peak at 1,024 ranks; not applied (a process-wide setting).",
+    "torch's fr_trace and the code before were not run in this run (load 50-100 on 2 cores; "
+    "torch took 886 s wall for 177.48 s CPU at 1,024 ranks under load 49 in the previous run): "
+    "no ratio against torch here. This run's CPU is inflated by the load (its imports alone took "
+    "0.88 s CPU against 0.17 s at load ~30); at load ~55, d57b3ee (the narrow check without the "
+    "precheck) took 6.34 s CPU, 474 MiB.",
+)
 _TARGETS = {1024: ("<= 200 MiB peak", ">= 40x torch by CPU"), 16384: ("<= 2 GB", "<= 12 s")}
 
 
@@ -597,21 +628,50 @@ def memory_section(results: dict, args: argparse.Namespace) -> Section:
                                   f"{phase['rss_mib']} MiB (peak so far {phase['peak_mib']} MiB, "
                                   f"{phase['cpu_s']} s CPU)", "-", "-", "-", commit, date))
     load = results.get("load_average_at_start")
+    loads = "; ".join(f"{row['ranks']} ranks: {', '.join(str(x) for x in row['load_average'])}"
+                      for row in results["sizes"] if row.get("load_average"))
+    load_text = loads or ", ".join(str(round(x, 1)) for x in load or ())
     notes = (
-        f"Load average at the start of the run: {', '.join(str(round(x, 1)) for x in load)} on "
+        f"Load average (1, 5, 15 min) at the start of each size: {load_text}, on "
         f"{os.cpu_count()} cores (a shared machine): wall figures are inflated by it, CPU figures "
         "less so, RSS not.",
         "RSS by phase: /proc/self/statm sampled every 10 ms in the measured process; peak RSS of "
         "the rows above: the child's own (wait4).",
+        *NOTES,
+        *(() if any(row["ranks"] == 16384 for row in results["sizes"]) else (_NOT_16384,)),
     )
+    ranks = ",".join(str(row["ranks"]) for row in results["sizes"]) or args.ranks
     command = "PYTHONPATH=. python -m bench.bench_hang " + " ".join(
-        [f"--ranks {args.ranks}", "--no-ingest" if args.no_ingest else "",
-         "--before DIR" if args.before else "", "--write"]).replace("  ", " ").strip()
+        [f"--ranks {ranks}", "--no-ingest" if args.no_ingest or results.get("from_json") else "",
+         "--before DIR" if args.before else "",
+         f"--torch-max-ranks {args.torch_max_ranks}" if args.torch_max_ranks != 1024 else "",
+         f"--cli-max-ranks {args.cli_max_ranks}" if args.cli_max_ranks != 4096 else "",
+         "--write"]).replace("  ", " ").replace("  ", " ").strip()
     return Section(MEMORY_TITLE, "faultlens analyze-hang's library call (reading + analysis) "
                    "on the synthetic Megatron-like sets beside torch's fr_trace on the same dumps "
                    "and the code before (DIR: git archive BASE | tar -x -C DIR); peak RSS and "
                    "where the memory goes, phase by phase.",
                    (command,), tuple(figures), notes)
+
+
+def rows_from_json(paths: list[Path], entries: int) -> dict[str, object]:
+    """The size rows (one JSON object a line, as each run prints them on stderr) of earlier runs,
+    the last one of each size, with the load average each run started under."""
+    rows: dict[int, dict] = {}
+    loads = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and "ranks" in row and "faultlens" in row:
+                rows[row["ranks"]] = row
+            elif isinstance(row, dict) and "load_average_at_start" in row:
+                loads.append(row["load_average_at_start"])
+    return {"entries_per_rank": entries, "machine": machine(), "sizes": [
+        rows[k] for k in sorted(rows)], "load_average_at_start": loads[-1] if loads else None,
+        "from_json": True}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -636,7 +696,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, default=min(2, os.cpu_count() or 1), help="generator processes"
     )
+    parser.add_argument("--from-json", type=Path, nargs="+", default=None,
+                        help="publish (with --write) the size rows these earlier runs printed "
+                             "on stderr, measuring nothing")
     args = parser.parse_args(argv)
+    if args.from_json:
+        results = rows_from_json(args.from_json, args.entries)
+        if args.write:
+            write_section(REPO_ROOT / "docs" / "benchmarks.md", memory_section(results, args))
+        print(json.dumps(results, default=str))
+        return 0
     sizes = [int(x) for x in args.ranks.split(",") if x.strip()]
     results: dict[str, object] = {"entries_per_rank": args.entries, "machine": machine(),
                                   "load_average_at_start": os.getloadavg(), "sizes": []}
@@ -645,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         size_mb = sum(p.stat().st_size for p in directory.glob("_dump_*")) / 1e6
         row: dict[str, object] = {
             "ranks": world,
+            "load_average": [round(x, 1) for x in os.getloadavg()],
             "dump_mb": round(size_mb),
             "generated_s": round(gen_s, 1),
             "culprit": _culprit(world),

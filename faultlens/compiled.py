@@ -42,6 +42,9 @@ class Kernel:
         compiled = self.compiled
         if compiled is not None:
             return compiled(*args)
+        if _compiled:  # defined after use_compiled(): its module's globals are bound by now
+            _compile_pending()
+            return self.compiled(*args)  # type: ignore[misc]
         if getattr(_local, "depth", 0):  # inside another kernel: its errstate holds
             return self.py_func(*args)
         import numpy as np
@@ -64,17 +67,28 @@ class Kernel:
 
 
 def kernel(**options: Any) -> Callable[[Callable[..., Any]], Kernel]:
-    """Decorator: `@kernel(cache=True, nogil=True)` where `@njit(cache=True, nogil=True)` was."""
+    """Decorator: `@kernel(cache=True, nogil=True)` where `@njit(cache=True, nogil=True)` was.
+
+    A kernel defined after use_compiled() is compiled at its first call, not here: its module's
+    global does not name it yet, so a kernel calling it could not be typed (numba would find the
+    Kernel object)."""
 
     def wrap(func: Callable[..., Any]) -> Kernel:
         made = Kernel(func, options)
         with _lock:
             _kernels.append(made)
-            if _compiled:
-                made._compile()
         return made
 
     return wrap
+
+
+def _compile_pending() -> None:
+    """Every kernel not compiled yet (defined after use_compiled()) compiled, all at once, so that
+    the kernels a compiled kernel calls are numba's dispatchers too."""
+    with _lock:
+        for made in _kernels:
+            if made.compiled is None:
+                made._compile()
 
 
 def use_compiled() -> None:
