@@ -2,7 +2,7 @@
 `faultlens sql --store EMPTY "select 1"`, whole processes, beside the peers a user would run
 instead, alternated in one run.
 
-    PYTHONPATH=. python -m bench.bench_small_start [--runs 7] [--before DIR]
+    PYTHONPATH=. python -m bench.bench_small_start [--runs 7] [--before DIR] [--nvidia-src SRC]
 
 Every process may write and read byte code (__pycache__, as an installed package has it; the
 warm-up run writes it). Cases, each a fresh process per run, the cases alternated run by run (load
@@ -13,8 +13,12 @@ the child, from wait4) and the peak RSS (MiB, wait4):
 - analyze_hang_before: the same command on the tree given by --before (an export of the commit
   before, e.g. `git archive BASE | tar -x -C DIR`), where given;
 - torch_fr_trace: torch's analyzer, `python -m torch.distributed.flight_recorder.fr_trace DIR -p
-  _dump_` (NVIDIA's CollectiveAnalyzer is not on PyPI's nvidia-resiliency-ext: see
-  docs/benchmarks.md "Hang culprits");
+  _dump_`;
+- nvidia_fr_attribution (with --nvidia-src SRC): NVIDIA's CollectiveAnalyzer as its users run it,
+  `python SRC/nvidia_resiliency_ext/attribution/trace_analyzer/fr_attribution.py --fr-path DIR -p
+  '_dump_*'` with SRC on PYTHONPATH (SRC: the src/ folder of a checkout of
+  NVIDIA/nvidia-resiliency-ext; PyPI's wheel, 0.4.1, lacks attribution.trace_analyzer), its
+  answer (the "Missing Ranks" of the table it logs) checked against the same truth;
 - pickle_floor: python unpickling the 16 dumps and nothing else (what any pure-Python analyzer
   pays before its analysis);
 - import_numpy_pyarrow: `python -c "import numpy, pyarrow"`;
@@ -78,11 +82,12 @@ def nvidia_analyzer() -> str:
 
 
 def _run(argv: list[str], env: dict[str, str]) -> dict[str, object]:
-    """One process: wall, CPU (user + sys) and peak RSS from wait4, and its stdout. It runs in the
-    tree its PYTHONPATH names (`python -m` puts the working directory first on sys.path)."""
+    """One process: wall, CPU (user + sys) and peak RSS from wait4, and its stdout (and stderr,
+    where NVIDIA's analyzer logs its answer). It runs in the tree its PYTHONPATH names (`python -m`
+    puts the working directory first on sys.path)."""
     start = time.perf_counter()
     proc = subprocess.Popen(
-        argv, env=env, cwd=env["PYTHONPATH"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        argv, env=env, cwd=env["PYTHONPATH"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     out = proc.stdout.read() if proc.stdout else b""
     _, status, usage = os.wait4(proc.pid, 0)
@@ -97,7 +102,37 @@ def _run(argv: list[str], env: dict[str, str]) -> dict[str, object]:
     }
 
 
-def _cases(store: Path, before: Path | None) -> dict[str, tuple[list[str], dict[str, str]]]:
+NVIDIA_SCRIPT = Path("nvidia_resiliency_ext", "attribution", "trace_analyzer", "fr_attribution.py")
+
+
+def nvidia_source(src: Path) -> Path:
+    """The folder holding `nvidia_resiliency_ext` (SRC or SRC/src); SystemExit naming what is
+    missing."""
+    for root in (src, src / "src"):
+        if (root / NVIDIA_SCRIPT).is_file():
+            return root.resolve()
+    raise SystemExit(f"{src}: no {NVIDIA_SCRIPT} under it or under its src/")
+
+
+def nvidia_culprits(out: str) -> list[int] | None:
+    """The ranks NVIDIA's analyzer names: the last column ("Missing Ranks") of the rows under the
+    last header of the table it logs; None where it logged none."""
+    lines = out.splitlines()
+    heads = [i for i, line in enumerate(lines) if "| Missing Ranks" in line]
+    if not heads:
+        return None
+    ranks: set[int] = set()
+    for line in lines[heads[-1] + 1 :]:
+        cells = line.split("|")
+        if len(cells) < 6:
+            break
+        ranks.update(int(r) for r in cells[-1].replace(" ", "").split(",") if r.isdigit())
+    return sorted(ranks)
+
+
+def _cases(
+    store: Path, before: Path | None, nvidia: Path | None = None
+) -> dict[str, tuple[list[str], dict[str, str]]]:
     py = sys.executable
     # byte code written and read, as an installed package has it (a process that may not write
     # it compiles every faultlens module at each start)
@@ -116,6 +151,12 @@ def _cases(store: Path, before: Path | None) -> dict[str, tuple[list[str], dict[
         "import_duckdb_pyarrow": ([py, "-c", "import duckdb, pyarrow"], here),
         "duckdb_select1": ([py, "-c", DUCKDB_SELECT1], here),
     }
+    if nvidia is not None:
+        script = str(nvidia / NVIDIA_SCRIPT)
+        cases["nvidia_fr_attribution"] = (
+            [py, script, "--fr-path", str(NCCL), "-p", "_dump_*"],
+            {**base, "PYTHONPATH": str(nvidia)},
+        )
     if before is not None:
         there = {**here, "PYTHONPATH": str(before)}
         cases["analyze_hang_before"] = ([*cli, "analyze-hang", str(NCCL)], there)
@@ -213,18 +254,36 @@ def section(
     hang, torch = result["analyze_hang"], result["torch_fr_trace"]
     sql, duck = result["sql_select1"], result["import_duckdb_pyarrow"]
     floor = result["import_numpy_pyarrow"]
-    figures = [
+    mine = _cell(hang) + (", culprits 9, 14 exact" if hang.get("exact_culprits") else "")
+    figures = []
+    nvidia = result.get("nvidia_fr_attribution")
+    if nvidia:
+        answer = ", ".join(nvidia.get("culprits", [])) or "none"
+        figures.append(
+            Figure(
+                "`faultlens analyze-hang` on tests/data/nccl-fr-gpu_error_2nd, whole process",
+                mine,
+                "no slower than NVIDIA's analyzer",
+                "NVIDIA fr_attribution.py (CollectiveAnalyzer): " + _cell(nvidia)
+                + f", missing ranks {answer}",
+                f"{result['nvidia_over_analyze_hang_cpu']}x CPU, "
+                f"{result['nvidia_over_analyze_hang_wall']}x wall",
+                commit,
+                date,
+            )
+        )
+    figures.append(
         Figure(
             "`faultlens analyze-hang` on tests/data/nccl-fr-gpu_error_2nd, whole process",
-            _cell(hang) + (", culprits 9, 14 exact" if hang.get("exact_culprits") else ""),
-            "no slower than NVIDIA's analyzer",
+            mine,
+            "-" if nvidia else "no slower than NVIDIA's analyzer",
             "torch fr_trace: " + _cell(torch),
             f"{result['torch_over_analyze_hang_cpu']}x CPU, "
             f"{result['torch_over_analyze_hang_wall']}x wall",
             commit,
             date,
-        ),
-    ]
+        )
+    )
     if "analyze_hang_before" in result:
         before = result["analyze_hang_before"]
         figures.append(
@@ -309,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a checkout (or export) of the code before, to run beside",
     )
     parser.add_argument(
+        "--nvidia-src",
+        type=Path,
+        default=None,
+        help="NVIDIA/nvidia-resiliency-ext's src/ (or checkout): run its analyzer beside",
+    )
+    parser.add_argument(
         "--doc",
         type=Path,
         default=None,
@@ -327,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "empty-store"
         store.mkdir()
-        cases = _cases(store, args.before)
+        nvidia = nvidia_source(args.nvidia_src) if args.nvidia_src is not None else None
+        cases = _cases(store, args.before, nvidia)
         samples: dict[str, list[dict[str, object]]] = {name: [] for name in cases}
         for cmd, env in cases.values():  # warm the page cache
             _run(cmd, env)
@@ -345,6 +411,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("analyze_hang", "analyze_hang_before"):
         if name in samples:
             results[name]["exact_culprits"] = all(TRUTH in r["out"] for r in samples[name])
+    if "nvidia_fr_attribution" in samples:
+        answers = {str(nvidia_culprits(str(r["out"]))) for r in samples["nvidia_fr_attribution"]}
+        results["nvidia_fr_attribution"]["culprits"] = sorted(answers)
+        results["nvidia_fr_attribution"]["exact_culprits"] = answers == {str([9, 14])}
     hang, sql = results["analyze_hang"], results["sql_select1"]
     ratios = {
         "torch_over_analyze_hang_wall": _ratio(results["torch_fr_trace"], hang, "wall_s"),
@@ -356,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
             sql, results["import_duckdb_pyarrow"], "cpu_s"
         ),
     }
+    if "nvidia_fr_attribution" in results:
+        nv = results["nvidia_fr_attribution"]
+        ratios["nvidia_over_analyze_hang_cpu"] = _ratio(nv, hang, "cpu_s")
+        ratios["nvidia_over_analyze_hang_wall"] = _ratio(nv, hang, "wall_s")
     if "analyze_hang_before" in results:
         ratios["before_over_analyze_hang_cpu"] = _ratio(
             results["analyze_hang_before"], hang, "cpu_s"
@@ -366,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         ratios["sql_before_over_sql_cpu"] = _ratio(results["sql_select1_before"], sql, "cpu_s")
     ratios["sql_over_duckdb_select1_cpu"] = _ratio(sql, results["duckdb_select1"], "cpu_s")
     result = {
-        "nvidia_analyzer": nvidia_analyzer(),
+        "nvidia_analyzer": (
+            f"run from NVIDIA's source ({NVIDIA_SCRIPT})" if args.nvidia_src else nvidia_analyzer()
+        ),
         "runs": args.runs,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "machine": machine(),
