@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.hang.columns import (
     bool_column,
@@ -39,6 +38,7 @@ from faultlens.attribution.detectors.hang.columns import (
     validity,
 )
 from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, ranks_text
+from faultlens.attribution.detectors.hang.small import distinct
 
 _COLUMNS = ("rank", "pg_name", "record_id", "collective_seq_id")
 _SIGNATURE = ("op", "input_sizes", "output_sizes", "input_dtypes")
@@ -157,6 +157,8 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     where it has one (no string copy; no pandas: Arrow's to_numpy and fill_null with a Python
     scalar import it)."""
     if not pa.types.is_dictionary(column.type):
+        import pyarrow.compute as pc  # here: its import costs more than a small set's analysis
+
         column = pc.dictionary_encode(column)
     if isinstance(column, pa.Array):
         column = pa.chunked_array([column])
@@ -172,7 +174,7 @@ def _sorted(values: np.ndarray) -> bool:
     if values.shape[0] == 0:
         return True
     starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
-    return np.unique(values[starts]).shape[0] == starts.shape[0]
+    return distinct(values[starts]).shape[0] == starts.shape[0]
 
 
 def _last_of(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +188,7 @@ def _last_of(keys: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def _lonely(rows: _Rows, coll: np.ndarray, last_rows: np.ndarray) -> list[int]:
     """The rows of `last_rows` whose (group, seq) no other collective row has: counted over the rows
     whose seq is one of theirs only (a search in their sorted seqs, not a sort of every row)."""
-    wanted = np.unique(rows.seq[last_rows])
+    wanted = distinct(rows.seq[last_rows])
     at = np.clip(np.searchsorted(wanted, rows.seq[coll]), 0, wanted.shape[0] - 1)
     near = coll[wanted[at] == rows.seq[coll]]
     pairs = np.stack([rows.group[near], rows.seq[near]], axis=1)
@@ -249,7 +251,7 @@ def _place_in_peers(i: int, rows: _Rows) -> tuple[int, tuple[int, ...], int] | N
     matched = peers
     if matched.shape[0] == 0:
         return None
-    said = np.unique(seq[matched])
+    said = distinct(seq[matched])
     if said.shape[0] != 1 or int(said[0]) == int(seq[i]):
         return None
     backed = [
