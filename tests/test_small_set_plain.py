@@ -21,7 +21,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 NCCL = REPO_ROOT / "tests" / "data" / "nccl-fr-gpu_error_2nd"
 MESH = REPO_ROOT / "tests" / "data" / "device-mesh-hangs"
 GLOO = REPO_ROOT / "tests" / "data" / "gloo-fr-hang"
-HEAVY = ("numba", "scipy", "pandas", "fsspec", "asyncio", "duckdb", "torch", "sklearn")
+# (pyarrow.compute: imported by Arrow's first compute kernel, take or cast; numpy.ma: by numpy 2's
+# np.unique; each costs more than the set's whole analysis)
+HEAVY = ("numba", "scipy", "pandas", "fsspec", "asyncio", "duckdb", "torch", "sklearn",
+         "pyarrow.compute", "numpy.ma")
 
 
 def _child(code: str, *args: str) -> str:
@@ -207,3 +210,90 @@ def test_the_buffer_built_arrays_equal_pyarrows_own() -> None:
     with pytest.raises(pa.ArrowInvalid):
         numeric_array(np.array([1 << 40]), pa.int32())
     assert np.array_equal(filled_values(pa.nulls(3, pa.int64()), -1), [-1, -1, -1])
+
+
+def _real_dump_sets() -> list[Path]:
+    """Every real dump set under tests/data (NCCL, gloo raw and repaired, with stacks or not)."""
+    data = REPO_ROOT / "tests" / "data"
+    found = {p.parent for p in data.rglob("*") if p.is_file() and (
+        p.name.startswith("_dump_") or (p.suffix == ".pkl" and p.parent.name != "stacks"))}
+    return sorted(found)
+
+
+_SAME_WITHOUT_FEW = """
+import json, sys
+from faultlens.attribution.detectors.hang import kernels, small
+from faultlens.controller.hang_dump_dir import analyze_dump_dir
+
+def reports():
+    out = {}
+    for directory in sys.argv[1:]:
+        dumps, report = analyze_dump_dir(directory)
+        out[directory] = [report.to_dict(), [str(e) for e in dumps.errors]]
+    return out
+
+# every set as the first of its process (a take of a few rows by slices however many the process
+# took before, whatever imported Arrow's kernels since)
+small.SLICED_ROWS_BUDGET = 1 << 62
+small.compute_imported = lambda: False
+few = reports()
+sliced = small._sliced
+small.FEW_ROWS = -1  # every take through Arrow's kernel
+kernels.PLAIN_ENCODE_MAX = -1  # every string list through dictionary_encode
+kernel = reports()
+print(json.dumps([few, kernel, sliced], default=str))
+"""
+
+
+def test_the_small_set_shortcuts_give_the_kernels_answers_on_every_real_set() -> None:
+    """Takes of a few rows by slices and dtype codes by plain Python (small.py, kernels.py) change
+    no report and no error line on any real set under tests/data nor on the hang corpus."""
+    from tests.torch_jobs.hang_corpus.generate import corpus
+
+    sets = _real_dump_sets() + [path / "dumps" for _, path in sorted(corpus().items())]
+    few, kernel, sliced = json.loads(_child(_SAME_WITHOUT_FEW, *map(str, sets)))
+    assert len(few) == len(sets) >= 60
+    assert sliced > 1000  # the slices did answer
+    for directory in few:
+        assert few[directory] == kernel[directory], directory
+
+
+def test_take_few_and_distinct_equal_arrows_take_and_numpys_unique_on_real_columns() -> None:
+    import pyarrow as pa
+
+    from faultlens.attribution.detectors.hang.small import distinct, take_few
+    from faultlens.collectors.artifacts.flight_recorder import read_dump_dir
+
+    rng = np.random.default_rng(11)
+    for directory in (NCCL, GLOO, MESH / "raw" / "E_first" / "dumps"):
+        for dictionary in (True, False):
+            table = read_dump_dir(directory, dictionary=dictionary, max_frames=0).table
+            halves = pa.Table.from_batches(table.to_batches(max_chunksize=max(1, len(table) // 3)))
+            n = table.num_rows
+            for rows in ([], [0], [n - 1, 0, n - 1], rng.integers(0, n, 40).tolist()):
+                rows = np.array(rows, np.int64)
+                for data in (table, halves, halves.column("collective_seq_id"),
+                             table.column(0).chunk(0)):
+                    assert take_few(data, rows).equals(data.take(pa.array(rows, pa.int64())))
+            assert take_few(table, np.array([n])) is None  # out of range: take's IndexError
+            seqs = table.column("collective_seq_id").to_numpy(zero_copy_only=False)
+            seqs = seqs[~np.isnan(seqs)].astype(np.int64) if seqs.dtype.kind == "f" else seqs
+            for values in (seqs, seqs[:1], seqs[:0], rng.integers(-3, 3, (5, 4))):
+                got, want = distinct(values), np.unique(values)
+                assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_plain_codes_of_strings_are_dictionary_encodes() -> None:
+    import pyarrow as pa
+
+    from faultlens.attribution.detectors.hang.kernels import first_seen_codes
+
+    rng = np.random.default_rng(4)
+    words = ["Float", "BFloat16", None, "Long", "Half", "é"]
+    for n in (0, 1, 5, 300):
+        values = [words[int(i)] for i in rng.integers(0, len(words), n)]
+        expected = pa.array(values, pa.string()).dictionary_encode().indices
+        null = np.array([v is None for v in values], bool)
+        assert pa.array(first_seen_codes(values), mask=null).equals(
+            expected
+        )

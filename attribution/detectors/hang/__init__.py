@@ -116,7 +116,8 @@ per-(group, seq) signature extremes, in compiled hash tables filled as each slic
 (aggregate.py), pass 2 fetches the rows of the few keys that need detail. 16,384 ranks x 2,000
 entries is ~33 M rows; see bench/bench_hang.py. Below decode.COMPILE_ROWS rows the kernels run as
 plain Python (faultlens/compiled.py) and the wait-for graph is split without scipy: a small job's
-hang is read and analysed without loading numba, scipy or pandas (bench/bench_small_start.py).
+hang is read and analysed without loading numba, scipy or pandas, nor pyarrow.compute or numpy.ma
+(small.py; bench/bench_small_start.py).
 
 from __future__ import annotations
 
@@ -130,7 +131,8 @@ independent roots), missing_roots (which roots of ranks without a dump stand), s
 cycles: who skipped a collective), blocked (laggards whose stacks wait in the op their peers wait
 in), unseen_members (groups only one rank recorded: the answer every membership allowed gives),
 describe (a root's kind, evidence and confidence; the report),
-stacks (Python stacks carried in the table's metadata), stream (pass 1 on the reader's chunks while
+stacks (Python stacks carried in the table's metadata), small (takes of a few rows and distinct
+values without Arrow's compute kernels or numpy.ma), stream (pass 1 on the reader's chunks while
 the rest are read; controller/hang_dump_dir.py reads and analyses a directory that way).
 """
 

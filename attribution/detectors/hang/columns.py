@@ -4,6 +4,8 @@
 import numpy as np
 import pyarrow as pa
 
+from faultlens.attribution.detectors.hang.small import sliced_take
+
 # --------------------------------------------------------------------------------------------------
 # columns
 
@@ -117,7 +119,9 @@ def int_column_raw(column: pa.ChunkedArray | pa.Array,
     column's buffer where it is one chunk: what is kept of a column long after its decode then
     costs no memory of its own; a dictionary read keeps collective_seq_id as int32 where it
     fits)."""
-    if pa.types.is_timestamp(column.type):  # ns since the epoch, whatever the store's unit
+    # ns since the epoch, whatever the store's unit (ns already: its int64 buffer as it is, no
+    # cast: a cast imports pyarrow.compute)
+    if pa.types.is_timestamp(column.type) and column.type.unit != "ns":
         column = column.cast(pa.timestamp("ns", tz=column.type.tz)).cast(pa.int64())
     array = single_chunk(column)
     if len(array) == 0:
@@ -149,6 +153,9 @@ def take_rows(data: pa.Table | pa.ChunkedArray, rows: np.ndarray) -> pa.Table | 
     first (a copy of the whole column: ~0.5 s for a list column of 8 M rows, for any number of rows
     taken)."""
     rows = np.asarray(rows, np.int64)
+    few = sliced_take(data, rows)  # (small.py: a few rows without pyarrow.compute's import)
+    if few is not None:
+        return few
     column = data.column(0) if isinstance(data, pa.Table) and data.num_columns else data
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
     if len(chunks) <= 1 or rows.shape[0] == 0:

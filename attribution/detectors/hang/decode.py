@@ -20,6 +20,7 @@ from faultlens.attribution.detectors.hang.columns import (
 )
 from faultlens.attribution.detectors.hang.kernels import group_codes, remap_codes
 from faultlens.attribution.detectors.hang.report import P2P_OP
+from faultlens.attribution.detectors.hang.small import distinct
 from faultlens.compiled import compile_above
 
 # --------------------------------------------------------------------------------------------------
@@ -295,7 +296,7 @@ def present_codes(codes: np.ndarray) -> np.ndarray:
         return np.empty(0, np.int64)
     # sparse (a hostile rank number): sort instead
     if int(codes.max()) > 4 * codes.shape[0] + (1 << 20):
-        return np.unique(codes).astype(np.int64)
+        return distinct(codes).astype(np.int64)
     return np.flatnonzero(np.bincount(codes))
 
 

@@ -35,6 +35,7 @@ from faultlens.attribution.detectors.hang.report import (
     HangVerdict,
 )
 from faultlens.attribution.detectors.hang.skips import group_role, groups_by_role
+from faultlens.attribution.detectors.hang.small import distinct
 
 
 def _ops_matching(ops: list[Any], pattern: re.Pattern[str]) -> np.ndarray:
@@ -314,7 +315,7 @@ def p2p_divergences(analysis: Analysis, table: pa.Table, rows: np.ndarray, decod
     created, created_valid = times.at(rows)
     ops = decoder.ops.values
     parsed: dict[int, tuple[int, int] | None] = {}
-    for code in np.unique(part.op):
+    for code in distinct(part.op):
         match = P2P_OP.search(str(ops[code])) if code >= 0 else None
         # 'send 0->1': self 0, peer 1; 'recv 1<-0': self 1, peer 0 (group-local ranks)
         parsed[int(code)] = (int(match.group(2)), int(match.group(4))) if match else None

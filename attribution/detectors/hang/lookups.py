@@ -25,6 +25,7 @@ from faultlens.attribution.detectors.hang.decode import (
 )
 from faultlens.attribution.detectors.hang.graph import Analysis
 from faultlens.attribution.detectors.hang.skips import groups_by_role
+from faultlens.attribution.detectors.hang.small import distinct
 
 T = TypeVar("T")
 # a key-order question wider than this is not answered (memory), as before the cache
@@ -37,11 +38,11 @@ def rows_for_keys(decoder: SliceDecoder, keys: Iterable[tuple[int, int]],
     slices that hold their groups (ranks, sorted: only the slices that also hold one of these
     ranks)."""
     pairs = np.array([(g, s) for g, s in keys if s >= 0], np.int64).reshape(-1, 2)
-    wanted = np.unique(key_codes(pairs[:, 0], pairs[:, 1]))
+    wanted = distinct(key_codes(pairs[:, 0], pairs[:, 1]))
     if wanted.shape[0] == 0:
         return {}
     out: dict[tuple[int, int], list[np.ndarray]] = defaultdict(list)
-    groups = np.unique(key_parts(wanted)[0])
+    groups = distinct(key_parts(wanted)[0])
     for index in decoder.indexed(groups=groups) if ranks is None else decoder.indexed(ranks=ranks):
         combined = key_codes(index.group, index.seq)
         hit = np.flatnonzero(member_of(combined, wanted) & (index.group >= 0))
@@ -67,7 +68,7 @@ def rows_for_ranks(
 ) -> dict[int, tuple[np.ndarray, ...]]:
     """Per rank: the seqs, groups, completion and record ids of its collective entries, in one pass.
     """
-    wanted = np.unique(np.array([r for r in ranks if r >= 0], np.int64))
+    wanted = distinct(np.array([r for r in ranks if r >= 0], np.int64))
     pieces: dict[int, list[tuple[np.ndarray, ...]]] = defaultdict(list)
     if wanted.shape[0] == 0:
         return {}
@@ -208,7 +209,7 @@ class Lookups:
             self.recording = None
         # the key orders of this batch come from the slices holding its ranks: a cache of its own
         saved, self.positions = self.positions, {}
-        self.near = np.unique(np.array(ranks, np.int64))
+        self.near = distinct(np.array(ranks, np.int64))
         try:
             self._read_keys(wanted)
             return {rank: check(rank) for rank in ranks}

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from faultlens.attribution.detectors.hang.columns import (
     bool_column,
@@ -42,6 +41,7 @@ from faultlens.attribution.detectors.hang.columns import (
     validity,
 )
 from faultlens.attribution.detectors.hang.graph import Analysis, Divergence, ranks_text
+from faultlens.attribution.detectors.hang.small import distinct
 
 _COLUMNS = ("rank", "pg_name", "record_id", "collective_seq_id")
 _SIGNATURE = ("op", "input_sizes", "output_sizes", "input_dtypes")
@@ -146,9 +146,9 @@ def _none_lonely(table: pa.Table) -> bool:
     if not last:
         return True
     pairs = np.array(list(last.values()), np.int64)
-    seqs = np.unique(pairs[:, 1])
+    seqs = distinct(pairs[:, 1])
     mine = (pairs[:, 0] + 1) * seqs.shape[0] + np.searchsorted(seqs, pairs[:, 1])
-    keys_wanted = np.unique(mine)
+    keys_wanted = distinct(mine)
     counts = np.zeros(keys_wanted.shape[0], np.int64)
     for start, length in slices:
         _, group, seq, coll = _slice_entries(table, start, length)
@@ -259,6 +259,8 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     they index, from its dictionary where it has one (no string copy; no pandas: Arrow's to_numpy
     and fill_null with a Python scalar import it)."""
     if not pa.types.is_dictionary(column.type):
+        import pyarrow.compute as pc  # here: its import costs more than a small set's analysis
+
         column = pc.dictionary_encode(column)
     if isinstance(column, pa.Array):
         column = pa.chunked_array([column])
@@ -336,7 +338,7 @@ def _sorted(values: np.ndarray) -> bool:
     if values.shape[0] == 0:
         return True
     starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
-    return np.unique(values[starts]).shape[0] == starts.shape[0]
+    return distinct(values[starts]).shape[0] == starts.shape[0]
 
 
 def _last_of(rows: _Rows, coll: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -372,7 +374,7 @@ def _lonely(rows: _Rows, coll: np.ndarray, last_rows: np.ndarray) -> list[int]:
     hits counted (exact for any seq: a seq is matched by value, then paired with its group)."""
     if last_rows.shape[0] == 0:
         return []
-    seqs = np.unique(rows.seq[last_rows])
+    seqs = distinct(rows.seq[last_rows])
 
     def keys_of(at: np.ndarray) -> np.ndarray:
         seq = rows.seq[at]
@@ -382,7 +384,7 @@ def _lonely(rows: _Rows, coll: np.ndarray, last_rows: np.ndarray) -> list[int]:
         return np.where(hit, rows.group[at].astype(np.int64) * seqs.shape[0] + where, -1)
 
     mine = keys_of(last_rows)
-    wanted = np.unique(mine)
+    wanted = distinct(mine)
     counts = np.zeros(wanted.shape[0], np.int64)
     for a in range(0, coll.shape[0], _BLOCK):
         keys = keys_of(coll[a:a + _BLOCK])
@@ -443,7 +445,7 @@ def _place_in_peers(i: int, rows: _Rows) -> tuple[int, tuple[int, ...], int] | N
     matched = peers
     if matched.shape[0] == 0:
         return None
-    said = np.unique(seq[matched])
+    said = distinct(seq[matched])
     if said.shape[0] != 1 or int(said[0]) == int(seq[i]):
         return None
     backed = [

@@ -229,9 +229,13 @@ class ChunkBuffers:
             if name in self.wanted:
                 cols[name] = strings[name].array(values[name], True)
         for name in self.ints:
-            arr = numeric_array(values[name], _int_type(name in self.narrow, values[name]),
-                                ~valid[name])
-            if name in TIME_COLUMNS:
+            int_type = _int_type(name in self.narrow, values[name])
+            if name in TIME_COLUMNS and int_type == pa.int64():
+                # built on its int64 buffer: Array.cast imports pyarrow.compute (more than a
+                # small set's whole analysis)
+                int_type = pa.timestamp("ns", tz="UTC")
+            arr = numeric_array(values[name], int_type, ~valid[name])
+            if name in TIME_COLUMNS and arr.type != int_type:
                 arr = arr.cast(pa.timestamp("ns", tz="UTC"))
             if name in self.wanted:
                 cols[name] = arr

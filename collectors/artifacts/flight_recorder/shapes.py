@@ -24,6 +24,7 @@ from faultlens.collectors.artifacts.flight_recorder.arrow import (
     SetStrings,
     coded_array,
     numeric_array,
+    string_array,
 )
 from faultlens.compiled import kernel, use_compiled
 
@@ -352,10 +353,15 @@ class SetStringLists:
             # each value is one shape: its names are that shape's dims (names only ever added: the
             # codes of the values so far stay good)
             offsets = self.lists.tensor_dim[:tensors + 1].astype(np.int32)
-            items = coded_array(self.lists.dims[:stored], self.strings.dictionary())
-            self._dictionary = pa.ListArray.from_arrays(
-                numeric_array(offsets, pa.int32()), items.dictionary_decode()
-            )
+            dims = self.lists.dims[:stored]
+            if dims.shape[0] == 0 or int(dims.min()) >= 0:
+                # on its buffers: dictionary_decode imports pyarrow.compute (more than a small
+                # set's whole analysis)
+                names = self.strings.values
+                items = string_array([names[c] for c in dims.tolist()])
+            else:
+                items = coded_array(dims, self.strings.dictionary()).dictionary_decode()
+            self._dictionary = pa.ListArray.from_arrays(numeric_array(offsets, pa.int32()), items)
         return self._dictionary
 
     def array(self, codes: np.ndarray) -> pa.Array:
