@@ -117,6 +117,8 @@ def _none_lonely(table: pa.Table) -> bool:
     check, _Rows, then decides; it finds a subset of these candidates)."""
     group_column = table.column("pg_name")
     if not pa.types.is_dictionary(group_column.type):  # (a plain read: small sets, tests)
+        import pyarrow.compute as pc  # here: its import costs more than a small set's analysis
+
         group_column = pc.dictionary_encode(group_column)
     if group_column.num_chunks == 0:
         return table.num_rows == 0
