@@ -125,6 +125,7 @@ class Engine:
             settled=settled,
             failure_seen=failure_seen,
             already=frozenset(already),
+            reported=frozenset(hung or {}) | frozenset(failed or {}),
             hangs=hangs,
             stragglers=stragglers,
             straggler_last_steps=straggler_last_steps,

@@ -76,6 +76,9 @@ class JobOptions:
     failure_seen: Callable[[str | None, int | None], dt.datetime | None] | None = None
     # incident ids reported before: not reported (or analysed) again
     already: frozenset[str] = frozenset()
+    # attempts whose crash or hang was reported before (live): a later stall or timeout of the
+    # same attempt is that failure's consequence, not a second hang
+    reported: frozenset[AttemptKey] = frozenset()
     hangs: bool = True
     stragglers: bool = True
     straggler_last_steps: int | None = None

@@ -293,6 +293,9 @@ class HangDetector:
             self.attributor.attribute(suspect, run.telemetry, run.now)
             for incident_id, suspect in suspects.items()
             if incident_id not in run.options.already and incident_id not in run.incidents
+            # one failure per attempt: its hang or crash reported before (live), a stall or a
+            # timeout of it found later (at another last step) is that failure's aftermath
+            and (suspect.job_id, suspect.attempt) not in run.options.reported
         ]
 
     def detect_attempt(self, run: AttemptPass) -> list[Incident]:
