@@ -25,6 +25,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -177,6 +178,17 @@ def run_notes(scores: list[Any], out: Path, history: dict[str, list[str]]) -> li
     return notes
 
 
+def stop_on_signal() -> None:
+    """SIGTERM, and SIGINT even where a background shell left it ignored, stop the campaign as
+    Ctrl-C does: the running scenario's supervisor, agents and ranks are stopped and reaped."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main() -> int:
     from faultlens.controller.lab.campaign import interleave, run_campaign
     from faultlens.controller.lab.report import markdown
@@ -208,6 +220,7 @@ def main() -> int:
         "own: the whole campaign's stays as it was)",
     )
     args = parser.parse_args()
+    stop_on_signal()
     campaign = load_campaign(args.scenarios)
     scenarios = interleave([s for s in campaign.select(args.only, ci=args.ci)
                             if not s.name.startswith(tuple(args.exclude))])
