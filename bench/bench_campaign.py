@@ -4,8 +4,14 @@ into docs/benchmarks.md as its own section ("## Fault-injection campaign": the a
 table of figures, in bench/common.py's form), labelled with the commit it ran on; the tables per
 fault type and per scenario go to <out>/report.md.
 
-    PYTHONPATH=. python bench/bench_campaign.py [--only NAME ...] [--ci] [--out DIR] [--deadline S]
-    [--no-docs]
+    PYTHONPATH=. python bench/bench_campaign.py [--only NAME ...] [--exclude PREFIX ...] [--ci]
+    [--out DIR] [--deadline S] [--resume [--rerun NAME ...]] [--note TEXT] [--no-docs]
+
+`--exclude user- ci-` is the original 48 scenarios (no users' scripts, no CI subset). With
+`--resume`, finished runs under --out are scored again and the rest run; `--rerun NAME` runs NAME
+again, its earlier run kept as <out>/NAME.run<k> and listed in the section's notes (right or wrong,
+wall, latencies, load). Each scenario run here records the 1-minute load average at its end
+(<out>/NAME/load.json); the notes give their range and name every wrong row with its problems.
 
 One scenario runs at a time (each is 2 nodes x 2 ranks, or 2 x 1 for the CI subset: 4-6 Python
 processes with torch, ~1.5 GB together). Latencies are wall clock from the injection (the injected
@@ -19,8 +25,10 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +99,119 @@ def campaign_figures(summary: dict[str, Any], commit: str, date: str) -> tuple[F
                         date=date) for label, value, target in rows)
 
 
+LOAD_FILE = "load.json"
+
+
+def record_load(run_dir: Path) -> None:
+    """The load average at the end of a scenario just run here, once."""
+    path = run_dir / LOAD_FILE
+    if run_dir.is_dir() and not path.exists():
+        one, five, _ = os.getloadavg()
+        path.write_text(json.dumps({"load_1m": round(one, 1), "load_5m": round(five, 1),
+                                    "ts": round(time.time(), 1)}) + "\n")
+
+
+def read_load(run_dir: Path) -> float | None:
+    try:
+        return float(json.loads((run_dir / LOAD_FILE).read_text())["load_1m"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def set_aside(out: Path, name: str) -> Path | None:
+    """Keep a finished run of `name` as <out>/<name>.run<k> (the next free k), so it runs again."""
+    run = out / name
+    if not (run / "artifacts.json").exists():
+        return None
+    k = 1
+    while (out / f"{name}.run{k}").exists():
+        k += 1
+    run.rename(out / f"{name}.run{k}")
+    return out / f"{name}.run{k}"
+
+
+def earlier_runs(out: Path, name: str) -> list[Path]:
+    """The runs of `name` set aside by --rerun, oldest first."""
+    runs = [p for p in out.glob(f"{name}.run*") if p.name[len(name) + 4:].isdigit()
+            and (p / "artifacts.json").exists()]
+    return sorted(runs, key=lambda p: int(p.name[len(name) + 4:]))
+
+
+def problems(result: Any) -> str:
+    """A wrong row's problems in a note: the first, and how many more (all in report.md)."""
+    first, more = result.problems[0], len(result.problems) - 1
+    return first + (f" and {more} more" if more else "") + (
+        f"; timed out after {result.wall_s:.0f} s" if result.timed_out else "")
+
+
+def run_line(result: Any, load: float | None) -> str:
+    """One run of a scenario in a note: right or wrong (why), wall, first latencies, load."""
+    first = result.checks[0] if result.checks else None
+    lat = ""
+    if first is not None and first.latency_incident_s is not None:
+        lat = (f", fault -> incident / decision {first.latency_incident_s:.1f} / "
+               + (f"{first.latency_decision_s:.1f} s" if first.latency_decision_s is not None
+                  else "- s"))
+    verdict = "right" if result.ok else f"wrong ({problems(result)})"
+    return (f"{verdict}, {result.wall_s:.0f} s{lat}, load "
+            + (f"{load:.0f}" if load is not None else "not recorded"))
+
+
+def run_notes(scores: list[Any], out: Path, history: dict[str, list[str]]) -> list[str]:
+    """The notes the runs themselves give: the load they ran under, each wrong row and its
+    problems, and every row run more than once with each run's outcome."""
+    notes = []
+    loads = sorted(v for v in (read_load(out / s.name) for s in scores) if v is not None)
+    if loads:
+        notes.append(f"1-minute load average at the end of each scenario ({len(loads)} of "
+                     f"{len(scores)} recorded): {loads[0]:.0f}-{loads[-1]:.0f}, median "
+                     f"{loads[len(loads) // 2]:.0f}.")
+    wrong = [s for s in scores if not s.ok]
+    notes.append("Wrong in this run: " + ("; ".join(f"{s.name} ({problems(s)})" for s in wrong)
+                                           if wrong else "none") + ".")
+    for s in scores:
+        if history.get(s.name):
+            runs = [*history[s.name], run_line(s, read_load(out / s.name))]
+            notes.append(f"Run {len(runs)} times: {s.name}: "
+                         + "; ".join(f"run {i} {line}" for i, line in enumerate(runs, 1))
+                         + " (the table counts the last).")
+    return notes
+
+
+def stop_on_signal() -> None:
+    """SIGTERM, and SIGINT even where a background shell left it ignored, stop the campaign as
+    Ctrl-C does: the running scenario's supervisor, agents and ranks are stopped and reaped."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main() -> int:
     from faultlens.controller.lab.campaign import interleave, run_campaign
     from faultlens.controller.lab.report import markdown
+    from faultlens.controller.lab.runner import load_artifacts
     from faultlens.controller.lab.scenarios import DEFAULT_SCENARIOS, load_campaign
+    from faultlens.controller.lab.score import score
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS))
     parser.add_argument("--only", nargs="+")
+    parser.add_argument("--exclude", nargs="+", default=[], metavar="PREFIX",
+                        help="leave out scenarios whose name starts with one of these "
+                        "(--exclude user- ci-: the original 48)")
     parser.add_argument("--ci", action="store_true")
     parser.add_argument("--out", default="/tmp/faultlens-campaign")
     parser.add_argument("--deadline", type=float, help="start no scenario after this many seconds")
     parser.add_argument("--resume", action="store_true", help="score scenarios already run under "
                                                               "--out, run the rest")
+    parser.add_argument("--rerun", nargs="+", default=[], metavar="NAME",
+                        help="run these again (their earlier run is kept as <out>/NAME.run<k> and "
+                        "listed in the section's notes)")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a note for the published section (repeatable)")
     parser.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
     parser.add_argument(
         "--section",
@@ -112,11 +220,26 @@ def main() -> int:
         "own: the whole campaign's stays as it was)",
     )
     args = parser.parse_args()
+    stop_on_signal()
     campaign = load_campaign(args.scenarios)
-    scenarios = interleave(campaign.select(args.only, ci=args.ci))
+    scenarios = interleave([s for s in campaign.select(args.only, ci=args.ci)
+                            if not s.name.startswith(tuple(args.exclude))])
+    missing = sorted(set(args.rerun) - {s.name for s in scenarios})
+    if missing:
+        parser.error(f"--rerun: not among the scenarios run: {', '.join(missing)}")
     rev, started = commit(), dt.datetime.now(dt.UTC)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    for name in args.rerun:
+        set_aside(out, name)
+    by_name = {s.name: s for s in scenarios}
+    # the runs already here are scored, not run: their load is their own run's (or unknown)
+    ran_before = {n for n in by_name if args.resume and (out / n / "artifacts.json").exists()}
+    history = {
+        name: [run_line(score(by_name[name], load_artifacts(run)), read_load(run))
+               for run in earlier_runs(out, name)]
+        for name in by_name
+    }
     marker = out / "runs-commit.txt"
     runs_rev = marker.read_text().strip() if args.resume and marker.exists() else rev
     marker.write_text(runs_rev + "\n")
@@ -124,6 +247,8 @@ def main() -> int:
     def progress(result) -> None:  # type: ignore[no-untyped-def]
         print(f"# {result.name}: {'ok' if result.ok else 'WRONG: ' + '; '.join(result.problems)} "
               f"({result.wall_s:.0f} s)", file=sys.stderr, flush=True)
+        if result.name not in ran_before:
+            record_load(out / result.name)
 
     scores, summary = run_campaign(
         campaign,
@@ -137,6 +262,7 @@ def main() -> int:
         "PYTHONPATH=. python bench/bench_campaign.py"
         + (" --ci" if args.ci else "")
         + (f" --only {' '.join(args.only)}" if args.only else "")
+        + (f" --exclude {' '.join(args.exclude)}" if args.exclude else "")
         + (f" --deadline {args.deadline:g}" if args.deadline else "")
         + (f' --section "{args.section}"' if args.section != SECTION else "")
     )
@@ -165,6 +291,8 @@ def main() -> int:
          + f", {machine()['cores']} cores (load average {os.getloadavg()[0]:.0f} at the end), "
          f"{summary['scenarios']} scenarios: the engine and supervisor as they were on that "
          "commit.",
+         *run_notes(scores, out, history),
+         *args.note,
          "The tables per fault type and per scenario (expected, observed, excluded, restore, the "
          f"problems of each wrong row): {out}/report.md of the run."))
     if not args.no_docs:

@@ -137,3 +137,55 @@ def test_the_campaign_publishes_the_aggregates_rows() -> None:
     figures = campaign_figures(summary, "abc1234", "2026-12-04 10:00")
     assert [(f.figure, f.value) for f in figures] == [(k.strip(), v.strip()) for k, v in rows]
     assert figures[-1].target == "<= 2 s"
+
+
+def _score(name: str, problems: tuple[str, ...] = (), wall_s: float = 90.0,
+           timed_out: bool = False):  # type: ignore[no-untyped-def]
+    from faultlens.controller.lab.score import Check, ScenarioScore
+
+    check = Check("crash/software -> restart", "crash/software -> restart", True, None, None, True,
+                  True, 1.3, 2.5)
+    return ScenarioScore(name, "Python exception one rank", False, False, "crash", (check,), (),
+                         True, (), (), 0, False, None, (), None, True, True, 0, timed_out, wall_s,
+                         problems)
+
+
+def test_the_campaign_notes_name_the_load_the_wrong_rows_and_every_run_of_a_rerun_row(
+    tmp_path: Path,
+) -> None:
+    """bench_campaign's notes: the load each run recorded, each wrong row with its first problem,
+    and a row run again (--rerun keeps the earlier run as NAME.run<k>) with every run's outcome."""
+    from bench.bench_campaign import earlier_runs, record_load, run_line, run_notes, set_aside
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "artifacts.json").write_text("{}")
+        record_load(tmp_path / name)
+    (tmp_path / "a" / "load.json").write_text('{"load_1m": 31.0}')
+    record_load(tmp_path / "a")  # recorded once: a later scoring does not overwrite it
+    assert json.loads((tmp_path / "a" / "load.json").read_text()) == {"load_1m": 31.0}
+    assert set_aside(tmp_path, "a") == tmp_path / "a.run1" and not (tmp_path / "a").exists()
+    assert set_aside(tmp_path, "a") is None  # nothing finished to keep
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "artifacts.json").write_text("{}")
+    assert set_aside(tmp_path, "a") == tmp_path / "a.run2"
+    (tmp_path / "a.run10").mkdir()  # unfinished: not a run
+    (tmp_path / "ab.run1").mkdir()  # another scenario's
+    assert earlier_runs(tmp_path, "a") == [tmp_path / "a.run1", tmp_path / "a.run2"]
+
+    first = _score("a", ("incident 2: class (want crash, got -)", "incident 2: cause"), 220.0,
+                   timed_out=True)
+    line = run_line(first, 31.0)
+    assert line == ("wrong (incident 2: class (want crash, got -) and 1 more; timed out after "
+                    "220 s), 220 s, fault -> incident / decision 1.3 / 2.5 s, load 31")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "load.json").write_text('{"load_1m": 6.0}')
+    (tmp_path / "b" / "load.json").write_text('{"load_1m": 12.0}')
+    notes = run_notes([_score("a"), _score("b", ("action (want restart, got escalate)",))],
+                      tmp_path, {"a": [line], "b": []})
+    assert notes[0] == ("1-minute load average at the end of each scenario (2 of 2 recorded): "
+                        "6-12, median 12.")
+    assert notes[1] == "Wrong in this run: b (action (want restart, got escalate))."
+    assert notes[2] == (f"Run 2 times: a: run 1 {line}; run 2 right, 90 s, fault -> incident / "
+                        "decision 1.3 / 2.5 s, load 6 (the table counts the last).")
+    assert len(notes) == 3

@@ -194,6 +194,36 @@ def test_injector_fires_at_its_rank_step_and_attempt_only(tmp_path: Path) -> Non
         _injector(tmp_path, follows, attempt=2).on_step(5, "train", None)
 
 
+def test_injector_fires_through_the_step_timers_public_hook(tmp_path: Path) -> None:
+    """The injector on a real StepTimer's public hook (no patching of the timer's internals): the
+    slow section's sleep is timed in that section from its step on, the exception leaves the
+    training loop at its step, and that step has no row."""
+    from faultlens.collectors.training import step_timer
+    from faultlens.collectors.training.step_timer import RankIdentity, StepTimer
+    from faultlens.controller.lab.inject import TimerHook
+    from faultlens.controller.lab.plan import read_injections
+
+    boom = FaultSpec(id="boom", kind="exception", rank=3, step=4,
+                     params={"type": "KeyError", "message": "'labels'"})
+    slow = FaultSpec(id="slow", kind="slow", rank=3, step=2,
+                     params={"extra_s": 0.2, "section": "forward"})
+    hook = TimerHook(_injector(tmp_path, boom, slow))
+    timer = StepTimer(None, identity=RankIdentity(rank=3), start=False)
+    step_timer.add_hook(hook)
+    try:
+        with pytest.raises(KeyError, match="labels"):
+            for n in range(6):
+                with timer.step(n), timer.section("data"), timer.section("forward"):
+                    pass
+    finally:
+        step_timer.remove_hook(hook)
+    rows = list(timer._queue)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["sections"]["data/forward"] >= 0.2 for r in rows] == [False, False, True, True]
+    fired = [(r["fault"], r["step"]) for r in read_injections(tmp_path)]
+    assert fired == [("slow", 2), ("boom", 4)]
+
+
 def test_injector_skips_one_collective_of_the_named_group(tmp_path: Path) -> None:
     fault = FaultSpec(
         id="s", kind="skip_collective", rank=3, step=7, params={"op": "all_reduce", "group": "sub"}
@@ -365,3 +395,24 @@ def test_incidents_are_matched_by_class_and_extras_stay_wrong() -> None:
     assert match_incidents([crash], [obs("straggler"), obs("crash")]) == [1]
     assert match_incidents([crash, crash], [obs("crash"), obs("straggler")]) == [0, 1]
     assert match_incidents([crash], []) == [None]
+
+
+def test_a_scenarios_timeout_grows_with_the_load_it_runs_under() -> None:
+    """timeout_s holds on a machine with up to 4 runnable processes per core; above that the
+    allowance grows with the mean load sampled while the job runs (capped), so a job slowed by a
+    shared machine is not cut off, and one that runs past even that is."""
+    import subprocess
+
+    from faultlens.controller.lab.runner import LOAD_SCALE_MAX, load_scale, wait_scaled
+
+    assert [load_scale(x) for x in (0.5, 4.0, 12.0, 100.0)] == [1.0, 1.0, 3.0, LOAD_SCALE_MAX]
+    job = ["sleep", "1"]
+    quiet = subprocess.Popen(job)
+    try:
+        assert wait_scaled(quiet, 0.3, lambda: 1.0, poll_s=0.05) == (None, 0.3)  # cut off
+    finally:
+        quiet.kill()
+        quiet.wait()
+    loaded = subprocess.Popen(job)
+    # 100 runnable per core: the cap, 6x the allowance (12 s)
+    assert wait_scaled(loaded, 2.0, lambda: 100.0, poll_s=0.05) == (0, 12.0)

@@ -13,6 +13,7 @@ import pytest
 
 from faultlens.attribution.reading.store import Store
 from faultlens.collectors.store.sink import SegmentSink
+from faultlens.collectors.training import step_timer
 from faultlens.collectors.training.step_timer import ParallelCoords, Phase, RankIdentity, StepTimer
 
 TORCHRUN_ENV = {
@@ -127,6 +128,53 @@ def test_exception_leaves_the_loop_and_no_row(store_dir: Path) -> None:
     timer.close()
     with Store(str(store_dir)) as store:
         assert store.query("SELECT step FROM steps").column("step").to_pylist() == [1]
+
+
+class RecordingHook:
+    """A harness on the timer's public hook: records what it sees, sleeps in one section, raises at
+    one step (as the lab's injector does)."""
+
+    def __init__(self, raise_at: int, sleep_in: str) -> None:
+        self.seen: list[tuple[str, object, object]] = []
+        self.raise_at, self.sleep_in = raise_at, sleep_in
+
+    def step_begun(self, timer: StepTimer, number: int, phase: str) -> None:
+        self.seen.append(("step", number, phase))
+        if number == self.raise_at:
+            raise KeyError("'labels'")
+
+    def section_entered(self, timer: StepTimer, name: str) -> None:
+        self.seen.append(("section", name, timer.parallel.pp_rank))
+        if name == self.sleep_in:
+            time.sleep(0.05)
+
+
+def test_a_hook_sees_every_step_and_section_and_what_it_raises_reaches_the_loop() -> None:
+    timer = StepTimer(None, identity=RankIdentity(rank=0), parallel=ParallelCoords(pp_rank=1),
+                      start=False)
+    hook = RecordingHook(raise_at=2, sleep_in="attention")
+    step_timer.add_hook(hook)
+    try:
+        for n in range(3):
+            phase = "eval" if n == 1 else "train"
+            with timer.step(n, phase=phase), timer.section("forward"), timer.section("attention"):
+                pass
+    except KeyError:
+        pass
+    finally:
+        step_timer.remove_hook(hook)
+    assert hook.seen == [
+        ("step", 0, "train"), ("section", "forward", 1), ("section", "attention", 1),
+        ("step", 1, "eval"), ("section", "forward", 1), ("section", "attention", 1),
+        ("step", 2, "train"),
+    ]
+    rows = list(timer._queue)
+    assert [r["step"] for r in rows] == [0, 1]  # the step the hook raised in has no row
+    # the hook's sleep counts in the section it was entered for (the injector's slow section)
+    assert all(r["sections"]["forward/attention"] >= 0.05 for r in rows)
+    with timer.step(3), timer.section("attention"):
+        pass
+    assert len(hook.seen) == 7  # removed: no longer called
 
 
 def test_unknown_phase_and_sections_outside_steps_are_counted() -> None:

@@ -44,7 +44,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
 from faultlens import environment
 from faultlens.collectors.training.timer_model import (
@@ -58,6 +58,31 @@ from faultlens.collectors.training.timer_model import (
 from faultlens.collectors.training.timer_writer import RowWriter
 
 log = logging.getLogger(__name__)
+
+
+class StepHook(Protocol):
+    """An observer of every StepTimer of the process, called on the training thread after the
+    timer's own bookkeeping: the fault-injection lab's injector (controller/lab/inject.py) fires its
+    faults at a chosen step and section through it. What a hook raises reaches the training code
+    (an injected exception must): the one exception to "nothing here raises", so only a harness
+    installs one."""
+
+    def step_begun(self, timer: StepTimer, number: int, phase: str) -> None: ...
+
+    def section_entered(self, timer: StepTimer, name: str) -> None: ...
+
+
+_hooks: list[StepHook] = []
+
+
+def add_hook(hook: StepHook) -> None:
+    """Call `hook` at every step's begin and every section's entry of every StepTimer here."""
+    _hooks.append(hook)
+
+
+def remove_hook(hook: StepHook) -> None:
+    if hook in _hooks:
+        _hooks.remove(hook)
 
 
 class _Step:
@@ -99,6 +124,8 @@ class _Section:
         timer = self._timer
         stack = timer._stack
         stack.append((f"{stack[-1][0]}/{self._name}" if stack else self._name, timer._clock()))
+        for hook in _hooks:
+            hook.section_entered(timer, self._name)
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
@@ -301,6 +328,8 @@ class StepTimer(RowWriter):
         if self.heartbeat is not None:
             self.heartbeat.begin(step.number, step.phase.value)
         self._step_start = self._clock()
+        for hook in _hooks:
+            hook.step_begun(self, step.number, step.phase.value)
 
     def _end_step(self, step: _Step, failed: bool) -> None:
         end = self._clock()

@@ -1,7 +1,7 @@
 """The in-process fault injector: loaded into every training process by the campaign's sitecustomize
 (put on PYTHONPATH by the runner), so the user's script is not changed. It follows the step through
-the project's step timer (StepTimer._begin_step, sections) and fires the plan's faults at the chosen
-rank, node, attempt and step:
+the project's step timer (its public hook, step_timer.add_hook) and fires the plan's faults at the
+chosen rank, node, attempt and step:
 
     exception        raise `params.type` (default RuntimeError) with `params.message`
     signal           this process sends itself `params.signal` (SIGSEGV, SIGABRT, SIGKILL, ...)
@@ -334,22 +334,25 @@ def install_worker(plan: InjectionPlan, lab_dir: Path) -> WorkerInjector:
     return injector
 
 
+class TimerHook:
+    """The injector on the step timer's public hook (collectors/training/step_timer.py
+    `add_hook`): every step's begin and every section's entry, after the timer's own
+    bookkeeping, so a sleep fired here counts in that step and section."""
+
+    def __init__(self, injector: WorkerInjector) -> None:
+        self.injector = injector
+
+    def step_begun(self, timer: Any, number: int, phase: str) -> None:
+        self.injector.on_step(number, phase, timer.parallel)
+
+    def section_entered(self, timer: Any, name: str) -> None:
+        self.injector.on_section(name)
+
+
 def _patch_timer(injector: WorkerInjector) -> None:
     from faultlens.collectors.training import step_timer
 
-    begin, enter = step_timer.StepTimer._begin_step, step_timer._Section.__enter__
-
-    def _begin_step(self, step):  # type: ignore[no-untyped-def]
-        begin(self, step)
-        injector.on_step(step.number, getattr(step.phase, "value", step.phase), self.parallel)
-
-    def _enter(self):  # type: ignore[no-untyped-def]
-        result = enter(self)
-        injector.on_section(self._name)
-        return result
-
-    step_timer.StepTimer._begin_step = _begin_step
-    step_timer._Section.__enter__ = _enter
+    step_timer.add_hook(TimerHook(injector))
 
 
 def _patch_checkpointer(injector: WorkerInjector) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,36 @@ from faultlens.controller.lab.scenarios import Scenario
 from faultlens.resources import import_root, shipped_path
 
 SITE_DIR = Path(__file__).resolve().parent / "site"
+
+#: a scenario's timeout_s is its allowance on a machine with up to this many runnable processes per
+#: core (the scenario's own 4-6 on 2 cores included); above that it grows with the load seen while
+#: the scenario runs, up to LOAD_SCALE_MAX times: a job on a shared machine runs at its CPU share
+QUIET_LOAD_PER_CORE = 4.0
+LOAD_SCALE_MAX = 6.0
+
+
+def load_scale(load_per_core: float) -> float:
+    """How many times its timeout a scenario may run at this mean load per core."""
+    return min(LOAD_SCALE_MAX, max(1.0, load_per_core / QUIET_LOAD_PER_CORE))
+
+
+def wait_scaled(proc: subprocess.Popen, timeout_s: float,
+                load_per_core: Callable[[], float] | None = None,
+                poll_s: float = 5.0) -> tuple[int | None, float]:
+    """Wait for `proc` up to `timeout_s` scaled by the mean load per core sampled while it runs
+    (load_scale). Returns its exit status (None: the allowance ran out) and the allowance."""
+    sample = load_per_core or (lambda: os.getloadavg()[0] / (os.cpu_count() or 1))
+    started, samples = time.monotonic(), []
+    while True:
+        samples.append(sample())
+        allowed = timeout_s * load_scale(sum(samples) / len(samples))
+        left = allowed - (time.monotonic() - started)
+        if left <= 0:
+            return None, round(allowed, 1)
+        try:
+            return proc.wait(timeout=min(poll_s, left)), round(allowed, 1)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 @dataclass
@@ -41,6 +72,8 @@ class RunArtifacts:
     # restore plan file -> tiers at that moment
     snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    # the timeout it ran under (timeout_s scaled by the load: wait_scaled)
+    allowed_s: float | None = None
 
     @property
     def wall_s(self) -> float:
@@ -189,10 +222,11 @@ def run_scenario(scenario: Scenario, out_dir: Path, gpu_timelines: dict | None =
             cwd=str(root),
         )
         try:
-            art.rc = proc.wait(timeout=scenario.timeout_s)
-        except subprocess.TimeoutExpired:
-            art.timed_out = True
-            art.rc = _interrupt(proc)
+            rc, art.allowed_s = wait_scaled(proc, scenario.timeout_s)
+            if rc is None:
+                art.timed_out = True
+                rc = _interrupt(proc)
+            art.rc = rc
         except BaseException:  # Ctrl-C of the campaign: leave nothing of the scenario running
             _interrupt(proc)
             _cleanup(watcher, actions, hog, lab_dir)
@@ -210,6 +244,7 @@ def run_scenario(scenario: Scenario, out_dir: Path, gpu_timelines: dict | None =
                 "job_id": art.job_id,
                 "rc": art.rc,
                 "timed_out": art.timed_out,
+                "allowed_s": art.allowed_s,
                 "started": art.started,
                 "ended": art.ended,
                 "snapshots": art.snapshots,
@@ -255,6 +290,7 @@ def load_artifacts(root: Path) -> RunArtifacts:
         doc["job_id"],
         rc=doc["rc"],
         timed_out=doc["timed_out"],
+        allowed_s=doc.get("allowed_s"),
         started=doc["started"],
         ended=doc["ended"],
         snapshots=doc.get("snapshots") or {},

@@ -349,7 +349,9 @@ def score(scenario: Scenario, art: RunArtifacts) -> ScenarioScore:
     finished_ok = finished == scenario.truth.finished
     if not finished_ok:
         problems.append(f"training {'finished' if finished else 'did not finish'} (rc {art.rc}"
-                        f"{', timed out' if art.timed_out else ''}), expected "
+                        f"{', timed out' if art.timed_out else ''}"
+                        f"{f' at {art.allowed_s:g} s' if art.timed_out and art.allowed_s else ''}"
+                        "), expected "
                         f"{'finished' if scenario.truth.finished else 'stopped'}")
     problems.extend(f"campaign: {e}" for e in art.errors)
     return ScenarioScore(
