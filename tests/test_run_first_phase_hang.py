@@ -21,8 +21,8 @@ import pytest
 
 from faultlens.attribution.reading.store import Store
 from tests.conftest import REPO_ROOT
+from tests.faultlens_cli import decisions, faultlens_run
 from tests.run_pool import ModuleJobs, jobs_fixture
-from tests.test_run_restart import decisions, faultlens_run
 
 pytest.importorskip("torch")
 

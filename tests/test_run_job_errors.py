@@ -13,8 +13,6 @@ watch.py):
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from faultlens.controller.supervisor.preflight import check_command, node_start_over
-from tests.conftest import REPO_ROOT
+from tests.faultlens_cli import cli_env, job_state, run_command
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}
+    return cli_env()
 
 
 @pytest.mark.parametrize(
@@ -133,24 +131,7 @@ def test_a_script_exiting_1_at_once_is_a_job_error_naming_no_node(tmp_path):
         "print('config not found: ./cfg.yaml', file=sys.stderr)\nsys.exit(1)\n"
     )
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "faultlens.controller.cli.main",
-            "run",
-            "--store",
-            str(tmp_path / "store"),
-            "--workdir",
-            str(tmp_path / "work"),
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "1",
-            "--job",
-            "exit1",
-            "--",
-            str(script),
-        ],
+        run_command(tmp_path, nnodes=2, nproc=1, job="exit1", command=[str(script)]),
         cwd=tmp_path,
         env=_env(),
         capture_output=True,
@@ -167,24 +148,7 @@ def test_a_script_exiting_1_at_once_is_a_job_error_naming_no_node(tmp_path):
     with Store(tmp_path / "store") as store:
         made = store.query("SELECT count(*) AS n FROM decisions").to_pylist()
     assert made[0]["n"] == 0
-    jobs = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "faultlens.controller.cli.main",
-            "jobs",
-            "--store",
-            str(tmp_path / "store"),
-            "--json",
-            "--no-ettr",
-        ],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert {r["job_id"]: r["state"] for r in json.loads(jobs.stdout)}["exit1"] == "failed"
+    assert job_state(tmp_path / "store", "exit1") == "failed"
 
 
 def test_a_job_error_judged_before_torchruns_teardown_is_failed_not_running():

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.faultlens_cli import decisions, faultlens_run, job_state
 from tests.run_pool import ModuleJobs, jobs_fixture
-from tests.test_run_restart import SCRIPT, decisions, faultlens_run, job_state
+from tests.test_run_restart import SCRIPT
 
 pytest.importorskip("torch")
 

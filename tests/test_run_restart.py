@@ -11,105 +11,17 @@ CPU, 2 simulated nodes x 2 ranks, real torchrun agents):
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from faultlens.attribution.reading.store import Store
 from tests.conftest import REPO_ROOT
+from tests.faultlens_cli import decisions, faultlens_run, job_state, last_steps
 from tests.run_pool import ModuleJobs, jobs_fixture
 
 pytest.importorskip("torch")
 
 SCRIPT = REPO_ROOT / "tests" / "torch_jobs" / "user_faults.py"
-
-
-def faultlens_run(
-    tmp_path: Path, job: str, command: list[str], nnodes: int = 2, nproc: int = 2, spares: int = 0,
-    options: tuple[str, ...] = (), env: dict[str, str] | None = None,
-) -> tuple[subprocess.CompletedProcess, float]:
-    """`faultlens run` of `command` (options: more of run's own options; env: the job's own)."""
-    env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}
-    started = time.monotonic()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "faultlens.controller.cli.main",
-            "run",
-            "--store",
-            str(tmp_path / "store"),
-            "--workdir",
-            str(tmp_path / "work"),
-            "--nnodes",
-            str(nnodes),
-            "--nproc-per-node",
-            str(nproc),
-            "--spares",
-            str(spares),
-            "--job",
-            job,
-            *options,
-            "--",
-            *command,
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return proc, time.monotonic() - started
-
-
-def decisions(store_dir: Path, job: str) -> list[dict]:
-    """Each decision of the job once, its latest delivery status."""
-    with Store(store_dir) as store:
-        return store.query(
-            "SELECT decision_id, arg_max(action, ts) AS action, arg_max(exclude_nodes, ts) AS "
-            "exclude_nodes, arg_max(delivery_status, ts) AS status, min(attempt) AS attempt, "
-            "arg_max(restore_step, ts) AS restore_step, min(ts) AS first "
-            "FROM decisions WHERE job_id = ? GROUP BY decision_id ORDER BY first",
-            [job],
-        ).to_pylist()
-
-
-def job_state(store_dir: Path, job: str) -> str:
-    """What `faultlens jobs --json` says of the job."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "faultlens.controller.cli.main",
-            "jobs",
-            "--store",
-            str(store_dir),
-            "--json",
-            "--no-ettr",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return {row["job_id"]: row["state"] for row in json.loads(proc.stdout)}[job]
-
-
-def last_steps(store_dir: Path, job: str) -> dict[int, int]:
-    with Store(store_dir) as store:
-        rows = store.query(
-            "SELECT rank, max(step) AS last FROM steps WHERE job_id = ? AND phase = 'train' "
-            "GROUP BY rank",
-            [job],
-        ).to_pylist()
-    return {r["rank"]: r["last"] for r in rows}
 
 
 ONE_OFF = [(3, 8), (0, 2)]

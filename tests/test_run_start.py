@@ -6,16 +6,14 @@ it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
 import pytest
 
 from faultlens.controller.cli.startup import first_error, start_failure_lines
-from tests.conftest import REPO_ROOT
+from tests.faultlens_cli import cli_env, run_command
 
 
 @pytest.fixture(scope="module")
@@ -92,28 +90,12 @@ def test_no_log_at_all_still_points_at_the_directory(tmp_path):
 
 def test_faultlens_run_with_a_typo_in_the_script_path(tmp_path):
     pytest.importorskip("torch")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80"}
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "faultlens.controller.cli.main",
-            "run",
-            "--store",
-            str(tmp_path / "store"),
-            "--workdir",
-            str(tmp_path / "work"),
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            "2",
-            "--max-attempts",
-            "1",
-            "--",
-            "trian.py",
-        ],
+        run_command(
+            tmp_path, nnodes=1, nproc=2, options=("--max-attempts", "1"), command=["trian.py"]
+        ),
         cwd=tmp_path,
-        env=env,
+        env=cli_env(columns=80),
         capture_output=True,
         text=True,
         timeout=240,
