@@ -12,7 +12,7 @@ whole job when it has none (a healthy job); the store's one job, or --job. CAMPA
 `faultlens campaign` (or bench/bench_campaign.py): each scenario's directory holds its store. Each
 page is also read from Chromium's DOM: the verdict (the culprit's node and rank, or that nobody is
 named) must be on the first screen, above everything else (printed; a page where it is not fails
-the script). The image is the top of the page, reduced to 64 colours to stay small.
+the script). The image is the top of the page, reduced to 128 colours (octree) to stay small.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def shoot(page: Path, png: Path, width: int, height: int) -> None:
             [f"--window-size={width},{height}", f"--screenshot={png}", page.as_uri()], Path(profile)
         )
     image = Image.open(png).convert("RGB")
-    image.quantize(colors=64).save(png, optimize=True)
+    # 128 colours by octree: every legend colour kept exact (median cut merges the small swatches)
+    image.quantize(colors=128, method=Image.Quantize.FASTOCTREE).save(png, optimize=True)
 
 
 def family_page(store: Store, job: str | None) -> tuple[str, int | None, dict]:
