@@ -160,6 +160,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = supervisor.run()
     finally:
         supervisor.close()
+    # everything it opened is closed (the summary's store below too): the process ends as soon as
+    # the verdict is printed, not after the interpreter's teardown (cli/main.py)
+    args.exit_at_once = True
     import sys
 
     from faultlens.controller.report.render import render_text

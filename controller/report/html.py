@@ -29,7 +29,7 @@ BUCKET_COLORS = {
     "startup": "#9aa5b1",
     "restart": "#f08a24",
     "decision": "#8e44ad",
-    "detection": "#f4c430",
+    "detection": "#17a2b8",  # apart from restart's orange and an observation's yellow
     "unknown": "#d5dbe1",
 }
 GPU_METRICS = (
@@ -56,6 +56,9 @@ word-break:break-word}
 .tag{display:inline-block;border-radius:3px;padding:0 5px;color:#fff;font-size:12px}
 .failover{background:#2e9e5b}.escalate{background:#d7263d}.other{background:#5b6675}
 .culprit{color:#d7263d;font-weight:bold}.id{white-space:nowrap}
+#verdict{margin:10px 0 12px;padding:10px 14px;border-left:6px solid #d7263d;background:#fdf1f2;
+font-size:18px;line-height:1.4}#verdict.ok{border-color:#2e9e5b;background:#eef8f1}
+#verdict p{margin:2px 0}#verdict .what{color:#1d2430}#verdict .more{font-size:14px}
 """
 
 SCRIPT = """
@@ -194,11 +197,11 @@ def _timeline(data: dict[str, Any]) -> str:
         for b, c in BUCKET_COLORS.items()
     )
     legend += (
-        '<span><i class="sw" style="background:#d7263d"></i>incident (first signal to '
-        "detection)</span>"
+        '<span><b style="color:#d7263d">&#9650;</b> incident (a line from its first signal to '
+        "its detection)</span>"
         "<span>&#9670; decision</span>"
-        '<span><i class="sw" style="background:#f2b705"></i>observation (a spike that came '
-        "back, one outlier step: no incident)</span>"
+        '<span><i class="sw" style="background:#f2b705;border-radius:50%"></i>observation (a '
+        "spike that came back, one outlier step: no incident)</span>"
     )
     return "".join(parts) + f'<div class="legend muted">{legend}</div>'
 
@@ -859,7 +862,7 @@ def _summary(data: dict[str, Any]) -> str:
         body = "".join(
             f'<tr><td>{_e(i.get("attempt") or 0)}</td><td class="id">{_e(i["incident_id"])}</td>'
             f"<td>{_e(i['class'])} / {_e(i['cause'])}</td>"
-            f'<td class="culprit">{_e(_where(i, nodes_of))}</td>'
+            f'<td class="culprit">{_e(_where(_short_gpus(i), nodes_of))}</td>'
             f"<td>{_e(acted.get(i['incident_id'], '-'))}</td></tr>"
             for i in data["incidents"]
         )
@@ -868,6 +871,50 @@ def _summary(data: dict[str, Any]) -> str:
             f"<th>culprit</th><th>decision</th></tr>{body}</table>"
         )
     return html
+
+
+VERDICT_LINES = 3  # incidents named in the verdict; the summary's table lists every one
+GPU_SHOWN = 12  # characters of a GPU's UUID in the verdict and the summary (GPU-1a2b3c4d...)
+
+
+def _short_gpus(incident: dict[str, Any]) -> dict[str, Any]:
+    """The incident with its GPUs' UUIDs cut to their first characters (whole in the sections
+    below): a 40-character UUID must not push the node and rank out of a line."""
+    gpus = [
+        g if len(str(g)) <= GPU_SHOWN + 2 else f"{str(g)[:GPU_SHOWN]}\u2026"
+        for g in incident.get("culprit_gpus") or ()
+    ]
+    return {**incident, "culprit_gpus": gpus}
+
+
+def _verdict(data: dict[str, Any]) -> str:
+    """What the page says first, above everything else: each incident's culprit (node and rank),
+    what it was and what was decided; with no incident, that nobody is named."""
+    incidents = data["incidents"]
+    if not incidents:
+        return (
+            '<div id="verdict" class="ok"><p>No incident: no node, rank or GPU is named '
+            "in this job"
+            + ("" if data.get("only_attempt") is None else " attempt")
+            + ".</p></div>"
+        )
+    nodes_of = {a["attempt"]: a.get("nodes") or [] for a in data["attempts"]}
+    acted = {d["incident_id"]: d["action"] for d in data["decisions"]}
+    lines = []
+    for incident in incidents[:VERDICT_LINES]:
+        action = acted.get(incident["incident_id"])
+        lines.append(
+            f'<p><span class="culprit">{_e(_where(_short_gpus(incident), nodes_of))}</span> '
+            f'<span class="what">&mdash; {_e(incident["class"])} / {_e(incident["cause"])}'
+            + (f" &rarr; {_e(action)}" if action else ", no decision")
+            + f" (attempt {_e(incident.get('attempt') or 0)})</span></p>"
+        )
+    if len(incidents) > VERDICT_LINES:
+        lines.append(
+            f'<p class="more muted">and {len(incidents) - VERDICT_LINES} more incident(s): '
+            "the summary below lists every one</p>"
+        )
+    return '<div id="verdict">' + "".join(lines) + "</div>"
 
 
 def render_html(data: dict[str, Any]) -> str:
@@ -892,7 +939,7 @@ def render_html(data: dict[str, Any]) -> str:
         f"<title>faultlens report: {_e(data['job_id'])}{scope}</title>"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{CSS}</style></head><body><h1>faultlens report: job {_e(data['job_id'])}"
-        f"{scope}</h1>"
+        f"{scope}</h1>{_verdict(data)}"
         f'<p class="muted">generated {generated}; self-contained (no network needed)</p><nav '
         'id="nav"></nav>'
         f"{sections}<script>{SCRIPT}</script></body></html>\n"
