@@ -5,6 +5,7 @@ little is dropped."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -40,7 +41,9 @@ def find(
     found: list[StragglerFinding] = []
     claimed: set[int] = set()
 
-    worker_persistent = persistent(t, parts.worker_flag, valid, pairwise=layout.replicas == 2)
+    worker_persistent = persistent(
+        t, parts.worker_flag, valid, pairwise=layout.replicas == 2, recent=True
+    )
     persistent_ranks = {int(layout.ranks[j]) for j in np.flatnonzero(worker_persistent.any(axis=0))}
 
     if layout.stages >= 2:
@@ -90,6 +93,10 @@ def _stage_finding(t: StragglerThresholds, scores: StepScores, valid: np.ndarray
         members = layout.columns(layout.stage == p)
         if layout.replicas == 1 and set(members) <= persistent_ranks:
             continue  # one replica: the stage's worker became slow, a worker finding
+        if layout.replicas >= 2 and set(members) & persistent_ranks and not _slow_without(
+            t, scores, int(p), persistent_ranks, valid
+        ):
+            continue  # the stage's slow worker is the cause: its worker finding, not a second one
         slow_stages.append(int(p))
     if not slow_stages:
         return None
@@ -119,6 +126,40 @@ def _stage_finding(t: StragglerThresholds, scores: StepScores, valid: np.ndarray
                              stage_section_refs(scores, slow_stages))
     return StragglerFinding("stage", step, ranks, "stage:" + ",".join(map(str, slow_stages)),
                             steps_window, evidence, whatif, {"stages": slow_stages})
+
+
+def _slow_without(t: StragglerThresholds, scores: StepScores, stage: int,
+                  persistent_ranks: set[int], valid: np.ndarray) -> bool:
+    """Is `stage` still persistently slow against the other stages once the replicas with a
+    persistent slow worker are left out (each remaining replica's unit the median of its ranks, a
+    stage's level the median over those replicas, or the faster of two, as the stage effect
+    takes it)? A slow worker makes its own stage look slow (with two replicas the stage's level is
+    then one sample against the faster of two elsewhere): the same cause, not a second one. With
+    fewer than two replicas left the stage's level would rest on one sample, without the
+    protection against one rank's noise the stage effect has: no evidence beyond the worker,
+    False."""
+    layout = scores.layout
+    compute = scores.compute.to_numpy(dtype=float)
+    dirty = {int(d) for d, r in zip(layout.replica, layout.ranks, strict=True)
+             if int(r) in persistent_ranks}
+    clean = [d for d in range(layout.replicas) if d not in dirty]
+    if len(clean) < 2:
+        return False
+    levels = np.full((compute.shape[0], layout.stages), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for q in range(layout.stages):
+            units = np.column_stack([
+                np.nanmedian(compute[:, (layout.stage == q) & (layout.replica == d)], axis=1)
+                for d in clean
+            ])
+            levels[:, q] = (np.nanmedian(units, axis=1) if len(clean) >= 3
+                            else np.nanmin(units, axis=1))
+        others = np.nanmedian(np.delete(levels, stage, axis=1), axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = levels[:, stage] / others
+    flag = np.nan_to_num(ratio, nan=0.0) >= t.stage_min_ratio
+    return bool(persistent(t, flag[:, None], valid).any())
 
 
 def _replica_findings(
