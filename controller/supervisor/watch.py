@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from faultlens.controller.delivery import Deliverer
     from faultlens.controller.supervisor.processes import EventRecorder
 
+#: why a slowdown's failover is not carried out once every rank has finished training
+TRAINING_OVER = "every rank had finished training (its step timer closed)"
+
 #: tables whose rows a decision waits on: written through to the store, and they wake the watch loop
 URGENT_TABLES = tables_with(Role.URGENT)
 
@@ -188,6 +191,7 @@ class AttemptWatcher:
         is up."""
         started = time.monotonic()
         watch.started = started
+        watch.attempt_dir = attempt_dir
         while time.monotonic() - started < self.config.attempt_timeout_s:
             self._poll_agents(agents, track=True)
             if self._start_failed(agents, nodes, record, watch, attempt_dir):
@@ -340,6 +344,9 @@ class AttemptWatcher:
                 f"{decision.reason}; {how}, the job keeps running"
             )
             return
+        if fails_over_at_boundary(found, decision) and self._training_over(watch):
+            self._outrun(found, decision, TRAINING_OVER)
+            return
         if fails_over_at_boundary(found, decision):
             watch.boundary = self._pending_failover(found, decision, watch)
             if watch.boundary.deadline > time.monotonic():
@@ -424,6 +431,10 @@ class AttemptWatcher:
         )
         if not (reached or time.monotonic() > boundary.deadline):
             return False
+        if self._training_over(watch):  # nothing left to save: the job runs to its end
+            watch.boundary = None
+            self._outrun(boundary.incident, boundary.decision, TRAINING_OVER)
+            return False
         watch.ending = (boundary.incident, boundary.at_boundary(newest, reached))
         self.say(
             f"checkpoint boundary: step {newest.step} is complete"
@@ -444,7 +455,9 @@ class AttemptWatcher:
             record.completed = True
             watch.stop_reason = "end of job: every agent exited 0"
             if watch.boundary is not None:
-                self._outrun(watch.boundary)
+                boundary = watch.boundary
+                self._outrun(boundary.incident, boundary.decision,
+                             "the job ended before its checkpoint boundary")
             return True
         watch.finished_at = watch.finished_at or time.monotonic()
         if time.monotonic() - watch.finished_at > self.config.finish_wait_s:
@@ -452,13 +465,21 @@ class AttemptWatcher:
             return True  # a failure the engine had time to see
         return False
 
-    def _outrun(self, boundary: _Boundary) -> None:
-        """A pending failover the job outran (it ended before the boundary): stored with the
-        status outrun and shown, never delivered or carried out."""
-        note = "not carried out: the job ended before its checkpoint boundary"
-        self.deliverer.mark_outrun(boundary.decision, note=note)
+    def _training_over(self, watch: _AttemptWatch) -> bool:
+        """Every rank of the attempt has finished training: its step timer closed (it steps no
+        more). A slowdown's failover then saves nothing: the job outran it."""
+        if watch.attempt_dir is None:
+            return False
+        return _timers_closed(watch.attempt_dir, self.config.nnodes * self.config.nproc_per_node)
+
+    def _outrun(self, incident: Incident, decision: Decision, why: str) -> None:
+        """A slowdown's failover the job outran (it ended, or finished training, before the
+        failover was carried out): stored with the status outrun and shown, never delivered or
+        carried out."""
+        note = f"not carried out: {why}"
+        self.deliverer.mark_outrun(decision, note=note)
         self.say(
-            f"decision: failover ({boundary.decision.policy_rule}) outrun: {note} "
+            f"decision: failover ({decision.policy_rule}) outrun: {note} "
             f"(stored as {DeliveryStatus.OUTRUN.value})"
         )
 
@@ -479,7 +500,7 @@ class AttemptWatcher:
                 "was tearing down; the incident is not acted on"
             )
             if fails_over_at_boundary(incident, decision):
-                self._outrun(_Boundary(incident, decision, None, [], 0.0))
+                self._outrun(incident, decision, "the job ended first")
             return None, None
         if decision.action in (Action.FAILOVER, Action.RESTART):
             self.deliverer.submit(decision)  # marked applied once carried out (run.py)
@@ -641,6 +662,7 @@ class _AttemptWatch:
     held_until: float = 0.0
     start_judged: bool = False  # every node's start was over when the start was judged
     started: float | None = None  # when watching began (monotonic)
+    attempt_dir: Path | None = None
     progressed: bool = False  # a step of this attempt was seen: its start did not fail
 
 
@@ -671,6 +693,21 @@ def _start_over(agent: TorchrunAgent) -> bool:
         if agent.tracker.alive():
             return False
     return node_start_over(agent.stderr_path)
+
+
+def _timers_closed(attempt_dir: Path, world: int) -> bool:
+    """Every rank's step timer of this attempt (its heartbeat file, read directly) is closed, and
+    there are at least `world` of them."""
+    closed = 0
+    for path in (attempt_dir / "heartbeats").glob("*/hb-*.bin"):
+        try:
+            beat = read_heartbeat(path)
+        except (OSError, ValueError):
+            return False
+        if not beat.closed:
+            return False
+        closed += 1
+    return closed >= world
 
 
 def _heartbeat_progress(attempt_dir: Path) -> bool:
