@@ -54,7 +54,7 @@ def find(
                 claimed.update(stage.ranks)
 
     if layout.replicas >= 2 and layout.stages >= 2:
-        for replica in _replica_findings(t, scores, valid):
+        for replica in _replica_findings(t, scores, valid, persistent_ranks):
             claimed.update(replica.ranks)
             found.append(replica)
 
@@ -162,10 +162,36 @@ def _slow_without(t: StragglerThresholds, scores: StepScores, stage: int,
     return bool(persistent(t, flag[:, None], valid).any())
 
 
+def _replica_slow_without(t: StragglerThresholds, scores: StepScores, replica: int,
+                          persistent_ranks: set[int], valid: np.ndarray) -> bool:
+    """Is `replica` still persistently slow once the stages where it has a persistent slow worker
+    are left out (at least replica_min_fraction of its other stages, 2 at least, slow against the
+    same stages of the other replicas)? One slow worker makes its replica's flag need only one more
+    stage slow by noise: the same cause, not a second one."""
+    layout, parts = scores.layout, scores.parts
+    mine = layout.replica == replica
+    dirty = {int(q) for q, r in zip(layout.stage[mine], layout.ranks[mine], strict=True)
+             if int(r) in persistent_ranks}
+    clean = [q for q in range(layout.stages) if q not in dirty]
+    if len(clean) < 2:
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ratios = np.column_stack([
+            np.nanmedian(parts.worker_ratio[:, mine & (layout.stage == q)], axis=1)
+            for q in clean
+        ])
+    slow = (np.nan_to_num(ratios, nan=0.0) >= t.min_ratio).sum(axis=1)
+    flag = (slow / len(clean) >= t.replica_min_fraction) & (slow >= 2)
+    return bool(persistent(t, flag[:, None], valid).any())
+
+
 def _replica_findings(
-    t: StragglerThresholds, scores: StepScores, valid: np.ndarray
+    t: StragglerThresholds, scores: StepScores, valid: np.ndarray,
+    persistent_ranks: set[int] = frozenset(),
 ) -> list[StragglerFinding]:
-    """Replica effect: every stage of one replica slow against the other replicas."""
+    """Replica effect: every stage of one replica slow against the other replicas; a replica with
+    a persistent slow worker only when it is slow without that worker's stage."""
     layout, parts = scores.layout, scores.parts
     steps = list(scores.compute.index)
     compute = scores.compute.to_numpy(dtype=float)
@@ -173,6 +199,9 @@ def _replica_findings(
     found = []
     for d in np.flatnonzero(replica_persistent.any(axis=0)):
         d = int(d)
+        holds = {int(r) for r in layout.ranks[layout.replica == d]} & persistent_ranks
+        if holds and not _replica_slow_without(t, scores, d, persistent_ranks, valid):
+            continue  # its slow worker is the cause: its worker finding, not a second one
         first = int(np.flatnonzero(replica_persistent[:, d])[0])
         step = steps[first]
         steps_window = window(t, steps, step)
