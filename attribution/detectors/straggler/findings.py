@@ -41,9 +41,7 @@ def find(
     found: list[StragglerFinding] = []
     claimed: set[int] = set()
 
-    worker_persistent = persistent(
-        t, parts.worker_flag, valid, pairwise=layout.replicas == 2, recent=True
-    )
+    worker_persistent = persistent(t, parts.worker_flag, valid, pairwise=layout.replicas == 2)
     persistent_ranks = {int(layout.ranks[j]) for j in np.flatnonzero(worker_persistent.any(axis=0))}
 
     if layout.stages >= 2:

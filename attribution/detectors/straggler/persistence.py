@@ -12,31 +12,23 @@ from faultlens.attribution.rules import StragglerThresholds
 
 
 def persistent(
-    t: StragglerThresholds, flags: np.ndarray, valid: np.ndarray, *, pairwise: bool = False,
-    recent: bool = False,
+    t: StragglerThresholds, flags: np.ndarray, valid: np.ndarray, *, pairwise: bool = False
 ) -> np.ndarray:
     """steps x k: persistent at step s (flagged in >= persistence of the last window_steps valid
     steps; `pairwise`: each column was compared with one partner only, which needs
     pairwise_persistence). A window not yet full (the first steps of an attempt, at least
     min_window_steps) needs stronger evidence, rising linearly from the persistence at a full window
     to every step flagged at no steps: a few contention spikes in the first steps of a loaded
-    machine are not a straggler, a rank slow in every step is one from min_window_steps on.
-    `recent`: the same rule over the most recent k valid steps for every k from min_window_steps to
-    window_steps (a slowdown that began inside the window is judged on the steps since it began,
-    with the evidence a window of that many steps needs, not diluted by the steps before it)."""
+    machine are not a straggler, a rank slow in every step is one from min_window_steps on."""
     w = t.window_steps
     needed = max(t.persistence, t.pairwise_persistence) if pairwise else t.persistence
-    lengths = range(min(t.min_window_steps, w), w + 1) if recent else (w,)
-    found = np.zeros(np.shape(flags), dtype=bool)
-    for k in lengths:
-        counts = rolling_sum(valid.astype(float)[:, None], k)
-        hits = rolling_sum(flags & valid[:, None], k)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            fraction = np.where(counts > 0, hits / np.maximum(counts, 1), 0.0)
-        missing = np.clip(1.0 - counts / w, 0.0, 1.0)
-        needed_here = needed + (1.0 - needed) * missing
-        found |= (fraction >= needed_here - 1e-9) & (counts >= t.min_window_steps)
-    return found
+    counts = rolling_sum(valid.astype(float)[:, None], w)
+    hits = rolling_sum(flags & valid[:, None], w)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fraction = np.where(counts > 0, hits / np.maximum(counts, 1), 0.0)
+    missing = np.clip(1.0 - counts / w, 0.0, 1.0)
+    needed_here = needed + (1.0 - needed) * missing
+    return (fraction >= needed_here - 1e-9) & (counts >= t.min_window_steps)
 
 
 def window(t: StragglerThresholds, steps: list[int], step: int) -> list[int]:
