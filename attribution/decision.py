@@ -51,6 +51,9 @@ class DeliveryStatus(StrEnum):
     DELIVERED = "delivered"
     # the supervisor that issued it carried it out itself: never delivered again
     APPLIED = "applied"
+    # a slowdown's failover the job outran (it ended before the checkpoint boundary): stored, never
+    # delivered or carried out
+    OUTRUN = "outrun"
     FAILED = "failed"
     UNKNOWN = "unknown"
 

@@ -68,11 +68,18 @@ class DecisionRecord:
         return DeliveryStatus.APPLIED in self.hooks.values()
 
     @property
+    def outrun(self) -> bool:
+        return DeliveryStatus.OUTRUN in self.hooks.values()
+
+    @property
     def status(self) -> DeliveryStatus:
-        """applied when the supervisor carried it out; delivered when every hook has it; failed when
-        any failed; pending otherwise (or with no hooks)."""
+        """applied when the supervisor carried it out; outrun when the job ended before it could;
+        delivered when every hook has it; failed when any failed; pending otherwise (or with no
+        hooks)."""
         if self.applied:
             return DeliveryStatus.APPLIED
+        if self.outrun:
+            return DeliveryStatus.OUTRUN
         if not self.hooks:
             return DeliveryStatus.PENDING
         values = set(self.hooks.values())
@@ -201,13 +208,15 @@ class DecisionLog:
             ]
 
     def mark_applied(
-        self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None
+        self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None,
+        status: DeliveryStatus = DeliveryStatus.APPLIED,
     ) -> None:
         """The decision was carried out by `by` (the supervisor that issued it): persisted if it was
-        not, then an applied row; it is never delivered again."""
+        not, then an applied row; it is never delivered again. `status` OUTRUN: the job ended
+        before `by` could carry it out (never delivered either)."""
         with self._lock:
             self.persist(decision, [])
-            row = decision.to_row(status=DeliveryStatus.APPLIED, hook=by, ts=self._ts())
+            row = decision.to_row(status=status, hook=by, ts=self._ts())
             if note is not None:
                 row["reason"] = f"{decision.reason}; {note}"
             self.append([row])
@@ -283,6 +292,12 @@ class Deliverer:
     ) -> None:
         self.log.mark_applied(decision, by=by, note=note)
 
+    def mark_outrun(
+        self, decision: Decision, *, by: str = APPLIED_BY, note: str | None = None
+    ) -> None:
+        """Stored as outrun: the job ended before `by` could carry it out; never delivered."""
+        self.log.mark_applied(decision, by=by, note=note, status=DeliveryStatus.OUTRUN)
+
     def redeliver(self) -> list[DeliveryResult]:
         """Retry every (decision, hook) whose latest status is pending or failed; a decision that
         never reached any hook (persisted without hooks, or the process died in between) goes to
@@ -290,7 +305,7 @@ class Deliverer:
         results = []
         by_name = {hook.name: hook for hook in self.hooks}
         for record in self.log.records().values():
-            if record.applied:
+            if record.applied or record.outrun:
                 continue  # carried out by the supervisor that issued it: never delivered again
             if record.hooks:
                 targets = [name for name, status in record.hooks.items()

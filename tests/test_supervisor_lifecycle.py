@@ -223,9 +223,12 @@ def test_a_slowdown_never_stops_the_running_job(tmp_path):
                 d["action"] == decision["action"] and d["delivery_status"] == "applied"
                 for d in decisions
             ), decisions
-    for decision in applied.values():  # a failover of the slowdown waited for a newer checkpoint
-        assert (
-            decision["action"] == "failover" and "at the checkpoint boundary" in decision["reason"]
+    # a failover of the slowdown waited for a newer checkpoint, or was carried out at once because
+    # the newest one was recent (losing no more work than the policy priced in)
+    for decision in applied.values():
+        assert decision["action"] == "failover" and (
+            "at the checkpoint boundary" in decision["reason"]
+            or "carried out at once" in decision["reason"]
         ), decision
     stopped = {r["attempt"] for r in _supervisor_rows(store, "slow")
                if r["kind"] == "signal_sent" and r["signal"] == "SIGTERM"}

@@ -128,6 +128,12 @@ def read_observed(store: Path, job_id: str) -> tuple[list[Observed], dict[int, t
     by_incident: dict[str, dict[str, Any]] = {}
     for row in sorted(decisions, key=lambda r: _ts(r.get("issued_ts")) or 0.0):
         by_incident.setdefault(row["incident_id"], row)
+    # a decision the job outran was never carried out: scored as such, excluding nothing
+    outrun = {r["decision_id"] for r in decisions if r.get("delivery_status") == "outrun"}
+    for incident_id, row in list(by_incident.items()):
+        if row["decision_id"] in outrun:
+            by_incident[incident_id] = {**row, "action": f"{row['action']} (outrun)",
+                                        "exclude_nodes": []}
     seen: dict[str, Observed] = {}
     for row in sorted(incidents, key=lambda r: _ts(r.get("detected_ts")) or 0.0):
         if row["incident_id"] in seen:

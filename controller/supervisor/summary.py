@@ -84,5 +84,7 @@ def summary_lines(result: RunResult, *, now: dt.datetime | None = None) -> list[
             stored = records.get(decision["decision_id"])
             status = stored.status.value if stored is not None else decision["delivery_status"]
             excluded = ",".join(decision.get("exclude_nodes") or []) or "nothing"
+            if status == "outrun":  # the job ended before it was carried out
+                excluded = f"nothing (the job ended first; it would exclude {excluded})"
             lines.append(f"  decision  {decision['action']} [{status}], excluded {excluded}")
     return lines

@@ -10,6 +10,7 @@ does not import the supervisor."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,8 +38,12 @@ if TYPE_CHECKING:
     from faultlens.attribution.policy import DecisionPolicy
     from faultlens.collectors.store.sink import SegmentSink
     from faultlens.controller.checkpoints.catalog import CheckpointCatalog
+    from faultlens.controller.checkpoints.entry import RestoreChoice
     from faultlens.controller.delivery import Deliverer
     from faultlens.controller.supervisor.processes import EventRecorder
+
+#: why a slowdown's failover is not carried out once every rank has finished training
+TRAINING_OVER = "every rank had finished training (its step timer closed)"
 
 #: tables whose rows a decision waits on: written through to the store, and they wake the watch loop
 URGENT_TABLES = tables_with(Role.URGENT)
@@ -185,11 +190,15 @@ class AttemptWatcher:
         error on every node before any step: a job error, no node to blame), or the attempt's time
         is up."""
         started = time.monotonic()
+        watch.started = started
+        watch.attempt_dir = attempt_dir
         while time.monotonic() - started < self.config.attempt_timeout_s:
             self._poll_agents(agents, track=True)
             if self._start_failed(agents, nodes, record, watch, attempt_dir):
                 return
             self._release_held(agents, record, nodes, watch)
+            if self._boundary_reached(watch):
+                return  # a pending failover's wait is over: not held up by the next poll's work
             for found in self.follower.poll_once():
                 if (
                     found.attempt not in (None, record.attempt)
@@ -335,8 +344,16 @@ class AttemptWatcher:
                 f"{decision.reason}; {how}, the job keeps running"
             )
             return
+        if fails_over_at_boundary(found, decision) and self._training_over(watch):
+            self._outrun(found, decision, TRAINING_OVER)
+            return
         if fails_over_at_boundary(found, decision):
-            watch.boundary = self._pending_failover(found, decision)
+            watch.boundary = self._pending_failover(found, decision, watch)
+            if watch.boundary.deadline > time.monotonic():
+                return
+            # the checkpoint is recent: carried out at once
+            boundary, watch.boundary = watch.boundary, None
+            watch.ending = (found, boundary.at_once(self._newest_restore(boundary.exclude)))
             return
         if watch.boundary is not None:
             self.say(
@@ -360,12 +377,32 @@ class AttemptWatcher:
             return f"delivered except to {', '.join(failed)} (retried by faultlens deliver)"
         return f"delivered to {', '.join(h.name for h in self.deliverer.hooks)}"
 
-    def _pending_failover(self, found: Incident, decision: Decision) -> _Boundary:
+    def _pending_failover(
+        self, found: Incident, decision: Decision, watch: _AttemptWatch
+    ) -> _Boundary:
         """A slowdown's failover, to be carried out at the next checkpoint boundary (bounded by
-        checkpoint_wait_s).
+        checkpoint_wait_s), or at once (the boundary's deadline already passed) when the work it
+        loses now is no more than the policy priced in (straggler.lost_work_s): the newest
+        checkpoint that survives the exclusion is that recent, or, with none, the attempt began
+        that recently (waiting would only let the job outrun the decision).
         """
         exclude = [*self.excluded, *decision.exclude_nodes]
-        newest = self._newest_restore(exclude)
+        choice = self.catalog.choose(
+            exclude, world_size=self.config.nnodes * self.config.nproc_per_node
+        )
+        newest = None if choice is None else choice.to_restore()
+        lost_s = _lost_work_s(choice, watch.started)
+        priced = _priced_lost_work_s(self.policy)
+        if lost_s is not None and lost_s <= priced:
+            self.say(
+                f"decision: failover ({decision.policy_rule}) at once: failing over now loses "
+                f"{lost_s:.0f} s of work ("
+                + ("since the newest checkpoint, step " + str(newest.step) if newest
+                   else "no checkpoint: since the attempt began")
+                + f"), no more than the {priced:.0f} s the policy counted"
+            )
+            return _Boundary(found, decision, None if newest is None else newest.step, exclude,
+                             float("-inf"))
         boundary = _Boundary(
             found,
             decision,
@@ -394,6 +431,10 @@ class AttemptWatcher:
         )
         if not (reached or time.monotonic() > boundary.deadline):
             return False
+        if self._training_over(watch):  # nothing left to save: the job runs to its end
+            watch.boundary = None
+            self._outrun(boundary.incident, boundary.decision, TRAINING_OVER)
+            return False
         watch.ending = (boundary.incident, boundary.at_boundary(newest, reached))
         self.say(
             f"checkpoint boundary: step {newest.step} is complete"
@@ -414,13 +455,33 @@ class AttemptWatcher:
             record.completed = True
             watch.stop_reason = "end of job: every agent exited 0"
             if watch.boundary is not None:
-                self.say("the job ended before the checkpoint boundary: no failover needed")
+                boundary = watch.boundary
+                self._outrun(boundary.incident, boundary.decision,
+                             "the job ended before its checkpoint boundary")
             return True
         watch.finished_at = watch.finished_at or time.monotonic()
         if time.monotonic() - watch.finished_at > self.config.finish_wait_s:
             watch.stop_reason = "the attempt failed and nothing was attributed"
             return True  # a failure the engine had time to see
         return False
+
+    def _training_over(self, watch: _AttemptWatch) -> bool:
+        """Every rank of the attempt has finished training: its step timer closed (it steps no
+        more). A slowdown's failover then saves nothing: the job outran it."""
+        if watch.attempt_dir is None:
+            return False
+        return _timers_closed(watch.attempt_dir, self.config.nnodes * self.config.nproc_per_node)
+
+    def _outrun(self, incident: Incident, decision: Decision, why: str) -> None:
+        """A slowdown's failover the job outran (it ended, or finished training, before the
+        failover was carried out): stored with the status outrun and shown, never delivered or
+        carried out."""
+        note = f"not carried out: {why}"
+        self.deliverer.mark_outrun(decision, note=note)
+        self.say(
+            f"decision: failover ({decision.policy_rule}) outrun: {note} "
+            f"(stored as {DeliveryStatus.OUTRUN.value})"
+        )
 
     def _conclude(
         self, agents: list[TorchrunAgent], record: AttemptRecord, watch: _AttemptWatch
@@ -438,6 +499,8 @@ class AttemptWatcher:
                 "finished and "
                 "was tearing down; the incident is not acted on"
             )
+            if fails_over_at_boundary(incident, decision):
+                self._outrun(incident, decision, "the job ended first")
             return None, None
         if decision.action in (Action.FAILOVER, Action.RESTART):
             self.deliverer.submit(decision)  # marked applied once carried out (run.py)
@@ -521,6 +584,18 @@ class _Boundary:
     deadline: float
     next_check: float = 0.0
 
+    def at_once(self, restore: Restore | None) -> Decision:
+        """The decision carried out at once (its checkpoint is recent)."""
+        note = (
+            "carried out at once: no checkpoint, the attempt began recently"
+            if restore is None
+            else f"carried out at once: restore {restore.tier} step {restore.step} is recent"
+        )
+        return dataclasses.replace(
+            self.decision, restore=restore or self.decision.restore,
+            reason=f"{self.decision.reason}; {note}",
+        )
+
     def at_boundary(self, restore: Restore | None, reached: bool) -> Decision:
         """The decision as carried out: restoring from the checkpoint of the boundary."""
         if restore is None:
@@ -586,7 +661,26 @@ class _AttemptWatch:
     held: Incident | None = None
     held_until: float = 0.0
     start_judged: bool = False  # every node's start was over when the start was judged
+    started: float | None = None  # when watching began (monotonic)
+    attempt_dir: Path | None = None
     progressed: bool = False  # a step of this attempt was seen: its start did not fail
+
+
+def _lost_work_s(choice: RestoreChoice | None, started: float | None) -> float | None:
+    """The work a failover now loses: the age of the checkpoint it restores (its newest entry's
+    creation), or with none the attempt's age (it restarts from the beginning); None unknown."""
+    if choice is None:
+        return None if started is None else time.monotonic() - started
+    created = [e.created_at for e in choice.entries if e.created_at is not None]
+    if not created:
+        return None
+    return max(0.0, (dt.datetime.now(dt.UTC) - max(created)).total_seconds())
+
+
+def _priced_lost_work_s(policy: DecisionPolicy) -> float:
+    """The lost work the policy's cost rule counts for a slowdown's failover."""
+    slowdown = getattr(policy.config, "straggler", None)
+    return float(getattr(slowdown, "lost_work_s", 0.0) or 0.0)
 
 
 def _start_over(agent: TorchrunAgent) -> bool:
@@ -599,6 +693,21 @@ def _start_over(agent: TorchrunAgent) -> bool:
         if agent.tracker.alive():
             return False
     return node_start_over(agent.stderr_path)
+
+
+def _timers_closed(attempt_dir: Path, world: int) -> bool:
+    """Every rank's step timer of this attempt (its heartbeat file, read directly) is closed, and
+    there are at least `world` of them."""
+    closed = 0
+    for path in (attempt_dir / "heartbeats").glob("*/hb-*.bin"):
+        try:
+            beat = read_heartbeat(path)
+        except (OSError, ValueError):
+            return False
+        if not beat.closed:
+            return False
+        closed += 1
+    return closed >= world
 
 
 def _heartbeat_progress(attempt_dir: Path) -> bool:

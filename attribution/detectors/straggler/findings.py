@@ -5,6 +5,7 @@ little is dropped."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -51,7 +52,7 @@ def find(
                 claimed.update(stage.ranks)
 
     if layout.replicas >= 2 and layout.stages >= 2:
-        for replica in _replica_findings(t, scores, valid):
+        for replica in _replica_findings(t, scores, valid, persistent_ranks):
             claimed.update(replica.ranks)
             found.append(replica)
 
@@ -90,6 +91,10 @@ def _stage_finding(t: StragglerThresholds, scores: StepScores, valid: np.ndarray
         members = layout.columns(layout.stage == p)
         if layout.replicas == 1 and set(members) <= persistent_ranks:
             continue  # one replica: the stage's worker became slow, a worker finding
+        if layout.replicas >= 2 and set(members) & persistent_ranks and not _slow_without(
+            t, scores, int(p), persistent_ranks, valid
+        ):
+            continue  # the stage's slow worker is the cause: its worker finding, not a second one
         slow_stages.append(int(p))
     if not slow_stages:
         return None
@@ -121,10 +126,70 @@ def _stage_finding(t: StragglerThresholds, scores: StepScores, valid: np.ndarray
                             steps_window, evidence, whatif, {"stages": slow_stages})
 
 
+def _slow_without(t: StragglerThresholds, scores: StepScores, stage: int,
+                  persistent_ranks: set[int], valid: np.ndarray) -> bool:
+    """Is `stage` still persistently slow against the other stages once the replicas with a
+    persistent slow worker are left out (each remaining replica's unit the median of its ranks, a
+    stage's level the median over those replicas, or the faster of two, as the stage effect
+    takes it)? A slow worker makes its own stage look slow (with two replicas the stage's level is
+    then one sample against the faster of two elsewhere): the same cause, not a second one. With
+    fewer than two replicas left the stage's level would rest on one sample, without the
+    protection against one rank's noise the stage effect has: no evidence beyond the worker,
+    False."""
+    layout = scores.layout
+    compute = scores.compute.to_numpy(dtype=float)
+    dirty = {int(d) for d, r in zip(layout.replica, layout.ranks, strict=True)
+             if int(r) in persistent_ranks}
+    clean = [d for d in range(layout.replicas) if d not in dirty]
+    if len(clean) < 2:
+        return False
+    levels = np.full((compute.shape[0], layout.stages), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for q in range(layout.stages):
+            units = np.column_stack([
+                np.nanmedian(compute[:, (layout.stage == q) & (layout.replica == d)], axis=1)
+                for d in clean
+            ])
+            levels[:, q] = (np.nanmedian(units, axis=1) if len(clean) >= 3
+                            else np.nanmin(units, axis=1))
+        others = np.nanmedian(np.delete(levels, stage, axis=1), axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = levels[:, stage] / others
+    flag = np.nan_to_num(ratio, nan=0.0) >= t.stage_min_ratio
+    return bool(persistent(t, flag[:, None], valid).any())
+
+
+def _replica_slow_without(t: StragglerThresholds, scores: StepScores, replica: int,
+                          persistent_ranks: set[int], valid: np.ndarray) -> bool:
+    """Is `replica` still persistently slow once the stages where it has a persistent slow worker
+    are left out (at least replica_min_fraction of its other stages, 2 at least, slow against the
+    same stages of the other replicas)? One slow worker makes its replica's flag need only one more
+    stage slow by noise: the same cause, not a second one."""
+    layout, parts = scores.layout, scores.parts
+    mine = layout.replica == replica
+    dirty = {int(q) for q, r in zip(layout.stage[mine], layout.ranks[mine], strict=True)
+             if int(r) in persistent_ranks}
+    clean = [q for q in range(layout.stages) if q not in dirty]
+    if len(clean) < 2:
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ratios = np.column_stack([
+            np.nanmedian(parts.worker_ratio[:, mine & (layout.stage == q)], axis=1)
+            for q in clean
+        ])
+    slow = (np.nan_to_num(ratios, nan=0.0) >= t.min_ratio).sum(axis=1)
+    flag = (slow / len(clean) >= t.replica_min_fraction) & (slow >= 2)
+    return bool(persistent(t, flag[:, None], valid).any())
+
+
 def _replica_findings(
-    t: StragglerThresholds, scores: StepScores, valid: np.ndarray
+    t: StragglerThresholds, scores: StepScores, valid: np.ndarray,
+    persistent_ranks: set[int] = frozenset(),
 ) -> list[StragglerFinding]:
-    """Replica effect: every stage of one replica slow against the other replicas."""
+    """Replica effect: every stage of one replica slow against the other replicas; a replica with
+    a persistent slow worker only when it is slow without that worker's stage."""
     layout, parts = scores.layout, scores.parts
     steps = list(scores.compute.index)
     compute = scores.compute.to_numpy(dtype=float)
@@ -132,6 +197,9 @@ def _replica_findings(
     found = []
     for d in np.flatnonzero(replica_persistent.any(axis=0)):
         d = int(d)
+        holds = {int(r) for r in layout.ranks[layout.replica == d]} & persistent_ranks
+        if holds and not _replica_slow_without(t, scores, d, persistent_ranks, valid):
+            continue  # its slow worker is the cause: its worker finding, not a second one
         first = int(np.flatnonzero(replica_persistent[:, d])[0])
         step = steps[first]
         steps_window = window(t, steps, step)
