@@ -91,14 +91,17 @@ def settle_blocked_laggards(analysis: Analysis) -> None:
         d.detail = note
 
 
-def _inside_previous(analysis: Analysis, rank: int, group: int, seq: int | None) -> bool:
+def _inside_previous(analysis: Analysis, rank: int, group: int, seq: int | None,
+                     op: str | None) -> bool:
     """Whether `rank`'s own dump shows it inside seq - 1 of `group` (its first entry not
-    completed is that one) and its stack, where taken, is blocked in a collective: it never entered
-    seq because it is still waiting in the one before, which its peers went past."""
+    completed is that one) and its stack, where taken, is blocked in that collective's `op`: it
+    never entered seq because it is still waiting in the one before, which its peers went past."""
     from faultlens.collectors.sources.pystack import StackPlace
 
     place = analysis.where.get(rank)
-    if seq is None or (place is not None and place.kind != StackPlace.IN_COLLECTIVE):
+    if seq is None or (place is not None and (
+            place.kind != StackPlace.IN_COLLECTIVE or not place.op or op is None
+            or _bare(op) != _bare(place.op))):
         return False
     history = analysis.history(rank) if analysis.history else None
     if history is None or not history[1]:
@@ -130,7 +133,10 @@ def _inside_previous_on_missing(analysis: Analysis, d: Divergence) -> bool:
     missing = tuple(r for r in analysis.members.get(d.group, ()) if r in analysis.missing)
     if not missing or d.seq is None:
         return False
-    inside = tuple(r for r in d.laggards if _inside_previous(analysis, r, d.group, d.seq))
+    # the op of that collective: the wait in it on the missing members (analyze.py) carries it
+    op = next((m.op for m in analysis.divergences
+               if m.level == "missing" and m.group == d.group and m.seq == d.seq - 1), None)
+    inside = tuple(r for r in d.laggards if _inside_previous(analysis, r, d.group, d.seq, op))
     if not inside:
         return False
     stacks = "; ".join(analysis.where[r].text(r) for r in inside[:3] if r in analysis.where)
