@@ -10,7 +10,10 @@ import numpy as np
 import pyarrow as pa
 
 from faultlens.attribution.detectors.hang.aggregate import SignatureTable
-from faultlens.attribution.detectors.hang.blocked import settle_blocked_laggards
+from faultlens.attribution.detectors.hang.blocked import (
+    settle_blocked_laggards,
+    settle_inside_previous,
+)
 from faultlens.attribution.detectors.hang.columns import LazyColumn, filled_values
 from faultlens.attribution.detectors.hang.decode import COMPILE_ROWS, SliceDecoder
 from faultlens.attribution.detectors.hang.describe import report_empty
@@ -29,6 +32,7 @@ from faultlens.attribution.detectors.hang.graph import (
 )
 from faultlens.attribution.detectors.hang.lookups import install as install_lookups
 from faultlens.attribution.detectors.hang.lookups import rows_for_keys
+from faultlens.attribution.detectors.hang.lost_members import complete_with_missing
 from faultlens.attribution.detectors.hang.partners import partner_mismatches
 from faultlens.attribution.detectors.hang.pass_one import PassOne, run_pass_one
 from faultlens.attribution.detectors.hang.report import HangReport
@@ -123,6 +127,8 @@ def analyze_collectives(collectives: pa.Table, expected_ranks: Sequence[int] | N
     _attach_history(analysis, decoder, progress, device_states)
     if stacks:
         stack_edges(analysis, stacks)
+    settle_inside_previous(analysis)
+    if stacks:
         settle_blocked_laggards(analysis)
     settle_missing(analysis)
     release_unreadable_waits(analysis)
@@ -186,11 +192,19 @@ def _membership(first: PassOne, agg: pa.Table, decoder: SliceDecoder,
             ranks |= expected
         members[g] = tuple(sorted(ranks))
     missing = expected - dumped
+    hidden = complete_with_missing(members, group_descs, rebuilt, expected, missing)
+    for g, extra in hidden.items():
+        members[g] = tuple(sorted({*members[g], *extra}))
     analysis = Analysis(decoder.labels(), group_descs, members, rebuilt, dumped, expected, missing)
     if rebuilt:
         shown = [analysis.label(g) + f": [{ranks_text(members[g])}]" for g in sorted(rebuilt)][:6]
         analysis.evidence.append("pg_config unusable for " + ", ".join(shown)
                                  + " - membership rebuilt from the entries")
+    if hidden:
+        shown = [f"{analysis.label(g)} + rank(s) {ranks_text(extra)}"
+                 for g, extra in sorted(hidden.items())][:6]
+        analysis.evidence.append("members without a dump placed by the groups of their part ("
+                                 "lost_members.py): " + ", ".join(shown))
     if missing:
         analysis.evidence.append(f"no dump from rank(s) {ranks_text(sorted(missing))} (expected "
                                  f"{len(expected)} ranks, read {len(dumped)})")

@@ -91,6 +91,73 @@ def settle_blocked_laggards(analysis: Analysis) -> None:
         d.detail = note
 
 
+def _inside_previous(analysis: Analysis, rank: int, group: int, seq: int | None,
+                     op: str | None) -> bool:
+    """Whether `rank`'s own dump shows it inside seq - 1 of `group` (its first entry not
+    completed is that one) and its stack, where taken, is blocked in that collective's `op`: it
+    never entered seq because it is still waiting in the one before, which its peers went past."""
+    from faultlens.collectors.sources.pystack import StackPlace
+
+    place = analysis.where.get(rank)
+    if seq is None or (place is not None and (
+            place.kind != StackPlace.IN_COLLECTIVE or not place.op or op is None
+            or _bare(op) != _bare(place.op))):
+        return False
+    history = analysis.history(rank) if analysis.history else None
+    if history is None or not history[1]:
+        return False
+    seqs, groups, incomplete_at = history
+    return incomplete_at is not None and groups[incomplete_at] == group \
+        and seqs[incomplete_at] == seq - 1
+
+
+def settle_inside_previous(analysis: Analysis) -> None:
+    """Rewrites each 'entered' divergence whose laggards are still inside the group's collective
+    before it, where the group has members without a dump (_inside_previous_on_missing). Runs
+    after the stacks are in (analysis.where, where taken) and before the waits on missing ranks are
+    settled (waits.settle_missing)."""
+    if not analysis.missing:
+        return
+    for d in list(analysis.divergences):
+        if d.level == "entered" and d.laggards:
+            _inside_previous_on_missing(analysis, d)
+
+
+def _inside_previous_on_missing(analysis: Analysis, d: Divergence) -> bool:
+    """Laggards of `d` still inside the group's collective before it (_inside_previous), in a group
+    with members that wrote no dump: every member that dumped entered that collective, so what
+    keeps them there is a member without a dump (a gather's or broadcast's root waits for a sender
+    that never came; the senders went on). They wait on those members, not the reverse: `d`'s
+    other laggards stay; where none is left, its waiters wait on the members without a dump too.
+    Returns whether `d` was rewritten."""
+    missing = tuple(r for r in analysis.members.get(d.group, ()) if r in analysis.missing)
+    if not missing or d.seq is None:
+        return False
+    # the op of that collective: the wait in it on the missing members (analyze.py) carries it
+    op = next((m.op for m in analysis.divergences
+               if m.level == "missing" and m.group == d.group and m.seq == d.seq - 1), None)
+    inside = tuple(r for r in d.laggards if _inside_previous(analysis, r, d.group, d.seq, op))
+    if not inside:
+        return False
+    stacks = "; ".join(analysis.where[r].text(r) for r in inside[:3] if r in analysis.where)
+    note = (f"{analysis.label(d.group)} seq {d.seq - 1}: rank(s) {ranks_text(inside)} are still "
+            "inside it by their dumps" + (f" and stacks ({stacks})" if stacks else "")
+            + ", and every other member that dumped went past it: they wait on rank(s) "
+            f"{ranks_text(missing)}, which wrote no dump")
+    analysis.evidence.append(note)
+    others = tuple(r for r in d.laggards if r not in inside)
+    if others:
+        d.laggards = others
+        analysis.divergences.append(Divergence(
+            d.group, "missing", d.seq - 1, missing, inside, d.time, None, d.pg_id, note))
+        return True
+    d.level = "missing"
+    d.laggards = missing
+    d.waiters = tuple(sorted({*d.waiters, *inside}))
+    d.detail = (d.detail + "; " if d.detail else "") + note
+    return True
+
+
 def settle_blocked_roots(
     analysis: Analysis, roots: list[Root], rebuilt: Callable[[], list[Root]]
 ) -> list[Root]:

@@ -17,6 +17,7 @@ from faultlens.attribution.detectors.hang.hidden_p2p import silent_by_trace
 from faultlens.attribution.detectors.hang.report import (
     COMPLETED_MISMATCH_CONFIDENCE,
     MAX_EVIDENCE,
+    MISSING_DUMP_CONFIDENCE,
     VERDICT_FAMILY,
     HangReport,
     HangRoot,
@@ -389,6 +390,9 @@ def describe_root(analysis: Analysis, root: Root, skippers: dict[int, str]) -> t
             for r in root.ranks
         )
         confidence = 0.95 if (groups and min(groups.values()) >= 2) or located else 0.85
+        if kind == HangVerdict.MISSING_DUMPS:
+            # named by its absence alone (no dump, no stack of its own): a lost dump weakens
+            confidence = min(confidence, MISSING_DUMP_CONFIDENCE)
         if kind == HangVerdict.MISSING_DUMPS and not any(d.confirmed for d in root.divergences):
             # only ranks that stopped early, with no stack showing them gone, wait on it: they may
             # as well be stuck in their own code (a culprit whose last group holds a lost dump)

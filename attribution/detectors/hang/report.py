@@ -27,6 +27,10 @@ class HangVerdict(StrEnum):
 #: a completed mismatch's confidence: below the policy's failover threshold (rules/policy.yaml
 #: confidence_threshold), so it never fails a node over on its own
 COMPLETED_MISMATCH_CONFIDENCE = 0.5
+#: the most a rank without a dump is named at where ranks that dumped wait on it (its absence is
+#: the evidence: above the failover threshold, never as high as a rank whose own dump or stack
+#: shows it: 0.95)
+MISSING_DUMP_CONFIDENCE = 0.85
 
 
 #: the coarse report-level family of each root kind (report.verdict keeps the families the decision
