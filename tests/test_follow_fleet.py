@@ -7,6 +7,7 @@ bench/bench_fleet_follow.py measures the same at fleet size."""
 
 from __future__ import annotations
 
+import datetime as dt
 import socket
 import time
 import uuid
@@ -22,7 +23,7 @@ from faultlens.collectors.store.landing import KEY_LIMIT, landing_keys, parse_ke
 from faultlens.collectors.store.layout import StoreLocation, list_segments, resolve_store
 from faultlens.collectors.store.schema import validate
 from faultlens.collectors.store.sink import SegmentSink
-from tests.engine_rows import at, ranks_rows
+from tests.engine_rows import at, event, ranks_rows
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -159,3 +160,33 @@ def test_requests_per_poll_follow_what_landed_not_history(s3) -> None:
         follower.close()
         for sink in sinks:
             sink.close()
+
+
+def test_a_crash_that_lands_is_attributed_with_its_landing_time(s3) -> None:
+    endpoint, _ = s3
+    writer, location = _locations(endpoint)
+    with SegmentSink(writer, flush_rows=10**9, flush_age_s=3600) as sink:
+        sink.write("ranks", ranks_rows("train", 0, NODES * PER_NODE, PER_NODE))
+    follower = Follower(location, job="train", engine=Engine(catalog=load_xid_catalog()),
+                        clock=lambda: at(60))
+    try:
+        follower.poll_once()
+        with SegmentSink(writer, flush_rows=10**9, flush_age_s=3600,
+                         write_through=("process_events",)) as sink:
+            sink.write("process_events", [event("exit", 3, 30.0, job="train", per_node=PER_NODE,
+                                                exit_code=-9, signal="SIGKILL",
+                                                source="supervisor")])
+            landed = time.time()
+        deadline = time.monotonic() + 30
+        written = []
+        while not written and time.monotonic() < deadline:
+            written = follower.poll_once()
+            time.sleep(0.05)
+        assert [i.incident_class.value for i in written] == ["crash"]
+        record = follower.stats.lag[0]
+        assert record.segment is not None and "/process_events/" in record.segment
+        # the writer's clock after its PUT: before the sink returned, not an mtime in seconds
+        assert record.landed_at is not None and landed - 5 < record.landed_at <= landed
+        assert dt.datetime.now(dt.UTC).timestamp() >= record.written_at >= record.landed_at
+    finally:
+        follower.close()
