@@ -8,7 +8,9 @@ that completed its evidence became visible, and when the incident row did.
 A follower of one job (`job=`) lists only the partitions its window can hold rows of
 (attribution/reading/tail.py PartitionListing: the job's own partitions and the node-level ones of
 its nodes, from the window's oldest date on); a follower of the whole store lists every tailed table
-whole on each poll.
+whole on each poll. On an object store a follower lists the partitions once and then the landing log
+(attribution/reading/landed.py LandingListing): a poll's requests follow what landed since the last
+one, not the store's history.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from faultlens.attribution.engine import (
     write_new_incidents,
 )
 from faultlens.attribution.incident import Incident, IncidentClass
+from faultlens.attribution.reading.landed import LandingListing
 from faultlens.attribution.reading.store import Store
 from faultlens.attribution.reading.tail import NewSegment, PartitionListing, SegmentTail
 from faultlens.attribution.reading.telemetry import SAMPLE_COLUMNS, Telemetry, list_jobs, to_frame
-from faultlens.collectors.store.layout import StoreLocation, safe_value
+from faultlens.collectors.store.layout import StoreLocation, list_segments, safe_value
 from faultlens.collectors.store.schema import Role, tables_with
 from faultlens.collectors.store.sink import SegmentSink
 
@@ -109,6 +112,7 @@ class Follower:
         clock: Callable[[], dt.datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        landing: bool | None = None,
     ) -> None:
         self.engine = engine or Engine()
         self.config = self.engine.thresholds.engine
@@ -124,7 +128,15 @@ class Follower:
         )
         # a job's follower lists only its job's partitions and its nodes' node-level ones
         # (PartitionListing)
-        listing = PartitionListing(self.store.location, job) if job is not None else None
+        partitions = PartitionListing(self.store.location, job) if job is not None else None
+        # landing: None = the landing log on an object store, the partitions on a local one
+        if landing is None:
+            landing = not self.store.location.is_local
+        listing: PartitionListing | LandingListing | None = partitions
+        if landing:
+            listing = LandingListing(self.store.location, job, self._catch_up(partitions),
+                                     nodes=lambda: set(partitions.nodes) if partitions else set(),
+                                     wall=wall)
         self.tail = SegmentTail(self.store, TAILED_TABLES, retain_s=self.config.retain_s,
                                 max_rows=self.config.max_rows_per_table, to_frame=tail_frame,
                                 arrow_tables=("collectives",), listing=listing)
@@ -149,8 +161,23 @@ class Follower:
         self._last_straggler = float("-inf")
         self._pending_crash = False
         self._stop = threading.Event()
-        self._unclaimed: dict[str, NewSegment] = {}
-        self._seen_at: dict[str, float] = {}
+        # job -> the newest segment not yet followed by an incident, and when it was seen
+        self._unclaimed: dict[str, tuple[NewSegment, float]] = {}
+
+    def _catch_up(
+        self, partitions: PartitionListing | None
+    ) -> Callable[[dict[str, str | None]], dict[str, list[str]]]:
+        """The landing listing's first refresh: what the window already holds, listed once."""
+        location = self.store.location
+
+        def listed(since: dict[str, str | None]) -> dict[str, list[str]]:
+            if partitions is not None:
+                partitions.refresh(since)
+                return {table: partitions.segments(table) for table in since}
+            return {table: list_segments(location, table, date_from=low)
+                    for table, low in since.items()}
+
+        return listed
 
     # ------------------------------------------------------------ one poll
 
@@ -243,15 +270,14 @@ class Follower:
             # shared by one poll's incidents
             triggers = {job: self._unclaimed.pop(job, None) for job in jobs}
             for incident in written:
-                trigger = triggers[safe_value(incident.job_id or "_node")]
+                claimed = triggers[safe_value(incident.job_id or "_node")]
+                trigger = claimed[0] if claimed else None
                 self.stats.lag.append(
                     LagRecord(
                         incident.incident_id,
                         trigger.path if trigger else None,
                         trigger.landed_at if trigger else None,
-                        trigger_seen
-                        if trigger and (trigger_seen := self._seen_at.get(trigger.path))
-                        else seen_at,
+                        claimed[1] if claimed else seen_at,
                         written_at,
                     )
                 )
@@ -268,9 +294,8 @@ class Follower:
             match = _JOB_PART.search(segment.path)
             job = match.group(1) if match else "_node"
             current = self._unclaimed.get(job)
-            if current is None or (current.landed_at or 0.0) <= segment.landed_at:
-                self._unclaimed[job] = segment
-                self._seen_at[segment.path] = seen_at
+            if current is None or (current[0].landed_at or 0.0) <= segment.landed_at:
+                self._unclaimed[job] = (segment, seen_at)
 
     def _note_arrivals(self, arrived: Sequence[object]) -> None:
         events = self.tail.frame("process_events")

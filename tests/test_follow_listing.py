@@ -113,11 +113,14 @@ def _store(location: StoreLocation) -> None:
 
 
 def _follower(location: StoreLocation) -> Follower:
+    # the partition listing (an object store's follower lists the landing log by default:
+    # tests/test_follow_fleet.py); the segments here are put straight into their partitions
     return Follower(
         location,
         job="train",
         engine=Engine(catalog=load_xid_catalog()),
         clock=lambda: at(START + 60),
+        landing=False,
     )
 
 

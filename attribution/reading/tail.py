@@ -3,7 +3,9 @@ bounded window of rows per table in memory for the live engine.
 
 A tail given a `PartitionListing` (the follower of one job) lists only the partitions its window can
 hold rows of, instead of the whole of each table: see PartitionListing for what it lists and when a
-new segment is seen.
+new segment is seen. On an object store the follower's tail lists the landing log instead
+(attribution/reading/landed.py). The segments read are remembered while they are listed only: the
+memory of a long tail follows its listing, not its history.
 
 Compaction replaces small segments by one merged `c-` segment; a merged segment whose replaced
 segments were all read already is skipped, so a row is never counted twice. A segment that cannot be
@@ -17,6 +19,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pandas as pd
 import pyarrow as pa
@@ -48,6 +51,18 @@ class NewSegment:
     landed_at: float | None
 
 
+class TailListing(Protocol):
+    """What a tail lists on each poll instead of the store's tables whole: PartitionListing (the
+    partitions of one job), attribution/reading/landed.py LandingListing (an object store's landing
+    log)."""
+
+    def refresh(self, since: Mapping[str, str | None]) -> None: ...
+
+    def segments(self, table: str) -> list[str]: ...
+
+    def landed_at(self, path: str) -> float | None: ...
+
+
 @dataclass
 class TailState:
     tables: dict[str, pa.Table] = field(default_factory=dict)  # tables kept as Arrow
@@ -63,7 +78,7 @@ class SegmentTail:
 
     def __init__(self, store: object, tables: Sequence[str], *, retain_s: float, max_rows: int,
                  to_frame: Callable[[pa.Table, str], pd.DataFrame],
-                 arrow_tables: Sequence[str] = (), listing: PartitionListing | None = None) -> None:
+                 arrow_tables: Sequence[str] = (), listing: TailListing | None = None) -> None:
         self.store = store
         self.listing = listing  # None: each poll lists the store's tables whole (Store.refresh)
         self.tables = list(tables)
@@ -87,17 +102,22 @@ class SegmentTail:
 
     def poll(self) -> list[NewSegment]:
         """List the store again and read the segments that appeared since the last poll."""
+        listed_of: Callable[[str], list[str]]
         if self.listing is None:
             self.store.refresh(self.tables, views=False)  # type: ignore[attr-defined]  (the files are read here)
-        else:  # only the partitions the window can hold rows of
+            listed_of = self.store.segments  # type: ignore[attr-defined]
+        else:
+            # only what the listing names, read here (_read checks each segment as it reads it): no
+            # footer read first per segment (an object store's request each), no per-segment
+            # verdict kept for the store's whole history
             self.listing.refresh({name: self.oldest_date(name) for name in self.tables})
-            self.store.refresh(self.tables, views=False,  # type: ignore[attr-defined]
-                               lister=self.listing.segments)
+            listed_of = self.listing.segments
         location = self.store.location  # type: ignore[attr-defined]
         arrived: list[NewSegment] = []
         for name in self.tables:
             seen = self.state.seen[name]
-            fresh = [p for p in self.store.segments(name) if p not in seen]  # type: ignore[attr-defined]
+            listed = listed_of(name)
+            fresh = [p for p in listed if p not in seen]
             parts = []
             for path in fresh:
                 seen.add(path)
@@ -114,7 +134,12 @@ class SegmentTail:
                 if table is None:
                     continue
                 parts.append(table)
-                arrived.append(NewSegment(name, path, table.num_rows, _mtime(location, path)))
+                landed = self.listing.landed_at(path) if self.listing is not None else None
+                arrived.append(NewSegment(name, path, table.num_rows,
+                                          landed if landed is not None else _mtime(location, path)))
+            # what is no longer listed is never listed again (names are unique; a date leaves the
+            # window for good): keep only the listed, so the set follows the listing, not history
+            self.state.seen[name] = seen & set(listed)
             if not parts:
                 continue
             if name in self.arrow_tables:
@@ -226,7 +251,7 @@ def _is_plain_s3(fs: object) -> bool:
     )
 
 
-def _s3_listing(fs: object, directory: str, start_after: str | None) -> list[dict] | None:
+def s3_listing(fs: object, directory: str, start_after: str | None) -> list[dict] | None:
     """The objects below `directory` on S3 whose keys sort after `directory/start_after`: one flat
     ListObjectsV2 per 1,000 keys, from StartAfter on, as s3fs info dicts. None when `fs` is not a
     plain S3 filesystem (then the caller lists the fsspec way)."""
@@ -296,6 +321,10 @@ class PartitionListing:
         """
         return list(self._segments.get(table, []))
 
+    def landed_at(self, path: str) -> float | None:
+        """None: the tail asks the segment's mtime (answered from the cached listing)."""
+        return None
+
     def refresh(self, since: Mapping[str, str | None]) -> None:
         """List what the tables of `since` need (table -> oldest date wanted, None for every date).
         """
@@ -319,7 +348,7 @@ class PartitionListing:
             return []  # no node of the job known yet: no node-level row is the job's
         fs = self.location.fs
         base = self.location.join(table, f"job={job}")
-        entries = _s3_listing(fs, base, f"date={low}" if low is not None else None)
+        entries = s3_listing(fs, base, f"date={low}" if low is not None else None)
         if entries is not None:
             self._cache(base, entries)
             paths = [entry["name"] for entry in entries]

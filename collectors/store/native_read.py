@@ -28,8 +28,9 @@ def open_segment(location: _Location, path: str) -> pa.NativeFile:
     is gone)."""
     if location.is_local:
         return pa.OSFile(path, "rb")
-    with location.fs.open(path, "rb") as handle:
-        data = handle.read()
+    # one GET: open() asks the object's size first (a HEAD, or a cached listing that may not hold
+    # a new segment), and so does s3fs's cat_file without a range
+    data = location.fs.cat_file(path, start=0)
     out = pa.BufferOutputStream()
     out.write(data)
     return pa.BufferReader(out.getvalue())

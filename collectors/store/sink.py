@@ -5,10 +5,16 @@ holds `flush_rows` rows, when its oldest row is `flush_age_s` old (checked on wr
 `flush_aged()`), or on `flush()` / `close()`. When `flush()` returns, every row written before it is
 in a visible, complete segment. After a flush the sink merges its own older segments of a partition
 (collectors/store/rollup.py), so a partition holds a few segments whatever its history.
+
+A table found due on write flushes with every other table then due (one flush, one landing-log
+key: a node agent's heartbeats and GPU samples land together). On an object store each flush also
+writes the landing log (collectors/store/landing.py) that a live follower lists instead of the
+partitions; a landing-log key that cannot be written is retried with the next flush.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from faultlens.collectors.store.landing import write_landed
 from faultlens.collectors.store.layout import (
     StoreLocation,
     partition_dir,
@@ -32,6 +39,8 @@ from faultlens.collectors.store.schema import (
     rows_to_table,
     validate,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,6 +72,7 @@ class SegmentSink:
         write_threads: int = 8,
         write_through: Iterable[str] = (),
         rollup: Rollup | bool | None = None,
+        landing: bool | None = None,
     ) -> None:
         self.location = resolve_store(store, create=True, **dict(storage_options or {}))
         # rollup: None = Rollup() on a local store, off on an object store (no exclusive create to
@@ -71,6 +81,10 @@ class SegmentSink:
             rollup = self.location.is_local
         policy = Rollup() if rollup is True else (rollup or None)
         self._roller = Roller(self.location, policy, clock) if policy is not None else None
+        # landing: None = on for an object store (collectors/store/landing.py), off on a local one
+        self.landing = (not self.location.is_local) if landing is None else bool(landing)
+        self._unlanded: list[str] = []  # segments whose landing-log key failed: sent next flush
+        self.landing_keys_written = 0
         self.flush_rows = flush_rows
         self.flush_age_s = flush_age_s
         # tables flushed at every write, whatever their age: the few rows a live decision waits on
@@ -104,8 +118,15 @@ class SegmentSink:
                 buffer.oldest = self._clock()
             due = (table in self.write_through or buffer.rows >= self.flush_rows
                    or self._clock() - buffer.oldest >= self.flush_age_s)
-        if due:
-            self.flush(table)
+            # with it, every other table then due: one flush, one landing-log key
+            names = [table, *self._aged(exclude=table)] if due else []
+        if names:
+            self._flush(names)
+
+    def _aged(self, exclude: str | None = None) -> list[str]:
+        now = self._clock()
+        return [name for name, buf in self._buffers.items() if name != exclude
+                and buf.oldest is not None and now - buf.oldest >= self.flush_age_s]
 
     def pending_rows(self, table: str | None = None) -> int:
         with self._lock:
@@ -116,16 +137,18 @@ class SegmentSink:
 
     def flush_aged(self) -> list[FlushResult]:
         """Flush every table whose oldest buffered row is at least flush_age_s old."""
-        now = self._clock()
         with self._lock:
-            due = [name for name, buf in self._buffers.items()
-                   if buf.oldest is not None and now - buf.oldest >= self.flush_age_s]
-        return [self.flush(name)[0] for name in due]
+            due = self._aged()
+        return self._flush(due) if due else []
 
     def flush(self, table: str | None = None) -> list[FlushResult]:
         """Write buffered rows (of one table, or all) as segments; returns when they are visible."""
         with self._lock:
             names = [table] if table is not None else list(self._buffers)
+        return self._flush(names)
+
+    def _flush(self, names: list[str]) -> list[FlushResult]:
+        with self._lock:
             taken = {}
             for name in names:
                 buffer = self._buffers.pop(name, None)
@@ -153,11 +176,26 @@ class SegmentSink:
                 if self._roller is not None:
                     for path, rows in paths:
                         self._roller.wrote(name, path, rows)
+            if self.landing and taken:
+                self._land([path for result in results for path in result.paths])
         if self._roller is not None and taken:
             # after the write lock: another thread's flush (a write-through table's) never waits
             # for merges; a failed merge leaves its sources and never raises
             self._roller.roll(sum(len(result.paths) for result in results))
         return results
+
+    def _land(self, paths: list[str]) -> None:
+        """The landing log of this flush's segments (and of any whose key failed before). A failure
+        never raises: the rows are stored; the key is retried with the next flush."""
+        pending = [*self._unlanded, *paths]
+        try:
+            self.landing_keys_written += write_landed(self.location, pending)
+        except Exception as exc:  # an object store's error: any kind
+            self._unlanded = pending[-100_000:]
+            log.warning("store %s: landing log not written (%s: %s); retried with the next flush",
+                        self.location.url, type(exc).__name__, exc)
+        else:
+            self._unlanded = []
 
     @property
     def rolls_up(self) -> bool:
