@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,11 +29,11 @@ from PIL import Image
 from faultlens.attribution.reading.store import Store
 from faultlens.controller.report import data as report_data
 from faultlens.controller.report.html import render_html
-from tests.chromium_page import read_first_screens
+from tests.chromium_page import FLAGS, chromium, read_first_screens
 
 
 def browser() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    found = chromium()
     if found is None:
         raise SystemExit("chromium is not installed (apt-get install -y chromium)")
     return found
@@ -44,13 +43,7 @@ def _chromium(args: list[str], profile: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [
             browser(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
+            *FLAGS,
             f"--user-data-dir={profile}",
             *args,
         ],

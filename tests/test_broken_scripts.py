@@ -11,14 +11,12 @@ are bench/bench_restart.py's."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.faultlens_cli import cli_env, run_command
 
 SHAPES = {
     "exit-1": (
@@ -54,7 +52,7 @@ SHAPES = {
 
 
 def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200"}
+    env = cli_env()
     env.pop("DATA_DIR", None)
     return env
 
@@ -67,24 +65,7 @@ def test_a_broken_script_is_a_job_error_naming_no_node(tmp_path, shape):
     script.write_text(source)
     store = tmp_path / "store"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "faultlens.controller.cli.main",
-            "run",
-            "--store",
-            str(store),
-            "--workdir",
-            str(tmp_path / "work"),
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "2",
-            "--job",
-            shape,
-            "--",
-            "train.py",
-        ],
+        run_command(tmp_path, nnodes=2, nproc=2, job=shape, command=["train.py"]),
         cwd=tmp_path,
         env=_env(),
         capture_output=True,
